@@ -1,0 +1,1 @@
+//! The `#[distributed_lock]` attribute macro of distlock (being written).

@@ -1,0 +1,102 @@
+//! Which locks the current call chain holds, for re-entry.
+//!
+//! Identity travels with the call chain in a `tokio::task_local!`, not with the task
+//! id: task ids are reused, absent inside `block_on`, and shared by futures joined
+//! in one task. Each locked scope runs its body under a *new* context (the parent's
+//! holds plus its own), so two joined futures that each lock `k` from outside any
+//! hold see different contexts and exclude each other, while a nested call inside
+//! one of them sees its parent's hold and re-enters.
+
+use std::future::Future;
+use std::sync::{Arc, Weak};
+
+use crate::lease::Lease;
+
+tokio::task_local! {
+    static HELD_LOCKS: LockContext;
+}
+
+/// An immutable list of the leases held by the enclosing scopes. Weak, so a context
+/// captured by a spawned task does not keep a released lock alive.
+#[derive(Clone, Default)]
+pub(crate) struct LockContext {
+    holds: Arc<Vec<Weak<Lease>>>,
+}
+
+impl LockContext {
+    pub(crate) fn current() -> LockContext {
+        HELD_LOCKS.try_with(Clone::clone).unwrap_or_default()
+    }
+
+    /// The live lease of `key` on manager `manager_id` held by this call chain.
+    pub(crate) fn find(manager_id: u64, key: &str) -> Option<Arc<Lease>> {
+        HELD_LOCKS
+            .try_with(|ctx| {
+                ctx.holds
+                    .iter()
+                    .rev()
+                    .filter_map(Weak::upgrade)
+                    .find(|l| l.manager_id == manager_id && l.key == key && !l.is_released())
+            })
+            .ok()
+            .flatten()
+    }
+
+    fn with(&self, lease: &Arc<Lease>) -> LockContext {
+        let mut holds: Vec<Weak<Lease>> = self
+            .holds
+            .iter()
+            .filter(|w| w.strong_count() > 0)
+            .cloned()
+            .collect();
+        holds.push(Arc::downgrade(lease));
+        LockContext {
+            holds: Arc::new(holds),
+        }
+    }
+
+    pub(crate) fn scope<F: Future>(self, fut: F) -> impl Future<Output = F::Output> {
+        HELD_LOCKS.scope(self, fut)
+    }
+}
+
+/// Runs `fut` in a context that adds `lease` to the current call chain's holds.
+pub(crate) fn scope_with<F: Future>(lease: &Arc<Lease>, fut: F) -> impl Future<Output = F::Output> {
+    LockContext::current().with(lease).scope(fut)
+}
+
+/// Spawns a task that inherits the locks the current call chain holds.
+///
+/// A `tokio::spawn`ed task is a different owner: acquiring a lock its parent holds
+/// waits like any other caller. `spawn_with_locks` hands the parent's holds to the
+/// subtask on purpose, so that it re-enters them instead. The subtask's re-entrant
+/// guards keep the lock held until they are released, even if the parent releases
+/// first; once every holder has released, the subtask acquires afresh.
+///
+/// Must be called from within a tokio runtime, like `tokio::spawn`.
+///
+/// ```no_run
+/// # use lock_runtime::{LockError, LockManager};
+/// # async fn demo(manager: LockManager) -> Result<(), LockError> {
+/// let guard = manager.lock("report:7").acquire().await?;
+/// let m = manager.clone();
+/// let child = guard
+///     .scope(async move {
+///         lock_runtime::spawn_with_locks(async move {
+///             // Re-enters the parent's hold at once instead of waiting for it.
+///             let again = m.lock("report:7").acquire().await?;
+///             again.release().await
+///         })
+///     })
+///     .await;
+/// child.await.expect("subtask panicked")?;
+/// guard.release().await
+/// # }
+/// ```
+pub fn spawn_with_locks<F>(fut: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    tokio::spawn(LockContext::current().scope(fut))
+}

@@ -1,0 +1,166 @@
+//! The one error type of the library.
+
+use std::fmt;
+use std::time::Duration;
+
+/// Everything that can go wrong while taking, holding or releasing a lock.
+///
+/// Each variant names the lock key it concerns (shortened in the message when the
+/// key is very long; the field holds it whole).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LockError {
+    /// The lock stayed held by someone else for the whole `wait`.
+    #[error("timed out after {waited:?} waiting for lock {}", KeyPreview(key))]
+    Timeout {
+        /// The lock key.
+        key: String,
+        /// How long the acquisition waited before giving up.
+        waited: Duration,
+    },
+
+    /// The lease ran out or was taken over while the lock was held: another holder
+    /// may have run since. Work done under the lock must be treated as unprotected.
+    #[error("lease on lock {} was lost", KeyPreview(key))]
+    Lost {
+        /// The lock key.
+        key: String,
+    },
+
+    /// An operation needed the lock to be held by this caller, and it is not.
+    #[error("lock {} is not held by this owner", KeyPreview(key))]
+    NotHeld {
+        /// The lock key.
+        key: String,
+    },
+
+    /// The key cannot be used as a lock key.
+    #[error("invalid lock key {}: {reason}", KeyPreview(key))]
+    InvalidKey {
+        /// The rejected key.
+        key: String,
+        /// Why it was rejected.
+        reason: String,
+    },
+
+    /// A setting (duration, prefix, URL) is out of range or malformed.
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(String),
+
+    /// No manager was given to a locked function, none was set with
+    /// `distlock::set_global`, and neither `DISTLOCK_REDIS_URL` nor `REDIS_URL` is set.
+    #[error(
+        "no lock manager configured: pass `manager = ...`, call `distlock::set_global`, \
+         or set DISTLOCK_REDIS_URL or REDIS_URL"
+    )]
+    NotConfigured,
+
+    /// Redis failed or did not answer in time while working on the lock.
+    #[error("redis failed on lock {}: {source}", KeyPreview(key))]
+    Backend {
+        /// The lock key (empty when connecting, before any key is involved).
+        key: String,
+        /// The error from the Redis client, or a timed-out I/O error.
+        #[source]
+        source: redis::RedisError,
+    },
+
+    /// The manager could not connect to Redis.
+    #[error("cannot connect to redis at {url}: {source}")]
+    Connect {
+        /// The URL, with any password removed.
+        url: String,
+        /// The error from the Redis client.
+        #[source]
+        source: redis::RedisError,
+    },
+}
+
+impl LockError {
+    /// The lock key this error concerns, if any.
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            LockError::Timeout { key, .. }
+            | LockError::Lost { key }
+            | LockError::NotHeld { key }
+            | LockError::InvalidKey { key, .. }
+            | LockError::Backend { key, .. } => Some(key),
+            LockError::InvalidConfig(_) | LockError::NotConfigured | LockError::Connect { .. } => {
+                None
+            }
+        }
+    }
+
+    /// True when trying again later may succeed (the lock was busy, or Redis failed);
+    /// false for mistakes in the call itself.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            LockError::Timeout { .. }
+                | LockError::Lost { .. }
+                | LockError::Backend { .. }
+                | LockError::Connect { .. }
+        )
+    }
+
+    pub(crate) fn backend(key: &str, source: redis::RedisError) -> Self {
+        LockError::Backend {
+            key: key.to_owned(),
+            source,
+        }
+    }
+
+    pub(crate) fn command_timeout(key: &str, timeout: Duration) -> Self {
+        let io = std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("no reply within the command timeout of {timeout:?}"),
+        );
+        LockError::backend(key, redis::RedisError::from(io))
+    }
+}
+
+/// Shows a key in error messages, quoted and cut at 120 characters so that a
+/// 10 KiB key does not flood a log line.
+pub(crate) struct KeyPreview<'a>(pub(crate) &'a str);
+
+impl fmt::Display for KeyPreview<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const LIMIT: usize = 120;
+        match self.0.char_indices().nth(LIMIT) {
+            None => write!(f, "{:?}", self.0),
+            Some((cut, _)) => write!(f, "{:?}... ({} bytes)", &self.0[..cut], self.0.len()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_name_the_key() {
+        let e = LockError::Timeout {
+            key: "order:42".into(),
+            waited: Duration::from_millis(1500),
+        };
+        assert_eq!(
+            e.to_string(),
+            "timed out after 1.5s waiting for lock \"order:42\""
+        );
+        assert_eq!(
+            LockError::Lost { key: "a b".into() }.to_string(),
+            "lease on lock \"a b\" was lost"
+        );
+        assert_eq!(e.key(), Some("order:42"));
+    }
+
+    #[test]
+    fn long_keys_are_shortened_in_messages_only() {
+        let key = "é".repeat(10_000);
+        let e = LockError::Lost { key: key.clone() };
+        let text = e.to_string();
+        assert!(text.len() < 400, "{}", text.len());
+        assert!(text.contains("(20000 bytes)"));
+        assert_eq!(e.key(), Some(key.as_str()));
+    }
+}

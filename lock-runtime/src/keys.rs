@@ -1,0 +1,168 @@
+//! Names of the Redis keys and channel behind one lock.
+//!
+//! A lock on user key `K` uses three names that share one Redis Cluster hash tag,
+//! so that one script may touch them all in cluster mode:
+//!
+//! ```text
+//! <prefix>lock:{<tag>}:<K>    hash {owner token -> fencing token}, with the lease as TTL
+//! <prefix>fence:{<tag>}:<K>   last fencing token issued (no TTL: outlives the lock)
+//! <prefix>wake:{<tag>}:<K>    pub/sub channel; release publishes on it
+//! ```
+//!
+//! The tag is a hash of `K` written in hex, so braces in `K` cannot move the tag:
+//! Redis takes the first `{...}` of a name, and the prefix may not contain braces.
+//! The kind (`lock`, `fence`, `wake`) comes before the tag, so no user key can make
+//! one lock's name equal another's.
+
+use crate::error::LockError;
+
+/// Longest accepted user key. Redis takes keys up to 512 MiB, but a lock key that
+/// large is a bug in the caller, and each script call carries the key three times.
+pub(crate) const MAX_KEY_BYTES: usize = 1 << 20;
+
+/// The Redis names of one lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LockKeys {
+    pub(crate) lock: String,
+    pub(crate) fence: String,
+    pub(crate) channel: String,
+}
+
+impl LockKeys {
+    pub(crate) fn new(prefix: &str, key: &str) -> Self {
+        let tag = hash_tag(key);
+        let name = |kind: &str| {
+            let mut s =
+                String::with_capacity(prefix.len() + kind.len() + tag.len() + key.len() + 4);
+            s.push_str(prefix);
+            s.push_str(kind);
+            s.push_str(":{");
+            s.push_str(&tag);
+            s.push_str("}:");
+            s.push_str(key);
+            s
+        };
+        LockKeys {
+            lock: name("lock"),
+            fence: name("fence"),
+            channel: name("wake"),
+        }
+    }
+}
+
+/// Checks a user key: any non-empty UTF-8 string up to [`MAX_KEY_BYTES`].
+pub(crate) fn validate_key(key: &str) -> Result<(), LockError> {
+    let reason = if key.is_empty() {
+        "the key is empty".to_owned()
+    } else if key.len() > MAX_KEY_BYTES {
+        format!(
+            "the key is {} bytes long; the limit is {MAX_KEY_BYTES}",
+            key.len()
+        )
+    } else {
+        return Ok(());
+    };
+    Err(LockError::InvalidKey {
+        key: key.to_owned(),
+        reason,
+    })
+}
+
+/// Checks a key prefix: it may not contain `{` or `}`, which would move the
+/// cluster hash tag out of our control.
+pub(crate) fn validate_prefix(prefix: &str) -> Result<(), LockError> {
+    if prefix.contains(['{', '}']) {
+        return Err(LockError::InvalidConfig(format!(
+            "key prefix {prefix:?} contains a brace; braces would change the Redis Cluster hash slot of lock keys"
+        )));
+    }
+    if prefix.len() > 1024 {
+        return Err(LockError::InvalidConfig(format!(
+            "key prefix is {} bytes long; the limit is 1024",
+            prefix.len()
+        )));
+    }
+    Ok(())
+}
+
+/// 64-bit FNV-1a of the key in 16 hex digits. Stable across processes, versions
+/// and platforms (unlike `std`'s hasher), which every replica relies on.
+fn hash_tag(key: &str) -> String {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let hash = key
+        .bytes()
+        .fold(OFFSET, |h, b| (h ^ u64::from(b)).wrapping_mul(PRIME));
+    format!("{hash:016x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What Redis Cluster hashes: the part between the first `{` and the next `}`,
+    /// when non-empty; otherwise the whole name.
+    fn cluster_hash_part(name: &str) -> &str {
+        if let Some(open) = name.find('{') {
+            if let Some(len) = name[open + 1..].find('}') {
+                if len > 0 {
+                    return &name[open + 1..open + 1 + len];
+                }
+            }
+        }
+        name
+    }
+
+    #[test]
+    fn names_share_one_hash_tag_whatever_the_key() {
+        for key in [
+            "order:42",
+            "{a}",
+            "}{",
+            "{}",
+            "a{b}c",
+            "{{x}}",
+            "ünï cødé\n\"q\"",
+        ] {
+            let k = LockKeys::new("distlock:", key);
+            let tag = cluster_hash_part(&k.lock);
+            assert_eq!(tag.len(), 16, "{key:?} -> {}", k.lock);
+            assert_eq!(cluster_hash_part(&k.fence), tag);
+            assert_eq!(cluster_hash_part(&k.channel), tag);
+            assert!(k.lock.starts_with("distlock:lock:{"));
+            assert!(k.lock.ends_with(key));
+        }
+    }
+
+    #[test]
+    fn distinct_keys_get_distinct_names() {
+        let a = LockKeys::new("p:", "a");
+        let b = LockKeys::new("p:", "a:fence");
+        assert_ne!(a.lock, b.lock);
+        assert_ne!(a.fence, b.lock);
+        assert_ne!(a.lock, LockKeys::new("p:", "b").lock);
+    }
+
+    #[test]
+    fn hash_tag_is_stable() {
+        // Pinned: a change would make replicas of different versions disagree.
+        assert_eq!(hash_tag(""), "cbf29ce484222325");
+        assert_eq!(hash_tag("a"), "af63dc4c8601ec8c");
+    }
+
+    #[test]
+    fn key_and_prefix_validation() {
+        assert!(matches!(
+            validate_key(""),
+            Err(LockError::InvalidKey { .. })
+        ));
+        assert!(validate_key(&"x".repeat(10 * 1024)).is_ok());
+        assert!(validate_key(&"x".repeat(MAX_KEY_BYTES + 1)).is_err());
+        assert!(validate_prefix("app:locks:").is_ok());
+        assert!(validate_prefix("").is_ok());
+        assert!(matches!(
+            validate_prefix("a{b"),
+            Err(LockError::InvalidConfig(_))
+        ));
+    }
+}

@@ -1,0 +1,223 @@
+//! The state one acquisition shares between its guards and the renewal task.
+//!
+//! A re-entrant acquisition in the same call chain shares the `Lease` of the outer
+//! one (same owner token, same fencing token) and only counts one more hold.
+
+use std::pin::pin;
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+
+use crate::keys::LockKeys;
+
+const HELD: u8 = 0;
+const LOST: u8 = 1;
+const RELEASED: u8 = 2;
+
+/// What the holder may safely assume of its lease: it trusts the lease only until
+/// `renewal sent + lease - drift` on its own clock, where drift covers the rate
+/// difference between its clock and Redis's.
+pub(crate) fn drift(lease: Duration) -> Duration {
+    lease / 100 + Duration::from_millis(2)
+}
+
+pub(crate) struct Lease {
+    pub(crate) id: u64,
+    pub(crate) manager_id: u64,
+    pub(crate) key: String,
+    pub(crate) keys: LockKeys,
+    pub(crate) owner: String,
+    pub(crate) fencing_token: u64,
+    pub(crate) lease: Duration,
+    pub(crate) renew: bool,
+    epoch: Instant,
+    /// Local validity deadline, nanoseconds after `epoch`.
+    valid_until: AtomicU64,
+    /// When the renewal task should next renew, nanoseconds after `epoch`.
+    next_renewal: AtomicU64,
+    state: AtomicU8,
+    holds: AtomicUsize,
+    lost_notify: Notify,
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease")
+            .field("key", &self.key)
+            .field("fencing_token", &self.fencing_token)
+            .field("lease", &self.lease)
+            .field("renew", &self.renew)
+            .field("state", &self.state.load(Ordering::Relaxed))
+            .field("holds", &self.holds.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+pub(crate) struct NewLease {
+    pub(crate) id: u64,
+    pub(crate) manager_id: u64,
+    pub(crate) key: String,
+    pub(crate) keys: LockKeys,
+    pub(crate) owner: String,
+    pub(crate) fencing_token: u64,
+    pub(crate) lease: Duration,
+    pub(crate) renew: bool,
+    pub(crate) epoch: Instant,
+    /// When the acquire that set the lease in Redis was sent.
+    pub(crate) sent_at: Instant,
+}
+
+impl Lease {
+    pub(crate) fn new(n: NewLease) -> Self {
+        let lease = Lease {
+            id: n.id,
+            manager_id: n.manager_id,
+            key: n.key,
+            keys: n.keys,
+            owner: n.owner,
+            fencing_token: n.fencing_token,
+            lease: n.lease,
+            renew: n.renew,
+            epoch: n.epoch,
+            valid_until: AtomicU64::new(0),
+            next_renewal: AtomicU64::new(0),
+            state: AtomicU8::new(HELD),
+            holds: AtomicUsize::new(1),
+            lost_notify: Notify::new(),
+        };
+        lease.renewed(n.sent_at);
+        lease
+    }
+
+    fn nanos(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    fn instant(&self, nanos: u64) -> Instant {
+        self.epoch + Duration::from_nanos(nanos)
+    }
+
+    pub(crate) fn renewal_interval(&self) -> Duration {
+        self.lease / 3
+    }
+
+    /// Records a successful renewal (or the acquire) sent at `sent_at`.
+    pub(crate) fn renewed(&self, sent_at: Instant) {
+        let valid = sent_at + self.lease.saturating_sub(drift(self.lease));
+        self.valid_until
+            .fetch_max(self.nanos(valid), Ordering::AcqRel);
+        self.next_renewal.store(
+            self.nanos(sent_at + self.renewal_interval()),
+            Ordering::Release,
+        );
+    }
+
+    /// Asks for the next renewal attempt at `at` (after a failure: sooner than usual).
+    pub(crate) fn retry_renewal_at(&self, at: Instant) {
+        self.next_renewal.store(self.nanos(at), Ordering::Release);
+    }
+
+    pub(crate) fn next_renewal(&self) -> Instant {
+        self.instant(self.next_renewal.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn valid_until(&self) -> Instant {
+        self.instant(self.valid_until.load(Ordering::Acquire))
+    }
+
+    /// Lost: the renewal found the lock not ours, or the local deadline passed.
+    /// Checking is enough to notice the deadline; no task has to be awake for it.
+    pub(crate) fn is_lost(&self) -> bool {
+        match self.state.load(Ordering::Acquire) {
+            LOST => true,
+            RELEASED => false,
+            _ => {
+                if Instant::now() >= self.valid_until() {
+                    self.mark_lost("the lease was not renewed before its local deadline");
+                    true
+                } else {
+                    false
+                }
+            }
+        }
+    }
+
+    pub(crate) fn is_released(&self) -> bool {
+        self.state.load(Ordering::Acquire) == RELEASED
+    }
+
+    pub(crate) fn is_held(&self) -> bool {
+        self.state.load(Ordering::Acquire) == HELD && !self.is_lost()
+    }
+
+    /// Turns a held lease lost and wakes everyone waiting on `lost()`. Returns
+    /// whether this call made the change.
+    pub(crate) fn mark_lost(&self, why: &str) -> bool {
+        let changed = self
+            .state
+            .compare_exchange(HELD, LOST, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        if changed {
+            tracing::warn!(
+                key = %crate::error::KeyPreview(&self.key),
+                fencing_token = self.fencing_token,
+                reason = why,
+                "distlock: lease lost"
+            );
+            self.lost_notify.notify_waiters();
+        }
+        changed
+    }
+
+    /// Marks the lease released; returns true when it had been lost before.
+    pub(crate) fn mark_released(&self) -> bool {
+        let was_lost = self.is_lost();
+        self.state.store(RELEASED, Ordering::Release);
+        self.lost_notify.notify_waiters();
+        was_lost
+    }
+
+    /// Adds a hold for a re-entrant acquisition, unless the last hold is already
+    /// gone (the lease is being released).
+    pub(crate) fn add_hold(&self) -> bool {
+        self.holds
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n > 0).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    /// Drops one hold; true when it was the last one.
+    pub(crate) fn drop_hold(&self) -> bool {
+        self.holds.fetch_sub(1, Ordering::AcqRel) == 1
+    }
+
+    pub(crate) fn remaining(&self) -> Duration {
+        if self.is_lost() || self.is_released() {
+            return Duration::ZERO;
+        }
+        self.valid_until().saturating_duration_since(Instant::now())
+    }
+
+    /// Completes when the lease is lost: at once if it already is, when the renewal
+    /// reports it, or when the local deadline passes without a renewal.
+    pub(crate) async fn lost(&self) {
+        loop {
+            let mut notified = pin!(self.lost_notify.notified());
+            notified.as_mut().enable();
+            if self.is_lost() {
+                return;
+            }
+            if self.is_released() {
+                // A released lease never turns lost; nothing more will happen.
+                std::future::pending::<()>().await;
+            }
+            let deadline = tokio::time::Instant::from_std(self.valid_until());
+            tokio::select! {
+                _ = notified => {}
+                _ = tokio::time::sleep_until(deadline) => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,59 @@
+//! The runtime of [distlock](https://docs.rs/distlock): lease locks on Redis with
+//! renewal, re-entry, fencing tokens and pub/sub wake-ups.
+//!
+//! Users depend on the `distlock` facade, which re-exports this crate and the
+//! `#[distributed_lock]` macro. This crate is the engine:
+//!
+//! - [`LockManager`] holds one multiplexed connection, one pub/sub subscriber and
+//!   one renewal task;
+//! - [`LockManager::lock`] gives a [`LockRequest`]; its
+//!   [`acquire`](LockRequest::acquire) is one script call (one round trip) when the
+//!   lock is free, and otherwise waits for the holder's release to be published;
+//! - the [`LockGuard`] carries the fencing token and the lost-lease signal, renews
+//!   the lease while it lives, and releases on every exit, drop included.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use lock_runtime::{LockError, LockManager};
+//!
+//! # async fn demo() -> Result<(), LockError> {
+//! let manager = LockManager::connect("redis://127.0.0.1:6379").await?;
+//! let guard = manager
+//!     .lock("order:42")
+//!     .lease(Duration::from_secs(5))
+//!     .wait(Duration::from_secs(1))
+//!     .acquire()
+//!     .await?;
+//! // ... work, passing guard.fencing_token() to storage ...
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+#![warn(missing_docs)]
+
+mod context;
+mod error;
+mod global;
+mod guard;
+mod keys;
+mod lease;
+mod manager;
+mod renewal;
+mod request;
+mod scripts;
+mod waiting;
+
+#[cfg(feature = "testing")]
+pub mod testing;
+
+pub use context::spawn_with_locks;
+pub use error::LockError;
+pub use global::{global, set_global};
+pub use guard::LockGuard;
+pub use manager::{LockManager, LockManagerBuilder, RedisNames, MAX_DURATION, MIN_LEASE};
+pub use request::LockRequest;
+
+/// Support for the code `#[distributed_lock]` generates. Not a public API.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::global::default_manager;
+}

@@ -1,0 +1,383 @@
+//! `LockManager`: the connection, the settings, and the background tasks.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::RedisResult;
+
+use crate::error::LockError;
+use crate::keys::{self, LockKeys};
+use crate::renewal::Renewals;
+use crate::request::LockRequest;
+use crate::scripts::Scripts;
+use crate::waiting::Subscriber;
+
+/// Shortest lease accepted: the holder trusts a lease for `lease - 1% - 2 ms`, which
+/// must leave it some time.
+pub const MIN_LEASE: Duration = Duration::from_millis(3);
+/// Longest lease or wait accepted; anything longer is taken for a unit mistake.
+pub const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+pub(crate) fn next_id() -> u64 {
+    NEXT_ID.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Hands out locks on one Redis server.
+///
+/// Cheap to clone (an `Arc`); clones share one multiplexed connection, one pub/sub
+/// subscriber (opened on first contention), and one renewal task that renews every
+/// live lock of the manager in pipelined batches. The background tasks stop when the
+/// last clone and the last guard are dropped.
+///
+/// Create it inside a tokio runtime with time and I/O enabled (as `#[tokio::main]`
+/// does); its background tasks run on that runtime.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use lock_runtime::{LockError, LockManager};
+///
+/// # async fn demo() -> Result<(), LockError> {
+/// let manager = LockManager::builder("redis://127.0.0.1:6379")
+///     .key_prefix("myapp:locks:")
+///     .default_lease(Duration::from_secs(30))
+///     .default_wait(Duration::from_secs(10))
+///     .build()
+///     .await?;
+/// let guard = manager.lock("order:42").acquire().await?;
+/// println!("fencing token {}", guard.fencing_token());
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct LockManager {
+    pub(crate) inner: Arc<ManagerInner>,
+}
+
+impl std::fmt::Debug for LockManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockManager")
+            .field("id", &self.inner.core.id)
+            .field("config", &self.inner.core.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Owned by the manager's clones and its guards; stops the background tasks when
+/// the last of them goes.
+pub(crate) struct ManagerInner {
+    pub(crate) core: Arc<Core>,
+    tasks: Vec<tokio::task::AbortHandle>,
+}
+
+impl Drop for ManagerInner {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// What the background tasks and background releases need: everything but the
+/// task handles, so that they do not keep the manager alive.
+pub(crate) struct Core {
+    pub(crate) id: u64,
+    pub(crate) conn: ConnectionManager,
+    pub(crate) config: Config,
+    pub(crate) scripts: Scripts,
+    pub(crate) renewals: Renewals,
+    pub(crate) subscriber: Subscriber,
+    pub(crate) runtime: tokio::runtime::Handle,
+    /// Origin of the lease clocks (`Instant`s stored as nanoseconds after it).
+    pub(crate) epoch: Instant,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    pub(crate) key_prefix: String,
+    pub(crate) default_lease: Duration,
+    pub(crate) default_wait: Duration,
+    pub(crate) command_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
+}
+
+impl Core {
+    /// Runs one Redis call under the command timeout, naming `key` in the error.
+    pub(crate) async fn call<T>(
+        &self,
+        key: &str,
+        fut: impl Future<Output = RedisResult<T>>,
+    ) -> Result<T, CallError> {
+        match tokio::time::timeout(self.config.command_timeout, fut).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => {
+                // A server error reply means the command ran and failed, or never
+                // ran; anything else (I/O, dropped connection) may have come after
+                // the server executed it.
+                let maybe_executed = !matches!(e.kind(), redis::ErrorKind::Server(_));
+                Err(CallError {
+                    error: LockError::backend(key, e),
+                    maybe_executed,
+                })
+            }
+            Err(_) => Err(CallError {
+                error: LockError::command_timeout(key, self.config.command_timeout),
+                maybe_executed: true,
+            }),
+        }
+    }
+
+    pub(crate) fn keys(&self, key: &str) -> LockKeys {
+        LockKeys::new(&self.config.key_prefix, key)
+    }
+}
+
+/// A failed Redis call, and whether the server may have executed it anyway (its
+/// reply was lost): then a lock it took may be held in our name.
+pub(crate) struct CallError {
+    pub(crate) error: LockError,
+    pub(crate) maybe_executed: bool,
+}
+
+impl LockManager {
+    /// Connects with the default settings (prefix `distlock:`, lease 30 s, wait 10 s).
+    pub async fn connect(url: &str) -> Result<LockManager, LockError> {
+        LockManager::builder(url).build().await
+    }
+
+    /// Starts configuring a manager for the Redis server at `url`
+    /// (`redis://[:password@]host:port[/db]`).
+    pub fn builder(url: &str) -> LockManagerBuilder {
+        LockManagerBuilder {
+            url: url.to_owned(),
+            config: Config {
+                key_prefix: "distlock:".to_owned(),
+                default_lease: Duration::from_secs(30),
+                default_wait: Duration::from_secs(10),
+                command_timeout: Duration::from_secs(2),
+                connect_timeout: Duration::from_secs(2),
+            },
+        }
+    }
+
+    /// Starts a request for the lock named `key` (any non-empty UTF-8 string).
+    /// Nothing is sent until [`LockRequest::acquire`] or [`LockRequest::try_acquire`].
+    pub fn lock(&self, key: impl Into<String>) -> LockRequest {
+        LockRequest::new(self.clone(), key.into())
+    }
+
+    /// The prefix of every Redis key this manager writes.
+    pub fn key_prefix(&self) -> &str {
+        &self.inner.core.config.key_prefix
+    }
+
+    /// The lease used when a request sets none.
+    pub fn default_lease(&self) -> Duration {
+        self.inner.core.config.default_lease
+    }
+
+    /// The wait used when a request sets none.
+    pub fn default_wait(&self) -> Duration {
+        self.inner.core.config.default_wait
+    }
+
+    /// The Redis names behind lock `key`: the lock hash, the fencing counter and the
+    /// wake-up channel, for inspection and tests.
+    pub fn redis_names(&self, key: &str) -> RedisNames {
+        let k = self.inner.core.keys(key);
+        RedisNames {
+            lock: k.lock,
+            fencing_counter: k.fence,
+            channel: k.channel,
+        }
+    }
+
+    /// How many locks this manager currently holds (with their renewal running or
+    /// not), counting re-entrant holds of one lock once.
+    pub fn held_count(&self) -> usize {
+        self.inner.core.renewals.live_count()
+    }
+}
+
+/// The Redis names behind one lock, from [`LockManager::redis_names`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RedisNames {
+    /// The lock itself: a hash `{owner token -> fencing token}` whose TTL is the lease.
+    pub lock: String,
+    /// The last fencing token issued for this lock (kept after release).
+    pub fencing_counter: String,
+    /// The pub/sub channel on which release wakes waiters.
+    pub channel: String,
+}
+
+/// Settings for a [`LockManager`]; from [`LockManager::builder`].
+#[derive(Debug, Clone)]
+#[must_use = "a builder does nothing until .build().await"]
+pub struct LockManagerBuilder {
+    url: String,
+    config: Config,
+}
+
+impl LockManagerBuilder {
+    /// Prefix of every Redis key and channel the manager writes (default
+    /// `"distlock:"`). May not contain `{` or `}`.
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.config.key_prefix = prefix.into();
+        self
+    }
+
+    /// Lease of requests that set none (default 30 s; 3 ms to 30 days).
+    pub fn default_lease(mut self, lease: Duration) -> Self {
+        self.config.default_lease = lease;
+        self
+    }
+
+    /// Wait of requests that set none (default 10 s; zero means one attempt).
+    pub fn default_wait(mut self, wait: Duration) -> Self {
+        self.config.default_wait = wait;
+        self
+    }
+
+    /// How long one Redis call may take before it fails with
+    /// [`LockError::Backend`] (default 2 s).
+    pub fn command_timeout(mut self, timeout: Duration) -> Self {
+        self.config.command_timeout = timeout;
+        self
+    }
+
+    /// How long connecting (and reconnecting) may take (default 2 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.config.connect_timeout = timeout;
+        self
+    }
+
+    /// Checks the settings, connects, and starts the background tasks on the
+    /// current tokio runtime.
+    pub async fn build(self) -> Result<LockManager, LockError> {
+        let LockManagerBuilder { url, config } = self;
+        keys::validate_prefix(&config.key_prefix)?;
+        validate_lease(config.default_lease, "default lease")?;
+        validate_wait(config.default_wait, "default wait")?;
+        for (what, d) in [
+            ("command timeout", config.command_timeout),
+            ("connect timeout", config.connect_timeout),
+        ] {
+            if d.is_zero() || d > MAX_DURATION {
+                return Err(LockError::InvalidConfig(format!(
+                    "{what} is {d:?}; it must be above zero and at most 30 days"
+                )));
+            }
+        }
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+            LockError::InvalidConfig("LockManager must be built inside a tokio runtime".to_owned())
+        })?;
+        let shown_url = redact(&url);
+        let client = redis::Client::open(url.as_str())
+            .map_err(|e| LockError::InvalidConfig(format!("invalid redis URL {shown_url}: {e}")))?;
+        let conn_config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(config.connect_timeout))
+            .set_response_timeout(Some(config.command_timeout))
+            // Reconnection is retried by every later call; a few quick tries here
+            // keep a call that meets a restart from waiting long.
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(200));
+        let connecting = ConnectionManager::new_with_config(client.clone(), conn_config);
+        let conn = match tokio::time::timeout(config.connect_timeout, connecting).await {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(source)) => {
+                return Err(LockError::Connect {
+                    url: shown_url,
+                    source,
+                })
+            }
+            Err(_) => {
+                let io = std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no answer within {:?}", config.connect_timeout),
+                );
+                return Err(LockError::Connect {
+                    url: shown_url,
+                    source: io.into(),
+                });
+            }
+        };
+        let core = Arc::new(Core {
+            id: next_id(),
+            conn,
+            subscriber: Subscriber::new(client, config.connect_timeout, config.command_timeout),
+            config,
+            scripts: Scripts::new(),
+            renewals: Renewals::default(),
+            runtime: runtime.clone(),
+            epoch: Instant::now(),
+        });
+        let tasks = vec![
+            runtime
+                .spawn(crate::renewal::run(core.clone()))
+                .abort_handle(),
+            runtime
+                .spawn(crate::waiting::run_subscriber(core.clone()))
+                .abort_handle(),
+        ];
+        Ok(LockManager {
+            inner: Arc::new(ManagerInner { core, tasks }),
+        })
+    }
+}
+
+pub(crate) fn validate_lease(lease: Duration, what: &str) -> Result<(), LockError> {
+    if lease < MIN_LEASE || lease > MAX_DURATION {
+        return Err(LockError::InvalidConfig(format!(
+            "{what} is {lease:?}; it must be between 3 ms and 30 days"
+        )));
+    }
+    Ok(())
+}
+
+pub(crate) fn validate_wait(wait: Duration, what: &str) -> Result<(), LockError> {
+    if wait > MAX_DURATION {
+        return Err(LockError::InvalidConfig(format!(
+            "{what} is {wait:?}; it must be at most 30 days"
+        )));
+    }
+    Ok(())
+}
+
+/// The URL without its password, for messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            format!("{}://***@{}", &url[..scheme_end], &url[at + 1..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_lose_their_password_in_messages() {
+        assert_eq!(
+            redact("redis://:secret@host:6379/0"),
+            "redis://***@host:6379/0"
+        );
+        assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+    }
+
+    #[test]
+    fn durations_are_range_checked() {
+        assert!(validate_lease(Duration::ZERO, "lease").is_err());
+        assert!(validate_lease(Duration::from_millis(2), "lease").is_err());
+        assert!(validate_lease(MIN_LEASE, "lease").is_ok());
+        assert!(validate_lease(MAX_DURATION + Duration::from_secs(1), "lease").is_err());
+        assert!(validate_wait(Duration::ZERO, "wait").is_ok());
+        assert!(validate_wait(Duration::from_secs(u64::MAX), "wait").is_err());
+    }
+}

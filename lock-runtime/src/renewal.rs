@@ -1,0 +1,152 @@
+//! The watchdog: one task per manager renews every live lease in pipelined batches.
+//!
+//! A lease is due `lease / 3` after its last renewal (or acquisition). The task
+//! sleeps until the earliest due time, then renews every lease due within a quarter
+//! of its interval, so leases that start close together stay in one batch. A
+//! batch is one pipeline of EVALSHAs per `BATCH` leases: one round trip.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+
+use crate::error::KeyPreview;
+use crate::lease::Lease;
+use crate::manager::Core;
+
+/// Renewals per pipeline (one round trip each).
+const BATCH: usize = 512;
+
+#[derive(Default)]
+pub(crate) struct Renewals {
+    leases: Mutex<HashMap<u64, Arc<Lease>>>,
+    /// Woken when a lease is added that may be due before the task's next wake-up.
+    added: Notify,
+}
+
+impl Renewals {
+    fn leases(&self) -> MutexGuard<'_, HashMap<u64, Arc<Lease>>> {
+        // A panic elsewhere while holding the lock leaves the map consistent
+        // (every update is one insert or remove), so poisoning is ignored.
+        self.leases.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn insert(&self, lease: Arc<Lease>) {
+        let renew = lease.renew;
+        self.leases().insert(lease.id, lease);
+        if renew {
+            self.added.notify_one();
+        }
+    }
+
+    pub(crate) fn remove(&self, id: u64) {
+        self.leases().remove(&id);
+    }
+
+    pub(crate) fn live_count(&self) -> usize {
+        self.leases().len()
+    }
+
+    /// The leases to renew now, and when the next one not among them is due.
+    fn due(&self, now: Instant) -> (Vec<Arc<Lease>>, Option<Instant>) {
+        let mut due = Vec::new();
+        let mut next: Option<Instant> = None;
+        for lease in self.leases().values() {
+            if !lease.renew || !lease.is_held() {
+                continue;
+            }
+            let at = lease.next_renewal();
+            if at <= now + lease.renewal_interval() / 4 {
+                due.push(lease.clone());
+            } else {
+                next = Some(next.map_or(at, |n| n.min(at)));
+            }
+        }
+        (due, next)
+    }
+}
+
+pub(crate) async fn run(core: Arc<Core>) {
+    loop {
+        let added = core.renewals.added.notified();
+        let (due, next) = core.renewals.due(Instant::now());
+        if due.is_empty() {
+            match next {
+                Some(at) => {
+                    tokio::select! {
+                        _ = added => {}
+                        _ = tokio::time::sleep_until(at.into()) => {}
+                    }
+                }
+                None => added.await,
+            }
+            continue;
+        }
+        for batch in due.chunks(BATCH) {
+            renew_batch(&core, batch).await;
+        }
+    }
+}
+
+async fn renew_batch(core: &Core, batch: &[Arc<Lease>]) {
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    for lease in batch {
+        let lease_ms = u64::try_from(lease.lease.as_millis()).unwrap_or(u64::MAX);
+        pipe.add_command(
+            core.scripts
+                .renew_cmd(&lease.keys.lock, &lease.owner, lease_ms),
+        );
+    }
+    let mut conn = core.conn.clone();
+    let sent_at = Instant::now();
+    let replies: Result<Vec<redis::RedisResult<i64>>, _> =
+        core.call("", pipe.query_async(&mut conn)).await;
+    match replies {
+        Ok(replies) => {
+            let mut load_script = false;
+            for (lease, reply) in batch.iter().zip(replies) {
+                match reply {
+                    Ok(1) => lease.renewed(sent_at),
+                    Ok(_) => {
+                        lease.mark_lost("the renewal found the lock gone or held by another owner");
+                    }
+                    Err(e) => {
+                        if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) {
+                            // Redis restarted or flushed its scripts: load, retry now.
+                            load_script = true;
+                            lease.retry_renewal_at(Instant::now());
+                        } else {
+                            renewal_failed(lease, &e.to_string());
+                        }
+                    }
+                }
+            }
+            if load_script {
+                if let Err(e) = core.scripts.load_renew(&mut conn).await {
+                    tracing::warn!(error = %e, "distlock: could not load the renew script");
+                }
+            }
+        }
+        Err(e) => {
+            for lease in batch {
+                renewal_failed(lease, &e.error.to_string());
+            }
+        }
+    }
+}
+
+/// Keeps the lease and tries again soon: sooner than a full interval, so that a
+/// short outage does not cost the lease.
+fn renewal_failed(lease: &Lease, error: &str) {
+    let retry = (lease.renewal_interval() / 3).max(Duration::from_millis(5));
+    lease.retry_renewal_at(Instant::now() + retry);
+    tracing::warn!(
+        key = %KeyPreview(&lease.key),
+        error,
+        retry_in_ms = retry.as_millis() as u64,
+        remaining_ms = lease.remaining().as_millis() as u64,
+        "distlock: lease renewal failed; retrying"
+    );
+}

@@ -1,0 +1,349 @@
+//! `LockRequest`: one acquisition, from the first attempt to the guard.
+
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tracing::Instrument;
+
+use crate::context::LockContext;
+use crate::error::{KeyPreview, LockError};
+use crate::guard::LockGuard;
+use crate::keys::{self, LockKeys};
+use crate::lease::{Lease, NewLease};
+use crate::manager::{self, Core, LockManager};
+use crate::scripts::AcquireReply;
+use crate::waiting::Backoff;
+
+/// A lock about to be acquired; from [`LockManager::lock`].
+///
+/// ```no_run
+/// use std::time::Duration;
+/// # async fn demo(manager: lock_runtime::LockManager) -> Result<(), lock_runtime::LockError> {
+/// let guard = manager
+///     .lock("order:42")
+///     .lease(Duration::from_secs(5))  // TTL in Redis, renewed every lease/3
+///     .wait(Duration::from_secs(1))   // then Err(LockError::Timeout)
+///     .acquire()
+///     .await?;
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+#[must_use = "a lock request does nothing until .acquire().await or .try_acquire().await"]
+pub struct LockRequest {
+    manager: LockManager,
+    key: String,
+    lease: Option<Duration>,
+    wait: Option<Duration>,
+    renew: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Patience {
+    /// One attempt; a busy lock is `Ok(None)`.
+    Once,
+    /// Attempts until `wait` has passed; a busy lock is `Err(Timeout)`.
+    Wait,
+}
+
+impl LockRequest {
+    pub(crate) fn new(manager: LockManager, key: String) -> Self {
+        LockRequest {
+            manager,
+            key,
+            lease: None,
+            wait: None,
+            renew: true,
+        }
+    }
+
+    /// The lease: the lock's TTL in Redis (3 ms to 30 days, whole milliseconds;
+    /// default: the manager's). With renewal on, it is reset every `lease / 3`
+    /// while the guard lives, and a crashed holder frees the lock within `lease`.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// How long [`acquire`](Self::acquire) may wait for a busy lock before it
+    /// returns [`LockError::Timeout`] (default: the manager's). Zero means one attempt.
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = Some(wait);
+        self
+    }
+
+    /// Whether the lease is renewed while the guard lives (default true). Without
+    /// renewal the lock ends at `lease`, whether the holder is done or not.
+    pub fn renew(mut self, renew: bool) -> Self {
+        self.renew = renew;
+        self
+    }
+
+    /// The key this request locks.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// Takes the lock, waiting up to `wait` while someone else holds it.
+    ///
+    /// Waiting sleeps until the holder's release publishes a wake-up, with
+    /// jittered retries capped by the holder's remaining lease as a fallback for
+    /// a lost message. If this call chain already holds the key (inside
+    /// [`LockGuard::scope`] or a locked function), it re-enters at once, sharing
+    /// the outer lease and fencing token; the options of this request are then
+    /// ignored.
+    ///
+    /// # Errors
+    /// [`LockError::Timeout`] once `wait` has passed (never earlier),
+    /// [`LockError::InvalidKey`] / [`LockError::InvalidConfig`] for bad input,
+    /// [`LockError::Lost`] when re-entering a hold whose lease was lost,
+    /// [`LockError::Backend`] when Redis fails or does not answer in time.
+    pub async fn acquire(self) -> Result<LockGuard, LockError> {
+        let key = self.key.clone();
+        match self.run(Patience::Wait).await? {
+            Some(guard) => Ok(guard),
+            // `Patience::Wait` turns a busy lock into `Timeout` itself.
+            None => Err(LockError::Timeout {
+                key,
+                waited: Duration::ZERO,
+            }),
+        }
+    }
+
+    /// Makes one attempt: `Ok(None)` when someone else holds the lock.
+    pub async fn try_acquire(self) -> Result<Option<LockGuard>, LockError> {
+        self.run(Patience::Once).await
+    }
+
+    async fn run(self, patience: Patience) -> Result<Option<LockGuard>, LockError> {
+        let LockRequest {
+            manager,
+            key,
+            lease,
+            wait,
+            renew,
+        } = self;
+        keys::validate_key(&key)?;
+        let core = manager.inner.core.clone();
+        let lease = lease.unwrap_or(core.config.default_lease);
+        manager::validate_lease(lease, "lease")?;
+        // Redis keeps whole milliseconds; trusting the sub-millisecond rest
+        // locally would outlive the TTL.
+        let lease = Duration::from_millis(u64::try_from(lease.as_millis()).unwrap_or(u64::MAX));
+        let wait = match patience {
+            Patience::Once => Duration::ZERO,
+            Patience::Wait => {
+                let wait = wait.unwrap_or(core.config.default_wait);
+                manager::validate_wait(wait, "wait")?;
+                wait
+            }
+        };
+
+        if let Some(held) = LockContext::find(core.id, &key) {
+            return reenter(manager, held).map(Some);
+        }
+
+        let span = tracing::debug_span!(
+            "distlock.acquire",
+            key = %KeyPreview(&key),
+            lease_ms = lease.as_millis() as u64,
+            wait_ms = wait.as_millis() as u64,
+        );
+        Acquisition {
+            core: &core,
+            keys: core.keys(&key),
+            owner: uuid::Uuid::new_v4().simple().to_string(),
+            key,
+            lease,
+            renew,
+            started: Instant::now(),
+            attempts: 0,
+        }
+        .run(manager.clone(), patience, wait)
+        .instrument(span)
+        .await
+    }
+}
+
+fn reenter(manager: LockManager, held: Arc<Lease>) -> Result<LockGuard, LockError> {
+    if held.is_lost() {
+        return Err(LockError::Lost {
+            key: held.key.clone(),
+        });
+    }
+    if !held.add_hold() {
+        // The last hold was released between the lookup and now.
+        return Err(LockError::NotHeld {
+            key: held.key.clone(),
+        });
+    }
+    tracing::trace!(key = %KeyPreview(&held.key), "distlock: re-entered");
+    Ok(LockGuard::new(manager, held))
+}
+
+struct Acquisition<'a> {
+    core: &'a Arc<Core>,
+    keys: LockKeys,
+    /// One owner token for all attempts of this acquisition: a retried attempt
+    /// whose earlier reply was lost finds the lock already ours.
+    owner: String,
+    key: String,
+    lease: Duration,
+    renew: bool,
+    started: Instant,
+    attempts: u32,
+}
+
+impl Acquisition<'_> {
+    async fn run(
+        mut self,
+        manager: LockManager,
+        patience: Patience,
+        wait: Duration,
+    ) -> Result<Option<LockGuard>, LockError> {
+        let deadline = self.started + wait;
+        if let Attempt::Acquired(lease) = self.attempt().await? {
+            return Ok(Some(self.grant(manager, lease)));
+        }
+        if patience == Patience::Once {
+            return Ok(None);
+        }
+        if wait.is_zero() {
+            return Err(self.timeout());
+        }
+
+        let core = self.core.clone();
+        let registration = core.subscriber.register(&self.keys.channel);
+        let mut backoff = Backoff::default();
+        loop {
+            // Listen before attempting, so that a release landing between the
+            // attempt and the sleep still wakes us.
+            let mut woken = pin!(registration.woken());
+            woken.as_mut().enable();
+            let remaining = match self.attempt().await? {
+                Attempt::Acquired(lease) => return Ok(Some(self.grant(manager, lease))),
+                Attempt::Busy(remaining) => remaining,
+            };
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(self.timeout());
+            }
+            let nap = backoff.next(remaining).min(deadline - now);
+            tokio::select! {
+                _ = woken => {}
+                _ = tokio::time::sleep(nap) => {}
+            }
+        }
+    }
+
+    async fn attempt(&mut self) -> Result<Attempt, LockError> {
+        self.attempts += 1;
+        let sent_at = Instant::now();
+        let lease_ms = u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX);
+        // If this future is dropped while the script is in flight, the server
+        // may still run it and take the lock in our name: release it by token.
+        let mut in_flight = InFlight {
+            core: self.core,
+            keys: &self.keys,
+            owner: &self.owner,
+            key: &self.key,
+            lease: self.lease,
+            armed: true,
+        };
+        let mut conn = self.core.conn.clone();
+        let reply = self
+            .core
+            .call(
+                &self.key,
+                self.core
+                    .scripts
+                    .acquire(&mut conn, &self.keys, &self.owner, lease_ms),
+            )
+            .await;
+        match reply {
+            Ok(AcquireReply::Acquired { fencing_token }) => {
+                in_flight.armed = false;
+                Ok(Attempt::Acquired(Box::new(Lease::new(NewLease {
+                    id: manager::next_id(),
+                    manager_id: self.core.id,
+                    key: self.key.clone(),
+                    keys: self.keys.clone(),
+                    owner: self.owner.clone(),
+                    fencing_token,
+                    lease: self.lease,
+                    renew: self.renew,
+                    epoch: self.core.epoch,
+                    sent_at,
+                }))))
+            }
+            Ok(AcquireReply::Busy { remaining }) => {
+                in_flight.armed = false;
+                Ok(Attempt::Busy(remaining))
+            }
+            Err(e) => {
+                in_flight.armed = e.maybe_executed;
+                Err(e.error)
+            }
+        }
+    }
+
+    fn grant(self, manager: LockManager, lease: Box<Lease>) -> LockGuard {
+        let lease = Arc::new(*lease);
+        self.core.renewals.insert(lease.clone());
+        tracing::debug!(
+            waited_ms = self.started.elapsed().as_millis() as u64,
+            attempts = self.attempts,
+            fencing_token = lease.fencing_token,
+            "distlock: acquired"
+        );
+        LockGuard::new(manager, lease)
+    }
+
+    fn timeout(&self) -> LockError {
+        let waited = self.started.elapsed();
+        tracing::debug!(
+            waited_ms = waited.as_millis() as u64,
+            attempts = self.attempts,
+            "distlock: timed out"
+        );
+        LockError::Timeout {
+            key: self.key.clone(),
+            waited,
+        }
+    }
+}
+
+enum Attempt {
+    Acquired(Box<Lease>),
+    Busy(Option<Duration>),
+}
+
+/// Releases, in the background, a lock an attempt may have taken when its reply
+/// never came back (timeout, broken connection, or the caller dropped the future).
+struct InFlight<'a> {
+    core: &'a Arc<Core>,
+    keys: &'a LockKeys,
+    owner: &'a str,
+    key: &'a str,
+    lease: Duration,
+    armed: bool,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            tracing::debug!(
+                key = %KeyPreview(self.key),
+                "distlock: acquire reply lost; releasing by owner token in the background"
+            );
+            crate::guard::release_in_background(
+                self.core,
+                self.key.to_owned(),
+                self.keys.clone(),
+                self.owner.to_owned(),
+                self.lease,
+            );
+        }
+    }
+}

@@ -1,0 +1,36 @@
+-- Acquire a lock, or confirm that it is already ours, and issue its fencing token.
+--
+-- KEYS[1]  lock hash {owner token -> fencing token}; its TTL is the lease
+-- KEYS[2]  fencing counter: the last token issued for this lock (no TTL)
+-- ARGV[1]  owner token (random, 32 hex digits)
+-- ARGV[2]  lease in milliseconds
+--
+-- Returns {1, token}  the lock is ours with fencing token `token`: freshly taken,
+--                     or already ours (a retried acquire whose first reply was lost);
+--                     either way the lease is reset to ARGV[2]
+--         {0, pttl}   another owner holds it for `pttl` more milliseconds
+--                     (-1 when the key has no TTL, which only a foreign writer causes)
+--
+-- A fresh token is max(last token + 1, server time in microseconds). The counter
+-- keeps tokens strictly increasing; the clock keeps them increasing when Redis
+-- restarts empty and the counter is gone.
+local pttl = redis.call('PTTL', KEYS[1])
+if pttl ~= -2 then
+  local token = redis.call('HGET', KEYS[1], ARGV[1])
+  if token then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return {1, tonumber(token)}
+  end
+  return {0, pttl}
+end
+
+local now = redis.call('TIME')
+local micros = tonumber(now[1]) * 1000000 + tonumber(now[2])
+local last = tonumber(redis.call('GET', KEYS[2]) or '0')
+local token = math.max(last + 1, micros)
+-- '%.0f' writes the whole number in full; the default conversion may use an exponent.
+local text = string.format('%.0f', token)
+redis.call('SET', KEYS[2], text)
+redis.call('HSET', KEYS[1], ARGV[1], text)
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return {1, token}

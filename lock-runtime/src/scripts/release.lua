@@ -1,0 +1,15 @@
+-- Release a lock if it is still ours, and wake the waiters.
+--
+-- KEYS[1]  lock hash {owner token -> fencing token}
+-- ARGV[1]  owner token
+-- ARGV[2]  wake-up channel of the lock
+--
+-- Returns 1  the lock was ours: it is deleted and a wake-up is published
+--         0  the lock is gone or held by another owner: nothing changed
+--            (our lease had run out)
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], 'released')
+  return 1
+end
+return 0

@@ -1,0 +1,295 @@
+//! Waiting for a busy lock: one shared pub/sub subscriber per manager, and the
+//! jittered backoff that covers for a lost wake-up.
+//!
+//! Waiters register on the lock's channel; the first registration subscribes, the
+//! last one leaving unsubscribes. Each wake-up message wakes one waiter of this
+//! manager (the one waiting longest), which retries; the others sleep on, since
+//! only one of them can win. When the subscription is confirmed, or re-made
+//! after a reconnect, every waiter of the channel retries once, because a release
+//! may have been published while nobody listened.
+
+use std::cell::Cell;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use redis::aio::{PubSubSink, PubSubStream};
+use tokio::sync::{mpsc, Notify};
+
+use crate::manager::Core;
+
+/// Longest fallback sleep between attempts while waiting.
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+const FIRST_BACKOFF: Duration = Duration::from_millis(8);
+
+pub(crate) struct Subscriber {
+    client: redis::Client,
+    connect_timeout: Duration,
+    command_timeout: Duration,
+    channels: Mutex<HashMap<String, Channel>>,
+    /// Channels whose waiter count went from or to zero, for the task to
+    /// subscribe or unsubscribe.
+    changes: mpsc::UnboundedSender<String>,
+    changes_rx: Mutex<Option<mpsc::UnboundedReceiver<String>>>,
+}
+
+struct Channel {
+    waiters: usize,
+    wake: Arc<Notify>,
+}
+
+impl Subscriber {
+    pub(crate) fn new(
+        client: redis::Client,
+        connect_timeout: Duration,
+        command_timeout: Duration,
+    ) -> Self {
+        let (changes, rx) = mpsc::unbounded_channel();
+        Subscriber {
+            client,
+            connect_timeout,
+            command_timeout,
+            channels: Mutex::new(HashMap::new()),
+            changes,
+            changes_rx: Mutex::new(Some(rx)),
+        }
+    }
+
+    fn channels(&self) -> MutexGuard<'_, HashMap<String, Channel>> {
+        self.channels.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn register(&self, channel: &str) -> Registration<'_> {
+        let mut channels = self.channels();
+        let entry = channels
+            .entry(channel.to_owned())
+            .or_insert_with(|| Channel {
+                waiters: 0,
+                wake: Arc::new(Notify::new()),
+            });
+        entry.waiters += 1;
+        if entry.waiters == 1 {
+            // The task may be gone (manager shutting down): waiting then falls
+            // back to the backoff alone.
+            let _ = self.changes.send(channel.to_owned());
+        }
+        Registration {
+            subscriber: self,
+            channel: channel.to_owned(),
+            wake: entry.wake.clone(),
+        }
+    }
+
+    fn wake_one(&self, channel: &str) {
+        if let Some(c) = self.channels().get(channel) {
+            c.wake.notify_one();
+        }
+    }
+
+    fn wake_all(&self, channel: &str) {
+        if let Some(c) = self.channels().get(channel) {
+            c.wake.notify_waiters();
+        }
+    }
+
+    fn is_wanted(&self, channel: &str) -> bool {
+        self.channels().contains_key(channel)
+    }
+
+    fn wanted(&self) -> Vec<String> {
+        self.channels().keys().cloned().collect()
+    }
+}
+
+/// A waiter's interest in one lock's wake-ups; ends when dropped.
+pub(crate) struct Registration<'a> {
+    subscriber: &'a Subscriber,
+    channel: String,
+    wake: Arc<Notify>,
+}
+
+impl Registration<'_> {
+    pub(crate) fn woken(&self) -> tokio::sync::futures::Notified<'_> {
+        self.wake.notified()
+    }
+}
+
+impl Drop for Registration<'_> {
+    fn drop(&mut self) {
+        let mut channels = self.subscriber.channels();
+        if let Some(entry) = channels.get_mut(&self.channel) {
+            entry.waiters -= 1;
+            if entry.waiters == 0 {
+                channels.remove(&self.channel);
+                let _ = self.subscriber.changes.send(self.channel.clone());
+            }
+        }
+    }
+}
+
+/// The subscriber task: keeps the subscriptions equal to the channels that have
+/// waiters, and turns messages into wake-ups. Connects on first need, and
+/// reconnects (re-subscribing) after the connection breaks.
+pub(crate) async fn run_subscriber(core: Arc<Core>) {
+    let sub = &core.subscriber;
+    let Some(mut changes) = sub
+        .changes_rx
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take()
+    else {
+        return;
+    };
+    let mut reconnect_delay = Duration::from_millis(50);
+    loop {
+        // Wait until some channel has waiters.
+        if sub.wanted().is_empty() && changes.recv().await.is_none() {
+            return;
+        }
+        let Some((mut sink, mut stream)) = connect(sub).await else {
+            tokio::time::sleep(reconnect_delay).await;
+            reconnect_delay = (reconnect_delay * 2).min(Duration::from_secs(2));
+            continue;
+        };
+        reconnect_delay = Duration::from_millis(50);
+        let mut subscribed = HashSet::new();
+        for channel in sub.wanted() {
+            if !sync_channel(sub, &mut sink, &mut subscribed, channel).await {
+                break;
+            }
+        }
+        loop {
+            tokio::select! {
+                change = changes.recv() => {
+                    let Some(channel) = change else { return };
+                    if !sync_channel(sub, &mut sink, &mut subscribed, channel).await {
+                        break;
+                    }
+                }
+                msg = stream.next() => {
+                    let Some(msg) = msg else {
+                        tracing::debug!("distlock: pub/sub connection closed; reconnecting");
+                        break;
+                    };
+                    sub.wake_one(msg.get_channel_name());
+                }
+            }
+        }
+        // Waiters fall back to their backoff until the subscriptions are back.
+    }
+}
+
+async fn connect(sub: &Subscriber) -> Option<(PubSubSink, PubSubStream)> {
+    match tokio::time::timeout(sub.connect_timeout, sub.client.get_async_pubsub()).await {
+        Ok(Ok(pubsub)) => Some(pubsub.split()),
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "distlock: pub/sub connection failed");
+            None
+        }
+        Err(_) => {
+            tracing::debug!("distlock: pub/sub connection timed out");
+            None
+        }
+    }
+}
+
+/// Subscribes to or unsubscribes from `channel` to match whether it has waiters.
+/// Returns false when the connection failed.
+async fn sync_channel(
+    sub: &Subscriber,
+    sink: &mut PubSubSink,
+    subscribed: &mut HashSet<String>,
+    channel: String,
+) -> bool {
+    let wanted = sub.is_wanted(&channel);
+    if wanted == subscribed.contains(&channel) {
+        return true;
+    }
+    let result = if wanted {
+        tokio::time::timeout(sub.command_timeout, sink.subscribe(&channel)).await
+    } else {
+        tokio::time::timeout(sub.command_timeout, sink.unsubscribe(&channel)).await
+    };
+    match result {
+        Ok(Ok(())) => {
+            if wanted {
+                subscribed.insert(channel.clone());
+                // A release may have been published before we listened.
+                sub.wake_all(&channel);
+            } else {
+                subscribed.remove(&channel);
+            }
+            true
+        }
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "distlock: pub/sub command failed; reconnecting");
+            false
+        }
+        Err(_) => {
+            tracing::debug!("distlock: pub/sub command timed out; reconnecting");
+            false
+        }
+    }
+}
+
+/// Full-jitter exponential backoff: a random sleep in `[0, cap]`, where the cap
+/// doubles from 8 ms to 1 s and never exceeds the holder's remaining lease (a
+/// lock whose holder died without releasing is retried as it expires).
+#[derive(Debug)]
+pub(crate) struct Backoff {
+    cap: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff { cap: FIRST_BACKOFF }
+    }
+}
+
+impl Backoff {
+    pub(crate) fn next(&mut self, holder_remaining: Option<Duration>) -> Duration {
+        let cap = self
+            .cap
+            .min(holder_remaining.unwrap_or(MAX_BACKOFF))
+            .max(Duration::from_millis(1));
+        self.cap = (self.cap * 2).min(MAX_BACKOFF);
+        let nanos = u64::try_from(cap.as_nanos()).unwrap_or(u64::MAX);
+        Duration::from_nanos(random_u64() % (nanos + 1))
+    }
+}
+
+/// xorshift64*, seeded per thread from a v4 UUID: jitter needs spread, not
+/// secrecy, and this avoids a syscall per sleep.
+fn random_u64() -> u64 {
+    thread_local! {
+        static STATE: Cell<u64> = Cell::new(uuid::Uuid::new_v4().as_u64_pair().0 | 1);
+    }
+    STATE.with(|s| {
+        let mut x = s.get();
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        s.set(x);
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_is_capped_by_the_holders_remaining_lease() {
+        let mut b = Backoff::default();
+        for _ in 0..50 {
+            assert!(b.next(Some(Duration::from_millis(3))) <= Duration::from_millis(3));
+        }
+        let mut b = Backoff::default();
+        let naps: Vec<_> = (0..20).map(|_| b.next(None)).collect();
+        assert!(naps.iter().all(|n| *n <= MAX_BACKOFF));
+        assert!(naps[0] <= FIRST_BACKOFF);
+        // Jitter: not all the same.
+        assert!(naps.windows(2).any(|w| w[0] != w[1]));
+    }
+}

@@ -1,0 +1,70 @@
+//! Helpers shared by the integration tests: a private redis-server per test, and
+//! managers with short timeouts so that failure tests finish quickly.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use distlock::testing::RedisServer;
+use distlock::LockManager;
+use redis::aio::MultiplexedConnection;
+
+pub fn server() -> RedisServer {
+    RedisServer::spawn().expect("redis-server must be installed to run the tests")
+}
+
+pub async fn manager(server: &RedisServer) -> LockManager {
+    manager_at(&server.url()).await
+}
+
+pub async fn manager_at(url: &str) -> LockManager {
+    LockManager::builder(url)
+        .command_timeout(Duration::from_millis(500))
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .expect("connect to the test redis-server")
+}
+
+pub async fn raw(server: &RedisServer) -> MultiplexedConnection {
+    server.client().await.expect("raw connection")
+}
+
+pub async fn exists(conn: &mut MultiplexedConnection, key: &str) -> bool {
+    redis::cmd("EXISTS")
+        .arg(key)
+        .query_async::<i64>(conn)
+        .await
+        .expect("EXISTS")
+        == 1
+}
+
+pub async fn pttl(conn: &mut MultiplexedConnection, key: &str) -> i64 {
+    redis::cmd("PTTL")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .expect("PTTL")
+}
+
+/// Every key in the server, for leak checks.
+pub async fn all_keys(conn: &mut MultiplexedConnection) -> Vec<String> {
+    redis::cmd("KEYS")
+        .arg("*")
+        .query_async(conn)
+        .await
+        .expect("KEYS")
+}
+
+/// Runs `f` until it returns true or `limit` passes; returns how long it took.
+/// For conditions that only time can bring (a lease running out), with generous
+/// limits.
+pub async fn eventually(limit: Duration, mut f: impl AsyncFnMut() -> bool) -> Option<Duration> {
+    let start = std::time::Instant::now();
+    while start.elapsed() < limit {
+        if f().await {
+            return Some(start.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    None
+}

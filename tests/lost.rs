@@ -1,0 +1,105 @@
+//! Lost leases are always signalled, and `release` of a lost guard says so.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use distlock::LockError;
+
+async fn lost_within(g: &distlock::LockGuard, limit: Duration) -> Duration {
+    let start = Instant::now();
+    tokio::time::timeout(limit, g.lost())
+        .await
+        .expect("lost() completes");
+    assert!(g.is_lost());
+    assert_eq!(g.remaining_lease(), Duration::ZERO);
+    start.elapsed()
+}
+
+#[tokio::test]
+async fn flushall_del_and_restart_are_noticed_by_renewal() {
+    let mut redis = server();
+    let a = manager(&redis).await;
+    let mut raw = raw(&redis).await;
+    let lease = Duration::from_millis(600);
+
+    let g = a.lock("k").lease(lease).acquire().await.unwrap();
+    let _: () = redis::cmd("FLUSHALL").query_async(&mut raw).await.unwrap();
+    lost_within(&g, lease).await;
+    assert!(matches!(g.release().await, Err(LockError::Lost { .. })));
+
+    let g = a.lock("k").lease(lease).acquire().await.unwrap();
+    let _: () = redis::cmd("DEL")
+        .arg(a.redis_names("k").lock)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    lost_within(&g, lease).await;
+    drop(g);
+
+    let g = a.lock("k").lease(lease).acquire().await.unwrap();
+    redis.restart().unwrap();
+    lost_within(&g, lease).await;
+    assert!(matches!(g.release().await, Err(LockError::Lost { .. })));
+    // The same manager works again after the restart.
+    let g = a.lock("k").acquire().await.unwrap();
+    g.release().await.unwrap();
+}
+
+/// A holder that cannot reach Redis stops trusting its lease at
+/// `last renewal + lease - drift` on its own clock, even while calls hang.
+#[tokio::test]
+async fn an_unreachable_redis_costs_the_lease_by_the_local_deadline() {
+    let redis = server();
+    let a = manager(&redis).await;
+    let lease = Duration::from_millis(400);
+    let g = a.lock("k").lease(lease).acquire().await.unwrap();
+    let acquired = Instant::now();
+    redis.pause().unwrap();
+    tokio::time::timeout(Duration::from_secs(2), g.lost())
+        .await
+        .expect("lost");
+    let at = acquired.elapsed();
+    redis.resume().unwrap();
+    // Renewals at ~133 ms and later all failed: lost by 400 - 6 ms after the
+    // last successful one (the acquire, or the first renewal just before the pause).
+    assert!(at <= lease, "lost only after {at:?}");
+    assert!(at >= Duration::from_millis(300), "lost early: {at:?}");
+}
+
+#[tokio::test]
+async fn scope_until_lost_stops_the_body_at_its_next_await() {
+    let redis = server();
+    let a = manager(&redis).await;
+    let mut raw = raw(&redis).await;
+    let g = a
+        .lock("k")
+        .lease(Duration::from_millis(300))
+        .acquire()
+        .await
+        .unwrap();
+    let key = a.redis_names("k").lock;
+    let steps = std::sync::atomic::AtomicUsize::new(0);
+    let r = g
+        .scope_until_lost(async {
+            loop {
+                steps.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                if steps.load(std::sync::atomic::Ordering::SeqCst) == 5 {
+                    let _: () = redis::cmd("DEL")
+                        .arg(&key)
+                        .query_async(&mut raw)
+                        .await
+                        .unwrap();
+                }
+            }
+        })
+        .await;
+    assert!(matches!(r, Err(LockError::Lost { .. })));
+    // Renewal runs every 100 ms; the body stopped within a few steps after that.
+    let n = steps.load(std::sync::atomic::Ordering::SeqCst);
+    assert!((5..40).contains(&n), "{n} steps");
+    let ok = g.scope_until_lost(async { 1 }).await;
+    assert!(ok.is_err(), "a lost guard runs nothing more");
+}

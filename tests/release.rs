@@ -1,0 +1,125 @@
+//! Release on every exit: return, panic, abort; `Drop` never blocks or panics.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+
+async fn freed_within(
+    redis: &distlock::testing::RedisServer,
+    key: &str,
+    limit: Duration,
+) -> Duration {
+    let other = manager(redis).await;
+    let start = Instant::now();
+    let g = other
+        .lock(key)
+        .wait(limit)
+        .acquire()
+        .await
+        .unwrap_or_else(|e| panic!("not freed within {limit:?}: {e}"));
+    g.release().await.unwrap();
+    start.elapsed()
+}
+
+#[tokio::test]
+async fn dropping_a_guard_releases_in_the_background() {
+    let redis = server();
+    let a = manager(&redis).await;
+    let g = a
+        .lock("k")
+        .lease(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    drop(g);
+    assert!(freed_within(&redis, "k", Duration::from_secs(1)).await < Duration::from_secs(1));
+}
+
+#[tokio::test]
+async fn a_panicking_holder_releases() {
+    let redis = server();
+    let a = manager(&redis).await;
+    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(async move {
+        let _g = a
+            .lock("k")
+            .lease(Duration::from_secs(30))
+            .acquire()
+            .await
+            .unwrap();
+        held_tx.send(()).unwrap();
+        panic!("the body failed");
+    });
+    held_rx.await.unwrap();
+    assert!(task.await.unwrap_err().is_panic());
+    freed_within(&redis, "k", Duration::from_secs(1)).await;
+}
+
+#[tokio::test]
+async fn an_aborted_holder_releases() {
+    let redis = server();
+    let a = manager(&redis).await;
+    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(async move {
+        let g = a
+            .lock("k")
+            .lease(Duration::from_secs(30))
+            .acquire()
+            .await
+            .unwrap();
+        held_tx.send(()).unwrap();
+        g.scope(std::future::pending::<()>()).await;
+    });
+    held_rx.await.unwrap();
+    task.abort();
+    assert!(task.await.unwrap_err().is_cancelled());
+    freed_within(&redis, "k", Duration::from_secs(1)).await;
+}
+
+/// An acquire cancelled while its script is in flight must not leave the lock
+/// held in its name for the whole lease.
+#[tokio::test]
+async fn a_cancelled_acquire_leaves_no_lock_behind() {
+    let redis = server();
+    let a = manager(&redis).await;
+    let mut raw = raw(&redis).await;
+    let lock_key = a.redis_names("k").lock;
+    for _ in 0..50 {
+        // Cancel at the first poll that does not complete: the request was sent.
+        let fut = a.lock("k").lease(Duration::from_secs(30)).acquire();
+        let _ = tokio::time::timeout(Duration::from_micros(1), fut).await;
+    }
+    let free = eventually(Duration::from_secs(2), async || {
+        !exists(&mut raw, &lock_key).await
+    })
+    .await;
+    assert!(free.is_some(), "a cancelled acquire left the lock held");
+    freed_within(&redis, "k", Duration::from_millis(500)).await;
+}
+
+/// Without a runtime, dropping a guard neither blocks nor panics; the lease frees
+/// the lock.
+#[test]
+fn drop_without_a_runtime_falls_back_to_the_lease() {
+    let redis = server();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let g = rt.block_on(async {
+        let a = manager(&redis).await;
+        a.lock("k")
+            .lease(Duration::from_millis(300))
+            .acquire()
+            .await
+            .unwrap()
+    });
+    drop(rt);
+    let start = Instant::now();
+    drop(g);
+    assert!(start.elapsed() < Duration::from_millis(100));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let took = freed_within(&redis, "k", Duration::from_secs(3)).await;
+        assert!(took < Duration::from_secs(1), "{took:?}");
+    });
+}

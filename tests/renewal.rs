@@ -1,0 +1,153 @@
+//! The watchdog: renewal keeps a lock past its lease, stops at release, survives
+//! a short outage, and one task serves every lock of a manager.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use distlock::LockError;
+
+#[tokio::test]
+async fn renewal_holds_a_lock_three_leases_long() {
+    let redis = server();
+    let a = manager(&redis).await;
+    let b = manager(&redis).await;
+    let g = a
+        .lock("k")
+        .lease(Duration::from_millis(300))
+        .acquire()
+        .await
+        .unwrap();
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(1000) {
+        assert!(b.lock("k").try_acquire().await.unwrap().is_none());
+        assert!(!g.is_lost());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    g.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn without_renewal_the_lock_ends_at_its_lease() {
+    let redis = server();
+    let a = manager(&redis).await;
+    let b = manager(&redis).await;
+    let g = a
+        .lock("k")
+        .lease(Duration::from_millis(300))
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let free_after = eventually(Duration::from_secs(3), async || {
+        b.lock("k").try_acquire().await.unwrap().is_some()
+    })
+    .await
+    .expect("expires");
+    assert!(
+        start.elapsed() >= Duration::from_millis(280),
+        "{free_after:?}"
+    );
+    // The holder knew before Redis did: lost at lease - drift.
+    assert!(g.is_lost());
+    assert!(matches!(g.release().await, Err(LockError::Lost { .. })));
+}
+
+/// Renewal retries a failed attempt on a later tick instead of giving up: Redis
+/// pauses all clients for longer than the command timeout, then answers again.
+#[tokio::test]
+async fn a_failed_renewal_is_retried() {
+    let redis = server();
+    let a = distlock::LockManager::builder(&redis.url())
+        .command_timeout(Duration::from_millis(80))
+        .build()
+        .await
+        .unwrap();
+    let mut raw = raw(&redis).await;
+    let g = a
+        .lock("k")
+        .lease(Duration::from_millis(900))
+        .acquire()
+        .await
+        .unwrap();
+    // Renewals are due every 300 ms; pausing 350 ms makes at least one time out.
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(350)
+        .arg("ALL")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!g.is_lost(), "a retried renewal keeps the lease");
+    let ttl = pttl(&mut raw, &a.redis_names("k").lock).await;
+    assert!(ttl > 300, "renewed recently: ttl {ttl}");
+    g.release().await.unwrap();
+}
+
+/// Release racing the renewal tick: after release no renewal touches the key,
+/// neither extending it nor the next holder's.
+#[tokio::test]
+async fn no_renewal_after_release() {
+    let redis = server();
+    let a = manager(&redis).await;
+    let b = manager(&redis).await;
+    let mut raw = raw(&redis).await;
+    let lock_key = a.redis_names("k").lock;
+    for i in 0..60u64 {
+        // Renewal every 10 ms; release lands at varying points of the tick.
+        let g = a
+            .lock("k")
+            .lease(Duration::from_millis(30))
+            .acquire()
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_micros(i * 250)).await;
+        g.release().await.unwrap();
+        assert_eq!(a.held_count(), 0);
+        let next = b
+            .lock("k")
+            .lease(Duration::from_millis(5000))
+            .renew(false)
+            .try_acquire()
+            .await
+            .unwrap()
+            .expect("free after release");
+        tokio::time::sleep(Duration::from_millis(15)).await;
+        // A stale renewal would have reset the TTL to 30 ms.
+        let ttl = pttl(&mut raw, &lock_key).await;
+        assert!(ttl > 4000, "round {i}: next holder's ttl {ttl}");
+        next.release().await.unwrap();
+    }
+}
+
+/// One renewal task for all locks: holding 300 renewing locks adds no task per lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_renewal_task_renews_many_locks() {
+    let redis = server();
+    let a = manager(&redis).await;
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let tasks_before = metrics.num_alive_tasks();
+    let mut guards = Vec::new();
+    for i in 0..300 {
+        guards.push(
+            a.lock(format!("k{i}"))
+                .lease(Duration::from_millis(300))
+                .acquire()
+                .await
+                .unwrap(),
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert!(guards.iter().all(|g| !g.is_lost()), "all renewed");
+    let tasks_during = metrics.num_alive_tasks();
+    assert!(
+        tasks_during <= tasks_before + 2,
+        "{tasks_before} -> {tasks_during} tasks"
+    );
+    for g in guards {
+        g.release().await.unwrap();
+    }
+}

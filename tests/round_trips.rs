@@ -1,0 +1,61 @@
+//! Counts that do not drift: one round trip to acquire, one to release.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use futures_util::StreamExt;
+
+/// MONITOR shows every command a client sends, and the commands a script runs
+/// tagged `lua`; only the former are round trips.
+#[tokio::test]
+async fn an_uncontended_cycle_is_two_round_trips() {
+    let redis = server();
+    let m = manager(&redis).await;
+    // Warm-up: the first use loads the scripts (NOSCRIPT, SCRIPT LOAD).
+    m.lock("warm-up")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+
+    let client = redis::Client::open(redis.url()).unwrap();
+    let monitor = client.get_async_monitor().await.unwrap();
+    let mut lines = monitor.into_on_message::<String>();
+    for i in 0..100 {
+        let g = m
+            .lock(format!("fresh:{i}"))
+            .lease(Duration::from_secs(30))
+            .acquire()
+            .await
+            .unwrap();
+        g.release().await.unwrap();
+    }
+    let mut raw = raw(&redis).await;
+    let _: String = redis::cmd("ECHO")
+        .arg("end-of-cycles")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+
+    let mut round_trips = Vec::new();
+    while let Some(line) = tokio::time::timeout(Duration::from_secs(5), lines.next())
+        .await
+        .expect("monitor output")
+    {
+        if line.contains("end-of-cycles") {
+            break;
+        }
+        if !line.contains(" lua]") {
+            round_trips.push(line);
+        }
+    }
+    assert_eq!(round_trips.len(), 200, "{round_trips:#?}");
+    assert!(
+        round_trips.iter().all(|l| l.contains("\"EVALSHA\"")),
+        "{round_trips:#?}"
+    );
+}

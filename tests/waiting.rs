@@ -1,0 +1,209 @@
+//! Waiting: pub/sub wake-ups through one subscriber, backoff as the fallback,
+//! and the timeout bounds.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use distlock::LockError;
+
+#[tokio::test]
+async fn wait_zero_is_one_attempt() {
+    let redis = server();
+    let a = manager(&redis).await;
+    let b = manager(&redis).await;
+    let _g = a.lock("k").acquire().await.unwrap();
+    let start = Instant::now();
+    match b.lock("k").wait(Duration::ZERO).acquire().await {
+        Err(LockError::Timeout { key, waited }) => {
+            assert_eq!(key, "k");
+            assert!(waited < Duration::from_millis(300));
+        }
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    assert!(start.elapsed() < Duration::from_millis(300));
+}
+
+#[tokio::test]
+async fn timeout_comes_after_wait_never_before() {
+    let redis = server();
+    let a = manager(&redis).await;
+    let b = manager(&redis).await;
+    let _g = a.lock("k").acquire().await.unwrap();
+    for wait_ms in [1u64, 40, 250] {
+        let wait = Duration::from_millis(wait_ms);
+        let start = Instant::now();
+        let r = b.lock("k").wait(wait).acquire().await;
+        let took = start.elapsed();
+        match r {
+            Err(LockError::Timeout { waited, .. }) => {
+                assert!(waited >= wait, "reported {waited:?} < {wait:?}");
+                assert!(took >= wait, "returned after {took:?} < {wait:?}");
+                assert!(took < wait + Duration::from_millis(500), "took {took:?}");
+            }
+            other => panic!("expected a timeout, got {other:?}"),
+        }
+    }
+}
+
+/// A waiter is woken by the release, not by polling: while the holder keeps the
+/// lock for a long time, the waiter makes few attempts, and it gets the lock
+/// right after the release.
+#[tokio::test]
+async fn release_wakes_a_waiter_without_polling() {
+    let redis = server();
+    let a = manager(&redis).await;
+    let b = manager(&redis).await;
+    let mut raw = raw(&redis).await;
+    let holder = a.lock("k").acquire().await.unwrap();
+    let waiter = tokio::spawn(async move {
+        let g = b
+            .lock("k")
+            .wait(Duration::from_secs(20))
+            .acquire()
+            .await
+            .unwrap();
+        (Instant::now(), g)
+    });
+    // Wait until the waiter's subscription is in place.
+    let channel = a.redis_names("k").channel;
+    eventually(Duration::from_secs(5), async || {
+        let (_, n): (String, i64) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(&channel)
+            .query_async::<(String, i64)>(&mut raw)
+            .await
+            .unwrap();
+        n == 1
+    })
+    .await
+    .expect("waiter subscribed");
+    let before: i64 = script_calls(&mut raw).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let during = script_calls(&mut raw).await - before;
+    // Full-jitter backoff capped at 1 s: a handful of attempts in 1.5 s, not
+    // the 150 of a 10 ms poll.
+    assert!(during <= 12, "{during} attempts while the lock was held");
+    let released_at = Instant::now();
+    holder.release().await.unwrap();
+    let (acquired_at, _g) = waiter.await.unwrap();
+    let handoff = acquired_at - released_at;
+    // Generous bound: the wake-up makes it a few round trips, the fallback
+    // backoff alone could take up to 1 s.
+    assert!(
+        handoff < Duration::from_millis(500),
+        "hand-off took {handoff:?}"
+    );
+}
+
+async fn script_calls(raw: &mut redis::aio::MultiplexedConnection) -> i64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(raw)
+        .await
+        .unwrap();
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<i64>()
+                .ok()
+        })
+        .sum()
+}
+
+/// Many waiters in one manager share one subscriber connection.
+#[tokio::test]
+async fn one_subscriber_connection_per_manager() {
+    let redis = server();
+    let a = manager(&redis).await;
+    let b = manager(&redis).await;
+    let mut raw = raw(&redis).await;
+    let holder = a.lock("k0").acquire().await.unwrap();
+    let mut others = Vec::new();
+    for i in 1..5 {
+        others.push(a.lock(format!("k{i}")).acquire().await.unwrap());
+    }
+    let mut waiters = Vec::new();
+    for i in 0..20 {
+        let b = b.clone();
+        waiters.push(tokio::spawn(async move {
+            let g = b
+                .lock(format!("k{}", i % 5))
+                .wait(Duration::from_secs(20))
+                .acquire()
+                .await?;
+            g.release().await
+        }));
+    }
+    eventually(Duration::from_secs(5), async || {
+        let n: i64 = redis::cmd("PUBSUB")
+            .arg("NUMPAT")
+            .query_async::<i64>(&mut raw)
+            .await
+            .unwrap();
+        let channels: Vec<String> = redis::cmd("PUBSUB")
+            .arg("CHANNELS")
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        n == 0 && channels.len() == 5
+    })
+    .await
+    .expect("5 channels subscribed");
+    let clients: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let subscribers = clients.lines().filter(|l| !l.contains(" sub=0 ")).count();
+    assert_eq!(subscribers, 1, "{clients}");
+    drop(holder);
+    drop(others);
+    for w in waiters {
+        w.await.unwrap().unwrap();
+    }
+    // The last waiter leaving unsubscribes.
+    eventually(Duration::from_secs(5), async || {
+        let channels: Vec<String> = redis::cmd("PUBSUB")
+            .arg("CHANNELS")
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        channels.is_empty()
+    })
+    .await
+    .expect("unsubscribed");
+}
+
+/// A holder that vanishes without releasing publishes nothing: the waiter's
+/// backoff, capped by the remaining lease, takes the lock soon after it expires.
+#[tokio::test]
+async fn an_expired_lock_is_taken_without_a_wake_up() {
+    let redis = server();
+    let a = manager(&redis).await;
+    let b = manager(&redis).await;
+    let g = a
+        .lock("k")
+        .lease(Duration::from_millis(400))
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    std::mem::forget(g); // no release, no publish
+    let start = Instant::now();
+    let got = b
+        .lock("k")
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await
+        .unwrap();
+    let took = start.elapsed();
+    assert!(took >= Duration::from_millis(350), "took {took:?}");
+    assert!(took < Duration::from_millis(1400), "took {took:?}");
+    got.release().await.unwrap();
+}
