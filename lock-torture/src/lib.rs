@@ -1,0 +1,1 @@
+//! Torture suite support (being written).
