@@ -207,3 +207,50 @@ async fn an_expired_lock_is_taken_without_a_wake_up() {
     assert!(took < Duration::from_millis(1400), "took {took:?}");
     got.release().await.unwrap();
 }
+
+/// The subscriber connection dies while a waiter waits: the waiter still gets the
+/// lock after the release (backoff covers the gap), and the subscriber reconnects
+/// and subscribes again.
+#[tokio::test]
+async fn a_killed_subscriber_reconnects_and_waiters_still_get_the_lock() {
+    let redis = server();
+    let a = manager(&redis).await;
+    let b = manager(&redis).await;
+    let mut raw = raw(&redis).await;
+    let channel = a.redis_names("k").channel;
+    let holder = a.lock("k").acquire().await.unwrap();
+    let waiter = {
+        let b = b.clone();
+        tokio::spawn(async move { b.lock("k").wait(Duration::from_secs(20)).acquire().await })
+    };
+    let numsub = async |raw: &mut redis::aio::MultiplexedConnection| {
+        let (_, n): (String, i64) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(&channel)
+            .query_async(raw)
+            .await
+            .unwrap();
+        n
+    };
+    eventually(Duration::from_secs(5), async || numsub(&mut raw).await == 1)
+        .await
+        .expect("subscribed");
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(killed, 1);
+    eventually(Duration::from_secs(5), async || numsub(&mut raw).await == 1)
+        .await
+        .expect("re-subscribed after the connection was killed");
+    holder.release().await.unwrap();
+    let g = tokio::time::timeout(Duration::from_secs(3), waiter)
+        .await
+        .expect("waiter got the lock")
+        .unwrap()
+        .unwrap();
+    g.release().await.unwrap();
+}

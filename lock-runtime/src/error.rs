@@ -11,7 +11,7 @@ use std::time::Duration;
 #[non_exhaustive]
 pub enum LockError {
     /// The lock stayed held by someone else for the whole `wait`.
-    #[error("timed out after {waited:?} waiting for lock {}", KeyPreview(key))]
+    #[error("lock {} is held by another owner (gave up after {waited:?})", KeyPreview(key))]
     Timeout {
         /// The lock key.
         key: String,
@@ -145,7 +145,7 @@ mod tests {
         };
         assert_eq!(
             e.to_string(),
-            "timed out after 1.5s waiting for lock \"order:42\""
+            "lock \"order:42\" is held by another owner (gave up after 1.5s)"
         );
         assert_eq!(
             LockError::Lost { key: "a b".into() }.to_string(),

@@ -105,27 +105,29 @@ async fn renew_batch(core: &Core, batch: &[Arc<Lease>]) {
         core.call("", pipe.query_async(&mut conn)).await;
     match replies {
         Ok(replies) => {
-            let mut load_script = false;
+            let mut missing_script = Vec::new();
             for (lease, reply) in batch.iter().zip(replies) {
                 match reply {
                     Ok(1) => lease.renewed(sent_at),
                     Ok(_) => {
                         lease.mark_lost("the renewal found the lock gone or held by another owner");
                     }
-                    Err(e) => {
-                        if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) {
-                            // Redis restarted or flushed its scripts: load, retry now.
-                            load_script = true;
-                            lease.retry_renewal_at(Instant::now());
-                        } else {
-                            renewal_failed(lease, &e.to_string());
-                        }
+                    Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                        missing_script.push(lease);
                     }
+                    Err(e) => renewal_failed(lease, &e.to_string()),
                 }
             }
-            if load_script {
-                if let Err(e) = core.scripts.load_renew(&mut conn).await {
-                    tracing::warn!(error = %e, "distlock: could not load the renew script");
+            if !missing_script.is_empty() {
+                // Redis restarted or flushed its scripts: load it and retry at
+                // once; if even that fails, retry like any failed renewal.
+                match core.call("", core.scripts.load_renew(&mut conn)).await {
+                    Ok(()) => missing_script
+                        .iter()
+                        .for_each(|lease| lease.retry_renewal_at(Instant::now())),
+                    Err(e) => missing_script
+                        .iter()
+                        .for_each(|lease| renewal_failed(lease, &e.error.to_string())),
                 }
             }
         }
