@@ -40,4 +40,5 @@
 //! this crate re-exports both, and is the only one to depend on.
 #![warn(missing_docs)]
 
+pub use lock_macros::distributed_lock;
 pub use lock_runtime::*;

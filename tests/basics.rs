@@ -279,13 +279,36 @@ async fn forgotten_scripts_are_reloaded() {
     let redis = server();
     let m = manager(&redis).await;
     let mut raw = raw(&redis).await;
-    let g = m.lock("k").lease(Duration::from_millis(300)).acquire().await.unwrap();
-    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut raw).await.unwrap();
+    let g = m
+        .lock("k")
+        .lease(Duration::from_millis(300))
+        .acquire()
+        .await
+        .unwrap();
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
     // Renewals at 100 ms, 200 ms, ... must survive the flush.
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert!(!g.is_lost());
-    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut raw).await.unwrap();
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
     g.release().await.unwrap();
-    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut raw).await.unwrap();
-    m.lock("k").acquire().await.unwrap().release().await.unwrap();
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    m.lock("k")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
 }

@@ -1,1 +1,102 @@
-//! The `#[distributed_lock]` attribute macro of distlock (being written).
+//! The `#[distributed_lock]` attribute of `distlock`. Use it through the
+//! facade, `distlock::distributed_lock`: the generated code calls
+//! `::distlock::...` (see the `crate` option when the facade is renamed).
+//!
+//! # `#[distributed_lock]`
+//!
+#![doc = include_str!("attribute.md")]
+//!
+//! # How it expands
+//!
+//! The macro parses its arguments into a typed model, validates them against
+//! the function (reporting every mistake at once, each on its token; on error
+//! the function is re-emitted unchanged next to the `compile_error!`s so the
+//! rest of the crate still type-checks), then generates code. For
+//!
+//! ```ignore
+//! #[distributed_lock(key = "order:{order_id}", lease = "30s", guard = lock)]
+//! pub async fn reserve(order_id: u64) -> Result<u32, AppError> {
+//!     let n: u32 = lookup(order_id).await?;
+//!     Ok(n)
+//! }
+//! ```
+//!
+//! it emits (locals are `Span::mixed_site()`, so the body cannot see them
+//! and they cannot clash with the body's names):
+//!
+//! ```ignore
+//! pub async fn reserve(order_id: u64) -> Result<u32, AppError> {
+//!     let distlock_request = match ::distlock::__private::default_manager().await {
+//!         ::core::result::Result::Ok(distlock_manager) => {
+//!             let distlock_manager = &distlock_manager;
+//!             ::core::result::Result::Ok(
+//!                 ::distlock::LockManager::lock(
+//!                     distlock_manager,
+//!                     ::std::format!("order:{}", order_id),
+//!                 )
+//!                 .lease(::core::time::Duration::from_millis(30000)),
+//!             )
+//!         }
+//!         ::core::result::Result::Err(distlock_error) => ::core::result::Result::Err(distlock_error),
+//!     };
+//!     let distlock_outcome = match distlock_request {
+//!         ::core::result::Result::Ok(distlock_request) => {
+//!             match ::distlock::LockRequest::acquire(distlock_request).await {
+//!                 ::core::result::Result::Ok(distlock_guard) => {
+//!                     let lock: &::distlock::LockGuard = &distlock_guard;
+//!                     let distlock_output = ::distlock::LockGuard::scope_until_lost(
+//!                         &distlock_guard,
+//!                         async move {
+//!                             // Fixes the block's output type before the body is
+//!                             // checked, so `?` and `.into()` infer as in the
+//!                             // original fn.
+//!                             if let ::core::option::Option::Some(distlock_return) =
+//!                                 ::core::option::Option::None::<Result<u32, AppError>>
+//!                             {
+//!                                 return distlock_return;
+//!                             }
+//!                             let n: u32 = lookup(order_id).await?;
+//!                             Ok(n)
+//!                         },
+//!                     )
+//!                     .await;
+//!                     let _ = ::distlock::LockGuard::release(distlock_guard).await;
+//!                     distlock_output
+//!                 }
+//!                 ::core::result::Result::Err(distlock_error) => ::core::result::Result::Err(distlock_error),
+//!             }
+//!         }
+//!         ::core::result::Result::Err(distlock_error) => ::core::result::Result::Err(distlock_error),
+//!     };
+//!     match distlock_outcome {
+//!         ::core::result::Result::Ok(distlock_value) => distlock_value,
+//!         ::core::result::Result::Err(distlock_error) => ::core::result::Result::Err(
+//!             // Spanned on `AppError`: a missing `From<LockError>` is reported there.
+//!             <AppError as ::core::convert::From<::distlock::LockError>>::from(distlock_error),
+//!         ),
+//!     }
+//! }
+//! ```
+//!
+//! Every `LockError` (no manager, acquisition failure, lost lease) goes through
+//! the one conversion at the end, so a missing `From<LockError>` is reported
+//! once. With `manager = EXPR` the first statement becomes
+//! `let distlock_manager = &(EXPR); let distlock_manager: &LockManager =
+//! Borrow::borrow(&*distlock_manager); Ok(LockManager::lock(distlock_manager, ..))`;
+//! with `on_lost = "ignore"` the body runs under `LockGuard::scope` instead of
+//! `scope_until_lost`. For a method already rewritten by `#[async_trait]` the
+//! same code goes inside its `Box::pin(async move { .. })`.
+
+mod args;
+mod duration;
+mod errors;
+mod expand;
+mod template;
+
+use proc_macro::TokenStream;
+
+#[doc = include_str!("attribute.md")]
+#[proc_macro_attribute]
+pub fn distributed_lock(args: TokenStream, item: TokenStream) -> TokenStream {
+    expand::expand(args.into(), item.into()).into()
+}

@@ -11,7 +11,10 @@ use std::time::Duration;
 #[non_exhaustive]
 pub enum LockError {
     /// The lock stayed held by someone else for the whole `wait`.
-    #[error("lock {} is held by another owner (gave up after {waited:?})", KeyPreview(key))]
+    #[error(
+        "lock {} is held by another owner (gave up after {waited:?})",
+        KeyPreview(key)
+    )]
     Timeout {
         /// The lock key.
         key: String,

@@ -112,7 +112,10 @@ async fn renew_batch(core: &Core, batch: &[Arc<Lease>]) {
                     Ok(_) => {
                         lease.mark_lost("the renewal found the lock gone or held by another owner");
                     }
-                    Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                    Err(e)
+                        if e.kind()
+                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                    {
                         missing_script.push(lease);
                     }
                     Err(e) => renewal_failed(lease, &e.to_string()),

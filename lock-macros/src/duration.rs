@@ -1,0 +1,128 @@
+//! Compile-time checks of `lease = "30s"` / `wait = "5s"` literals.
+
+use std::time::Duration;
+
+/// Which option a duration literal belongs to; they differ in what they allow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DurationKind {
+    /// The lease (TTL in Redis). At least [`MIN_LEASE`].
+    Lease,
+    /// How long acquisition may wait. Zero means one attempt.
+    Wait,
+}
+
+impl DurationKind {
+    pub(crate) fn option_name(self) -> &'static str {
+        match self {
+            DurationKind::Lease => "lease",
+            DurationKind::Wait => "wait",
+        }
+    }
+}
+
+/// Redis leases have millisecond resolution and renewal runs every lease/3,
+/// so a lease shorter than 3 ms cannot be renewed at all.
+pub(crate) const MIN_LEASE: Duration = Duration::from_millis(3);
+
+/// Parses and validates a humantime literal such as `"30s"`, `"1m 30s"` or
+/// `"500ms"`.
+pub(crate) fn parse(kind: DurationKind, src: &str) -> Result<Duration, String> {
+    let name = kind.option_name();
+    let d = humantime::parse_duration(src).map_err(|e| {
+        format!(
+            "invalid `{name}` duration \"{src}\": {e}; write e.g. \"30s\", \"1m 30s\" or \"500ms\", \
+             or pass an expression of type `std::time::Duration`"
+        )
+    })?;
+    if d.is_zero() {
+        return match kind {
+            DurationKind::Lease => Err(format!(
+                "`lease` must be longer than zero (\"{src}\"): a zero lease would expire at once; \
+                 the shortest lease is {}",
+                humantime::format_duration(MIN_LEASE)
+            )),
+            DurationKind::Wait => Ok(d),
+        };
+    }
+    if d < Duration::from_millis(1) {
+        return Err(format!(
+            "`{name}` of \"{src}\" is below one millisecond, the resolution of Redis lock timing{}",
+            if kind == DurationKind::Wait {
+                "; use \"0s\" for a single attempt"
+            } else {
+                ""
+            }
+        ));
+    }
+    if kind == DurationKind::Lease && d < MIN_LEASE {
+        return Err(format!(
+            "`lease` of \"{src}\" is too short: the lease is renewed every lease/3, so it must be at least {}",
+            humantime::format_duration(MIN_LEASE)
+        ));
+    }
+    if u64::try_from(d.as_millis()).is_err() {
+        return Err(format!("`{name}` of \"{src}\" is too large"));
+    }
+    Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_humantime_forms() {
+        let ok = |k, s| parse(k, s).unwrap();
+        assert_eq!(ok(DurationKind::Lease, "30s"), Duration::from_secs(30));
+        assert_eq!(ok(DurationKind::Lease, "1m 30s"), Duration::from_secs(90));
+        assert_eq!(ok(DurationKind::Lease, "1.5s"), Duration::from_millis(1500));
+        assert_eq!(ok(DurationKind::Lease, "500ms"), Duration::from_millis(500));
+        assert_eq!(ok(DurationKind::Lease, "3ms"), Duration::from_millis(3));
+        assert_eq!(ok(DurationKind::Wait, "1ms"), Duration::from_millis(1));
+        assert_eq!(
+            ok(DurationKind::Wait, "1500us"),
+            Duration::from_micros(1500)
+        );
+    }
+
+    #[test]
+    fn zero_is_a_single_attempt_for_wait_only() {
+        assert_eq!(parse(DurationKind::Wait, "0s").unwrap(), Duration::ZERO);
+        let e = parse(DurationKind::Lease, "0s").unwrap_err();
+        assert!(e.contains("longer than zero"), "{e}");
+    }
+
+    #[test]
+    fn rejects_unparsable() {
+        for s in ["30", "", "soon", "5 parsecs", "-1s"] {
+            let e = parse(DurationKind::Lease, s).unwrap_err();
+            assert!(e.starts_with("invalid `lease` duration"), "{s}: {e}");
+        }
+        let e = parse(DurationKind::Wait, "30").unwrap_err();
+        assert!(e.starts_with("invalid `wait` duration \"30\""), "{e}");
+    }
+
+    #[test]
+    fn rejects_sub_millisecond() {
+        let e = parse(DurationKind::Lease, "500us").unwrap_err();
+        assert!(e.contains("below one millisecond"), "{e}");
+        let e = parse(DurationKind::Wait, "999us").unwrap_err();
+        assert!(e.contains("use \"0s\" for a single attempt"), "{e}");
+    }
+
+    #[test]
+    fn rejects_short_lease() {
+        let e = parse(DurationKind::Lease, "2ms").unwrap_err();
+        assert!(e.contains("at least 3ms"), "{e}");
+        assert_eq!(
+            parse(DurationKind::Wait, "2ms").unwrap(),
+            Duration::from_millis(2)
+        );
+    }
+
+    #[test]
+    fn rejects_huge() {
+        let e = parse(DurationKind::Lease, "100000000000years").unwrap_err();
+        assert!(e.contains("too large") || e.contains("invalid"), "{e}");
+    }
+}

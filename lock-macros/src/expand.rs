@@ -1,0 +1,1011 @@
+//! Analysis of the annotated function and code generation.
+
+use proc_macro2::{Literal, Span, TokenStream};
+use quote::{quote, quote_spanned, ToTokens};
+use syn::ext::IdentExt;
+use syn::spanned::Spanned;
+use syn::visit_mut::VisitMut;
+use syn::{
+    Block, Expr, FnArg, GenericArgument, Ident, ItemFn, LitStr, Pat, PathArguments, ReturnType,
+    Stmt, Type, TypeParamBound,
+};
+
+use crate::args::{nearest, DurationArg, OnLost, Options};
+use crate::errors::Errors;
+use crate::template::{Segment, Template};
+
+/// Entry point shared by the proc macro and the unit tests.
+pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
+    let mut errors = Errors::default();
+    let Ok(mut func) = syn::parse2::<ItemFn>(item.clone()) else {
+        errors.push(not_a_function(&item));
+        if syn::parse2::<Expr>(item.clone()).is_ok() {
+            // In expression position (a closure) the output must stay one expression.
+            let errors = errors.to_compile_errors();
+            return quote!({ #errors #item });
+        }
+        return with_errors(item, &errors);
+    };
+    let opts = Options::parse(args, &mut errors);
+    let params = Params::of(&func.sig);
+    let shape = Shape::analyze(&func, &mut errors);
+    if let Some((lit, template)) = &opts.key {
+        check_placeholders(lit, template, &params, &func.sig.ident, &mut errors);
+    }
+    if let Some(guard) = &opts.guard {
+        if params.names.iter().any(|p| p.unraw() == guard.unraw()) {
+            errors.push(syn::Error::new(
+                guard.span(),
+                format!(
+                    "`guard = {guard}` would shadow the parameter `{guard}`; pick another name, e.g. `guard = lock`"
+                ),
+            ));
+        }
+    }
+    match (shape, errors.is_empty()) {
+        (Some(shape), true) => generate(&mut func, &shape, &opts),
+        // Re-emit the function untouched next to the errors, so that the rest
+        // of the crate (and IDE analysis) still sees it.
+        _ => with_errors(item, &errors),
+    }
+}
+
+fn with_errors(mut item: TokenStream, errors: &Errors) -> TokenStream {
+    item.extend(errors.to_compile_errors());
+    item
+}
+
+/// The error for anything that is not a function with a body.
+fn not_a_function(item: &TokenStream) -> syn::Error {
+    const ONLY: &str = "`#[distributed_lock]` can only be applied to an `async fn`";
+    if let Ok(decl) = syn::parse2::<syn::TraitItemFn>(item.clone()) {
+        if let (None, Some(semi)) = (&decl.default, &decl.semi_token) {
+            return syn::Error::new(
+                semi.span,
+                "`#[distributed_lock]` needs a function body: put it on the method in the `impl` \
+                 block, not on the trait's declaration",
+            );
+        }
+    }
+    if let Ok(Expr::Closure(c)) = syn::parse2::<Expr>(item.clone()) {
+        return syn::Error::new(
+            c.or1_token.span,
+            format!("{ONLY}, not to a closure; move the body into an `async fn` and lock that"),
+        );
+    }
+    let Ok(parsed) = syn::parse2::<syn::Item>(item.clone()) else {
+        return syn::Error::new(Span::call_site(), ONLY);
+    };
+    let (what, span) = match &parsed {
+        syn::Item::Struct(s) => ("a struct", s.struct_token.span),
+        syn::Item::Enum(e) => ("an enum", e.enum_token.span),
+        syn::Item::Union(u) => ("a union", u.union_token.span),
+        syn::Item::Trait(t) => ("a trait", t.trait_token.span),
+        syn::Item::Impl(i) => ("an `impl` block; put it on the methods", i.impl_token.span),
+        syn::Item::Mod(m) => ("a module", m.mod_token.span),
+        syn::Item::Static(s) if matches!(*s.expr, Expr::Closure(_)) => ("a closure", s.expr.span()),
+        syn::Item::Const(c) if matches!(*c.expr, Expr::Closure(_)) => ("a closure", c.expr.span()),
+        syn::Item::Static(s) => ("a static", s.static_token.span),
+        syn::Item::Const(c) => ("a const", c.const_token.span),
+        syn::Item::Type(t) => ("a type alias", t.type_token.span),
+        _ => ("this item", parsed.span()),
+    };
+    syn::Error::new(span, format!("{ONLY}, not to {what}"))
+}
+
+/// The names a caller can use in `{placeholders}`.
+struct Params {
+    has_self: bool,
+    names: Vec<Ident>,
+}
+
+impl Params {
+    fn of(sig: &syn::Signature) -> Params {
+        let mut params = Params {
+            has_self: false,
+            names: Vec::new(),
+        };
+        for input in &sig.inputs {
+            match input {
+                FnArg::Receiver(_) => params.has_self = true,
+                FnArg::Typed(t) => collect_bindings(&t.pat, &mut params.names),
+            }
+        }
+        params
+    }
+
+    fn find(&self, name: &str) -> Option<&Ident> {
+        let name = name.strip_prefix("r#").unwrap_or(name);
+        self.names.iter().find(|p| p.unraw() == name)
+    }
+
+    fn listing(&self) -> String {
+        let mut all: Vec<String> = Vec::new();
+        if self.has_self {
+            all.push("`self`".to_owned());
+        }
+        all.extend(self.names.iter().map(|n| format!("`{n}`")));
+        all.join(", ")
+    }
+}
+
+/// Every identifier a parameter pattern binds (`x`, `(a, b)`, `Point { x, y }`, ...).
+fn collect_bindings(pat: &Pat, out: &mut Vec<Ident>) {
+    match pat {
+        Pat::Ident(p) => {
+            out.push(p.ident.clone());
+            if let Some((_, sub)) = &p.subpat {
+                collect_bindings(sub, out);
+            }
+        }
+        Pat::Or(p) => {
+            if let Some(first) = p.cases.first() {
+                collect_bindings(first, out);
+            }
+        }
+        Pat::Paren(p) => collect_bindings(&p.pat, out),
+        Pat::Reference(p) => collect_bindings(&p.pat, out),
+        Pat::Type(p) => collect_bindings(&p.pat, out),
+        Pat::Slice(p) => p.elems.iter().for_each(|e| collect_bindings(e, out)),
+        Pat::Tuple(p) => p.elems.iter().for_each(|e| collect_bindings(e, out)),
+        Pat::TupleStruct(p) => p.elems.iter().for_each(|e| collect_bindings(e, out)),
+        Pat::Struct(p) => p.fields.iter().for_each(|f| collect_bindings(&f.pat, out)),
+        _ => {}
+    }
+}
+
+fn check_placeholders(
+    lit: &LitStr,
+    template: &Template,
+    params: &Params,
+    fn_name: &Ident,
+    errors: &mut Errors,
+) {
+    let mut reported: Vec<&str> = Vec::new();
+    for path in template.placeholders() {
+        let root = path[0].as_str();
+        if reported.contains(&root) {
+            continue;
+        }
+        let shown = path.join(".");
+        if root == "self" {
+            if !params.has_self {
+                reported.push(root);
+                errors.push(syn::Error::new(
+                    lit.span(),
+                    format!(
+                        "`{{{shown}}}` in the key, but `{fn_name}` has no `self` parameter; \
+                         placeholders name parameters{}",
+                        if params.names.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" ({})", params.listing())
+                        }
+                    ),
+                ));
+            }
+        } else if params.find(root).is_none() {
+            reported.push(root);
+            let mut candidates: Vec<String> =
+                params.names.iter().map(|n| n.unraw().to_string()).collect();
+            if params.has_self {
+                candidates.push("self".to_owned());
+            }
+            let refs: Vec<&str> = candidates.iter().map(String::as_str).collect();
+            let hint = suggest_parameter(root, &refs)
+                .map(|n| format!("did you mean `{{{n}}}`? "))
+                .unwrap_or_default();
+            let listing = if candidates.is_empty() {
+                format!("`{fn_name}` has no parameters")
+            } else {
+                format!("the parameters are {}", params.listing())
+            };
+            errors.push(syn::Error::new(
+                lit.span(),
+                format!(
+                    "`{{{shown}}}` in the key is not a parameter of `{fn_name}`; {hint}{listing}"
+                ),
+            ));
+        }
+    }
+}
+
+/// The parameter a mistyped placeholder most likely meant: the nearest by edit
+/// distance, else the only one that starts or ends with it (`{order}` for
+/// `order_id`).
+fn suggest_parameter<'a>(name: &str, params: &[&'a str]) -> Option<&'a str> {
+    nearest(name, params).or_else(|| {
+        let mut matching = params
+            .iter()
+            .filter(|p| name.len() >= 2 && (p.starts_with(name) || p.ends_with(name)));
+        match (matching.next(), matching.next()) {
+            (Some(only), None) => Some(*only),
+            _ => None,
+        }
+    })
+}
+
+/// Where the body is and what the function returns.
+struct Shape {
+    kind: Kind,
+    /// The `Result<T, E>` the body produces.
+    ret: Type,
+    /// `E`, when it can be named.
+    err: Option<Type>,
+}
+
+enum Kind {
+    /// A plain `async fn`.
+    AsyncFn,
+    /// A method already rewritten by `#[async_trait]`:
+    /// `fn f(..) -> Pin<Box<dyn Future<Output = R> + ..>> { Box::pin(async move { .. }) }`.
+    /// The index is that of the `Box::pin(..)` statement.
+    AsyncTrait(usize),
+}
+
+impl Shape {
+    fn analyze(func: &ItemFn, errors: &mut Errors) -> Option<Shape> {
+        let sig = &func.sig;
+        let (kind, ret) = if sig.asyncness.is_some() {
+            match &sig.output {
+                ReturnType::Type(_, ty) => (Kind::AsyncFn, (**ty).clone()),
+                ReturnType::Default => {
+                    errors.push(syn::Error::new(
+                        sig.paren_token.span.close(),
+                        format!(
+                            "`#[distributed_lock]` functions must return `Result<T, E>` with \
+                             `E: From<distlock::LockError>`, so that a lock that cannot be taken can \
+                             be reported; `{}` returns `()`: add e.g. `-> Result<(), MyError>`",
+                            sig.ident
+                        ),
+                    ));
+                    return None;
+                }
+            }
+        } else if let (Some(index), Some(ret)) =
+            (async_trait_body(&func.block), future_output(&sig.output))
+        {
+            (Kind::AsyncTrait(index), ret.clone())
+        } else if made_blocking_by_runtime_attribute(func) {
+            errors.push(syn::Error::new(
+                sig.fn_token.span,
+                format!(
+                    "`#[distributed_lock]` must be placed above `#[tokio::main]` / `#[tokio::test]`: \
+                     that attribute has already turned `{}` into a blocking `fn`",
+                    sig.ident
+                ),
+            ));
+            return None;
+        } else {
+            errors.push(syn::Error::new(
+                sig.fn_token.span,
+                format!(
+                    "`#[distributed_lock]` can only be applied to an `async fn`; make `{}` async",
+                    sig.ident
+                ),
+            ));
+            return None;
+        };
+        match result_error_type(&ret) {
+            Ok(err) => Some(Shape { kind, ret, err }),
+            Err(e) => {
+                errors.push(e);
+                None
+            }
+        }
+    }
+}
+
+/// Whether a runtime attribute such as `#[tokio::main]` above ours has already
+/// rewritten the `async fn` into a blocking one (`.block_on(body)`).
+fn made_blocking_by_runtime_attribute(func: &ItemFn) -> bool {
+    fn mentions_block_on(tokens: TokenStream) -> bool {
+        tokens.into_iter().any(|t| match t {
+            proc_macro2::TokenTree::Ident(i) => i == "block_on",
+            proc_macro2::TokenTree::Group(g) => mentions_block_on(g.stream()),
+            _ => false,
+        })
+    }
+    mentions_block_on(func.block.to_token_stream())
+}
+
+/// The index of a final `Box::pin(async move { .. })` statement, the shape
+/// `#[async_trait]` gives a method.
+fn async_trait_body(block: &Block) -> Option<usize> {
+    let index = block.stmts.len().checked_sub(1)?;
+    let Stmt::Expr(Expr::Call(call), None) = &block.stmts[index] else {
+        return None;
+    };
+    let Expr::Path(path) = &*call.func else {
+        return None;
+    };
+    let segments: Vec<String> = path
+        .path
+        .segments
+        .iter()
+        .map(|s| s.ident.to_string())
+        .collect();
+    let is_box_pin = segments.len() >= 2 && segments[segments.len() - 2..] == ["Box", "pin"];
+    (is_box_pin && call.args.len() == 1 && matches!(call.args[0], Expr::Async(_))).then_some(index)
+}
+
+/// `R` in `Pin<Box<dyn Future<Output = R> + Send + 'async_trait>>`.
+fn future_output(output: &ReturnType) -> Option<&Type> {
+    fn in_type(ty: &Type) -> Option<&Type> {
+        match ty {
+            Type::Paren(t) => in_type(&t.elem),
+            Type::Group(t) => in_type(&t.elem),
+            Type::Path(t) => in_path(&t.path),
+            Type::TraitObject(t) => in_bounds(t.bounds.iter()),
+            Type::ImplTrait(t) => in_bounds(t.bounds.iter()),
+            _ => None,
+        }
+    }
+    fn in_bounds<'a>(mut bounds: impl Iterator<Item = &'a TypeParamBound>) -> Option<&'a Type> {
+        bounds.find_map(|b| match b {
+            TypeParamBound::Trait(t) => in_path(&t.path),
+            _ => None,
+        })
+    }
+    fn in_path(path: &syn::Path) -> Option<&Type> {
+        path.segments.iter().find_map(|seg| {
+            let PathArguments::AngleBracketed(args) = &seg.arguments else {
+                return None;
+            };
+            args.args.iter().find_map(|arg| match arg {
+                GenericArgument::AssocType(a) if a.ident == "Output" => Some(&a.ty),
+                GenericArgument::Type(t) => in_type(t),
+                _ => None,
+            })
+        })
+    }
+    match output {
+        ReturnType::Type(_, ty) => in_type(ty),
+        ReturnType::Default => None,
+    }
+}
+
+/// Checks that `ty` is a `Result` and returns its error type when it is
+/// spelled out (`Result<T, E>`); `io::Result<T>`-style aliases give `None`.
+fn result_error_type(ty: &Type) -> syn::Result<Option<Type>> {
+    let mut inner = ty;
+    while let Type::Paren(syn::TypeParen { elem, .. }) | Type::Group(syn::TypeGroup { elem, .. }) =
+        inner
+    {
+        inner = elem;
+    }
+    if let Type::Path(p) = inner {
+        if let (None, Some(last)) = (&p.qself, p.path.segments.last()) {
+            let name = last.ident.to_string();
+            if name == "Result" {
+                if let PathArguments::AngleBracketed(args) = &last.arguments {
+                    let types: Vec<&Type> = args
+                        .args
+                        .iter()
+                        .filter_map(|a| match a {
+                            GenericArgument::Type(t) => Some(t),
+                            _ => None,
+                        })
+                        .collect();
+                    if let [_, err] = types[..] {
+                        return Ok((!contains_impl_trait(err)).then(|| err.clone()));
+                    }
+                }
+                return Ok(None);
+            }
+            if name.ends_with("Result") {
+                return Ok(None);
+            }
+        }
+    }
+    Err(syn::Error::new_spanned(
+        ty,
+        format!(
+            "`#[distributed_lock]` functions must return `Result<T, E>` with \
+             `E: From<distlock::LockError>`, so that a lock that cannot be taken can be reported; \
+             found `{}`",
+            pretty(ty)
+        ),
+    ))
+}
+
+/// Tokens printed the way people write them: `Option<u64>`, not `Option < u64 >`.
+fn pretty(tokens: &impl ToTokens) -> String {
+    let mut s = tokens.to_token_stream().to_string();
+    for (from, to) in [
+        (" :: ", "::"),
+        (":: ", "::"),
+        (" < ", "<"),
+        ("< ", "<"),
+        (" <", "<"),
+        (" >", ">"),
+        (" ,", ","),
+        ("& ", "&"),
+        ("( ", "("),
+        (" )", ")"),
+        ("[ ", "["),
+        (" ]", "]"),
+        (" ;", ";"),
+    ] {
+        while s.contains(from) {
+            s = s.replace(from, to);
+        }
+    }
+    s
+}
+
+fn contains_impl_trait(ty: &Type) -> bool {
+    struct Find(bool);
+    impl VisitMut for Find {
+        fn visit_type_impl_trait_mut(&mut self, _: &mut syn::TypeImplTrait) {
+            self.0 = true;
+        }
+    }
+    let mut find = Find(false);
+    find.visit_type_mut(&mut ty.clone());
+    find.0
+}
+
+/// `ty` with every `impl Trait` replaced by `_`, usable in a turbofish.
+fn without_impl_trait(ty: &Type) -> Type {
+    struct Replace;
+    impl VisitMut for Replace {
+        fn visit_type_mut(&mut self, ty: &mut Type) {
+            if let Type::ImplTrait(t) = ty {
+                *ty = Type::Infer(syn::TypeInfer {
+                    underscore_token: syn::Token![_](t.impl_token.span),
+                });
+            } else {
+                syn::visit_mut::visit_type_mut(self, ty);
+            }
+        }
+    }
+    let mut ty = ty.clone();
+    Replace.visit_type_mut(&mut ty);
+    ty
+}
+
+/// The first and last token spans of `at`, resolved like generated code.
+/// Stable proc macros cannot join spans, but rustc spans an expression from
+/// its first to its last token, so generated code can still cover all of `at`.
+fn first_last(at: &impl ToTokens) -> (Span, Span) {
+    let mut tokens = at.to_token_stream().into_iter();
+    let first = tokens.next().map_or_else(Span::call_site, |t| t.span());
+    let last = tokens.last().map_or(first, |t| t.span());
+    (located_at(first), located_at(last))
+}
+
+/// `path(arg)` with every token spanned at `span`.
+fn call_at(span: Span, path: &TokenStream, arg: &str) -> TokenStream {
+    let arg = Ident::new(arg, span);
+    let mut args = proc_macro2::Group::new(proc_macro2::Delimiter::Parenthesis, quote!(#arg));
+    args.set_span(span);
+    quote!(#path #args)
+}
+
+/// A span located at `at` (for error messages) that resolves like the
+/// generated code (so lints treat it as macro output).
+fn located_at(at: Span) -> Span {
+    at.resolved_at(Span::mixed_site())
+}
+
+fn generate(func: &mut ItemFn, shape: &Shape, opts: &Options) -> TokenStream {
+    let ms = Span::mixed_site();
+    let krate = match &opts.krate {
+        Some(path) => path.to_token_stream(),
+        None => quote_spanned!(ms=> ::distlock),
+    };
+    let request = Ident::new("distlock_request", ms);
+    let manager = Ident::new("distlock_manager", ms);
+    let guard = Ident::new("distlock_guard", ms);
+    let outcome = Ident::new("distlock_outcome", ms);
+    let output = Ident::new("distlock_output", ms);
+    let value = Ident::new("distlock_value", ms);
+    let error = Ident::new("distlock_error", ms);
+    let early = Ident::new("distlock_return", ms);
+
+    let (key_lit, template) = opts.key.as_ref().expect("validated: key is present");
+    let params = Params::of(&func.sig);
+    let key = key_tokens(key_lit, template, &params);
+
+    // `Duration` expressions are bound to typed locals first, so a wrong type
+    // is reported on the expression as a plain "expected `Duration`".
+    let mut duration_lets = TokenStream::new();
+    let mut builder = quote_spanned!(ms=> #krate::LockManager::lock(#manager, #key));
+    for (method, arg) in [("lease", &opts.lease), ("wait", &opts.wait)] {
+        let Some(arg) = arg else { continue };
+        let method = Ident::new(method, ms);
+        let value = match arg {
+            DurationArg::Literal { value, span } => duration_literal(*value, *span),
+            DurationArg::Expr(expr) => {
+                let local = Ident::new(&format!("distlock_{method}"), ms);
+                let ty = quote_spanned!(located_at(expr.span())=> ::core::time::Duration);
+                duration_lets.extend(quote_spanned!(ms=> let #local: #ty = #expr;));
+                local.into_token_stream()
+            }
+        };
+        builder = quote_spanned!(ms=> #builder.#method(#value));
+    }
+    if let Some(renew) = &opts.renew {
+        builder = quote_spanned!(ms=> #builder.renew(#renew));
+    }
+
+    // `Result<LockRequest, LockError>`: the manager is only needed to make the
+    // request, so it is dropped before acquisition awaits.
+    let make_request = match &opts.manager {
+        Some(expr) => {
+            // `&*manager` runs from the first to the last token of `expr`, so a
+            // type without `Borrow<LockManager>` is reported on all of `expr`.
+            let (first, last) = first_last(expr);
+            let borrowed = Ident::new("distlock_manager", last);
+            let borrow = quote_spanned!(first=> ::core::borrow::Borrow::borrow(&*#borrowed));
+            quote_spanned! {ms=>
+                let #request = {
+                    #duration_lets
+                    let #manager = &(#expr);
+                    let #manager: &#krate::LockManager = #borrow;
+                    ::core::result::Result::Ok::<_, #krate::LockError>(#builder)
+                };
+            }
+        }
+        None => quote_spanned! {ms=>
+            let #request = match #krate::__private::default_manager().await {
+                ::core::result::Result::Ok(#manager) => {
+                    #duration_lets
+                    let #manager = &#manager;
+                    ::core::result::Result::Ok(#builder)
+                }
+                ::core::result::Result::Err(#error) => ::core::result::Result::Err(#error),
+            };
+        },
+    };
+
+    let guard_binding = opts
+        .guard
+        .as_ref()
+        .map(|name| quote_spanned!(ms=> let #name: &#krate::LockGuard = &#guard;));
+
+    let ret = without_impl_trait(&shape.ret);
+    // Declares the body's output type up front (as `#[async_trait]` does), so
+    // `?` and `.into()` in the body infer exactly as in the original function.
+    let typed_return = quote_spanned! {ms=>
+        if let ::core::option::Option::Some(#early) = ::core::option::Option::None::<#ret> {
+            return #early;
+        }
+    };
+
+    let user_block: &Block = match shape.kind {
+        Kind::AsyncFn => &func.block,
+        Kind::AsyncTrait(index) => match &func.block.stmts[index] {
+            Stmt::Expr(Expr::Call(call), None) => match &call.args[0] {
+                Expr::Async(a) => &a.block,
+                _ => unreachable!("checked by async_trait_body"),
+            },
+            _ => unreachable!("checked by async_trait_body"),
+        },
+    };
+    let user_stmts = &user_block.stmts;
+    let body = quote_spanned! {located_at(user_block.brace_token.span.join())=>
+        async move {
+            #typed_return
+            #(#user_stmts)*
+        }
+    };
+    let scoped = match opts.on_lost {
+        OnLost::Abort => quote_spanned! {ms=>
+            #krate::LockGuard::scope_until_lost(&#guard, #body).await
+        },
+        OnLost::Ignore => quote_spanned! {ms=>
+            ::core::result::Result::Ok::<_, #krate::LockError>(
+                #krate::LockGuard::scope(&#guard, #body).await
+            )
+        },
+    };
+
+    // A missing `From<LockError>` is reported on the error type (or on the
+    // return type, for aliases such as `io::Result<T>`).
+    let convert = match &shape.err {
+        Some(err) => {
+            let (first, _) = first_last(err);
+            call_at(
+                first,
+                &quote_spanned!(first=> <#err as ::core::convert::From<#krate::LockError>>::from),
+                "distlock_error",
+            )
+        }
+        None => {
+            let (first, _) = first_last(&shape.ret);
+            call_at(
+                first,
+                &quote_spanned!(first=> ::core::convert::From::from),
+                "distlock_error",
+            )
+        }
+    };
+
+    let generated = quote_spanned! {ms=>
+        #make_request
+        let #outcome = match #request {
+            ::core::result::Result::Ok(#request) => match #krate::LockRequest::acquire(#request).await {
+                ::core::result::Result::Ok(#guard) => {
+                    #guard_binding
+                    let #output = #scoped;
+                    // A failed release is logged by the runtime; the body's result stands.
+                    let _ = #krate::LockGuard::release(#guard).await;
+                    #output
+                }
+                ::core::result::Result::Err(#error) => ::core::result::Result::Err(#error),
+            },
+            ::core::result::Result::Err(#error) => ::core::result::Result::Err(#error),
+        };
+        match #outcome {
+            ::core::result::Result::Ok(#value) => #value,
+            ::core::result::Result::Err(#error) => ::core::result::Result::Err(#convert),
+        }
+    };
+
+    match shape.kind {
+        Kind::AsyncFn => {
+            let brace_token = func.block.brace_token;
+            *func.block = Block {
+                brace_token,
+                stmts: vec![Stmt::Expr(Expr::Verbatim(generated), None)],
+            };
+        }
+        Kind::AsyncTrait(index) => {
+            let generated = quote_spanned!(ms=> #typed_return #generated);
+            if let Stmt::Expr(Expr::Call(call), None) = &mut func.block.stmts[index] {
+                if let Expr::Async(a) = &mut call.args[0] {
+                    a.capture = Some(syn::Token![move](a.async_token.span));
+                    a.block.stmts = vec![Stmt::Expr(Expr::Verbatim(generated), None)];
+                }
+            }
+        }
+    }
+    func.to_token_stream()
+}
+
+/// `"static"` for a key without placeholders, else `::std::format!(..)` over
+/// the parameters (formatted once per call).
+fn key_tokens(lit: &LitStr, template: &Template, params: &Params) -> TokenStream {
+    let span = lit.span();
+    if let Some(s) = template.as_static() {
+        return LitStr::new(&s, span).into_token_stream();
+    }
+    let fmt = LitStr::new(&template.format_string(), span);
+    let args = template.segments.iter().filter_map(|seg| match seg {
+        Segment::Placeholder(path) => Some(placeholder_tokens(path, span, params)),
+        Segment::Text(_) => None,
+    });
+    quote_spanned!(Span::mixed_site()=> ::std::format!(#fmt #(, #args)*))
+}
+
+/// `param.field.0` with the key literal's span, so that a missing field or a
+/// type without `Display` is reported on the key.
+fn placeholder_tokens(path: &[String], span: Span, params: &Params) -> TokenStream {
+    let mut tokens = if path[0] == "self" {
+        syn::Token![self](span).into_token_stream()
+    } else {
+        let param = params
+            .find(&path[0])
+            .expect("validated: placeholder names a parameter");
+        let mut ident = param.clone();
+        ident.set_span(span);
+        ident.into_token_stream()
+    };
+    for member in &path[1..] {
+        let member = match member.parse::<u32>() {
+            Ok(index) => syn::Member::Unnamed(syn::Index { index, span }),
+            Err(_) => syn::Member::Named(member_ident(member, span)),
+        };
+        tokens.extend(quote!(.#member));
+    }
+    tokens
+}
+
+fn member_ident(name: &str, span: Span) -> Ident {
+    let bare = name.strip_prefix("r#").unwrap_or(name);
+    if name.starts_with("r#") || syn::parse_str::<Ident>(bare).is_err() {
+        Ident::new_raw(bare, span)
+    } else {
+        Ident::new(bare, span)
+    }
+}
+
+/// `Duration::from_millis(N)` (or `Duration::new(secs, nanos)` for fractions
+/// of a millisecond), computed at compile time.
+fn duration_literal(value: std::time::Duration, span: Span) -> TokenStream {
+    let span = located_at(span);
+    if value.subsec_nanos() % 1_000_000 == 0 {
+        let millis = Literal::u64_unsuffixed(
+            u64::try_from(value.as_millis()).expect("validated: fits in u64 milliseconds"),
+        );
+        quote_spanned!(span=> ::core::time::Duration::from_millis(#millis))
+    } else {
+        let secs = Literal::u64_unsuffixed(value.as_secs());
+        let nanos = Literal::u32_unsuffixed(value.subsec_nanos());
+        quote_spanned!(span=> ::core::time::Duration::new(#secs, #nanos))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn expand_str(args: TokenStream, item: TokenStream) -> String {
+        expand(args, item).to_string()
+    }
+
+    #[test]
+    fn expands_a_free_fn() {
+        let out = expand_str(
+            quote!(
+                key = "order:{order_id}",
+                lease = "30s",
+                wait = "0s",
+                renew = false
+            ),
+            quote!(
+                /// Docs stay.
+                pub async fn reserve(order_id: u64) -> Result<u32, MyError> {
+                    Ok(1)
+                }
+            ),
+        );
+        for needle in [
+            "# [doc = r\" Docs stay.\"] pub async fn reserve (order_id : u64) -> Result < u32 , MyError >",
+            ":: distlock :: __private :: default_manager () . await",
+            ":: std :: format ! (\"order:{}\" , order_id)",
+            ". lease (:: core :: time :: Duration :: from_millis (30000))",
+            ". wait (:: core :: time :: Duration :: from_millis (0))",
+            ". renew (false)",
+            ":: distlock :: LockRequest :: acquire (distlock_request) . await",
+            ":: distlock :: LockGuard :: scope_until_lost (& distlock_guard , async move",
+            ":: core :: option :: Option :: None :: < Result < u32 , MyError > >",
+            ":: distlock :: LockGuard :: release (distlock_guard) . await",
+            "< MyError as :: core :: convert :: From < :: distlock :: LockError >> :: from (distlock_error)",
+        ] {
+            assert!(out.contains(needle), "missing `{needle}` in\n{out}");
+        }
+        assert!(!out.contains("compile_error"), "{out}");
+    }
+
+    #[test]
+    fn static_key_is_not_formatted() {
+        let out = expand_str(
+            quote!(key = "jobs:{{nightly}}"),
+            quote!(
+                async fn f() -> Result<(), E> {
+                    Ok(())
+                }
+            ),
+        );
+        assert!(
+            out.contains("LockManager :: lock (distlock_manager , \"jobs:{nightly}\")"),
+            "{out}"
+        );
+        assert!(!out.contains("format"), "{out}");
+    }
+
+    #[test]
+    fn manager_guard_ignore_and_crate() {
+        let out = expand_str(
+            quote!(
+                key = "{self.id}",
+                manager = self.locks.clone(),
+                guard = lock,
+                on_lost = "ignore",
+                crate = "::locks"
+            ),
+            quote!(
+                async fn f(&self) -> std::io::Result<()> {
+                    Ok(())
+                }
+            ),
+        );
+        for needle in [
+            "let distlock_manager = & (self . locks . clone ()) ;",
+            "let distlock_manager : & :: locks :: LockManager = :: core :: borrow :: Borrow :: borrow (& * distlock_manager) ;",
+            ":: std :: format ! (\"{}\" , self . id)",
+            "let lock : & :: locks :: LockGuard = & distlock_guard ;",
+            ":: locks :: LockGuard :: scope (& distlock_guard , async move",
+            ":: core :: convert :: From :: from (distlock_error)",
+        ] {
+            assert!(out.contains(needle), "missing `{needle}` in\n{out}");
+        }
+        assert!(!out.contains("default_manager"), "{out}");
+        assert!(!out.contains("distlock ::"), "{out}");
+    }
+
+    #[test]
+    fn async_trait_shape_is_recognised() {
+        let out = expand_str(
+            quote!(key = "{id}"),
+            quote!(
+                fn f<'life0, 'async_trait>(
+                    &'life0 self,
+                    id: u64,
+                ) -> ::core::pin::Pin<
+                    Box<
+                        dyn ::core::future::Future<Output = Result<(), E>>
+                            + ::core::marker::Send
+                            + 'async_trait,
+                    >,
+                >
+                where
+                    'life0: 'async_trait,
+                    Self: 'async_trait,
+                {
+                    Box::pin(async move {
+                        let __self = self;
+                        let id = id;
+                        let __ret: Result<(), E> = { Ok(()) };
+                        __ret
+                    })
+                }
+            ),
+        );
+        assert!(!out.contains("compile_error"), "{out}");
+        assert!(out.contains("Box :: pin (async move { if let"), "{out}");
+        assert!(
+            out.contains("scope_until_lost (& distlock_guard , async move { if let"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn errors_keep_the_function() {
+        let out = expand_str(
+            quote!(kee = "x"),
+            quote!(
+                async fn f() -> Result<(), E> {
+                    Ok(())
+                }
+            ),
+        );
+        assert!(
+            out.starts_with("async fn f () -> Result < () , E > { Ok (()) }"),
+            "{out}"
+        );
+        assert!(
+            out.contains("unknown option `kee`; did you mean `key`?"),
+            "{out}"
+        );
+        assert!(out.contains("missing required option `key`"), "{out}");
+    }
+
+    #[test]
+    fn function_shape_errors() {
+        let e = expand_str(
+            quote!(key = "k"),
+            quote!(
+                fn f() -> Result<(), E> {
+                    Ok(())
+                }
+            ),
+        );
+        assert!(
+            e.contains("can only be applied to an `async fn`; make `f` async"),
+            "{e}"
+        );
+        let e = expand_str(
+            quote!(key = "k"),
+            quote!(
+                async fn f() {}
+            ),
+        );
+        assert!(e.contains("`f` returns `()`"), "{e}");
+        let e = expand_str(
+            quote!(key = "k"),
+            quote!(
+                async fn f() -> u32 {
+                    1
+                }
+            ),
+        );
+        assert!(e.contains("found `u32`"), "{e}");
+        let e = expand_str(
+            quote!(key = "k"),
+            quote!(
+                struct S;
+            ),
+        );
+        assert!(e.contains("not to a struct"), "{e}");
+        let e = expand_str(
+            quote!(key = "k"),
+            quote!(
+                async fn f(&self) -> Result<(), E>;
+            ),
+        );
+        assert!(e.contains("needs a function body"), "{e}");
+    }
+
+    #[test]
+    fn placeholder_errors() {
+        let e = expand_str(
+            quote!(key = "{nam}:{self.x}"),
+            quote!(
+                async fn f(name: &str, (a, b): (u8, u8)) -> Result<(), E> {
+                    Ok(())
+                }
+            ),
+        );
+        assert!(
+            e.contains("`{nam}` in the key is not a parameter of `f`; did you mean `{name}`? the parameters are `name`, `a`, `b`"),
+            "{e}"
+        );
+        assert!(
+            e.contains("`{self.x}` in the key, but `f` has no `self` parameter"),
+            "{e}"
+        );
+        let e = expand_str(
+            quote!(key = "{x}", guard = x),
+            quote!(
+                async fn f(x: u8) -> Result<(), E> {
+                    Ok(())
+                }
+            ),
+        );
+        assert!(
+            e.contains("`guard = x` would shadow the parameter `x`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn parameter_suggestions() {
+        let params = ["order_id", "user", "shard_key"];
+        assert_eq!(suggest_parameter("ordr_id", &params), Some("order_id"));
+        assert_eq!(suggest_parameter("order", &params), Some("order_id"));
+        assert_eq!(suggest_parameter("key", &params), Some("shard_key"));
+        assert_eq!(suggest_parameter("tenant", &params), None);
+        assert_eq!(suggest_parameter("id", &["order_id", "user_id"]), None);
+    }
+
+    #[test]
+    fn result_types() {
+        let err = |t: TokenStream| {
+            result_error_type(&syn::parse2(t).unwrap())
+                .map(|e| e.map(|e| e.to_token_stream().to_string()))
+        };
+        assert_eq!(
+            err(quote!(Result<u8, MyError>)).unwrap().as_deref(),
+            Some("MyError")
+        );
+        assert_eq!(
+            err(quote!(::core::result::Result<u8, E<'a>>))
+                .unwrap()
+                .as_deref(),
+            Some("E < 'a >")
+        );
+        assert_eq!(err(quote!(io::Result<u8>)).unwrap(), None);
+        assert_eq!(err(quote!(anyhow::Result<u8>)).unwrap(), None);
+        assert_eq!(err(quote!(MyResult<u8>)).unwrap(), None);
+        assert_eq!(
+            err(quote!(Result<u8, impl std::error::Error>)).unwrap(),
+            None
+        );
+        assert!(err(quote!(Option<u8>)).is_err());
+        assert!(err(quote!(())).is_err());
+        let e = err(quote!(Option<&'static [u8; 4]>))
+            .unwrap_err()
+            .to_string();
+        assert!(e.ends_with("found `Option<&'static [u8; 4]>`"), "{e}");
+        let e = err(quote!(std::collections::HashMap<String, (u8, u8)>))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.ends_with("found `std::collections::HashMap<String, (u8, u8)>`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn impl_trait_becomes_infer() {
+        let ty: Type = syn::parse2(quote!(Result<impl Display, E>)).unwrap();
+        assert_eq!(
+            without_impl_trait(&ty).to_token_stream().to_string(),
+            "Result < _ , E >"
+        );
+    }
+}

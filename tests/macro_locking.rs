@@ -1,0 +1,304 @@
+//! `#[distributed_lock]` against a real Redis: what the generated code does at
+//! run time (the compile-time checks are in tests/ui).
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use distlock::{distributed_lock, LockError, LockGuard, LockManager};
+
+#[derive(Debug)]
+enum AppError {
+    Lock(LockError),
+    Body,
+}
+
+impl From<LockError> for AppError {
+    fn from(e: LockError) -> Self {
+        AppError::Lock(e)
+    }
+}
+
+#[distributed_lock(key = "order:{order_id}", lease = "300ms", guard = lock, manager = m)]
+async fn ship(m: &LockManager, order_id: u64, ran: &AtomicUsize) -> Result<u64, AppError> {
+    ran.fetch_add(1, Ordering::SeqCst);
+    Ok(lock.fencing_token())
+}
+
+#[tokio::test]
+async fn the_body_runs_under_the_lock_and_releases_it() {
+    let redis = server();
+    let m = manager(&redis).await;
+    let mut raw = raw(&redis).await;
+    let ran = AtomicUsize::new(0);
+    let token = ship(&m, 42, &ran).await.unwrap();
+    assert!(token > 0);
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+    assert!(
+        !exists(&mut raw, &m.redis_names("order:42").lock).await,
+        "released"
+    );
+    assert!(
+        exists(&mut raw, &m.redis_names("order:42").fencing_counter).await,
+        "key formatted"
+    );
+    let next = ship(&m, 42, &ran).await.unwrap();
+    assert!(next > token);
+}
+
+#[distributed_lock(key = "busy", wait = "0s", manager = m)]
+async fn busy_job(m: &LockManager, ran: &AtomicUsize) -> Result<(), AppError> {
+    ran.fetch_add(1, Ordering::SeqCst);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_failed_acquisition_returns_the_error_without_running_the_body() {
+    let redis = server();
+    let m = manager(&redis).await;
+    let other = manager(&redis).await;
+    let ran = AtomicUsize::new(0);
+    let held = other.lock("busy").acquire().await.unwrap();
+    let start = Instant::now();
+    let r = busy_job(&m, &ran).await;
+    assert!(
+        matches!(r, Err(AppError::Lock(LockError::Timeout { .. }))),
+        "{r:?}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_millis(300),
+        "wait = 0s is one attempt"
+    );
+    assert_eq!(ran.load(Ordering::SeqCst), 0);
+    held.release().await.unwrap();
+    busy_job(&m, &ran).await.unwrap();
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+}
+
+#[distributed_lock(key = "account:{id}", manager = m, guard = outer)]
+async fn transfer(m: &LockManager, id: u32) -> Result<(u64, u64), AppError> {
+    // A nested locked function on the same key re-enters instead of waiting
+    // for itself, and sees the same fencing token.
+    let inner = audit(m, id).await?;
+    Ok((outer.fencing_token(), inner))
+}
+
+#[distributed_lock(key = "account:{id}", wait = "0s", manager = m, guard = g)]
+async fn audit(m: &LockManager, id: u32) -> Result<u64, AppError> {
+    Ok(g.fencing_token())
+}
+
+#[tokio::test]
+async fn a_nested_locked_function_reenters() {
+    let redis = server();
+    let m = manager(&redis).await;
+    let (outer, inner) = transfer(&m, 7).await.unwrap();
+    assert_eq!(outer, inner);
+    let mut raw = raw(&redis).await;
+    assert!(!exists(&mut raw, &m.redis_names("account:7").lock).await);
+}
+
+#[distributed_lock(key = "shared", wait = "10s", manager = m)]
+async fn critical(
+    m: &LockManager,
+    inside: &AtomicUsize,
+    max: &AtomicUsize,
+) -> Result<(), AppError> {
+    let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+    max.fetch_max(now, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(3)).await;
+    inside.fetch_sub(1, Ordering::SeqCst);
+    Ok(())
+}
+
+#[tokio::test]
+async fn joined_locked_calls_in_one_task_exclude_each_other() {
+    let redis = server();
+    let m = manager(&redis).await;
+    let (inside, max) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let run = || async {
+        for _ in 0..10 {
+            critical(&m, &inside, &max).await.unwrap();
+        }
+    };
+    tokio::join!(run(), run(), run());
+    assert_eq!(max.load(Ordering::SeqCst), 1);
+}
+
+#[distributed_lock(key = "long", lease = "300ms", manager = m)]
+async fn long_job(m: &LockManager, steps: &AtomicUsize) -> Result<(), AppError> {
+    loop {
+        steps.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[distributed_lock(key = "long", lease = "300ms", manager = m, on_lost = "ignore", guard = g)]
+async fn stubborn_job(m: &LockManager, lost_seen: &AtomicUsize) -> Result<&'static str, AppError> {
+    g.lost().await;
+    lost_seen.fetch_add(1, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    Ok("finished anyway")
+}
+
+#[tokio::test]
+async fn on_lost_abort_stops_the_body_and_ignore_lets_it_run() {
+    let redis = server();
+    let m = manager(&redis).await;
+    let lock_key = m.redis_names("long").lock;
+
+    let steps = AtomicUsize::new(0);
+    let mut raw1 = raw(&redis).await;
+    let (r, ()) = tokio::join!(long_job(&m, &steps), async {
+        eventually(Duration::from_secs(2), async || {
+            steps.load(Ordering::SeqCst) >= 3
+        })
+        .await
+        .unwrap();
+        let _: () = redis::cmd("DEL")
+            .arg(&lock_key)
+            .query_async(&mut raw1)
+            .await
+            .unwrap();
+    });
+    assert!(
+        matches!(r, Err(AppError::Lock(LockError::Lost { .. }))),
+        "{r:?}"
+    );
+    let at_loss = steps.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(steps.load(Ordering::SeqCst), at_loss, "the body stopped");
+
+    let lost_seen = AtomicUsize::new(0);
+    let mut raw2 = raw(&redis).await;
+    let (r, ()) = tokio::join!(stubborn_job(&m, &lost_seen), async {
+        eventually(Duration::from_secs(2), async || {
+            exists(&mut raw2, &lock_key).await
+        })
+        .await
+        .unwrap();
+        let _: () = redis::cmd("DEL")
+            .arg(&lock_key)
+            .query_async(&mut raw2)
+            .await
+            .unwrap();
+    });
+    assert_eq!(r.unwrap(), "finished anyway");
+    assert_eq!(lost_seen.load(Ordering::SeqCst), 1);
+}
+
+#[distributed_lock(key = "fragile", lease = "30s", manager = m)]
+async fn fragile(
+    m: &LockManager,
+    fail: bool,
+    held: tokio::sync::oneshot::Sender<()>,
+) -> Result<(), AppError> {
+    let _ = held.send(());
+    if fail {
+        return Err(AppError::Body);
+    }
+    std::future::pending::<()>().await;
+    Ok(())
+}
+
+#[distributed_lock(key = "fragile", lease = "30s", manager = m)]
+async fn panicking(m: &LockManager) -> Result<(), AppError> {
+    panic!("the body panicked")
+}
+
+/// The lock is released on every exit: early return, panic, and the caller
+/// dropping the future; another manager gets it well within the 30 s lease.
+#[tokio::test]
+async fn every_exit_releases() {
+    let redis = server();
+    let m = manager(&redis).await;
+    let other = manager(&redis).await;
+    let free_soon = || async {
+        other
+            .lock("fragile")
+            .wait(Duration::from_secs(1))
+            .acquire()
+            .await
+            .expect("freed within 1 s")
+            .release()
+            .await
+            .unwrap();
+    };
+
+    let (tx, _rx) = tokio::sync::oneshot::channel();
+    assert!(matches!(fragile(&m, true, tx).await, Err(AppError::Body)));
+    free_soon().await;
+
+    let m2 = m.clone();
+    let r = tokio::spawn(async move { panicking(&m2).await }).await;
+    assert!(r.unwrap_err().is_panic());
+    free_soon().await;
+
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let m3 = m.clone();
+    let task = tokio::spawn(async move { fragile(&m3, false, tx).await });
+    rx.await.unwrap();
+    task.abort();
+    assert!(task.await.unwrap_err().is_cancelled());
+    free_soon().await;
+}
+
+struct Billing {
+    locks: LockManager,
+    tenant: String,
+    closed: Arc<AtomicUsize>,
+}
+
+struct Invoice {
+    id: u32,
+}
+
+impl Billing {
+    #[distributed_lock(key = "invoice:{self.tenant}:{inv.id}", wait = "0s", guard = lock, manager = self.locks)]
+    async fn close(&self, inv: &Invoice) -> Result<String, AppError> {
+        self.closed.fetch_add(1, Ordering::SeqCst);
+        Ok(format!("{} {}", lock.key(), lock.fencing_token() > 0))
+    }
+
+    #[distributed_lock(key = "tenant:{self.tenant}", manager = self.locks)]
+    async fn rename(&mut self, name: String) -> Result<(), AppError> {
+        self.tenant = name;
+        Ok(())
+    }
+
+    #[distributed_lock(key = "tenant:{self.tenant}", manager = self.locks.clone())]
+    async fn into_tenant(self) -> Result<String, AppError> {
+        Ok(self.tenant)
+    }
+}
+
+#[tokio::test]
+async fn methods_with_self_in_the_key() {
+    let redis = server();
+    let mut billing = Billing {
+        locks: manager(&redis).await,
+        tenant: "acme".into(),
+        closed: Arc::default(),
+    };
+    let out = billing.close(&Invoice { id: 9 }).await.unwrap();
+    assert_eq!(out, "invoice:acme:9 true");
+    billing.rename("globex".into()).await.unwrap();
+    assert_eq!(billing.tenant, "globex");
+    assert_eq!(billing.into_tenant().await.unwrap(), "globex");
+}
+
+#[distributed_lock(key = "guard-type", manager = m, guard = g)]
+async fn guard_is_a_reference(m: &LockManager) -> Result<bool, AppError> {
+    let g: &LockGuard = g;
+    Ok(!g.is_lost())
+}
+
+#[tokio::test]
+async fn the_guard_binding_is_a_lock_guard_reference() {
+    let redis = server();
+    let m = manager(&redis).await;
+    assert!(guard_is_a_reference(&m).await.unwrap());
+}

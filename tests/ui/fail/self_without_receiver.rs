@@ -1,0 +1,17 @@
+use distlock::{distributed_lock, LockError};
+
+#[derive(Debug)]
+pub struct AppError;
+
+impl From<LockError> for AppError {
+    fn from(_: LockError) -> Self {
+        AppError
+    }
+}
+
+#[distributed_lock(key = "shard:{self.shard}:{id}")]
+async fn free(id: u64) -> Result<u64, AppError> {
+    Ok(id)
+}
+
+fn main() {}

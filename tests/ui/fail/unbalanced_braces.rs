@@ -1,0 +1,22 @@
+use distlock::{distributed_lock, LockError};
+
+#[derive(Debug)]
+pub struct AppError;
+
+impl From<LockError> for AppError {
+    fn from(_: LockError) -> Self {
+        AppError
+    }
+}
+
+#[distributed_lock(key = "order:{order_id")]
+async fn unclosed(order_id: u64) -> Result<u64, AppError> {
+    Ok(order_id)
+}
+
+#[distributed_lock(key = "order}:{order_id}")]
+async fn stray(order_id: u64) -> Result<u64, AppError> {
+    Ok(order_id)
+}
+
+fn main() {}
