@@ -36,6 +36,47 @@
 //! # Ok(()) }
 //! ```
 //!
+//! With the attribute, the function acquires before its body and releases after
+//! it, on every exit:
+//!
+//! ```
+//! use distlock::{distributed_lock, LockError, LockManager};
+//!
+//! #[derive(Debug)]
+//! enum ShipError {
+//!     Lock(LockError),
+//! }
+//!
+//! impl From<LockError> for ShipError {
+//!     fn from(e: LockError) -> Self {
+//!         ShipError::Lock(e)
+//!     }
+//! }
+//!
+//! #[distributed_lock(key = "order:{order_id}", lease = "30s", wait = "0s", guard = lock, manager = locks)]
+//! async fn ship(locks: &LockManager, order_id: u64) -> Result<u64, ShipError> {
+//!     // One caller per order_id at a time, across every process on this Redis.
+//!     Ok(lock.fencing_token())
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let redis = distlock::testing::RedisServer::spawn()?;
+//! let locks = LockManager::connect(&redis.url()).await?;
+//! let token = ship(&locks, 42).await.map_err(|e| format!("{e:?}"))?;
+//!
+//! // While someone else holds the order, `wait = "0s"` gives up at once.
+//! let held = locks.lock("order:42").acquire().await?;
+//! let busy = tokio::spawn({
+//!     let locks = locks.clone();
+//!     async move { ship(&locks, 42).await }
+//! });
+//! assert!(matches!(busy.await?, Err(ShipError::Lock(LockError::Timeout { .. }))));
+//! held.release().await?;
+//! assert!(ship(&locks, 42).await.map_err(|e| format!("{e:?}"))? > token);
+//! # Ok(()) }
+//! ```
+//!
 //! The runtime lives in `lock-runtime` and the attribute macro in `lock-macros`;
 //! this crate re-exports both, and is the only one to depend on.
 #![warn(missing_docs)]
