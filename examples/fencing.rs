@@ -61,34 +61,13 @@ impl FencedStore {
     }
 }
 
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 enum StoreError {
-    Lock(LockError),
-    Redis(redis::RedisError),
+    #[error("lock: {0}")]
+    Lock(#[from] LockError),
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
 }
-
-impl From<LockError> for StoreError {
-    fn from(e: LockError) -> Self {
-        StoreError::Lock(e)
-    }
-}
-
-impl From<redis::RedisError> for StoreError {
-    fn from(e: redis::RedisError) -> Self {
-        StoreError::Redis(e)
-    }
-}
-
-impl std::fmt::Display for StoreError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            StoreError::Lock(e) => write!(f, "lock: {e}"),
-            StoreError::Redis(e) => write!(f, "redis: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for StoreError {}
 
 fn log(start: Instant, who: &str, what: &str) {
     println!("{:>6} ms  {who}: {what}", start.elapsed().as_millis());

@@ -26,34 +26,13 @@ use redis::AsyncCommands;
 
 const WORKER_ENV: &str = "DISTLOCK_INVENTORY_WORKER";
 
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 enum ShopError {
-    Lock(LockError),
-    Redis(redis::RedisError),
+    #[error("lock: {0}")]
+    Lock(#[from] LockError),
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
 }
-
-impl From<LockError> for ShopError {
-    fn from(e: LockError) -> Self {
-        ShopError::Lock(e)
-    }
-}
-
-impl From<redis::RedisError> for ShopError {
-    fn from(e: redis::RedisError) -> Self {
-        ShopError::Redis(e)
-    }
-}
-
-impl std::fmt::Display for ShopError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ShopError::Lock(e) => write!(f, "lock: {e}"),
-            ShopError::Redis(e) => write!(f, "redis: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for ShopError {}
 
 fn stock_key(item: &str) -> String {
     format!("{}stock:{item}", support::PREFIX)

@@ -18,34 +18,13 @@ use std::time::Duration;
 use distlock::{distributed_lock, LockError, LockManager};
 use redis::AsyncCommands;
 
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 enum JobError {
-    Lock(LockError),
-    Redis(redis::RedisError),
+    #[error("lock: {0}")]
+    Lock(#[from] LockError),
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
 }
-
-impl From<LockError> for JobError {
-    fn from(e: LockError) -> Self {
-        JobError::Lock(e)
-    }
-}
-
-impl From<redis::RedisError> for JobError {
-    fn from(e: redis::RedisError) -> Self {
-        JobError::Redis(e)
-    }
-}
-
-impl std::fmt::Display for JobError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            JobError::Lock(e) => write!(f, "lock: {e}"),
-            JobError::Redis(e) => write!(f, "redis: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for JobError {}
 
 struct Replica {
     name: &'static str,
