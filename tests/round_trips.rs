@@ -7,6 +7,27 @@ use std::time::Duration;
 use common::*;
 use futures_util::StreamExt;
 
+/// Collects the client commands (not those a script runs) MONITOR shows until
+/// the marker `end` arrives.
+async fn client_commands_until(
+    lines: &mut (impl futures_util::Stream<Item = String> + Unpin),
+    end: &str,
+) -> Vec<String> {
+    let mut commands = Vec::new();
+    while let Some(line) = tokio::time::timeout(Duration::from_secs(5), lines.next())
+        .await
+        .expect("monitor output")
+    {
+        if line.contains(end) {
+            break;
+        }
+        if !line.contains(" lua]") {
+            commands.push(line);
+        }
+    }
+    commands
+}
+
 /// MONITOR shows every command a client sends, and the commands a script runs
 /// tagged `lua`; only the former are round trips.
 #[tokio::test]
@@ -41,21 +62,42 @@ async fn an_uncontended_cycle_is_two_round_trips() {
         .await
         .unwrap();
 
-    let mut round_trips = Vec::new();
-    while let Some(line) = tokio::time::timeout(Duration::from_secs(5), lines.next())
-        .await
-        .expect("monitor output")
-    {
-        if line.contains("end-of-cycles") {
-            break;
-        }
-        if !line.contains(" lua]") {
-            round_trips.push(line);
-        }
-    }
+    let round_trips = client_commands_until(&mut lines, "end-of-cycles").await;
     assert_eq!(round_trips.len(), 200, "{round_trips:#?}");
     assert!(
         round_trips.iter().all(|l| l.contains("\"EVALSHA\"")),
         "{round_trips:#?}"
     );
+}
+
+/// Re-entry is decided from the call chain's context: no round trip at all.
+#[tokio::test]
+async fn reentry_costs_no_round_trip() {
+    let redis = server();
+    let m = manager(&redis).await;
+    let outer = m.lock("k").acquire().await.unwrap();
+
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut lines = client
+        .get_async_monitor()
+        .await
+        .unwrap()
+        .into_on_message::<String>();
+    outer
+        .scope(async {
+            for _ in 0..10 {
+                let inner = m.lock("k").acquire().await.unwrap();
+                inner.release().await.unwrap();
+            }
+        })
+        .await;
+    let mut raw = raw(&redis).await;
+    let _: String = redis::cmd("ECHO")
+        .arg("end-of-reentry")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let commands = client_commands_until(&mut lines, "end-of-reentry").await;
+    assert!(commands.is_empty(), "{commands:#?}");
+    outer.release().await.unwrap();
 }
