@@ -584,7 +584,14 @@ fn generate(func: &mut ItemFn, shape: &Shape, opts: &Options) -> TokenStream {
             _ => unreachable!("checked by async_trait_body"),
         },
     };
-    let user_stmts = &user_block.stmts;
+    // `#[async_trait]` moves each parameter into its future with `let x = x;`.
+    // Those move ahead of the locking code, so that the key reads the moved
+    // binding: left in the body, a parameter used only by the key would be an
+    // unused variable there.
+    let (param_moves, user_stmts): (Vec<&Stmt>, Vec<&Stmt>) = match shape.kind {
+        Kind::AsyncFn => (Vec::new(), user_block.stmts.iter().collect()),
+        Kind::AsyncTrait(_) => user_block.stmts.iter().partition(|s| is_param_move(s)),
+    };
     let body = quote_spanned! {located_at(user_block.brace_token.span.join())=>
         async move {
             #typed_return
@@ -653,7 +660,7 @@ fn generate(func: &mut ItemFn, shape: &Shape, opts: &Options) -> TokenStream {
             };
         }
         Kind::AsyncTrait(index) => {
-            let generated = quote_spanned!(ms=> #typed_return #generated);
+            let generated = quote_spanned!(ms=> #typed_return #(#param_moves)* #generated);
             if let Stmt::Expr(Expr::Call(call), None) = &mut func.block.stmts[index] {
                 if let Expr::Async(a) = &mut call.args[0] {
                     a.capture = Some(syn::Token![move](a.async_token.span));
@@ -663,6 +670,27 @@ fn generate(func: &mut ItemFn, shape: &Shape, opts: &Options) -> TokenStream {
         }
     }
     func.to_token_stream()
+}
+
+/// `let x = x;` or `let mut x = x;`: how `#[async_trait]` moves a parameter into
+/// the future. `let __self = self;` is not one of them: it stays in the body, so
+/// that a `{self.field}` key can still read `self` before it moves.
+fn is_param_move(stmt: &Stmt) -> bool {
+    let Stmt::Local(local) = stmt else {
+        return false;
+    };
+    let (syn::Pat::Ident(pat), Some(init)) = (&local.pat, &local.init) else {
+        return false;
+    };
+    let Expr::Path(value) = &*init.expr else {
+        return false;
+    };
+    pat.by_ref.is_none()
+        && pat.subpat.is_none()
+        && init.diverge.is_none()
+        && value.qself.is_none()
+        && value.path.is_ident(&pat.ident)
+        && pat.ident != "__self"
 }
 
 /// `"static"` for a key without placeholders, else `::std::format!(..)` over
