@@ -338,3 +338,47 @@ async fn works_with_async_trait() {
     ));
     held.release().await.unwrap();
 }
+
+#[distributed_lock(key = "vanishing", manager = m)]
+async fn loses_it_at_the_end(
+    m: &LockManager,
+    raw: &mut redis::aio::MultiplexedConnection,
+) -> Result<&'static str, AppError> {
+    let _: () = redis::cmd("DEL")
+        .arg(m.redis_names("vanishing").lock)
+        .query_async(raw)
+        .await
+        .unwrap();
+    Ok("done")
+}
+
+#[distributed_lock(key = "vanishing", manager = m, on_lost = "ignore")]
+async fn loses_it_at_the_end_and_ignores(
+    m: &LockManager,
+    raw: &mut redis::aio::MultiplexedConnection,
+) -> Result<&'static str, AppError> {
+    let _: () = redis::cmd("DEL")
+        .arg(m.redis_names("vanishing").lock)
+        .query_async(raw)
+        .await
+        .unwrap();
+    Ok("done")
+}
+
+/// A loss that only the release finds (the body finished before renewal could
+/// notice) is still reported with `abort`; `ignore` keeps the body's result.
+#[tokio::test]
+async fn a_loss_found_at_release_is_reported_with_abort() {
+    let redis = server();
+    let m = manager(&redis).await;
+    let mut raw = raw(&redis).await;
+    let r = loses_it_at_the_end(&m, &mut raw).await;
+    assert!(
+        matches!(r, Err(AppError::Lock(LockError::Lost { .. }))),
+        "{r:?}"
+    );
+    assert_eq!(
+        loses_it_at_the_end_and_ignores(&m, &mut raw).await.unwrap(),
+        "done"
+    );
+}

@@ -20,9 +20,13 @@ impl DurationKind {
     }
 }
 
-/// Redis leases have millisecond resolution and renewal runs every lease/3,
-/// so a lease shorter than 3 ms cannot be renewed at all.
-pub(crate) const MIN_LEASE: Duration = Duration::from_millis(3);
+/// The runtime's shortest lease (`distlock::MIN_LEASE`): the holder trusts a
+/// lease for `lease - 1% - 2 ms` and renews it every lease/3, which below 10 ms
+/// cannot happen in time.
+pub(crate) const MIN_LEASE: Duration = Duration::from_millis(10);
+
+/// The runtime's longest lease or wait (`distlock::MAX_DURATION`).
+pub(crate) const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
 
 /// Parses and validates a humantime literal such as `"30s"`, `"1m 30s"` or
 /// `"500ms"`.
@@ -56,12 +60,15 @@ pub(crate) fn parse(kind: DurationKind, src: &str) -> Result<Duration, String> {
     }
     if kind == DurationKind::Lease && d < MIN_LEASE {
         return Err(format!(
-            "`lease` of \"{src}\" is too short: the lease is renewed every lease/3, so it must be at least {}",
+            "`lease` of \"{src}\" is too short: the holder trusts it for lease - 1% - 2 ms and renews it every lease/3, so it must be at least {}",
             humantime::format_duration(MIN_LEASE)
         ));
     }
-    if u64::try_from(d.as_millis()).is_err() {
-        return Err(format!("`{name}` of \"{src}\" is too large"));
+    if d > MAX_DURATION {
+        return Err(format!(
+            "`{name}` of \"{src}\" is too long: the limit is {} (longer is taken for a unit mistake)",
+            humantime::format_duration(MAX_DURATION)
+        ));
     }
     Ok(d)
 }
@@ -77,7 +84,7 @@ mod tests {
         assert_eq!(ok(DurationKind::Lease, "1m 30s"), Duration::from_secs(90));
         assert_eq!(ok(DurationKind::Lease, "1.5s"), Duration::from_millis(1500));
         assert_eq!(ok(DurationKind::Lease, "500ms"), Duration::from_millis(500));
-        assert_eq!(ok(DurationKind::Lease, "3ms"), Duration::from_millis(3));
+        assert_eq!(ok(DurationKind::Lease, "10ms"), Duration::from_millis(10));
         assert_eq!(ok(DurationKind::Wait, "1ms"), Duration::from_millis(1));
         assert_eq!(
             ok(DurationKind::Wait, "1500us"),
@@ -113,7 +120,7 @@ mod tests {
     #[test]
     fn rejects_short_lease() {
         let e = parse(DurationKind::Lease, "2ms").unwrap_err();
-        assert!(e.contains("at least 3ms"), "{e}");
+        assert!(e.contains("at least 10ms"), "{e}");
         assert_eq!(
             parse(DurationKind::Wait, "2ms").unwrap(),
             Duration::from_millis(2)
@@ -123,6 +130,9 @@ mod tests {
     #[test]
     fn rejects_huge() {
         let e = parse(DurationKind::Lease, "100000000000years").unwrap_err();
-        assert!(e.contains("too large") || e.contains("invalid"), "{e}");
+        assert!(e.contains("too long") || e.contains("invalid"), "{e}");
+        let e = parse(DurationKind::Wait, "31days").unwrap_err();
+        assert!(e.contains("too long"), "{e}");
+        assert!(parse(DurationKind::Wait, "30days").is_ok());
     }
 }

@@ -500,6 +500,7 @@ fn generate(func: &mut ItemFn, shape: &Shape, opts: &Options) -> TokenStream {
     let guard = Ident::new("distlock_guard", ms);
     let outcome = Ident::new("distlock_outcome", ms);
     let output = Ident::new("distlock_output", ms);
+    let released = Ident::new("distlock_released", ms);
     let value = Ident::new("distlock_value", ms);
     let error = Ident::new("distlock_error", ms);
     let early = Ident::new("distlock_return", ms);
@@ -630,6 +631,25 @@ fn generate(func: &mut ItemFn, shape: &Shape, opts: &Options) -> TokenStream {
         }
     };
 
+    // A failed release is logged by the runtime. With `abort`, a loss that only
+    // the release found (the body finished in the poll that lost the lease)
+    // still turns a successful result into `Lost`; an error of the body stands.
+    let release_outcome = match opts.on_lost {
+        OnLost::Abort => quote_spanned! {ms=>
+            match (#output, #released) {
+                (
+                    ::core::result::Result::Ok(::core::result::Result::Ok(_)),
+                    ::core::result::Result::Err(#error @ #krate::LockError::Lost { .. }),
+                ) => ::core::result::Result::Err(#error),
+                (#output, _) => #output,
+            }
+        },
+        OnLost::Ignore => quote_spanned! {ms=>
+            let _ = #released;
+            #output
+        },
+    };
+
     let generated = quote_spanned! {ms=>
         #make_request
         let #outcome = match #request {
@@ -637,9 +657,8 @@ fn generate(func: &mut ItemFn, shape: &Shape, opts: &Options) -> TokenStream {
                 ::core::result::Result::Ok(#guard) => {
                     #guard_binding
                     let #output = #scoped;
-                    // A failed release is logged by the runtime; the body's result stands.
-                    let _ = #krate::LockGuard::release(#guard).await;
-                    #output
+                    let #released = #krate::LockGuard::release(#guard).await;
+                    #release_outcome
                 }
                 ::core::result::Result::Err(#error) => ::core::result::Result::Err(#error),
             },

@@ -143,15 +143,24 @@ impl LockGuard {
         let core = &self.manager.inner.core;
         let was_lost = lease.mark_released();
         core.renewals.remove(lease.id);
+        // From here on nobody else will release: if this future is dropped before
+        // the reply, the queued script may never be sent (or a NOSCRIPT retry may
+        // be cut short), so hand the release to the background.
+        let mut pending = PendingRelease {
+            core,
+            lease: &lease,
+            armed: true,
+        };
         let mut conn = core.conn.clone();
         let started = Instant::now();
-        match core
+        let reply = core
             .call(
                 &lease.key,
                 core.scripts.release(&mut conn, &lease.keys, &lease.owner),
             )
-            .await
-        {
+            .await;
+        pending.armed = false;
+        match reply {
             Ok(true) if !was_lost => {
                 tracing::debug!(
                     key = %KeyPreview(&lease.key),
@@ -190,6 +199,26 @@ impl LockGuard {
     }
 }
 
+struct PendingRelease<'a> {
+    core: &'a Arc<Core>,
+    lease: &'a Lease,
+    armed: bool,
+}
+
+impl Drop for PendingRelease<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            release_in_background(
+                self.core,
+                self.lease.key.clone(),
+                self.lease.keys.clone(),
+                self.lease.owner.clone(),
+                self.lease.lease,
+            );
+        }
+    }
+}
+
 impl Drop for LockGuard {
     fn drop(&mut self) {
         if self.released || !self.lease.drop_hold() {
@@ -209,8 +238,14 @@ impl Drop for LockGuard {
 }
 
 /// Deletes the lock if `owner` still holds it, from a task of its own, retrying
-/// until it succeeds or the lease has run out anyway. Never blocks; when the
-/// runtime is gone, the lease is the fallback.
+/// until it succeeds or the lease has run out anyway. Never blocks.
+///
+/// If the runtime shuts down before the task has finished (a guard dropped as
+/// `#[tokio::main]` returns), the task is dropped unfinished and releases over a
+/// blocking connection instead, bounded by the connect and command timeouts,
+/// so that the next run of the program does not wait out the lease. When the
+/// runtime is already gone, `spawn` drops the task at once: then nothing blocks
+/// and the lease frees the lock.
 pub(crate) fn release_in_background(
     core: &Arc<Core>,
     key: String,
@@ -218,38 +253,101 @@ pub(crate) fn release_in_background(
     owner: String,
     lease: Duration,
 ) {
-    let task_core = core.clone();
-    let give_up = Instant::now() + lease;
-    let retry_cap = (lease / 3).max(Duration::from_millis(5));
-    // Spawning on a runtime that is shutting down drops the task instead of
-    // running it; the lease then frees the lock.
-    drop(core.runtime.spawn(async move {
-        let core = task_core;
+    let release = BackgroundRelease {
+        core: core.clone(),
+        key,
+        keys,
+        owner,
+        lease,
+        unfinished: true,
+    };
+    SPAWNING.with(|s| s.set(true));
+    drop(core.runtime.spawn(release.run()));
+    SPAWNING.with(|s| s.set(false));
+}
+
+thread_local! {
+    /// Set while `release_in_background` calls `spawn`: a task dropped then was
+    /// refused by a runtime that is gone, inside a guard's `Drop`, which must not block.
+    static SPAWNING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+struct BackgroundRelease {
+    core: Arc<Core>,
+    key: String,
+    keys: LockKeys,
+    owner: String,
+    lease: Duration,
+    unfinished: bool,
+}
+
+impl BackgroundRelease {
+    async fn run(mut self) {
+        let give_up = Instant::now() + self.lease;
+        let retry_cap = (self.lease / 3).max(Duration::from_millis(5));
         let mut delay = Duration::from_millis(5);
         loop {
-            let mut conn = core.conn.clone();
-            match core
-                .call(&key, core.scripts.release(&mut conn, &keys, &owner))
-                .await
-            {
+            let mut conn = self.core.conn.clone();
+            let result = self
+                .core
+                .call(
+                    &self.key,
+                    self.core
+                        .scripts
+                        .release(&mut conn, &self.keys, &self.owner),
+                )
+                .await;
+            match result {
                 Ok(deleted) => {
-                    tracing::debug!(key = %KeyPreview(&key), deleted, "distlock: released in the background");
-                    return;
+                    tracing::debug!(key = %KeyPreview(&self.key), deleted, "distlock: released in the background");
+                    break;
                 }
                 Err(e) if Instant::now() + delay < give_up => {
-                    tracing::debug!(key = %KeyPreview(&key), error = %e.error, "distlock: background release failed; retrying");
+                    tracing::debug!(key = %KeyPreview(&self.key), error = %e.error, "distlock: background release failed; retrying");
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(retry_cap);
                 }
                 Err(e) => {
                     tracing::warn!(
-                        key = %KeyPreview(&key),
+                        key = %KeyPreview(&self.key),
                         error = %e.error,
                         "distlock: could not release; the lease will free the lock"
                     );
-                    return;
+                    break;
                 }
             }
         }
-    }));
+        self.unfinished = false;
+    }
+
+    fn release_blocking(&self) {
+        let config = &self.core.config;
+        let Ok(mut conn) = self
+            .core
+            .client
+            .get_connection_with_timeout(config.connect_timeout)
+        else {
+            return;
+        };
+        if conn.set_read_timeout(Some(config.command_timeout)).is_err()
+            || conn
+                .set_write_timeout(Some(config.command_timeout))
+                .is_err()
+        {
+            return;
+        }
+        let result = self
+            .core
+            .scripts
+            .release_blocking(&mut conn, &self.keys, &self.owner);
+        tracing::debug!(key = %KeyPreview(&self.key), ok = result.is_ok(), "distlock: released at runtime shutdown");
+    }
+}
+
+impl Drop for BackgroundRelease {
+    fn drop(&mut self) {
+        if self.unfinished && !SPAWNING.with(|s| s.get()) {
+            self.release_blocking();
+        }
+    }
 }

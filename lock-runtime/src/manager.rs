@@ -15,9 +15,9 @@ use crate::request::LockRequest;
 use crate::scripts::Scripts;
 use crate::waiting::Subscriber;
 
-/// Shortest lease accepted: the holder trusts a lease for `lease - 1% - 2 ms`, which
-/// must leave it some time.
-pub const MIN_LEASE: Duration = Duration::from_millis(3);
+/// Shortest lease accepted. The holder trusts a lease for `lease - 1% - 2 ms` and
+/// renews it every `lease / 3`; below 10 ms the renewal cannot come in time.
+pub const MIN_LEASE: Duration = Duration::from_millis(10);
 /// Longest lease or wait accepted; anything longer is taken for a unit mistake.
 pub const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
 
@@ -87,6 +87,8 @@ impl Drop for ManagerInner {
 pub(crate) struct Core {
     pub(crate) id: u64,
     pub(crate) conn: ConnectionManager,
+    /// For the blocking release at runtime shutdown.
+    pub(crate) client: redis::Client,
     pub(crate) config: Config,
     pub(crate) scripts: Scripts,
     pub(crate) renewals: Renewals,
@@ -231,7 +233,7 @@ impl LockManagerBuilder {
         self
     }
 
-    /// Lease of requests that set none (default 30 s; 3 ms to 30 days).
+    /// Lease of requests that set none (default 30 s; 10 ms to 30 days).
     pub fn default_lease(mut self, lease: Duration) -> Self {
         self.config.default_lease = lease;
         self
@@ -309,7 +311,12 @@ impl LockManagerBuilder {
         let core = Arc::new(Core {
             id: next_id(),
             conn,
-            subscriber: Subscriber::new(client, config.connect_timeout, config.command_timeout),
+            subscriber: Subscriber::new(
+                client.clone(),
+                config.connect_timeout,
+                config.command_timeout,
+            ),
+            client,
             config,
             scripts: Scripts::new(),
             renewals: Renewals::default(),
@@ -333,7 +340,7 @@ impl LockManagerBuilder {
 pub(crate) fn validate_lease(lease: Duration, what: &str) -> Result<(), LockError> {
     if lease < MIN_LEASE || lease > MAX_DURATION {
         return Err(LockError::InvalidConfig(format!(
-            "{what} is {lease:?}; it must be between 3 ms and 30 days"
+            "{what} is {lease:?}; it must be between 10 ms and 30 days"
         )));
     }
     Ok(())

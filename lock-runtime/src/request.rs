@@ -58,7 +58,7 @@ impl LockRequest {
         }
     }
 
-    /// The lease: the lock's TTL in Redis (3 ms to 30 days, whole milliseconds;
+    /// The lease: the lock's TTL in Redis (10 ms to 30 days, whole milliseconds;
     /// default: the manager's). With renewal on, it is reset every `lease / 3`
     /// while the guard lives, and a crashed holder frees the lock within `lease`.
     pub fn lease(mut self, lease: Duration) -> Self {
@@ -141,7 +141,12 @@ impl LockRequest {
         };
 
         if let Some(held) = LockContext::find(core.id, &key) {
-            return reenter(manager, held).map(Some);
+            match reenter(&manager, held) {
+                Ok(Some(guard)) => return Ok(Some(guard)),
+                // The last hold went between the lookup and now: acquire afresh.
+                Ok(None) => {}
+                Err(e) => return Err(e),
+            }
         }
 
         let span = tracing::debug_span!(
@@ -166,7 +171,7 @@ impl LockRequest {
     }
 }
 
-fn reenter(manager: LockManager, held: Arc<Lease>) -> Result<LockGuard, LockError> {
+fn reenter(manager: &LockManager, held: Arc<Lease>) -> Result<Option<LockGuard>, LockError> {
     if held.is_lost() {
         return Err(LockError::Lost {
             key: held.key.clone(),
@@ -174,12 +179,10 @@ fn reenter(manager: LockManager, held: Arc<Lease>) -> Result<LockGuard, LockErro
     }
     if !held.add_hold() {
         // The last hold was released between the lookup and now.
-        return Err(LockError::NotHeld {
-            key: held.key.clone(),
-        });
+        return Ok(None);
     }
     tracing::trace!(key = %KeyPreview(&held.key), "distlock: re-entered");
-    Ok(LockGuard::new(manager, held))
+    Ok(Some(LockGuard::new(manager.clone(), held)))
 }
 
 struct Acquisition<'a> {
@@ -222,16 +225,21 @@ impl Acquisition<'_> {
             let mut woken = pin!(registration.woken());
             woken.as_mut().enable();
             let remaining = match self.attempt().await? {
-                Attempt::Acquired(lease) => return Ok(Some(self.grant(manager, lease))),
+                Attempt::Acquired(lease) => {
+                    registration.set_unresolved_wake(false);
+                    return Ok(Some(self.grant(manager, lease)));
+                }
                 Attempt::Busy(remaining) => remaining,
             };
+            // Busy: whoever holds it now will publish again.
+            registration.set_unresolved_wake(false);
             let now = Instant::now();
             if now >= deadline {
                 return Err(self.timeout());
             }
             let nap = backoff.next(remaining).min(deadline - now);
             tokio::select! {
-                _ = woken => {}
+                _ = woken => registration.set_unresolved_wake(true),
                 _ = tokio::time::sleep(nap) => {}
             }
         }

@@ -78,6 +78,22 @@ impl Scripts {
         Ok(released == 1)
     }
 
+    /// The release script over a blocking connection, for runtime shutdown.
+    pub(crate) fn release_blocking(
+        &self,
+        conn: &mut redis::Connection,
+        keys: &LockKeys,
+        owner: &str,
+    ) -> RedisResult<bool> {
+        let released: i64 = self
+            .release
+            .key(&keys.lock)
+            .arg(owner)
+            .arg(&keys.channel)
+            .invoke(conn)?;
+        Ok(released == 1)
+    }
+
     /// One EVALSHA of the renew script, for a pipeline of renewals (the pipeline
     /// handles NOSCRIPT itself through [`Scripts::load_renew`]).
     pub(crate) fn renew_cmd(&self, lock_key: &str, owner: &str, lease_ms: u64) -> Cmd {

@@ -10,6 +10,7 @@
 
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -78,6 +79,7 @@ impl Subscriber {
             subscriber: self,
             channel: channel.to_owned(),
             wake: entry.wake.clone(),
+            unresolved_wake: AtomicBool::new(false),
         }
     }
 
@@ -107,11 +109,18 @@ pub(crate) struct Registration<'a> {
     subscriber: &'a Subscriber,
     channel: String,
     wake: Arc<Notify>,
+    /// This waiter took a wake-up and has not yet seen the outcome of the attempt
+    /// it makes for it; if it leaves now, the wake-up goes to the next waiter.
+    unresolved_wake: AtomicBool,
 }
 
 impl Registration<'_> {
     pub(crate) fn woken(&self) -> tokio::sync::futures::Notified<'_> {
         self.wake.notified()
+    }
+
+    pub(crate) fn set_unresolved_wake(&self, v: bool) {
+        self.unresolved_wake.store(v, Ordering::Relaxed);
     }
 }
 
@@ -123,6 +132,8 @@ impl Drop for Registration<'_> {
             if entry.waiters == 0 {
                 channels.remove(&self.channel);
                 let _ = self.subscriber.changes.send(self.channel.clone());
+            } else if self.unresolved_wake.load(Ordering::Relaxed) {
+                entry.wake.notify_one();
             }
         }
     }
@@ -154,10 +165,17 @@ pub(crate) async fn run_subscriber(core: Arc<Core>) {
         };
         reconnect_delay = Duration::from_millis(50);
         let mut subscribed = HashSet::new();
+        let mut synced = true;
         for channel in sub.wanted() {
             if !sync_channel(sub, &mut sink, &mut subscribed, channel).await {
+                synced = false;
                 break;
             }
+        }
+        if !synced {
+            // Reconnect and subscribe everything again rather than go on with
+            // channels left out.
+            continue;
         }
         loop {
             tokio::select! {

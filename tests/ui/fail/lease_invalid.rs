@@ -34,4 +34,9 @@ async fn too_short() -> Result<(), AppError> {
     Ok(())
 }
 
+#[distributed_lock(key = "k", lease = "31days")]
+async fn lease_too_long() -> Result<(), AppError> {
+    Ok(())
+}
+
 fn main() {}

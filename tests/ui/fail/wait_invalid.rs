@@ -19,4 +19,9 @@ async fn sub_millisecond() -> Result<(), AppError> {
     Ok(())
 }
 
+#[distributed_lock(key = "k", wait = "31days")]
+async fn wait_too_long() -> Result<(), AppError> {
+    Ok(())
+}
+
 fn main() {}

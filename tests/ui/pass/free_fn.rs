@@ -34,7 +34,7 @@ async fn static_key() -> Result<(), AppError> {
     Ok(())
 }
 
-#[distributed_lock(key = "sub-ms", lease = "3ms", wait = "1500us")]
+#[distributed_lock(key = "sub-ms", lease = "10ms", wait = "1500us")]
 async fn shortest() -> Result<(), AppError> {
     Ok(())
 }
