@@ -152,3 +152,29 @@ async fn one_renewal_task_renews_many_locks() {
         g.release().await.unwrap();
     }
 }
+
+/// The renewal task sleeps until the earliest due lease and is woken only by a
+/// lease due sooner: a short lease taken while a long one is held is renewed in
+/// time.
+#[tokio::test]
+async fn a_shorter_lease_taken_later_is_renewed_in_time() {
+    let redis = server();
+    let a = manager(&redis).await;
+    let long = a
+        .lock("long")
+        .lease(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await; // the task now sleeps ~10 s
+    let short = a
+        .lock("short")
+        .lease(Duration::from_millis(300))
+        .acquire()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!(!short.is_lost(), "the short lease was not renewed");
+    short.release().await.unwrap();
+    long.release().await.unwrap();
+}

@@ -118,6 +118,11 @@ impl Lease {
         self.next_renewal.store(self.nanos(at), Ordering::Release);
     }
 
+    /// `next_renewal` as nanoseconds after the manager's epoch.
+    pub(crate) fn next_renewal_nanos(&self) -> u64 {
+        self.next_renewal.load(Ordering::Acquire)
+    }
+
     pub(crate) fn next_renewal(&self) -> Instant {
         self.instant(self.next_renewal.load(Ordering::Acquire))
     }

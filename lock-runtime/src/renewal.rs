@@ -6,6 +6,7 @@
 //! batch is one pipeline of EVALSHAs per `BATCH` leases: one round trip.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -18,11 +19,26 @@ use crate::manager::Core;
 /// Renewals per pipeline (one round trip each).
 const BATCH: usize = 512;
 
-#[derive(Default)]
 pub(crate) struct Renewals {
     leases: Mutex<HashMap<u64, Arc<Lease>>>,
-    /// Woken when a lease is added that may be due before the task's next wake-up.
+    /// Woken when a lease is added that is due before the task's next wake-up.
     added: Notify,
+    /// When the task will next look, in nanoseconds after the manager's epoch;
+    /// `u64::MAX` while it is looking or has nothing to wait for. Acquiring a lock
+    /// wakes the task only when the new lease is due sooner, not on every acquire
+    /// (a cross-thread wake-up and a scan of every lease cost more than the
+    /// acquire's own work).
+    wake_at: AtomicU64,
+}
+
+impl Default for Renewals {
+    fn default() -> Self {
+        Renewals {
+            leases: Mutex::default(),
+            added: Notify::new(),
+            wake_at: AtomicU64::new(u64::MAX),
+        }
+    }
 }
 
 impl Renewals {
@@ -33,9 +49,9 @@ impl Renewals {
     }
 
     pub(crate) fn insert(&self, lease: Arc<Lease>) {
-        let renew = lease.renew;
+        let wake = lease.renew && lease.next_renewal_nanos() < self.wake_at.load(Ordering::SeqCst);
         self.leases().insert(lease.id, lease);
-        if renew {
+        if wake {
             self.added.notify_one();
         }
     }
@@ -68,10 +84,19 @@ impl Renewals {
 }
 
 pub(crate) async fn run(core: Arc<Core>) {
+    let renewals = &core.renewals;
     loop {
-        let added = core.renewals.added.notified();
-        let (due, next) = core.renewals.due(Instant::now());
+        let added = renewals.added.notified();
+        // Leases added from here until the store below wake the task (their
+        // notification waits in `added`), so none is missed.
+        renewals.wake_at.store(u64::MAX, Ordering::SeqCst);
+        let (due, next) = renewals.due(Instant::now());
         if due.is_empty() {
+            let wake_at = next.map_or(u64::MAX, |at| {
+                u64::try_from(at.saturating_duration_since(core.epoch).as_nanos())
+                    .unwrap_or(u64::MAX)
+            });
+            renewals.wake_at.store(wake_at, Ordering::SeqCst);
             match next {
                 Some(at) => {
                     tokio::select! {

@@ -206,9 +206,10 @@ impl Acquisition<'_> {
         wait: Duration,
     ) -> Result<Option<LockGuard>, LockError> {
         let deadline = self.started + wait;
-        if let Attempt::Acquired(lease) = self.attempt().await? {
-            return Ok(Some(self.grant(manager, lease)));
-        }
+        let mut remaining = match self.attempt().await? {
+            Attempt::Acquired(lease) => return Ok(Some(self.grant(manager, lease))),
+            Attempt::Busy(remaining) => remaining,
+        };
         if patience == Patience::Once {
             return Ok(None);
         }
@@ -219,12 +220,29 @@ impl Acquisition<'_> {
         let core = self.core.clone();
         let registration = core.subscriber.register(&self.keys.channel);
         let mut backoff = Backoff::default();
+        // Listening from here on, before any sleep: a release from now on wakes
+        // this waiter or another of this manager (who then holds the lock), and
+        // a new subscription wakes every waiter once it is confirmed, for a
+        // release published before it was. The same `Notified` is kept across
+        // timer wake-ups so the waiter keeps its place in the queue.
+        let mut woken = pin!(registration.woken());
+        woken.as_mut().enable();
         loop {
-            // Listen before attempting, so that a release landing between the
-            // attempt and the sleep still wakes us.
-            let mut woken = pin!(registration.woken());
-            woken.as_mut().enable();
-            let remaining = match self.attempt().await? {
+            let nap = backoff
+                .next(remaining)
+                .min(deadline.saturating_duration_since(Instant::now()));
+            let by_wake_up = tokio::select! {
+                _ = woken.as_mut() => true,
+                _ = tokio::time::sleep(nap) => false,
+            };
+            if by_wake_up {
+                // If this waiter leaves before its attempt resolves, the wake-up
+                // goes on to the next waiter (see `Registration`).
+                registration.set_unresolved_wake(true);
+                woken.set(registration.woken());
+                woken.as_mut().enable();
+            }
+            remaining = match self.attempt().await? {
                 Attempt::Acquired(lease) => {
                     registration.set_unresolved_wake(false);
                     return Ok(Some(self.grant(manager, lease)));
@@ -233,14 +251,8 @@ impl Acquisition<'_> {
             };
             // Busy: whoever holds it now will publish again.
             registration.set_unresolved_wake(false);
-            let now = Instant::now();
-            if now >= deadline {
+            if Instant::now() >= deadline {
                 return Err(self.timeout());
-            }
-            let nap = backoff.next(remaining).min(deadline - now);
-            tokio::select! {
-                _ = woken => registration.set_unresolved_wake(true),
-                _ = tokio::time::sleep(nap) => {}
             }
         }
     }
