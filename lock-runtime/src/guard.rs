@@ -151,12 +151,14 @@ impl LockGuard {
             lease: &lease,
             armed: true,
         };
-        let mut conn = core.conn.clone();
+        let conn = core.connection();
+        let mut redis = conn.redis.clone();
         let started = Instant::now();
         let reply = core
             .call(
                 &lease.key,
-                core.scripts.release(&mut conn, &lease.keys, &lease.owner),
+                conn.generation,
+                core.scripts.release(&mut redis, &lease.keys, &lease.owner),
             )
             .await;
         pending.armed = false;
@@ -287,14 +289,16 @@ impl BackgroundRelease {
         let retry_cap = (self.lease / 3).max(Duration::from_millis(5));
         let mut delay = Duration::from_millis(5);
         loop {
-            let mut conn = self.core.conn.clone();
+            let conn = self.core.connection();
+            let mut redis = conn.redis.clone();
             let result = self
                 .core
                 .call(
                     &self.key,
+                    conn.generation,
                     self.core
                         .scripts
-                        .release(&mut conn, &self.keys, &self.owner),
+                        .release(&mut redis, &self.keys, &self.owner),
                 )
                 .await;
             match result {

@@ -2,7 +2,7 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -86,7 +86,10 @@ impl Drop for ManagerInner {
 /// task handles, so that they do not keep the manager alive.
 pub(crate) struct Core {
     pub(crate) id: u64,
-    pub(crate) conn: ConnectionManager,
+    /// The multiplexed connection every call goes through, replaced after a
+    /// call fails in a way that may leave it out of sync (see [`Core::call`]).
+    conn: Mutex<Conn>,
+    conn_config: ConnectionManagerConfig,
     /// For the blocking release at runtime shutdown.
     pub(crate) client: redis::Client,
     pub(crate) config: Config,
@@ -107,29 +110,71 @@ pub(crate) struct Config {
     pub(crate) connect_timeout: Duration,
 }
 
+/// The current connection, and which one it is.
+#[derive(Clone)]
+pub(crate) struct Conn {
+    pub(crate) generation: u64,
+    pub(crate) redis: ConnectionManager,
+}
+
 impl Core {
-    /// Runs one Redis call under the command timeout, naming `key` in the error.
+    pub(crate) fn connection(&self) -> Conn {
+        self.conn.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Runs one Redis call on connection `generation` under the command timeout,
+    /// naming `key` in the error.
+    ///
+    /// A server error reply means the command ran and failed, or never ran.
+    /// Anything else (a timeout, I/O, a reply of the wrong shape or for another
+    /// owner) may have come after the server executed the command, and may mean
+    /// a reply went missing on a connection that stays open: Redis replies carry
+    /// no request id, so every later reply on it would go to the wrong caller.
+    /// Such a connection is retired and the next call opens a fresh one.
     pub(crate) async fn call<T>(
         &self,
         key: &str,
+        generation: u64,
         fut: impl Future<Output = RedisResult<T>>,
     ) -> Result<T, CallError> {
-        match tokio::time::timeout(self.config.command_timeout, fut).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => {
-                // A server error reply means the command ran and failed, or never
-                // ran; anything else (I/O, dropped connection) may have come after
-                // the server executed it.
-                let maybe_executed = !matches!(e.kind(), redis::ErrorKind::Server(_));
-                Err(CallError {
+        let error = match tokio::time::timeout(self.config.command_timeout, fut).await {
+            Ok(Ok(value)) => return Ok(value),
+            Ok(Err(e)) if matches!(e.kind(), redis::ErrorKind::Server(_)) => {
+                return Err(CallError {
                     error: LockError::backend(key, e),
-                    maybe_executed,
-                })
+                    maybe_executed: false,
+                });
             }
-            Err(_) => Err(CallError {
-                error: LockError::command_timeout(key, self.config.command_timeout),
-                maybe_executed: true,
-            }),
+            Ok(Err(e)) => LockError::backend(key, e),
+            Err(_) => LockError::command_timeout(key, self.config.command_timeout),
+        };
+        self.retire_connection(generation);
+        Err(CallError {
+            error,
+            maybe_executed: true,
+        })
+    }
+
+    /// Replaces connection `generation` with a fresh one (connected on first
+    /// use), unless another caller already did.
+    pub(crate) fn retire_connection(&self, generation: u64) {
+        let mut current = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        if current.generation != generation {
+            return;
+        }
+        match ConnectionManager::new_lazy_with_config(self.client.clone(), self.conn_config.clone())
+        {
+            Ok(fresh) => {
+                *current = Conn {
+                    generation: generation + 1,
+                    redis: fresh,
+                };
+                tracing::debug!(
+                    generation,
+                    "distlock: connection retired after a failed call"
+                );
+            }
+            Err(e) => tracing::warn!(error = %e, "distlock: could not open a fresh connection"),
         }
     }
 
@@ -288,7 +333,7 @@ impl LockManagerBuilder {
             // keep a call that meets a restart from waiting long.
             .set_number_of_retries(2)
             .set_max_delay(Duration::from_millis(200));
-        let connecting = ConnectionManager::new_with_config(client.clone(), conn_config);
+        let connecting = ConnectionManager::new_with_config(client.clone(), conn_config.clone());
         let conn = match tokio::time::timeout(config.connect_timeout, connecting).await {
             Ok(Ok(conn)) => conn,
             Ok(Err(source)) => {
@@ -310,7 +355,11 @@ impl LockManagerBuilder {
         };
         let core = Arc::new(Core {
             id: next_id(),
-            conn,
+            conn: Mutex::new(Conn {
+                generation: 0,
+                redis: conn,
+            }),
+            conn_config,
             subscriber: Subscriber::new(
                 client.clone(),
                 config.connect_timeout,

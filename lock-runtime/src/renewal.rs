@@ -15,6 +15,7 @@ use tokio::sync::Notify;
 use crate::error::KeyPreview;
 use crate::lease::Lease;
 use crate::manager::Core;
+use crate::scripts::Scripts;
 
 /// Renewals per pipeline (one round trip each).
 const BATCH: usize = 512;
@@ -124,45 +125,64 @@ async fn renew_batch(core: &Core, batch: &[Arc<Lease>]) {
                 .renew_cmd(&lease.keys.lock, &lease.owner, lease_ms),
         );
     }
-    let mut conn = core.conn.clone();
+    let conn = core.connection();
+    let mut redis = conn.redis.clone();
     let sent_at = Instant::now();
-    let replies: Result<Vec<redis::RedisResult<i64>>, _> =
-        core.call("", pipe.query_async(&mut conn)).await;
-    match replies {
-        Ok(replies) => {
-            let mut missing_script = Vec::new();
-            for (lease, reply) in batch.iter().zip(replies) {
-                match reply {
-                    Ok(1) => lease.renewed(sent_at),
-                    Ok(_) => {
-                        lease.mark_lost("the renewal found the lock gone or held by another owner");
-                    }
-                    Err(e)
-                        if e.kind()
-                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-                    {
-                        missing_script.push(lease);
-                    }
-                    Err(e) => renewal_failed(lease, &e.to_string()),
-                }
-            }
-            if !missing_script.is_empty() {
-                // Redis restarted or flushed its scripts: load it and retry at
-                // once; if even that fails, retry like any failed renewal.
-                match core.call("", core.scripts.load_renew(&mut conn)).await {
-                    Ok(()) => missing_script
-                        .iter()
-                        .for_each(|lease| lease.retry_renewal_at(Instant::now())),
-                    Err(e) => missing_script
-                        .iter()
-                        .for_each(|lease| renewal_failed(lease, &e.error.to_string())),
-                }
-            }
+    let replies: Result<Vec<redis::RedisResult<(i64, String)>>, _> = core
+        .call("", conn.generation, pipe.query_async(&mut redis))
+        .await;
+    let replies = match replies {
+        Ok(replies) if replies.len() == batch.len() => replies,
+        Ok(_) => {
+            core.retire_connection(conn.generation);
+            let error =
+                crate::scripts::out_of_sync("a renewal pipeline got the wrong number of replies");
+            batch
+                .iter()
+                .for_each(|lease| renewal_failed(lease, &error.to_string()));
+            return;
         }
         Err(e) => {
-            for lease in batch {
-                renewal_failed(lease, &e.error.to_string());
+            batch
+                .iter()
+                .for_each(|lease| renewal_failed(lease, &e.error.to_string()));
+            return;
+        }
+    };
+    let mut missing_script = Vec::new();
+    let mut out_of_sync = false;
+    for (lease, reply) in batch.iter().zip(replies) {
+        match reply.and_then(|reply| Scripts::renew_reply(reply, &lease.owner)) {
+            Ok(true) => lease.renewed(sent_at),
+            Ok(false) => {
+                lease.mark_lost("the renewal found the lock gone or held by another owner");
             }
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                missing_script.push(lease);
+            }
+            Err(e) => {
+                // A reply of the wrong shape or for another owner: this
+                // connection cannot be trusted any more.
+                out_of_sync |= !matches!(e.kind(), redis::ErrorKind::Server(_));
+                renewal_failed(lease, &e.to_string());
+            }
+        }
+    }
+    if out_of_sync {
+        core.retire_connection(conn.generation);
+    } else if !missing_script.is_empty() {
+        // Redis restarted or flushed its scripts: load it and retry at once; if
+        // even that fails, retry like any failed renewal.
+        match core
+            .call("", conn.generation, core.scripts.load_renew(&mut redis))
+            .await
+        {
+            Ok(()) => missing_script
+                .iter()
+                .for_each(|lease| lease.retry_renewal_at(Instant::now())),
+            Err(e) => missing_script
+                .iter()
+                .for_each(|lease| renewal_failed(lease, &e.error.to_string())),
         }
     }
 }

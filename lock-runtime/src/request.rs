@@ -271,14 +271,16 @@ impl Acquisition<'_> {
             lease: self.lease,
             armed: true,
         };
-        let mut conn = self.core.conn.clone();
+        let conn = self.core.connection();
+        let mut redis = conn.redis.clone();
         let reply = self
             .core
             .call(
                 &self.key,
+                conn.generation,
                 self.core
                     .scripts
-                    .acquire(&mut conn, &self.keys, &self.owner, lease_ms),
+                    .acquire(&mut redis, &self.keys, &self.owner, lease_ms),
             )
             .await;
         match reply {

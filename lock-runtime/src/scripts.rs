@@ -1,13 +1,18 @@
 //! The three Lua scripts and how their replies are read.
 //!
 //! Every check-and-act on a lock is one script, so it is atomic on the server and
-//! costs one round trip. `redis::Script` sends EVALSHA and, when the server answers
-//! NOSCRIPT (first use, or after a restart), loads the script and retries.
+//! costs one round trip (EVALSHA; on NOSCRIPT, after a restart or a flush, the
+//! script is loaded and the call repeated).
+//!
+//! Every reply echoes the owner token of its request, and the client checks it:
+//! Redis replies carry no request id, so a connection that ever lost a reply
+//! would hand each later reply to the wrong caller. A mismatch is an error that
+//! also retires the connection (see `Core::call`).
 
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
-use redis::{Cmd, RedisResult, Script};
+use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind};
 
 use crate::keys::LockKeys;
 
@@ -20,18 +25,114 @@ pub(crate) enum AcquireReply {
     Busy { remaining: Option<Duration> },
 }
 
+/// One script: its source, for SCRIPT LOAD, and its SHA1, for EVALSHA.
+struct Lua {
+    source: &'static str,
+    hash: String,
+}
+
+impl Lua {
+    fn new(source: &'static str) -> Self {
+        Lua {
+            source,
+            hash: redis::Script::new(source).get_hash().to_owned(),
+        }
+    }
+
+    fn call(&self, keys: &[&str], args: &[&[u8]]) -> Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&self.hash).arg(keys.len()).arg(keys);
+        for arg in args {
+            cmd.arg(*arg);
+        }
+        cmd
+    }
+
+    async fn invoke<T: redis::FromRedisValue>(
+        &self,
+        conn: &mut ConnectionManager,
+        cmd: &Cmd,
+    ) -> RedisResult<T> {
+        match cmd.query_async(conn).await {
+            Err(e) if is_noscript(&e) => {
+                self.load(conn).await?;
+                cmd.query_async(conn).await
+            }
+            other => other,
+        }
+    }
+
+    fn invoke_blocking<T: redis::FromRedisValue>(
+        &self,
+        conn: &mut redis::Connection,
+        cmd: &Cmd,
+    ) -> RedisResult<T> {
+        match cmd.query(conn) {
+            Err(e) if is_noscript(&e) => {
+                let hash: String = redis::cmd("SCRIPT")
+                    .arg("LOAD")
+                    .arg(self.source)
+                    .query(conn)?;
+                self.check_loaded(&hash)?;
+                cmd.query(conn)
+            }
+            other => other,
+        }
+    }
+
+    async fn load(&self, conn: &mut ConnectionManager) -> RedisResult<()> {
+        let hash: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(self.source)
+            .query_async(conn)
+            .await?;
+        self.check_loaded(&hash)
+    }
+
+    fn check_loaded(&self, hash: &str) -> RedisResult<()> {
+        if hash == self.hash {
+            Ok(())
+        } else {
+            Err(out_of_sync(
+                "SCRIPT LOAD answered with another script's hash",
+            ))
+        }
+    }
+}
+
+fn is_noscript(e: &RedisError) -> bool {
+    e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+}
+
+/// The error for a reply that belongs to another request.
+pub(crate) fn out_of_sync(detail: &str) -> RedisError {
+    RedisError::from((
+        ErrorKind::Client,
+        "reply does not belong to this request: the connection is out of sync",
+        detail.to_owned(),
+    ))
+}
+
+fn check_owner(echoed: &str, owner: &str) -> RedisResult<()> {
+    if echoed == owner {
+        Ok(())
+    } else {
+        Err(out_of_sync("the reply names another owner token"))
+    }
+}
+
 pub(crate) struct Scripts {
-    acquire: Script,
-    release: Script,
-    renew: Script,
+    acquire: Lua,
+    release: Lua,
+    renew: Lua,
 }
 
 impl Scripts {
     pub(crate) fn new() -> Self {
         Scripts {
-            acquire: Script::new(include_str!("scripts/acquire.lua")),
-            release: Script::new(include_str!("scripts/release.lua")),
-            renew: Script::new(include_str!("scripts/renew.lua")),
+            acquire: Lua::new(include_str!("scripts/acquire.lua")),
+            release: Lua::new(include_str!("scripts/release.lua")),
+            renew: Lua::new(include_str!("scripts/renew.lua")),
         }
     }
 
@@ -42,14 +143,13 @@ impl Scripts {
         owner: &str,
         lease_ms: u64,
     ) -> RedisResult<AcquireReply> {
-        let (status, value): (i64, i64) = self
-            .acquire
-            .key(&keys.lock)
-            .key(&keys.fence)
-            .arg(owner)
-            .arg(lease_ms)
-            .invoke_async(conn)
-            .await?;
+        let lease_ms = lease_ms.to_string();
+        let cmd = self.acquire.call(
+            &[&keys.lock, &keys.fence],
+            &[owner.as_bytes(), lease_ms.as_bytes()],
+        );
+        let (status, value, echoed): (i64, i64, String) = self.acquire.invoke(conn, &cmd).await?;
+        check_owner(&echoed, owner)?;
         Ok(if status == 1 {
             AcquireReply::Acquired {
                 fencing_token: u64::try_from(value).unwrap_or(0),
@@ -61,6 +161,11 @@ impl Scripts {
         })
     }
 
+    fn release_cmd(&self, keys: &LockKeys, owner: &str) -> Cmd {
+        self.release
+            .call(&[&keys.lock], &[owner.as_bytes(), keys.channel.as_bytes()])
+    }
+
     /// Deletes the lock if `owner` holds it and publishes a wake-up; true when it did.
     pub(crate) async fn release(
         &self,
@@ -68,13 +173,9 @@ impl Scripts {
         keys: &LockKeys,
         owner: &str,
     ) -> RedisResult<bool> {
-        let released: i64 = self
-            .release
-            .key(&keys.lock)
-            .arg(owner)
-            .arg(&keys.channel)
-            .invoke_async(conn)
-            .await?;
+        let cmd = self.release_cmd(keys, owner);
+        let (released, echoed): (i64, String) = self.release.invoke(conn, &cmd).await?;
+        check_owner(&echoed, owner)?;
         Ok(released == 1)
     }
 
@@ -85,28 +186,28 @@ impl Scripts {
         keys: &LockKeys,
         owner: &str,
     ) -> RedisResult<bool> {
-        let released: i64 = self
-            .release
-            .key(&keys.lock)
-            .arg(owner)
-            .arg(&keys.channel)
-            .invoke(conn)?;
+        let cmd = self.release_cmd(keys, owner);
+        let (released, echoed): (i64, String) = self.release.invoke_blocking(conn, &cmd)?;
+        check_owner(&echoed, owner)?;
         Ok(released == 1)
     }
 
-    /// One EVALSHA of the renew script, for a pipeline of renewals (the pipeline
-    /// handles NOSCRIPT itself through [`Scripts::load_renew`]).
+    /// One EVALSHA of the renew script, for a pipeline of renewals (the caller
+    /// handles NOSCRIPT through [`Scripts::load_renew`] and reads the reply with
+    /// [`Scripts::renew_reply`]).
     pub(crate) fn renew_cmd(&self, lock_key: &str, owner: &str, lease_ms: u64) -> Cmd {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(self.renew.get_hash())
-            .arg(1)
-            .arg(lock_key)
-            .arg(owner)
-            .arg(lease_ms);
-        cmd
+        let lease_ms = lease_ms.to_string();
+        self.renew
+            .call(&[lock_key], &[owner.as_bytes(), lease_ms.as_bytes()])
+    }
+
+    /// Whether a renewal found the lock still ours.
+    pub(crate) fn renew_reply(reply: (i64, String), owner: &str) -> RedisResult<bool> {
+        check_owner(&reply.1, owner)?;
+        Ok(reply.0 == 1)
     }
 
     pub(crate) async fn load_renew(&self, conn: &mut ConnectionManager) -> RedisResult<()> {
-        self.renew.prepare_invoke().load_async(conn).await.map(drop)
+        self.renew.load(conn).await
     }
 }

@@ -5,11 +5,13 @@
 -- ARGV[1]  owner token (random, 32 hex digits)
 -- ARGV[2]  lease in milliseconds
 --
--- Returns {1, token}  the lock is ours with fencing token `token`: freshly taken,
---                     or already ours (a retried acquire whose first reply was lost);
---                     either way the lease is reset to ARGV[2]
---         {0, pttl}   another owner holds it for `pttl` more milliseconds
---                     (-1 when the key has no TTL, which only a foreign writer causes)
+-- Returns {1, token, owner}  the lock is ours with fencing token `token`: freshly
+--                            taken, or already ours (a retried acquire whose first
+--                            reply was lost); either way the lease is reset to ARGV[2]
+--         {0, pttl, owner}   another owner holds it for `pttl` more milliseconds
+--                            (-1 when the key has no TTL, which only a foreign writer causes)
+-- `owner` echoes ARGV[1], so the client can tell that a reply is the one to its
+-- own request (a connection that lost a reply would hand it another's).
 --
 -- A fresh token is max(last token + 1, server time in microseconds). The counter
 -- keeps tokens strictly increasing; the clock keeps them increasing when Redis
@@ -19,9 +21,9 @@ if pttl ~= -2 then
   local token = redis.call('HGET', KEYS[1], ARGV[1])
   if token then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    return {1, tonumber(token)}
+    return {1, tonumber(token), ARGV[1]}
   end
-  return {0, pttl}
+  return {0, pttl, ARGV[1]}
 end
 
 local now = redis.call('TIME')
@@ -33,4 +35,4 @@ local text = string.format('%.0f', token)
 redis.call('SET', KEYS[2], text)
 redis.call('HSET', KEYS[1], ARGV[1], text)
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return {1, token}
+return {1, token, ARGV[1]}

@@ -4,12 +4,13 @@
 -- ARGV[1]  owner token
 -- ARGV[2]  wake-up channel of the lock
 --
--- Returns 1  the lock was ours: it is deleted and a wake-up is published
---         0  the lock is gone or held by another owner: nothing changed
---            (our lease had run out)
+-- Returns {1, owner}  the lock was ours: it is deleted and a wake-up is published
+--         {0, owner}  the lock is gone or held by another owner: nothing changed
+--                     (our lease had run out)-- `owner` echoes ARGV[1], so the client can tell that a reply is the one to its
+-- own request.
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
   redis.call('DEL', KEYS[1])
   redis.call('PUBLISH', ARGV[2], 'released')
-  return 1
+  return {1, ARGV[1]}
 end
-return 0
+return {0, ARGV[1]}

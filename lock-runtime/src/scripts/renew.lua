@@ -4,11 +4,12 @@
 -- ARGV[1]  owner token
 -- ARGV[2]  lease in milliseconds
 --
--- Returns 1  the lock is ours: its TTL is ARGV[2] again
---         0  the lock is gone or held by another owner: nothing changed, and
---            the holder has lost it
+-- Returns {1, owner}  the lock is ours: its TTL is ARGV[2] again
+--         {0, owner}  the lock is gone or held by another owner: nothing changed, and
+--                     the holder has lost it-- `owner` echoes ARGV[1], so the client can tell that a reply is the one to its
+-- own request.
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
+  return {1, ARGV[1]}
 end
-return 0
+return {0, ARGV[1]}
