@@ -1,0 +1,859 @@
+//! A torture worker: one OS process with its own `LockManager`, taking locks from
+//! many tokio tasks and logging every critical section (see `lock_torture::history`).
+//!
+//! ```text
+//! torture-worker --id=N --log=PATH --url=REDIS_URL --store-url=STORE_URL [options] --mode=run|script
+//! ```
+//!
+//! Common options: `--prefix` (key prefix of the manager), `--cmd-timeout-ms`,
+//! `--connect-timeout-ms`, `--seed`.
+//!
+//! `--mode=run`: `--tasks` tasks take `--sections` critical sections in all (0: until
+//! `stop` on stdin) on `--keys` (comma-separated), with `--lease-ms`, `--wait-ms`,
+//! bodies of `--body-us=MIN-MAX` microseconds (read the protected counter, sleep,
+//! write it plus one to the fenced store), `--cancel-pct` of them cancelled
+//! mid-body (the section's future is dropped), `--panic-pct` panicking mid-body
+//! (inside a spawned task). Prints `PROGRESS n` every `--progress` sections and
+//! `DONE n` at the end.
+//!
+//! `--mode=script`: commands on stdin, events on stdout:
+//! - `acquire ID KEY LEASE_MS WAIT_MS STEP_MS` -> `ACQ ID ok TOKEN T_REQ T_ACQ DEADLINE`
+//!   or `ACQ ID err KIND T_REQ T_END MESSAGE`; then the holder's body wakes every
+//!   STEP_MS, printing `RENEWED ID DEADLINE` when its lease was extended, until
+//!   `release ID` (body writes counter+1, then releases: `REL ID RESULT T0 T1`) or a
+//!   lost lease (`LOST ID T_LOST LAST_ACTIVE DEADLINE PREV_ACTIVE`, then `REL ...`;
+//!   LAST_ACTIVE / PREV_ACTIVE: ends of the body's last two polls).
+//! - `zombie ID` (after a loss): writes with the lost token anyway ->
+//!   `ZOMBIE ID accepted|rejected TOKEN`.
+//! - `exit` or end of input: release everything and exit.
+//!
+//! Both modes print `READY` once connected, and at the end drop the manager, wait
+//! for its background tasks (releases handed off by dropped guards) to finish,
+//! print `DRAINED MS TASKS_LEFT` and exit 0.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use distlock::{LockError, LockGuard, LockManager};
+use lock_torture::clock::{mono_ns, ns};
+use lock_torture::history::{
+    Call, CallKind, CallResult, Outcome, Record, Release, Section, Write, Zombie,
+};
+use lock_torture::rng::Rng;
+use lock_torture::store::{self, FencedStore};
+use redis::aio::MultiplexedConnection;
+use tokio::sync::{mpsc, oneshot, watch};
+
+const DELIBERATE_PANIC: &str = "torture: deliberate panic";
+
+struct Args(HashMap<String, String>);
+
+impl Args {
+    fn parse() -> Args {
+        let mut map = HashMap::new();
+        for a in std::env::args().skip(1) {
+            let Some(rest) = a.strip_prefix("--") else {
+                fatal(&format!("bad argument {a:?}: expected --name=value"));
+            };
+            let (k, v) = rest.split_once('=').unwrap_or((rest, "1"));
+            map.insert(k.to_owned(), v.to_owned());
+        }
+        Args(map)
+    }
+
+    fn get<T: FromStr>(&self, name: &str, default: T) -> T
+    where
+        T::Err: std::fmt::Display,
+    {
+        match self.0.get(name) {
+            None => default,
+            Some(v) => v
+                .parse()
+                .unwrap_or_else(|e| fatal(&format!("--{name}={v}: {e}"))),
+        }
+    }
+
+    fn req(&self, name: &str) -> String {
+        self.0
+            .get(name)
+            .cloned()
+            .unwrap_or_else(|| fatal(&format!("--{name} is required")))
+    }
+}
+
+fn fatal(msg: &str) -> ! {
+    eprintln!("torture-worker: {msg}");
+    println!("FATAL {msg}");
+    std::process::exit(2)
+}
+
+/// The worker's log file: one record per line, each written with one `write`
+/// call so that a killed worker leaves at most its last line torn.
+struct Log {
+    file: Mutex<std::fs::File>,
+}
+
+impl Log {
+    fn open(path: &str) -> Log {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .unwrap_or_else(|e| fatal(&format!("open log {path}: {e}")));
+        Log {
+            file: Mutex::new(file),
+        }
+    }
+
+    fn write(&self, r: Record) {
+        use std::io::Write as _;
+        let line = format!("{r}\n");
+        let mut f = self.file.lock().unwrap_or_else(|e| e.into_inner());
+        f.write_all(line.as_bytes())
+            .unwrap_or_else(|e| fatal(&format!("write log: {e}")));
+    }
+}
+
+/// Shared by everything in one worker.
+struct Ctx {
+    worker: u32,
+    manager: LockManager,
+    store: FencedStore,
+    store_conn: MultiplexedConnection,
+    log: Log,
+}
+
+impl Ctx {
+    fn call(&self, task: u32, kind: CallKind, key: &str, start: u64, result: CallResult) {
+        self.log.write(Record::Call(Call {
+            worker: self.worker,
+            task,
+            kind,
+            key: key.to_owned(),
+            start,
+            end: mono_ns(),
+            result,
+        }));
+    }
+}
+
+fn main() {
+    let args = Args::parse();
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let deliberate = info
+            .payload()
+            .downcast_ref::<&str>()
+            .is_some_and(|s| *s == DELIBERATE_PANIC);
+        if !deliberate {
+            default_hook(info);
+        }
+    }));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| fatal(&format!("tokio runtime: {e}")));
+    let code = rt.block_on(async_main(args));
+    std::process::exit(code);
+}
+
+async fn async_main(args: Args) -> i32 {
+    let worker: u32 = args.get("id", 0);
+    let url = args.req("url");
+    let store_url = args.req("store-url");
+    let manager = LockManager::builder(&url)
+        .key_prefix(args.get("prefix", "torture:".to_owned()))
+        .command_timeout(Duration::from_millis(args.get("cmd-timeout-ms", 500)))
+        .connect_timeout(Duration::from_millis(args.get("connect-timeout-ms", 500)))
+        .build()
+        .await
+        .unwrap_or_else(|e| fatal(&format!("connect to {url}: {e}")));
+    let store_conn = store::connect(&store_url)
+        .await
+        .unwrap_or_else(|e| fatal(&format!("connect to the store {store_url}: {e}")));
+    let ctx = Arc::new(Ctx {
+        worker,
+        manager,
+        store: FencedStore::default(),
+        store_conn,
+        log: Log::open(&args.req("log")),
+    });
+    let commands = stdin_lines();
+    println!("READY");
+    let mode = args.get("mode", "run".to_owned());
+    match mode.as_str() {
+        "run" => run(ctx, &args, commands).await,
+        "script" => script(ctx, commands).await,
+        other => fatal(&format!("unknown --mode={other}")),
+    }
+    // Every clone of the manager and of the store connection is gone now; wait for
+    // the background tasks (releases handed off by dropped guards, connection
+    // drivers) to end, so that exiting does not leave a lock to its lease.
+    let started = mono_ns();
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let limit = started + ns(Duration::from_secs(args.get("drain-s", 10)));
+    while metrics.num_alive_tasks() > 0 && mono_ns() < limit {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    println!(
+        "DRAINED {} {}",
+        (mono_ns() - started) / 1_000_000,
+        metrics.num_alive_tasks()
+    );
+    0
+}
+
+/// Lines of stdin, read on a plain thread (not a runtime task, so the drain does
+/// not wait for it). The channel closes at end of input.
+fn stdin_lines() -> mpsc::UnboundedReceiver<String> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::stdin().lock().lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+// ---------------------------------------------------------------------------
+// The recorded critical section
+
+/// What is known of one section while it runs; shared with the code that logs it
+/// whatever way it ends (completion, cancellation, panic).
+#[derive(Default)]
+struct State {
+    token: u64,
+    acquired: u64,
+    last_active: u64,
+    /// The end of the poll before the last one.
+    prev_active: u64,
+    deadline: u64,
+    write: Option<Write>,
+    dropped_at: u64,
+}
+
+type Slot = Arc<Mutex<State>>;
+
+fn lock(slot: &Slot) -> std::sync::MutexGuard<'_, State> {
+    slot.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn sample_deadline(slot: &Slot, guard: &LockGuard) -> u64 {
+    let rem = guard.remaining_lease();
+    let mut s = lock(slot);
+    if !rem.is_zero() {
+        s.deadline = s.deadline.max(mono_ns() + ns(rem));
+    }
+    s.deadline
+}
+
+/// Wraps a body: records when it last ran (the end of each poll, also when a poll
+/// panics) and the guard's validity deadline before each poll.
+struct Timed<'g, F> {
+    inner: Pin<Box<F>>,
+    slot: Slot,
+    guard: &'g LockGuard,
+}
+
+struct MarkActive<'a>(&'a Slot);
+
+impl Drop for MarkActive<'_> {
+    fn drop(&mut self) {
+        let mut s = lock(self.0);
+        s.prev_active = s.last_active;
+        s.last_active = mono_ns();
+    }
+}
+
+impl<F: Future> Future for Timed<'_, F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.get_mut();
+        sample_deadline(&this.slot, this.guard);
+        let _mark = MarkActive(&this.slot);
+        this.inner.as_mut().poll(cx)
+    }
+}
+
+/// Reads the counter, waits, writes it plus one with our token.
+async fn write_increment(ctx: &Ctx, slot: &Slot, key: &str, token: u64) -> Result<(), String> {
+    let mut conn = ctx.store_conn.clone();
+    let v = ctx
+        .store
+        .read(&mut conn, key)
+        .await
+        .map_err(|e| e.to_string())?;
+    lock(slot).write = Some(Write::Sent);
+    let accepted = ctx
+        .store
+        .write(&mut conn, key, token, v + 1)
+        .await
+        .map_err(|e| e.to_string())?;
+    lock(slot).write = Some(if accepted {
+        Write::Accepted
+    } else {
+        Write::Rejected
+    });
+    Ok(())
+}
+
+fn log_section(ctx: &Ctx, task: u32, key: &str, slot: &Slot, end: SectionEnd) {
+    let s = lock(slot);
+    ctx.log.write(Record::Section(Section {
+        worker: ctx.worker,
+        task,
+        key: key.to_owned(),
+        token: s.token,
+        outcome: end.outcome,
+        lost: end.lost_at != 0,
+        lost_at: end.lost_at,
+        acquired: s.acquired,
+        last_active: s.last_active.max(s.acquired),
+        deadline: s.deadline,
+        write: s.write.unwrap_or(Write::None),
+        release: end.release,
+        release_start: end.release_start,
+        release_end: end.release_end,
+    }));
+}
+
+struct SectionEnd {
+    outcome: Outcome,
+    lost_at: u64,
+    release: Release,
+    release_start: u64,
+    release_end: u64,
+}
+
+/// After the body: notes a loss the body did not see, releases, and classifies.
+async fn finish(
+    ctx: &Ctx,
+    task: u32,
+    guard: LockGuard,
+    body: Result<Result<(), String>, LockError>,
+) -> SectionEnd {
+    let t_end = mono_ns();
+    let (outcome, mut lost_at) = match body {
+        Ok(Ok(())) => (Outcome::Ok, 0),
+        Ok(Err(_)) => (Outcome::Failed, 0),
+        Err(LockError::Lost { .. }) => (Outcome::Lost, t_end),
+        Err(_) => (Outcome::Failed, 0),
+    };
+    if lost_at == 0 && guard.is_lost() {
+        lost_at = mono_ns();
+    }
+    let key = guard.key().to_owned();
+    let release_start = mono_ns();
+    let r = guard.release().await;
+    let release_end = mono_ns();
+    ctx.call(
+        task,
+        CallKind::Release,
+        &key,
+        release_start,
+        CallResult::of(&r),
+    );
+    let release = match r {
+        Ok(()) => Release::Ok,
+        Err(LockError::Lost { .. }) => {
+            if lost_at == 0 {
+                lost_at = release_end;
+            }
+            Release::Lost
+        }
+        Err(_) => Release::Failed,
+    };
+    SectionEnd {
+        outcome,
+        lost_at,
+        release,
+        release_start,
+        release_end,
+    }
+}
+
+// ---------------------------------------------------------------------------
+// run mode
+
+struct RunConfig {
+    keys: Vec<String>,
+    tasks: u32,
+    quota: Option<u64>,
+    body_us: (u64, u64),
+    cancel_pct: u64,
+    panic_pct: u64,
+    lease: Duration,
+    wait: Duration,
+    retry: Duration,
+    progress: u64,
+    seed: u64,
+    /// Take the lock without renewal (`.renew(false)`).
+    no_renew: bool,
+    /// Run the body under `guard.scope` instead of `scope_until_lost`: a client that
+    /// ignores a lost lease (for the checker's negative control).
+    ignore_loss: bool,
+}
+
+#[derive(Clone)]
+struct Plan {
+    key: String,
+    body: Duration,
+    cancel_frac_pct: Option<u64>,
+    panic: bool,
+}
+
+enum Attempt {
+    Done(SectionEnd),
+    Cancelled,
+    NotAcquired(CallResult),
+    Stopped,
+}
+
+async fn run(ctx: Arc<Ctx>, args: &Args, mut commands: mpsc::UnboundedReceiver<String>) {
+    let body = args.get("body-us", "0-5000".to_owned());
+    let (lo, hi) = body
+        .split_once('-')
+        .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)))
+        .unwrap_or_else(|| fatal(&format!("--body-us={body}: expected MIN-MAX")));
+    let sections: u64 = args.get("sections", 0);
+    let cfg = Arc::new(RunConfig {
+        keys: args
+            .get("keys", "k0,k1,k2".to_owned())
+            .split(',')
+            .map(str::to_owned)
+            .collect(),
+        tasks: args.get("tasks", 8),
+        quota: (sections > 0).then_some(sections),
+        body_us: (lo, hi),
+        cancel_pct: args.get("cancel-pct", 0),
+        panic_pct: args.get("panic-pct", 0),
+        lease: Duration::from_millis(args.get("lease-ms", 2000)),
+        wait: Duration::from_millis(args.get("wait-ms", 30_000)),
+        retry: Duration::from_millis(args.get("retry-ms", 10)),
+        progress: args.get("progress", 0),
+        seed: args.get("seed", 1),
+        no_renew: args.get::<u8>("renew", 1) == 0,
+        ignore_loss: args.get::<u8>("ignore-loss", 0) == 1,
+    });
+    let (stop_tx, stop_rx) = watch::channel(false);
+    // `stop` (or end of input) ends the run after the sections in progress.
+    let watcher = tokio::spawn(async move {
+        while let Some(line) = commands.recv().await {
+            if line.trim() == "stop" {
+                break;
+            }
+        }
+        let _ = stop_tx.send(true);
+    });
+    let tickets = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicU64::new(0));
+    let mut set = tokio::task::JoinSet::new();
+    for task in 0..cfg.tasks {
+        set.spawn(task_loop(
+            ctx.clone(),
+            cfg.clone(),
+            task,
+            stop_rx.clone(),
+            tickets.clone(),
+            done.clone(),
+        ));
+    }
+    while let Some(r) = set.join_next().await {
+        if let Err(e) = r {
+            fatal(&format!("a task loop failed: {e}"));
+        }
+    }
+    println!("DONE {}", done.load(Ordering::SeqCst));
+    // The stdin watcher may still wait for input; it must not keep the drain waiting.
+    watcher.abort();
+    let _ = watcher.await;
+}
+
+async fn task_loop(
+    ctx: Arc<Ctx>,
+    cfg: Arc<RunConfig>,
+    task: u32,
+    stop: watch::Receiver<bool>,
+    tickets: Arc<AtomicU64>,
+    done: Arc<AtomicU64>,
+) {
+    let mut rng = Rng::new(cfg.seed ^ (u64::from(ctx.worker) << 40) ^ (u64::from(task) << 20));
+    'sections: loop {
+        if *stop.borrow() {
+            return;
+        }
+        if let Some(q) = cfg.quota {
+            if tickets.fetch_add(1, Ordering::SeqCst) >= q {
+                return;
+            }
+        }
+        let key = cfg.keys[rng.range(0, cfg.keys.len() as u64 - 1) as usize].clone();
+        let body = Duration::from_micros(rng.range(cfg.body_us.0, cfg.body_us.1));
+        let cancel = body >= Duration::from_millis(1) && rng.percent(cfg.cancel_pct);
+        let plan = Plan {
+            key,
+            body,
+            cancel_frac_pct: cancel.then(|| rng.range(20, 80)),
+            panic: !cancel && rng.percent(cfg.panic_pct),
+        };
+        // One ticket is one critical section: retry the acquisition until it works.
+        loop {
+            let slot: Slot = Arc::default();
+            let handle = tokio::spawn(attempt(
+                ctx.clone(),
+                cfg.clone(),
+                task,
+                plan.clone(),
+                slot.clone(),
+                stop.clone(),
+            ));
+            let end = match handle.await {
+                Ok(Attempt::Done(end)) => end,
+                Ok(Attempt::Cancelled) => {
+                    let at = lock(&slot).dropped_at;
+                    SectionEnd {
+                        outcome: Outcome::Cancelled,
+                        lost_at: 0,
+                        release: Release::Dropped,
+                        release_start: at,
+                        release_end: at,
+                    }
+                }
+                Err(e) if e.is_panic() => {
+                    let at = lock(&slot).dropped_at;
+                    SectionEnd {
+                        outcome: Outcome::Panicked,
+                        lost_at: 0,
+                        release: Release::Dropped,
+                        release_start: at,
+                        release_end: at,
+                    }
+                }
+                Err(e) => fatal(&format!("section task failed: {e}")),
+                Ok(Attempt::Stopped) => return,
+                Ok(Attempt::NotAcquired(result)) => {
+                    if *stop.borrow() {
+                        return;
+                    }
+                    if result != CallResult::Timeout {
+                        tokio::time::sleep(cfg.retry).await;
+                    }
+                    continue;
+                }
+            };
+            log_section(&ctx, task, &plan.key, &slot, end);
+            let n = done.fetch_add(1, Ordering::SeqCst) + 1;
+            if cfg.progress > 0 && n % cfg.progress == 0 {
+                println!("PROGRESS {n}");
+            }
+            continue 'sections;
+        }
+    }
+}
+
+/// One attempt at one critical section, in a task of its own (so a panicking body
+/// is caught by the join handle).
+async fn attempt(
+    ctx: Arc<Ctx>,
+    cfg: Arc<RunConfig>,
+    task: u32,
+    plan: Plan,
+    slot: Slot,
+    mut stop: watch::Receiver<bool>,
+) -> Attempt {
+    let t_req = mono_ns();
+    let acquire = ctx
+        .manager
+        .lock(plan.key.clone())
+        .lease(cfg.lease)
+        .wait(cfg.wait)
+        .renew(!cfg.no_renew)
+        .acquire();
+    // Stopping drops an acquisition in flight: that is a cancellation too.
+    let r = tokio::select! {
+        r = acquire => r,
+        _ = stop.wait_for(|s| *s) => return Attempt::Stopped,
+    };
+    let result = CallResult::of(&r);
+    ctx.call(task, CallKind::Acquire, &plan.key, t_req, result);
+    let guard = match r {
+        Ok(g) => g,
+        Err(LockError::Timeout { .. } | LockError::Backend { .. } | LockError::Connect { .. }) => {
+            return Attempt::NotAcquired(result)
+        }
+        Err(e) => fatal(&format!("acquire {}: {e}", plan.key)),
+    };
+    let token = guard.fencing_token();
+    let started = tokio::time::Instant::now();
+    {
+        let mut s = lock(&slot);
+        s.token = token;
+        s.acquired = mono_ns();
+        s.last_active = s.acquired;
+    }
+    // The body's own idea of when it is cancelled: past this point it never starts
+    // its write, so a cancellation can never leave a write in flight.
+    let cancel_at = plan.cancel_frac_pct.map(|pct| {
+        (
+            started + plan.body * pct as u32 / 100,
+            mono_ns() + ns(plan.body) * pct / 100,
+        )
+    });
+    let body = {
+        let ctx = &ctx;
+        let slot = &slot;
+        let plan = &plan;
+        async move {
+            let mut conn = ctx.store_conn.clone();
+            let v = ctx
+                .store
+                .read(&mut conn, &plan.key)
+                .await
+                .map_err(|e| e.to_string())?;
+            tokio::time::sleep(plan.body / 2).await;
+            if plan.panic {
+                lock(slot).dropped_at = mono_ns();
+                std::panic::panic_any(DELIBERATE_PANIC);
+            }
+            tokio::time::sleep(plan.body - plan.body / 2).await;
+            if let Some((_, at)) = cancel_at {
+                if mono_ns() >= at {
+                    std::future::pending::<()>().await;
+                }
+            }
+            lock(slot).write = Some(Write::Sent);
+            let accepted = ctx
+                .store
+                .write(&mut conn, &plan.key, token, v + 1)
+                .await
+                .map_err(|e| e.to_string())?;
+            lock(slot).write = Some(if accepted {
+                Write::Accepted
+            } else {
+                Write::Rejected
+            });
+            Ok::<(), String>(())
+        }
+    };
+    let timed = Timed {
+        inner: Box::pin(body),
+        slot: slot.clone(),
+        guard: &guard,
+    };
+    type Boxed<'a> =
+        Pin<Box<dyn Future<Output = Result<Result<(), String>, LockError>> + Send + 'a>>;
+    let section: Boxed<'_> = if cfg.ignore_loss {
+        Box::pin(async { Ok(guard.scope(timed).await) })
+    } else {
+        Box::pin(guard.scope_until_lost(timed))
+    };
+    let body_result = match cancel_at {
+        None => section.await,
+        Some((at, _)) => {
+            tokio::select! {
+                biased;
+                _ = tokio::time::sleep_until(at) => {
+                    // The caller gives up: the section's future (body and guard) is
+                    // dropped; the guard's Drop releases in the background.
+                    lock(&slot).dropped_at = mono_ns();
+                    return Attempt::Cancelled;
+                }
+                r = section => r,
+            }
+        }
+    };
+    Attempt::Done(finish(&ctx, task, guard, body_result).await)
+}
+
+// ---------------------------------------------------------------------------
+// script mode
+
+struct Held {
+    key: String,
+    token: u64,
+    release: Option<oneshot::Sender<()>>,
+}
+
+async fn script(ctx: Arc<Ctx>, mut commands: mpsc::UnboundedReceiver<String>) {
+    let held: Arc<Mutex<HashMap<String, Held>>> = Arc::default();
+    let mut tasks = tokio::task::JoinSet::new();
+    while let Some(line) = commands.recv().await {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["acquire", id, key, lease, wait, step] => {
+                let parse = |s: &str| -> u64 {
+                    s.parse()
+                        .unwrap_or_else(|_| fatal(&format!("bad number in {line:?}")))
+                };
+                let (lease, wait, step) = (
+                    Duration::from_millis(parse(lease)),
+                    Duration::from_millis(parse(wait)),
+                    Duration::from_millis(parse(step)),
+                );
+                tasks.spawn(hold(
+                    ctx.clone(),
+                    held.clone(),
+                    (*id).to_owned(),
+                    (*key).to_owned(),
+                    lease,
+                    wait,
+                    step,
+                ));
+            }
+            ["release", id] => {
+                let tx = held
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get_mut(*id)
+                    .and_then(|h| h.release.take());
+                match tx {
+                    Some(tx) => {
+                        let _ = tx.send(());
+                    }
+                    None => println!("NOTHELD {id}"),
+                }
+            }
+            ["zombie", id] => {
+                let found = held
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(*id)
+                    .map(|h| (h.key.clone(), h.token));
+                let Some((key, token)) = found else {
+                    println!("NOTHELD {id}");
+                    continue;
+                };
+                let mut conn = ctx.store_conn.clone();
+                let v = ctx.store.read(&mut conn, &key).await.unwrap_or(0);
+                let accepted = ctx
+                    .store
+                    .write(&mut conn, &key, token, v + 1)
+                    .await
+                    .unwrap_or_else(|e| fatal(&format!("zombie write: {e}")));
+                ctx.log.write(Record::Zombie(Zombie {
+                    worker: ctx.worker,
+                    key,
+                    token,
+                    at: mono_ns(),
+                    accepted,
+                }));
+                println!(
+                    "ZOMBIE {id} {} {token}",
+                    if accepted { "accepted" } else { "rejected" }
+                );
+            }
+            ["exit"] => break,
+            [] => {}
+            _ => fatal(&format!("unknown command {line:?}")),
+        }
+    }
+    // Release whatever is still held, and wait for the holders to finish.
+    for h in held.lock().unwrap_or_else(|e| e.into_inner()).values_mut() {
+        if let Some(tx) = h.release.take() {
+            let _ = tx.send(());
+        }
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+async fn hold(
+    ctx: Arc<Ctx>,
+    held: Arc<Mutex<HashMap<String, Held>>>,
+    id: String,
+    key: String,
+    lease: Duration,
+    wait: Duration,
+    step: Duration,
+) {
+    let t_req = mono_ns();
+    let r = ctx
+        .manager
+        .lock(key.clone())
+        .lease(lease)
+        .wait(wait)
+        .acquire()
+        .await;
+    let t_acq = mono_ns();
+    let class = CallResult::of(&r);
+    ctx.call(0, CallKind::Acquire, &key, t_req, class);
+    let guard = match r {
+        Ok(g) => g,
+        Err(e) => {
+            println!("ACQ {id} err {} {t_req} {t_acq} {e}", class.word());
+            return;
+        }
+    };
+    let token = guard.fencing_token();
+    let slot: Slot = Arc::default();
+    {
+        let mut s = lock(&slot);
+        s.token = token;
+        s.acquired = t_acq;
+        s.last_active = t_acq;
+    }
+    let deadline = sample_deadline(&slot, &guard);
+    let (tx, mut rx) = oneshot::channel();
+    held.lock().unwrap_or_else(|e| e.into_inner()).insert(
+        id.clone(),
+        Held {
+            key: key.clone(),
+            token,
+            release: Some(tx),
+        },
+    );
+    println!("ACQ {id} ok {token} {t_req} {t_acq} {deadline}");
+    let body = {
+        let (ctx, slot, guard, id, key) = (&ctx, &slot, &guard, &id, &key);
+        async move {
+            let mut shown = deadline;
+            loop {
+                tokio::select! {
+                    _ = &mut rx => break,
+                    _ = tokio::time::sleep(step) => {}
+                }
+                let d = sample_deadline(slot, guard);
+                if d > shown + ns(lease) / 10 {
+                    println!("RENEWED {id} {d}");
+                    shown = d;
+                }
+            }
+            write_increment(ctx, slot, key, token).await
+        }
+    };
+    let timed = Timed {
+        inner: Box::pin(body),
+        slot: slot.clone(),
+        guard: &guard,
+    };
+    let r = guard.scope_until_lost(timed).await;
+    if let Err(LockError::Lost { .. }) = &r {
+        let s = lock(&slot);
+        println!(
+            "LOST {id} {} {} {} {}",
+            mono_ns(),
+            s.last_active,
+            s.deadline,
+            s.prev_active
+        );
+    }
+    let end = finish(&ctx, 0, guard, r).await;
+    println!(
+        "REL {id} {} {} {}",
+        end.release.word(),
+        end.release_start,
+        end.release_end
+    );
+    log_section(&ctx, 0, &key, &slot, end);
+}

@@ -1,0 +1,465 @@
+//! The records workers append to their logs, one per line, tab-separated, and the
+//! parser the checker uses. All times are [`mono_ns`](crate::clock::mono_ns).
+//!
+//! ```text
+//! S worker task key token outcome lost lost_at acquired last_active deadline write release release_start release_end
+//! C worker task kind key start end result
+//! Z worker key token at verdict
+//! ```
+
+use std::fmt;
+use std::path::Path;
+use std::str::FromStr;
+
+/// How a critical section ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// The body ran to its end.
+    Ok,
+    /// The body was stopped by a lost lease (`scope_until_lost` returned `Lost`).
+    Lost,
+    /// The caller dropped the section's future mid-body.
+    Cancelled,
+    /// The body panicked (inside a spawned task).
+    Panicked,
+    /// The body failed for another reason (the store did not answer).
+    Failed,
+}
+
+/// What became of the body's write to the fenced store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Write {
+    /// Never sent.
+    None,
+    /// Sent, but the section ended before the answer came: the store's log decides.
+    Sent,
+    /// The store took it.
+    Accepted,
+    /// The store rejected it: a newer token had written first.
+    Rejected,
+}
+
+/// What `guard.release()` answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Release {
+    /// `Ok(())`: the lock was still ours and is gone.
+    Ok,
+    /// `Err(Lost)`.
+    Lost,
+    /// Another error (Redis failed or timed out).
+    Failed,
+    /// Not called: the guard was dropped (cancellation, panic).
+    Dropped,
+}
+
+/// One critical section as its worker saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Section {
+    /// Worker (process) number.
+    pub worker: u32,
+    /// Task number within the worker.
+    pub task: u32,
+    /// The lock key.
+    pub key: String,
+    /// The fencing token of the acquisition.
+    pub token: u64,
+    /// How the body ended.
+    pub outcome: Outcome,
+    /// The guard reported a lost lease (body aborted, `is_lost()` at the end, or
+    /// release answered `Lost`).
+    pub lost: bool,
+    /// When the loss was first observed (0 if never).
+    pub lost_at: u64,
+    /// When `acquire()` returned the guard.
+    pub acquired: u64,
+    /// When the body last ran: the end of its last poll (`acquired` if never polled).
+    pub last_active: u64,
+    /// The latest local validity deadline seen (`now + remaining_lease()`), 0 if none.
+    pub deadline: u64,
+    /// The body's write to the fenced store.
+    pub write: Write,
+    /// The answer of release.
+    pub release: Release,
+    /// When release was called (or the guard dropped).
+    pub release_start: u64,
+    /// When release returned (or the guard was dropped).
+    pub release_end: u64,
+}
+
+impl Section {
+    /// Until when this holder acted as the lock's owner: the release call when the
+    /// release confirmed the lock was still ours, else the body's last activity
+    /// (nothing after it was protected by the lock).
+    pub fn hold_end(&self) -> u64 {
+        match self.release {
+            Release::Ok => self.release_start.max(self.last_active),
+            _ => self.last_active,
+        }
+    }
+}
+
+/// The kind of a logged call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CallKind {
+    /// `acquire()`.
+    Acquire,
+    /// `release()`.
+    Release,
+}
+
+/// The result class of a logged call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CallResult {
+    /// Success.
+    Ok,
+    /// `LockError::Timeout`.
+    Timeout,
+    /// `LockError::Backend` or `Connect`.
+    Backend,
+    /// `LockError::Lost`.
+    Lost,
+    /// Any other error.
+    Other,
+}
+
+/// One call into the lock API and how long it took.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Call {
+    /// Worker number.
+    pub worker: u32,
+    /// Task number.
+    pub task: u32,
+    /// Which call.
+    pub kind: CallKind,
+    /// The lock key.
+    pub key: String,
+    /// When it was called.
+    pub start: u64,
+    /// When it returned.
+    pub end: u64,
+    /// What it returned.
+    pub result: CallResult,
+}
+
+/// A write sent by a holder *after* it knew its lease was lost, on purpose, as a
+/// buggy or paused client would: the fenced store must reject it once a newer
+/// holder has written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Zombie {
+    /// Worker number.
+    pub worker: u32,
+    /// The lock key.
+    pub key: String,
+    /// The (stale) fencing token it carried.
+    pub token: u64,
+    /// When it was answered.
+    pub at: u64,
+    /// Whether the store took it.
+    pub accepted: bool,
+}
+
+/// One log line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Record {
+    /// A critical section.
+    Section(Section),
+    /// A call.
+    Call(Call),
+    /// A zombie write.
+    Zombie(Zombie),
+}
+
+macro_rules! word_enum {
+    ($ty:ident { $($variant:ident = $word:literal),* $(,)? }) => {
+        impl $ty {
+            /// The word used in logs.
+            pub fn word(self) -> &'static str {
+                match self { $($ty::$variant => $word),* }
+            }
+        }
+        impl FromStr for $ty {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, String> {
+                match s {
+                    $($word => Ok($ty::$variant),)*
+                    other => Err(format!("unknown {} {other:?}", stringify!($ty))),
+                }
+            }
+        }
+    };
+}
+
+word_enum!(Outcome { Ok = "ok", Lost = "lost", Cancelled = "cancelled", Panicked = "panicked", Failed = "failed" });
+word_enum!(Write { None = "none", Sent = "sent", Accepted = "accepted", Rejected = "rejected" });
+word_enum!(Release { Ok = "ok", Lost = "lost", Failed = "failed", Dropped = "dropped" });
+word_enum!(CallKind { Acquire = "acquire", Release = "release" });
+word_enum!(CallResult { Ok = "ok", Timeout = "timeout", Backend = "backend", Lost = "lost", Other = "other" });
+
+impl CallResult {
+    /// Classifies a lock call's result.
+    pub fn of<T>(r: &Result<T, distlock::LockError>) -> CallResult {
+        match r {
+            Ok(_) => CallResult::Ok,
+            Err(distlock::LockError::Timeout { .. }) => CallResult::Timeout,
+            Err(distlock::LockError::Backend { .. } | distlock::LockError::Connect { .. }) => {
+                CallResult::Backend
+            }
+            Err(distlock::LockError::Lost { .. }) => CallResult::Lost,
+            Err(_) => CallResult::Other,
+        }
+    }
+}
+
+fn check_key(key: &str) {
+    assert!(
+        !key.is_empty() && !key.contains(['\t', '\n', '\r']),
+        "torture keys must be non-empty and free of tabs and newlines: {key:?}"
+    );
+}
+
+impl fmt::Display for Record {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Record::Section(s) => {
+                check_key(&s.key);
+                write!(
+                    f,
+                    "S\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+                    s.worker,
+                    s.task,
+                    s.key,
+                    s.token,
+                    s.outcome.word(),
+                    u8::from(s.lost),
+                    s.lost_at,
+                    s.acquired,
+                    s.last_active,
+                    s.deadline,
+                    s.write.word(),
+                    s.release.word(),
+                    s.release_start,
+                    s.release_end
+                )
+            }
+            Record::Call(c) => {
+                check_key(&c.key);
+                write!(
+                    f,
+                    "C\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+                    c.worker,
+                    c.task,
+                    c.kind.word(),
+                    c.key,
+                    c.start,
+                    c.end,
+                    c.result.word()
+                )
+            }
+            Record::Zombie(z) => {
+                check_key(&z.key);
+                write!(
+                    f,
+                    "Z\t{}\t{}\t{}\t{}\t{}",
+                    z.worker,
+                    z.key,
+                    z.token,
+                    z.at,
+                    if z.accepted { "accepted" } else { "rejected" }
+                )
+            }
+        }
+    }
+}
+
+fn field<T: FromStr>(fields: &[&str], i: usize, line: &str) -> Result<T, String>
+where
+    T::Err: fmt::Display,
+{
+    let raw = fields
+        .get(i)
+        .ok_or_else(|| format!("missing field {i} in {line:?}"))?;
+    raw.parse()
+        .map_err(|e| format!("field {i} ({raw:?}) of {line:?}: {e}"))
+}
+
+impl FromStr for Record {
+    type Err = String;
+
+    fn from_str(line: &str) -> Result<Self, String> {
+        let f: Vec<&str> = line.split('\t').collect();
+        let expect = |n: usize| {
+            if f.len() == n {
+                Ok(())
+            } else {
+                Err(format!("expected {n} fields, got {}: {line:?}", f.len()))
+            }
+        };
+        match f[0] {
+            "S" => {
+                expect(15)?;
+                Ok(Record::Section(Section {
+                    worker: field(&f, 1, line)?,
+                    task: field(&f, 2, line)?,
+                    key: f[3].to_owned(),
+                    token: field(&f, 4, line)?,
+                    outcome: field(&f, 5, line)?,
+                    lost: field::<u8>(&f, 6, line)? == 1,
+                    lost_at: field(&f, 7, line)?,
+                    acquired: field(&f, 8, line)?,
+                    last_active: field(&f, 9, line)?,
+                    deadline: field(&f, 10, line)?,
+                    write: field(&f, 11, line)?,
+                    release: field(&f, 12, line)?,
+                    release_start: field(&f, 13, line)?,
+                    release_end: field(&f, 14, line)?,
+                }))
+            }
+            "C" => {
+                expect(8)?;
+                Ok(Record::Call(Call {
+                    worker: field(&f, 1, line)?,
+                    task: field(&f, 2, line)?,
+                    kind: field(&f, 3, line)?,
+                    key: f[4].to_owned(),
+                    start: field(&f, 5, line)?,
+                    end: field(&f, 6, line)?,
+                    result: field(&f, 7, line)?,
+                }))
+            }
+            "Z" => {
+                expect(6)?;
+                Ok(Record::Zombie(Zombie {
+                    worker: field(&f, 1, line)?,
+                    key: f[2].to_owned(),
+                    token: field(&f, 3, line)?,
+                    at: field(&f, 4, line)?,
+                    accepted: match f[5] {
+                        "accepted" => true,
+                        "rejected" => false,
+                        other => return Err(format!("bad zombie verdict {other:?}")),
+                    },
+                }))
+            }
+            other => Err(format!("unknown record type {other:?} in {line:?}")),
+        }
+    }
+}
+
+/// Everything the workers of one run logged.
+#[derive(Debug, Clone, Default)]
+pub struct History {
+    /// Critical sections.
+    pub sections: Vec<Section>,
+    /// Calls.
+    pub calls: Vec<Call>,
+    /// Zombie writes.
+    pub zombies: Vec<Zombie>,
+}
+
+impl History {
+    /// Adds the records of one log file. A last line without its newline (a worker
+    /// killed mid-write) is ignored; any other bad line is an error.
+    pub fn read(&mut self, path: &Path) -> Result<(), String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read log {}: {e}", path.display()))?;
+        let complete = match text.rfind('\n') {
+            Some(i) => &text[..i],
+            None => "",
+        };
+        for line in complete.lines().filter(|l| !l.is_empty()) {
+            match line.parse::<Record>()? {
+                Record::Section(s) => self.sections.push(s),
+                Record::Call(c) => self.calls.push(c),
+                Record::Zombie(z) => self.zombies.push(z),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads several log files (missing files are an error).
+    pub fn read_all<'a>(paths: impl IntoIterator<Item = &'a Path>) -> Result<History, String> {
+        let mut h = History::default();
+        for p in paths {
+            h.read(p)?;
+        }
+        Ok(h)
+    }
+
+    /// Sections of one worker.
+    pub fn of_worker(&self, worker: u32) -> impl Iterator<Item = &Section> {
+        self.sections.iter().filter(move |s| s.worker == worker)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn section() -> Section {
+        Section {
+            worker: 1,
+            task: 2,
+            key: "k:1".into(),
+            token: 1_700_000_000_000_123,
+            outcome: Outcome::Lost,
+            lost: true,
+            lost_at: 50,
+            acquired: 10,
+            last_active: 40,
+            deadline: 45,
+            write: Write::Sent,
+            release: Release::Lost,
+            release_start: 60,
+            release_end: 70,
+        }
+    }
+
+    #[test]
+    fn records_round_trip() {
+        let records = vec![
+            Record::Section(section()),
+            Record::Call(Call {
+                worker: 3,
+                task: 0,
+                kind: CallKind::Acquire,
+                key: "a b".into(),
+                start: 1,
+                end: 2,
+                result: CallResult::Backend,
+            }),
+            Record::Zombie(Zombie {
+                worker: 4,
+                key: "k".into(),
+                token: 9,
+                at: 5,
+                accepted: false,
+            }),
+        ];
+        for r in records {
+            let line = r.to_string();
+            assert_eq!(line.parse::<Record>().unwrap(), r, "{line}");
+        }
+        assert!("S\t1".parse::<Record>().is_err());
+        assert!("X\t1".parse::<Record>().is_err());
+    }
+
+    #[test]
+    fn a_torn_last_line_is_ignored() {
+        let dir = std::env::temp_dir().join(format!("torture-history-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("w.log");
+        let line = Record::Section(section()).to_string();
+        std::fs::write(&path, format!("{line}\n{}", &line[..20])).unwrap();
+        let h = History::read_all([path.as_path()]).unwrap();
+        assert_eq!(h.sections.len(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn hold_end_counts_a_confirmed_release() {
+        let mut s = section();
+        assert_eq!(s.hold_end(), 40);
+        s.release = Release::Ok;
+        assert_eq!(s.hold_end(), 60);
+    }
+}

@@ -1,0 +1,2013 @@
+//! The torture scenarios: worker processes (`torture-worker`) take locks on a
+//! private lock server while faults are injected, log every critical section, and
+//! the history checker judges the logs afterwards.
+//!
+//! Each test prints a `TORTURE ...` line with its figures (run with `--nocapture`);
+//! `DISTLOCK_SOAK=1` multiplies the sizes by 20. The tests take a process-wide lock
+//! so they run one at a time: they measure time, and the machine has 2 cores.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use distlock::testing::RedisServer;
+use distlock::LockManager;
+use lock_torture::checker::{check_sections, check_store, Faults, Report, StoreReport};
+use lock_torture::clock::{diff_ms, mono_ns, ms, ns};
+use lock_torture::history::{History, Outcome};
+use lock_torture::process::{num, RunDir, Worker};
+use lock_torture::soak_factor;
+use lock_torture::store::{self, FencedStore};
+use redis::aio::MultiplexedConnection;
+
+const WORKER: &str = env!("CARGO_BIN_EXE_torture-worker");
+const PREFIX: &str = "torture:";
+
+/// One scenario at a time: they measure time, and the machine has 2 cores.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The servers and scratch directory of one scenario. The lock server is the one
+/// faults are injected into; the fenced store lives on a server of its own.
+struct Setup {
+    lock: RedisServer,
+    store: RedisServer,
+    dir: RunDir,
+}
+
+fn setup(name: &str) -> Setup {
+    Setup {
+        lock: RedisServer::spawn().expect("redis-server must be installed"),
+        store: RedisServer::spawn().expect("redis-server must be installed"),
+        dir: RunDir::new(name),
+    }
+}
+
+impl Setup {
+    /// A worker connected to `url` (the lock server or a proxy in front of it).
+    fn worker(&self, id: u32, url: &str, mode: &str, args: &[(&str, String)]) -> Worker {
+        let mut all: Vec<(&str, String)> = vec![
+            ("url", url.to_owned()),
+            ("store-url", self.store.url()),
+            ("prefix", PREFIX.to_owned()),
+            ("mode", mode.to_owned()),
+        ];
+        all.extend(args.iter().cloned());
+        Worker::spawn(Path::new(WORKER), id, &self.dir, &all)
+    }
+
+    async fn store_conn(&self) -> MultiplexedConnection {
+        store::connect(&self.store.url())
+            .await
+            .expect("connect to the store")
+    }
+
+    async fn lock_conn(&self) -> MultiplexedConnection {
+        self.lock
+            .client()
+            .await
+            .expect("connect to the lock server")
+    }
+
+    /// A manager on the lock server, for `redis_names` and direct probing.
+    async fn manager(&self) -> LockManager {
+        LockManager::builder(&self.lock.url())
+            .key_prefix(PREFIX)
+            .build()
+            .await
+            .expect("connect to the lock server")
+    }
+}
+
+fn args(pairs: &[(&'static str, &dyn ToString)]) -> Vec<(&'static str, String)> {
+    pairs.iter().map(|(k, v)| (*k, v.to_string())).collect()
+}
+
+async fn ready(workers: &mut [&mut Worker]) {
+    for w in workers.iter_mut() {
+        w.expect_word("READY", Duration::from_secs(20)).await;
+    }
+}
+
+/// Waits for a clean exit and returns the `DRAINED` figures (ms, tasks left).
+async fn finish(w: &mut Worker, limit: Duration) -> (u64, u64) {
+    w.finish(limit).await;
+    let drained = w
+        .seen_words("DRAINED")
+        .pop()
+        .unwrap_or_else(|| panic!("worker {} did not print DRAINED", w.id));
+    (num(&drained, 0), num(&drained, 1))
+}
+
+fn history(workers: &[&Worker]) -> History {
+    let paths: Vec<PathBuf> = workers.iter().map(|w| w.log.clone()).collect();
+    History::read_all(paths.iter().map(PathBuf::as_path)).expect("read the worker logs")
+}
+
+/// Checks the store of every key against the history.
+async fn store_report(setup: &Setup, h: &History, keys: &[String]) -> StoreReport {
+    let mut conn = setup.store_conn().await;
+    let store = FencedStore::default();
+    let mut total = StoreReport::default();
+    for key in keys {
+        let log = store.log(&mut conn, key).await.expect("store log");
+        let stats = store.stats(&mut conn, key).await.expect("store stats");
+        total.merge(&check_store(key, &h.sections, &h.zombies, &log, stats));
+    }
+    assert!(
+        total.mismatches.is_empty(),
+        "the store's log disagrees with the clients:\n{}",
+        total.mismatches.join("\n")
+    );
+    assert_eq!(
+        total.stale_accepted, 0,
+        "the store accepted writes with tokens lower than one it had seen"
+    );
+    total
+}
+
+/// Lock keys left in the lock server: every key under the prefix must be a
+/// fencing counter of one of `keys`, and no lock of `keys` may exist.
+async fn leaked_locks(setup: &Setup, keys: &[String]) -> Vec<String> {
+    let manager = setup.manager().await;
+    let mut conn = setup.lock_conn().await;
+    let counters: BTreeSet<String> = keys
+        .iter()
+        .map(|k| manager.redis_names(k).fencing_counter)
+        .collect();
+    let all: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut conn)
+        .await
+        .expect("KEYS");
+    let mut leaked: Vec<String> = all.into_iter().filter(|k| !counters.contains(k)).collect();
+    for k in keys {
+        let lock = manager.redis_names(k).lock;
+        let exists: i64 = redis::cmd("EXISTS")
+            .arg(&lock)
+            .query_async(&mut conn)
+            .await
+            .expect("EXISTS");
+        if exists == 1 && !leaked.contains(&lock) {
+            leaked.push(lock);
+        }
+    }
+    leaked
+}
+
+fn keys(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("k{i}")).collect()
+}
+
+fn figures(name: &str, r: &Report, s: &StoreReport, faults: &str, leaked: usize, extra: &str) {
+    println!(
+        "TORTURE {name}: sections={} faults={faults} overlaps={} amnesia_overlaps={} frozen_overlaps={} \
+         stale_writes_accepted={} leaked_locks={leaked} lost={} ok={} cancelled={} panicked={} \
+         lost_outcome={} writes_accepted={} writes_rejected={} lost_updates={} zombies_rejected={} \
+         zombies_accepted={} {extra}",
+        r.sections,
+        r.overlaps.len(),
+        r.amnesia_overlaps.len(),
+        r.frozen_overlaps.len(),
+        s.stale_accepted + s.zombies_accepted,
+        r.lost,
+        r.count(Outcome::Ok),
+        r.count(Outcome::Cancelled),
+        r.count(Outcome::Panicked),
+        r.count(Outcome::Lost),
+        s.accepted,
+        s.rejected,
+        s.lost_updates,
+        s.zombies_rejected,
+        s.zombies_accepted,
+    );
+}
+
+/// Scenario 1: many processes and tasks, short bodies on few keys, cancellations
+/// and panics mid-body, no other fault: exact counter, no overlap, no leak.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s1_baseline_torture() {
+    let _serial = SERIAL.lock().await;
+    let started = Instant::now();
+    let setup = setup("s1");
+    let total = 5_000 * soak_factor();
+    let (processes, tasks) = (4u32, 32u32);
+    let keys = keys(3);
+    let mut workers: Vec<Worker> = (0..processes)
+        .map(|id| {
+            let share = total / u64::from(processes)
+                + u64::from(id < (total % u64::from(processes)) as u32);
+            setup.worker(
+                id,
+                &setup.lock.url(),
+                "run",
+                &args(&[
+                    ("keys", &keys.join(",")),
+                    ("tasks", &tasks),
+                    ("sections", &share),
+                    ("body-us", &"0-5000"),
+                    ("cancel-pct", &10),
+                    ("panic-pct", &5),
+                    ("lease-ms", &2000),
+                    ("wait-ms", &60_000),
+                    ("seed", &(id + 1)),
+                ]),
+            )
+        })
+        .collect();
+    ready(&mut workers.iter_mut().collect::<Vec<_>>()).await;
+    let mut drains = Vec::new();
+    for w in &mut workers {
+        drains.push(finish(w, Duration::from_secs(300) * soak_factor() as u32).await);
+    }
+    let h = history(&workers.iter().collect::<Vec<_>>());
+    let report = check_sections(&h.sections, &Faults::default());
+    let stored = store_report(&setup, &h, &keys).await;
+    let leaked = leaked_locks(&setup, &keys).await;
+    figures(
+        "s1_baseline",
+        &report,
+        &stored,
+        &format!(
+            "{}cancel+{}panic",
+            report.count(Outcome::Cancelled),
+            report.count(Outcome::Panicked)
+        ),
+        leaked.len(),
+        &format!(
+            "drain_ms_max={} secs={:.1}",
+            drains.iter().map(|d| d.0).max().unwrap_or(0),
+            started.elapsed().as_secs_f64()
+        ),
+    );
+
+    assert_eq!(report.sections as u64, total, "every ticket is one section");
+    report.assert_clean("baseline");
+    assert_eq!(report.lost, 0, "no lease may be lost without a fault");
+    let ok = report.count(Outcome::Ok) as u64;
+    assert_eq!(
+        ok + report.count(Outcome::Cancelled) as u64 + report.count(Outcome::Panicked) as u64,
+        total,
+        "{:?}",
+        report.outcomes
+    );
+    // The injections happened: about 10 % and 5 % (bodies under 1 ms are never cancelled).
+    assert!(
+        report.count(Outcome::Cancelled) as u64 >= total / 25,
+        "{:?}",
+        report.outcomes
+    );
+    assert!(
+        report.count(Outcome::Panicked) as u64 >= total / 50,
+        "{:?}",
+        report.outcomes
+    );
+    // The exact counter: every completed section added one, nothing else did.
+    assert_eq!(
+        stored.value, ok,
+        "the protected counters sum to the completed sections"
+    );
+    assert_eq!(stored.accepted as u64, ok);
+    assert_eq!((stored.rejected, stored.lost_updates), (0, 0));
+    assert!(leaked.is_empty(), "locks left in Redis: {leaked:?}");
+    for (w, (_, left)) in workers.iter().zip(&drains) {
+        assert_eq!(
+            *left, 0,
+            "worker {} exited with background tasks left",
+            w.id
+        );
+    }
+}
+
+/// Slack for "at most X after Y" bounds: scheduling on a busy 2-core machine.
+const SLACK: Duration = Duration::from_millis(300);
+
+fn drift(lease: Duration) -> Duration {
+    lease / 100 + Duration::from_millis(2)
+}
+
+/// Reads whatever lines are already there, then waits for `n` more `PROGRESS`
+/// lines: the worker completed sections after this call.
+async fn progress(w: &mut Worker, n: usize, limit: Duration) {
+    while w.next_line(Duration::ZERO).await.is_some() {}
+    for _ in 0..n {
+        w.expect_word("PROGRESS", limit).await;
+    }
+}
+
+/// Longest acquire and release calls of `worker` (all workers if `None`), checked
+/// against their bounds: an acquire may wait `wait` and then run one more attempt
+/// of at most the command timeout; a release is one call.
+fn assert_calls_bounded(
+    h: &History,
+    worker: Option<u32>,
+    wait: Duration,
+    cmd_timeout: Duration,
+) -> (u64, u64, usize) {
+    use lock_torture::history::{CallKind, CallResult};
+    let (mut acq, mut rel, mut errors) = (0u64, 0u64, 0usize);
+    for c in h
+        .calls
+        .iter()
+        .filter(|c| worker.is_none_or(|w| c.worker == w))
+    {
+        let took = c.end - c.start;
+        let bound = match c.kind {
+            CallKind::Acquire => {
+                acq = acq.max(took);
+                wait + cmd_timeout + SLACK
+            }
+            CallKind::Release => {
+                rel = rel.max(took);
+                cmd_timeout + SLACK
+            }
+        };
+        errors += usize::from(!matches!(c.result, CallResult::Ok | CallResult::Lost));
+        assert!(
+            took <= ns(bound),
+            "worker {} {:?} of {} took {:.1} ms (bound {bound:?}): {:?}",
+            c.worker,
+            c.kind,
+            c.key,
+            ms(took),
+            c.result
+        );
+    }
+    (acq, rel, errors)
+}
+
+/// Negative control: a client that ignores lost leases (body not stopped, no
+/// renewal, the shortest lease under bodies up to 3 times longer) must be caught
+/// by the checker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s0_the_checker_catches_an_unsafe_client() {
+    let _serial = SERIAL.lock().await;
+    let setup = setup("s0");
+    let keys = keys(1);
+    let min_lease_us = distlock::MIN_LEASE.as_micros();
+    let mut workers: Vec<Worker> = (0..2)
+        .map(|id| {
+            setup.worker(
+                id,
+                &setup.lock.url(),
+                "run",
+                &args(&[
+                    ("keys", &keys.join(",")),
+                    ("tasks", &4),
+                    ("sections", &100),
+                    ("body-us", &format!("{}-{}", min_lease_us, 3 * min_lease_us)),
+                    ("lease-ms", &distlock::MIN_LEASE.as_millis()),
+                    ("renew", &0),
+                    ("ignore-loss", &1),
+                    ("wait-ms", &10_000),
+                    ("seed", &(id + 1)),
+                ]),
+            )
+        })
+        .collect();
+    ready(&mut workers.iter_mut().collect::<Vec<_>>()).await;
+    for w in &mut workers {
+        finish(w, Duration::from_secs(120)).await;
+    }
+    let h = history(&workers.iter().collect::<Vec<_>>());
+    let report = check_sections(&h.sections, &Faults::default());
+    let stored = store_report(&setup, &h, &keys).await;
+    figures("s0_control", &report, &stored, "unsafe-client", 0, "");
+    assert_eq!(report.sections, 200);
+    assert!(
+        !report.overlaps.is_empty(),
+        "the checker found no overlap in a run of an unsafe client"
+    );
+    assert!(
+        stored.lost_updates > 0,
+        "the store check found no lost update in a run of an unsafe client"
+    );
+}
+
+/// Scenario 2: a holder frozen (SIGSTOP) for 3 leases. Another process gets the
+/// lock once the lease has run out in Redis; the frozen holder, once resumed, is
+/// stopped before its body runs again, and its stale write is rejected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s2_a_paused_holder_is_fenced_off() {
+    let _serial = SERIAL.lock().await;
+    let started = Instant::now();
+    let setup = setup("s2");
+    let lease = Duration::from_millis(300);
+    let lease_ms = lease.as_millis();
+    let rounds = 3 * soak_factor() as usize;
+    let t = Duration::from_secs(10);
+    let mut w1 = setup.worker(1, &setup.lock.url(), "script", &[]);
+    let mut w2 = setup.worker(2, &setup.lock.url(), "script", &[]);
+    ready(&mut [&mut w1, &mut w2]).await;
+    let mut worst_wake = 0u64;
+    let mut worst_handoff = 0u64;
+    let mut straddled = 0;
+    let mut frozen = Vec::new();
+    for r in 0..rounds {
+        let (a, b) = (format!("a{r}"), format!("b{r}"));
+        w1.send(&format!("acquire {a} k0 {lease_ms} 5000 5"));
+        let acq1 = w1.expect_event("ACQ", &a, t).await;
+        assert_eq!(acq1[0], "ok", "{acq1:?}");
+        let token1 = num(&acq1, 1);
+        // Renewal works; pause at a different phase of it each round.
+        w1.expect_event("RENEWED", &a, t).await;
+        tokio::time::sleep(lease / 3 * (r % 3) as u32 / 3).await;
+        w2.send(&format!("acquire {b} k0 {lease_ms} 10000 5"));
+        let t_stop = mono_ns();
+        w1.pause();
+        let acq2 = w2.expect_event("ACQ", &b, t).await;
+        assert_eq!(acq2[0], "ok", "{acq2:?}");
+        let (token2, t2) = (num(&acq2, 1), num(&acq2, 3));
+        // The newer holder writes first (its body writes at release).
+        w2.send(&format!("release {b}"));
+        assert_eq!(w2.expect_event("REL", &b, t).await[0], "ok");
+        // Paused for 3 leases in all.
+        let resume_at = t_stop + 3 * ns(lease);
+        tokio::time::sleep(Duration::from_nanos(resume_at.saturating_sub(mono_ns()))).await;
+        let t_cont = mono_ns();
+        w1.resume();
+        frozen.push((1, t_stop, t_cont));
+        let lost = w1.expect_event("LOST", &a, t).await;
+        let (t_lost, last_active, deadline) = (num(&lost, 0), num(&lost, 1), num(&lost, 2));
+        let prev_active = num(&lost, 3);
+        let rel = w1.expect_event("REL", &a, t).await;
+        w1.send(&format!("zombie {a}"));
+        let zombie = w1.expect_event("ZOMBIE", &a, t).await;
+
+        assert!(token2 > token1, "tokens {token1} then {token2}");
+        // The body is never polled again once the loss is known. Only a poll that
+        // had begun (past scope_until_lost's check) when SIGSTOP froze the process
+        // can end after SIGCONT: at most that one.
+        if last_active > t_stop {
+            straddled += 1;
+            assert!(
+                prev_active <= t_stop,
+                "round {r}: the paused holder's body was polled twice after SIGCONT \
+                 (polls ended {:.1} and {:.1} ms after SIGSTOP)",
+                diff_ms(prev_active, t_stop),
+                diff_ms(last_active, t_stop)
+            );
+        }
+        assert!(
+            t_lost >= t_cont && t_lost - t_cont <= ns(SLACK),
+            "round {r}: loss seen {:.1} ms after SIGCONT",
+            diff_ms(t_lost, t_cont)
+        );
+        assert!(
+            t2 > deadline + ns(drift(lease)) - 1_000_000,
+            "round {r}: the other holder got the lock {:.1} ms after the paused holder's deadline",
+            diff_ms(t2, deadline)
+        );
+        assert!(
+            t2 - t_stop <= ns(lease + SLACK),
+            "round {r}: the lock was free only {:.1} ms after the holder stopped",
+            diff_ms(t2, t_stop)
+        );
+        assert_eq!(rel[0], "lost", "release of the paused holder: {rel:?}");
+        assert_eq!(
+            zombie[0], "rejected",
+            "round {r}: the stale write was accepted"
+        );
+        worst_wake = worst_wake.max(t_lost - t_cont);
+        worst_handoff = worst_handoff.max(t2 - t_stop);
+    }
+    // The resumed worker works normally.
+    w1.send(&format!("acquire c k0 {lease_ms} 5000 5"));
+    assert_eq!(w1.expect_event("ACQ", "c", t).await[0], "ok");
+    w1.send("release c");
+    assert_eq!(w1.expect_event("REL", "c", t).await[0], "ok");
+    w1.send("exit");
+    w2.send("exit");
+    finish(&mut w1, t).await;
+    finish(&mut w2, t).await;
+
+    let keys = keys(1);
+    let h = history(&[&w1, &w2]);
+    let faults = Faults {
+        frozen,
+        ..Faults::default()
+    };
+    let report = check_sections(&h.sections, &faults);
+    let stored = store_report(&setup, &h, &keys).await;
+    let leaked = leaked_locks(&setup, &keys).await;
+    figures(
+        "s2_paused_holder",
+        &report,
+        &stored,
+        &format!("{rounds}xSIGSTOP"),
+        leaked.len(),
+        &format!(
+            "worst_loss_after_sigcont_ms={:.1} worst_handoff_after_stop_ms={:.1} lease_ms={lease_ms} \
+             polls_frozen_mid_way={straddled} secs={:.1}",
+            ms(worst_wake),
+            ms(worst_handoff),
+            started.elapsed().as_secs_f64()
+        ),
+    );
+    report.assert_clean("paused holder");
+    assert_eq!(report.count(Outcome::Lost), rounds);
+    assert_eq!(
+        (stored.zombies_rejected, stored.zombies_accepted),
+        (rounds, 0)
+    );
+    assert_eq!(stored.lost_updates, 0);
+    assert_eq!(stored.value, rounds as u64 + 1);
+    assert!(leaked.is_empty(), "locks left in Redis: {leaked:?}");
+}
+
+/// Scenario 3: the lock server restarts empty (SHUTDOWN NOSAVE, start) twice under
+/// load. Holders learn of the loss within one renewal interval of the restart,
+/// tokens issued afterwards exceed all earlier ones, and the same workers go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_redis_restarts_empty_mid_run() {
+    let _serial = SERIAL.lock().await;
+    let started = Instant::now();
+    let mut setup = setup("s3");
+    let lease = Duration::from_millis(600);
+    let interval = lease / 3;
+    let cmd_timeout = Duration::from_millis(300);
+    let wait = Duration::from_millis(3000);
+    let keys = keys(6);
+    let restarts = 2 * soak_factor() as usize;
+    let mut workers: Vec<Worker> = (0..3)
+        .map(|id| {
+            setup.worker(
+                id,
+                &setup.lock.url(),
+                "run",
+                &args(&[
+                    ("keys", &keys.join(",")),
+                    ("tasks", &8),
+                    ("body-us", &"20000-250000"),
+                    ("lease-ms", &lease.as_millis()),
+                    ("wait-ms", &wait.as_millis()),
+                    ("cmd-timeout-ms", &cmd_timeout.as_millis()),
+                    ("connect-timeout-ms", &300),
+                    ("retry-ms", &20),
+                    ("progress", &10),
+                    ("seed", &(id + 1)),
+                ]),
+            )
+        })
+        .collect();
+    ready(&mut workers.iter_mut().collect::<Vec<_>>()).await;
+    let limit = Duration::from_secs(30);
+    for w in &mut workers {
+        progress(w, 2, limit).await;
+    }
+    let mut amnesia = Vec::new();
+    for _ in 0..restarts {
+        setup.lock.stop().expect("stop redis");
+        let down = mono_ns();
+        setup.lock.start().expect("start redis");
+        let up = mono_ns();
+        amnesia.push((down, up));
+        for w in &mut workers {
+            progress(w, 2, limit).await;
+        }
+    }
+    for w in &mut workers {
+        w.send("stop");
+    }
+    for w in &mut workers {
+        finish(w, limit).await;
+    }
+    let h = history(&workers.iter().collect::<Vec<_>>());
+    let faults = Faults {
+        amnesia: amnesia.clone(),
+        ..Faults::default()
+    };
+    let report = check_sections(&h.sections, &faults);
+    let stored = store_report(&setup, &h, &keys).await;
+    let leaked = leaked_locks(&setup, &keys).await;
+    let (max_acq, _, errors) = assert_calls_bounded(&h, None, wait, cmd_timeout);
+
+    // Holders whose body still ran when the server came back learned of the loss
+    // within one renewal interval: their body stopped by then, and they were told
+    // (unless the release itself could not reach Redis yet); no release of a lock
+    // Redis forgot may claim success.
+    let mut live_at_restart = 0;
+    let mut latest_learning = 0u64;
+    for &(down, up) in &amnesia {
+        for s in h
+            .sections
+            .iter()
+            .filter(|s| s.acquired < down && s.last_active > up)
+        {
+            live_at_restart += 1;
+            latest_learning = latest_learning.max(s.last_active - up);
+            assert!(
+                s.last_active <= up + ns(interval + SLACK),
+                "worker {} task {}: body ran {:.1} ms after the restart",
+                s.worker,
+                s.task,
+                diff_ms(s.last_active, up)
+            );
+            assert!(
+                s.lost || s.release == lock_torture::history::Release::Failed,
+                "worker {} task {} held {} across the restart and was never told: {s:?}",
+                s.worker,
+                s.task,
+                s.key
+            );
+            assert!(
+                s.release != lock_torture::history::Release::Ok,
+                "worker {} task {}: release of a lock the restart wiped succeeded: {s:?}",
+                s.worker,
+                s.task
+            );
+        }
+        // Tokens after the restart exceed every token before it.
+        let before = h
+            .sections
+            .iter()
+            .filter(|s| s.acquired < down)
+            .map(|s| s.token)
+            .max();
+        let after = h
+            .sections
+            .iter()
+            .filter(|s| s.acquired > up)
+            .map(|s| s.token)
+            .min();
+        if let (Some(before), Some(after)) = (before, after) {
+            assert!(
+                after > before,
+                "token {after} after a restart, {before} before it"
+            );
+        }
+    }
+    // Every worker went on after the last restart without being restarted itself.
+    let last_up = amnesia.last().expect("restarted").1;
+    for w in &workers {
+        let n = h.of_worker(w.id).filter(|s| s.acquired > last_up).count();
+        assert!(
+            n >= 10,
+            "worker {} did only {n} sections after the last restart",
+            w.id
+        );
+    }
+    figures(
+        "s3_redis_restart",
+        &report,
+        &stored,
+        &format!("{restarts}xrestart"),
+        leaked.len(),
+        &format!(
+            "held_across_restart={live_at_restart} latest_body_after_restart_ms={:.1} call_errors={errors} max_acquire_ms={:.1} secs={:.1}",
+            ms(latest_learning),
+            ms(max_acq),
+            started.elapsed().as_secs_f64()
+        ),
+    );
+    report.assert_clean("redis restarts");
+    assert!(
+        stored.lost_updates <= report.amnesia_overlaps.len(),
+        "{} lost updates, {} overlaps across restarts",
+        stored.lost_updates,
+        report.amnesia_overlaps.len()
+    );
+    assert!(leaked.is_empty(), "locks left in Redis: {leaked:?}");
+}
+
+/// How scenario 4 cuts the worker off.
+#[derive(Clone, Copy, Debug)]
+enum Cut {
+    /// `FaultMode::BlackHole`: the proxy discards every byte both ways while the
+    /// TCP connections stay open; on heal, traffic flows again on the same
+    /// connections, minus what was discarded.
+    BlackHole,
+    /// `FaultMode::Delay(2 leases)`: bytes are held, in order, and delivered late:
+    /// what TCP does across a partition that heals (retransmission).
+    Retransmit,
+}
+
+/// Scenario 4: one worker's connection is black-holed by the proxy for two leases
+/// while it holds a lock. It reports the loss by its local deadline, the other
+/// worker gets the lock only after the lease ran out in Redis, no call outlives
+/// its timeout, and the cut-off worker works again once the proxy heals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s4_a_partitioned_holder_stops_by_its_deadline_and_recovers() {
+    partition(Cut::BlackHole).await;
+}
+
+/// Scenario 4 with a partition as TCP sees it (bytes delayed in order, not lost).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s4b_a_partition_that_heals_like_tcp_is_survived() {
+    partition(Cut::Retransmit).await;
+}
+
+async fn partition(cut: Cut) {
+    let _serial = SERIAL.lock().await;
+    let started = Instant::now();
+    let name = match cut {
+        Cut::BlackHole => "s4_partition_blackhole",
+        Cut::Retransmit => "s4b_partition_retransmit",
+    };
+    let setup = setup(name);
+    let proxy = distlock::testing::FaultProxy::start(setup.lock.addr())
+        .await
+        .expect("start the proxy");
+    let lease = Duration::from_millis(600);
+    let lease_ms = lease.as_millis();
+    let cmd_timeout = Duration::from_millis(300);
+    let t = Duration::from_secs(10);
+    let timeouts = args(&[
+        ("cmd-timeout-ms", &cmd_timeout.as_millis()),
+        ("connect-timeout-ms", &300),
+    ]);
+    let mut w1 = setup.worker(1, &proxy.url(), "script", &timeouts);
+    let mut w2 = setup.worker(2, &setup.lock.url(), "script", &timeouts);
+    ready(&mut [&mut w1, &mut w2]).await;
+    let rounds = soak_factor() as usize;
+    let mut worst_late = i64::MIN;
+    for r in 0..rounds {
+        let (a, b, p) = (format!("a{r}"), format!("b{r}"), format!("p{r}"));
+        w1.send(&format!("acquire {a} k0 {lease_ms} 5000 5"));
+        assert_eq!(w1.expect_event("ACQ", &a, t).await[0], "ok");
+        w1.expect_event("RENEWED", &a, t).await;
+        w2.send(&format!("acquire {b} k0 {lease_ms} 10000 5"));
+        let t_cut = mono_ns();
+        proxy.set_mode(match cut {
+            Cut::BlackHole => distlock::testing::FaultMode::BlackHole,
+            Cut::Retransmit => distlock::testing::FaultMode::Delay(2 * lease),
+        });
+
+        let lost = w1.expect_event("LOST", &a, t).await;
+        let (t_lost, last_active, deadline) = (num(&lost, 0), num(&lost, 1), num(&lost, 2));
+        let rel = w1.expect_event("REL", &a, t).await;
+        // A new acquisition while cut off fails within its timeouts.
+        w1.send(&format!("acquire {p} k1 {lease_ms} 1000 5"));
+        let acq_p = w1.expect_event("ACQ", &p, t).await;
+        let acq2 = w2.expect_event("ACQ", &b, t).await;
+        assert_eq!(acq2[0], "ok", "{acq2:?}");
+        let t2 = num(&acq2, 3);
+        w2.send(&format!("release {b}"));
+        assert_eq!(w2.expect_event("REL", &b, t).await[0], "ok");
+        // Heal after two leases.
+        let heal_at = t_cut + 2 * ns(lease);
+        tokio::time::sleep(Duration::from_nanos(heal_at.saturating_sub(mono_ns()))).await;
+        proxy.set_mode(distlock::testing::FaultMode::Pass);
+        let t_heal = mono_ns();
+
+        assert!(
+            deadline <= t_cut + ns(lease),
+            "round {r}: local deadline {:.1} ms after the cut",
+            diff_ms(deadline, t_cut)
+        );
+        assert!(
+            t_lost <= deadline + ns(SLACK / 3),
+            "round {r}: loss reported {:.1} ms after the local deadline",
+            diff_ms(t_lost, deadline)
+        );
+        assert!(
+            last_active <= deadline + ns(SLACK / 3),
+            "round {r}: the body ran {:.1} ms after the local deadline",
+            diff_ms(last_active, deadline)
+        );
+        assert!(
+            t2 > deadline + ns(drift(lease)) - 1_000_000,
+            "round {r}: the other worker got the lock {:.1} ms after the cut-off holder's deadline",
+            diff_ms(t2, deadline)
+        );
+        assert!(
+            t2 - t_cut <= ns(lease + SLACK),
+            "round {r}: the lock was free only {:.1} ms after the cut",
+            diff_ms(t2, t_cut)
+        );
+        assert_eq!(rel[0], "failed", "release while cut off: {rel:?}");
+        assert_eq!(acq_p[0], "err", "acquire while cut off: {acq_p:?}");
+        worst_late = worst_late.max(t_lost as i64 - deadline as i64);
+        println!(
+            "TORTURE {name} round {r}: loss_vs_deadline_ms={:+.1} deadline_after_cut_ms={:.1} \
+             other_granted_after_deadline_ms={:.1} other_granted_after_cut_ms={:.1} \
+             release_while_cut_ms={:.1} acquire_while_cut_ms={:.1}",
+            diff_ms(t_lost, deadline),
+            diff_ms(deadline, t_cut),
+            diff_ms(t2, deadline),
+            diff_ms(t2, t_cut),
+            diff_ms(num(&rel, 2), num(&rel, 1)),
+            diff_ms(num(&acq_p, 3), num(&acq_p, 2)),
+        );
+
+        // Recovery: after the heal, the cut-off worker takes and releases a lock
+        // again (retrying transient errors for up to 5 s).
+        match recovers(&mut w1, &format!("c{r}"), lease_ms, Duration::from_secs(5)).await {
+            Ok(failed) => println!(
+                "TORTURE {name} round {r}: recovered {:.1} ms after the heal, {failed} attempts failed first",
+                diff_ms(mono_ns(), t_heal)
+            ),
+            Err(errors) => panic!(
+                "round {r}: the cut-off worker did not recover within 5 s of the heal; {} attempts failed:\n{}",
+                errors.len(),
+                errors.join("\n")
+            ),
+        }
+    }
+    w1.send("exit");
+    w2.send("exit");
+    finish(&mut w1, t).await;
+    finish(&mut w2, t).await;
+    let keys = keys(2);
+    let h = history(&[&w1, &w2]);
+    let (max_acq, max_rel, errors) =
+        assert_calls_bounded(&h, Some(1), Duration::from_millis(5000), cmd_timeout);
+    let report = check_sections(&h.sections, &Faults::default());
+    let stored = store_report(&setup, &h, &keys).await;
+    let leaked = leaked_locks(&setup, &keys).await;
+    figures(
+        name,
+        &report,
+        &stored,
+        &format!("{rounds}x{cut:?}"),
+        leaked.len(),
+        &format!(
+            "worst_loss_vs_deadline_ms={:+.1} max_acquire_ms={:.1} max_release_ms={:.1} call_errors={errors} secs={:.1}",
+            worst_late as f64 / 1e6,
+            ms(max_acq),
+            ms(max_rel),
+            started.elapsed().as_secs_f64()
+        ),
+    );
+    report.assert_clean("partition");
+    assert_eq!(stored.lost_updates, 0);
+    assert!(leaked.is_empty(), "locks left in Redis: {leaked:?}");
+}
+
+/// Scenario 5: the lock server is frozen (SIGSTOP) for 2 s under load. Every call
+/// returns within its bound, holders stop by their deadlines, nothing panics or
+/// hangs, and the workers go on after SIGCONT.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s5_a_stalled_redis_costs_leases_not_safety() {
+    let _serial = SERIAL.lock().await;
+    let started = Instant::now();
+    let setup = setup("s5");
+    let lease = Duration::from_millis(500);
+    let cmd_timeout = Duration::from_millis(300);
+    let wait = Duration::from_millis(1000);
+    let stall = Duration::from_secs(2);
+    let keys = keys(8);
+    let stalls = soak_factor() as usize;
+    let mut workers: Vec<Worker> = (0..3)
+        .map(|id| {
+            setup.worker(
+                id,
+                &setup.lock.url(),
+                "run",
+                &args(&[
+                    ("keys", &keys.join(",")),
+                    ("tasks", &8),
+                    // Bodies up to 1.6 leases: some need renewals, so the stall
+                    // catches holders mid-body.
+                    ("body-us", &"1000-800000"),
+                    ("cancel-pct", &5),
+                    ("lease-ms", &lease.as_millis()),
+                    ("wait-ms", &wait.as_millis()),
+                    ("cmd-timeout-ms", &cmd_timeout.as_millis()),
+                    ("connect-timeout-ms", &300),
+                    ("retry-ms", &20),
+                    ("progress", &5),
+                    ("seed", &(id + 1)),
+                ]),
+            )
+        })
+        .collect();
+    ready(&mut workers.iter_mut().collect::<Vec<_>>()).await;
+    let limit = Duration::from_secs(30);
+    for w in &mut workers {
+        progress(w, 2, limit).await;
+    }
+    let mut pauses = Vec::new();
+    for _ in 0..stalls {
+        let t_pause = mono_ns();
+        setup.lock.pause().expect("SIGSTOP redis");
+        tokio::time::sleep(stall).await;
+        setup.lock.resume().expect("SIGCONT redis");
+        pauses.push((t_pause, mono_ns()));
+        for w in &mut workers {
+            progress(w, 2, limit).await;
+        }
+    }
+    for w in &mut workers {
+        w.send("stop");
+    }
+    for w in &mut workers {
+        finish(w, limit).await;
+    }
+    let h = history(&workers.iter().collect::<Vec<_>>());
+    let (max_acq, max_rel, errors) = assert_calls_bounded(&h, None, wait, cmd_timeout);
+    let report = check_sections(&h.sections, &Faults::default());
+    let stored = store_report(&setup, &h, &keys).await;
+    let leaked = leaked_locks(&setup, &keys).await;
+    for &(t_pause, t_resume) in &pauses {
+        for s in h.sections.iter().filter(|s| s.acquired < t_pause) {
+            assert!(
+                s.last_active <= t_pause + ns(lease + SLACK / 3),
+                "worker {} task {}: body ran {:.1} ms into the stall, past any lease",
+                s.worker,
+                s.task,
+                diff_ms(s.last_active, t_pause)
+            );
+        }
+        let failed = h
+            .calls
+            .iter()
+            .filter(|c| c.start >= t_pause && c.start < t_resume)
+            .filter(|c| c.result != lock_torture::history::CallResult::Ok)
+            .count();
+        assert!(
+            failed > 0,
+            "no call failed during the stall: was Redis stopped?"
+        );
+        for w in &workers {
+            let n = h.of_worker(w.id).filter(|s| s.acquired > t_resume).count();
+            assert!(
+                n >= 10,
+                "worker {} did only {n} sections after SIGCONT",
+                w.id
+            );
+        }
+    }
+    figures(
+        "s5_redis_stall",
+        &report,
+        &stored,
+        &format!("{stalls}x{}s-SIGSTOP", stall.as_secs()),
+        leaked.len(),
+        &format!(
+            "call_errors={errors} max_acquire_ms={:.1} max_release_ms={:.1} secs={:.1}",
+            ms(max_acq),
+            ms(max_rel),
+            started.elapsed().as_secs_f64()
+        ),
+    );
+    report.assert_clean("redis stall");
+    assert_eq!(stored.lost_updates, 0);
+    assert!(leaked.is_empty(), "locks left in Redis: {leaked:?}");
+}
+
+/// Takes and releases a lock from a script worker, retrying transient errors for
+/// up to `within`; returns the failed attempts if it never works.
+async fn recovers(
+    w: &mut Worker,
+    tag: &str,
+    lease_ms: u128,
+    within: Duration,
+) -> Result<usize, Vec<String>> {
+    let t = Duration::from_secs(10);
+    let start = mono_ns();
+    let mut errors = Vec::new();
+    for i in 0.. {
+        let c = format!("{tag}-{i}");
+        w.send(&format!("acquire {c} k0 {lease_ms} 2000 5"));
+        let acq = w.expect_event("ACQ", &c, t).await;
+        if acq[0] == "ok" {
+            w.send(&format!("release {c}"));
+            let rel = w.expect_event("REL", &c, t).await;
+            if rel[0] == "ok" {
+                return Ok(errors.len());
+            }
+            errors.push(format!("release: {rel:?}"));
+        } else {
+            errors.push(acq[1..].join(" "));
+        }
+        if mono_ns() - start > ns(within) {
+            break;
+        }
+    }
+    Err(errors)
+}
+
+/// Scenario 6a: the reply to an acquire is lost (the proxy drops it; the server ran
+/// the script). The client reports a failure; the lock it nevertheless got must
+/// not stay held beyond one renewal interval, and the client must work again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s6a_a_lost_acquire_reply_does_not_leave_the_lock_held() {
+    let _serial = SERIAL.lock().await;
+    let started = Instant::now();
+    let setup = setup("s6a");
+    let proxy = distlock::testing::FaultProxy::start(setup.lock.addr())
+        .await
+        .expect("start the proxy");
+    let lease = Duration::from_millis(3000);
+    let lease_ms = lease.as_millis();
+    let interval = lease / 3;
+    let cmd_timeout = Duration::from_millis(300);
+    let t = Duration::from_secs(10);
+    let mut w1 = setup.worker(
+        1,
+        &proxy.url(),
+        "script",
+        &args(&[
+            ("cmd-timeout-ms", &cmd_timeout.as_millis()),
+            ("connect-timeout-ms", &300),
+        ]),
+    );
+    ready(&mut [&mut w1]).await;
+    let lock_name = setup.manager().await.redis_names("k0").lock;
+    let mut conn = setup.lock_conn().await;
+    // Load the scripts first: the reply to drop is an acquire's, not a NOSCRIPT.
+    recovers(&mut w1, "warm", lease_ms, Duration::from_secs(5))
+        .await
+        .expect("a first lock before any fault");
+    let rounds = 5 * soak_factor() as usize;
+    let (mut seen_held, mut worst_held) = (0, 0u64);
+    for r in 0..rounds {
+        let a = format!("a{r}");
+        proxy.drop_next_replies(1);
+        w1.send(&format!("acquire {a} k0 {lease_ms} 2000 5"));
+        let acq = w1.expect_event("ACQ", &a, t).await;
+        assert_eq!(
+            acq[0], "err",
+            "round {r}: the acquire whose reply was dropped succeeded: {acq:?}"
+        );
+        let (t_req, t_fail) = (num(&acq, 2), num(&acq, 3));
+        assert!(
+            t_fail - t_req <= ns(cmd_timeout + SLACK),
+            "round {r}: the failed acquire took {:.1} ms",
+            diff_ms(t_fail, t_req)
+        );
+        // The server ran the script: the lock may be ours although we were told
+        // otherwise. It must be gone within one renewal interval of the failure.
+        let mut first = true;
+        let freed = loop {
+            let exists: i64 = redis::cmd("EXISTS")
+                .arg(&lock_name)
+                .query_async(&mut conn)
+                .await
+                .expect("EXISTS");
+            let now = mono_ns();
+            if exists == 0 {
+                break now;
+            }
+            if first {
+                seen_held += 1;
+                first = false;
+            }
+            assert!(
+                now - t_fail <= ns(interval),
+                "round {r}: the lock stayed held {:.1} ms after its acquirer was told it failed",
+                diff_ms(now, t_fail)
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        };
+        worst_held = worst_held.max(freed.saturating_sub(t_fail));
+        println!(
+            "TORTURE s6a round {r}: acquire_failed_after_ms={:.1} lock_gone_after_failure_ms={:.1}",
+            diff_ms(t_fail, t_req),
+            diff_ms(freed, t_fail)
+        );
+        // The client works again.
+        if let Err(errors) =
+            recovers(&mut w1, &format!("c{r}"), lease_ms, Duration::from_secs(5)).await
+        {
+            panic!(
+                "round {r}: after one lost reply the client did not recover within 5 s; {} attempts failed:\n{}",
+                errors.len(),
+                errors.join("\n")
+            );
+        }
+    }
+    w1.send("exit");
+    finish(&mut w1, t).await;
+    let h = history(&[&w1]);
+    let (max_acq, max_rel, errors) =
+        assert_calls_bounded(&h, None, Duration::from_millis(2000), cmd_timeout);
+    let report = check_sections(&h.sections, &Faults::default());
+    let stored = store_report(&setup, &h, &keys(1)).await;
+    let leaked = leaked_locks(&setup, &keys(1)).await;
+    figures(
+        "s6a_lost_acquire_reply",
+        &report,
+        &stored,
+        &format!("{rounds}xdropped-reply"),
+        leaked.len(),
+        &format!(
+            "seen_held_after_failure={seen_held} worst_held_after_failure_ms={:.1} max_acquire_ms={:.1} max_release_ms={:.1} call_errors={errors} secs={:.1}",
+            ms(worst_held),
+            ms(max_acq),
+            ms(max_rel),
+            started.elapsed().as_secs_f64()
+        ),
+    );
+    report.assert_clean("lost acquire replies");
+    assert!(leaked.is_empty(), "locks left in Redis: {leaked:?}");
+}
+
+/// Scenario 6b: replies are dropped at random moments while one worker (through
+/// the proxy) and another (direct) contend for three keys: mutual exclusion, the
+/// counter and the timeouts must hold, and the proxied worker must keep working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s6b_lost_replies_under_load_keep_mutual_exclusion() {
+    let _serial = SERIAL.lock().await;
+    let started = Instant::now();
+    let setup = setup("s6b");
+    let proxy = distlock::testing::FaultProxy::start(setup.lock.addr())
+        .await
+        .expect("start the proxy");
+    let cmd_timeout = Duration::from_millis(300);
+    let wait = Duration::from_millis(5000);
+    let keys = keys(3);
+    let run_args = |id: u32| {
+        args(&[
+            ("keys", &keys.join(",")),
+            ("tasks", &8),
+            ("body-us", &"0-5000"),
+            ("lease-ms", &1500),
+            ("wait-ms", &wait.as_millis()),
+            ("cmd-timeout-ms", &cmd_timeout.as_millis()),
+            ("connect-timeout-ms", &300),
+            ("retry-ms", &20),
+            ("progress", &20),
+            ("seed", &(id + 1)),
+        ])
+    };
+    let mut w1 = setup.worker(1, &proxy.url(), "run", &run_args(1));
+    let mut w2 = setup.worker(2, &setup.lock.url(), "run", &run_args(2));
+    ready(&mut [&mut w1, &mut w2]).await;
+    let limit = Duration::from_secs(30);
+    progress(&mut w1, 1, limit).await;
+    progress(&mut w2, 1, limit).await;
+    let drops = 10 * soak_factor() as usize;
+    for _ in 0..drops {
+        proxy.drop_next_replies(1);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let t_last_drop = mono_ns();
+    progress(&mut w2, 2, limit).await;
+    // Give the proxied worker the time the other needed for 40 sections, plus 2 s.
+    tokio::time::sleep(Duration::from_nanos(mono_ns() - t_last_drop) + Duration::from_secs(2))
+        .await;
+    w1.send("stop");
+    w2.send("stop");
+    finish(&mut w1, limit).await;
+    finish(&mut w2, limit).await;
+    let h = history(&[&w1, &w2]);
+    let report = check_sections(&h.sections, &Faults::default());
+    let stored = store_report(&setup, &h, &keys).await;
+    let leaked = leaked_locks(&setup, &keys).await;
+    let after = h.of_worker(1).filter(|s| s.acquired > t_last_drop).count();
+    let errors_w1 = h
+        .calls
+        .iter()
+        .filter(|c| c.worker == 1 && c.result != lock_torture::history::CallResult::Ok)
+        .count();
+    figures(
+        "s6b_lost_replies_under_load",
+        &report,
+        &stored,
+        &format!("{drops}xdropped-reply"),
+        leaked.len(),
+        &format!(
+            "proxied_sections_after_last_drop={after} proxied_call_errors={errors_w1} secs={:.1}",
+            started.elapsed().as_secs_f64()
+        ),
+    );
+    report.assert_clean("lost replies under load");
+    assert_eq!(stored.lost_updates, 0, "increments were lost");
+    assert_calls_bounded(&h, None, wait, cmd_timeout);
+    assert!(leaked.is_empty(), "locks left in Redis: {leaked:?}");
+    assert!(
+        after >= 10,
+        "the proxied worker did only {after} sections after the last dropped reply ({errors_w1} failed calls)"
+    );
+}
+
+/// Scenario 6c: a lost reply as TCP can lose one: the server ran the acquire, and
+/// the connection dies before the reply reaches the client (reply dropped, then
+/// the connection reset). The lock must be gone within one renewal interval of
+/// the failure, and the client works again at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s6c_a_reply_lost_with_its_connection_does_not_leave_the_lock_held() {
+    let _serial = SERIAL.lock().await;
+    let started = Instant::now();
+    let setup = setup("s6c");
+    let proxy = distlock::testing::FaultProxy::start(setup.lock.addr())
+        .await
+        .expect("start the proxy");
+    let lease = Duration::from_millis(3000);
+    let lease_ms = lease.as_millis();
+    let interval = lease / 3;
+    let cmd_timeout = Duration::from_millis(300);
+    let t = Duration::from_secs(10);
+    let mut w1 = setup.worker(
+        1,
+        &proxy.url(),
+        "script",
+        &args(&[
+            ("cmd-timeout-ms", &cmd_timeout.as_millis()),
+            ("connect-timeout-ms", &300),
+        ]),
+    );
+    ready(&mut [&mut w1]).await;
+    let lock_name = setup.manager().await.redis_names("k0").lock;
+    let mut conn = setup.lock_conn().await;
+    // Load the scripts first: the reply to drop is an acquire's, not a NOSCRIPT.
+    recovers(&mut w1, "warm", lease_ms, Duration::from_secs(5))
+        .await
+        .expect("a first lock before any fault");
+    let exists = |conn: &mut MultiplexedConnection| {
+        let mut c = conn.clone();
+        let name = lock_name.clone();
+        async move {
+            redis::cmd("EXISTS")
+                .arg(&name)
+                .query_async::<i64>(&mut c)
+                .await
+                .expect("EXISTS")
+                == 1
+        }
+    };
+    let rounds = 5 * soak_factor() as usize;
+    let mut worst_held = 0u64;
+    for r in 0..rounds {
+        let a = format!("a{r}");
+        proxy.drop_next_replies(1);
+        w1.send(&format!("acquire {a} k0 {lease_ms} 2000 5"));
+        // The server ran the acquire (its reply is being dropped): now the
+        // connection dies.
+        let deadline = mono_ns() + ns(Duration::from_secs(5));
+        while !exists(&mut conn).await {
+            assert!(
+                mono_ns() < deadline,
+                "round {r}: the acquire never reached the server"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        proxy.set_mode(distlock::testing::FaultMode::Reset);
+        let acq = w1.expect_event("ACQ", &a, t).await;
+        proxy.drop_next_replies(0);
+        proxy.set_mode(distlock::testing::FaultMode::Pass);
+        assert_eq!(acq[0], "err", "round {r}: {acq:?}");
+        let (t_req, t_fail) = (num(&acq, 2), num(&acq, 3));
+        assert!(
+            t_fail - t_req <= ns(cmd_timeout + SLACK),
+            "round {r}: the failed acquire took {:.1} ms",
+            diff_ms(t_fail, t_req)
+        );
+        let freed = loop {
+            let now = mono_ns();
+            if !exists(&mut conn).await {
+                break now;
+            }
+            assert!(
+                now - t_fail <= ns(interval),
+                "round {r}: the lock stayed held {:.1} ms after its acquirer was told it failed",
+                diff_ms(now, t_fail)
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        };
+        worst_held = worst_held.max(freed.saturating_sub(t_fail));
+        println!(
+            "TORTURE s6c round {r}: acquire_failed_after_ms={:.1} lock_gone_after_failure_ms={:.1}",
+            diff_ms(t_fail, t_req),
+            diff_ms(freed, t_fail)
+        );
+        if let Err(errors) =
+            recovers(&mut w1, &format!("c{r}"), lease_ms, Duration::from_secs(5)).await
+        {
+            panic!(
+                "round {r}: the client did not recover within 5 s; {} attempts failed:\n{}",
+                errors.len(),
+                errors.join("\n")
+            );
+        }
+    }
+    w1.send("exit");
+    finish(&mut w1, t).await;
+    let h = history(&[&w1]);
+    let (max_acq, max_rel, errors) =
+        assert_calls_bounded(&h, None, Duration::from_millis(2000), cmd_timeout);
+    let report = check_sections(&h.sections, &Faults::default());
+    let stored = store_report(&setup, &h, &keys(1)).await;
+    let leaked = leaked_locks(&setup, &keys(1)).await;
+    figures(
+        "s6c_reply_lost_with_connection",
+        &report,
+        &stored,
+        &format!("{rounds}xreply-lost+reset"),
+        leaked.len(),
+        &format!(
+            "worst_held_after_failure_ms={:.1} max_acquire_ms={:.1} max_release_ms={:.1} call_errors={errors} secs={:.1}",
+            ms(worst_held),
+            ms(max_acq),
+            ms(max_rel),
+            started.elapsed().as_secs_f64()
+        ),
+    );
+    report.assert_clean("reply lost with its connection");
+    assert!(leaked.is_empty(), "locks left in Redis: {leaked:?}");
+}
+
+/// Scenario 7: kill -9 of a worker holding a lock (and of another mid-run): the
+/// lock is free within the lease and the others carry on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s7_a_killed_holder_frees_its_lock_within_the_lease() {
+    use lock_torture::history::{Release, Section, Write};
+    let _serial = SERIAL.lock().await;
+    let started = Instant::now();
+    let setup = setup("s7");
+    let lease = Duration::from_millis(500);
+    let lease_ms = lease.as_millis();
+    let keys = keys(3);
+    let run_args = |id: u32, body: &str, tasks: u32| {
+        args(&[
+            ("keys", &keys.join(",")),
+            ("tasks", &tasks),
+            ("body-us", &body.to_owned()),
+            ("lease-ms", &lease_ms),
+            ("wait-ms", &5000),
+            ("progress", &20),
+            ("seed", &(id + 1)),
+        ])
+    };
+    let mut survivors = vec![
+        setup.worker(0, &setup.lock.url(), "run", &run_args(0, "0-5000", 8)),
+        setup.worker(1, &setup.lock.url(), "run", &run_args(1, "0-5000", 8)),
+    ];
+    // Long bodies: it holds a lock most of the time when killed.
+    let mut doomed = setup.worker(2, &setup.lock.url(), "run", &run_args(2, "20000-100000", 4));
+    let mut victim = setup.worker(3, &setup.lock.url(), "script", &[]);
+    let t = Duration::from_secs(30);
+    {
+        let mut all: Vec<&mut Worker> = survivors.iter_mut().collect();
+        all.push(&mut doomed);
+        all.push(&mut victim);
+        ready(&mut all).await;
+    }
+    for w in &mut survivors {
+        progress(w, 1, t).await;
+    }
+    progress(&mut doomed, 1, t).await;
+
+    victim.send(&format!("acquire v k0 {lease_ms} 10000 5"));
+    let acq = victim.expect_event("ACQ", "v", t).await;
+    assert_eq!(acq[0], "ok", "{acq:?}");
+    let (token_v, t_acq_v) = (num(&acq, 1), num(&acq, 3));
+    victim.expect_event("RENEWED", "v", t).await;
+    let t_kill = mono_ns();
+    victim.kill9();
+    let mut conn = setup.lock_conn().await;
+    let lock_name = setup.manager().await.redis_names("k0").lock;
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(&lock_name)
+        .query_async(&mut conn)
+        .await
+        .expect("PTTL");
+    let t_kill2 = mono_ns();
+    doomed.kill9();
+    // The victim's last known deadline (lines it printed before dying).
+    while victim.next_line(Duration::from_millis(200)).await.is_some() {}
+    let deadline_v = victim
+        .seen_words("RENEWED")
+        .iter()
+        .map(|f| num(f, 1))
+        .chain([num(&acq, 4)])
+        .max()
+        .expect("a deadline");
+
+    for w in &mut survivors {
+        progress(w, 3, t).await;
+    }
+    // Let the killed workers' leases run out before the leak check.
+    let expired = t_kill2 + ns(lease) + 50_000_000;
+    tokio::time::sleep(Duration::from_nanos(expired.saturating_sub(mono_ns()))).await;
+    for w in &mut survivors {
+        w.send("stop");
+    }
+    for w in &mut survivors {
+        finish(w, t).await;
+    }
+    let mut h = history(&[&survivors[0], &survivors[1], &doomed]);
+    // The victim's section as far as it got: granted, killed.
+    h.sections.push(Section {
+        worker: 3,
+        task: 0,
+        key: "k0".into(),
+        token: token_v,
+        outcome: Outcome::Cancelled,
+        lost: false,
+        lost_at: 0,
+        acquired: t_acq_v,
+        last_active: t_kill,
+        deadline: deadline_v,
+        write: Write::None,
+        release: Release::Dropped,
+        release_start: t_kill,
+        release_end: t_kill,
+    });
+    let report = check_sections(&h.sections, &Faults::default());
+    let stored = store_report(&setup, &h, &keys).await;
+    let leaked = leaked_locks(&setup, &keys).await;
+    let first_after = |key: &str, at: u64| {
+        h.sections
+            .iter()
+            .filter(|s| s.key == key && s.acquired > at)
+            .map(|s| s.acquired)
+            .min()
+            .unwrap_or_else(|| panic!("nobody took {key} after the kill"))
+    };
+    let next_v = first_after("k0", t_kill);
+    let worst_gap = keys
+        .iter()
+        .map(|k| first_after(k, t_kill2) - t_kill2)
+        .max()
+        .unwrap_or(0);
+    figures(
+        "s7_kill9",
+        &report,
+        &stored,
+        "2xkill-9",
+        leaked.len(),
+        &format!(
+            "pttl_at_kill_ms={pttl} k0_free_after_kill_ms={:.1} worst_key_gap_after_kill_ms={:.1} unreported_writes={} secs={:.1}",
+            diff_ms(next_v, t_kill),
+            ms(worst_gap),
+            stored.unreported,
+            started.elapsed().as_secs_f64()
+        ),
+    );
+    assert!(
+        pttl > 0 && pttl <= lease_ms as i64,
+        "PTTL {pttl} at the kill"
+    );
+    assert!(
+        next_v - t_kill <= ns(lease + SLACK),
+        "k0 was taken again only {:.1} ms after its holder was killed",
+        diff_ms(next_v, t_kill)
+    );
+    assert!(
+        next_v > deadline_v + ns(drift(lease)) - 1_000_000,
+        "k0 was taken again {:.1} ms after the killed holder's deadline",
+        diff_ms(next_v, deadline_v)
+    );
+    assert!(
+        worst_gap <= ns(lease + SLACK),
+        "a key stayed locked {:.1} ms after a kill",
+        ms(worst_gap)
+    );
+    report.assert_clean("kill -9");
+    assert!(
+        stored.unreported <= 4,
+        "{} unreported writes",
+        stored.unreported
+    );
+    assert_eq!(stored.lost_updates, 0);
+    assert!(leaked.is_empty(), "locks left in Redis: {leaked:?}");
+}
+
+mod fuzz {
+    //! Scenario 8 support: input strategies and a MONITOR tap that checks every key
+    //! and channel the server is asked to touch.
+
+    use std::io::{BufRead, BufReader, Write as _};
+    use std::net::{Shutdown, SocketAddr, TcpStream};
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use distlock::{MAX_DURATION, MIN_LEASE};
+    use proptest::prelude::*;
+
+    pub const MAX_KEY: usize = 1 << 20;
+
+    pub fn keys() -> impl Strategy<Value = String> {
+        prop_oneof![
+            4 => Just(String::new()),
+            10 => any::<String>(),
+            10 => "[{}a-z:\\\\ ]{1,30}",
+            6 => proptest::collection::vec(0u8..0x20, 1..20)
+                .prop_map(|v| v.into_iter().map(char::from).collect::<String>()),
+            10 => "\\PC{1,40}",
+            4 => "[\u{1F600}-\u{1F64F}\u{4E00}-\u{4E20}é\u{0}\u{7F}\u{200B}\u{FEFF}]{1,30}",
+            // Around the 1 MiB limit, in one- and two-byte characters (rare: slow
+            // under MONITOR).
+            1 => prop_oneof![
+                Just("x".repeat(MAX_KEY - 1)),
+                Just("x".repeat(MAX_KEY)),
+                Just("x".repeat(MAX_KEY + 1)),
+                Just("é".repeat(MAX_KEY / 2)),
+                Just("é".repeat(MAX_KEY / 2 + 1)),
+            ],
+        ]
+    }
+
+    pub fn durations() -> impl Strategy<Value = Duration> {
+        prop_oneof![
+            Just(Duration::ZERO),
+            Just(Duration::from_millis(1)),
+            Just(Duration::from_micros(2_999)),
+            Just(MIN_LEASE),
+            Just(MIN_LEASE + Duration::from_nanos(1)),
+            (3u64..5_000).prop_map(Duration::from_millis),
+            (200u64..2_000).prop_map(Duration::from_millis),
+            any::<u64>().prop_map(Duration::from_nanos),
+            any::<u64>().prop_map(Duration::from_secs),
+            Just(MAX_DURATION),
+            Just(MAX_DURATION + Duration::from_nanos(1)),
+            Just(Duration::MAX),
+        ]
+    }
+
+    #[derive(Debug, Clone, Copy)]
+    pub enum Op {
+        TryAcquire,
+        Acquire,
+        NoRenew,
+        Contended,
+        Reenter,
+    }
+
+    pub fn ops() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            Just(Op::TryAcquire),
+            Just(Op::Acquire),
+            Just(Op::NoRenew),
+            Just(Op::Contended),
+            Just(Op::Reenter),
+        ]
+    }
+
+    /// What MONITOR showed.
+    #[derive(Default, Debug)]
+    pub struct Seen {
+        pub commands: usize,
+        pub names_checked: usize,
+        pub violations: Vec<String>,
+        pub marker: bool,
+    }
+
+    /// A `MONITOR` connection read on a thread: checks that every key and channel
+    /// argument of every command starts with one of `prefixes`.
+    pub struct Tap {
+        stream: TcpStream,
+        pub seen: Arc<Mutex<Seen>>,
+        thread: Option<std::thread::JoinHandle<()>>,
+    }
+
+    pub const MARKER: &str = "torture-fuzz-done";
+
+    impl Tap {
+        pub fn start(addr: SocketAddr, prefix: &'static str) -> Tap {
+            let mut stream = TcpStream::connect(addr).expect("connect MONITOR");
+            stream.write_all(b"MONITOR\r\n").expect("send MONITOR");
+            let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+            let mut ok = String::new();
+            reader.read_line(&mut ok).expect("MONITOR reply");
+            assert_eq!(ok.trim_end(), "+OK");
+            let seen = Arc::new(Mutex::new(Seen::default()));
+            let out = seen.clone();
+            let thread = std::thread::spawn(move || {
+                let mut line = Vec::new();
+                loop {
+                    line.clear();
+                    match reader.read_until(b'\n', &mut line) {
+                        Ok(0) | Err(_) => return,
+                        Ok(_) => {}
+                    }
+                    let mut seen = out.lock().unwrap_or_else(|e| e.into_inner());
+                    check_line(&line, prefix, &mut seen);
+                }
+            });
+            Tap {
+                stream,
+                seen,
+                thread: Some(thread),
+            }
+        }
+
+        pub fn stop(&mut self) {
+            let _ = self.stream.shutdown(Shutdown::Both);
+            if let Some(t) = self.thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+
+    impl Drop for Tap {
+        fn drop(&mut self) {
+            self.stop();
+        }
+    }
+
+    /// The quoted arguments of a MONITOR line, each cut to 64 bytes (enough to
+    /// check a prefix; a 1 MiB key is not kept whole). MONITOR escapes every
+    /// byte that is not printable ASCII, so the line is ASCII.
+    fn args(line: &[u8]) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < line.len() {
+            if line[i] != b'"' {
+                i += 1;
+                continue;
+            }
+            i += 1;
+            let start = i;
+            while i < line.len() && line[i] != b'"' {
+                i += if line[i] == b'\\' { 2 } else { 1 };
+            }
+            let end = i.min(line.len());
+            out.push(String::from_utf8_lossy(&line[start..end.min(start + 64)]).into_owned());
+            i += 1;
+        }
+        out
+    }
+
+    fn check_line(line: &[u8], prefix: &str, seen: &mut Seen) {
+        let a = args(line);
+        let Some(cmd) = a.first().map(|c| c.to_ascii_lowercase()) else {
+            return;
+        };
+        seen.commands += 1;
+        let names: Vec<&String> = match cmd.as_str() {
+            "pttl" | "hget" | "get" | "set" | "hset" | "pexpire" | "hexists" | "del" | "exists"
+            | "publish" => a.get(1).into_iter().collect(),
+            "evalsha" | "eval" => {
+                let n: usize = a.get(2).and_then(|n| n.parse().ok()).unwrap_or(0);
+                a.iter().skip(3).take(n).collect()
+            }
+            "subscribe" | "unsubscribe" => a.iter().skip(1).collect(),
+            "echo" => {
+                if a.get(1).map(String::as_str) == Some(MARKER) {
+                    seen.marker = true;
+                }
+                Vec::new()
+            }
+            "time" | "ping" | "client" | "hello" | "info" | "select" | "script" | "keys"
+            | "flushall" => Vec::new(),
+            other => {
+                let shown = String::from_utf8_lossy(&line[..line.len().min(200)]);
+                seen.violations
+                    .push(format!("unexpected command {other}: {}", shown.trim_end()));
+                Vec::new()
+            }
+        };
+        for name in names {
+            seen.names_checked += 1;
+            if !name.starts_with(prefix) {
+                let shown = String::from_utf8_lossy(&line[..line.len().min(200)]);
+                seen.violations
+                    .push(format!("{cmd} touches {name:?}: {shown}"));
+            }
+        }
+    }
+
+    #[test]
+    fn monitor_lines_are_parsed() {
+        let mut seen = Seen::default();
+        check_line(
+            br#"1.2 [0 127.0.0.1:5] "EVALSHA" "abc" "2" "fuzz:lock:{1}:a\"b" "fuzz:fence:{1}:x" "o" "3""#,
+            "fuzz:",
+            &mut seen,
+        );
+        check_line(br#"1.2 [0 lua] "PTTL" "other""#, "fuzz:", &mut seen);
+        check_line(br#"1.2 [0 lua] "FLUSHDB""#, "fuzz:", &mut seen);
+        check_line(
+            format!(r#"1.2 [0 x] "ECHO" "{MARKER}""#).as_bytes(),
+            "fuzz:",
+            &mut seen,
+        );
+        assert_eq!(seen.commands, 4);
+        assert_eq!(seen.names_checked, 3);
+        assert_eq!(seen.violations.len(), 2, "{:?}", seen.violations);
+        assert!(seen.marker);
+        assert_eq!(args(br#""a\\" "b""#), ["a\\\\", "b"]);
+        assert_eq!(args(br#""\x00\"" "#), ["\\x00\\\""]);
+    }
+}
+
+/// What a request with these inputs must answer.
+fn expected(key: &str, lease: Duration, wait: Option<Duration>) -> Option<&'static str> {
+    use distlock::{MAX_DURATION, MIN_LEASE};
+    if key.is_empty() || key.len() > fuzz::MAX_KEY {
+        Some("InvalidKey")
+    } else if !(MIN_LEASE..=MAX_DURATION).contains(&lease) || wait.is_some_and(|w| w > MAX_DURATION)
+    {
+        Some("InvalidConfig")
+    } else {
+        None
+    }
+}
+
+fn kind(e: &distlock::LockError) -> &'static str {
+    use distlock::LockError::*;
+    match e {
+        Timeout { .. } => "Timeout",
+        Lost { .. } => "Lost",
+        NotHeld { .. } => "NotHeld",
+        InvalidKey { .. } => "InvalidKey",
+        InvalidConfig(_) => "InvalidConfig",
+        NotConfigured => "NotConfigured",
+        Backend { .. } => "Backend",
+        Connect { .. } => "Connect",
+        _ => "other",
+    }
+}
+
+/// One fuzz case: the answer is the typed one the inputs call for, a granted lock
+/// is where it should be and goes away on release.
+async fn fuzz_case(
+    m: &LockManager,
+    conn: &mut MultiplexedConnection,
+    key: String,
+    lease: Duration,
+    wait: Duration,
+    op: fuzz::Op,
+) -> Result<(), String> {
+    use fuzz::Op;
+    let uses_wait = !matches!(op, Op::TryAcquire);
+    let want = expected(&key, lease, uses_wait.then_some(wait));
+    // A free lock is granted at once, whatever the wait; only the contender waits,
+    // and at most 20 ms.
+    let req = m.lock(key.clone()).lease(lease).wait(wait);
+    let got = match op {
+        Op::TryAcquire => req.try_acquire().await,
+        Op::NoRenew => req.renew(false).acquire().await.map(Some),
+        _ => req.acquire().await.map(Some),
+    };
+    let guard = match (want, got) {
+        (None, Ok(Some(g))) => g,
+        (Some(w), Err(e)) if kind(&e) == w => {
+            let text = e.to_string();
+            if text.len() > 1000 {
+                return Err(format!("a {}-byte error message", text.len()));
+            }
+            return Ok(());
+        }
+        (want, got) => {
+            return Err(format!(
+                "expected {}, got {}",
+                want.unwrap_or("a lock"),
+                match got {
+                    Ok(Some(_)) => "a lock".to_owned(),
+                    Ok(None) => "busy".to_owned(),
+                    Err(e) => format!("{} ({e})", kind(&e)),
+                }
+            ))
+        }
+    };
+    if guard.key() != key || guard.fencing_token() == 0 {
+        return Err(format!(
+            "guard for {:?}, token {}",
+            guard.key().len(),
+            guard.fencing_token()
+        ));
+    }
+    // Leases this short may run out before we look: then only ask for typed answers.
+    // A 1 MiB key costs a few hundred ms per call under MONITOR.
+    let steady = lease >= Duration::from_millis(200) && key.len() < 64 * 1024
+        || lease >= Duration::from_secs(30);
+    let name = m.redis_names(&key).lock;
+    if steady {
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(&name)
+            .query_async(conn)
+            .await
+            .map_err(|e| e.to_string())?;
+        if pttl <= 0 || pttl as u128 > lease.as_millis() {
+            return Err(format!("PTTL {pttl} for a lease of {lease:?}"));
+        }
+    }
+    match op {
+        Op::Contended => {
+            let other_wait = if wait > distlock::MAX_DURATION {
+                wait
+            } else {
+                wait.min(Duration::from_millis(20))
+            };
+            let m2 = m.clone();
+            let k2 = key.clone();
+            let (busy, waited) = tokio::spawn(async move {
+                let busy = m2.lock(k2.clone()).lease(lease).try_acquire().await;
+                // A short lease may have run out: then it gets the lock, and gives it back.
+                let waited = match m2.lock(k2).lease(lease).wait(other_wait).acquire().await {
+                    Ok(g) => {
+                        let _ = g.release().await;
+                        Ok(())
+                    }
+                    Err(e) => Err(e),
+                };
+                (busy.map(|g| g.is_some()), waited)
+            })
+            .await
+            .map_err(|e| format!("contender panicked: {e}"))?;
+            if steady {
+                if !matches!(busy, Ok(false)) {
+                    return Err(format!(
+                        "another owner's try_acquire of a held lock: {busy:?}"
+                    ));
+                }
+                let ok = match (&waited, expected(&key, lease, Some(other_wait))) {
+                    (Err(e), Some(w)) => kind(e) == w,
+                    (Err(distlock::LockError::Timeout { waited, .. }), None) => {
+                        *waited >= other_wait
+                    }
+                    _ => false,
+                };
+                if !ok {
+                    return Err(format!(
+                        "another owner's acquire of a held lock: {waited:?}"
+                    ));
+                }
+            }
+        }
+        Op::Reenter => {
+            let inner = guard
+                .scope(async { m.lock(key.clone()).lease(lease).wait(wait).acquire().await })
+                .await;
+            match inner {
+                Ok(g) => {
+                    if g.fencing_token() != guard.fencing_token() {
+                        return Err("re-entry got another token".into());
+                    }
+                    g.release()
+                        .await
+                        .map_err(|e| format!("inner release: {e}"))?;
+                }
+                Err(distlock::LockError::Lost { .. }) if !steady => {}
+                Err(e) => return Err(format!("re-entry: {e}")),
+            }
+        }
+        _ => {}
+    }
+    match guard.release().await {
+        Ok(()) => {}
+        Err(distlock::LockError::Lost { .. })
+            if !steady || matches!(op, Op::NoRenew) && lease < Duration::from_secs(2) => {}
+        Err(e) => return Err(format!("release: {e}")),
+    }
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg(&name)
+        .query_async(conn)
+        .await
+        .map_err(|e| e.to_string())?;
+    if exists != 0 {
+        return Err("the lock is still there after release".into());
+    }
+    Ok(())
+}
+
+/// Scenario 8: keys and durations from the odd corners (empty, 1 MiB and more,
+/// control characters, braces, unicode; zero, sub-millisecond, 30 days and
+/// beyond): every call answers Ok or the right typed error, nothing panics, and
+/// the server is never asked to touch a key or channel outside the prefix
+/// (MONITOR) nor left with one (KEYS *). Bad prefixes are refused.
+#[test]
+fn s8_bad_input_is_refused_with_typed_errors_and_stays_in_the_prefix() {
+    use proptest::test_runner::{Config, TestCaseError, TestRunner};
+    let _serial = SERIAL.blocking_lock();
+    let started = Instant::now();
+    let server = RedisServer::spawn().expect("redis-server must be installed");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let mut tap = fuzz::Tap::start(server.addr(), "fuzz:");
+    let (manager, conn) = rt.block_on(async {
+        let m = LockManager::builder(&server.url())
+            .key_prefix("fuzz:")
+            .command_timeout(Duration::from_secs(5))
+            .build()
+            .await
+            .expect("manager");
+        // Patient timeouts: MONITOR slows the server down on 1 MiB keys.
+        (m, store::connect(&server.url()).await.expect("client"))
+    });
+    let cases = 512 * soak_factor() as u32;
+    let mut runner = TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let strategy = (
+        fuzz::keys(),
+        fuzz::durations(),
+        fuzz::durations(),
+        fuzz::ops(),
+    );
+    let result = runner.run(&strategy, |(key, lease, wait, op)| {
+        let mut conn = conn.clone();
+        rt.block_on(fuzz_case(&manager, &mut conn, key, lease, wait, op))
+            .map_err(TestCaseError::fail)
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    // Every command the fuzz sent has reached MONITOR once the marker has.
+    let mut conn2 = conn.clone();
+    rt.block_on(async {
+        let _: String = redis::cmd("ECHO")
+            .arg(fuzz::MARKER)
+            .query_async(&mut conn2)
+            .await
+            .expect("ECHO");
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !tap.seen.lock().unwrap_or_else(|e| e.into_inner()).marker && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    tap.stop();
+    let seen = std::mem::take(&mut *tap.seen.lock().unwrap_or_else(|e| e.into_inner()));
+    let keys_left: Vec<String> = rt.block_on(async {
+        let mut c = conn.clone();
+        redis::cmd("KEYS")
+            .arg("*")
+            .query_async(&mut c)
+            .await
+            .expect("KEYS")
+    });
+    let outside: Vec<&String> = keys_left
+        .iter()
+        .filter(|k| !k.starts_with("fuzz:"))
+        .collect();
+    let locks_left = keys_left
+        .iter()
+        .filter(|k| k.starts_with("fuzz:lock:"))
+        .count();
+
+    // Prefixes: braces are refused, anything else works and is used as is.
+    let prefix_cases = 32 * soak_factor() as u32;
+    let mut runner = TestRunner::new(Config {
+        cases: prefix_cases,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let url = server.url();
+    let result = runner.run(&proptest::prelude::any::<String>(), |prefix| {
+        rt.block_on(async {
+            let mut c = conn.clone();
+            let _: () = redis::cmd("FLUSHALL")
+                .query_async(&mut c)
+                .await
+                .expect("FLUSHALL");
+            let built = LockManager::builder(&url)
+                .key_prefix(prefix.clone())
+                .build()
+                .await;
+            let braces = prefix.contains(['{', '}']);
+            let m = match (built, braces) {
+                (Err(distlock::LockError::InvalidConfig(_)), true) => return Ok(()),
+                (Ok(m), false) => m,
+                (other, _) => {
+                    return Err(TestCaseError::fail(format!("prefix {prefix:?}: {other:?}")))
+                }
+            };
+            let g = m
+                .lock("k")
+                .acquire()
+                .await
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let during: Vec<String> = redis::cmd("KEYS")
+                .arg("*")
+                .query_async(&mut c)
+                .await
+                .expect("KEYS");
+            g.release()
+                .await
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let after: Vec<String> = redis::cmd("KEYS")
+                .arg("*")
+                .query_async(&mut c)
+                .await
+                .expect("KEYS");
+            let names = m.redis_names("k");
+            if during.len() != 2
+                || !during.iter().all(|k| k.starts_with(&prefix))
+                || after != [names.fencing_counter]
+            {
+                return Err(TestCaseError::fail(format!(
+                    "prefix {prefix:?}: keys {during:?} then {after:?}"
+                )));
+            }
+            Ok(())
+        })
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    println!(
+        "TORTURE s8_fuzz: cases={cases} prefix_cases={prefix_cases} commands_seen={} names_checked={} \
+         outside_prefix={} keys_left={} locks_left={locks_left} secs={:.1}",
+        seen.commands,
+        seen.names_checked,
+        seen.violations.len() + outside.len(),
+        keys_left.len(),
+        started.elapsed().as_secs_f64()
+    );
+    assert!(seen.marker, "MONITOR did not see the end of the fuzz");
+    assert!(
+        seen.names_checked > cases as usize,
+        "MONITOR saw too little: {seen:?}"
+    );
+    assert!(
+        seen.violations.is_empty(),
+        "commands outside the prefix:\n{}",
+        seen.violations
+            .iter()
+            .take(10)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert!(outside.is_empty(), "keys outside the prefix: {outside:?}");
+    assert_eq!(locks_left, 0, "locks left after the fuzz");
+}
