@@ -1,1 +1,288 @@
-fn main() {}
+//! `lock-bench`: distlock against the floor (the same scripts by hand with
+//! redis-rs) and a peer (rslock), on a private redis-server.
+//!
+//! ```text
+//! cargo run --release -p lock-bench -- [--quick] [--scenario NAME]... [--runs N]
+//!                                      [--json out.json] [--svg DIR]
+//! ```
+
+mod charts;
+mod error;
+mod floor;
+mod proxy;
+mod redis_stats;
+mod report;
+mod rng;
+mod scenarios;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use distlock::testing::RedisServer;
+
+use crate::error::{bail, context, Result};
+use crate::report::ScenarioResult;
+use crate::scenarios::common::Env;
+
+const USAGE: &str = "\
+usage: lock-bench [--quick] [--scenario NAME]... [--runs N] [--json FILE] [--svg DIR]
+
+  --quick          a few seconds in all (CI)
+  --scenario NAME  run only NAME (repeatable, or comma-separated):
+                   uncontended, many-keys, handoff, renewal, macro
+  --runs N         run everything N times and print the medians too (default 1)
+  --json FILE      write every figure as JSON
+  --svg DIR        write latency-distribution charts (DIR/<scenario>.svg)
+  --profile IMPL[:TASKS[:SECONDS]]
+                   measure nothing: cycle IMPL (floor, distlock, distlock-norenew,
+                   macro, rslock)
+                   on TASKS distinct keys (1) for SECONDS (10), for perf record";
+
+#[derive(Debug)]
+struct Args {
+    quick: bool,
+    scenarios: Vec<String>,
+    runs: usize,
+    json: Option<PathBuf>,
+    svg: Option<PathBuf>,
+    profile: Option<(scenarios::common::Kind, usize, f64)>,
+}
+
+fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>> {
+    let mut args = Args {
+        quick: false,
+        scenarios: Vec::new(),
+        runs: 1,
+        json: None,
+        svg: None,
+        profile: None,
+    };
+    while let Some(arg) = it.next() {
+        let mut value = |name: &str| match it.next() {
+            Some(v) => Ok(v),
+            None => Err(error::BenchError(format!("{name} needs a value\n{USAGE}"))),
+        };
+        match arg.as_str() {
+            "--quick" => args.quick = true,
+            "--scenario" => {
+                for name in value("--scenario")?.split(',').filter(|s| !s.is_empty()) {
+                    if !scenarios::ALL.contains(&name) {
+                        bail!(
+                            "unknown scenario {name:?}; the scenarios are {}",
+                            scenarios::ALL.join(", ")
+                        );
+                    }
+                    args.scenarios.push(name.to_owned());
+                }
+            }
+            "--runs" => {
+                let v = value("--runs")?;
+                args.runs = match v.parse() {
+                    Ok(n) if n > 0 => n,
+                    _ => bail!("--runs takes a positive number, not {v:?}"),
+                };
+            }
+            "--json" => args.json = Some(value("--json")?.into()),
+            "--svg" => args.svg = Some(value("--svg")?.into()),
+            "--profile" => {
+                let v = value("--profile")?;
+                let mut parts = v.split(':');
+                let kind = parts.next().and_then(scenarios::common::Kind::parse);
+                let tasks = parts.next().map_or(Ok(1), str::parse::<usize>);
+                let secs = parts.next().map_or(Ok(10.0), str::parse::<f64>);
+                match (kind, tasks, secs) {
+                    (Some(k), Ok(t), Ok(s)) if t > 0 && s > 0.0 => args.profile = Some((k, t, s)),
+                    _ => bail!("--profile takes IMPL[:TASKS[:SECONDS]], not {v:?}"),
+                }
+            }
+            "-h" | "--help" => return Ok(None),
+            other => bail!("unknown argument {other:?}\n{USAGE}"),
+        }
+    }
+    if args.scenarios.is_empty() {
+        args.scenarios = scenarios::ALL.iter().map(|s| (*s).to_owned()).collect();
+    }
+    Ok(Some(args))
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| {
+            let v: Vec<&str> = s.split_whitespace().take(3).collect();
+            (v.len() == 3).then(|| v.join(" "))
+        })
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
+async fn run_once(env: &Env, names: &[String]) -> Result<Vec<ScenarioResult>> {
+    let mut results = Vec::new();
+    for name in scenarios::ALL {
+        if !names.iter().any(|n| n == name) {
+            continue;
+        }
+        let started = Instant::now();
+        let mut got = match *name {
+            "uncontended" => vec![scenarios::uncontended::run(env).await?],
+            "many-keys" => scenarios::many_keys::run(env).await?,
+            "handoff" => vec![scenarios::handoff::run(env).await?],
+            "renewal" => vec![scenarios::renewal::run(env).await?],
+            "macro" => vec![scenarios::macro_cycle::run(env).await?],
+            other => bail!("unknown scenario {other:?}"),
+        };
+        for r in &got {
+            println!("{}", r.render());
+        }
+        println!(
+            "  ({name} took {:.1} s; load average now {})\n",
+            started.elapsed().as_secs_f64(),
+            load_average()
+        );
+        results.append(&mut got);
+    }
+    Ok(results)
+}
+
+async fn bench(args: Args) -> Result<()> {
+    let redis = RedisServer::spawn().map_err(context("starting a private redis-server"))?;
+    let mut stats = redis.client().await?;
+    let version: String = redis::cmd("INFO")
+        .arg("server")
+        .query_async::<String>(&mut stats)
+        .await?
+        .lines()
+        .find_map(|l| l.strip_prefix("redis_version:").map(str::to_owned))
+        .unwrap_or_default();
+    let env = Env {
+        url: redis.url(),
+        addr: redis.addr(),
+        stats,
+        quick: args.quick,
+    };
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let load_start = load_average();
+    println!(
+        "lock-bench: redis {version} at {} (private), {cpus} CPUs, load average {load_start}{}",
+        env.url,
+        if args.quick { ", --quick" } else { "" }
+    );
+    println!(
+        "ratios in parentheses are to the floor (first row) of the same run; lower is better for latencies\n"
+    );
+    if let Some((kind, tasks, seconds)) = args.profile {
+        let (n, d) = scenarios::common::profile_loop(&env, kind, tasks, seconds).await?;
+        let per = |x: f64| x * 1e6 / n.max(1) as f64;
+        println!(
+            "profile: {} x {tasks} tasks: {n} cycles in {seconds} s ({:.0}/s); per cycle: client cpu {:.1} us, redis cpu {:.1} us, {:.2} commands",
+            kind.label(),
+            n as f64 / seconds,
+            per(d.client_cpu_seconds),
+            per(d.cpu_seconds),
+            d.commands as f64 / n.max(1) as f64,
+        );
+        return Ok(());
+    }
+    let mut runs = Vec::new();
+    for run in 0..args.runs {
+        if args.runs > 1 {
+            println!("######## run {} of {}\n", run + 1, args.runs);
+        }
+        runs.push(run_once(&env, &args.scenarios).await?);
+    }
+    let medians = report::median_of_runs(&runs);
+    if args.runs > 1 {
+        println!("######## medians of {} runs\n", args.runs);
+        for (m, targets) in &medians {
+            println!("{}", report::render_median(m, targets, args.runs));
+        }
+    }
+    let load_end = load_average();
+    println!("load average at start {load_start}, at end {load_end}");
+    if let Some(path) = &args.json {
+        let meta = [
+            ("redis_version", version),
+            ("cpus", cpus.to_string()),
+            ("load_average_start", load_start),
+            ("load_average_end", load_end),
+            ("quick", args.quick.to_string()),
+            ("runs", args.runs.to_string()),
+        ];
+        std::fs::write(path, report::to_json(&meta, &runs, &medians))
+            .map_err(context(&format!("writing {}", path.display())))?;
+        println!("wrote {}", path.display());
+    }
+    if let (Some(dir), Some(last)) = (&args.svg, runs.last()) {
+        for f in charts::write_all(dir, last)? {
+            println!("wrote {f}");
+        }
+    }
+    drop(env);
+    drop(redis);
+    Ok(())
+}
+
+fn main() -> std::process::ExitCode {
+    let args = match parse_args(std::env::args().skip(1)) {
+        Ok(Some(args)) => args,
+        Ok(None) => {
+            println!("{USAGE}");
+            return std::process::ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("lock-bench: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("lock-bench: cannot start tokio: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(bench(args)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("lock-bench: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Option<Args>> {
+        parse_args(args.iter().map(|s| (*s).to_owned()))
+    }
+
+    #[test]
+    fn arguments() -> Result<()> {
+        let Some(a) = parse(&[
+            "--quick",
+            "--scenario",
+            "handoff,renewal",
+            "--json",
+            "x.json",
+        ])?
+        else {
+            bail!("expected arguments");
+        };
+        assert!(a.quick);
+        assert_eq!(a.scenarios, ["handoff", "renewal"]);
+        assert_eq!(a.runs, 1);
+        assert!(parse(&["--scenario", "nope"]).is_err());
+        assert!(parse(&["--runs", "0"]).is_err());
+        assert!(parse(&["--json"]).is_err());
+        assert!(parse(&["--help"])?.is_none());
+        let Some(all) = parse(&[])? else {
+            bail!("expected arguments");
+        };
+        assert_eq!(all.scenarios.len(), scenarios::ALL.len());
+        Ok(())
+    }
+}

@@ -1,0 +1,315 @@
+//! The floor: the same lock done by hand with redis-rs on one multiplexed
+//! connection, running the very Lua text of the runtime, so that the server
+//! does identical work and only the client side differs.
+//!
+//! Acquire is one `EVALSHA` of `acquire.lua`, release one `EVALSHA` of
+//! `release.lua` (which publishes the wake-up); a waiter listens on a pub/sub
+//! connection opened and subscribed before the measurement (the cheapest a
+//! hand-written client can do) and retries when woken, or after a short
+//! fallback sleep. Renewal is one pipeline of `renew.lua` calls per 512 locks.
+
+use std::collections::{HashMap, VecDeque};
+use std::pin::pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::Script;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+use crate::error::{context, Result};
+
+pub const ACQUIRE_LUA: &str = include_str!("../../lock-runtime/src/scripts/acquire.lua");
+pub const RELEASE_LUA: &str = include_str!("../../lock-runtime/src/scripts/release.lua");
+pub const RENEW_LUA: &str = include_str!("../../lock-runtime/src/scripts/renew.lua");
+
+/// Renewals per pipeline, as in the runtime.
+pub const RENEW_BATCH: usize = 512;
+
+/// The Redis names of one lock, built exactly as the runtime builds them, so
+/// that names (and so the bytes sent and hashed) have the same length.
+#[derive(Debug, Clone)]
+pub struct Names {
+    pub lock: String,
+    pub fence: String,
+    pub channel: String,
+}
+
+impl Names {
+    pub fn new(prefix: &str, key: &str) -> Names {
+        const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+        const PRIME: u64 = 0x0000_0100_0000_01b3;
+        let hash = key
+            .bytes()
+            .fold(OFFSET, |h, b| (h ^ u64::from(b)).wrapping_mul(PRIME));
+        let name = |kind: &str| format!("{prefix}{kind}:{{{hash:016x}}}:{key}");
+        Names {
+            lock: name("lock"),
+            fence: name("fence"),
+            channel: name("wake"),
+        }
+    }
+}
+
+/// One acquire attempt's answer.
+pub enum Attempt {
+    Acquired,
+    /// Held by another owner for this many more milliseconds (-1: no TTL).
+    Busy(i64),
+}
+
+#[derive(Clone)]
+pub struct Floor {
+    conn: MultiplexedConnection,
+    scripts: Arc<(Script, Script, Script)>,
+    wakeups: Arc<Wakeups>,
+}
+
+#[derive(Default)]
+struct Wakeups {
+    by_channel: Mutex<HashMap<String, Channel>>,
+}
+
+/// The waiters of one channel: either all on one `Notify` (each message wakes
+/// the one registered first; a waiter re-registers, at the back, every time it
+/// sleeps again), or each on its own `Notify` in an explicit FIFO queue where a
+/// waiter keeps its place across fallback naps and goes back to the front when
+/// it was woken but lost the race.
+#[derive(Default)]
+struct Channel {
+    shared: Arc<Notify>,
+    queue: VecDeque<Arc<Notify>>,
+}
+
+impl Wakeups {
+    fn with<T>(&self, channel: &str, f: impl FnOnce(&mut Channel) -> T) -> T {
+        let mut map = self.by_channel.lock().unwrap_or_else(|e| e.into_inner());
+        match map.get_mut(channel) {
+            Some(c) => f(c),
+            None => f(map.entry(channel.to_owned()).or_default()),
+        }
+    }
+
+    fn notify(&self, channel: &str) -> Arc<Notify> {
+        self.with(channel, |c| c.shared.clone())
+    }
+
+    fn wake(&self, channel: &str) {
+        self.with(channel, |c| match c.queue.pop_front() {
+            Some(first) => first.notify_one(),
+            None => c.shared.notify_one(),
+        });
+    }
+}
+
+/// The floor's subscriber task; stops when dropped.
+pub struct Subscription(JoinHandle<()>);
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl Floor {
+    pub async fn connect(url: &str) -> Result<Floor> {
+        let client = redis::Client::open(url)?;
+        let conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(context("floor: connect"))?;
+        Ok(Floor {
+            conn,
+            scripts: Arc::new((
+                Script::new(ACQUIRE_LUA),
+                Script::new(RELEASE_LUA),
+                Script::new(RENEW_LUA),
+            )),
+            wakeups: Arc::default(),
+        })
+    }
+
+    /// Opens the pub/sub connection and subscribes to `channels` (or, with
+    /// `pattern`, to one pattern) before anything is measured. Each message
+    /// wakes the waiter of that channel that has waited longest.
+    pub async fn subscribe(
+        &self,
+        url: &str,
+        channels: &[String],
+        pattern: Option<&str>,
+    ) -> Result<Subscription> {
+        use futures_util::StreamExt;
+        let client = redis::Client::open(url)?;
+        let mut pubsub = client
+            .get_async_pubsub()
+            .await
+            .map_err(context("floor: pub/sub connect"))?;
+        for c in channels {
+            pubsub
+                .subscribe(c)
+                .await
+                .map_err(context("floor: SUBSCRIBE"))?;
+            self.wakeups.with(c, |_| ());
+        }
+        if let Some(p) = pattern {
+            pubsub
+                .psubscribe(p)
+                .await
+                .map_err(context("floor: PSUBSCRIBE"))?;
+        }
+        let wakeups = self.wakeups.clone();
+        Ok(Subscription(tokio::spawn(async move {
+            let mut stream = pubsub.into_on_message();
+            while let Some(msg) = stream.next().await {
+                wakeups.wake(msg.get_channel_name());
+            }
+        })))
+    }
+
+    pub async fn try_acquire(&self, names: &Names, owner: &str, lease_ms: u64) -> Result<Attempt> {
+        let mut conn = self.conn.clone();
+        // The scripts echo the owner token (the runtime checks it; the floor,
+        // doing the least, only reads past it).
+        let (status, value, _owner): (i64, i64, String) = self
+            .scripts
+            .0
+            .key(&names.lock)
+            .key(&names.fence)
+            .arg(owner)
+            .arg(lease_ms)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(context("floor: acquire"))?;
+        Ok(if status == 1 {
+            Attempt::Acquired
+        } else {
+            Attempt::Busy(value)
+        })
+    }
+
+    /// Acquires, waiting for a wake-up (or a fallback nap) while the lock is busy.
+    /// Needs [`Floor::subscribe`] to cover `names.channel` for prompt wake-ups.
+    pub async fn acquire(&self, names: &Names, owner: &str, lease_ms: u64) -> Result<()> {
+        let notify = self.wakeups.notify(&names.channel);
+        loop {
+            // Listen before the attempt, so a release between the two still wakes us.
+            let mut woken = pin!(notify.notified());
+            woken.as_mut().enable();
+            match self.try_acquire(names, owner, lease_ms).await? {
+                Attempt::Acquired => return Ok(()),
+                Attempt::Busy(pttl) => {
+                    let nap = Duration::from_millis(u64::try_from(pttl).unwrap_or(50).clamp(1, 50));
+                    tokio::select! {
+                        _ = woken => {}
+                        _ = tokio::time::sleep(nap) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// Like [`Floor::acquire`], but waiting in a FIFO queue that keeps each
+    /// waiter's place: a sketch of the fairness fix proposed for the runtime.
+    pub async fn acquire_fifo(&self, names: &Names, owner: &str, lease_ms: u64) -> Result<()> {
+        let me = Arc::new(Notify::new());
+        let leave = |me: &Arc<Notify>| {
+            self.wakeups
+                .with(&names.channel, |c| c.queue.retain(|w| !Arc::ptr_eq(w, me)));
+        };
+        // Queue before the first attempt: a release during it then wakes us.
+        self.wakeups
+            .with(&names.channel, |c| c.queue.push_back(me.clone()));
+        loop {
+            let attempt = match self.try_acquire(names, owner, lease_ms).await {
+                Ok(a) => a,
+                Err(e) => {
+                    leave(&me);
+                    return Err(e);
+                }
+            };
+            match attempt {
+                Attempt::Acquired => {
+                    leave(&me);
+                    return Ok(());
+                }
+                Attempt::Busy(pttl) => {
+                    let nap = Duration::from_millis(u64::try_from(pttl).unwrap_or(50).clamp(1, 50));
+                    tokio::select! {
+                        // Popped by a release: back to the front for the next attempt.
+                        _ = me.notified() => self
+                            .wakeups
+                            .with(&names.channel, |c| c.queue.push_front(me.clone())),
+                        // A fallback nap keeps our place.
+                        _ = tokio::time::sleep(nap) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    pub async fn release(&self, names: &Names, owner: &str) -> Result<bool> {
+        let mut conn = self.conn.clone();
+        let (released, _owner): (i64, String) = self
+            .scripts
+            .1
+            .key(&names.lock)
+            .arg(owner)
+            .arg(&names.channel)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(context("floor: release"))?;
+        Ok(released == 1)
+    }
+
+    /// Loads the renew script, so that pipelines of `EVALSHA` find it.
+    pub async fn load_renew(&self) -> Result<()> {
+        let mut conn = self.conn.clone();
+        self.scripts
+            .2
+            .prepare_invoke()
+            .load_async(&mut conn)
+            .await
+            .map_err(context("floor: SCRIPT LOAD renew"))?;
+        Ok(())
+    }
+
+    /// Renews `locks` (lock name, owner) in pipelines of [`RENEW_BATCH`];
+    /// returns how many were no longer ours.
+    pub async fn renew_all(&self, locks: &[(Names, String)], lease_ms: u64) -> Result<usize> {
+        let sha = self.scripts.2.get_hash().to_owned();
+        let mut lost = 0;
+        for batch in locks.chunks(RENEW_BATCH) {
+            let mut pipe = redis::pipe();
+            for (names, owner) in batch {
+                pipe.cmd("EVALSHA")
+                    .arg(&sha)
+                    .arg(1)
+                    .arg(&names.lock)
+                    .arg(owner)
+                    .arg(lease_ms);
+            }
+            let mut conn = self.conn.clone();
+            let replies: Vec<(i64, String)> = pipe
+                .query_async(&mut conn)
+                .await
+                .map_err(context("floor: renew pipeline"))?;
+            lost += replies.iter().filter(|(r, _)| *r != 1).count();
+        }
+        Ok(lost)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_match_the_runtime() {
+        // Pinned against `LockManager::redis_names` in the runtime's format.
+        let n = Names::new("distlock:", "a");
+        assert_eq!(n.lock, "distlock:lock:{af63dc4c8601ec8c}:a");
+        assert_eq!(n.fence, "distlock:fence:{af63dc4c8601ec8c}:a");
+        assert_eq!(n.channel, "distlock:wake:{af63dc4c8601ec8c}:a");
+    }
+}

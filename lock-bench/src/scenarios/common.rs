@@ -1,0 +1,319 @@
+//! What the scenarios share: the environment, the per-implementation cycle, and
+//! the interleaved block runner.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use distlock::LockManager;
+use hdrhistogram::Histogram;
+use redis::aio::MultiplexedConnection;
+
+use crate::error::{bail, context, Result};
+use crate::floor::{Attempt, Floor, Names};
+use crate::proxy::CountingProxy;
+use crate::redis_stats::{Delta, Snapshot};
+use crate::report::new_histogram;
+use crate::rng::Rng;
+
+/// Lease of every lock that is not a renewal test: long enough never to end
+/// during a cycle, as in the floor.
+pub const LEASE: Duration = Duration::from_secs(30);
+pub const LEASE_MS: u64 = 30_000;
+
+pub struct Env {
+    pub url: String,
+    pub addr: SocketAddr,
+    /// For `INFO` only, so that it never queues behind measured traffic.
+    pub stats: MultiplexedConnection,
+    pub quick: bool,
+}
+
+impl Env {
+    pub async fn snapshot(&self) -> Result<Snapshot> {
+        let mut conn = self.stats.clone();
+        Snapshot::take(&mut conn).await
+    }
+
+    /// Between scenarios: no locks, counters or channels left from before.
+    pub async fn flush(&self) -> Result<()> {
+        let mut conn = self.stats.clone();
+        redis::cmd("FLUSHALL")
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(context("FLUSHALL"))?;
+        Ok(())
+    }
+}
+
+/// Which implementation a cycle runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Floor,
+    Distlock,
+    /// distlock with `.renew(false)`: for `--profile` only, to show what the
+    /// renewal task's wake-up on every acquisition costs.
+    DistlockNoRenew,
+    /// A function under `#[distributed_lock]` (see `macro_cycle`).
+    Macro,
+    Rslock,
+}
+
+impl Kind {
+    pub fn label(self) -> &'static str {
+        match self {
+            Kind::Floor => "floor (redis-rs by hand)",
+            Kind::Distlock => "distlock",
+            Kind::DistlockNoRenew => "distlock renew(false)",
+            Kind::Macro => "#[distributed_lock]",
+            Kind::Rslock => "rslock 0.10 (peer)",
+        }
+    }
+}
+
+/// One implementation, connected, able to run one acquire+release cycle on the
+/// key it was made for.
+pub enum Cycler {
+    Floor {
+        floor: Floor,
+        names: Names,
+        rng: Rng,
+    },
+    Distlock {
+        manager: LockManager,
+        key: String,
+        renew: bool,
+    },
+    Macro {
+        manager: LockManager,
+        i: u64,
+    },
+    Rslock {
+        manager: rslock::LockManager,
+        key: String,
+    },
+}
+
+impl Cycler {
+    /// `key` is the user key; the attributed function formats its own (`bench:{i}`).
+    pub async fn connect(kind: Kind, url: &str, key: &str, seed: u64) -> Result<Cycler> {
+        Ok(match kind {
+            Kind::Floor => Cycler::Floor {
+                floor: Floor::connect(url).await?,
+                names: Names::new("floor:", key),
+                rng: Rng::new(seed),
+            },
+            Kind::Distlock | Kind::DistlockNoRenew => Cycler::Distlock {
+                manager: manager(url).await?,
+                key: key.to_owned(),
+                renew: kind == Kind::Distlock,
+            },
+            Kind::Macro => Cycler::Macro {
+                manager: manager(url).await?,
+                i: seed,
+            },
+            Kind::Rslock => Cycler::Rslock {
+                manager: rslock::LockManager::new(vec![url.to_owned()]),
+                key: key.to_owned(),
+            },
+        })
+    }
+
+    /// Another cycler on the same connection (and manager) for another key.
+    pub fn fork(&self, key: &str, seed: u64) -> Cycler {
+        match self {
+            Cycler::Floor { floor, .. } => Cycler::Floor {
+                floor: floor.clone(),
+                names: Names::new("floor:", key),
+                rng: Rng::new(seed),
+            },
+            Cycler::Distlock { manager, renew, .. } => Cycler::Distlock {
+                manager: manager.clone(),
+                key: key.to_owned(),
+                renew: *renew,
+            },
+            Cycler::Macro { manager, .. } => Cycler::Macro {
+                manager: manager.clone(),
+                i: seed,
+            },
+            Cycler::Rslock { manager, .. } => Cycler::Rslock {
+                manager: manager.clone(),
+                key: key.to_owned(),
+            },
+        }
+    }
+
+    pub async fn cycle(&mut self) -> Result<()> {
+        match self {
+            Cycler::Floor { floor, names, rng } => {
+                let owner = rng.hex32();
+                // No one else uses this key: one attempt, as a hand-written
+                // client would make.
+                match floor.try_acquire(names, &owner, LEASE_MS).await? {
+                    Attempt::Acquired => {}
+                    Attempt::Busy(_) => bail!("floor: the uncontended key {} was busy", names.lock),
+                }
+                floor.release(names, &owner).await?;
+            }
+            Cycler::Distlock {
+                manager,
+                key,
+                renew,
+            } => {
+                let guard = manager
+                    .lock(key.as_str())
+                    .lease(LEASE)
+                    .renew(*renew)
+                    .acquire()
+                    .await?;
+                guard.release().await?;
+            }
+            Cycler::Macro { manager, i } => {
+                crate::scenarios::macro_cycle::locked_noop(manager, *i).await?;
+            }
+            Cycler::Rslock { manager, key } => {
+                let lock = manager.lock(key.as_str(), LEASE).await?;
+                // rslock's unlock is best effort and reports nothing.
+                manager.unlock(&lock).await;
+            }
+        }
+        Ok(())
+    }
+}
+
+pub async fn manager(url: &str) -> Result<LockManager> {
+    Ok(LockManager::builder(url)
+        .default_lease(LEASE)
+        .build()
+        .await?)
+}
+
+/// Sequential cycles of several implementations, measured in alternating
+/// blocks so that a change of machine load hits all of them alike.
+pub struct Interleaved {
+    pub hist: Vec<Histogram<u64>>,
+    pub ops: Vec<u64>,
+    pub seconds: Vec<f64>,
+    pub redis: Vec<Delta>,
+}
+
+pub async fn run_interleaved(
+    env: &Env,
+    cyclers: Vec<Cycler>,
+    warmup: u64,
+    cycles: u64,
+    block: u64,
+) -> Result<Interleaved> {
+    let n = cyclers.len();
+    let mut slots: Vec<Option<Cycler>> = cyclers.into_iter().map(Some).collect();
+    let mut out = Interleaved {
+        hist: (0..n).map(|_| new_histogram()).collect::<Result<_>>()?,
+        ops: vec![0; n],
+        seconds: vec![0.0; n],
+        redis: vec![Delta::default(); n],
+    };
+    for slot in &mut slots {
+        let (c, ..) = block_in_task(slot, warmup).await?;
+        *slot = Some(c);
+    }
+    let rounds = cycles.div_ceil(block);
+    for round in 0..rounds {
+        let this_block = block.min(cycles - round * block);
+        for k in 0..n {
+            let i = (k + round as usize) % n;
+            let before = env.snapshot().await?;
+            let (c, hist, seconds) = block_in_task(&mut slots[i], this_block).await?;
+            slots[i] = Some(c);
+            out.redis[i] += before.delta(&env.snapshot().await?);
+            out.hist[i].add(hist)?;
+            out.seconds[i] += seconds;
+            out.ops[i] += this_block;
+        }
+    }
+    Ok(out)
+}
+
+/// Runs `cycles` cycles in a task of their own, as application code runs (on a
+/// worker thread, not on the thread blocked in `block_on`).
+async fn block_in_task(
+    slot: &mut Option<Cycler>,
+    cycles: u64,
+) -> Result<(Cycler, Histogram<u64>, f64)> {
+    let Some(mut c) = slot.take() else {
+        bail!("a cycler was lost by an earlier failure");
+    };
+    let mut hist = new_histogram()?;
+    let task = tokio::spawn(async move {
+        let started = Instant::now();
+        for _ in 0..cycles {
+            let t = Instant::now();
+            c.cycle().await?;
+            hist.saturating_record(nanos(t.elapsed()));
+        }
+        Ok::<_, crate::error::BoxError>((c, hist, started.elapsed().as_secs_f64()))
+    });
+    task.await?
+}
+
+/// Round trips per cycle of `kind`, counted through a proxy with a connection
+/// of its own, after a warm-up that loads the scripts and opens connections.
+pub async fn round_trips_per_cycle(env: &Env, kind: Kind, key: &str, cycles: u64) -> Result<f64> {
+    let proxy = CountingProxy::start(env.addr).await?;
+    let mut cycler = Cycler::connect(kind, &proxy.url(), key, 99).await?;
+    for _ in 0..20 {
+        cycler.cycle().await?;
+    }
+    // Let background work of the warm-up (a renewal, a late release) settle.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let before = proxy.round_trips();
+    for _ in 0..cycles {
+        cycler.cycle().await?;
+    }
+    Ok((proxy.round_trips() - before) as f64 / cycles as f64)
+}
+
+pub fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl Kind {
+    pub fn parse(name: &str) -> Option<Kind> {
+        Some(match name {
+            "floor" => Kind::Floor,
+            "distlock" => Kind::Distlock,
+            "distlock-norenew" => Kind::DistlockNoRenew,
+            "macro" => Kind::Macro,
+            "rslock" => Kind::Rslock,
+            _ => return None,
+        })
+    }
+}
+
+/// `--profile`: `tasks` tasks of one implementation cycle on distinct keys for
+/// `seconds`, with nothing else running, for `perf record`. Returns the cycles.
+pub async fn profile_loop(
+    env: &Env,
+    kind: Kind,
+    tasks: usize,
+    seconds: f64,
+) -> Result<(u64, Delta)> {
+    let base = Cycler::connect(kind, &env.url, "profile:base", 0).await?;
+    let before = env.snapshot().await?;
+    let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+    let mut handles = Vec::new();
+    for t in 0..tasks {
+        let mut c = base.fork(&format!("profile:{t}"), t as u64);
+        handles.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while Instant::now() < deadline {
+                c.cycle().await?;
+                n += 1;
+            }
+            Ok::<u64, crate::error::BoxError>(n)
+        }));
+    }
+    let mut total = 0;
+    for h in handles {
+        total += h.await??;
+    }
+    Ok((total, before.delta(&env.snapshot().await?)))
+}

@@ -1,0 +1,13 @@
+//! The scenarios of issue 5. Each one measures the floor (hand-written redis-rs),
+//! distlock and, where it fits, the rslock peer, in the same process against the
+//! same private Redis, interleaving them where the machine's load could drift.
+
+pub mod common;
+pub mod handoff;
+pub mod macro_cycle;
+pub mod many_keys;
+pub mod renewal;
+pub mod uncontended;
+
+/// Names accepted by `--scenario`, in running order.
+pub const ALL: &[&str] = &["uncontended", "many-keys", "handoff", "renewal", "macro"];

@@ -1,0 +1,273 @@
+//! Scenario `renewal`: 10,000 locks held at once by one client with a 3 s lease
+//! (renewed every second): round trips per renewal tick, and Redis CPU while
+//! nothing but renewal happens.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use distlock::{LockGuard, LockManager};
+
+use crate::error::{bail, Result};
+use crate::floor::{Attempt, Floor, Names};
+use crate::proxy::CountingProxy;
+use crate::redis_stats::Delta;
+use crate::report::{Better, Check, Row, ScenarioResult, Target};
+use crate::rng::Rng;
+use crate::scenarios::common::{Env, Kind};
+
+const TASKS: usize = 64;
+
+struct Params {
+    locks: usize,
+    lease: Duration,
+    hold: Duration,
+    idle: Duration,
+}
+
+struct Window {
+    round_trips: u64,
+    redis: Delta,
+    seconds: f64,
+}
+
+/// Starts half a renewal interval after the locks were taken, so that a window
+/// of whole intervals holds one renewal of every lock, not a fraction.
+async fn measure_window(env: &Env, proxy: &CountingProxy, p: &Params) -> Result<Window> {
+    tokio::time::sleep(p.lease / 6).await;
+    let hold = p.hold;
+    let rt = proxy.round_trips();
+    let before = env.snapshot().await?;
+    let started = Instant::now();
+    tokio::time::sleep(hold).await;
+    let seconds = started.elapsed().as_secs_f64();
+    let redis = before.delta(&env.snapshot().await?);
+    Ok(Window {
+        round_trips: proxy.round_trips() - rt,
+        redis,
+        seconds,
+    })
+}
+
+fn row(label: &str, p: &Params, w: &Window, lost: usize) -> Row {
+    let interval = p.lease / 3;
+    let ticks = w.seconds / interval.as_secs_f64();
+    let per_tick = w.round_trips as f64 / ticks;
+    let lock_ticks = p.locks as f64 * ticks;
+    let mut row = Row::new(label);
+    row.push("locks", p.locks as f64, Better::Neutral)
+        .push("rt/tick", per_tick, Better::Lower)
+        .push(
+            "rt/tick per 100 locks",
+            per_tick / (p.locks as f64 / 100.0),
+            Better::Lower,
+        )
+        .push(
+            "evalsha/lock/tick",
+            w.redis.scripts as f64 / lock_ticks,
+            Better::Lower,
+        )
+        .push(
+            "cmds/lock/tick",
+            w.redis.commands as f64 / lock_ticks,
+            Better::Lower,
+        )
+        .push(
+            "redis cpu %",
+            100.0 * w.redis.cpu_seconds / w.seconds,
+            Better::Lower,
+        )
+        .push(
+            "redis cpu us/renewal",
+            w.redis.cpu_seconds * 1e6 / w.redis.scripts.max(1) as f64,
+            Better::Lower,
+        )
+        .push("lost", lost as f64, Better::Lower);
+    row
+}
+
+async fn floor_row(env: &Env, p: &Params) -> Result<Row> {
+    let proxy = CountingProxy::start(env.addr).await?;
+    let floor = Floor::connect(&proxy.url()).await?;
+    floor.load_renew().await?;
+    let lease_ms = u64::try_from(p.lease.as_millis())?;
+    // Take the locks, 64 requests in flight.
+    let mut handles = Vec::new();
+    for t in 0..TASKS {
+        let floor = floor.clone();
+        let n = p.locks;
+        handles.push(tokio::spawn(async move {
+            let mut rng = Rng::new(t as u64);
+            let mut held = Vec::new();
+            for i in (t..n).step_by(TASKS) {
+                let names = Names::new("floor:", &format!("renew:{i}"));
+                let owner = rng.hex32();
+                match floor.try_acquire(&names, &owner, lease_ms).await? {
+                    Attempt::Acquired => held.push((names, owner)),
+                    Attempt::Busy(_) => bail!("floor: renew:{i} was busy"),
+                }
+            }
+            Ok(held)
+        }));
+    }
+    let mut locks = Vec::new();
+    for h in handles {
+        locks.extend(h.await??);
+    }
+    let locks = Arc::new(locks);
+    // Renew them all every lease/3, in pipelines of 512.
+    let lost = Arc::new(AtomicUsize::new(0));
+    let renewer = {
+        let (floor, locks, lost) = (floor.clone(), locks.clone(), lost.clone());
+        let interval = p.lease / 3;
+        tokio::spawn(async move {
+            let mut tick =
+                tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+            loop {
+                tick.tick().await;
+                let n = floor.renew_all(&locks, lease_ms).await?;
+                lost.fetch_add(n, Ordering::Relaxed);
+            }
+            #[allow(unreachable_code)]
+            Ok::<(), crate::error::BoxError>(())
+        })
+    };
+    let window = measure_window(env, &proxy, p).await?;
+    renewer.abort();
+    if let Ok(Err(e)) = renewer.await {
+        return Err(e);
+    }
+    let lost = lost.load(Ordering::Relaxed);
+    release_floor(&floor, &locks).await?;
+    Ok(row(Kind::Floor.label(), p, &window, lost))
+}
+
+async fn release_floor(floor: &Floor, locks: &Arc<Vec<(Names, String)>>) -> Result<()> {
+    let mut handles = Vec::new();
+    for t in 0..TASKS {
+        let (floor, locks) = (floor.clone(), locks.clone());
+        handles.push(tokio::spawn(async move {
+            for (names, owner) in locks.iter().skip(t).step_by(TASKS) {
+                floor.release(names, owner).await?;
+            }
+            Ok::<(), crate::error::BoxError>(())
+        }));
+    }
+    for h in handles {
+        h.await??;
+    }
+    Ok(())
+}
+
+async fn distlock_row(env: &Env, p: &Params) -> Result<Row> {
+    let proxy = CountingProxy::start(env.addr).await?;
+    let manager = LockManager::builder(&proxy.url())
+        .default_lease(p.lease)
+        .build()
+        .await?;
+    let mut handles = Vec::new();
+    for t in 0..TASKS {
+        let m = manager.clone();
+        let n = p.locks;
+        handles.push(tokio::spawn(async move {
+            let mut held: Vec<LockGuard> = Vec::new();
+            for i in (t..n).step_by(TASKS) {
+                match m.lock(format!("renew:{i}")).try_acquire().await? {
+                    Some(g) => held.push(g),
+                    None => bail!("distlock: renew:{i} was busy"),
+                }
+            }
+            Ok(held)
+        }));
+    }
+    let mut guards = Vec::new();
+    for h in handles {
+        guards.extend(h.await??);
+    }
+    if manager.held_count() != p.locks {
+        bail!(
+            "distlock holds {} locks, expected {}",
+            manager.held_count(),
+            p.locks
+        );
+    }
+    let window = measure_window(env, &proxy, p).await?;
+    let lost = guards.iter().filter(|g| g.is_lost()).count();
+    // Release, 64 at a time.
+    let mut handles = Vec::new();
+    let mut chunks: Vec<Vec<LockGuard>> = (0..TASKS).map(|_| Vec::new()).collect();
+    for (i, g) in guards.into_iter().enumerate() {
+        chunks[i % TASKS].push(g);
+    }
+    for chunk in chunks {
+        handles.push(tokio::spawn(async move {
+            for g in chunk {
+                // A lost lease reports Lost here; it is counted above.
+                let _ = g.release().await;
+            }
+        }));
+    }
+    for h in handles {
+        h.await?;
+    }
+    Ok(row(Kind::Distlock.label(), p, &window, lost))
+}
+
+pub async fn run(env: &Env) -> Result<ScenarioResult> {
+    env.flush().await?;
+    let p = if env.quick {
+        Params {
+            locks: 1_000,
+            lease: Duration::from_millis(300),
+            hold: Duration::from_millis(600),
+            idle: Duration::from_millis(200),
+        }
+    } else {
+        Params {
+            locks: 10_000,
+            lease: Duration::from_secs(3),
+            hold: Duration::from_secs(6),
+            idle: Duration::from_secs(2),
+        }
+    };
+    // Redis with no client traffic at all: its own background work (serverCron).
+    let before = env.snapshot().await?;
+    let started = Instant::now();
+    tokio::time::sleep(p.idle).await;
+    let idle = before.delta(&env.snapshot().await?);
+    let idle_pct = 100.0 * idle.cpu_seconds / started.elapsed().as_secs_f64();
+
+    let floor = floor_row(env, &p).await?;
+    env.flush().await?;
+    let distlock = distlock_row(env, &p).await?;
+    let d = Kind::Distlock.label();
+    Ok(ScenarioResult {
+        name: "renewal",
+        title: format!(
+            "{} locks held by one client, lease {:?} renewed every {:?}, measured over {:?}",
+            p.locks,
+            p.lease,
+            p.lease / 3,
+            p.hold
+        ),
+        notes: vec![
+            format!("Redis CPU with no clients at all: {idle_pct:.2}% of one core"),
+            "the floor renews every lock once per tick in pipelines of 512; round trips are counted through a RESP-parsing proxy".to_owned(),
+        ],
+        rows: vec![floor, distlock],
+        targets: vec![
+            Target::absolute(
+                "distlock <= 1 round trip per 100 held locks per tick",
+                d,
+                "rt/tick per 100 locks",
+                Check::AtMost(1.0),
+            ),
+            Target::absolute(
+                "distlock Redis CPU while holding < 10% of one core",
+                d,
+                "redis cpu %",
+                Check::AtMost(10.0),
+            ),
+        ],
+    })
+}
