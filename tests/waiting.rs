@@ -254,3 +254,45 @@ async fn a_killed_subscriber_reconnects_and_waiters_still_get_the_lock() {
         .unwrap();
     g.release().await.unwrap();
 }
+
+/// Fairness within a manager: a task that releases and at once asks again queues
+/// behind the acquisitions already waiting, instead of taking the lock back
+/// before the waiter its release woke can.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_releasing_task_does_not_jump_the_queue() {
+    const TASKS: usize = 4;
+    const ROUNDS: usize = 40;
+    let redis = server();
+    let m = manager(&redis).await;
+    let holders = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for id in 0..TASKS {
+        let (m, holders) = (m.clone(), holders.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..ROUNDS {
+                let g = m
+                    .lock("fair")
+                    .wait(Duration::from_secs(20))
+                    .acquire()
+                    .await
+                    .unwrap();
+                holders.lock().unwrap().push(id);
+                g.release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let order = holders.lock().unwrap().clone();
+    // Only the last rounds can repeat a holder legitimately (no one else left).
+    let regrabs = order[..order.len() - ROUNDS]
+        .windows(2)
+        .filter(|w| w[0] == w[1])
+        .count();
+    assert!(
+        regrabs * 10 < order.len(),
+        "{regrabs} of {} acquisitions went back to the task that had just released",
+        order.len()
+    );
+}

@@ -206,15 +206,23 @@ impl Acquisition<'_> {
         wait: Duration,
     ) -> Result<Option<LockGuard>, LockError> {
         let deadline = self.started + wait;
-        let mut remaining = match self.attempt().await? {
-            Attempt::Acquired(lease) => return Ok(Some(self.grant(manager, lease))),
-            Attempt::Busy(remaining) => remaining,
-        };
-        if patience == Patience::Once {
-            return Ok(None);
-        }
-        if wait.is_zero() {
-            return Err(self.timeout());
+        let willing_to_wait = patience == Patience::Wait && !wait.is_zero();
+        // Fairness: when acquisitions of this manager already wait for this lock,
+        // a new one (often the task that just released it) queues behind them
+        // instead of trying first and taking the lock from under the waiter that
+        // the release woke.
+        let mut remaining = None;
+        if !(willing_to_wait && self.core.subscriber.has_waiters(&self.keys.channel)) {
+            remaining = match self.attempt().await? {
+                Attempt::Acquired(lease) => return Ok(Some(self.grant(manager, lease))),
+                Attempt::Busy(remaining) => remaining,
+            };
+            if patience == Patience::Once {
+                return Ok(None);
+            }
+            if wait.is_zero() {
+                return Err(self.timeout());
+            }
         }
 
         let core = self.core.clone();

@@ -83,6 +83,11 @@ impl Subscriber {
         }
     }
 
+    /// Whether some acquisition of this manager already waits on `channel`.
+    pub(crate) fn has_waiters(&self, channel: &str) -> bool {
+        self.channels().contains_key(channel)
+    }
+
     fn wake_one(&self, channel: &str) {
         if let Some(c) = self.channels().get(channel) {
             c.wake.notify_one();

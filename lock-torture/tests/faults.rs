@@ -945,6 +945,48 @@ async fn s5_a_stalled_redis_costs_leases_not_safety() {
     assert!(leaked.is_empty(), "locks left in Redis: {leaked:?}");
 }
 
+/// Waits until `lock_name` is gone from Redis, asserting that this happens within
+/// `interval` of `t_fail` (when its acquirer was told the acquire failed). Returns
+/// when it was gone, and whether it was seen held at all.
+async fn gone_within(
+    conn: &mut MultiplexedConnection,
+    lock_name: &str,
+    t_fail: u64,
+    interval: Duration,
+    round: usize,
+) -> (u64, bool) {
+    let mut seen_held = false;
+    loop {
+        let exists: i64 = redis::cmd("EXISTS")
+            .arg(lock_name)
+            .query_async(conn)
+            .await
+            .expect("EXISTS");
+        let now = mono_ns();
+        if exists == 0 {
+            return (now, seen_held);
+        }
+        seen_held = true;
+        assert!(
+            now - t_fail <= ns(interval),
+            "round {round}: the lock stayed held {:.1} ms after its acquirer was told it failed",
+            diff_ms(now, t_fail)
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// Asserts that worker `w` takes and releases a lock again within 5 s.
+async fn assert_recovers(w: &mut Worker, round: usize, lease_ms: u128) {
+    if let Err(errors) = recovers(w, &format!("c{round}"), lease_ms, Duration::from_secs(5)).await {
+        panic!(
+            "round {round}: the client did not recover within 5 s; {} attempts failed:\n{}",
+            errors.len(),
+            errors.join("\n")
+        );
+    }
+}
+
 /// Takes and releases a lock from a script worker, retrying transient errors for
 /// up to `within`; returns the failed attempts if it never works.
 async fn recovers(
@@ -1028,28 +1070,8 @@ async fn s6a_a_lost_acquire_reply_does_not_leave_the_lock_held() {
         );
         // The server ran the script: the lock may be ours although we were told
         // otherwise. It must be gone within one renewal interval of the failure.
-        let mut first = true;
-        let freed = loop {
-            let exists: i64 = redis::cmd("EXISTS")
-                .arg(&lock_name)
-                .query_async(&mut conn)
-                .await
-                .expect("EXISTS");
-            let now = mono_ns();
-            if exists == 0 {
-                break now;
-            }
-            if first {
-                seen_held += 1;
-                first = false;
-            }
-            assert!(
-                now - t_fail <= ns(interval),
-                "round {r}: the lock stayed held {:.1} ms after its acquirer was told it failed",
-                diff_ms(now, t_fail)
-            );
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        };
+        let (freed, was_held) = gone_within(&mut conn, &lock_name, t_fail, interval, r).await;
+        seen_held += usize::from(was_held);
         worst_held = worst_held.max(freed.saturating_sub(t_fail));
         println!(
             "TORTURE s6a round {r}: acquire_failed_after_ms={:.1} lock_gone_after_failure_ms={:.1}",
@@ -1057,15 +1079,7 @@ async fn s6a_a_lost_acquire_reply_does_not_leave_the_lock_held() {
             diff_ms(freed, t_fail)
         );
         // The client works again.
-        if let Err(errors) =
-            recovers(&mut w1, &format!("c{r}"), lease_ms, Duration::from_secs(5)).await
-        {
-            panic!(
-                "round {r}: after one lost reply the client did not recover within 5 s; {} attempts failed:\n{}",
-                errors.len(),
-                errors.join("\n")
-            );
-        }
+        assert_recovers(&mut w1, r, lease_ms).await;
     }
     w1.send("exit");
     finish(&mut w1, t).await;
@@ -1244,33 +1258,14 @@ async fn s6c_a_reply_lost_with_its_connection_does_not_leave_the_lock_held() {
             "round {r}: the failed acquire took {:.1} ms",
             diff_ms(t_fail, t_req)
         );
-        let freed = loop {
-            let now = mono_ns();
-            if !exists(&mut conn).await {
-                break now;
-            }
-            assert!(
-                now - t_fail <= ns(interval),
-                "round {r}: the lock stayed held {:.1} ms after its acquirer was told it failed",
-                diff_ms(now, t_fail)
-            );
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        };
+        let (freed, _) = gone_within(&mut conn, &lock_name, t_fail, interval, r).await;
         worst_held = worst_held.max(freed.saturating_sub(t_fail));
         println!(
             "TORTURE s6c round {r}: acquire_failed_after_ms={:.1} lock_gone_after_failure_ms={:.1}",
             diff_ms(t_fail, t_req),
             diff_ms(freed, t_fail)
         );
-        if let Err(errors) =
-            recovers(&mut w1, &format!("c{r}"), lease_ms, Duration::from_secs(5)).await
-        {
-            panic!(
-                "round {r}: the client did not recover within 5 s; {} attempts failed:\n{}",
-                errors.len(),
-                errors.join("\n")
-            );
-        }
+        assert_recovers(&mut w1, r, lease_ms).await;
     }
     w1.send("exit");
     finish(&mut w1, t).await;
