@@ -81,11 +81,7 @@ async fn only_the_owner_releases_or_renews() {
         .acquire()
         .await
         .unwrap();
-    let _: () = redis::cmd("DEL")
-        .arg(&names.lock)
-        .query_async(&mut raw)
-        .await
-        .unwrap();
+    del(&mut raw, &names.lock).await;
     let next = b
         .lock("shared")
         .lease(Duration::from_millis(600))

@@ -30,11 +30,7 @@ async fn flushall_del_and_restart_are_noticed_by_renewal() {
     assert!(matches!(g.release().await, Err(LockError::Lost { .. })));
 
     let g = a.lock("k").lease(lease).acquire().await.unwrap();
-    let _: () = redis::cmd("DEL")
-        .arg(a.redis_names("k").lock)
-        .query_async(&mut raw)
-        .await
-        .unwrap();
+    del(&mut raw, &a.redis_names("k").lock).await;
     lost_within(&g, lease).await;
     drop(g);
 
@@ -87,11 +83,7 @@ async fn scope_until_lost_stops_the_body_at_its_next_await() {
                 steps.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 if steps.load(std::sync::atomic::Ordering::SeqCst) == 5 {
-                    let _: () = redis::cmd("DEL")
-                        .arg(&key)
-                        .query_async(&mut raw)
-                        .await
-                        .unwrap();
+                    del(&mut raw, &key).await;
                 }
             }
         })

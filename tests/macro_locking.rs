@@ -158,11 +158,7 @@ async fn on_lost_abort_stops_the_body_and_ignore_lets_it_run() {
         })
         .await
         .unwrap();
-        let _: () = redis::cmd("DEL")
-            .arg(&lock_key)
-            .query_async(&mut raw1)
-            .await
-            .unwrap();
+        del(&mut raw1, &lock_key).await;
     });
     assert!(
         matches!(r, Err(AppError::Lock(LockError::Lost { .. }))),
@@ -180,11 +176,7 @@ async fn on_lost_abort_stops_the_body_and_ignore_lets_it_run() {
         })
         .await
         .unwrap();
-        let _: () = redis::cmd("DEL")
-            .arg(&lock_key)
-            .query_async(&mut raw2)
-            .await
-            .unwrap();
+        del(&mut raw2, &lock_key).await;
     });
     assert_eq!(r.unwrap(), "finished anyway");
     assert_eq!(lost_seen.load(Ordering::SeqCst), 1);
@@ -344,11 +336,7 @@ async fn loses_it_at_the_end(
     m: &LockManager,
     raw: &mut redis::aio::MultiplexedConnection,
 ) -> Result<&'static str, AppError> {
-    let _: () = redis::cmd("DEL")
-        .arg(m.redis_names("vanishing").lock)
-        .query_async(raw)
-        .await
-        .unwrap();
+    del(raw, &m.redis_names("vanishing").lock).await;
     Ok("done")
 }
 
@@ -357,11 +345,7 @@ async fn loses_it_at_the_end_and_ignores(
     m: &LockManager,
     raw: &mut redis::aio::MultiplexedConnection,
 ) -> Result<&'static str, AppError> {
-    let _: () = redis::cmd("DEL")
-        .arg(m.redis_names("vanishing").lock)
-        .query_async(raw)
-        .await
-        .unwrap();
+    del(raw, &m.redis_names("vanishing").lock).await;
     Ok("done")
 }
 

@@ -96,11 +96,7 @@ fn happy_path_is_quiet_and_loss_warns() {
             .await
             .unwrap();
         let mut raw = raw(&redis).await;
-        let _: () = redis::cmd("DEL")
-            .arg(a.redis_names("k2").lock)
-            .query_async(&mut raw)
-            .await
-            .unwrap();
+        del(&mut raw, &a.redis_names("k2").lock).await;
         g.lost().await;
         let warnings = capture.at_least(Level::WARN);
         assert_eq!(warnings.len(), 1, "{warnings:#?}");

@@ -182,13 +182,7 @@ async fn a_wake_up_taken_by_a_cancelled_waiter_is_passed_on() {
             }));
         }
         eventually(Duration::from_secs(5), async || {
-            let (_, n): (String, i64) = redis::cmd("PUBSUB")
-                .arg("NUMSUB")
-                .arg(&channel)
-                .query_async(&mut raw)
-                .await
-                .unwrap();
-            n == 1
+            numsub(&mut raw, &channel).await == 1
         })
         .await
         .expect("subscribed");
@@ -331,11 +325,7 @@ async fn a_stall_while_resubscribing_leaves_no_channel_behind() {
         }));
     }
     let channels = async |raw: &mut redis::aio::MultiplexedConnection| {
-        let c: Vec<String> = redis::cmd("PUBSUB")
-            .arg("CHANNELS")
-            .query_async(raw)
-            .await
-            .unwrap();
+        let c = pubsub_channels(raw).await;
         c.into_iter().collect::<std::collections::HashSet<String>>()
     };
     eventually(Duration::from_secs(20), async || {
@@ -345,13 +335,7 @@ async fn a_stall_while_resubscribing_leaves_no_channel_behind() {
     .expect("all subscribed");
     // Break the subscriber's connection; while it re-subscribes channel by
     // channel, Redis stalls for longer than the command timeout.
-    let _: i64 = redis::cmd("CLIENT")
-        .arg("KILL")
-        .arg("TYPE")
-        .arg("pubsub")
-        .query_async(&mut raw)
-        .await
-        .unwrap();
+    let _ = kill_subscribers(&mut raw).await;
     eventually(Duration::from_secs(5), async || {
         let n = channels(&mut raw).await.len();
         n > 0 && n < N / 2

@@ -69,13 +69,7 @@ async fn release_wakes_a_waiter_without_polling() {
     // Wait until the waiter's subscription is in place.
     let channel = a.redis_names("k").channel;
     eventually(Duration::from_secs(5), async || {
-        let (_, n): (String, i64) = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg(&channel)
-            .query_async::<(String, i64)>(&mut raw)
-            .await
-            .unwrap();
-        n == 1
+        numsub(&mut raw, &channel).await == 1
     })
     .await
     .expect("waiter subscribed");
@@ -146,11 +140,7 @@ async fn one_subscriber_connection_per_manager() {
             .query_async::<i64>(&mut raw)
             .await
             .unwrap();
-        let channels: Vec<String> = redis::cmd("PUBSUB")
-            .arg("CHANNELS")
-            .query_async(&mut raw)
-            .await
-            .unwrap();
+        let channels = pubsub_channels(&mut raw).await;
         n == 0 && channels.len() == 5
     })
     .await
@@ -169,11 +159,7 @@ async fn one_subscriber_connection_per_manager() {
     }
     // The last waiter leaving unsubscribes.
     eventually(Duration::from_secs(5), async || {
-        let channels: Vec<String> = redis::cmd("PUBSUB")
-            .arg("CHANNELS")
-            .query_async(&mut raw)
-            .await
-            .unwrap();
+        let channels = pubsub_channels(&mut raw).await;
         channels.is_empty()
     })
     .await
@@ -223,29 +209,18 @@ async fn a_killed_subscriber_reconnects_and_waiters_still_get_the_lock() {
         let b = b.clone();
         tokio::spawn(async move { b.lock("k").wait(Duration::from_secs(20)).acquire().await })
     };
-    let numsub = async |raw: &mut redis::aio::MultiplexedConnection| {
-        let (_, n): (String, i64) = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg(&channel)
-            .query_async(raw)
-            .await
-            .unwrap();
-        n
-    };
-    eventually(Duration::from_secs(5), async || numsub(&mut raw).await == 1)
-        .await
-        .expect("subscribed");
-    let killed: i64 = redis::cmd("CLIENT")
-        .arg("KILL")
-        .arg("TYPE")
-        .arg("pubsub")
-        .query_async(&mut raw)
-        .await
-        .unwrap();
+    eventually(Duration::from_secs(5), async || {
+        numsub(&mut raw, &channel).await == 1
+    })
+    .await
+    .expect("subscribed");
+    let killed = kill_subscribers(&mut raw).await;
     assert_eq!(killed, 1);
-    eventually(Duration::from_secs(5), async || numsub(&mut raw).await == 1)
-        .await
-        .expect("re-subscribed after the connection was killed");
+    eventually(Duration::from_secs(5), async || {
+        numsub(&mut raw, &channel).await == 1
+    })
+    .await
+    .expect("re-subscribed after the connection was killed");
     holder.release().await.unwrap();
     let g = tokio::time::timeout(Duration::from_secs(3), waiter)
         .await

@@ -46,6 +46,45 @@ pub async fn pttl(conn: &mut MultiplexedConnection, key: &str) -> i64 {
         .expect("PTTL")
 }
 
+pub async fn del(conn: &mut MultiplexedConnection, key: &str) {
+    redis::cmd("DEL")
+        .arg(key)
+        .query_async::<()>(conn)
+        .await
+        .expect("DEL")
+}
+
+/// How many connections subscribe to `channel`.
+pub async fn numsub(conn: &mut MultiplexedConnection, channel: &str) -> i64 {
+    let (_, n): (String, i64) = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(channel)
+        .query_async(conn)
+        .await
+        .expect("PUBSUB NUMSUB");
+    n
+}
+
+/// The channels with at least one subscriber.
+pub async fn pubsub_channels(conn: &mut MultiplexedConnection) -> Vec<String> {
+    redis::cmd("PUBSUB")
+        .arg("CHANNELS")
+        .query_async(conn)
+        .await
+        .expect("PUBSUB CHANNELS")
+}
+
+/// Kills every pub/sub connection; returns how many there were.
+pub async fn kill_subscribers(conn: &mut MultiplexedConnection) -> i64 {
+    redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(conn)
+        .await
+        .expect("CLIENT KILL")
+}
+
 /// Every key in the server, for leak checks.
 pub async fn all_keys(conn: &mut MultiplexedConnection) -> Vec<String> {
     redis::cmd("KEYS")
