@@ -945,6 +945,43 @@ async fn s5_a_stalled_redis_costs_leases_not_safety() {
     assert!(leaked.is_empty(), "locks left in Redis: {leaked:?}");
 }
 
+/// The rig of the lost-reply scenarios: worker 1 in script mode behind a fault
+/// proxy, its scripts already loaded (so that the reply a test drops is an
+/// acquire's, not a NOSCRIPT), and a direct connection to the lock server.
+struct LostReplyRig {
+    proxy: distlock::testing::FaultProxy,
+    w1: Worker,
+    lock_name: String,
+    conn: MultiplexedConnection,
+}
+
+async fn lost_reply_rig(setup: &Setup, cmd_timeout: Duration, lease_ms: u128) -> LostReplyRig {
+    let proxy = distlock::testing::FaultProxy::start(setup.lock.addr())
+        .await
+        .expect("start the proxy");
+    let mut w1 = setup.worker(
+        1,
+        &proxy.url(),
+        "script",
+        &args(&[
+            ("cmd-timeout-ms", &cmd_timeout.as_millis()),
+            ("connect-timeout-ms", &300),
+        ]),
+    );
+    ready(&mut [&mut w1]).await;
+    let lock_name = setup.manager().await.redis_names("k0").lock;
+    let conn = setup.lock_conn().await;
+    recovers(&mut w1, "warm", lease_ms, Duration::from_secs(5))
+        .await
+        .expect("a first lock before any fault");
+    LostReplyRig {
+        proxy,
+        w1,
+        lock_name,
+        conn,
+    }
+}
+
 /// Waits until `lock_name` is gone from Redis, asserting that this happens within
 /// `interval` of `t_fail` (when its acquirer was told the acquire failed). Returns
 /// when it was gone, and whether it was seen held at all.
@@ -1027,30 +1064,17 @@ async fn s6a_a_lost_acquire_reply_does_not_leave_the_lock_held() {
     let _serial = SERIAL.lock().await;
     let started = Instant::now();
     let setup = setup("s6a");
-    let proxy = distlock::testing::FaultProxy::start(setup.lock.addr())
-        .await
-        .expect("start the proxy");
     let lease = Duration::from_millis(3000);
     let lease_ms = lease.as_millis();
     let interval = lease / 3;
     let cmd_timeout = Duration::from_millis(300);
     let t = Duration::from_secs(10);
-    let mut w1 = setup.worker(
-        1,
-        &proxy.url(),
-        "script",
-        &args(&[
-            ("cmd-timeout-ms", &cmd_timeout.as_millis()),
-            ("connect-timeout-ms", &300),
-        ]),
-    );
-    ready(&mut [&mut w1]).await;
-    let lock_name = setup.manager().await.redis_names("k0").lock;
-    let mut conn = setup.lock_conn().await;
-    // Load the scripts first: the reply to drop is an acquire's, not a NOSCRIPT.
-    recovers(&mut w1, "warm", lease_ms, Duration::from_secs(5))
-        .await
-        .expect("a first lock before any fault");
+    let LostReplyRig {
+        proxy,
+        mut w1,
+        lock_name,
+        mut conn,
+    } = lost_reply_rig(&setup, cmd_timeout, lease_ms).await;
     let rounds = 5 * soak_factor() as usize;
     let (mut seen_held, mut worst_held) = (0, 0u64);
     for r in 0..rounds {
@@ -1195,30 +1219,17 @@ async fn s6c_a_reply_lost_with_its_connection_does_not_leave_the_lock_held() {
     let _serial = SERIAL.lock().await;
     let started = Instant::now();
     let setup = setup("s6c");
-    let proxy = distlock::testing::FaultProxy::start(setup.lock.addr())
-        .await
-        .expect("start the proxy");
     let lease = Duration::from_millis(3000);
     let lease_ms = lease.as_millis();
     let interval = lease / 3;
     let cmd_timeout = Duration::from_millis(300);
     let t = Duration::from_secs(10);
-    let mut w1 = setup.worker(
-        1,
-        &proxy.url(),
-        "script",
-        &args(&[
-            ("cmd-timeout-ms", &cmd_timeout.as_millis()),
-            ("connect-timeout-ms", &300),
-        ]),
-    );
-    ready(&mut [&mut w1]).await;
-    let lock_name = setup.manager().await.redis_names("k0").lock;
-    let mut conn = setup.lock_conn().await;
-    // Load the scripts first: the reply to drop is an acquire's, not a NOSCRIPT.
-    recovers(&mut w1, "warm", lease_ms, Duration::from_secs(5))
-        .await
-        .expect("a first lock before any fault");
+    let LostReplyRig {
+        proxy,
+        mut w1,
+        lock_name,
+        mut conn,
+    } = lost_reply_rig(&setup, cmd_timeout, lease_ms).await;
     let exists = |conn: &mut MultiplexedConnection| {
         let mut c = conn.clone();
         let name = lock_name.clone();
