@@ -77,9 +77,9 @@
 //! # Ok(()) }
 //! ```
 //!
-//! The runtime lives in `lock-runtime` and the attribute macro in `lock-macros`;
+//! The runtime lives in `distlock-runtime` and the attribute macro in `distlock-macros`;
 //! this crate re-exports both, and is the only one to depend on.
 #![warn(missing_docs)]
 
-pub use lock_macros::distributed_lock;
-pub use lock_runtime::*;
+pub use distlock_macros::distributed_lock;
+pub use distlock_runtime::*;

@@ -76,13 +76,13 @@ pub(crate) fn scope_with<F: Future>(lease: &Arc<Lease>, fut: F) -> impl Future<O
 /// Must be called from within a tokio runtime, like `tokio::spawn`.
 ///
 /// ```no_run
-/// # use lock_runtime::{LockError, LockManager};
+/// # use distlock_runtime::{LockError, LockManager};
 /// # async fn demo(manager: LockManager) -> Result<(), LockError> {
 /// let guard = manager.lock("report:7").acquire().await?;
 /// let m = manager.clone();
 /// let child = guard
 ///     .scope(async move {
-///         lock_runtime::spawn_with_locks(async move {
+///         distlock_runtime::spawn_with_locks(async move {
 ///             // Re-enters the parent's hold at once instead of waiting for it.
 ///             let again = m.lock("report:7").acquire().await?;
 ///             again.release().await

@@ -14,7 +14,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use lock_runtime::{LockError, LockManager};
+//! use distlock_runtime::{LockError, LockManager};
 //!
 //! # async fn demo() -> Result<(), LockError> {
 //! let manager = LockManager::connect("redis://127.0.0.1:6379").await?;

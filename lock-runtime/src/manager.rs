@@ -39,7 +39,7 @@ pub(crate) fn next_id() -> u64 {
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use lock_runtime::{LockError, LockManager};
+/// use distlock_runtime::{LockError, LockManager};
 ///
 /// # async fn demo() -> Result<(), LockError> {
 /// let manager = LockManager::builder("redis://127.0.0.1:6379")

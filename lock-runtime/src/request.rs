@@ -19,7 +19,7 @@ use crate::waiting::Backoff;
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// # async fn demo(manager: lock_runtime::LockManager) -> Result<(), lock_runtime::LockError> {
+/// # async fn demo(manager: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
 /// let guard = manager
 ///     .lock("order:42")
 ///     .lease(Duration::from_secs(5))  // TTL in Redis, renewed every lease/3

@@ -10,7 +10,7 @@
 //! pauses and kills servers with signals.
 //!
 //! ```no_run
-//! use lock_runtime::testing::{FaultMode, FaultProxy, RedisServer};
+//! use distlock_runtime::testing::{FaultMode, FaultProxy, RedisServer};
 //!
 //! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
 //! let mut server = RedisServer::spawn()?;
