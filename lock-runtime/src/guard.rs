@@ -164,29 +164,29 @@ impl LockGuard {
         pending.armed = false;
         match reply {
             Ok(true) if !was_lost => {
-                tracing::debug!(
+                tracing::debug!(target: "distlock::release",
                     key = %KeyPreview(&lease.key),
                     took_us = started.elapsed().as_micros() as u64,
-                    "distlock: released"
+                    "released"
                 );
                 Ok(())
             }
             Ok(deleted) => {
                 if !was_lost {
-                    tracing::warn!(
+                    tracing::warn!(target: "distlock::release",
                         key = %KeyPreview(&lease.key),
                         fencing_token = lease.fencing_token,
-                        "distlock: lease lost: at release the lock was no longer ours"
+                        "lease lost: at release the lock was no longer ours"
                     );
                 }
-                tracing::debug!(deleted, "distlock: released a lost lease");
+                tracing::debug!(target: "distlock::release", deleted, "released a lost lease");
                 Err(self.lost_error())
             }
             Err(e) => {
-                tracing::warn!(
+                tracing::warn!(target: "distlock::release",
                     key = %KeyPreview(&lease.key),
                     error = %e.error,
-                    "distlock: release failed; retrying in the background"
+                    "release failed; retrying in the background"
                 );
                 release_in_background(
                     core,
@@ -303,19 +303,19 @@ impl BackgroundRelease {
                 .await;
             match result {
                 Ok(deleted) => {
-                    tracing::debug!(key = %KeyPreview(&self.key), deleted, "distlock: released in the background");
+                    tracing::debug!(target: "distlock::release", key = %KeyPreview(&self.key), deleted, "released in the background");
                     break;
                 }
                 Err(e) if Instant::now() + delay < give_up => {
-                    tracing::debug!(key = %KeyPreview(&self.key), error = %e.error, "distlock: background release failed; retrying");
+                    tracing::debug!(target: "distlock::release", key = %KeyPreview(&self.key), error = %e.error, "background release failed; retrying");
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(retry_cap);
                 }
                 Err(e) => {
-                    tracing::warn!(
+                    tracing::warn!(target: "distlock::release",
                         key = %KeyPreview(&self.key),
                         error = %e.error,
-                        "distlock: could not release; the lease will free the lock"
+                        "could not release; the lease will free the lock"
                     );
                     break;
                 }
@@ -344,7 +344,7 @@ impl BackgroundRelease {
             .core
             .scripts
             .release_blocking(&mut conn, &self.keys, &self.owner);
-        tracing::debug!(key = %KeyPreview(&self.key), ok = result.is_ok(), "distlock: released at runtime shutdown");
+        tracing::debug!(target: "distlock::release", key = %KeyPreview(&self.key), ok = result.is_ok(), "released at runtime shutdown");
     }
 }
 

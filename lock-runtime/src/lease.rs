@@ -164,11 +164,11 @@ impl Lease {
             .compare_exchange(HELD, LOST, Ordering::AcqRel, Ordering::Acquire)
             .is_ok();
         if changed {
-            tracing::warn!(
+            tracing::warn!(target: "distlock::lease",
                 key = %crate::error::KeyPreview(&self.key),
                 fencing_token = self.fencing_token,
                 reason = why,
-                "distlock: lease lost"
+                "lease lost"
             );
             self.lost_notify.notify_waiters();
         }

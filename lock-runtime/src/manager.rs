@@ -169,12 +169,14 @@ impl Core {
                     generation: generation + 1,
                     redis: fresh,
                 };
-                tracing::debug!(
+                tracing::debug!(target: "distlock::connection",
                     generation,
-                    "distlock: connection retired after a failed call"
+                    "connection retired after a failed call"
                 );
             }
-            Err(e) => tracing::warn!(error = %e, "distlock: could not open a fresh connection"),
+            Err(e) => {
+                tracing::warn!(target: "distlock::connection", error = %e, "could not open a fresh connection")
+            }
         }
     }
 

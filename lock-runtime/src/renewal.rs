@@ -192,11 +192,11 @@ async fn renew_batch(core: &Core, batch: &[Arc<Lease>]) {
 fn renewal_failed(lease: &Lease, error: &str) {
     let retry = (lease.renewal_interval() / 3).max(Duration::from_millis(5));
     lease.retry_renewal_at(Instant::now() + retry);
-    tracing::warn!(
+    tracing::warn!(target: "distlock::renewal",
         key = %KeyPreview(&lease.key),
         error,
         retry_in_ms = retry.as_millis() as u64,
         remaining_ms = lease.remaining().as_millis() as u64,
-        "distlock: lease renewal failed; retrying"
+        "lease renewal failed; retrying"
     );
 }

@@ -149,7 +149,7 @@ impl LockRequest {
             }
         }
 
-        let span = tracing::debug_span!(
+        let span = tracing::debug_span!(target: "distlock::acquire",
             "distlock.acquire",
             key = %KeyPreview(&key),
             lease_ms = lease.as_millis() as u64,
@@ -181,7 +181,7 @@ fn reenter(manager: &LockManager, held: Arc<Lease>) -> Result<Option<LockGuard>,
         // The last hold was released between the lookup and now.
         return Ok(None);
     }
-    tracing::trace!(key = %KeyPreview(&held.key), "distlock: re-entered");
+    tracing::trace!(target: "distlock::acquire", key = %KeyPreview(&held.key), "re-entered");
     Ok(Some(LockGuard::new(manager.clone(), held)))
 }
 
@@ -321,21 +321,21 @@ impl Acquisition<'_> {
     fn grant(self, manager: LockManager, lease: Box<Lease>) -> LockGuard {
         let lease = Arc::new(*lease);
         self.core.renewals.insert(lease.clone());
-        tracing::debug!(
+        tracing::debug!(target: "distlock::acquire",
             waited_ms = self.started.elapsed().as_millis() as u64,
             attempts = self.attempts,
             fencing_token = lease.fencing_token,
-            "distlock: acquired"
+            "acquired"
         );
         LockGuard::new(manager, lease)
     }
 
     fn timeout(&self) -> LockError {
         let waited = self.started.elapsed();
-        tracing::debug!(
+        tracing::debug!(target: "distlock::acquire",
             waited_ms = waited.as_millis() as u64,
             attempts = self.attempts,
-            "distlock: timed out"
+            "timed out"
         );
         LockError::Timeout {
             key: self.key.clone(),
@@ -363,9 +363,9 @@ struct InFlight<'a> {
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         if self.armed {
-            tracing::debug!(
+            tracing::debug!(target: "distlock::acquire",
                 key = %KeyPreview(self.key),
-                "distlock: acquire reply lost; releasing by owner token in the background"
+                "acquire reply lost; releasing by owner token in the background"
             );
             crate::guard::release_in_background(
                 self.core,

@@ -192,7 +192,7 @@ pub(crate) async fn run_subscriber(core: Arc<Core>) {
                 }
                 msg = stream.next() => {
                     let Some(msg) = msg else {
-                        tracing::debug!("distlock: pub/sub connection closed; reconnecting");
+                        tracing::debug!(target: "distlock::waiting", "pub/sub connection closed; reconnecting");
                         break;
                     };
                     sub.wake_one(msg.get_channel_name());
@@ -207,11 +207,11 @@ async fn connect(sub: &Subscriber) -> Option<(PubSubSink, PubSubStream)> {
     match tokio::time::timeout(sub.connect_timeout, sub.client.get_async_pubsub()).await {
         Ok(Ok(pubsub)) => Some(pubsub.split()),
         Ok(Err(e)) => {
-            tracing::debug!(error = %e, "distlock: pub/sub connection failed");
+            tracing::debug!(target: "distlock::waiting", error = %e, "pub/sub connection failed");
             None
         }
         Err(_) => {
-            tracing::debug!("distlock: pub/sub connection timed out");
+            tracing::debug!(target: "distlock::waiting", "pub/sub connection timed out");
             None
         }
     }
@@ -246,11 +246,11 @@ async fn sync_channel(
             true
         }
         Ok(Err(e)) => {
-            tracing::debug!(error = %e, "distlock: pub/sub command failed; reconnecting");
+            tracing::debug!(target: "distlock::waiting", error = %e, "pub/sub command failed; reconnecting");
             false
         }
         Err(_) => {
-            tracing::debug!("distlock: pub/sub command timed out; reconnecting");
+            tracing::debug!(target: "distlock::waiting", "pub/sub command timed out; reconnecting");
             false
         }
     }
