@@ -20,6 +20,8 @@ use tokio::task::JoinHandle;
 
 use crate::error::{context, Result};
 
+/// The runtime's default fencing-counter retention (`LockManagerBuilder::fence_retention`).
+const FENCE_RETENTION_MS: u64 = 10 * 60 * 1000;
 pub const ACQUIRE_LUA: &str = include_str!("../../lock-runtime/src/scripts/acquire.lua");
 pub const RELEASE_LUA: &str = include_str!("../../lock-runtime/src/scripts/release.lua");
 pub const RENEW_LUA: &str = include_str!("../../lock-runtime/src/scripts/renew.lua");
@@ -178,6 +180,8 @@ impl Floor {
             .key(&names.fence)
             .arg(owner)
             .arg(lease_ms)
+            // The fencing counter's TTL: lease + the runtime's default retention.
+            .arg(lease_ms + FENCE_RETENTION_MS)
             .invoke_async(&mut conn)
             .await
             .map_err(context("floor: acquire"))?;

@@ -49,7 +49,9 @@ pub use context::spawn_with_locks;
 pub use error::LockError;
 pub use global::{global, set_global};
 pub use guard::LockGuard;
-pub use manager::{LockManager, LockManagerBuilder, RedisNames, MAX_DURATION, MIN_LEASE};
+pub use manager::{
+    LockManager, LockManagerBuilder, RedisNames, DEFAULT_FENCE_RETENTION, MAX_DURATION, MIN_LEASE,
+};
 pub use request::LockRequest;
 
 /// Support for the code `#[distributed_lock]` generates. Not a public API.

@@ -21,6 +21,9 @@ pub const MIN_LEASE: Duration = Duration::from_millis(10);
 /// Longest lease or wait accepted; anything longer is taken for a unit mistake.
 pub const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
 
+/// Default of [`LockManagerBuilder::fence_retention`].
+pub const DEFAULT_FENCE_RETENTION: Duration = Duration::from_secs(10 * 60);
+
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 pub(crate) fn next_id() -> u64 {
@@ -108,6 +111,9 @@ pub(crate) struct Config {
     pub(crate) default_wait: Duration,
     pub(crate) command_timeout: Duration,
     pub(crate) connect_timeout: Duration,
+    /// How long a fencing counter outlives the lease of the acquisition that last
+    /// wrote it.
+    pub(crate) fence_retention: Duration,
 }
 
 /// The current connection, and which one it is.
@@ -209,6 +215,7 @@ impl LockManager {
                 default_wait: Duration::from_secs(10),
                 command_timeout: Duration::from_secs(2),
                 connect_timeout: Duration::from_secs(2),
+                fence_retention: DEFAULT_FENCE_RETENTION,
             },
         }
     }
@@ -258,7 +265,8 @@ impl LockManager {
 pub struct RedisNames {
     /// The lock itself: a hash `{owner token -> fencing token}` whose TTL is the lease.
     pub lock: String,
-    /// The last fencing token issued for this lock (kept after release).
+    /// The last fencing token issued for this lock; it outlives the lock by the
+    /// manager's [fence retention](LockManagerBuilder::fence_retention).
     pub fencing_counter: String,
     /// The pub/sub channel on which release wakes waiters.
     pub channel: String,
@@ -305,6 +313,21 @@ impl LockManagerBuilder {
         self
     }
 
+    /// How long a lock's fencing counter stays in Redis after the lease of the
+    /// acquisition that last wrote it (default 10 minutes; zero to 30 days).
+    ///
+    /// Nothing a lock writes stays in Redis longer than `lease + retention` after
+    /// the lock is released or expires, so memory stays bounded however many
+    /// distinct keys are locked. Fencing tokens still strictly increase: once a
+    /// counter has expired, the next token is the server's time in microseconds,
+    /// which is above every earlier token unless the server's clock has stepped
+    /// back by more than `lease + retention` since the last acquisition of the key
+    /// (see the README's "Fencing" section).
+    pub fn fence_retention(mut self, retention: Duration) -> Self {
+        self.config.fence_retention = retention;
+        self
+    }
+
     /// Checks the settings, connects, and starts the background tasks on the
     /// current tokio runtime.
     pub async fn build(self) -> Result<LockManager, LockError> {
@@ -312,6 +335,7 @@ impl LockManagerBuilder {
         keys::validate_prefix(&config.key_prefix)?;
         validate_lease(config.default_lease, "default lease")?;
         validate_wait(config.default_wait, "default wait")?;
+        validate_wait(config.fence_retention, "fence retention")?;
         for (what, d) in [
             ("command timeout", config.command_timeout),
             ("connect timeout", config.connect_timeout),

@@ -269,6 +269,8 @@ impl Acquisition<'_> {
         self.attempts += 1;
         let sent_at = Instant::now();
         let lease_ms = u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX);
+        let retention_ms =
+            u64::try_from(self.core.config.fence_retention.as_millis()).unwrap_or(u64::MAX);
         // If this future is dropped while the script is in flight, the server
         // may still run it and take the lock in our name: release it by token.
         let mut in_flight = InFlight {
@@ -286,9 +288,13 @@ impl Acquisition<'_> {
             .call(
                 &self.key,
                 conn.generation,
-                self.core
-                    .scripts
-                    .acquire(&mut redis, &self.keys, &self.owner, lease_ms),
+                self.core.scripts.acquire(
+                    &mut redis,
+                    &self.keys,
+                    &self.owner,
+                    lease_ms,
+                    lease_ms.saturating_add(retention_ms),
+                ),
             )
             .await;
         match reply {

@@ -142,11 +142,17 @@ impl Scripts {
         keys: &LockKeys,
         owner: &str,
         lease_ms: u64,
+        fence_ttl_ms: u64,
     ) -> RedisResult<AcquireReply> {
         let lease_ms = lease_ms.to_string();
+        let fence_ttl_ms = fence_ttl_ms.to_string();
         let cmd = self.acquire.call(
             &[&keys.lock, &keys.fence],
-            &[owner.as_bytes(), lease_ms.as_bytes()],
+            &[
+                owner.as_bytes(),
+                lease_ms.as_bytes(),
+                fence_ttl_ms.as_bytes(),
+            ],
         );
         let (status, value, echoed): (i64, i64, String) = self.acquire.invoke(conn, &cmd).await?;
         check_owner(&echoed, owner)?;

@@ -1,9 +1,11 @@
 -- Acquire a lock, or confirm that it is already ours, and issue its fencing token.
 --
 -- KEYS[1]  lock hash {owner token -> fencing token}; its TTL is the lease
--- KEYS[2]  fencing counter: the last token issued for this lock (no TTL)
+-- KEYS[2]  fencing counter: the last token issued for this lock; it expires ARGV[3]
+--          milliseconds after the acquisition that wrote it
 -- ARGV[1]  owner token (random, 32 hex digits)
 -- ARGV[2]  lease in milliseconds
+-- ARGV[3]  TTL of the fencing counter in milliseconds (lease + retention)
 --
 -- Returns {1, token, owner}  the lock is ours with fencing token `token`: freshly
 --                            taken, or already ours (a retried acquire whose first
@@ -14,8 +16,11 @@
 -- own request (a connection that lost a reply would hand it another's).
 --
 -- A fresh token is max(last token + 1, server time in microseconds). The counter
--- keeps tokens strictly increasing; the clock keeps them increasing when Redis
--- restarts empty and the counter is gone.
+-- keeps tokens strictly increasing; the clock keeps them increasing when the
+-- counter is gone: expired (ARGV[3] after the last acquisition) or lost to an
+-- empty restart. Tokens never run ahead of the server clock by themselves (each
+-- script takes more than a microsecond), so the clock alone is enough as long as
+-- it has not stepped back by more than the time since the last acquisition.
 local pttl = redis.call('PTTL', KEYS[1])
 if pttl ~= -2 then
   local token = redis.call('HGET', KEYS[1], ARGV[1])
@@ -32,7 +37,7 @@ local last = tonumber(redis.call('GET', KEYS[2]) or '0')
 local token = math.max(last + 1, micros)
 -- '%.0f' writes the whole number in full; the default conversion may use an exponent.
 local text = string.format('%.0f', token)
-redis.call('SET', KEYS[2], text)
+redis.call('SET', KEYS[2], text, 'PX', ARGV[3])
 redis.call('HSET', KEYS[1], ARGV[1], text)
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return {1, token, ARGV[1]}
