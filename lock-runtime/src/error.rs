@@ -68,7 +68,8 @@ pub enum LockError {
         source: redis::RedisError,
     },
 
-    /// The manager could not connect to Redis.
+    /// The manager could not connect to Redis: unreachable, a TLS handshake that
+    /// failed (an untrusted certificate), or a password that is missing or wrong.
     #[error("cannot connect to redis at {url}: {source}")]
     Connect {
         /// The URL, with any password removed.
@@ -76,6 +77,19 @@ pub enum LockError {
         /// The error from the Redis client.
         #[source]
         source: redis::RedisError,
+    },
+
+    /// Redis answers, but cannot serve locks safely as configured: the ACL user
+    /// may not run a command or touch a key or channel a lock needs, or (with
+    /// [`reject_evicting_policy`](crate::LockManagerBuilder::reject_evicting_policy))
+    /// its `maxmemory-policy` may evict held locks. Found by
+    /// [`build`](crate::LockManagerBuilder::build), before any lock is taken.
+    #[error("redis at {url} cannot serve locks: {reason}")]
+    ServerCheck {
+        /// The URL, with any password removed.
+        url: String,
+        /// What is wrong and how to fix it.
+        reason: String,
     },
 }
 
@@ -88,9 +102,10 @@ impl LockError {
             | LockError::NotHeld { key }
             | LockError::InvalidKey { key, .. }
             | LockError::Backend { key, .. } => Some(key),
-            LockError::InvalidConfig(_) | LockError::NotConfigured | LockError::Connect { .. } => {
-                None
-            }
+            LockError::InvalidConfig(_)
+            | LockError::NotConfigured
+            | LockError::Connect { .. }
+            | LockError::ServerCheck { .. } => None,
         }
     }
 

@@ -40,6 +40,7 @@ mod manager;
 mod renewal;
 mod request;
 mod scripts;
+mod server_check;
 mod waiting;
 
 #[cfg(feature = "testing")]

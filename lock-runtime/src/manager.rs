@@ -114,6 +114,8 @@ pub(crate) struct Config {
     /// How long a fencing counter outlives the lease of the acquisition that last
     /// wrote it.
     pub(crate) fence_retention: Duration,
+    /// Refuse to build when `maxmemory-policy` may evict lock keys (else: warn).
+    pub(crate) reject_evicting_policy: bool,
 }
 
 /// The current connection, and which one it is.
@@ -204,8 +206,12 @@ impl LockManager {
         LockManager::builder(url).build().await
     }
 
-    /// Starts configuring a manager for the Redis server at `url`
-    /// (`redis://[:password@]host:port[/db]`).
+    /// Starts configuring a manager for the Redis server at `url`:
+    /// `redis://[[user]:password@]host:port[/db]`, or `rediss://...` for TLS (the
+    /// `tls` feature, on by default). A TLS server's certificate is checked
+    /// against the system's roots, or the CA given to
+    /// [`tls_ca_pem`](LockManagerBuilder::tls_ca_pem); `rediss://host:port/#insecure`
+    /// skips the check (for trying things out only).
     pub fn builder(url: &str) -> LockManagerBuilder {
         LockManagerBuilder {
             url: url.to_owned(),
@@ -216,7 +222,9 @@ impl LockManager {
                 command_timeout: Duration::from_secs(2),
                 connect_timeout: Duration::from_secs(2),
                 fence_retention: DEFAULT_FENCE_RETENTION,
+                reject_evicting_policy: false,
             },
+            tls: TlsSettings::default(),
         }
     }
 
@@ -278,6 +286,26 @@ pub struct RedisNames {
 pub struct LockManagerBuilder {
     url: String,
     config: Config,
+    tls: TlsSettings,
+}
+
+/// Certificates for `rediss://` beyond the system's trust store.
+#[derive(Clone, Default)]
+struct TlsSettings {
+    ca_pem: Option<Vec<u8>>,
+    client_identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for TlsSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsSettings")
+            .field("ca_pem", &self.ca_pem.as_ref().map(|_| "<set>"))
+            .field(
+                "client_identity",
+                &self.client_identity.as_ref().map(|_| "<redacted>"),
+            )
+            .finish()
+    }
 }
 
 impl LockManagerBuilder {
@@ -328,10 +356,52 @@ impl LockManagerBuilder {
         self
     }
 
-    /// Checks the settings, connects, and starts the background tasks on the
-    /// current tokio runtime.
+    /// Trusts this CA (PEM) for `rediss://` instead of the system's roots: for
+    /// managed Redis with a private CA, and self-signed test servers.
+    pub fn tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls.ca_pem = Some(pem.into());
+        self
+    }
+
+    /// A client certificate and its private key (both PEM), for servers that
+    /// require mutual TLS (`tls-auth-clients yes`).
+    pub fn tls_client_identity(
+        mut self,
+        certificate_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls.client_identity = Some((certificate_pem.into(), key_pem.into()));
+        self
+    }
+
+    /// Makes [`build`](Self::build) fail with [`LockError::ServerCheck`] when the
+    /// server's `maxmemory-policy` may evict lock keys (`allkeys-*`, or
+    /// `volatile-*`, which evicts keys with a TTL: every held lock). By default
+    /// such a policy is only logged as a warning. Where `CONFIG GET` is not
+    /// allowed (managed Redis), the policy cannot be read: that is logged at
+    /// debug level and does not fail.
+    pub fn reject_evicting_policy(mut self, reject: bool) -> Self {
+        self.config.reject_evicting_policy = reject;
+        self
+    }
+
+    /// Checks the settings, connects, checks the server, and starts the
+    /// background tasks on the current tokio runtime.
+    ///
+    /// The server check is one pipelined round trip plus one short-lived pub/sub
+    /// connection: it authenticates, loads the scripts, takes and releases a probe
+    /// lock under the key prefix (so that every command, key and channel a lock
+    /// needs is tried with this user's ACL), subscribes once, and reads
+    /// `maxmemory-policy`.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidConfig`] for bad settings or URLs,
+    /// [`LockError::Connect`] when Redis cannot be reached, the TLS handshake
+    /// fails, or a password is missing or wrong (all within the connect timeout),
+    /// [`LockError::ServerCheck`] when the ACL user lacks a permission a lock needs
+    /// (the message names it) or, if asked, the eviction policy is unsafe.
     pub async fn build(self) -> Result<LockManager, LockError> {
-        let LockManagerBuilder { url, config } = self;
+        let LockManagerBuilder { url, config, tls } = self;
         keys::validate_prefix(&config.key_prefix)?;
         validate_lease(config.default_lease, "default lease")?;
         validate_wait(config.default_wait, "default wait")?;
@@ -350,7 +420,7 @@ impl LockManagerBuilder {
             LockError::InvalidConfig("LockManager must be built inside a tokio runtime".to_owned())
         })?;
         let shown_url = redact(&url);
-        let client = redis::Client::open(url.as_str())
+        let client = open_client(&url, &tls)
             .map_err(|e| LockError::InvalidConfig(format!("invalid redis URL {shown_url}: {e}")))?;
         let conn_config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(config.connect_timeout))
@@ -360,7 +430,7 @@ impl LockManagerBuilder {
             .set_number_of_retries(2)
             .set_max_delay(Duration::from_millis(200));
         let connecting = ConnectionManager::new_with_config(client.clone(), conn_config.clone());
-        let conn = match tokio::time::timeout(config.connect_timeout, connecting).await {
+        let mut conn = match tokio::time::timeout(config.connect_timeout, connecting).await {
             Ok(Ok(conn)) => conn,
             Ok(Err(source)) => {
                 return Err(LockError::Connect {
@@ -379,6 +449,8 @@ impl LockManagerBuilder {
                 });
             }
         };
+        let scripts = Scripts::new();
+        crate::server_check::check(&mut conn, &client, &scripts, &config, &shown_url).await?;
         let core = Arc::new(Core {
             id: next_id(),
             conn: Mutex::new(Conn {
@@ -393,7 +465,7 @@ impl LockManagerBuilder {
             ),
             client,
             config,
-            scripts: Scripts::new(),
+            scripts,
             renewals: Renewals::default(),
             runtime: runtime.clone(),
             epoch: Instant::now(),
@@ -428,6 +500,41 @@ pub(crate) fn validate_wait(wait: Duration, what: &str) -> Result<(), LockError>
         )));
     }
     Ok(())
+}
+
+/// A client for `url`, trusting the CA and presenting the client certificate of
+/// `tls` when given.
+fn open_client(url: &str, tls: &TlsSettings) -> RedisResult<redis::Client> {
+    if url.starts_with("rediss://") && !cfg!(feature = "tls") {
+        return Err(redis::RedisError::from((
+            redis::ErrorKind::InvalidClientConfig,
+            "rediss:// needs distlock's `tls` feature (on by default; turned off here)",
+        )));
+    }
+    #[cfg(feature = "tls")]
+    if tls.ca_pem.is_some() || tls.client_identity.is_some() {
+        return redis::Client::build_with_tls(
+            url,
+            redis::TlsCertificates {
+                client_tls: tls
+                    .client_identity
+                    .clone()
+                    .map(|(client_cert, client_key)| redis::ClientTlsConfig {
+                        client_cert,
+                        client_key,
+                    }),
+                root_cert: tls.ca_pem.clone(),
+            },
+        );
+    }
+    #[cfg(not(feature = "tls"))]
+    if tls.ca_pem.is_some() || tls.client_identity.is_some() {
+        return Err(redis::RedisError::from((
+            redis::ErrorKind::InvalidClientConfig,
+            "TLS certificates were given, but distlock's `tls` feature is off",
+        )));
+    }
+    redis::Client::open(url)
 }
 
 /// The URL without its password, for messages.

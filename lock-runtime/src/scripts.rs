@@ -121,6 +121,40 @@ fn check_owner(echoed: &str, owner: &str) -> RedisResult<()> {
     }
 }
 
+/// One command of the start-up probe, for naming what a refusal concerns.
+pub(crate) struct ProbeStep {
+    pub(crate) name: &'static str,
+    source: Option<&'static str>,
+}
+
+impl ProbeStep {
+    fn command(name: &'static str) -> Self {
+        ProbeStep { name, source: None }
+    }
+
+    fn script(name: &'static str, lua: &Lua) -> Self {
+        ProbeStep {
+            name,
+            source: Some(lua.source),
+        }
+    }
+
+    /// The Redis command a script error is about: Redis names the script line
+    /// (`@user_script:13`) but not the command an ACL refused there.
+    pub(crate) fn command_in(&self, error: &str) -> Option<String> {
+        let line: usize = error
+            .split("@user_script:")
+            .nth(1)?
+            .split(|c: char| !c.is_ascii_digit())
+            .next()?
+            .parse()
+            .ok()?;
+        let text = self.source?.lines().nth(line.checked_sub(1)?)?;
+        let call = text.split("redis.call('").nth(1)?;
+        Some(call.split('\'').next()?.to_ascii_lowercase())
+    }
+}
+
 pub(crate) struct Scripts {
     acquire: Lua,
     release: Lua,
@@ -215,5 +249,44 @@ impl Scripts {
 
     pub(crate) async fn load_renew(&self, conn: &mut ConnectionManager) -> RedisResult<()> {
         self.renew.load(conn).await
+    }
+
+    /// A pipeline that loads the three scripts and runs each path of them once on
+    /// the lock `keys` (take, take again as the same owner, renew, release), with
+    /// errors kept as values; and a name for each of its replies. Every command
+    /// a lock needs runs, so a missing ACL permission shows up here.
+    pub(crate) fn startup_probe(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        lease_ms: u64,
+    ) -> (redis::Pipeline, Vec<ProbeStep>) {
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        let mut steps = Vec::new();
+        for lua in [&self.acquire, &self.release, &self.renew] {
+            pipe.cmd("SCRIPT").arg("LOAD").arg(lua.source);
+            steps.push(ProbeStep::command("SCRIPT LOAD"));
+        }
+        let lease = lease_ms.to_string();
+        let acquire = self.acquire.call(
+            &[&keys.lock, &keys.fence],
+            &[owner.as_bytes(), lease.as_bytes(), lease.as_bytes()],
+        );
+        pipe.add_command(acquire.clone());
+        steps.push(ProbeStep::script("the acquire script", &self.acquire));
+        pipe.add_command(acquire);
+        steps.push(ProbeStep::script(
+            "the acquire script (re-entry)",
+            &self.acquire,
+        ));
+        pipe.add_command(self.renew_cmd(&keys.lock, owner, lease_ms));
+        steps.push(ProbeStep::script("the renew script", &self.renew));
+        pipe.add_command(self.release_cmd(keys, owner));
+        steps.push(ProbeStep::script("the release script", &self.release));
+        // Leave nothing behind (the counter would otherwise live out its TTL).
+        pipe.cmd("DEL").arg(&keys.fence);
+        steps.push(ProbeStep::command("DEL"));
+        (pipe, steps)
     }
 }

@@ -1,0 +1,201 @@
+//! What `build()` checks before it hands out a manager: that Redis accepts this
+//! client (authentication), lets it run everything a lock needs on the key prefix
+//! (ACL), and will not evict lock keys (`maxmemory-policy`).
+//!
+//! Without these checks every one of those problems shows up later, at the first
+//! lock, as a `Backend` error (or, for eviction, as two holders of one lock).
+
+use std::collections::HashMap;
+
+use redis::aio::ConnectionManager;
+use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
+
+use crate::error::LockError;
+use crate::keys::LockKeys;
+use crate::manager::Config;
+use crate::scripts::Scripts;
+
+/// The user key of the lock the start-up check takes and releases.
+const PROBE_KEY: &str = "distlock-startup-check";
+/// The probe's lease, and the TTL of the fencing counter it leaves behind.
+const PROBE_LEASE_MS: u64 = 10;
+
+/// What the server's `maxmemory-policy` does to lock keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum EvictionRisk {
+    /// `noeviction` (or a policy we do not know that does not say it evicts).
+    None,
+    /// `allkeys-*` evicts any key, `volatile-*` every key with a TTL: every held lock.
+    Evicts(String),
+    /// `CONFIG GET` is not allowed here (managed Redis, or an ACL without it).
+    Unknown,
+}
+
+pub(crate) fn classify_policy(policy: &str) -> EvictionRisk {
+    if policy.starts_with("allkeys-") || policy.starts_with("volatile-") {
+        EvictionRisk::Evicts(policy.to_owned())
+    } else {
+        EvictionRisk::None
+    }
+}
+
+/// Runs the checks over `conn` (one pipelined round trip) and over a short-lived
+/// pub/sub connection from `client` (SUBSCRIBE needs a connection of its own).
+pub(crate) async fn check(
+    conn: &mut ConnectionManager,
+    client: &redis::Client,
+    scripts: &Scripts,
+    config: &Config,
+    shown_url: &str,
+) -> Result<(), LockError> {
+    let keys = LockKeys::new(&config.key_prefix, PROBE_KEY);
+    let owner = uuid::Uuid::new_v4().simple().to_string();
+    let refused = |reason: String| LockError::ServerCheck {
+        url: shown_url.to_owned(),
+        reason,
+    };
+
+    // PING first, alone: a server that wants a password answers NOAUTH to
+    // everything, and that is a connection problem, not a permission one.
+    let ping: Result<String, RedisError> = redis::cmd("PING").query_async(conn).await;
+    if let Err(e) = ping {
+        return Err(if is_auth_error(&e) {
+            LockError::Connect {
+                url: shown_url.to_owned(),
+                source: e,
+            }
+        } else {
+            refused(format!("PING failed: {e}"))
+        });
+    }
+
+    let (pipe, steps) = scripts.startup_probe(&keys, &owner, PROBE_LEASE_MS);
+    let mut pipe = pipe;
+    pipe.cmd("CONFIG").arg("GET").arg("maxmemory-policy");
+    let replies: Vec<Value> = pipe
+        .query_async(conn)
+        .await
+        .map_err(|e| refused(format!("the start-up check failed: {e}")))?;
+    let (probe_replies, config_reply) = replies.split_at(replies.len().saturating_sub(1));
+    for (step, reply) in steps.iter().zip(probe_replies) {
+        if let Value::ServerError(e) = reply {
+            let e = RedisError::from(e.clone());
+            let text = e.to_string();
+            let what = match step.command_in(&text) {
+                Some(command) => format!("{}'s {command} call", step.name),
+                None => step.name.to_owned(),
+            };
+            return Err(refused(format!(
+                "{what} on {:?} was refused: {text}{}",
+                keys.lock,
+                permission_hint(&e, &config.key_prefix)
+            )));
+        }
+    }
+
+    let policy = config_reply.first().and_then(|reply| {
+        redis::from_redis_value_ref::<HashMap<String, String>>(reply)
+            .ok()?
+            .remove("maxmemory-policy")
+    });
+    let risk = policy.map_or(EvictionRisk::Unknown, |p| classify_policy(&p));
+    match risk {
+        EvictionRisk::None => {}
+        EvictionRisk::Unknown => tracing::debug!(
+            target: "distlock::connection",
+            url = shown_url,
+            "could not read maxmemory-policy (CONFIG GET is not allowed here); \
+             make sure the server does not evict keys with a TTL"
+        ),
+        EvictionRisk::Evicts(policy) => {
+            let problem = format!(
+                "maxmemory-policy is {policy}: once Redis reaches maxmemory it may evict a held \
+                 lock, and then hand it to a second holder; set maxmemory-policy noeviction \
+                 (or give locks a Redis of their own)"
+            );
+            if config.reject_evicting_policy {
+                return Err(refused(problem));
+            }
+            tracing::warn!(target: "distlock::connection", url = shown_url, policy, "{problem}");
+        }
+    }
+
+    check_subscribe(client, &keys.channel, config)
+        .await
+        .map_err(|e| {
+            refused(format!(
+                "SUBSCRIBE to {:?} was refused: {e}{}",
+                keys.channel,
+                permission_hint(&e, &config.key_prefix)
+            ))
+        })
+}
+
+async fn check_subscribe(
+    client: &redis::Client,
+    channel: &str,
+    config: &Config,
+) -> Result<(), RedisError> {
+    let probe = async {
+        let mut pubsub = client.get_async_pubsub().await?;
+        pubsub.subscribe(channel).await?;
+        pubsub.unsubscribe(channel).await
+    };
+    match tokio::time::timeout(config.connect_timeout + config.command_timeout, probe).await {
+        Ok(result) => result,
+        Err(_) => Err(RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "no answer in time",
+        ))),
+    }
+}
+
+fn is_auth_error(e: &RedisError) -> bool {
+    matches!(e.kind(), ErrorKind::AuthenticationFailed)
+        || e.code().is_some_and(|c| c == "NOAUTH" || c == "WRONGPASS")
+}
+
+/// The ACL rule that would fix a permission error, for the message.
+fn permission_hint(e: &RedisError, prefix: &str) -> String {
+    let refused_by_acl = e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm)
+        || e.code() == Some("NOPERM")
+        // An ACL refusal inside a script comes back as a plain script error.
+        || e.to_string().contains("user executing the script can't");
+    if !refused_by_acl {
+        return String::new();
+    }
+    format!(
+        " (the ACL user needs: ~{prefix}* &{prefix}* {}; see the README's \"TLS, passwords and \
+         ACL users\")",
+        REQUIRED_COMMANDS
+    )
+}
+
+/// The commands a least-privilege ACL user needs, as ACL rules (kept in step with
+/// the README and `tests/auth.rs`).
+pub(crate) const REQUIRED_COMMANDS: &str = "+ping +evalsha +script|load +time +get +set +hget \
+     +hset +hexists +pexpire +pttl +del +publish +subscribe +unsubscribe";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policies_are_classified() {
+        assert_eq!(classify_policy("noeviction"), EvictionRisk::None);
+        for evicting in [
+            "allkeys-lru",
+            "allkeys-lfu",
+            "allkeys-random",
+            "volatile-lru",
+            "volatile-lfu",
+            "volatile-random",
+            "volatile-ttl",
+        ] {
+            assert_eq!(
+                classify_policy(evicting),
+                EvictionRisk::Evicts(evicting.to_owned())
+            );
+        }
+    }
+}

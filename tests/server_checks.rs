@@ -1,0 +1,232 @@
+//! What `build()` checks before it hands out a manager: the eviction policy, and
+//! that the ACL user may do everything a lock needs (least privilege works, a
+//! missing permission is named). Passwords and TLS: `tests/auth.rs`.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+
+use common::*;
+use distlock::testing::RedisServer;
+use distlock::{LockError, LockManager};
+
+/// Runs `f` on a current-thread runtime under a subscriber that keeps every
+/// event at DEBUG or above for `distlock`, and returns what it printed.
+fn logged<F: std::future::Future<Output = ()>>(f: impl FnOnce() -> F) -> String {
+    #[derive(Clone, Default)]
+    struct Written(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Written {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let written = Written::default();
+    let sink = written.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new("distlock=debug"))
+        .with_writer(move || sink.clone())
+        .with_ansi(false)
+        .finish();
+    let _default = tracing::subscriber::set_default(subscriber);
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f());
+    let text = String::from_utf8(written.0.lock().unwrap().clone()).unwrap();
+    text
+}
+
+fn server_with_policy(policy: &str) -> RedisServer {
+    RedisServer::spawn_with_args(&["--maxmemory-policy", policy]).unwrap()
+}
+
+#[test]
+fn noeviction_builds_quietly() {
+    let redis = server_with_policy("noeviction");
+    let log = logged(|| async {
+        let m = LockManager::builder(&redis.url())
+            .reject_evicting_policy(true)
+            .build()
+            .await
+            .unwrap();
+        m.lock("k")
+            .acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    });
+    assert!(!log.contains("WARN"), "{log}");
+    assert!(!log.contains("maxmemory-policy"), "{log}");
+}
+
+#[test]
+fn evicting_policies_warn_or_fail_on_request() {
+    // One of each class: allkeys-* may evict any key, volatile-* every key with a
+    // TTL, which is every held lock.
+    for policy in [
+        "allkeys-lru",
+        "allkeys-random",
+        "volatile-lru",
+        "volatile-ttl",
+    ] {
+        let redis = server_with_policy(policy);
+        let log = logged(|| async {
+            LockManager::connect(&redis.url()).await.unwrap();
+        });
+        let warning = log
+            .lines()
+            .find(|l| l.contains("WARN"))
+            .unwrap_or_else(|| panic!("{policy}: no warning in\n{log}"));
+        assert!(
+            warning.contains(policy) && warning.contains("maxmemory-policy noeviction"),
+            "{policy}: {warning}"
+        );
+
+        let refused = tokio::runtime::Runtime::new().unwrap().block_on(async {
+            LockManager::builder(&redis.url())
+                .reject_evicting_policy(true)
+                .build()
+                .await
+        });
+        match refused {
+            Err(e @ LockError::ServerCheck { .. }) => {
+                let text = e.to_string();
+                assert!(
+                    text.contains(policy) && text.contains("noeviction"),
+                    "{text}"
+                );
+            }
+            other => panic!("{policy}: {other:?}"),
+        }
+    }
+}
+
+/// A user that may not run CONFIG: the policy cannot be read, which is said at
+/// debug level, and the manager builds.
+#[test]
+fn a_forbidden_config_is_noted_at_debug_and_ignored() {
+    let redis = server_with_policy("allkeys-lru");
+    let log = logged(|| async {
+        let mut raw = raw(&redis).await;
+        acl_user(&mut raw, "locker", LEAST_PRIVILEGE).await;
+        let m = LockManager::builder(&user_url(&redis, "locker"))
+            .reject_evicting_policy(true)
+            .build()
+            .await
+            .unwrap();
+        m.lock("k")
+            .acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    });
+    assert!(!log.contains("WARN"), "{log}");
+    assert!(
+        log.lines()
+            .any(|l| l.contains("DEBUG") && l.contains("maxmemory-policy")),
+        "{log}"
+    );
+}
+
+/// The README's least-privilege ACL, verbatim ("TLS, passwords and ACL users").
+const LEAST_PRIVILEGE: &str = "~distlock:* &distlock:* +ping +evalsha +script|load +time +get \
+     +set +hget +hset +hexists +pexpire +pttl +del +publish +subscribe +unsubscribe";
+
+async fn acl_user(raw: &mut redis::aio::MultiplexedConnection, name: &str, rules: &str) {
+    let mut cmd = redis::cmd("ACL");
+    cmd.arg("SETUSER")
+        .arg(name)
+        .arg("reset")
+        .arg("on")
+        .arg(">pw");
+    for rule in rules.split_whitespace() {
+        cmd.arg(rule);
+    }
+    cmd.query_async::<()>(raw).await.unwrap();
+}
+
+fn user_url(redis: &RedisServer, user: &str) -> String {
+    format!("redis://{user}:pw@{}", redis.addr())
+}
+
+#[tokio::test]
+async fn the_least_privilege_acl_is_enough_for_everything() {
+    let redis = server();
+    let mut raw = raw(&redis).await;
+    acl_user(&mut raw, "locker", LEAST_PRIVILEGE).await;
+    let a = LockManager::connect(&user_url(&redis, "locker"))
+        .await
+        .unwrap();
+    let b = LockManager::connect(&user_url(&redis, "locker"))
+        .await
+        .unwrap();
+    // Acquire, renew, wait by push, hand-off, release.
+    let g = a
+        .lock("k")
+        .lease(std::time::Duration::from_millis(150))
+        .acquire()
+        .await
+        .unwrap();
+    let waiter = tokio::spawn(async move { b.lock("k").acquire().await });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!g.is_lost());
+    g.release().await.unwrap();
+    waiter.await.unwrap().unwrap().release().await.unwrap();
+    assert_eq!(refused_commands(&mut raw).await, Vec::<String>::new());
+}
+
+/// The commands Redis refused (its ACL LOG), other than `config|get`, which
+/// the README lists as optional: without it the eviction policy is not checked.
+async fn refused_commands(raw: &mut redis::aio::MultiplexedConnection) -> Vec<String> {
+    let log: Vec<std::collections::HashMap<String, redis::Value>> =
+        redis::cmd("ACL").arg("LOG").query_async(raw).await.unwrap();
+    log.iter()
+        .filter_map(|entry| match entry.get("object") {
+            Some(redis::Value::BulkString(b)) => Some(String::from_utf8_lossy(b).into_owned()),
+            _ => None,
+        })
+        .filter(|object| object != "config|get")
+        .collect()
+}
+
+#[tokio::test]
+async fn a_missing_permission_is_named_at_build() {
+    let redis = server();
+    let mut raw = raw(&redis).await;
+    for (missing, named) in [
+        ("+evalsha", "evalsha"),
+        ("+publish", "publish"),
+        ("+subscribe", "subscribe"),
+        ("+hset", "hset"),
+        ("&distlock:*", "channel"),
+        ("~distlock:*", "key"),
+    ] {
+        let rules = LEAST_PRIVILEGE.replace(missing, "");
+        acl_user(&mut raw, "partial", &rules).await;
+        let started = std::time::Instant::now();
+        let built = LockManager::builder(&user_url(&redis, "partial"))
+            .connect_timeout(std::time::Duration::from_secs(1))
+            .command_timeout(std::time::Duration::from_secs(1))
+            .build()
+            .await;
+        match built {
+            Err(e @ LockError::ServerCheck { .. }) => {
+                println!("without {missing}: {e}");
+                let text = e.to_string().to_lowercase();
+                assert!(text.contains(named), "without {missing}: {text}");
+                assert!(!text.contains(":pw@"), "the password is redacted: {text}");
+            }
+            other => panic!("without {missing}: {other:?}"),
+        }
+        assert!(started.elapsed() < std::time::Duration::from_secs(3));
+    }
+}
