@@ -271,3 +271,47 @@ async fn a_releasing_task_does_not_jump_the_queue() {
         order.len()
     );
 }
+
+/// When leases run out without a release (here `renew(false)`, never released),
+/// nobody publishes; the lock still goes to this manager's waiters in the order
+/// they arrived, because only the first in line retries on its timer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_keep_their_order_when_leases_run_out() {
+    const WAITERS: usize = 8;
+    let redis = server();
+    let holder = manager(&redis).await;
+    let waiters = manager(&redis).await;
+    let lease = Duration::from_secs(1);
+    let first = holder
+        .lock("k")
+        .lease(lease)
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    std::mem::forget(first); // never released: the lease runs out
+    let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..WAITERS {
+        let m = waiters.clone();
+        let order = order.clone();
+        tasks.push(tokio::spawn(async move {
+            let g = m
+                .lock("k")
+                .lease(lease)
+                .renew(false)
+                .wait(Duration::from_secs(20))
+                .acquire()
+                .await
+                .unwrap();
+            order.lock().unwrap().push(i);
+            std::mem::forget(g);
+        }));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    assert_eq!(order, (0..WAITERS).collect::<Vec<_>>());
+}

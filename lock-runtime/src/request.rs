@@ -236,8 +236,13 @@ impl Acquisition<'_> {
         let mut woken = pin!(registration.woken());
         woken.as_mut().enable();
         loop {
+            // Only the first waiter in line retries on its timer (see
+            // `Registration::is_first_in_line`); the others' timers only bring
+            // them back to look, and their backoff ignores the holder's lease
+            // (which they last read who knows when).
+            let first_in_line = registration.is_first_in_line();
             let nap = backoff
-                .next(remaining)
+                .next(if first_in_line { remaining } else { None })
                 .min(deadline.saturating_duration_since(Instant::now()));
             let by_wake_up = tokio::select! {
                 _ = woken.as_mut() => true,
@@ -249,6 +254,11 @@ impl Acquisition<'_> {
                 registration.set_unresolved_wake(true);
                 woken.set(registration.woken());
                 woken.as_mut().enable();
+            } else if !registration.is_first_in_line() {
+                if Instant::now() >= deadline {
+                    return Err(self.timeout());
+                }
+                continue;
             }
             remaining = match self.attempt().await? {
                 Attempt::Acquired(lease) => {

@@ -9,7 +9,7 @@
 //! may have been published while nobody listened.
 
 use std::cell::Cell;
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -36,7 +36,8 @@ pub(crate) struct Subscriber {
 }
 
 struct Channel {
-    waiters: usize,
+    /// This manager's waiters on the channel, in arrival order (registration ids).
+    queue: VecDeque<u64>,
     wake: Arc<Notify>,
 }
 
@@ -66,11 +67,12 @@ impl Subscriber {
         let entry = channels
             .entry(channel.to_owned())
             .or_insert_with(|| Channel {
-                waiters: 0,
+                queue: VecDeque::new(),
                 wake: Arc::new(Notify::new()),
             });
-        entry.waiters += 1;
-        if entry.waiters == 1 {
+        let id = crate::manager::next_id();
+        entry.queue.push_back(id);
+        if entry.queue.len() == 1 {
             // The task may be gone (manager shutting down): waiting then falls
             // back to the backoff alone.
             let _ = self.changes.send(channel.to_owned());
@@ -78,6 +80,7 @@ impl Subscriber {
         Registration {
             subscriber: self,
             channel: channel.to_owned(),
+            id,
             wake: entry.wake.clone(),
             unresolved_wake: AtomicBool::new(false),
         }
@@ -113,6 +116,7 @@ impl Subscriber {
 pub(crate) struct Registration<'a> {
     subscriber: &'a Subscriber,
     channel: String,
+    id: u64,
     wake: Arc<Notify>,
     /// This waiter took a wake-up and has not yet seen the outcome of the attempt
     /// it makes for it; if it leaves now, the wake-up goes to the next waiter.
@@ -127,14 +131,26 @@ impl Registration<'_> {
     pub(crate) fn set_unresolved_wake(&self, v: bool) {
         self.unresolved_wake.store(v, Ordering::Relaxed);
     }
+
+    /// Whether this is the longest-waiting acquisition of this manager for the
+    /// lock. Only it retries on a timer: when a lease runs out without a release
+    /// (a crashed holder, `renew(false)`, a lost lease) nobody publishes, and the
+    /// lock then goes to waiters in arrival order instead of to whichever timer
+    /// fires first.
+    pub(crate) fn is_first_in_line(&self) -> bool {
+        self.subscriber
+            .channels()
+            .get(&self.channel)
+            .is_some_and(|c| c.queue.front() == Some(&self.id))
+    }
 }
 
 impl Drop for Registration<'_> {
     fn drop(&mut self) {
         let mut channels = self.subscriber.channels();
         if let Some(entry) = channels.get_mut(&self.channel) {
-            entry.waiters -= 1;
-            if entry.waiters == 0 {
+            entry.queue.retain(|id| *id != self.id);
+            if entry.queue.is_empty() {
                 channels.remove(&self.channel);
                 let _ = self.subscriber.changes.send(self.channel.clone());
             } else if self.unresolved_wake.load(Ordering::Relaxed) {
