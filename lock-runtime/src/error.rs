@@ -58,6 +58,14 @@ pub enum LockError {
     )]
     NotConfigured,
 
+    /// The manager was shut down with [`LockManager::shutdown`](crate::LockManager::shutdown)
+    /// while this acquisition waited, or before it started.
+    #[error("lock {}: the lock manager was shut down", KeyPreview(key))]
+    ShutDown {
+        /// The lock key.
+        key: String,
+    },
+
     /// Redis failed or did not answer in time while working on the lock.
     #[error("redis failed on lock {}: {source}", KeyPreview(key))]
     Backend {
@@ -100,6 +108,7 @@ impl LockError {
             LockError::Timeout { key, .. }
             | LockError::Lost { key }
             | LockError::NotHeld { key }
+            | LockError::ShutDown { key }
             | LockError::InvalidKey { key, .. }
             | LockError::Backend { key, .. } => Some(key),
             LockError::InvalidConfig(_)

@@ -143,6 +143,10 @@ impl LockGuard {
         let core = &self.manager.inner.core;
         let was_lost = lease.mark_released();
         core.renewals.remove(lease.id);
+        if core.is_shut_down() {
+            // The shutdown released the lock already (or its lease will).
+            return Err(self.lost_error());
+        }
         // From here on nobody else will release: if this future is dropped before
         // the reply, the queued script may never be sent (or a NOSCRIPT retry may
         // be cut short), so hand the release to the background.
@@ -229,6 +233,9 @@ impl Drop for LockGuard {
         let core = &self.manager.inner.core;
         self.lease.mark_released();
         core.renewals.remove(self.lease.id);
+        if core.is_shut_down() {
+            return;
+        }
         release_in_background(
             core,
             self.lease.key.clone(),

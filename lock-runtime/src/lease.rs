@@ -175,6 +175,19 @@ impl Lease {
         changed
     }
 
+    /// Ends a held lease because its manager is shutting down: lost to the
+    /// holder (its work is no longer protected), without the warning a loss
+    /// gets, since the shutdown was asked for.
+    pub(crate) fn end_by_shutdown(&self) {
+        if self
+            .state
+            .compare_exchange(HELD, LOST, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            self.lost_notify.notify_waiters();
+        }
+    }
+
     /// Marks the lease released; returns true when it had been lost before.
     pub(crate) fn mark_released(&self) -> bool {
         let was_lost = self.is_lost();

@@ -1,7 +1,7 @@
 //! `LockManager`: the connection, the settings, and the background tasks.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -102,6 +102,8 @@ pub(crate) struct Core {
     pub(crate) runtime: tokio::runtime::Handle,
     /// Origin of the lease clocks (`Instant`s stored as nanoseconds after it).
     pub(crate) epoch: Instant,
+    /// Set by [`LockManager::shutdown`].
+    shut_down: AtomicBool,
 }
 
 #[derive(Debug, Clone)]
@@ -188,6 +190,10 @@ impl Core {
         }
     }
 
+    pub(crate) fn is_shut_down(&self) -> bool {
+        self.shut_down.load(Ordering::Acquire)
+    }
+
     pub(crate) fn keys(&self, key: &str) -> LockKeys {
         LockKeys::new(&self.config.key_prefix, key)
     }
@@ -258,6 +264,68 @@ impl LockManager {
             fencing_counter: k.fence,
             channel: k.channel,
         }
+    }
+
+    /// Shuts the manager down: releases every lock it holds, in pipelined round
+    /// trips, and returns once Redis has confirmed the releases (each round trip
+    /// bounded by the command timeout); wakes every waiting acquisition with
+    /// [`LockError::ShutDown`]; and stops the renewal and subscriber tasks.
+    ///
+    /// Afterwards the guards report their leases lost (`is_lost()`, `lost()`,
+    /// and [`LockError::Lost`] from `release()`), since their work is no longer
+    /// protected, and every new acquisition fails with [`LockError::ShutDown`].
+    /// Calling it again does nothing.
+    ///
+    /// # Errors
+    /// [`LockError::Backend`] when Redis failed to confirm the releases; the
+    /// locks not confirmed are then freed by their leases.
+    pub async fn shutdown(&self) -> Result<(), LockError> {
+        let core = &self.inner.core;
+        if core.shut_down.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let leases = core.renewals.close();
+        for lease in &leases {
+            lease.end_by_shutdown();
+        }
+        core.subscriber.wake_everyone();
+        for task in &self.inner.tasks {
+            task.abort();
+        }
+        let mut outcome = Ok(());
+        for batch in leases.chunks(512) {
+            let locks: Vec<_> = batch
+                .iter()
+                .map(|lease| (&lease.keys, lease.owner.as_str()))
+                .collect();
+            let conn = core.connection();
+            let mut redis = conn.redis.clone();
+            let released = core
+                .call(
+                    "",
+                    conn.generation,
+                    core.scripts.release_many(&mut redis, &locks),
+                )
+                .await;
+            match released {
+                Ok(released) => tracing::debug!(
+                    target: "distlock::release",
+                    locks = locks.len(),
+                    released = released.iter().filter(|r| **r).count(),
+                    "released at shutdown"
+                ),
+                Err(e) => {
+                    tracing::warn!(
+                        target: "distlock::release",
+                        locks = locks.len(),
+                        error = %e.error,
+                        "could not release at shutdown; the leases will free the locks"
+                    );
+                    outcome = Err(e.error);
+                }
+            }
+        }
+        outcome
     }
 
     /// How many locks this manager currently holds (with their renewal running or
@@ -469,6 +537,7 @@ impl LockManagerBuilder {
             renewals: Renewals::default(),
             runtime: runtime.clone(),
             epoch: Instant::now(),
+            shut_down: AtomicBool::new(false),
         });
         let tasks = vec![
             runtime

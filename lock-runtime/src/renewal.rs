@@ -21,7 +21,7 @@ use crate::scripts::Scripts;
 const BATCH: usize = 512;
 
 pub(crate) struct Renewals {
-    leases: Mutex<HashMap<u64, Arc<Lease>>>,
+    leases: Mutex<LeaseMap>,
     /// Woken when a lease is added that is due before the task's next wake-up.
     added: Notify,
     /// When the task will next look, in nanoseconds after the manager's epoch;
@@ -30,6 +30,13 @@ pub(crate) struct Renewals {
     /// (a cross-thread wake-up and a scan of every lease cost more than the
     /// acquire's own work).
     wake_at: AtomicU64,
+}
+
+#[derive(Default)]
+struct LeaseMap {
+    by_id: HashMap<u64, Arc<Lease>>,
+    /// Set by `close` (manager shutdown): no lease is added any more.
+    closed: bool,
 }
 
 impl Default for Renewals {
@@ -43,33 +50,48 @@ impl Default for Renewals {
 }
 
 impl Renewals {
-    fn leases(&self) -> MutexGuard<'_, HashMap<u64, Arc<Lease>>> {
+    fn leases(&self) -> MutexGuard<'_, LeaseMap> {
         // A panic elsewhere while holding the lock leaves the map consistent
         // (every update is one insert or remove), so poisoning is ignored.
         self.leases.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(crate) fn insert(&self, lease: Arc<Lease>) {
+    /// Adds a lease to renew; false (and nothing added) once the manager is shut down.
+    pub(crate) fn insert(&self, lease: Arc<Lease>) -> bool {
         let wake = lease.renew && lease.next_renewal_nanos() < self.wake_at.load(Ordering::SeqCst);
-        self.leases().insert(lease.id, lease);
+        {
+            let mut leases = self.leases();
+            if leases.closed {
+                return false;
+            }
+            leases.by_id.insert(lease.id, lease);
+        }
         if wake {
             self.added.notify_one();
         }
+        true
     }
 
     pub(crate) fn remove(&self, id: u64) {
-        self.leases().remove(&id);
+        self.leases().by_id.remove(&id);
     }
 
     pub(crate) fn live_count(&self) -> usize {
-        self.leases().len()
+        self.leases().by_id.len()
+    }
+
+    /// Takes every lease out and refuses new ones (manager shutdown).
+    pub(crate) fn close(&self) -> Vec<Arc<Lease>> {
+        let mut leases = self.leases();
+        leases.closed = true;
+        leases.by_id.drain().map(|(_, lease)| lease).collect()
     }
 
     /// The leases to renew now, and when the next one not among them is due.
     fn due(&self, now: Instant) -> (Vec<Arc<Lease>>, Option<Instant>) {
         let mut due = Vec::new();
         let mut next: Option<Instant> = None;
-        for lease in self.leases().values() {
+        for lease in self.leases().by_id.values() {
             if !lease.renew || !lease.is_held() {
                 continue;
             }

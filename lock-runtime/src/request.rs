@@ -140,6 +140,9 @@ impl LockRequest {
             }
         };
 
+        if core.is_shut_down() {
+            return Err(LockError::ShutDown { key });
+        }
         if let Some(held) = LockContext::find(core.id, &key) {
             match reenter(&manager, held) {
                 Ok(Some(guard)) => return Ok(Some(guard)),
@@ -214,7 +217,7 @@ impl Acquisition<'_> {
         let mut remaining = None;
         if !(willing_to_wait && self.core.subscriber.has_waiters(&self.keys.channel)) {
             remaining = match self.attempt().await? {
-                Attempt::Acquired(lease) => return Ok(Some(self.grant(manager, lease))),
+                Attempt::Acquired(lease) => return self.grant(manager, lease).map(Some),
                 Attempt::Busy(remaining) => remaining,
             };
             if patience == Patience::Once {
@@ -248,6 +251,11 @@ impl Acquisition<'_> {
                 _ = woken.as_mut() => true,
                 _ = tokio::time::sleep(nap) => false,
             };
+            if core.is_shut_down() {
+                return Err(LockError::ShutDown {
+                    key: self.key.clone(),
+                });
+            }
             if by_wake_up {
                 // If this waiter leaves before its attempt resolves, the wake-up
                 // goes on to the next waiter (see `Registration`).
@@ -263,7 +271,7 @@ impl Acquisition<'_> {
             remaining = match self.attempt().await? {
                 Attempt::Acquired(lease) => {
                     registration.set_unresolved_wake(false);
-                    return Ok(Some(self.grant(manager, lease)));
+                    return self.grant(manager, lease).map(Some);
                 }
                 Attempt::Busy(remaining) => remaining,
             };
@@ -334,16 +342,28 @@ impl Acquisition<'_> {
         }
     }
 
-    fn grant(self, manager: LockManager, lease: Box<Lease>) -> LockGuard {
+    fn grant(self, manager: LockManager, lease: Box<Lease>) -> Result<LockGuard, LockError> {
         let lease = Arc::new(*lease);
-        self.core.renewals.insert(lease.clone());
+        if !self.core.renewals.insert(lease.clone()) {
+            // The manager was shut down while this attempt was in flight: give
+            // the lock straight back.
+            lease.mark_released();
+            crate::guard::release_in_background(
+                self.core,
+                self.key.clone(),
+                self.keys.clone(),
+                self.owner.clone(),
+                self.lease,
+            );
+            return Err(LockError::ShutDown { key: self.key });
+        }
         tracing::debug!(target: "distlock::acquire",
             waited_ms = self.started.elapsed().as_millis() as u64,
             attempts = self.attempts,
             fencing_token = lease.fencing_token,
             "acquired"
         );
-        LockGuard::new(manager, lease)
+        Ok(LockGuard::new(manager, lease))
     }
 
     fn timeout(&self) -> LockError {

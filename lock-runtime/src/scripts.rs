@@ -201,6 +201,44 @@ impl Scripts {
         })
     }
 
+    /// Releases many locks in one round trip (the script is loaded first, so no
+    /// NOSCRIPT can come back); per lock, whether it was still ours.
+    pub(crate) async fn release_many(
+        &self,
+        conn: &mut ConnectionManager,
+        locks: &[(&LockKeys, &str)],
+    ) -> RedisResult<Vec<bool>> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("SCRIPT").arg("LOAD").arg(self.release.source);
+        for (keys, owner) in locks {
+            pipe.add_command(self.release_cmd(keys, owner));
+        }
+        let (hash, replies): (String, Vec<(i64, String)>) = {
+            let mut all: Vec<redis::Value> = pipe.query_async(conn).await?;
+            if all.len() != locks.len() + 1 {
+                return Err(out_of_sync(
+                    "a release pipeline got the wrong number of replies",
+                ));
+            }
+            let rest = all.split_off(1);
+            (
+                redis::from_redis_value(all.remove(0))?,
+                rest.into_iter()
+                    .map(redis::from_redis_value)
+                    .collect::<Result<_, _>>()?,
+            )
+        };
+        self.release.check_loaded(&hash)?;
+        locks
+            .iter()
+            .zip(replies)
+            .map(|((_, owner), (released, echoed))| {
+                check_owner(&echoed, owner)?;
+                Ok(released == 1)
+            })
+            .collect()
+    }
+
     fn release_cmd(&self, keys: &LockKeys, owner: &str) -> Cmd {
         self.release
             .call(&[&keys.lock], &[owner.as_bytes(), keys.channel.as_bytes()])

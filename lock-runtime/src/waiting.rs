@@ -103,6 +103,14 @@ impl Subscriber {
         }
     }
 
+    /// Wakes every waiter for good: the manager is shutting down (waiters check
+    /// `Core::is_shut_down` after every wake-up).
+    pub(crate) fn wake_everyone(&self) {
+        for channel in self.channels().values() {
+            channel.wake.notify_waiters();
+        }
+    }
+
     fn is_wanted(&self, channel: &str) -> bool {
         self.channels().contains_key(channel)
     }

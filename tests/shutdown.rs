@@ -1,0 +1,77 @@
+//! `LockManager::shutdown`: every held lock released and confirmed, waiters woken
+//! with an error, guards lost, new acquisitions refused.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use distlock::LockError;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_releases_every_lock_and_wakes_waiters() {
+    let redis = server();
+    let mut raw = raw(&redis).await;
+    let a = manager(&redis).await;
+    let b = manager(&redis).await;
+    let keys: Vec<String> = (0..100).map(|i| format!("order:{i}")).collect();
+    let mut guards = Vec::new();
+    for key in &keys {
+        guards.push(
+            a.lock(key.as_str())
+                .lease(Duration::from_secs(30))
+                .acquire()
+                .await
+                .unwrap(),
+        );
+    }
+    // A waiter of the same manager, on a lock held elsewhere.
+    let elsewhere = b.lock("busy").acquire().await.unwrap();
+    let waiter = tokio::spawn({
+        let a = a.clone();
+        async move { a.lock("busy").wait(Duration::from_secs(30)).acquire().await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let started = Instant::now();
+    a.shutdown().await.unwrap();
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(1), "{took:?}");
+
+    // Confirmed by Redis before shutdown returned: the keys are gone already.
+    for key in &keys {
+        assert!(!exists(&mut raw, &a.redis_names(key).lock).await, "{key}");
+    }
+    // So another manager takes each at once (one attempt, no waiting).
+    for key in &keys {
+        let g = b.lock(key.as_str()).try_acquire().await.unwrap();
+        assert!(g.is_some(), "{key} was still held");
+    }
+    // The guards report their leases lost, and so does their release.
+    assert!(guards.iter().all(|g| g.is_lost()));
+    tokio::time::timeout(Duration::from_millis(100), guards[0].lost())
+        .await
+        .expect("lost() completes");
+    for g in guards.drain(..10) {
+        assert!(matches!(g.release().await, Err(LockError::Lost { .. })));
+    }
+    drop(guards);
+    // The waiter was woken with an error, promptly.
+    let woken = tokio::time::timeout(Duration::from_secs(2), waiter)
+        .await
+        .expect("the waiter is woken")
+        .unwrap();
+    assert!(
+        matches!(woken, Err(LockError::ShutDown { ref key }) if key == "busy"),
+        "{woken:?}"
+    );
+    // New acquisitions are refused; a second shutdown is a no-op.
+    assert!(matches!(
+        a.lock("new").acquire().await,
+        Err(LockError::ShutDown { .. })
+    ));
+    a.shutdown().await.unwrap();
+    assert_eq!(a.held_count(), 0);
+    // The other manager is unaffected.
+    elsewhere.release().await.unwrap();
+}
