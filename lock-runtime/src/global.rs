@@ -1,5 +1,16 @@
-//! The process-wide default manager used by `#[distributed_lock]` without `manager = ...`.
+//! The default manager used by `#[distributed_lock]` without `manager = ...`.
+//!
+//! In order: the manager of the current call chain's [`with_default_manager`]
+//! scope, the one set with [`set_global`], or one built on first use from
+//! `DISTLOCK_REDIS_URL` or `REDIS_URL`.
+//!
+//! The manager built from the environment runs its background work (renewal,
+//! wake-ups, the connection's own tasks) on a small runtime of its own, not on
+//! the runtime that first asked for it: a test suite runs each `#[tokio::test]`
+//! on a runtime of its own and ends it with the test, which would otherwise take
+//! the manager's tasks down with the first test.
 
+use std::future::Future;
 use std::sync::OnceLock;
 
 use crate::error::LockError;
@@ -7,8 +18,17 @@ use crate::manager::LockManager;
 
 static GLOBAL: OnceLock<LockManager> = OnceLock::new();
 static FROM_ENV: tokio::sync::OnceCell<LockManager> = tokio::sync::OnceCell::const_new();
+static BACKGROUND: OnceLock<Result<tokio::runtime::Runtime, String>> = OnceLock::new();
+
+tokio::task_local! {
+    static SCOPED: LockManager;
+}
 
 /// Sets the manager that locked functions use when they name none.
+///
+/// Its background tasks run on the runtime it was built on, so build it on a
+/// runtime that lives as long as the program (in tests, where each test has its
+/// own runtime, use [`with_default_manager`] instead).
 ///
 /// # Errors
 /// [`LockError::InvalidConfig`] if a global manager was already set; the first
@@ -24,11 +44,52 @@ pub fn global() -> Option<LockManager> {
     GLOBAL.get().cloned()
 }
 
-/// The global manager, or one connected on first use to `DISTLOCK_REDIS_URL` or
-/// `REDIS_URL`. The manager built from the environment runs its background tasks
-/// on the runtime that first asked for it.
+/// Runs `fut` with `manager` as the default manager of its call chain: locked
+/// functions that name no manager use it, in `fut` and everything it awaits
+/// (not in tasks it spawns, unless spawned with
+/// [`spawn_with_locks`](crate::spawn_with_locks)).
+///
+/// The way to give each test its own Redis and its own manager:
+///
+/// ```no_run
+/// use distlock::{distributed_lock, LockError, LockManager};
+///
+/// #[distributed_lock(key = "job:{id}")]
+/// async fn job(id: u64) -> Result<u64, LockError> {
+///     Ok(id)
+/// }
+///
+/// # async fn a_test() -> Result<(), Box<dyn std::error::Error>> {
+/// let redis = distlock::testing::RedisServer::spawn()?;
+/// let manager = LockManager::connect(&redis.url()).await?;
+/// let ran = distlock::with_default_manager(manager, async { job(7).await }).await?;
+/// assert_eq!(ran, 7);
+/// # Ok(()) }
+/// ```
+pub async fn with_default_manager<F: Future>(manager: LockManager, fut: F) -> F::Output {
+    SCOPED.scope(manager, fut).await
+}
+
+/// The default manager for a locked function that names none.
+///
+/// # Errors
+/// [`LockError::NotConfigured`] when there is none and no URL in the
+/// environment; [`LockError::InvalidConfig`] when the global manager's runtime
+/// has shut down (it was built on a runtime that has ended, such as another
+/// test's); and what [`LockManager::connect`] returns for the URL.
 pub async fn default_manager() -> Result<LockManager, LockError> {
+    if let Ok(manager) = SCOPED.try_with(LockManager::clone) {
+        return Ok(manager);
+    }
     if let Some(manager) = global() {
+        if !manager.is_running() {
+            return Err(LockError::InvalidConfig(
+                "the global lock manager was built on a tokio runtime that has shut down; \
+                 set_global a manager built on a runtime that lives as long as the program \
+                 (in tests, use distlock::with_default_manager)"
+                    .to_owned(),
+            ));
+        }
         return Ok(manager);
     }
     FROM_ENV
@@ -36,8 +97,34 @@ pub async fn default_manager() -> Result<LockManager, LockError> {
             let url = std::env::var("DISTLOCK_REDIS_URL")
                 .or_else(|_| std::env::var("REDIS_URL"))
                 .map_err(|_| LockError::NotConfigured)?;
-            LockManager::connect(&url).await
+            let runtime = background_runtime()?;
+            runtime
+                .spawn(async move { LockManager::connect(&url).await })
+                .await
+                .map_err(|e| {
+                    LockError::InvalidConfig(format!("building the default manager failed: {e}"))
+                })?
         })
         .await
         .cloned()
+}
+
+/// The runtime the environment's manager runs on: one worker thread, for the
+/// life of the process.
+fn background_runtime() -> Result<&'static tokio::runtime::Runtime, LockError> {
+    BACKGROUND
+        .get_or_init(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .thread_name("distlock-default-manager")
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())
+        })
+        .as_ref()
+        .map_err(|e| {
+            LockError::InvalidConfig(format!(
+                "cannot start the default manager's runtime: {e}"
+            ))
+        })
 }

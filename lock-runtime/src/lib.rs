@@ -48,7 +48,7 @@ pub mod testing;
 
 pub use context::spawn_with_locks;
 pub use error::LockError;
-pub use global::{global, set_global};
+pub use global::{global, set_global, with_default_manager};
 pub use guard::LockGuard;
 pub use manager::{
     LockManager, LockManagerBuilder, RedisNames, DEFAULT_FENCE_RETENTION, MAX_DURATION, MIN_LEASE,

@@ -328,6 +328,13 @@ impl LockManager {
         outcome
     }
 
+    /// Whether the manager's background tasks (renewal, wake-ups) still run:
+    /// false after [`shutdown`](Self::shutdown), or once the tokio runtime it was
+    /// built on has shut down.
+    pub fn is_running(&self) -> bool {
+        !self.inner.core.is_shut_down() && self.inner.tasks.iter().all(|t| !t.is_finished())
+    }
+
     /// How many locks this manager currently holds (with their renewal running or
     /// not), counting re-entrant holds of one lock once.
     pub fn held_count(&self) -> usize {
