@@ -91,6 +91,7 @@ mod args;
 mod duration;
 mod errors;
 mod expand;
+mod item;
 mod template;
 
 use proc_macro::TokenStream;
