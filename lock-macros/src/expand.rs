@@ -374,7 +374,7 @@ fn member_ident(name: &str, span: Span) -> Ident {
 /// of a millisecond), computed at compile time.
 fn duration_literal(value: std::time::Duration, span: Span) -> TokenStream {
     let span = located_at(span);
-    if value.subsec_nanos() % 1_000_000 == 0 {
+    if value.subsec_nanos().is_multiple_of(1_000_000) {
         let millis = Literal::u64_unsuffixed(
             u64::try_from(value.as_millis()).expect("validated: fits in u64 milliseconds"),
         );
