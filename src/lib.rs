@@ -81,5 +81,11 @@
 //! this crate re-exports both, and is the only one to depend on.
 #![warn(missing_docs)]
 
+// The attribute's documentation lives in this package (so that it is packaged
+// with it) and is attached here, to the re-export: rustdoc runs the examples
+// of `distlock`'s own items, this `use` included, as `distlock`'s doctests,
+// and shows this text first on the inlined macro's page.
+#[doc = include_str!("distributed_lock.md")]
+#[doc(inline)]
 pub use distlock_macros::distributed_lock;
 pub use distlock_runtime::*;

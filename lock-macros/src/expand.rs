@@ -1,31 +1,33 @@
-//! Analysis of the annotated function and code generation.
+//! Code generation for a function that `item` has accepted.
 
 use proc_macro2::{Literal, Span, TokenStream};
 use quote::{quote, quote_spanned, ToTokens};
 use syn::ext::IdentExt;
 use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
-use syn::{
-    Block, Expr, FnArg, GenericArgument, Ident, ItemFn, LitStr, Pat, PathArguments, ReturnType,
-    Stmt, Type, TypeParamBound,
-};
+use syn::{Block, Expr, Ident, ItemFn, LitStr, Stmt, Type};
 
-use crate::args::{nearest, DurationArg, OnLost, Options};
+use crate::args::{DurationArg, OnLost, Options};
 use crate::errors::Errors;
+use crate::item::{check_placeholders, Kind, Params, Shape, Target};
 use crate::template::{Segment, Template};
 
 /// Entry point shared by the proc macro and the unit tests.
 pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
-    let mut errors = Errors::default();
-    let Ok(mut func) = syn::parse2::<ItemFn>(item.clone()) else {
-        errors.push(not_a_function(&item));
-        if syn::parse2::<Expr>(item.clone()).is_ok() {
-            // In expression position (a closure) the output must stay one expression.
-            let errors = errors.to_compile_errors();
-            return quote!({ #errors #item });
+    let mut func = match Target::parse(&item) {
+        Target::Fn(func) => func,
+        // Unchanged, and without an error of ours: rustc reports the body's.
+        Target::FnWithBadBody => return item,
+        Target::Other { error, is_expr } => {
+            let errors = error.into_compile_error();
+            if is_expr {
+                // In expression position (a closure) the output must stay one expression.
+                return quote!({ #errors #item });
+            }
+            return quote!(#item #errors);
         }
-        return with_errors(item, &errors);
     };
+    let mut errors = Errors::default();
     let opts = Options::parse(args, &mut errors);
     let params = Params::of(&func.sig);
     let shape = Shape::analyze(&func, &mut errors);
@@ -53,397 +55,6 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
 fn with_errors(mut item: TokenStream, errors: &Errors) -> TokenStream {
     item.extend(errors.to_compile_errors());
     item
-}
-
-/// The error for anything that is not a function with a body.
-fn not_a_function(item: &TokenStream) -> syn::Error {
-    const ONLY: &str = "`#[distributed_lock]` can only be applied to an `async fn`";
-    if let Ok(decl) = syn::parse2::<syn::TraitItemFn>(item.clone()) {
-        if let (None, Some(semi)) = (&decl.default, &decl.semi_token) {
-            return syn::Error::new(
-                semi.span,
-                "`#[distributed_lock]` needs a function body: put it on the method in the `impl` \
-                 block, not on the trait's declaration",
-            );
-        }
-    }
-    if let Ok(Expr::Closure(c)) = syn::parse2::<Expr>(item.clone()) {
-        return syn::Error::new(
-            c.or1_token.span,
-            format!("{ONLY}, not to a closure; move the body into an `async fn` and lock that"),
-        );
-    }
-    let Ok(parsed) = syn::parse2::<syn::Item>(item.clone()) else {
-        return syn::Error::new(Span::call_site(), ONLY);
-    };
-    let (what, span) = match &parsed {
-        syn::Item::Struct(s) => ("a struct", s.struct_token.span),
-        syn::Item::Enum(e) => ("an enum", e.enum_token.span),
-        syn::Item::Union(u) => ("a union", u.union_token.span),
-        syn::Item::Trait(t) => ("a trait", t.trait_token.span),
-        syn::Item::Impl(i) => ("an `impl` block; put it on the methods", i.impl_token.span),
-        syn::Item::Mod(m) => ("a module", m.mod_token.span),
-        syn::Item::Static(s) if matches!(*s.expr, Expr::Closure(_)) => ("a closure", s.expr.span()),
-        syn::Item::Const(c) if matches!(*c.expr, Expr::Closure(_)) => ("a closure", c.expr.span()),
-        syn::Item::Static(s) => ("a static", s.static_token.span),
-        syn::Item::Const(c) => ("a const", c.const_token.span),
-        syn::Item::Type(t) => ("a type alias", t.type_token.span),
-        _ => ("this item", parsed.span()),
-    };
-    syn::Error::new(span, format!("{ONLY}, not to {what}"))
-}
-
-/// The names a caller can use in `{placeholders}`.
-struct Params {
-    has_self: bool,
-    names: Vec<Ident>,
-}
-
-impl Params {
-    fn of(sig: &syn::Signature) -> Params {
-        let mut params = Params {
-            has_self: false,
-            names: Vec::new(),
-        };
-        for input in &sig.inputs {
-            match input {
-                FnArg::Receiver(_) => params.has_self = true,
-                FnArg::Typed(t) => collect_bindings(&t.pat, &mut params.names),
-            }
-        }
-        params
-    }
-
-    fn find(&self, name: &str) -> Option<&Ident> {
-        let name = name.strip_prefix("r#").unwrap_or(name);
-        self.names.iter().find(|p| p.unraw() == name)
-    }
-
-    fn listing(&self) -> String {
-        let mut all: Vec<String> = Vec::new();
-        if self.has_self {
-            all.push("`self`".to_owned());
-        }
-        all.extend(self.names.iter().map(|n| format!("`{n}`")));
-        all.join(", ")
-    }
-}
-
-/// Every identifier a parameter pattern binds (`x`, `(a, b)`, `Point { x, y }`, ...).
-fn collect_bindings(pat: &Pat, out: &mut Vec<Ident>) {
-    match pat {
-        Pat::Ident(p) => {
-            out.push(p.ident.clone());
-            if let Some((_, sub)) = &p.subpat {
-                collect_bindings(sub, out);
-            }
-        }
-        Pat::Or(p) => {
-            if let Some(first) = p.cases.first() {
-                collect_bindings(first, out);
-            }
-        }
-        Pat::Paren(p) => collect_bindings(&p.pat, out),
-        Pat::Reference(p) => collect_bindings(&p.pat, out),
-        Pat::Type(p) => collect_bindings(&p.pat, out),
-        Pat::Slice(p) => p.elems.iter().for_each(|e| collect_bindings(e, out)),
-        Pat::Tuple(p) => p.elems.iter().for_each(|e| collect_bindings(e, out)),
-        Pat::TupleStruct(p) => p.elems.iter().for_each(|e| collect_bindings(e, out)),
-        Pat::Struct(p) => p.fields.iter().for_each(|f| collect_bindings(&f.pat, out)),
-        _ => {}
-    }
-}
-
-fn check_placeholders(
-    lit: &LitStr,
-    template: &Template,
-    params: &Params,
-    fn_name: &Ident,
-    errors: &mut Errors,
-) {
-    let mut reported: Vec<&str> = Vec::new();
-    for path in template.placeholders() {
-        let root = path[0].as_str();
-        if reported.contains(&root) {
-            continue;
-        }
-        let shown = path.join(".");
-        if root == "self" {
-            if !params.has_self {
-                reported.push(root);
-                errors.push(syn::Error::new(
-                    lit.span(),
-                    format!(
-                        "`{{{shown}}}` in the key, but `{fn_name}` has no `self` parameter; \
-                         placeholders name parameters{}",
-                        if params.names.is_empty() {
-                            String::new()
-                        } else {
-                            format!(" ({})", params.listing())
-                        }
-                    ),
-                ));
-            }
-        } else if params.find(root).is_none() {
-            reported.push(root);
-            let mut candidates: Vec<String> =
-                params.names.iter().map(|n| n.unraw().to_string()).collect();
-            if params.has_self {
-                candidates.push("self".to_owned());
-            }
-            let refs: Vec<&str> = candidates.iter().map(String::as_str).collect();
-            let hint = suggest_parameter(root, &refs)
-                .map(|n| format!("did you mean `{{{n}}}`? "))
-                .unwrap_or_default();
-            let listing = if candidates.is_empty() {
-                format!("`{fn_name}` has no parameters")
-            } else {
-                format!("the parameters are {}", params.listing())
-            };
-            errors.push(syn::Error::new(
-                lit.span(),
-                format!(
-                    "`{{{shown}}}` in the key is not a parameter of `{fn_name}`; {hint}{listing}"
-                ),
-            ));
-        }
-    }
-}
-
-/// The parameter a mistyped placeholder most likely meant: the nearest by edit
-/// distance, else the only one that starts or ends with it (`{order}` for
-/// `order_id`).
-fn suggest_parameter<'a>(name: &str, params: &[&'a str]) -> Option<&'a str> {
-    nearest(name, params).or_else(|| {
-        let mut matching = params
-            .iter()
-            .filter(|p| name.len() >= 2 && (p.starts_with(name) || p.ends_with(name)));
-        match (matching.next(), matching.next()) {
-            (Some(only), None) => Some(*only),
-            _ => None,
-        }
-    })
-}
-
-/// Where the body is and what the function returns.
-struct Shape {
-    kind: Kind,
-    /// The `Result<T, E>` the body produces.
-    ret: Type,
-    /// `E`, when it can be named.
-    err: Option<Type>,
-}
-
-enum Kind {
-    /// A plain `async fn`.
-    AsyncFn,
-    /// A method already rewritten by `#[async_trait]`:
-    /// `fn f(..) -> Pin<Box<dyn Future<Output = R> + ..>> { Box::pin(async move { .. }) }`.
-    /// The index is that of the `Box::pin(..)` statement.
-    AsyncTrait(usize),
-}
-
-impl Shape {
-    fn analyze(func: &ItemFn, errors: &mut Errors) -> Option<Shape> {
-        let sig = &func.sig;
-        let (kind, ret) = if sig.asyncness.is_some() {
-            match &sig.output {
-                ReturnType::Type(_, ty) => (Kind::AsyncFn, (**ty).clone()),
-                ReturnType::Default => {
-                    errors.push(syn::Error::new(
-                        sig.paren_token.span.close(),
-                        format!(
-                            "`#[distributed_lock]` functions must return `Result<T, E>` with \
-                             `E: From<distlock::LockError>`, so that a lock that cannot be taken can \
-                             be reported; `{}` returns `()`: add e.g. `-> Result<(), MyError>`",
-                            sig.ident
-                        ),
-                    ));
-                    return None;
-                }
-            }
-        } else if let (Some(index), Some(ret)) =
-            (async_trait_body(&func.block), future_output(&sig.output))
-        {
-            (Kind::AsyncTrait(index), ret.clone())
-        } else if made_blocking_by_runtime_attribute(func) {
-            errors.push(syn::Error::new(
-                sig.fn_token.span,
-                format!(
-                    "`#[distributed_lock]` must be placed above `#[tokio::main]` / `#[tokio::test]`: \
-                     that attribute has already turned `{}` into a blocking `fn`",
-                    sig.ident
-                ),
-            ));
-            return None;
-        } else {
-            errors.push(syn::Error::new(
-                sig.fn_token.span,
-                format!(
-                    "`#[distributed_lock]` can only be applied to an `async fn`; make `{}` async",
-                    sig.ident
-                ),
-            ));
-            return None;
-        };
-        match result_error_type(&ret) {
-            Ok(err) => Some(Shape { kind, ret, err }),
-            Err(e) => {
-                errors.push(e);
-                None
-            }
-        }
-    }
-}
-
-/// Whether a runtime attribute such as `#[tokio::main]` above ours has already
-/// rewritten the `async fn` into a blocking one (`.block_on(body)`).
-fn made_blocking_by_runtime_attribute(func: &ItemFn) -> bool {
-    fn mentions_block_on(tokens: TokenStream) -> bool {
-        tokens.into_iter().any(|t| match t {
-            proc_macro2::TokenTree::Ident(i) => i == "block_on",
-            proc_macro2::TokenTree::Group(g) => mentions_block_on(g.stream()),
-            _ => false,
-        })
-    }
-    mentions_block_on(func.block.to_token_stream())
-}
-
-/// The index of a final `Box::pin(async move { .. })` statement, the shape
-/// `#[async_trait]` gives a method.
-fn async_trait_body(block: &Block) -> Option<usize> {
-    let index = block.stmts.len().checked_sub(1)?;
-    let Stmt::Expr(Expr::Call(call), None) = &block.stmts[index] else {
-        return None;
-    };
-    let Expr::Path(path) = &*call.func else {
-        return None;
-    };
-    let segments: Vec<String> = path
-        .path
-        .segments
-        .iter()
-        .map(|s| s.ident.to_string())
-        .collect();
-    let is_box_pin = segments.len() >= 2 && segments[segments.len() - 2..] == ["Box", "pin"];
-    (is_box_pin && call.args.len() == 1 && matches!(call.args[0], Expr::Async(_))).then_some(index)
-}
-
-/// `R` in `Pin<Box<dyn Future<Output = R> + Send + 'async_trait>>`.
-fn future_output(output: &ReturnType) -> Option<&Type> {
-    fn in_type(ty: &Type) -> Option<&Type> {
-        match ty {
-            Type::Paren(t) => in_type(&t.elem),
-            Type::Group(t) => in_type(&t.elem),
-            Type::Path(t) => in_path(&t.path),
-            Type::TraitObject(t) => in_bounds(t.bounds.iter()),
-            Type::ImplTrait(t) => in_bounds(t.bounds.iter()),
-            _ => None,
-        }
-    }
-    fn in_bounds<'a>(mut bounds: impl Iterator<Item = &'a TypeParamBound>) -> Option<&'a Type> {
-        bounds.find_map(|b| match b {
-            TypeParamBound::Trait(t) => in_path(&t.path),
-            _ => None,
-        })
-    }
-    fn in_path(path: &syn::Path) -> Option<&Type> {
-        path.segments.iter().find_map(|seg| {
-            let PathArguments::AngleBracketed(args) = &seg.arguments else {
-                return None;
-            };
-            args.args.iter().find_map(|arg| match arg {
-                GenericArgument::AssocType(a) if a.ident == "Output" => Some(&a.ty),
-                GenericArgument::Type(t) => in_type(t),
-                _ => None,
-            })
-        })
-    }
-    match output {
-        ReturnType::Type(_, ty) => in_type(ty),
-        ReturnType::Default => None,
-    }
-}
-
-/// Checks that `ty` is a `Result` and returns its error type when it is
-/// spelled out (`Result<T, E>`); `io::Result<T>`-style aliases give `None`.
-fn result_error_type(ty: &Type) -> syn::Result<Option<Type>> {
-    let mut inner = ty;
-    while let Type::Paren(syn::TypeParen { elem, .. }) | Type::Group(syn::TypeGroup { elem, .. }) =
-        inner
-    {
-        inner = elem;
-    }
-    if let Type::Path(p) = inner {
-        if let (None, Some(last)) = (&p.qself, p.path.segments.last()) {
-            let name = last.ident.to_string();
-            if name == "Result" {
-                if let PathArguments::AngleBracketed(args) = &last.arguments {
-                    let types: Vec<&Type> = args
-                        .args
-                        .iter()
-                        .filter_map(|a| match a {
-                            GenericArgument::Type(t) => Some(t),
-                            _ => None,
-                        })
-                        .collect();
-                    if let [_, err] = types[..] {
-                        return Ok((!contains_impl_trait(err)).then(|| err.clone()));
-                    }
-                }
-                return Ok(None);
-            }
-            if name.ends_with("Result") {
-                return Ok(None);
-            }
-        }
-    }
-    Err(syn::Error::new_spanned(
-        ty,
-        format!(
-            "`#[distributed_lock]` functions must return `Result<T, E>` with \
-             `E: From<distlock::LockError>`, so that a lock that cannot be taken can be reported; \
-             found `{}`",
-            pretty(ty)
-        ),
-    ))
-}
-
-/// Tokens printed the way people write them: `Option<u64>`, not `Option < u64 >`.
-fn pretty(tokens: &impl ToTokens) -> String {
-    let mut s = tokens.to_token_stream().to_string();
-    for (from, to) in [
-        (" :: ", "::"),
-        (":: ", "::"),
-        (" < ", "<"),
-        ("< ", "<"),
-        (" <", "<"),
-        (" >", ">"),
-        (" ,", ","),
-        ("& ", "&"),
-        ("( ", "("),
-        (" )", ")"),
-        ("[ ", "["),
-        (" ]", "]"),
-        (" ;", ";"),
-    ] {
-        while s.contains(from) {
-            s = s.replace(from, to);
-        }
-    }
-    s
-}
-
-fn contains_impl_trait(ty: &Type) -> bool {
-    struct Find(bool);
-    impl VisitMut for Find {
-        fn visit_type_impl_trait_mut(&mut self, _: &mut syn::TypeImplTrait) {
-            self.0 = true;
-        }
-    }
-    let mut find = Find(false);
-    find.visit_type_mut(&mut ty.clone());
-    find.0
 }
 
 /// `ty` with every `impl Trait` replaced by `_`, usable in a turbofish.
@@ -763,7 +374,7 @@ fn member_ident(name: &str, span: Span) -> Ident {
 /// of a millisecond), computed at compile time.
 fn duration_literal(value: std::time::Duration, span: Span) -> TokenStream {
     let span = located_at(span);
-    if value.subsec_nanos() % 1_000_000 == 0 {
+    if value.subsec_nanos().is_multiple_of(1_000_000) {
         let millis = Literal::u64_unsuffixed(
             u64::try_from(value.as_millis()).expect("validated: fits in u64 milliseconds"),
         );
@@ -778,6 +389,7 @@ fn duration_literal(value: std::time::Duration, span: Span) -> TokenStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::item::{result_error_type, suggest_parameter};
 
     fn expand_str(args: TokenStream, item: TokenStream) -> String {
         expand(args, item).to_string()
@@ -919,6 +531,39 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("missing required option `key`"), "{out}");
+    }
+
+    #[test]
+    fn body_syntax_error_is_left_to_rustc() {
+        let item = quote!(
+            #[doc = "d"]
+            pub async fn f(id: u64) -> Result<(), E> {
+                let x = ;
+                Ok(())
+            }
+        );
+        // Re-emitted as is, with no error of ours: rustc reports the body's.
+        let out = expand_str(quote!(key = "k:{id}"), item.clone());
+        assert_eq!(out, item.to_string());
+        // Bad options are not reported either until the body parses.
+        let out = expand_str(quote!(kee = "k"), item.clone());
+        assert_eq!(out, item.to_string());
+        // A non-`async` fn with a bad body: the syntax error comes first, too.
+        let item = quote!(fn g() -> Result<(), E> { let = 1; Ok(()) });
+        assert_eq!(
+            expand_str(quote!(key = "k"), item.clone()),
+            item.to_string()
+        );
+        // Not a function at all still gets its tailored error.
+        let out = expand_str(
+            quote!(key = "k"),
+            quote!(
+                struct S {
+                    a: u8,
+                }
+            ),
+        );
+        assert!(out.contains("not to a struct"), "{out}");
     }
 
     #[test]

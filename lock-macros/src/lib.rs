@@ -1,19 +1,26 @@
 //! The `#[distributed_lock]` attribute of `distlock`. Use it through the
-//! facade, `distlock::distributed_lock`: the generated code calls
-//! `::distlock::...` (see the `crate` option when the facade is renamed).
+//! facade, [`distlock::distributed_lock`][facade], where it is documented
+//! with its options and examples: the generated code calls `::distlock::...`
+//! (see the `crate` option when the facade is renamed).
 //!
-//! # `#[distributed_lock]`
-//!
-#![doc = include_str!("attribute.md")]
+//! [facade]: https://docs.rs/distlock/latest/distlock/attr.distributed_lock.html
 //!
 //! # How it expands
 //!
 //! The macro parses its arguments into a typed model, validates them against
 //! the function (reporting every mistake at once, each on its token; on error
 //! the function is re-emitted unchanged next to the `compile_error!`s so the
-//! rest of the crate still type-checks), then generates code. For
+//! rest of the crate still type-checks), then generates code. A function whose
+//! body does not parse is re-emitted unchanged with no error of its own, so
+//! that rustc's syntax error is the only one reported.
 //!
-//! ```ignore
+//! The two blocks below are `text`, not doctests: a proc-macro crate cannot
+//! use its own macro through the facade (`distlock` depends on this crate),
+//! and the second block is an illustration of generated code. The attribute's
+//! examples are compiled as doctests of `distlock`; the expansion itself is
+//! checked by this crate's unit tests and the UI tests in `tests/ui`. For
+//!
+//! ```text
 //! #[distributed_lock(key = "order:{order_id}", lease = "30s", guard = lock)]
 //! pub async fn reserve(order_id: u64) -> Result<u32, AppError> {
 //!     let n: u32 = lookup(order_id).await?;
@@ -24,7 +31,7 @@
 //! it emits (locals are `Span::mixed_site()`, so the body cannot see them
 //! and they cannot clash with the body's names):
 //!
-//! ```ignore
+//! ```text
 //! pub async fn reserve(order_id: u64) -> Result<u32, AppError> {
 //!     let distlock_request = match ::distlock::__private::default_manager().await {
 //!         ::core::result::Result::Ok(distlock_manager) => {
@@ -91,11 +98,18 @@ mod args;
 mod duration;
 mod errors;
 mod expand;
+mod item;
 mod template;
 
 use proc_macro::TokenStream;
 
-#[doc = include_str!("attribute.md")]
+/// Implementation of `distlock`'s `#[distributed_lock]` attribute.
+///
+/// It is defined in the `distlock-macros` crate and used through its re-export [`distlock::distributed_lock`][facade], whose
+/// documentation describes the options, with examples that are compiled as
+/// `distlock`'s doctests.
+///
+/// [facade]: https://docs.rs/distlock/latest/distlock/attr.distributed_lock.html
 #[proc_macro_attribute]
 pub fn distributed_lock(args: TokenStream, item: TokenStream) -> TokenStream {
     expand::expand(args.into(), item.into()).into()

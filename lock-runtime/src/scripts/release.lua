@@ -6,7 +6,9 @@
 --
 -- Returns {1, owner}  the lock was ours: it is deleted and a wake-up is published
 --         {0, owner}  the lock is gone or held by another owner: nothing changed
---                     (our lease had run out)-- `owner` echoes ARGV[1], so the client can tell that a reply is the one to its
+--                     (our lease had run out).
+--
+-- `owner` echoes ARGV[1], so the client can tell that a reply is the one to its
 -- own request.
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
   redis.call('DEL', KEYS[1])

@@ -6,7 +6,9 @@
 --
 -- Returns {1, owner}  the lock is ours: its TTL is ARGV[2] again
 --         {0, owner}  the lock is gone or held by another owner: nothing changed, and
---                     the holder has lost it-- `owner` echoes ARGV[1], so the client can tell that a reply is the one to its
+--                     the holder has lost it.
+--
+-- `owner` echoes ARGV[1], so the client can tell that a reply is the one to its
 -- own request.
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])

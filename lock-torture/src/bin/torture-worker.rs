@@ -555,7 +555,7 @@ async fn task_loop(
             };
             log_section(&ctx, task, &plan.key, &slot, end);
             let n = done.fetch_add(1, Ordering::SeqCst) + 1;
-            if cfg.progress > 0 && n % cfg.progress == 0 {
+            if cfg.progress > 0 && n.is_multiple_of(cfg.progress) {
                 println!("PROGRESS {n}");
             }
             continue 'sections;
