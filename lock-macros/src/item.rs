@@ -23,16 +23,14 @@ use crate::template::Template;
 pub(crate) enum Target {
     /// A function whose body parses.
     Fn(Box<ItemFn>),
-    /// A function whose body does not parse (`let x = ;`). rustc reports that
-    /// syntax error itself, at the right place, when it parses the item we
-    /// re-emit; an error of ours would only add noise pointing at the
-    /// attribute (tracing-attributes' `MaybeItemFn` does the same).
-    ///
-    /// The cost: a body that rustc accepts but this syn cannot parse (syntax
-    /// newer than syn) would compile without the lock and without an error.
-    /// Any error of ours here, even one inside the re-emitted body, is also
-    /// reported next to a real syntax error, so there is no cheap guard.
-    FnWithBadBody,
+    /// A function whose body does not parse (`let x = ;`): the body is kept as
+    /// raw tokens (one verbatim block) and locked like any other. rustc then
+    /// reports the syntax error itself, at the right place, when it parses
+    /// what we emit; an error of ours would only add noise pointing at the
+    /// attribute. Unlike tracing-attributes' `MaybeItemFn`, which re-emits such
+    /// an item unchanged, the lock stays: a body that rustc accepts but this
+    /// syn cannot parse (syntax newer than syn) still runs under the lock.
+    FnWithRawBody(Box<ItemFn>),
     /// Anything else: the error to report, and whether the item is an
     /// expression (a closure), whose replacement must stay one expression.
     Other { error: syn::Error, is_expr: bool },
@@ -44,8 +42,8 @@ impl Target {
         if let Ok(func) = syn::parse2::<ItemFn>(item.clone()) {
             return Target::Fn(Box::new(func));
         }
-        if fn_with_any_body.parse2(item.clone()).is_ok() {
-            return Target::FnWithBadBody;
+        if let Ok(func) = fn_with_any_body.parse2(item.clone()) {
+            return Target::FnWithRawBody(Box::new(func));
         }
         Target::Other {
             error: not_a_function(item),
@@ -54,15 +52,26 @@ impl Target {
     }
 }
 
-/// Attributes, visibility, signature, then a `{ .. }` body taken as raw tokens.
-fn fn_with_any_body(input: ParseStream) -> syn::Result<()> {
-    input.call(Attribute::parse_outer)?;
-    input.parse::<Visibility>()?;
-    input.parse::<Signature>()?;
+/// Attributes, visibility, signature, then a `{ .. }` body taken as raw tokens,
+/// kept as one verbatim block expression.
+fn fn_with_any_body(input: ParseStream) -> syn::Result<ItemFn> {
+    let attrs = input.call(Attribute::parse_outer)?;
+    let vis = input.parse::<Visibility>()?;
+    let sig = input.parse::<Signature>()?;
     let body;
-    syn::braced!(body in input);
-    body.parse::<TokenStream>()?;
-    Ok(())
+    let brace_token = syn::braced!(body in input);
+    let raw = body.parse::<TokenStream>()?;
+    let mut inner = proc_macro2::Group::new(proc_macro2::Delimiter::Brace, raw);
+    inner.set_span(brace_token.span.join());
+    Ok(ItemFn {
+        attrs,
+        vis,
+        sig,
+        block: Box::new(Block {
+            brace_token,
+            stmts: vec![Stmt::Expr(Expr::Verbatim(inner.into_token_stream()), None)],
+        }),
+    })
 }
 
 /// The error for anything that is not a function with a body.

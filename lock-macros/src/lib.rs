@@ -11,8 +11,8 @@
 //! the function (reporting every mistake at once, each on its token; on error
 //! the function is re-emitted unchanged next to the `compile_error!`s so the
 //! rest of the crate still type-checks), then generates code. A function whose
-//! body does not parse is re-emitted unchanged with no error of its own, so
-//! that rustc's syntax error is the only one reported.
+//! body does not parse is locked with its body as raw tokens and no error of
+//! the macro's own, so that rustc's syntax error is the only one reported.
 //!
 //! The two blocks below are `text`, not doctests: a proc-macro crate cannot
 //! use its own macro through the facade (`distlock` depends on this crate),

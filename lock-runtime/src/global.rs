@@ -123,8 +123,6 @@ fn background_runtime() -> Result<&'static tokio::runtime::Runtime, LockError> {
         })
         .as_ref()
         .map_err(|e| {
-            LockError::InvalidConfig(format!(
-                "cannot start the default manager's runtime: {e}"
-            ))
+            LockError::InvalidConfig(format!("cannot start the default manager's runtime: {e}"))
         })
 }

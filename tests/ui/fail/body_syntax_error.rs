@@ -1,6 +1,6 @@
 // A syntax error in the body is reported by rustc alone, at the error: the
-// attribute re-emits a function it cannot parse without adding an error of its
-// own (which would wrongly say it is not on an `async fn`).
+// attribute locks a body it cannot parse as raw tokens, without adding an
+// error of its own (which would wrongly say it is not on an `async fn`).
 use distlock::{distributed_lock, LockError};
 
 #[derive(Debug)]
