@@ -1,0 +1,200 @@
+//! Test support: private `redis-server` processes (plain, TLS or with a password) and a
+//! fault-injecting TCP proxy.
+//!
+//! Every [`RedisServer`] is its own `redis-server` child process on its own loopback port, with
+//! persistence off and a private temporary directory, so tests can run in parallel and kill,
+//! pause, flush or restart their server without disturbing each other (or a Redis the machine
+//! may already run on port 6379). [`RedisServer::builder`] starts servers that speak TLS only
+//! (with a certificate authority made for that server) or require a password. [`FaultProxy`]
+//! sits between a client and a server and delays, black-holes or resets traffic, or drops
+//! single replies, to simulate network faults.
+//!
+//! This module is only compiled with the `testing` feature and only works on Unix, because it
+//! pauses and kills servers with signals.
+//!
+//! ```no_run
+//! use distlock_runtime::testing::{FaultMode, FaultProxy, RedisServer};
+//!
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! let mut server = RedisServer::spawn()?;
+//! let mut conn = server.client().await?;
+//! let _: () = redis::cmd("SET").arg("k").arg("v").query_async(&mut conn).await?;
+//!
+//! // Freeze Redis as a stalled primary would be, then let it go on.
+//! server.pause()?;
+//! server.resume()?;
+//!
+//! // Same port, empty data set.
+//! server.restart()?;
+//!
+//! // Route a client through a proxy and cut it off from the server.
+//! let proxy = FaultProxy::start(server.addr()).await?;
+//! let mut through_proxy = redis::Client::open(proxy.url())?
+//!     .get_multiplexed_async_connection()
+//!     .await?;
+//! proxy.set_mode(FaultMode::BlackHole);
+//! # let _ = &mut through_proxy;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! A server that only speaks TLS and wants a password; [`RedisServer::url`] carries both
+//! (`rediss://:PASSWORD@127.0.0.1:PORT`), and [`RedisServer::ca_cert_pem`] is the certificate
+//! authority a client must trust:
+//!
+//! ```no_run
+//! use distlock_runtime::testing::RedisServer;
+//!
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! let mut server = RedisServer::builder()
+//!     .tls(true)
+//!     .password("s3cret")
+//!     .arg("--maxmemory")
+//!     .arg("10mb")
+//!     .spawn()?;
+//! assert!(server.url().starts_with("rediss://:s3cret@127.0.0.1:"));
+//! let ca_pem: &[u8] = server.ca_cert_pem().ok_or("no CA for a TLS server")?;
+//! # let _ = ca_pem;
+//!
+//! // client() trusts that CA and logs in.
+//! let mut conn = server.client().await?;
+//! let pong: String = redis::cmd("PING").query_async(&mut conn).await?;
+//! assert_eq!(pong, "PONG");
+//!
+//! // Same port, same certificates, same password.
+//! server.restart()?;
+//! # Ok(())
+//! # }
+//! ```
+
+use std::io;
+use std::path::PathBuf;
+use std::process::ExitStatus;
+
+mod proxy;
+mod server;
+mod tls;
+
+pub use proxy::{FaultMode, FaultProxy};
+pub use server::{RedisServer, RedisServerBuilder};
+
+/// Errors of [`RedisServer`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TestingError {
+    /// No `redis-server` binary could be found.
+    #[error("{}", not_found_message(.env_override.as_deref()))]
+    RedisServerNotFound {
+        /// The value of `REDIS_SERVER_BIN` if it was set but named no executable file; `None`
+        /// when `PATH` was searched.
+        env_override: Option<PathBuf>,
+    },
+    /// An I/O error while starting, signalling or waiting for the server.
+    #[error("I/O error while managing redis-server: {0}")]
+    Io(#[from] io::Error),
+    /// The server did not answer `PING` in time.
+    #[error(
+        "redis-server on port {port} did not answer PING within {} s; last log lines:\n{}",
+        server::START_TIMEOUT.as_secs(),
+        or_empty(.log_tail)
+    )]
+    StartTimeout {
+        /// The port the server was started on.
+        port: u16,
+        /// The last lines of the server's log and standard error.
+        log_tail: String,
+    },
+    /// The server exited before it answered `PING` (for example because of an invalid argument).
+    #[error(
+        "redis-server on port {port} exited before answering PING ({status}); last log \
+         lines:\n{}",
+        or_empty(.log_tail)
+    )]
+    Exited {
+        /// The port the server was started on.
+        port: u16,
+        /// How the process ended.
+        status: ExitStatus,
+        /// The last lines of the server's log and standard error.
+        log_tail: String,
+    },
+    /// Another process holds the port, so the server could not listen on it.
+    #[error(
+        "port {port} is taken by another process, so redis-server could not listen on it; last \
+         log lines:\n{}",
+        or_empty(.log_tail)
+    )]
+    PortInUse {
+        /// The contested port.
+        port: u16,
+        /// The last lines of the server's log and standard error.
+        log_tail: String,
+    },
+    /// The operation needs a running server, but it was stopped or killed.
+    #[error("redis-server is not running (stopped or killed)")]
+    NotRunning,
+    /// Opening a client connection failed.
+    #[error("could not connect to redis-server: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// The TLS certificates for a server could not be made.
+    #[error("could not make TLS certificates for redis-server: {0}")]
+    Certificate(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+const NOT_FOUND_HELP: &str = "redis-server was not found on PATH; install it (Debian/Ubuntu: \
+     `apt-get install redis-server`, macOS: `brew install redis`) or set REDIS_SERVER_BIN to its \
+     path";
+
+fn not_found_message(env_override: Option<&std::path::Path>) -> String {
+    match env_override {
+        None => NOT_FOUND_HELP.to_owned(),
+        Some(path) => format!(
+            "REDIS_SERVER_BIN is set to `{}`, which is not an executable file; point it at \
+             redis-server, or unset it to use redis-server from PATH (Debian/Ubuntu: \
+             `apt-get install redis-server`, macOS: `brew install redis`)",
+            path.display()
+        ),
+    }
+}
+
+fn or_empty(log_tail: &str) -> &str {
+    if log_tail.trim().is_empty() {
+        "(log is empty)"
+    } else {
+        log_tail
+    }
+}
+
+/// Helpers shared by the unit tests of the fixtures.
+#[cfg(test)]
+mod test_support {
+    use std::time::Duration;
+
+    use redis::aio::MultiplexedConnection;
+    use redis::AsyncConnectionConfig;
+
+    pub(crate) type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+    pub(crate) async fn ping(conn: &mut MultiplexedConnection) -> redis::RedisResult<String> {
+        redis::cmd("PING").query_async(conn).await
+    }
+
+    /// A connection whose own response timeout is long enough to not interfere with the
+    /// (shorter or longer) deadlines the tests set.
+    pub(crate) async fn patient_client(url: String) -> redis::RedisResult<MultiplexedConnection> {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(5)))
+            .set_response_timeout(Some(Duration::from_secs(5)));
+        redis::Client::open(url)?
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+    }
+
+    /// Whether a process with this pid exists (signal 0 only checks).
+    pub(crate) fn process_exists(pid: u32) -> bool {
+        let Ok(pid) = i32::try_from(pid) else {
+            return false;
+        };
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+    }
+}

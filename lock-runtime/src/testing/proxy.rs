@@ -1,0 +1,411 @@
+//! [`FaultProxy`]: a TCP proxy that passes, delays, black-holes or resets traffic, or drops
+//! single replies.
+
+use std::fmt;
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::{JoinHandle, JoinSet};
+
+/// What a [`FaultProxy`] does with the traffic it forwards.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultMode {
+    /// Forward bytes both ways unchanged.
+    Pass,
+    /// Hold each chunk of bytes this long before forwarding it (in both directions).
+    Delay(Duration),
+    /// Keep connections open and accept new ones, but silently discard all bytes in both
+    /// directions, like a network partition: clients see neither a reply nor a reset. Bytes
+    /// discarded stay lost when the mode changes back.
+    BlackHole,
+    /// Reset (TCP RST) all open connections at once, and new ones as soon as they are accepted.
+    Reset,
+}
+
+/// A TCP proxy for fault injection between clients and a Redis server.
+///
+/// Clients connect to [`url`](Self::url); each connection is forwarded to the upstream
+/// address according to the current [`FaultMode`]. Dropping the proxy closes its listener and
+/// all connections.
+pub struct FaultProxy {
+    local_addr: SocketAddr,
+    upstream: SocketAddr,
+    mode: watch::Sender<FaultMode>,
+    drop_replies: Arc<AtomicUsize>,
+    /// Owns the connection tasks (in a `JoinSet`), so aborting it ends them too.
+    accept_task: JoinHandle<()>,
+}
+
+impl fmt::Debug for FaultProxy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FaultProxy")
+            .field("local_addr", &self.local_addr)
+            .field("upstream", &self.upstream)
+            .field("mode", &self.mode())
+            .field("drop_replies", &self.drop_replies.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl FaultProxy {
+    /// Listens on a free port of `127.0.0.1` and forwards each accepted connection to
+    /// `upstream`, starting in [`FaultMode::Pass`].
+    ///
+    /// Must be called inside a tokio runtime (with I/O and timers enabled); the proxy's tasks
+    /// run on it.
+    pub async fn start(upstream: SocketAddr) -> io::Result<FaultProxy> {
+        // Report a missing runtime as an error rather than letting tokio::spawn panic.
+        let runtime = tokio::runtime::Handle::try_current().map_err(io::Error::other)?;
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+        let local_addr = listener.local_addr()?;
+        let (mode, mode_rx) = watch::channel(FaultMode::Pass);
+        let drop_replies = Arc::new(AtomicUsize::new(0));
+        let accept_task = runtime.spawn(accept_loop(
+            listener,
+            upstream,
+            mode_rx,
+            Arc::clone(&drop_replies),
+        ));
+        Ok(FaultProxy {
+            local_addr,
+            upstream,
+            mode,
+            drop_replies,
+            accept_task,
+        })
+    }
+
+    /// The address clients connect to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The connection URL of the proxy, `redis://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.local_addr.port())
+    }
+
+    /// Switches the mode; it applies at once to open and new connections.
+    pub fn set_mode(&self, mode: FaultMode) {
+        self.mode.send_replace(mode);
+    }
+
+    /// The current mode.
+    pub fn mode(&self) -> FaultMode {
+        *self.mode.borrow()
+    }
+
+    /// Discards the next `n` chunks read from the server (on any connection) instead of
+    /// forwarding them, while requests still pass: the server executes commands whose replies
+    /// the client never sees. Replaces any count still pending; `0` cancels it.
+    ///
+    /// A chunk is what one read returns, normally the replies to one request or pipeline.
+    /// Chunks discarded by [`FaultMode::BlackHole`] do not count.
+    pub fn drop_next_replies(&self, n: usize) {
+        self.drop_replies.store(n, Ordering::SeqCst);
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.accept_task.abort();
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    upstream: SocketAddr,
+    mode: watch::Receiver<FaultMode>,
+    drop_replies: Arc<AtomicUsize>,
+) {
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((client, _)) => {
+                    if *mode.borrow() == FaultMode::Reset {
+                        reset(client);
+                        continue;
+                    }
+                    connections.spawn(forward_connection(
+                        client,
+                        upstream,
+                        mode.clone(),
+                        Arc::clone(&drop_replies),
+                    ));
+                }
+                Err(err) => {
+                    tracing::debug!(error = %err, "fault proxy accept failed");
+                    // Errors like EMFILE persist for a while; don't spin on them.
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            },
+            // Reap finished connections so the set does not grow with every connection.
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    ToServer,
+    ToClient,
+}
+
+enum Forwarded {
+    Done,
+    Reset,
+    Failed(io::Error),
+}
+
+async fn forward_connection(
+    mut client: TcpStream,
+    upstream: SocketAddr,
+    mut mode: watch::Receiver<FaultMode>,
+    drop_replies: Arc<AtomicUsize>,
+) {
+    let mut server = match TcpStream::connect(upstream).await {
+        Ok(server) => server,
+        Err(err) => {
+            tracing::debug!(%upstream, error = %err, "fault proxy could not reach upstream");
+            // The client sees roughly what a direct connection to a dead server would show.
+            reset(client);
+            return;
+        }
+    };
+    let _ = client.set_nodelay(true);
+    let _ = server.set_nodelay(true);
+    let mut client_buf = vec![0u8; 16 * 1024];
+    let mut server_buf = vec![0u8; 16 * 1024];
+    let mut client_eof = false;
+    let mut server_eof = false;
+    loop {
+        if *mode.borrow_and_update() == FaultMode::Reset {
+            reset(client);
+            reset(server);
+            return;
+        }
+        let (direction, read) = tokio::select! {
+            read = client.read(&mut client_buf), if !client_eof => (Direction::ToServer, read),
+            read = server.read(&mut server_buf), if !server_eof => (Direction::ToClient, read),
+            changed = mode.changed() => {
+                if changed.is_err() {
+                    // The proxy is gone.
+                    return;
+                }
+                continue;
+            }
+        };
+        let (data, dst) = match direction {
+            Direction::ToServer => (&client_buf[..], &mut server),
+            Direction::ToClient => (&server_buf[..], &mut client),
+        };
+        let outcome = match read {
+            Ok(0) => {
+                // Pass the half-close on; the other direction may still carry data.
+                let _ = dst.shutdown().await;
+                match direction {
+                    Direction::ToServer => client_eof = true,
+                    Direction::ToClient => server_eof = true,
+                }
+                if client_eof && server_eof {
+                    return;
+                }
+                Forwarded::Done
+            }
+            Ok(n) => forward_chunk(&data[..n], dst, direction, &mut mode, &drop_replies).await,
+            Err(err) => Forwarded::Failed(err),
+        };
+        match outcome {
+            Forwarded::Done => {}
+            Forwarded::Reset => {
+                reset(client);
+                reset(server);
+                return;
+            }
+            Forwarded::Failed(err) => {
+                tracing::debug!(error = %err, "fault proxy connection failed");
+                // Mirror the failure of one side to the other, as a broken path would.
+                reset(client);
+                reset(server);
+                return;
+            }
+        }
+    }
+}
+
+async fn forward_chunk(
+    data: &[u8],
+    dst: &mut TcpStream,
+    direction: Direction,
+    mode: &mut watch::Receiver<FaultMode>,
+    drop_replies: &AtomicUsize,
+) -> Forwarded {
+    let delay = match *mode.borrow() {
+        FaultMode::Pass => None,
+        FaultMode::Delay(delay) => Some(delay),
+        FaultMode::BlackHole => return Forwarded::Done,
+        FaultMode::Reset => return Forwarded::Reset,
+    };
+    if direction == Direction::ToClient
+        && drop_replies
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+    {
+        return Forwarded::Done;
+    }
+    if let Some(delay) = delay {
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = reset_requested(mode) => return Forwarded::Reset,
+        }
+        // A partition that began while the chunk was held swallows it too.
+        if *mode.borrow() == FaultMode::BlackHole {
+            return Forwarded::Done;
+        }
+    }
+    // A peer that stops reading must not keep a reset from taking effect.
+    tokio::select! {
+        written = dst.write_all(data) => match written {
+            Ok(()) => Forwarded::Done,
+            Err(err) => Forwarded::Failed(err),
+        },
+        () = reset_requested(mode) => Forwarded::Reset,
+    }
+}
+
+/// Completes when the mode is (or becomes) [`FaultMode::Reset`].
+async fn reset_requested(mode: &mut watch::Receiver<FaultMode>) {
+    loop {
+        if *mode.borrow_and_update() == FaultMode::Reset {
+            return;
+        }
+        if mode.changed().await.is_err() {
+            // The proxy is gone and is aborting this task; nothing will change any more.
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// Closes `stream` with an RST instead of a FIN.
+#[allow(deprecated)] // set_linger: a zero linger never blocks; set_zero_linger needs tokio 1.50.
+fn reset(stream: TcpStream) {
+    if let Err(err) = stream.set_linger(Some(Duration::ZERO)) {
+        tracing::debug!(error = %err, "could not set SO_LINGER; closing without RST");
+    }
+    drop(stream);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::test_support::{patient_client, ping, TestResult};
+    use crate::testing::RedisServer;
+    use std::time::Instant;
+    use tokio::time::timeout;
+
+    #[tokio::test]
+    async fn proxy_passes_traffic() -> TestResult {
+        let server = RedisServer::spawn()?;
+        let proxy = FaultProxy::start(server.addr()).await?;
+        assert_eq!(proxy.mode(), FaultMode::Pass);
+        assert_eq!(proxy.url(), format!("redis://{}", proxy.local_addr()));
+        assert_ne!(proxy.local_addr().port(), server.port());
+        let mut conn = patient_client(proxy.url()).await?;
+        assert_eq!(ping(&mut conn).await?, "PONG");
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn black_hole_swallows_requests_until_pass() -> TestResult {
+        let server = RedisServer::spawn()?;
+        let proxy = FaultProxy::start(server.addr()).await?;
+        let mut conn = patient_client(proxy.url()).await?;
+        assert_eq!(ping(&mut conn).await?, "PONG");
+        proxy.set_mode(FaultMode::BlackHole);
+        assert_eq!(proxy.mode(), FaultMode::BlackHole);
+        assert!(timeout(Duration::from_millis(300), ping(&mut conn))
+            .await
+            .is_err());
+        proxy.set_mode(FaultMode::Pass);
+        let mut fresh = patient_client(proxy.url()).await?;
+        assert_eq!(ping(&mut fresh).await?, "PONG");
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn reset_breaks_open_connections_quickly() -> TestResult {
+        let server = RedisServer::spawn()?;
+        let proxy = FaultProxy::start(server.addr()).await?;
+        let mut conn = patient_client(proxy.url()).await?;
+        assert_eq!(ping(&mut conn).await?, "PONG");
+        proxy.set_mode(FaultMode::Reset);
+        let started = Instant::now();
+        let result = timeout(Duration::from_secs(2), ping(&mut conn)).await?;
+        assert!(result.is_err(), "PING through a reset connection answered");
+        assert!(started.elapsed() < Duration::from_secs(1));
+        // New connections are reset too, until the mode changes.
+        assert!(patient_client(proxy.url()).await.is_err());
+        proxy.set_mode(FaultMode::Pass);
+        let mut fresh = patient_client(proxy.url()).await?;
+        assert_eq!(ping(&mut fresh).await?, "PONG");
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn delay_holds_each_chunk() -> TestResult {
+        let server = RedisServer::spawn()?;
+        let proxy = FaultProxy::start(server.addr()).await?;
+        let mut conn = patient_client(proxy.url()).await?;
+        proxy.set_mode(FaultMode::Delay(Duration::from_millis(200)));
+        let started = Instant::now();
+        assert_eq!(ping(&mut conn).await?, "PONG");
+        assert!(
+            started.elapsed() >= Duration::from_millis(200),
+            "{:?}",
+            started.elapsed()
+        );
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn dropped_reply_times_out_and_the_next_connection_works() -> TestResult {
+        let server = RedisServer::spawn()?;
+        let proxy = FaultProxy::start(server.addr()).await?;
+        let mut conn = patient_client(proxy.url()).await?;
+        assert_eq!(ping(&mut conn).await?, "PONG");
+        proxy.drop_next_replies(1);
+        // The request still reaches the server: the SET happens, its reply is lost.
+        let mut set = redis::cmd("SET");
+        set.arg("lost").arg("reply");
+        let lost = timeout(Duration::from_millis(300), set.query_async::<()>(&mut conn)).await;
+        assert!(lost.is_err(), "the reply was not dropped: {lost:?}");
+        let mut fresh = patient_client(proxy.url()).await?;
+        let value: Option<String> = redis::cmd("GET")
+            .arg("lost")
+            .query_async(&mut fresh)
+            .await?;
+        assert_eq!(value.as_deref(), Some("reply"));
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn dropping_the_proxy_closes_everything() -> TestResult {
+        let server = RedisServer::spawn()?;
+        let proxy = FaultProxy::start(server.addr()).await?;
+        let url = proxy.url();
+        let mut conn = patient_client(url.clone()).await?;
+        assert_eq!(ping(&mut conn).await?, "PONG");
+        drop(proxy);
+        let result = timeout(Duration::from_secs(2), ping(&mut conn)).await?;
+        assert!(result.is_err(), "PING through a dropped proxy answered");
+        assert!(patient_client(url).await.is_err());
+        Ok(())
+    }
+}

@@ -1,0 +1,108 @@
+//! Certificates for TLS servers: a certificate authority made for one server, and the server's
+//! certificate signed by it, as PEM files in the server's directory.
+
+use std::path::{Path, PathBuf};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
+
+use super::TestingError;
+
+/// The PEM files of a TLS server, and the CA certificate in memory for clients.
+pub(super) struct TlsFiles {
+    ca_pem: Vec<u8>,
+    ca_path: PathBuf,
+    cert_path: PathBuf,
+    key_path: PathBuf,
+}
+
+impl TlsFiles {
+    /// Makes a CA and a server certificate for `localhost` and `127.0.0.1` signed by it, and
+    /// writes `ca.crt`, `server.crt` and `server.key` into `dir`.
+    pub(super) fn create(dir: &Path) -> Result<TlsFiles, TestingError> {
+        let (ca_pem, cert_pem, key_pem) = make_certificates().map_err(certificate_error)?;
+        let files = TlsFiles {
+            ca_pem: ca_pem.into_bytes(),
+            ca_path: dir.join("ca.crt"),
+            cert_path: dir.join("server.crt"),
+            key_path: dir.join("server.key"),
+        };
+        std::fs::write(&files.ca_path, &files.ca_pem)?;
+        std::fs::write(&files.cert_path, cert_pem)?;
+        std::fs::write(&files.key_path, key_pem)?;
+        Ok(files)
+    }
+
+    pub(super) fn ca_pem(&self) -> &[u8] {
+        &self.ca_pem
+    }
+
+    pub(super) fn ca_path(&self) -> &Path {
+        &self.ca_path
+    }
+
+    pub(super) fn cert_path(&self) -> &Path {
+        &self.cert_path
+    }
+
+    pub(super) fn key_path(&self) -> &Path {
+        &self.key_path
+    }
+}
+
+fn certificate_error(err: rcgen::Error) -> TestingError {
+    TestingError::Certificate(Box::new(err))
+}
+
+/// Returns the PEMs of the CA certificate, the server certificate and the server's key.
+fn make_certificates() -> Result<(String, String, String), rcgen::Error> {
+    let ca_key = KeyPair::generate()?;
+    let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "distlock testing CA");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca_cert = ca_params.self_signed(&ca_key)?;
+    let issuer = Issuer::new(ca_params, ca_key);
+
+    let server_key = KeyPair::generate()?;
+    let mut server_params =
+        CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])?;
+    server_params
+        .distinguished_name
+        .push(DnType::CommonName, "localhost");
+    server_params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    server_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let server_cert = server_params.signed_by(&server_key, &issuer)?;
+    Ok((ca_cert.pem(), server_cert.pem(), server_key.serialize_pem()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_a_ca_and_a_server_certificate() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let files = TlsFiles::create(dir.path())?;
+        let ca = std::fs::read(files.ca_path())?;
+        assert_eq!(ca, files.ca_pem());
+        assert!(ca.starts_with(b"-----BEGIN CERTIFICATE-----"));
+        let cert = std::fs::read_to_string(files.cert_path())?;
+        assert!(cert.starts_with("-----BEGIN CERTIFICATE-----"));
+        assert_ne!(cert.as_bytes(), ca.as_slice());
+        let key = std::fs::read_to_string(files.key_path())?;
+        assert!(key.contains("PRIVATE KEY"));
+        Ok(())
+    }
+}
