@@ -7,7 +7,7 @@ use std::io;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener as StdTcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
@@ -73,6 +73,7 @@ pub struct RedisServerBuilder {
     tls: bool,
     password: Option<String>,
     args: Vec<String>,
+    dies_with_process: bool,
 }
 
 impl fmt::Debug for RedisServerBuilder {
@@ -162,6 +163,7 @@ impl RedisServerBuilder {
                 _dir: dir,
                 generation: 0,
                 child: Mutex::new(None),
+                dies_with_process: self.dies_with_process,
             };
             match server.start() {
                 Ok(()) => return Ok(server),
@@ -205,6 +207,9 @@ pub struct RedisServer {
     /// `None` while stopped. Behind a mutex so `pause`, `resume` and `is_running` can take
     /// `&self` and a server can be shared between tasks.
     child: Mutex<Option<Child>>,
+    /// Started with a parent-death signal (Linux), from a thread that never ends: see
+    /// [`RedisServer::process_wide`].
+    dies_with_process: bool,
 }
 
 impl fmt::Debug for RedisServer {
@@ -227,6 +232,44 @@ impl fmt::Debug for RedisServer {
 }
 
 impl RedisServer {
+    /// One plain server for the whole test binary, started on first call and shared
+    /// by every test in the process (each `#[tokio::test]` has a runtime of its own;
+    /// this server outlives them all). Use it where tests must agree on one URL, such
+    /// as `DISTLOCK_REDIS_URL` for the default manager; give tests that flush, stop or
+    /// pause their server a [`RedisServer`] of their own.
+    ///
+    /// It is never dropped: on Linux it is started from a thread that lives as long as
+    /// the process, with a parent-death signal, so the kernel kills it when the test
+    /// process exits, even after a panic or `kill -9`. Elsewhere it outlives the
+    /// process; stop it by hand.
+    pub fn process_wide() -> Result<&'static RedisServer, TestingError> {
+        static SHARED: OnceLock<Result<RedisServer, String>> = OnceLock::new();
+        SHARED
+            .get_or_init(|| {
+                let (sender, receiver) = std::sync::mpsc::channel();
+                let spawned = std::thread::Builder::new()
+                    .name("distlock-testing-server".to_owned())
+                    .spawn(move || {
+                        let mut builder = RedisServerBuilder::new();
+                        builder.dies_with_process = true;
+                        let _ = sender.send(builder.spawn().map_err(|e| e.to_string()));
+                        // The parent-death signal follows the thread that forked the
+                        // server: this one must live as long as the process.
+                        loop {
+                            std::thread::park();
+                        }
+                    });
+                match spawned {
+                    Ok(_) => receiver
+                        .recv()
+                        .unwrap_or_else(|_| Err("the server thread ended".to_owned())),
+                    Err(e) => Err(e.to_string()),
+                }
+            })
+            .as_ref()
+            .map_err(|e| TestingError::Io(io::Error::other(format!("process-wide server: {e}"))))
+    }
+
     /// A builder for a server with TLS, a password or extra arguments.
     pub fn builder() -> RedisServerBuilder {
         RedisServerBuilder::new()
@@ -482,6 +525,18 @@ impl RedisServer {
         }
         if let Some(password) = &self.password {
             command.arg("--requirepass").arg(password);
+        }
+        #[cfg(target_os = "linux")]
+        if self.dies_with_process {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: the closure runs in the forked child before exec and only makes
+            // one prctl(2) system call, which is async-signal-safe; it allocates nothing.
+            unsafe {
+                command.pre_exec(|| {
+                    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                        .map_err(io::Error::from)
+                });
+            }
         }
         let child = command
             .args(["--bind", "127.0.0.1", "--daemonize", "no"])

@@ -1,0 +1,81 @@
+//! Three `#[tokio::test]`s (each on a runtime of its own, ended with the test)
+//! calling a locked function through the default manager built from
+//! `DISTLOCK_REDIS_URL`. They pass in any order, in parallel or with
+//! `--test-threads=1`: the default manager's background work runs on a runtime
+//! of its own, which no test's runtime takes down with it.
+//!
+//! The fourth test shows the per-test alternative, `with_default_manager`.
+
+mod common;
+
+use std::sync::Once;
+use std::time::Duration;
+
+use common::*;
+use distlock::testing::RedisServer;
+use distlock::{distributed_lock, LockError, LockManager};
+
+/// One redis-server for the whole test binary, named by the environment the
+/// way a user's CI would set it.
+fn environment() -> &'static RedisServer {
+    static ENV: Once = Once::new();
+    let redis = RedisServer::process_wide().expect("redis-server");
+    ENV.call_once(|| {
+        // Set once, before any test reads it; never changed afterwards.
+        std::env::set_var("DISTLOCK_REDIS_URL", redis.url());
+    });
+    redis
+}
+
+#[distributed_lock(key = "job:{id}", lease = "300ms")]
+async fn job(id: u64) -> Result<u64, LockError> {
+    // Longer than the lease: the renewal (on the default manager's own
+    // runtime) must keep it, or the body is aborted with `Lost`.
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    Ok(id)
+}
+
+async fn run(id: u64) {
+    environment();
+    assert_eq!(job(id).await.unwrap(), id);
+    // And the lock is really free again, for a manager of this test's own.
+    let mine = LockManager::connect(&environment().url()).await.unwrap();
+    let again = mine.lock(format!("job:{id}")).try_acquire().await.unwrap();
+    assert!(again.is_some(), "job:{id} was left held");
+}
+
+#[tokio::test]
+async fn first_test_on_its_own_runtime() {
+    run(1).await;
+}
+
+#[tokio::test]
+async fn second_test_on_its_own_runtime() {
+    run(2).await;
+}
+
+#[tokio::test]
+async fn third_test_on_its_own_runtime() {
+    run(3).await;
+}
+
+#[distributed_lock(key = "scoped:{id}")]
+async fn scoped_job(id: u64) -> Result<u64, LockError> {
+    Ok(id)
+}
+
+/// Each test with a server and a manager of its own, for the locked functions
+/// it calls: `with_default_manager` scopes the default to the call chain.
+#[tokio::test]
+async fn a_test_with_a_default_manager_of_its_own() {
+    let redis = server();
+    let manager = LockManager::connect(&redis.url()).await.unwrap();
+    let names = manager.redis_names("scoped:9");
+    let ran = distlock::with_default_manager(manager, async { scoped_job(9).await })
+        .await
+        .unwrap();
+    assert_eq!(ran, 9);
+    // It used this test's server, not the environment's.
+    let mut raw = raw(&redis).await;
+    assert!(exists(&mut raw, &names.fencing_counter).await);
+}
