@@ -1,0 +1,181 @@
+//! TLS (`rediss://`) and passwords: every connection distlock opens works through
+//! them (the multiplexed connection, the pub/sub subscriber, the blocking release
+//! at runtime shutdown), and what is wrong fails `build()` with a clear error in
+//! bounded time. ACL users: `tests/server_checks.rs`.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use distlock::testing::RedisServer;
+use distlock::{LockError, LockManager};
+
+fn tls_server() -> RedisServer {
+    RedisServer::builder().tls(true).spawn().unwrap()
+}
+
+async fn tls_manager(redis: &RedisServer) -> LockManager {
+    LockManager::builder(&redis.url())
+        .tls_ca_pem(redis.ca_cert_pem().unwrap())
+        .command_timeout(Duration::from_secs(1))
+        .build()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_wait_renew_and_release_over_tls() {
+    let redis = tls_server();
+    assert!(redis.url().starts_with("rediss://"));
+    let a = tls_manager(&redis).await;
+    let b = tls_manager(&redis).await;
+    // Renewal over TLS: held for three leases.
+    let g = a
+        .lock("k")
+        .lease(Duration::from_millis(150))
+        .acquire()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    assert!(!g.is_lost(), "renewal over TLS kept the lease");
+    g.release().await.unwrap();
+
+    // Waiting over TLS: b's subscriber is a TLS pub/sub connection.
+    let g = a
+        .lock("k")
+        .lease(Duration::from_secs(10))
+        .acquire()
+        .await
+        .unwrap();
+    let channel = a.redis_names("k").channel;
+    let waiter =
+        tokio::spawn(async move { b.lock("k").wait(Duration::from_secs(10)).acquire().await });
+    let mut raw = raw(&redis).await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while numsub(&mut raw, &channel).await == 0 {
+        assert!(Instant::now() < deadline, "the waiter never subscribed");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    g.release().await.unwrap();
+    let g2 = waiter.await.unwrap().unwrap();
+    assert!(g2.fencing_token() > 0);
+    g2.release().await.unwrap();
+    assert!(!exists(&mut raw, &a.redis_names("k").lock).await);
+}
+
+#[test]
+fn a_guard_dropped_at_runtime_shutdown_is_released_over_tls() {
+    let redis = tls_server();
+    let lock_key;
+    {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        lock_key = rt.block_on(async {
+            let m = tls_manager(&redis).await;
+            let _g = m
+                .lock("job")
+                .lease(Duration::from_secs(30))
+                .acquire()
+                .await
+                .unwrap();
+            m.redis_names("job").lock
+        });
+    } // the runtime ends: the release goes over a blocking TLS connection
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut raw = raw(&redis).await;
+        assert!(
+            pttl(&mut raw, &lock_key).await < 0,
+            "the lock outlived the runtime"
+        );
+    });
+}
+
+#[tokio::test]
+async fn an_untrusted_certificate_fails_build_with_connect_naming_the_url() {
+    let redis = RedisServer::builder()
+        .tls(true)
+        .password("s3cret")
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    // No CA given: the system's roots do not know the test CA.
+    let built = LockManager::builder(&redis.url())
+        .connect_timeout(Duration::from_secs(1))
+        .build()
+        .await;
+    let took = started.elapsed();
+    match built {
+        Err(e @ LockError::Connect { .. }) => {
+            let text = e.to_string();
+            assert!(
+                text.contains(&format!("127.0.0.1:{}", redis.port())),
+                "{text}"
+            );
+            assert!(text.contains("rediss://"), "{text}");
+            assert!(!text.contains("s3cret"), "the password is redacted: {text}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(took < Duration::from_secs(2), "{took:?}");
+}
+
+#[tokio::test]
+async fn the_insecure_url_form_skips_the_certificate_check() {
+    let redis = tls_server();
+    let url = format!("{}/#insecure", redis.url());
+    let m = LockManager::connect(&url).await.unwrap();
+    m.lock("k")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn passwords_work_and_a_missing_or_wrong_one_fails_build() {
+    let redis = RedisServer::builder().password("s3cret").spawn().unwrap();
+    // redis://:pw@host
+    let m = LockManager::connect(&redis.url()).await.unwrap();
+    m.lock("k")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    // redis://user:pw@host, for the default user
+    let with_user = redis.url().replace("://:", "://default:");
+    let m = LockManager::connect(&with_user).await.unwrap();
+    m.lock("k")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+
+    for url in [
+        redis.url_without_password(),
+        redis.url().replace("s3cret", "wrong"),
+    ] {
+        let started = Instant::now();
+        match LockManager::connect(&url).await {
+            Err(e @ LockError::Connect { .. }) => {
+                let text = e.to_string();
+                assert!(
+                    text.to_lowercase().contains("auth") || text.contains("WRONGPASS"),
+                    "{text}"
+                );
+                assert!(!text.contains("wrong@"), "{text}");
+            }
+            other => panic!("{url}: {other:?}"),
+        }
+        assert!(started.elapsed() < Duration::from_secs(3));
+    }
+}
