@@ -77,6 +77,27 @@
 //! # Ok(()) }
 //! ```
 //!
+//! In tests, give each test its own Redis and manager with
+//! [`with_default_manager`]: the locked functions it calls without
+//! `manager = ...` use it (the `testing` feature starts private servers):
+//!
+//! ```
+//! use distlock::{distributed_lock, LockError, LockManager};
+//!
+//! #[distributed_lock(key = "job:{id}")]
+//! async fn job(id: u64) -> Result<u64, LockError> {
+//!     Ok(id)
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let redis = distlock::testing::RedisServer::spawn()?;
+//! let manager = LockManager::connect(&redis.url()).await?;
+//! let ran = distlock::with_default_manager(manager, async { job(7).await }).await?;
+//! assert_eq!(ran, 7);
+//! # Ok(()) }
+//! ```
+//!
 //! The runtime lives in `distlock-runtime` and the attribute macro in `distlock-macros`;
 //! this crate re-exports both, and is the only one to depend on.
 #![warn(missing_docs)]

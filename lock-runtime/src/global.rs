@@ -49,22 +49,17 @@ pub fn global() -> Option<LockManager> {
 /// (not in tasks it spawns, unless spawned with
 /// [`spawn_with_locks`](crate::spawn_with_locks)).
 ///
-/// The way to give each test its own Redis and its own manager:
+/// The way to give each test its own Redis and its own manager (the facade's
+/// crate documentation shows it with `#[distributed_lock]`):
 ///
 /// ```no_run
-/// use distlock::{distributed_lock, LockError, LockManager};
-///
-/// #[distributed_lock(key = "job:{id}")]
-/// async fn job(id: u64) -> Result<u64, LockError> {
-///     Ok(id)
-/// }
-///
-/// # async fn a_test() -> Result<(), Box<dyn std::error::Error>> {
-/// let redis = distlock::testing::RedisServer::spawn()?;
-/// let manager = LockManager::connect(&redis.url()).await?;
-/// let ran = distlock::with_default_manager(manager, async { job(7).await }).await?;
-/// assert_eq!(ran, 7);
-/// # Ok(()) }
+/// # async fn demo(manager: distlock_runtime::LockManager) {
+/// # async fn locked_job(id: u64) -> u64 { id }
+/// // `locked_job` stands for a function under `#[distributed_lock]` without
+/// // `manager = ...`: inside this future, it uses `manager`.
+/// let ran = distlock_runtime::with_default_manager(manager, async { locked_job(7).await }).await;
+/// # let _ = ran;
+/// # }
 /// ```
 pub async fn with_default_manager<F: Future>(manager: LockManager, fut: F) -> F::Output {
     SCOPED.scope(manager, fut).await
