@@ -204,7 +204,8 @@ async fn floor_round(env: &Env, duration: Duration) -> Result<Round> {
             stop_tx.clone(),
             stop_rx.clone(),
         );
-        handles.push(tokio::spawn(async move {
+        let stop_on_error = stop_tx.clone();
+        let client = async move {
             let _sub = sub;
             let mut s = TaskStats::new()?;
             let mut rng = fastrand::Rng::with_seed(me as u64);
@@ -255,6 +256,14 @@ async fn floor_round(env: &Env, duration: Duration) -> Result<Round> {
                 }
                 t0 = Instant::now();
             }
+        };
+        handles.push(tokio::spawn(async move {
+            let result: Result<TaskStats> = client.await;
+            if result.is_err() {
+                // The other client would wait for a wake-up that never comes.
+                let _ = stop_on_error.send(true);
+            }
+            result
         }));
     }
     let mut stats = Vec::new();
