@@ -1,21 +1,27 @@
-//! The floor: the same lock done by hand with redis-rs on one multiplexed
-//! connection, running the very Lua text of the runtime, so that the server
-//! does identical work and only the client side differs.
+//! The floors: locks done by hand with redis-rs on one multiplexed connection.
 //!
-//! Acquire is one `EVALSHA` of `acquire.lua`, release one `EVALSHA` of
-//! `release.lua` (which publishes the wake-up); a waiter listens on a pub/sub
-//! connection opened and subscribed before the measurement (the cheapest a
-//! hand-written client can do) and retries when woken, or after a short
-//! fallback sleep. Renewal is one pipeline of `renew.lua` calls per 512 locks.
+//! * [`Floor`], the **same-scripts floor**: the very Lua text of the runtime
+//!   (`include_str!` of `lock-runtime/src/scripts/*.lua`), so that the server
+//!   does identical work and only the client side differs. What distlock costs
+//!   on top of its own protocol. Acquire is one `EVALSHA` of `acquire.lua`,
+//!   release one `EVALSHA` of `release.lua` (which publishes the wake-up); a
+//!   waiter listens on a pub/sub connection opened and subscribed before the
+//!   measurement and retries when woken, or after a short fallback sleep.
+//!   Renewal is one pipeline of `renew.lua` calls per 512 locks. The scripts'
+//!   arguments are built in one place, [`same_scripts`], to follow the runtime
+//!   when their signatures change.
+//! * [`Minimal`], the **minimal floor**: `SET key owner NX PX lease` to acquire
+//!   and a compare-and-delete script to release: the least a lock can do (no
+//!   fencing token, no re-entry, no wake-up).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::pin::pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use redis::Script;
-use tokio::sync::Notify;
+use redis::{Script, ScriptInvocation};
+use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 
 use crate::error::{context, Result};
@@ -73,15 +79,11 @@ struct Wakeups {
     by_channel: Mutex<HashMap<String, Channel>>,
 }
 
-/// The waiters of one channel: either all on one `Notify` (each message wakes
-/// the one registered first; a waiter re-registers, at the back, every time it
-/// sleeps again), or each on its own `Notify` in an explicit FIFO queue where a
-/// waiter keeps its place across fallback naps and goes back to the front when
-/// it was woken but lost the race.
+/// The waiters of one channel, all on one `Notify`: each message wakes the one
+/// registered first (a waiter re-registers, at the back, every time it sleeps).
 #[derive(Default)]
 struct Channel {
     shared: Arc<Notify>,
-    queue: VecDeque<Arc<Notify>>,
 }
 
 impl Wakeups {
@@ -98,10 +100,7 @@ impl Wakeups {
     }
 
     fn wake(&self, channel: &str) {
-        self.with(channel, |c| match c.queue.pop_front() {
-            Some(first) => first.notify_one(),
-            None => c.shared.notify_one(),
-        });
+        self.with(channel, |c| c.shared.notify_one());
     }
 }
 
@@ -169,22 +168,43 @@ impl Floor {
         })))
     }
 
+    /// Opens a pub/sub connection of its own subscribed to `channel`; every
+    /// message on it arrives, in order, on the returned receiver.
+    pub async fn subscribe_counted(
+        url: &str,
+        channel: &str,
+    ) -> Result<(Subscription, mpsc::UnboundedReceiver<()>)> {
+        use futures_util::StreamExt;
+        let client = redis::Client::open(url)?;
+        let mut pubsub = client
+            .get_async_pubsub()
+            .await
+            .map_err(context("floor: pub/sub connect"))?;
+        pubsub
+            .subscribe(channel)
+            .await
+            .map_err(context("floor: SUBSCRIBE"))?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let task = tokio::spawn(async move {
+            let mut stream = pubsub.into_on_message();
+            while stream.next().await.is_some() {
+                if tx.send(()).is_err() {
+                    return;
+                }
+            }
+        });
+        Ok((Subscription(task), rx))
+    }
+
     pub async fn try_acquire(&self, names: &Names, owner: &str, lease_ms: u64) -> Result<Attempt> {
         let mut conn = self.conn.clone();
         // The scripts echo the owner token (the runtime checks it; the floor,
         // doing the least, only reads past it).
-        let (status, value, _owner): (i64, i64, String) = self
-            .scripts
-            .0
-            .key(&names.lock)
-            .key(&names.fence)
-            .arg(owner)
-            .arg(lease_ms)
-            // The fencing counter's TTL: lease + the runtime's default retention.
-            .arg(lease_ms + FENCE_RETENTION_MS)
-            .invoke_async(&mut conn)
-            .await
-            .map_err(context("floor: acquire"))?;
+        let (status, value, _owner): (i64, i64, String) =
+            same_scripts::acquire(&self.scripts.0, names, owner, lease_ms)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(context("floor: acquire"))?;
         Ok(if status == 1 {
             Attempt::Acquired
         } else {
@@ -213,56 +233,13 @@ impl Floor {
         }
     }
 
-    /// Like [`Floor::acquire`], but waiting in a FIFO queue that keeps each
-    /// waiter's place: a sketch of the fairness fix proposed for the runtime.
-    pub async fn acquire_fifo(&self, names: &Names, owner: &str, lease_ms: u64) -> Result<()> {
-        let me = Arc::new(Notify::new());
-        let leave = |me: &Arc<Notify>| {
-            self.wakeups
-                .with(&names.channel, |c| c.queue.retain(|w| !Arc::ptr_eq(w, me)));
-        };
-        // Queue before the first attempt: a release during it then wakes us.
-        self.wakeups
-            .with(&names.channel, |c| c.queue.push_back(me.clone()));
-        loop {
-            let attempt = match self.try_acquire(names, owner, lease_ms).await {
-                Ok(a) => a,
-                Err(e) => {
-                    leave(&me);
-                    return Err(e);
-                }
-            };
-            match attempt {
-                Attempt::Acquired => {
-                    leave(&me);
-                    return Ok(());
-                }
-                Attempt::Busy(pttl) => {
-                    let nap = Duration::from_millis(u64::try_from(pttl).unwrap_or(50).clamp(1, 50));
-                    tokio::select! {
-                        // Popped by a release: back to the front for the next attempt.
-                        _ = me.notified() => self
-                            .wakeups
-                            .with(&names.channel, |c| c.queue.push_front(me.clone())),
-                        // A fallback nap keeps our place.
-                        _ = tokio::time::sleep(nap) => {}
-                    }
-                }
-            }
-        }
-    }
-
     pub async fn release(&self, names: &Names, owner: &str) -> Result<bool> {
         let mut conn = self.conn.clone();
-        let (released, _owner): (i64, String) = self
-            .scripts
-            .1
-            .key(&names.lock)
-            .arg(owner)
-            .arg(&names.channel)
-            .invoke_async(&mut conn)
-            .await
-            .map_err(context("floor: release"))?;
+        let (released, _owner): (i64, String) =
+            same_scripts::release(&self.scripts.1, names, owner)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(context("floor: release"))?;
         Ok(released == 1)
     }
 
@@ -286,12 +263,7 @@ impl Floor {
         for batch in locks.chunks(RENEW_BATCH) {
             let mut pipe = redis::pipe();
             for (names, owner) in batch {
-                pipe.cmd("EVALSHA")
-                    .arg(&sha)
-                    .arg(1)
-                    .arg(&names.lock)
-                    .arg(owner)
-                    .arg(lease_ms);
+                same_scripts::renew(&mut pipe, &sha, names, owner, lease_ms);
             }
             let mut conn = self.conn.clone();
             let replies: Vec<(i64, String)> = pipe
@@ -301,6 +273,101 @@ impl Floor {
             lost += replies.iter().filter(|(r, _)| *r != 1).count();
         }
         Ok(lost)
+    }
+}
+
+/// The arguments of the runtime's scripts, in one place: when the runtime
+/// changes a script's signature, only this module follows it.
+pub mod same_scripts {
+    use super::{Names, Script, ScriptInvocation, FENCE_RETENTION_MS};
+
+    /// `acquire.lua`: KEYS lock, fence; ARGV owner, lease ms, fence TTL ms.
+    pub fn acquire<'a>(
+        script: &'a Script,
+        names: &Names,
+        owner: &str,
+        lease_ms: u64,
+    ) -> ScriptInvocation<'a> {
+        let mut inv = script.key(&names.lock);
+        inv.key(&names.fence)
+            .arg(owner)
+            .arg(lease_ms)
+            // The fencing counter's TTL: lease + the runtime's default retention.
+            .arg(lease_ms + FENCE_RETENTION_MS);
+        inv
+    }
+
+    /// `release.lua`: KEYS lock; ARGV owner, wake-up channel.
+    pub fn release<'a>(script: &'a Script, names: &Names, owner: &str) -> ScriptInvocation<'a> {
+        let mut inv = script.key(&names.lock);
+        inv.arg(owner).arg(&names.channel);
+        inv
+    }
+
+    /// `renew.lua` as one `EVALSHA` of a pipeline: KEYS lock; ARGV owner, lease ms.
+    pub fn renew(pipe: &mut redis::Pipeline, sha: &str, names: &Names, owner: &str, lease_ms: u64) {
+        pipe.cmd("EVALSHA")
+            .arg(sha)
+            .arg(1)
+            .arg(&names.lock)
+            .arg(owner)
+            .arg(lease_ms);
+    }
+}
+
+/// Compare-and-delete: the minimal floor's release.
+pub const MINIMAL_RELEASE_LUA: &str = "\
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0";
+
+/// The minimal floor: `SET NX PX` and a compare-and-delete script.
+#[derive(Clone)]
+pub struct Minimal {
+    conn: MultiplexedConnection,
+    release: Arc<Script>,
+}
+
+impl Minimal {
+    pub async fn connect(url: &str) -> Result<Minimal> {
+        let client = redis::Client::open(url)?;
+        let conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(context("minimal floor: connect"))?;
+        Ok(Minimal {
+            conn,
+            release: Arc::new(Script::new(MINIMAL_RELEASE_LUA)),
+        })
+    }
+
+    /// One attempt: true when the lock is ours.
+    pub async fn try_acquire(&self, key: &str, owner: &str, lease_ms: u64) -> Result<bool> {
+        let mut conn = self.conn.clone();
+        let reply: Option<String> = redis::cmd("SET")
+            .arg(key)
+            .arg(owner)
+            .arg("NX")
+            .arg("PX")
+            .arg(lease_ms)
+            .query_async(&mut conn)
+            .await
+            .map_err(context("minimal floor: SET NX PX"))?;
+        Ok(reply.is_some())
+    }
+
+    /// True when the lock was still ours (and is now deleted).
+    pub async fn release(&self, key: &str, owner: &str) -> Result<bool> {
+        let mut conn = self.conn.clone();
+        let deleted: i64 = self
+            .release
+            .key(key)
+            .arg(owner)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(context("minimal floor: release"))?;
+        Ok(deleted == 1)
     }
 }
 

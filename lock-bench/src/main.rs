@@ -1,18 +1,19 @@
-//! `lock-bench`: distlock against the floor (the same scripts by hand with
-//! redis-rs) and a peer (rslock), on a private redis-server.
+//! `lock-bench`: distlock against two floors (its own scripts by hand with
+//! redis-rs, and a minimal `SET NX PX` lock) and a peer (rslock), on a private
+//! redis-server.
 //!
 //! ```text
 //! cargo run --release -p lock-bench -- [--quick] [--scenario NAME]... [--runs N]
-//!                                      [--json out.json] [--svg DIR]
+//!                                      [--locks N] [--json out.json] [--svg DIR]
 //! ```
 
+mod alloc_count;
 mod charts;
 mod error;
 mod floor;
 mod proxy;
 mod redis_stats;
 mod report;
-mod rng;
 mod scenarios;
 
 use std::path::PathBuf;
@@ -24,18 +25,23 @@ use crate::error::{bail, context, Result};
 use crate::report::ScenarioResult;
 use crate::scenarios::common::Env;
 
-const USAGE: &str = "\
-usage: lock-bench [--quick] [--scenario NAME]... [--runs N] [--json FILE] [--svg DIR]
+/// Counts live heap bytes, for the `memory` scenario.
+#[global_allocator]
+static ALLOC: alloc_count::Counting = alloc_count::Counting;
 
-  --quick          a few seconds in all (CI)
+const USAGE: &str = "\
+usage: lock-bench [--quick] [--scenario NAME]... [--runs N] [--locks N] [--json FILE] [--svg DIR]
+
+  --quick          a few seconds in all (CI); targets are printed, never enforced
   --scenario NAME  run only NAME (repeatable, or comma-separated):
-                   uncontended, many-keys, handoff, renewal, macro
+                   uncontended, many-keys, handoff, renewal, memory, macro
   --runs N         run everything N times and print the medians too (default 1)
+  --locks N        locks held by renewal and memory (default 100000; 1000 with --quick)
   --json FILE      write every figure as JSON
   --svg DIR        write latency-distribution charts (DIR/<scenario>.svg)
   --profile IMPL[:TASKS[:SECONDS]]
-                   measure nothing: cycle IMPL (floor, distlock, distlock-norenew,
-                   macro, rslock)
+                   measure nothing: cycle IMPL (floor, minimal, distlock,
+                   distlock-norenew, macro, rslock)
                    on TASKS distinct keys (1) for SECONDS (10), for perf record";
 
 #[derive(Debug)]
@@ -43,6 +49,7 @@ struct Args {
     quick: bool,
     scenarios: Vec<String>,
     runs: usize,
+    locks: Option<usize>,
     json: Option<PathBuf>,
     svg: Option<PathBuf>,
     profile: Option<(scenarios::common::Kind, usize, f64)>,
@@ -53,6 +60,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>> {
         quick: false,
         scenarios: Vec::new(),
         runs: 1,
+        locks: None,
         json: None,
         svg: None,
         profile: None,
@@ -80,6 +88,13 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>> {
                 args.runs = match v.parse() {
                     Ok(n) if n > 0 => n,
                     _ => bail!("--runs takes a positive number, not {v:?}"),
+                };
+            }
+            "--locks" => {
+                let v = value("--locks")?;
+                args.locks = match v.parse() {
+                    Ok(n) if n > 0 => Some(n),
+                    _ => bail!("--locks takes a positive number, not {v:?}"),
                 };
             }
             "--json" => args.json = Some(value("--json")?.into()),
@@ -127,6 +142,7 @@ async fn run_once(env: &Env, names: &[String]) -> Result<Vec<ScenarioResult>> {
             "many-keys" => scenarios::many_keys::run(env).await?,
             "handoff" => vec![scenarios::handoff::run(env).await?],
             "renewal" => vec![scenarios::renewal::run(env).await?],
+            "memory" => vec![scenarios::memory::run(env).await?],
             "macro" => vec![scenarios::macro_cycle::run(env).await?],
             other => bail!("unknown scenario {other:?}"),
         };
@@ -158,6 +174,7 @@ async fn bench(args: Args) -> Result<()> {
         addr: redis.addr(),
         stats,
         quick: args.quick,
+        locks: args.locks,
     };
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     let load_start = load_average();
@@ -167,7 +184,7 @@ async fn bench(args: Args) -> Result<()> {
         if args.quick { ", --quick" } else { "" }
     );
     println!(
-        "ratios in parentheses are to the floor (first row) of the same run; lower is better for latencies\n"
+        "ratios in parentheses are to the floor row(s) named under each title, of the same run; lower is better for latencies\n"
     );
     if let Some((kind, tasks, seconds)) = args.profile {
         let (n, d) = scenarios::common::profile_loop(&env, kind, tasks, seconds).await?;
@@ -206,8 +223,13 @@ async fn bench(args: Args) -> Result<()> {
             ("load_average_end", load_end),
             ("quick", args.quick.to_string()),
             ("runs", args.runs.to_string()),
+            (
+                "locks",
+                args.locks
+                    .map_or_else(|| "default".to_owned(), |n| n.to_string()),
+            ),
         ];
-        std::fs::write(path, report::to_json(&meta, &runs, &medians))
+        std::fs::write(path, report::to_json(&meta, &runs, &medians)?)
             .map_err(context(&format!("writing {}", path.display())))?;
         println!("wrote {}", path.display());
     }
@@ -268,6 +290,8 @@ mod tests {
             "handoff,renewal",
             "--json",
             "x.json",
+            "--locks",
+            "5000",
         ])?
         else {
             bail!("expected arguments");
@@ -275,6 +299,8 @@ mod tests {
         assert!(a.quick);
         assert_eq!(a.scenarios, ["handoff", "renewal"]);
         assert_eq!(a.runs, 1);
+        assert_eq!(a.locks, Some(5000));
+        assert!(parse(&["--locks", "0"]).is_err());
         assert!(parse(&["--scenario", "nope"]).is_err());
         assert!(parse(&["--runs", "0"]).is_err());
         assert!(parse(&["--json"]).is_err());

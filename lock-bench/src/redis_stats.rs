@@ -100,6 +100,20 @@ impl Snapshot {
     }
 }
 
+/// `used_memory` of `INFO memory`, in bytes.
+pub async fn used_memory(conn: &mut MultiplexedConnection) -> Result<u64> {
+    let text: String = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(conn)
+        .await
+        .map_err(context("INFO memory"))?;
+    Ok(text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("used_memory:"))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0))
+}
+
 /// CPU time used by this process (all its threads; not the redis-server child).
 pub fn process_cpu_seconds() -> f64 {
     let mut ts = libc::timespec {

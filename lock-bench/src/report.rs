@@ -1,9 +1,10 @@
-//! Results: rows of metrics, ratios to the floor, targets, medians over runs,
-//! the printed tables and the JSON file.
+//! Results: rows of metrics, ratios to the floor(s), targets, medians over
+//! runs, the printed tables and the JSON file (serde).
 
 use std::fmt::Write as _;
 
 use hdrhistogram::Histogram;
+use serde::Serialize;
 
 use crate::error::Result;
 use crate::redis_stats::Delta;
@@ -14,7 +15,8 @@ pub fn new_histogram() -> Result<Histogram<u64>> {
 }
 
 /// Which way a metric is better.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Better {
     Lower,
     Higher,
@@ -22,7 +24,7 @@ pub enum Better {
     Neutral,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
 pub struct Metric {
     pub name: &'static str,
     pub value: f64,
@@ -30,11 +32,13 @@ pub struct Metric {
 }
 
 /// One implementation's figures in one scenario.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
 pub struct Row {
+    #[serde(rename = "impl")]
     pub label: String,
     pub metrics: Vec<Metric>,
     /// For the charts; not in the JSON.
+    #[serde(skip)]
     pub histogram: Option<Histogram<u64>>,
 }
 
@@ -122,7 +126,6 @@ pub struct Target {
 pub enum Check {
     AtMost(f64),
     AtLeast(f64),
-    Equals(f64),
 }
 
 impl Target {
@@ -186,7 +189,6 @@ impl Target {
         match self.check {
             Check::AtMost(l) => value <= l,
             Check::AtLeast(l) => value >= l,
-            Check::Equals(l) => (value - l).abs() < 0.005,
         }
     }
 }
@@ -197,8 +199,10 @@ pub struct ScenarioResult {
     pub title: String,
     /// Lines printed under the table: what the rows mean, caveats.
     pub notes: Vec<String>,
-    /// The first row is the floor: ratios are to it.
+    /// The first `references` rows are the floors: every other row's figures
+    /// are followed by their ratios to each of them.
     pub rows: Vec<Row>,
+    pub references: usize,
     pub targets: Vec<Target>,
 }
 
@@ -214,17 +218,26 @@ fn fmt_value(v: f64) -> String {
     }
 }
 
-fn fmt_ratio(v: f64, floor: f64) -> String {
-    if floor == 0.0 || v.is_nan() || floor.is_nan() {
+/// ` (0.95x)`, or ` (0.95x / 1.30x)` with two references; empty when no
+/// reference has the figure.
+fn fmt_ratios(v: f64, refs: &[Option<f64>]) -> String {
+    let parts: Vec<String> = refs
+        .iter()
+        .map(|r| match r {
+            Some(f) if *f != 0.0 && !v.is_nan() && !f.is_nan() => format!("{:.2}x", v / f),
+            _ => "-".to_owned(),
+        })
+        .collect();
+    if parts.iter().all(|p| p == "-") {
         String::new()
     } else {
-        format!(" ({:.2}x)", v / floor)
+        format!(" ({})", parts.join(" / "))
     }
 }
 
 impl ScenarioResult {
     fn render_columns(&self, columns: &[&'static str]) -> String {
-        let floor = self.rows.first();
+        let refs = &self.rows[..self.references.min(self.rows.len())];
         let mut cells: Vec<Vec<String>> = vec![std::iter::once("impl".to_owned())
             .chain(columns.iter().map(|c| (*c).to_owned()))
             .collect()];
@@ -234,9 +247,11 @@ impl ScenarioResult {
                 let cell = match row.get(c) {
                     None => "-".to_owned(),
                     Some(v) => {
-                        let ratio = match floor.and_then(|f| f.get(c)) {
-                            Some(f) if i > 0 => fmt_ratio(v, f),
-                            _ => String::new(),
+                        let ratio = if i < refs.len() {
+                            String::new()
+                        } else {
+                            let floors: Vec<Option<f64>> = refs.iter().map(|f| f.get(c)).collect();
+                            fmt_ratios(v, &floors)
                         };
                         format!("{}{ratio}", fmt_value(v))
                     }
@@ -284,6 +299,15 @@ impl ScenarioResult {
         }
         let mut out = String::new();
         let _ = writeln!(out, "== {}: {}", self.name, self.title);
+        let refs: Vec<&str> = self
+            .rows
+            .iter()
+            .take(self.references)
+            .map(|r| r.label.as_str())
+            .collect();
+        if !refs.is_empty() {
+            let _ = writeln!(out, "   (ratios in parentheses: to {})", refs.join(" / "));
+        }
         // Wide scenarios are printed as several tables of at most 9 figures.
         let groups = columns.len().div_ceil(9).max(1);
         for group in columns.chunks(columns.len().div_ceil(groups).max(1)) {
@@ -387,112 +411,83 @@ pub fn render_median(
     out
 }
 
-fn json_str(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
+#[derive(Serialize)]
+struct JsonTarget<'a> {
+    target: &'a str,
+    value: Option<f64>,
+    met: Option<bool>,
+}
+
+#[derive(Serialize)]
+struct JsonScenario<'a> {
+    scenario: &'a str,
+    title: &'a str,
+    /// Labels of the reference rows (the floors), first rows of `rows`.
+    references: Vec<&'a str>,
+    rows: &'a [Row],
+    targets: Vec<JsonTarget<'a>>,
+    notes: &'a [String],
+}
+
+impl<'a> JsonScenario<'a> {
+    fn new(s: &'a ScenarioResult, values: Vec<Option<f64>>) -> JsonScenario<'a> {
+        JsonScenario {
+            scenario: s.name,
+            title: &s.title,
+            references: s
+                .rows
+                .iter()
+                .take(s.references)
+                .map(|r| r.label.as_str())
+                .collect(),
+            rows: &s.rows,
+            targets: s
+                .targets
+                .iter()
+                .zip(values)
+                .map(|(t, v)| JsonTarget {
+                    target: &t.text,
+                    value: v,
+                    met: v.map(|v| t.met(v)),
+                })
+                .collect(),
+            notes: &s.notes,
         }
     }
-    out.push('"');
-    out
 }
 
-fn json_num(v: f64) -> String {
-    if v.is_finite() {
-        format!("{v}")
-    } else {
-        "null".to_owned()
-    }
+#[derive(Serialize)]
+struct JsonDoc<'a> {
+    meta: std::collections::BTreeMap<&'a str, &'a str>,
+    runs: Vec<Vec<JsonScenario<'a>>>,
+    median: Vec<JsonScenario<'a>>,
 }
 
-/// The JSON document: every run's scenarios, and the medians when there are
-/// several runs.
+/// The JSON document: every run's scenarios, and the medians (of one run, the
+/// run itself). Figures that could not be measured (NaN) are `null`.
 pub fn to_json(
     meta: &[(&str, String)],
     runs: &[Vec<ScenarioResult>],
     medians: &[(ScenarioResult, Vec<Option<f64>>)],
-) -> String {
-    let scenario_json = |s: &ScenarioResult, targets: Vec<Option<f64>>| {
-        let rows: Vec<String> = s
-            .rows
+) -> Result<String> {
+    let doc = JsonDoc {
+        meta: meta.iter().map(|(k, v)| (*k, v.as_str())).collect(),
+        runs: runs
             .iter()
-            .map(|r| {
-                let metrics: Vec<String> = r
-                    .metrics
-                    .iter()
-                    .map(|m| {
-                        let better = match m.better {
-                            Better::Lower => "lower",
-                            Better::Higher => "higher",
-                            Better::Neutral => "neither",
-                        };
-                        format!(
-                            "{}: {{\"value\": {}, \"better\": \"{better}\"}}",
-                            json_str(m.name),
-                            json_num(m.value)
-                        )
+            .map(|run| {
+                run.iter()
+                    .map(|s| {
+                        JsonScenario::new(s, s.targets.iter().map(|t| t.value(&s.rows)).collect())
                     })
-                    .collect();
-                format!(
-                    "{{\"impl\": {}, \"metrics\": {{{}}}}}",
-                    json_str(&r.label),
-                    metrics.join(", ")
-                )
+                    .collect()
             })
-            .collect();
-        let targets: Vec<String> = s
-            .targets
+            .collect(),
+        median: medians
             .iter()
-            .zip(targets)
-            .map(|(t, v)| {
-                format!(
-                    "{{\"target\": {}, \"value\": {}, \"met\": {}}}",
-                    json_str(&t.text),
-                    v.map_or("null".to_owned(), json_num),
-                    v.map_or("null".to_owned(), |v| t.met(v).to_string())
-                )
-            })
-            .collect();
-        let notes: Vec<String> = s.notes.iter().map(|n| json_str(n)).collect();
-        format!(
-            "{{\"scenario\": {}, \"title\": {}, \"rows\": [{}], \"targets\": [{}], \"notes\": [{}]}}",
-            json_str(s.name),
-            json_str(&s.title),
-            rows.join(", "),
-            targets.join(", "),
-            notes.join(", ")
-        )
+            .map(|(s, t)| JsonScenario::new(s, t.clone()))
+            .collect(),
     };
-    let meta: Vec<String> = meta
-        .iter()
-        .map(|(k, v)| format!("{}: {}", json_str(k), json_str(v)))
-        .collect();
-    let runs_json: Vec<String> = runs
-        .iter()
-        .map(|run| {
-            let s: Vec<String> = run
-                .iter()
-                .map(|s| scenario_json(s, s.targets.iter().map(|t| t.value(&s.rows)).collect()))
-                .collect();
-            format!("[{}]", s.join(", "))
-        })
-        .collect();
-    let medians_json: Vec<String> = medians
-        .iter()
-        .map(|(s, t)| scenario_json(s, t.clone()))
-        .collect();
-    format!(
-        "{{\"meta\": {{{}}}, \"runs\": [{}], \"median\": [{}]}}\n",
-        meta.join(", "),
-        runs_json.join(", "),
-        medians_json.join(", ")
-    )
+    let mut text = serde_json::to_string_pretty(&doc)?;
+    text.push('\n');
+    Ok(text)
 }

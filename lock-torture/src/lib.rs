@@ -18,7 +18,6 @@ pub mod checker;
 pub mod clock;
 pub mod history;
 pub mod process;
-pub mod rng;
 pub mod store;
 
 /// Multiplier of run sizes: 20 when `DISTLOCK_SOAK=1`, else 1.

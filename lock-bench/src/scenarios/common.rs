@@ -9,11 +9,10 @@ use hdrhistogram::Histogram;
 use redis::aio::MultiplexedConnection;
 
 use crate::error::{bail, context, Result};
-use crate::floor::{Attempt, Floor, Names};
+use crate::floor::{Attempt, Floor, Minimal, Names};
 use crate::proxy::CountingProxy;
 use crate::redis_stats::{Delta, Snapshot};
 use crate::report::new_histogram;
-use crate::rng::Rng;
 
 /// Lease of every lock that is not a renewal test: long enough never to end
 /// during a cycle, as in the floor.
@@ -26,6 +25,8 @@ pub struct Env {
     /// For `INFO` only, so that it never queues behind measured traffic.
     pub stats: MultiplexedConnection,
     pub quick: bool,
+    /// `--locks N`: locks held by `renewal` and `memory` (their default when unset).
+    pub locks: Option<usize>,
 }
 
 impl Env {
@@ -48,7 +49,10 @@ impl Env {
 /// Which implementation a cycle runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
+    /// The same-scripts floor: distlock's Lua scripts called by hand.
     Floor,
+    /// The minimal floor: `SET NX PX` and a compare-and-delete script.
+    Minimal,
     Distlock,
     /// distlock with `.renew(false)`: for `--profile` only, to show what the
     /// renewal task's wake-up on every acquisition costs.
@@ -61,7 +65,8 @@ pub enum Kind {
 impl Kind {
     pub fn label(self) -> &'static str {
         match self {
-            Kind::Floor => "floor (redis-rs by hand)",
+            Kind::Floor => "same-scripts floor",
+            Kind::Minimal => "minimal floor (SET NX PX + CAD)",
             Kind::Distlock => "distlock",
             Kind::DistlockNoRenew => "distlock renew(false)",
             Kind::Macro => "#[distributed_lock]",
@@ -76,7 +81,12 @@ pub enum Cycler {
     Floor {
         floor: Floor,
         names: Names,
-        rng: Rng,
+        rng: fastrand::Rng,
+    },
+    Minimal {
+        floor: Minimal,
+        key: String,
+        rng: fastrand::Rng,
     },
     Distlock {
         manager: LockManager,
@@ -100,7 +110,12 @@ impl Cycler {
             Kind::Floor => Cycler::Floor {
                 floor: Floor::connect(url).await?,
                 names: Names::new("floor:", key),
-                rng: Rng::new(seed),
+                rng: fastrand::Rng::with_seed(seed),
+            },
+            Kind::Minimal => Cycler::Minimal {
+                floor: Minimal::connect(url).await?,
+                key: Names::new("minimal:", key).lock,
+                rng: fastrand::Rng::with_seed(seed),
             },
             Kind::Distlock | Kind::DistlockNoRenew => Cycler::Distlock {
                 manager: manager(url).await?,
@@ -124,7 +139,12 @@ impl Cycler {
             Cycler::Floor { floor, .. } => Cycler::Floor {
                 floor: floor.clone(),
                 names: Names::new("floor:", key),
-                rng: Rng::new(seed),
+                rng: fastrand::Rng::with_seed(seed),
+            },
+            Cycler::Minimal { floor, .. } => Cycler::Minimal {
+                floor: floor.clone(),
+                key: Names::new("minimal:", key).lock,
+                rng: fastrand::Rng::with_seed(seed),
             },
             Cycler::Distlock { manager, renew, .. } => Cycler::Distlock {
                 manager: manager.clone(),
@@ -144,8 +164,15 @@ impl Cycler {
 
     pub async fn cycle(&mut self) -> Result<()> {
         match self {
+            Cycler::Minimal { floor, key, rng } => {
+                let owner = owner_token(rng);
+                if !floor.try_acquire(key, &owner, LEASE_MS).await? {
+                    bail!("minimal floor: the uncontended key {key} was busy");
+                }
+                floor.release(key, &owner).await?;
+            }
             Cycler::Floor { floor, names, rng } => {
-                let owner = rng.hex32();
+                let owner = owner_token(rng);
                 // No one else uses this key: one attempt, as a hand-written
                 // client would make.
                 match floor.try_acquire(names, &owner, LEASE_MS).await? {
@@ -178,6 +205,12 @@ impl Cycler {
         }
         Ok(())
     }
+}
+
+/// 32 lowercase hex digits, the length of a distlock owner token (the bench
+/// needs spread, not secrecy: a seeded generator).
+pub fn owner_token(rng: &mut fastrand::Rng) -> String {
+    format!("{:016x}{:016x}", rng.u64(..), rng.u64(..))
 }
 
 pub async fn manager(url: &str) -> Result<LockManager> {
@@ -279,6 +312,7 @@ impl Kind {
     pub fn parse(name: &str) -> Option<Kind> {
         Some(match name {
             "floor" => Kind::Floor,
+            "minimal" => Kind::Minimal,
             "distlock" => Kind::Distlock,
             "distlock-norenew" => Kind::DistlockNoRenew,
             "macro" => Kind::Macro,

@@ -1,4 +1,4 @@
-//! The scenarios of issue 5. Each one measures the floor (hand-written redis-rs),
+//! The scenarios. Each one measures the floor(s) (hand-written redis-rs),
 //! distlock and, where it fits, the rslock peer, in the same process against the
 //! same private Redis, interleaving them where the machine's load could drift.
 
@@ -6,8 +6,16 @@ pub mod common;
 pub mod handoff;
 pub mod macro_cycle;
 pub mod many_keys;
+pub mod memory;
 pub mod renewal;
 pub mod uncontended;
 
 /// Names accepted by `--scenario`, in running order.
-pub const ALL: &[&str] = &["uncontended", "many-keys", "handoff", "renewal", "macro"];
+pub const ALL: &[&str] = &[
+    "uncontended",
+    "many-keys",
+    "handoff",
+    "renewal",
+    "memory",
+    "macro",
+];

@@ -1,6 +1,7 @@
-//! Scenario `renewal`: 10,000 locks held at once by one client with a 3 s lease
-//! (renewed every second): round trips per renewal tick, and Redis CPU while
-//! nothing but renewal happens.
+//! Scenario `renewal`: `--locks N` locks (100,000 by default) held at once by
+//! one client with a 10 s lease (renewed every 3.3 s): round trips per renewal
+//! tick, Redis CPU per second while nothing but renewal happens, and what
+//! bounds it. A window of two whole renewal intervals is measured.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -12,9 +13,8 @@ use crate::error::{bail, Result};
 use crate::floor::{Attempt, Floor, Names};
 use crate::proxy::CountingProxy;
 use crate::redis_stats::Delta;
-use crate::report::{Better, Check, Row, ScenarioResult, Target};
-use crate::rng::Rng;
-use crate::scenarios::common::{Env, Kind};
+use crate::report::{Better, Row, ScenarioResult};
+use crate::scenarios::common::{owner_token, Env, Kind};
 
 const TASKS: usize = 64;
 
@@ -78,6 +78,11 @@ fn row(label: &str, p: &Params, w: &Window, lost: usize) -> Row {
             Better::Lower,
         )
         .push(
+            "client cpu %",
+            100.0 * w.redis.client_cpu_seconds / w.seconds,
+            Better::Lower,
+        )
+        .push(
             "redis cpu us/renewal",
             w.redis.cpu_seconds * 1e6 / w.redis.scripts.max(1) as f64,
             Better::Lower,
@@ -97,11 +102,11 @@ async fn floor_row(env: &Env, p: &Params) -> Result<Row> {
         let floor = floor.clone();
         let n = p.locks;
         handles.push(tokio::spawn(async move {
-            let mut rng = Rng::new(t as u64);
+            let mut rng = fastrand::Rng::with_seed(t as u64);
             let mut held = Vec::new();
             for i in (t..n).step_by(TASKS) {
                 let names = Names::new("floor:", &format!("renew:{i}"));
-                let owner = rng.hex32();
+                let owner = owner_token(&mut rng);
                 match floor.try_acquire(&names, &owner, lease_ms).await? {
                     Attempt::Acquired => held.push((names, owner)),
                     Attempt::Busy(_) => bail!("floor: renew:{i} was busy"),
@@ -121,12 +126,14 @@ async fn floor_row(env: &Env, p: &Params) -> Result<Row> {
         let (floor, locks, lost) = (floor.clone(), locks.clone(), lost.clone());
         let interval = p.lease / 3;
         tokio::spawn(async move {
-            let mut tick =
-                tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+            // First renewal at once: taking 100,000 locks can last a good part
+            // of a lease, and the first ones taken must not run out meanwhile.
+            let mut tick = tokio::time::interval(interval);
             loop {
                 tick.tick().await;
                 let n = floor.renew_all(&locks, lease_ms).await?;
-                lost.fetch_add(n, Ordering::Relaxed);
+                // Locks found gone in one tick (a lost lock is lost in every later tick too).
+                lost.fetch_max(n, Ordering::Relaxed);
             }
             #[allow(unreachable_code)]
             Ok::<(), crate::error::BoxError>(())
@@ -217,16 +224,18 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
     env.flush().await?;
     let p = if env.quick {
         Params {
-            locks: 1_000,
+            locks: env.locks.unwrap_or(1_000),
             lease: Duration::from_millis(300),
             hold: Duration::from_millis(600),
             idle: Duration::from_millis(200),
         }
     } else {
         Params {
-            locks: 10_000,
-            lease: Duration::from_secs(3),
-            hold: Duration::from_secs(6),
+            locks: env.locks.unwrap_or(100_000),
+            // 100,000 locks take seconds to acquire on a loaded 2-core machine:
+            // the lease must outlast that (distlock renews while acquiring).
+            lease: Duration::from_secs(10),
+            hold: Duration::from_secs(20) / 3,
             idle: Duration::from_secs(2),
         }
     };
@@ -240,34 +249,39 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
     let floor = floor_row(env, &p).await?;
     env.flush().await?;
     let distlock = distlock_row(env, &p).await?;
-    let d = Kind::Distlock.label();
+    env.flush().await?;
+    let bound = bound_note(&p, &distlock, idle_pct);
     Ok(ScenarioResult {
         name: "renewal",
         title: format!(
-            "{} locks held by one client, lease {:?} renewed every {:?}, measured over {:?}",
+            "{} locks held by one client, lease {:.2} s renewed every {:.2} s, measured over {:.2} s",
             p.locks,
-            p.lease,
-            p.lease / 3,
-            p.hold
+            p.lease.as_secs_f64(),
+            (p.lease / 3).as_secs_f64(),
+            p.hold.as_secs_f64()
         ),
         notes: vec![
             format!("Redis CPU with no clients at all: {idle_pct:.2}% of one core"),
-            "the floor renews every lock once per tick in pipelines of 512; round trips are counted through a RESP-parsing proxy".to_owned(),
+            "the floor renews every lock once per tick with renew.lua in pipelines of 512; round trips are counted through a RESP-parsing proxy".to_owned(),
+            bound,
+            "lost: floor, most locks found gone in one tick; distlock, guards lost; anything but 0 voids the row (acquiring took longer than a lease, or renewal fell behind)".to_owned(),
         ],
         rows: vec![floor, distlock],
-        targets: vec![
-            Target::absolute(
-                "distlock <= 1 round trip per 100 held locks per tick",
-                d,
-                "rt/tick per 100 locks",
-                Check::AtMost(1.0),
-            ),
-            Target::absolute(
-                "distlock Redis CPU while holding < 10% of one core",
-                d,
-                "redis cpu %",
-                Check::AtMost(10.0),
-            ),
-        ],
+        references: 1,
+        targets: Vec::new(),
     })
+}
+
+/// What bounds renewal at this size, from distlock's own figures.
+fn bound_note(p: &Params, row: &Row, idle_pct: f64) -> String {
+    let interval = (p.lease / 3).as_secs_f64();
+    let renewals_per_s = p.locks as f64 / interval;
+    let cpu_us = row.get("redis cpu us/renewal").unwrap_or(f64::NAN);
+    let cpu_pct = row.get("redis cpu %").unwrap_or(f64::NAN);
+    let rt = row.get("rt/tick").unwrap_or(f64::NAN);
+    let ceiling = 1e6 / cpu_us * interval;
+    format!(
+        "bound: Redis CPU, one renew.lua per lock per tick: {renewals_per_s:.0} renewals/s x {cpu_us:.1} us = {cpu_pct:.1}% of one core (idle {idle_pct:.1}%); \
+         at that cost one Redis core saturates near {ceiling:.0} locks at this lease; round trips: {rt:.1} per tick (pipelines of up to 512 renewals)"
+    )
 }

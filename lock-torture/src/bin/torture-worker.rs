@@ -45,7 +45,6 @@ use lock_torture::clock::{mono_ns, ns};
 use lock_torture::history::{
     Call, CallKind, CallResult, Outcome, Record, Release, Section, Write, Zombie,
 };
-use lock_torture::rng::Rng;
 use lock_torture::store::{self, FencedStore};
 use redis::aio::MultiplexedConnection;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -489,7 +488,10 @@ async fn task_loop(
     tickets: Arc<AtomicU64>,
     done: Arc<AtomicU64>,
 ) {
-    let mut rng = Rng::new(cfg.seed ^ (u64::from(ctx.worker) << 40) ^ (u64::from(task) << 20));
+    // Seeded: a run's workload choices repeat with its seed.
+    let mut rng = fastrand::Rng::with_seed(
+        cfg.seed ^ (u64::from(ctx.worker) << 40) ^ (u64::from(task) << 20),
+    );
     'sections: loop {
         if *stop.borrow() {
             return;
@@ -499,14 +501,14 @@ async fn task_loop(
                 return;
             }
         }
-        let key = cfg.keys[rng.range(0, cfg.keys.len() as u64 - 1) as usize].clone();
-        let body = Duration::from_micros(rng.range(cfg.body_us.0, cfg.body_us.1));
-        let cancel = body >= Duration::from_millis(1) && rng.percent(cfg.cancel_pct);
+        let key = cfg.keys[rng.usize(..cfg.keys.len())].clone();
+        let body = Duration::from_micros(rng.u64(cfg.body_us.0..=cfg.body_us.1.max(cfg.body_us.0)));
+        let cancel = body >= Duration::from_millis(1) && rng.u64(..100) < cfg.cancel_pct;
         let plan = Plan {
             key,
             body,
-            cancel_frac_pct: cancel.then(|| rng.range(20, 80)),
-            panic: !cancel && rng.percent(cfg.panic_pct),
+            cancel_frac_pct: cancel.then(|| rng.u64(20..=80)),
+            panic: !cancel && rng.u64(..100) < cfg.panic_pct,
         };
         // One ticket is one critical section: retry the acquisition until it works.
         loop {
