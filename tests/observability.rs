@@ -107,35 +107,9 @@ fn happy_path_is_quiet_and_loss_warns() {
     });
 }
 
-/// A writer for `tracing_subscriber::fmt` that keeps what it is given.
-#[derive(Clone, Default)]
-struct Written(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Written {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[test]
 fn an_env_filter_of_distlock_debug_sees_the_acquired_event() {
-    let written = Written::default();
-    let sink = written.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new("distlock=debug"))
-        .with_writer(move || sink.clone())
-        .with_ansi(false)
-        .finish();
-    let _default = tracing::subscriber::set_default(subscriber);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
+    let text = logged(|| async {
         let redis = server();
         let m = manager(&redis).await;
         m.lock("seen")
@@ -146,7 +120,6 @@ fn an_env_filter_of_distlock_debug_sees_the_acquired_event() {
             .await
             .unwrap();
     });
-    let text = String::from_utf8(written.0.lock().unwrap().clone()).unwrap();
     let acquired = text
         .lines()
         .find(|l| l.contains("acquired"))

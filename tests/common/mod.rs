@@ -107,3 +107,34 @@ pub async fn eventually(limit: Duration, mut f: impl AsyncFnMut() -> bool) -> Op
     }
     None
 }
+
+/// Runs `f` on a current-thread runtime under a subscriber that keeps every
+/// event at DEBUG or above for `distlock`, and returns what it printed.
+pub fn logged<F: std::future::Future<Output = ()>>(f: impl FnOnce() -> F) -> String {
+    #[derive(Clone, Default)]
+    struct Written(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Written {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let written = Written::default();
+    let sink = written.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new("distlock=debug"))
+        .with_writer(move || sink.clone())
+        .with_ansi(false)
+        .finish();
+    let _default = tracing::subscriber::set_default(subscriber);
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f());
+    let text = String::from_utf8(written.0.lock().unwrap().clone()).unwrap();
+    text
+}
