@@ -108,33 +108,51 @@ pub async fn eventually(limit: Duration, mut f: impl AsyncFnMut() -> bool) -> Op
     None
 }
 
-/// Runs `f` on a current-thread runtime under a subscriber that keeps every
-/// event at DEBUG or above for `distlock`, and returns what it printed.
-pub fn logged<F: std::future::Future<Output = ()>>(f: impl FnOnce() -> F) -> String {
-    #[derive(Clone, Default)]
-    struct Written(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-    impl std::io::Write for Written {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
+thread_local! {
+    /// Where `logged` collects this thread's log lines, while it runs.
+    static CAPTURE: std::cell::RefCell<Option<Vec<u8>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Writes into this thread's `CAPTURE`, if any.
+struct ThreadCapture;
+
+impl std::io::Write for ThreadCapture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        CAPTURE.with(|c| {
+            if let Some(captured) = c.borrow_mut().as_mut() {
+                captured.extend_from_slice(buf);
+            }
+        });
+        Ok(buf.len())
     }
-    let written = Written::default();
-    let sink = written.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new("distlock=debug"))
-        .with_writer(move || sink.clone())
-        .with_ansi(false)
-        .finish();
-    let _default = tracing::subscriber::set_default(subscriber);
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Runs `f` on a current-thread runtime and returns what `distlock=debug` logged
+/// meanwhile on this thread (every task of a current-thread runtime runs on it).
+///
+/// The subscriber is the process's global default, set once: a scoped one
+/// (`set_default`) can miss events whose callsites another test's thread
+/// registered first, when only the no-op subscriber was there to ask.
+pub fn logged<F: std::future::Future<Output = ()>>(f: impl FnOnce() -> F) -> String {
+    static INIT: std::sync::Once = std::sync::Once::new();
+    INIT.call_once(|| {
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new("distlock=debug"))
+            .with_writer(|| ThreadCapture)
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::set_global_default(subscriber)
+            .expect("no other global subscriber in the tests");
+    });
+    CAPTURE.with(|c| *c.borrow_mut() = Some(Vec::new()));
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap()
         .block_on(f());
-    let text = String::from_utf8(written.0.lock().unwrap().clone()).unwrap();
-    text
+    let captured = CAPTURE.with(|c| c.borrow_mut().take()).unwrap_or_default();
+    String::from_utf8(captured).unwrap()
 }
