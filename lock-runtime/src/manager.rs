@@ -340,6 +340,13 @@ impl LockManager {
     pub fn held_count(&self) -> usize {
         self.inner.core.renewals.live_count()
     }
+
+    /// How often the renewal task has woken up since the manager was built: for
+    /// tests that check an acquire/release cycle does not wake it. Not a stable API.
+    #[doc(hidden)]
+    pub fn renewal_task_wakeups(&self) -> u64 {
+        self.inner.core.renewals.wakeups()
+    }
 }
 
 /// The Redis names behind one lock, from [`LockManager::redis_names`].
