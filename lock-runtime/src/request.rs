@@ -161,7 +161,7 @@ impl LockRequest {
         Acquisition {
             core: &core,
             keys: core.keys(&key),
-            owner: uuid::Uuid::new_v4().simple().to_string(),
+            owner: owner_token(),
             key,
             lease,
             renew,
@@ -217,7 +217,10 @@ impl Acquisition<'_> {
         let mut remaining = None;
         if !(willing_to_wait && self.core.subscriber.has_waiters(&self.keys.channel)) {
             remaining = match self.attempt().await? {
-                Attempt::Acquired(lease) => return self.grant(manager, lease).map(Some),
+                Attempt::Acquired {
+                    fencing_token,
+                    sent_at,
+                } => return self.grant(manager, fencing_token, sent_at).map(Some),
                 Attempt::Busy(remaining) => remaining,
             };
             if patience == Patience::Once {
@@ -269,9 +272,12 @@ impl Acquisition<'_> {
                 continue;
             }
             remaining = match self.attempt().await? {
-                Attempt::Acquired(lease) => {
+                Attempt::Acquired {
+                    fencing_token,
+                    sent_at,
+                } => {
                     registration.set_unresolved_wake(false);
-                    return self.grant(manager, lease).map(Some);
+                    return self.grant(manager, fencing_token, sent_at).map(Some);
                 }
                 Attempt::Busy(remaining) => remaining,
             };
@@ -318,18 +324,10 @@ impl Acquisition<'_> {
         match reply {
             Ok(AcquireReply::Acquired { fencing_token }) => {
                 in_flight.armed = false;
-                Ok(Attempt::Acquired(Box::new(Lease::new(NewLease {
-                    id: manager::next_id(),
-                    manager_id: self.core.id,
-                    key: self.key.clone(),
-                    keys: self.keys.clone(),
-                    owner: self.owner.clone(),
+                Ok(Attempt::Acquired {
                     fencing_token,
-                    lease: self.lease,
-                    renew: self.renew,
-                    epoch: self.core.epoch,
                     sent_at,
-                }))))
+                })
             }
             Ok(AcquireReply::Busy { remaining }) => {
                 in_flight.armed = false;
@@ -342,24 +340,54 @@ impl Acquisition<'_> {
         }
     }
 
-    fn grant(self, manager: LockManager, lease: Box<Lease>) -> Result<LockGuard, LockError> {
-        let lease = Arc::new(*lease);
-        if !self.core.renewals.insert(lease.clone()) {
+    /// Hands the lock to a guard. The acquisition is done with its names and
+    /// owner token, so the lease takes them over rather than copies them.
+    fn grant(
+        self,
+        manager: LockManager,
+        fencing_token: u64,
+        sent_at: Instant,
+    ) -> Result<LockGuard, LockError> {
+        let Acquisition {
+            core,
+            keys,
+            owner,
+            key,
+            lease,
+            renew,
+            started,
+            attempts,
+        } = self;
+        let lease = Arc::new(Lease::new(NewLease {
+            id: manager::next_id(),
+            manager_id: core.id,
+            key,
+            keys,
+            owner,
+            fencing_token,
+            lease,
+            renew,
+            epoch: core.epoch,
+            sent_at,
+        }));
+        if !core.renewals.insert(lease.clone()) {
             // The manager was shut down while this attempt was in flight: give
             // the lock straight back.
             lease.mark_released();
             crate::guard::release_in_background(
-                self.core,
-                self.key.clone(),
-                self.keys.clone(),
-                self.owner.clone(),
-                self.lease,
+                core,
+                lease.key.clone(),
+                lease.keys.clone(),
+                lease.owner.clone(),
+                lease.lease,
             );
-            return Err(LockError::ShutDown { key: self.key });
+            return Err(LockError::ShutDown {
+                key: lease.key.clone(),
+            });
         }
         tracing::debug!(target: "distlock::acquire",
-            waited_ms = self.started.elapsed().as_millis() as u64,
-            attempts = self.attempts,
+            waited_ms = started.elapsed().as_millis() as u64,
+            attempts,
             fencing_token = lease.fencing_token,
             "acquired"
         );
@@ -381,8 +409,20 @@ impl Acquisition<'_> {
 }
 
 enum Attempt {
-    Acquired(Box<Lease>),
+    /// Ours, with this fencing token, by the attempt sent at `sent_at`.
+    Acquired {
+        fencing_token: u64,
+        sent_at: Instant,
+    },
     Busy(Option<Duration>),
+}
+
+/// A fresh owner token: 128 random bits in 32 hex digits, from the thread's
+/// ChaCha12 generator (seeded from the OS, reseeded every 64 KiB of output),
+/// so that no other client can guess or collide with it, without a `getrandom`
+/// system call per acquisition.
+pub(crate) fn owner_token() -> String {
+    format!("{:032x}", rand::random::<u128>())
 }
 
 /// Releases, in the background, a lock an attempt may have taken when its reply

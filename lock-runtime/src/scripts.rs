@@ -39,12 +39,14 @@ impl Lua {
         }
     }
 
-    fn call(&self, keys: &[&str], args: &[&[u8]]) -> Cmd {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(&self.hash).arg(keys.len()).arg(keys);
-        for arg in args {
-            cmd.arg(*arg);
-        }
+    /// `EVALSHA hash numkeys keys...`, with room for `args` more arguments of
+    /// about `args_len` bytes in all, so that adding them does not reallocate.
+    /// Numbers are added as numbers (`Cmd::arg` formats them in place), not as
+    /// `String`s.
+    fn call(&self, keys: &[&str], args: usize, args_len: usize) -> Cmd {
+        let keys_len: usize = keys.iter().map(|k| k.len()).sum();
+        let mut cmd = Cmd::with_capacity(3 + keys.len() + args, 64 + keys_len + args_len);
+        cmd.arg("EVALSHA").arg(&self.hash).arg(keys.len()).arg(keys);
         cmd
     }
 
@@ -178,16 +180,7 @@ impl Scripts {
         lease_ms: u64,
         fence_ttl_ms: u64,
     ) -> RedisResult<AcquireReply> {
-        let lease_ms = lease_ms.to_string();
-        let fence_ttl_ms = fence_ttl_ms.to_string();
-        let cmd = self.acquire.call(
-            &[&keys.lock, &keys.fence],
-            &[
-                owner.as_bytes(),
-                lease_ms.as_bytes(),
-                fence_ttl_ms.as_bytes(),
-            ],
-        );
+        let cmd = self.acquire_cmd(keys, owner, lease_ms, fence_ttl_ms);
         let (status, value, echoed): (i64, i64, String) = self.acquire.invoke(conn, &cmd).await?;
         check_owner(&echoed, owner)?;
         Ok(if status == 1 {
@@ -199,6 +192,14 @@ impl Scripts {
                 remaining: u64::try_from(value).ok().map(Duration::from_millis),
             }
         })
+    }
+
+    fn acquire_cmd(&self, keys: &LockKeys, owner: &str, lease_ms: u64, fence_ttl_ms: u64) -> Cmd {
+        let mut cmd = self
+            .acquire
+            .call(&[&keys.lock, &keys.fence], 3, owner.len() + 40);
+        cmd.arg(owner).arg(lease_ms).arg(fence_ttl_ms);
+        cmd
     }
 
     /// Releases many locks in one round trip (the script is loaded first, so no
@@ -240,8 +241,11 @@ impl Scripts {
     }
 
     fn release_cmd(&self, keys: &LockKeys, owner: &str) -> Cmd {
-        self.release
-            .call(&[&keys.lock], &[owner.as_bytes(), keys.channel.as_bytes()])
+        let mut cmd = self
+            .release
+            .call(&[&keys.lock], 2, owner.len() + keys.channel.len());
+        cmd.arg(owner).arg(&keys.channel);
+        cmd
     }
 
     /// Deletes the lock if `owner` holds it and publishes a wake-up; true when it did.
@@ -274,9 +278,9 @@ impl Scripts {
     /// handles NOSCRIPT through [`Scripts::load_renew`] and reads the reply with
     /// [`Scripts::renew_reply`]).
     pub(crate) fn renew_cmd(&self, lock_key: &str, owner: &str, lease_ms: u64) -> Cmd {
-        let lease_ms = lease_ms.to_string();
-        self.renew
-            .call(&[lock_key], &[owner.as_bytes(), lease_ms.as_bytes()])
+        let mut cmd = self.renew.call(&[lock_key], 2, owner.len() + 20);
+        cmd.arg(owner).arg(lease_ms);
+        cmd
     }
 
     /// Whether a renewal found the lock still ours.
@@ -306,11 +310,7 @@ impl Scripts {
             pipe.cmd("SCRIPT").arg("LOAD").arg(lua.source);
             steps.push(ProbeStep::command("SCRIPT LOAD"));
         }
-        let lease = lease_ms.to_string();
-        let acquire = self.acquire.call(
-            &[&keys.lock, &keys.fence],
-            &[owner.as_bytes(), lease.as_bytes(), lease.as_bytes()],
-        );
+        let acquire = self.acquire_cmd(keys, owner, lease_ms, lease_ms);
         pipe.add_command(acquire.clone());
         steps.push(ProbeStep::script("the acquire script", &self.acquire));
         pipe.add_command(acquire);

@@ -49,7 +49,7 @@ pub(crate) async fn check(
     shown_url: &str,
 ) -> Result<(), LockError> {
     let keys = LockKeys::new(&config.key_prefix, PROBE_KEY);
-    let owner = uuid::Uuid::new_v4().simple().to_string();
+    let owner = crate::request::owner_token();
     let refused = |reason: String| LockError::ServerCheck {
         url: shown_url.to_owned(),
         reason,
