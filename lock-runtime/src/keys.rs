@@ -4,7 +4,8 @@
 //! so that one script may touch them all in cluster mode:
 //!
 //! ```text
-//! <prefix>lock:{<tag>}:<K>    hash {owner token -> fencing token}, with the lease as TTL
+//! <prefix>lock:{<tag>}:<K>    hash {owner token -> fencing token} (and `waiters`
+//!                             once someone waits), with the lease as TTL
 //! <prefix>fence:{<tag>}:<K>   last fencing token issued (no TTL: outlives the lock)
 //! <prefix>wake:{<tag>}:<K>    pub/sub channel; release publishes on it
 //! ```

@@ -355,7 +355,8 @@ impl LockManager {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RedisNames {
-    /// The lock itself: a hash `{owner token -> fencing token}` whose TTL is the lease.
+    /// The lock itself: a hash `{owner token -> fencing token}` whose TTL is the
+    /// lease, plus a field `waiters` once someone waits for it.
     pub lock: String,
     /// The last fencing token issued for this lock; it outlives the lock by the
     /// manager's [fence retention](LockManagerBuilder::fence_retention).

@@ -215,8 +215,11 @@ impl Acquisition<'_> {
         // instead of trying first and taking the lock from under the waiter that
         // the release woke.
         let mut remaining = None;
-        if !(willing_to_wait && self.core.subscriber.has_waiters(&self.keys.channel)) {
-            remaining = match self.attempt().await? {
+        let others_wait = self.core.subscriber.has_waiters(&self.keys.channel);
+        if !(willing_to_wait && others_wait) {
+            // When others of this manager wait (a `try_acquire` among waiters),
+            // the lock taken stays marked as waited for: its release must wake them.
+            remaining = match self.attempt(others_wait).await? {
                 Attempt::Acquired {
                     fencing_token,
                     sent_at,
@@ -271,7 +274,10 @@ impl Acquisition<'_> {
                 }
                 continue;
             }
-            remaining = match self.attempt().await? {
+            // This waiter is one of the channel's; if it wins while others of
+            // this manager still wait, its lock must stay marked as waited for.
+            let others_wait = core.subscriber.waiters(&self.keys.channel) > 1;
+            remaining = match self.attempt(others_wait).await? {
                 Attempt::Acquired {
                     fencing_token,
                     sent_at,
@@ -289,7 +295,10 @@ impl Acquisition<'_> {
         }
     }
 
-    async fn attempt(&mut self) -> Result<Attempt, LockError> {
+    /// One acquire script. `others_wait`: other acquisitions of this manager wait
+    /// for the lock, so a lock taken now is marked as waited for (its release
+    /// then publishes a wake-up; see acquire.lua).
+    async fn attempt(&mut self, others_wait: bool) -> Result<Attempt, LockError> {
         self.attempts += 1;
         let sent_at = Instant::now();
         let lease_ms = u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX);
@@ -318,6 +327,7 @@ impl Acquisition<'_> {
                     &self.owner,
                     lease_ms,
                     lease_ms.saturating_add(retention_ms),
+                    others_wait,
                 ),
             )
             .await;
