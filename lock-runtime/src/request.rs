@@ -215,6 +215,12 @@ impl Acquisition<'_> {
         // instead of trying first and taking the lock from under the waiter that
         // the release woke.
         let mut remaining = None;
+        // A waiter that skips its first attempt here has not marked the lock as
+        // waited for; if the waiter ahead of it wins with an attempt sent before
+        // this registration (so without the mark), no release will publish for
+        // it. Once the winner has left the queue it is first in line, and its
+        // next timer nap (its backoff starts at 8 ms) brings an attempt that
+        // marks the lock, or takes it.
         let others_wait = self.core.subscriber.has_waiters(&self.keys.channel);
         if !(willing_to_wait && others_wait) {
             // When others of this manager wait (a `try_acquire` among waiters),
