@@ -178,3 +178,35 @@ async fn a_shorter_lease_taken_later_is_renewed_in_time() {
     short.release().await.unwrap();
     long.release().await.unwrap();
 }
+
+/// An uncontended acquire/release cycle does not wake the renewal task: the
+/// release removes the lease long before it is due, so waking the task for it
+/// is a wasted cross-thread wake-up (and a scan) per acquisition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uncontended_cycles_do_not_wake_the_renewal_task() {
+    let redis = server();
+    let m = manager(&redis).await;
+    let cycle = async |key: String| {
+        m.lock(key)
+            .lease(Duration::from_secs(30))
+            .acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    };
+    // Warm-up: the first lease of an idle manager wakes the task once.
+    for i in 0..5 {
+        cycle(format!("warm-up:{i}")).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let before = m.renewal_task_wakeups();
+    for i in 0..200 {
+        cycle(format!("k:{i}")).await;
+    }
+    // Any wake-up the cycles caused has happened by now.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let woken = m.renewal_task_wakeups() - before;
+    assert_eq!(woken, 0, "renewal task woke {woken} times in 200 cycles");
+}

@@ -315,3 +315,78 @@ async fn waiters_keep_their_order_when_leases_run_out() {
     let order = order.lock().unwrap().clone();
     assert_eq!(order, (0..WAITERS).collect::<Vec<_>>());
 }
+
+/// The release publishes only when the lock is marked as waited for; the mark
+/// survives hand-offs while others still wait: three waiters of one manager
+/// (one woken per message) get the lock one after the other, each by a wake-up,
+/// and the last release, with nobody left waiting, publishes nothing.
+#[tokio::test]
+async fn the_waiting_mark_survives_hand_offs() {
+    let redis = server();
+    let a = manager(&redis).await;
+    let b = manager(&redis).await;
+    let mut raw = raw(&redis).await;
+    let holder = a.lock("k").acquire().await.unwrap();
+    let handoffs = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for _ in 0..3 {
+        let (b, handoffs) = (b.clone(), handoffs.clone());
+        waiters.push(tokio::spawn(async move {
+            let g = b
+                .lock("k")
+                .wait(Duration::from_secs(20))
+                .acquire()
+                .await
+                .unwrap();
+            handoffs.lock().unwrap().push(Instant::now());
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let released = Instant::now();
+            g.release().await.unwrap();
+            released
+        }));
+    }
+    let channel = a.redis_names("k").channel;
+    eventually(Duration::from_secs(5), async || {
+        numsub(&mut raw, &channel).await == 1
+    })
+    .await
+    .expect("waiters subscribed");
+    // Long enough for every waiter's fallback backoff to reach its 1 s cap.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let publishes_before = publish_calls(&mut raw).await;
+    let first_release = Instant::now();
+    holder.release().await.unwrap();
+    let mut releases = vec![first_release];
+    for w in waiters {
+        releases.push(w.await.unwrap());
+    }
+    releases.sort();
+    let mut acquired = handoffs.lock().unwrap().clone();
+    acquired.sort();
+    for (released, taken) in releases.iter().zip(&acquired) {
+        let handoff = *taken - *released;
+        assert!(
+            handoff < Duration::from_millis(150),
+            "hand-off took {handoff:?}"
+        );
+    }
+    // The holder's and two waiters' releases found someone waiting; the last did not.
+    assert_eq!(publish_calls(&mut raw).await - publishes_before, 3);
+}
+
+async fn publish_calls(raw: &mut redis::aio::MultiplexedConnection) -> i64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(raw)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| {
+            l.strip_prefix("cmdstat_publish:calls=")?
+                .split(',')
+                .next()?
+                .parse::<i64>()
+                .ok()
+        })
+        .unwrap_or(0)
+}

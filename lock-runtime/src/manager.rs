@@ -133,7 +133,9 @@ impl Core {
     }
 
     /// Runs one Redis call on connection `generation` under the command timeout,
-    /// naming `key` in the error.
+    /// naming `key` in the error. That timeout is the only one on the call (the
+    /// connection has no response timeout of its own): it bounds whatever the
+    /// call does, a reconnect and a NOSCRIPT reload and retry included.
     ///
     /// A server error reply means the command ran and failed, or never ran.
     /// Anything else (a timeout, I/O, a reply of the wrong shape or for another
@@ -340,13 +342,21 @@ impl LockManager {
     pub fn held_count(&self) -> usize {
         self.inner.core.renewals.live_count()
     }
+
+    /// How often the renewal task has woken up since the manager was built: for
+    /// tests that check an acquire/release cycle does not wake it. Not a stable API.
+    #[doc(hidden)]
+    pub fn renewal_task_wakeups(&self) -> u64 {
+        self.inner.core.renewals.wakeups()
+    }
 }
 
 /// The Redis names behind one lock, from [`LockManager::redis_names`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RedisNames {
-    /// The lock itself: a hash `{owner token -> fencing token}` whose TTL is the lease.
+    /// The lock itself: a hash `{owner token -> fencing token}` whose TTL is the
+    /// lease, plus a field `waiters` once someone waits for it.
     pub lock: String,
     /// The last fencing token issued for this lock; it outlives the lock by the
     /// manager's [fence retention](LockManagerBuilder::fence_retention).
@@ -499,7 +509,11 @@ impl LockManagerBuilder {
             .map_err(|e| LockError::InvalidConfig(format!("invalid redis URL {shown_url}: {e}")))?;
         let conn_config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(config.connect_timeout))
-            .set_response_timeout(Some(config.command_timeout))
+            // No response timeout here: `Core::call`'s timeout is the one bound
+            // on a call, covering a reconnect, a script reload and the retry
+            // together; a second timer per call only cost time (two timers
+            // armed and cancelled per round trip).
+            .set_response_timeout(None)
             // Reconnection is retried by every later call; a few quick tries here
             // keep a call that meets a restart from waiting long.
             .set_number_of_retries(2)

@@ -30,6 +30,16 @@ pub(crate) struct Renewals {
     /// (a cross-thread wake-up and a scan of every lease cost more than the
     /// acquire's own work).
     wake_at: AtomicU64,
+    /// The shortest renewal interval (nanoseconds) of the leases added since the
+    /// task last found nothing to renew; `u64::MAX` for none. An idle task sleeps
+    /// that long rather than for ever: a lease added during the nap is then due
+    /// no sooner than the task looks again, so a stream of short acquire/release
+    /// cycles does not wake it once per acquire (the release removes the lease
+    /// before the task ever sees it).
+    recent_interval: AtomicU64,
+    /// How often the task has woken up (by an added lease or by its timer); for
+    /// tests that count wake-ups per lock cycle.
+    wakeups: AtomicU64,
 }
 
 #[derive(Default)]
@@ -45,6 +55,8 @@ impl Default for Renewals {
             leases: Mutex::default(),
             added: Notify::new(),
             wake_at: AtomicU64::new(u64::MAX),
+            recent_interval: AtomicU64::new(u64::MAX),
+            wakeups: AtomicU64::new(0),
         }
     }
 }
@@ -58,6 +70,10 @@ impl Renewals {
 
     /// Adds a lease to renew; false (and nothing added) once the manager is shut down.
     pub(crate) fn insert(&self, lease: Arc<Lease>) -> bool {
+        if lease.renew {
+            let interval = u64::try_from(lease.renewal_interval().as_nanos()).unwrap_or(u64::MAX);
+            self.recent_interval.fetch_min(interval, Ordering::Relaxed);
+        }
         let wake = lease.renew && lease.next_renewal_nanos() < self.wake_at.load(Ordering::SeqCst);
         {
             let mut leases = self.leases();
@@ -78,6 +94,11 @@ impl Renewals {
 
     pub(crate) fn live_count(&self) -> usize {
         self.leases().by_id.len()
+    }
+
+    /// How often the renewal task has woken up so far.
+    pub(crate) fn wakeups(&self) -> u64 {
+        self.wakeups.load(Ordering::Relaxed)
     }
 
     /// Takes every lease out and refuses new ones (manager shutdown).
@@ -115,6 +136,16 @@ pub(crate) async fn run(core: Arc<Core>) {
         renewals.wake_at.store(u64::MAX, Ordering::SeqCst);
         let (due, next) = renewals.due(Instant::now());
         if due.is_empty() {
+            // Nothing held: nap for the shortest interval of the leases seen
+            // since the last look (see `recent_interval`), so that acquiring
+            // during the nap does not wake the task. When none was seen, the
+            // manager is idle: sleep until a lease comes.
+            let next = next.or_else(|| {
+                let interval = renewals.recent_interval.swap(u64::MAX, Ordering::Relaxed);
+                (interval != u64::MAX)
+                    .then(|| Instant::now().checked_add(Duration::from_nanos(interval)))
+                    .flatten()
+            });
             let wake_at = next.map_or(u64::MAX, |at| {
                 u64::try_from(at.saturating_duration_since(core.epoch).as_nanos())
                     .unwrap_or(u64::MAX)
@@ -129,6 +160,7 @@ pub(crate) async fn run(core: Arc<Core>) {
                 }
                 None => added.await,
             }
+            renewals.wakeups.fetch_add(1, Ordering::Relaxed);
             continue;
         }
         for batch in due.chunks(BATCH) {

@@ -161,7 +161,7 @@ impl LockRequest {
         Acquisition {
             core: &core,
             keys: core.keys(&key),
-            owner: uuid::Uuid::new_v4().simple().to_string(),
+            owner: owner_token(),
             key,
             lease,
             renew,
@@ -215,9 +215,21 @@ impl Acquisition<'_> {
         // instead of trying first and taking the lock from under the waiter that
         // the release woke.
         let mut remaining = None;
-        if !(willing_to_wait && self.core.subscriber.has_waiters(&self.keys.channel)) {
-            remaining = match self.attempt().await? {
-                Attempt::Acquired(lease) => return self.grant(manager, lease).map(Some),
+        // A waiter that skips its first attempt here has not marked the lock as
+        // waited for; if the waiter ahead of it wins with an attempt sent before
+        // this registration (so without the mark), no release will publish for
+        // it. Once the winner has left the queue it is first in line, and its
+        // next timer nap (its backoff starts at 8 ms) brings an attempt that
+        // marks the lock, or takes it.
+        let others_wait = self.core.subscriber.has_waiters(&self.keys.channel);
+        if !(willing_to_wait && others_wait) {
+            // When others of this manager wait (a `try_acquire` among waiters),
+            // the lock taken stays marked as waited for: its release must wake them.
+            remaining = match self.attempt(others_wait).await? {
+                Attempt::Acquired {
+                    fencing_token,
+                    sent_at,
+                } => return self.grant(manager, fencing_token, sent_at).map(Some),
                 Attempt::Busy(remaining) => remaining,
             };
             if patience == Patience::Once {
@@ -268,10 +280,16 @@ impl Acquisition<'_> {
                 }
                 continue;
             }
-            remaining = match self.attempt().await? {
-                Attempt::Acquired(lease) => {
+            // This waiter is one of the channel's; if it wins while others of
+            // this manager still wait, its lock must stay marked as waited for.
+            let others_wait = core.subscriber.waiters(&self.keys.channel) > 1;
+            remaining = match self.attempt(others_wait).await? {
+                Attempt::Acquired {
+                    fencing_token,
+                    sent_at,
+                } => {
                     registration.set_unresolved_wake(false);
-                    return self.grant(manager, lease).map(Some);
+                    return self.grant(manager, fencing_token, sent_at).map(Some);
                 }
                 Attempt::Busy(remaining) => remaining,
             };
@@ -283,7 +301,10 @@ impl Acquisition<'_> {
         }
     }
 
-    async fn attempt(&mut self) -> Result<Attempt, LockError> {
+    /// One acquire script. `others_wait`: other acquisitions of this manager wait
+    /// for the lock, so a lock taken now is marked as waited for (its release
+    /// then publishes a wake-up; see acquire.lua).
+    async fn attempt(&mut self, others_wait: bool) -> Result<Attempt, LockError> {
         self.attempts += 1;
         let sent_at = Instant::now();
         let lease_ms = u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX);
@@ -312,24 +333,17 @@ impl Acquisition<'_> {
                     &self.owner,
                     lease_ms,
                     lease_ms.saturating_add(retention_ms),
+                    others_wait,
                 ),
             )
             .await;
         match reply {
             Ok(AcquireReply::Acquired { fencing_token }) => {
                 in_flight.armed = false;
-                Ok(Attempt::Acquired(Box::new(Lease::new(NewLease {
-                    id: manager::next_id(),
-                    manager_id: self.core.id,
-                    key: self.key.clone(),
-                    keys: self.keys.clone(),
-                    owner: self.owner.clone(),
+                Ok(Attempt::Acquired {
                     fencing_token,
-                    lease: self.lease,
-                    renew: self.renew,
-                    epoch: self.core.epoch,
                     sent_at,
-                }))))
+                })
             }
             Ok(AcquireReply::Busy { remaining }) => {
                 in_flight.armed = false;
@@ -342,24 +356,54 @@ impl Acquisition<'_> {
         }
     }
 
-    fn grant(self, manager: LockManager, lease: Box<Lease>) -> Result<LockGuard, LockError> {
-        let lease = Arc::new(*lease);
-        if !self.core.renewals.insert(lease.clone()) {
+    /// Hands the lock to a guard. The acquisition is done with its names and
+    /// owner token, so the lease takes them over rather than copies them.
+    fn grant(
+        self,
+        manager: LockManager,
+        fencing_token: u64,
+        sent_at: Instant,
+    ) -> Result<LockGuard, LockError> {
+        let Acquisition {
+            core,
+            keys,
+            owner,
+            key,
+            lease,
+            renew,
+            started,
+            attempts,
+        } = self;
+        let lease = Arc::new(Lease::new(NewLease {
+            id: manager::next_id(),
+            manager_id: core.id,
+            key,
+            keys,
+            owner,
+            fencing_token,
+            lease,
+            renew,
+            epoch: core.epoch,
+            sent_at,
+        }));
+        if !core.renewals.insert(lease.clone()) {
             // The manager was shut down while this attempt was in flight: give
             // the lock straight back.
             lease.mark_released();
             crate::guard::release_in_background(
-                self.core,
-                self.key.clone(),
-                self.keys.clone(),
-                self.owner.clone(),
-                self.lease,
+                core,
+                lease.key.clone(),
+                lease.keys.clone(),
+                lease.owner.clone(),
+                lease.lease,
             );
-            return Err(LockError::ShutDown { key: self.key });
+            return Err(LockError::ShutDown {
+                key: lease.key.clone(),
+            });
         }
         tracing::debug!(target: "distlock::acquire",
-            waited_ms = self.started.elapsed().as_millis() as u64,
-            attempts = self.attempts,
+            waited_ms = started.elapsed().as_millis() as u64,
+            attempts,
             fencing_token = lease.fencing_token,
             "acquired"
         );
@@ -381,8 +425,20 @@ impl Acquisition<'_> {
 }
 
 enum Attempt {
-    Acquired(Box<Lease>),
+    /// Ours, with this fencing token, by the attempt sent at `sent_at`.
+    Acquired {
+        fencing_token: u64,
+        sent_at: Instant,
+    },
     Busy(Option<Duration>),
+}
+
+/// A fresh owner token: 128 random bits in 32 hex digits, from the thread's
+/// ChaCha12 generator (seeded from the OS, reseeded every 64 KiB of output),
+/// so that no other client can guess or collide with it, without a `getrandom`
+/// system call per acquisition.
+pub(crate) fn owner_token() -> String {
+    format!("{:032x}", rand::random::<u128>())
 }
 
 /// Releases, in the background, a lock an attempt may have taken when its reply

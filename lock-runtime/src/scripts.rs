@@ -39,12 +39,14 @@ impl Lua {
         }
     }
 
-    fn call(&self, keys: &[&str], args: &[&[u8]]) -> Cmd {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(&self.hash).arg(keys.len()).arg(keys);
-        for arg in args {
-            cmd.arg(*arg);
-        }
+    /// `EVALSHA hash numkeys keys...`, with room for `args` more arguments of
+    /// about `args_len` bytes in all, so that adding them does not reallocate.
+    /// Numbers are added as numbers (`Cmd::arg` formats them in place), not as
+    /// `String`s.
+    fn call(&self, keys: &[&str], args: usize, args_len: usize) -> Cmd {
+        let keys_len: usize = keys.iter().map(|k| k.len()).sum();
+        let mut cmd = Cmd::with_capacity(3 + keys.len() + args, 64 + keys_len + args_len);
+        cmd.arg("EVALSHA").arg(&self.hash).arg(keys.len()).arg(keys);
         cmd
     }
 
@@ -177,17 +179,13 @@ impl Scripts {
         owner: &str,
         lease_ms: u64,
         fence_ttl_ms: u64,
+        others_wait: bool,
     ) -> RedisResult<AcquireReply> {
-        let lease_ms = lease_ms.to_string();
-        let fence_ttl_ms = fence_ttl_ms.to_string();
-        let cmd = self.acquire.call(
-            &[&keys.lock, &keys.fence],
-            &[
-                owner.as_bytes(),
-                lease_ms.as_bytes(),
-                fence_ttl_ms.as_bytes(),
-            ],
-        );
+        let mut cmd = self.acquire_cmd(keys, owner, lease_ms, fence_ttl_ms);
+        if others_wait {
+            // Keeps the lock marked as waited for, so that its release wakes them.
+            cmd.arg("1");
+        }
         let (status, value, echoed): (i64, i64, String) = self.acquire.invoke(conn, &cmd).await?;
         check_owner(&echoed, owner)?;
         Ok(if status == 1 {
@@ -199,6 +197,14 @@ impl Scripts {
                 remaining: u64::try_from(value).ok().map(Duration::from_millis),
             }
         })
+    }
+
+    fn acquire_cmd(&self, keys: &LockKeys, owner: &str, lease_ms: u64, fence_ttl_ms: u64) -> Cmd {
+        let mut cmd = self
+            .acquire
+            .call(&[&keys.lock, &keys.fence], 4, owner.len() + 40);
+        cmd.arg(owner).arg(lease_ms).arg(fence_ttl_ms);
+        cmd
     }
 
     /// Releases many locks in one round trip (the script is loaded first, so no
@@ -240,8 +246,11 @@ impl Scripts {
     }
 
     fn release_cmd(&self, keys: &LockKeys, owner: &str) -> Cmd {
-        self.release
-            .call(&[&keys.lock], &[owner.as_bytes(), keys.channel.as_bytes()])
+        let mut cmd = self
+            .release
+            .call(&[&keys.lock], 2, owner.len() + keys.channel.len());
+        cmd.arg(owner).arg(&keys.channel);
+        cmd
     }
 
     /// Deletes the lock if `owner` holds it and publishes a wake-up; true when it did.
@@ -274,9 +283,9 @@ impl Scripts {
     /// handles NOSCRIPT through [`Scripts::load_renew`] and reads the reply with
     /// [`Scripts::renew_reply`]).
     pub(crate) fn renew_cmd(&self, lock_key: &str, owner: &str, lease_ms: u64) -> Cmd {
-        let lease_ms = lease_ms.to_string();
-        self.renew
-            .call(&[lock_key], &[owner.as_bytes(), lease_ms.as_bytes()])
+        let mut cmd = self.renew.call(&[lock_key], 2, owner.len() + 20);
+        cmd.arg(owner).arg(lease_ms);
+        cmd
     }
 
     /// Whether a renewal found the lock still ours.
@@ -290,9 +299,11 @@ impl Scripts {
     }
 
     /// A pipeline that loads the three scripts and runs each path of them once on
-    /// the lock `keys` (take, take again as the same owner, renew, release), with
-    /// errors kept as values; and a name for each of its replies. Every command
-    /// a lock needs runs, so a missing ACL permission shows up here.
+    /// the lock `keys` (take with a fresh counter, take again as the same owner,
+    /// fail to take as another owner, which marks the lock as waited for, renew,
+    /// release with a wake-up), with errors kept as values; and a name for each
+    /// of its replies. Every command a lock needs runs, so a missing ACL
+    /// permission shows up here.
     pub(crate) fn startup_probe(
         &self,
         keys: &LockKeys,
@@ -306,16 +317,21 @@ impl Scripts {
             pipe.cmd("SCRIPT").arg("LOAD").arg(lua.source);
             steps.push(ProbeStep::command("SCRIPT LOAD"));
         }
-        let lease = lease_ms.to_string();
-        let acquire = self.acquire.call(
-            &[&keys.lock, &keys.fence],
-            &[owner.as_bytes(), lease.as_bytes(), lease.as_bytes()],
-        );
+        // Without a counter the acquire reads the server's TIME.
+        pipe.cmd("DEL").arg(&keys.fence);
+        steps.push(ProbeStep::command("DEL"));
+        let acquire = self.acquire_cmd(keys, owner, lease_ms, lease_ms);
         pipe.add_command(acquire.clone());
         steps.push(ProbeStep::script("the acquire script", &self.acquire));
         pipe.add_command(acquire);
         steps.push(ProbeStep::script(
             "the acquire script (re-entry)",
+            &self.acquire,
+        ));
+        let other = crate::request::owner_token();
+        pipe.add_command(self.acquire_cmd(keys, &other, lease_ms, lease_ms));
+        steps.push(ProbeStep::script(
+            "the acquire script (busy)",
             &self.acquire,
         ));
         pipe.add_command(self.renew_cmd(&keys.lock, owner, lease_ms));

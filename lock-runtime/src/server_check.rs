@@ -49,7 +49,7 @@ pub(crate) async fn check(
     shown_url: &str,
 ) -> Result<(), LockError> {
     let keys = LockKeys::new(&config.key_prefix, PROBE_KEY);
-    let owner = uuid::Uuid::new_v4().simple().to_string();
+    let owner = crate::request::owner_token();
     let refused = |reason: String| LockError::ServerCheck {
         url: shown_url.to_owned(),
         reason,
@@ -57,7 +57,10 @@ pub(crate) async fn check(
 
     // PING first, alone: a server that wants a password answers NOAUTH to
     // everything, and that is a connection problem, not a permission one.
-    let ping: Result<String, RedisError> = redis::cmd("PING").query_async(conn).await;
+    // The connection has no response timeout of its own (see `Core::call`), so
+    // every call here is bounded by the command timeout.
+    let ping: Result<String, RedisError> =
+        bounded(config, redis::cmd("PING").query_async(conn)).await;
     if let Err(e) = ping {
         return Err(if is_auth_error(&e) {
             LockError::Connect {
@@ -72,8 +75,7 @@ pub(crate) async fn check(
     let (pipe, steps) = scripts.startup_probe(&keys, &owner, PROBE_LEASE_MS);
     let mut pipe = pipe;
     pipe.cmd("CONFIG").arg("GET").arg("maxmemory-policy");
-    let replies: Vec<Value> = pipe
-        .query_async(conn)
+    let replies: Vec<Value> = bounded(config, pipe.query_async(conn))
         .await
         .map_err(|e| refused(format!("the start-up check failed: {e}")))?;
     let (probe_replies, config_reply) = replies.split_at(replies.len().saturating_sub(1));
@@ -131,6 +133,21 @@ pub(crate) async fn check(
         })
 }
 
+/// `call` under the command timeout; a timeout is an I/O error, as the
+/// connection's own response timeout would have reported it.
+async fn bounded<T>(
+    config: &Config,
+    call: impl std::future::Future<Output = Result<T, RedisError>>,
+) -> Result<T, RedisError> {
+    match tokio::time::timeout(config.command_timeout, call).await {
+        Ok(result) => result,
+        Err(_) => Err(RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("no answer within {:?}", config.command_timeout),
+        ))),
+    }
+}
+
 async fn check_subscribe(
     client: &redis::Client,
     channel: &str,
@@ -174,7 +191,7 @@ fn permission_hint(e: &RedisError, prefix: &str) -> String {
 /// The commands a least-privilege ACL user needs, as ACL rules (kept in step with
 /// the README and `tests/auth.rs`).
 pub(crate) const REQUIRED_COMMANDS: &str = "+ping +evalsha +script|load +time +get +set +hget \
-     +hset +hexists +pexpire +pttl +del +publish +subscribe +unsubscribe";
+     +hset +hmget +hexists +pexpire +pttl +del +publish +subscribe +unsubscribe";
 
 #[cfg(test)]
 mod tests {

@@ -91,6 +91,11 @@ impl Subscriber {
         self.channels().contains_key(channel)
     }
 
+    /// How many acquisitions of this manager wait on `channel`.
+    pub(crate) fn waiters(&self, channel: &str) -> usize {
+        self.channels().get(channel).map_or(0, |c| c.queue.len())
+    }
+
     fn wake_one(&self, channel: &str) {
         if let Some(c) = self.channels().get(channel) {
             c.wake.notify_one();
@@ -306,11 +311,11 @@ impl Backoff {
     }
 }
 
-/// xorshift64*, seeded per thread from a v4 UUID: jitter needs spread, not
-/// secrecy, and this avoids a syscall per sleep.
+/// xorshift64*, seeded per thread from the thread's random generator: jitter
+/// needs spread, not secrecy.
 fn random_u64() -> u64 {
     thread_local! {
-        static STATE: Cell<u64> = Cell::new(uuid::Uuid::new_v4().as_u64_pair().0 | 1);
+        static STATE: Cell<u64> = Cell::new(rand::random::<u64>() | 1);
     }
     STATE.with(|s| {
         let mut x = s.get();
