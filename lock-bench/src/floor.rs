@@ -84,27 +84,6 @@ struct Wakeups {
 #[derive(Default)]
 struct Channel {
     shared: Arc<Notify>,
-    /// Tasks of this floor in `acquire` for the channel's lock.
-    waiting: usize,
-}
-
-/// Counts a task as waiting for a channel's lock while it lives.
-struct Waiting<'a> {
-    wakeups: &'a Wakeups,
-    channel: &'a str,
-}
-
-impl<'a> Waiting<'a> {
-    fn new(wakeups: &'a Wakeups, channel: &'a str) -> Self {
-        wakeups.with(channel, |c| c.waiting += 1);
-        Waiting { wakeups, channel }
-    }
-}
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        self.wakeups.with(self.channel, |c| c.waiting -= 1);
-    }
 }
 
 impl Wakeups {
@@ -118,10 +97,6 @@ impl Wakeups {
 
     fn notify(&self, channel: &str) -> Arc<Notify> {
         self.with(channel, |c| c.shared.clone())
-    }
-
-    fn waiting(&self, channel: &str) -> usize {
-        self.with(channel, |c| c.waiting)
     }
 
     fn wake(&self, channel: &str) {
@@ -221,20 +196,12 @@ impl Floor {
         Ok((Subscription(task), rx))
     }
 
-    /// One attempt; `others_wait` when other clients wait for this lock (see
-    /// [`same_scripts::acquire`]).
-    pub async fn try_acquire(
-        &self,
-        names: &Names,
-        owner: &str,
-        lease_ms: u64,
-        others_wait: bool,
-    ) -> Result<Attempt> {
+    pub async fn try_acquire(&self, names: &Names, owner: &str, lease_ms: u64) -> Result<Attempt> {
         let mut conn = self.conn.clone();
         // The scripts echo the owner token (the runtime checks it; the floor,
         // doing the least, only reads past it).
         let (status, value, _owner): (i64, i64, String) =
-            same_scripts::acquire(&self.scripts.0, names, owner, lease_ms, others_wait)
+            same_scripts::acquire(&self.scripts.0, names, owner, lease_ms)
                 .invoke_async(&mut conn)
                 .await
                 .map_err(context("floor: acquire"))?;
@@ -249,16 +216,11 @@ impl Floor {
     /// Needs [`Floor::subscribe`] to cover `names.channel` for prompt wake-ups.
     pub async fn acquire(&self, names: &Names, owner: &str, lease_ms: u64) -> Result<()> {
         let notify = self.wakeups.notify(&names.channel);
-        let _waiting = Waiting::new(&self.wakeups, &names.channel);
         loop {
             // Listen before the attempt, so a release between the two still wakes us.
             let mut woken = pin!(notify.notified());
             woken.as_mut().enable();
-            let others_wait = self.wakeups.waiting(&names.channel) > 1;
-            match self
-                .try_acquire(names, owner, lease_ms, others_wait)
-                .await?
-            {
+            match self.try_acquire(names, owner, lease_ms).await? {
                 Attempt::Acquired => return Ok(()),
                 Attempt::Busy(pttl) => {
                     let nap = Duration::from_millis(u64::try_from(pttl).unwrap_or(50).clamp(1, 50));
@@ -319,15 +281,12 @@ impl Floor {
 pub mod same_scripts {
     use super::{Names, Script, ScriptInvocation, FENCE_RETENTION_MS};
 
-    /// `acquire.lua`: KEYS lock, fence; ARGV owner, lease ms, fence TTL ms, and
-    /// `'1'` when other clients of this floor still wait for the lock (so the
-    /// lock taken is marked as waited for, and its release publishes).
+    /// `acquire.lua`: KEYS lock, fence; ARGV owner, lease ms, fence TTL ms.
     pub fn acquire<'a>(
         script: &'a Script,
         names: &Names,
         owner: &str,
         lease_ms: u64,
-        others_wait: bool,
     ) -> ScriptInvocation<'a> {
         let mut inv = script.key(&names.lock);
         inv.key(&names.fence)
@@ -335,9 +294,6 @@ pub mod same_scripts {
             .arg(lease_ms)
             // The fencing counter's TTL: lease + the runtime's default retention.
             .arg(lease_ms + FENCE_RETENTION_MS);
-        if others_wait {
-            inv.arg("1");
-        }
         inv
     }
 

@@ -236,9 +236,7 @@ async fn floor_round(env: &Env, duration: Duration) -> Result<Round> {
                 first = false;
                 let owner = owner_token(&mut rng);
                 loop {
-                    // The other client always waits: mark the lock so that
-                    // its release publishes the wake-up.
-                    match floor.try_acquire(&names, &owner, LEASE_MS, true).await? {
+                    match floor.try_acquire(&names, &owner, LEASE_MS).await? {
                         Attempt::Acquired => break,
                         Attempt::Busy(_) => {
                             s.busy += 1;
