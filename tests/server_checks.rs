@@ -106,7 +106,7 @@ fn a_forbidden_config_is_noted_at_debug_and_ignored() {
 
 /// The README's least-privilege ACL, verbatim ("TLS, passwords and ACL users").
 const LEAST_PRIVILEGE: &str = "~distlock:* &distlock:* +ping +evalsha +script|load +time +get \
-     +set +hget +hset +hmget +hexists +pexpire +pttl +del +publish +subscribe +unsubscribe";
+     +set +hget +hset +hexists +pexpire +pttl +del +publish +subscribe +unsubscribe";
 
 async fn acl_user(raw: &mut redis::aio::MultiplexedConnection, name: &str, rules: &str) {
     let mut cmd = redis::cmd("ACL");

@@ -215,17 +215,8 @@ impl Acquisition<'_> {
         // instead of trying first and taking the lock from under the waiter that
         // the release woke.
         let mut remaining = None;
-        // A waiter that skips its first attempt here has not marked the lock as
-        // waited for; if the waiter ahead of it wins with an attempt sent before
-        // this registration (so without the mark), no release will publish for
-        // it. Once the winner has left the queue it is first in line, and its
-        // next timer nap (its backoff starts at 8 ms) brings an attempt that
-        // marks the lock, or takes it.
-        let others_wait = self.core.subscriber.has_waiters(&self.keys.channel);
-        if !(willing_to_wait && others_wait) {
-            // When others of this manager wait (a `try_acquire` among waiters),
-            // the lock taken stays marked as waited for: its release must wake them.
-            remaining = match self.attempt(others_wait).await? {
+        if !(willing_to_wait && self.core.subscriber.has_waiters(&self.keys.channel)) {
+            remaining = match self.attempt().await? {
                 Attempt::Acquired {
                     fencing_token,
                     sent_at,
@@ -280,10 +271,7 @@ impl Acquisition<'_> {
                 }
                 continue;
             }
-            // This waiter is one of the channel's; if it wins while others of
-            // this manager still wait, its lock must stay marked as waited for.
-            let others_wait = core.subscriber.waiters(&self.keys.channel) > 1;
-            remaining = match self.attempt(others_wait).await? {
+            remaining = match self.attempt().await? {
                 Attempt::Acquired {
                     fencing_token,
                     sent_at,
@@ -301,10 +289,8 @@ impl Acquisition<'_> {
         }
     }
 
-    /// One acquire script. `others_wait`: other acquisitions of this manager wait
-    /// for the lock, so a lock taken now is marked as waited for (its release
-    /// then publishes a wake-up; see acquire.lua).
-    async fn attempt(&mut self, others_wait: bool) -> Result<Attempt, LockError> {
+    /// One acquire script.
+    async fn attempt(&mut self) -> Result<Attempt, LockError> {
         self.attempts += 1;
         let sent_at = Instant::now();
         let lease_ms = u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX);
@@ -333,7 +319,6 @@ impl Acquisition<'_> {
                     &self.owner,
                     lease_ms,
                     lease_ms.saturating_add(retention_ms),
-                    others_wait,
                 ),
             )
             .await;

@@ -179,13 +179,8 @@ impl Scripts {
         owner: &str,
         lease_ms: u64,
         fence_ttl_ms: u64,
-        others_wait: bool,
     ) -> RedisResult<AcquireReply> {
-        let mut cmd = self.acquire_cmd(keys, owner, lease_ms, fence_ttl_ms);
-        if others_wait {
-            // Keeps the lock marked as waited for, so that its release wakes them.
-            cmd.arg("1");
-        }
+        let cmd = self.acquire_cmd(keys, owner, lease_ms, fence_ttl_ms);
         let (status, value, echoed): (i64, i64, String) = self.acquire.invoke(conn, &cmd).await?;
         check_owner(&echoed, owner)?;
         Ok(if status == 1 {
@@ -202,7 +197,7 @@ impl Scripts {
     fn acquire_cmd(&self, keys: &LockKeys, owner: &str, lease_ms: u64, fence_ttl_ms: u64) -> Cmd {
         let mut cmd = self
             .acquire
-            .call(&[&keys.lock, &keys.fence], 4, owner.len() + 40);
+            .call(&[&keys.lock, &keys.fence], 3, owner.len() + 40);
         cmd.arg(owner).arg(lease_ms).arg(fence_ttl_ms);
         cmd
     }
@@ -300,8 +295,7 @@ impl Scripts {
 
     /// A pipeline that loads the three scripts and runs each path of them once on
     /// the lock `keys` (take with a fresh counter, take again as the same owner,
-    /// fail to take as another owner, which marks the lock as waited for, renew,
-    /// release with a wake-up), with errors kept as values; and a name for each
+    /// fail to take as another owner, renew, release with its wake-up), with errors kept as values; and a name for each
     /// of its replies. Every command a lock needs runs, so a missing ACL
     /// permission shows up here.
     pub(crate) fn startup_probe(

@@ -191,7 +191,7 @@ fn permission_hint(e: &RedisError, prefix: &str) -> String {
 /// The commands a least-privilege ACL user needs, as ACL rules (kept in step with
 /// the README and `tests/auth.rs`).
 pub(crate) const REQUIRED_COMMANDS: &str = "+ping +evalsha +script|load +time +get +set +hget \
-     +hset +hmget +hexists +pexpire +pttl +del +publish +subscribe +unsubscribe";
+     +hset +hexists +pexpire +pttl +del +publish +subscribe +unsubscribe";
 
 #[cfg(test)]
 mod tests {

@@ -91,11 +91,6 @@ impl Subscriber {
         self.channels().contains_key(channel)
     }
 
-    /// How many acquisitions of this manager wait on `channel`.
-    pub(crate) fn waiters(&self, channel: &str) -> usize {
-        self.channels().get(channel).map_or(0, |c| c.queue.len())
-    }
-
     fn wake_one(&self, channel: &str) {
         if let Some(c) = self.channels().get(channel) {
             c.wake.notify_one();

@@ -1624,8 +1624,8 @@ mod fuzz {
         };
         seen.commands += 1;
         let names: Vec<&String> = match cmd.as_str() {
-            "pttl" | "hget" | "hmget" | "get" | "set" | "hset" | "pexpire" | "hexists" | "del"
-            | "exists" | "publish" => a.get(1).into_iter().collect(),
+            "pttl" | "hget" | "get" | "set" | "hset" | "pexpire" | "hexists" | "del" | "exists"
+            | "publish" => a.get(1).into_iter().collect(),
             "evalsha" | "eval" => {
                 let n: usize = a.get(2).and_then(|n| n.parse().ok()).unwrap_or(0);
                 a.iter().skip(3).take(n).collect()

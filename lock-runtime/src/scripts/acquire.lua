@@ -1,28 +1,20 @@
 -- Acquire a lock, or confirm that it is already ours, and issue its fencing token.
 --
--- KEYS[1]  lock hash {owner token -> fencing token}, plus the field 'waiters' once
---          someone waits for it; its TTL is the lease
+-- KEYS[1]  lock hash {owner token -> fencing token}; its TTL is the lease
 -- KEYS[2]  fencing counter: the last token issued for this lock; it expires ARGV[3]
 --          milliseconds after the acquisition that wrote it
 -- ARGV[1]  owner token (random, 32 hex digits)
 -- ARGV[2]  lease in milliseconds
 -- ARGV[3]  TTL of the fencing counter in milliseconds (lease + retention)
--- ARGV[4]  optional: '1' when other acquisitions of this client still wait for the
---          lock, so that the lock taken here is marked as waited for
 --
 -- Returns {1, token, owner}  the lock is ours with fencing token `token`: freshly
 --                            taken, or already ours (a retried acquire whose first
 --                            reply was lost); either way the lease is reset to ARGV[2]
 --         {0, pttl, owner}   another owner holds it for `pttl` more milliseconds
 --                            (-1 when the key has no TTL, which only a foreign writer
---                            causes); the lock is now marked as waited for
+--                            causes)
 -- `owner` echoes ARGV[1], so the client can tell that a reply is the one to its
 -- own request (a connection that lost a reply would hand it another's).
---
--- The 'waiters' mark tells the release to publish a wake-up; without it the
--- release publishes nothing. A failed attempt sets it before its client sleeps,
--- and the winner of a hand-off sets it again (ARGV[4]) while others of its client
--- wait; the others' failed attempts set it again too.
 --
 -- A fresh token is last token + 1 while the counter exists, and the server time
 -- in microseconds once it is gone: expired (ARGV[3] after the last acquisition)
@@ -34,13 +26,9 @@ local pttl = redis.call('PTTL', KEYS[1])
 if pttl ~= -2 then
   local token = redis.call('HGET', KEYS[1], ARGV[1])
   if token then
-    if ARGV[4] == '1' then
-      redis.call('HSET', KEYS[1], 'waiters', '1')
-    end
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     return {1, tonumber(token), ARGV[1]}
   end
-  redis.call('HSET', KEYS[1], 'waiters', '1')
   return {0, pttl, ARGV[1]}
 end
 
@@ -55,10 +43,6 @@ end
 -- '%.0f' writes the whole number in full; the default conversion may use an exponent.
 local text = string.format('%.0f', token)
 redis.call('SET', KEYS[2], text, 'PX', ARGV[3])
-if ARGV[4] == '1' then
-  redis.call('HSET', KEYS[1], ARGV[1], text, 'waiters', '1')
-else
-  redis.call('HSET', KEYS[1], ARGV[1], text)
-end
+redis.call('HSET', KEYS[1], ARGV[1], text)
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return {1, token, ARGV[1]}
