@@ -67,23 +67,8 @@ async fn lock_wait_renew_and_release_over_tls() {
 #[test]
 fn a_guard_dropped_at_runtime_shutdown_is_released_over_tls() {
     let redis = tls_server();
-    let lock_key;
-    {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        lock_key = rt.block_on(async {
-            let m = tls_manager(&redis).await;
-            let _g = m
-                .lock("job")
-                .lease(Duration::from_secs(30))
-                .acquire()
-                .await
-                .unwrap();
-            m.redis_names("job").lock
-        });
-    } // the runtime ends: the release goes over a blocking TLS connection
+    // The runtime ends: the release goes over a blocking TLS connection.
+    let lock_key = lock_held_as_runtime_ends(|| tls_manager(&redis));
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let mut raw = raw(&redis).await;

@@ -382,26 +382,9 @@ async fn a_stall_while_resubscribing_leaves_no_channel_behind() {
 #[test]
 fn a_guard_dropped_as_main_returns_is_released_at_runtime_shutdown() {
     let redis = server();
-    let lock_key;
-    {
-        // What `#[tokio::main] async fn main() -> Result<..> { let _g = ..?; work()?; Ok(()) }`
-        // expands to, with `work()` failing.
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        lock_key = rt.block_on(async {
-            let m = manager(&redis).await;
-            let _g = m
-                .lock("job")
-                .lease(Duration::from_secs(30))
-                .acquire()
-                .await
-                .unwrap();
-            m.redis_names("job").lock
-            // `_g` dropped here, inside the runtime: Drop spawns the release.
-        });
-    } // runtime dropped: the spawned release never runs
+    // What `#[tokio::main] async fn main() -> Result<..> { let _g = ..?; work()?; Ok(()) }`
+    // expands to, with `work()` failing.
+    let lock_key = lock_held_as_runtime_ends(|| manager(&redis));
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let mut raw = raw(&redis).await;

@@ -156,3 +156,29 @@ pub fn logged<F: std::future::Future<Output = ()>>(f: impl FnOnce() -> F) -> Str
     let captured = CAPTURE.with(|c| c.borrow_mut().take()).unwrap_or_default();
     String::from_utf8(captured).unwrap()
 }
+
+/// Takes lock "job" (30 s lease) with the manager `connect` builds, on a runtime
+/// that then ends with the guard dropped inside it, as a guard does when
+/// `#[tokio::main]` returns early; returns the lock's Redis name. The guard's
+/// release was spawned on that runtime and never ran there.
+pub fn lock_held_as_runtime_ends<F, Fut>(connect: F) -> String
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = LockManager>,
+{
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let m = connect().await;
+        let _g = m
+            .lock("job")
+            .lease(Duration::from_secs(30))
+            .acquire()
+            .await
+            .unwrap();
+        m.redis_names("job").lock
+        // `_g` dropped here, inside the runtime: Drop spawns the release.
+    })
+}
