@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
+use crate::core::{Core, ManagerInner};
 use crate::error::{KeyPreview, LockError};
 use crate::keys::LockKeys;
 use crate::lease::Lease;
-use crate::manager::{Core, LockManager};
 
 /// A held lock. Dropping it releases the lock in the background; [`release`]
 /// releases it and reports how that went.
@@ -27,7 +27,8 @@ use crate::manager::{Core, LockManager};
 /// [`fencing_token`]: LockGuard::fencing_token
 #[must_use = "dropping the guard at once releases the lock at once"]
 pub struct LockGuard {
-    manager: LockManager,
+    /// Keeps the manager's background tasks (renewal above all) running.
+    manager: Arc<ManagerInner>,
     lease: Arc<Lease>,
     /// Set by `release`, so that `Drop` has nothing left to do.
     released: bool,
@@ -44,7 +45,7 @@ impl std::fmt::Debug for LockGuard {
 }
 
 impl LockGuard {
-    pub(crate) fn new(manager: LockManager, lease: Arc<Lease>) -> Self {
+    pub(crate) fn new(manager: Arc<ManagerInner>, lease: Arc<Lease>) -> Self {
         LockGuard {
             manager,
             lease,
@@ -140,7 +141,7 @@ impl LockGuard {
                 Ok(())
             };
         }
-        let core = &self.manager.inner.core;
+        let core = &self.manager.core;
         let was_lost = lease.mark_released();
         core.renewals.remove(lease.id);
         if core.is_shut_down() {
@@ -155,15 +156,10 @@ impl LockGuard {
             lease: &lease,
             armed: true,
         };
-        let conn = core.connection();
-        let mut redis = conn.redis.clone();
         let started = Instant::now();
         let reply = core
-            .call(
-                &lease.key,
-                conn.generation,
-                core.scripts.release(&mut redis, &lease.keys, &lease.owner),
-            )
+            .backend
+            .release(&lease.key, &lease.keys, &lease.owner)
             .await;
         pending.armed = false;
         match reply {
@@ -230,7 +226,7 @@ impl Drop for LockGuard {
         if self.released || !self.lease.drop_hold() {
             return;
         }
-        let core = &self.manager.inner.core;
+        let core = &self.manager.core;
         self.lease.mark_released();
         core.renewals.remove(self.lease.id);
         if core.is_shut_down() {
@@ -296,17 +292,10 @@ impl BackgroundRelease {
         let retry_cap = (self.lease / 3).max(Duration::from_millis(5));
         let mut delay = Duration::from_millis(5);
         loop {
-            let conn = self.core.connection();
-            let mut redis = conn.redis.clone();
             let result = self
                 .core
-                .call(
-                    &self.key,
-                    conn.generation,
-                    self.core
-                        .scripts
-                        .release(&mut redis, &self.keys, &self.owner),
-                )
+                .backend
+                .release(&self.key, &self.keys, &self.owner)
                 .await;
             match result {
                 Ok(deleted) => {
@@ -332,25 +321,7 @@ impl BackgroundRelease {
     }
 
     fn release_blocking(&self) {
-        let config = &self.core.config;
-        let Ok(mut conn) = self
-            .core
-            .client
-            .get_connection_with_timeout(config.connect_timeout)
-        else {
-            return;
-        };
-        if conn.set_read_timeout(Some(config.command_timeout)).is_err()
-            || conn
-                .set_write_timeout(Some(config.command_timeout))
-                .is_err()
-        {
-            return;
-        }
-        let result = self
-            .core
-            .scripts
-            .release_blocking(&mut conn, &self.keys, &self.owner);
+        let result = self.core.backend.release_blocking(&self.keys, &self.owner);
         tracing::debug!(target: "distlock::release", key = %KeyPreview(&self.key), ok = result.is_ok(), "released at runtime shutdown");
     }
 }

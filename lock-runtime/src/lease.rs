@@ -98,6 +98,11 @@ impl Lease {
         self.epoch + Duration::from_nanos(nanos)
     }
 
+    /// The lease in whole milliseconds, as Redis takes it.
+    pub(crate) fn lease_ms(&self) -> u64 {
+        u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX)
+    }
+
     pub(crate) fn renewal_interval(&self) -> Duration {
         self.lease / 3
     }

@@ -30,7 +30,11 @@
 //! ```
 #![warn(missing_docs)]
 
+// From the top down; each module uses only those below it.
+mod backend;
+mod config;
 mod context;
+mod core;
 mod error;
 mod global;
 mod guard;
@@ -39,8 +43,6 @@ mod lease;
 mod manager;
 mod renewal;
 mod request;
-mod scripts;
-mod server_check;
 mod waiting;
 
 #[cfg(feature = "testing")]

@@ -2,8 +2,9 @@
 //!
 //! A lease is due `lease / 3` after its last renewal (or acquisition). The task
 //! sleeps until the earliest due time, then renews every lease due within a quarter
-//! of its interval, so leases that start close together stay in one batch. A
-//! batch is one pipeline of EVALSHAs per `BATCH` leases: one round trip.
+//! of its interval, so leases that start close together stay in one batch. The
+//! backend renews a batch of up to `BATCH` leases in one round trip per server
+//! (one pipeline of EVALSHAs on a single server; one per node in a cluster).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,10 +13,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
+use crate::backend::{Backend, Renewal};
 use crate::error::KeyPreview;
 use crate::lease::Lease;
-use crate::manager::Core;
-use crate::scripts::Scripts;
 
 /// Renewals per pipeline (one round trip each).
 const BATCH: usize = 512;
@@ -127,8 +127,7 @@ impl Renewals {
     }
 }
 
-pub(crate) async fn run(core: Arc<Core>) {
-    let renewals = &core.renewals;
+pub(crate) async fn run(renewals: &Renewals, backend: &Backend, epoch: Instant) {
     loop {
         let added = renewals.added.notified();
         // Leases added from here until the store below wake the task (their
@@ -147,8 +146,7 @@ pub(crate) async fn run(core: Arc<Core>) {
                     .flatten()
             });
             let wake_at = next.map_or(u64::MAX, |at| {
-                u64::try_from(at.saturating_duration_since(core.epoch).as_nanos())
-                    .unwrap_or(u64::MAX)
+                u64::try_from(at.saturating_duration_since(epoch).as_nanos()).unwrap_or(u64::MAX)
             });
             renewals.wake_at.store(wake_at, Ordering::SeqCst);
             match next {
@@ -164,79 +162,21 @@ pub(crate) async fn run(core: Arc<Core>) {
             continue;
         }
         for batch in due.chunks(BATCH) {
-            renew_batch(&core, batch).await;
+            renew_batch(backend, batch).await;
         }
     }
 }
 
-async fn renew_batch(core: &Core, batch: &[Arc<Lease>]) {
-    let mut pipe = redis::pipe();
-    pipe.ignore_errors();
-    for lease in batch {
-        let lease_ms = u64::try_from(lease.lease.as_millis()).unwrap_or(u64::MAX);
-        pipe.add_command(
-            core.scripts
-                .renew_cmd(&lease.keys.lock, &lease.owner, lease_ms),
-        );
-    }
-    let conn = core.connection();
-    let mut redis = conn.redis.clone();
-    let sent_at = Instant::now();
-    let replies: Result<Vec<redis::RedisResult<(i64, String)>>, _> = core
-        .call("", conn.generation, pipe.query_async(&mut redis))
-        .await;
-    let replies = match replies {
-        Ok(replies) if replies.len() == batch.len() => replies,
-        Ok(_) => {
-            core.retire_connection(conn.generation);
-            let error =
-                crate::scripts::out_of_sync("a renewal pipeline got the wrong number of replies");
-            batch
-                .iter()
-                .for_each(|lease| renewal_failed(lease, &error.to_string()));
-            return;
-        }
-        Err(e) => {
-            batch
-                .iter()
-                .for_each(|lease| renewal_failed(lease, &e.error.to_string()));
-            return;
-        }
-    };
-    let mut missing_script = Vec::new();
-    let mut out_of_sync = false;
-    for (lease, reply) in batch.iter().zip(replies) {
-        match reply.and_then(|reply| Scripts::renew_reply(reply, &lease.owner)) {
-            Ok(true) => lease.renewed(sent_at),
-            Ok(false) => {
+async fn renew_batch(backend: &Backend, batch: &[Arc<Lease>]) {
+    let outcomes = backend.renew(batch).await;
+    for (lease, outcome) in batch.iter().zip(outcomes) {
+        match outcome {
+            Renewal::Renewed { sent_at } => lease.renewed(sent_at),
+            Renewal::NotOurs => {
                 lease.mark_lost("the renewal found the lock gone or held by another owner");
             }
-            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                missing_script.push(lease);
-            }
-            Err(e) => {
-                // A reply of the wrong shape or for another owner: this
-                // connection cannot be trusted any more.
-                out_of_sync |= !matches!(e.kind(), redis::ErrorKind::Server(_));
-                renewal_failed(lease, &e.to_string());
-            }
-        }
-    }
-    if out_of_sync {
-        core.retire_connection(conn.generation);
-    } else if !missing_script.is_empty() {
-        // Redis restarted or flushed its scripts: load it and retry at once; if
-        // even that fails, retry like any failed renewal.
-        match core
-            .call("", conn.generation, core.scripts.load_renew(&mut redis))
-            .await
-        {
-            Ok(()) => missing_script
-                .iter()
-                .for_each(|lease| lease.retry_renewal_at(Instant::now())),
-            Err(e) => missing_script
-                .iter()
-                .for_each(|lease| renewal_failed(lease, &e.error.to_string())),
+            Renewal::Failed(error) => renewal_failed(lease, &error),
+            Renewal::Retry => lease.retry_renewal_at(Instant::now()),
         }
     }
 }

@@ -6,16 +6,17 @@ use std::time::{Duration, Instant};
 
 use tracing::Instrument;
 
+use crate::backend::AcquireReply;
+use crate::config::{self, owner_token};
 use crate::context::LockContext;
+use crate::core::{Core, ManagerInner};
 use crate::error::{KeyPreview, LockError};
 use crate::guard::LockGuard;
 use crate::keys::{self, LockKeys};
 use crate::lease::{Lease, NewLease};
-use crate::manager::{self, Core, LockManager};
-use crate::scripts::AcquireReply;
 use crate::waiting::Backoff;
 
-/// A lock about to be acquired; from [`LockManager::lock`].
+/// A lock about to be acquired; from [`LockManager::lock`](crate::LockManager::lock).
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -32,7 +33,7 @@ use crate::waiting::Backoff;
 #[derive(Debug, Clone)]
 #[must_use = "a lock request does nothing until .acquire().await or .try_acquire().await"]
 pub struct LockRequest {
-    manager: LockManager,
+    manager: Arc<ManagerInner>,
     key: String,
     lease: Option<Duration>,
     wait: Option<Duration>,
@@ -48,7 +49,7 @@ enum Patience {
 }
 
 impl LockRequest {
-    pub(crate) fn new(manager: LockManager, key: String) -> Self {
+    pub(crate) fn new(manager: Arc<ManagerInner>, key: String) -> Self {
         LockRequest {
             manager,
             key,
@@ -125,9 +126,9 @@ impl LockRequest {
             renew,
         } = self;
         keys::validate_key(&key)?;
-        let core = manager.inner.core.clone();
+        let core = manager.core.clone();
         let lease = lease.unwrap_or(core.config.default_lease);
-        manager::validate_lease(lease, "lease")?;
+        config::validate_lease(lease, "lease")?;
         // Redis keeps whole milliseconds; trusting the sub-millisecond rest
         // locally would outlive the TTL.
         let lease = Duration::from_millis(u64::try_from(lease.as_millis()).unwrap_or(u64::MAX));
@@ -135,7 +136,7 @@ impl LockRequest {
             Patience::Once => Duration::ZERO,
             Patience::Wait => {
                 let wait = wait.unwrap_or(core.config.default_wait);
-                manager::validate_wait(wait, "wait")?;
+                config::validate_wait(wait, "wait")?;
                 wait
             }
         };
@@ -174,7 +175,7 @@ impl LockRequest {
     }
 }
 
-fn reenter(manager: &LockManager, held: Arc<Lease>) -> Result<Option<LockGuard>, LockError> {
+fn reenter(manager: &Arc<ManagerInner>, held: Arc<Lease>) -> Result<Option<LockGuard>, LockError> {
     if held.is_lost() {
         return Err(LockError::Lost {
             key: held.key.clone(),
@@ -204,7 +205,7 @@ struct Acquisition<'a> {
 impl Acquisition<'_> {
     async fn run(
         mut self,
-        manager: LockManager,
+        manager: Arc<ManagerInner>,
         patience: Patience,
         wait: Duration,
     ) -> Result<Option<LockGuard>, LockError> {
@@ -306,20 +307,15 @@ impl Acquisition<'_> {
             lease: self.lease,
             armed: true,
         };
-        let conn = self.core.connection();
-        let mut redis = conn.redis.clone();
         let reply = self
             .core
-            .call(
+            .backend
+            .acquire(
                 &self.key,
-                conn.generation,
-                self.core.scripts.acquire(
-                    &mut redis,
-                    &self.keys,
-                    &self.owner,
-                    lease_ms,
-                    lease_ms.saturating_add(retention_ms),
-                ),
+                &self.keys,
+                &self.owner,
+                lease_ms,
+                lease_ms.saturating_add(retention_ms),
             )
             .await;
         match reply {
@@ -345,7 +341,7 @@ impl Acquisition<'_> {
     /// owner token, so the lease takes them over rather than copies them.
     fn grant(
         self,
-        manager: LockManager,
+        manager: Arc<ManagerInner>,
         fencing_token: u64,
         sent_at: Instant,
     ) -> Result<LockGuard, LockError> {
@@ -360,7 +356,7 @@ impl Acquisition<'_> {
             attempts,
         } = self;
         let lease = Arc::new(Lease::new(NewLease {
-            id: manager::next_id(),
+            id: config::next_id(),
             manager_id: core.id,
             key,
             keys,
@@ -416,14 +412,6 @@ enum Attempt {
         sent_at: Instant,
     },
     Busy(Option<Duration>),
-}
-
-/// A fresh owner token: 128 random bits in 32 hex digits, from the thread's
-/// ChaCha12 generator (seeded from the OS, reseeded every 64 KiB of output),
-/// so that no other client can guess or collide with it, without a `getrandom`
-/// system call per acquisition.
-pub(crate) fn owner_token() -> String {
-    format!("{:032x}", rand::random::<u128>())
 }
 
 /// Releases, in the background, a lock an attempt may have taken when its reply

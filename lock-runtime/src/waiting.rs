@@ -18,14 +18,13 @@ use futures_util::StreamExt;
 use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::{mpsc, Notify};
 
-use crate::manager::Core;
+use crate::backend::Backend;
 
 /// Longest fallback sleep between attempts while waiting.
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 const FIRST_BACKOFF: Duration = Duration::from_millis(8);
 
 pub(crate) struct Subscriber {
-    client: redis::Client,
     connect_timeout: Duration,
     command_timeout: Duration,
     channels: Mutex<HashMap<String, Channel>>,
@@ -42,14 +41,9 @@ struct Channel {
 }
 
 impl Subscriber {
-    pub(crate) fn new(
-        client: redis::Client,
-        connect_timeout: Duration,
-        command_timeout: Duration,
-    ) -> Self {
+    pub(crate) fn new(connect_timeout: Duration, command_timeout: Duration) -> Self {
         let (changes, rx) = mpsc::unbounded_channel();
         Subscriber {
-            client,
             connect_timeout,
             command_timeout,
             channels: Mutex::new(HashMap::new()),
@@ -70,7 +64,7 @@ impl Subscriber {
                 queue: VecDeque::new(),
                 wake: Arc::new(Notify::new()),
             });
-        let id = crate::manager::next_id();
+        let id = crate::config::next_id();
         entry.queue.push_back(id);
         if entry.queue.len() == 1 {
             // The task may be gone (manager shutting down): waiting then falls
@@ -170,9 +164,10 @@ impl Drop for Registration<'_> {
 
 /// The subscriber task: keeps the subscriptions equal to the channels that have
 /// waiters, and turns messages into wake-ups. Connects on first need, and
-/// reconnects (re-subscribing) after the connection breaks.
-pub(crate) async fn run_subscriber(core: Arc<Core>) {
-    let sub = &core.subscriber;
+/// reconnects (re-subscribing channel by channel) after the connection breaks;
+/// the backend picks the server (in a cluster, any live node: release publishes
+/// with classic PUBLISH, which the cluster bus carries to every node).
+pub(crate) async fn run_subscriber(sub: &Subscriber, backend: &Backend) {
     let Some(mut changes) = sub
         .changes_rx
         .lock()
@@ -187,7 +182,7 @@ pub(crate) async fn run_subscriber(core: Arc<Core>) {
         if sub.wanted().is_empty() && changes.recv().await.is_none() {
             return;
         }
-        let Some((mut sink, mut stream)) = connect(sub).await else {
+        let Some((mut sink, mut stream)) = connect(sub, backend).await else {
             tokio::time::sleep(reconnect_delay).await;
             reconnect_delay = (reconnect_delay * 2).min(Duration::from_secs(2));
             continue;
@@ -227,8 +222,8 @@ pub(crate) async fn run_subscriber(core: Arc<Core>) {
     }
 }
 
-async fn connect(sub: &Subscriber) -> Option<(PubSubSink, PubSubStream)> {
-    match tokio::time::timeout(sub.connect_timeout, sub.client.get_async_pubsub()).await {
+async fn connect(sub: &Subscriber, backend: &Backend) -> Option<(PubSubSink, PubSubStream)> {
+    match tokio::time::timeout(sub.connect_timeout, backend.pubsub()).await {
         Ok(Ok(pubsub)) => Some(pubsub.split()),
         Ok(Err(e)) => {
             tracing::debug!(target: "distlock::waiting", error = %e, "pub/sub connection failed");

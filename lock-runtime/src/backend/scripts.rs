@@ -7,11 +7,11 @@
 //! Every reply echoes the owner token of its request, and the client checks it:
 //! Redis replies carry no request id, so a connection that ever lost a reply
 //! would hand each later reply to the wrong caller. A mismatch is an error that
-//! also retires the connection (see `Core::call`).
+//! also retires the connection (see `single::Single::call`).
 
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind};
 
 use crate::keys::LockKeys;
@@ -52,7 +52,7 @@ impl Lua {
 
     async fn invoke<T: redis::FromRedisValue>(
         &self,
-        conn: &mut ConnectionManager,
+        conn: &mut impl ConnectionLike,
         cmd: &Cmd,
     ) -> RedisResult<T> {
         match cmd.query_async(conn).await {
@@ -82,7 +82,7 @@ impl Lua {
         }
     }
 
-    async fn load(&self, conn: &mut ConnectionManager) -> RedisResult<()> {
+    async fn load(&self, conn: &mut impl ConnectionLike) -> RedisResult<()> {
         let hash: String = redis::cmd("SCRIPT")
             .arg("LOAD")
             .arg(self.source)
@@ -166,15 +166,15 @@ pub(crate) struct Scripts {
 impl Scripts {
     pub(crate) fn new() -> Self {
         Scripts {
-            acquire: Lua::new(include_str!("scripts/acquire.lua")),
-            release: Lua::new(include_str!("scripts/release.lua")),
-            renew: Lua::new(include_str!("scripts/renew.lua")),
+            acquire: Lua::new(include_str!("../scripts/acquire.lua")),
+            release: Lua::new(include_str!("../scripts/release.lua")),
+            renew: Lua::new(include_str!("../scripts/renew.lua")),
         }
     }
 
     pub(crate) async fn acquire(
         &self,
-        conn: &mut ConnectionManager,
+        conn: &mut impl ConnectionLike,
         keys: &LockKeys,
         owner: &str,
         lease_ms: u64,
@@ -206,29 +206,41 @@ impl Scripts {
     /// NOSCRIPT can come back); per lock, whether it was still ours.
     pub(crate) async fn release_many(
         &self,
-        conn: &mut ConnectionManager,
+        conn: &mut impl ConnectionLike,
         locks: &[(&LockKeys, &str)],
     ) -> RedisResult<Vec<bool>> {
+        let replies: Vec<redis::Value> =
+            self.release_many_pipeline(locks).query_async(conn).await?;
+        self.release_many_replies(locks, replies)
+    }
+
+    /// The pipeline of [`Scripts::release_many`]: SCRIPT LOAD, then one release per lock.
+    pub(crate) fn release_many_pipeline(&self, locks: &[(&LockKeys, &str)]) -> redis::Pipeline {
         let mut pipe = redis::pipe();
         pipe.cmd("SCRIPT").arg("LOAD").arg(self.release.source);
         for (keys, owner) in locks {
             pipe.add_command(self.release_cmd(keys, owner));
         }
-        let (hash, replies): (String, Vec<(i64, String)>) = {
-            let mut all: Vec<redis::Value> = pipe.query_async(conn).await?;
-            if all.len() != locks.len() + 1 {
-                return Err(out_of_sync(
-                    "a release pipeline got the wrong number of replies",
-                ));
-            }
-            let rest = all.split_off(1);
-            (
-                redis::from_redis_value(all.remove(0))?,
-                rest.into_iter()
-                    .map(redis::from_redis_value)
-                    .collect::<Result<_, _>>()?,
-            )
-        };
+        pipe
+    }
+
+    /// Reads the replies of [`Scripts::release_many_pipeline`].
+    pub(crate) fn release_many_replies(
+        &self,
+        locks: &[(&LockKeys, &str)],
+        mut all: Vec<redis::Value>,
+    ) -> RedisResult<Vec<bool>> {
+        if all.len() != locks.len() + 1 {
+            return Err(out_of_sync(
+                "a release pipeline got the wrong number of replies",
+            ));
+        }
+        let rest = all.split_off(1);
+        let hash: String = redis::from_redis_value(all.remove(0))?;
+        let replies: Vec<(i64, String)> = rest
+            .into_iter()
+            .map(redis::from_redis_value)
+            .collect::<Result<_, _>>()?;
         self.release.check_loaded(&hash)?;
         locks
             .iter()
@@ -251,7 +263,7 @@ impl Scripts {
     /// Deletes the lock if `owner` holds it and publishes a wake-up; true when it did.
     pub(crate) async fn release(
         &self,
-        conn: &mut ConnectionManager,
+        conn: &mut impl ConnectionLike,
         keys: &LockKeys,
         owner: &str,
     ) -> RedisResult<bool> {
@@ -289,7 +301,16 @@ impl Scripts {
         Ok(reply.0 == 1)
     }
 
-    pub(crate) async fn load_renew(&self, conn: &mut ConnectionManager) -> RedisResult<()> {
+    /// One renew script call, loading the script on NOSCRIPT.
+    pub(crate) async fn invoke_renew(
+        &self,
+        conn: &mut impl ConnectionLike,
+        cmd: &Cmd,
+    ) -> RedisResult<(i64, String)> {
+        self.renew.invoke(conn, cmd).await
+    }
+
+    pub(crate) async fn load_renew(&self, conn: &mut impl ConnectionLike) -> RedisResult<()> {
         self.renew.load(conn).await
     }
 
@@ -322,7 +343,7 @@ impl Scripts {
             "the acquire script (re-entry)",
             &self.acquire,
         ));
-        let other = crate::request::owner_token();
+        let other = crate::config::owner_token();
         pipe.add_command(self.acquire_cmd(keys, &other, lease_ms, lease_ms));
         steps.push(ProbeStep::script(
             "the acquire script (busy)",

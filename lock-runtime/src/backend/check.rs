@@ -7,13 +7,15 @@
 
 use std::collections::HashMap;
 
-use redis::aio::ConnectionManager;
+use std::future::Future;
+
+use redis::aio::ConnectionLike;
 use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 
+use super::scripts::Scripts;
+use crate::config::Config;
 use crate::error::LockError;
 use crate::keys::LockKeys;
-use crate::manager::Config;
-use crate::scripts::Scripts;
 
 /// The user key of the lock the start-up check takes and releases.
 const PROBE_KEY: &str = "distlock-startup-check";
@@ -39,17 +41,21 @@ pub(crate) fn classify_policy(policy: &str) -> EvictionRisk {
     }
 }
 
-/// Runs the checks over `conn` (one pipelined round trip) and over a short-lived
-/// pub/sub connection from `client` (SUBSCRIBE needs a connection of its own).
-pub(crate) async fn check(
-    conn: &mut ConnectionManager,
-    client: &redis::Client,
+/// Runs the checks over `conn` (one pipelined round trip; in a cluster, on the
+/// node that owns the probe lock's slot) and over a short-lived pub/sub
+/// connection from `subscribe` (SUBSCRIBE needs a connection of its own).
+pub(crate) async fn check<F>(
+    conn: &mut impl ConnectionLike,
+    subscribe: impl FnOnce() -> F,
     scripts: &Scripts,
     config: &Config,
     shown_url: &str,
-) -> Result<(), LockError> {
+) -> Result<(), LockError>
+where
+    F: Future<Output = Result<redis::aio::PubSub, RedisError>>,
+{
     let keys = LockKeys::new(&config.key_prefix, PROBE_KEY);
-    let owner = crate::request::owner_token();
+    let owner = crate::config::owner_token();
     let refused = |reason: String| LockError::ServerCheck {
         url: shown_url.to_owned(),
         reason,
@@ -57,7 +63,7 @@ pub(crate) async fn check(
 
     // PING first, alone: a server that wants a password answers NOAUTH to
     // everything, and that is a connection problem, not a permission one.
-    // The connection has no response timeout of its own (see `Core::call`), so
+    // The connection has no response timeout of its own (see `Single::call`), so
     // every call here is bounded by the command timeout.
     let ping: Result<String, RedisError> =
         bounded(config, redis::cmd("PING").query_async(conn)).await;
@@ -122,7 +128,7 @@ pub(crate) async fn check(
         }
     }
 
-    check_subscribe(client, &keys.channel, config)
+    check_subscribe(subscribe, &keys.channel, config)
         .await
         .map_err(|e| {
             refused(format!(
@@ -148,13 +154,16 @@ async fn bounded<T>(
     }
 }
 
-async fn check_subscribe(
-    client: &redis::Client,
+async fn check_subscribe<F>(
+    subscribe: impl FnOnce() -> F,
     channel: &str,
     config: &Config,
-) -> Result<(), RedisError> {
+) -> Result<(), RedisError>
+where
+    F: Future<Output = Result<redis::aio::PubSub, RedisError>>,
+{
     let probe = async {
-        let mut pubsub = client.get_async_pubsub().await?;
+        let mut pubsub = subscribe().await?;
         pubsub.subscribe(channel).await?;
         pubsub.unsubscribe(channel).await
     };

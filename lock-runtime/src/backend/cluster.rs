@@ -1,0 +1,686 @@
+//! Redis Cluster: one call per lock through redis-rs's cluster client, renewals
+//! pipelined per node, wake-ups over classic pub/sub on any node.
+//!
+//! - A lock's three names share one hash tag (see `keys.rs`), so each script
+//!   runs on the master of one slot. redis-rs routes EVALSHA by its first key,
+//!   follows `MOVED` and `ASK`, and retries `TRYAGAIN`/`CLUSTERDOWN` a few times
+//!   with short waits (5-100 ms, not its 1.28 s default). A redirection or
+//!   migration error that outlives those retries makes an acquire "busy", so the
+//!   waiting loop retries it within `wait`; the script never ran, so nothing was
+//!   granted. Release and renewal retry it themselves within the command timeout.
+//! - Renewal groups a batch by the node that owns each lock's slot (a slot map
+//!   from `CLUSTER SLOTS`) and sends one pipeline per node, all at once: one
+//!   round trip per node per tick. A node that answers `MOVED`/`ASK` (a stale
+//!   map) gets its leases renewed one call each after a map refresh.
+//! - Wake-ups: `release.lua` publishes with classic `PUBLISH`, which the cluster
+//!   bus carries to every node, so one RESP2 subscriber connection on any live
+//!   node hears every lock's releases, whichever node owns the slot, and slot
+//!   migrations do not move it. redis-rs's sharded pub/sub would save the bus
+//!   fan-out, but in 1.8.1 it loses subscriptions after a node reconnect and a
+//!   slot migration (`shared/scale-out-notes.md` §2.4).
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::{ConnectionAddr, ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
+
+use super::scripts::{self, AcquireReply, Scripts};
+use super::single::failed_all;
+use super::{bounded_call, read_renewals, CallError, Renewal};
+use crate::config::{redact, Config, TlsSettings};
+use crate::error::LockError;
+use crate::keys::LockKeys;
+use crate::lease::Lease;
+
+/// How long a caller treats a lock as busy after its slot answered with a
+/// migration or redirection error that redis-rs's own retries did not clear.
+const RESHARD_BUSY: Duration = Duration::from_millis(10);
+
+pub(crate) struct Cluster {
+    client: ClusterClient,
+    /// The cluster connection; `None` after it was retired (a reply that may
+    /// belong to another request), until the next call connects afresh.
+    conn: Mutex<Option<ClusterConnection>>,
+    /// A client per seed; their connection settings (password, TLS) are reused
+    /// for every node the slot map names.
+    seeds: Vec<redis::Client>,
+    /// Masters by slot range, for grouping renewals per node and for the
+    /// blocking release; refreshed when a node answers MOVED or ASK.
+    slots: Mutex<SlotMap>,
+    /// Which node the next pub/sub connection tries, so that a reconnect after
+    /// a node failure moves on to another node.
+    next_subscriber: AtomicUsize,
+    scripts: Scripts,
+    command_timeout: Duration,
+    connect_timeout: Duration,
+    /// Round trips spent on renewals (see `Backend::renewal_round_trips`).
+    pub(crate) renewal_round_trips: AtomicU64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Node {
+    host: String,
+    port: u16,
+}
+
+/// Slot ranges `(first, last, master)`, sorted by first slot.
+#[derive(Debug, Default)]
+struct SlotMap {
+    ranges: Vec<(u16, u16, Node)>,
+}
+
+impl SlotMap {
+    fn master_of(&self, slot: u16) -> Option<&Node> {
+        let i = self.ranges.partition_point(|(first, _, _)| *first <= slot);
+        let (first, last, node) = self.ranges.get(i.checked_sub(1)?)?;
+        (*first <= slot && slot <= *last).then_some(node)
+    }
+
+    fn masters(&self) -> Vec<Node> {
+        let mut nodes: Vec<Node> = Vec::new();
+        for (_, _, node) in &self.ranges {
+            if !nodes.contains(node) {
+                nodes.push(node.clone());
+            }
+        }
+        nodes
+    }
+
+    /// Reads a `CLUSTER SLOTS` reply: `[[first, last, [host, port, id, ..], replicas..], ..]`.
+    fn parse(reply: Value) -> RedisResult<SlotMap> {
+        let mut ranges = Vec::new();
+        for range in redis::from_redis_value::<Vec<Vec<Value>>>(reply)? {
+            let mut fields = range.into_iter();
+            let (Some(first), Some(last), Some(master)) =
+                (fields.next(), fields.next(), fields.next())
+            else {
+                return Err(malformed_slots());
+            };
+            let first: u16 = redis::from_redis_value(first)?;
+            let last: u16 = redis::from_redis_value(last)?;
+            let mut master = redis::from_redis_value::<Vec<Value>>(master)?.into_iter();
+            let (Some(host), Some(port)) = (master.next(), master.next()) else {
+                return Err(malformed_slots());
+            };
+            let node = Node {
+                host: redis::from_redis_value(host)?,
+                port: redis::from_redis_value(port)?,
+            };
+            ranges.push((first, last, node));
+        }
+        ranges.sort_by_key(|(first, _, _)| *first);
+        Ok(SlotMap { ranges })
+    }
+}
+
+fn malformed_slots() -> RedisError {
+    RedisError::from((ErrorKind::Parse, "unexpected CLUSTER SLOTS reply"))
+}
+
+/// The cluster slot of a Redis key: CRC16 of its hash tag (or of the whole key
+/// without one), modulo 16384.
+pub(crate) fn slot_of(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let hashed = bytes
+        .iter()
+        .position(|b| *b == b'{')
+        .and_then(|open| {
+            let rest = &bytes[open + 1..];
+            let close = rest.iter().position(|b| *b == b'}')?;
+            (close > 0).then(|| &rest[..close])
+        })
+        .unwrap_or(bytes);
+    crc16::State::<crc16::XMODEM>::calculate(hashed) % 16384
+}
+
+/// An error the cluster gives while a slot moves or its master changes: the
+/// command did not run.
+fn is_resharding(e: &RedisError) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::Server(
+            ServerErrorKind::Moved
+                | ServerErrorKind::Ask
+                | ServerErrorKind::TryAgain
+                | ServerErrorKind::ClusterDown
+                | ServerErrorKind::MasterDown
+                | ServerErrorKind::BusyLoading
+        )
+    )
+}
+
+impl Cluster {
+    /// Connects to the cluster through `seeds` and runs the server check on the
+    /// master of the probe lock's slot.
+    pub(crate) async fn connect(
+        seeds: &[String],
+        config: &Config,
+        tls: &TlsSettings,
+    ) -> Result<Cluster, LockError> {
+        if seeds.is_empty() {
+            return Err(LockError::InvalidConfig(
+                "cluster_builder needs at least one node URL".to_owned(),
+            ));
+        }
+        let shown = seeds
+            .iter()
+            .map(|url| redact(url))
+            .collect::<Vec<_>>()
+            .join(",");
+        let invalid =
+            |e: RedisError| LockError::InvalidConfig(format!("invalid cluster URLs {shown}: {e}"));
+        let seed_clients = seeds
+            .iter()
+            .map(|url| super::open_client(url, tls))
+            .collect::<RedisResult<Vec<_>>>()
+            .map_err(invalid)?;
+        let builder =
+            ClusterClientBuilder::new(seed_clients.iter().map(|c| c.get_connection_info().clone()))
+                // redis-rs's defaults wait 1.28 s or more before retrying TRYAGAIN;
+                // a slot migration clears in milliseconds, and the waiting loop retries
+                // a busy lock anyway.
+                .retries(3)
+                .min_retry_wait(5)
+                .max_retry_wait(100)
+                .connection_timeout(config.connect_timeout);
+        #[cfg(feature = "tls")]
+        let builder = match super::tls_certificates(tls) {
+            Some(certs) => builder.certs(certs),
+            None => builder,
+        };
+        let client = builder.build().map_err(invalid)?;
+        let mut conn =
+            match tokio::time::timeout(config.connect_timeout, client.get_async_connection()).await
+            {
+                Ok(Ok(conn)) => conn,
+                Ok(Err(e)) if is_not_a_cluster(&e) => {
+                    return Err(LockError::ServerCheck {
+                        url: shown,
+                        reason: format!(
+                        "the server is not a Redis Cluster node ({e}); use LockManager::builder \
+                         for a single server"
+                    ),
+                    })
+                }
+                Ok(Err(source)) => {
+                    return Err(LockError::Connect { url: shown, source });
+                }
+                Err(_) => return Err(super::connect_timed_out(shown, config.connect_timeout)),
+            };
+        let cluster = Cluster {
+            client,
+            conn: Mutex::new(None),
+            seeds: seed_clients,
+            slots: Mutex::new(SlotMap::default()),
+            next_subscriber: AtomicUsize::new(0),
+            scripts: Scripts::new(),
+            command_timeout: config.command_timeout,
+            connect_timeout: config.connect_timeout,
+            renewal_round_trips: AtomicU64::new(0),
+        };
+        if let Err(e) = cluster.refresh_slots(&mut conn).await {
+            return Err(LockError::ServerCheck {
+                url: shown,
+                reason: format!("CLUSTER SLOTS failed: {e}"),
+            });
+        }
+        super::check::check(
+            &mut conn,
+            || cluster.pubsub(),
+            &cluster.scripts,
+            config,
+            &shown,
+        )
+        .await?;
+        *cluster.conn.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn);
+        Ok(cluster)
+    }
+
+    /// The cluster connection, connecting a fresh one after a retirement.
+    async fn connection(&self, key: &str) -> Result<ClusterConnection, CallError> {
+        if let Some(conn) = self.conn.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+            return Ok(conn);
+        }
+        let conn = bounded_call(
+            key,
+            self.connect_timeout,
+            self.client.get_async_connection(),
+        )
+        .await?;
+        let mut current = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(current.get_or_insert(conn).clone())
+    }
+
+    /// Drops the cluster connection after a call that may have lost its reply:
+    /// redis-rs's per-node connections are multiplexed, so this should not
+    /// happen; if a reply for another owner ever comes, trust nothing on it.
+    fn retire_connection(&self) {
+        *self.conn.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        tracing::debug!(target: "distlock::connection", "cluster connection retired after a failed call");
+    }
+
+    /// Runs `call` on the cluster connection under the command timeout,
+    /// retrying a slot in migration until the timeout.
+    async fn call<T, F, Fut>(&self, key: &str, mut call: F) -> Result<T, CallError>
+    where
+        F: FnMut(ClusterConnection) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        let conn = self.connection(key).await?;
+        let deadline = tokio::time::Instant::now() + self.command_timeout;
+        let retrying = async {
+            let mut delay = Duration::from_millis(5);
+            loop {
+                match call(conn.clone()).await {
+                    Err(e)
+                        if is_resharding(&e) && tokio::time::Instant::now() + delay < deadline =>
+                    {
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_millis(100));
+                    }
+                    other => return other,
+                }
+            }
+        };
+        let result = bounded_call(key, self.command_timeout, retrying).await;
+        if let Err(e) = &result {
+            if e.maybe_executed {
+                self.retire_connection();
+            }
+        }
+        result
+    }
+
+    pub(crate) async fn acquire(
+        &self,
+        key: &str,
+        keys: &LockKeys,
+        owner: &str,
+        lease_ms: u64,
+        fence_ttl_ms: u64,
+    ) -> Result<AcquireReply, CallError> {
+        let mut conn = self.connection(key).await?;
+        let acquire = async {
+            match self
+                .scripts
+                .acquire(&mut conn, keys, owner, lease_ms, fence_ttl_ms)
+                .await
+            {
+                // The script did not run: busy until the migration settles.
+                Err(e) if is_resharding(&e) => {
+                    tracing::debug!(target: "distlock::acquire", error = %e, "slot in migration; busy");
+                    Ok(AcquireReply::Busy {
+                        remaining: Some(RESHARD_BUSY),
+                    })
+                }
+                other => other,
+            }
+        };
+        let result = bounded_call(key, self.command_timeout, acquire).await;
+        if let Err(e) = &result {
+            if e.maybe_executed {
+                self.retire_connection();
+            }
+        }
+        result
+    }
+
+    pub(crate) async fn release(
+        &self,
+        key: &str,
+        keys: &LockKeys,
+        owner: &str,
+    ) -> Result<bool, CallError> {
+        let scripts = &self.scripts;
+        self.call(key, |mut conn| async move {
+            scripts.release(&mut conn, keys, owner).await
+        })
+        .await
+    }
+
+    /// One pipeline per node, all at once; a node whose pipeline fails has its
+    /// locks released one call each.
+    pub(crate) async fn release_many(
+        &self,
+        locks: &[(&LockKeys, &str)],
+    ) -> Result<Vec<bool>, CallError> {
+        let conn = self.connection("").await?;
+        let groups = self.group_by_node(locks.iter().map(|(keys, _)| keys.lock.as_str()));
+        let sends = groups.into_iter().map(|(node, indices)| {
+            let mut conn = conn.clone();
+            let group: Vec<(&LockKeys, &str)> = indices.iter().map(|i| locks[*i]).collect();
+            async move {
+                let pipe = self.scripts.release_many_pipeline(&group);
+                let sent = match node {
+                    Some(node) => {
+                        let count = group.len() + 1;
+                        bounded_call(
+                            "",
+                            self.command_timeout,
+                            conn.route_pipeline(pipe, 0, count, by_address(&node)),
+                        )
+                        .await
+                        .ok()
+                        .and_then(|replies| self.scripts.release_many_replies(&group, replies).ok())
+                    }
+                    None => None,
+                };
+                let released = match sent {
+                    Some(released) => released,
+                    None => {
+                        let each = group.iter().map(|(keys, owner)| async move {
+                            self.release("", keys, owner).await.unwrap_or(false)
+                        });
+                        join_all(each).await
+                    }
+                };
+                (indices, released)
+            }
+        });
+        let mut out = vec![false; locks.len()];
+        for (indices, released) in join_all(sends).await {
+            for (i, r) in indices.into_iter().zip(released) {
+                out[i] = r;
+            }
+        }
+        Ok(out)
+    }
+
+    pub(crate) fn release_blocking(&self, keys: &LockKeys, owner: &str) -> RedisResult<bool> {
+        let node = self
+            .slots
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .master_of(slot_of(&keys.lock))
+            .cloned();
+        let client =
+            match node {
+                Some(node) => self.client_for(&node)?,
+                None => self.seeds.first().cloned().ok_or_else(|| {
+                    RedisError::from((ErrorKind::Client, "no cluster node known"))
+                })?,
+            };
+        let mut conn = client.get_connection_with_timeout(self.connect_timeout)?;
+        conn.set_read_timeout(Some(self.command_timeout))?;
+        conn.set_write_timeout(Some(self.command_timeout))?;
+        self.scripts.release_blocking(&mut conn, keys, owner)
+    }
+
+    /// One pipeline per node, sent to all nodes at once.
+    pub(crate) async fn renew(&self, batch: &[Arc<Lease>]) -> Vec<Renewal> {
+        let conn = match self.connection("").await {
+            Ok(conn) => conn,
+            Err(e) => return failed_all(batch, &e.error.to_string()),
+        };
+        let groups = self.group_by_node(batch.iter().map(|lease| lease.keys.lock.as_str()));
+        let stale_map = AtomicBool::new(false);
+        let sends = groups.into_iter().map(|(node, indices)| {
+            let conn = conn.clone();
+            let stale_map = &stale_map;
+            async move {
+                let leases: Vec<Arc<Lease>> = indices.iter().map(|i| batch[*i].clone()).collect();
+                let outcomes = match node {
+                    Some(node) => self.renew_on(conn, &node, &leases).await,
+                    None => None,
+                };
+                let outcomes = match outcomes {
+                    Some(outcomes) => outcomes,
+                    None => {
+                        stale_map.store(true, Ordering::Relaxed);
+                        self.renew_each(&leases).await
+                    }
+                };
+                (indices, outcomes)
+            }
+        });
+        let mut out: Vec<Renewal> = batch.iter().map(|_| Renewal::Retry).collect();
+        for (indices, outcomes) in join_all(sends).await {
+            for (i, outcome) in indices.into_iter().zip(outcomes) {
+                out[i] = outcome;
+            }
+        }
+        if stale_map.load(Ordering::Relaxed) {
+            let mut conn = conn;
+            if let Err(e) = self.refresh_slots(&mut conn).await {
+                tracing::debug!(target: "distlock::renewal", error = %e, "could not refresh the slot map");
+            }
+        }
+        out
+    }
+
+    /// Renews `leases`, all owned by `node`, in one pipeline; `None` when the
+    /// node did not own them all (a stale slot map) or the pipeline failed as a
+    /// whole in a way a per-lock call may not.
+    async fn renew_on(
+        &self,
+        mut conn: ClusterConnection,
+        node: &Node,
+        leases: &[Arc<Lease>],
+    ) -> Option<Vec<Renewal>> {
+        let mut pipe = redis::pipe();
+        for lease in leases {
+            pipe.add_command(self.scripts.renew_cmd(
+                &lease.keys.lock,
+                &lease.owner,
+                lease.lease_ms(),
+            ));
+        }
+        let sent_at = Instant::now();
+        self.renewal_round_trips.fetch_add(1, Ordering::Relaxed);
+        let replies = bounded_call(
+            "",
+            self.command_timeout,
+            conn.route_pipeline(pipe, 0, leases.len(), by_address(node)),
+        )
+        .await;
+        let replies = match replies {
+            Ok(replies) => replies,
+            Err(e) if !e.maybe_executed => return None,
+            Err(e) => {
+                self.retire_connection();
+                return Some(failed_all(leases, &e.error.to_string()));
+            }
+        };
+        let replies: Vec<RedisResult<(i64, String)>> = replies
+            .into_iter()
+            .map(|reply| match reply {
+                Value::ServerError(e) => Err(RedisError::from(e)),
+                reply => redis::from_redis_value(reply).map_err(RedisError::from),
+            })
+            .collect();
+        if replies.iter().any(|r| r.as_ref().is_err_and(is_resharding)) {
+            return None;
+        }
+        let (mut missing_script, mut out_of_sync) = (false, false);
+        let outcomes = read_renewals(
+            leases,
+            replies,
+            sent_at,
+            &mut missing_script,
+            &mut out_of_sync,
+        );
+        if out_of_sync {
+            self.retire_connection();
+        }
+        let Some(mut outcomes) = outcomes else {
+            let error = scripts::out_of_sync("a renewal pipeline got the wrong number of replies");
+            return Some(failed_all(leases, &error.to_string()));
+        };
+        if missing_script && !out_of_sync {
+            // A node restarted or flushed its scripts: SCRIPT LOAD goes to
+            // every node; the leases are retried at once.
+            if let Err(e) = self.scripts.load_renew(&mut conn).await {
+                for outcome in &mut outcomes {
+                    if matches!(outcome, Renewal::Retry) {
+                        *outcome = Renewal::Failed(e.to_string());
+                    }
+                }
+            }
+        }
+        Some(outcomes)
+    }
+
+    /// Renews each lease with a call of its own (redis-rs routes it and follows
+    /// redirections), all at once.
+    async fn renew_each(&self, leases: &[Arc<Lease>]) -> Vec<Renewal> {
+        let each = leases.iter().map(|lease| async move {
+            let sent_at = Instant::now();
+            self.renewal_round_trips.fetch_add(1, Ordering::Relaxed);
+            let scripts = &self.scripts;
+            let cmd = scripts.renew_cmd(&lease.keys.lock, &lease.owner, lease.lease_ms());
+            let renewed = self
+                .call(&lease.key, |mut conn| {
+                    let cmd = cmd.clone();
+                    async move { scripts.invoke_renew(&mut conn, &cmd).await }
+                })
+                .await;
+            match renewed.map(|reply| Scripts::renew_reply(reply, &lease.owner)) {
+                Ok(Ok(true)) => Renewal::Renewed { sent_at },
+                Ok(Ok(false)) => Renewal::NotOurs,
+                Ok(Err(e)) => {
+                    self.retire_connection();
+                    Renewal::Failed(e.to_string())
+                }
+                Err(e) => Renewal::Failed(e.error.to_string()),
+            }
+        });
+        join_all(each).await
+    }
+
+    /// Groups lock names by the master of their slot (`None`: not in the map).
+    fn group_by_node<'a>(
+        &self,
+        names: impl Iterator<Item = &'a str>,
+    ) -> Vec<(Option<Node>, Vec<usize>)> {
+        let slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let mut groups: Vec<(Option<Node>, Vec<usize>)> = Vec::new();
+        for (i, name) in names.enumerate() {
+            let node = slots.master_of(slot_of(name)).cloned();
+            match groups.iter_mut().find(|(n, _)| *n == node) {
+                Some((_, indices)) => indices.push(i),
+                None => groups.push((node, vec![i])),
+            }
+        }
+        groups
+    }
+
+    async fn refresh_slots(&self, conn: &mut ClusterConnection) -> RedisResult<()> {
+        let reply = tokio::time::timeout(
+            self.command_timeout,
+            conn.route_command(
+                redis::cmd("CLUSTER").arg("SLOTS").clone(),
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+            ),
+        )
+        .await
+        .map_err(|_| {
+            RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "CLUSTER SLOTS timed out",
+            ))
+        })??;
+        let map = SlotMap::parse(reply)?;
+        *self.slots.lock().unwrap_or_else(|e| e.into_inner()) = map;
+        Ok(())
+    }
+
+    /// A client for `node` with the first seed's settings (password, TLS).
+    fn client_for(&self, node: &Node) -> RedisResult<redis::Client> {
+        let seed = self
+            .seeds
+            .first()
+            .ok_or_else(|| RedisError::from((ErrorKind::Client, "no cluster node known")))?;
+        let info = seed.get_connection_info().clone();
+        let addr = match info.addr() {
+            ConnectionAddr::TcpTls {
+                insecure,
+                tls_params,
+                ..
+            } => ConnectionAddr::TcpTls {
+                host: node.host.clone(),
+                port: node.port,
+                insecure: *insecure,
+                tls_params: tls_params.clone(),
+            },
+            _ => ConnectionAddr::Tcp(node.host.clone(), node.port),
+        };
+        redis::Client::open(info.set_addr(addr))
+    }
+
+    /// A pub/sub connection to one node: the masters of the slot map, then
+    /// the seeds, in turn, each call trying the next one (classic pub/sub
+    /// messages reach every node, so any will do).
+    pub(crate) async fn pubsub(&self) -> RedisResult<redis::aio::PubSub> {
+        let mut candidates: Vec<redis::Client> = self
+            .slots
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .masters()
+            .iter()
+            .filter_map(|node| self.client_for(node).ok())
+            .collect();
+        candidates.extend(self.seeds.iter().cloned());
+        let turn = self.next_subscriber.fetch_add(1, Ordering::Relaxed);
+        let client = &candidates[turn % candidates.len()];
+        client.get_async_pubsub().await
+    }
+}
+
+fn by_address(node: &Node) -> SingleNodeRoutingInfo {
+    SingleNodeRoutingInfo::ByAddress {
+        host: node.host.clone(),
+        port: node.port,
+    }
+}
+
+fn is_not_a_cluster(e: &RedisError) -> bool {
+    let text = e.to_string();
+    text.contains("cluster support disabled") || text.contains("This instance has cluster")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_follow_the_hash_tag() {
+        // Values from `CLUSTER KEYSLOT` on Redis 7.0.
+        assert_eq!(slot_of("foo"), 12182);
+        assert_eq!(slot_of("{user1000}.following"), slot_of("user1000"));
+        assert_eq!(slot_of("a{}b"), slot_of("a{}b"));
+        assert_eq!(
+            slot_of("{}x"),
+            crc16::State::<crc16::XMODEM>::calculate(b"{}x") % 16384
+        );
+        let keys = LockKeys::new("distlock:", "order:42");
+        assert_eq!(slot_of(&keys.lock), slot_of(&keys.fence));
+        assert_eq!(slot_of(&keys.lock), slot_of(&keys.channel));
+    }
+
+    #[test]
+    fn the_slot_map_finds_each_slots_master() {
+        let node = |port| Node {
+            host: "127.0.0.1".to_owned(),
+            port,
+        };
+        let map = SlotMap {
+            ranges: vec![
+                (0, 5460, node(1)),
+                (5461, 10922, node(2)),
+                (10923, 16383, node(3)),
+            ],
+        };
+        assert_eq!(map.master_of(0), Some(&node(1)));
+        assert_eq!(map.master_of(5460), Some(&node(1)));
+        assert_eq!(map.master_of(5461), Some(&node(2)));
+        assert_eq!(map.master_of(16383), Some(&node(3)));
+        assert_eq!(SlotMap::default().master_of(7), None);
+        assert_eq!(map.masters().len(), 3);
+    }
+}

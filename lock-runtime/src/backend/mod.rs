@@ -1,0 +1,290 @@
+//! The backend boundary: everything that talks to Redis.
+//!
+//! Above this module, the manager, requests, guards, leases, re-entry and the
+//! waiting queues know only the operations below (acquire, release, renew a
+//! batch, open a pub/sub connection); they never see a connection, a script or
+//! a node. Below it, each backend decides how those operations reach Redis:
+//!
+//! - [`single::Single`]: one server, one multiplexed connection;
+//! - [`cluster::Cluster`]: Redis Cluster; one call per lock through the cluster
+//!   client (MOVED/ASK followed, TRYAGAIN retried), renewals pipelined per node.
+//!
+//! A closed enum rather than a trait object: the set is closed, and the enum
+//! keeps the one-round-trip hot path free of boxed futures. Backends over
+//! several masters (Sentinel-followed, Redlock) join as further variants.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::RedisResult;
+
+use crate::config::{Config, TlsSettings};
+use crate::error::LockError;
+use crate::keys::LockKeys;
+use crate::lease::Lease;
+
+pub(crate) mod check;
+pub(crate) mod cluster;
+pub(crate) mod scripts;
+pub(crate) mod single;
+
+pub(crate) use scripts::AcquireReply;
+
+/// Where the manager's Redis is.
+#[derive(Debug, Clone)]
+pub(crate) enum Target {
+    /// One server.
+    Single(String),
+    /// Seed nodes of a Redis Cluster.
+    Cluster(Vec<String>),
+}
+
+pub(crate) enum Backend {
+    Single(single::Single),
+    Cluster(cluster::Cluster),
+}
+
+/// A failed Redis call, and whether the server may have executed it anyway (its
+/// reply was lost): then a lock it took may be held in our name.
+pub(crate) struct CallError {
+    pub(crate) error: LockError,
+    pub(crate) maybe_executed: bool,
+}
+
+/// What one lease's renewal came to.
+#[derive(Debug)]
+pub(crate) enum Renewal {
+    /// Still ours; the lease now runs from `sent_at`.
+    Renewed { sent_at: Instant },
+    /// The lock was gone or held by another owner.
+    NotOurs,
+    /// Redis could not be asked; retry soon.
+    Failed(String),
+    /// Nothing was decided but the cause is fixed (a script was reloaded, the
+    /// slot map refreshed): retry at once.
+    Retry,
+}
+
+impl Backend {
+    /// Connects to `target` and checks the server (see [`check`]).
+    pub(crate) async fn connect(
+        target: &Target,
+        config: &Config,
+        tls: &TlsSettings,
+    ) -> Result<Backend, LockError> {
+        match target {
+            Target::Single(url) => Ok(Backend::Single(
+                single::Single::connect(url, config, tls).await?,
+            )),
+            Target::Cluster(seeds) => Ok(Backend::Cluster(
+                cluster::Cluster::connect(seeds, config, tls).await?,
+            )),
+        }
+    }
+
+    /// Runs the acquire script: take the lock for `owner` with a lease of
+    /// `lease_ms`, and keep the fencing counter `fence_ttl_ms`.
+    pub(crate) async fn acquire(
+        &self,
+        key: &str,
+        keys: &LockKeys,
+        owner: &str,
+        lease_ms: u64,
+        fence_ttl_ms: u64,
+    ) -> Result<AcquireReply, CallError> {
+        match self {
+            Backend::Single(b) => b.acquire(key, keys, owner, lease_ms, fence_ttl_ms).await,
+            Backend::Cluster(b) => b.acquire(key, keys, owner, lease_ms, fence_ttl_ms).await,
+        }
+    }
+
+    /// Deletes the lock if `owner` holds it and wakes its waiters; true when it did.
+    pub(crate) async fn release(
+        &self,
+        key: &str,
+        keys: &LockKeys,
+        owner: &str,
+    ) -> Result<bool, CallError> {
+        match self {
+            Backend::Single(b) => b.release(key, keys, owner).await,
+            Backend::Cluster(b) => b.release(key, keys, owner).await,
+        }
+    }
+
+    /// Releases many locks in as few round trips as the backend allows (one per
+    /// server); per lock, whether it was still ours.
+    pub(crate) async fn release_many(
+        &self,
+        locks: &[(&LockKeys, &str)],
+    ) -> Result<Vec<bool>, CallError> {
+        match self {
+            Backend::Single(b) => b.release_many(locks).await,
+            Backend::Cluster(b) => b.release_many(locks).await,
+        }
+    }
+
+    /// Releases over a blocking connection of its own, bounded by the connect
+    /// and command timeouts: for the moment a tokio runtime shuts down.
+    pub(crate) fn release_blocking(&self, keys: &LockKeys, owner: &str) -> RedisResult<bool> {
+        match self {
+            Backend::Single(b) => b.release_blocking(keys, owner),
+            Backend::Cluster(b) => b.release_blocking(keys, owner),
+        }
+    }
+
+    /// Renews a batch of leases: one round trip per server; one outcome per
+    /// lease, in order.
+    pub(crate) async fn renew(&self, batch: &[Arc<Lease>]) -> Vec<Renewal> {
+        match self {
+            Backend::Single(b) => b.renew(batch).await,
+            Backend::Cluster(b) => b.renew(batch).await,
+        }
+    }
+
+    /// How many round trips renewals have taken so far (pipelines and single
+    /// calls), for tests that count them per tick.
+    pub(crate) fn renewal_round_trips(&self) -> u64 {
+        match self {
+            Backend::Single(b) => b
+                .renewal_round_trips
+                .load(std::sync::atomic::Ordering::Relaxed),
+            Backend::Cluster(b) => b
+                .renewal_round_trips
+                .load(std::sync::atomic::Ordering::Relaxed),
+        }
+    }
+
+    /// Opens a pub/sub connection on which every lock's wake-ups arrive.
+    pub(crate) async fn pubsub(&self) -> RedisResult<redis::aio::PubSub> {
+        match self {
+            Backend::Single(b) => b.pubsub().await,
+            Backend::Cluster(b) => b.pubsub().await,
+        }
+    }
+}
+
+/// Runs `fut` under `timeout`, naming `key` in the error. A server error reply
+/// means the command ran and failed, or never ran; anything else (a timeout,
+/// I/O, a reply of the wrong shape or for another owner) may have come after the
+/// server executed it.
+pub(crate) async fn bounded_call<T>(
+    key: &str,
+    timeout: Duration,
+    fut: impl Future<Output = RedisResult<T>>,
+) -> Result<T, CallError> {
+    let error = match tokio::time::timeout(timeout, fut).await {
+        Ok(Ok(value)) => return Ok(value),
+        Ok(Err(e)) if matches!(e.kind(), redis::ErrorKind::Server(_)) => {
+            return Err(CallError {
+                error: LockError::backend(key, e),
+                maybe_executed: false,
+            });
+        }
+        Ok(Err(e)) => LockError::backend(key, e),
+        Err(_) => LockError::command_timeout(key, timeout),
+    };
+    Err(CallError {
+        error,
+        maybe_executed: true,
+    })
+}
+
+/// Turns the replies of a renewal pipeline into outcomes; `None` when the reply
+/// count is wrong (the connection is out of sync). NOSCRIPT replies are left as
+/// `Retry` and reported through `missing_script`; `out_of_sync` is set when a
+/// reply belongs to another request.
+pub(crate) fn read_renewals(
+    batch: &[Arc<Lease>],
+    replies: Vec<RedisResult<(i64, String)>>,
+    sent_at: Instant,
+    missing_script: &mut bool,
+    out_of_sync: &mut bool,
+) -> Option<Vec<Renewal>> {
+    if replies.len() != batch.len() {
+        *out_of_sync = true;
+        return None;
+    }
+    Some(
+        batch
+            .iter()
+            .zip(replies)
+            .map(|(lease, reply)| {
+                match reply.and_then(|reply| scripts::Scripts::renew_reply(reply, &lease.owner)) {
+                    Ok(true) => Renewal::Renewed { sent_at },
+                    Ok(false) => Renewal::NotOurs,
+                    Err(e) if is_noscript(&e) => {
+                        *missing_script = true;
+                        Renewal::Retry
+                    }
+                    Err(e) => {
+                        // A reply of the wrong shape or for another owner: the
+                        // connection cannot be trusted any more.
+                        *out_of_sync |= !matches!(e.kind(), redis::ErrorKind::Server(_));
+                        Renewal::Failed(e.to_string())
+                    }
+                }
+            })
+            .collect(),
+    )
+}
+
+pub(crate) fn is_noscript(e: &redis::RedisError) -> bool {
+    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+}
+
+/// A client for `url`, trusting the CA and presenting the client certificate of
+/// `tls` when given.
+pub(crate) fn open_client(url: &str, tls: &TlsSettings) -> RedisResult<redis::Client> {
+    check_tls_feature(url, tls)?;
+    #[cfg(feature = "tls")]
+    if let Some(certs) = tls_certificates(tls) {
+        return redis::Client::build_with_tls(url, certs);
+    }
+    redis::Client::open(url)
+}
+
+fn check_tls_feature(url: &str, tls: &TlsSettings) -> RedisResult<()> {
+    if url.starts_with("rediss://") && !cfg!(feature = "tls") {
+        return Err(redis::RedisError::from((
+            redis::ErrorKind::InvalidClientConfig,
+            "rediss:// needs distlock's `tls` feature (on by default; turned off here)",
+        )));
+    }
+    if !cfg!(feature = "tls") && (tls.ca_pem.is_some() || tls.client_identity.is_some()) {
+        return Err(redis::RedisError::from((
+            redis::ErrorKind::InvalidClientConfig,
+            "TLS certificates were given, but distlock's `tls` feature is off",
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(feature = "tls")]
+fn tls_certificates(tls: &TlsSettings) -> Option<redis::TlsCertificates> {
+    if tls.ca_pem.is_none() && tls.client_identity.is_none() {
+        return None;
+    }
+    Some(redis::TlsCertificates {
+        client_tls: tls
+            .client_identity
+            .clone()
+            .map(|(client_cert, client_key)| redis::ClientTlsConfig {
+                client_cert,
+                client_key,
+            }),
+        root_cert: tls.ca_pem.clone(),
+    })
+}
+
+/// The error `build()` returns when nothing answered in time.
+pub(crate) fn connect_timed_out(shown_url: String, timeout: Duration) -> LockError {
+    let io = std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!("no answer within {timeout:?}"),
+    );
+    LockError::Connect {
+        url: shown_url,
+        source: io.into(),
+    }
+}

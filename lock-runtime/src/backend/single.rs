@@ -1,0 +1,271 @@
+//! One Redis server behind one multiplexed connection.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::RedisResult;
+
+use super::scripts::{self, AcquireReply, Scripts};
+use super::{bounded_call, read_renewals, CallError, Renewal};
+use crate::config::{redact, Config, TlsSettings};
+use crate::error::LockError;
+use crate::keys::LockKeys;
+use crate::lease::Lease;
+
+pub(crate) struct Single {
+    /// The multiplexed connection every call goes through, replaced after a
+    /// call fails in a way that may leave it out of sync (see [`Single::call`]).
+    conn: Mutex<Conn>,
+    conn_config: ConnectionManagerConfig,
+    /// For pub/sub connections and the blocking release at runtime shutdown.
+    client: redis::Client,
+    scripts: Scripts,
+    command_timeout: Duration,
+    connect_timeout: Duration,
+    /// Round trips spent on renewals (see `Backend::renewal_round_trips`).
+    pub(crate) renewal_round_trips: AtomicU64,
+}
+
+/// The current connection, and which one it is.
+#[derive(Clone)]
+struct Conn {
+    generation: u64,
+    redis: ConnectionManager,
+}
+
+impl Single {
+    /// Connects to `url` and runs the server check.
+    pub(crate) async fn connect(
+        url: &str,
+        config: &Config,
+        tls: &TlsSettings,
+    ) -> Result<Single, LockError> {
+        let shown_url = redact(url);
+        let client = super::open_client(url, tls)
+            .map_err(|e| LockError::InvalidConfig(format!("invalid redis URL {shown_url}: {e}")))?;
+        let conn_config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(config.connect_timeout))
+            // No response timeout here: `Single::call`'s timeout is the one bound
+            // on a call, covering a reconnect, a script reload and the retry
+            // together; a second timer per call only cost time (two timers
+            // armed and cancelled per round trip).
+            .set_response_timeout(None)
+            // Reconnection is retried by every later call; a few quick tries here
+            // keep a call that meets a restart from waiting long.
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(200));
+        let connecting = ConnectionManager::new_with_config(client.clone(), conn_config.clone());
+        let mut conn = match tokio::time::timeout(config.connect_timeout, connecting).await {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(source)) => {
+                return Err(LockError::Connect {
+                    url: shown_url,
+                    source,
+                })
+            }
+            Err(_) => return Err(super::connect_timed_out(shown_url, config.connect_timeout)),
+        };
+        let scripts = Scripts::new();
+        let subscribe_client = client.clone();
+        super::check::check(
+            &mut conn,
+            || async move { subscribe_client.get_async_pubsub().await },
+            &scripts,
+            config,
+            &shown_url,
+        )
+        .await?;
+        Ok(Single {
+            conn: Mutex::new(Conn {
+                generation: 0,
+                redis: conn,
+            }),
+            conn_config,
+            client,
+            scripts,
+            command_timeout: config.command_timeout,
+            connect_timeout: config.connect_timeout,
+            renewal_round_trips: AtomicU64::new(0),
+        })
+    }
+
+    fn connection(&self) -> Conn {
+        self.conn.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Runs one Redis call on connection `generation` under the command timeout,
+    /// naming `key` in the error. That timeout is the only one on the call (the
+    /// connection has no response timeout of its own): it bounds whatever the
+    /// call does, a reconnect and a NOSCRIPT reload and retry included.
+    ///
+    /// A call that may have lost its reply on a connection that stays open
+    /// (Redis replies carry no request id, so every later reply on it would go
+    /// to the wrong caller) retires the connection: the next call opens a fresh
+    /// one.
+    async fn call<T>(
+        &self,
+        key: &str,
+        generation: u64,
+        fut: impl Future<Output = RedisResult<T>>,
+    ) -> Result<T, CallError> {
+        let result = bounded_call(key, self.command_timeout, fut).await;
+        if let Err(e) = &result {
+            if e.maybe_executed {
+                self.retire_connection(generation);
+            }
+        }
+        result
+    }
+
+    /// Replaces connection `generation` with a fresh one (connected on first
+    /// use), unless another caller already did.
+    fn retire_connection(&self, generation: u64) {
+        let mut current = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        if current.generation != generation {
+            return;
+        }
+        match ConnectionManager::new_lazy_with_config(self.client.clone(), self.conn_config.clone())
+        {
+            Ok(fresh) => {
+                *current = Conn {
+                    generation: generation + 1,
+                    redis: fresh,
+                };
+                tracing::debug!(target: "distlock::connection",
+                    generation,
+                    "connection retired after a failed call"
+                );
+            }
+            Err(e) => {
+                tracing::warn!(target: "distlock::connection", error = %e, "could not open a fresh connection")
+            }
+        }
+    }
+
+    pub(crate) async fn acquire(
+        &self,
+        key: &str,
+        keys: &LockKeys,
+        owner: &str,
+        lease_ms: u64,
+        fence_ttl_ms: u64,
+    ) -> Result<AcquireReply, CallError> {
+        let conn = self.connection();
+        let mut redis = conn.redis;
+        self.call(
+            key,
+            conn.generation,
+            self.scripts
+                .acquire(&mut redis, keys, owner, lease_ms, fence_ttl_ms),
+        )
+        .await
+    }
+
+    pub(crate) async fn release(
+        &self,
+        key: &str,
+        keys: &LockKeys,
+        owner: &str,
+    ) -> Result<bool, CallError> {
+        let conn = self.connection();
+        let mut redis = conn.redis;
+        self.call(
+            key,
+            conn.generation,
+            self.scripts.release(&mut redis, keys, owner),
+        )
+        .await
+    }
+
+    pub(crate) async fn release_many(
+        &self,
+        locks: &[(&LockKeys, &str)],
+    ) -> Result<Vec<bool>, CallError> {
+        let conn = self.connection();
+        let mut redis = conn.redis;
+        self.call(
+            "",
+            conn.generation,
+            self.scripts.release_many(&mut redis, locks),
+        )
+        .await
+    }
+
+    pub(crate) fn release_blocking(&self, keys: &LockKeys, owner: &str) -> RedisResult<bool> {
+        let mut conn = self
+            .client
+            .get_connection_with_timeout(self.connect_timeout)?;
+        conn.set_read_timeout(Some(self.command_timeout))?;
+        conn.set_write_timeout(Some(self.command_timeout))?;
+        self.scripts.release_blocking(&mut conn, keys, owner)
+    }
+
+    /// One pipeline of renew scripts: one round trip.
+    pub(crate) async fn renew(&self, batch: &[Arc<Lease>]) -> Vec<Renewal> {
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        for lease in batch {
+            pipe.add_command(self.scripts.renew_cmd(
+                &lease.keys.lock,
+                &lease.owner,
+                lease.lease_ms(),
+            ));
+        }
+        let conn = self.connection();
+        let mut redis = conn.redis;
+        let sent_at = Instant::now();
+        self.renewal_round_trips.fetch_add(1, Ordering::Relaxed);
+        let replies: Vec<RedisResult<(i64, String)>> = match self
+            .call("", conn.generation, pipe.query_async(&mut redis))
+            .await
+        {
+            Ok(replies) => replies,
+            Err(e) => return failed_all(batch, &e.error.to_string()),
+        };
+        let (mut missing_script, mut out_of_sync) = (false, false);
+        let outcomes = read_renewals(
+            batch,
+            replies,
+            sent_at,
+            &mut missing_script,
+            &mut out_of_sync,
+        );
+        if out_of_sync {
+            self.retire_connection(conn.generation);
+        }
+        let Some(mut outcomes) = outcomes else {
+            let error = scripts::out_of_sync("a renewal pipeline got the wrong number of replies");
+            return failed_all(batch, &error.to_string());
+        };
+        if missing_script && !out_of_sync {
+            // Redis restarted or flushed its scripts: load it and retry at once;
+            // if even that fails, retry like any failed renewal.
+            if let Err(e) = self
+                .call("", conn.generation, self.scripts.load_renew(&mut redis))
+                .await
+            {
+                let error = e.error.to_string();
+                for outcome in &mut outcomes {
+                    if matches!(outcome, Renewal::Retry) {
+                        *outcome = Renewal::Failed(error.clone());
+                    }
+                }
+            }
+        }
+        outcomes
+    }
+
+    pub(crate) async fn pubsub(&self) -> RedisResult<redis::aio::PubSub> {
+        self.client.get_async_pubsub().await
+    }
+}
+
+pub(crate) fn failed_all(batch: &[Arc<Lease>], error: &str) -> Vec<Renewal> {
+    batch
+        .iter()
+        .map(|_| Renewal::Failed(error.to_owned()))
+        .collect()
+}

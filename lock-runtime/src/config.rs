@@ -1,0 +1,150 @@
+//! The manager's settings, their limits, and how they are checked.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::error::LockError;
+
+/// Shortest lease accepted. The holder trusts a lease for `lease - 1% - 2 ms` and
+/// renews it every `lease / 3`; below 10 ms the renewal cannot come in time.
+pub const MIN_LEASE: Duration = Duration::from_millis(10);
+/// Longest lease or wait accepted; anything longer is taken for a unit mistake.
+pub const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// Default of [`LockManagerBuilder::fence_retention`](crate::LockManagerBuilder::fence_retention).
+pub const DEFAULT_FENCE_RETENTION: Duration = Duration::from_secs(10 * 60);
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A process-wide unique id (managers, leases, waiter registrations).
+pub(crate) fn next_id() -> u64 {
+    NEXT_ID.fetch_add(1, Ordering::Relaxed)
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    pub(crate) key_prefix: String,
+    pub(crate) default_lease: Duration,
+    pub(crate) default_wait: Duration,
+    pub(crate) command_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
+    /// How long a fencing counter outlives the lease of the acquisition that last
+    /// wrote it.
+    pub(crate) fence_retention: Duration,
+    /// Refuse to build when `maxmemory-policy` may evict lock keys (else: warn).
+    pub(crate) reject_evicting_policy: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            key_prefix: "distlock:".to_owned(),
+            default_lease: Duration::from_secs(30),
+            default_wait: Duration::from_secs(10),
+            command_timeout: Duration::from_secs(2),
+            connect_timeout: Duration::from_secs(2),
+            fence_retention: DEFAULT_FENCE_RETENTION,
+            reject_evicting_policy: false,
+        }
+    }
+}
+
+impl Config {
+    /// Checks every setting; the first bad one is the error.
+    pub(crate) fn validate(&self) -> Result<(), LockError> {
+        crate::keys::validate_prefix(&self.key_prefix)?;
+        validate_lease(self.default_lease, "default lease")?;
+        validate_wait(self.default_wait, "default wait")?;
+        validate_wait(self.fence_retention, "fence retention")?;
+        for (what, d) in [
+            ("command timeout", self.command_timeout),
+            ("connect timeout", self.connect_timeout),
+        ] {
+            if d.is_zero() || d > MAX_DURATION {
+                return Err(LockError::InvalidConfig(format!(
+                    "{what} is {d:?}; it must be above zero and at most 30 days"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Certificates for `rediss://` beyond the system's trust store.
+#[derive(Clone, Default)]
+pub(crate) struct TlsSettings {
+    pub(crate) ca_pem: Option<Vec<u8>>,
+    pub(crate) client_identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for TlsSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsSettings")
+            .field("ca_pem", &self.ca_pem.as_ref().map(|_| "<set>"))
+            .field(
+                "client_identity",
+                &self.client_identity.as_ref().map(|_| "<redacted>"),
+            )
+            .finish()
+    }
+}
+
+pub(crate) fn validate_lease(lease: Duration, what: &str) -> Result<(), LockError> {
+    if lease < MIN_LEASE || lease > MAX_DURATION {
+        return Err(LockError::InvalidConfig(format!(
+            "{what} is {lease:?}; it must be between 10 ms and 30 days"
+        )));
+    }
+    Ok(())
+}
+
+pub(crate) fn validate_wait(wait: Duration, what: &str) -> Result<(), LockError> {
+    if wait > MAX_DURATION {
+        return Err(LockError::InvalidConfig(format!(
+            "{what} is {wait:?}; it must be at most 30 days"
+        )));
+    }
+    Ok(())
+}
+
+/// The URL without its password, for messages.
+pub(crate) fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            format!("{}://***@{}", &url[..scheme_end], &url[at + 1..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// A fresh owner token: 128 random bits in 32 hex digits, from the thread's
+/// ChaCha12 generator (seeded from the OS, reseeded every 64 KiB of output),
+/// so that no other client can guess or collide with it, without a `getrandom`
+/// system call per acquisition.
+pub(crate) fn owner_token() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_lose_their_password_in_messages() {
+        assert_eq!(
+            redact("redis://:secret@host:6379/0"),
+            "redis://***@host:6379/0"
+        );
+        assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+    }
+
+    #[test]
+    fn durations_are_range_checked() {
+        assert!(validate_lease(Duration::ZERO, "lease").is_err());
+        assert!(validate_lease(Duration::from_millis(2), "lease").is_err());
+        assert!(validate_lease(MIN_LEASE, "lease").is_ok());
+        assert!(validate_lease(MAX_DURATION + Duration::from_secs(1), "lease").is_err());
+        assert!(validate_wait(Duration::ZERO, "wait").is_ok());
+        assert!(validate_wait(Duration::from_secs(u64::MAX), "wait").is_err());
+    }
+}

@@ -1,0 +1,141 @@
+//! What a manager's clones, its guards and its background tasks share: the
+//! settings, the backend, the lease map and the waiting queues.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::backend::Backend;
+use crate::config::Config;
+use crate::error::LockError;
+use crate::keys::LockKeys;
+use crate::renewal::Renewals;
+use crate::waiting::Subscriber;
+
+/// Everything but the task handles, so that the background tasks and background
+/// releases do not keep the manager alive.
+pub(crate) struct Core {
+    pub(crate) id: u64,
+    pub(crate) config: Config,
+    pub(crate) backend: Backend,
+    pub(crate) renewals: Renewals,
+    pub(crate) subscriber: Subscriber,
+    pub(crate) runtime: tokio::runtime::Handle,
+    /// Origin of the lease clocks (`Instant`s stored as nanoseconds after it).
+    pub(crate) epoch: Instant,
+    /// Set by [`ManagerInner::shutdown`].
+    shut_down: AtomicBool,
+}
+
+impl Core {
+    pub(crate) fn new(config: Config, backend: Backend, runtime: tokio::runtime::Handle) -> Self {
+        Core {
+            id: crate::config::next_id(),
+            subscriber: Subscriber::new(config.connect_timeout, config.command_timeout),
+            config,
+            backend,
+            renewals: Renewals::default(),
+            runtime,
+            epoch: Instant::now(),
+            shut_down: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn is_shut_down(&self) -> bool {
+        self.shut_down.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn keys(&self, key: &str) -> LockKeys {
+        LockKeys::new(&self.config.key_prefix, key)
+    }
+}
+
+/// Owned by the manager's clones, its requests and its guards; stops the
+/// background tasks when the last of them goes.
+pub(crate) struct ManagerInner {
+    pub(crate) core: Arc<Core>,
+    tasks: Vec<tokio::task::AbortHandle>,
+}
+
+impl std::fmt::Debug for ManagerInner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockManager")
+            .field("id", &self.core.id)
+            .field("config", &self.core.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for ManagerInner {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+impl ManagerInner {
+    /// Starts the renewal and subscriber tasks of `core` on its runtime.
+    pub(crate) fn start(core: Core) -> ManagerInner {
+        let core = Arc::new(core);
+        let renewal = {
+            let core = core.clone();
+            async move { crate::renewal::run(&core.renewals, &core.backend, core.epoch).await }
+        };
+        let subscriber = {
+            let core = core.clone();
+            async move { crate::waiting::run_subscriber(&core.subscriber, &core.backend).await }
+        };
+        let tasks = vec![
+            core.runtime.spawn(renewal).abort_handle(),
+            core.runtime.spawn(subscriber).abort_handle(),
+        ];
+        ManagerInner { core, tasks }
+    }
+
+    /// Whether the background tasks still run.
+    pub(crate) fn is_running(&self) -> bool {
+        !self.core.is_shut_down() && self.tasks.iter().all(|t| !t.is_finished())
+    }
+
+    /// See [`LockManager::shutdown`](crate::LockManager::shutdown).
+    pub(crate) async fn shutdown(&self) -> Result<(), LockError> {
+        let core = &self.core;
+        if core.shut_down.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let leases = core.renewals.close();
+        for lease in &leases {
+            lease.end_by_shutdown();
+        }
+        core.subscriber.wake_everyone();
+        for task in &self.tasks {
+            task.abort();
+        }
+        let mut outcome = Ok(());
+        for batch in leases.chunks(512) {
+            let locks: Vec<_> = batch
+                .iter()
+                .map(|lease| (&lease.keys, lease.owner.as_str()))
+                .collect();
+            match core.backend.release_many(&locks).await {
+                Ok(released) => tracing::debug!(
+                    target: "distlock::release",
+                    locks = locks.len(),
+                    released = released.iter().filter(|r| **r).count(),
+                    "released at shutdown"
+                ),
+                Err(e) => {
+                    tracing::warn!(
+                        target: "distlock::release",
+                        locks = locks.len(),
+                        error = %e.error,
+                        "could not release at shutdown; the leases will free the locks"
+                    );
+                    outcome = Err(e.error);
+                }
+            }
+        }
+        outcome
+    }
+}
