@@ -963,3 +963,217 @@ impl ClusterMigration<'_> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::test_support::{process_exists, TestResult};
+
+    /// A key whose slot master `master` owns, found by trying `prefix:0`, `prefix:1`, ...
+    fn key_of(cluster: &RedisCluster, master: usize, prefix: &str) -> Result<String, TestingError> {
+        for n in 0..10_000 {
+            let key = format!("{prefix}:{n}");
+            if cluster.master_of_key(&key)? == master {
+                return Ok(key);
+            }
+        }
+        Err(TestingError::Cluster(format!("no key for node {master}")))
+    }
+
+    #[test]
+    fn key_slot_follows_the_cluster_spec() {
+        // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
+        assert_eq!(crc16_xmodem(b"123456789"), 0x31C3);
+        assert_eq!(key_slot(b"foo"), 12182);
+        assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"user1000"));
+        assert_eq!(key_slot(b"foo{}{bar}"), key_slot(b"foo{}{bar}".as_slice()));
+        assert_eq!(key_slot(b"foo{{bar}}zap"), key_slot(b"{bar"));
+        assert_eq!(slot_share(0, 3), (0, 5460));
+        assert_eq!(slot_share(1, 3), (5461, 10921));
+        assert_eq!(slot_share(2, 3), (10922, 16383));
+        assert_eq!(slot_share(0, 1), (0, 16383));
+    }
+
+    #[tokio::test]
+    async fn three_masters_cover_all_slots_and_serve_keys() -> TestResult {
+        let started = Instant::now();
+        let cluster = RedisCluster::spawn()?;
+        println!("3-master cluster ready in {:?}", started.elapsed());
+        let nodes = cluster.nodes();
+        assert_eq!(nodes.len(), 3);
+        assert_eq!(cluster.urls().len(), 3);
+        for node in &nodes {
+            assert_eq!(node.role, ClusterNodeRole::Master);
+            assert!(node.is_running);
+            assert_ne!(node.port, 6379);
+            assert_ne!(node.bus_port, node.port + 10_000);
+            assert_eq!(node.url, format!("redis://127.0.0.1:{}", node.port));
+            assert_eq!(node.id.len(), 40);
+            let mut conn = cluster.blocking_client(node.index)?;
+            let mut view = slot_ranges(&mut conn)?;
+            view.sort_by_key(|r| r.start);
+            assert!(covers_all_slots(&view), "{view:?}");
+            for key in ["foo", "{user1000}.following", "lock:42", ""] {
+                let slot: u16 = redis::cmd("CLUSTER")
+                    .arg("KEYSLOT")
+                    .arg(key)
+                    .query(&mut conn)?;
+                assert_eq!(slot, key_slot(key.as_bytes()), "{key:?}");
+            }
+        }
+        assert_eq!(cluster.master_of_slot(0)?, 0);
+        assert_eq!(cluster.master_of_slot(5461)?, 1);
+        assert_eq!(cluster.master_of_slot(16383)?, 2);
+        assert!(cluster.master_of_slot(16384).is_err());
+        assert!(matches!(
+            cluster.blocking_client(3),
+            Err(TestingError::NoSuchNode { node: 3, nodes: 3 })
+        ));
+        let mut conn = cluster.cluster_connection().await?;
+        for master in 0..3 {
+            let key = key_of(&cluster, master, "k")?;
+            let () = redis::cmd("SET")
+                .arg(&key)
+                .arg(master)
+                .query_async(&mut conn)
+                .await?;
+            let value: usize = redis::cmd("GET").arg(&key).query_async(&mut conn).await?;
+            assert_eq!(value, master);
+            // The key is on that master itself.
+            let mut direct = cluster.blocking_client(master)?;
+            let value: usize = redis::cmd("GET").arg(&key).query(&mut direct)?;
+            assert_eq!(value, master);
+        }
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn migrate_slot_moves_keys_with_their_ttl() -> TestResult {
+        let cluster = RedisCluster::spawn()?;
+        let key = key_of(&cluster, 0, "ttl")?;
+        let slot = key_slot(key.as_bytes());
+        let mut conn = cluster.cluster_connection().await?;
+        let () = redis::cmd("SET")
+            .arg(&key)
+            .arg("v")
+            .arg("PX")
+            .arg(60_000)
+            .query_async(&mut conn)
+            .await?;
+        let started = Instant::now();
+        cluster.migrate_slot(slot, 2)?;
+        println!("migrate_slot of 1 key took {:?}", started.elapsed());
+        assert_eq!(cluster.master_of_slot(slot)?, 2);
+        assert_eq!(cluster.master_of_key(&key)?, 2);
+        let mut dst = cluster.blocking_client(2)?;
+        let ttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut dst)?;
+        assert!(ttl > 50_000 && ttl <= 60_000, "TTL not kept: {ttl}");
+        let value: String = redis::cmd("GET").arg(&key).query(&mut dst)?;
+        assert_eq!(value, "v");
+        let mut src = cluster.blocking_client(0)?;
+        let moved = redis::cmd("GET")
+            .arg(&key)
+            .query::<Option<String>>(&mut src)
+            .expect_err("the old owner redirects");
+        assert!(moved.to_string().to_uppercase().contains("MOVED"), "{moved}");
+        // The cluster client follows MOVED.
+        let value: String = redis::cmd("GET").arg(&key).query_async(&mut conn).await?;
+        assert_eq!(value, "v");
+        // Moving to the owner is a no-op.
+        cluster.migrate_slot(slot, 2)?;
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_migration_can_stop_halfway() -> TestResult {
+        let cluster = RedisCluster::spawn()?;
+        let first = key_of(&cluster, 1, "half")?;
+        let second = format!("{{{first}}}:second");
+        let slot = key_slot(first.as_bytes());
+        let mut src = cluster.blocking_client(1)?;
+        for key in [&first, &second] {
+            let () = redis::cmd("SET").arg(key).arg("v").query(&mut src)?;
+        }
+        let mut migration = cluster.begin_migration(slot, 0)?;
+        assert_eq!(
+            (migration.slot(), migration.from(), migration.to()),
+            (slot, 1, 0)
+        );
+        assert!(migration.migrate_keys(&["not-in-the-slot-xyz"]).is_err());
+        migration.migrate_keys(&[first.as_str()])?;
+        // The moved key is asked for at the new owner, the other is still served.
+        let ask = redis::cmd("GET")
+            .arg(&first)
+            .query::<Option<String>>(&mut src)
+            .expect_err("a moved key is redirected");
+        assert!(ask.to_string().to_uppercase().contains("ASK"), "{ask}");
+        let value: String = redis::cmd("GET").arg(&second).query(&mut src)?;
+        assert_eq!(value, "v");
+        assert_eq!(cluster.master_of_slot(slot)?, 1);
+        migration.finish()?;
+        assert_eq!(cluster.master_of_slot(slot)?, 0);
+        let mut dst = cluster.blocking_client(0)?;
+        for key in [&first, &second] {
+            let value: String = redis::cmd("GET").arg(key).query(&mut dst)?;
+            assert_eq!(value, "v");
+        }
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_replica_takes_over_a_killed_master() -> TestResult {
+        let started = Instant::now();
+        let mut cluster = RedisCluster::builder().replicas_per_master(1).spawn()?;
+        println!("3+3 cluster ready in {:?}", started.elapsed());
+        let nodes = cluster.nodes();
+        assert_eq!(nodes.len(), 6);
+        assert_eq!(nodes[3].role, ClusterNodeRole::Replica { of: 0 });
+        assert_eq!(nodes[5].role, ClusterNodeRole::Replica { of: 2 });
+        let key = key_of(&cluster, 0, "failover")?;
+        let mut master = cluster.blocking_client(0)?;
+        let () = redis::cmd("SET").arg(&key).arg("kept").query(&mut master)?;
+        let acked: i64 = redis::cmd("WAIT").arg(1).arg(1000).query(&mut master)?;
+        assert_eq!(acked, 1);
+        let pid = nodes[0].pid.ok_or("no pid")?;
+        cluster.kill(0)?;
+        assert!(!process_exists(pid));
+        assert!(!cluster.nodes()[0].is_running);
+        assert_eq!(cluster.urls().len(), 5);
+        let killed = Instant::now();
+        cluster.wait_for_failover(Duration::from_secs(15))?;
+        println!("failover done {:?} after the kill", killed.elapsed());
+        assert_eq!(cluster.master_of_key(&key)?, 3);
+        assert_eq!(cluster.master_of_slot(0)?, 3);
+        let mut conn = cluster.cluster_connection().await?;
+        let value: String = redis::cmd("GET").arg(&key).query_async(&mut conn).await?;
+        assert_eq!(value, "kept");
+        Ok(())
+    }
+
+    #[test]
+    fn drop_kills_every_node() -> TestResult {
+        let cluster = RedisCluster::builder()
+            .masters(2)
+            .replicas_per_master(1)
+            .spawn()?;
+        let pids: Vec<u32> = cluster.nodes().iter().filter_map(|node| node.pid).collect();
+        assert_eq!(pids.len(), 4);
+        cluster.pause(3)?;
+        assert!(cluster.nodes()[3].is_paused);
+        drop(cluster);
+        for pid in pids {
+            assert!(!process_exists(pid), "pid {pid} survived the drop");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn process_wide_is_shared() -> TestResult {
+        let first = RedisCluster::process_wide()?;
+        let second = RedisCluster::process_wide()?;
+        assert!(std::ptr::eq(first, second));
+        assert_eq!(first.nodes().len(), 3);
+        first.wait_until_ok(Duration::from_secs(5))?;
+        Ok(())
+    }
+}
