@@ -1172,6 +1172,31 @@ mod tests {
     }
 
     #[test]
+    fn wait_until_ok_names_the_node_that_is_not_ready() -> TestResult {
+        let mut cluster = RedisCluster::spawn()?;
+        let killed_port = cluster.nodes()[2].port;
+        cluster.kill(2)?;
+        // No replica can take over, so the cluster never becomes whole again.
+        match cluster.wait_until_ok(Duration::from_millis(500)) {
+            Err(err @ TestingError::ClusterTimeout { .. }) => {
+                let message = err.to_string();
+                assert!(message.starts_with("cluster node 0 (port "), "{message}");
+                assert!(message.contains(&killed_port.to_string()), "{message}");
+                let TestingError::ClusterTimeout { log_path, .. } = err else {
+                    unreachable!()
+                };
+                assert!(log_path.is_file(), "{}", log_path.display());
+            }
+            other => panic!("expected ClusterTimeout, got {other:?}"),
+        }
+        assert!(matches!(
+            cluster.kill(3),
+            Err(TestingError::NoSuchNode { node: 3, nodes: 3 })
+        ));
+        Ok(())
+    }
+
+    #[test]
     fn drop_kills_every_node() -> TestResult {
         let cluster = RedisCluster::builder()
             .masters(2)
