@@ -7,7 +7,8 @@
 //! may already run on port 6379). [`RedisServer::builder`] starts servers that speak TLS only
 //! (with a certificate authority made for that server) or require a password. [`FaultProxy`]
 //! sits between a client and a server and delays, black-holes or resets traffic, or drops
-//! single replies, to simulate network faults.
+//! single replies, to simulate network faults. [`RedisCluster`] starts a private Redis Cluster
+//! (3 masters by default, optionally with replicas) and kills, pauses or reshards it.
 //!
 //! This module is only compiled with the `testing` feature and only works on Unix, because it
 //! pauses and kills servers with signals.
