@@ -7,7 +7,8 @@
 //! may already run on port 6379). [`RedisServer::builder`] starts servers that speak TLS only
 //! (with a certificate authority made for that server) or require a password. [`FaultProxy`]
 //! sits between a client and a server and delays, black-holes or resets traffic, or drops
-//! single replies, to simulate network faults.
+//! single replies, to simulate network faults. [`RedisCluster`] starts a private Redis Cluster
+//! (3 masters by default, optionally with replicas) and kills, pauses or reshards it.
 //!
 //! This module is only compiled with the `testing` feature and only works on Unix, because it
 //! pauses and kills servers with signals.
@@ -70,15 +71,21 @@
 use std::io;
 use std::path::PathBuf;
 use std::process::ExitStatus;
+use std::time::Duration;
 
+mod cluster;
 mod proxy;
 mod server;
 mod tls;
 
+pub use cluster::{
+    key_slot, ClusterMigration, ClusterNode, ClusterNodeRole, RedisCluster, RedisClusterBuilder,
+    CLUSTER_SLOTS,
+};
 pub use proxy::{FaultMode, FaultProxy};
 pub use server::{RedisServer, RedisServerBuilder};
 
-/// Errors of [`RedisServer`].
+/// Errors of [`RedisServer`] and [`RedisCluster`].
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum TestingError {
@@ -139,6 +146,39 @@ pub enum TestingError {
     /// The TLS certificates for a server could not be made.
     #[error("could not make TLS certificates for redis-server: {0}")]
     Certificate(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// A node of a [`RedisCluster`] did not reach the state it was waited for in time.
+    #[error(
+        "cluster node {node} (port {port}) {what} (waited {} ms); log {}, last lines:\n{}",
+        .waited.as_millis(),
+        .log_path.display(),
+        or_empty(.log_tail)
+    )]
+    ClusterTimeout {
+        /// The index of the node, as in [`RedisCluster::nodes`].
+        node: usize,
+        /// The node's port.
+        port: u16,
+        /// What the node did not do, such as "did not report cluster_state:ok".
+        what: String,
+        /// How long it was waited for.
+        waited: Duration,
+        /// The node's log file.
+        log_path: PathBuf,
+        /// The last lines of the node's log and standard error.
+        log_tail: String,
+    },
+    /// A [`RedisCluster`] method was given a node index the cluster does not have.
+    #[error("the cluster has no node {node} (it has {nodes})")]
+    NoSuchNode {
+        /// The index asked for.
+        node: usize,
+        /// How many nodes the cluster has.
+        nodes: usize,
+    },
+    /// A [`RedisCluster`] answered something unexpected, or an operation cannot be done in its
+    /// current state (for example no node is left to ask).
+    #[error("redis cluster: {0}")]
+    Cluster(String),
 }
 
 const NOT_FOUND_HELP: &str = "redis-server was not found on PATH; install it (Debian/Ubuntu: \

@@ -132,6 +132,13 @@ impl RedisServerBuilder {
         self
     }
 
+    /// Starts the server with a parent-death signal (Linux), for servers started from a thread
+    /// that lives as long as the process: see [`RedisServer::process_wide`].
+    pub(super) fn dies_with_process(mut self, dies_with_process: bool) -> RedisServerBuilder {
+        self.dies_with_process = dies_with_process;
+        self
+    }
+
     /// Starts `redis-server` on a free loopback port and waits until it answers `PING`.
     ///
     /// The binary is `REDIS_SERVER_BIN` if that is set, otherwise `redis-server` from `PATH`.
@@ -654,7 +661,7 @@ impl RedisServer {
         }
     }
 
-    fn log_tail(&self) -> String {
+    pub(super) fn log_tail(&self) -> String {
         let mut tail = file_tail(&self.log_path());
         let stderr = file_tail(&self.stderr_path());
         if !stderr.trim().is_empty() {
@@ -774,7 +781,7 @@ fn is_executable_file(path: &Path) -> bool {
 
 /// Picks a port nothing listens on right now. The server binds it a little later, so the
 /// caller must still cope with losing a race for it.
-fn pick_port() -> io::Result<u16> {
+pub(super) fn pick_port() -> io::Result<u16> {
     // fastrand's generator is seeded randomly per thread, so parallel test processes do not
     // march through the same ports.
     for _ in 0..64 {
