@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use distlock::testing::RedisServer;
+use distlock::testing::{ClusterNodeRole, RedisCluster, RedisServer};
 use distlock::LockManager;
 use lock_torture::checker::{check_sections, check_store, Faults, Report, StoreReport};
 use lock_torture::clock::{diff_ms, mono_ns, ms, ns};
@@ -29,24 +29,86 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 /// The servers and scratch directory of one scenario. The lock server is the one
 /// faults are injected into; the fenced store lives on a server of its own.
 struct Setup {
-    lock: RedisServer,
+    target: LockTarget,
     store: RedisServer,
     dir: RunDir,
 }
 
+/// Where a scenario's locks live.
+enum LockTarget {
+    /// One redis-server (every scenario).
+    Server(RedisServer),
+    /// A private 3-master Redis Cluster (the scenarios parameterised over [`On`]).
+    Cluster(RedisCluster),
+}
+
+/// Which lock target a parameterised scenario runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum On {
+    Server,
+    Cluster,
+}
+
 fn setup(name: &str) -> Setup {
+    setup_on(name, On::Server)
+}
+
+fn setup_on(name: &str, on: On) -> Setup {
     Setup {
-        lock: RedisServer::spawn().expect("redis-server must be installed"),
+        target: match on {
+            On::Server => {
+                LockTarget::Server(RedisServer::spawn().expect("redis-server must be installed"))
+            }
+            On::Cluster => LockTarget::Cluster(
+                RedisCluster::spawn().expect("redis-server must be installed (cluster)"),
+            ),
+        },
         store: RedisServer::spawn().expect("redis-server must be installed"),
         dir: RunDir::new(name),
     }
 }
 
 impl Setup {
+    /// The single lock server; the scenarios that inject faults into it run on
+    /// one server only.
+    fn lock(&self) -> &RedisServer {
+        match &self.target {
+            LockTarget::Server(s) => s,
+            LockTarget::Cluster(_) => panic!("this scenario runs on a single lock server"),
+        }
+    }
+
+    fn lock_mut(&mut self) -> &mut RedisServer {
+        match &mut self.target {
+            LockTarget::Server(s) => s,
+            LockTarget::Cluster(_) => panic!("this scenario runs on a single lock server"),
+        }
+    }
+
     /// A worker connected to `url` (the lock server or a proxy in front of it).
     fn worker(&self, id: u32, url: &str, mode: &str, args: &[(&str, String)]) -> Worker {
+        self.worker_with(id, ("url", url.to_owned()), mode, args)
+    }
+
+    /// A worker connected to the lock target itself: `--url` of the server, or
+    /// `--cluster-urls` of every cluster node.
+    fn target_worker(&self, id: u32, mode: &str, args: &[(&str, String)]) -> Worker {
+        let target = match &self.target {
+            LockTarget::Server(s) => ("url", s.url()),
+            LockTarget::Cluster(c) => ("cluster-urls", c.urls().join(",")),
+        };
+        self.worker_with(id, target, mode, args)
+    }
+
+    fn worker_with(
+        &self,
+        id: u32,
+        target: (&str, String),
+        mode: &str,
+        args: &[(&str, String)],
+    ) -> Worker {
         let mut all: Vec<(&str, String)> = vec![
-            ("url", url.to_owned()),
+            target,
             ("store-url", self.store.url()),
             ("prefix", PREFIX.to_owned()),
             ("mode", mode.to_owned()),
@@ -62,19 +124,96 @@ impl Setup {
     }
 
     async fn lock_conn(&self) -> MultiplexedConnection {
-        self.lock
+        self.lock()
             .client()
             .await
             .expect("connect to the lock server")
     }
 
-    /// A manager on the lock server, for `redis_names` and direct probing.
+    /// One connection to every node of the lock target (not cluster-aware: for
+    /// `KEYS`, which a cluster node answers for its own slots only).
+    async fn lock_node_conns(&self) -> Vec<MultiplexedConnection> {
+        match &self.target {
+            LockTarget::Server(_) => vec![self.lock_conn().await],
+            LockTarget::Cluster(c) => {
+                let mut conns = Vec::new();
+                for node in c.nodes().into_iter().filter(|n| n.is_running) {
+                    let client = redis::Client::open(node.url.as_str()).expect("node url");
+                    conns.push(
+                        client
+                            .get_multiplexed_async_connection()
+                            .await
+                            .expect("connect to a cluster node"),
+                    );
+                }
+                conns
+            }
+        }
+    }
+
+    /// `PTTL` of a key of the lock target, wherever its slot lives.
+    async fn pttl(&self, key: &str) -> i64 {
+        let mut cmd = redis::cmd("PTTL");
+        cmd.arg(key);
+        match &self.target {
+            LockTarget::Server(_) => cmd.query_async(&mut self.lock_conn().await).await,
+            LockTarget::Cluster(c) => {
+                let mut conn = c.cluster_connection().await.expect("cluster connection");
+                cmd.query_async(&mut conn).await
+            }
+        }
+        .expect("PTTL")
+    }
+
+    /// A manager on the lock target, for `redis_names` and direct probing.
     async fn manager(&self) -> LockManager {
-        LockManager::builder(&self.lock.url())
+        let builder = match &self.target {
+            LockTarget::Server(s) => LockManager::builder(&s.url()),
+            LockTarget::Cluster(c) => LockManager::cluster_builder(c.urls()),
+        };
+        builder
             .key_prefix(PREFIX)
             .build()
             .await
-            .expect("connect to the lock server")
+            .expect("connect to the lock target")
+    }
+
+    /// `n` user keys `k0`, `k1`, ... for the scenario; on a cluster, chosen (in
+    /// that order, `k0` always first) so that every master owns at least one
+    /// lock, checked against the cluster's slot map.
+    async fn keys(&self, n: usize) -> Vec<String> {
+        let LockTarget::Cluster(c) = &self.target else {
+            return keys(n);
+        };
+        let manager = self.manager().await;
+        let masters = c
+            .nodes()
+            .iter()
+            .filter(|n| matches!(n.role, ClusterNodeRole::Master))
+            .count();
+        assert!(n >= masters, "{n} keys cannot cover {masters} masters");
+        let mut chosen: Vec<(String, usize)> = Vec::new();
+        for i in 0.. {
+            let key = format!("k{i}");
+            let owner = c
+                .master_of_key(&manager.redis_names(&key).lock)
+                .expect("master_of_key");
+            let covered: BTreeSet<usize> = chosen.iter().map(|(_, o)| *o).collect();
+            let missing = masters - covered.len();
+            let left = n - chosen.len();
+            // Take a key of a master not covered yet, or any key once the rest
+            // of the places can still cover the missing masters.
+            if !covered.contains(&owner) || left > missing || i == 0 {
+                chosen.push((key, owner));
+            }
+            if chosen.len() == n {
+                break;
+            }
+        }
+        let owners: BTreeSet<usize> = chosen.iter().map(|(_, o)| *o).collect();
+        assert_eq!(owners.len(), masters, "every master owns a lock: {chosen:?}");
+        println!("cluster keys (key, master): {chosen:?}");
+        chosen.into_iter().map(|(k, _)| k).collect()
     }
 }
 
@@ -125,31 +264,22 @@ async fn store_report(setup: &Setup, h: &History, keys: &[String]) -> StoreRepor
     total
 }
 
-/// Lock keys left in the lock server: every key under the prefix must be a
-/// fencing counter of one of `keys`, and no lock of `keys` may exist.
+/// Lock keys left in the lock target: every key under the prefix, on every node,
+/// must be a fencing counter of one of `keys` (so no lock of `keys` exists).
 async fn leaked_locks(setup: &Setup, keys: &[String]) -> Vec<String> {
     let manager = setup.manager().await;
-    let mut conn = setup.lock_conn().await;
     let counters: BTreeSet<String> = keys
         .iter()
         .map(|k| manager.redis_names(k).fencing_counter)
         .collect();
-    let all: Vec<String> = redis::cmd("KEYS")
-        .arg("*")
-        .query_async(&mut conn)
-        .await
-        .expect("KEYS");
-    let mut leaked: Vec<String> = all.into_iter().filter(|k| !counters.contains(k)).collect();
-    for k in keys {
-        let lock = manager.redis_names(k).lock;
-        let exists: i64 = redis::cmd("EXISTS")
-            .arg(&lock)
+    let mut leaked = Vec::new();
+    for mut conn in setup.lock_node_conns().await {
+        let all: Vec<String> = redis::cmd("KEYS")
+            .arg("*")
             .query_async(&mut conn)
             .await
-            .expect("EXISTS");
-        if exists == 1 && !leaked.contains(&lock) {
-            leaked.push(lock);
-        }
+            .expect("KEYS");
+        leaked.extend(all.into_iter().filter(|k| !counters.contains(k)));
     }
     leaked
 }
@@ -186,19 +316,32 @@ fn figures(name: &str, r: &Report, s: &StoreReport, faults: &str, leaked: usize,
 /// and panics mid-body, no other fault: exact counter, no overlap, no leak.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s1_baseline_torture() {
+    baseline(On::Server).await;
+}
+
+/// Scenario 1 on a 3-master Redis Cluster, each master owning a key's lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s1c_baseline_torture_on_a_cluster() {
+    baseline(On::Cluster).await;
+}
+
+async fn baseline(on: On) {
     let _serial = SERIAL.lock().await;
     let started = Instant::now();
-    let setup = setup("s1");
+    let (dir, name) = match on {
+        On::Server => ("s1", "s1_baseline"),
+        On::Cluster => ("s1c", "s1_baseline_cluster"),
+    };
+    let setup = setup_on(dir, on);
     let total = 5_000 * soak_factor();
     let (processes, tasks) = (4u32, 32u32);
-    let keys = keys(3);
+    let keys = setup.keys(3).await;
     let mut workers: Vec<Worker> = (0..processes)
         .map(|id| {
             let share = total / u64::from(processes)
                 + u64::from(id < (total % u64::from(processes)) as u32);
-            setup.worker(
+            setup.target_worker(
                 id,
-                &setup.lock.url(),
                 "run",
                 &args(&[
                     ("keys", &keys.join(",")),
@@ -224,7 +367,7 @@ async fn s1_baseline_torture() {
     let stored = store_report(&setup, &h, &keys).await;
     let leaked = leaked_locks(&setup, &keys).await;
     figures(
-        "s1_baseline",
+        name,
         &report,
         &stored,
         &format!(
@@ -348,7 +491,7 @@ async fn s0_the_checker_catches_an_unsafe_client() {
         .map(|id| {
             setup.worker(
                 id,
-                &setup.lock.url(),
+                &setup.lock().url(),
                 "run",
                 &args(&[
                     ("keys", &keys.join(",")),
@@ -395,8 +538,8 @@ async fn s2_a_paused_holder_is_fenced_off() {
     let lease_ms = lease.as_millis();
     let rounds = 3 * soak_factor() as usize;
     let t = Duration::from_secs(10);
-    let mut w1 = setup.worker(1, &setup.lock.url(), "script", &[]);
-    let mut w2 = setup.worker(2, &setup.lock.url(), "script", &[]);
+    let mut w1 = setup.worker(1, &setup.lock().url(), "script", &[]);
+    let mut w2 = setup.worker(2, &setup.lock().url(), "script", &[]);
     ready(&mut [&mut w1, &mut w2]).await;
     let mut worst_wake = 0u64;
     let mut worst_handoff = 0u64;
@@ -532,7 +675,7 @@ async fn s3_redis_restarts_empty_mid_run() {
         .map(|id| {
             setup.worker(
                 id,
-                &setup.lock.url(),
+                &setup.lock().url(),
                 "run",
                 &args(&[
                     ("keys", &keys.join(",")),
@@ -556,9 +699,9 @@ async fn s3_redis_restarts_empty_mid_run() {
     }
     let mut amnesia = Vec::new();
     for _ in 0..restarts {
-        setup.lock.stop().expect("stop redis");
+        setup.lock_mut().stop().expect("stop redis");
         let down = mono_ns();
-        setup.lock.start().expect("start redis");
+        setup.lock_mut().start().expect("start redis");
         let up = mono_ns();
         amnesia.push((down, up));
         for w in &mut workers {
@@ -704,7 +847,7 @@ async fn partition(cut: Cut) {
         Cut::Retransmit => "s4b_partition_retransmit",
     };
     let setup = setup(name);
-    let proxy = distlock::testing::FaultProxy::start(setup.lock.addr())
+    let proxy = distlock::testing::FaultProxy::start(setup.lock().addr())
         .await
         .expect("start the proxy");
     let lease = Duration::from_millis(600);
@@ -716,7 +859,7 @@ async fn partition(cut: Cut) {
         ("connect-timeout-ms", &300),
     ]);
     let mut w1 = setup.worker(1, &proxy.url(), "script", &timeouts);
-    let mut w2 = setup.worker(2, &setup.lock.url(), "script", &timeouts);
+    let mut w2 = setup.worker(2, &setup.lock().url(), "script", &timeouts);
     ready(&mut [&mut w1, &mut w2]).await;
     let rounds = soak_factor() as usize;
     let mut worst_late = i64::MIN;
@@ -851,7 +994,7 @@ async fn s5_a_stalled_redis_costs_leases_not_safety() {
         .map(|id| {
             setup.worker(
                 id,
-                &setup.lock.url(),
+                &setup.lock().url(),
                 "run",
                 &args(&[
                     ("keys", &keys.join(",")),
@@ -879,9 +1022,9 @@ async fn s5_a_stalled_redis_costs_leases_not_safety() {
     let mut pauses = Vec::new();
     for _ in 0..stalls {
         let t_pause = mono_ns();
-        setup.lock.pause().expect("SIGSTOP redis");
+        setup.lock().pause().expect("SIGSTOP redis");
         tokio::time::sleep(stall).await;
-        setup.lock.resume().expect("SIGCONT redis");
+        setup.lock().resume().expect("SIGCONT redis");
         pauses.push((t_pause, mono_ns()));
         for w in &mut workers {
             progress(w, 2, limit).await;
@@ -956,7 +1099,7 @@ struct LostReplyRig {
 }
 
 async fn lost_reply_rig(setup: &Setup, cmd_timeout: Duration, lease_ms: u128) -> LostReplyRig {
-    let proxy = distlock::testing::FaultProxy::start(setup.lock.addr())
+    let proxy = distlock::testing::FaultProxy::start(setup.lock().addr())
         .await
         .expect("start the proxy");
     let mut w1 = setup.worker(
@@ -1139,7 +1282,7 @@ async fn s6b_lost_replies_under_load_keep_mutual_exclusion() {
     let _serial = SERIAL.lock().await;
     let started = Instant::now();
     let setup = setup("s6b");
-    let proxy = distlock::testing::FaultProxy::start(setup.lock.addr())
+    let proxy = distlock::testing::FaultProxy::start(setup.lock().addr())
         .await
         .expect("start the proxy");
     let cmd_timeout = Duration::from_millis(300);
@@ -1160,7 +1303,7 @@ async fn s6b_lost_replies_under_load_keep_mutual_exclusion() {
         ])
     };
     let mut w1 = setup.worker(1, &proxy.url(), "run", &run_args(1));
-    let mut w2 = setup.worker(2, &setup.lock.url(), "run", &run_args(2));
+    let mut w2 = setup.worker(2, &setup.lock().url(), "run", &run_args(2));
     ready(&mut [&mut w1, &mut w2]).await;
     let limit = Duration::from_secs(30);
     progress(&mut w1, 1, limit).await;
@@ -1308,13 +1451,29 @@ async fn s6c_a_reply_lost_with_its_connection_does_not_leave_the_lock_held() {
 /// lock is free within the lease and the others carry on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s7_a_killed_holder_frees_its_lock_within_the_lease() {
+    killed_holder(On::Server).await;
+}
+
+/// Scenario 7 on a 3-master Redis Cluster, each master owning a key's lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s7c_a_killed_holder_frees_its_lock_within_the_lease_on_a_cluster() {
+    killed_holder(On::Cluster).await;
+}
+
+async fn killed_holder(on: On) {
     use lock_torture::history::{Release, Section, Write};
     let _serial = SERIAL.lock().await;
     let started = Instant::now();
-    let setup = setup("s7");
+    let (dir, name) = match on {
+        On::Server => ("s7", "s7_kill9"),
+        On::Cluster => ("s7c", "s7_kill9_cluster"),
+    };
+    let setup = setup_on(dir, on);
     let lease = Duration::from_millis(500);
     let lease_ms = lease.as_millis();
-    let keys = keys(3);
+    let keys = setup.keys(3).await;
+    // The victim's key; `k0` on both targets.
+    let k0 = keys[0].clone();
     let run_args = |id: u32, body: &str, tasks: u32| {
         args(&[
             ("keys", &keys.join(",")),
@@ -1327,12 +1486,12 @@ async fn s7_a_killed_holder_frees_its_lock_within_the_lease() {
         ])
     };
     let mut survivors = vec![
-        setup.worker(0, &setup.lock.url(), "run", &run_args(0, "0-5000", 8)),
-        setup.worker(1, &setup.lock.url(), "run", &run_args(1, "0-5000", 8)),
+        setup.target_worker(0, "run", &run_args(0, "0-5000", 8)),
+        setup.target_worker(1, "run", &run_args(1, "0-5000", 8)),
     ];
     // Long bodies: it holds a lock most of the time when killed.
-    let mut doomed = setup.worker(2, &setup.lock.url(), "run", &run_args(2, "20000-100000", 4));
-    let mut victim = setup.worker(3, &setup.lock.url(), "script", &[]);
+    let mut doomed = setup.target_worker(2, "run", &run_args(2, "20000-100000", 4));
+    let mut victim = setup.target_worker(3, "script", &[]);
     let t = Duration::from_secs(30);
     {
         let mut all: Vec<&mut Worker> = survivors.iter_mut().collect();
@@ -1345,20 +1504,15 @@ async fn s7_a_killed_holder_frees_its_lock_within_the_lease() {
     }
     progress(&mut doomed, 1, t).await;
 
-    victim.send(&format!("acquire v k0 {lease_ms} 10000 5"));
+    victim.send(&format!("acquire v {k0} {lease_ms} 10000 5"));
     let acq = victim.expect_event("ACQ", "v", t).await;
     assert_eq!(acq[0], "ok", "{acq:?}");
     let (token_v, t_acq_v) = (num(&acq, 1), num(&acq, 3));
     victim.expect_event("RENEWED", "v", t).await;
     let t_kill = mono_ns();
     victim.kill9();
-    let mut conn = setup.lock_conn().await;
-    let lock_name = setup.manager().await.redis_names("k0").lock;
-    let pttl: i64 = redis::cmd("PTTL")
-        .arg(&lock_name)
-        .query_async(&mut conn)
-        .await
-        .expect("PTTL");
+    let lock_name = setup.manager().await.redis_names(&k0).lock;
+    let pttl = setup.pttl(&lock_name).await;
     let t_kill2 = mono_ns();
     doomed.kill9();
     // The victim's last known deadline (lines it printed before dying).
@@ -1388,7 +1542,7 @@ async fn s7_a_killed_holder_frees_its_lock_within_the_lease() {
     h.sections.push(Section {
         worker: 3,
         task: 0,
-        key: "k0".into(),
+        key: k0.clone(),
         token: token_v,
         outcome: Outcome::Cancelled,
         lost: false,
@@ -1412,14 +1566,14 @@ async fn s7_a_killed_holder_frees_its_lock_within_the_lease() {
             .min()
             .unwrap_or_else(|| panic!("nobody took {key} after the kill"))
     };
-    let next_v = first_after("k0", t_kill);
+    let next_v = first_after(&k0, t_kill);
     let worst_gap = keys
         .iter()
         .map(|k| first_after(k, t_kill2) - t_kill2)
         .max()
         .unwrap_or(0);
     figures(
-        "s7_kill9",
+        name,
         &report,
         &stored,
         "2xkill-9",
@@ -1438,12 +1592,12 @@ async fn s7_a_killed_holder_frees_its_lock_within_the_lease() {
     );
     assert!(
         next_v - t_kill <= ns(lease + SLACK),
-        "k0 was taken again only {:.1} ms after its holder was killed",
+        "{k0} was taken again only {:.1} ms after its holder was killed",
         diff_ms(next_v, t_kill)
     );
     assert!(
         next_v > deadline_v + ns(drift(lease)) - 1_000_000,
-        "k0 was taken again {:.1} ms after the killed holder's deadline",
+        "{k0} was taken again {:.1} ms after the killed holder's deadline",
         diff_ms(next_v, deadline_v)
     );
     assert!(

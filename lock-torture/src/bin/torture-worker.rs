@@ -3,7 +3,13 @@
 //!
 //! ```text
 //! torture-worker --id=N --log=PATH --url=REDIS_URL --store-url=STORE_URL [options] --mode=run|script
+//! torture-worker --id=N --log=PATH --cluster-urls=URL1,URL2,... --store-url=STORE_URL [options] --mode=run|script
 //! ```
+//!
+//! The lock server is one Redis (`--url`, built with `LockManager::builder`) or a
+//! Redis Cluster (`--cluster-urls`: comma-separated seed URLs, built with
+//! `LockManager::cluster_builder`; `--url` is then ignored). The fenced store
+//! (`--store-url`) is always one plain Redis.
 //!
 //! Common options: `--prefix` (key prefix of the manager), `--cmd-timeout-ms`,
 //! `--connect-timeout-ms`, `--seed`.
@@ -165,9 +171,21 @@ fn main() {
 
 async fn async_main(args: Args) -> i32 {
     let worker: u32 = args.get("id", 0);
-    let url = args.req("url");
     let store_url = args.req("store-url");
-    let manager = LockManager::builder(&url)
+    let cluster_urls: Vec<String> = args
+        .get("cluster-urls", String::new())
+        .split(',')
+        .filter(|u| !u.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let (builder, url) = if cluster_urls.is_empty() {
+        let url = args.req("url");
+        (LockManager::builder(&url), url)
+    } else {
+        let joined = cluster_urls.join(",");
+        (LockManager::cluster_builder(cluster_urls), joined)
+    };
+    let manager = builder
         .key_prefix(args.get("prefix", "torture:".to_owned()))
         .command_timeout(Duration::from_millis(args.get("cmd-timeout-ms", 500)))
         .connect_timeout(Duration::from_millis(args.get("connect-timeout-ms", 500)))
