@@ -76,8 +76,10 @@ fn draw(path: &Path, s: &ScenarioResult, series: &[(String, Vec<(f64, f64)>)]) -
     let root = SVGBackend::new(path, (720, 400)).into_drawing_area();
     root.fill(&WHITE)?;
     let what = match s.name {
-        "handoff" => "hand-off latency",
-        "many-keys" | "many-keys-zipf" => "acquire+release cycle latency (64 tasks)",
+        "handoff" | "handoff-cluster" => "hand-off latency",
+        "many-keys" | "many-keys-zipf" | "many-keys-cluster" | "many-keys-zipf-cluster" => {
+            "acquire+release cycle latency (64 tasks)"
+        }
         _ => "acquire+release cycle latency",
     };
     let mut chart = ChartBuilder::on(&root)

@@ -13,18 +13,81 @@
 //! * [`Minimal`], the **minimal floor**: `SET key owner NX PX lease` to acquire
 //!   and a compare-and-delete script to release: the least a lock can do (no
 //!   fencing token, no re-entry, no wake-up).
+//!
+//! Both connect to one server, or to a Redis Cluster through redis-rs's async
+//! `ClusterConnection` ([`Conn`]): the **cluster floor** is the same-scripts
+//! floor sending the same `EVALSHA`s through the cluster client, which routes
+//! each to the master of its first key's slot (a lock's names share one hash
+//! tag). Pub/sub stays a plain connection to one node: a classic `PUBLISH` on
+//! any cluster node reaches the subscribers of every node.
 
 use std::collections::HashMap;
 use std::pin::pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
-use redis::{Script, ScriptInvocation};
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, Script, ScriptInvocation, Value};
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 
 use crate::error::{context, Result};
+use crate::scenarios::common::Target;
+
+/// One multiplexed connection to a server, or a cluster connection (itself
+/// multiplexed, one connection per node).
+#[derive(Clone)]
+pub enum Conn {
+    Single(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+impl Conn {
+    pub async fn open(target: &Target) -> Result<Conn> {
+        Ok(match target {
+            Target::Single(url) => Conn::Single(
+                redis::Client::open(url.as_str())?
+                    .get_multiplexed_async_connection()
+                    .await?,
+            ),
+            Target::Cluster(urls) => Conn::Cluster(
+                redis::cluster::ClusterClientBuilder::new(urls.iter().map(String::as_str))
+                    .build()?
+                    .get_async_connection()
+                    .await?,
+            ),
+        })
+    }
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
 
 /// The runtime's default fencing-counter retention (`LockManagerBuilder::fence_retention`).
 const FENCE_RETENTION_MS: u64 = 10 * 60 * 1000;
@@ -69,7 +132,7 @@ pub enum Attempt {
 
 #[derive(Clone)]
 pub struct Floor {
-    conn: MultiplexedConnection,
+    conn: Conn,
     scripts: Arc<(Script, Script, Script)>,
     wakeups: Arc<Wakeups>,
 }
@@ -114,12 +177,8 @@ impl Drop for Subscription {
 }
 
 impl Floor {
-    pub async fn connect(url: &str) -> Result<Floor> {
-        let client = redis::Client::open(url)?;
-        let conn = client
-            .get_multiplexed_async_connection()
-            .await
-            .map_err(context("floor: connect"))?;
+    pub async fn connect(target: &Target) -> Result<Floor> {
+        let conn = Conn::open(target).await.map_err(context("floor: connect"))?;
         Ok(Floor {
             conn,
             scripts: Arc::new((
@@ -325,15 +384,13 @@ return 0";
 /// The minimal floor: `SET NX PX` and a compare-and-delete script.
 #[derive(Clone)]
 pub struct Minimal {
-    conn: MultiplexedConnection,
+    conn: Conn,
     release: Arc<Script>,
 }
 
 impl Minimal {
-    pub async fn connect(url: &str) -> Result<Minimal> {
-        let client = redis::Client::open(url)?;
-        let conn = client
-            .get_multiplexed_async_connection()
+    pub async fn connect(target: &Target) -> Result<Minimal> {
+        let conn = Conn::open(target)
             .await
             .map_err(context("minimal floor: connect"))?;
         Ok(Minimal {

@@ -1,10 +1,10 @@
 //! `lock-bench`: distlock against two floors (its own scripts by hand with
 //! redis-rs, and a minimal `SET NX PX` lock) and a peer (rslock), on a private
-//! redis-server.
+//! redis-server, or (`--backend cluster`) on a private 3-master Redis Cluster.
 //!
 //! ```text
-//! cargo run --release -p lock-bench -- [--quick] [--scenario NAME]... [--runs N]
-//!                                      [--locks N] [--json out.json] [--svg DIR]
+//! cargo run --release -p lock-bench -- [--quick] [--backend single|cluster] [--scenario NAME]...
+//!                                      [--runs N] [--locks N] [--json out.json] [--svg DIR]
 //! ```
 
 mod alloc_count;
@@ -19,20 +19,25 @@ mod scenarios;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use distlock::testing::RedisServer;
+use distlock::testing::{RedisCluster, RedisServer};
 
 use crate::error::{bail, context, Result};
 use crate::report::ScenarioResult;
-use crate::scenarios::common::Env;
+use crate::scenarios::common::{Env, Target};
 
 /// Counts live heap bytes, for the `memory` scenario.
 #[global_allocator]
 static ALLOC: alloc_count::Counting = alloc_count::Counting;
 
 const USAGE: &str = "\
-usage: lock-bench [--quick] [--scenario NAME]... [--runs N] [--locks N] [--json FILE] [--svg DIR]
+usage: lock-bench [--quick] [--backend single|cluster] [--scenario NAME]... [--runs N] [--locks N]
+                  [--json FILE] [--svg DIR]
 
   --quick          a few seconds in all (CI); targets are printed, never enforced
+  --backend B      single (default): one private redis-server; cluster: a private
+                   3-master Redis Cluster, distlock built with cluster_builder against
+                   the cluster floor (its scripts by EVALSHA through redis-rs's
+                   ClusterConnection); runs uncontended, many-keys and handoff only
   --scenario NAME  run only NAME (repeatable, or comma-separated):
                    uncontended, many-keys, handoff, renewal, memory, macro
   --runs N         run everything N times and print the medians too (default 1)
@@ -44,9 +49,20 @@ usage: lock-bench [--quick] [--scenario NAME]... [--runs N] [--locks N] [--json 
                    distlock-norenew, macro, rslock)
                    on TASKS distinct keys (1) for SECONDS (10), for perf record";
 
+/// `--backend`: what the bench runs against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backend {
+    Single,
+    Cluster,
+}
+
+/// The scenarios `--backend cluster` runs; the others are skipped with a note.
+const CLUSTER_SCENARIOS: &[&str] = &["uncontended", "many-keys", "handoff"];
+
 #[derive(Debug)]
 struct Args {
     quick: bool,
+    backend: Backend,
     scenarios: Vec<String>,
     runs: usize,
     locks: Option<usize>,
@@ -58,6 +74,7 @@ struct Args {
 fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>> {
     let mut args = Args {
         quick: false,
+        backend: Backend::Single,
         scenarios: Vec::new(),
         runs: 1,
         locks: None,
@@ -72,6 +89,13 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>> {
         };
         match arg.as_str() {
             "--quick" => args.quick = true,
+            "--backend" => {
+                args.backend = match value("--backend")?.as_str() {
+                    "single" => Backend::Single,
+                    "cluster" => Backend::Cluster,
+                    other => bail!("--backend takes single or cluster, not {other:?}"),
+                }
+            }
             "--scenario" => {
                 for name in value("--scenario")?.split(',').filter(|s| !s.is_empty()) {
                     if !scenarios::ALL.contains(&name) {
@@ -136,6 +160,13 @@ async fn run_once(env: &Env, names: &[String]) -> Result<Vec<ScenarioResult>> {
         if !names.iter().any(|n| n == name) {
             continue;
         }
+        if env.is_cluster() && !CLUSTER_SCENARIOS.contains(name) {
+            println!(
+                "== {name}: skipped under --backend cluster (the cluster pass runs only {})\n",
+                CLUSTER_SCENARIOS.join(", ")
+            );
+            continue;
+        }
         let started = Instant::now();
         let mut got = match *name {
             "uncontended" => vec![scenarios::uncontended::run(env).await?],
@@ -159,34 +190,88 @@ async fn run_once(env: &Env, names: &[String]) -> Result<Vec<ScenarioResult>> {
     Ok(results)
 }
 
+/// The private server(s) of a run; dropping it stops them.
+enum Servers {
+    Single(RedisServer),
+    Cluster(RedisCluster),
+}
+
+impl Servers {
+    fn describe(&self) -> String {
+        match self {
+            Servers::Single(redis) => format!("at {} (private)", redis.url()),
+            Servers::Cluster(cluster) => format!(
+                "Redis Cluster of {} masters (private), seeds {}",
+                cluster.nodes().len(),
+                cluster.urls().join(" ")
+            ),
+        }
+    }
+}
+
+async fn connect(url: &str) -> Result<redis::aio::MultiplexedConnection> {
+    Ok(redis::Client::open(url)?
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(context(&format!("connecting to {url}")))?)
+}
+
 async fn bench(args: Args) -> Result<()> {
-    let redis = RedisServer::spawn().map_err(context("starting a private redis-server"))?;
-    let mut stats = redis.client().await?;
+    let (servers, env_target, url, addr, mut stats) = match args.backend {
+        Backend::Single => {
+            let redis = RedisServer::spawn().map_err(context("starting a private redis-server"))?;
+            let stats = vec![redis.client().await?];
+            let (url, addr) = (redis.url(), redis.addr());
+            (Servers::Single(redis), Target::Single(url.clone()), url, addr, stats)
+        }
+        Backend::Cluster => {
+            let cluster = RedisCluster::spawn()
+                .map_err(context("starting a private 3-master Redis Cluster"))?;
+            let nodes = cluster.nodes();
+            let mut stats = Vec::new();
+            for node in &nodes {
+                stats.push(connect(&node.url).await?);
+            }
+            let first = nodes.first().ok_or("the cluster has no node")?;
+            let addr = std::net::SocketAddr::from(([127, 0, 0, 1], first.port));
+            (
+                Servers::Cluster(cluster),
+                Target::Cluster(nodes.iter().map(|n| n.url.clone()).collect()),
+                first.url.clone(),
+                addr,
+                stats,
+            )
+        }
+    };
     let version: String = redis::cmd("INFO")
         .arg("server")
-        .query_async::<String>(&mut stats)
+        .query_async::<String>(&mut stats[0])
         .await?
         .lines()
         .find_map(|l| l.strip_prefix("redis_version:").map(str::to_owned))
         .unwrap_or_default();
     let env = Env {
-        url: redis.url(),
-        addr: redis.addr(),
+        target: env_target,
+        url,
+        addr,
         stats,
         quick: args.quick,
         locks: args.locks,
     };
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     let load_start = load_average();
+    let at = servers.describe();
     println!(
-        "lock-bench: redis {version} at {} (private), {cpus} CPUs, load average {load_start}{}",
-        env.url,
+        "lock-bench: redis {version} {at}, {cpus} CPUs, load average {load_start}{}",
         if args.quick { ", --quick" } else { "" }
     );
     println!(
         "ratios in parentheses are to the floor row(s) named under each title, of the same run; lower is better for latencies\n"
     );
     if let Some((kind, tasks, seconds)) = args.profile {
+        if env.is_cluster() && kind == scenarios::common::Kind::Rslock {
+            bail!("rslock has no Redis Cluster support");
+        }
         let (n, d) = scenarios::common::profile_loop(&env, kind, tasks, seconds).await?;
         let per = |x: f64| x * 1e6 / n.max(1) as f64;
         println!(
@@ -222,6 +307,14 @@ async fn bench(args: Args) -> Result<()> {
             ("load_average_start", load_start),
             ("load_average_end", load_end),
             ("quick", args.quick.to_string()),
+            (
+                "backend",
+                match args.backend {
+                    Backend::Single => "single",
+                    Backend::Cluster => "cluster",
+                }
+                .to_owned(),
+            ),
             ("runs", args.runs.to_string()),
             (
                 "locks",
@@ -239,7 +332,7 @@ async fn bench(args: Args) -> Result<()> {
         }
     }
     drop(env);
-    drop(redis);
+    drop(servers);
     Ok(())
 }
 
@@ -300,6 +393,12 @@ mod tests {
         assert_eq!(a.scenarios, ["handoff", "renewal"]);
         assert_eq!(a.runs, 1);
         assert_eq!(a.locks, Some(5000));
+        assert_eq!(a.backend, Backend::Single);
+        let Some(c) = parse(&["--backend", "cluster"])? else {
+            bail!("expected arguments");
+        };
+        assert_eq!(c.backend, Backend::Cluster);
+        assert!(parse(&["--backend", "sentinel"]).is_err());
         assert!(parse(&["--locks", "0"]).is_err());
         assert!(parse(&["--scenario", "nope"]).is_err());
         assert!(parse(&["--runs", "0"]).is_err());

@@ -54,6 +54,21 @@ impl Snapshot {
         Ok(snap)
     }
 
+    /// One snapshot of several servers (the masters of a cluster): their
+    /// counters and CPU summed; the client CPU is this process's, taken once.
+    pub async fn take_all(conns: &mut [MultiplexedConnection]) -> Result<Snapshot> {
+        let mut all = Snapshot::default();
+        for conn in conns {
+            let one = Snapshot::take(conn).await?;
+            for (name, calls) in one.calls {
+                *all.calls.entry(name).or_insert(0) += calls;
+            }
+            all.cpu_seconds += one.cpu_seconds;
+        }
+        all.client_cpu_seconds = process_cpu_seconds();
+        Ok(all)
+    }
+
     fn parse(text: &str) -> Snapshot {
         let mut snap = Snapshot::default();
         for line in text.lines() {

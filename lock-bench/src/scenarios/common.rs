@@ -19,32 +19,74 @@ use crate::report::new_histogram;
 pub const LEASE: Duration = Duration::from_secs(30);
 pub const LEASE_MS: u64 = 30_000;
 
+/// What the implementations connect to.
+#[derive(Debug, Clone)]
+pub enum Target {
+    /// One redis-server (or a counting proxy in front of it).
+    Single(String),
+    /// A Redis Cluster, by its seed URLs: distlock through `cluster_builder`,
+    /// the floors through redis-rs's async `ClusterConnection`.
+    Cluster(Vec<String>),
+}
+
 pub struct Env {
+    pub target: Target,
+    /// The single server, or the first cluster node: where pub/sub connections
+    /// go (a classic `PUBLISH` on any cluster node reaches every node's
+    /// subscribers, as the runtime relies on) and what the log line shows.
     pub url: String,
     pub addr: SocketAddr,
-    /// For `INFO` only, so that it never queues behind measured traffic.
-    pub stats: MultiplexedConnection,
+    /// For `INFO` only, so that it never queues behind measured traffic: one
+    /// connection per server (every master of a cluster; figures are summed).
+    pub stats: Vec<MultiplexedConnection>,
     pub quick: bool,
     /// `--locks N`: locks held by `renewal` and `memory` (their default when unset).
     pub locks: Option<usize>,
 }
 
 impl Env {
-    pub async fn snapshot(&self) -> Result<Snapshot> {
-        let mut conn = self.stats.clone();
-        Snapshot::take(&mut conn).await
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.target, Target::Cluster(_))
     }
 
-    /// Between scenarios: no locks, counters or channels left from before.
+    /// A scenario's name: `NAME`, or `NAME-cluster` on a cluster.
+    pub fn name(&self, single: &'static str, cluster: &'static str) -> &'static str {
+        if self.is_cluster() {
+            cluster
+        } else {
+            single
+        }
+    }
+
+    /// A row's label; on a cluster the same-scripts floor is the cluster floor.
+    pub fn label(&self, kind: Kind) -> &'static str {
+        match kind {
+            Kind::Floor if self.is_cluster() => CLUSTER_FLOOR_LABEL,
+            other => other.label(),
+        }
+    }
+
+    pub async fn snapshot(&self) -> Result<Snapshot> {
+        let mut conns = self.stats.clone();
+        Snapshot::take_all(&mut conns).await
+    }
+
+    /// Between scenarios: no locks, counters or channels left from before (on
+    /// every server).
     pub async fn flush(&self) -> Result<()> {
-        let mut conn = self.stats.clone();
-        redis::cmd("FLUSHALL")
-            .query_async::<()>(&mut conn)
-            .await
-            .map_err(context("FLUSHALL"))?;
+        for conn in &self.stats {
+            let mut conn = conn.clone();
+            redis::cmd("FLUSHALL")
+                .query_async::<()>(&mut conn)
+                .await
+                .map_err(context("FLUSHALL"))?;
+        }
         Ok(())
     }
 }
+
+/// The same-scripts floor's label on a cluster.
+pub const CLUSTER_FLOOR_LABEL: &str = "cluster floor (same scripts)";
 
 /// Which implementation a cycle runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,29 +147,32 @@ pub enum Cycler {
 
 impl Cycler {
     /// `key` is the user key; the attributed function formats its own (`bench:{i}`).
-    pub async fn connect(kind: Kind, url: &str, key: &str, seed: u64) -> Result<Cycler> {
+    pub async fn connect(kind: Kind, target: &Target, key: &str, seed: u64) -> Result<Cycler> {
         Ok(match kind {
             Kind::Floor => Cycler::Floor {
-                floor: Floor::connect(url).await?,
+                floor: Floor::connect(target).await?,
                 names: Names::new("floor:", key),
                 rng: fastrand::Rng::with_seed(seed),
             },
             Kind::Minimal => Cycler::Minimal {
-                floor: Minimal::connect(url).await?,
+                floor: Minimal::connect(target).await?,
                 key: Names::new("minimal:", key).lock,
                 rng: fastrand::Rng::with_seed(seed),
             },
             Kind::Distlock | Kind::DistlockNoRenew => Cycler::Distlock {
-                manager: manager(url).await?,
+                manager: manager(target).await?,
                 key: key.to_owned(),
                 renew: kind == Kind::Distlock,
             },
             Kind::Macro => Cycler::Macro {
-                manager: manager(url).await?,
+                manager: manager(target).await?,
                 i: seed,
             },
             Kind::Rslock => Cycler::Rslock {
-                manager: rslock::LockManager::new(vec![url.to_owned()]),
+                manager: match target {
+                    Target::Single(url) => rslock::LockManager::new(vec![url.clone()]),
+                    Target::Cluster(_) => bail!("rslock has no Redis Cluster support"),
+                },
                 key: key.to_owned(),
             },
         })
@@ -213,8 +258,12 @@ pub fn owner_token(rng: &mut fastrand::Rng) -> String {
     format!("{:016x}{:016x}", rng.u64(..), rng.u64(..))
 }
 
-pub async fn manager(url: &str) -> Result<LockManager> {
-    Ok(LockManager::builder(url)
+pub async fn manager(target: &Target) -> Result<LockManager> {
+    let builder = match target {
+        Target::Single(url) => LockManager::builder(url),
+        Target::Cluster(urls) => LockManager::cluster_builder(urls.iter().cloned()),
+    };
+    Ok(builder
         .default_lease(LEASE)
         .build()
         .await?)
@@ -289,9 +338,20 @@ async fn block_in_task(
 
 /// Round trips per cycle of `kind`, counted through a proxy with a connection
 /// of its own, after a warm-up that loads the scripts and opens connections.
-pub async fn round_trips_per_cycle(env: &Env, kind: Kind, key: &str, cycles: u64) -> Result<f64> {
+///
+/// `None` on a cluster: the cluster client learns the nodes' own addresses from
+/// `CLUSTER SLOTS` and would go around a proxy in front of one of them.
+pub async fn round_trips_per_cycle(
+    env: &Env,
+    kind: Kind,
+    key: &str,
+    cycles: u64,
+) -> Result<Option<f64>> {
+    if env.is_cluster() {
+        return Ok(None);
+    }
     let proxy = CountingProxy::start(env.addr).await?;
-    let mut cycler = Cycler::connect(kind, &proxy.url(), key, 99).await?;
+    let mut cycler = Cycler::connect(kind, &Target::Single(proxy.url()), key, 99).await?;
     for _ in 0..20 {
         cycler.cycle().await?;
     }
@@ -301,7 +361,9 @@ pub async fn round_trips_per_cycle(env: &Env, kind: Kind, key: &str, cycles: u64
     for _ in 0..cycles {
         cycler.cycle().await?;
     }
-    Ok((proxy.round_trips() - before) as f64 / cycles as f64)
+    Ok(Some(
+        (proxy.round_trips() - before) as f64 / cycles as f64,
+    ))
 }
 
 pub fn nanos(d: Duration) -> u64 {
@@ -330,7 +392,7 @@ pub async fn profile_loop(
     tasks: usize,
     seconds: f64,
 ) -> Result<(u64, Delta)> {
-    let base = Cycler::connect(kind, &env.url, "profile:base", 0).await?;
+    let base = Cycler::connect(kind, &env.target, "profile:base", 0).await?;
     let before = env.snapshot().await?;
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
     let mut handles = Vec::new();

@@ -30,7 +30,7 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
         cyclers.push(
             Cycler::connect(
                 *kind,
-                &env.url,
+                &env.target,
                 key,
                 if *kind == Kind::Macro { 0 } else { i as u64 },
             )
@@ -51,7 +51,7 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
             m.seconds[i],
             m.hist[i].clone(),
             m.redis[i],
-            Some(rt),
+            rt,
         ));
     }
     let exp = Kind::Macro.label().to_owned();

@@ -34,7 +34,7 @@ fn key(i: usize) -> String {
 
 /// `MEMORY USAGE` of `name` (0 when the key does not exist).
 async fn memory_usage(env: &Env, name: &str) -> Result<u64> {
-    let mut conn = env.stats.clone();
+    let mut conn = env.stats[0].clone();
     let bytes: Option<u64> = redis::cmd("MEMORY")
         .arg("USAGE")
         .arg(name)
@@ -103,7 +103,7 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
     env.flush().await?;
     tokio::time::sleep(Duration::from_millis(100)).await;
 
-    let mut stats = env.stats.clone();
+    let mut stats = env.stats[0].clone();
     let redis_before = used_memory(&mut stats).await?;
     let before = live_bytes();
     let guards = take_all(&manager, n).await?;

@@ -14,7 +14,7 @@ use crate::floor::{Attempt, Floor, Names};
 use crate::proxy::CountingProxy;
 use crate::redis_stats::Delta;
 use crate::report::{Better, Row, ScenarioResult};
-use crate::scenarios::common::{owner_token, Env, Kind};
+use crate::scenarios::common::{owner_token, Env, Kind, Target};
 
 const TASKS: usize = 64;
 
@@ -93,7 +93,7 @@ fn row(label: &str, p: &Params, w: &Window, lost: usize) -> Row {
 
 async fn floor_row(env: &Env, p: &Params) -> Result<Row> {
     let proxy = CountingProxy::start(env.addr).await?;
-    let floor = Floor::connect(&proxy.url()).await?;
+    let floor = Floor::connect(&Target::Single(proxy.url())).await?;
     floor.load_renew().await?;
     let lease_ms = u64::try_from(p.lease.as_millis())?;
     // Take the locks, 64 requests in flight.

@@ -12,30 +12,58 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
         (20_000, 1_000, 500)
     };
     let key = "bench:uncontended";
-    let kinds = [Kind::Floor, Kind::Minimal, Kind::Distlock, Kind::Rslock];
+    let cluster = env.is_cluster();
+    // rslock has no Redis Cluster support.
+    let kinds: &[Kind] = if cluster {
+        &[Kind::Floor, Kind::Minimal, Kind::Distlock]
+    } else {
+        &[Kind::Floor, Kind::Minimal, Kind::Distlock, Kind::Rslock]
+    };
     let mut cyclers = Vec::new();
     for (i, kind) in kinds.iter().enumerate() {
-        cyclers.push(Cycler::connect(*kind, &env.url, key, i as u64).await?);
+        cyclers.push(Cycler::connect(*kind, &env.target, key, i as u64).await?);
     }
     let m = run_interleaved(env, cyclers, warmup, cycles, block).await?;
     let mut rows = Vec::new();
     for (i, kind) in kinds.iter().enumerate() {
         let rt = round_trips_per_cycle(env, *kind, key, if env.quick { 50 } else { 500 }).await?;
         rows.push(Row::standard(
-            kind.label(),
+            env.label(*kind),
             m.ops[i],
             m.seconds[i],
             m.hist[i].clone(),
             m.redis[i],
-            Some(rt),
+            rt,
         ));
     }
     let d = Kind::Distlock.label();
-    let f = Kind::Floor.label();
+    let f = env.label(Kind::Floor);
     let p = Kind::Rslock.label();
+    let title = format!("one task, acquire+release of one key, {cycles} cycles each, interleaved in blocks of {block}");
+    if cluster {
+        return Ok(ScenarioResult {
+            name: "uncontended-cluster",
+            title: format!("{title}; on a 3-master Redis Cluster"),
+            notes: vec![
+                "cluster floor: distlock's own Lua scripts called by hand with EVALSHA through redis-rs's async ClusterConnection: what the library costs on top of its protocol on a cluster".to_owned(),
+                "minimal floor: SET key owner NX PX + compare-and-delete script through the same ClusterConnection".to_owned(),
+                "cmds/op, evalsha/op and redis cpu are summed over the 3 masters; rt/op is not reported: the cluster client learns node addresses from CLUSTER SLOTS and would go around a counting proxy".to_owned(),
+                "no rslock row: rslock has no Redis Cluster support".to_owned(),
+            ],
+            rows,
+            references: 2,
+            targets: vec![Target::ratio(
+                "distlock p50 <= 1.1x cluster floor",
+                d,
+                "p50 us",
+                f,
+                Check::AtMost(1.1),
+            )],
+        });
+    }
     Ok(ScenarioResult {
         name: "uncontended",
-        title: format!("one task, acquire+release of one key, {cycles} cycles each, interleaved in blocks of {block}"),
+        title,
         notes: vec![
             "same-scripts floor: distlock's own Lua scripts called by hand (redis-rs, one multiplexed connection): what the library costs on top of its protocol".to_owned(),
             "minimal floor: SET key owner NX PX + compare-and-delete script: the least a lock can do (no fencing token, no re-entry, no wake-up)".to_owned(),
