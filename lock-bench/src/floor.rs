@@ -178,7 +178,9 @@ impl Drop for Subscription {
 
 impl Floor {
     pub async fn connect(target: &Target) -> Result<Floor> {
-        let conn = Conn::open(target).await.map_err(context("floor: connect"))?;
+        let conn = Conn::open(target)
+            .await
+            .map_err(context("floor: connect"))?;
         Ok(Floor {
             conn,
             scripts: Arc::new((

@@ -192,7 +192,7 @@ async fn run_once(env: &Env, names: &[String]) -> Result<Vec<ScenarioResult>> {
 
 /// The private server(s) of a run; dropping it stops them.
 enum Servers {
-    Single(RedisServer),
+    Single(Box<RedisServer>),
     Cluster(RedisCluster),
 }
 
@@ -210,10 +210,10 @@ impl Servers {
 }
 
 async fn connect(url: &str) -> Result<redis::aio::MultiplexedConnection> {
-    Ok(redis::Client::open(url)?
+    redis::Client::open(url)?
         .get_multiplexed_async_connection()
         .await
-        .map_err(context(&format!("connecting to {url}")))?)
+        .map_err(context(&format!("connecting to {url}")))
 }
 
 async fn bench(args: Args) -> Result<()> {
@@ -222,7 +222,13 @@ async fn bench(args: Args) -> Result<()> {
             let redis = RedisServer::spawn().map_err(context("starting a private redis-server"))?;
             let stats = vec![redis.client().await?];
             let (url, addr) = (redis.url(), redis.addr());
-            (Servers::Single(redis), Target::Single(url.clone()), url, addr, stats)
+            (
+                Servers::Single(Box::new(redis)),
+                Target::Single(url.clone()),
+                url,
+                addr,
+                stats,
+            )
         }
         Backend::Cluster => {
             let cluster = RedisCluster::spawn()

@@ -37,7 +37,7 @@ struct Setup {
 /// Where a scenario's locks live.
 enum LockTarget {
     /// One redis-server (every scenario).
-    Server(RedisServer),
+    Server(Box<RedisServer>),
     /// A private 3-master Redis Cluster (the scenarios parameterised over [`On`]).
     Cluster(RedisCluster),
 }
@@ -56,9 +56,9 @@ fn setup(name: &str) -> Setup {
 fn setup_on(name: &str, on: On) -> Setup {
     Setup {
         target: match on {
-            On::Server => {
-                LockTarget::Server(RedisServer::spawn().expect("redis-server must be installed"))
-            }
+            On::Server => LockTarget::Server(Box::new(
+                RedisServer::spawn().expect("redis-server must be installed"),
+            )),
             On::Cluster => LockTarget::Cluster(
                 RedisCluster::spawn().expect("redis-server must be installed (cluster)"),
             ),
@@ -211,7 +211,11 @@ impl Setup {
             }
         }
         let owners: BTreeSet<usize> = chosen.iter().map(|(_, o)| *o).collect();
-        assert_eq!(owners.len(), masters, "every master owns a lock: {chosen:?}");
+        assert_eq!(
+            owners.len(),
+            masters,
+            "every master owns a lock: {chosen:?}"
+        );
         println!("cluster keys (key, master): {chosen:?}");
         chosen.into_iter().map(|(k, _)| k).collect()
     }

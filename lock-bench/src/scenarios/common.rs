@@ -263,10 +263,7 @@ pub async fn manager(target: &Target) -> Result<LockManager> {
         Target::Single(url) => LockManager::builder(url),
         Target::Cluster(urls) => LockManager::cluster_builder(urls.iter().cloned()),
     };
-    Ok(builder
-        .default_lease(LEASE)
-        .build()
-        .await?)
+    Ok(builder.default_lease(LEASE).build().await?)
 }
 
 /// Sequential cycles of several implementations, measured in alternating
@@ -361,9 +358,7 @@ pub async fn round_trips_per_cycle(
     for _ in 0..cycles {
         cycler.cycle().await?;
     }
-    Ok(Some(
-        (proxy.round_trips() - before) as f64 / cycles as f64,
-    ))
+    Ok(Some((proxy.round_trips() - before) as f64 / cycles as f64))
 }
 
 pub fn nanos(d: Duration) -> u64 {

@@ -492,7 +492,11 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
         "acq/task min/mean",
         Check::AtLeast(0.5),
     ));
-    let libraries = if cluster { "distlock" } else { "distlock and rslock" };
+    let libraries = if cluster {
+        "distlock"
+    } else {
+        "distlock and rslock"
+    };
     let on = if cluster {
         "; on a 3-master Redis Cluster"
     } else {

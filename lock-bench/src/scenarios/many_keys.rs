@@ -239,9 +239,9 @@ pub async fn run(env: &Env) -> Result<Vec<ScenarioResult>> {
     ];
     let mut zipf_kinds = vec![Kind::Floor, Kind::Distlock];
     if !cluster {
-        imps.push(ZipfImpl::Rslock(rslock::LockManager::new(vec![
-            env.url.clone()
-        ])));
+        imps.push(ZipfImpl::Rslock(rslock::LockManager::new(vec![env
+            .url
+            .clone()])));
         zipf_kinds.push(Kind::Rslock);
     }
     let sets = imps
