@@ -125,8 +125,8 @@ fn malformed_slots() -> RedisError {
 
 /// The cluster slot of a Redis key: CRC16 of its hash tag (or of the whole key
 /// without one), modulo 16384.
-pub(crate) fn slot_of(key: &str) -> u16 {
-    let bytes = key.as_bytes();
+pub(crate) fn slot_of(key: impl AsRef<[u8]>) -> u16 {
+    let bytes = key.as_ref();
     let hashed = bytes
         .iter()
         .position(|b| *b == b'{')
