@@ -66,6 +66,24 @@ pub enum LockError {
         key: String,
     },
 
+    /// The master granted the lock, but fewer replicas than
+    /// [`replica_ack`](crate::LockManagerBuilder::replica_ack) asks for confirmed
+    /// it within its timeout. The lock was given back (by owner token) before this
+    /// error was returned, so nothing is held.
+    #[error(
+        "lock {}: {acked} of {wanted} replicas confirmed the acquisition in time; the lock was \
+         given back",
+        KeyPreview(key)
+    )]
+    NotReplicated {
+        /// The lock key.
+        key: String,
+        /// How many replicas confirmed it.
+        acked: u32,
+        /// How many were asked for.
+        wanted: u32,
+    },
+
     /// Redis failed or did not answer in time while working on the lock.
     #[error("redis failed on lock {}: {source}", KeyPreview(key))]
     Backend {
@@ -109,6 +127,7 @@ impl LockError {
             | LockError::Lost { key }
             | LockError::NotHeld { key }
             | LockError::ShutDown { key }
+            | LockError::NotReplicated { key, .. }
             | LockError::InvalidKey { key, .. }
             | LockError::Backend { key, .. } => Some(key),
             LockError::InvalidConfig(_)
@@ -125,6 +144,7 @@ impl LockError {
             self,
             LockError::Timeout { .. }
                 | LockError::Lost { .. }
+                | LockError::NotReplicated { .. }
                 | LockError::Backend { .. }
                 | LockError::Connect { .. }
         )

@@ -276,6 +276,23 @@ impl LockManagerBuilder {
         self
     }
 
+    /// Counts an acquisition only once `replicas` replicas of the master confirm
+    /// it, waiting up to `timeout` for them (Redis `WAIT`, pipelined after the
+    /// acquire script on the same connection: still one round trip, longer by the
+    /// replication delay). With fewer confirmations the lock is given back at
+    /// once and the acquisition fails with [`LockError::NotReplicated`]; it is
+    /// not retried within `wait`, since a replica that lags or is gone will not
+    /// answer the next attempt sooner.
+    ///
+    /// This narrows the window in which a failover loses a fresh lock; it does
+    /// not close it: a confirming replica is not always the one promoted, and
+    /// Redis may still lose a write it acknowledged (see the README's "Redis
+    /// losing the lock"). Renewals are not waited for. Off by default.
+    pub fn replica_ack(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.config.replica_ack = Some(crate::config::ReplicaAck { replicas, timeout });
+        self
+    }
+
     /// Makes [`build`](Self::build) fail with [`LockError::ServerCheck`] when the
     /// server's `maxmemory-policy` may evict lock keys (`allkeys-*`, or
     /// `volatile-*`, which evicts keys with a TTL: every held lock). By default

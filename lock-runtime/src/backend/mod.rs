@@ -77,6 +77,9 @@ impl Backend {
             Target::Single(url) => Ok(Backend::Single(
                 single::Single::connect(url, config, tls).await?,
             )),
+            Target::Cluster(_) if config.replica_ack.is_some() => Err(LockError::InvalidConfig(
+                "replica_ack is not supported on a cluster manager yet".to_owned(),
+            )),
             Target::Cluster(seeds) => Ok(Backend::Cluster(
                 cluster::Cluster::connect(seeds, config, tls).await?,
             )),

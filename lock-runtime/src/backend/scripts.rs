@@ -14,6 +14,7 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind};
 
+use crate::config::ReplicaAck;
 use crate::keys::LockKeys;
 
 /// What the acquire script answered.
@@ -115,6 +116,30 @@ pub(crate) fn out_of_sync(detail: &str) -> RedisError {
     ))
 }
 
+/// A pipeline reply as `T`, a server error as itself.
+fn from_value<T: redis::FromRedisValue>(value: redis::Value) -> RedisResult<T> {
+    match value {
+        redis::Value::ServerError(e) => Err(RedisError::from(e)),
+        value => redis::from_redis_value(value).map_err(RedisError::from),
+    }
+}
+
+fn read_acquire(
+    (status, value, echoed): (i64, i64, String),
+    owner: &str,
+) -> RedisResult<AcquireReply> {
+    check_owner(&echoed, owner)?;
+    Ok(if status == 1 {
+        AcquireReply::Acquired {
+            fencing_token: u64::try_from(value).unwrap_or(0),
+        }
+    } else {
+        AcquireReply::Busy {
+            remaining: u64::try_from(value).ok().map(Duration::from_millis),
+        }
+    })
+}
+
 fn check_owner(echoed: &str, owner: &str) -> RedisResult<()> {
     if echoed == owner {
         Ok(())
@@ -181,17 +206,38 @@ impl Scripts {
         fence_ttl_ms: u64,
     ) -> RedisResult<AcquireReply> {
         let cmd = self.acquire_cmd(keys, owner, lease_ms, fence_ttl_ms);
-        let (status, value, echoed): (i64, i64, String) = self.acquire.invoke(conn, &cmd).await?;
-        check_owner(&echoed, owner)?;
-        Ok(if status == 1 {
-            AcquireReply::Acquired {
-                fencing_token: u64::try_from(value).unwrap_or(0),
-            }
-        } else {
-            AcquireReply::Busy {
-                remaining: u64::try_from(value).ok().map(Duration::from_millis),
-            }
-        })
+        let reply: (i64, i64, String) = self.acquire.invoke(conn, &cmd).await?;
+        read_acquire(reply, owner)
+    }
+
+    /// The acquire script followed by `WAIT replicas timeout` in one pipeline on
+    /// `conn`: `WAIT` counts the replicas that have every earlier write of *its*
+    /// connection, so it must follow the script on the same one. Returns the
+    /// reply and how many replicas confirmed.
+    pub(crate) async fn acquire_acked(
+        &self,
+        conn: &mut impl ConnectionLike,
+        keys: &LockKeys,
+        owner: &str,
+        lease_ms: u64,
+        fence_ttl_ms: u64,
+        ack: &ReplicaAck,
+    ) -> RedisResult<(AcquireReply, u32)> {
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        pipe.add_command(self.acquire_cmd(keys, owner, lease_ms, fence_ttl_ms));
+        pipe.cmd("WAIT").arg(ack.replicas).arg(ack.timeout_ms());
+        let mut replies: Vec<redis::Value> = pipe.query_async(conn).await?;
+        if matches!(replies.first(), Some(redis::Value::ServerError(e)) if e.code() == "NOSCRIPT") {
+            self.acquire.load(conn).await?;
+            replies = pipe.query_async(conn).await?;
+        }
+        let [reply, acked]: [redis::Value; 2] = replies
+            .try_into()
+            .map_err(|_| out_of_sync("an acquire pipeline got the wrong number of replies"))?;
+        let reply = read_acquire(from_value(reply)?, owner)?;
+        let acked: i64 = from_value(acked)?;
+        Ok((reply, u32::try_from(acked).unwrap_or(0)))
     }
 
     fn acquire_cmd(&self, keys: &LockKeys, owner: &str, lease_ms: u64, fence_ttl_ms: u64) -> Cmd {

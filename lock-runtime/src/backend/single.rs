@@ -10,7 +10,7 @@ use redis::RedisResult;
 
 use super::scripts::{self, AcquireReply, Scripts};
 use super::{bounded_call, read_renewals, CallError, Renewal};
-use crate::config::{redact, Config, TlsSettings};
+use crate::config::{redact, Config, ReplicaAck, TlsSettings};
 use crate::error::LockError;
 use crate::keys::LockKeys;
 use crate::lease::Lease;
@@ -23,6 +23,8 @@ pub(crate) struct Single {
     /// For pub/sub connections and the blocking release at runtime shutdown.
     client: redis::Client,
     scripts: Scripts,
+    /// Replicas that must confirm an acquisition, if asked for.
+    replica_ack: Option<ReplicaAck>,
     command_timeout: Duration,
     connect_timeout: Duration,
     /// Round trips spent on renewals (see `Backend::renewal_round_trips`).
@@ -86,6 +88,7 @@ impl Single {
             conn_config,
             client,
             scripts,
+            replica_ack: config.replica_ack,
             command_timeout: config.command_timeout,
             connect_timeout: config.connect_timeout,
             renewal_round_trips: AtomicU64::new(0),
@@ -155,13 +158,47 @@ impl Single {
     ) -> Result<AcquireReply, CallError> {
         let conn = self.connection();
         let mut redis = conn.redis;
-        self.call(
+        let Some(ack) = self.replica_ack else {
+            return self
+                .call(
+                    key,
+                    conn.generation,
+                    self.scripts
+                        .acquire(&mut redis, keys, owner, lease_ms, fence_ttl_ms),
+                )
+                .await;
+        };
+        // The call may take the replicas' timeout on top of the command timeout.
+        let acked = bounded_call(
             key,
-            conn.generation,
+            self.command_timeout + ack.timeout,
             self.scripts
-                .acquire(&mut redis, keys, owner, lease_ms, fence_ttl_ms),
+                .acquire_acked(&mut redis, keys, owner, lease_ms, fence_ttl_ms, &ack),
         )
-        .await
+        .await;
+        let (reply, acked) = match acked {
+            Ok(acked) => acked,
+            Err(e) => {
+                if e.maybe_executed {
+                    self.retire_connection(conn.generation);
+                }
+                return Err(e);
+            }
+        };
+        if matches!(reply, AcquireReply::Acquired { .. }) && acked < ack.replicas {
+            // Give it back now rather than hold a lock a failover may forget;
+            // if that fails, the caller's in-flight guard releases it later.
+            let released = self.release(key, keys, owner).await;
+            return Err(CallError {
+                error: LockError::NotReplicated {
+                    key: key.to_owned(),
+                    acked,
+                    wanted: ack.replicas,
+                },
+                maybe_executed: released.is_err(),
+            });
+        }
+        Ok(reply)
     }
 
     pub(crate) async fn release(
