@@ -158,8 +158,17 @@ impl Backend {
         }
     }
 
-    /// Opens a pub/sub connection on which every lock's wake-ups arrive.
-    pub(crate) async fn pubsub(&self) -> RedisResult<redis::aio::PubSub> {
+    /// How many servers publish wake-ups, each needing a subscriber connection.
+    pub(crate) fn pubsub_sources(&self) -> usize {
+        match self {
+            Backend::Single(_) | Backend::Cluster(_) => 1,
+        }
+    }
+
+    /// Opens a pub/sub connection to wake-up source `source` (below
+    /// [`pubsub_sources`](Self::pubsub_sources)).
+    pub(crate) async fn pubsub(&self, source: usize) -> RedisResult<redis::aio::PubSub> {
+        let _ = source;
         match self {
             Backend::Single(b) => b.pubsub().await,
             Backend::Cluster(b) => b.pubsub().await,
