@@ -84,6 +84,23 @@ pub enum LockError {
         wanted: u32,
     },
 
+    /// Under Redlock, errors (members down, unreachable or too slow), not other
+    /// owners, kept a majority of the members from granting the lock. Partial
+    /// grants were given back.
+    #[error(
+        "lock {}: only {granted} of the {needed} Redlock members needed granted it; the others \
+         failed or did not answer in time",
+        KeyPreview(key)
+    )]
+    QuorumFailed {
+        /// The lock key.
+        key: String,
+        /// How many members granted it.
+        granted: u32,
+        /// How many members make a majority.
+        needed: u32,
+    },
+
     /// Redis failed or did not answer in time while working on the lock.
     #[error("redis failed on lock {}: {source}", KeyPreview(key))]
     Backend {
@@ -128,6 +145,7 @@ impl LockError {
             | LockError::NotHeld { key }
             | LockError::ShutDown { key }
             | LockError::NotReplicated { key, .. }
+            | LockError::QuorumFailed { key, .. }
             | LockError::InvalidKey { key, .. }
             | LockError::Backend { key, .. } => Some(key),
             LockError::InvalidConfig(_)
@@ -145,6 +163,7 @@ impl LockError {
             LockError::Timeout { .. }
                 | LockError::Lost { .. }
                 | LockError::NotReplicated { .. }
+                | LockError::QuorumFailed { .. }
                 | LockError::Backend { .. }
                 | LockError::Connect { .. }
         )

@@ -10,7 +10,7 @@
 
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -35,6 +35,8 @@ pub(crate) struct Subscriber {
     /// publishes each release), so that a release wakes one waiter, not one per
     /// server.
     dedupe: AtomicBool,
+    /// Wake-up messages that woke a waiter (after de-duplication), for tests.
+    delivered: AtomicU64,
 }
 
 struct Channel {
@@ -56,6 +58,7 @@ impl Subscriber {
             channels: Mutex::new(HashMap::new()),
             changes,
             dedupe: AtomicBool::new(false),
+            delivered: AtomicU64::new(0),
         }
     }
 
@@ -104,6 +107,7 @@ impl Subscriber {
                 }
                 c.last_release = payload.to_vec();
             }
+            self.delivered.fetch_add(1, Ordering::Relaxed);
             c.wake.notify_one();
         }
     }
@@ -120,6 +124,11 @@ impl Subscriber {
         for channel in self.channels().values() {
             channel.wake.notify_waiters();
         }
+    }
+
+    /// How many wake-up messages woke a waiter so far.
+    pub(crate) fn delivered(&self) -> u64 {
+        self.delivered.load(Ordering::Relaxed)
     }
 
     fn is_wanted(&self, channel: &str) -> bool {

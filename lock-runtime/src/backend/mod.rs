@@ -7,11 +7,12 @@
 //!
 //! - [`single::Single`]: one server, one multiplexed connection;
 //! - [`cluster::Cluster`]: Redis Cluster; one call per lock through the cluster
-//!   client (MOVED/ASK followed, TRYAGAIN retried), renewals pipelined per node.
+//!   client (MOVED/ASK followed, TRYAGAIN retried), renewals pipelined per node;
+//! - [`redlock::Redlock`]: N independent masters, each a `Single`; a lock is
+//!   held while a majority holds it.
 //!
 //! A closed enum rather than a trait object: the set is closed, and the enum
-//! keeps the one-round-trip hot path free of boxed futures. Backends over
-//! several masters (Sentinel-followed, Redlock) join as further variants.
+//! keeps the one-round-trip hot path free of boxed futures.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -26,6 +27,7 @@ use crate::lease::Lease;
 
 pub(crate) mod check;
 pub(crate) mod cluster;
+pub(crate) mod redlock;
 pub(crate) mod scripts;
 pub(crate) mod single;
 
@@ -38,11 +40,14 @@ pub(crate) enum Target {
     Single(String),
     /// Seed nodes of a Redis Cluster.
     Cluster(Vec<String>),
+    /// The independent masters of a Redlock.
+    Redlock(Vec<String>),
 }
 
 pub(crate) enum Backend {
     Single(single::Single),
     Cluster(cluster::Cluster),
+    Redlock(redlock::Redlock),
 }
 
 /// A failed Redis call, and whether the server may have executed it anyway (its
@@ -83,6 +88,13 @@ impl Backend {
             Target::Cluster(seeds) => Ok(Backend::Cluster(
                 cluster::Cluster::connect(seeds, config, tls).await?,
             )),
+            Target::Redlock(_) if config.replica_ack.is_some() => Err(LockError::InvalidConfig(
+                "replica_ack does not apply to Redlock: its members are independent masters"
+                    .to_owned(),
+            )),
+            Target::Redlock(urls) => Ok(Backend::Redlock(
+                redlock::Redlock::connect(urls, config, tls).await?,
+            )),
         }
     }
 
@@ -99,6 +111,7 @@ impl Backend {
         match self {
             Backend::Single(b) => b.acquire(key, keys, owner, lease_ms, fence_ttl_ms).await,
             Backend::Cluster(b) => b.acquire(key, keys, owner, lease_ms, fence_ttl_ms).await,
+            Backend::Redlock(b) => b.acquire(key, keys, owner, lease_ms, fence_ttl_ms).await,
         }
     }
 
@@ -112,6 +125,7 @@ impl Backend {
         match self {
             Backend::Single(b) => b.release(key, keys, owner).await,
             Backend::Cluster(b) => b.release(key, keys, owner).await,
+            Backend::Redlock(b) => b.release(key, keys, owner).await,
         }
     }
 
@@ -124,6 +138,7 @@ impl Backend {
         match self {
             Backend::Single(b) => b.release_many(locks).await,
             Backend::Cluster(b) => b.release_many(locks).await,
+            Backend::Redlock(b) => b.release_many(locks).await,
         }
     }
 
@@ -133,6 +148,7 @@ impl Backend {
         match self {
             Backend::Single(b) => b.release_blocking(keys, owner),
             Backend::Cluster(b) => b.release_blocking(keys, owner),
+            Backend::Redlock(b) => b.release_blocking(keys, owner),
         }
     }
 
@@ -142,6 +158,7 @@ impl Backend {
         match self {
             Backend::Single(b) => b.renew(batch).await,
             Backend::Cluster(b) => b.renew(batch).await,
+            Backend::Redlock(b) => b.renew(batch).await,
         }
     }
 
@@ -155,6 +172,7 @@ impl Backend {
             Backend::Cluster(b) => b
                 .renewal_round_trips
                 .load(std::sync::atomic::Ordering::Relaxed),
+            Backend::Redlock(b) => b.renewal_round_trips(),
         }
     }
 
@@ -162,16 +180,23 @@ impl Backend {
     pub(crate) fn pubsub_sources(&self) -> usize {
         match self {
             Backend::Single(_) | Backend::Cluster(_) => 1,
+            Backend::Redlock(b) => b.members().len(),
         }
     }
 
     /// Opens a pub/sub connection to wake-up source `source` (below
     /// [`pubsub_sources`](Self::pubsub_sources)).
     pub(crate) async fn pubsub(&self, source: usize) -> RedisResult<redis::aio::PubSub> {
-        let _ = source;
         match self {
             Backend::Single(b) => b.pubsub().await,
             Backend::Cluster(b) => b.pubsub().await,
+            Backend::Redlock(b) => match b.members().get(source) {
+                Some(member) => member.pubsub().await,
+                None => Err(redis::RedisError::from((
+                    redis::ErrorKind::Client,
+                    "no such Redlock member",
+                ))),
+            },
         }
     }
 }

@@ -186,6 +186,7 @@ pub(crate) struct Scripts {
     acquire: Lua,
     release: Lua,
     renew: Lua,
+    raise_fence: Lua,
 }
 
 impl Scripts {
@@ -194,6 +195,7 @@ impl Scripts {
             acquire: Lua::new(include_str!("../scripts/acquire.lua")),
             release: Lua::new(include_str!("../scripts/release.lua")),
             renew: Lua::new(include_str!("../scripts/renew.lua")),
+            raise_fence: Lua::new(include_str!("../scripts/raise_fence.lua")),
         }
     }
 
@@ -345,6 +347,25 @@ impl Scripts {
     pub(crate) fn renew_reply(reply: (i64, String), owner: &str) -> RedisResult<bool> {
         check_owner(&reply.1, owner)?;
         Ok(reply.0 == 1)
+    }
+
+    /// Raises the fencing counter to `token` and records it as `owner`'s token
+    /// if `owner` holds the lock; true when it does.
+    pub(crate) async fn raise_fence(
+        &self,
+        conn: &mut impl ConnectionLike,
+        keys: &LockKeys,
+        owner: &str,
+        token: u64,
+        fence_ttl_ms: u64,
+    ) -> RedisResult<bool> {
+        let mut cmd = self
+            .raise_fence
+            .call(&[&keys.lock, &keys.fence], 3, owner.len() + 40);
+        cmd.arg(owner).arg(token).arg(fence_ttl_ms);
+        let (ours, echoed): (i64, String) = self.raise_fence.invoke(conn, &cmd).await?;
+        check_owner(&echoed, owner)?;
+        Ok(ours == 1)
     }
 
     /// One renew script call, loading the script on NOSCRIPT.

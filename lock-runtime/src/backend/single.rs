@@ -46,19 +46,7 @@ impl Single {
         tls: &TlsSettings,
     ) -> Result<Single, LockError> {
         let shown_url = redact(url);
-        let client = super::open_client(url, tls)
-            .map_err(|e| LockError::InvalidConfig(format!("invalid redis URL {shown_url}: {e}")))?;
-        let conn_config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(config.connect_timeout))
-            // No response timeout here: `Single::call`'s timeout is the one bound
-            // on a call, covering a reconnect, a script reload and the retry
-            // together; a second timer per call only cost time (two timers
-            // armed and cancelled per round trip).
-            .set_response_timeout(None)
-            // Reconnection is retried by every later call; a few quick tries here
-            // keep a call that meets a restart from waiting long.
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_millis(200));
+        let (client, conn_config) = open(url, &shown_url, config, tls)?;
         let connecting = ConnectionManager::new_with_config(client.clone(), conn_config.clone());
         let mut conn = match tokio::time::timeout(config.connect_timeout, connecting).await {
             Ok(Ok(conn)) => conn,
@@ -80,7 +68,46 @@ impl Single {
             &shown_url,
         )
         .await?;
-        Ok(Single {
+        Ok(Single::with_connection(
+            client,
+            conn,
+            conn_config,
+            scripts,
+            config,
+        ))
+    }
+
+    /// A server that could not be reached at start-up (a Redlock member that is
+    /// down): connected, and not checked, on first use.
+    pub(crate) fn connect_lazily(
+        url: &str,
+        config: &Config,
+        tls: &TlsSettings,
+    ) -> Result<Single, LockError> {
+        let shown_url = redact(url);
+        let (client, conn_config) = open(url, &shown_url, config, tls)?;
+        let conn = ConnectionManager::new_lazy_with_config(client.clone(), conn_config.clone())
+            .map_err(|source| LockError::Connect {
+                url: shown_url,
+                source,
+            })?;
+        Ok(Single::with_connection(
+            client,
+            conn,
+            conn_config,
+            Scripts::new(),
+            config,
+        ))
+    }
+
+    fn with_connection(
+        client: redis::Client,
+        conn: ConnectionManager,
+        conn_config: ConnectionManagerConfig,
+        scripts: Scripts,
+        config: &Config,
+    ) -> Single {
+        Single {
             conn: Mutex::new(Conn {
                 generation: 0,
                 redis: conn,
@@ -92,7 +119,7 @@ impl Single {
             command_timeout: config.command_timeout,
             connect_timeout: config.connect_timeout,
             renewal_round_trips: AtomicU64::new(0),
-        })
+        }
     }
 
     fn connection(&self) -> Conn {
@@ -201,6 +228,28 @@ impl Single {
         Ok(reply)
     }
 
+    /// Raises the lock's fencing counter to at least `token` and, if `owner`
+    /// still holds the lock, records `token` as its token (Redlock's write-back
+    /// round); true when the lock was ours.
+    pub(crate) async fn raise_fence(
+        &self,
+        key: &str,
+        keys: &LockKeys,
+        owner: &str,
+        token: u64,
+        fence_ttl_ms: u64,
+    ) -> Result<bool, CallError> {
+        let conn = self.connection();
+        let mut redis = conn.redis;
+        self.call(
+            key,
+            conn.generation,
+            self.scripts
+                .raise_fence(&mut redis, keys, owner, token, fence_ttl_ms),
+        )
+        .await
+    }
+
     pub(crate) async fn release(
         &self,
         key: &str,
@@ -298,6 +347,29 @@ impl Single {
     pub(crate) async fn pubsub(&self) -> RedisResult<redis::aio::PubSub> {
         self.client.get_async_pubsub().await
     }
+}
+
+/// A client for `url` and the settings of its connections.
+fn open(
+    url: &str,
+    shown_url: &str,
+    config: &Config,
+    tls: &TlsSettings,
+) -> Result<(redis::Client, ConnectionManagerConfig), LockError> {
+    let client = super::open_client(url, tls)
+        .map_err(|e| LockError::InvalidConfig(format!("invalid redis URL {shown_url}: {e}")))?;
+    let conn_config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(config.connect_timeout))
+        // No response timeout here: `Single::call`'s timeout is the one bound
+        // on a call, covering a reconnect, a script reload and the retry
+        // together; a second timer per call only cost time (two timers
+        // armed and cancelled per round trip).
+        .set_response_timeout(None)
+        // Reconnection is retried by every later call; a few quick tries here
+        // keep a call that meets a restart from waiting long.
+        .set_number_of_retries(2)
+        .set_max_delay(Duration::from_millis(200));
+    Ok((client, conn_config))
 }
 
 pub(crate) fn failed_all(batch: &[Arc<Lease>], error: &str) -> Vec<Renewal> {
