@@ -293,3 +293,29 @@ async fn a_locked_function_runs_unchanged_on_redlock() {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     assert_eq!(holders(&servers, &m, "job:7").await, 0);
 }
+
+#[tokio::test]
+async fn a_manager_starts_with_a_minority_down_and_uses_it_once_it_is_back() {
+    let mut servers = five();
+    servers[0].kill().unwrap();
+    servers[1].kill().unwrap();
+    let m = redlock(urls(&servers)).await;
+    let g = m.lock("late").acquire().await.unwrap();
+    assert_eq!(holders(&servers, &m, "late").await, 3);
+    g.release().await.unwrap();
+    servers[0].start().unwrap();
+    servers[1].start().unwrap();
+    let g = m.lock("late").acquire().await.unwrap();
+    assert_eq!(holders(&servers, &m, "late").await, 5);
+    g.release().await.unwrap();
+
+    servers[2].kill().unwrap();
+    servers[3].kill().unwrap();
+    servers[4].kill().unwrap();
+    let refused = LockManager::redlock_builder(urls(&servers))
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap_err();
+    assert!(matches!(refused, LockError::Connect { .. }), "{refused:?}");
+}
