@@ -154,6 +154,45 @@ impl LockManager {
         }
     }
 
+    /// Starts configuring a manager for the master that Redis Sentinel watches
+    /// under `master_name`, given some of its sentinels (`redis://host:26379`).
+    /// The manager asks the sentinels for the master, and asks again whenever a
+    /// call fails in a way a failover explains (the master is gone, or answers
+    /// `READONLY` because it was demoted): every later call, renewals and the
+    /// wake-up subscriber included, then goes to the master they name. The
+    /// master and its replicas take the user, password and TLS settings of the
+    /// sentinel URLs. Every option of [`builder`](Self::builder) applies,
+    /// [`replica_ack`](LockManagerBuilder::replica_ack) included.
+    ///
+    /// ```no_run
+    /// use distlock_runtime::{LockError, LockManager};
+    ///
+    /// # async fn demo() -> Result<(), LockError> {
+    /// let manager = LockManager::sentinel_builder(
+    ///     ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"],
+    ///     "mymaster",
+    /// )
+    /// .build()
+    /// .await?;
+    /// let guard = manager.lock("order:42").acquire().await?;
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn sentinel_builder<I, S>(sentinels: I, master_name: &str) -> LockManagerBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        LockManagerBuilder {
+            target: Target::Sentinel(
+                sentinels.into_iter().map(Into::into).collect(),
+                master_name.to_owned(),
+            ),
+            config: Config::default(),
+            tls: TlsSettings::default(),
+        }
+    }
+
     /// Starts a request for the lock named `key` (any non-empty UTF-8 string).
     /// Nothing is sent until [`LockRequest::acquire`] or [`LockRequest::try_acquire`].
     pub fn lock(&self, key: impl Into<String>) -> LockRequest {

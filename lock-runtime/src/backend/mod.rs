@@ -9,7 +9,9 @@
 //! - [`cluster::Cluster`]: Redis Cluster; one call per lock through the cluster
 //!   client (MOVED/ASK followed, TRYAGAIN retried), renewals pipelined per node;
 //! - [`redlock::Redlock`]: N independent masters, each a `Single`; a lock is
-//!   held while a majority holds it.
+//!   held while a majority holds it;
+//! - [`sentinel::Sentinel`]: the master the sentinels name, as a `Single`,
+//!   replaced when they name another after a failover.
 //!
 //! A closed enum rather than a trait object: the set is closed, and the enum
 //! keeps the one-round-trip hot path free of boxed futures.
@@ -29,6 +31,7 @@ pub(crate) mod check;
 pub(crate) mod cluster;
 pub(crate) mod redlock;
 pub(crate) mod scripts;
+pub(crate) mod sentinel;
 pub(crate) mod single;
 
 pub(crate) use scripts::AcquireReply;
@@ -42,12 +45,15 @@ pub(crate) enum Target {
     Cluster(Vec<String>),
     /// The independent masters of a Redlock.
     Redlock(Vec<String>),
+    /// Sentinels, and the name of the master they watch.
+    Sentinel(Vec<String>, String),
 }
 
 pub(crate) enum Backend {
     Single(single::Single),
     Cluster(cluster::Cluster),
     Redlock(redlock::Redlock),
+    Sentinel(sentinel::Sentinel),
 }
 
 /// A failed Redis call, and whether the server may have executed it anyway (its
@@ -95,6 +101,9 @@ impl Backend {
             Target::Redlock(urls) => Ok(Backend::Redlock(
                 redlock::Redlock::connect(urls, config, tls).await?,
             )),
+            Target::Sentinel(urls, name) => Ok(Backend::Sentinel(
+                sentinel::Sentinel::connect(urls, name, config, tls).await?,
+            )),
         }
     }
 
@@ -112,6 +121,7 @@ impl Backend {
             Backend::Single(b) => b.acquire(key, keys, owner, lease_ms, fence_ttl_ms).await,
             Backend::Cluster(b) => b.acquire(key, keys, owner, lease_ms, fence_ttl_ms).await,
             Backend::Redlock(b) => b.acquire(key, keys, owner, lease_ms, fence_ttl_ms).await,
+            Backend::Sentinel(b) => b.acquire(key, keys, owner, lease_ms, fence_ttl_ms).await,
         }
     }
 
@@ -126,6 +136,7 @@ impl Backend {
             Backend::Single(b) => b.release(key, keys, owner).await,
             Backend::Cluster(b) => b.release(key, keys, owner).await,
             Backend::Redlock(b) => b.release(key, keys, owner).await,
+            Backend::Sentinel(b) => b.release(key, keys, owner).await,
         }
     }
 
@@ -139,6 +150,7 @@ impl Backend {
             Backend::Single(b) => b.release_many(locks).await,
             Backend::Cluster(b) => b.release_many(locks).await,
             Backend::Redlock(b) => b.release_many(locks).await,
+            Backend::Sentinel(b) => b.release_many(locks).await,
         }
     }
 
@@ -149,6 +161,7 @@ impl Backend {
             Backend::Single(b) => b.release_blocking(keys, owner),
             Backend::Cluster(b) => b.release_blocking(keys, owner),
             Backend::Redlock(b) => b.release_blocking(keys, owner),
+            Backend::Sentinel(b) => b.release_blocking(keys, owner),
         }
     }
 
@@ -159,6 +172,7 @@ impl Backend {
             Backend::Single(b) => b.renew(batch).await,
             Backend::Cluster(b) => b.renew(batch).await,
             Backend::Redlock(b) => b.renew(batch).await,
+            Backend::Sentinel(b) => b.renew(batch).await,
         }
     }
 
@@ -173,6 +187,7 @@ impl Backend {
                 .renewal_round_trips
                 .load(std::sync::atomic::Ordering::Relaxed),
             Backend::Redlock(b) => b.renewal_round_trips(),
+            Backend::Sentinel(b) => b.renewal_round_trips(),
         }
     }
 
@@ -181,6 +196,7 @@ impl Backend {
         match self {
             Backend::Single(_) | Backend::Cluster(_) => 1,
             Backend::Redlock(b) => b.members().len(),
+            Backend::Sentinel(_) => 1,
         }
     }
 
@@ -190,6 +206,7 @@ impl Backend {
         match self {
             Backend::Single(b) => b.pubsub().await,
             Backend::Cluster(b) => b.pubsub().await,
+            Backend::Sentinel(b) => b.pubsub().await,
             Backend::Redlock(b) => match b.members().get(source) {
                 Some(member) => member.pubsub().await,
                 None => Err(redis::RedisError::from((
@@ -295,6 +312,31 @@ fn check_tls_feature(url: &str, tls: &TlsSettings) -> RedisResult<()> {
         )));
     }
     Ok(())
+}
+
+/// A client for `host:port` with the settings (user, password, TLS and its
+/// certificates) of `template`: for servers that a cluster or the sentinels
+/// name, which take the credentials of the URLs the manager was given.
+pub(crate) fn client_at(
+    template: &redis::Client,
+    host: &str,
+    port: u16,
+) -> RedisResult<redis::Client> {
+    let info = template.get_connection_info().clone();
+    let addr = match info.addr() {
+        redis::ConnectionAddr::TcpTls {
+            insecure,
+            tls_params,
+            ..
+        } => redis::ConnectionAddr::TcpTls {
+            host: host.to_owned(),
+            port,
+            insecure: *insecure,
+            tls_params: tls_params.clone(),
+        },
+        _ => redis::ConnectionAddr::Tcp(host.to_owned(), port),
+    };
+    redis::Client::open(info.set_addr(addr))
 }
 
 #[cfg(feature = "tls")]

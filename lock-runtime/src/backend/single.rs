@@ -46,7 +46,17 @@ impl Single {
         tls: &TlsSettings,
     ) -> Result<Single, LockError> {
         let shown_url = redact(url);
-        let (client, conn_config) = open(url, &shown_url, config, tls)?;
+        let client = open_url(url, &shown_url, tls)?;
+        Single::connect_client(client, shown_url, config).await
+    }
+
+    /// Connects with `client` and runs the server check.
+    pub(crate) async fn connect_client(
+        client: redis::Client,
+        shown_url: String,
+        config: &Config,
+    ) -> Result<Single, LockError> {
+        let conn_config = connection_config(config);
         let connecting = ConnectionManager::new_with_config(client.clone(), conn_config.clone());
         let mut conn = match tokio::time::timeout(config.connect_timeout, connecting).await {
             Ok(Ok(conn)) => conn,
@@ -85,7 +95,17 @@ impl Single {
         tls: &TlsSettings,
     ) -> Result<Single, LockError> {
         let shown_url = redact(url);
-        let (client, conn_config) = open(url, &shown_url, config, tls)?;
+        let client = open_url(url, &shown_url, tls)?;
+        Single::connect_client_lazily(client, shown_url, config)
+    }
+
+    /// Like [`connect_lazily`](Self::connect_lazily), with a client.
+    pub(crate) fn connect_client_lazily(
+        client: redis::Client,
+        shown_url: String,
+        config: &Config,
+    ) -> Result<Single, LockError> {
+        let conn_config = connection_config(config);
         let conn = ConnectionManager::new_lazy_with_config(client.clone(), conn_config.clone())
             .map_err(|source| LockError::Connect {
                 url: shown_url,
@@ -349,16 +369,13 @@ impl Single {
     }
 }
 
-/// A client for `url` and the settings of its connections.
-fn open(
-    url: &str,
-    shown_url: &str,
-    config: &Config,
-    tls: &TlsSettings,
-) -> Result<(redis::Client, ConnectionManagerConfig), LockError> {
-    let client = super::open_client(url, tls)
-        .map_err(|e| LockError::InvalidConfig(format!("invalid redis URL {shown_url}: {e}")))?;
-    let conn_config = ConnectionManagerConfig::new()
+fn open_url(url: &str, shown_url: &str, tls: &TlsSettings) -> Result<redis::Client, LockError> {
+    super::open_client(url, tls)
+        .map_err(|e| LockError::InvalidConfig(format!("invalid redis URL {shown_url}: {e}")))
+}
+
+fn connection_config(config: &Config) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
         .set_connection_timeout(Some(config.connect_timeout))
         // No response timeout here: `Single::call`'s timeout is the one bound
         // on a call, covering a reconnect, a script reload and the retry
@@ -368,8 +385,7 @@ fn open(
         // Reconnection is retried by every later call; a few quick tries here
         // keep a call that meets a restart from waiting long.
         .set_number_of_retries(2)
-        .set_max_delay(Duration::from_millis(200));
-    Ok((client, conn_config))
+        .set_max_delay(Duration::from_millis(200))
 }
 
 pub(crate) fn failed_all(batch: &[Arc<Lease>], error: &str) -> Vec<Renewal> {
