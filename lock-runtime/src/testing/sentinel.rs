@@ -386,8 +386,17 @@ impl RedisSentinel {
     /// Kills the current master (as the sentinels name it) with SIGKILL, as a crash would, and
     /// returns its index in [`data_nodes`](Self::data_nodes). Then call
     /// [`wait_for_new_master`](Self::wait_for_new_master).
+    ///
+    /// Fails with [`TestingError::Sentinel`] if the node the sentinels name is not running (it
+    /// was killed already and no replica took over yet).
     pub fn kill_master(&mut self) -> Result<usize, TestingError> {
         let master = self.current_master()?;
+        if !self.data[master].is_running() {
+            return Err(TestingError::Sentinel(format!(
+                "the sentinels still name data node {master} as master, which is not running \
+                 (killed already); wait_for_new_master first"
+            )));
+        }
         self.data[master].kill()?;
         Ok(master)
     }
@@ -835,6 +844,10 @@ mod tests {
         // Without a replica nobody can take over.
         let mut sentinel = RedisSentinel::builder().replicas(0).spawn()?;
         let old = sentinel.kill_master()?;
+        assert!(matches!(
+            sentinel.kill_master(),
+            Err(TestingError::Sentinel(message)) if message.contains("not running")
+        ));
         match sentinel.wait_for_new_master(old, Duration::from_millis(300)) {
             Err(err @ TestingError::SentinelTimeout { .. }) => {
                 let message = err.to_string();
