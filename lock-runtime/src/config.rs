@@ -33,6 +33,21 @@ pub(crate) struct Config {
     pub(crate) fence_retention: Duration,
     /// Refuse to build when `maxmemory-policy` may evict lock keys (else: warn).
     pub(crate) reject_evicting_policy: bool,
+    /// Count an acquisition only once this many replicas confirmed it.
+    pub(crate) replica_ack: Option<ReplicaAck>,
+}
+
+/// How many replicas must confirm an acquisition (`WAIT`), and how long to wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ReplicaAck {
+    pub(crate) replicas: u32,
+    pub(crate) timeout: Duration,
+}
+
+impl ReplicaAck {
+    pub(crate) fn timeout_ms(&self) -> u64 {
+        u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX)
+    }
 }
 
 impl Default for Config {
@@ -45,6 +60,7 @@ impl Default for Config {
             connect_timeout: Duration::from_secs(2),
             fence_retention: DEFAULT_FENCE_RETENTION,
             reject_evicting_policy: false,
+            replica_ack: None,
         }
     }
 }
@@ -63,6 +79,19 @@ impl Config {
             if d.is_zero() || d > MAX_DURATION {
                 return Err(LockError::InvalidConfig(format!(
                     "{what} is {d:?}; it must be above zero and at most 30 days"
+                )));
+            }
+        }
+        if let Some(ack) = self.replica_ack {
+            // WAIT takes whole milliseconds, and 0 would mean "for ever".
+            if ack.replicas == 0
+                || ack.timeout < Duration::from_millis(1)
+                || ack.timeout > MAX_DURATION
+            {
+                return Err(LockError::InvalidConfig(format!(
+                    "replica_ack({}, {:?}): it needs at least 1 replica and a timeout of 1 ms to \
+                     30 days",
+                    ack.replicas, ack.timeout
                 )));
             }
         }

@@ -66,6 +66,41 @@ pub enum LockError {
         key: String,
     },
 
+    /// The master granted the lock, but fewer replicas than
+    /// [`replica_ack`](crate::LockManagerBuilder::replica_ack) asks for confirmed
+    /// it within its timeout. The lock was given back (by owner token) before this
+    /// error was returned, so nothing is held.
+    #[error(
+        "lock {}: {acked} of {wanted} replicas confirmed the acquisition in time; the lock was \
+         given back",
+        KeyPreview(key)
+    )]
+    NotReplicated {
+        /// The lock key.
+        key: String,
+        /// How many replicas confirmed it.
+        acked: u32,
+        /// How many were asked for.
+        wanted: u32,
+    },
+
+    /// Under Redlock, errors (members down, unreachable or too slow), not other
+    /// owners, kept a majority of the members from granting the lock. Partial
+    /// grants were given back.
+    #[error(
+        "lock {}: only {granted} of the {needed} Redlock members needed granted it; the others \
+         failed or did not answer in time",
+        KeyPreview(key)
+    )]
+    QuorumFailed {
+        /// The lock key.
+        key: String,
+        /// How many members granted it.
+        granted: u32,
+        /// How many members make a majority.
+        needed: u32,
+    },
+
     /// Redis failed or did not answer in time while working on the lock.
     #[error("redis failed on lock {}: {source}", KeyPreview(key))]
     Backend {
@@ -109,6 +144,8 @@ impl LockError {
             | LockError::Lost { key }
             | LockError::NotHeld { key }
             | LockError::ShutDown { key }
+            | LockError::NotReplicated { key, .. }
+            | LockError::QuorumFailed { key, .. }
             | LockError::InvalidKey { key, .. }
             | LockError::Backend { key, .. } => Some(key),
             LockError::InvalidConfig(_)
@@ -125,6 +162,8 @@ impl LockError {
             self,
             LockError::Timeout { .. }
                 | LockError::Lost { .. }
+                | LockError::NotReplicated { .. }
+                | LockError::QuorumFailed { .. }
                 | LockError::Backend { .. }
                 | LockError::Connect { .. }
         )

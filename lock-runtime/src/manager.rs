@@ -109,6 +109,90 @@ impl LockManager {
         }
     }
 
+    /// Starts configuring a manager for Redlock over independent Redis masters
+    /// (at least 3; an odd number, such as 5, tolerates the most failures per
+    /// member): a lock is held while a majority of them holds it, so it survives
+    /// the loss or restart of a minority. Every option of
+    /// [`builder`](Self::builder) applies (except
+    /// [`replica_ack`](LockManagerBuilder::replica_ack)), and locked functions,
+    /// requests and guards work unchanged.
+    ///
+    /// Each operation goes to all members at once, each bounded by a tenth of
+    /// the lease (at most the command timeout): an acquisition is two rounds
+    /// (grant, then writing the chosen fencing token back to the majority),
+    /// renewal one pipeline per member per tick, release one round. When errors
+    /// rather than other owners keep a majority away, the acquisition fails with
+    /// [`LockError::QuorumFailed`]. See the README's "Scaling out" for what
+    /// Redlock does and does not promise.
+    ///
+    /// ```no_run
+    /// use distlock_runtime::{LockError, LockManager};
+    ///
+    /// # async fn demo() -> Result<(), LockError> {
+    /// let manager = LockManager::redlock_builder([
+    ///     "redis://10.0.0.1:6379",
+    ///     "redis://10.0.1.1:6379",
+    ///     "redis://10.0.2.1:6379",
+    ///     "redis://10.0.3.1:6379",
+    ///     "redis://10.0.4.1:6379",
+    /// ])
+    /// .build()
+    /// .await?;
+    /// let guard = manager.lock("order:42").acquire().await?;
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn redlock_builder<I, S>(masters: I) -> LockManagerBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        LockManagerBuilder {
+            target: Target::Redlock(masters.into_iter().map(Into::into).collect()),
+            config: Config::default(),
+            tls: TlsSettings::default(),
+        }
+    }
+
+    /// Starts configuring a manager for the master that Redis Sentinel watches
+    /// under `master_name`, given some of its sentinels (`redis://host:26379`).
+    /// The manager asks the sentinels for the master, and asks again whenever a
+    /// call fails in a way a failover explains (the master is gone, or answers
+    /// `READONLY` because it was demoted): every later call, renewals and the
+    /// wake-up subscriber included, then goes to the master they name. The
+    /// master and its replicas take the user, password and TLS settings of the
+    /// sentinel URLs. Every option of [`builder`](Self::builder) applies,
+    /// [`replica_ack`](LockManagerBuilder::replica_ack) included.
+    ///
+    /// ```no_run
+    /// use distlock_runtime::{LockError, LockManager};
+    ///
+    /// # async fn demo() -> Result<(), LockError> {
+    /// let manager = LockManager::sentinel_builder(
+    ///     ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"],
+    ///     "mymaster",
+    /// )
+    /// .build()
+    /// .await?;
+    /// let guard = manager.lock("order:42").acquire().await?;
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn sentinel_builder<I, S>(sentinels: I, master_name: &str) -> LockManagerBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        LockManagerBuilder {
+            target: Target::Sentinel(
+                sentinels.into_iter().map(Into::into).collect(),
+                master_name.to_owned(),
+            ),
+            config: Config::default(),
+            tls: TlsSettings::default(),
+        }
+    }
+
     /// Starts a request for the lock named `key` (any non-empty UTF-8 string).
     /// Nothing is sent until [`LockRequest::acquire`] or [`LockRequest::try_acquire`].
     pub fn lock(&self, key: impl Into<String>) -> LockRequest {
@@ -176,6 +260,14 @@ impl LockManager {
     #[doc(hidden)]
     pub fn renewal_task_wakeups(&self) -> u64 {
         self.inner.core.renewals.wakeups()
+    }
+
+    /// How many release messages have woken one of this manager's waiters (a
+    /// Redlock release heard from several members counts once): for tests.
+    /// Not a stable API.
+    #[doc(hidden)]
+    pub fn wake_ups_delivered(&self) -> u64 {
+        self.inner.core.subscriber.delivered()
     }
 
     /// How many round trips renewals have taken since the manager was built
@@ -273,6 +365,23 @@ impl LockManagerBuilder {
         key_pem: impl Into<Vec<u8>>,
     ) -> Self {
         self.tls.client_identity = Some((certificate_pem.into(), key_pem.into()));
+        self
+    }
+
+    /// Counts an acquisition only once `replicas` replicas of the master confirm
+    /// it, waiting up to `timeout` for them (Redis `WAIT`, pipelined after the
+    /// acquire script on the same connection: still one round trip, longer by the
+    /// replication delay). With fewer confirmations the lock is given back at
+    /// once and the acquisition fails with [`LockError::NotReplicated`]; it is
+    /// not retried within `wait`, since a replica that lags or is gone will not
+    /// answer the next attempt sooner.
+    ///
+    /// This narrows the window in which a failover loses a fresh lock; it does
+    /// not close it: a confirming replica is not always the one promoted, and
+    /// Redis may still lose a write it acknowledged (see the README's "Redis
+    /// losing the lock"). Renewals are not waited for. Off by default.
+    pub fn replica_ack(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.config.replica_ack = Some(crate::config::ReplicaAck { replicas, timeout });
         self
     }
 

@@ -10,13 +10,13 @@
 
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use redis::aio::{PubSubSink, PubSubStream};
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::{broadcast, Notify};
 
 use crate::backend::Backend;
 
@@ -29,26 +29,36 @@ pub(crate) struct Subscriber {
     command_timeout: Duration,
     channels: Mutex<HashMap<String, Channel>>,
     /// Channels whose waiter count went from or to zero, for the task to
-    /// subscribe or unsubscribe.
-    changes: mpsc::UnboundedSender<String>,
-    changes_rx: Mutex<Option<mpsc::UnboundedReceiver<String>>>,
+    /// subscribe or unsubscribe (on every server it listens to).
+    changes: broadcast::Sender<String>,
+    /// Set when wake-ups come from several servers (Redlock: every member
+    /// publishes each release), so that a release wakes one waiter, not one per
+    /// server.
+    dedupe: AtomicBool,
+    /// Wake-up messages that woke a waiter (after de-duplication), for tests.
+    delivered: AtomicU64,
 }
 
 struct Channel {
     /// This manager's waiters on the channel, in arrival order (registration ids).
     queue: VecDeque<u64>,
     wake: Arc<Notify>,
+    /// The payload (the releasing owner token) of the last wake-up taken, when
+    /// wake-ups are de-duplicated.
+    last_release: Vec<u8>,
 }
 
 impl Subscriber {
     pub(crate) fn new(connect_timeout: Duration, command_timeout: Duration) -> Self {
-        let (changes, rx) = mpsc::unbounded_channel();
+        // A subscriber task that falls this far behind resynchronises all channels.
+        let (changes, _) = broadcast::channel(4096);
         Subscriber {
             connect_timeout,
             command_timeout,
             channels: Mutex::new(HashMap::new()),
             changes,
-            changes_rx: Mutex::new(Some(rx)),
+            dedupe: AtomicBool::new(false),
+            delivered: AtomicU64::new(0),
         }
     }
 
@@ -63,6 +73,7 @@ impl Subscriber {
             .or_insert_with(|| Channel {
                 queue: VecDeque::new(),
                 wake: Arc::new(Notify::new()),
+                last_release: Vec::new(),
             });
         let id = crate::config::next_id();
         entry.queue.push_back(id);
@@ -85,8 +96,18 @@ impl Subscriber {
         self.channels().contains_key(channel)
     }
 
-    fn wake_one(&self, channel: &str) {
-        if let Some(c) = self.channels().get(channel) {
+    /// Wakes the longest waiter of `channel` for a release announced with
+    /// `payload` (skipped when another server already announced the same one).
+    fn wake_one(&self, channel: &str, payload: &[u8]) {
+        let dedupe = self.dedupe.load(Ordering::Relaxed);
+        if let Some(c) = self.channels().get_mut(channel) {
+            if dedupe {
+                if c.last_release == payload {
+                    return;
+                }
+                c.last_release = payload.to_vec();
+            }
+            self.delivered.fetch_add(1, Ordering::Relaxed);
             c.wake.notify_one();
         }
     }
@@ -103,6 +124,11 @@ impl Subscriber {
         for channel in self.channels().values() {
             channel.wake.notify_waiters();
         }
+    }
+
+    /// How many wake-up messages woke a waiter so far.
+    pub(crate) fn delivered(&self) -> u64 {
+        self.delivered.load(Ordering::Relaxed)
     }
 
     fn is_wanted(&self, channel: &str) -> bool {
@@ -164,57 +190,62 @@ impl Drop for Registration<'_> {
 
 /// The subscriber task: keeps the subscriptions equal to the channels that have
 /// waiters, and turns messages into wake-ups. Connects on first need, and
-/// reconnects (re-subscribing channel by channel) after the connection breaks;
-/// the backend picks the server (in a cluster, any live node: release publishes
-/// with classic PUBLISH, which the cluster bus carries to every node).
+/// reconnects (re-subscribing channel by channel) after the connection breaks.
+/// The backend says where to listen: one server; any node of a cluster (release
+/// publishes with classic PUBLISH, which the cluster bus carries to every node);
+/// every Redlock member, each publishing every release (de-duplicated).
 pub(crate) async fn run_subscriber(sub: &Subscriber, backend: &Backend) {
-    let Some(mut changes) = sub
-        .changes_rx
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .take()
-    else {
-        return;
-    };
+    let sources = backend.pubsub_sources();
+    sub.dedupe.store(sources > 1, Ordering::Relaxed);
+    futures_util::future::join_all((0..sources).map(|source| run_source(sub, backend, source)))
+        .await;
+}
+
+async fn run_source(sub: &Subscriber, backend: &Backend, source: usize) {
+    let mut changes = sub.changes.subscribe();
     let mut reconnect_delay = Duration::from_millis(50);
     loop {
         // Wait until some channel has waiters.
-        if sub.wanted().is_empty() && changes.recv().await.is_none() {
+        if sub.wanted().is_empty()
+            && matches!(
+                changes.recv().await,
+                Err(broadcast::error::RecvError::Closed)
+            )
+        {
             return;
         }
-        let Some((mut sink, mut stream)) = connect(sub, backend).await else {
+        let Some((mut sink, mut stream)) = connect(sub, backend, source).await else {
             tokio::time::sleep(reconnect_delay).await;
             reconnect_delay = (reconnect_delay * 2).min(Duration::from_secs(2));
             continue;
         };
         reconnect_delay = Duration::from_millis(50);
         let mut subscribed = HashSet::new();
-        let mut synced = true;
-        for channel in sub.wanted() {
-            if !sync_channel(sub, &mut sink, &mut subscribed, channel).await {
-                synced = false;
-                break;
-            }
-        }
-        if !synced {
-            // Reconnect and subscribe everything again rather than go on with
-            // channels left out.
+        // On failure, reconnect and subscribe everything again rather than go on
+        // with channels left out.
+        if !sync_all(sub, &mut sink, &mut subscribed).await {
             continue;
         }
         loop {
             tokio::select! {
                 change = changes.recv() => {
-                    let Some(channel) = change else { return };
-                    if !sync_channel(sub, &mut sink, &mut subscribed, channel).await {
+                    let synced = match change {
+                        Ok(channel) => sync_channel(sub, &mut sink, &mut subscribed, channel).await,
+                        Err(broadcast::error::RecvError::Lagged(_)) => {
+                            sync_all(sub, &mut sink, &mut subscribed).await
+                        }
+                        Err(broadcast::error::RecvError::Closed) => return,
+                    };
+                    if !synced {
                         break;
                     }
                 }
                 msg = stream.next() => {
                     let Some(msg) = msg else {
-                        tracing::debug!(target: "distlock::waiting", "pub/sub connection closed; reconnecting");
+                        tracing::debug!(target: "distlock::waiting", source, "pub/sub connection closed; reconnecting");
                         break;
                     };
-                    sub.wake_one(msg.get_channel_name());
+                    sub.wake_one(msg.get_channel_name(), msg.get_payload_bytes());
                 }
             }
         }
@@ -222,8 +253,30 @@ pub(crate) async fn run_subscriber(sub: &Subscriber, backend: &Backend) {
     }
 }
 
-async fn connect(sub: &Subscriber, backend: &Backend) -> Option<(PubSubSink, PubSubStream)> {
-    match tokio::time::timeout(sub.connect_timeout, backend.pubsub()).await {
+/// Subscribes to every channel with waiters and unsubscribes from the others.
+async fn sync_all(
+    sub: &Subscriber,
+    sink: &mut PubSubSink,
+    subscribed: &mut HashSet<String>,
+) -> bool {
+    let mut channels = sub.wanted();
+    channels.extend(subscribed.iter().cloned());
+    channels.sort();
+    channels.dedup();
+    for channel in channels {
+        if !sync_channel(sub, sink, subscribed, channel).await {
+            return false;
+        }
+    }
+    true
+}
+
+async fn connect(
+    sub: &Subscriber,
+    backend: &Backend,
+    source: usize,
+) -> Option<(PubSubSink, PubSubStream)> {
+    match tokio::time::timeout(sub.connect_timeout, backend.pubsub(source)).await {
         Ok(Ok(pubsub)) => Some(pubsub.split()),
         Ok(Err(e)) => {
             tracing::debug!(target: "distlock::waiting", error = %e, "pub/sub connection failed");

@@ -125,8 +125,8 @@ fn malformed_slots() -> RedisError {
 
 /// The cluster slot of a Redis key: CRC16 of its hash tag (or of the whole key
 /// without one), modulo 16384.
-pub(crate) fn slot_of(key: &str) -> u16 {
-    let bytes = key.as_bytes();
+pub(crate) fn slot_of(key: impl AsRef<[u8]>) -> u16 {
+    let bytes = key.as_ref();
     let hashed = bytes
         .iter()
         .position(|b| *b == b'{')
@@ -195,24 +195,12 @@ impl Cluster {
             None => builder,
         };
         let client = builder.build().map_err(invalid)?;
-        let mut conn =
-            match tokio::time::timeout(config.connect_timeout, client.get_async_connection()).await
-            {
-                Ok(Ok(conn)) => conn,
-                Ok(Err(e)) if is_not_a_cluster(&e) => {
-                    return Err(LockError::ServerCheck {
-                        url: shown,
-                        reason: format!(
-                        "the server is not a Redis Cluster node ({e}); use LockManager::builder \
-                         for a single server"
-                    ),
-                    })
-                }
-                Ok(Err(source)) => {
-                    return Err(LockError::Connect { url: shown, source });
-                }
-                Err(_) => return Err(super::connect_timed_out(shown, config.connect_timeout)),
-            };
+        let connecting = client.get_async_connection();
+        let mut conn = match tokio::time::timeout(config.connect_timeout, connecting).await {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(e)) => return Err(connect_error(e, shown)),
+            Err(_) => return Err(super::connect_timed_out(shown, config.connect_timeout)),
+        };
         let cluster = Cluster {
             client,
             conn: Mutex::new(None),
@@ -636,6 +624,33 @@ fn by_address(node: &Node) -> SingleNodeRoutingInfo {
     SingleNodeRoutingInfo::ByAddress {
         host: node.host.clone(),
         port: node.port,
+    }
+}
+
+/// Why the cluster client could not start: a server that is no cluster node, an
+/// ACL user who may not read the topology, or no node answering.
+fn connect_error(e: RedisError, shown: String) -> LockError {
+    if is_not_a_cluster(&e) {
+        return LockError::ServerCheck {
+            url: shown,
+            reason: format!(
+                "the server is not a Redis Cluster node ({e}); use LockManager::builder for a \
+                 single server"
+            ),
+        };
+    }
+    if e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm) {
+        return LockError::ServerCheck {
+            url: shown,
+            reason: format!(
+                "reading the cluster's topology was refused: {e}; on a cluster the ACL user \
+                 needs +cluster|slots besides what one server needs (README, \"Scaling out\")"
+            ),
+        };
+    }
+    LockError::Connect {
+        url: shown,
+        source: e,
     }
 }
 

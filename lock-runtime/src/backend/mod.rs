@@ -7,11 +7,14 @@
 //!
 //! - [`single::Single`]: one server, one multiplexed connection;
 //! - [`cluster::Cluster`]: Redis Cluster; one call per lock through the cluster
-//!   client (MOVED/ASK followed, TRYAGAIN retried), renewals pipelined per node.
+//!   client (MOVED/ASK followed, TRYAGAIN retried), renewals pipelined per node;
+//! - [`redlock::Redlock`]: N independent masters, each a `Single`; a lock is
+//!   held while a majority holds it;
+//! - [`sentinel::Sentinel`]: the master the sentinels name, as a `Single`,
+//!   replaced when they name another after a failover.
 //!
 //! A closed enum rather than a trait object: the set is closed, and the enum
-//! keeps the one-round-trip hot path free of boxed futures. Backends over
-//! several masters (Sentinel-followed, Redlock) join as further variants.
+//! keeps the one-round-trip hot path free of boxed futures.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -26,7 +29,9 @@ use crate::lease::Lease;
 
 pub(crate) mod check;
 pub(crate) mod cluster;
+pub(crate) mod redlock;
 pub(crate) mod scripts;
+pub(crate) mod sentinel;
 pub(crate) mod single;
 
 pub(crate) use scripts::AcquireReply;
@@ -38,11 +43,17 @@ pub(crate) enum Target {
     Single(String),
     /// Seed nodes of a Redis Cluster.
     Cluster(Vec<String>),
+    /// The independent masters of a Redlock.
+    Redlock(Vec<String>),
+    /// Sentinels, and the name of the master they watch.
+    Sentinel(Vec<String>, String),
 }
 
 pub(crate) enum Backend {
     Single(single::Single),
     Cluster(cluster::Cluster),
+    Redlock(redlock::Redlock),
+    Sentinel(sentinel::Sentinel),
 }
 
 /// A failed Redis call, and whether the server may have executed it anyway (its
@@ -77,8 +88,21 @@ impl Backend {
             Target::Single(url) => Ok(Backend::Single(
                 single::Single::connect(url, config, tls).await?,
             )),
+            Target::Cluster(_) if config.replica_ack.is_some() => Err(LockError::InvalidConfig(
+                "replica_ack is not supported on a cluster manager yet".to_owned(),
+            )),
             Target::Cluster(seeds) => Ok(Backend::Cluster(
                 cluster::Cluster::connect(seeds, config, tls).await?,
+            )),
+            Target::Redlock(_) if config.replica_ack.is_some() => Err(LockError::InvalidConfig(
+                "replica_ack does not apply to Redlock: its members are independent masters"
+                    .to_owned(),
+            )),
+            Target::Redlock(urls) => Ok(Backend::Redlock(
+                redlock::Redlock::connect(urls, config, tls).await?,
+            )),
+            Target::Sentinel(urls, name) => Ok(Backend::Sentinel(
+                sentinel::Sentinel::connect(urls, name, config, tls).await?,
             )),
         }
     }
@@ -96,6 +120,8 @@ impl Backend {
         match self {
             Backend::Single(b) => b.acquire(key, keys, owner, lease_ms, fence_ttl_ms).await,
             Backend::Cluster(b) => b.acquire(key, keys, owner, lease_ms, fence_ttl_ms).await,
+            Backend::Redlock(b) => b.acquire(key, keys, owner, lease_ms, fence_ttl_ms).await,
+            Backend::Sentinel(b) => b.acquire(key, keys, owner, lease_ms, fence_ttl_ms).await,
         }
     }
 
@@ -109,6 +135,8 @@ impl Backend {
         match self {
             Backend::Single(b) => b.release(key, keys, owner).await,
             Backend::Cluster(b) => b.release(key, keys, owner).await,
+            Backend::Redlock(b) => b.release(key, keys, owner).await,
+            Backend::Sentinel(b) => b.release(key, keys, owner).await,
         }
     }
 
@@ -121,6 +149,8 @@ impl Backend {
         match self {
             Backend::Single(b) => b.release_many(locks).await,
             Backend::Cluster(b) => b.release_many(locks).await,
+            Backend::Redlock(b) => b.release_many(locks).await,
+            Backend::Sentinel(b) => b.release_many(locks).await,
         }
     }
 
@@ -130,6 +160,8 @@ impl Backend {
         match self {
             Backend::Single(b) => b.release_blocking(keys, owner),
             Backend::Cluster(b) => b.release_blocking(keys, owner),
+            Backend::Redlock(b) => b.release_blocking(keys, owner),
+            Backend::Sentinel(b) => b.release_blocking(keys, owner),
         }
     }
 
@@ -139,6 +171,8 @@ impl Backend {
         match self {
             Backend::Single(b) => b.renew(batch).await,
             Backend::Cluster(b) => b.renew(batch).await,
+            Backend::Redlock(b) => b.renew(batch).await,
+            Backend::Sentinel(b) => b.renew(batch).await,
         }
     }
 
@@ -152,14 +186,34 @@ impl Backend {
             Backend::Cluster(b) => b
                 .renewal_round_trips
                 .load(std::sync::atomic::Ordering::Relaxed),
+            Backend::Redlock(b) => b.renewal_round_trips(),
+            Backend::Sentinel(b) => b.renewal_round_trips(),
         }
     }
 
-    /// Opens a pub/sub connection on which every lock's wake-ups arrive.
-    pub(crate) async fn pubsub(&self) -> RedisResult<redis::aio::PubSub> {
+    /// How many servers publish wake-ups, each needing a subscriber connection.
+    pub(crate) fn pubsub_sources(&self) -> usize {
+        match self {
+            Backend::Single(_) | Backend::Cluster(_) => 1,
+            Backend::Redlock(b) => b.members().len(),
+            Backend::Sentinel(_) => 1,
+        }
+    }
+
+    /// Opens a pub/sub connection to wake-up source `source` (below
+    /// [`pubsub_sources`](Self::pubsub_sources)).
+    pub(crate) async fn pubsub(&self, source: usize) -> RedisResult<redis::aio::PubSub> {
         match self {
             Backend::Single(b) => b.pubsub().await,
             Backend::Cluster(b) => b.pubsub().await,
+            Backend::Sentinel(b) => b.pubsub().await,
+            Backend::Redlock(b) => match b.members().get(source) {
+                Some(member) => member.pubsub().await,
+                None => Err(redis::RedisError::from((
+                    redis::ErrorKind::Client,
+                    "no such Redlock member",
+                ))),
+            },
         }
     }
 }
@@ -258,6 +312,31 @@ fn check_tls_feature(url: &str, tls: &TlsSettings) -> RedisResult<()> {
         )));
     }
     Ok(())
+}
+
+/// A client for `host:port` with the settings (user, password, TLS and its
+/// certificates) of `template`: for servers that a cluster or the sentinels
+/// name, which take the credentials of the URLs the manager was given.
+pub(crate) fn client_at(
+    template: &redis::Client,
+    host: &str,
+    port: u16,
+) -> RedisResult<redis::Client> {
+    let info = template.get_connection_info().clone();
+    let addr = match info.addr() {
+        redis::ConnectionAddr::TcpTls {
+            insecure,
+            tls_params,
+            ..
+        } => redis::ConnectionAddr::TcpTls {
+            host: host.to_owned(),
+            port,
+            insecure: *insecure,
+            tls_params: tls_params.clone(),
+        },
+        _ => redis::ConnectionAddr::Tcp(host.to_owned(), port),
+    };
+    redis::Client::open(info.set_addr(addr))
 }
 
 #[cfg(feature = "tls")]

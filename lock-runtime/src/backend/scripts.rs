@@ -14,6 +14,7 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind};
 
+use crate::config::ReplicaAck;
 use crate::keys::LockKeys;
 
 /// What the acquire script answered.
@@ -115,6 +116,30 @@ pub(crate) fn out_of_sync(detail: &str) -> RedisError {
     ))
 }
 
+/// A pipeline reply as `T`, a server error as itself.
+fn from_value<T: redis::FromRedisValue>(value: redis::Value) -> RedisResult<T> {
+    match value {
+        redis::Value::ServerError(e) => Err(RedisError::from(e)),
+        value => redis::from_redis_value(value).map_err(RedisError::from),
+    }
+}
+
+fn read_acquire(
+    (status, value, echoed): (i64, i64, String),
+    owner: &str,
+) -> RedisResult<AcquireReply> {
+    check_owner(&echoed, owner)?;
+    Ok(if status == 1 {
+        AcquireReply::Acquired {
+            fencing_token: u64::try_from(value).unwrap_or(0),
+        }
+    } else {
+        AcquireReply::Busy {
+            remaining: u64::try_from(value).ok().map(Duration::from_millis),
+        }
+    })
+}
+
 fn check_owner(echoed: &str, owner: &str) -> RedisResult<()> {
     if echoed == owner {
         Ok(())
@@ -161,6 +186,7 @@ pub(crate) struct Scripts {
     acquire: Lua,
     release: Lua,
     renew: Lua,
+    raise_fence: Lua,
 }
 
 impl Scripts {
@@ -169,6 +195,7 @@ impl Scripts {
             acquire: Lua::new(include_str!("../scripts/acquire.lua")),
             release: Lua::new(include_str!("../scripts/release.lua")),
             renew: Lua::new(include_str!("../scripts/renew.lua")),
+            raise_fence: Lua::new(include_str!("../scripts/raise_fence.lua")),
         }
     }
 
@@ -181,17 +208,38 @@ impl Scripts {
         fence_ttl_ms: u64,
     ) -> RedisResult<AcquireReply> {
         let cmd = self.acquire_cmd(keys, owner, lease_ms, fence_ttl_ms);
-        let (status, value, echoed): (i64, i64, String) = self.acquire.invoke(conn, &cmd).await?;
-        check_owner(&echoed, owner)?;
-        Ok(if status == 1 {
-            AcquireReply::Acquired {
-                fencing_token: u64::try_from(value).unwrap_or(0),
-            }
-        } else {
-            AcquireReply::Busy {
-                remaining: u64::try_from(value).ok().map(Duration::from_millis),
-            }
-        })
+        let reply: (i64, i64, String) = self.acquire.invoke(conn, &cmd).await?;
+        read_acquire(reply, owner)
+    }
+
+    /// The acquire script followed by `WAIT replicas timeout` in one pipeline on
+    /// `conn`: `WAIT` counts the replicas that have every earlier write of *its*
+    /// connection, so it must follow the script on the same one. Returns the
+    /// reply and how many replicas confirmed.
+    pub(crate) async fn acquire_acked(
+        &self,
+        conn: &mut impl ConnectionLike,
+        keys: &LockKeys,
+        owner: &str,
+        lease_ms: u64,
+        fence_ttl_ms: u64,
+        ack: &ReplicaAck,
+    ) -> RedisResult<(AcquireReply, u32)> {
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        pipe.add_command(self.acquire_cmd(keys, owner, lease_ms, fence_ttl_ms));
+        pipe.cmd("WAIT").arg(ack.replicas).arg(ack.timeout_ms());
+        let mut replies: Vec<redis::Value> = pipe.query_async(conn).await?;
+        if matches!(replies.first(), Some(redis::Value::ServerError(e)) if e.code() == "NOSCRIPT") {
+            self.acquire.load(conn).await?;
+            replies = pipe.query_async(conn).await?;
+        }
+        let [reply, acked]: [redis::Value; 2] = replies
+            .try_into()
+            .map_err(|_| out_of_sync("an acquire pipeline got the wrong number of replies"))?;
+        let reply = read_acquire(from_value(reply)?, owner)?;
+        let acked: i64 = from_value(acked)?;
+        Ok((reply, u32::try_from(acked).unwrap_or(0)))
     }
 
     fn acquire_cmd(&self, keys: &LockKeys, owner: &str, lease_ms: u64, fence_ttl_ms: u64) -> Cmd {
@@ -299,6 +347,25 @@ impl Scripts {
     pub(crate) fn renew_reply(reply: (i64, String), owner: &str) -> RedisResult<bool> {
         check_owner(&reply.1, owner)?;
         Ok(reply.0 == 1)
+    }
+
+    /// Raises the fencing counter to `token` and records it as `owner`'s token
+    /// if `owner` holds the lock; true when it does.
+    pub(crate) async fn raise_fence(
+        &self,
+        conn: &mut impl ConnectionLike,
+        keys: &LockKeys,
+        owner: &str,
+        token: u64,
+        fence_ttl_ms: u64,
+    ) -> RedisResult<bool> {
+        let mut cmd = self
+            .raise_fence
+            .call(&[&keys.lock, &keys.fence], 3, owner.len() + 40);
+        cmd.arg(owner).arg(token).arg(fence_ttl_ms);
+        let (ours, echoed): (i64, String) = self.raise_fence.invoke(conn, &cmd).await?;
+        check_owner(&echoed, owner)?;
+        Ok(ours == 1)
     }
 
     /// One renew script call, loading the script on NOSCRIPT.

@@ -10,7 +10,7 @@ use redis::RedisResult;
 
 use super::scripts::{self, AcquireReply, Scripts};
 use super::{bounded_call, read_renewals, CallError, Renewal};
-use crate::config::{redact, Config, TlsSettings};
+use crate::config::{redact, Config, ReplicaAck, TlsSettings};
 use crate::error::LockError;
 use crate::keys::LockKeys;
 use crate::lease::Lease;
@@ -23,6 +23,8 @@ pub(crate) struct Single {
     /// For pub/sub connections and the blocking release at runtime shutdown.
     client: redis::Client,
     scripts: Scripts,
+    /// Replicas that must confirm an acquisition, if asked for.
+    replica_ack: Option<ReplicaAck>,
     command_timeout: Duration,
     connect_timeout: Duration,
     /// Round trips spent on renewals (see `Backend::renewal_round_trips`).
@@ -44,19 +46,17 @@ impl Single {
         tls: &TlsSettings,
     ) -> Result<Single, LockError> {
         let shown_url = redact(url);
-        let client = super::open_client(url, tls)
-            .map_err(|e| LockError::InvalidConfig(format!("invalid redis URL {shown_url}: {e}")))?;
-        let conn_config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(config.connect_timeout))
-            // No response timeout here: `Single::call`'s timeout is the one bound
-            // on a call, covering a reconnect, a script reload and the retry
-            // together; a second timer per call only cost time (two timers
-            // armed and cancelled per round trip).
-            .set_response_timeout(None)
-            // Reconnection is retried by every later call; a few quick tries here
-            // keep a call that meets a restart from waiting long.
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_millis(200));
+        let client = open_url(url, &shown_url, tls)?;
+        Single::connect_client(client, shown_url, config).await
+    }
+
+    /// Connects with `client` and runs the server check.
+    pub(crate) async fn connect_client(
+        client: redis::Client,
+        shown_url: String,
+        config: &Config,
+    ) -> Result<Single, LockError> {
+        let conn_config = connection_config(config);
         let connecting = ConnectionManager::new_with_config(client.clone(), conn_config.clone());
         let mut conn = match tokio::time::timeout(config.connect_timeout, connecting).await {
             Ok(Ok(conn)) => conn,
@@ -78,7 +78,56 @@ impl Single {
             &shown_url,
         )
         .await?;
-        Ok(Single {
+        Ok(Single::with_connection(
+            client,
+            conn,
+            conn_config,
+            scripts,
+            config,
+        ))
+    }
+
+    /// A server that could not be reached at start-up (a Redlock member that is
+    /// down): connected, and not checked, on first use.
+    pub(crate) fn connect_lazily(
+        url: &str,
+        config: &Config,
+        tls: &TlsSettings,
+    ) -> Result<Single, LockError> {
+        let shown_url = redact(url);
+        let client = open_url(url, &shown_url, tls)?;
+        Single::connect_client_lazily(client, shown_url, config)
+    }
+
+    /// Like [`connect_lazily`](Self::connect_lazily), with a client.
+    pub(crate) fn connect_client_lazily(
+        client: redis::Client,
+        shown_url: String,
+        config: &Config,
+    ) -> Result<Single, LockError> {
+        let conn_config = connection_config(config);
+        let conn = ConnectionManager::new_lazy_with_config(client.clone(), conn_config.clone())
+            .map_err(|source| LockError::Connect {
+                url: shown_url,
+                source,
+            })?;
+        Ok(Single::with_connection(
+            client,
+            conn,
+            conn_config,
+            Scripts::new(),
+            config,
+        ))
+    }
+
+    fn with_connection(
+        client: redis::Client,
+        conn: ConnectionManager,
+        conn_config: ConnectionManagerConfig,
+        scripts: Scripts,
+        config: &Config,
+    ) -> Single {
+        Single {
             conn: Mutex::new(Conn {
                 generation: 0,
                 redis: conn,
@@ -86,10 +135,11 @@ impl Single {
             conn_config,
             client,
             scripts,
+            replica_ack: config.replica_ack,
             command_timeout: config.command_timeout,
             connect_timeout: config.connect_timeout,
             renewal_round_trips: AtomicU64::new(0),
-        })
+        }
     }
 
     fn connection(&self) -> Conn {
@@ -155,11 +205,67 @@ impl Single {
     ) -> Result<AcquireReply, CallError> {
         let conn = self.connection();
         let mut redis = conn.redis;
+        let Some(ack) = self.replica_ack else {
+            return self
+                .call(
+                    key,
+                    conn.generation,
+                    self.scripts
+                        .acquire(&mut redis, keys, owner, lease_ms, fence_ttl_ms),
+                )
+                .await;
+        };
+        // The call may take the replicas' timeout on top of the command timeout.
+        let acked = bounded_call(
+            key,
+            self.command_timeout + ack.timeout,
+            self.scripts
+                .acquire_acked(&mut redis, keys, owner, lease_ms, fence_ttl_ms, &ack),
+        )
+        .await;
+        let (reply, acked) = match acked {
+            Ok(acked) => acked,
+            Err(e) => {
+                if e.maybe_executed {
+                    self.retire_connection(conn.generation);
+                }
+                return Err(e);
+            }
+        };
+        if matches!(reply, AcquireReply::Acquired { .. }) && acked < ack.replicas {
+            // Give it back now rather than hold a lock a failover may forget;
+            // if that fails, the caller's in-flight guard releases it later.
+            let released = self.release(key, keys, owner).await;
+            return Err(CallError {
+                error: LockError::NotReplicated {
+                    key: key.to_owned(),
+                    acked,
+                    wanted: ack.replicas,
+                },
+                maybe_executed: released.is_err(),
+            });
+        }
+        Ok(reply)
+    }
+
+    /// Raises the lock's fencing counter to at least `token` and, if `owner`
+    /// still holds the lock, records `token` as its token (Redlock's write-back
+    /// round); true when the lock was ours.
+    pub(crate) async fn raise_fence(
+        &self,
+        key: &str,
+        keys: &LockKeys,
+        owner: &str,
+        token: u64,
+        fence_ttl_ms: u64,
+    ) -> Result<bool, CallError> {
+        let conn = self.connection();
+        let mut redis = conn.redis;
         self.call(
             key,
             conn.generation,
             self.scripts
-                .acquire(&mut redis, keys, owner, lease_ms, fence_ttl_ms),
+                .raise_fence(&mut redis, keys, owner, token, fence_ttl_ms),
         )
         .await
     }
@@ -261,6 +367,25 @@ impl Single {
     pub(crate) async fn pubsub(&self) -> RedisResult<redis::aio::PubSub> {
         self.client.get_async_pubsub().await
     }
+}
+
+fn open_url(url: &str, shown_url: &str, tls: &TlsSettings) -> Result<redis::Client, LockError> {
+    super::open_client(url, tls)
+        .map_err(|e| LockError::InvalidConfig(format!("invalid redis URL {shown_url}: {e}")))
+}
+
+fn connection_config(config: &Config) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(config.connect_timeout))
+        // No response timeout here: `Single::call`'s timeout is the one bound
+        // on a call, covering a reconnect, a script reload and the retry
+        // together; a second timer per call only cost time (two timers
+        // armed and cancelled per round trip).
+        .set_response_timeout(None)
+        // Reconnection is retried by every later call; a few quick tries here
+        // keep a call that meets a restart from waiting long.
+        .set_number_of_retries(2)
+        .set_max_delay(Duration::from_millis(200))
 }
 
 pub(crate) fn failed_all(batch: &[Arc<Lease>], error: &str) -> Vec<Renewal> {

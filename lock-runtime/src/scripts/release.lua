@@ -11,13 +11,17 @@
 -- `owner` echoes ARGV[1], so the client can tell that a reply is the one to its
 -- own request.
 --
+-- The wake-up's payload is the releasing owner token: a Redlock manager hears one
+-- release from every member that held the lock, and wakes one waiter per release,
+-- not one per member. The token is dead once published (the lock is gone).
+--
 -- The wake-up is published on every release, also when nobody waits: a PUBLISH
 -- to a channel without subscribers costs about a microsecond of Redis CPU, and
 -- publishing only to locks marked as waited for let waiters of another manager
 -- (or of an older version of this library) sleep through releases.
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], 'released')
+  redis.call('PUBLISH', ARGV[2], ARGV[1])
   return {1, ARGV[1]}
 end
 return {0, ARGV[1]}

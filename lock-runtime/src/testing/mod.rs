@@ -9,6 +9,8 @@
 //! sits between a client and a server and delays, black-holes or resets traffic, or drops
 //! single replies, to simulate network faults. [`RedisCluster`] starts a private Redis Cluster
 //! (3 masters by default, optionally with replicas) and kills, pauses or reshards it.
+//! [`RedisSentinel`] starts a master with replicas watched by three Redis Sentinels, and fails
+//! it over or kills its master.
 //!
 //! This module is only compiled with the `testing` feature and only works on Unix, because it
 //! pauses and kills servers with signals.
@@ -75,6 +77,7 @@ use std::time::Duration;
 
 mod cluster;
 mod proxy;
+mod sentinel;
 mod server;
 mod tls;
 
@@ -83,9 +86,10 @@ pub use cluster::{
     CLUSTER_SLOTS,
 };
 pub use proxy::{FaultMode, FaultProxy};
+pub use sentinel::{DataNodeRole, RedisSentinel, RedisSentinelBuilder, SentinelDataNode};
 pub use server::{RedisServer, RedisServerBuilder};
 
-/// Errors of [`RedisServer`] and [`RedisCluster`].
+/// Errors of [`RedisServer`], [`RedisCluster`] and [`RedisSentinel`].
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum TestingError {
@@ -179,6 +183,33 @@ pub enum TestingError {
     /// current state (for example no node is left to ask).
     #[error("redis cluster: {0}")]
     Cluster(String),
+    /// A process of a [`RedisSentinel`] did not reach the state it was waited for in time.
+    #[error(
+        "{node} (port {port}) {what} (waited {} ms); log {}, last lines:\n{}",
+        .waited.as_millis(),
+        .log_path.display(),
+        or_empty(.log_tail)
+    )]
+    SentinelTimeout {
+        /// Which process: `"sentinel N"` or `"data node N"` (indexes as in
+        /// [`RedisSentinel::sentinel_urls`] and [`RedisSentinel::data_nodes`]).
+        node: String,
+        /// The process's port.
+        port: u16,
+        /// What it did not do, such as "did not report master_link_status:up".
+        what: String,
+        /// How long it was waited for.
+        waited: Duration,
+        /// The process's log file.
+        log_path: PathBuf,
+        /// The last lines of the process's log and standard error.
+        log_tail: String,
+    },
+    /// A [`RedisSentinel`] was given a bad setting or index, answered something unexpected, or
+    /// an operation cannot be done in its current state (for example no sentinel is left to
+    /// ask).
+    #[error("redis sentinel: {0}")]
+    Sentinel(String),
 }
 
 const NOT_FOUND_HELP: &str = "redis-server was not found on PATH; install it (Debian/Ubuntu: \

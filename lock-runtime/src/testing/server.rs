@@ -74,6 +74,9 @@ pub struct RedisServerBuilder {
     password: Option<String>,
     args: Vec<String>,
     dies_with_process: bool,
+    /// Sentinel directives: start `redis-server sentinel.conf --sentinel` instead of a data
+    /// server. See [`RedisServerBuilder::sentinel`].
+    sentinel: Option<String>,
 }
 
 impl fmt::Debug for RedisServerBuilder {
@@ -82,6 +85,7 @@ impl fmt::Debug for RedisServerBuilder {
             .field("tls", &self.tls)
             .field("password", &self.password.as_ref().map(|_| "<set>"))
             .field("args", &self.args)
+            .field("sentinel", &self.sentinel)
             .finish()
     }
 }
@@ -139,6 +143,19 @@ impl RedisServerBuilder {
         self
     }
 
+    /// Starts a Redis Sentinel (`redis-server <dir>/sentinel.conf --sentinel`) instead of a data
+    /// server, for [`RedisSentinel`](super::RedisSentinel).
+    ///
+    /// `directives` (such as `sentinel monitor ...` lines) go into a `sentinel.conf` that is
+    /// written once at spawn time into the server's own directory, after `port`, `bind
+    /// 127.0.0.1`, `daemonize no` and `dir`; Sentinel rewrites that file with what it learns,
+    /// and a restart reads it back. The other defaults (log file, no persistence) are passed
+    /// on the command line as for a data server; TLS and a password are not supported.
+    pub(super) fn sentinel(mut self, directives: impl Into<String>) -> RedisServerBuilder {
+        self.sentinel = Some(directives.into());
+        self
+    }
+
     /// Starts `redis-server` on a free loopback port and waits until it answers `PING`.
     ///
     /// The binary is `REDIS_SERVER_BIN` if that is set, otherwise `redis-server` from `PATH`.
@@ -160,12 +177,27 @@ impl RedisServerBuilder {
             } else {
                 None
             };
+            let sentinel_config = match &self.sentinel {
+                Some(directives) => {
+                    let path = dir_path.join("sentinel.conf");
+                    std::fs::write(
+                        &path,
+                        format!(
+                            "port {port}\nbind 127.0.0.1\ndaemonize no\ndir \"{}\"\n{directives}\n",
+                            dir_path.display()
+                        ),
+                    )?;
+                    Some(path)
+                }
+                None => None,
+            };
             let mut server = RedisServer {
                 port,
                 bin: bin.clone(),
                 extra_args: self.args.clone(),
                 password: self.password.clone(),
                 tls,
+                sentinel_config,
                 dir_path,
                 _dir: dir,
                 generation: 0,
@@ -204,6 +236,8 @@ pub struct RedisServer {
     password: Option<String>,
     /// Certificates and keys in `dir`; `None` for a plain-TCP server.
     tls: Option<TlsFiles>,
+    /// The `sentinel.conf` of a Sentinel, in `dir`; `None` for a data server.
+    sentinel_config: Option<PathBuf>,
     /// The canonical path of `dir`.
     dir_path: PathBuf,
     /// Removes the directory when dropped, after `Drop for RedisServer` killed the process.
@@ -513,6 +547,10 @@ impl RedisServer {
         // Errors found before the log file is opened (e.g. a bad argument) only reach stderr.
         let stderr = File::create(self.stderr_path())?;
         let mut command = Command::new(&self.bin);
+        if let Some(config) = &self.sentinel_config {
+            // The configuration file must be the first argument.
+            command.arg(config).arg("--sentinel");
+        }
         match &self.tls {
             Some(tls) => {
                 command

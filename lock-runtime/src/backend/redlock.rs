@@ -1,0 +1,386 @@
+//! Redlock: one lock over N independent masters, held while a majority holds it.
+//!
+//! Each member is a [`Single`] (its own connection, scripts and retirement); the
+//! scripts are the single-server ones. Every operation goes to all members at
+//! once, each call bounded by a per-member timeout far below the lease, so a
+//! dead or cut-off member costs that timeout, not the lease:
+//!
+//! - **Acquire**: the acquire script on all members. With a majority granted,
+//!   the largest token they issued is written back to the granting members'
+//!   fencing counters (`raise_fence.lua`), and the lock is ours once a majority
+//!   confirmed that and the lease, counted from before the first round, is still
+//!   valid (`lease - drift`). Otherwise it is given back on every member, and the
+//!   attempt is busy (other owners hold a blocking share) or fails with
+//!   [`LockError::QuorumFailed`] (errors, not owners, kept the majority away).
+//! - **Renew**: one pipeline per member, all at once; a lease is renewed when a
+//!   majority renewed it, and lost when a majority no longer holds it. A member
+//!   that lost the lock (restarted empty) while a majority still holds it gets it
+//!   back by the acquire script under the same owner token.
+//! - **Release**: on every member at once; released when any member held it.
+//! - **Wake-ups**: every member publishes its releases; the waiting layer keeps
+//!   a subscriber per member and wakes one waiter per release (the payload, the
+//!   owner token, tells repeats apart).
+//!
+//! Why the write-back round: two majorities always share a member, but without
+//! it the largest token of one majority need not be below the largest of the
+//! next (a member whose clock or counter is ahead may be in the first and not the
+//! second; `shared/scale-out-notes.md` §9.4). With it, the shared member's
+//! counter is at least the earlier token when the later majority asks it, so the
+//! later token is larger.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use redis::RedisResult;
+
+use super::scripts::AcquireReply;
+use super::single::Single;
+use super::{CallError, Renewal};
+use crate::config::{redact, Config, TlsSettings};
+use crate::error::LockError;
+use crate::keys::LockKeys;
+use crate::lease::{drift, Lease};
+
+/// Fewest members accepted: a majority of 2 is both, so one failure stops every lock.
+pub(crate) const MIN_MEMBERS: usize = 3;
+
+pub(crate) struct Redlock {
+    members: Vec<Single>,
+    /// A majority: `members / 2 + 1`.
+    quorum: usize,
+    command_timeout: Duration,
+    fence_retention_ms: u64,
+}
+
+/// What one member answered, or that it did not in time.
+type MemberReply<T> = Result<T, CallError>;
+
+impl Redlock {
+    /// Connects to every member; a majority must pass the server check. A
+    /// member that cannot be reached is connected later, on first use.
+    pub(crate) async fn connect(
+        urls: &[String],
+        config: &Config,
+        tls: &TlsSettings,
+    ) -> Result<Redlock, LockError> {
+        if urls.len() < MIN_MEMBERS {
+            return Err(LockError::InvalidConfig(format!(
+                "Redlock needs at least {MIN_MEMBERS} independent masters (an odd number is \
+                 best), not {}",
+                urls.len()
+            )));
+        }
+        let quorum = urls.len() / 2 + 1;
+        let connected = join_all(urls.iter().map(|url| Single::connect(url, config, tls))).await;
+        let mut members = Vec::with_capacity(urls.len());
+        let mut unreachable = Vec::new();
+        for (url, member) in urls.iter().zip(connected) {
+            match member {
+                Ok(member) => members.push(member),
+                // Down now: it may be back by the time it is needed.
+                Err(e @ LockError::Connect { .. }) => {
+                    tracing::warn!(target: "distlock::connection",
+                        url = %redact(url),
+                        error = %e,
+                        "Redlock member unreachable at start-up; connecting on first use"
+                    );
+                    unreachable.push(e);
+                    members.push(Single::connect_lazily(url, config, tls)?);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if members.len() - unreachable.len() < quorum {
+            // Fewer than a majority answered: no lock could be granted.
+            return Err(unreachable.remove(0));
+        }
+        Ok(Redlock {
+            members,
+            quorum,
+            command_timeout: config.command_timeout,
+            fence_retention_ms: u64::try_from(config.fence_retention.as_millis())
+                .unwrap_or(u64::MAX),
+        })
+    }
+
+    /// The members, for the subscriber (one connection each).
+    pub(crate) fn members(&self) -> &[Single] {
+        &self.members
+    }
+
+    /// How long one member may take to answer during an acquisition: a tenth
+    /// of the lease (the Redlock algorithm wants it "small compared to the
+    /// TTL"), at most the command timeout and at least 5 ms.
+    fn member_timeout(&self, lease_ms: u64) -> Duration {
+        Duration::from_millis(lease_ms / 10)
+            .max(Duration::from_millis(5))
+            .min(self.command_timeout)
+    }
+
+    /// Runs `call` on every member at once, each bounded by `timeout`.
+    async fn on_all<'a, T, F, Fut>(&'a self, timeout: Duration, call: F) -> Vec<MemberReply<T>>
+    where
+        F: Fn(&'a Single) -> Fut,
+        Fut: std::future::Future<Output = Result<T, CallError>>,
+    {
+        join_all(self.members.iter().map(|member| {
+            let fut = call(member);
+            async move {
+                match tokio::time::timeout(timeout, fut).await {
+                    Ok(reply) => reply,
+                    Err(_) => Err(CallError {
+                        error: LockError::command_timeout("", timeout),
+                        maybe_executed: true,
+                    }),
+                }
+            }
+        }))
+        .await
+    }
+
+    pub(crate) async fn acquire(
+        &self,
+        key: &str,
+        keys: &LockKeys,
+        owner: &str,
+        lease_ms: u64,
+        fence_ttl_ms: u64,
+    ) -> Result<AcquireReply, CallError> {
+        let started = Instant::now();
+        let lease = Duration::from_millis(lease_ms);
+        let timeout = self.member_timeout(lease_ms);
+        let replies = self
+            .on_all(timeout, |m| {
+                m.acquire(key, keys, owner, lease_ms, fence_ttl_ms)
+            })
+            .await;
+        let mut granted = Vec::new();
+        let mut busy = 0;
+        let mut remaining: Option<Duration> = None;
+        let mut last_error = None;
+        for (i, reply) in replies.into_iter().enumerate() {
+            match reply {
+                Ok(AcquireReply::Acquired { fencing_token }) => granted.push((i, fencing_token)),
+                Ok(AcquireReply::Busy { remaining: r }) => {
+                    busy += 1;
+                    if let Some(r) = r {
+                        remaining = Some(remaining.map_or(r, |m| m.min(r)));
+                    }
+                }
+                Err(e) => last_error = Some(e.error),
+            }
+        }
+        if granted.len() >= self.quorum {
+            let token = granted.iter().map(|(_, t)| *t).max().unwrap_or(0);
+            let raised = join_all(granted.iter().map(|(i, _)| async move {
+                tokio::time::timeout(
+                    timeout,
+                    self.members[*i].raise_fence(key, keys, owner, token, fence_ttl_ms),
+                )
+                .await
+            }))
+            .await;
+            let confirmed = raised.iter().filter(|r| matches!(r, Ok(Ok(true)))).count();
+            let valid = Instant::now() < started + lease.saturating_sub(drift(lease));
+            if confirmed >= self.quorum && valid {
+                return Ok(AcquireReply::Acquired {
+                    fencing_token: token,
+                });
+            }
+            tracing::debug!(target: "distlock::acquire",
+                confirmed,
+                valid,
+                "Redlock majority not confirmed in time; giving it back"
+            );
+        }
+        let given_back = self.give_back(key, keys, owner).await;
+        let errors = self.members.len() - granted.len() - busy;
+        if busy + errors > 0 && busy > self.members.len() - self.quorum {
+            // Other owners alone keep a majority away: an ordinary busy lock.
+            return Ok(AcquireReply::Busy { remaining });
+        }
+        if errors == 0 {
+            // Granted by a majority that was not confirmed in time: try again.
+            return Ok(AcquireReply::Busy {
+                remaining: Some(Duration::ZERO),
+            });
+        }
+        if let Some(e) = &last_error {
+            tracing::debug!(target: "distlock::acquire", error = %e, "Redlock quorum failed");
+        }
+        Err(CallError {
+            error: LockError::QuorumFailed {
+                key: key.to_owned(),
+                granted: u32::try_from(granted.len()).unwrap_or(u32::MAX),
+                needed: u32::try_from(self.quorum).unwrap_or(u32::MAX),
+            },
+            // A member that did not answer may hold it in our name: the
+            // caller releases it in the background.
+            maybe_executed: !given_back,
+        })
+    }
+
+    /// Releases on every member; true when every member answered.
+    async fn give_back(&self, key: &str, keys: &LockKeys, owner: &str) -> bool {
+        self.on_all(self.command_timeout, |m| m.release(key, keys, owner))
+            .await
+            .iter()
+            .all(Result::is_ok)
+    }
+
+    pub(crate) async fn release(
+        &self,
+        key: &str,
+        keys: &LockKeys,
+        owner: &str,
+    ) -> Result<bool, CallError> {
+        let replies = self
+            .on_all(self.command_timeout, |m| m.release(key, keys, owner))
+            .await;
+        let released = replies.iter().any(|r| matches!(r, Ok(true)));
+        let answered = replies.iter().filter(|r| r.is_ok()).count();
+        if released || answered >= self.quorum {
+            return Ok(released);
+        }
+        // Fewer than a majority answered and none held it: retry later.
+        let error = replies.into_iter().find_map(Result::err).map_or_else(
+            || LockError::command_timeout(key, self.command_timeout),
+            |e| e.error,
+        );
+        Err(CallError {
+            error,
+            maybe_executed: true,
+        })
+    }
+
+    pub(crate) async fn release_many(
+        &self,
+        locks: &[(&LockKeys, &str)],
+    ) -> Result<Vec<bool>, CallError> {
+        let replies = self
+            .on_all(self.command_timeout, |m| m.release_many(locks))
+            .await;
+        let mut released = vec![false; locks.len()];
+        let mut first_error = None;
+        let mut answered = 0;
+        for reply in replies {
+            match reply {
+                Ok(each) => {
+                    answered += 1;
+                    for (r, e) in released.iter_mut().zip(each) {
+                        *r |= e;
+                    }
+                }
+                Err(e) => first_error = first_error.or(Some(e)),
+            }
+        }
+        match first_error {
+            Some(e) if answered < self.quorum => Err(e),
+            _ => Ok(released),
+        }
+    }
+
+    pub(crate) fn release_blocking(&self, keys: &LockKeys, owner: &str) -> RedisResult<bool> {
+        let mut released = false;
+        let mut last_error = None;
+        for member in &self.members {
+            match member.release_blocking(keys, owner) {
+                Ok(r) => released |= r,
+                Err(e) => last_error = Some(e),
+            }
+        }
+        match last_error {
+            Some(e) if !released => Err(e),
+            _ => Ok(released),
+        }
+    }
+
+    /// One pipeline per member, all at once.
+    pub(crate) async fn renew(&self, batch: &[Arc<Lease>]) -> Vec<Renewal> {
+        let sent_at = Instant::now();
+        // A member that is down or cut off must not hold the round up: the
+        // next renewals are due a third of a lease later.
+        let shortest = batch.iter().map(|l| l.lease_ms()).min().unwrap_or(0);
+        let timeout = self.member_timeout(shortest);
+        let per_member = join_all(self.members.iter().map(|m| async move {
+            match tokio::time::timeout(timeout, m.renew(batch)).await {
+                Ok(outcomes) => outcomes,
+                Err(_) => super::single::failed_all(batch, "the member did not answer in time"),
+            }
+        }))
+        .await;
+        let n = self.members.len();
+        let mut out = Vec::with_capacity(batch.len());
+        let mut reclaims = Vec::new();
+        for (i, lease) in batch.iter().enumerate() {
+            let (mut renewed, mut not_ours, mut retry) = (0, 0, 0);
+            let mut error = None;
+            for outcome in &per_member {
+                match outcome.get(i) {
+                    Some(Renewal::Renewed { .. }) => renewed += 1,
+                    Some(Renewal::NotOurs) => not_ours += 1,
+                    Some(Renewal::Retry) => retry += 1,
+                    Some(Renewal::Failed(e)) => error = Some(e.clone()),
+                    None => error = Some("no reply".to_owned()),
+                }
+            }
+            out.push(if renewed >= self.quorum {
+                if not_ours > 0 {
+                    reclaims.push(lease.clone());
+                }
+                Renewal::Renewed { sent_at }
+            } else if not_ours > n - self.quorum {
+                Renewal::NotOurs
+            } else if retry > 0 && renewed + retry >= self.quorum {
+                Renewal::Retry
+            } else {
+                Renewal::Failed(format!(
+                    "renewed on {renewed} of {n} Redlock members, {} needed{}",
+                    self.quorum,
+                    error
+                        .map(|e| format!(" (last error: {e})"))
+                        .unwrap_or_default()
+                ))
+            });
+        }
+        if !reclaims.is_empty() {
+            self.reclaim(&reclaims).await;
+        }
+        out
+    }
+
+    /// Takes a held lock back on the members that lost it (restarted empty)
+    /// while a majority still holds it: the acquire script under the same owner
+    /// token re-creates it where it is missing and leaves other owners' alone.
+    async fn reclaim(&self, leases: &[Arc<Lease>]) {
+        for lease in leases.iter().filter(|lease| lease.is_held()) {
+            let lease_ms = lease.lease_ms();
+            let fence_ttl_ms = lease_ms.saturating_add(self.fence_retention_ms);
+            let timeout = self.member_timeout(lease_ms);
+            let reclaimed = self
+                .on_all(timeout, |m| {
+                    m.acquire(
+                        &lease.key,
+                        &lease.keys,
+                        &lease.owner,
+                        lease_ms,
+                        fence_ttl_ms,
+                    )
+                })
+                .await;
+            tracing::debug!(target: "distlock::renewal",
+                members = reclaimed.iter().filter(|r| matches!(r, Ok(AcquireReply::Acquired { .. }))).count(),
+                "re-created a Redlock lock on members that had lost it"
+            );
+        }
+    }
+
+    pub(crate) fn renewal_round_trips(&self) -> u64 {
+        self.members
+            .iter()
+            .map(|m| m.renewal_round_trips.load(Ordering::Relaxed))
+            .sum()
+    }
+}

@@ -1,0 +1,284 @@
+//! A master found through Redis Sentinel, followed across failovers.
+//!
+//! The sentinels name the master (`SENTINEL GET-MASTER-ADDR-BY-NAME`); the
+//! backend then works exactly as [`Single`] on it. When a call fails in a way
+//! a failover explains (the connection broke or timed out, or the server
+//! answered `READONLY`: it was demoted to a replica), the backend asks the
+//! sentinels again and, if they name another master, moves every later call
+//! to it: acquisitions and releases retry once there, renewals at once. The
+//! subscriber asks the sentinels before each (re)connection, so it follows
+//! too. The data nodes take the user, password and TLS settings of the
+//! sentinel URLs.
+
+use std::sync::{Arc, Mutex, RwLock};
+
+use redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind};
+
+use super::scripts::AcquireReply;
+use super::single::Single;
+use super::{CallError, Renewal};
+use crate::config::{redact, Config, TlsSettings};
+use crate::error::LockError;
+use crate::keys::LockKeys;
+use crate::lease::Lease;
+
+pub(crate) struct Sentinel {
+    sentinels: Vec<redis::Client>,
+    master_name: String,
+    /// The master every call goes to, replaced when the sentinels name another.
+    current: RwLock<Arc<Single>>,
+    /// Its address, to tell whether the sentinels name a new one.
+    address: Mutex<(String, u16)>,
+    /// One rediscovery at a time; the others wait for its outcome.
+    rediscovering: tokio::sync::Mutex<()>,
+    config: Config,
+    shown: String,
+}
+
+impl Sentinel {
+    pub(crate) async fn connect(
+        sentinel_urls: &[String],
+        master_name: &str,
+        config: &Config,
+        tls: &TlsSettings,
+    ) -> Result<Sentinel, LockError> {
+        if sentinel_urls.is_empty() {
+            return Err(LockError::InvalidConfig(
+                "sentinel_builder needs at least one sentinel URL".to_owned(),
+            ));
+        }
+        if master_name.is_empty() {
+            return Err(LockError::InvalidConfig(
+                "sentinel_builder needs the master's name".to_owned(),
+            ));
+        }
+        let shown = sentinel_urls
+            .iter()
+            .map(|url| redact(url))
+            .collect::<Vec<_>>()
+            .join(",");
+        let sentinels = sentinel_urls
+            .iter()
+            .map(|url| super::open_client(url, tls))
+            .collect::<RedisResult<Vec<_>>>()
+            .map_err(|e| LockError::InvalidConfig(format!("invalid sentinel URLs {shown}: {e}")))?;
+        let (host, port) = ask_sentinels(&sentinels, master_name, config)
+            .await
+            .map_err(|e| match e.kind() {
+                ErrorKind::Server(_) | ErrorKind::Client => LockError::ServerCheck {
+                    url: shown.clone(),
+                    reason: format!("the sentinels do not name master {master_name:?}: {e}"),
+                },
+                _ => LockError::Connect {
+                    url: shown.clone(),
+                    source: e,
+                },
+            })?;
+        let client = super::client_at(&sentinels[0], &host, port)
+            .map_err(|e| LockError::InvalidConfig(format!("master address {host}:{port}: {e}")))?;
+        let master = Single::connect_client(
+            client,
+            format!("{host}:{port} (master {master_name:?})"),
+            config,
+        )
+        .await?;
+        Ok(Sentinel {
+            sentinels,
+            master_name: master_name.to_owned(),
+            current: RwLock::new(Arc::new(master)),
+            address: Mutex::new((host, port)),
+            rediscovering: tokio::sync::Mutex::new(()),
+            config: config.clone(),
+            shown,
+        })
+    }
+
+    pub(crate) fn current(&self) -> Arc<Single> {
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Asks the sentinels for the master after `failed` failed a call; true
+    /// when calls now go to another master than `failed`.
+    async fn rediscover(&self, failed: &Arc<Single>) -> bool {
+        let _one_at_a_time = self.rediscovering.lock().await;
+        if !Arc::ptr_eq(&self.current(), failed) {
+            return true;
+        }
+        let (host, port) =
+            match ask_sentinels(&self.sentinels, &self.master_name, &self.config).await {
+                Ok(address) => address,
+                Err(e) => {
+                    tracing::warn!(target: "distlock::connection",
+                        sentinels = %self.shown,
+                        error = %e,
+                        "could not ask the sentinels for the master"
+                    );
+                    return false;
+                }
+            };
+        if *self.address.lock().unwrap_or_else(|e| e.into_inner()) == (host.clone(), port) {
+            return false;
+        }
+        let shown = format!("{host}:{port} (master {:?})", self.master_name);
+        let master = super::client_at(&self.sentinels[0], &host, port)
+            .map_err(|e| LockError::InvalidConfig(e.to_string()))
+            .and_then(|client| Single::connect_client_lazily(client, shown, &self.config));
+        match master {
+            Ok(master) => {
+                tracing::info!(target: "distlock::connection",
+                    master = %format!("{host}:{port}"),
+                    name = %self.master_name,
+                    "following a failover to the master the sentinels name"
+                );
+                *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(master);
+                *self.address.lock().unwrap_or_else(|e| e.into_inner()) = (host, port);
+                true
+            }
+            Err(e) => {
+                tracing::warn!(target: "distlock::connection", error = %e, "could not open the new master");
+                false
+            }
+        }
+    }
+
+    pub(crate) async fn acquire(
+        &self,
+        key: &str,
+        keys: &LockKeys,
+        owner: &str,
+        lease_ms: u64,
+        fence_ttl_ms: u64,
+    ) -> Result<AcquireReply, CallError> {
+        let master = self.current();
+        match master
+            .acquire(key, keys, owner, lease_ms, fence_ttl_ms)
+            .await
+        {
+            // The same owner token: a retry finds the lock ours if the first
+            // attempt took it after all.
+            Err(e) if failover_suspected(&e) && self.rediscover(&master).await => {
+                self.current()
+                    .acquire(key, keys, owner, lease_ms, fence_ttl_ms)
+                    .await
+            }
+            other => other,
+        }
+    }
+
+    pub(crate) async fn release(
+        &self,
+        key: &str,
+        keys: &LockKeys,
+        owner: &str,
+    ) -> Result<bool, CallError> {
+        let master = self.current();
+        match master.release(key, keys, owner).await {
+            Err(e) if failover_suspected(&e) && self.rediscover(&master).await => {
+                self.current().release(key, keys, owner).await
+            }
+            other => other,
+        }
+    }
+
+    pub(crate) async fn release_many(
+        &self,
+        locks: &[(&LockKeys, &str)],
+    ) -> Result<Vec<bool>, CallError> {
+        let master = self.current();
+        match master.release_many(locks).await {
+            Err(e) if failover_suspected(&e) && self.rediscover(&master).await => {
+                self.current().release_many(locks).await
+            }
+            other => other,
+        }
+    }
+
+    pub(crate) fn release_blocking(&self, keys: &LockKeys, owner: &str) -> RedisResult<bool> {
+        self.current().release_blocking(keys, owner)
+    }
+
+    pub(crate) async fn renew(&self, batch: &[Arc<Lease>]) -> Vec<Renewal> {
+        let master = self.current();
+        let mut outcomes = master.renew(batch).await;
+        let failed = outcomes.iter().any(|o| matches!(o, Renewal::Failed(_)));
+        if failed && self.rediscover(&master).await {
+            // Renew on the new master at once rather than a third of a lease later.
+            for outcome in &mut outcomes {
+                if matches!(outcome, Renewal::Failed(_)) {
+                    *outcome = Renewal::Retry;
+                }
+            }
+        }
+        outcomes
+    }
+
+    /// A pub/sub connection to the master the sentinels name now.
+    pub(crate) async fn pubsub(&self) -> RedisResult<redis::aio::PubSub> {
+        let master = self.current();
+        self.rediscover(&master).await;
+        self.current().pubsub().await
+    }
+
+    pub(crate) fn renewal_round_trips(&self) -> u64 {
+        self.current()
+            .renewal_round_trips
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// Whether a failed call may be explained by a failover: the master is gone or
+/// unreachable (the reply may have been lost), or it was demoted (`READONLY`).
+fn failover_suspected(e: &CallError) -> bool {
+    if e.maybe_executed {
+        return true;
+    }
+    match &e.error {
+        LockError::Backend { source, .. } => matches!(
+            source.kind(),
+            ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
+        ),
+        _ => false,
+    }
+}
+
+/// The master's address from the first sentinel that knows it.
+async fn ask_sentinels(
+    sentinels: &[redis::Client],
+    master_name: &str,
+    config: &Config,
+) -> RedisResult<(String, u16)> {
+    let mut last_error = RedisError::from((ErrorKind::Client, "no sentinel answered"));
+    for sentinel in sentinels {
+        let asked = async {
+            let mut conn = sentinel.get_multiplexed_async_connection().await?;
+            redis::cmd("SENTINEL")
+                .arg("GET-MASTER-ADDR-BY-NAME")
+                .arg(master_name)
+                .query_async::<Option<(String, u16)>>(&mut conn)
+                .await
+        };
+        match tokio::time::timeout(config.connect_timeout + config.command_timeout, asked).await {
+            Ok(Ok(Some(address))) => return Ok(address),
+            Ok(Ok(None)) => {
+                last_error = RedisError::from((
+                    ErrorKind::Client,
+                    "the sentinel does not know this master name",
+                ))
+            }
+            Ok(Err(e)) => last_error = e,
+            Err(_) => {
+                last_error = RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "no answer within {:?}",
+                        config.connect_timeout + config.command_timeout
+                    ),
+                ))
+            }
+        }
+    }
+    Err(last_error)
+}

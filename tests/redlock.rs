@@ -1,0 +1,321 @@
+//! Redlock over five private `redis-server`s: a lock is held while a majority
+//! holds it, survives a minority's failures and restarts, gives partial grants
+//! back, keeps fencing tokens increasing across majorities, and wakes one waiter
+//! per release however many members publish it.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use distlock::testing::{FaultMode, FaultProxy, RedisServer};
+use distlock::{distributed_lock, LockError, LockManager};
+
+fn five() -> Vec<RedisServer> {
+    (0..5).map(|_| server()).collect()
+}
+
+fn urls(servers: &[RedisServer]) -> Vec<String> {
+    servers.iter().map(RedisServer::url).collect()
+}
+
+async fn redlock(urls: Vec<String>) -> LockManager {
+    LockManager::redlock_builder(urls)
+        .command_timeout(Duration::from_millis(500))
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .expect("a Redlock manager")
+}
+
+/// On how many of `servers` the lock of `key` exists (running servers only).
+async fn holders(servers: &[RedisServer], m: &LockManager, key: &str) -> usize {
+    let name = m.redis_names(key).lock;
+    let mut n = 0;
+    for s in servers.iter().filter(|s| s.is_running()) {
+        if exists(&mut raw(s).await, &name).await {
+            n += 1;
+        }
+    }
+    n
+}
+
+#[tokio::test]
+async fn fewer_than_three_members_are_refused() {
+    let servers: Vec<_> = (0..2).map(|_| server()).collect();
+    let refused = LockManager::redlock_builder(urls(&servers))
+        .build()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused, LockError::InvalidConfig(_)),
+        "{refused:?}"
+    );
+}
+
+#[tokio::test]
+async fn all_up_exclusion_and_hand_off() {
+    let servers = five();
+    let a = redlock(urls(&servers)).await;
+    let b = redlock(urls(&servers)).await;
+    let inside = Arc::new(AtomicBool::new(false));
+    let entered = Arc::new(AtomicU32::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let m = if i % 2 == 0 { a.clone() } else { b.clone() };
+        let (inside, entered) = (inside.clone(), entered.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..10 {
+                let g = m
+                    .lock("shared")
+                    .wait(Duration::from_secs(20))
+                    .acquire()
+                    .await
+                    .unwrap();
+                assert!(!inside.swap(true, Ordering::SeqCst), "two holders at once");
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                inside.store(false, Ordering::SeqCst);
+                entered.fetch_add(1, Ordering::SeqCst);
+                g.release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(entered.load(Ordering::SeqCst), 80);
+    assert_eq!(holders(&servers, &a, "shared").await, 0);
+}
+
+#[tokio::test]
+async fn one_release_wakes_one_waiter_per_manager_though_five_members_publish_it() {
+    let servers = five();
+    let a = redlock(urls(&servers)).await;
+    let b = redlock(urls(&servers)).await;
+    let g = a.lock("wake").acquire().await.unwrap();
+    let waiter = tokio::spawn(async move {
+        let g = b
+            .lock("wake")
+            .wait(Duration::from_secs(30))
+            .acquire()
+            .await
+            .unwrap();
+        (b, g)
+    });
+    // Until the waiter listens on every member.
+    let channel = a.redis_names("wake").channel;
+    for s in &servers {
+        let mut conn = raw(s).await;
+        let listening = eventually(Duration::from_secs(5), async || {
+            numsub(&mut conn, &channel).await == 1
+        })
+        .await;
+        assert!(
+            listening.is_some(),
+            "the waiter never subscribed on a member"
+        );
+    }
+    let released_at = Instant::now();
+    g.release().await.unwrap();
+    let (b, g2) = waiter.await.unwrap();
+    // Woken by the release, not by its backoff (the holder's lease was 30 s).
+    assert!(released_at.elapsed() < Duration::from_millis(500));
+    // Let the other members' copies of the message arrive.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(b.wake_ups_delivered(), 1);
+    g2.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn two_members_down_still_grant_and_exclude_three_down_fail_with_quorum_failed() {
+    let mut servers = five();
+    let m = redlock(urls(&servers)).await;
+    let other = redlock(urls(&servers)).await;
+    servers[0].kill().unwrap();
+    servers[1].kill().unwrap();
+    let g = m.lock("two-down").acquire().await.unwrap();
+    assert!(other
+        .lock("two-down")
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
+    assert_eq!(holders(&servers, &m, "two-down").await, 3);
+    g.release().await.unwrap();
+
+    servers[2].kill().unwrap();
+    let started = Instant::now();
+    let refused = m
+        .lock("three-down")
+        .wait(Duration::from_secs(1))
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            LockError::QuorumFailed {
+                granted: 2,
+                needed: 3,
+                ..
+            }
+        ),
+        "{refused:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(3));
+    // The two grants it did get were given back.
+    assert_eq!(holders(&servers, &m, "three-down").await, 0);
+}
+
+#[tokio::test]
+async fn members_delayed_past_the_lease_give_no_grant_and_partial_grants_are_released() {
+    let servers = five();
+    let mut proxies = Vec::new();
+    for s in &servers[..3] {
+        proxies.push(FaultProxy::start(s.addr()).await.unwrap());
+    }
+    let mut member_urls: Vec<String> = proxies.iter().map(FaultProxy::url).collect();
+    member_urls.extend(servers[3..].iter().map(RedisServer::url));
+    let m = redlock(member_urls).await;
+    for p in &proxies {
+        p.set_mode(FaultMode::Delay(Duration::from_millis(400)));
+    }
+    let refused = m
+        .lock("slow")
+        .lease(Duration::from_millis(300))
+        .wait(Duration::ZERO)
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused, LockError::QuorumFailed { granted: 2, .. }),
+        "{refused:?}"
+    );
+    // Nothing stays held anywhere, once the delayed calls have landed too.
+    let clean = eventually(Duration::from_secs(5), async || {
+        holders(&servers, &m, "slow").await == 0
+    })
+    .await;
+    assert!(clean.is_some(), "a partial grant stayed held");
+}
+
+#[tokio::test]
+async fn renewal_survives_two_deaths_and_reports_the_loss_at_the_third() {
+    let mut servers = five();
+    let m = redlock(urls(&servers)).await;
+    let lease = Duration::from_millis(600);
+    let g = m.lock("renewed").lease(lease).acquire().await.unwrap();
+    servers[0].kill().unwrap();
+    servers[1].kill().unwrap();
+    // Several leases long: renewals keep the majority.
+    tokio::time::sleep(lease * 3).await;
+    assert!(!g.is_lost());
+    assert_eq!(holders(&servers, &m, "renewed").await, 3);
+    servers[2].kill().unwrap();
+    let killed = Instant::now();
+    tokio::time::timeout(lease * 2, g.lost())
+        .await
+        .expect("the loss is reported");
+    // Reported by the local deadline: within one lease of the last renewal.
+    assert!(killed.elapsed() <= lease, "{:?}", killed.elapsed());
+}
+
+/// A member restarted empty forgets the lock, but the holder still has the
+/// other four: an intruder can get at most that one member, far from a
+/// majority. The holder's next renewal puts the lock back on it.
+#[tokio::test]
+async fn a_member_restarted_empty_lets_nobody_in_and_gets_the_lock_back() {
+    let mut servers = five();
+    let m = redlock(urls(&servers)).await;
+    let intruder = redlock(urls(&servers)).await;
+    let lease = Duration::from_millis(900);
+    let g = m.lock("restart").lease(lease).acquire().await.unwrap();
+    servers[0].restart().unwrap();
+    assert!(intruder
+        .lock("restart")
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
+    let name = m.redis_names("restart").lock;
+    let mut conn = raw(&servers[0]).await;
+    let back = eventually(lease, async || exists(&mut conn, &name).await).await;
+    assert!(
+        back.is_some(),
+        "the restarted member never got the lock back"
+    );
+    assert!(!g.is_lost());
+    g.release().await.unwrap();
+}
+
+/// A member whose counter is far ahead is in the first holder's majority and
+/// out of the second's: the write-back round still makes the second token larger.
+#[tokio::test]
+async fn tokens_increase_across_majorities_with_and_without_a_member_ahead() {
+    let servers = five();
+    let m = redlock(urls(&servers)).await;
+    let fence = m.redis_names("fenced").fencing_counter;
+    let ahead: u64 = 9_000_000_000_000_000;
+    redis::cmd("SET")
+        .arg(&fence)
+        .arg(ahead)
+        .query_async::<()>(&mut raw(&servers[0]).await)
+        .await
+        .unwrap();
+    let first = m.lock("fenced").acquire().await.unwrap();
+    let t1 = first.fencing_token();
+    assert!(t1 > ahead);
+    first.release().await.unwrap();
+    servers[0].pause().unwrap();
+    let second = m.lock("fenced").acquire().await.unwrap();
+    let t2 = second.fencing_token();
+    second.release().await.unwrap();
+    servers[0].resume().unwrap();
+    let third = m.lock("fenced").acquire().await.unwrap();
+    let t3 = third.fencing_token();
+    third.release().await.unwrap();
+    assert!(t1 < t2 && t2 < t3, "{t1} {t2} {t3}");
+}
+
+#[distributed_lock(key = "job:{id}", lease = "2s", wait = "5s", manager = manager)]
+async fn locked_job(manager: &LockManager, id: u32, runs: &AtomicU32) -> Result<u32, LockError> {
+    Ok(runs.fetch_add(1, Ordering::SeqCst) + id)
+}
+
+#[tokio::test]
+async fn a_locked_function_runs_unchanged_on_redlock() {
+    let servers = five();
+    let m = redlock(urls(&servers)).await;
+    let runs = AtomicU32::new(0);
+    assert_eq!(locked_job(&m, 7, &runs).await.unwrap(), 7);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(holders(&servers, &m, "job:7").await, 0);
+}
+
+#[tokio::test]
+async fn a_manager_starts_with_a_minority_down_and_uses_it_once_it_is_back() {
+    let mut servers = five();
+    servers[0].kill().unwrap();
+    servers[1].kill().unwrap();
+    let m = redlock(urls(&servers)).await;
+    let g = m.lock("late").acquire().await.unwrap();
+    assert_eq!(holders(&servers, &m, "late").await, 3);
+    g.release().await.unwrap();
+    servers[0].start().unwrap();
+    servers[1].start().unwrap();
+    let g = m.lock("late").acquire().await.unwrap();
+    assert_eq!(holders(&servers, &m, "late").await, 5);
+    g.release().await.unwrap();
+
+    servers[2].kill().unwrap();
+    servers[3].kill().unwrap();
+    servers[4].kill().unwrap();
+    let refused = LockManager::redlock_builder(urls(&servers))
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap_err();
+    assert!(matches!(refused, LockError::Connect { .. }), "{refused:?}");
+}

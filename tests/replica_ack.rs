@@ -1,0 +1,103 @@
+//! `replica_ack(n, timeout)`: an acquisition counts only once `n` replicas
+//! confirm it (`WAIT`, pipelined after the acquire on the same connection).
+//! The replica replicates through a `FaultProxy`, so a test can cut it off.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use distlock::testing::{FaultMode, FaultProxy, RedisServer};
+use distlock::{LockError, LockManager};
+
+/// A master, a proxy in front of it, and a replica that replicates through the
+/// proxy, linked up.
+async fn master_and_replica() -> (RedisServer, FaultProxy, RedisServer) {
+    let master = RedisServer::spawn_with_args(&["--repl-diskless-sync-delay", "0"]).unwrap();
+    let proxy = FaultProxy::start(master.addr()).await.unwrap();
+    let port = proxy.local_addr().port().to_string();
+    let replica = RedisServer::spawn_with_args(&["--replicaof", "127.0.0.1", &port]).unwrap();
+    let mut conn = raw(&replica).await;
+    let linked = eventually(Duration::from_secs(10), async || {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        info.contains("master_link_status:up")
+    })
+    .await;
+    assert!(linked.is_some(), "the replica never linked up");
+    (master, proxy, replica)
+}
+
+async fn acked_manager(master: &RedisServer, timeout: Duration) -> LockManager {
+    LockManager::builder(&master.url())
+        .command_timeout(Duration::from_millis(500))
+        .replica_ack(1, timeout)
+        .build()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_confirmed_acquisition_is_on_the_replica() {
+    let (master, _proxy, replica) = master_and_replica().await;
+    let m = acked_manager(&master, Duration::from_secs(2)).await;
+    let guard = m.lock("acked").acquire().await.unwrap();
+    // WAIT returned 1, so the replica has the lock already: no polling.
+    let mut on_replica = raw(&replica).await;
+    assert!(exists(&mut on_replica, &m.redis_names("acked").lock).await);
+    guard.release().await.unwrap();
+}
+
+/// Also the regression test for `WAIT` sent on a connection of its own: such a
+/// `WAIT` has no writes to wait for and answers at once with every connected
+/// replica, so the acquisition would succeed here.
+#[tokio::test]
+async fn a_cut_off_replica_fails_the_acquisition_after_the_timeout_and_nothing_stays_held() {
+    let (master, proxy, _replica) = master_and_replica().await;
+    let m = acked_manager(&master, Duration::from_millis(300)).await;
+    proxy.set_mode(FaultMode::BlackHole);
+    let started = Instant::now();
+    let refused = m
+        .lock("cut-off")
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await
+        .unwrap_err();
+    let took = started.elapsed();
+    assert!(
+        matches!(
+            refused,
+            LockError::NotReplicated {
+                acked: 0,
+                wanted: 1,
+                ..
+            }
+        ),
+        "{refused:?}"
+    );
+    // About the replica timeout: not at once, and not the whole wait.
+    assert!(took >= Duration::from_millis(290), "{took:?}");
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    let mut on_master = raw(&master).await;
+    assert!(!exists(&mut on_master, &m.redis_names("cut-off").lock).await);
+    assert!(refused.is_transient());
+}
+
+#[tokio::test]
+async fn replica_ack_needs_a_replica_and_a_timeout() {
+    let redis = server();
+    for (replicas, timeout) in [(0, Duration::from_secs(1)), (1, Duration::ZERO)] {
+        let refused = LockManager::builder(&redis.url())
+            .replica_ack(replicas, timeout)
+            .build()
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(refused, LockError::InvalidConfig(_)),
+            "{refused:?}"
+        );
+    }
+}

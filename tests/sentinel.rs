@@ -1,0 +1,222 @@
+//! A manager built with `sentinel_builder` finds the master through the
+//! sentinels and follows a failover: after `kill -9` of the master, each guard
+//! keeps its lock on the promoted replica or reports the loss before anyone else
+//! holds it; acquisitions, renewals and wake-ups move to the new master; tokens
+//! keep growing. A graceful `SENTINEL FAILOVER` (the old master demoted, still
+//! running) is followed too.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use distlock::testing::{RedisSentinel, RedisServer};
+use distlock::{distributed_lock, LockError, LockManager};
+
+async fn sentinel_manager(fixture: &RedisSentinel) -> LockManager {
+    LockManager::sentinel_builder(fixture.sentinel_urls(), fixture.master_name())
+        .command_timeout(Duration::from_millis(500))
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .expect("a sentinel manager")
+}
+
+fn exists_on(fixture: &RedisSentinel, node: usize, key: &str) -> bool {
+    let mut conn = fixture.blocking_client(node).unwrap();
+    redis::cmd("EXISTS")
+        .arg(key)
+        .query::<i64>(&mut conn)
+        .unwrap()
+        == 1
+}
+
+#[distributed_lock(key = "report:{day}", lease = "2s", wait = "5s", manager = manager)]
+async fn daily_report(manager: &LockManager, day: u32, runs: &AtomicU32) -> Result<u32, LockError> {
+    Ok(runs.fetch_add(1, Ordering::SeqCst) + day)
+}
+
+#[tokio::test]
+async fn locks_and_locked_functions_work_through_the_sentinels() {
+    let fixture = RedisSentinel::spawn().unwrap();
+    let m = sentinel_manager(&fixture).await;
+    let g = m.lock("plain").acquire().await.unwrap();
+    assert!(exists_on(&fixture, 0, &m.redis_names("plain").lock));
+    g.release().await.unwrap();
+    let runs = AtomicU32::new(0);
+    assert_eq!(daily_report(&m, 3, &runs).await.unwrap(), 3);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_killed_master_is_followed_and_no_lock_has_two_holders() {
+    let mut fixture = RedisSentinel::spawn().unwrap();
+    let m = sentinel_manager(&fixture).await;
+    let other = sentinel_manager(&fixture).await;
+    // Leases shorter and longer than the failover (about 2-3 s here).
+    let mut guards = Vec::new();
+    for (i, lease) in [800u64, 1_500, 6_000, 6_000].into_iter().enumerate() {
+        let key = format!("held:{i}");
+        guards.push((
+            key.clone(),
+            m.lock(&key)
+                .lease(Duration::from_millis(lease))
+                .acquire()
+                .await
+                .unwrap(),
+        ));
+    }
+    let tokens_before: Vec<u64> = guards.iter().map(|(_, g)| g.fencing_token()).collect();
+    // The replica has them (the fixture links it before returning).
+    let replicated = std::time::Instant::now();
+    while !guards
+        .iter()
+        .all(|(k, _)| exists_on(&fixture, 1, &m.redis_names(k).lock))
+    {
+        assert!(replicated.elapsed() < Duration::from_secs(5));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let old = fixture.kill_master().unwrap();
+    // Another holder tries every key until the failover is over.
+    let started = Instant::now();
+    let mut taken = vec![None; guards.len()];
+    while started.elapsed() < Duration::from_secs(15) && taken.iter().any(Option::is_none) {
+        for (i, (key, guard)) in guards.iter().enumerate() {
+            if taken[i].is_some() {
+                continue;
+            }
+            if let Ok(Some(g)) = other
+                .lock(key)
+                .wait(Duration::ZERO)
+                .lease(Duration::from_secs(10))
+                .try_acquire()
+                .await
+            {
+                // Exclusion: the first holder knew of its loss already.
+                assert!(guard.is_lost(), "{key}: two holders after the failover");
+                taken[i] = Some(g.fencing_token());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        if started.elapsed() > Duration::from_secs(8) {
+            break;
+        }
+    }
+    fixture
+        .wait_for_new_master(old, Duration::from_secs(10))
+        .unwrap();
+    for (i, (key, guard)) in guards.iter().enumerate() {
+        match taken[i] {
+            // Taken over after the loss: with a larger token.
+            Some(token) => assert!(token > tokens_before[i], "{key}: {token}"),
+            // Kept: the long leases survive the failover on the promoted replica.
+            None => assert!(!guard.is_lost(), "{key}: neither kept nor taken over"),
+        }
+    }
+    // The short leases could not outlive a failover of 2 s or more.
+    assert!(guards[0].1.is_lost());
+    // The long ones were renewed on the new master.
+    assert!(!guards[3].1.is_lost());
+    let new_master_name = m.redis_names("held:3").lock;
+    assert!(exists_on(&fixture, 1, &new_master_name));
+    // New acquisitions work, and their tokens are larger than before.
+    let fresh = m.lock("held:2").wait(Duration::from_secs(10));
+    drop(guards);
+    let g = fresh.acquire().await.unwrap();
+    assert!(g.fencing_token() > tokens_before[2]);
+}
+
+#[tokio::test]
+async fn a_waiter_is_woken_through_the_new_master_after_a_failover() {
+    let mut fixture = RedisSentinel::spawn().unwrap();
+    let holder = sentinel_manager(&fixture).await;
+    let waiter_manager = sentinel_manager(&fixture).await;
+    let g = holder
+        .lock("wake")
+        .lease(Duration::from_secs(20))
+        .acquire()
+        .await
+        .unwrap();
+    let waiter = tokio::spawn(async move {
+        waiter_manager
+            .lock("wake")
+            .wait(Duration::from_secs(30))
+            .acquire()
+            .await
+            .map(|g| g.fencing_token())
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let old = fixture.kill_master().unwrap();
+    fixture
+        .wait_for_new_master(old, Duration::from_secs(10))
+        .unwrap();
+    // The holder's renewals moved to the new master (the replica had the lock).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!g.is_lost());
+    let token = g.fencing_token();
+    let released = Instant::now();
+    g.release().await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(3), waiter)
+        .await
+        .expect("the waiter was woken")
+        .unwrap()
+        .unwrap();
+    assert!(next > token);
+    // By the release's message on the new master, not by its 20 s lease.
+    assert!(released.elapsed() < Duration::from_secs(2));
+}
+
+#[tokio::test]
+async fn a_demoted_master_is_left_for_the_promoted_one() {
+    let fixture = RedisSentinel::spawn().unwrap();
+    let m = sentinel_manager(&fixture).await;
+    let g = m
+        .lock("demoted")
+        .lease(Duration::from_secs(20))
+        .acquire()
+        .await
+        .unwrap();
+    fixture.failover().unwrap();
+    // Node 0 now refuses writes; the next acquisition and the release go to node 1.
+    let next = m.lock("after").acquire().await.unwrap();
+    assert!(exists_on(&fixture, 1, &m.redis_names("after").lock));
+    next.release().await.unwrap();
+    assert!(!g.is_lost());
+    g.release().await.unwrap();
+    assert!(!exists_on(&fixture, 1, &m.redis_names("demoted").lock));
+}
+
+#[tokio::test]
+async fn bad_sentinel_settings_are_typed_errors_in_bounded_time() {
+    let fixture = RedisSentinel::spawn().unwrap();
+    let empty: [&str; 0] = [];
+    let refused = LockManager::sentinel_builder(empty, "distlock")
+        .build()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused, LockError::InvalidConfig(_)),
+        "{refused:?}"
+    );
+
+    let started = Instant::now();
+    let refused = LockManager::sentinel_builder(fixture.sentinel_urls(), "no-such-master")
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused, LockError::ServerCheck { .. }),
+        "{refused:?}"
+    );
+    assert!(refused.to_string().contains("no-such-master"), "{refused}");
+
+    let gone = RedisServer::spawn().unwrap();
+    let url = gone.url();
+    drop(gone);
+    let refused = LockManager::sentinel_builder([url], "distlock")
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap_err();
+    assert!(matches!(refused, LockError::Connect { .. }), "{refused:?}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
