@@ -426,7 +426,7 @@ impl Cluster {
             async move {
                 let leases: Vec<Arc<Lease>> = indices.iter().map(|i| batch[*i].clone()).collect();
                 let outcomes = match node {
-                    Some(node) => self.renew_on(conn, &node, &leases).await,
+                    Some(node) => self.renew_on(conn, &node, &leases, stale_map).await,
                     None => None,
                 };
                 let outcomes = match outcomes {
@@ -456,12 +456,14 @@ impl Cluster {
 
     /// Renews `leases`, all owned by `node`, in one pipeline; `None` when the
     /// node did not own them all (a stale slot map) or the pipeline failed as a
-    /// whole in a way a per-lock call may not.
+    /// whole in a way a per-lock call may not. A node that cannot be reached
+    /// sets `stale_map` too: it may have failed over to a replica.
     async fn renew_on(
         &self,
         mut conn: ClusterConnection,
         node: &Node,
         leases: &[Arc<Lease>],
+        stale_map: &AtomicBool,
     ) -> Option<Vec<Renewal>> {
         let mut pipe = redis::pipe();
         for lease in leases {
@@ -484,6 +486,7 @@ impl Cluster {
             Err(e) if !e.maybe_executed => return None,
             Err(e) => {
                 self.retire_connection();
+                stale_map.store(true, Ordering::Relaxed);
                 return Some(failed_all(leases, &e.error.to_string()));
             }
         };
