@@ -611,7 +611,10 @@ async fn failover_of_a_master_with_held_locks() {
         .expect("spawn a cluster with replicas");
     let a = manager_on(&cluster).await;
     let b = manager_on(&cluster).await;
-    let keys = keys_on_each_master(&cluster, &a, "ct-failover", 3).swap_remove(0);
+    // The last key has a lease longer than the failover: its holder should
+    // keep it, renewing on the promoted replica.
+    let keys = keys_on_each_master(&cluster, &a, "ct-failover", 4).swap_remove(0);
+    let leases = [2, 2, 2, 10].map(Duration::from_secs);
     let replica = cluster
         .nodes()
         .iter()
@@ -619,13 +622,8 @@ async fn failover_of_a_master_with_held_locks() {
         .unwrap()
         .index;
     let mut guards = Vec::new();
-    for key in &keys {
-        let g = a
-            .lock(key.clone())
-            .lease(Duration::from_secs(2))
-            .acquire()
-            .await
-            .unwrap();
+    for (key, lease) in keys.iter().zip(leases) {
+        let g = a.lock(key.clone()).lease(lease).acquire().await.unwrap();
         guards.push(Arc::new(g));
     }
     let tokens_before: Vec<u64> = guards.iter().map(|g| g.fencing_token()).collect();
@@ -691,6 +689,35 @@ async fn failover_of_a_master_with_held_locks() {
             }
         }
     }
+    // Renewals resumed on the promoted replica: the long lease was renewed
+    // after the failover (a renewal resets its PTTL to 10 s; the lease was
+    // taken more than 6 s ago).
+    let long = guards.last().unwrap();
+    if !long.is_lost() {
+        let mut conn = cluster.cluster_connection().await.unwrap();
+        let name = a.redis_names(keys.last().unwrap()).lock;
+        let renewed = async {
+            while pttl(&mut conn, &name).await < 5_000 {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), renewed)
+            .await
+            .expect("the long lease was never renewed on the promoted replica");
+        assert!(!long.is_lost());
+    }
+    // The same manager holds a new lock on the failed-over slots beyond its lease.
+    let fresh = a
+        .lock(keys[0].clone())
+        .lease(Duration::from_millis(600))
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!fresh.is_lost(), "renewal after the failover failed");
+    assert!(fresh.fencing_token() > tokens_before[0]);
+    fresh.release().await.unwrap();
     eprintln!(
         "failover after {failed_over_after:?}; {taken_over} of {} locks taken over",
         keys.len()
