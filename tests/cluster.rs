@@ -611,14 +611,53 @@ async fn failover_of_a_master_with_held_locks() {
         .expect("spawn a cluster with replicas");
     let a = manager_on(&cluster).await;
     let b = manager_on(&cluster).await;
-    // The last key has a lease longer than the failover: its holder should
-    // keep it, renewing on the promoted replica.
-    let keys = keys_on_each_master(&cluster, &a, "ct-failover", 4).swap_remove(0);
+    // A waiter of manager b, subscribed before the kill; the master that dies
+    // is the one its subscriber is connected to (the waited-for lock is on
+    // master 0, which may be that master too).
+    let waiting_on = keys_on_each_master(&cluster, &a, "ct-failover-wait", 1)[0][0].clone();
+    let channel = a.redis_names(&waiting_on).channel;
+    let other_held = a
+        .lock(waiting_on.clone())
+        .lease(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    let b2 = b.clone();
+    let k = waiting_on.clone();
+    let waiter = tokio::spawn(async move {
+        let g = b2
+            .lock(k)
+            .wait(Duration::from_secs(60))
+            .acquire()
+            .await
+            .unwrap();
+        (Instant::now(), g)
+    });
+    let victim = tokio::task::block_in_place(|| {
+        assert!(wait_blocking(Duration::from_secs(3), || numsub(
+            &cluster, &channel
+        ) >= 1));
+        (0..MASTERS)
+            .find(|&i| {
+                let mut conn = cluster.blocking_client(i).unwrap();
+                let (_, n): (String, i64) = redis::cmd("PUBSUB")
+                    .arg("NUMSUB")
+                    .arg(&channel)
+                    .query(&mut conn)
+                    .unwrap();
+                n == 1
+            })
+            .expect("the subscriber is on a master")
+    });
+
+    // Locks on the victim; the last one has a lease longer than the failover:
+    // its holder should keep it, renewing on the promoted replica.
+    let keys = keys_on_each_master(&cluster, &a, "ct-failover", 4).swap_remove(victim);
     let leases = [2, 2, 2, 10].map(Duration::from_secs);
     let replica = cluster
         .nodes()
         .iter()
-        .find(|n| n.role == distlock::testing::ClusterNodeRole::Replica { of: 0 })
+        .find(|n| n.role == distlock::testing::ClusterNodeRole::Replica { of: victim })
         .unwrap()
         .index;
     let mut guards = Vec::new();
@@ -644,7 +683,7 @@ async fn failover_of_a_master_with_held_locks() {
     });
 
     let killed_at = Instant::now();
-    tokio::task::block_in_place(|| cluster.kill(0).unwrap());
+    tokio::task::block_in_place(|| cluster.kill(victim).unwrap());
     let stop = Arc::new(AtomicBool::new(false));
     let intruders: Vec<_> = keys
         .iter()
@@ -706,6 +745,20 @@ async fn failover_of_a_master_with_held_locks() {
             .expect("the long lease was never renewed on the promoted replica");
         assert!(!long.is_lost());
     }
+    // The waiter is subscribed again, and woken by the release.
+    tokio::task::block_in_place(|| {
+        assert!(
+            wait_blocking(Duration::from_secs(5), || numsub(&cluster, &channel) == 1),
+            "the waiter's subscription did not come back after the failover"
+        )
+    });
+    assert!(!waiter.is_finished(), "{waiting_on}: two holders");
+    let released_at = Instant::now();
+    other_held.release().await.unwrap();
+    let (acquired_at, g) = waiter.await.unwrap();
+    let delay = acquired_at - released_at;
+    assert!(delay < Duration::from_millis(500), "woken after {delay:?}");
+    g.release().await.unwrap();
     // The same manager holds a new lock on the failed-over slots beyond its lease.
     let fresh = a
         .lock(keys[0].clone())
