@@ -873,3 +873,65 @@ async fn the_macro_locks_through_a_cluster_manager() {
     assert_eq!(tokens.len(), 8, "each run had a token of its own");
     assert!(!exists(&mut conn, &m.redis_names("ct-macro:7").lock).await);
 }
+
+// ---------------------------------------------------------------- shutdown
+
+/// `shutdown()` releases the locks of every master (one pipeline per node), and
+/// a guard dropped as its runtime ends is released by the blocking path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_and_runtime_end_release_on_every_master() {
+    let cluster = shared();
+    let m = manager_on(cluster).await;
+    let keys = keys_on_each_master(cluster, &m, "ct-shutdown", 2);
+    let mut guards = Vec::new();
+    for key in keys.iter().flatten() {
+        guards.push(
+            m.lock(key.clone())
+                .lease(Duration::from_secs(30))
+                .acquire()
+                .await
+                .unwrap(),
+        );
+    }
+    let mut conn = cluster.cluster_connection().await.unwrap();
+    m.shutdown().await.unwrap();
+    for key in keys.iter().flatten() {
+        let name = m.redis_names(key).lock;
+        assert!(!exists(&mut conn, &name).await, "{name} outlived shutdown");
+    }
+    assert!(guards.iter().all(|g| g.is_lost()));
+
+    // A guard dropped inside a runtime that then ends, on every master.
+    let names = tokio::task::spawn_blocking(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let m = manager_on(cluster).await;
+            let keys = keys_on_each_master(cluster, &m, "ct-runtime-end", 1);
+            let mut names = Vec::new();
+            let mut guards = Vec::new();
+            for key in keys.iter().flatten() {
+                guards.push(
+                    m.lock(key.clone())
+                        .lease(Duration::from_secs(30))
+                        .acquire()
+                        .await
+                        .unwrap(),
+                );
+                names.push(m.redis_names(key).lock);
+            }
+            names
+            // `guards` dropped here, inside the runtime: their releases are
+            // spawned on it and never run there.
+        })
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for name in &names {
+        let ttl = pttl(&mut conn, name).await;
+        assert!(ttl < 0, "{name} outlived its runtime: {ttl} ms left");
+    }
+}
