@@ -564,10 +564,21 @@ async fn resharding_a_held_and_contended_lock() {
                 assert!(!held.is_lost(), "{key}: lost while the slot moves");
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
+            // Both keys on the new owner, the slot still migrating: the old
+            // owner answers ASK. The holder renews beyond its lease through
+            // the redirection; the lock stays busy for everyone else.
             tokio::task::block_in_place(|| {
                 migration.migrate_keys(&[names.lock.as_str()]).unwrap();
-                migration.finish().unwrap();
             });
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_millis(1500) {
+                let r = c.lock(key).try_acquire().await;
+                assert!(matches!(r, Ok(None)), "{key}: {r:?} while the slot moves");
+                assert!(!held.is_lost(), "{key}: lost while the slot moves");
+                assert!(!waiter.is_finished(), "{key}: two holders");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            tokio::task::block_in_place(|| migration.finish().unwrap());
         } else {
             tokio::task::block_in_place(|| cluster.migrate_slot(slot, to).unwrap());
         }
