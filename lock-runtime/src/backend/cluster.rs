@@ -516,12 +516,18 @@ impl Cluster {
             return Some(failed_all(leases, &error.to_string()));
         };
         if missing_script && !out_of_sync {
-            // A node restarted or flushed its scripts: SCRIPT LOAD goes to
-            // every node; the leases are retried at once.
-            if let Err(e) = self.scripts.load_renew(&mut conn).await {
+            // A node restarted, flushed its scripts, was promoted, or never
+            // ran a renewal: SCRIPT LOAD goes to every master, within the
+            // command timeout (unbounded, it waited for a master that stopped
+            // answering and held up the renewals of every node); the leases
+            // are retried at once.
+            let loaded = bounded_call("", self.command_timeout, self.scripts.load_renew(&mut conn))
+                .await
+                .map_err(|e| e.error.to_string());
+            if let Err(e) = loaded {
                 for outcome in &mut outcomes {
                     if matches!(outcome, Renewal::Retry) {
-                        *outcome = Renewal::Failed(e.to_string());
+                        *outcome = Renewal::Failed(e.clone());
                     }
                 }
             }
