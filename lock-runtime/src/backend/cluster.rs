@@ -290,7 +290,7 @@ impl Cluster {
         };
         let result = bounded_call(key, self.command_timeout, retrying).await;
         if let Err(e) = &result {
-            if e.maybe_executed {
+            if may_be_out_of_sync(e) {
                 self.retire_connection();
             }
         }
@@ -324,7 +324,7 @@ impl Cluster {
         };
         let result = bounded_call(key, self.command_timeout, acquire).await;
         if let Err(e) = &result {
-            if e.maybe_executed {
+            if may_be_out_of_sync(e) {
                 self.retire_connection();
             }
         }
@@ -485,7 +485,9 @@ impl Cluster {
             Ok(replies) => replies,
             Err(e) if !e.maybe_executed => return None,
             Err(e) => {
-                self.retire_connection();
+                if may_be_out_of_sync(&e) {
+                    self.retire_connection();
+                }
                 stale_map.store(true, Ordering::Relaxed);
                 return Some(failed_all(leases, &e.error.to_string()));
             }
@@ -638,6 +640,29 @@ impl Cluster {
         let turn = self.next_subscriber.fetch_add(1, Ordering::Relaxed);
         let client = &candidates[turn % candidates.len()];
         client.get_async_pubsub().await
+    }
+}
+
+/// Whether a failed call may have left a reply behind for another caller (a
+/// reply of the wrong shape or owner). A timeout or a broken, refused or
+/// missing node connection does not: redis-rs's per-node connections are
+/// multiplexed and drop the reply of an abandoned request. Retiring the
+/// cluster connection for those made the next call of every lock, on every
+/// node, wait for a fresh connection to all nodes, which hangs on a master
+/// that stopped answering.
+fn may_be_out_of_sync(e: &CallError) -> bool {
+    if !e.maybe_executed {
+        return false;
+    }
+    match &e.error {
+        LockError::Backend { source, .. } => {
+            !(source.is_io_error()
+                || source.is_timeout()
+                || source.is_connection_dropped()
+                || source.is_connection_refusal()
+                || source.kind() == ErrorKind::ClusterConnectionNotFound)
+        }
+        _ => true,
     }
 }
 
