@@ -964,3 +964,53 @@ async fn shutdown_and_runtime_end_release_on_every_master() {
         assert!(ttl < 0, "{name} outlived its runtime: {ttl} ms left");
     }
 }
+
+// ---------------------------------------------------------------- a stuck master
+
+/// A master that stops answering (SIGSTOP) costs its own locks, not those of
+/// the other masters: renewals go to every node at once, each bounded by the
+/// command timeout (a renewal tick waits for its slowest node, so leases are
+/// kept at 6x the command timeout here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_master_loses_only_its_own_locks() {
+    let cluster = own_cluster();
+    let m = manager_on(&cluster).await;
+    let keys: Vec<String> = keys_on_each_master(&cluster, &m, "ct-paused", 1)
+        .into_iter()
+        .flatten()
+        .collect();
+    let mut guards = Vec::new();
+    for key in &keys {
+        guards.push(
+            m.lock(key.clone())
+                .lease(Duration::from_secs(3))
+                .acquire()
+                .await
+                .unwrap(),
+        );
+    }
+    let paused_at = Instant::now();
+    cluster.pause(0).unwrap();
+    tokio::time::timeout(Duration::from_secs(4), guards[0].lost())
+        .await
+        .expect("the paused master's lock is reported lost");
+    while paused_at.elapsed() < Duration::from_millis(3500) {
+        for (key, g) in keys.iter().zip(&guards).skip(1) {
+            assert!(
+                !g.is_lost(),
+                "{key} lost {:?} after another master was paused",
+                paused_at.elapsed()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    cluster.resume(0).unwrap();
+    let mut guards = guards.into_iter();
+    let start = Instant::now();
+    let r = guards.next().unwrap().release().await;
+    assert!(matches!(r, Err(LockError::Lost { .. })), "{r:?}");
+    assert!(start.elapsed() < Duration::from_secs(2));
+    for g in guards {
+        g.release().await.unwrap();
+    }
+}
