@@ -278,7 +278,7 @@ impl Cluster {
         };
         let result = bounded_call(key, self.command_timeout, retrying).await;
         if let Err(e) = &result {
-            if e.maybe_executed {
+            if may_be_out_of_sync(e) {
                 self.retire_connection();
             }
         }
@@ -312,7 +312,7 @@ impl Cluster {
         };
         let result = bounded_call(key, self.command_timeout, acquire).await;
         if let Err(e) = &result {
-            if e.maybe_executed {
+            if may_be_out_of_sync(e) {
                 self.retire_connection();
             }
         }
@@ -414,7 +414,7 @@ impl Cluster {
             async move {
                 let leases: Vec<Arc<Lease>> = indices.iter().map(|i| batch[*i].clone()).collect();
                 let outcomes = match node {
-                    Some(node) => self.renew_on(conn, &node, &leases).await,
+                    Some(node) => self.renew_on(conn, &node, &leases, stale_map).await,
                     None => None,
                 };
                 let outcomes = match outcomes {
@@ -444,12 +444,14 @@ impl Cluster {
 
     /// Renews `leases`, all owned by `node`, in one pipeline; `None` when the
     /// node did not own them all (a stale slot map) or the pipeline failed as a
-    /// whole in a way a per-lock call may not.
+    /// whole in a way a per-lock call may not. A node that cannot be reached
+    /// sets `stale_map` too: it may have failed over to a replica.
     async fn renew_on(
         &self,
         mut conn: ClusterConnection,
         node: &Node,
         leases: &[Arc<Lease>],
+        stale_map: &AtomicBool,
     ) -> Option<Vec<Renewal>> {
         let mut pipe = redis::pipe();
         for lease in leases {
@@ -471,7 +473,10 @@ impl Cluster {
             Ok(replies) => replies,
             Err(e) if !e.maybe_executed => return None,
             Err(e) => {
-                self.retire_connection();
+                if may_be_out_of_sync(&e) {
+                    self.retire_connection();
+                }
+                stale_map.store(true, Ordering::Relaxed);
                 return Some(failed_all(leases, &e.error.to_string()));
             }
         };
@@ -501,12 +506,18 @@ impl Cluster {
             return Some(failed_all(leases, &error.to_string()));
         };
         if missing_script && !out_of_sync {
-            // A node restarted or flushed its scripts: SCRIPT LOAD goes to
-            // every node; the leases are retried at once.
-            if let Err(e) = self.scripts.load_renew(&mut conn).await {
+            // A node restarted, flushed its scripts, was promoted, or never
+            // ran a renewal: SCRIPT LOAD goes to every master, within the
+            // command timeout (unbounded, it waited for a master that stopped
+            // answering and held up the renewals of every node); the leases
+            // are retried at once.
+            let loaded = bounded_call("", self.command_timeout, self.scripts.load_renew(&mut conn))
+                .await
+                .map_err(|e| e.error.to_string());
+            if let Err(e) = loaded {
                 for outcome in &mut outcomes {
                     if matches!(outcome, Renewal::Retry) {
-                        *outcome = Renewal::Failed(e.to_string());
+                        *outcome = Renewal::Failed(e.clone());
                     }
                 }
             }
@@ -617,6 +628,29 @@ impl Cluster {
         let turn = self.next_subscriber.fetch_add(1, Ordering::Relaxed);
         let client = &candidates[turn % candidates.len()];
         client.get_async_pubsub().await
+    }
+}
+
+/// Whether a failed call may have left a reply behind for another caller (a
+/// reply of the wrong shape or owner). A timeout or a broken, refused or
+/// missing node connection does not: redis-rs's per-node connections are
+/// multiplexed and drop the reply of an abandoned request. Retiring the
+/// cluster connection for those made the next call of every lock, on every
+/// node, wait for a fresh connection to all nodes, which hangs on a master
+/// that stopped answering.
+fn may_be_out_of_sync(e: &CallError) -> bool {
+    if !e.maybe_executed {
+        return false;
+    }
+    match &e.error {
+        LockError::Backend { source, .. } => {
+            !(source.is_io_error()
+                || source.is_timeout()
+                || source.is_connection_dropped()
+                || source.is_connection_refusal()
+                || source.kind() == ErrorKind::ClusterConnectionNotFound)
+        }
+        _ => true,
     }
 }
 

@@ -1,0 +1,1016 @@
+//! The Redis Cluster backend against real clusters: the lock behaviour on keys of
+//! every master, renewal cost per node, wake-ups across a subscriber reconnect,
+//! resharding and failover under held locks, bad seeds, and the macro.
+//!
+//! Tests that only take locks share one process-wide cluster (unique keys per
+//! test); tests that kill, migrate or disconnect get a cluster of their own.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use distlock::testing::{key_slot, RedisCluster, RedisServer};
+use distlock::{distributed_lock, LockError, LockManager};
+use redis::aio::ConnectionLike;
+
+const MASTERS: usize = 3;
+
+fn shared() -> &'static RedisCluster {
+    RedisCluster::process_wide().expect("redis-server must be installed to run the tests")
+}
+
+fn own_cluster() -> RedisCluster {
+    RedisCluster::spawn().expect("spawn a cluster")
+}
+
+async fn manager_on(cluster: &RedisCluster) -> LockManager {
+    LockManager::cluster_builder(cluster.urls())
+        .command_timeout(Duration::from_millis(500))
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .expect("connect to the test cluster")
+}
+
+/// `per_master` keys starting with `prefix` whose locks live on each master:
+/// `result[i]` are on master `i` (asserted with the lock's Redis name).
+fn keys_on_each_master(
+    cluster: &RedisCluster,
+    m: &LockManager,
+    prefix: &str,
+    per_master: usize,
+) -> Vec<Vec<String>> {
+    let mut keys = vec![Vec::new(); MASTERS];
+    let mut i = 0;
+    while keys.iter().any(|k| k.len() < per_master) {
+        let key = format!("{prefix}:{i}");
+        i += 1;
+        let names = m.redis_names(&key);
+        let master = cluster.master_of_key(&names.lock).unwrap();
+        assert_eq!(
+            key_slot(names.lock.as_bytes()),
+            key_slot(names.fencing_counter.as_bytes())
+        );
+        if keys[master].len() < per_master {
+            keys[master].push(key);
+        }
+    }
+    for (master, ks) in keys.iter().enumerate() {
+        for k in ks {
+            assert_eq!(
+                cluster.master_of_key(&m.redis_names(k).lock).unwrap(),
+                master
+            );
+        }
+    }
+    keys
+}
+
+async fn exists(conn: &mut impl ConnectionLike, key: &str) -> bool {
+    redis::cmd("EXISTS")
+        .arg(key)
+        .query_async::<i64>(conn)
+        .await
+        .expect("EXISTS")
+        == 1
+}
+
+async fn pttl(conn: &mut impl ConnectionLike, key: &str) -> i64 {
+    redis::cmd("PTTL")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .expect("PTTL")
+}
+
+/// Subscribers of `channel`, summed over every running node.
+fn numsub(cluster: &RedisCluster, channel: &str) -> i64 {
+    let mut total = 0;
+    for node in cluster.nodes().iter().filter(|n| n.is_running) {
+        let mut conn = cluster.blocking_client(node.index).unwrap();
+        let (_, n): (String, i64) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(channel)
+            .query(&mut conn)
+            .expect("PUBSUB NUMSUB");
+        total += n;
+    }
+    total
+}
+
+// ---------------------------------------------------------------- behaviour
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_exclusion_on_every_master() {
+    let cluster = shared();
+    let a = manager_on(cluster).await;
+    let b = manager_on(cluster).await;
+    let keys = keys_on_each_master(cluster, &a, "ct-mutex", 1);
+    let mut tasks = Vec::new();
+    let done = Arc::new(AtomicUsize::new(0));
+    for key in keys.into_iter().flatten() {
+        let inside = Arc::new(AtomicBool::new(false));
+        for t in 0..6 {
+            let m = if t % 2 == 0 { a.clone() } else { b.clone() };
+            let (key, inside, done) = (key.clone(), inside.clone(), done.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..4 {
+                    let g = m
+                        .lock(key.clone())
+                        .lease(Duration::from_secs(5))
+                        .wait(Duration::from_secs(20))
+                        .acquire()
+                        .await
+                        .unwrap();
+                    assert!(!inside.swap(true, Ordering::SeqCst), "two holders of {key}");
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    inside.store(false, Ordering::SeqCst);
+                    done.fetch_add(1, Ordering::SeqCst);
+                    g.release().await.unwrap();
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(done.load(Ordering::SeqCst), 3 * 6 * 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reentry_in_scope_gets_the_same_token() {
+    let cluster = shared();
+    let m = manager_on(cluster).await;
+    let mut conn = cluster.cluster_connection().await.unwrap();
+    for key in keys_on_each_master(cluster, &m, "ct-reenter", 1)
+        .into_iter()
+        .flatten()
+    {
+        let name = m.redis_names(&key).lock;
+        let outer = m.lock(key.clone()).acquire().await.unwrap();
+        let token = outer.fencing_token();
+        let inner_token = outer
+            .scope(async {
+                let inner = m
+                    .lock(key.clone())
+                    .wait(Duration::ZERO)
+                    .acquire()
+                    .await
+                    .unwrap();
+                let t = inner.fencing_token();
+                inner.release().await.unwrap();
+                t
+            })
+            .await;
+        assert_eq!(inner_token, token);
+        assert!(
+            exists(&mut conn, &name).await,
+            "inner release keeps the outer hold"
+        );
+        outer.release().await.unwrap();
+        assert!(!exists(&mut conn, &name).await);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_keeps_a_lock_beyond_its_lease() {
+    let cluster = shared();
+    let a = manager_on(cluster).await;
+    let b = manager_on(cluster).await;
+    let mut conn = cluster.cluster_connection().await.unwrap();
+    let keys: Vec<String> = keys_on_each_master(cluster, &a, "ct-renew", 1)
+        .into_iter()
+        .flatten()
+        .collect();
+    let mut guards = Vec::new();
+    for key in &keys {
+        guards.push(
+            a.lock(key.clone())
+                .lease(Duration::from_millis(300))
+                .acquire()
+                .await
+                .unwrap(),
+        );
+    }
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(1500) {
+        for (key, g) in keys.iter().zip(&guards) {
+            assert!(!g.is_lost(), "{key} lost");
+            assert!(b.lock(key.clone()).try_acquire().await.unwrap().is_none());
+            let ttl = pttl(&mut conn, &a.redis_names(key).lock).await;
+            assert!(ttl > 0 && ttl <= 300, "{key}: pttl {ttl}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for g in guards {
+        g.release().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_lock_is_reported_lost() {
+    let cluster = shared();
+    let m = manager_on(cluster).await;
+    let mut conn = cluster.cluster_connection().await.unwrap();
+    for key in keys_on_each_master(cluster, &m, "ct-lost", 1)
+        .into_iter()
+        .flatten()
+    {
+        let g = m
+            .lock(key.clone())
+            .lease(Duration::from_millis(300))
+            .acquire()
+            .await
+            .unwrap();
+        redis::cmd("DEL")
+            .arg(m.redis_names(&key).lock)
+            .query_async::<()>(&mut conn)
+            .await
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(2), g.lost())
+            .await
+            .unwrap_or_else(|_| panic!("{key}: loss not noticed"));
+        assert!(g.is_lost());
+        let r = g.release().await;
+        assert!(matches!(r, Err(LockError::Lost { .. })), "{r:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_increase_on_every_master() {
+    let cluster = shared();
+    let a = manager_on(cluster).await;
+    let b = manager_on(cluster).await;
+    for key in keys_on_each_master(cluster, &a, "ct-fence", 1)
+        .into_iter()
+        .flatten()
+    {
+        let mut last = 0;
+        for i in 0..6 {
+            let m = if i % 2 == 0 { &a } else { &b };
+            let g = m.lock(key.clone()).acquire().await.unwrap();
+            assert!(
+                g.fencing_token() > last,
+                "{key}: {} after {last}",
+                g.fencing_token()
+            );
+            last = g.fencing_token();
+            g.release().await.unwrap();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_exit_releases() {
+    let cluster = shared();
+    let m = manager_on(cluster).await;
+    let keys = keys_on_each_master(cluster, &m, "ct-exit", 3);
+    let mut names = Vec::new();
+    for ks in &keys {
+        // Drop.
+        let g = m.lock(ks[0].clone()).acquire().await.unwrap();
+        drop(g);
+        // A cancelled future holding the guard.
+        let m2 = m.clone();
+        let k = ks[1].clone();
+        let held = Arc::new(tokio::sync::Notify::new());
+        let held2 = held.clone();
+        let fut = async move {
+            let _g = m2.lock(k).acquire().await.unwrap();
+            held2.notify_one();
+            std::future::pending::<()>().await;
+        };
+        let task = tokio::spawn(fut);
+        held.notified().await;
+        task.abort();
+        assert!(task.await.unwrap_err().is_cancelled());
+        // A panic in a spawned task.
+        let m3 = m.clone();
+        let k = ks[2].clone();
+        let r = tokio::spawn(async move {
+            let _g = m3.lock(k).acquire().await.unwrap();
+            panic!("body failed");
+        })
+        .await;
+        assert!(r.unwrap_err().is_panic());
+        names.extend(ks.iter().map(|k| m.redis_names(k).lock));
+    }
+    let mut conn = cluster.cluster_connection().await.unwrap();
+    let start = Instant::now();
+    for name in &names {
+        while exists(&mut conn, name).await {
+            assert!(
+                start.elapsed() < Duration::from_secs(2),
+                "{name} not released"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    assert_eq!(m.held_count(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_is_woken_by_the_release() {
+    let cluster = shared();
+    let a = manager_on(cluster).await;
+    let b = manager_on(cluster).await;
+    for key in keys_on_each_master(cluster, &a, "ct-handoff", 1)
+        .into_iter()
+        .flatten()
+    {
+        let channel = a.redis_names(&key).channel;
+        let held = a
+            .lock(key.clone())
+            .lease(Duration::from_secs(30))
+            .acquire()
+            .await
+            .unwrap();
+        let b2 = b.clone();
+        let k = key.clone();
+        let waiter = tokio::spawn(async move {
+            let g = b2
+                .lock(k)
+                .wait(Duration::from_secs(20))
+                .acquire()
+                .await
+                .unwrap();
+            (Instant::now(), g)
+        });
+        let subscribed = tokio::task::block_in_place(|| {
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_secs(3) {
+                if numsub(cluster, &channel) >= 1 {
+                    return true;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            false
+        });
+        assert!(
+            subscribed,
+            "{key}: the waiter never subscribed to {channel}"
+        );
+        assert!(!waiter.is_finished());
+        let token = held.fencing_token();
+        let released_at = Instant::now();
+        held.release().await.unwrap();
+        let (acquired_at, g) = waiter.await.unwrap();
+        let delay = acquired_at - released_at;
+        assert!(
+            delay < Duration::from_millis(500),
+            "{key}: woken after {delay:?}"
+        );
+        assert!(g.fencing_token() > token);
+        g.release().await.unwrap();
+    }
+}
+
+// ---------------------------------------------------------------- renewal cost
+
+fn moved_errors(cluster: &RedisCluster) -> Vec<u64> {
+    cluster
+        .nodes()
+        .iter()
+        .filter(|n| n.is_running)
+        .map(|n| {
+            let mut conn = cluster.blocking_client(n.index).unwrap();
+            let info: String = redis::cmd("INFO")
+                .arg("errorstats")
+                .query(&mut conn)
+                .unwrap();
+            info.lines()
+                .find_map(|l| l.strip_prefix("errorstat_MOVED:count="))
+                .map(|n| n.trim().parse().unwrap())
+                .unwrap_or(0)
+        })
+        .collect()
+}
+
+/// 300 locks over 3 masters cost one renewal round trip per master per tick.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_cost_one_round_trip_per_master() {
+    let cluster = shared();
+    let m = manager_on(cluster).await;
+    let keys = keys_on_each_master(cluster, &m, "ct-cost", 100);
+    let moved_before = tokio::task::block_in_place(|| moved_errors(cluster));
+    let lease = Duration::from_millis(600);
+    let acquires = keys.iter().flatten().map(|k| {
+        let m = m.clone();
+        let k = k.clone();
+        async move { m.lock(k).lease(lease).acquire().await.unwrap() }
+    });
+    let guards = futures_util::future::join_all(acquires).await;
+    assert_eq!(m.held_count(), 300);
+    let trips_before = m.renewal_round_trips();
+    let wakeups_before = m.renewal_task_wakeups();
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(2) {
+        assert!(guards.iter().all(|g| !g.is_lost()), "a lease was lost");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let elapsed = start.elapsed();
+    let trips = m.renewal_round_trips() - trips_before;
+    let ticks = m.renewal_task_wakeups() - wakeups_before;
+    eprintln!("{trips} renewal round trips in {ticks} ticks over {elapsed:?}");
+    assert!(guards.iter().all(|g| !g.is_lost()), "a lease was lost");
+    // A tick every lease / 3 = 200 ms: about 10 in 2 s (the leases may start
+    // in a few groups, each renewed on a tick of its own).
+    let interval = lease / 3;
+    let expected_ticks = (elapsed.as_millis() / interval.as_millis()) as u64;
+    assert!(
+        ticks >= expected_ticks / 2,
+        "{ticks} renewal ticks in {elapsed:?}"
+    );
+    assert!(
+        trips >= expected_ticks / 2 * MASTERS as u64 / 2,
+        "{trips} round trips"
+    );
+    assert!(
+        trips <= ticks * (MASTERS as u64 + 1),
+        "{trips} round trips in {ticks} ticks"
+    );
+    assert!(
+        ticks <= expected_ticks * 4 + 4,
+        "{ticks} ticks in {elapsed:?}: leases renewed one by one?"
+    );
+    let moved_after = tokio::task::block_in_place(|| moved_errors(cluster));
+    assert_eq!(
+        moved_before, moved_after,
+        "renewals were sent to the wrong node"
+    );
+    for g in guards {
+        g.release().await.unwrap();
+    }
+}
+
+// ---------------------------------------------------------------- subscriber reconnect
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wake_ups_survive_a_subscriber_reconnect() {
+    let cluster = own_cluster();
+    let a = manager_on(&cluster).await;
+    let b = manager_on(&cluster).await;
+    let key = "ct-resub".to_owned();
+    let channel = a.redis_names(&key).channel;
+    let held = a
+        .lock(key.clone())
+        .lease(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    let b2 = b.clone();
+    let k = key.clone();
+    let waiter = tokio::spawn(async move {
+        let g = b2
+            .lock(k)
+            .wait(Duration::from_secs(30))
+            .acquire()
+            .await
+            .unwrap();
+        (Instant::now(), g)
+    });
+    tokio::task::block_in_place(|| {
+        assert!(
+            wait_blocking(Duration::from_secs(3), || numsub(&cluster, &channel) == 1),
+            "never subscribed"
+        );
+        for node in cluster.nodes() {
+            let mut conn = cluster.blocking_client(node.index).unwrap();
+            let _: i64 = redis::cmd("CLIENT")
+                .arg("KILL")
+                .arg("TYPE")
+                .arg("pubsub")
+                .query(&mut conn)
+                .unwrap();
+        }
+        assert!(
+            wait_blocking(Duration::from_secs(5), || numsub(&cluster, &channel) == 1),
+            "the subscription did not come back"
+        );
+    });
+    assert!(!waiter.is_finished());
+    let released_at = Instant::now();
+    held.release().await.unwrap();
+    let (acquired_at, g) = waiter.await.unwrap();
+    let delay = acquired_at - released_at;
+    assert!(delay < Duration::from_millis(500), "woken after {delay:?}");
+    g.release().await.unwrap();
+}
+
+fn wait_blocking(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
+}
+
+// ---------------------------------------------------------------- resharding
+
+/// Moves a held and contended lock's slot to another master while its holder
+/// renews and a waiter waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resharding_a_held_and_contended_lock() {
+    let cluster = own_cluster();
+    let a = manager_on(&cluster).await;
+    let b = manager_on(&cluster).await;
+    let c = manager_on(&cluster).await;
+
+    for (key, stepwise) in [("ct-reshard-whole", false), ("ct-reshard-steps", true)] {
+        let names = a.redis_names(key);
+        let slot = key_slot(names.lock.as_bytes());
+        let from = cluster.master_of_slot(slot).unwrap();
+        let to = (from + 1) % MASTERS;
+        let held = a
+            .lock(key)
+            .lease(Duration::from_secs(1))
+            .acquire()
+            .await
+            .unwrap();
+        let token = held.fencing_token();
+        let b2 = b.clone();
+        let waiter = tokio::spawn(async move {
+            b2.lock(key)
+                .wait(Duration::from_secs(30))
+                .acquire()
+                .await
+                .unwrap()
+        });
+        // Let the waiter wait (it is subscribed once NUMSUB says so).
+        tokio::task::block_in_place(|| {
+            assert!(wait_blocking(Duration::from_secs(3), || numsub(
+                &cluster,
+                &names.channel
+            ) >= 1));
+        });
+
+        if stepwise {
+            let mut migration = tokio::task::block_in_place(|| {
+                let mut migration = cluster.begin_migration(slot, to).unwrap();
+                migration
+                    .migrate_keys(&[names.fencing_counter.as_str()])
+                    .unwrap();
+                migration
+            });
+            // The lock and its fence are now split between two nodes: an
+            // acquisition cannot run, and is busy, never an error.
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_millis(1500) {
+                let r = c.lock(key).try_acquire().await;
+                assert!(matches!(r, Ok(None)), "{key}: {r:?} while the slot moves");
+                assert!(!held.is_lost(), "{key}: lost while the slot moves");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            // Both keys on the new owner, the slot still migrating: the old
+            // owner answers ASK. The holder renews beyond its lease through
+            // the redirection; the lock stays busy for everyone else.
+            tokio::task::block_in_place(|| {
+                migration.migrate_keys(&[names.lock.as_str()]).unwrap();
+            });
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_millis(1500) {
+                let r = c.lock(key).try_acquire().await;
+                assert!(matches!(r, Ok(None)), "{key}: {r:?} while the slot moves");
+                assert!(!held.is_lost(), "{key}: lost while the slot moves");
+                assert!(!waiter.is_finished(), "{key}: two holders");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            tokio::task::block_in_place(|| migration.finish().unwrap());
+        } else {
+            tokio::task::block_in_place(|| cluster.migrate_slot(slot, to).unwrap());
+        }
+        assert_eq!(cluster.master_of_slot(slot).unwrap(), to);
+
+        // The holder keeps renewing on the new node, beyond its lease.
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_millis(1500) {
+            assert!(!held.is_lost(), "{key}: lost after the slot moved");
+            assert!(!waiter.is_finished(), "{key}: two holders");
+            assert!(c.lock(key).try_acquire().await.unwrap().is_none());
+            let ttl = tokio::task::block_in_place(|| {
+                let mut conn = cluster.blocking_client(to).unwrap();
+                redis::cmd("PTTL")
+                    .arg(&names.lock)
+                    .query::<i64>(&mut conn)
+                    .unwrap()
+            });
+            assert!(ttl > 0, "{key}: pttl {ttl} on the new master");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        held.release().await.unwrap();
+        let g = tokio::time::timeout(Duration::from_secs(2), waiter)
+            .await
+            .expect("the waiter got the lock after the release")
+            .unwrap();
+        assert!(g.fencing_token() > token, "{key}: token went back");
+        g.release().await.unwrap();
+    }
+}
+
+// ---------------------------------------------------------------- failover
+
+/// A master with held locks dies; its replica takes over. An intruder may take a
+/// lock only once its holder knows the lease is lost, and tokens keep growing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_of_a_master_with_held_locks() {
+    let mut cluster = RedisCluster::builder()
+        .masters(3)
+        .replicas_per_master(1)
+        .spawn()
+        .expect("spawn a cluster with replicas");
+    let a = manager_on(&cluster).await;
+    let b = manager_on(&cluster).await;
+    // A waiter of manager b, subscribed before the kill; the master that dies
+    // is the one its subscriber is connected to (the waited-for lock is on
+    // master 0, which may be that master too).
+    let waiting_on = keys_on_each_master(&cluster, &a, "ct-failover-wait", 1)[0][0].clone();
+    let channel = a.redis_names(&waiting_on).channel;
+    let other_held = a
+        .lock(waiting_on.clone())
+        .lease(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    let b2 = b.clone();
+    let k = waiting_on.clone();
+    let waiter = tokio::spawn(async move {
+        let g = b2
+            .lock(k)
+            .wait(Duration::from_secs(60))
+            .acquire()
+            .await
+            .unwrap();
+        (Instant::now(), g)
+    });
+    let victim = tokio::task::block_in_place(|| {
+        assert!(wait_blocking(Duration::from_secs(3), || numsub(
+            &cluster, &channel
+        ) >= 1));
+        (0..MASTERS)
+            .find(|&i| {
+                let mut conn = cluster.blocking_client(i).unwrap();
+                let (_, n): (String, i64) = redis::cmd("PUBSUB")
+                    .arg("NUMSUB")
+                    .arg(&channel)
+                    .query(&mut conn)
+                    .unwrap();
+                n == 1
+            })
+            .expect("the subscriber is on a master")
+    });
+
+    // Locks on the victim; the last one has a lease longer than the failover:
+    // its holder should keep it, renewing on the promoted replica.
+    let keys = keys_on_each_master(&cluster, &a, "ct-failover", 4).swap_remove(victim);
+    let leases = [2, 2, 2, 10].map(Duration::from_secs);
+    let replica = cluster
+        .nodes()
+        .iter()
+        .find(|n| n.role == distlock::testing::ClusterNodeRole::Replica { of: victim })
+        .unwrap()
+        .index;
+    let mut guards = Vec::new();
+    for (key, lease) in keys.iter().zip(leases) {
+        let g = a.lock(key.clone()).lease(lease).acquire().await.unwrap();
+        guards.push(Arc::new(g));
+    }
+    let tokens_before: Vec<u64> = guards.iter().map(|g| g.fencing_token()).collect();
+    tokio::task::block_in_place(|| {
+        let mut conn = cluster.blocking_client(replica).unwrap();
+        redis::cmd("READONLY").exec(&mut conn).unwrap();
+        for key in &keys {
+            let name = a.redis_names(key).lock;
+            assert!(
+                wait_blocking(Duration::from_secs(3), || redis::cmd("EXISTS")
+                    .arg(&name)
+                    .query::<i64>(&mut conn)
+                    .unwrap()
+                    == 1),
+                "{name} never reached the replica"
+            );
+        }
+    });
+
+    let killed_at = Instant::now();
+    tokio::task::block_in_place(|| cluster.kill(victim).unwrap());
+    let stop = Arc::new(AtomicBool::new(false));
+    let intruders: Vec<_> = keys
+        .iter()
+        .zip(&guards)
+        .map(|(key, guard)| {
+            let (b, key, guard, stop) = (b.clone(), key.clone(), guard.clone(), stop.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::SeqCst) {
+                    if let Ok(Some(g)) = b.lock(key.clone()).try_acquire().await {
+                        // The original holder must know its lease is gone.
+                        let holder_lost = guard.is_lost();
+                        return Some((g, holder_lost));
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                None
+            })
+        })
+        .collect();
+    tokio::task::block_in_place(|| cluster.wait_for_failover(Duration::from_secs(15)).unwrap());
+    let failed_over_after = killed_at.elapsed();
+    // Give the intruders, and the holder's renewals, time after the failover.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop.store(true, Ordering::SeqCst);
+    let mut taken_over = 0;
+    for (((key, guard), intruder), before) in
+        keys.iter().zip(&guards).zip(intruders).zip(&tokens_before)
+    {
+        match intruder.await.unwrap() {
+            Some((g, holder_lost)) => {
+                assert!(
+                    holder_lost,
+                    "{key}: taken while its holder still trusted its lease"
+                );
+                assert!(g.fencing_token() > *before, "{key}: token went back");
+                taken_over += 1;
+                g.release().await.unwrap();
+            }
+            None => {
+                assert!(!guard.is_lost(), "{key}: lost but never taken over");
+                assert!(guard.remaining_lease() > Duration::ZERO);
+            }
+        }
+    }
+    // Renewals resumed on the promoted replica: the long lease was renewed
+    // after the failover (a renewal resets its PTTL to 10 s; the lease was
+    // taken more than 6 s ago).
+    let long = guards.last().unwrap();
+    if !long.is_lost() {
+        let mut conn = cluster.cluster_connection().await.unwrap();
+        let name = a.redis_names(keys.last().unwrap()).lock;
+        let renewed = async {
+            while pttl(&mut conn, &name).await < 5_000 {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), renewed)
+            .await
+            .expect("the long lease was never renewed on the promoted replica");
+        assert!(!long.is_lost());
+    }
+    // The waiter is subscribed again, and woken by the release.
+    tokio::task::block_in_place(|| {
+        assert!(
+            wait_blocking(Duration::from_secs(5), || numsub(&cluster, &channel) == 1),
+            "the waiter's subscription did not come back after the failover"
+        )
+    });
+    assert!(!waiter.is_finished(), "{waiting_on}: two holders");
+    let released_at = Instant::now();
+    other_held.release().await.unwrap();
+    let (acquired_at, g) = waiter.await.unwrap();
+    let delay = acquired_at - released_at;
+    assert!(delay < Duration::from_millis(500), "woken after {delay:?}");
+    g.release().await.unwrap();
+    // The same manager holds a new lock on the failed-over slots beyond its lease.
+    let fresh = a
+        .lock(keys[0].clone())
+        .lease(Duration::from_millis(600))
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!fresh.is_lost(), "renewal after the failover failed");
+    assert!(fresh.fencing_token() > tokens_before[0]);
+    fresh.release().await.unwrap();
+    eprintln!(
+        "failover after {failed_over_after:?}; {taken_over} of {} locks taken over",
+        keys.len()
+    );
+    drop(guards);
+    // New acquisitions on the failed-over slots succeed within a bound, with
+    // larger tokens.
+    let c = manager_on(&cluster).await;
+    for (key, before) in keys.iter().zip(&tokens_before) {
+        let start = Instant::now();
+        let g = c
+            .lock(key.clone())
+            .lease(Duration::from_secs(2))
+            .wait(Duration::from_secs(5))
+            .acquire()
+            .await
+            .unwrap();
+        assert!(start.elapsed() < Duration::from_secs(5));
+        assert!(g.fencing_token() > *before, "{key}: token went back");
+        g.release().await.unwrap();
+    }
+}
+
+// ---------------------------------------------------------------- bad input
+
+#[tokio::test]
+async fn bad_seeds_fail_build_with_a_typed_error() {
+    let builder = |urls: Vec<String>| {
+        LockManager::cluster_builder(urls)
+            .command_timeout(Duration::from_millis(500))
+            .connect_timeout(Duration::from_millis(500))
+    };
+
+    let start = Instant::now();
+    let r = builder(Vec::new()).build().await;
+    assert!(matches!(r, Err(LockError::InvalidConfig(_))), "{r:?}");
+    assert!(start.elapsed() < Duration::from_secs(3));
+
+    // Nothing listens on these ports (a server bound and dropped them).
+    let closed: Vec<String> = (0..2)
+        .map(|_| {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            format!("redis://127.0.0.1:{}", l.local_addr().unwrap().port())
+        })
+        .collect();
+    let start = Instant::now();
+    let r = builder(closed.clone()).build().await;
+    assert!(matches!(r, Err(LockError::Connect { .. })), "{r:?}");
+    assert!(start.elapsed() < Duration::from_secs(3));
+
+    // One dead seed among live ones is not an error.
+    let mut mixed = vec![closed[0].clone()];
+    mixed.extend(shared().urls());
+    let start = Instant::now();
+    let m = builder(mixed)
+        .build()
+        .await
+        .expect("one live seed is enough");
+    assert!(start.elapsed() < Duration::from_secs(3));
+    m.lock("ct-mixed-seeds")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+
+    let single = RedisServer::spawn().unwrap();
+    let start = Instant::now();
+    let r = builder(vec![single.url()]).build().await;
+    match &r {
+        Err(LockError::ServerCheck { reason, .. }) => {
+            assert!(reason.contains("not a Redis Cluster"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(start.elapsed() < Duration::from_secs(3));
+}
+
+// ---------------------------------------------------------------- macro
+
+#[derive(Debug)]
+enum AppError {
+    // Read through Debug, in the test's panic messages.
+    #[allow(dead_code)]
+    Lock(LockError),
+}
+
+impl From<LockError> for AppError {
+    fn from(e: LockError) -> Self {
+        AppError::Lock(e)
+    }
+}
+
+#[distributed_lock(key = "ct-macro:{id}", lease = "300ms", guard = lock, manager = m)]
+async fn locked_step(m: &LockManager, id: u64, inside: &AtomicBool) -> Result<u64, AppError> {
+    assert!(!inside.swap(true, Ordering::SeqCst), "two bodies at once");
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    inside.store(false, Ordering::SeqCst);
+    Ok(lock.fencing_token())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_macro_locks_through_a_cluster_manager() {
+    let cluster = shared();
+    let m = manager_on(cluster).await;
+    let mut conn = cluster.cluster_connection().await.unwrap();
+    let inside = AtomicBool::new(false);
+    let runs = (0..8).map(|_| locked_step(&m, 7, &inside));
+    let mut tokens: Vec<u64> = futures_util::future::join_all(runs)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap())
+        .collect();
+    tokens.sort_unstable();
+    tokens.dedup();
+    assert_eq!(tokens.len(), 8, "each run had a token of its own");
+    assert!(!exists(&mut conn, &m.redis_names("ct-macro:7").lock).await);
+}
+
+// ---------------------------------------------------------------- shutdown
+
+/// `shutdown()` releases the locks of every master (one pipeline per node), and
+/// a guard dropped as its runtime ends is released by the blocking path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_and_runtime_end_release_on_every_master() {
+    let cluster = shared();
+    let m = manager_on(cluster).await;
+    let keys = keys_on_each_master(cluster, &m, "ct-shutdown", 2);
+    let mut guards = Vec::new();
+    for key in keys.iter().flatten() {
+        guards.push(
+            m.lock(key.clone())
+                .lease(Duration::from_secs(30))
+                .acquire()
+                .await
+                .unwrap(),
+        );
+    }
+    let mut conn = cluster.cluster_connection().await.unwrap();
+    m.shutdown().await.unwrap();
+    for key in keys.iter().flatten() {
+        let name = m.redis_names(key).lock;
+        assert!(!exists(&mut conn, &name).await, "{name} outlived shutdown");
+    }
+    assert!(guards.iter().all(|g| g.is_lost()));
+
+    // A guard dropped inside a runtime that then ends, on every master.
+    let names = tokio::task::spawn_blocking(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let m = manager_on(cluster).await;
+            let keys = keys_on_each_master(cluster, &m, "ct-runtime-end", 1);
+            let mut names = Vec::new();
+            let mut guards = Vec::new();
+            for key in keys.iter().flatten() {
+                guards.push(
+                    m.lock(key.clone())
+                        .lease(Duration::from_secs(30))
+                        .acquire()
+                        .await
+                        .unwrap(),
+                );
+                names.push(m.redis_names(key).lock);
+            }
+            names
+            // `guards` dropped here, inside the runtime: their releases are
+            // spawned on it and never run there.
+        })
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for name in &names {
+        let ttl = pttl(&mut conn, name).await;
+        assert!(ttl < 0, "{name} outlived its runtime: {ttl} ms left");
+    }
+}
+
+// ---------------------------------------------------------------- a stuck master
+
+/// A master that stops answering (SIGSTOP) costs its own locks, not those of
+/// the other masters: renewals go to every node at once, each bounded by the
+/// command timeout (a renewal tick waits for its slowest node, so leases are
+/// kept at 6x the command timeout here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_master_loses_only_its_own_locks() {
+    let cluster = own_cluster();
+    let m = manager_on(&cluster).await;
+    let keys: Vec<String> = keys_on_each_master(&cluster, &m, "ct-paused", 1)
+        .into_iter()
+        .flatten()
+        .collect();
+    let mut guards = Vec::new();
+    for key in &keys {
+        guards.push(
+            m.lock(key.clone())
+                .lease(Duration::from_secs(3))
+                .acquire()
+                .await
+                .unwrap(),
+        );
+    }
+    let paused_at = Instant::now();
+    cluster.pause(0).unwrap();
+    tokio::time::timeout(Duration::from_secs(4), guards[0].lost())
+        .await
+        .expect("the paused master's lock is reported lost");
+    while paused_at.elapsed() < Duration::from_millis(3500) {
+        for (key, g) in keys.iter().zip(&guards).skip(1) {
+            assert!(
+                !g.is_lost(),
+                "{key} lost {:?} after another master was paused",
+                paused_at.elapsed()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    cluster.resume(0).unwrap();
+    let mut guards = guards.into_iter();
+    let start = Instant::now();
+    let r = guards.next().unwrap().release().await;
+    assert!(matches!(r, Err(LockError::Lost { .. })), "{r:?}");
+    assert!(start.elapsed() < Duration::from_secs(2));
+    for g in guards {
+        g.release().await.unwrap();
+    }
+}
