@@ -1,10 +1,7 @@
 //! Deploying on a Redis Cluster: a least-privilege ACL user (set on every node,
 //! as ACLs are per node) works, and one without the topology command is refused
-//! by `build()` with a typed error naming it; shutting down (the manager, or the
-//! runtime under a held guard) frees the locks on every master. The behaviour
-//! suite: `tests/cluster.rs`.
-
-mod common;
+//! by `build()` with a typed error naming it. The behaviour suite:
+//! `tests/cluster.rs`.
 
 use std::time::Duration;
 
@@ -105,64 +102,4 @@ async fn a_user_who_may_not_read_the_topology_is_refused_by_build() {
     let text = refused.to_string();
     println!("{text}");
     assert!(text.to_lowercase().contains("cluster"), "{text}");
-}
-
-/// Keys whose locks live on each of the cluster's masters (one per master).
-fn one_key_per_master(cluster: &RedisCluster, m: &LockManager, stem: &str) -> Vec<String> {
-    let mut keys: Vec<Option<String>> = vec![None; 3];
-    for i in 0.. {
-        let key = format!("{stem}:{i}");
-        let node = cluster.master_of_key(&m.redis_names(&key).lock).unwrap();
-        if keys[node].is_none() {
-            keys[node] = Some(key);
-        }
-        if keys.iter().all(Option::is_some) {
-            break;
-        }
-    }
-    keys.into_iter().flatten().collect()
-}
-
-#[tokio::test]
-async fn shutdown_releases_on_every_master() {
-    let cluster = RedisCluster::process_wide().unwrap();
-    let m = LockManager::cluster_builder(cluster.urls())
-        .build()
-        .await
-        .unwrap();
-    let keys = one_key_per_master(cluster, &m, "shutdown");
-    let mut guards = Vec::new();
-    for key in &keys {
-        guards.push(m.lock(key).acquire().await.unwrap());
-    }
-    let mut conn = cluster.cluster_connection().await.unwrap();
-    m.shutdown().await.unwrap();
-    for key in &keys {
-        let exists: bool = redis::cmd("EXISTS")
-            .arg(m.redis_names(key).lock)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        assert!(!exists, "{key} still held after shutdown");
-    }
-    assert!(guards.iter().all(|g| g.is_lost()));
-}
-
-/// A guard dropped as its runtime ends: the release runs over a blocking
-/// connection to the lock's master (the slot map says which), so the next run
-/// of the program does not wait out the lease.
-#[test]
-fn a_lock_held_as_the_runtime_ends_is_released_on_its_master() {
-    let cluster = RedisCluster::process_wide().unwrap();
-    let urls = cluster.urls();
-    let lock_name = common::lock_held_as_runtime_ends(|| async move {
-        LockManager::cluster_builder(urls).build().await.unwrap()
-    });
-    let node = cluster.master_of_key(&lock_name).unwrap();
-    let mut conn = cluster.blocking_client(node).unwrap();
-    let exists: bool = redis::cmd("EXISTS")
-        .arg(&lock_name)
-        .query(&mut conn)
-        .unwrap();
-    assert!(!exists, "the lock outlived its runtime");
 }
