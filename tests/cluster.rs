@@ -23,6 +23,11 @@ fn own_cluster() -> RedisCluster {
     RedisCluster::spawn().expect("spawn a cluster")
 }
 
+/// Held by the tests that kill, pause or reshard a cluster of their own: on
+/// two cores, several clusters failing over at once stretch a failover past
+/// the leases the tests choose.
+static FAULTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 async fn manager_on(cluster: &RedisCluster) -> LockManager {
     LockManager::cluster_builder(cluster.urls())
         .command_timeout(Duration::from_millis(500))
@@ -447,6 +452,7 @@ async fn renewals_cost_one_round_trip_per_master() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wake_ups_survive_a_subscriber_reconnect() {
+    let _faults = FAULTS.lock().await;
     let cluster = own_cluster();
     let a = manager_on(&cluster).await;
     let b = manager_on(&cluster).await;
@@ -470,8 +476,10 @@ async fn wake_ups_survive_a_subscriber_reconnect() {
         (Instant::now(), g)
     });
     tokio::task::block_in_place(|| {
+        // One subscriber connection per master, each subscribed.
         assert!(
-            wait_blocking(Duration::from_secs(3), || numsub(&cluster, &channel) == 1),
+            wait_blocking(Duration::from_secs(3), || numsub(&cluster, &channel)
+                == MASTERS as i64),
             "never subscribed"
         );
         for node in cluster.nodes() {
@@ -484,8 +492,9 @@ async fn wake_ups_survive_a_subscriber_reconnect() {
                 .unwrap();
         }
         assert!(
-            wait_blocking(Duration::from_secs(5), || numsub(&cluster, &channel) == 1),
-            "the subscription did not come back"
+            wait_blocking(Duration::from_secs(5), || numsub(&cluster, &channel)
+                == MASTERS as i64),
+            "the subscriptions did not come back"
         );
     });
     assert!(!waiter.is_finished());
@@ -514,6 +523,7 @@ fn wait_blocking(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
 /// renews and a waiter waits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resharding_a_held_and_contended_lock() {
+    let _faults = FAULTS.lock().await;
     let cluster = own_cluster();
     let a = manager_on(&cluster).await;
     let b = manager_on(&cluster).await;
@@ -616,6 +626,7 @@ async fn resharding_a_held_and_contended_lock() {
 /// lock only once its holder knows the lease is lost, and tokens keep growing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failover_of_a_master_with_held_locks() {
+    let _faults = FAULTS.lock().await;
     let mut cluster = RedisCluster::builder()
         .masters(3)
         .replicas_per_master(1)
@@ -637,29 +648,37 @@ async fn failover_of_a_master_with_held_locks() {
     let b2 = b.clone();
     let k = waiting_on.clone();
     let waiter = tokio::spawn(async move {
-        let g = b2
-            .lock(k)
-            .wait(Duration::from_secs(60))
-            .acquire()
-            .await
-            .unwrap();
-        (Instant::now(), g)
+        // While the cluster fails over, an attempt may time out (its master is
+        // reachable, but the cluster client is busy with the dead node): a
+        // caller retries such transient errors.
+        loop {
+            match b2
+                .lock(k.clone())
+                .wait(Duration::from_secs(60))
+                .acquire()
+                .await
+            {
+                Ok(g) => return (Instant::now(), g),
+                Err(LockError::Backend { .. }) => continue,
+                Err(e) => panic!("{e}"),
+            }
+        }
     });
-    let victim = tokio::task::block_in_place(|| {
+    // Manager b keeps a subscriber connection on every master; the victim is
+    // not the waited-for lock's master (0), so only b's subscriber there dies.
+    let victim = 1;
+    tokio::task::block_in_place(|| {
         assert!(wait_blocking(Duration::from_secs(3), || numsub(
             &cluster, &channel
-        ) >= 1));
-        (0..MASTERS)
-            .find(|&i| {
-                let mut conn = cluster.blocking_client(i).unwrap();
-                let (_, n): (String, i64) = redis::cmd("PUBSUB")
-                    .arg("NUMSUB")
-                    .arg(&channel)
-                    .query(&mut conn)
-                    .unwrap();
-                n == 1
-            })
-            .expect("the subscriber is on a master")
+        ) == MASTERS
+            as i64));
+        let mut conn = cluster.blocking_client(victim).unwrap();
+        let (_, n): (String, i64) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(&channel)
+            .query(&mut conn)
+            .unwrap();
+        assert_eq!(n, 1, "no subscriber on the victim");
     });
 
     // Locks on the victim; the last one has a lease longer than the failover:
@@ -760,7 +779,8 @@ async fn failover_of_a_master_with_held_locks() {
     // The waiter is subscribed again, and woken by the release.
     tokio::task::block_in_place(|| {
         assert!(
-            wait_blocking(Duration::from_secs(5), || numsub(&cluster, &channel) == 1),
+            wait_blocking(Duration::from_secs(5), || numsub(&cluster, &channel)
+                == MASTERS as i64),
             "the waiter's subscription did not come back after the failover"
         )
     });
@@ -973,17 +993,22 @@ async fn shutdown_and_runtime_end_release_on_every_master() {
 /// kept at 6x the command timeout here).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_master_loses_only_its_own_locks() {
+    let _faults = FAULTS.lock().await;
     let cluster = own_cluster();
     let m = manager_on(&cluster).await;
     let keys: Vec<String> = keys_on_each_master(&cluster, &m, "ct-paused", 1)
         .into_iter()
         .flatten()
         .collect();
+    // The paused master's lock has a lease shorter than the pause; the others
+    // a lease longer than it. The pause stays below cluster-node-timeout (2 s),
+    // so the cluster does not mark the master failed (and go CLUSTERDOWN).
     let mut guards = Vec::new();
-    for key in &keys {
+    for (i, key) in keys.iter().enumerate() {
+        let lease = if i == 0 { 800 } else { 3_000 };
         guards.push(
             m.lock(key.clone())
-                .lease(Duration::from_secs(3))
+                .lease(Duration::from_millis(lease))
                 .acquire()
                 .await
                 .unwrap(),
@@ -991,10 +1016,10 @@ async fn a_paused_master_loses_only_its_own_locks() {
     }
     let paused_at = Instant::now();
     cluster.pause(0).unwrap();
-    tokio::time::timeout(Duration::from_secs(4), guards[0].lost())
+    tokio::time::timeout(Duration::from_millis(1_500), guards[0].lost())
         .await
         .expect("the paused master's lock is reported lost");
-    while paused_at.elapsed() < Duration::from_millis(3500) {
+    while paused_at.elapsed() < Duration::from_millis(1_600) {
         for (key, g) in keys.iter().zip(&guards).skip(1) {
             assert!(
                 !g.is_lost(),

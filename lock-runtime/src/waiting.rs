@@ -191,9 +191,11 @@ impl Drop for Registration<'_> {
 /// The subscriber task: keeps the subscriptions equal to the channels that have
 /// waiters, and turns messages into wake-ups. Connects on first need, and
 /// reconnects (re-subscribing channel by channel) after the connection breaks.
-/// The backend says where to listen: one server; any node of a cluster (release
-/// publishes with classic PUBLISH, which the cluster bus carries to every node);
-/// every Redlock member, each publishing every release (de-duplicated).
+/// The backend says where to listen: one server; every master of a cluster
+/// (release publishes with classic PUBLISH, which the cluster bus carries to
+/// every node, but later than the master that published it delivers it); every
+/// Redlock member, each publishing every release. Where several connections
+/// hear one release, it wakes one waiter (de-duplicated by its payload).
 pub(crate) async fn run_subscriber(sub: &Subscriber, backend: &Backend) {
     let sources = backend.pubsub_sources();
     sub.dedupe.store(sources > 1, Ordering::Relaxed);

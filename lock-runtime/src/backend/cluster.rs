@@ -53,9 +53,10 @@ pub(crate) struct Cluster {
     /// Masters by slot range, for grouping renewals per node and for the
     /// blocking release; refreshed when a node answers MOVED or ASK.
     slots: Mutex<SlotMap>,
-    /// Which node the next pub/sub connection tries, so that a reconnect after
-    /// a node failure moves on to another node.
-    next_subscriber: AtomicUsize,
+    /// Per subscriber connection (one per master at start-up), how many
+    /// connection attempts in a row failed: the next attempt moves on that
+    /// many nodes from its own master.
+    subscriber_turns: Vec<AtomicUsize>,
     scripts: Scripts,
     command_timeout: Duration,
     connect_timeout: Duration,
@@ -182,10 +183,13 @@ impl Cluster {
             .map_err(invalid)?;
         let builder =
             ClusterClientBuilder::new(seed_clients.iter().map(|c| c.get_connection_info().clone()))
-                // redis-rs's defaults wait 1.28 s or more before retrying TRYAGAIN;
-                // a slot migration clears in milliseconds, and the waiting loop retries
-                // a busy lock anyway.
-                .retries(3)
+                // redis-rs's defaults retry 16 times, waiting 1.28 s or more before
+                // retrying TRYAGAIN or CLUSTERDOWN; a slot migration clears in
+                // milliseconds, and the layers above retry anyway (an acquisition
+                // counts the lock busy within its wait; release and renewal retry
+                // within the command timeout), so a cluster that is down during a
+                // failover shows up as busy rather than as a timed-out call.
+                .retries(1)
                 .min_retry_wait(5)
                 .max_retry_wait(100)
                 .connection_timeout(config.connect_timeout);
@@ -201,12 +205,12 @@ impl Cluster {
             Ok(Err(e)) => return Err(connect_error(e, shown)),
             Err(_) => return Err(super::connect_timed_out(shown, config.connect_timeout)),
         };
-        let cluster = Cluster {
+        let mut cluster = Cluster {
             client,
             conn: Mutex::new(None),
             seeds: seed_clients,
             slots: Mutex::new(SlotMap::default()),
-            next_subscriber: AtomicUsize::new(0),
+            subscriber_turns: Vec::new(),
             scripts: Scripts::new(),
             command_timeout: config.command_timeout,
             connect_timeout: config.connect_timeout,
@@ -218,9 +222,16 @@ impl Cluster {
                 reason: format!("CLUSTER SLOTS failed: {e}"),
             });
         }
+        let masters = cluster
+            .slots
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .masters()
+            .len();
+        cluster.subscriber_turns = (0..masters.max(1)).map(|_| AtomicUsize::new(0)).collect();
         super::check::check(
             &mut conn,
-            || cluster.pubsub(),
+            || cluster.pubsub(0),
             &cluster.scripts,
             config,
             &shown,
@@ -472,12 +483,17 @@ impl Cluster {
         let replies = match replies {
             Ok(replies) => replies,
             Err(e) if !e.maybe_executed => return None,
-            Err(e) => {
-                if may_be_out_of_sync(&e) {
-                    self.retire_connection();
-                }
+            Err(e) if may_be_out_of_sync(&e) => {
+                self.retire_connection();
                 stale_map.store(true, Ordering::Relaxed);
                 return Some(failed_all(leases, &e.error.to_string()));
+            }
+            // The node is gone or does not answer: the map may be stale (a
+            // failover), so renew these leases one call each, routed by
+            // redis-rs, which follows the cluster to the new master.
+            Err(_) => {
+                stale_map.store(true, Ordering::Relaxed);
+                return None;
             }
         };
         let replies: Vec<RedisResult<(i64, String)>> = replies
@@ -569,22 +585,39 @@ impl Cluster {
         groups
     }
 
+    /// Reads `CLUSTER SLOTS` from every master of the current map at once (and
+    /// from any node when the map is empty) and keeps the first answer: a dead
+    /// or stopped master, which is when the map needs refreshing, must not
+    /// hold the refresh up.
     async fn refresh_slots(&self, conn: &mut ClusterConnection) -> RedisResult<()> {
-        let reply = tokio::time::timeout(
-            self.command_timeout,
-            conn.route_command(
-                redis::cmd("CLUSTER").arg("SLOTS").clone(),
-                RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
-            ),
-        )
-        .await
-        .map_err(|_| {
-            RedisError::from(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "CLUSTER SLOTS timed out",
-            ))
-        })??;
-        let map = SlotMap::parse(reply)?;
+        let masters = self
+            .slots
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .masters();
+        let mut routes: Vec<SingleNodeRoutingInfo> = masters.iter().map(by_address).collect();
+        routes.push(SingleNodeRoutingInfo::Random);
+        let asks = routes.into_iter().map(|route| {
+            let mut conn = conn.clone();
+            Box::pin(async move {
+                let reply = tokio::time::timeout(
+                    self.command_timeout,
+                    conn.route_command(
+                        redis::cmd("CLUSTER").arg("SLOTS").clone(),
+                        RoutingInfo::SingleNode(route),
+                    ),
+                )
+                .await
+                .map_err(|_| {
+                    RedisError::from(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "CLUSTER SLOTS timed out",
+                    ))
+                })??;
+                SlotMap::parse(reply)
+            })
+        });
+        let (map, _) = futures_util::future::select_ok(asks).await?;
         *self.slots.lock().unwrap_or_else(|e| e.into_inner()) = map;
         Ok(())
     }
@@ -612,10 +645,18 @@ impl Cluster {
         redis::Client::open(info.set_addr(addr))
     }
 
-    /// A pub/sub connection to one node: the masters of the slot map, then
-    /// the seeds, in turn, each call trying the next one (classic pub/sub
-    /// messages reach every node, so any will do).
-    pub(crate) async fn pubsub(&self) -> RedisResult<redis::aio::PubSub> {
+    /// How many subscriber connections the manager keeps: one per master (as
+    /// the cluster was at start-up), so that every release is heard from the
+    /// master that published it, without waiting for the cluster bus.
+    pub(crate) fn pubsub_sources(&self) -> usize {
+        self.subscriber_turns.len()
+    }
+
+    /// A pub/sub connection for subscriber `source`: to master `source` of the
+    /// slot map, or after a failed attempt to the next master or seed in turn
+    /// (classic pub/sub messages reach every node through the cluster bus, so
+    /// any node hears every release, only later).
+    pub(crate) async fn pubsub(&self, source: usize) -> RedisResult<redis::aio::PubSub> {
         let mut candidates: Vec<redis::Client> = self
             .slots
             .lock()
@@ -625,9 +666,18 @@ impl Cluster {
             .filter_map(|node| self.client_for(node).ok())
             .collect();
         candidates.extend(self.seeds.iter().cloned());
-        let turn = self.next_subscriber.fetch_add(1, Ordering::Relaxed);
-        let client = &candidates[turn % candidates.len()];
-        client.get_async_pubsub().await
+        let turns = self.subscriber_turns.get(source);
+        let turn = turns.map_or(0, |t| t.load(Ordering::Relaxed));
+        let client = &candidates[(source + turn) % candidates.len()];
+        let connected = client.get_async_pubsub().await;
+        if let Some(turns) = turns {
+            if connected.is_ok() {
+                turns.store(0, Ordering::Relaxed);
+            } else {
+                turns.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        connected
     }
 }
 

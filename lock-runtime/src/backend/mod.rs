@@ -194,7 +194,8 @@ impl Backend {
     /// How many servers publish wake-ups, each needing a subscriber connection.
     pub(crate) fn pubsub_sources(&self) -> usize {
         match self {
-            Backend::Single(_) | Backend::Cluster(_) => 1,
+            Backend::Single(_) => 1,
+            Backend::Cluster(b) => b.pubsub_sources(),
             Backend::Redlock(b) => b.members().len(),
             Backend::Sentinel(_) => 1,
         }
@@ -205,7 +206,7 @@ impl Backend {
     pub(crate) async fn pubsub(&self, source: usize) -> RedisResult<redis::aio::PubSub> {
         match self {
             Backend::Single(b) => b.pubsub().await,
-            Backend::Cluster(b) => b.pubsub().await,
+            Backend::Cluster(b) => b.pubsub(source).await,
             Backend::Sentinel(b) => b.pubsub().await,
             Backend::Redlock(b) => match b.members().get(source) {
                 Some(member) => member.pubsub().await,
