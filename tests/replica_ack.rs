@@ -101,3 +101,84 @@ async fn replica_ack_needs_a_replica_and_a_timeout() {
         );
     }
 }
+
+/// On a cluster, `WAIT` rides in the acquire's pipeline to the lock's master
+/// and counts that master's replicas. A paused replica sends no
+/// acknowledgements, so the acquisition fails and is given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_the_locks_own_master_must_get_the_acknowledgements() {
+    use distlock::testing::{ClusterNodeRole, RedisCluster};
+    let cluster = RedisCluster::builder()
+        .masters(3)
+        .replicas_per_master(1)
+        .spawn()
+        .unwrap();
+    let m = LockManager::cluster_builder(cluster.urls())
+        .command_timeout(Duration::from_millis(500))
+        .replica_ack(1, Duration::from_millis(300))
+        .build()
+        .await
+        .unwrap();
+    let key_on = |stem: &str, master: usize| {
+        (0..)
+            .map(|i| format!("{stem}:{i}"))
+            .find(|k| cluster.master_of_key(&m.redis_names(k).lock).unwrap() == master)
+            .unwrap()
+    };
+    let replica_of = |master: usize| {
+        cluster
+            .nodes()
+            .iter()
+            .find(|n| n.role == ClusterNodeRole::Replica { of: master })
+            .unwrap()
+            .index
+    };
+    let confirmed = key_on("acked", 0);
+    let g = m.lock(&confirmed).acquire().await.unwrap();
+    tokio::task::block_in_place(|| {
+        let mut conn = cluster.blocking_client(replica_of(0)).unwrap();
+        redis::cmd("READONLY").exec(&mut conn).unwrap();
+        let n: i64 = redis::cmd("EXISTS")
+            .arg(m.redis_names(&confirmed).lock)
+            .query(&mut conn)
+            .unwrap();
+        assert_eq!(n, 1, "WAIT returned before the replica had the lock");
+    });
+    g.release().await.unwrap();
+
+    let unconfirmed = key_on("unacked", 0);
+    cluster.pause(replica_of(0)).unwrap();
+    let started = Instant::now();
+    let refused = m.lock(&unconfirmed).acquire().await.unwrap_err();
+    let took = started.elapsed();
+    cluster.resume(replica_of(0)).unwrap();
+    assert!(
+        matches!(
+            refused,
+            LockError::NotReplicated {
+                acked: 0,
+                wanted: 1,
+                ..
+            }
+        ),
+        "{refused:?}"
+    );
+    assert!(took >= Duration::from_millis(290), "{took:?}");
+    let mut conn = cluster.cluster_connection().await.unwrap();
+    assert!(!exists_cluster(&mut conn, &m.redis_names(&unconfirmed).lock).await);
+    // A lock on another master, whose replica answers, is unaffected.
+    let elsewhere = key_on("elsewhere", 1);
+    cluster.pause(replica_of(0)).unwrap();
+    let g = m.lock(&elsewhere).acquire().await;
+    cluster.resume(replica_of(0)).unwrap();
+    g.unwrap().release().await.unwrap();
+}
+
+async fn exists_cluster(conn: &mut redis::cluster_async::ClusterConnection, key: &str) -> bool {
+    redis::cmd("EXISTS")
+        .arg(key)
+        .query_async::<i64>(conn)
+        .await
+        .unwrap()
+        == 1
+}

@@ -33,7 +33,7 @@ use redis::{ConnectionAddr, ErrorKind, RedisError, RedisResult, ServerErrorKind,
 use super::scripts::{self, AcquireReply, Scripts};
 use super::single::failed_all;
 use super::{bounded_call, read_renewals, CallError, Renewal};
-use crate::config::{redact, Config, TlsSettings};
+use crate::config::{redact, Config, ReplicaAck, TlsSettings};
 use crate::error::LockError;
 use crate::keys::LockKeys;
 use crate::lease::Lease;
@@ -58,6 +58,8 @@ pub(crate) struct Cluster {
     /// many nodes from its own master.
     subscriber_turns: Vec<AtomicUsize>,
     scripts: Scripts,
+    /// Replicas that must confirm an acquisition, if asked for.
+    replica_ack: Option<ReplicaAck>,
     command_timeout: Duration,
     connect_timeout: Duration,
     /// Round trips spent on renewals (see `Backend::renewal_round_trips`).
@@ -212,6 +214,7 @@ impl Cluster {
             slots: Mutex::new(SlotMap::default()),
             subscriber_turns: Vec::new(),
             scripts: Scripts::new(),
+            replica_ack: config.replica_ack,
             command_timeout: config.command_timeout,
             connect_timeout: config.connect_timeout,
             renewal_round_trips: AtomicU64::new(0),
@@ -305,29 +308,53 @@ impl Cluster {
         fence_ttl_ms: u64,
     ) -> Result<AcquireReply, CallError> {
         let mut conn = self.connection(key).await?;
+        let ack = self.replica_ack;
         let acquire = async {
-            match self
-                .scripts
-                .acquire(&mut conn, keys, owner, lease_ms, fence_ttl_ms)
-                .await
-            {
-                // The script did not run: busy until the migration settles.
+            let reply = match &ack {
+                None => self
+                    .scripts
+                    .acquire(&mut conn, keys, owner, lease_ms, fence_ttl_ms)
+                    .await
+                    .map(|reply| (reply, 0)),
+                // A pipeline goes to the node of its first keyed command, and
+                // WAIT (a command for all nodes) rides along on that node's
+                // connection: it counts the replicas of the lock's master.
+                Some(ack) => {
+                    self.scripts
+                        .acquire_acked(&mut conn, keys, owner, lease_ms, fence_ttl_ms, ack)
+                        .await
+                }
+            };
+            match reply {
+                // The script did not run: busy until the slot has moved or the
+                // cluster is up again.
                 Err(e) if is_resharding(&e) => {
-                    tracing::debug!(target: "distlock::acquire", error = %e, "slot in migration; busy");
-                    Ok(AcquireReply::Busy {
-                        remaining: Some(RESHARD_BUSY),
-                    })
+                    tracing::debug!(target: "distlock::acquire", error = %e, "slot moving or cluster down; busy");
+                    Ok((
+                        AcquireReply::Busy {
+                            remaining: Some(RESHARD_BUSY),
+                        },
+                        0,
+                    ))
                 }
                 other => other,
             }
         };
-        let result = bounded_call(key, self.command_timeout, acquire).await;
+        let timeout = self.command_timeout + ack.map_or(Duration::ZERO, |a| a.timeout);
+        let result = bounded_call(key, timeout, acquire).await;
         if let Err(e) = &result {
             if may_be_out_of_sync(e) {
                 self.retire_connection();
             }
         }
-        result
+        let (reply, acked) = result?;
+        match &ack {
+            None => Ok(reply),
+            Some(ack) => {
+                super::require_replicas(key, reply, acked, ack, self.release(key, keys, owner))
+                    .await
+            }
+        }
     }
 
     pub(crate) async fn release(

@@ -88,9 +88,6 @@ impl Backend {
             Target::Single(url) => Ok(Backend::Single(
                 single::Single::connect(url, config, tls).await?,
             )),
-            Target::Cluster(_) if config.replica_ack.is_some() => Err(LockError::InvalidConfig(
-                "replica_ack is not supported on a cluster manager yet".to_owned(),
-            )),
             Target::Cluster(seeds) => Ok(Backend::Cluster(
                 cluster::Cluster::connect(seeds, config, tls).await?,
             )),
@@ -242,6 +239,32 @@ pub(crate) async fn bounded_call<T>(
     Err(CallError {
         error,
         maybe_executed: true,
+    })
+}
+
+/// The outcome of an acquisition that asked `ack` replicas to confirm it:
+/// `reply` when they did (or the lock was busy); otherwise the lock is given
+/// back with `give_back` first, and the error says how many confirmed (if the
+/// give-back failed, the error says the lock may be held, so that the caller
+/// releases it later).
+pub(crate) async fn require_replicas(
+    key: &str,
+    reply: AcquireReply,
+    acked: u32,
+    ack: &crate::config::ReplicaAck,
+    give_back: impl Future<Output = Result<bool, CallError>>,
+) -> Result<AcquireReply, CallError> {
+    if !matches!(reply, AcquireReply::Acquired { .. }) || acked >= ack.replicas {
+        return Ok(reply);
+    }
+    let given_back = give_back.await;
+    Err(CallError {
+        error: LockError::NotReplicated {
+            key: key.to_owned(),
+            acked,
+            wanted: ack.replicas,
+        },
+        maybe_executed: given_back.is_err(),
     })
 }
 

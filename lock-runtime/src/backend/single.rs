@@ -232,20 +232,8 @@ impl Single {
                 return Err(e);
             }
         };
-        if matches!(reply, AcquireReply::Acquired { .. }) && acked < ack.replicas {
-            // Give it back now rather than hold a lock a failover may forget;
-            // if that fails, the caller's in-flight guard releases it later.
-            let released = self.release(key, keys, owner).await;
-            return Err(CallError {
-                error: LockError::NotReplicated {
-                    key: key.to_owned(),
-                    acked,
-                    wanted: ack.replicas,
-                },
-                maybe_executed: released.is_err(),
-            });
-        }
-        Ok(reply)
+        // Give it back now rather than hold a lock a failover may forget.
+        super::require_replicas(key, reply, acked, &ack, self.release(key, keys, owner)).await
     }
 
     /// Raises the lock's fencing counter to at least `token` and, if `owner`
