@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use distlock::testing::{FaultMode, FaultProxy, RedisServer};
-use distlock::{LockError, LockManager};
+use distlock::{distributed_lock, LockError, LockManager};
 
 /// A master, a proxy in front of it, and a replica that replicates through the
 /// proxy, linked up.
@@ -181,4 +181,22 @@ async fn exists_cluster(conn: &mut redis::cluster_async::ClusterConnection, key:
         .await
         .unwrap()
         == 1
+}
+
+#[distributed_lock(key = "invoice:{id}", manager = manager)]
+async fn issue_invoice(manager: &LockManager, id: u64) -> Result<u64, LockError> {
+    Ok(id * 2)
+}
+
+#[tokio::test]
+async fn a_locked_function_runs_unchanged_with_acknowledged_replicas() {
+    let (master, proxy, _replica) = master_and_replica().await;
+    let m = acked_manager(&master, Duration::from_millis(300)).await;
+    assert_eq!(issue_invoice(&m, 21).await.unwrap(), 42);
+    proxy.set_mode(FaultMode::BlackHole);
+    let refused = issue_invoice(&m, 22).await.unwrap_err();
+    assert!(
+        matches!(refused, LockError::NotReplicated { .. }),
+        "{refused:?}"
+    );
 }
