@@ -146,6 +146,14 @@ pub(crate) fn redact(url: &str) -> String {
     }
 }
 
+/// Several URLs without their passwords, comma-separated, for messages.
+pub(crate) fn redact_all(urls: &[String]) -> String {
+    urls.iter()
+        .map(|url| redact(url))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// A fresh owner token: 128 random bits in 32 hex digits, from the thread's
 /// ChaCha12 generator (seeded from the OS, reseeded every 64 KiB of output),
 /// so that no other client can guess or collide with it, without a `getrandom`

@@ -28,12 +28,12 @@ use futures_util::future::join_all;
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-use redis::{ConnectionAddr, ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
+use redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
 
 use super::scripts::{self, AcquireReply, Scripts};
 use super::single::failed_all;
 use super::{bounded_call, read_renewals, CallError, Renewal};
-use crate::config::{redact, Config, ReplicaAck, TlsSettings};
+use crate::config::{redact_all, Config, ReplicaAck, TlsSettings};
 use crate::error::LockError;
 use crate::keys::LockKeys;
 use crate::lease::Lease;
@@ -171,11 +171,7 @@ impl Cluster {
                 "cluster_builder needs at least one node URL".to_owned(),
             ));
         }
-        let shown = seeds
-            .iter()
-            .map(|url| redact(url))
-            .collect::<Vec<_>>()
-            .join(",");
+        let shown = redact_all(seeds);
         let invalid =
             |e: RedisError| LockError::InvalidConfig(format!("invalid cluster URLs {shown}: {e}"));
         let seed_clients = seeds
@@ -655,21 +651,7 @@ impl Cluster {
             .seeds
             .first()
             .ok_or_else(|| RedisError::from((ErrorKind::Client, "no cluster node known")))?;
-        let info = seed.get_connection_info().clone();
-        let addr = match info.addr() {
-            ConnectionAddr::TcpTls {
-                insecure,
-                tls_params,
-                ..
-            } => ConnectionAddr::TcpTls {
-                host: node.host.clone(),
-                port: node.port,
-                insecure: *insecure,
-                tls_params: tls_params.clone(),
-            },
-            _ => ConnectionAddr::Tcp(node.host.clone(), node.port),
-        };
-        redis::Client::open(info.set_addr(addr))
+        super::client_at(seed, &node.host, node.port)
     }
 
     /// How many subscriber connections the manager keeps: one per master (as

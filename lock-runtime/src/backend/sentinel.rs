@@ -17,7 +17,7 @@ use redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind};
 use super::scripts::AcquireReply;
 use super::single::Single;
 use super::{CallError, Renewal};
-use crate::config::{redact, Config, TlsSettings};
+use crate::config::{redact_all, Config, TlsSettings};
 use crate::error::LockError;
 use crate::keys::LockKeys;
 use crate::lease::Lease;
@@ -52,11 +52,7 @@ impl Sentinel {
                 "sentinel_builder needs the master's name".to_owned(),
             ));
         }
-        let shown = sentinel_urls
-            .iter()
-            .map(|url| redact(url))
-            .collect::<Vec<_>>()
-            .join(",");
+        let shown = redact_all(sentinel_urls);
         let sentinels = sentinel_urls
             .iter()
             .map(|url| super::open_client(url, tls))

@@ -328,25 +328,11 @@ impl RedisCluster {
         static SHARED: OnceLock<Result<RedisCluster, String>> = OnceLock::new();
         SHARED
             .get_or_init(|| {
-                let (sender, receiver) = std::sync::mpsc::channel();
-                let spawned = std::thread::Builder::new()
-                    .name("distlock-testing-cluster".to_owned())
-                    .spawn(move || {
-                        let mut builder = RedisClusterBuilder::new();
-                        builder.dies_with_process = true;
-                        let _ = sender.send(builder.spawn().map_err(|e| e.to_string()));
-                        // The parent-death signal follows the thread that forked the
-                        // servers: this one must live as long as the process.
-                        loop {
-                            std::thread::park();
-                        }
-                    });
-                match spawned {
-                    Ok(_) => receiver
-                        .recv()
-                        .unwrap_or_else(|_| Err("the cluster thread ended".to_owned())),
-                    Err(e) => Err(e.to_string()),
-                }
+                super::server::spawn_for_the_process("cluster", || {
+                    let mut builder = RedisClusterBuilder::new();
+                    builder.dies_with_process = true;
+                    builder.spawn()
+                })
             })
             .as_ref()
             .map_err(|e| TestingError::Io(io::Error::other(format!("process-wide cluster: {e}"))))

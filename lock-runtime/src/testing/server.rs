@@ -272,6 +272,31 @@ impl fmt::Debug for RedisServer {
     }
 }
 
+/// Runs `spawn` on a thread that lives as long as the process and returns what
+/// it made: processes started with a parent-death signal die with the thread that
+/// forked them, so that thread must outlive every test. For the `process_wide`
+/// servers and clusters.
+pub(super) fn spawn_for_the_process<T: Send + 'static>(
+    what: &str,
+    spawn: impl FnOnce() -> Result<T, TestingError> + Send + 'static,
+) -> Result<T, String> {
+    let (sender, receiver) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name(format!("distlock-testing-{what}"))
+        .spawn(move || {
+            let _ = sender.send(spawn().map_err(|e| e.to_string()));
+            loop {
+                std::thread::park();
+            }
+        });
+    match spawned {
+        Ok(_) => receiver
+            .recv()
+            .unwrap_or_else(|_| Err(format!("the {what} thread ended"))),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 impl RedisServer {
     /// One plain server for the whole test binary, started on first call and shared
     /// by every test in the process (each `#[tokio::test]` has a runtime of its own;
@@ -287,25 +312,11 @@ impl RedisServer {
         static SHARED: OnceLock<Result<RedisServer, String>> = OnceLock::new();
         SHARED
             .get_or_init(|| {
-                let (sender, receiver) = std::sync::mpsc::channel();
-                let spawned = std::thread::Builder::new()
-                    .name("distlock-testing-server".to_owned())
-                    .spawn(move || {
-                        let mut builder = RedisServerBuilder::new();
-                        builder.dies_with_process = true;
-                        let _ = sender.send(builder.spawn().map_err(|e| e.to_string()));
-                        // The parent-death signal follows the thread that forked the
-                        // server: this one must live as long as the process.
-                        loop {
-                            std::thread::park();
-                        }
-                    });
-                match spawned {
-                    Ok(_) => receiver
-                        .recv()
-                        .unwrap_or_else(|_| Err("the server thread ended".to_owned())),
-                    Err(e) => Err(e.to_string()),
-                }
+                spawn_for_the_process("server", || {
+                    let mut builder = RedisServerBuilder::new();
+                    builder.dies_with_process = true;
+                    builder.spawn()
+                })
             })
             .as_ref()
             .map_err(|e| TestingError::Io(io::Error::other(format!("process-wide server: {e}"))))
