@@ -51,8 +51,8 @@ pub fn key_slot(key: &[u8]) -> u16 {
     crate::backend::cluster::slot_of(key)
 }
 
-/// Configures and starts a [`RedisCluster`]: how many masters, how many replicas each, extra
-/// `redis-server` arguments.
+/// Configures and starts a [`RedisCluster`]: how many masters, how many replicas each, TLS,
+/// extra `redis-server` arguments.
 ///
 /// ```no_run
 /// use distlock_runtime::testing::RedisCluster;
