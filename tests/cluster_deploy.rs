@@ -1,7 +1,8 @@
 //! Deploying on a Redis Cluster: a least-privilege ACL user (set on every node,
 //! as ACLs are per node) works, and one without the topology command is refused
-//! by `build()` with a typed error naming it. The behaviour suite:
-//! `tests/cluster.rs`.
+//! by `build()` with a typed error naming it; a TLS-only cluster works through
+//! `rediss://` seeds and a private CA, and refuses to connect without it. The
+//! behaviour suite: `tests/cluster.rs`.
 
 use std::time::Duration;
 
@@ -102,4 +103,91 @@ async fn a_user_who_may_not_read_the_topology_is_refused_by_build() {
     let text = refused.to_string();
     println!("{text}");
     assert!(text.to_lowercase().contains("cluster"), "{text}");
+}
+
+#[tokio::test]
+async fn a_tls_cluster_locks_with_rediss_seeds() {
+    let cluster = RedisCluster::builder().tls(true).spawn().unwrap();
+    let seeds = cluster.urls();
+    assert!(
+        seeds.iter().all(|url| url.starts_with("rediss://")),
+        "{seeds:?}"
+    );
+    let ca = cluster.ca_cert_pem().unwrap().to_vec();
+    let holder = LockManager::cluster_builder(seeds.clone())
+        .tls_ca_pem(ca.clone())
+        .default_lease(Duration::from_secs(30))
+        .connect_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    // The waiters' manager: its subscriber connections go over TLS too.
+    let waiters = LockManager::cluster_builder(seeds.clone())
+        .tls_ca_pem(ca.clone())
+        .connect_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let mut masters_seen = std::collections::HashSet::new();
+    for i in 0..64 {
+        let key = format!("tls:{i}");
+        let node = cluster
+            .master_of_key(&holder.redis_names(&key).lock)
+            .unwrap();
+        if !masters_seen.insert(node) {
+            continue;
+        }
+        let guard = holder.lock(&key).acquire().await.unwrap();
+        let waiting = waiters.clone();
+        let waited_key = key.clone();
+        let waiter = tokio::spawn(async move {
+            let guard = waiting
+                .lock(waited_key)
+                .wait(Duration::from_secs(10))
+                .acquire()
+                .await;
+            (guard, std::time::Instant::now())
+        });
+        // Let the waiter subscribe and find the lock taken.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!waiter.is_finished(), "the waiter got a held lock ({key})");
+        let token = guard.fencing_token();
+        let wake_ups = waiters.wake_ups_delivered();
+        guard.release().await.unwrap();
+        let released = std::time::Instant::now();
+        let (acquired, woken) = waiter.await.unwrap();
+        let acquired = acquired.unwrap();
+        let delay = woken.duration_since(released);
+        // Without the wake-up the waiter would wait out the holder's 30 s lease.
+        assert!(
+            delay < Duration::from_millis(500),
+            "master {node}: woken {delay:?} after the release"
+        );
+        // Woken by the release message, not by its fallback backoff.
+        assert!(
+            waiters.wake_ups_delivered() > wake_ups,
+            "master {node}: no release message reached the waiter"
+        );
+        assert!(acquired.fencing_token() > token);
+        acquired.release().await.unwrap();
+        if masters_seen.len() == 3 {
+            return;
+        }
+    }
+    panic!("keys reached only masters {masters_seen:?}");
+}
+
+#[tokio::test]
+async fn a_tls_cluster_without_its_ca_is_refused_by_build() {
+    let cluster = RedisCluster::builder().tls(true).spawn().unwrap();
+    let started = std::time::Instant::now();
+    let refused = LockManager::cluster_builder(cluster.urls())
+        .connect_timeout(Duration::from_secs(1))
+        .build()
+        .await
+        .unwrap_err();
+    let elapsed = started.elapsed();
+    println!("refused after {elapsed:?}: {refused}");
+    assert!(elapsed < Duration::from_secs(5), "{elapsed:?}");
+    assert!(matches!(refused, LockError::Connect { .. }), "{refused:?}");
 }

@@ -5,12 +5,13 @@ use std::collections::HashSet;
 use std::fmt;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use redis::Value;
 
 use super::server::{pick_port, RedisServer, RedisServerBuilder};
+use super::tls::TlsCa;
 use super::TestingError;
 
 /// The number of hash slots of a Redis Cluster (0 to 16383).
@@ -50,8 +51,8 @@ pub fn key_slot(key: &[u8]) -> u16 {
     crate::backend::cluster::slot_of(key)
 }
 
-/// Configures and starts a [`RedisCluster`]: how many masters, how many replicas each, extra
-/// `redis-server` arguments.
+/// Configures and starts a [`RedisCluster`]: how many masters, how many replicas each, TLS,
+/// extra `redis-server` arguments.
 ///
 /// ```no_run
 /// use distlock_runtime::testing::RedisCluster;
@@ -70,6 +71,7 @@ pub fn key_slot(key: &[u8]) -> u16 {
 pub struct RedisClusterBuilder {
     masters: usize,
     replicas_per_master: usize,
+    tls: bool,
     args: Vec<String>,
     dies_with_process: bool,
 }
@@ -79,6 +81,7 @@ impl Default for RedisClusterBuilder {
         RedisClusterBuilder {
             masters: 3,
             replicas_per_master: 0,
+            tls: false,
             args: Vec::new(),
             dies_with_process: false,
         }
@@ -103,6 +106,24 @@ impl RedisClusterBuilder {
     /// The number of replicas of every master (default 0).
     pub fn replicas_per_master(mut self, replicas: usize) -> RedisClusterBuilder {
         self.replicas_per_master = replicas;
+        self
+    }
+
+    /// Whether the cluster speaks TLS only (default `false`).
+    ///
+    /// Every node then listens for clients on a TLS port only (its plain port is off), and
+    /// the cluster bus and replication go over TLS too (`tls-cluster yes`, `tls-replication
+    /// yes`). All node certificates (for `localhost` and `127.0.0.1`) are signed by one
+    /// certificate authority made for the cluster, so the nodes trust each other; clients must
+    /// trust [`RedisCluster::ca_cert_pem`]. [`RedisCluster::urls`] are then
+    /// `rediss://127.0.0.1:PORT`, and the fixture's own connections (forming the cluster,
+    /// [`RedisCluster::blocking_client`], [`RedisCluster::cluster_connection`], migrations)
+    /// use TLS with that CA. Client certificates are not asked for.
+    ///
+    /// [`RedisCluster::migrate_slot`] works too: Redis (6.0 and later) opens `MIGRATE`'s
+    /// connection to the target node over TLS when `tls-cluster` is on.
+    pub fn tls(mut self, tls: bool) -> RedisClusterBuilder {
+        self.tls = tls;
         self
     }
 
@@ -140,27 +161,47 @@ impl RedisClusterBuilder {
                 self.masters
             )));
         }
+        let tls_ca = if self.tls {
+            Some(Arc::new(TlsCa::new()?))
+        } else {
+            None
+        };
         let total = self.masters * (1 + self.replicas_per_master);
         let mut nodes = Vec::with_capacity(total);
         for index in 0..total {
             let replica_of = (index >= self.masters).then(|| (index - self.masters) % self.masters);
-            nodes.push(self.spawn_node(index, replica_of)?);
+            nodes.push(self.spawn_node(index, replica_of, tls_ca.as_ref())?);
         }
         let mut cluster = RedisCluster {
             nodes,
             masters: self.masters,
+            tls_ca,
         };
         // On failure `cluster` is dropped, which kills the nodes started so far.
         cluster.form()?;
         Ok(cluster)
     }
 
-    fn spawn_node(&self, index: usize, replica_of: Option<usize>) -> Result<Node, TestingError> {
+    fn spawn_node(
+        &self,
+        index: usize,
+        replica_of: Option<usize>,
+        tls_ca: Option<&Arc<TlsCa>>,
+    ) -> Result<Node, TestingError> {
         let mut attempt = 1;
         loop {
             // The default bus port (port + 10000) would fall into the ephemeral port range.
             let bus_port = pick_port()?;
-            let spawned = RedisServerBuilder::new()
+            let mut builder = RedisServerBuilder::new();
+            if let Some(ca) = tls_ca {
+                builder = builder.tls_ca(Arc::clone(ca)).args([
+                    "--tls-cluster",
+                    "yes",
+                    "--tls-replication",
+                    "yes",
+                ]);
+            }
+            let spawned = builder
                 .dies_with_process(self.dies_with_process)
                 .args(["--cluster-enabled", "yes"])
                 // Relative to --dir, the node's own temporary directory.
@@ -215,7 +256,7 @@ pub struct ClusterNode {
     pub port: u16,
     /// The node's cluster bus port.
     pub bus_port: u16,
-    /// `redis://127.0.0.1:PORT`.
+    /// `redis://127.0.0.1:PORT`, or `rediss://127.0.0.1:PORT` on a TLS cluster.
     pub url: String,
     /// The node's cluster id (`CLUSTER MYID`).
     pub id: String,
@@ -293,12 +334,15 @@ impl Node {
 pub struct RedisCluster {
     nodes: Vec<Node>,
     masters: usize,
+    /// The CA that signed every node's certificate; `None` for a plain-TCP cluster.
+    tls_ca: Option<Arc<TlsCa>>,
 }
 
 impl fmt::Debug for RedisCluster {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisCluster")
             .field("masters", &self.masters)
+            .field("tls", &self.is_tls())
             .field("nodes", &self.nodes())
             .finish()
     }
@@ -362,8 +406,19 @@ impl RedisCluster {
             .collect()
     }
 
-    /// The URLs (`redis://127.0.0.1:PORT`) of every running node, masters first; paused nodes
-    /// are included.
+    /// Whether the cluster speaks TLS only; see [`RedisClusterBuilder::tls`].
+    pub fn is_tls(&self) -> bool {
+        self.tls_ca.is_some()
+    }
+
+    /// The PEM certificate of the authority that signed every node's certificate, for clients
+    /// to trust; `None` for a plain-TCP cluster.
+    pub fn ca_cert_pem(&self) -> Option<&[u8]> {
+        self.tls_ca.as_deref().map(TlsCa::pem)
+    }
+
+    /// The URLs (`redis://127.0.0.1:PORT`, or `rediss://127.0.0.1:PORT` on a TLS cluster) of
+    /// every running node, masters first; paused nodes are included.
     pub fn urls(&self) -> Vec<String> {
         self.nodes
             .iter()
@@ -448,11 +503,22 @@ impl RedisCluster {
     /// [`urls`](Self::urls)), which follows `MOVED` and `ASK` to read and write keys wherever
     /// they live. Open it before pausing nodes: a paused node accepts connections but never
     /// answers, so the client would wait for it.
+    ///
+    /// On a TLS cluster it trusts [`ca_cert_pem`](Self::ca_cert_pem).
     pub async fn cluster_connection(
         &self,
     ) -> Result<redis::cluster_async::ClusterConnection, TestingError> {
-        let client = redis::cluster::ClusterClient::new(self.urls())?;
-        Ok(client.get_async_connection().await?)
+        let mut builder = redis::cluster::ClusterClientBuilder::new(self.urls());
+        if let Some(ca) = &self.tls_ca {
+            // rustls needs a process-wide crypto provider; an error only means one is
+            // installed already.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            builder = builder.certs(redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(ca.pem().to_vec()),
+            });
+        }
+        Ok(builder.build()?.get_async_connection().await?)
     }
 
     /// Moves `slot` with its keys (and their TTLs) to the master `to`, as `redis-cli --cluster
@@ -1023,6 +1089,84 @@ mod tests {
             let value: usize = redis::cmd("GET").arg(&key).query(&mut direct)?;
             assert_eq!(value, master);
         }
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_tls_cluster_serves_keys_on_every_master() -> TestResult {
+        let started = Instant::now();
+        let cluster = RedisCluster::builder().tls(true).spawn()?;
+        println!("3-master TLS cluster ready in {:?}", started.elapsed());
+        assert!(cluster.is_tls());
+        let ca = cluster.ca_cert_pem().ok_or("no CA for a TLS cluster")?;
+        assert!(ca.starts_with(b"-----BEGIN CERTIFICATE-----"));
+        let nodes = cluster.nodes();
+        assert_eq!(nodes.len(), 3);
+        for node in &nodes {
+            assert_eq!(node.url, format!("rediss://127.0.0.1:{}", node.port));
+            // One CA for the whole cluster.
+            let server = &cluster.nodes[node.index].server;
+            assert_eq!(server.ca_cert_pem(), Some(ca));
+        }
+        assert_eq!(
+            cluster.urls(),
+            nodes.iter().map(|n| n.url.clone()).collect::<Vec<_>>()
+        );
+        // Plain TCP is off.
+        let plain = redis::Client::open(format!("redis://127.0.0.1:{}", nodes[0].port))?
+            .get_connection_with_timeout(Duration::from_secs(2))
+            .and_then(|mut conn| redis::cmd("PING").query::<String>(&mut conn));
+        assert!(plain.is_err(), "{plain:?}");
+        // The bus runs over TLS.
+        let mut direct = cluster.blocking_client(0)?;
+        let tls_cluster: Vec<String> = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("tls-cluster")
+            .query(&mut direct)?;
+        assert_eq!(tls_cluster, ["tls-cluster", "yes"]);
+        let mut conn = cluster.cluster_connection().await?;
+        for master in 0..3 {
+            let key = key_of(&cluster, master, "tls")?;
+            let () = redis::cmd("SET")
+                .arg(&key)
+                .arg(master)
+                .query_async(&mut conn)
+                .await?;
+            let value: usize = redis::cmd("GET").arg(&key).query_async(&mut conn).await?;
+            assert_eq!(value, master);
+            let mut direct = cluster.blocking_client(master)?;
+            let value: usize = redis::cmd("GET").arg(&key).query(&mut direct)?;
+            assert_eq!(value, master);
+        }
+        // MIGRATE between TLS-only nodes: Redis opens its connection with TLS when
+        // tls-cluster is on.
+        let key = key_of(&cluster, 0, "tls")?;
+        cluster.migrate_slot(key_slot(key.as_bytes()), 1)?;
+        let mut dst = cluster.blocking_client(1)?;
+        let value: usize = redis::cmd("GET").arg(&key).query(&mut dst)?;
+        assert_eq!(value, 0);
+        let value: usize = redis::cmd("GET").arg(&key).query_async(&mut conn).await?;
+        assert_eq!(value, 0);
+        Ok(())
+    }
+
+    #[test]
+    fn a_tls_cluster_replicates_over_tls() -> TestResult {
+        // spawn() waits for master_link_status:up on every replica.
+        let cluster = RedisCluster::builder()
+            .tls(true)
+            .masters(2)
+            .replicas_per_master(1)
+            .spawn()?;
+        let key = key_of(&cluster, 0, "tls-replica")?;
+        let mut master = cluster.blocking_client(0)?;
+        let () = redis::cmd("SET").arg(&key).arg("v").query(&mut master)?;
+        let acked: i64 = redis::cmd("WAIT").arg(1).arg(2000).query(&mut master)?;
+        assert_eq!(acked, 1);
+        let mut replica = cluster.blocking_client(2)?;
+        let () = redis::cmd("READONLY").query(&mut replica)?;
+        let value: String = redis::cmd("GET").arg(&key).query(&mut replica)?;
+        assert_eq!(value, "v");
         Ok(())
     }
 

@@ -8,7 +8,8 @@
 //! (with a certificate authority made for that server) or require a password. [`FaultProxy`]
 //! sits between a client and a server and delays, black-holes or resets traffic, or drops
 //! single replies, to simulate network faults. [`RedisCluster`] starts a private Redis Cluster
-//! (3 masters by default, optionally with replicas) and kills, pauses or reshards it.
+//! (3 masters by default, optionally with replicas, optionally TLS-only with one certificate
+//! authority for every node) and kills, pauses or reshards it.
 //! [`RedisSentinel`] starts a master with replicas watched by three Redis Sentinels, and fails
 //! it over or kills its master.
 //!

@@ -7,14 +7,14 @@ use std::io;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener as StdTcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use tempfile::TempDir;
 
-use super::tls::TlsFiles;
+use super::tls::{TlsCa, TlsFiles};
 use super::TestingError;
 
 /// Environment variable naming the `redis-server` binary to run instead of the one on `PATH`.
@@ -71,6 +71,8 @@ const USERINFO: &AsciiSet = &NON_ALPHANUMERIC
 #[must_use = "a builder does nothing until spawn() is called"]
 pub struct RedisServerBuilder {
     tls: bool,
+    /// The CA that signs the certificate of a TLS server; `None` makes one per server.
+    tls_ca: Option<Arc<TlsCa>>,
     password: Option<String>,
     args: Vec<String>,
     dies_with_process: bool,
@@ -83,6 +85,7 @@ impl fmt::Debug for RedisServerBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisServerBuilder")
             .field("tls", &self.tls)
+            .field("shared_tls_ca", &self.tls_ca.is_some())
             .field("password", &self.password.as_ref().map(|_| "<set>"))
             .field("args", &self.args)
             .field("sentinel", &self.sentinel)
@@ -104,6 +107,15 @@ impl RedisServerBuilder {
     /// Clients must trust [`RedisServer::ca_cert_pem`]. Client certificates are not asked for.
     pub fn tls(mut self, tls: bool) -> RedisServerBuilder {
         self.tls = tls;
+        self
+    }
+
+    /// Makes the server speak TLS only, with a certificate signed by `ca` instead of a CA of its
+    /// own; for the nodes of a TLS [`RedisCluster`](super::RedisCluster), which must trust
+    /// each other. Clients trust `ca` ([`RedisServer::ca_cert_pem`] is its certificate).
+    pub(super) fn tls_ca(mut self, ca: Arc<TlsCa>) -> RedisServerBuilder {
+        self.tls = true;
+        self.tls_ca = Some(ca);
         self
     }
 
@@ -172,10 +184,10 @@ impl RedisServerBuilder {
             // redis-server changes into --dir before it opens --logfile, so paths must be
             // absolute; canonical, so that they stay valid whatever the temp dir links to.
             let dir_path = std::fs::canonicalize(dir.path())?;
-            let tls = if self.tls {
-                Some(TlsFiles::create(&dir_path)?)
-            } else {
-                None
+            let tls = match (&self.tls_ca, self.tls) {
+                (_, false) => None,
+                (Some(ca), true) => Some(TlsFiles::create_signed_by(&dir_path, ca)?),
+                (None, true) => Some(TlsFiles::create(&dir_path)?),
             };
             let sentinel_config = match &self.sentinel {
                 Some(directives) => {

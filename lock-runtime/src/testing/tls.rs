@@ -1,6 +1,8 @@
-//! Certificates for TLS servers: a certificate authority made for one server, and the server's
-//! certificate signed by it, as PEM files in the server's directory.
+//! Certificates for TLS servers: a certificate authority, and a server's certificate signed by
+//! it, as PEM files in the server's directory. A server makes a CA of its own unless it is given
+//! one ([`TlsCa`]), as the nodes of a TLS cluster are, so that they trust each other.
 
+use std::fmt;
 use std::path::{Path, PathBuf};
 
 use rcgen::{
@@ -9,6 +11,31 @@ use rcgen::{
 };
 
 use super::TestingError;
+
+/// A certificate authority that signs server certificates: one per TLS server, or one shared
+/// by every node of a TLS cluster.
+pub(super) struct TlsCa {
+    pem: Vec<u8>,
+    issuer: Issuer<'static, KeyPair>,
+}
+
+impl fmt::Debug for TlsCa {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TlsCa").finish_non_exhaustive()
+    }
+}
+
+impl TlsCa {
+    /// Makes a new self-signed CA.
+    pub(super) fn new() -> Result<TlsCa, TestingError> {
+        make_ca().map_err(certificate_error)
+    }
+
+    /// The CA certificate (PEM), for clients to trust.
+    pub(super) fn pem(&self) -> &[u8] {
+        &self.pem
+    }
+}
 
 /// The PEM files of a TLS server, and the CA certificate in memory for clients.
 pub(super) struct TlsFiles {
@@ -22,9 +49,15 @@ impl TlsFiles {
     /// Makes a CA and a server certificate for `localhost` and `127.0.0.1` signed by it, and
     /// writes `ca.crt`, `server.crt` and `server.key` into `dir`.
     pub(super) fn create(dir: &Path) -> Result<TlsFiles, TestingError> {
-        let (ca_pem, cert_pem, key_pem) = make_certificates().map_err(certificate_error)?;
+        TlsFiles::create_signed_by(dir, &TlsCa::new()?)
+    }
+
+    /// Makes a server certificate for `localhost` and `127.0.0.1` signed by `ca`, and writes
+    /// `ca.crt`, `server.crt` and `server.key` into `dir`.
+    pub(super) fn create_signed_by(dir: &Path, ca: &TlsCa) -> Result<TlsFiles, TestingError> {
+        let (cert_pem, key_pem) = make_server_certificate(ca).map_err(certificate_error)?;
         let files = TlsFiles {
-            ca_pem: ca_pem.into_bytes(),
+            ca_pem: ca.pem.clone(),
             ca_path: dir.join("ca.crt"),
             cert_path: dir.join("server.crt"),
             key_path: dir.join("server.key"),
@@ -56,8 +89,7 @@ fn certificate_error(err: rcgen::Error) -> TestingError {
     TestingError::Certificate(Box::new(err))
 }
 
-/// Returns the PEMs of the CA certificate, the server certificate and the server's key.
-fn make_certificates() -> Result<(String, String, String), rcgen::Error> {
+fn make_ca() -> Result<TlsCa, rcgen::Error> {
     let ca_key = KeyPair::generate()?;
     let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
     ca_params
@@ -70,8 +102,17 @@ fn make_certificates() -> Result<(String, String, String), rcgen::Error> {
         KeyUsagePurpose::DigitalSignature,
     ];
     let ca_cert = ca_params.self_signed(&ca_key)?;
-    let issuer = Issuer::new(ca_params, ca_key);
+    Ok(TlsCa {
+        pem: ca_cert.pem().into_bytes(),
+        issuer: Issuer::new(ca_params, ca_key),
+    })
+}
 
+/// Returns the PEMs of a server certificate signed by `ca` and of the server's key.
+///
+/// The certificate is also good for client authentication: the nodes of a TLS cluster present
+/// it when they connect to each other (cluster bus, replication, `MIGRATE`).
+fn make_server_certificate(ca: &TlsCa) -> Result<(String, String), rcgen::Error> {
     let server_key = KeyPair::generate()?;
     let mut server_params =
         CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])?;
@@ -82,9 +123,12 @@ fn make_certificates() -> Result<(String, String, String), rcgen::Error> {
         KeyUsagePurpose::DigitalSignature,
         KeyUsagePurpose::KeyEncipherment,
     ];
-    server_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    let server_cert = server_params.signed_by(&server_key, &issuer)?;
-    Ok((ca_cert.pem(), server_cert.pem(), server_key.serialize_pem()))
+    server_params.extended_key_usages = vec![
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    let server_cert = server_params.signed_by(&server_key, &ca.issuer)?;
+    Ok((server_cert.pem(), server_key.serialize_pem()))
 }
 
 #[cfg(test)]
@@ -103,6 +147,22 @@ mod tests {
         assert_ne!(cert.as_bytes(), ca.as_slice());
         let key = std::fs::read_to_string(files.key_path())?;
         assert!(key.contains("PRIVATE KEY"));
+        Ok(())
+    }
+
+    #[test]
+    fn servers_given_one_ca_share_it() -> Result<(), Box<dyn std::error::Error>> {
+        let ca = TlsCa::new()?;
+        let (first, second) = (tempfile::tempdir()?, tempfile::tempdir()?);
+        let first = TlsFiles::create_signed_by(first.path(), &ca)?;
+        let second = TlsFiles::create_signed_by(second.path(), &ca)?;
+        assert_eq!(first.ca_pem(), ca.pem());
+        assert_eq!(second.ca_pem(), ca.pem());
+        assert_eq!(std::fs::read(second.ca_path())?, ca.pem());
+        assert_ne!(
+            std::fs::read(first.cert_path())?,
+            std::fs::read(second.cert_path())?
+        );
         Ok(())
     }
 }
