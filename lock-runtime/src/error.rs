@@ -84,9 +84,10 @@ pub enum LockError {
         wanted: u32,
     },
 
-    /// Under Redlock, errors (members down, unreachable or too slow), not other
-    /// owners, kept a majority of the members from granting the lock. Partial
-    /// grants were given back.
+    /// Under Redlock, so many members failed, were unreachable or answered too
+    /// late that the others could not make a majority, whoever holds the lock.
+    /// Partial grants were given back. (With fewer failures, other owners'
+    /// shares make the lock busy, and the acquisition waits as usual.)
     #[error(
         "lock {}: only {granted} of the {needed} Redlock members needed granted it; the others \
          failed or did not answer in time",

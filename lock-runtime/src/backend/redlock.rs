@@ -10,8 +10,9 @@
 //!   fencing counters (`raise_fence.lua`), and the lock is ours once a majority
 //!   confirmed that and the lease, counted from before the first round, is still
 //!   valid (`lease - drift`). Otherwise it is given back on every member, and the
-//!   attempt is busy (other owners hold a blocking share) or fails with
-//!   [`LockError::QuorumFailed`] (errors, not owners, kept the majority away).
+//!   attempt is busy when the members that answered could have made a majority
+//!   (other owners hold a share), or fails with [`LockError::QuorumFailed`] when
+//!   too many members failed or did not answer for any majority.
 //! - **Renew**: one pipeline per member, all at once; a lease is renewed when a
 //!   majority renewed it, and lost when a majority no longer holds it. A member
 //!   that lost the lock (restarted empty) while a majority still holds it gets it
@@ -197,14 +198,16 @@ impl Redlock {
         }
         let given_back = self.give_back(key, keys, owner).await;
         let errors = self.members.len() - granted.len() - busy;
-        if busy + errors > 0 && busy > self.members.len() - self.quorum {
-            // Other owners alone keep a majority away: an ordinary busy lock.
-            return Ok(AcquireReply::Busy { remaining });
-        }
-        if errors == 0 {
-            // Granted by a majority that was not confirmed in time: try again.
+        if errors <= self.members.len() - self.quorum {
+            // The members that answered could make a majority, so other owners
+            // (or a majority not confirmed in time) kept it away: busy, and
+            // retried within `wait`, as on one server.
             return Ok(AcquireReply::Busy {
-                remaining: Some(Duration::ZERO),
+                remaining: if busy > 0 {
+                    remaining
+                } else {
+                    Some(Duration::ZERO)
+                },
             });
         }
         if let Some(e) = &last_error {
