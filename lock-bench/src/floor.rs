@@ -32,7 +32,7 @@ use redis::{Cmd, Pipeline, RedisFuture, Script, ScriptInvocation, Value};
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 
-use crate::error::{context, Result};
+use crate::error::{bail, context, Result};
 use crate::scenarios::common::Target;
 
 /// One multiplexed connection to a server, or a cluster connection (itself
@@ -57,6 +57,7 @@ impl Conn {
                     .get_async_connection()
                     .await?,
             ),
+            Target::Redlock(_) => bail!("the floors run on one server or a cluster, not a Redlock"),
         })
     }
 }

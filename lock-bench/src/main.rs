@@ -1,9 +1,11 @@
 //! `lock-bench`: distlock against two floors (its own scripts by hand with
 //! redis-rs, and a minimal `SET NX PX` lock) and a peer (rslock), on a private
-//! redis-server, or (`--backend cluster`) on a private 3-master Redis Cluster.
+//! redis-server, or (`--backend cluster`) on a private 3-master Redis Cluster,
+//! or (`--backend redlock`) distlock on a Redlock of 5 private redis-servers
+//! beside distlock on one of them.
 //!
 //! ```text
-//! cargo run --release -p lock-bench -- [--quick] [--backend single|cluster] [--scenario NAME]...
+//! cargo run --release -p lock-bench -- [--quick] [--backend single|cluster|redlock] [--scenario NAME]...
 //!                                      [--runs N] [--locks N] [--json out.json] [--svg DIR]
 //! ```
 
@@ -30,14 +32,17 @@ use crate::scenarios::common::{Env, Target};
 static ALLOC: alloc_count::Counting = alloc_count::Counting;
 
 const USAGE: &str = "\
-usage: lock-bench [--quick] [--backend single|cluster] [--scenario NAME]... [--runs N] [--locks N]
+usage: lock-bench [--quick] [--backend single|cluster|redlock] [--scenario NAME]... [--runs N] [--locks N]
                   [--json FILE] [--svg DIR]
 
   --quick          a few seconds in all (CI); targets are printed, never enforced
   --backend B      single (default): one private redis-server; cluster: a private
                    3-master Redis Cluster, distlock built with cluster_builder against
                    the cluster floor (its scripts by EVALSHA through redis-rs's
-                   ClusterConnection); runs uncontended, many-keys and handoff only
+                   ClusterConnection); runs uncontended, many-keys and handoff only;
+                   redlock: 5 private redis-servers, distlock built with
+                   redlock_builder beside distlock (builder) on one of them, interleaved;
+                   no floor, no rslock; runs uncontended and handoff only
   --scenario NAME  run only NAME (repeatable, or comma-separated):
                    uncontended, many-keys, handoff, renewal, memory, macro
   --runs N         run everything N times and print the medians too (default 1)
@@ -54,10 +59,27 @@ usage: lock-bench [--quick] [--backend single|cluster] [--scenario NAME]... [--r
 enum Backend {
     Single,
     Cluster,
+    Redlock,
+}
+
+impl Backend {
+    fn name(self) -> &'static str {
+        match self {
+            Backend::Single => "single",
+            Backend::Cluster => "cluster",
+            Backend::Redlock => "redlock",
+        }
+    }
 }
 
 /// The scenarios `--backend cluster` runs; the others are skipped with a note.
 const CLUSTER_SCENARIOS: &[&str] = &["uncontended", "many-keys", "handoff"];
+
+/// The scenarios `--backend redlock` runs; the others are skipped with a note.
+const REDLOCK_SCENARIOS: &[&str] = &["uncontended", "handoff"];
+
+/// Members of the `--backend redlock` Redlock.
+const REDLOCK_MEMBERS: usize = 5;
 
 #[derive(Debug)]
 struct Args {
@@ -93,7 +115,8 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>> {
                 args.backend = match value("--backend")?.as_str() {
                     "single" => Backend::Single,
                     "cluster" => Backend::Cluster,
-                    other => bail!("--backend takes single or cluster, not {other:?}"),
+                    "redlock" => Backend::Redlock,
+                    other => bail!("--backend takes single, cluster or redlock, not {other:?}"),
                 }
             }
             "--scenario" => {
@@ -167,6 +190,13 @@ async fn run_once(env: &Env, names: &[String]) -> Result<Vec<ScenarioResult>> {
             );
             continue;
         }
+        if env.is_redlock() && !REDLOCK_SCENARIOS.contains(name) {
+            println!(
+                "== {name}: skipped under --backend redlock (the Redlock pass runs only {})\n",
+                REDLOCK_SCENARIOS.join(", ")
+            );
+            continue;
+        }
         let started = Instant::now();
         let mut got = match *name {
             "uncontended" => vec![scenarios::uncontended::run(env).await?],
@@ -194,6 +224,7 @@ async fn run_once(env: &Env, names: &[String]) -> Result<Vec<ScenarioResult>> {
 enum Servers {
     Single(Box<RedisServer>),
     Cluster(RedisCluster),
+    Redlock(Vec<RedisServer>),
 }
 
 impl Servers {
@@ -204,6 +235,15 @@ impl Servers {
                 "Redis Cluster of {} masters (private), seeds {}",
                 cluster.nodes().len(),
                 cluster.urls().join(" ")
+            ),
+            Servers::Redlock(members) => format!(
+                "Redlock of {} redis-servers (private) at {}; single-node rows on the first",
+                members.len(),
+                members
+                    .iter()
+                    .map(RedisServer::url)
+                    .collect::<Vec<_>>()
+                    .join(" ")
             ),
         }
     }
@@ -217,6 +257,7 @@ async fn connect(url: &str) -> Result<redis::aio::MultiplexedConnection> {
 }
 
 async fn bench(args: Args) -> Result<()> {
+    let mut members = Vec::new();
     let (servers, env_target, url, addr, mut stats) = match args.backend {
         Backend::Single => {
             let redis = RedisServer::spawn().map_err(context("starting a private redis-server"))?;
@@ -248,6 +289,26 @@ async fn bench(args: Args) -> Result<()> {
                 stats,
             )
         }
+        Backend::Redlock => {
+            let mut servers = Vec::new();
+            let mut stats = Vec::new();
+            for _ in 0..REDLOCK_MEMBERS {
+                let redis =
+                    RedisServer::spawn().map_err(context("starting a private redis-server"))?;
+                stats.push(redis.client().await?);
+                members.push(redis.addr());
+                servers.push(redis);
+            }
+            let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+            let (url, addr) = (servers[0].url(), servers[0].addr());
+            (
+                Servers::Redlock(servers),
+                Target::Redlock(urls),
+                url,
+                addr,
+                stats,
+            )
+        }
     };
     let version: String = redis::cmd("INFO")
         .arg("server")
@@ -263,6 +324,7 @@ async fn bench(args: Args) -> Result<()> {
         stats,
         quick: args.quick,
         locks: args.locks,
+        members,
     };
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     let load_start = load_average();
@@ -313,14 +375,7 @@ async fn bench(args: Args) -> Result<()> {
             ("load_average_start", load_start),
             ("load_average_end", load_end),
             ("quick", args.quick.to_string()),
-            (
-                "backend",
-                match args.backend {
-                    Backend::Single => "single",
-                    Backend::Cluster => "cluster",
-                }
-                .to_owned(),
-            ),
+            ("backend", args.backend.name().to_owned()),
             ("runs", args.runs.to_string()),
             (
                 "locks",
@@ -404,6 +459,10 @@ mod tests {
             bail!("expected arguments");
         };
         assert_eq!(c.backend, Backend::Cluster);
+        let Some(r) = parse(&["--backend", "redlock", "--quick"])? else {
+            bail!("expected arguments");
+        };
+        assert_eq!(r.backend, Backend::Redlock);
         assert!(parse(&["--backend", "sentinel"]).is_err());
         assert!(parse(&["--locks", "0"]).is_err());
         assert!(parse(&["--scenario", "nope"]).is_err());

@@ -27,6 +27,9 @@ pub enum Target {
     /// A Redis Cluster, by its seed URLs: distlock through `cluster_builder`,
     /// the floors through redis-rs's async `ClusterConnection`.
     Cluster(Vec<String>),
+    /// Independent redis-servers, one URL each: distlock through
+    /// `redlock_builder` only (no floor, no peer).
+    Redlock(Vec<String>),
 }
 
 pub struct Env {
@@ -42,11 +45,24 @@ pub struct Env {
     pub quick: bool,
     /// `--locks N`: locks held by `renewal` and `memory` (their default when unset).
     pub locks: Option<usize>,
+    /// `--backend redlock`: every member's address (the first is `addr`, where
+    /// the single-node rows run); empty otherwise.
+    pub members: Vec<SocketAddr>,
 }
 
 impl Env {
     pub fn is_cluster(&self) -> bool {
         matches!(self.target, Target::Cluster(_))
+    }
+
+    pub fn is_redlock(&self) -> bool {
+        matches!(self.target, Target::Redlock(_))
+    }
+
+    /// The first member of a Redlock, or the single server: where the
+    /// single-node rows of `--backend redlock` run.
+    pub fn single_target(&self) -> Target {
+        Target::Single(self.url.clone())
     }
 
     /// A scenario's name: `NAME`, or `NAME-cluster` on a cluster.
@@ -172,6 +188,7 @@ impl Cycler {
                 manager: match target {
                     Target::Single(url) => rslock::LockManager::new(vec![url.clone()]),
                     Target::Cluster(_) => bail!("rslock has no Redis Cluster support"),
+                    Target::Redlock(_) => bail!("the bench runs only distlock on a Redlock"),
                 },
                 key: key.to_owned(),
             },
@@ -262,6 +279,7 @@ pub async fn manager(target: &Target) -> Result<LockManager> {
     let builder = match target {
         Target::Single(url) => LockManager::builder(url),
         Target::Cluster(urls) => LockManager::cluster_builder(urls.iter().cloned()),
+        Target::Redlock(urls) => LockManager::redlock_builder(urls.iter().cloned()),
     };
     Ok(builder.default_lease(LEASE).build().await?)
 }
@@ -359,6 +377,27 @@ pub async fn round_trips_per_cycle(
         cycler.cycle().await?;
     }
     Ok(Some((proxy.round_trips() - before) as f64 / cycles as f64))
+}
+
+/// Round trips per distlock cycle on the Redlock, summed over its members:
+/// a Redlock manager built over a counting proxy in front of every member.
+pub async fn redlock_round_trips_per_cycle(env: &Env, key: &str, cycles: u64) -> Result<f64> {
+    let mut proxies = Vec::new();
+    for addr in &env.members {
+        proxies.push(CountingProxy::start(*addr).await?);
+    }
+    let urls = proxies.iter().map(CountingProxy::url).collect();
+    let mut cycler = Cycler::connect(Kind::Distlock, &Target::Redlock(urls), key, 99).await?;
+    for _ in 0..20 {
+        cycler.cycle().await?;
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let count = |p: &[CountingProxy]| p.iter().map(CountingProxy::round_trips).sum::<u64>();
+    let before = count(&proxies);
+    for _ in 0..cycles {
+        cycler.cycle().await?;
+    }
+    Ok((count(&proxies) - before) as f64 / cycles as f64)
 }
 
 pub fn nanos(d: Duration) -> u64 {

@@ -13,6 +13,10 @@
 //! * **rslock**: the same, on [`MANAGERS`] rslock managers (single server only:
 //!   rslock has no Redis Cluster support).
 //!
+//! On a Redlock (`--backend redlock`) there is no floor and no peer: distlock
+//! on one of the members (`builder`) is the reference row, interleaved with
+//! distlock on all five (`redlock_builder`), the same tasks and managers.
+//!
 //! On a cluster (`--backend cluster`) the floor sends its scripts through
 //! redis-rs's `ClusterConnection` and subscribes on the first node (a classic
 //! `PUBLISH` on any node reaches it); distlock's managers are built with
@@ -47,6 +51,8 @@ const CLUSTER_FLOOR_LABEL: &str =
     "true hand-off cluster floor (same scripts, 2 clients alternating)";
 const DISTLOCK_LABEL: &str = "distlock (16 tasks, 2 managers)";
 const RSLOCK_LABEL: &str = "rslock 0.10 (16 tasks, 2 managers)";
+const SINGLE_NODE_LABEL: &str = "distlock single-node (member 1; 16 tasks, 2 managers)";
+const REDLOCK_LABEL: &str = "distlock Redlock (5 members; 16 tasks, 2 managers)";
 
 #[derive(Clone)]
 enum Imp {
@@ -413,6 +419,9 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
     } else {
         (3, Duration::from_secs(1), Duration::from_millis(300))
     };
+    if env.is_redlock() {
+        return redlock(env, rounds, slice, warm).await;
+    }
     let cluster = env.is_cluster();
     let mut distlock = Vec::new();
     let mut rslock = Vec::new();
@@ -511,5 +520,64 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
         rows,
         references: 1,
         targets,
+    })
+}
+
+/// `--backend redlock`: distlock on one member, then on the Redlock of all
+/// five, in alternating rounds.
+async fn redlock(
+    env: &Env,
+    rounds: usize,
+    slice: Duration,
+    warm: Duration,
+) -> Result<ScenarioResult> {
+    let (mut single, mut redlock) = (Vec::new(), Vec::new());
+    for _ in 0..MANAGERS {
+        single.push(manager(&env.single_target()).await?);
+        redlock.push(manager(&env.target).await?);
+    }
+    let imps = [Imp::Distlock(single), Imp::Distlock(redlock)];
+    let mut totals: Vec<Totals> = (0..imps.len()).map(|_| Totals::default()).collect();
+    for imp in &imps {
+        library_round(env, imp, warm).await?;
+    }
+    for r in 0..rounds {
+        for k in 0..imps.len() {
+            let i = (k + r) % imps.len();
+            totals[i].add(library_round(env, &imps[i], slice).await?)?;
+        }
+    }
+    let rows = [SINGLE_NODE_LABEL, REDLOCK_LABEL]
+        .iter()
+        .zip(totals)
+        .map(|(l, t)| t.row(l))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(ScenarioResult {
+        name: "handoff-redlock",
+        title: format!(
+            "one key; hand-off = release start -> another task holds; distlock: {TASKS} tasks over {MANAGERS} managers loop acquire / empty body / release; on a Redlock of 5 private redis-servers against distlock on one of them"
+        ),
+        notes: vec![
+            "reference row: distlock built with LockManager::builder on member 1 of the Redlock, in alternating rounds of the same run; the Redlock row's ratios are to it".to_owned(),
+            "no floor for Redlock (a by-hand Redlock hand-off floor is not written): the single-node row is the reference".to_owned(),
+            "a Redlock release publishes on every member; each manager keeps a subscriber per member and wakes one waiter per release".to_owned(),
+            "server figures are summed over the 5 members; per-acquisition figures include re-grabs".to_owned(),
+        ],
+        rows,
+        references: 1,
+        targets: vec![
+            Target::absolute(
+                "no task starved: Redlock max wait <= 20x mean wait",
+                REDLOCK_LABEL,
+                "max/mean wait",
+                Check::AtMost(20.0),
+            ),
+            Target::absolute(
+                "no task starved: Redlock fewest acquisitions of a task >= 0.5x the mean",
+                REDLOCK_LABEL,
+                "acq/task min/mean",
+                Check::AtLeast(0.5),
+            ),
+        ],
     })
 }

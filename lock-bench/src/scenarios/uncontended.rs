@@ -2,7 +2,14 @@
 
 use crate::error::Result;
 use crate::report::{Check, Row, ScenarioResult, Target};
-use crate::scenarios::common::{round_trips_per_cycle, run_interleaved, Cycler, Env, Kind};
+use crate::scenarios::common::{
+    redlock_round_trips_per_cycle, round_trips_per_cycle, run_interleaved, Cycler, Env, Kind,
+};
+
+/// The single-node row of `--backend redlock` (distlock on one of the members).
+pub const SINGLE_NODE_LABEL: &str = "distlock single-node (builder, member 1)";
+/// The Redlock row of `--backend redlock`.
+pub const REDLOCK_LABEL: &str = "distlock Redlock (redlock_builder, 5 members)";
 
 pub async fn run(env: &Env) -> Result<ScenarioResult> {
     env.flush().await?;
@@ -12,6 +19,9 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
         (20_000, 1_000, 500)
     };
     let key = "bench:uncontended";
+    if env.is_redlock() {
+        return redlock(env, key, cycles, block, warmup).await;
+    }
     let cluster = env.is_cluster();
     // rslock has no Redis Cluster support.
     let kinds: &[Kind] = if cluster {
@@ -83,5 +93,56 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
                 Check::AtMost(1.15),
             ),
         ],
+    })
+}
+
+/// `--backend redlock`: distlock on one member (the reference row) and on the
+/// Redlock of all five, interleaved.
+async fn redlock(
+    env: &Env,
+    key: &str,
+    cycles: u64,
+    block: u64,
+    warmup: u64,
+) -> Result<ScenarioResult> {
+    let cyclers = vec![
+        Cycler::connect(Kind::Distlock, &env.single_target(), key, 0).await?,
+        Cycler::connect(Kind::Distlock, &env.target, key, 1).await?,
+    ];
+    let m = run_interleaved(env, cyclers, warmup, cycles, block).await?;
+    let rt_cycles = if env.quick { 50 } else { 500 };
+    let rts = [
+        round_trips_per_cycle(env, Kind::Distlock, key, rt_cycles).await?,
+        Some(redlock_round_trips_per_cycle(env, key, rt_cycles).await?),
+    ];
+    let rows = [SINGLE_NODE_LABEL, REDLOCK_LABEL]
+        .iter()
+        .zip(rts)
+        .enumerate()
+        .map(|(i, (label, rt))| {
+            Row::standard(
+                *label,
+                m.ops[i],
+                m.seconds[i],
+                m.hist[i].clone(),
+                m.redis[i],
+                rt,
+            )
+        })
+        .collect();
+    Ok(ScenarioResult {
+        name: "uncontended-redlock",
+        title: format!(
+            "one task, acquire+release of one key, {cycles} cycles each, interleaved in blocks of {block}; Redlock of 5 private redis-servers against distlock on one of them"
+        ),
+        notes: vec![
+            "reference row: distlock built with LockManager::builder on member 1 of the Redlock, in the same run; the Redlock row's ratios are to it".to_owned(),
+            "no floor for Redlock (a by-hand Redlock floor is not written): the single-node row is the reference".to_owned(),
+            "cmds/op, evalsha/op and redis cpu are summed over the 5 members; rt/op of the Redlock row is summed over them too (a counting proxy in front of every member, in a separate pass): acquire on 5, fence write-back on the granting majority, release on 5".to_owned(),
+            "the members are independent processes on the same machine: they share its cores with the client".to_owned(),
+        ],
+        rows,
+        references: 1,
+        targets: Vec::new(),
     })
 }

@@ -4,12 +4,20 @@
 //! ```text
 //! torture-worker --id=N --log=PATH --url=REDIS_URL --store-url=STORE_URL [options] --mode=run|script
 //! torture-worker --id=N --log=PATH --cluster-urls=URL1,URL2,... --store-url=STORE_URL [options] --mode=run|script
+//! torture-worker --id=N --log=PATH --redlock-urls=URL1,URL2,URL3,... --store-url=STORE_URL [options] --mode=run|script
 //! ```
 //!
-//! The lock server is one Redis (`--url`, built with `LockManager::builder`) or a
+//! The lock server is one Redis (`--url`, built with `LockManager::builder`), a
 //! Redis Cluster (`--cluster-urls`: comma-separated seed URLs, built with
-//! `LockManager::cluster_builder`; `--url` is then ignored). The fenced store
-//! (`--store-url`) is always one plain Redis.
+//! `LockManager::cluster_builder`) or a Redlock over independent masters
+//! (`--redlock-urls`: comma-separated, at least 3, one URL per master, built with
+//! `LockManager::redlock_builder`). With either list, `--url` is ignored; giving
+//! both lists is an error. The fenced store (`--store-url`) is always one plain
+//! Redis.
+//!
+//! In `--mode=run`, an acquisition that fails with `Timeout`, `Backend`,
+//! `Connect` or (Redlock) `QuorumFailed` is logged and retried; any other error
+//! is fatal.
 //!
 //! Common options: `--prefix` (key prefix of the manager), `--cmd-timeout-ms`,
 //! `--connect-timeout-ms`, `--seed`.
@@ -172,18 +180,28 @@ fn main() {
 async fn async_main(args: Args) -> i32 {
     let worker: u32 = args.get("id", 0);
     let store_url = args.req("store-url");
-    let cluster_urls: Vec<String> = args
-        .get("cluster-urls", String::new())
-        .split(',')
-        .filter(|u| !u.is_empty())
-        .map(str::to_owned)
-        .collect();
-    let (builder, url) = if cluster_urls.is_empty() {
-        let url = args.req("url");
-        (LockManager::builder(&url), url)
-    } else {
-        let joined = cluster_urls.join(",");
-        (LockManager::cluster_builder(cluster_urls), joined)
+    let list = |name: &str| -> Vec<String> {
+        args.get(name, String::new())
+            .split(',')
+            .filter(|u| !u.is_empty())
+            .map(str::to_owned)
+            .collect()
+    };
+    let (cluster_urls, redlock_urls) = (list("cluster-urls"), list("redlock-urls"));
+    let (builder, url) = match (cluster_urls.is_empty(), redlock_urls.is_empty()) {
+        (true, true) => {
+            let url = args.req("url");
+            (LockManager::builder(&url), url)
+        }
+        (false, true) => {
+            let joined = cluster_urls.join(",");
+            (LockManager::cluster_builder(cluster_urls), joined)
+        }
+        (true, false) => {
+            let joined = redlock_urls.join(",");
+            (LockManager::redlock_builder(redlock_urls), joined)
+        }
+        (false, false) => fatal("--cluster-urls and --redlock-urls exclude each other"),
     };
     let manager = builder
         .key_prefix(args.get("prefix", "torture:".to_owned()))
@@ -610,9 +628,12 @@ async fn attempt(
     ctx.call(task, CallKind::Acquire, &plan.key, t_req, result);
     let guard = match r {
         Ok(g) => g,
-        Err(LockError::Timeout { .. } | LockError::Backend { .. } | LockError::Connect { .. }) => {
-            return Attempt::NotAcquired(result)
-        }
+        Err(
+            LockError::Timeout { .. }
+            | LockError::Backend { .. }
+            | LockError::Connect { .. }
+            | LockError::QuorumFailed { .. },
+        ) => return Attempt::NotAcquired(result),
         Err(e) => fatal(&format!("acquire {}: {e}", plan.key)),
     };
     let token = guard.fencing_token();
