@@ -32,6 +32,9 @@ pub struct LockGuard {
     lease: Arc<Lease>,
     /// Set by `release`, so that `Drop` has nothing left to do.
     released: bool,
+    /// The `distlock.hold` span of the acquisition that granted the lock (none
+    /// for a re-entry); it ends with the guard.
+    hold_span: tracing::Span,
 }
 
 impl std::fmt::Debug for LockGuard {
@@ -50,7 +53,12 @@ impl LockGuard {
             manager,
             lease,
             released: false,
+            hold_span: tracing::Span::none(),
         }
+    }
+
+    pub(crate) fn set_hold_span(&mut self, span: tracing::Span) {
+        self.hold_span = span;
     }
 
     /// The lock key.
@@ -148,6 +156,7 @@ impl LockGuard {
             // The shutdown released the lock already (or its lease will).
             return Err(self.lost_error());
         }
+        crate::telemetry::released(lease.granted_at.elapsed());
         // From here on nobody else will release: if this future is dropped before
         // the reply, the queued script may never be sent (or a NOSCRIPT retry may
         // be cut short), so hand the release to the background.
@@ -232,6 +241,7 @@ impl Drop for LockGuard {
         if core.is_shut_down() {
             return;
         }
+        crate::telemetry::released(self.lease.granted_at.elapsed());
         release_in_background(
             core,
             self.lease.key.clone(),

@@ -31,6 +31,8 @@ pub(crate) struct Lease {
     pub(crate) fencing_token: u64,
     pub(crate) lease: Duration,
     pub(crate) renew: bool,
+    /// When the acquisition that granted it was sent.
+    pub(crate) granted_at: Instant,
     epoch: Instant,
     /// Local validity deadline, nanoseconds after `epoch`.
     valid_until: AtomicU64,
@@ -79,6 +81,7 @@ impl Lease {
             fencing_token: n.fencing_token,
             lease: n.lease,
             renew: n.renew,
+            granted_at: n.sent_at,
             epoch: n.epoch,
             valid_until: AtomicU64::new(0),
             next_renewal: AtomicU64::new(0),
@@ -169,6 +172,7 @@ impl Lease {
             .compare_exchange(HELD, LOST, Ordering::AcqRel, Ordering::Acquire)
             .is_ok();
         if changed {
+            crate::telemetry::lost();
             tracing::warn!(target: "distlock::lease",
                 key = %crate::error::KeyPreview(&self.key),
                 fencing_token = self.fencing_token,

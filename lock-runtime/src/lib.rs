@@ -30,7 +30,9 @@
 //! ```
 #![warn(missing_docs)]
 
-// From the top down; each module uses only those below it.
+// The layers, top down; each module uses only those below it:
+// global > manager > request > guard > core > renewal, waiting > backend (the
+// only one that talks to Redis) > context, lease > telemetry, keys, config, error.
 mod backend;
 mod config;
 mod context;
@@ -43,6 +45,7 @@ mod lease;
 mod manager;
 mod renewal;
 mod request;
+mod telemetry;
 mod waiting;
 
 #[cfg(feature = "testing")]

@@ -168,10 +168,14 @@ pub(crate) async fn run(renewals: &Renewals, backend: &Backend, epoch: Instant) 
 }
 
 async fn renew_batch(backend: &Backend, batch: &[Arc<Lease>]) {
+    let due: Vec<Instant> = batch.iter().map(|lease| lease.next_renewal()).collect();
     let outcomes = backend.renew(batch).await;
-    for (lease, outcome) in batch.iter().zip(outcomes) {
+    for ((lease, outcome), due) in batch.iter().zip(outcomes).zip(due) {
         match outcome {
-            Renewal::Renewed { sent_at } => lease.renewed(sent_at),
+            Renewal::Renewed { sent_at } => {
+                crate::telemetry::renewal_lag(sent_at.saturating_duration_since(due));
+                lease.renewed(sent_at);
+            }
             Renewal::NotOurs => {
                 lease.mark_lost("the renewal found the lock gone or held by another owner");
             }

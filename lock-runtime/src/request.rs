@@ -14,6 +14,7 @@ use crate::error::{KeyPreview, LockError};
 use crate::guard::LockGuard;
 use crate::keys::{self, LockKeys};
 use crate::lease::{Lease, NewLease};
+use crate::telemetry;
 use crate::waiting::Backoff;
 
 /// A lock about to be acquired; from [`LockManager::lock`](crate::LockManager::lock).
@@ -159,7 +160,7 @@ impl LockRequest {
             lease_ms = lease.as_millis() as u64,
             wait_ms = wait.as_millis() as u64,
         );
-        Acquisition {
+        let acquired = Acquisition {
             core: &core,
             keys: core.keys(&key),
             owner: owner_token(),
@@ -171,7 +172,17 @@ impl LockRequest {
         }
         .run(manager.clone(), patience, wait)
         .instrument(span)
-        .await
+        .await;
+        Ok(acquired?.map(|mut guard| {
+            // From grant to release, beside (not inside) the wait's span, so a
+            // trace shows the wait and then the hold.
+            guard.set_hold_span(tracing::debug_span!(target: "distlock::lease",
+                "distlock.hold",
+                key = %KeyPreview(guard.key()),
+                fencing_token = guard.fencing_token(),
+            ));
+            guard
+        }))
     }
 }
 
@@ -225,6 +236,7 @@ impl Acquisition<'_> {
                 Attempt::Busy(remaining) => remaining,
             };
             if patience == Patience::Once {
+                telemetry::busy();
                 return Ok(None);
             }
             if wait.is_zero() {
@@ -318,6 +330,7 @@ impl Acquisition<'_> {
                 lease_ms.saturating_add(retention_ms),
             )
             .await;
+        telemetry::round_trip(sent_at.elapsed());
         match reply {
             Ok(AcquireReply::Acquired { fencing_token }) => {
                 in_flight.armed = false;
@@ -382,6 +395,7 @@ impl Acquisition<'_> {
                 key: lease.key.clone(),
             });
         }
+        telemetry::acquired(started.elapsed());
         tracing::debug!(target: "distlock::acquire",
             waited_ms = started.elapsed().as_millis() as u64,
             attempts,
@@ -393,6 +407,7 @@ impl Acquisition<'_> {
 
     fn timeout(&self) -> LockError {
         let waited = self.started.elapsed();
+        telemetry::timed_out();
         tracing::debug!(target: "distlock::acquire",
             waited_ms = waited.as_millis() as u64,
             attempts = self.attempts,

@@ -1,0 +1,164 @@
+//! Feature `metrics`: a debugging recorder sees the right counts for a scripted
+//! scenario (a grant, a busy attempt, a timeout, a loss, releases) and the
+//! histograms and gauge move with them. Run with
+//! `cargo test -p distlock --features metrics --test metrics`.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::*;
+use distlock::LockError;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+#[test]
+fn a_scripted_scenario_is_counted() {
+    let redis = server();
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    // A local recorder sees what this thread records: a current-thread runtime
+    // runs every task of the managers on it.
+    metrics::with_local_recorder(&recorder, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let a = manager(&redis).await;
+            let b = manager(&redis).await;
+            // Granted, then a busy attempt and a timed-out wait by another manager.
+            let held = a.lock("m:1").acquire().await.unwrap();
+            assert!(b.lock("m:1").try_acquire().await.unwrap().is_none());
+            let timed_out = b
+                .lock("m:1")
+                .wait(Duration::from_millis(50))
+                .acquire()
+                .await;
+            assert!(matches!(timed_out, Err(LockError::Timeout { .. })));
+            held.release().await.unwrap();
+            // Granted after a wait: a waiter woken by a release.
+            let held = a.lock("m:2").acquire().await.unwrap();
+            let waiter = tokio::spawn({
+                let b = b.clone();
+                async move { b.lock("m:2").wait(Duration::from_secs(5)).acquire().await }
+            });
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            held.release().await.unwrap();
+            drop(waiter.await.unwrap().unwrap());
+            // A loss: the lock deleted under its holder.
+            let doomed = a
+                .lock("m:3")
+                .lease(Duration::from_millis(300))
+                .acquire()
+                .await
+                .unwrap();
+            del(&mut raw(&redis).await, &a.redis_names("m:3").lock).await;
+            tokio::time::timeout(Duration::from_secs(2), doomed.lost())
+                .await
+                .unwrap();
+            assert!(matches!(
+                doomed.release().await,
+                Err(LockError::Lost { .. })
+            ));
+            // Let the background release of the dropped guard run.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        });
+    });
+
+    let mut counters = HashMap::new();
+    let mut histograms = HashMap::new();
+    let mut gauges = HashMap::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let name = key.key().name().to_owned();
+        match value {
+            DebugValue::Counter(n) => {
+                counters.insert(name, n);
+            }
+            DebugValue::Histogram(values) => {
+                histograms.insert(name, values.len());
+            }
+            DebugValue::Gauge(v) => {
+                gauges.insert(name, v.into_inner());
+            }
+        }
+    }
+    assert_eq!(
+        counters.get("distlock_acquired_total"),
+        Some(&4),
+        "{counters:?}"
+    );
+    assert_eq!(
+        counters.get("distlock_busy_total"),
+        Some(&1),
+        "{counters:?}"
+    );
+    assert_eq!(
+        counters.get("distlock_timeouts_total"),
+        Some(&1),
+        "{counters:?}"
+    );
+    assert_eq!(
+        counters.get("distlock_lost_total"),
+        Some(&1),
+        "{counters:?}"
+    );
+    assert_eq!(
+        counters.get("distlock_released_total"),
+        Some(&4),
+        "{counters:?}"
+    );
+    assert_eq!(
+        histograms.get("distlock_wait_seconds"),
+        Some(&4),
+        "{histograms:?}"
+    );
+    assert_eq!(
+        histograms.get("distlock_hold_seconds"),
+        Some(&4),
+        "{histograms:?}"
+    );
+    assert!(histograms
+        .get("distlock_round_trip_seconds")
+        .is_some_and(|n| *n >= 4));
+    // Every hold ended: the gauge is back at zero.
+    assert_eq!(gauges.get("distlock_held_locks"), Some(&0.0), "{gauges:?}");
+}
+
+#[test]
+fn renewals_report_their_lag() {
+    let redis = server();
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let m = manager(&redis).await;
+            let g = m
+                .lock("lag")
+                .lease(Duration::from_millis(150))
+                .acquire()
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            assert!(!g.is_lost());
+            g.release().await.unwrap();
+        });
+    });
+    let lags: Vec<f64> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| key.key().name() == "distlock_renewal_lag_seconds")
+        .flat_map(|(.., value)| match value {
+            DebugValue::Histogram(values) => values.into_iter().map(|v| v.into_inner()).collect(),
+            _ => Vec::new(),
+        })
+        .collect();
+    // Renewed every 50 ms for 400 ms, each on time give or take the scheduler.
+    assert!(lags.len() >= 4, "{lags:?}");
+    assert!(lags.iter().all(|lag| *lag < 0.05), "{lags:?}");
+}
