@@ -173,7 +173,7 @@ async fn renew_batch(backend: &Backend, batch: &[Arc<Lease>]) {
     for ((lease, outcome), due) in batch.iter().zip(outcomes).zip(due) {
         match outcome {
             Renewal::Renewed { sent_at } => {
-                crate::telemetry::renewal_lag(sent_at.saturating_duration_since(due));
+                crate::telemetry::renewal_lag(|| sent_at.saturating_duration_since(due));
                 lease.renewed(sent_at);
             }
             Renewal::NotOurs => {

@@ -330,7 +330,7 @@ impl Acquisition<'_> {
                 lease_ms.saturating_add(retention_ms),
             )
             .await;
-        telemetry::round_trip(sent_at.elapsed());
+        telemetry::round_trip(|| sent_at.elapsed());
         match reply {
             Ok(AcquireReply::Acquired { fencing_token }) => {
                 in_flight.armed = false;
@@ -395,7 +395,7 @@ impl Acquisition<'_> {
                 key: lease.key.clone(),
             });
         }
-        telemetry::acquired(started.elapsed());
+        telemetry::acquired(|| started.elapsed());
         tracing::debug!(target: "distlock::acquire",
             waited_ms = started.elapsed().as_millis() as u64,
             attempts,

@@ -58,21 +58,21 @@ mod emit {
 
 #[cfg(not(feature = "metrics"))]
 mod emit {
-    use std::time::Duration;
-
-    pub(super) fn acquired(_: Duration) {}
     pub(super) fn busy() {}
     pub(super) fn timed_out() {}
     pub(super) fn lost() {}
-    pub(super) fn released(_: Duration) {}
-    pub(super) fn renewal_lag(_: Duration) {}
-    pub(super) fn round_trip(_: Duration) {}
 }
+
+// The durations are passed as closures, so that without the feature not even
+// the clock is read.
 
 /// A lock was granted after waiting `waited`.
 #[inline]
-pub(crate) fn acquired(waited: Duration) {
-    emit::acquired(waited)
+pub(crate) fn acquired(waited: impl FnOnce() -> Duration) {
+    #[cfg(feature = "metrics")]
+    emit::acquired(waited());
+    #[cfg(not(feature = "metrics"))]
+    let _ = waited;
 }
 
 /// A single attempt found the lock held.
@@ -95,18 +95,27 @@ pub(crate) fn lost() {
 
 /// A granted lock was released (or dropped) after `held`.
 #[inline]
-pub(crate) fn released(held: Duration) {
-    emit::released(held)
+pub(crate) fn released(held: impl FnOnce() -> Duration) {
+    #[cfg(feature = "metrics")]
+    emit::released(held());
+    #[cfg(not(feature = "metrics"))]
+    let _ = held;
 }
 
 /// A renewal went out `lag` after it was due.
 #[inline]
-pub(crate) fn renewal_lag(lag: Duration) {
-    emit::renewal_lag(lag)
+pub(crate) fn renewal_lag(lag: impl FnOnce() -> Duration) {
+    #[cfg(feature = "metrics")]
+    emit::renewal_lag(lag());
+    #[cfg(not(feature = "metrics"))]
+    let _ = lag;
 }
 
 /// One acquire call took `took`.
 #[inline]
-pub(crate) fn round_trip(took: Duration) {
-    emit::round_trip(took)
+pub(crate) fn round_trip(took: impl FnOnce() -> Duration) {
+    #[cfg(feature = "metrics")]
+    emit::round_trip(took());
+    #[cfg(not(feature = "metrics"))]
+    let _ = took;
 }
