@@ -1,5 +1,5 @@
 //! Feature `metrics`: a debugging recorder sees the right counts for a scripted
-//! scenario (a grant, a busy attempt, a timeout, a loss, releases) and the
+//! scenario (a grant, a busy attempt, a timeout, a loss, a force-unlock, releases) and the
 //! histograms and gauge move with them. Run with
 //! `cargo test -p distlock --features metrics --test metrics`.
 
@@ -61,6 +61,21 @@ fn a_scripted_scenario_is_counted() {
                 doomed.release().await,
                 Err(LockError::Lost { .. })
             ));
+            // A force-unlock: the holder learns it at its next renewal.
+            let forced = a
+                .lock("m:4")
+                .lease(Duration::from_millis(300))
+                .acquire()
+                .await
+                .unwrap();
+            assert!(b.force_unlock("m:4").await.unwrap());
+            tokio::time::timeout(Duration::from_secs(2), forced.lost())
+                .await
+                .unwrap();
+            assert!(matches!(
+                forced.release().await,
+                Err(LockError::Lost { .. })
+            ));
             // Let the background release of the dropped guard run.
             tokio::time::sleep(Duration::from_millis(50)).await;
         });
@@ -85,7 +100,12 @@ fn a_scripted_scenario_is_counted() {
     }
     assert_eq!(
         counters.get("distlock_acquired_total"),
-        Some(&4),
+        Some(&5),
+        "{counters:?}"
+    );
+    assert_eq!(
+        counters.get("distlock_force_unlocked_total"),
+        Some(&1),
         "{counters:?}"
     );
     assert_eq!(
@@ -100,27 +120,27 @@ fn a_scripted_scenario_is_counted() {
     );
     assert_eq!(
         counters.get("distlock_lost_total"),
-        Some(&1),
+        Some(&2),
         "{counters:?}"
     );
     assert_eq!(
         counters.get("distlock_released_total"),
-        Some(&4),
+        Some(&5),
         "{counters:?}"
     );
     assert_eq!(
         histograms.get("distlock_wait_seconds"),
-        Some(&4),
+        Some(&5),
         "{histograms:?}"
     );
     assert_eq!(
         histograms.get("distlock_hold_seconds"),
-        Some(&4),
+        Some(&5),
         "{histograms:?}"
     );
     assert!(histograms
         .get("distlock_round_trip_seconds")
-        .is_some_and(|n| *n >= 4));
+        .is_some_and(|n| *n >= 5));
     // Every hold ended: the gauge is back at zero.
     assert_eq!(gauges.get("distlock_held_locks"), Some(&0.0), "{gauges:?}");
 }

@@ -225,6 +225,53 @@ impl LockManager {
         }
     }
 
+    /// Frees lock `key` whoever holds it, for an operator unsticking a lock:
+    /// deletes it in Redis (on every member under Redlock) and wakes its
+    /// waiters. Returns whether it was held. The holder learns it at its next
+    /// renewal (within a third of its lease): its guard reports the lease lost,
+    /// `#[distributed_lock]` stops the body as for any loss, and its
+    /// `release()` returns [`LockError::Lost`]. The fencing counter is kept, so
+    /// the next holder's token is larger than the forced-out holder's.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidKey`] for a bad key, [`LockError::Backend`] when Redis
+    /// fails or does not answer in time.
+    pub async fn force_unlock(&self, key: &str) -> Result<bool, LockError> {
+        crate::keys::validate_key(key)?;
+        let core = &self.inner.core;
+        let keys = core.keys(key);
+        let token = crate::config::owner_token();
+        let freed = core
+            .backend
+            .force_unlock(key, &keys, &token)
+            .await
+            .map_err(|e| e.error)?;
+        if freed {
+            crate::telemetry::force_unlocked();
+            tracing::warn!(target: "distlock::release",
+                key = %crate::error::KeyPreview(key),
+                "lock freed by force_unlock"
+            );
+        }
+        Ok(freed)
+    }
+
+    /// Whether anyone holds lock `key` right now (under Redlock: a majority
+    /// of the members). A snapshot: the answer may be stale by the time it
+    /// arrives; take the lock to act on it.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidKey`] for a bad key, [`LockError::Backend`] when Redis
+    /// fails or does not answer in time.
+    pub async fn is_locked(&self, key: &str) -> Result<bool, LockError> {
+        crate::keys::validate_key(key)?;
+        let core = &self.inner.core;
+        core.backend
+            .is_locked(key, &core.keys(key))
+            .await
+            .map_err(|e| e.error)
+    }
+
     /// Shuts the manager down: releases every lock it holds, in pipelined round
     /// trips, and returns once Redis has confirmed the releases (each round trip
     /// bounded by the command timeout); wakes every waiting acquisition with

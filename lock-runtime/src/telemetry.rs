@@ -8,6 +8,7 @@
 //! | `distlock_timeouts_total` | counter | acquisitions that waited their whole `wait` |
 //! | `distlock_lost_total` | counter | leases lost while held |
 //! | `distlock_released_total` | counter | holds released (by `release()` or drop) |
+//! | `distlock_force_unlocked_total` | counter | locks freed by `force_unlock` |
 //! | `distlock_wait_seconds` | histogram | how long granted acquisitions waited |
 //! | `distlock_hold_seconds` | histogram | from grant to release |
 //! | `distlock_renewal_lag_seconds` | histogram | how late each renewal was sent against its due time |
@@ -41,6 +42,10 @@ mod emit {
         metrics::counter!("distlock_lost_total").increment(1);
     }
 
+    pub(super) fn force_unlocked() {
+        metrics::counter!("distlock_force_unlocked_total").increment(1);
+    }
+
     pub(super) fn released(held: Duration) {
         metrics::counter!("distlock_released_total").increment(1);
         metrics::histogram!("distlock_hold_seconds").record(held.as_secs_f64());
@@ -59,6 +64,7 @@ mod emit {
 #[cfg(not(feature = "metrics"))]
 mod emit {
     pub(super) fn busy() {}
+    pub(super) fn force_unlocked() {}
     pub(super) fn timed_out() {}
     pub(super) fn lost() {}
 }
@@ -85,6 +91,12 @@ pub(crate) fn busy() {
 #[inline]
 pub(crate) fn timed_out() {
     emit::timed_out()
+}
+
+/// A lock was freed by `force_unlock`.
+#[inline]
+pub(crate) fn force_unlocked() {
+    emit::force_unlocked()
 }
 
 /// A held lease was lost.

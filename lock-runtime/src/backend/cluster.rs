@@ -366,6 +366,27 @@ impl Cluster {
         .await
     }
 
+    pub(crate) async fn force_unlock(
+        &self,
+        key: &str,
+        keys: &LockKeys,
+        token: &str,
+    ) -> Result<bool, CallError> {
+        let scripts = &self.scripts;
+        self.call(key, |mut conn| async move {
+            scripts.force_unlock(&mut conn, keys, token).await
+        })
+        .await
+    }
+
+    pub(crate) async fn is_locked(&self, key: &str, keys: &LockKeys) -> Result<bool, CallError> {
+        let scripts = &self.scripts;
+        self.call(key, |mut conn| async move {
+            scripts.is_locked(&mut conn, keys).await
+        })
+        .await
+    }
+
     /// One pipeline per node, all at once; a node whose pipeline fails has its
     /// locks released one call each.
     pub(crate) async fn release_many(

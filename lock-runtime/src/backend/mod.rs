@@ -137,6 +137,32 @@ impl Backend {
         }
     }
 
+    /// Deletes the lock whoever holds it and wakes its waiters (`token`: a fresh
+    /// random wake-up payload); true when it was held.
+    pub(crate) async fn force_unlock(
+        &self,
+        key: &str,
+        keys: &LockKeys,
+        token: &str,
+    ) -> Result<bool, CallError> {
+        match self {
+            Backend::Single(b) => b.force_unlock(key, keys, token).await,
+            Backend::Cluster(b) => b.force_unlock(key, keys, token).await,
+            Backend::Redlock(b) => b.force_unlock(key, keys, token).await,
+            Backend::Sentinel(b) => b.force_unlock(key, keys, token).await,
+        }
+    }
+
+    /// Whether anyone holds the lock (under Redlock: a majority of the members).
+    pub(crate) async fn is_locked(&self, key: &str, keys: &LockKeys) -> Result<bool, CallError> {
+        match self {
+            Backend::Single(b) => b.is_locked(key, keys).await,
+            Backend::Cluster(b) => b.is_locked(key, keys).await,
+            Backend::Redlock(b) => b.is_locked(key, keys).await,
+            Backend::Sentinel(b) => b.is_locked(key, keys).await,
+        }
+    }
+
     /// Releases many locks in as few round trips as the backend allows (one per
     /// server); per lock, whether it was still ours.
     pub(crate) async fn release_many(

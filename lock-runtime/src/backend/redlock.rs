@@ -58,6 +58,18 @@ pub(crate) struct Redlock {
 /// What one member answered, or that it did not in time.
 type MemberReply<T> = Result<T, CallError>;
 
+/// The first member's error, as one that may have executed (retry later).
+fn first_error<T>(key: &str, replies: Vec<MemberReply<T>>, timeout: Duration) -> CallError {
+    let error = replies
+        .into_iter()
+        .find_map(Result::err)
+        .map_or_else(|| LockError::command_timeout(key, timeout), |e| e.error);
+    CallError {
+        error,
+        maybe_executed: true,
+    }
+}
+
 impl Redlock {
     /// Connects to every member; a majority must pass the server check. A
     /// member that cannot be reached is connected later, on first use.
@@ -242,20 +254,49 @@ impl Redlock {
         let replies = self
             .on_all(self.command_timeout, |m| m.release(key, keys, owner))
             .await;
-        let released = replies.iter().any(|r| matches!(r, Ok(true)));
+        // Fewer than a majority answered and none held it: the caller retries.
+        self.any_of_a_majority(key, replies)
+    }
+
+    /// Deletes the lock on every member; true when any held it.
+    pub(crate) async fn force_unlock(
+        &self,
+        key: &str,
+        keys: &LockKeys,
+        token: &str,
+    ) -> Result<bool, CallError> {
+        let replies = self
+            .on_all(self.command_timeout, |m| m.force_unlock(key, keys, token))
+            .await;
+        self.any_of_a_majority(key, replies)
+    }
+
+    /// Held when a majority of the members holds it.
+    pub(crate) async fn is_locked(&self, key: &str, keys: &LockKeys) -> Result<bool, CallError> {
+        let replies = self
+            .on_all(self.command_timeout, |m| m.is_locked(key, keys))
+            .await;
         let answered = replies.iter().filter(|r| r.is_ok()).count();
-        if released || answered >= self.quorum {
-            return Ok(released);
+        let held = replies.iter().filter(|r| matches!(r, Ok(true))).count();
+        if held >= self.quorum || answered >= self.quorum {
+            return Ok(held >= self.quorum);
         }
-        // Fewer than a majority answered and none held it: retry later.
-        let error = replies.into_iter().find_map(Result::err).map_or_else(
-            || LockError::command_timeout(key, self.command_timeout),
-            |e| e.error,
-        );
-        Err(CallError {
-            error,
-            maybe_executed: true,
-        })
+        Err(first_error(key, replies, self.command_timeout))
+    }
+
+    /// True when any member said true, once a majority answered (or any said
+    /// true); otherwise the first error.
+    fn any_of_a_majority(
+        &self,
+        key: &str,
+        replies: Vec<MemberReply<bool>>,
+    ) -> Result<bool, CallError> {
+        let any = replies.iter().any(|r| matches!(r, Ok(true)));
+        let answered = replies.iter().filter(|r| r.is_ok()).count();
+        if any || answered >= self.quorum {
+            return Ok(any);
+        }
+        Err(first_error(key, replies, self.command_timeout))
     }
 
     pub(crate) async fn release_many(

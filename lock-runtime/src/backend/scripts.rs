@@ -187,6 +187,7 @@ pub(crate) struct Scripts {
     release: Lua,
     renew: Lua,
     raise_fence: Lua,
+    force_unlock: Lua,
 }
 
 impl Scripts {
@@ -196,6 +197,7 @@ impl Scripts {
             release: Lua::new(include_str!("../scripts/release.lua")),
             renew: Lua::new(include_str!("../scripts/renew.lua")),
             raise_fence: Lua::new(include_str!("../scripts/raise_fence.lua")),
+            force_unlock: Lua::new(include_str!("../scripts/force_unlock.lua")),
         }
     }
 
@@ -366,6 +368,37 @@ impl Scripts {
         let (ours, echoed): (i64, String) = self.raise_fence.invoke(conn, &cmd).await?;
         check_owner(&echoed, owner)?;
         Ok(ours == 1)
+    }
+
+    /// Deletes the lock whoever holds it and publishes a wake-up; true when it
+    /// was held.
+    pub(crate) async fn force_unlock(
+        &self,
+        conn: &mut impl ConnectionLike,
+        keys: &LockKeys,
+        token: &str,
+    ) -> RedisResult<bool> {
+        let mut cmd = self
+            .force_unlock
+            .call(&[&keys.lock], 2, keys.channel.len() + token.len());
+        cmd.arg(&keys.channel).arg(token);
+        let (deleted, echoed): (i64, String) = self.force_unlock.invoke(conn, &cmd).await?;
+        check_owner(&echoed, token)?;
+        Ok(deleted == 1)
+    }
+
+    /// Whether the lock exists (is held by anyone). `PTTL` (-2: no such key)
+    /// rather than `EXISTS`, which the least-privilege ACL does not grant.
+    pub(crate) async fn is_locked(
+        &self,
+        conn: &mut impl ConnectionLike,
+        keys: &LockKeys,
+    ) -> RedisResult<bool> {
+        redis::cmd("PTTL")
+            .arg(&keys.lock)
+            .query_async::<i64>(conn)
+            .await
+            .map(|pttl| pttl != -2)
     }
 
     /// One renew script call, loading the script on NOSCRIPT.

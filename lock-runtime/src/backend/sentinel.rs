@@ -179,6 +179,31 @@ impl Sentinel {
         }
     }
 
+    pub(crate) async fn force_unlock(
+        &self,
+        key: &str,
+        keys: &LockKeys,
+        token: &str,
+    ) -> Result<bool, CallError> {
+        let master = self.current();
+        match master.force_unlock(key, keys, token).await {
+            Err(e) if failover_suspected(&e) && self.rediscover(&master).await => {
+                self.current().force_unlock(key, keys, token).await
+            }
+            other => other,
+        }
+    }
+
+    pub(crate) async fn is_locked(&self, key: &str, keys: &LockKeys) -> Result<bool, CallError> {
+        let master = self.current();
+        match master.is_locked(key, keys).await {
+            Err(e) if failover_suspected(&e) && self.rediscover(&master).await => {
+                self.current().is_locked(key, keys).await
+            }
+            other => other,
+        }
+    }
+
     pub(crate) async fn release_many(
         &self,
         locks: &[(&LockKeys, &str)],

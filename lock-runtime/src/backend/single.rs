@@ -274,6 +274,33 @@ impl Single {
         .await
     }
 
+    pub(crate) async fn force_unlock(
+        &self,
+        key: &str,
+        keys: &LockKeys,
+        token: &str,
+    ) -> Result<bool, CallError> {
+        let conn = self.connection();
+        let mut redis = conn.redis;
+        self.call(
+            key,
+            conn.generation,
+            self.scripts.force_unlock(&mut redis, keys, token),
+        )
+        .await
+    }
+
+    pub(crate) async fn is_locked(&self, key: &str, keys: &LockKeys) -> Result<bool, CallError> {
+        let conn = self.connection();
+        let mut redis = conn.redis;
+        self.call(
+            key,
+            conn.generation,
+            self.scripts.is_locked(&mut redis, keys),
+        )
+        .await
+    }
+
     pub(crate) async fn release_many(
         &self,
         locks: &[(&LockKeys, &str)],
