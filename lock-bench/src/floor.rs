@@ -33,7 +33,19 @@ use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 
 use crate::error::{bail, context, Result};
-use crate::scenarios::common::Target;
+
+/// What the implementations connect to.
+#[derive(Debug, Clone)]
+pub enum Target {
+    /// One redis-server (or a counting proxy in front of it).
+    Single(String),
+    /// A Redis Cluster, by its seed URLs: distlock through `cluster_builder`,
+    /// the floors through redis-rs's async `ClusterConnection`.
+    Cluster(Vec<String>),
+    /// Independent redis-servers, one URL each: distlock through
+    /// `redlock_builder` only (no floor, no peer).
+    Redlock(Vec<String>),
+}
 
 /// One multiplexed connection to a server, or a cluster connection (itself
 /// multiplexed, one connection per node).

@@ -1,19 +1,10 @@
 //! Scenario `macro`: the uncontended cycle through `#[distributed_lock]`,
 //! against the same cycle written by hand with the guard.
 
-use distlock::{distributed_lock, LockError, LockManager};
-
 use crate::error::Result;
 use crate::report::Row;
 use crate::report::{Check, ScenarioResult, Target};
 use crate::scenarios::common::{round_trips_per_cycle, run_interleaved, Cycler, Env, Kind};
-
-/// An empty body under the attribute, locking `bench:{i}` with the scenario's
-/// lease on the given manager (its default wait).
-#[distributed_lock(key = "bench:{i}", lease = "30s", manager = manager)]
-pub async fn locked_noop(manager: &LockManager, i: u64) -> std::result::Result<(), LockError> {
-    Ok(())
-}
 
 pub async fn run(env: &Env) -> Result<ScenarioResult> {
     env.flush().await?;
