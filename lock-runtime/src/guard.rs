@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
+use crate::backend::Renewal;
 use crate::core::{Core, ManagerInner};
 use crate::error::{KeyPreview, LockError};
 use crate::keys::LockKeys;
@@ -76,7 +77,56 @@ impl LockGuard {
 
     /// The lease this lock was taken with.
     pub fn lease(&self) -> Duration {
-        self.lease.lease
+        self.lease.lease()
+    }
+
+    /// Sets a new lease: the lock's TTL in Redis becomes `lease` from now (it
+    /// replaces the time left, never adds to it), and later renewals keep that
+    /// length. One round trip. Re-entrant guards share the outer lease, so
+    /// extending one extends them all. A lease shorter than the one left
+    /// shortens the holder's deadline too.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidConfig`] for a lease outside 10 ms to 30 days,
+    /// [`LockError::Lost`] when the lease was lost (or is found lost now),
+    /// [`LockError::Backend`] when Redis fails; the lease is then unchanged in
+    /// Redis, but later renewals use the new length.
+    pub async fn extend(&self, lease: Duration) -> Result<(), LockError> {
+        crate::config::validate_lease(lease, "lease")?;
+        let lease = Duration::from_millis(u64::try_from(lease.as_millis()).unwrap_or(u64::MAX));
+        if self.lease.is_lost() {
+            return Err(self.lost_error());
+        }
+        self.lease.set_lease(lease);
+        let core = &self.manager.core;
+        let outcome = core
+            .backend
+            .renew(std::slice::from_ref(&self.lease))
+            .await
+            .pop();
+        match outcome {
+            Some(Renewal::Renewed { sent_at }) => {
+                self.lease.extended(sent_at);
+                Ok(())
+            }
+            Some(Renewal::NotOurs) => {
+                self.lease
+                    .mark_lost("extend found the lock gone or held by another owner");
+                Err(self.lost_error())
+            }
+            Some(Renewal::Failed(reason)) => Err(LockError::Backend {
+                key: self.lease.key.clone(),
+                source: redis::RedisError::from((redis::ErrorKind::Io, "extend failed", reason)),
+            }),
+            Some(Renewal::Retry) | None => Err(LockError::Backend {
+                key: self.lease.key.clone(),
+                source: redis::RedisError::from((
+                    redis::ErrorKind::Io,
+                    "extend failed",
+                    "the renew script had to be reloaded; try again".to_owned(),
+                )),
+            }),
+        }
     }
 
     /// True once the lease is lost. Checks the local deadline itself, so it is
@@ -202,7 +252,7 @@ impl LockGuard {
                     lease.key.clone(),
                     lease.keys.clone(),
                     lease.owner.clone(),
-                    lease.lease,
+                    lease.lease(),
                 );
                 Err(e.error)
             }
@@ -224,7 +274,7 @@ impl Drop for PendingRelease<'_> {
                 self.lease.key.clone(),
                 self.lease.keys.clone(),
                 self.lease.owner.clone(),
-                self.lease.lease,
+                self.lease.lease(),
             );
         }
     }
@@ -247,7 +297,7 @@ impl Drop for LockGuard {
             self.lease.key.clone(),
             self.lease.keys.clone(),
             self.lease.owner.clone(),
-            self.lease.lease,
+            self.lease.lease(),
         );
     }
 }

@@ -29,10 +29,14 @@ pub(crate) struct Lease {
     pub(crate) keys: LockKeys,
     pub(crate) owner: String,
     pub(crate) fencing_token: u64,
-    pub(crate) lease: Duration,
+    /// The lease in milliseconds; `LockGuard::extend` may change it.
+    lease_ms: AtomicU64,
     pub(crate) renew: bool,
     /// When the acquisition that granted it was sent.
     pub(crate) granted_at: Instant,
+    /// The holder gives the lock up (its lease turns lost) at this instant, if
+    /// the request set a `max_hold`.
+    max_hold_until: Option<Instant>,
     epoch: Instant,
     /// Local validity deadline, nanoseconds after `epoch`.
     valid_until: AtomicU64,
@@ -48,7 +52,7 @@ impl std::fmt::Debug for Lease {
         f.debug_struct("Lease")
             .field("key", &self.key)
             .field("fencing_token", &self.fencing_token)
-            .field("lease", &self.lease)
+            .field("lease", &self.lease())
             .field("renew", &self.renew)
             .field("state", &self.state.load(Ordering::Relaxed))
             .field("holds", &self.holds.load(Ordering::Relaxed))
@@ -65,6 +69,7 @@ pub(crate) struct NewLease {
     pub(crate) fencing_token: u64,
     pub(crate) lease: Duration,
     pub(crate) renew: bool,
+    pub(crate) max_hold: Option<Duration>,
     pub(crate) epoch: Instant,
     /// When the acquire that set the lease in Redis was sent.
     pub(crate) sent_at: Instant,
@@ -79,9 +84,10 @@ impl Lease {
             keys: n.keys,
             owner: n.owner,
             fencing_token: n.fencing_token,
-            lease: n.lease,
+            lease_ms: AtomicU64::new(u64::try_from(n.lease.as_millis()).unwrap_or(u64::MAX)),
             renew: n.renew,
             granted_at: n.sent_at,
+            max_hold_until: n.max_hold.and_then(|d| n.sent_at.checked_add(d)),
             epoch: n.epoch,
             valid_until: AtomicU64::new(0),
             next_renewal: AtomicU64::new(0),
@@ -103,16 +109,48 @@ impl Lease {
 
     /// The lease in whole milliseconds, as Redis takes it.
     pub(crate) fn lease_ms(&self) -> u64 {
-        u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX)
+        self.lease_ms.load(Ordering::Acquire)
+    }
+
+    /// The lease: the lock's TTL in Redis, reset by every renewal.
+    pub(crate) fn lease(&self) -> Duration {
+        Duration::from_millis(self.lease_ms())
+    }
+
+    /// Changes the lease that later renewals set (see `LockGuard::extend`).
+    pub(crate) fn set_lease(&self, lease: Duration) {
+        self.lease_ms.store(
+            u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
+            Ordering::Release,
+        );
     }
 
     pub(crate) fn renewal_interval(&self) -> Duration {
-        self.lease / 3
+        self.lease() / 3
+    }
+
+    /// How long the holder may trust a renewal sent at `sent_at`: the lease
+    /// less the drift, and never past `max_hold`.
+    fn valid_after(&self, sent_at: Instant) -> Instant {
+        let lease = self.lease();
+        let valid = sent_at + lease.saturating_sub(drift(lease));
+        self.max_hold_until.map_or(valid, |limit| valid.min(limit))
+    }
+
+    /// Records a renewal sent at `sent_at` that replaced the TTL with a lease
+    /// of a new length: the local deadline follows it, down as well as up.
+    pub(crate) fn extended(&self, sent_at: Instant) {
+        self.valid_until
+            .store(self.nanos(self.valid_after(sent_at)), Ordering::Release);
+        self.next_renewal.store(
+            self.nanos(sent_at + self.renewal_interval()),
+            Ordering::Release,
+        );
     }
 
     /// Records a successful renewal (or the acquire) sent at `sent_at`.
     pub(crate) fn renewed(&self, sent_at: Instant) {
-        let valid = sent_at + self.lease.saturating_sub(drift(self.lease));
+        let valid = self.valid_after(sent_at);
         self.valid_until
             .fetch_max(self.nanos(valid), Ordering::AcqRel);
         self.next_renewal.store(

@@ -39,6 +39,7 @@ pub struct LockRequest {
     lease: Option<Duration>,
     wait: Option<Duration>,
     renew: bool,
+    max_hold: Option<Duration>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -57,6 +58,7 @@ impl LockRequest {
             lease: None,
             wait: None,
             renew: true,
+            max_hold: None,
         }
     }
 
@@ -79,6 +81,16 @@ impl LockRequest {
     /// renewal the lock ends at `lease`, whether the holder is done or not.
     pub fn renew(mut self, renew: bool) -> Self {
         self.renew = renew;
+        self
+    }
+
+    /// The longest the lock may be held (default: no limit). Once that long has
+    /// passed since the grant, renewal stops and the guard reports its lease
+    /// lost (`lost()`, `is_lost()`, and a locked function is stopped), so a stuck
+    /// body cannot keep a lock for ever; the lock in Redis then expires within
+    /// one lease.
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.max_hold = Some(max_hold);
         self
     }
 
@@ -125,7 +137,15 @@ impl LockRequest {
             lease,
             wait,
             renew,
+            max_hold,
         } = self;
+        if let Some(max_hold) = max_hold {
+            if max_hold.is_zero() || max_hold > config::MAX_DURATION {
+                return Err(LockError::InvalidConfig(format!(
+                    "max_hold is {max_hold:?}; it must be above zero and at most 30 days"
+                )));
+            }
+        }
         keys::validate_key(&key)?;
         let core = manager.core.clone();
         let lease = lease.unwrap_or(core.config.default_lease);
@@ -167,6 +187,7 @@ impl LockRequest {
             key,
             lease,
             renew,
+            max_hold,
             started: Instant::now(),
             attempts: 0,
         }
@@ -209,6 +230,7 @@ struct Acquisition<'a> {
     key: String,
     lease: Duration,
     renew: bool,
+    max_hold: Option<Duration>,
     started: Instant,
     attempts: u32,
 }
@@ -365,6 +387,7 @@ impl Acquisition<'_> {
             key,
             lease,
             renew,
+            max_hold,
             started,
             attempts,
         } = self;
@@ -377,6 +400,7 @@ impl Acquisition<'_> {
             fencing_token,
             lease,
             renew,
+            max_hold,
             epoch: core.epoch,
             sent_at,
         }));
@@ -389,7 +413,7 @@ impl Acquisition<'_> {
                 lease.key.clone(),
                 lease.keys.clone(),
                 lease.owner.clone(),
-                lease.lease,
+                lease.lease(),
             );
             return Err(LockError::ShutDown {
                 key: lease.key.clone(),

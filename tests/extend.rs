@@ -1,0 +1,125 @@
+//! `guard.extend(lease)` replaces the lock's TTL (never adds to it) and later
+//! renewals keep the new length; `max_hold` ends a hold that lasts too long.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use distlock::LockError;
+
+#[tokio::test]
+async fn extend_replaces_the_ttl_and_renewals_keep_the_new_length() {
+    let redis = server();
+    let m = manager(&redis).await;
+    let mut conn = raw(&redis).await;
+    let name = m.redis_names("ext").lock;
+    // Without renewal, so that only extend moves the TTL.
+    let g = m
+        .lock("ext")
+        .lease(Duration::from_millis(500))
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    g.extend(Duration::from_secs(3)).await.unwrap();
+    let ttl = pttl(&mut conn, &name).await;
+    // Replaced: about 3 s from now, not 3 s plus the 300 ms that were left.
+    assert!((2_800..=3_000).contains(&ttl), "{ttl}");
+    assert_eq!(g.lease(), Duration::from_secs(3));
+    // The holder's own deadline follows: still valid past the first lease.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(!g.is_lost());
+    // Shorter replaces too, and the deadline comes down with it.
+    g.extend(Duration::from_millis(100)).await.unwrap();
+    assert!(pttl(&mut conn, &name).await <= 100);
+    tokio::time::timeout(Duration::from_millis(300), g.lost())
+        .await
+        .expect("the shortened lease ends");
+    assert!(matches!(
+        g.extend(Duration::from_secs(1)).await,
+        Err(LockError::Lost { .. })
+    ));
+
+    // With renewal on, renewals keep the extended length.
+    let g = m
+        .lock("ext2")
+        .lease(Duration::from_millis(300))
+        .acquire()
+        .await
+        .unwrap();
+    g.extend(Duration::from_secs(5)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let ttl = pttl(&mut conn, &m.redis_names("ext2").lock).await;
+    assert!(ttl > 4_000, "{ttl}");
+    assert!(matches!(
+        g.extend(Duration::from_millis(1)).await,
+        Err(LockError::InvalidConfig(_))
+    ));
+    g.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn extend_after_the_lock_was_taken_over_reports_the_loss() {
+    let redis = server();
+    let m = manager(&redis).await;
+    let g = m
+        .lock("gone")
+        .lease(Duration::from_secs(5))
+        .acquire()
+        .await
+        .unwrap();
+    del(&mut raw(&redis).await, &m.redis_names("gone").lock).await;
+    assert!(matches!(
+        g.extend(Duration::from_secs(5)).await,
+        Err(LockError::Lost { .. })
+    ));
+    assert!(g.is_lost());
+}
+
+#[tokio::test]
+async fn max_hold_ends_a_hold_that_lasts_too_long() {
+    let redis = server();
+    let m = manager(&redis).await;
+    let other = manager(&redis).await;
+    let started = Instant::now();
+    let g = m
+        .lock("stuck-body")
+        .lease(Duration::from_millis(300))
+        .max_hold(Duration::from_millis(700))
+        .acquire()
+        .await
+        .unwrap();
+    // Renewed as usual until then.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!g.is_lost());
+    tokio::time::timeout(Duration::from_secs(2), g.lost())
+        .await
+        .expect("max_hold ends the hold");
+    let lost_after = started.elapsed();
+    assert!(
+        lost_after >= Duration::from_millis(650) && lost_after < Duration::from_millis(1_000),
+        "{lost_after:?}"
+    );
+    // The lock in Redis runs out within one lease of that.
+    let freed = other
+        .lock("stuck-body")
+        .wait(Duration::from_secs(2))
+        .acquire()
+        .await
+        .unwrap();
+    assert!(started.elapsed() < Duration::from_millis(700 + 300 + 200));
+    freed.release().await.unwrap();
+    assert!(matches!(g.release().await, Err(LockError::Lost { .. })));
+    let refused = m
+        .lock("x")
+        .max_hold(Duration::ZERO)
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused, LockError::InvalidConfig(_)),
+        "{refused:?}"
+    );
+}
