@@ -12,7 +12,7 @@ use distlock::{LockError, LockManager};
 /// The single-server least-privilege rules (`tests/server_checks.rs`, README)
 /// plus what the cluster client needs to read the topology.
 const CLUSTER_LEAST_PRIVILEGE: &str = "~distlock:* &distlock:* +ping +evalsha +script|load +time \
-     +get +set +hget +hset +hexists +pexpire +pttl +del +publish +subscribe +unsubscribe \
+     +get +set +pexpire +pttl +del +publish +subscribe +unsubscribe \
      +cluster|slots";
 
 fn set_user_everywhere(cluster: &RedisCluster, rules: &str) {

@@ -125,7 +125,7 @@ async fn a_key_whose_counter_expired_still_gets_a_larger_token() {
     }
 }
 
-/// `MEMORY USAGE` of one held lock (its hash and its fencing counter), for the
+/// `MEMORY USAGE` of one held lock (its string and its fencing counter), for the
 /// README: `cargo test --test memory -- --nocapture`.
 #[tokio::test]
 async fn memory_usage_of_a_held_lock() {
@@ -146,7 +146,7 @@ async fn memory_usage_of_a_held_lock() {
         total += bytes;
     }
     println!(
-        "MEMORY USAGE of a held lock on {key:?} (prefix {:?}): {total} bytes (lock hash + fencing counter)",
+        "MEMORY USAGE of a held lock on {key:?} (prefix {:?}): {total} bytes (lock string + fencing counter)",
         m.key_prefix()
     );
     // Two small keys; this is a count that does not drift for a given key length.

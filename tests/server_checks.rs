@@ -124,7 +124,7 @@ fn a_forbidden_config_is_noted_at_debug_and_ignored() {
 
 /// The README's least-privilege ACL, verbatim ("TLS, passwords and ACL users").
 const LEAST_PRIVILEGE: &str = "~distlock:* &distlock:* +ping +evalsha +script|load +time +get \
-     +set +hget +hset +hexists +pexpire +pttl +del +publish +subscribe +unsubscribe";
+     +set +pexpire +pttl +del +publish +subscribe +unsubscribe";
 
 async fn acl_user(raw: &mut redis::aio::MultiplexedConnection, name: &str, rules: &str) {
     let mut cmd = redis::cmd("ACL");
@@ -191,7 +191,7 @@ async fn a_missing_permission_is_named_at_build() {
         ("+evalsha", "evalsha"),
         ("+publish", "publish"),
         ("+subscribe", "subscribe"),
-        ("+hset", "hset"),
+        ("+pexpire", "pexpire"),
         ("&distlock:*", "channel"),
         ("~distlock:*", "key"),
     ] {

@@ -35,6 +35,8 @@ pub(crate) struct Config {
     pub(crate) reject_evicting_policy: bool,
     /// Count an acquisition only once this many replicas confirmed it.
     pub(crate) replica_ack: Option<ReplicaAck>,
+    /// Who holds this manager's locks, as operators see it (`LockInfo::holder`).
+    pub(crate) holder: String,
 }
 
 /// How many replicas must confirm an acquisition (`WAIT`), and how long to wait.
@@ -61,6 +63,7 @@ impl Default for Config {
             fence_retention: DEFAULT_FENCE_RETENTION,
             reject_evicting_policy: false,
             replica_ack: None,
+            holder: crate::info::default_holder(),
         }
     }
 }
@@ -69,6 +72,13 @@ impl Config {
     /// Checks every setting; the first bad one is the error.
     pub(crate) fn validate(&self) -> Result<(), LockError> {
         crate::keys::validate_prefix(&self.key_prefix)?;
+        if self.holder.len() > crate::info::MAX_HOLDER_BYTES {
+            return Err(LockError::InvalidConfig(format!(
+                "the holder description is {} bytes long; the limit is {}",
+                self.holder.len(),
+                crate::info::MAX_HOLDER_BYTES
+            )));
+        }
         validate_lease(self.default_lease, "default lease")?;
         validate_wait(self.default_wait, "default wait")?;
         validate_wait(self.fence_retention, "fence retention")?;

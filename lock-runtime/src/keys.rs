@@ -52,6 +52,30 @@ impl LockKeys {
     }
 }
 
+/// The `SCAN MATCH` pattern for the lock keys under `prefix` whose user key
+/// matches the glob `user_pattern` (Redis glob syntax: `*`, `?`, `[..]`, `\\`).
+pub(crate) fn lock_scan_pattern(prefix: &str, user_pattern: &str) -> String {
+    let mut pattern = String::with_capacity(prefix.len() * 2 + user_pattern.len() + 26);
+    for c in prefix.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            pattern.push('\\');
+        }
+        pattern.push(c);
+    }
+    pattern.push_str("lock:{");
+    pattern.push_str(&"?".repeat(16));
+    pattern.push_str("}:");
+    pattern.push_str(user_pattern);
+    pattern
+}
+
+/// The user key of lock key `name` under `prefix`, when it is one.
+pub(crate) fn user_key_of<'a>(prefix: &str, name: &'a str) -> Option<&'a str> {
+    let rest = name.strip_prefix(prefix)?.strip_prefix("lock:{")?;
+    let (tag, key) = (rest.get(..16)?, rest.get(16..)?.strip_prefix("}:")?);
+    (hash_tag(key).as_str() == tag).then_some(key)
+}
+
 /// Checks a user key: any non-empty UTF-8 string up to [`MAX_KEY_BYTES`].
 pub(crate) fn validate_key(key: &str) -> Result<(), LockError> {
     let reason = if key.is_empty() {
@@ -116,6 +140,18 @@ impl HashTag {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lock_names_map_back_to_user_keys() {
+        let keys = LockKeys::new("app*1:", "order:}:42");
+        assert_eq!(user_key_of("app*1:", &keys.lock), Some("order:}:42"));
+        assert_eq!(user_key_of("app*1:", &keys.fence), None);
+        assert_eq!(user_key_of("other:", &keys.lock), None);
+        assert_eq!(
+            lock_scan_pattern("app*1:", "order:*"),
+            "app\\*1:lock:{????????????????}:order:*"
+        );
+    }
 
     /// What Redis Cluster hashes: the part between the first `{` and the next `}`,
     /// when non-empty; otherwise the whole name.

@@ -32,7 +32,7 @@
 
 // The layers, top down; each module uses only those below it:
 // global > manager > request > guard > core > renewal, waiting > backend (the
-// only one that talks to Redis) > context, lease > telemetry, keys, config, error.
+// only one that talks to Redis) > context, lease > telemetry, keys, config, info, error.
 mod backend;
 mod config;
 mod context;
@@ -40,6 +40,7 @@ mod core;
 mod error;
 mod global;
 mod guard;
+mod info;
 mod keys;
 mod lease;
 mod manager;
@@ -55,6 +56,7 @@ pub use context::spawn_with_locks;
 pub use error::LockError;
 pub use global::{global, set_global, with_default_manager};
 pub use guard::LockGuard;
+pub use info::LockInfo;
 pub use manager::{
     LockManager, LockManagerBuilder, RedisNames, DEFAULT_FENCE_RETENTION, MAX_DURATION, MIN_LEASE,
 };

@@ -9,6 +9,7 @@ use crate::config::{Config, TlsSettings};
 pub use crate::config::{DEFAULT_FENCE_RETENTION, MAX_DURATION, MIN_LEASE};
 use crate::core::{Core, ManagerInner};
 use crate::error::LockError;
+use crate::info::LockInfo;
 use crate::request::LockRequest;
 
 /// Hands out locks on one Redis server or one Redis Cluster.
@@ -214,7 +215,7 @@ impl LockManager {
         self.inner.core.config.default_wait
     }
 
-    /// The Redis names behind lock `key`: the lock hash, the fencing counter and the
+    /// The Redis names behind lock `key`: the lock string, the fencing counter and the
     /// wake-up channel, for inspection and tests.
     pub fn redis_names(&self, key: &str) -> RedisNames {
         let k = self.inner.core.keys(key);
@@ -254,6 +255,89 @@ impl LockManager {
             );
         }
         Ok(freed)
+    }
+
+    /// Who holds lock `key`, since when, until when, with which fencing token;
+    /// `None` when nobody holds it. One round trip (one per member under
+    /// Redlock, where the answer is the hold a majority agrees on). A
+    /// snapshot for operators: it may be stale by the time it arrives.
+    ///
+    /// ```no_run
+    /// # async fn demo(manager: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+    /// if let Some(info) = manager.inspect("order:42").await? {
+    ///     println!("held by {} with token {}, {:?} left", info.holder, info.fencing_token, info.ttl);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`LockError::InvalidKey`] for a bad key, [`LockError::Backend`] when Redis
+    /// fails or does not answer in time, or the key holds a value distlock did
+    /// not write.
+    pub async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
+        crate::keys::validate_key(key)?;
+        let core = &self.inner.core;
+        let held = core
+            .backend
+            .inspect(key, &core.keys(key))
+            .await
+            .map_err(|e| e.error)?;
+        held.map(|held| {
+            LockInfo::parse(key.to_owned(), &held.value, held.pttl).ok_or_else(|| {
+                LockError::Backend {
+                    key: key.to_owned(),
+                    source: redis::RedisError::from((
+                        redis::ErrorKind::Client,
+                        "the lock key holds a value distlock did not write",
+                        crate::info::owner_of(&held.value).to_owned(),
+                    )),
+                }
+            })
+        })
+        .transpose()
+    }
+
+    /// Every lock held under this manager's key prefix whose key matches the
+    /// glob `pattern` (Redis `SCAN MATCH` syntax: `*` any run, `?` one
+    /// character, `[abc]` a class, `\` escapes; `"*"` for all), sorted by key.
+    ///
+    /// It walks the keyspace with `SCAN` (on every master of a cluster, on
+    /// every member under Redlock), then reads each lock as
+    /// [`inspect`](Self::inspect) does: an operator's tool, not for a hot
+    /// path. Locks released during the walk are left out. The ACL user needs
+    /// `scan`, which a lock itself does not.
+    ///
+    /// # Errors
+    /// [`LockError::Backend`] when Redis fails or does not answer in time.
+    pub async fn list(&self, pattern: &str) -> Result<Vec<LockInfo>, LockError> {
+        let core = &self.inner.core;
+        let prefix = &core.config.key_prefix;
+        let names = core
+            .backend
+            .scan_locks(&crate::keys::lock_scan_pattern(prefix, pattern))
+            .await
+            .map_err(|e| e.error)?;
+        let mut keys: Vec<&str> = names
+            .iter()
+            .filter_map(|name| crate::keys::user_key_of(prefix, name))
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let mut locks = Vec::with_capacity(keys.len());
+        for key in keys {
+            let held = core
+                .backend
+                .inspect(key, &core.keys(key))
+                .await
+                .map_err(|e| e.error)?;
+            // A value some other program wrote under our prefix is left out.
+            if let Some(info) =
+                held.and_then(|held| LockInfo::parse(key.to_owned(), &held.value, held.pttl))
+            {
+                locks.push(info);
+            }
+        }
+        Ok(locks)
     }
 
     /// Whether anyone holds lock `key` right now (under Redlock: a majority
@@ -429,6 +513,15 @@ impl LockManagerBuilder {
     /// losing the lock"). Renewals are not waited for. Off by default.
     pub fn replica_ack(mut self, replicas: u32, timeout: Duration) -> Self {
         self.config.replica_ack = Some(crate::config::ReplicaAck { replicas, timeout });
+        self
+    }
+
+    /// Who holds this manager's locks, as operators see it in
+    /// [`LockInfo::holder`] (from [`LockManager::inspect`], [`LockManager::list`]
+    /// and the `distlock` CLI): for example a pod name and a role. At most 256
+    /// bytes, stored with every hold. Default: `<hostname> pid <pid> <program>`.
+    pub fn holder(mut self, holder: impl Into<String>) -> Self {
+        self.config.holder = holder.into();
         self
     }
 

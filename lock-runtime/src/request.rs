@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use tracing::Instrument;
 
-use crate::backend::AcquireReply;
+use crate::backend::{AcquireReply, AcquireSpec};
 use crate::config::{self, owner_token};
 use crate::context::LockContext;
 use crate::core::{Core, ManagerInner};
@@ -190,6 +190,7 @@ impl LockRequest {
             max_hold,
             started: Instant::now(),
             attempts: 0,
+            waiting: false,
         }
         .run(manager.clone(), patience, wait)
         .instrument(span)
@@ -233,6 +234,8 @@ struct Acquisition<'a> {
     max_hold: Option<Duration>,
     started: Instant,
     attempts: u32,
+    /// Listening for this lock's wake-ups: attempts mark the lock as waited for.
+    waiting: bool,
 }
 
 impl Acquisition<'_> {
@@ -268,6 +271,7 @@ impl Acquisition<'_> {
 
         let core = self.core.clone();
         let registration = core.subscriber.register(&self.keys.channel);
+        self.waiting = true;
         let mut backoff = Backoff::default();
         // Listening from here on, before any sleep: a release from now on wakes
         // this waiter or another of this manager (who then holds the lock), and
@@ -349,7 +353,12 @@ impl Acquisition<'_> {
                 &self.keys,
                 &self.owner,
                 lease_ms,
-                lease_ms.saturating_add(retention_ms),
+                &AcquireSpec {
+                    fence_ttl_ms: lease_ms.saturating_add(retention_ms),
+                    waiting: self.waiting,
+                    since_ms: crate::info::now_ms(),
+                    holder: &self.core.config.holder,
+                },
             )
             .await;
         telemetry::round_trip(|| sent_at.elapsed());
@@ -390,6 +399,7 @@ impl Acquisition<'_> {
             max_hold,
             started,
             attempts,
+            waiting: _,
         } = self;
         let lease = Arc::new(Lease::new(NewLease {
             id: config::next_id(),

@@ -199,8 +199,8 @@ fn permission_hint(e: &RedisError, prefix: &str) -> String {
 
 /// The commands a least-privilege ACL user needs, as ACL rules (kept in step with
 /// the README and `tests/auth.rs`).
-pub(crate) const REQUIRED_COMMANDS: &str = "+ping +evalsha +script|load +time +get +set +hget \
-     +hset +hexists +pexpire +pttl +del +publish +subscribe +unsubscribe";
+pub(crate) const REQUIRED_COMMANDS: &str = "+ping +evalsha +script|load +time +get +set \
+     +pexpire +pttl +del +publish +subscribe +unsubscribe";
 
 #[cfg(test)]
 mod tests {

@@ -30,7 +30,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
 
-use super::scripts::{self, AcquireReply, Scripts};
+use super::scripts::{self, AcquireReply, AcquireSpec, HeldLock, Scripts};
 use super::single::failed_all;
 use super::{bounded_call, read_renewals, CallError, Renewal};
 use crate::config::{redact_all, Config, ReplicaAck, TlsSettings};
@@ -301,7 +301,7 @@ impl Cluster {
         keys: &LockKeys,
         owner: &str,
         lease_ms: u64,
-        fence_ttl_ms: u64,
+        spec: &AcquireSpec<'_>,
     ) -> Result<AcquireReply, CallError> {
         let mut conn = self.connection(key).await?;
         let ack = self.replica_ack;
@@ -309,7 +309,7 @@ impl Cluster {
             let reply = match &ack {
                 None => self
                     .scripts
-                    .acquire(&mut conn, keys, owner, lease_ms, fence_ttl_ms)
+                    .acquire(&mut conn, keys, owner, lease_ms, spec)
                     .await
                     .map(|reply| (reply, 0)),
                 // A pipeline goes to the node of its first keyed command, and
@@ -317,7 +317,7 @@ impl Cluster {
                 // connection: it counts the replicas of the lock's master.
                 Some(ack) => {
                     self.scripts
-                        .acquire_acked(&mut conn, keys, owner, lease_ms, fence_ttl_ms, ack)
+                        .acquire_acked(&mut conn, keys, owner, lease_ms, spec, ack)
                         .await
                 }
             };
@@ -385,6 +385,58 @@ impl Cluster {
             scripts.is_locked(&mut conn, keys).await
         })
         .await
+    }
+
+    pub(crate) async fn inspect(
+        &self,
+        key: &str,
+        keys: &LockKeys,
+    ) -> Result<Option<HeldLock>, CallError> {
+        let scripts = &self.scripts;
+        self.call(key, |mut conn| async move {
+            scripts.inspect(&mut conn, keys).await
+        })
+        .await
+    }
+
+    /// Names of the lock keys matching `pattern` on every master.
+    pub(crate) async fn scan_locks(&self, pattern: &str) -> Result<Vec<String>, CallError> {
+        let conn = self.connection("").await?;
+        let masters = self
+            .slots
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .masters();
+        let mut names = Vec::new();
+        for node in masters {
+            let mut cursor = 0;
+            loop {
+                let mut conn = conn.clone();
+                let reply = bounded_call(
+                    "",
+                    self.command_timeout,
+                    conn.route_command(
+                        scripts::scan_cmd(cursor, pattern),
+                        RoutingInfo::SingleNode(by_address(&node)),
+                    ),
+                )
+                .await?;
+                let (next, page): (u64, Vec<String>) =
+                    redis::from_redis_value(reply).map_err(|e| CallError {
+                        error: LockError::Backend {
+                            key: String::new(),
+                            source: e.into(),
+                        },
+                        maybe_executed: false,
+                    })?;
+                names.extend(page);
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        Ok(names)
     }
 
     /// One pipeline per node, all at once; a node whose pipeline fails has its

@@ -34,7 +34,7 @@ pub(crate) mod scripts;
 pub(crate) mod sentinel;
 pub(crate) mod single;
 
-pub(crate) use scripts::AcquireReply;
+pub(crate) use scripts::{AcquireReply, AcquireSpec, HeldLock};
 
 /// Where the manager's Redis is.
 #[derive(Debug, Clone)]
@@ -105,20 +105,21 @@ impl Backend {
     }
 
     /// Runs the acquire script: take the lock for `owner` with a lease of
-    /// `lease_ms`, and keep the fencing counter `fence_ttl_ms`.
+    /// `lease_ms`, writing what `spec` says (fencing counter TTL, waiting mark,
+    /// holder description and time).
     pub(crate) async fn acquire(
         &self,
         key: &str,
         keys: &LockKeys,
         owner: &str,
         lease_ms: u64,
-        fence_ttl_ms: u64,
+        spec: &AcquireSpec<'_>,
     ) -> Result<AcquireReply, CallError> {
         match self {
-            Backend::Single(b) => b.acquire(key, keys, owner, lease_ms, fence_ttl_ms).await,
-            Backend::Cluster(b) => b.acquire(key, keys, owner, lease_ms, fence_ttl_ms).await,
-            Backend::Redlock(b) => b.acquire(key, keys, owner, lease_ms, fence_ttl_ms).await,
-            Backend::Sentinel(b) => b.acquire(key, keys, owner, lease_ms, fence_ttl_ms).await,
+            Backend::Single(b) => b.acquire(key, keys, owner, lease_ms, spec).await,
+            Backend::Cluster(b) => b.acquire(key, keys, owner, lease_ms, spec).await,
+            Backend::Redlock(b) => b.acquire(key, keys, owner, lease_ms, spec).await,
+            Backend::Sentinel(b) => b.acquire(key, keys, owner, lease_ms, spec).await,
         }
     }
 
@@ -160,6 +161,31 @@ impl Backend {
             Backend::Cluster(b) => b.is_locked(key, keys).await,
             Backend::Redlock(b) => b.is_locked(key, keys).await,
             Backend::Sentinel(b) => b.is_locked(key, keys).await,
+        }
+    }
+
+    /// The lock's stored value and remaining lease, when anyone holds it.
+    pub(crate) async fn inspect(
+        &self,
+        key: &str,
+        keys: &LockKeys,
+    ) -> Result<Option<HeldLock>, CallError> {
+        match self {
+            Backend::Single(b) => b.inspect(key, keys).await,
+            Backend::Cluster(b) => b.inspect(key, keys).await,
+            Backend::Redlock(b) => b.inspect(key, keys).await,
+            Backend::Sentinel(b) => b.inspect(key, keys).await,
+        }
+    }
+
+    /// Names of the lock keys matching `pattern` (a `SCAN MATCH` pattern), on
+    /// every server that holds locks.
+    pub(crate) async fn scan_locks(&self, pattern: &str) -> Result<Vec<String>, CallError> {
+        match self {
+            Backend::Single(b) => b.scan_locks(pattern).await,
+            Backend::Cluster(b) => b.scan_locks(pattern).await,
+            Backend::Redlock(b) => b.scan_locks(pattern).await,
+            Backend::Sentinel(b) => b.scan_locks(pattern).await,
         }
     }
 

@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 use futures_util::future::join_all;
 use redis::RedisResult;
 
-use super::scripts::AcquireReply;
+use super::scripts::{AcquireReply, AcquireSpec, HeldLock};
 use super::single::Single;
 use super::{CallError, Renewal};
 use crate::config::{redact, Config, TlsSettings};
@@ -53,6 +53,8 @@ pub(crate) struct Redlock {
     quorum: usize,
     command_timeout: Duration,
     fence_retention_ms: u64,
+    /// The holder description written when a lock is re-created on a member.
+    holder: String,
 }
 
 /// What one member answered, or that it did not in time.
@@ -115,6 +117,7 @@ impl Redlock {
             command_timeout: config.command_timeout,
             fence_retention_ms: u64::try_from(config.fence_retention.as_millis())
                 .unwrap_or(u64::MAX),
+            holder: config.holder.clone(),
         })
     }
 
@@ -159,15 +162,13 @@ impl Redlock {
         keys: &LockKeys,
         owner: &str,
         lease_ms: u64,
-        fence_ttl_ms: u64,
+        spec: &AcquireSpec<'_>,
     ) -> Result<AcquireReply, CallError> {
         let started = Instant::now();
         let lease = Duration::from_millis(lease_ms);
         let timeout = self.member_timeout(lease_ms);
         let replies = self
-            .on_all(timeout, |m| {
-                m.acquire(key, keys, owner, lease_ms, fence_ttl_ms)
-            })
+            .on_all(timeout, |m| m.acquire(key, keys, owner, lease_ms, spec))
             .await;
         let mut granted = Vec::new();
         let mut busy = 0;
@@ -190,7 +191,7 @@ impl Redlock {
             let raised = join_all(granted.iter().map(|(i, _)| async move {
                 tokio::time::timeout(
                     timeout,
-                    self.members[*i].raise_fence(key, keys, owner, token, fence_ttl_ms),
+                    self.members[*i].raise_fence(key, keys, owner, token, spec.fence_ttl_ms),
                 )
                 .await
             }))
@@ -282,6 +283,55 @@ impl Redlock {
             return Ok(held >= self.quorum);
         }
         Err(first_error(key, replies, self.command_timeout))
+    }
+
+    /// The lock as a majority of the members hold it: the value of the owner
+    /// that holds it on a majority, with the shortest lease left among them.
+    /// `None` when no owner holds a majority, once a majority answered.
+    pub(crate) async fn inspect(
+        &self,
+        key: &str,
+        keys: &LockKeys,
+    ) -> Result<Option<HeldLock>, CallError> {
+        let replies = self
+            .on_all(self.command_timeout, |m| m.inspect(key, keys))
+            .await;
+        let answered = replies.iter().filter(|r| r.is_ok()).count();
+        let held: Vec<&HeldLock> = replies
+            .iter()
+            .filter_map(|r| r.as_ref().ok().and_then(Option::as_ref))
+            .collect();
+        for candidate in &held {
+            let owner = crate::info::owner_of(&candidate.value);
+            let same: Vec<&&HeldLock> = held
+                .iter()
+                .filter(|h| crate::info::owner_of(&h.value) == owner)
+                .collect();
+            if same.len() >= self.quorum {
+                let shortest = same
+                    .iter()
+                    .min_by_key(|h| if h.pttl < 0 { i64::MAX } else { h.pttl })
+                    .map_or(*candidate, |h| **h);
+                return Ok(Some(shortest.clone()));
+            }
+        }
+        if answered >= self.quorum {
+            return Ok(None);
+        }
+        Err(first_error(key, replies, self.command_timeout))
+    }
+
+    /// The lock names on any member that answered, once a majority answered.
+    pub(crate) async fn scan_locks(&self, pattern: &str) -> Result<Vec<String>, CallError> {
+        let replies = join_all(self.members.iter().map(|m| m.scan_locks(pattern))).await;
+        let answered = replies.iter().filter(|r| r.is_ok()).count();
+        if answered < self.quorum {
+            return Err(first_error("", replies, self.command_timeout));
+        }
+        let mut names: Vec<String> = replies.into_iter().flatten().flatten().collect();
+        names.sort_unstable();
+        names.dedup();
+        Ok(names)
     }
 
     /// True when any member said true, once a majority answered (or any said
@@ -401,17 +451,18 @@ impl Redlock {
     async fn reclaim(&self, leases: &[Arc<Lease>]) {
         for lease in leases.iter().filter(|lease| lease.is_held()) {
             let lease_ms = lease.lease_ms();
-            let fence_ttl_ms = lease_ms.saturating_add(self.fence_retention_ms);
+            // The member's record says the hold began now: the original time is
+            // on the other members.
+            let spec = AcquireSpec {
+                fence_ttl_ms: lease_ms.saturating_add(self.fence_retention_ms),
+                waiting: false,
+                since_ms: crate::info::now_ms(),
+                holder: &self.holder,
+            };
             let timeout = self.member_timeout(lease_ms);
             let reclaimed = self
                 .on_all(timeout, |m| {
-                    m.acquire(
-                        &lease.key,
-                        &lease.keys,
-                        &lease.owner,
-                        lease_ms,
-                        fence_ttl_ms,
-                    )
+                    m.acquire(&lease.key, &lease.keys, &lease.owner, lease_ms, &spec)
                 })
                 .await;
             tracing::debug!(target: "distlock::renewal",

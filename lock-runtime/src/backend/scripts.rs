@@ -26,6 +26,20 @@ pub(crate) enum AcquireReply {
     Busy { remaining: Option<Duration> },
 }
 
+/// What an acquire writes into the lock besides its owner token and lease.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AcquireSpec<'a> {
+    /// TTL of the fencing counter (lease + retention).
+    pub(crate) fence_ttl_ms: u64,
+    /// The caller listens for this lock's wake-ups: it marks the lock, so the
+    /// holder's release publishes one.
+    pub(crate) waiting: bool,
+    /// Acquisition time, client clock, milliseconds since the Unix epoch.
+    pub(crate) since_ms: u64,
+    /// The holder's description, for operators.
+    pub(crate) holder: &'a str,
+}
+
 /// One script: its source, for SCRIPT LOAD, and its SHA1, for EVALSHA.
 struct Lua {
     source: &'static str,
@@ -140,6 +154,40 @@ fn read_acquire(
     })
 }
 
+/// A lock as the inspect script read it: its value and its remaining lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct HeldLock {
+    /// `<owner><mark><token>:<since>:<holder>` (see acquire.lua).
+    pub(crate) value: String,
+    /// Milliseconds left; -1 when the key has no TTL.
+    pub(crate) pttl: i64,
+}
+
+fn read_inspect(reply: Vec<redis::Value>) -> RedisResult<Option<HeldLock>> {
+    match <[redis::Value; 2]>::try_from(reply) {
+        Ok([value, pttl]) => Ok(Some(HeldLock {
+            value: redis::from_redis_value(value)?,
+            pttl: redis::from_redis_value(pttl)?,
+        })),
+        Err(reply) if reply.is_empty() => Ok(None),
+        Err(_) => Err(out_of_sync("an inspect reply of the wrong length")),
+    }
+}
+
+/// One `SCAN` page of string keys matching `pattern`: the next cursor (0: done)
+/// and the names.
+pub(crate) fn scan_cmd(cursor: u64, pattern: &str) -> Cmd {
+    let mut cmd = redis::cmd("SCAN");
+    cmd.arg(cursor)
+        .arg("MATCH")
+        .arg(pattern)
+        .arg("COUNT")
+        .arg(1000)
+        .arg("TYPE")
+        .arg("string");
+    cmd
+}
+
 fn check_owner(echoed: &str, owner: &str) -> RedisResult<()> {
     if echoed == owner {
         Ok(())
@@ -188,6 +236,7 @@ pub(crate) struct Scripts {
     renew: Lua,
     raise_fence: Lua,
     force_unlock: Lua,
+    inspect: Lua,
 }
 
 impl Scripts {
@@ -198,6 +247,7 @@ impl Scripts {
             renew: Lua::new(include_str!("../scripts/renew.lua")),
             raise_fence: Lua::new(include_str!("../scripts/raise_fence.lua")),
             force_unlock: Lua::new(include_str!("../scripts/force_unlock.lua")),
+            inspect: Lua::new(include_str!("../scripts/inspect.lua")),
         }
     }
 
@@ -207,9 +257,9 @@ impl Scripts {
         keys: &LockKeys,
         owner: &str,
         lease_ms: u64,
-        fence_ttl_ms: u64,
+        spec: &AcquireSpec<'_>,
     ) -> RedisResult<AcquireReply> {
-        let cmd = self.acquire_cmd(keys, owner, lease_ms, fence_ttl_ms);
+        let cmd = self.acquire_cmd(keys, owner, lease_ms, spec);
         let reply: (i64, i64, String) = self.acquire.invoke(conn, &cmd).await?;
         read_acquire(reply, owner)
     }
@@ -224,12 +274,12 @@ impl Scripts {
         keys: &LockKeys,
         owner: &str,
         lease_ms: u64,
-        fence_ttl_ms: u64,
+        spec: &AcquireSpec<'_>,
         ack: &ReplicaAck,
     ) -> RedisResult<(AcquireReply, u32)> {
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
-        pipe.add_command(self.acquire_cmd(keys, owner, lease_ms, fence_ttl_ms));
+        pipe.add_command(self.acquire_cmd(keys, owner, lease_ms, spec));
         pipe.cmd("WAIT").arg(ack.replicas).arg(ack.timeout_ms());
         let mut replies: Vec<redis::Value> = pipe.query_async(conn).await?;
         if matches!(replies.first(), Some(redis::Value::ServerError(e)) if e.code() == "NOSCRIPT") {
@@ -244,11 +294,24 @@ impl Scripts {
         Ok((reply, u32::try_from(acked).unwrap_or(0)))
     }
 
-    fn acquire_cmd(&self, keys: &LockKeys, owner: &str, lease_ms: u64, fence_ttl_ms: u64) -> Cmd {
-        let mut cmd = self
-            .acquire
-            .call(&[&keys.lock, &keys.fence], 3, owner.len() + 40);
-        cmd.arg(owner).arg(lease_ms).arg(fence_ttl_ms);
+    fn acquire_cmd(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        lease_ms: u64,
+        spec: &AcquireSpec<'_>,
+    ) -> Cmd {
+        let mut cmd = self.acquire.call(
+            &[&keys.lock, &keys.fence],
+            6,
+            owner.len() + spec.holder.len() + 70,
+        );
+        cmd.arg(owner)
+            .arg(lease_ms)
+            .arg(spec.fence_ttl_ms)
+            .arg(if spec.waiting { "+" } else { "-" })
+            .arg(spec.since_ms)
+            .arg(spec.holder);
         cmd
     }
 
@@ -401,6 +464,20 @@ impl Scripts {
             .map(|pttl| pttl != -2)
     }
 
+    fn inspect_cmd(&self, keys: &LockKeys) -> Cmd {
+        self.inspect.call(&[&keys.lock], 0, 0)
+    }
+
+    /// The lock's value and remaining lease, when anyone holds it.
+    pub(crate) async fn inspect(
+        &self,
+        conn: &mut impl ConnectionLike,
+        keys: &LockKeys,
+    ) -> RedisResult<Option<HeldLock>> {
+        let reply: Vec<redis::Value> = self.inspect.invoke(conn, &self.inspect_cmd(keys)).await?;
+        read_inspect(reply)
+    }
+
     /// One renew script call, loading the script on NOSCRIPT.
     pub(crate) async fn invoke_renew(
         &self,
@@ -428,14 +505,20 @@ impl Scripts {
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         let mut steps = Vec::new();
-        for lua in [&self.acquire, &self.release, &self.renew] {
+        for lua in [&self.acquire, &self.release, &self.renew, &self.inspect] {
             pipe.cmd("SCRIPT").arg("LOAD").arg(lua.source);
             steps.push(ProbeStep::command("SCRIPT LOAD"));
         }
         // Without a counter the acquire reads the server's TIME.
         pipe.cmd("DEL").arg(&keys.fence);
         steps.push(ProbeStep::command("DEL"));
-        let acquire = self.acquire_cmd(keys, owner, lease_ms, lease_ms);
+        let spec = AcquireSpec {
+            fence_ttl_ms: lease_ms,
+            waiting: false,
+            since_ms: 0,
+            holder: "distlock start-up probe",
+        };
+        let acquire = self.acquire_cmd(keys, owner, lease_ms, &spec);
         pipe.add_command(acquire.clone());
         steps.push(ProbeStep::script("the acquire script", &self.acquire));
         pipe.add_command(acquire);
@@ -444,11 +527,17 @@ impl Scripts {
             &self.acquire,
         ));
         let other = crate::config::owner_token();
-        pipe.add_command(self.acquire_cmd(keys, &other, lease_ms, lease_ms));
+        let waiting = AcquireSpec {
+            waiting: true,
+            ..spec
+        };
+        pipe.add_command(self.acquire_cmd(keys, &other, lease_ms, &waiting));
         steps.push(ProbeStep::script(
-            "the acquire script (busy)",
+            "the acquire script (busy, marking the lock as waited for)",
             &self.acquire,
         ));
+        pipe.add_command(self.inspect_cmd(keys));
+        steps.push(ProbeStep::script("the inspect script", &self.inspect));
         pipe.add_command(self.renew_cmd(&keys.lock, owner, lease_ms));
         steps.push(ProbeStep::script("the renew script", &self.renew));
         pipe.add_command(self.release_cmd(keys, owner));

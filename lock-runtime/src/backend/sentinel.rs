@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind};
 
-use super::scripts::AcquireReply;
+use super::scripts::{AcquireReply, AcquireSpec, HeldLock};
 use super::single::Single;
 use super::{CallError, Renewal};
 use crate::config::{redact_all, Config, TlsSettings};
@@ -146,18 +146,15 @@ impl Sentinel {
         keys: &LockKeys,
         owner: &str,
         lease_ms: u64,
-        fence_ttl_ms: u64,
+        spec: &AcquireSpec<'_>,
     ) -> Result<AcquireReply, CallError> {
         let master = self.current();
-        match master
-            .acquire(key, keys, owner, lease_ms, fence_ttl_ms)
-            .await
-        {
+        match master.acquire(key, keys, owner, lease_ms, spec).await {
             // The same owner token: a retry finds the lock ours if the first
             // attempt took it after all.
             Err(e) if failover_suspected(&e) && self.rediscover(&master).await => {
                 self.current()
-                    .acquire(key, keys, owner, lease_ms, fence_ttl_ms)
+                    .acquire(key, keys, owner, lease_ms, spec)
                     .await
             }
             other => other,
@@ -199,6 +196,30 @@ impl Sentinel {
         match master.is_locked(key, keys).await {
             Err(e) if failover_suspected(&e) && self.rediscover(&master).await => {
                 self.current().is_locked(key, keys).await
+            }
+            other => other,
+        }
+    }
+
+    pub(crate) async fn inspect(
+        &self,
+        key: &str,
+        keys: &LockKeys,
+    ) -> Result<Option<HeldLock>, CallError> {
+        let master = self.current();
+        match master.inspect(key, keys).await {
+            Err(e) if failover_suspected(&e) && self.rediscover(&master).await => {
+                self.current().inspect(key, keys).await
+            }
+            other => other,
+        }
+    }
+
+    pub(crate) async fn scan_locks(&self, pattern: &str) -> Result<Vec<String>, CallError> {
+        let master = self.current();
+        match master.scan_locks(pattern).await {
+            Err(e) if failover_suspected(&e) && self.rediscover(&master).await => {
+                self.current().scan_locks(pattern).await
             }
             other => other,
         }

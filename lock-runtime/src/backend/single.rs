@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::RedisResult;
 
-use super::scripts::{self, AcquireReply, Scripts};
+use super::scripts::{self, AcquireReply, AcquireSpec, HeldLock, Scripts};
 use super::{bounded_call, read_renewals, CallError, Renewal};
 use crate::config::{redact, Config, ReplicaAck, TlsSettings};
 use crate::error::LockError;
@@ -201,7 +201,7 @@ impl Single {
         keys: &LockKeys,
         owner: &str,
         lease_ms: u64,
-        fence_ttl_ms: u64,
+        spec: &AcquireSpec<'_>,
     ) -> Result<AcquireReply, CallError> {
         let conn = self.connection();
         let mut redis = conn.redis;
@@ -211,7 +211,7 @@ impl Single {
                     key,
                     conn.generation,
                     self.scripts
-                        .acquire(&mut redis, keys, owner, lease_ms, fence_ttl_ms),
+                        .acquire(&mut redis, keys, owner, lease_ms, spec),
                 )
                 .await;
         };
@@ -220,7 +220,7 @@ impl Single {
             key,
             self.command_timeout + ack.timeout,
             self.scripts
-                .acquire_acked(&mut redis, keys, owner, lease_ms, fence_ttl_ms, &ack),
+                .acquire_acked(&mut redis, keys, owner, lease_ms, spec, &ack),
         )
         .await;
         let (reply, acked) = match acked {
@@ -299,6 +299,39 @@ impl Single {
             self.scripts.is_locked(&mut redis, keys),
         )
         .await
+    }
+
+    pub(crate) async fn inspect(
+        &self,
+        key: &str,
+        keys: &LockKeys,
+    ) -> Result<Option<HeldLock>, CallError> {
+        let conn = self.connection();
+        let mut redis = conn.redis;
+        self.call(key, conn.generation, self.scripts.inspect(&mut redis, keys))
+            .await
+    }
+
+    /// Names of the lock keys matching `pattern` (a `SCAN MATCH` pattern).
+    pub(crate) async fn scan_locks(&self, pattern: &str) -> Result<Vec<String>, CallError> {
+        let mut names = Vec::new();
+        let mut cursor = 0;
+        loop {
+            let conn = self.connection();
+            let mut redis = conn.redis;
+            let (next, page): (u64, Vec<String>) = self
+                .call(
+                    "",
+                    conn.generation,
+                    scripts::scan_cmd(cursor, pattern).query_async(&mut redis),
+                )
+                .await?;
+            names.extend(page);
+            if next == 0 {
+                return Ok(names);
+            }
+            cursor = next;
+        }
     }
 
     pub(crate) async fn release_many(

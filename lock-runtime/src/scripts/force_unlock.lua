@@ -1,6 +1,6 @@
 -- Free a lock whoever holds it (an operator's force-unlock), and wake its waiters.
 --
--- KEYS[1]  lock hash {owner token -> fencing token}
+-- KEYS[1]  lock: "<owner><mark><token>:<since>:<holder>" (see acquire.lua)
 -- ARGV[1]  wake-up channel of the lock
 -- ARGV[2]  a fresh random token, published as the wake-up's payload (a Redlock
 --          manager hears one release from every member and wakes one waiter per

@@ -3,7 +3,7 @@
 -- granting member, so that any later majority, which shares a member with this
 -- one, issues a larger token.
 --
--- KEYS[1]  lock hash {owner token -> fencing token}
+-- KEYS[1]  lock: "<owner><mark><token>:<since>:<holder>" (see acquire.lua)
 -- KEYS[2]  fencing counter
 -- ARGV[1]  owner token
 -- ARGV[2]  the token chosen (an integer of at most 2^53)
@@ -21,8 +21,12 @@ local last = tonumber(redis.call('GET', KEYS[2]) or '0')
 if last < chosen then
   redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
 end
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
-  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+local held = redis.call('GET', KEYS[1])
+local owner_len = string.len(ARGV[1])
+if held and string.sub(held, 1, owner_len) == ARGV[1] then
+  local rest = string.match(held, '^%d+(:.*)$', owner_len + 2)
+  local value = string.sub(held, 1, owner_len + 1) .. ARGV[2] .. rest
+  redis.call('SET', KEYS[1], value, 'XX', 'KEEPTTL')
   return {1, ARGV[1]}
 end
 return {0, ARGV[1]}

@@ -1,6 +1,6 @@
 -- Reset the lease of a lock if it is still ours.
 --
--- KEYS[1]  lock hash {owner token -> fencing token}
+-- KEYS[1]  lock: "<owner><mark><token>:<since>:<holder>" (see acquire.lua)
 -- ARGV[1]  owner token
 -- ARGV[2]  lease in milliseconds
 --
@@ -10,7 +10,8 @@
 --
 -- `owner` echoes ARGV[1], so the client can tell that a reply is the one to its
 -- own request.
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
+local held = redis.call('GET', KEYS[1])
+if held and string.sub(held, 1, string.len(ARGV[1])) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1, ARGV[1]}
 end
