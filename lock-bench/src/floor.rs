@@ -270,12 +270,20 @@ impl Floor {
         Ok((Subscription(task), rx))
     }
 
-    pub async fn try_acquire(&self, names: &Names, owner: &str, lease_ms: u64) -> Result<Attempt> {
+    /// One acquire script; `waiting` when this client listens for the lock's
+    /// wake-ups (it marks the lock, so the holder's release publishes one).
+    pub async fn try_acquire(
+        &self,
+        names: &Names,
+        owner: &str,
+        lease_ms: u64,
+        waiting: bool,
+    ) -> Result<Attempt> {
         let mut conn = self.conn.clone();
         // The scripts echo the owner token (the runtime checks it; the floor,
         // doing the least, only reads past it).
         let (status, value, _owner): (i64, i64, String) =
-            same_scripts::acquire(&self.scripts.0, names, owner, lease_ms)
+            same_scripts::acquire(&self.scripts.0, names, owner, lease_ms, waiting)
                 .invoke_async(&mut conn)
                 .await
                 .map_err(context("floor: acquire"))?;
@@ -290,13 +298,15 @@ impl Floor {
     /// Needs [`Floor::subscribe`] to cover `names.channel` for prompt wake-ups.
     pub async fn acquire(&self, names: &Names, owner: &str, lease_ms: u64) -> Result<()> {
         let notify = self.wakeups.notify(&names.channel);
+        let mut waiting = false;
         loop {
             // Listen before the attempt, so a release between the two still wakes us.
             let mut woken = pin!(notify.notified());
             woken.as_mut().enable();
-            match self.try_acquire(names, owner, lease_ms).await? {
+            match self.try_acquire(names, owner, lease_ms, waiting).await? {
                 Attempt::Acquired => return Ok(()),
                 Attempt::Busy(pttl) => {
+                    waiting = true;
                     let nap = Duration::from_millis(u64::try_from(pttl).unwrap_or(50).clamp(1, 50));
                     tokio::select! {
                         _ = woken => {}
@@ -355,19 +365,28 @@ impl Floor {
 pub mod same_scripts {
     use super::{Names, Script, ScriptInvocation, FENCE_RETENTION_MS};
 
-    /// `acquire.lua`: KEYS lock, fence; ARGV owner, lease ms, fence TTL ms.
+    /// `acquire.lua`: KEYS lock, fence; ARGV owner, lease ms, fence TTL ms,
+    /// waiting mark, acquisition time (ms), holder description.
     pub fn acquire<'a>(
         script: &'a Script,
         names: &Names,
         owner: &str,
         lease_ms: u64,
+        waiting: bool,
     ) -> ScriptInvocation<'a> {
+        let since_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
         let mut inv = script.key(&names.lock);
         inv.key(&names.fence)
             .arg(owner)
             .arg(lease_ms)
             // The fencing counter's TTL: lease + the runtime's default retention.
-            .arg(lease_ms + FENCE_RETENTION_MS);
+            .arg(lease_ms + FENCE_RETENTION_MS)
+            .arg(if waiting { "+" } else { "-" })
+            .arg(since_ms)
+            // About as long as the runtime's default (`<host> pid <pid> <program>`).
+            .arg("bench-host pid 12345 lock-bench");
         inv
     }
 

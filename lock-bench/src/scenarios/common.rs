@@ -226,7 +226,7 @@ impl Cycler {
                 let owner = owner_token(rng);
                 // No one else uses this key: one attempt, as a hand-written
                 // client would make.
-                match floor.try_acquire(names, &owner, LEASE_MS).await? {
+                match floor.try_acquire(names, &owner, LEASE_MS, false).await? {
                     Attempt::Acquired => {}
                     Attempt::Busy(_) => bail!("floor: the uncontended key {} was busy", names.lock),
                 }

@@ -250,7 +250,9 @@ async fn floor_round(env: &Env, duration: Duration) -> Result<Round> {
                 first = false;
                 let owner = owner_token(&mut rng);
                 loop {
-                    match floor.try_acquire(&names, &owner, LEASE_MS).await? {
+                    // The other client waits for this hold's release: it is
+                    // marked, as a woken distlock waiter marks its own hold.
+                    match floor.try_acquire(&names, &owner, LEASE_MS, true).await? {
                         Attempt::Acquired => break,
                         Attempt::Busy(_) => {
                             s.busy += 1;

@@ -107,7 +107,7 @@ async fn floor_row(env: &Env, p: &Params) -> Result<Row> {
             for i in (t..n).step_by(TASKS) {
                 let names = Names::new("floor:", &format!("renew:{i}"));
                 let owner = owner_token(&mut rng);
-                match floor.try_acquire(&names, &owner, lease_ms).await? {
+                match floor.try_acquire(&names, &owner, lease_ms, false).await? {
                     Attempt::Acquired => held.push((names, owner)),
                     Attempt::Busy(_) => bail!("floor: renew:{i} was busy"),
                 }
