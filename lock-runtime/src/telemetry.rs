@@ -1,19 +1,19 @@
 //! Metrics (feature `metrics`, on the `metrics` facade crate): what a lock
 //! manager reports, in one place. Without the feature every function is empty.
 //!
-//! | name | kind | meaning |
-//! |---|---|---|
-//! | `distlock_acquired_total` | counter | acquisitions granted (re-entries not counted) |
-//! | `distlock_busy_total` | counter | `try_acquire` attempts that found the lock held |
-//! | `distlock_timeouts_total` | counter | acquisitions that waited their whole `wait` |
-//! | `distlock_lost_total` | counter | leases lost while held |
-//! | `distlock_released_total` | counter | holds released (by `release()` or drop) |
-//! | `distlock_force_unlocked_total` | counter | locks freed by `force_unlock` |
-//! | `distlock_wait_seconds` | histogram | how long granted acquisitions waited |
-//! | `distlock_hold_seconds` | histogram | from grant to release |
-//! | `distlock_renewal_lag_seconds` | histogram | how late each renewal was sent against its due time |
-//! | `distlock_round_trip_seconds` | histogram | one acquire call to Redis |
-//! | `distlock_held_locks` | gauge | locks held by the process's managers |
+//! | name | kind | meaning | `lock` label |
+//! |---|---|---|---|
+//! | `distlock_acquired_total` | counter | acquisitions granted (re-entries not counted) | yes |
+//! | `distlock_busy_total` | counter | `try_acquire` attempts that found the lock held | yes |
+//! | `distlock_timeouts_total` | counter | acquisitions that waited their whole `wait` | yes |
+//! | `distlock_lost_total` | counter | leases lost while held | yes |
+//! | `distlock_released_total` | counter | holds released (by `release()` or drop) | yes |
+//! | `distlock_force_unlocked_total` | counter | locks freed by `force_unlock` | no |
+//! | `distlock_wait_seconds` | histogram | how long granted acquisitions waited | yes |
+//! | `distlock_hold_seconds` | histogram | from grant to release | yes |
+//! | `distlock_renewal_lag_seconds` | histogram | how late each renewal was sent against its due time | no |
+//! | `distlock_round_trip_seconds` | histogram | one acquire call to Redis | no |
+//! | `distlock_held_locks` | gauge | locks held by the process's managers | yes |
 //!
 //! No label carries a lock key, so the number of series stays bounded however
 //! many keys are locked. A request given a
