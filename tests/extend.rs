@@ -3,10 +3,11 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
-use distlock::LockError;
+use distlock::{distributed_lock, LockError, LockManager};
 
 #[tokio::test]
 async fn extend_replaces_the_ttl_and_renewals_keep_the_new_length() {
@@ -122,4 +123,43 @@ async fn max_hold_ends_a_hold_that_lasts_too_long() {
         matches!(refused, LockError::InvalidConfig(_)),
         "{refused:?}"
     );
+}
+
+/// Renewed past its 300 ms lease, but never past 600 ms from the grant.
+#[distributed_lock(key = "capped:{id}", lease = "300ms", max_hold = "600ms", manager = m)]
+async fn stuck_body(m: &LockManager, id: u32, finished: &AtomicBool) -> Result<(), LockError> {
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    finished.store(true, Ordering::SeqCst);
+    Ok(())
+}
+
+#[tokio::test]
+async fn max_hold_from_the_attribute_stops_a_stuck_body() {
+    let redis = server();
+    let m = manager(&redis).await;
+    let other = manager(&redis).await;
+    let finished = AtomicBool::new(false);
+    let started = Instant::now();
+    let outcome = stuck_body(&m, 1, &finished).await;
+    let stopped_after = started.elapsed();
+    assert!(
+        matches!(outcome, Err(LockError::Lost { ref key }) if key == "capped:1"),
+        "{outcome:?}"
+    );
+    assert!(!finished.load(Ordering::SeqCst), "the body was stopped");
+    // Renewed beyond the first lease (300 ms), ended at max_hold (600 ms).
+    assert!(
+        stopped_after >= Duration::from_millis(550) && stopped_after < Duration::from_millis(1_000),
+        "{stopped_after:?}"
+    );
+    // The lock is free again within a lease of that (the release may even
+    // have deleted it already).
+    let next = other
+        .lock("capped:1")
+        .wait(Duration::from_secs(2))
+        .acquire()
+        .await
+        .unwrap();
+    assert!(started.elapsed() < Duration::from_millis(600 + 300 + 200));
+    next.release().await.unwrap();
 }

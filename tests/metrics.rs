@@ -1,6 +1,7 @@
 //! Feature `metrics`: a debugging recorder sees the right counts for a scripted
 //! scenario (a grant, a busy attempt, a timeout, a loss, a force-unlock, releases) and the
-//! histograms and gauge move with them. Run with
+//! histograms and gauge move with them; a `#[distributed_lock]` function's
+//! metrics carry its key template as the `lock` label. Run with
 //! `cargo test -p distlock --features metrics --test metrics`.
 
 mod common;
@@ -9,7 +10,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use common::*;
-use distlock::LockError;
+use distlock::{distributed_lock, LockError, LockManager};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
 #[test]
@@ -181,4 +182,110 @@ fn renewals_report_their_lag() {
     // Renewed every 50 ms for 400 ms, each on time give or take the scheduler.
     assert!(lags.len() >= 4, "{lags:?}");
     assert!(lags.iter().all(|lag| *lag < 0.05), "{lags:?}");
+}
+
+#[distributed_lock(key = "order:{order_id}", wait = "0s", manager = m)]
+async fn ship(m: &LockManager, order_id: u64) -> Result<(), LockError> {
+    let _ = order_id;
+    Ok(())
+}
+
+#[distributed_lock(key = "capped", lease = "100ms", max_hold = "150ms", manager = m)]
+async fn stuck(m: &LockManager) -> Result<(), LockError> {
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    Ok(())
+}
+
+#[test]
+fn a_locked_function_labels_its_metrics_with_the_key_template() {
+    let redis = server();
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let m = manager(&redis).await;
+            // Two keys of one template: one series.
+            ship(&m, 1).await.unwrap();
+            ship(&m, 2).await.unwrap();
+            // Held by a manual request (unlabelled): the function times out.
+            let held = m.lock("order:9").acquire().await.unwrap();
+            assert!(matches!(ship(&m, 9).await, Err(LockError::Timeout { .. })));
+            held.release().await.unwrap();
+            // A manual request with a label of its own.
+            m.lock("nightly:2026-11-23")
+                .metrics_label("nightly")
+                .acquire()
+                .await
+                .unwrap()
+                .release()
+                .await
+                .unwrap();
+            // A hold ended by max_hold is lost under its template.
+            assert!(matches!(stuck(&m).await, Err(LockError::Lost { .. })));
+        });
+    });
+
+    // (name, lock label) -> counter value, number of histogram samples, or gauge value.
+    let mut seen: HashMap<(String, Option<String>), f64> = HashMap::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let key = key.key();
+        let labels: Vec<_> = key.labels().collect();
+        assert!(
+            labels.iter().all(|l| l.key() == "lock"),
+            "only the lock label: {key:?}"
+        );
+        let lock = labels.first().map(|l| l.value().to_owned());
+        if let Some(lock) = &lock {
+            // Templates and fixed names, never a formatted key.
+            assert!(
+                ["order:{order_id}", "capped", "nightly"].contains(&lock.as_str()),
+                "{key:?}"
+            );
+        }
+        let v = match value {
+            DebugValue::Counter(n) => n as f64,
+            DebugValue::Histogram(values) => values.len() as f64,
+            DebugValue::Gauge(v) => v.into_inner(),
+        };
+        seen.insert((key.name().to_owned(), lock), v);
+    }
+    let get = |name: &str, lock: Option<&str>| {
+        seen.get(&(name.to_owned(), lock.map(str::to_owned)))
+            .copied()
+    };
+    let order = Some("order:{order_id}");
+    assert_eq!(get("distlock_acquired_total", order), Some(2.0), "{seen:?}");
+    assert_eq!(get("distlock_released_total", order), Some(2.0), "{seen:?}");
+    assert_eq!(get("distlock_wait_seconds", order), Some(2.0), "{seen:?}");
+    assert_eq!(get("distlock_hold_seconds", order), Some(2.0), "{seen:?}");
+    assert_eq!(get("distlock_held_locks", order), Some(0.0), "{seen:?}");
+    assert_eq!(get("distlock_timeouts_total", order), Some(1.0), "{seen:?}");
+    // The manual request without a label: the same metrics, unlabelled.
+    assert_eq!(get("distlock_acquired_total", None), Some(1.0), "{seen:?}");
+    assert_eq!(get("distlock_released_total", None), Some(1.0), "{seen:?}");
+    assert_eq!(get("distlock_held_locks", None), Some(0.0), "{seen:?}");
+    assert_eq!(get("distlock_timeouts_total", None), None, "{seen:?}");
+    // A label set by hand.
+    assert_eq!(get("distlock_acquired_total", Some("nightly")), Some(1.0));
+    assert_eq!(get("distlock_released_total", Some("nightly")), Some(1.0));
+    // Lost by max_hold, then released (the release reports the loss).
+    assert_eq!(
+        get("distlock_lost_total", Some("capped")),
+        Some(1.0),
+        "{seen:?}"
+    );
+    assert_eq!(get("distlock_released_total", Some("capped")), Some(1.0));
+    assert_eq!(get("distlock_held_locks", Some("capped")), Some(0.0));
+    assert_eq!(get("distlock_lost_total", None), None, "{seen:?}");
+    // The connection's histograms stay unlabelled.
+    assert!(get("distlock_round_trip_seconds", None).is_some_and(|n| n >= 6.0));
+    assert!(seen
+        .keys()
+        .filter(|(name, _)| name == "distlock_round_trip_seconds"
+            || name == "distlock_renewal_lag_seconds")
+        .all(|(_, lock)| lock.is_none()));
 }

@@ -14,7 +14,7 @@ use crate::template::Template;
 
 /// Every option the attribute knows, in documentation order.
 pub(crate) const OPTIONS: &[&str] = &[
-    "key", "lease", "wait", "renew", "manager", "guard", "on_lost", "crate",
+    "key", "lease", "wait", "max_hold", "renew", "manager", "guard", "on_lost", "crate",
 ];
 
 /// Names people reach for that mean one of ours.
@@ -25,6 +25,12 @@ const ALIASES: &[(&str, &str)] = &[
     ("expiry", "lease"),
     ("timeout", "wait"),
     ("wait_timeout", "wait"),
+    ("max_duration", "max_hold"),
+    ("max_hold_time", "max_hold"),
+    ("max_time", "max_hold"),
+    ("hold_at_most", "max_hold"),
+    ("hold_timeout", "max_hold"),
+    ("hold_limit", "max_hold"),
     ("auto_renew", "renew"),
     ("watchdog", "renew"),
     ("client", "manager"),
@@ -36,7 +42,7 @@ struct RawArg {
     value: Expr,
 }
 
-/// A `lease`/`wait` value.
+/// A `lease`/`wait`/`max_hold` value.
 pub(crate) enum DurationArg {
     /// A literal checked at compile time.
     Literal { value: Duration, span: Span },
@@ -60,6 +66,7 @@ pub(crate) struct Options {
     pub(crate) key: Option<(LitStr, Template)>,
     pub(crate) lease: Option<DurationArg>,
     pub(crate) wait: Option<DurationArg>,
+    pub(crate) max_hold: Option<DurationArg>,
     pub(crate) renew: Option<syn::LitBool>,
     pub(crate) manager: Option<Expr>,
     pub(crate) guard: Option<Ident>,
@@ -121,6 +128,9 @@ impl Options {
                 },
                 "lease" => opts.lease = duration_arg(DurationKind::Lease, value, errors),
                 "wait" => opts.wait = duration_arg(DurationKind::Wait, value, errors),
+                "max_hold" => {
+                    opts.max_hold = duration_arg(DurationKind::MaxHold, value, errors);
+                }
                 "renew" => match &value {
                     Expr::Lit(ExprLit {
                         lit: Lit::Bool(b), ..
@@ -228,6 +238,7 @@ fn parse_raw(input: ParseStream) -> syn::Result<(Vec<RawArg>, Vec<syn::Error>)> 
                 "key" => "key = \"order:{order_id}\"".to_owned(),
                 "lease" => "lease = \"30s\"".to_owned(),
                 "wait" => "wait = \"5s\"".to_owned(),
+                "max_hold" => "max_hold = \"10m\"".to_owned(),
                 _ => format!("{n} = ..."),
             };
             let msg = if OPTIONS.contains(&n.as_str()) {
@@ -400,13 +411,23 @@ mod tests {
             unknown_option_message("timeout"),
             "unknown option `timeout`; did you mean `wait`?"
         );
-        assert!(unknown_option_message("frobnicate").contains("`key`, `lease`, `wait`"));
+        assert!(unknown_option_message("frobnicate").contains("`key`, `lease`, `wait`, `max_hold`"));
+        for alias in ["max_duration", "hold_at_most", "max_hold_time"] {
+            assert_eq!(
+                unknown_option_message(alias),
+                format!("unknown option `{alias}`; did you mean `max_hold`?")
+            );
+        }
+        assert_eq!(
+            unknown_option_message("maxhold"),
+            "unknown option `maxhold`; did you mean `max_hold`?"
+        );
     }
 
     #[test]
     fn full_option_set() {
         let (o, e) = parse(quote! {
-            key = "order:{id}", lease = "30s", wait = "0s", renew = false,
+            key = "order:{id}", lease = "30s", wait = "0s", max_hold = "10m", renew = false,
             manager = self.locks, guard = lock, on_lost = "ignore", crate = "::my_locks"
         });
         assert!(e.is_empty(), "{e:?}");
@@ -415,6 +436,9 @@ mod tests {
             matches!(o.lease, Some(DurationArg::Literal { value, .. }) if value == Duration::from_secs(30))
         );
         assert!(matches!(o.wait, Some(DurationArg::Literal { value, .. }) if value.is_zero()));
+        assert!(
+            matches!(o.max_hold, Some(DurationArg::Literal { value, .. }) if value == Duration::from_secs(600))
+        );
         assert!(!o.renew.unwrap().value);
         assert!(o.manager.is_some());
         assert_eq!(o.guard.unwrap().to_string(), "lock");
@@ -425,9 +449,12 @@ mod tests {
 
     #[test]
     fn duration_expressions() {
-        let (o, e) = parse(quote! { key = "k", lease = Duration::from_secs(5), wait = self.wait });
+        let (o, e) = parse(
+            quote! { key = "k", lease = Duration::from_secs(5), wait = self.wait, max_hold = MAX },
+        );
         assert!(e.is_empty(), "{e:?}");
         assert!(matches!(o.lease, Some(DurationArg::Expr(_))));
+        assert!(matches!(o.max_hold, Some(DurationArg::Expr(_))));
         assert!(matches!(o.wait, Some(DurationArg::Expr(_))));
     }
 
@@ -444,6 +471,26 @@ mod tests {
         assert!(e[4].contains("unknown `on_lost` value \"stop\""));
         assert!(e[5].contains("`guard` takes an identifier"));
         assert!(e[6].contains("duplicate option `key`"));
+    }
+
+    #[test]
+    fn max_hold_errors_with_the_others() {
+        let (o, e) = parse(quote! {
+            key = "k", lease = "0s", max_hold = "0s", wait = "soon"
+        });
+        assert_eq!(e.len(), 3, "{e:?}");
+        assert!(e[0].contains("`lease` must be longer than zero"));
+        assert!(e[1].contains("`max_hold` must be longer than zero"));
+        assert!(e[2].contains("invalid `wait` duration"));
+        assert!(o.max_hold.is_none());
+        // Shorter than the lease is fine: it only caps the hold.
+        let (o, e) = parse(quote! { key = "k", lease = "30s", max_hold = "5s" });
+        assert!(e.is_empty(), "{e:?}");
+        assert!(o.max_hold.is_some());
+        let (_, e) = parse(quote! { key = "k", max_hold = 10 });
+        assert!(e[0].contains("`max_hold` needs a unit"), "{e:?}");
+        let (_, e) = parse(quote! { key = "k", max_hold });
+        assert!(e[0].contains("e.g. `max_hold = \"10m\"`"), "{e:?}");
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! Compile-time checks of `lease = "30s"` / `wait = "5s"` literals.
+//! Compile-time checks of `lease = "30s"` / `wait = "5s"` / `max_hold = "10m"` literals.
 
 use std::time::Duration;
 
@@ -9,6 +9,9 @@ pub(crate) enum DurationKind {
     Lease,
     /// How long acquisition may wait. Zero means one attempt.
     Wait,
+    /// The longest the lock may be held. Above zero; shorter than the lease
+    /// is allowed (it only caps the hold).
+    MaxHold,
 }
 
 impl DurationKind {
@@ -16,6 +19,7 @@ impl DurationKind {
         match self {
             DurationKind::Lease => "lease",
             DurationKind::Wait => "wait",
+            DurationKind::MaxHold => "max_hold",
         }
     }
 }
@@ -46,6 +50,10 @@ pub(crate) fn parse(kind: DurationKind, src: &str) -> Result<Duration, String> {
                 humantime::format_duration(MIN_LEASE)
             )),
             DurationKind::Wait => Ok(d),
+            DurationKind::MaxHold => Err(format!(
+                "`max_hold` must be longer than zero (\"{src}\"): a zero limit would end the hold \
+                 at once; leave `max_hold` out for no limit"
+            )),
         };
     }
     if d < Duration::from_millis(1) {
@@ -125,6 +133,27 @@ mod tests {
             parse(DurationKind::Wait, "2ms").unwrap(),
             Duration::from_millis(2)
         );
+    }
+
+    #[test]
+    fn max_hold_is_above_zero_and_may_be_below_the_shortest_lease() {
+        let e = parse(DurationKind::MaxHold, "0s").unwrap_err();
+        assert!(
+            e.starts_with("`max_hold` must be longer than zero (\"0s\")"),
+            "{e}"
+        );
+        assert_eq!(
+            parse(DurationKind::MaxHold, "10m").unwrap(),
+            Duration::from_secs(600)
+        );
+        assert_eq!(
+            parse(DurationKind::MaxHold, "2ms").unwrap(),
+            Duration::from_millis(2)
+        );
+        let e = parse(DurationKind::MaxHold, "soon").unwrap_err();
+        assert!(e.starts_with("invalid `max_hold` duration"), "{e}");
+        let e = parse(DurationKind::MaxHold, "31days").unwrap_err();
+        assert!(e.contains("too long"), "{e}");
     }
 
     #[test]

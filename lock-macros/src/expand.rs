@@ -124,7 +124,11 @@ fn generate(func: &mut ItemFn, shape: &Shape, opts: &Options) -> TokenStream {
     // is reported on the expression as a plain "expected `Duration`".
     let mut duration_lets = TokenStream::new();
     let mut builder = quote_spanned!(ms=> #krate::LockManager::lock(#manager, #key));
-    for (method, arg) in [("lease", &opts.lease), ("wait", &opts.wait)] {
+    for (method, arg) in [
+        ("lease", &opts.lease),
+        ("wait", &opts.wait),
+        ("max_hold", &opts.max_hold),
+    ] {
         let Some(arg) = arg else { continue };
         let method = Ident::new(method, ms);
         let value = match arg {
@@ -141,6 +145,10 @@ fn generate(func: &mut ItemFn, shape: &Shape, opts: &Options) -> TokenStream {
     if let Some(renew) = &opts.renew {
         builder = quote_spanned!(ms=> #builder.renew(#renew));
     }
+    // The template as written is bounded (one per attribute), so it labels
+    // the lock's metrics; the formatted key never does.
+    let label = LitStr::new(&key_lit.value(), ms);
+    builder = quote_spanned!(ms=> #builder.metrics_label(#label));
 
     // `Result<LockRequest, LockError>`: the manager is only needed to make the
     // request, so it is dropped before acquisition awaits.
@@ -402,6 +410,7 @@ mod tests {
                 key = "order:{order_id}",
                 lease = "30s",
                 wait = "0s",
+                max_hold = "10m",
                 renew = false
             ),
             quote!(
@@ -417,7 +426,8 @@ mod tests {
             ":: std :: format ! (\"order:{}\" , order_id)",
             ". lease (:: core :: time :: Duration :: from_millis (30000))",
             ". wait (:: core :: time :: Duration :: from_millis (0))",
-            ". renew (false)",
+            ". max_hold (:: core :: time :: Duration :: from_millis (600000))",
+            ". renew (false) . metrics_label (\"order:{order_id}\")",
             ":: distlock :: LockRequest :: acquire (distlock_request) . await",
             ":: distlock :: LockGuard :: scope_until_lost (& distlock_guard , async move",
             ":: core :: option :: Option :: None :: < Result < u32 , MyError > >",
@@ -441,6 +451,11 @@ mod tests {
         );
         assert!(
             out.contains("LockManager :: lock (distlock_manager , \"jobs:{nightly}\")"),
+            "{out}"
+        );
+        // The label is the template as written.
+        assert!(
+            out.contains(". metrics_label (\"jobs:{{nightly}}\")"),
             "{out}"
         );
         assert!(!out.contains("format"), "{out}");

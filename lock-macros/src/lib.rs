@@ -41,7 +41,9 @@
 //!                     distlock_manager,
 //!                     ::std::format!("order:{}", order_id),
 //!                 )
-//!                 .lease(::core::time::Duration::from_millis(30000)),
+//!                 .lease(::core::time::Duration::from_millis(30000))
+//!                 // The template as written: a bounded label for the metrics.
+//!                 .metrics_label("order:{order_id}"),
 //!             )
 //!         }
 //!         ::core::result::Result::Err(distlock_error) => ::core::result::Result::Err(distlock_error),

@@ -107,7 +107,7 @@ impl ManagerInner {
         let leases = core.renewals.close();
         for lease in &leases {
             lease.end_by_shutdown();
-            crate::telemetry::released(|| lease.granted_at.elapsed());
+            crate::telemetry::released(lease.metrics_label, || lease.granted_at.elapsed());
         }
         core.subscriber.wake_everyone();
         for task in &self.tasks {

@@ -206,7 +206,7 @@ impl LockGuard {
             // The shutdown released the lock already (or its lease will).
             return Err(self.lost_error());
         }
-        crate::telemetry::released(|| lease.granted_at.elapsed());
+        crate::telemetry::released(lease.metrics_label, || lease.granted_at.elapsed());
         // From here on nobody else will release: if this future is dropped before
         // the reply, the queued script may never be sent (or a NOSCRIPT retry may
         // be cut short), so hand the release to the background.
@@ -291,7 +291,7 @@ impl Drop for LockGuard {
         if core.is_shut_down() {
             return;
         }
-        crate::telemetry::released(|| self.lease.granted_at.elapsed());
+        crate::telemetry::released(self.lease.metrics_label, || self.lease.granted_at.elapsed());
         release_in_background(
             core,
             self.lease.key.clone(),

@@ -32,6 +32,8 @@ pub(crate) struct Lease {
     /// The lease in milliseconds; `LockGuard::extend` may change it.
     lease_ms: AtomicU64,
     pub(crate) renew: bool,
+    /// The request's `metrics_label`, for the metrics of this hold.
+    pub(crate) metrics_label: Option<&'static str>,
     /// When the acquisition that granted it was sent.
     pub(crate) granted_at: Instant,
     /// The holder gives the lock up (its lease turns lost) at this instant, if
@@ -70,6 +72,7 @@ pub(crate) struct NewLease {
     pub(crate) lease: Duration,
     pub(crate) renew: bool,
     pub(crate) max_hold: Option<Duration>,
+    pub(crate) metrics_label: Option<&'static str>,
     pub(crate) epoch: Instant,
     /// When the acquire that set the lease in Redis was sent.
     pub(crate) sent_at: Instant,
@@ -86,6 +89,7 @@ impl Lease {
             fencing_token: n.fencing_token,
             lease_ms: AtomicU64::new(u64::try_from(n.lease.as_millis()).unwrap_or(u64::MAX)),
             renew: n.renew,
+            metrics_label: n.metrics_label,
             granted_at: n.sent_at,
             max_hold_until: n.max_hold.and_then(|d| n.sent_at.checked_add(d)),
             epoch: n.epoch,
@@ -210,7 +214,7 @@ impl Lease {
             .compare_exchange(HELD, LOST, Ordering::AcqRel, Ordering::Acquire)
             .is_ok();
         if changed {
-            crate::telemetry::lost();
+            crate::telemetry::lost(self.metrics_label);
             tracing::warn!(target: "distlock::lease",
                 key = %crate::error::KeyPreview(&self.key),
                 fencing_token = self.fencing_token,

@@ -1,22 +1,29 @@
 //! Metrics (feature `metrics`, on the `metrics` facade crate): what a lock
 //! manager reports, in one place. Without the feature every function is empty.
 //!
-//! | name | kind | meaning |
-//! |---|---|---|
-//! | `distlock_acquired_total` | counter | acquisitions granted (re-entries not counted) |
-//! | `distlock_busy_total` | counter | `try_acquire` attempts that found the lock held |
-//! | `distlock_timeouts_total` | counter | acquisitions that waited their whole `wait` |
-//! | `distlock_lost_total` | counter | leases lost while held |
-//! | `distlock_released_total` | counter | holds released (by `release()` or drop) |
-//! | `distlock_force_unlocked_total` | counter | locks freed by `force_unlock` |
-//! | `distlock_wait_seconds` | histogram | how long granted acquisitions waited |
-//! | `distlock_hold_seconds` | histogram | from grant to release |
-//! | `distlock_renewal_lag_seconds` | histogram | how late each renewal was sent against its due time |
-//! | `distlock_round_trip_seconds` | histogram | one acquire call to Redis |
-//! | `distlock_held_locks` | gauge | locks held by the process's managers |
+//! | name | kind | meaning | `lock` label |
+//! |---|---|---|---|
+//! | `distlock_acquired_total` | counter | acquisitions granted (re-entries not counted) | yes |
+//! | `distlock_busy_total` | counter | `try_acquire` attempts that found the lock held | yes |
+//! | `distlock_timeouts_total` | counter | acquisitions that waited their whole `wait` | yes |
+//! | `distlock_lost_total` | counter | leases lost while held | yes |
+//! | `distlock_released_total` | counter | holds released (by `release()` or drop) | yes |
+//! | `distlock_force_unlocked_total` | counter | locks freed by `force_unlock` | no |
+//! | `distlock_wait_seconds` | histogram | how long granted acquisitions waited | yes |
+//! | `distlock_hold_seconds` | histogram | from grant to release | yes |
+//! | `distlock_renewal_lag_seconds` | histogram | how late each renewal was sent against its due time | no |
+//! | `distlock_round_trip_seconds` | histogram | one acquire call to Redis | no |
+//! | `distlock_held_locks` | gauge | locks held by the process's managers | yes |
 //!
 //! No label carries a lock key, so the number of series stays bounded however
-//! many keys are locked.
+//! many keys are locked. A request given a
+//! [`metrics_label`](crate::LockRequest::metrics_label) (every lock taken by
+//! `#[distributed_lock]` is, with its key template, e.g. `"order:{order_id}"`)
+//! adds the label `lock = "<label>"` to the metrics of that hold: acquired,
+//! busy, timeouts, lost, released, the wait and hold histograms and the held
+//! gauge. Requests without one report without the label. The renewal-lag and
+//! round-trip histograms and the force-unlock counter never carry it (they
+//! describe the connection and the manager, not one lock).
 
 use std::time::Duration;
 
@@ -24,32 +31,56 @@ use std::time::Duration;
 mod emit {
     use std::time::Duration;
 
-    pub(super) fn acquired(waited: Duration) {
-        metrics::counter!("distlock_acquired_total").increment(1);
-        metrics::histogram!("distlock_wait_seconds").record(waited.as_secs_f64());
-        metrics::gauge!("distlock_held_locks").increment(1.0);
+    /// The `lock` label of a hold, when its request has one.
+    type Label = Option<&'static str>;
+
+    fn counter(name: &'static str, label: Label) -> metrics::Counter {
+        match label {
+            Some(lock) => metrics::counter!(name, "lock" => lock),
+            None => metrics::counter!(name),
+        }
     }
 
-    pub(super) fn busy() {
-        metrics::counter!("distlock_busy_total").increment(1);
+    fn histogram(name: &'static str, label: Label) -> metrics::Histogram {
+        match label {
+            Some(lock) => metrics::histogram!(name, "lock" => lock),
+            None => metrics::histogram!(name),
+        }
     }
 
-    pub(super) fn timed_out() {
-        metrics::counter!("distlock_timeouts_total").increment(1);
+    fn held_gauge(label: Label) -> metrics::Gauge {
+        match label {
+            Some(lock) => metrics::gauge!("distlock_held_locks", "lock" => lock),
+            None => metrics::gauge!("distlock_held_locks"),
+        }
     }
 
-    pub(super) fn lost() {
-        metrics::counter!("distlock_lost_total").increment(1);
+    pub(super) fn acquired(label: Label, waited: Duration) {
+        counter("distlock_acquired_total", label).increment(1);
+        histogram("distlock_wait_seconds", label).record(waited.as_secs_f64());
+        held_gauge(label).increment(1.0);
+    }
+
+    pub(super) fn busy(label: Label) {
+        counter("distlock_busy_total", label).increment(1);
+    }
+
+    pub(super) fn timed_out(label: Label) {
+        counter("distlock_timeouts_total", label).increment(1);
+    }
+
+    pub(super) fn lost(label: Label) {
+        counter("distlock_lost_total", label).increment(1);
     }
 
     pub(super) fn force_unlocked() {
         metrics::counter!("distlock_force_unlocked_total").increment(1);
     }
 
-    pub(super) fn released(held: Duration) {
-        metrics::counter!("distlock_released_total").increment(1);
-        metrics::histogram!("distlock_hold_seconds").record(held.as_secs_f64());
-        metrics::gauge!("distlock_held_locks").decrement(1.0);
+    pub(super) fn released(label: Label, held: Duration) {
+        counter("distlock_released_total", label).increment(1);
+        histogram("distlock_hold_seconds", label).record(held.as_secs_f64());
+        held_gauge(label).decrement(1.0);
     }
 
     pub(super) fn renewal_lag(lag: Duration) {
@@ -63,10 +94,10 @@ mod emit {
 
 #[cfg(not(feature = "metrics"))]
 mod emit {
-    pub(super) fn busy() {}
+    pub(super) fn busy(_: Option<&'static str>) {}
     pub(super) fn force_unlocked() {}
-    pub(super) fn timed_out() {}
-    pub(super) fn lost() {}
+    pub(super) fn timed_out(_: Option<&'static str>) {}
+    pub(super) fn lost(_: Option<&'static str>) {}
 }
 
 // The durations are passed as closures, so that without the feature not even
@@ -74,23 +105,23 @@ mod emit {
 
 /// A lock was granted after waiting `waited`.
 #[inline]
-pub(crate) fn acquired(waited: impl FnOnce() -> Duration) {
+pub(crate) fn acquired(label: Option<&'static str>, waited: impl FnOnce() -> Duration) {
     #[cfg(feature = "metrics")]
-    emit::acquired(waited());
+    emit::acquired(label, waited());
     #[cfg(not(feature = "metrics"))]
-    let _ = waited;
+    let _ = (label, waited);
 }
 
 /// A single attempt found the lock held.
 #[inline]
-pub(crate) fn busy() {
-    emit::busy()
+pub(crate) fn busy(label: Option<&'static str>) {
+    emit::busy(label)
 }
 
 /// An acquisition gave up after its wait.
 #[inline]
-pub(crate) fn timed_out() {
-    emit::timed_out()
+pub(crate) fn timed_out(label: Option<&'static str>) {
+    emit::timed_out(label)
 }
 
 /// A lock was freed by `force_unlock`.
@@ -101,17 +132,17 @@ pub(crate) fn force_unlocked() {
 
 /// A held lease was lost.
 #[inline]
-pub(crate) fn lost() {
-    emit::lost()
+pub(crate) fn lost(label: Option<&'static str>) {
+    emit::lost(label)
 }
 
 /// A granted lock was released (or dropped) after `held`.
 #[inline]
-pub(crate) fn released(held: impl FnOnce() -> Duration) {
+pub(crate) fn released(label: Option<&'static str>, held: impl FnOnce() -> Duration) {
     #[cfg(feature = "metrics")]
-    emit::released(held());
+    emit::released(label, held());
     #[cfg(not(feature = "metrics"))]
-    let _ = held;
+    let _ = (label, held);
 }
 
 /// A renewal went out `lag` after it was due.
