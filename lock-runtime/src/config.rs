@@ -37,6 +37,8 @@ pub(crate) struct Config {
     pub(crate) replica_ack: Option<ReplicaAck>,
     /// Who holds this manager's locks, as operators see it (`LockInfo::holder`).
     pub(crate) holder: String,
+    /// Issue fencing tokens (a counter per lock); off, every token is 0.
+    pub(crate) fencing: bool,
 }
 
 /// How many replicas must confirm an acquisition (`WAIT`), and how long to wait.
@@ -64,6 +66,7 @@ impl Default for Config {
             reject_evicting_policy: false,
             replica_ack: None,
             holder: crate::info::default_holder(),
+            fencing: true,
         }
     }
 }

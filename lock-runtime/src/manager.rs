@@ -525,6 +525,22 @@ impl LockManagerBuilder {
         self
     }
 
+    /// Whether acquisitions issue fencing tokens (default: true).
+    ///
+    /// Off, every [`fencing_token`](crate::LockGuard::fencing_token) is 0 and
+    /// no fencing counter is kept in Redis, and an acquisition that finds the
+    /// lock free is a plain `SET NX PX` (pipelined with an `ECHO` of the owner
+    /// token, so the reply is still checked to be its own; the ACL user then
+    /// also needs `+echo`) instead of a script: the cheapest lock distlock can
+    /// take, for work whose storage cannot check tokens anyway. Leases,
+    /// renewal, wake-ups, re-entry and the lost signal are unchanged. Turn it
+    /// off only when nothing uses the tokens: a paused holder whose lease
+    /// ran out can then overwrite its successor's work undetected.
+    pub fn fencing(mut self, fencing: bool) -> Self {
+        self.config.fencing = fencing;
+        self
+    }
+
     /// Makes [`build`](Self::build) fail with [`LockError::ServerCheck`] when the
     /// server's `maxmemory-policy` may evict lock keys (`allkeys-*`, or
     /// `volatile-*`, which evicts keys with a TTL: every held lock). By default

@@ -375,7 +375,11 @@ impl Acquisition<'_> {
                 &self.owner,
                 lease_ms,
                 &AcquireSpec {
-                    fence_ttl_ms: lease_ms.saturating_add(retention_ms),
+                    fence_ttl_ms: self
+                        .core
+                        .config
+                        .fencing
+                        .then(|| lease_ms.saturating_add(retention_ms)),
                     waiting: self.waiting,
                     since_ms: crate::info::now_ms(),
                     holder: &self.core.config.holder,

@@ -55,6 +55,7 @@ pub(crate) struct Redlock {
     fence_retention_ms: u64,
     /// The holder description written when a lock is re-created on a member.
     holder: String,
+    fencing: bool,
 }
 
 /// What one member answered, or that it did not in time.
@@ -118,6 +119,7 @@ impl Redlock {
             fence_retention_ms: u64::try_from(config.fence_retention.as_millis())
                 .unwrap_or(u64::MAX),
             holder: config.holder.clone(),
+            fencing: config.fencing,
         })
     }
 
@@ -191,7 +193,13 @@ impl Redlock {
             let raised = join_all(granted.iter().map(|(i, _)| async move {
                 tokio::time::timeout(
                     timeout,
-                    self.members[*i].raise_fence(key, keys, owner, token, spec.fence_ttl_ms),
+                    self.members[*i].raise_fence(
+                        key,
+                        keys,
+                        owner,
+                        token,
+                        spec.fence_ttl_ms.unwrap_or(0),
+                    ),
                 )
                 .await
             }))
@@ -454,7 +462,9 @@ impl Redlock {
             // The member's record says the hold began now: the original time is
             // on the other members.
             let spec = AcquireSpec {
-                fence_ttl_ms: lease_ms.saturating_add(self.fence_retention_ms),
+                fence_ttl_ms: self
+                    .fencing
+                    .then(|| lease_ms.saturating_add(self.fence_retention_ms)),
                 waiting: false,
                 since_ms: crate::info::now_ms(),
                 holder: &self.holder,

@@ -29,8 +29,9 @@ pub(crate) enum AcquireReply {
 /// What an acquire writes into the lock besides its owner token and lease.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct AcquireSpec<'a> {
-    /// TTL of the fencing counter (lease + retention).
-    pub(crate) fence_ttl_ms: u64,
+    /// TTL of the fencing counter (lease + retention); `None` for a manager
+    /// without fencing (tokens are 0, the counter is not touched).
+    pub(crate) fence_ttl_ms: Option<u64>,
     /// The caller listens for this lock's wake-ups: it marks the lock, so the
     /// holder's release publishes one.
     pub(crate) waiting: bool,
@@ -259,9 +260,47 @@ impl Scripts {
         lease_ms: u64,
         spec: &AcquireSpec<'_>,
     ) -> RedisResult<AcquireReply> {
+        if spec.fence_ttl_ms.is_none() && !spec.waiting {
+            return self.acquire_plain(conn, keys, owner, lease_ms, spec).await;
+        }
         let cmd = self.acquire_cmd(keys, owner, lease_ms, spec);
         let reply: (i64, i64, String) = self.acquire.invoke(conn, &cmd).await?;
         read_acquire(reply, owner)
+    }
+
+    /// Without fencing and without marking, an acquire needs no script: a plain
+    /// `SET NX PX` of the same value (token 0), pipelined with an `ECHO` of the
+    /// owner token so the reply is still checked to be this request's. A busy
+    /// lock's remaining lease is not read (the waiting attempts' script reads it).
+    async fn acquire_plain(
+        &self,
+        conn: &mut impl ConnectionLike,
+        keys: &LockKeys,
+        owner: &str,
+        lease_ms: u64,
+        spec: &AcquireSpec<'_>,
+    ) -> RedisResult<AcquireReply> {
+        let mut value = String::with_capacity(owner.len() + spec.holder.len() + 24);
+        value.push_str(owner);
+        value.push_str("-0:");
+        value.push_str(&spec.since_ms.to_string());
+        value.push(':');
+        value.push_str(spec.holder);
+        let mut pipe = redis::pipe();
+        pipe.cmd("SET")
+            .arg(&keys.lock)
+            .arg(value)
+            .arg("NX")
+            .arg("PX")
+            .arg(lease_ms)
+            .cmd("ECHO")
+            .arg(owner);
+        let (set, echoed): (Option<String>, String) = pipe.query_async(conn).await?;
+        check_owner(&echoed, owner)?;
+        Ok(match set {
+            Some(_) => AcquireReply::Acquired { fencing_token: 0 },
+            None => AcquireReply::Busy { remaining: None },
+        })
     }
 
     /// The acquire script followed by `WAIT replicas timeout` in one pipeline on
@@ -308,7 +347,7 @@ impl Scripts {
         );
         cmd.arg(owner)
             .arg(lease_ms)
-            .arg(spec.fence_ttl_ms)
+            .arg(spec.fence_ttl_ms.unwrap_or(0))
             .arg(if spec.waiting { "+" } else { "-" })
             .arg(spec.since_ms)
             .arg(spec.holder);
@@ -513,7 +552,7 @@ impl Scripts {
         pipe.cmd("DEL").arg(&keys.fence);
         steps.push(ProbeStep::command("DEL"));
         let spec = AcquireSpec {
-            fence_ttl_ms: lease_ms,
+            fence_ttl_ms: Some(lease_ms),
             waiting: false,
             since_ms: 0,
             holder: "distlock start-up probe",

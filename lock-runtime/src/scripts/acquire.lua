@@ -10,7 +10,8 @@
 --          milliseconds after the acquisition that wrote it
 -- ARGV[1]  owner token (random, 32 hex digits)
 -- ARGV[2]  lease in milliseconds
--- ARGV[3]  TTL of the fencing counter in milliseconds (lease + retention)
+-- ARGV[3]  TTL of the fencing counter in milliseconds (lease + retention); '0' for
+--          a manager without fencing: the token is 0 and the counter is not touched
 -- ARGV[4]  '+' when the caller waits for this lock (it listens for wake-ups), '-'
 --          when it does not (a first try, or try_acquire)
 -- ARGV[5]  <since>
@@ -40,19 +41,24 @@
 -- The fast path (the lock is free) is three commands: GET, SET NX, SET. A lock
 -- key of distlock 0.1 (a hash) makes GET fail with WRONGTYPE: mixed versions
 -- refuse each other's locks rather than both granting them.
-local last = redis.call('GET', KEYS[2])
-local token
-if last then
-  token = tonumber(last) + 1
-else
-  local now = redis.call('TIME')
-  token = tonumber(now[1]) * 1000000 + tonumber(now[2])
+local fenced = ARGV[3] ~= '0'
+local token = 0
+if fenced then
+  local last = redis.call('GET', KEYS[2])
+  if last then
+    token = tonumber(last) + 1
+  else
+    local now = redis.call('TIME')
+    token = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  end
 end
 -- '%.0f' writes the whole number in full; the default conversion may use an exponent.
 local text = string.format('%.0f', token)
 local value = ARGV[1] .. ARGV[4] .. text .. ':' .. ARGV[5] .. ':' .. ARGV[6]
 if redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2]) then
-  redis.call('SET', KEYS[2], text, 'PX', ARGV[3])
+  if fenced then
+    redis.call('SET', KEYS[2], text, 'PX', ARGV[3])
+  end
   return {1, token, ARGV[1]}
 end
 
