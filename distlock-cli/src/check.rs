@@ -16,12 +16,13 @@ const TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Checks every node: the given URL, or, with `cluster`, every master of the
 /// cluster that the first reachable URL belongs to (the given URLs when the
-/// cluster cannot be read).
-pub async fn run(urls: &[String], cluster: bool) -> Vec<CheckResult> {
+/// cluster cannot be read). `tls_ca` is a CA (PEM) to trust for `rediss://`.
+pub async fn run(urls: &[String], cluster: bool, tls_ca: Option<Vec<u8>>) -> Vec<CheckResult> {
+    let tls_ca = tls_ca.as_deref();
     let mut nodes = urls.to_vec();
     let mut results = Vec::new();
     if cluster {
-        match cluster_masters(urls).await {
+        match cluster_masters(urls, tls_ca).await {
             Ok(masters) if !masters.is_empty() => {
                 results.push(CheckResult {
                     check: "cluster".to_owned(),
@@ -50,7 +51,7 @@ pub async fn run(urls: &[String], cluster: bool) -> Vec<CheckResult> {
                 check.to_owned()
             }
         };
-        for (check, status, detail) in check_node(url, cluster).await {
+        for (check, status, detail) in check_node(url, cluster, tls_ca).await {
             results.push(CheckResult {
                 check: label(check),
                 status,
@@ -62,8 +63,12 @@ pub async fn run(urls: &[String], cluster: bool) -> Vec<CheckResult> {
 }
 
 /// The checks of one node, as (check, status, detail).
-async fn check_node(url: &str, cluster: bool) -> Vec<(&'static str, Status, String)> {
-    let mut conn = match connect(url).await {
+async fn check_node(
+    url: &str,
+    cluster: bool,
+    tls_ca: Option<&[u8]>,
+) -> Vec<(&'static str, Status, String)> {
+    let mut conn = match connect(url, tls_ca).await {
         Ok(conn) => conn,
         Err(e) => {
             return vec![(
@@ -86,12 +91,23 @@ async fn check_node(url: &str, cluster: bool) -> Vec<(&'static str, Status, Stri
     results
 }
 
-/// A multiplexed connection with the checks' timeouts.
-async fn connect(url: &str) -> redis::RedisResult<MultiplexedConnection> {
+/// A multiplexed connection with the checks' timeouts, trusting `tls_ca`
+/// when given.
+async fn connect(url: &str, tls_ca: Option<&[u8]>) -> redis::RedisResult<MultiplexedConnection> {
     let config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(TIMEOUT))
         .set_response_timeout(Some(TIMEOUT));
-    redis::Client::open(url)?
+    let client = match tls_ca {
+        Some(ca) => redis::Client::build_with_tls(
+            url,
+            redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(ca.to_vec()),
+            },
+        )?,
+        None => redis::Client::open(url)?,
+    };
+    client
         .get_multiplexed_async_connection_with_config(&config)
         .await
 }
@@ -271,11 +287,11 @@ fn cluster_mode(info: &HashMap<String, String>, cluster: bool) -> (&'static str,
 
 /// The `host:port` of every master of the cluster, from `CLUSTER NODES` of the
 /// first URL that answers.
-async fn cluster_masters(urls: &[String]) -> Result<Vec<String>, String> {
+async fn cluster_masters(urls: &[String], tls_ca: Option<&[u8]>) -> Result<Vec<String>, String> {
     let mut last_error = "no URL given".to_owned();
     for url in urls {
         let reply: redis::RedisResult<String> = async {
-            let mut conn = connect(url).await?;
+            let mut conn = connect(url, tls_ca).await?;
             redis::cmd("CLUSTER")
                 .arg("NODES")
                 .query_async(&mut conn)

@@ -1,5 +1,6 @@
 //! The command line: global options and subcommands, parsed by clap.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
@@ -37,6 +38,11 @@ pub struct Cli {
     /// (`key_prefix`).
     #[arg(long, global = true, default_value = "distlock:")]
     pub prefix: String,
+
+    /// PEM file of the CA to trust for `rediss://` instead of the system's
+    /// roots (managed Redis with a private CA, self-signed servers).
+    #[arg(long, global = true, value_name = "PEM_FILE")]
+    pub tls_ca: Option<PathBuf>,
 
     /// Print JSON instead of text, for scripts.
     #[arg(long, global = true)]

@@ -66,6 +66,10 @@ async fn manager(cli: &Cli) -> Result<LockManager, CliError> {
     } else {
         LockManager::builder(&cli.urls[0])
     };
+    let builder = match tls_ca(cli)? {
+        Some(pem) => builder.tls_ca_pem(pem),
+        None => builder,
+    };
     let manager = builder
         .key_prefix(cli.prefix.clone())
         .holder(HOLDER)
@@ -74,6 +78,17 @@ async fn manager(cli: &Cli) -> Result<LockManager, CliError> {
         .build()
         .await?;
     Ok(manager)
+}
+
+/// The CA certificate of `--tls-ca`, read.
+fn tls_ca(cli: &Cli) -> Result<Option<Vec<u8>>, CliError> {
+    cli.tls_ca
+        .as_ref()
+        .map(|path| {
+            std::fs::read(path)
+                .map_err(|e| format!("cannot read --tls-ca {}: {e}", path.display()).into())
+        })
+        .transpose()
 }
 
 /// Prints a JSON value on one line.
@@ -163,7 +178,9 @@ async fn unlock(cli: &Cli, key: &str, yes: bool) -> Result<Outcome, CliError> {
 
 /// `distlock watch [PATTERN] [--interval D] [--once]`: the list, refreshed,
 /// until Ctrl-C. On a terminal each refresh clears the screen; otherwise
-/// refreshes follow each other (one JSON array per line with `--json`).
+/// refreshes follow each other (one JSON array per line with `--json`). A
+/// failed refresh (Redis restarting, say) is shown and retried at the next one;
+/// with `--once` it is the command's error.
 async fn watch(
     cli: &Cli,
     pattern: &str,
@@ -176,28 +193,20 @@ async fn watch(
     let terminal = std::io::stdout().is_terminal();
     loop {
         let locks = tokio::select! {
-            locks = manager.list(pattern) => locks?,
+            locks = manager.list(pattern) => locks,
             _ = &mut ctrl_c => break,
         };
+        let locks = match locks {
+            Err(e) if once => return Err(e.into()),
+            other => other,
+        };
         if cli.json {
-            print_json(&output::locks_json(&locks));
+            match &locks {
+                Ok(locks) => print_json(&output::locks_json(locks)),
+                Err(e) => eprintln!("distlock: {e} (retrying)"),
+            }
         } else {
-            let now = SystemTime::now();
-            let mut screen = String::new();
-            if terminal {
-                screen.push_str("\x1b[2J\x1b[H");
-            }
-            screen.push_str(&format!(
-                "{} locks matching {pattern:?} under {}, every {} (Ctrl-C to stop)\n\n",
-                humantime::format_rfc3339_seconds(now),
-                cli.prefix,
-                humantime::format_duration(interval),
-            ));
-            screen.push_str(&output::lock_table(&locks, &cli.prefix, now));
-            if !terminal {
-                screen.push('\n');
-            }
-            print!("{screen}");
+            print!("{}", watch_screen(cli, pattern, interval, &locks, terminal));
         }
         std::io::stdout().flush()?;
         if once {
@@ -211,9 +220,38 @@ async fn watch(
     Ok(Outcome::Done)
 }
 
+/// One refresh of `watch` as text: a heading, then the table or the error.
+fn watch_screen(
+    cli: &Cli,
+    pattern: &str,
+    interval: Duration,
+    locks: &Result<Vec<distlock::LockInfo>, distlock::LockError>,
+    terminal: bool,
+) -> String {
+    let now = SystemTime::now();
+    let mut screen = String::new();
+    if terminal {
+        screen.push_str("\x1b[2J\x1b[H");
+    }
+    screen.push_str(&format!(
+        "{} locks matching {pattern:?} under {}, every {} (Ctrl-C to stop)\n\n",
+        humantime::format_rfc3339_seconds(now),
+        cli.prefix,
+        humantime::format_duration(interval),
+    ));
+    match locks {
+        Ok(locks) => screen.push_str(&output::lock_table(locks, &cli.prefix, now)),
+        Err(e) => screen.push_str(&format!("error: {e} (retrying)\n")),
+    }
+    if !terminal {
+        screen.push('\n');
+    }
+    screen
+}
+
 /// `distlock check`.
 async fn check(cli: &Cli) -> Result<Outcome, CliError> {
-    let results = crate::check::run(&cli.urls, cli.cluster).await;
+    let results = crate::check::run(&cli.urls, cli.cluster, tls_ca(cli)?).await;
     if cli.json {
         print_json(&output::checks_json(&results));
     } else {

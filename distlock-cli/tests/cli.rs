@@ -455,3 +455,52 @@ async fn list_and_check_cover_every_master_of_a_cluster() {
         guard.release().await.unwrap();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_private_ca_is_trusted_with_tls_ca() {
+    let redis = RedisServer::builder()
+        .tls(true)
+        .password("s3cret")
+        .spawn()
+        .unwrap();
+    let url = redis.url();
+    let ca_path = redis.ca_cert_path().unwrap().to_owned();
+    let ca = redis.ca_cert_pem().unwrap().to_vec();
+    let manager = LockManager::builder(&url)
+        .tls_ca_pem(ca)
+        .holder("tls-holder")
+        .build()
+        .await
+        .unwrap();
+    let guard = hold(&manager, "secure", LEASE).await;
+    let ca_arg = ca_path.to_str().unwrap().to_owned();
+
+    let out = run({
+        let mut cmd = distlock();
+        cmd.args(["--url", &url, "--tls-ca", &ca_arg, "--json", "list"]);
+        cmd
+    })
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(json(&out)[0]["holder"], "tls-holder");
+
+    let out = run({
+        let mut cmd = distlock();
+        cmd.args(["--url", &url, "--tls-ca", &ca_arg, "check"]);
+        cmd
+    })
+    .await;
+    assert!(out.status.success(), "{}", stdout(&out));
+    assert!(stdout(&out).contains("ok    version: "), "{}", stdout(&out));
+
+    // Without the CA the certificate is not trusted: exit 1, password hidden.
+    let out = run({
+        let mut cmd = distlock();
+        cmd.args(["--url", &url, "list"]);
+        cmd
+    })
+    .await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(!stderr(&out).contains("s3cret"), "{}", stderr(&out));
+    guard.release().await.unwrap();
+}
