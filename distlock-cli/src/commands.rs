@@ -104,7 +104,7 @@ async fn list(cli: &Cli, pattern: &str) -> Result<Outcome, CliError> {
     } else {
         print!(
             "{}",
-            output::lock_table(&locks, &cli.prefix, SystemTime::now())
+            output::lock_table(&locks, &cli.prefix, pattern, SystemTime::now())
         );
     }
     Ok(Outcome::Done)
@@ -240,7 +240,7 @@ fn watch_screen(
         humantime::format_duration(interval),
     ));
     match locks {
-        Ok(locks) => screen.push_str(&output::lock_table(locks, &cli.prefix, now)),
+        Ok(locks) => screen.push_str(&output::lock_table(locks, &cli.prefix, pattern, now)),
         Err(e) => screen.push_str(&format!("error: {e} (retrying)\n")),
     }
     if !terminal {

@@ -78,10 +78,15 @@ fn unix_ms(t: SystemTime) -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// The held locks as a table with a header, or a sentence when there are none.
-pub fn lock_table(locks: &[LockInfo], prefix: &str, now: SystemTime) -> String {
+/// The held locks as a table with a header, or a sentence when there are none
+/// (naming the pattern unless it is `*`).
+pub fn lock_table(locks: &[LockInfo], prefix: &str, pattern: &str, now: SystemTime) -> String {
     if locks.is_empty() {
-        return format!("no locks held under prefix {prefix}\n");
+        return if pattern == "*" {
+            format!("no locks held under prefix {prefix}\n")
+        } else {
+            format!("no locks matching {pattern:?} held under prefix {prefix}\n")
+        };
     }
     let header = ["KEY", "HOLDER", "TOKEN", "TTL", "HELD FOR", "WAITERS"];
     let rows: Vec<[String; 6]> = locks
@@ -206,9 +211,14 @@ mod tests {
 
     #[test]
     fn an_empty_table_names_the_prefix() {
+        let now = SystemTime::now();
         assert_eq!(
-            lock_table(&[], "app:", SystemTime::now()),
+            lock_table(&[], "app:", "*", now),
             "no locks held under prefix app:\n"
+        );
+        assert_eq!(
+            lock_table(&[], "app:", "job:*", now),
+            "no locks matching \"job:*\" held under prefix app:\n"
         );
     }
 
