@@ -26,7 +26,7 @@ pub enum Outcome {
     /// Exit 0.
     Done,
     /// Exit 1: the lock is not held, or a server check failed.
-    NotFound,
+    Failed,
     /// Exit 2: refused (force-unlock without `--yes`).
     Refused,
 }
@@ -35,7 +35,7 @@ impl From<Outcome> for ExitCode {
     fn from(outcome: Outcome) -> ExitCode {
         match outcome {
             Outcome::Done => ExitCode::SUCCESS,
-            Outcome::NotFound => ExitCode::from(1),
+            Outcome::Failed => ExitCode::from(1),
             Outcome::Refused => ExitCode::from(2),
         }
     }
@@ -129,7 +129,7 @@ async fn inspect(cli: &Cli, key: &str) -> Result<Outcome, CliError> {
         }
         None => {
             eprintln!("{key} is not locked");
-            Ok(Outcome::NotFound)
+            Ok(Outcome::Failed)
         }
     }
 }
@@ -153,7 +153,7 @@ async fn unlock(cli: &Cli, key: &str, yes: bool) -> Result<Outcome, CliError> {
             }
             None => {
                 eprintln!("{key} is not locked; nothing to unlock");
-                Outcome::NotFound
+                Outcome::Failed
             }
         });
     }
@@ -259,7 +259,7 @@ async fn check(cli: &Cli) -> Result<Outcome, CliError> {
     }
     let failed = results.iter().any(|r| r.status == output::Status::Fail);
     Ok(if failed {
-        Outcome::NotFound
+        Outcome::Failed
     } else {
         Outcome::Done
     })
