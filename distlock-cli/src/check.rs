@@ -1,0 +1,429 @@
+//! `distlock check`: what a Redis server must offer for distlock, read with
+//! plain redis-rs commands (`INFO`, `CONFIG GET`, `CLUSTER NODES`), without a
+//! `LockManager`, so that it also runs against a server that a manager would
+//! refuse.
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use redis::aio::MultiplexedConnection;
+use redis::AsyncConnectionConfig;
+
+use crate::output::{human_duration, redact, CheckResult, Status};
+
+/// Connect and command timeout of the checks.
+const TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Checks every node: the given URL, or, with `cluster`, every master of the
+/// cluster that the first reachable URL belongs to (the given URLs when the
+/// cluster cannot be read). `tls_ca` is a CA (PEM) to trust for `rediss://`.
+pub async fn run(urls: &[String], cluster: bool, tls_ca: Option<Vec<u8>>) -> Vec<CheckResult> {
+    let tls_ca = tls_ca.as_deref();
+    let mut nodes = urls.to_vec();
+    let mut results = Vec::new();
+    if cluster {
+        match cluster_masters(urls, tls_ca).await {
+            Ok(masters) if !masters.is_empty() => {
+                results.push(CheckResult {
+                    check: "cluster".to_owned(),
+                    status: Status::Ok,
+                    detail: format!("{} master(s): {}", masters.len(), masters.join(", ")),
+                });
+                nodes = masters
+                    .iter()
+                    .map(|addr| with_address(&urls[0], addr))
+                    .collect();
+            }
+            Ok(_) => {}
+            Err(detail) => results.push(CheckResult {
+                check: "cluster".to_owned(),
+                status: Status::Warn,
+                detail: format!("cannot list the masters ({detail}); checking the given URLs"),
+            }),
+        }
+    }
+    let several = nodes.len() > 1;
+    for url in &nodes {
+        let label = |check: &str| {
+            if several {
+                format!("{check} [{}]", address_of(url))
+            } else {
+                check.to_owned()
+            }
+        };
+        for (check, status, detail) in check_node(url, cluster, tls_ca).await {
+            results.push(CheckResult {
+                check: label(check),
+                status,
+                detail,
+            });
+        }
+    }
+    results
+}
+
+/// The checks of one node, as (check, status, detail).
+async fn check_node(
+    url: &str,
+    cluster: bool,
+    tls_ca: Option<&[u8]>,
+) -> Vec<(&'static str, Status, String)> {
+    let mut conn = match connect(url, tls_ca).await {
+        Ok(conn) => conn,
+        Err(e) => {
+            return vec![(
+                "connect",
+                Status::Fail,
+                format!("cannot connect to redis at {}: {e}", redact(url)),
+            )]
+        }
+    };
+    let mut results = vec![];
+    let info = match info(&mut conn).await {
+        Ok(info) => info,
+        Err(e) => return vec![("info", Status::Fail, format!("INFO failed: {e}"))],
+    };
+    results.push(version(&info));
+    results.push(eviction(&mut conn).await);
+    results.push(persistence(&info, SystemTime::now()));
+    results.push(replication(&info));
+    results.push(cluster_mode(&info, cluster));
+    results
+}
+
+/// A multiplexed connection with the checks' timeouts, trusting `tls_ca`
+/// when given.
+async fn connect(url: &str, tls_ca: Option<&[u8]>) -> redis::RedisResult<MultiplexedConnection> {
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(TIMEOUT))
+        .set_response_timeout(Some(TIMEOUT));
+    let client = match tls_ca {
+        Some(ca) => redis::Client::build_with_tls(
+            url,
+            redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(ca.to_vec()),
+            },
+        )?,
+        None => redis::Client::open(url)?,
+    };
+    client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+}
+
+/// `INFO` (server, persistence, replication, cluster) as a field map.
+async fn info(conn: &mut MultiplexedConnection) -> redis::RedisResult<HashMap<String, String>> {
+    let mut fields = HashMap::new();
+    for section in ["server", "persistence", "replication", "cluster"] {
+        let text: String = redis::cmd("INFO").arg(section).query_async(conn).await?;
+        fields.extend(parse_info(&text));
+    }
+    Ok(fields)
+}
+
+/// The `field:value` lines of an `INFO` reply.
+fn parse_info(text: &str) -> impl Iterator<Item = (String, String)> + '_ {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| line.trim_end().split_once(':'))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+}
+
+/// The server version: the scripts need 6.0 (`SET ... KEEPTTL`, `SCAN ... TYPE`).
+fn version(info: &HashMap<String, String>) -> (&'static str, Status, String) {
+    let Some(version) = info.get("redis_version") else {
+        return (
+            "version",
+            Status::Warn,
+            "unknown (no redis_version in INFO)".to_owned(),
+        );
+    };
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    let major_minor = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    let (status, detail) = if major_minor < (6, 0) {
+        (
+            Status::Fail,
+            format!("{version}: distlock needs 6.0 or newer (SET KEEPTTL, SCAN TYPE)"),
+        )
+    } else if major_minor < (6, 2) {
+        (
+            Status::Warn,
+            format!("{version}: works, but 6.2 or newer is recommended"),
+        )
+    } else {
+        (Status::Ok, version.clone())
+    };
+    ("version", status, detail)
+}
+
+/// `maxmemory-policy`: a policy that evicts keys with a TTL can evict a held
+/// lock and hand it to a second holder.
+async fn eviction(conn: &mut MultiplexedConnection) -> (&'static str, Status, String) {
+    const CHECK: &str = "maxmemory-policy";
+    let config: redis::RedisResult<HashMap<String, String>> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("maxmemory*")
+        .query_async(conn)
+        .await;
+    let config = match config {
+        Ok(config) => config,
+        Err(e) => {
+            return (
+                CHECK,
+                Status::Warn,
+                format!("unknown (CONFIG GET refused: {e}); make sure it is noeviction"),
+            )
+        }
+    };
+    let Some(policy) = config.get("maxmemory-policy") else {
+        return (
+            CHECK,
+            Status::Warn,
+            "unknown (not in CONFIG GET)".to_owned(),
+        );
+    };
+    let limit = config.get("maxmemory").map_or("0", String::as_str);
+    if policy == "noeviction" {
+        return (CHECK, Status::Ok, policy.clone());
+    }
+    let evicts = policy.starts_with("allkeys-") || policy.starts_with("volatile-");
+    if !evicts {
+        return (CHECK, Status::Warn, format!("{policy}: unknown policy"));
+    }
+    let now = if limit == "0" {
+        " (maxmemory is 0, no limit: nothing is evicted until one is set)"
+    } else {
+        ""
+    };
+    (
+        CHECK,
+        Status::Warn,
+        format!(
+            "{policy} may evict held locks (they have TTLs) and hand them to a second \
+             holder{now}; use noeviction, or a Redis of its own for locks"
+        ),
+    )
+}
+
+/// Persistence: without AOF, a restart loses the locks written since the last
+/// RDB snapshot, and their holders learn it only at their next renewal.
+fn persistence(info: &HashMap<String, String>, now: SystemTime) -> (&'static str, Status, String) {
+    let aof = info.get("aof_enabled").map(String::as_str) == Some("1");
+    let last_save = info
+        .get("rdb_last_save_time")
+        .and_then(|t| t.parse::<u64>().ok())
+        .map(|secs| UNIX_EPOCH + Duration::from_secs(secs));
+    let ago = last_save
+        .and_then(|t| now.duration_since(t).ok())
+        .map_or_else(
+            || "unknown".to_owned(),
+            |d| format!("{} ago", human_duration(d)),
+        );
+    let bgsave_ok = info.get("rdb_last_bgsave_status").map(String::as_str) != Some("err");
+    let (status, detail) = if aof {
+        (Status::Ok, format!("AOF on; last RDB save {ago}"))
+    } else {
+        (
+            Status::Warn,
+            format!(
+                "AOF off: a restart loses the locks taken since the last RDB save or start-up ({ago}), \
+                 and a second holder can take them before the first notices"
+            ),
+        )
+    };
+    let status = if bgsave_ok { status } else { Status::Warn };
+    let detail = if bgsave_ok {
+        detail
+    } else {
+        format!("{detail}; the last RDB save failed")
+    };
+    ("persistence", status, detail)
+}
+
+/// Replication: distlock must write to a master; replicas copy locks
+/// asynchronously, so a failover can lose a fresh one.
+fn replication(info: &HashMap<String, String>) -> (&'static str, Status, String) {
+    let role = info.get("role").map_or("unknown", String::as_str);
+    let replicas: u32 = info
+        .get("connected_slaves")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    let (status, detail) = match role {
+        "master" if replicas == 0 => (Status::Ok, "master, no replicas".to_owned()),
+        "master" => (
+            Status::Ok,
+            format!(
+                "master with {replicas} replica(s); a failover can lose locks taken just \
+                 before it (see the builder's replica_ack)"
+            ),
+        ),
+        "slave" | "replica" => (
+            Status::Fail,
+            "this is a replica (read-only): give distlock the master".to_owned(),
+        ),
+        other => (Status::Warn, format!("role {other}")),
+    };
+    ("replication", status, detail)
+}
+
+/// Cluster mode must match `--cluster` (a cluster needs `cluster_builder`).
+fn cluster_mode(info: &HashMap<String, String>, cluster: bool) -> (&'static str, Status, String) {
+    let enabled = info.get("cluster_enabled").map(String::as_str) == Some("1");
+    let (status, detail) = match (enabled, cluster) {
+        (true, true) => (Status::Ok, "enabled".to_owned()),
+        (false, false) => (Status::Ok, "disabled".to_owned()),
+        (true, false) => (
+            Status::Fail,
+            "enabled: pass --cluster (applications: LockManager::cluster_builder)".to_owned(),
+        ),
+        (false, true) => (
+            Status::Fail,
+            "disabled, but --cluster was given: drop --cluster".to_owned(),
+        ),
+    };
+    ("cluster mode", status, detail)
+}
+
+/// The `host:port` of every master of the cluster, from `CLUSTER NODES` of the
+/// first URL that answers.
+async fn cluster_masters(urls: &[String], tls_ca: Option<&[u8]>) -> Result<Vec<String>, String> {
+    let mut last_error = "no URL given".to_owned();
+    for url in urls {
+        let reply: redis::RedisResult<String> = async {
+            let mut conn = connect(url, tls_ca).await?;
+            redis::cmd("CLUSTER")
+                .arg("NODES")
+                .query_async(&mut conn)
+                .await
+        }
+        .await;
+        match reply {
+            Ok(text) => return Ok(parse_cluster_masters(&text)),
+            Err(e) => last_error = format!("{}: {e}", redact(url)),
+        }
+    }
+    Err(last_error)
+}
+
+/// The healthy masters' `host:port` in a `CLUSTER NODES` reply, sorted.
+fn parse_cluster_masters(text: &str) -> Vec<String> {
+    let mut masters: Vec<String> = text
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let flags = fields.get(2)?;
+            let is_master = flags.split(',').any(|f| f == "master");
+            let broken = flags
+                .split(',')
+                .any(|f| matches!(f, "fail" | "noaddr" | "handshake"));
+            if !is_master || broken {
+                return None;
+            }
+            // `ip:port@cport[,hostname]`
+            let addr = fields.get(1)?.split(['@', ',']).next()?;
+            Some(addr.to_owned())
+        })
+        .collect();
+    masters.sort();
+    masters
+}
+
+/// `host:port` of a URL (after any credentials), for labels.
+fn address_of(url: &str) -> &str {
+    &url[address_range(url)]
+}
+
+/// Where the `host:port` of a URL is: after the scheme and any credentials,
+/// up to the path, query or fragment.
+fn address_range(url: &str) -> std::ops::Range<usize> {
+    let start = url.find("://").map_or(0, |i| i + 3);
+    let start = url[start..].rfind('@').map_or(start, |i| start + i + 1);
+    let len = url[start..]
+        .find(['/', '?', '#'])
+        .unwrap_or(url.len() - start);
+    start..start + len
+}
+
+/// `url` with its `host:port` replaced by `addr`, keeping scheme, credentials
+/// and the rest.
+fn with_address(url: &str, addr: &str) -> String {
+    let range = address_range(url);
+    format!("{}{addr}{}", &url[..range.start], &url[range.end..])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn versions_are_graded() {
+        let status = |v: &str| version(&fields(&[("redis_version", v)])).1;
+        assert_eq!(status("5.0.14"), Status::Fail);
+        assert_eq!(status("6.0.20"), Status::Warn);
+        assert_eq!(status("6.2.0"), Status::Ok);
+        assert_eq!(status("7.2.4"), Status::Ok);
+    }
+
+    #[test]
+    fn info_is_parsed() {
+        let parsed: HashMap<_, _> =
+            parse_info("# Server\r\nredis_version:7.0.15\r\nrole:master\r\n").collect();
+        assert_eq!(parsed["redis_version"], "7.0.15");
+        assert_eq!(parsed["role"], "master");
+    }
+
+    #[test]
+    fn replicas_fail_and_cluster_mode_must_match() {
+        assert_eq!(replication(&fields(&[("role", "slave")])).1, Status::Fail);
+        assert_eq!(
+            cluster_mode(&fields(&[("cluster_enabled", "1")]), false).1,
+            Status::Fail
+        );
+        assert_eq!(
+            cluster_mode(&fields(&[("cluster_enabled", "0")]), false).1,
+            Status::Ok
+        );
+    }
+
+    #[test]
+    fn persistence_without_aof_warns() {
+        let now = UNIX_EPOCH + Duration::from_secs(1_000);
+        let off = fields(&[("aof_enabled", "0"), ("rdb_last_save_time", "990")]);
+        let (_, status, detail) = persistence(&off, now);
+        assert_eq!(status, Status::Warn);
+        assert!(detail.contains("10s ago"), "{detail}");
+        assert_eq!(
+            persistence(&fields(&[("aof_enabled", "1")]), now).1,
+            Status::Ok
+        );
+    }
+
+    #[test]
+    fn cluster_masters_are_read_from_cluster_nodes() {
+        let text = "a 127.0.0.1:7001@17001 myself,master - 0 0 1 connected 0-5460\n\
+                    b 127.0.0.1:7002@17002,host2 master - 0 0 2 connected 5461-10922\n\
+                    c 127.0.0.1:7003@17003 slave a 0 0 1 connected\n\
+                    d 127.0.0.1:7004@17004 master,fail - 0 0 3 connected\n";
+        assert_eq!(
+            parse_cluster_masters(text),
+            ["127.0.0.1:7001", "127.0.0.1:7002"]
+        );
+    }
+
+    #[test]
+    fn addresses_are_swapped_keeping_credentials() {
+        assert_eq!(address_of("redis://:pw@h:1/0"), "h:1");
+        assert_eq!(
+            with_address("rediss://u:pw@h:1/0", "10.0.0.2:7000"),
+            "rediss://u:pw@10.0.0.2:7000/0"
+        );
+    }
+}

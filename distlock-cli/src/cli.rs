@@ -1,0 +1,137 @@
+//! The command line: global options and subcommands, parsed by clap.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+/// The Redis URL used when neither `--url` nor `REDIS_URL` gives one.
+pub const DEFAULT_URL: &str = "redis://127.0.0.1:6379";
+
+/// Inspect and administer distlock locks held in Redis.
+///
+/// Works with only a Redis URL: it reads and frees the locks that the
+/// applications' `LockManager`s hold under a key prefix, and checks a server
+/// for them. Exit codes: 0 success, 1 error (or the lock is not held), 2
+/// refused (force-unlock without `--yes`) or a usage error.
+#[derive(Debug, Parser)]
+#[command(name = "distlock", version, about, long_about)]
+pub struct Cli {
+    /// Redis URL (`redis://[[user]:password@]host:port[/db]`, `rediss://` for
+    /// TLS). Repeat it, or separate URLs with commas, to give several nodes of
+    /// a Redis Cluster (with `--cluster`).
+    #[arg(
+        long = "url",
+        global = true,
+        env = "REDIS_URL",
+        value_delimiter = ',',
+        default_value = DEFAULT_URL,
+        hide_env_values = true
+    )]
+    pub urls: Vec<String>,
+
+    /// The URLs are nodes of a Redis Cluster.
+    #[arg(long, global = true)]
+    pub cluster: bool,
+
+    /// Key prefix of the locks, as the applications' `LockManager`s set it
+    /// (`key_prefix`).
+    #[arg(long, global = true, default_value = "distlock:")]
+    pub prefix: String,
+
+    /// PEM file of the CA to trust for `rediss://` instead of the system's
+    /// roots (managed Redis with a private CA, self-signed servers).
+    #[arg(long, global = true, value_name = "PEM_FILE")]
+    pub tls_ca: Option<PathBuf>,
+
+    /// Print JSON instead of text, for scripts.
+    #[arg(long, global = true)]
+    pub json: bool,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Lists the held locks whose key matches PATTERN, as a table.
+    List {
+        /// Glob on the lock key (Redis SCAN MATCH syntax: `*`, `?`, `[abc]`, `\`).
+        #[arg(default_value = "*")]
+        pattern: String,
+    },
+    /// Shows who holds lock KEY; exits with 1 when nobody does.
+    Inspect {
+        /// The lock key, as the application names it (without the prefix).
+        key: String,
+    },
+    /// Frees lock KEY whoever holds it (needs `--yes`; without it, names the
+    /// holder and exits with 2).
+    Unlock {
+        /// The lock key, as the application names it (without the prefix).
+        key: String,
+        /// Really force-unlock: the holder loses its lease.
+        #[arg(long)]
+        yes: bool,
+    },
+    /// Shows the held locks matching PATTERN, refreshed every interval, until Ctrl-C.
+    Watch {
+        /// Glob on the lock key, as for `list`.
+        #[arg(default_value = "*")]
+        pattern: String,
+        /// Time between refreshes (`500ms`, `1s`, `2m`).
+        #[arg(long, default_value = "1s", value_parser = parse_interval)]
+        interval: Duration,
+        /// Show one refresh and exit.
+        #[arg(long)]
+        once: bool,
+    },
+    /// Checks the Redis server(s) for running distlock: version, eviction
+    /// policy, persistence, replicas, cluster mode. Exits with 1 on a failure.
+    Check,
+}
+
+/// Parses a human interval (`1s`, `250ms`), at least 10 ms.
+fn parse_interval(text: &str) -> Result<Duration, String> {
+    let interval = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if interval < Duration::from_millis(10) {
+        return Err("the interval must be at least 10ms".to_owned());
+    }
+    Ok(interval)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn urls_split_on_commas() {
+        let cli = Cli::try_parse_from([
+            "distlock",
+            "--url",
+            "redis://a:1,redis://b:2",
+            "--url",
+            "redis://c:3",
+            "--cluster",
+            "list",
+        ])
+        .unwrap();
+        assert_eq!(cli.urls, ["redis://a:1", "redis://b:2", "redis://c:3"]);
+        assert!(cli.cluster);
+    }
+
+    #[test]
+    fn intervals_are_human() {
+        assert_eq!(parse_interval("250ms"), Ok(Duration::from_millis(250)));
+        assert!(parse_interval("1ms").is_err());
+        assert!(parse_interval("soon").is_err());
+    }
+}

@@ -1,0 +1,266 @@
+//! The subcommands: each talks to Redis through a `LockManager` (or, for
+//! `check`, plain redis-rs), prints its result, and says how the process ends.
+
+use std::error::Error;
+use std::io::{IsTerminal, Write};
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime};
+
+use distlock::LockManager;
+
+use crate::cli::{Cli, Command};
+use crate::output;
+
+/// What the CLI's manager stores as the holder of its start-up probe lock.
+const HOLDER: &str = "distlock-cli";
+
+/// Connect and command timeout of the CLI's manager: a bad URL fails fast.
+const TIMEOUT: Duration = Duration::from_secs(2);
+
+/// An error to print on stderr before exiting with 1.
+pub type CliError = Box<dyn Error>;
+
+/// How a command that did not fail ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Exit 0.
+    Done,
+    /// Exit 1: the lock is not held, or a server check failed.
+    Failed,
+    /// Exit 2: refused (force-unlock without `--yes`).
+    Refused,
+}
+
+impl From<Outcome> for ExitCode {
+    fn from(outcome: Outcome) -> ExitCode {
+        match outcome {
+            Outcome::Done => ExitCode::SUCCESS,
+            Outcome::Failed => ExitCode::from(1),
+            Outcome::Refused => ExitCode::from(2),
+        }
+    }
+}
+
+/// Runs the command the command line names.
+pub async fn run(cli: &Cli) -> Result<Outcome, CliError> {
+    if cli.urls.len() > 1 && !cli.cluster {
+        return Err("several URLs are the nodes of a Redis Cluster: add --cluster".into());
+    }
+    match &cli.command {
+        Command::List { pattern } => list(cli, pattern).await,
+        Command::Inspect { key } => inspect(cli, key).await,
+        Command::Unlock { key, yes } => unlock(cli, key, *yes).await,
+        Command::Watch {
+            pattern,
+            interval,
+            once,
+        } => watch(cli, pattern, *interval, *once).await,
+        Command::Check => check(cli).await,
+    }
+}
+
+/// A manager for the URL(s), prefix and timeouts of the command line.
+async fn manager(cli: &Cli) -> Result<LockManager, CliError> {
+    let builder = if cli.cluster {
+        LockManager::cluster_builder(cli.urls.iter().cloned())
+    } else {
+        LockManager::builder(&cli.urls[0])
+    };
+    let builder = match tls_ca(cli)? {
+        Some(pem) => builder.tls_ca_pem(pem),
+        None => builder,
+    };
+    let manager = builder
+        .key_prefix(cli.prefix.clone())
+        .holder(HOLDER)
+        .connect_timeout(TIMEOUT)
+        .command_timeout(TIMEOUT)
+        .build()
+        .await?;
+    Ok(manager)
+}
+
+/// The CA certificate of `--tls-ca`, read.
+fn tls_ca(cli: &Cli) -> Result<Option<Vec<u8>>, CliError> {
+    cli.tls_ca
+        .as_ref()
+        .map(|path| {
+            std::fs::read(path)
+                .map_err(|e| format!("cannot read --tls-ca {}: {e}", path.display()).into())
+        })
+        .transpose()
+}
+
+/// Prints a JSON value on one line.
+fn print_json(value: &serde_json::Value) {
+    println!("{value}");
+}
+
+/// `distlock list [PATTERN]`.
+async fn list(cli: &Cli, pattern: &str) -> Result<Outcome, CliError> {
+    let locks = manager(cli).await?.list(pattern).await?;
+    if cli.json {
+        print_json(&output::locks_json(&locks));
+    } else {
+        print!(
+            "{}",
+            output::lock_table(&locks, &cli.prefix, pattern, SystemTime::now())
+        );
+    }
+    Ok(Outcome::Done)
+}
+
+/// `distlock inspect KEY`.
+async fn inspect(cli: &Cli, key: &str) -> Result<Outcome, CliError> {
+    let info = manager(cli).await?.inspect(key).await?;
+    if cli.json {
+        print_json(
+            &info
+                .as_ref()
+                .map_or(serde_json::Value::Null, output::lock_json),
+        );
+    }
+    match info {
+        Some(info) => {
+            if !cli.json {
+                print!("{}", output::lock_details(&info, SystemTime::now()));
+            }
+            Ok(Outcome::Done)
+        }
+        None => {
+            eprintln!("{key} is not locked");
+            Ok(Outcome::Failed)
+        }
+    }
+}
+
+/// `distlock unlock KEY [--yes]`.
+async fn unlock(cli: &Cli, key: &str, yes: bool) -> Result<Outcome, CliError> {
+    let manager = manager(cli).await?;
+    let info = manager.inspect(key).await?;
+    if !yes {
+        return Ok(match info {
+            Some(info) => {
+                eprintln!(
+                    "refusing to force-unlock {key} without --yes: it is held by {} \
+                     (token {}, ttl {}). The holder would lose its lease.",
+                    info.holder,
+                    info.fencing_token,
+                    info.ttl
+                        .map_or_else(|| "-".to_owned(), output::human_duration),
+                );
+                Outcome::Refused
+            }
+            None => {
+                eprintln!("{key} is not locked; nothing to unlock");
+                Outcome::Failed
+            }
+        });
+    }
+    let was_held = manager.force_unlock(key).await?;
+    if cli.json {
+        print_json(&serde_json::json!({ "key": key, "was_held": was_held }));
+    } else if was_held {
+        let by = info.map_or_else(String::new, |info| {
+            format!(" (held by {}, token {})", info.holder, info.fencing_token)
+        });
+        println!(
+            "force-unlocked {key}{by}; its waiters were woken.\n\
+             The holder learns it at its next renewal (within a third of its lease): its \
+             guard reports the lease lost and its release returns Lost. The next holder's \
+             fencing token is larger."
+        );
+    } else {
+        println!("{key} was not locked; nothing done");
+    }
+    Ok(Outcome::Done)
+}
+
+/// `distlock watch [PATTERN] [--interval D] [--once]`: the list, refreshed,
+/// until Ctrl-C. On a terminal each refresh clears the screen; otherwise
+/// refreshes follow each other (one JSON array per line with `--json`). A
+/// failed refresh (Redis restarting, say) is shown and retried at the next one;
+/// with `--once` it is the command's error.
+async fn watch(
+    cli: &Cli,
+    pattern: &str,
+    interval: Duration,
+    once: bool,
+) -> Result<Outcome, CliError> {
+    let manager = manager(cli).await?;
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    let terminal = std::io::stdout().is_terminal();
+    loop {
+        let locks = tokio::select! {
+            locks = manager.list(pattern) => locks,
+            _ = &mut ctrl_c => break,
+        };
+        let locks = match locks {
+            Err(e) if once => return Err(e.into()),
+            other => other,
+        };
+        if cli.json {
+            match &locks {
+                Ok(locks) => print_json(&output::locks_json(locks)),
+                Err(e) => eprintln!("distlock: {e} (retrying)"),
+            }
+        } else {
+            print!("{}", watch_screen(cli, pattern, interval, &locks, terminal));
+        }
+        std::io::stdout().flush()?;
+        if once {
+            break;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(interval) => {}
+            _ = &mut ctrl_c => break,
+        }
+    }
+    Ok(Outcome::Done)
+}
+
+/// One refresh of `watch` as text: a heading, then the table or the error.
+fn watch_screen(
+    cli: &Cli,
+    pattern: &str,
+    interval: Duration,
+    locks: &Result<Vec<distlock::LockInfo>, distlock::LockError>,
+    terminal: bool,
+) -> String {
+    let now = SystemTime::now();
+    let mut screen = String::new();
+    if terminal {
+        screen.push_str("\x1b[2J\x1b[H");
+    }
+    screen.push_str(&format!(
+        "{} locks matching {pattern:?} under {}, every {} (Ctrl-C to stop)\n\n",
+        humantime::format_rfc3339_seconds(now),
+        cli.prefix,
+        humantime::format_duration(interval),
+    ));
+    match locks {
+        Ok(locks) => screen.push_str(&output::lock_table(locks, &cli.prefix, pattern, now)),
+        Err(e) => screen.push_str(&format!("error: {e} (retrying)\n")),
+    }
+    if !terminal {
+        screen.push('\n');
+    }
+    screen
+}
+
+/// `distlock check`.
+async fn check(cli: &Cli) -> Result<Outcome, CliError> {
+    let results = crate::check::run(&cli.urls, cli.cluster, tls_ca(cli)?).await;
+    if cli.json {
+        print_json(&output::checks_json(&results));
+    } else {
+        print!("{}", output::check_lines(&results));
+    }
+    let failed = results.iter().any(|r| r.status == output::Status::Fail);
+    Ok(if failed {
+        Outcome::Failed
+    } else {
+        Outcome::Done
+    })
+}

@@ -1,0 +1,506 @@
+//! The `distlock` binary against private redis-servers (and a private cluster),
+//! with locks held by a `LockManager` in the test.
+
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use assert_cmd::Command;
+use distlock::testing::{RedisCluster, RedisServer};
+use distlock::{LockGuard, LockManager};
+use predicates::prelude::*;
+use serde_json::Value;
+
+const LEASE: Duration = Duration::from_secs(60);
+
+/// The binary, with no `REDIS_URL` from the environment.
+fn distlock() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_distlock"));
+    cmd.env_remove("REDIS_URL");
+    cmd
+}
+
+/// Runs the binary off the runtime's threads, so that the test's manager keeps
+/// renewing meanwhile.
+async fn run(mut cmd: Command) -> Output {
+    tokio::task::spawn_blocking(move || cmd.output().expect("run distlock"))
+        .await
+        .unwrap()
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn json(output: &Output) -> Value {
+    serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", stdout(output)))
+}
+
+async fn holder(url: &str) -> LockManager {
+    LockManager::builder(url)
+        .holder("test-holder")
+        .build()
+        .await
+        .unwrap()
+}
+
+async fn hold(manager: &LockManager, key: &str, lease: Duration) -> LockGuard {
+    manager.lock(key).lease(lease).acquire().await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_shows_held_locks_as_a_table_and_as_json() {
+    let redis = RedisServer::spawn().unwrap();
+    let url = redis.url();
+    let manager = holder(&url).await;
+
+    let empty = run({
+        let mut cmd = distlock();
+        cmd.args(["--url", &url, "list"]);
+        cmd
+    })
+    .await;
+    assert!(empty.status.success(), "{}", stderr(&empty));
+    assert_eq!(stdout(&empty), "no locks held under prefix distlock:\n");
+
+    let order = hold(&manager, "order:42", LEASE).await;
+    let report = hold(&manager, "report:daily", LEASE).await;
+
+    let table = run({
+        let mut cmd = distlock();
+        cmd.args(["--url", &url, "list"]);
+        cmd
+    })
+    .await;
+    assert!(table.status.success(), "{}", stderr(&table));
+    let text = stdout(&table);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    for column in ["KEY", "HOLDER", "TOKEN", "TTL", "HELD FOR", "WAITERS"] {
+        assert!(lines[0].contains(column), "{text}");
+    }
+    assert!(lines[1].starts_with("order:42 "), "{text}");
+    assert!(lines[1].contains("test-holder"), "{text}");
+    assert!(
+        lines[1].contains(&order.fencing_token().to_string()),
+        "{text}"
+    );
+    assert!(lines[1].ends_with("no"), "{text}");
+    assert!(lines[2].starts_with("report:daily "), "{text}");
+
+    let out = run({
+        let mut cmd = distlock();
+        cmd.args(["--url", &url, "--json", "list"]);
+        cmd
+    })
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let locks = json(&out);
+    let locks = locks.as_array().unwrap();
+    assert_eq!(locks.len(), 2);
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    for (lock, guard) in locks.iter().zip([&order, &report]) {
+        assert_eq!(lock["key"], guard.key());
+        assert_eq!(lock["holder"], "test-holder");
+        assert_eq!(lock["fencing_token"].as_u64(), Some(guard.fencing_token()));
+        let ttl = lock["ttl_ms"].as_u64().unwrap();
+        assert!(ttl > 50_000 && ttl <= 60_000, "{ttl}");
+        let since = lock["held_since_ms"].as_u64().unwrap();
+        assert!(since <= now_ms && now_ms - since < 30_000, "{since}");
+        assert_eq!(lock["waited_for"], false);
+    }
+
+    // A pattern selects on the user key.
+    let out = run({
+        let mut cmd = distlock();
+        cmd.args(["--url", &url, "--json", "list", "report:*"]);
+        cmd
+    })
+    .await;
+    let locks = json(&out);
+    assert_eq!(locks.as_array().unwrap().len(), 1);
+    assert_eq!(locks[0]["key"], "report:daily");
+
+    // Another prefix sees none of them.
+    let out = run({
+        let mut cmd = distlock();
+        cmd.args(["--url", &url, "--prefix", "other:", "list"]);
+        cmd
+    })
+    .await;
+    assert_eq!(stdout(&out), "no locks held under prefix other:\n");
+
+    order.release().await.unwrap();
+    report.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_shows_a_held_lock_and_fails_for_a_free_one() {
+    let redis = RedisServer::spawn().unwrap();
+    let url = redis.url();
+    let manager = holder(&url).await;
+    let guard = hold(&manager, "order:7", LEASE).await;
+
+    let out = run({
+        let mut cmd = distlock();
+        cmd.args(["--url", &url, "inspect", "order:7"]);
+        cmd
+    })
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("key:        order:7\n"), "{text}");
+    assert!(text.contains("holder:     test-holder\n"), "{text}");
+    assert!(
+        text.contains(&format!("token:      {}\n", guard.fencing_token())),
+        "{text}"
+    );
+    assert!(text.contains("waiters:    no\n"), "{text}");
+
+    let out = run({
+        let mut cmd = distlock();
+        cmd.args(["--url", &url, "--json", "inspect", "order:7"]);
+        cmd
+    })
+    .await;
+    assert_eq!(
+        json(&out)["fencing_token"].as_u64(),
+        Some(guard.fencing_token())
+    );
+
+    distlock()
+        .args(["--url", &url, "inspect", "order:8"])
+        .assert()
+        .code(1)
+        .stdout("")
+        .stderr("order:8 is not locked\n");
+    distlock()
+        .args(["--url", &url, "--json", "inspect", "order:8"])
+        .assert()
+        .code(1)
+        .stdout("null\n");
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlock_needs_yes_and_then_the_holder_loses_its_lease() {
+    let redis = RedisServer::spawn().unwrap();
+    let url = redis.url();
+    let manager = holder(&url).await;
+    let lease = Duration::from_secs(3);
+    let guard = hold(&manager, "job:nightly", lease).await;
+
+    let out = run({
+        let mut cmd = distlock();
+        cmd.args(["--url", &url, "unlock", "job:nightly"]);
+        cmd
+    })
+    .await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stdout(&out).is_empty());
+    let message = stderr(&out);
+    assert!(message.contains("--yes"), "{message}");
+    assert!(message.contains("test-holder"), "{message}");
+    assert!(manager.is_locked("job:nightly").await.unwrap());
+    assert!(!guard.is_lost());
+
+    let out = run({
+        let mut cmd = distlock();
+        cmd.args(["--url", &url, "unlock", "job:nightly", "--yes"]);
+        cmd
+    })
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("force-unlocked job:nightly"), "{text}");
+    assert!(text.contains("test-holder"), "{text}");
+    assert!(!manager.is_locked("job:nightly").await.unwrap());
+
+    // The holder learns it at its next renewal, within its lease.
+    tokio::time::timeout(lease, guard.lost())
+        .await
+        .expect("the guard reports its lease lost");
+    assert!(guard.release().await.is_err());
+
+    // Again, as JSON: nothing was held.
+    let out = run({
+        let mut cmd = distlock();
+        cmd.args(["--url", &url, "--json", "unlock", "job:nightly", "--yes"]);
+        cmd
+    })
+    .await;
+    assert_eq!(
+        json(&out),
+        serde_json::json!({"key": "job:nightly", "was_held": false})
+    );
+    // And without --yes, a free lock is "not locked" (1), not a refusal.
+    distlock()
+        .args(["--url", &url, "unlock", "job:nightly"])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("not locked"));
+}
+
+#[test]
+fn check_passes_on_a_private_server() {
+    let redis = RedisServer::spawn().unwrap();
+    let url = redis.url();
+    distlock()
+        .args(["--url", &url, "check"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("ok    version: "))
+        .stdout(predicate::str::contains("ok    cluster mode: disabled"));
+
+    let out = distlock()
+        .args(["--url", &url, "--json", "check"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let checks = json(&out);
+    let version = checks
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["check"] == "version")
+        .expect("a version entry");
+    assert_eq!(version["status"], "ok");
+
+    // A cluster flag against a plain server fails the check.
+    distlock()
+        .args(["--url", &url, "--cluster", "check"])
+        .assert()
+        .code(1)
+        .stdout(predicate::str::contains("fail"));
+}
+
+#[test]
+fn check_flags_an_evicting_policy() {
+    let redis = RedisServer::spawn_with_args(&["--maxmemory-policy", "allkeys-lru"]).unwrap();
+    distlock()
+        .args(["--url", &redis.url(), "check"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(
+            "warn  maxmemory-policy: allkeys-lru",
+        ));
+}
+
+#[test]
+fn an_unreachable_url_fails_fast_without_the_password() {
+    let started = Instant::now();
+    distlock()
+        .args(["--url", "redis://:s3cret@127.0.0.1:1", "list"])
+        .timeout(Duration::from_secs(20))
+        .assert()
+        .code(1)
+        .stdout("")
+        .stderr(predicate::str::contains("127.0.0.1:1"))
+        .stderr(predicate::str::contains("s3cret").not());
+    assert!(started.elapsed() < Duration::from_secs(5));
+
+    distlock()
+        .args(["--url", "redis://127.0.0.1:1", "check"])
+        .assert()
+        .code(1)
+        .stdout(predicate::str::starts_with("fail  connect: "));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_url_comes_from_redis_url() {
+    let redis = RedisServer::spawn().unwrap();
+    let url = redis.url();
+    let manager = holder(&url).await;
+    let guard = hold(&manager, "env:key", LEASE).await;
+    let out = run({
+        let mut cmd = distlock();
+        cmd.env("REDIS_URL", &url).args(["--json", "list"]);
+        cmd
+    })
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(json(&out)[0]["key"], "env:key");
+    guard.release().await.unwrap();
+}
+
+#[test]
+fn several_urls_need_cluster() {
+    distlock()
+        .args(["--url", "redis://127.0.0.1:1,redis://127.0.0.1:2", "list"])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("--cluster"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_once_prints_the_table() {
+    let redis = RedisServer::spawn().unwrap();
+    let url = redis.url();
+    let manager = holder(&url).await;
+    let guard = hold(&manager, "watched", LEASE).await;
+    let out = run({
+        let mut cmd = distlock();
+        cmd.args(["--url", &url, "watch", "--once"]);
+        cmd
+    })
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("KEY"), "{text}");
+    assert!(text.contains("watched"), "{text}");
+    assert!(
+        !text.contains('\x1b'),
+        "no escape codes off a terminal: {text:?}"
+    );
+    guard.release().await.unwrap();
+}
+
+#[test]
+fn watch_stops_cleanly_on_ctrl_c() {
+    use std::io::{BufRead, BufReader};
+    let redis = RedisServer::spawn().unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_distlock"))
+        .env_remove("REDIS_URL")
+        .args(["--url", &redis.url(), "watch", "--interval", "100ms"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Once it printed a refresh, its Ctrl-C handler is in place.
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert!(line.contains("Ctrl-C"), "{line}");
+    let status = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "{status}");
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "watch did not stop on SIGINT"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_and_check_cover_every_master_of_a_cluster() {
+    let cluster = RedisCluster::process_wide().unwrap();
+    let urls = cluster.urls();
+    let manager = LockManager::cluster_builder(urls.clone())
+        .holder("cluster-holder")
+        .key_prefix("cli-test:")
+        .build()
+        .await
+        .unwrap();
+    // Keys on at least two masters.
+    let keys = ["a", "b", "c", "d", "e", "f"];
+    let masters: std::collections::HashSet<usize> = keys
+        .iter()
+        .map(|k| cluster.master_of_key(&manager.redis_names(k).lock).unwrap())
+        .collect();
+    assert!(masters.len() > 1, "the keys should span masters");
+    let mut guards = Vec::new();
+    for key in keys {
+        guards.push(hold(&manager, key, LEASE).await);
+    }
+    let joined = urls.join(",");
+    let out = run({
+        let mut cmd = distlock();
+        cmd.args([
+            "--url",
+            &joined,
+            "--cluster",
+            "--prefix",
+            "cli-test:",
+            "--json",
+            "list",
+        ]);
+        cmd
+    })
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let listed: Vec<String> = json(&out)
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["key"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(listed, keys);
+
+    let out = run({
+        let mut cmd = distlock();
+        cmd.args(["--url", &urls[0], "--cluster", "check"]);
+        cmd
+    })
+    .await;
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("ok    cluster: 3 master(s)"), "{text}");
+    assert_eq!(text.matches("cluster mode [").count(), 3, "{text}");
+    for guard in guards {
+        guard.release().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_private_ca_is_trusted_with_tls_ca() {
+    let redis = RedisServer::builder()
+        .tls(true)
+        .password("s3cret")
+        .spawn()
+        .unwrap();
+    let url = redis.url();
+    let ca_path = redis.ca_cert_path().unwrap().to_owned();
+    let ca = redis.ca_cert_pem().unwrap().to_vec();
+    let manager = LockManager::builder(&url)
+        .tls_ca_pem(ca)
+        .holder("tls-holder")
+        .build()
+        .await
+        .unwrap();
+    let guard = hold(&manager, "secure", LEASE).await;
+    let ca_arg = ca_path.to_str().unwrap().to_owned();
+
+    let out = run({
+        let mut cmd = distlock();
+        cmd.args(["--url", &url, "--tls-ca", &ca_arg, "--json", "list"]);
+        cmd
+    })
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(json(&out)[0]["holder"], "tls-holder");
+
+    let out = run({
+        let mut cmd = distlock();
+        cmd.args(["--url", &url, "--tls-ca", &ca_arg, "check"]);
+        cmd
+    })
+    .await;
+    assert!(out.status.success(), "{}", stdout(&out));
+    assert!(stdout(&out).contains("ok    version: "), "{}", stdout(&out));
+
+    // Without the CA the certificate is not trusted: exit 1, password hidden.
+    let out = run({
+        let mut cmd = distlock();
+        cmd.args(["--url", &url, "list"]);
+        cmd
+    })
+    .await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(!stderr(&out).contains("s3cret"), "{}", stderr(&out));
+    guard.release().await.unwrap();
+}
