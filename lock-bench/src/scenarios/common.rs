@@ -101,6 +101,9 @@ pub enum Kind {
     /// The minimal floor: `SET NX PX` and a compare-and-delete script.
     Minimal,
     Distlock,
+    /// distlock built with `.fencing(false)`: no fencing counter, a plain
+    /// `SET NX PX` for a free lock.
+    DistlockUnfenced,
     /// distlock with `.renew(false)`: for `--profile` only, to show what the
     /// renewal task's wake-up on every acquisition costs.
     DistlockNoRenew,
@@ -115,6 +118,7 @@ impl Kind {
             Kind::Floor => "same-scripts floor",
             Kind::Minimal => "minimal floor (SET NX PX + CAD)",
             Kind::Distlock => "distlock",
+            Kind::DistlockUnfenced => "distlock fencing(false)",
             Kind::DistlockNoRenew => "distlock renew(false)",
             Kind::Macro => "#[distributed_lock]",
             Kind::Rslock => "rslock 0.10 (peer)",
@@ -164,10 +168,10 @@ impl Cycler {
                 key: Names::new("minimal:", key).lock,
                 rng: fastrand::Rng::with_seed(seed),
             },
-            Kind::Distlock | Kind::DistlockNoRenew => Cycler::Distlock {
-                manager: manager(target).await?,
+            Kind::Distlock | Kind::DistlockNoRenew | Kind::DistlockUnfenced => Cycler::Distlock {
+                manager: manager_with(target, kind != Kind::DistlockUnfenced).await?,
                 key: key.to_owned(),
-                renew: kind == Kind::Distlock,
+                renew: kind != Kind::DistlockNoRenew,
             },
             Kind::Macro => Cycler::Macro {
                 manager: manager(target).await?,
@@ -265,12 +269,21 @@ pub fn owner_token(rng: &mut fastrand::Rng) -> String {
 }
 
 pub async fn manager(target: &Target) -> Result<LockManager> {
+    manager_with(target, true).await
+}
+
+/// A manager with fencing tokens on or off.
+pub async fn manager_with(target: &Target, fencing: bool) -> Result<LockManager> {
     let builder = match target {
         Target::Single(url) => LockManager::builder(url),
         Target::Cluster(urls) => LockManager::cluster_builder(urls.iter().cloned()),
         Target::Redlock(urls) => LockManager::redlock_builder(urls.iter().cloned()),
     };
-    Ok(builder.default_lease(LEASE).build().await?)
+    Ok(builder
+        .default_lease(LEASE)
+        .fencing(fencing)
+        .build()
+        .await?)
 }
 
 /// Sequential cycles of several implementations, measured in alternating

@@ -159,9 +159,20 @@ pub async fn run(env: &Env) -> Result<Vec<ScenarioResult>> {
     let cluster = env.is_cluster();
     // rslock has no Redis Cluster support.
     let kinds: &[Kind] = if cluster {
-        &[Kind::Floor, Kind::Minimal, Kind::Distlock]
+        &[
+            Kind::Floor,
+            Kind::Minimal,
+            Kind::Distlock,
+            Kind::DistlockUnfenced,
+        ]
     } else {
-        &[Kind::Floor, Kind::Minimal, Kind::Distlock, Kind::Rslock]
+        &[
+            Kind::Floor,
+            Kind::Minimal,
+            Kind::Distlock,
+            Kind::DistlockUnfenced,
+            Kind::Rslock,
+        ]
     };
     let d = Kind::Distlock.label();
     let f = env.label(Kind::Floor);
@@ -217,7 +228,20 @@ pub async fn run(env: &Env) -> Result<Vec<ScenarioResult>> {
         notes,
         rows,
         references: 2,
-        targets: vec![target("distlock cycles/s >= rslock's")],
+        targets: if cluster {
+            vec![target("distlock cycles/s >= rslock's")]
+        } else {
+            vec![
+                target("distlock cycles/s >= rslock's"),
+                Target::ratio(
+                    "distlock fencing(false) cycles/s >= rslock's (both without fencing)",
+                    Kind::DistlockUnfenced.label(),
+                    "ops/s",
+                    p,
+                    Check::AtLeast(1.0),
+                ),
+            ]
+        },
     };
 
     // Zipf over 1,000 keys: hot keys contend.

@@ -25,9 +25,20 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
     let cluster = env.is_cluster();
     // rslock has no Redis Cluster support.
     let kinds: &[Kind] = if cluster {
-        &[Kind::Floor, Kind::Minimal, Kind::Distlock]
+        &[
+            Kind::Floor,
+            Kind::Minimal,
+            Kind::Distlock,
+            Kind::DistlockUnfenced,
+        ]
     } else {
-        &[Kind::Floor, Kind::Minimal, Kind::Distlock, Kind::Rslock]
+        &[
+            Kind::Floor,
+            Kind::Minimal,
+            Kind::Distlock,
+            Kind::DistlockUnfenced,
+            Kind::Rslock,
+        ]
     };
     let mut cyclers = Vec::new();
     for (i, kind) in kinds.iter().enumerate() {
@@ -79,12 +90,20 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
             "minimal floor: SET key owner NX PX + compare-and-delete script: the least a lock can do (no fencing token, no re-entry, no wake-up)".to_owned(),
             "cmds/op counts script-internal commands (INFO commandstats); rt/op is counted through a RESP-parsing proxy in a separate pass".to_owned(),
             "rslock takes the lock with SET NX PX (no script), so its cmds/op is lower by design".to_owned(),
+            "distlock fencing(false): a manager without fencing tokens, which takes a free lock with a plain SET NX PX (+ ECHO of the owner token) as rslock does".to_owned(),
         ],
         rows,
         references: 2,
         targets: vec![
             Target::ratio("distlock p50 <= 1.05x same-scripts floor", d, "p50 us", f, Check::AtMost(1.05)),
             Target::ratio("distlock p50 <= 1.0x rslock p50", d, "p50 us", p, Check::AtMost(1.0)),
+            Target::ratio(
+                "distlock fencing(false) p50 <= 1.0x rslock p50 (both without fencing)",
+                Kind::DistlockUnfenced.label(),
+                "p50 us",
+                p,
+                Check::AtMost(1.0),
+            ),
             Target::ratio(
                 "distlock client CPU/cycle <= 1.15x same-scripts floor",
                 d,
