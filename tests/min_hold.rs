@@ -2,7 +2,9 @@
 //! has passed stays taken until then (its TTL set to the rest, no wake-up), one
 //! released later is deleted at once; two replicas whose schedules differ by
 //! less than `min_hold` run a fast job once per period, by hand and through
-//! `#[distributed_lock]`. On one server and on a cluster.
+//! `#[distributed_lock]`. On one server, a cluster and a Redlock; by
+//! `release()`, a dropped guard, the blocking release as the runtime ends and
+//! the shutdown's.
 
 mod common;
 
@@ -10,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
-use distlock::testing::RedisCluster;
+use distlock::testing::{RedisCluster, RedisServer};
 use distlock::{distributed_lock, LockError, LockManager};
 
 const MIN_HOLD: Duration = Duration::from_millis(400);
@@ -98,6 +100,79 @@ async fn on_a_cluster() {
             .unwrap()
     };
     kept_until_min_hold(&m().await, &m().await, "min-hold:cluster").await;
+}
+
+#[tokio::test]
+async fn on_a_redlock() {
+    let servers: Vec<RedisServer> = (0..3).map(|_| server()).collect();
+    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    let m = || async {
+        LockManager::redlock_builder(urls.clone())
+            .build()
+            .await
+            .unwrap()
+    };
+    kept_until_min_hold(&m().await, &m().await, "min-hold:redlock").await;
+}
+
+#[tokio::test]
+async fn a_dropped_guard_keeps_the_rest_too() {
+    let redis = server();
+    let (a, b) = (manager(&redis).await, manager(&redis).await);
+    let g = a
+        .lock("job:dropped")
+        .min_hold(MIN_HOLD)
+        .acquire()
+        .await
+        .unwrap();
+    drop(g); // released in the background
+    eventually(Duration::from_secs(2), async || {
+        a.held_count() == 0
+            && b.inspect("job:dropped")
+                .await
+                .unwrap()
+                .and_then(|info| info.ttl)
+                .is_some_and(|ttl| ttl <= MIN_HOLD)
+    })
+    .await
+    .expect("the background release sets the TTL to the rest of min_hold");
+    assert!(b.lock("job:dropped").try_acquire().await.unwrap().is_none());
+}
+
+/// The blocking release, made as the runtime shuts down with a guard still
+/// waiting for its background release, keeps the lock too.
+#[test]
+fn dropped_as_the_runtime_ends_keeps_the_rest() {
+    let redis = server();
+    let url = redis.url();
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let rt = runtime();
+    let lock_key = rt.block_on(async {
+        let m = manager_at(&url).await;
+        let _g = m
+            .lock("job:runtime-ends")
+            .lease(Duration::from_secs(30))
+            .min_hold(Duration::from_secs(3))
+            .acquire()
+            .await
+            .unwrap();
+        m.redis_names("job:runtime-ends").lock
+        // `_g` dropped here: its background release never runs on this runtime.
+    });
+    drop(rt);
+    runtime().block_on(async {
+        let mut conn = raw(&redis).await;
+        let ttl = pttl(&mut conn, &lock_key).await;
+        assert!(
+            ttl > 0 && ttl <= 3000,
+            "kept for the rest of min_hold (not deleted, not left at the 30 s lease): {ttl}"
+        );
+    });
 }
 
 #[tokio::test]
