@@ -387,3 +387,40 @@ async fn two_replicas_through_the_attribute() {
     .await;
     assert_eq!(per_period, vec![1; PERIODS as usize], "runs per period");
 }
+
+/// A renewal in flight as the lock is released may run after the release's
+/// `PEXPIRE` and reset the TTL to a whole lease, shorter than the rest of a
+/// `min_hold` above the lease: the renewal task then releases again. Many
+/// short leases (renewed every 10 ms) released at scattered moments, none
+/// freed before `min_hold`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_crossing_the_release_does_not_shorten_min_hold() {
+    let redis = server();
+    let (a, b) = (manager(&redis).await, manager(&redis).await);
+    let keys: Vec<String> = (0..100).map(|i| format!("job:crossed:{i}")).collect();
+    let holds = keys.iter().enumerate().map(|(i, key)| {
+        let (a, key) = (a.clone(), key.clone());
+        tokio::spawn(async move {
+            let g = a
+                .lock(&key)
+                .lease(Duration::from_millis(30))
+                .min_hold(Duration::from_millis(800))
+                .acquire()
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_micros(50 + 997 * (i as u64 % 40))).await;
+            g.release().await.unwrap();
+        })
+    });
+    for h in holds.collect::<Vec<_>>() {
+        h.await.unwrap();
+    }
+    // Past the 30 ms lease a crossed renewal would have set.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    for key in &keys {
+        assert!(
+            b.lock(key).try_acquire().await.unwrap().is_none(),
+            "{key} freed before min_hold"
+        );
+    }
+}
