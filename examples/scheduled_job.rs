@@ -1,9 +1,13 @@
 //! A periodic job that runs once per period across all replicas.
 //!
 //! Three replicas (each with its own `LockManager`, as separate machines would
-//! have) fire the same job on the same schedule. `wait = "0s"` makes the losers
-//! skip at once instead of queueing up; a per-period marker written under the
-//! lock covers the replica whose clock fires late, after the winner finished.
+//! have) fire the same job on the same schedule, but their clocks disagree by
+//! up to 120 ms, longer than the job takes. `wait = "0s"` makes the losers skip
+//! at once instead of queueing up, and `min_hold = "250ms"` keeps the lock
+//! taken for 250 ms after the winner took it, however fast the job: the replica
+//! whose clock fires late still finds it taken, and does not run the job again.
+//! (`min_hold` must be longer than the replicas' disagreement and shorter than
+//! the period.)
 //!
 //! ```sh
 //! cargo run --example scheduled_job
@@ -16,55 +20,42 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use distlock::{distributed_lock, LockError, LockManager};
-use redis::AsyncCommands;
-
-#[derive(Debug, thiserror::Error)]
-enum JobError {
-    #[error("lock: {0}")]
-    Lock(#[from] LockError),
-    #[error("redis: {0}")]
-    Redis(#[from] redis::RedisError),
-}
 
 struct Replica {
     name: &'static str,
     locks: LockManager,
-    redis: redis::aio::MultiplexedConnection,
 }
 
 /// What happened in each period: who ran the job, who skipped it.
 type Journal = Arc<Mutex<BTreeMap<u32, Vec<String>>>>;
 
 /// The job: at most one replica at a time, and once per period.
-#[distributed_lock(key = "job:nightly-report", lease = "10s", wait = "0s", manager = replica.locks)]
-async fn nightly_report(replica: &Replica, period: u32) -> Result<bool, JobError> {
-    let mut redis = replica.redis.clone();
-    let marker = format!("{}job:nightly-report:last-period", support::PREFIX);
-    let last: Option<u32> = redis.get(&marker).await?;
-    if last.is_some_and(|last| last >= period) {
-        return Ok(false); // another replica already ran this period
-    }
+#[distributed_lock(
+    key = "job:nightly-report",
+    lease = "10s",
+    wait = "0s",
+    min_hold = "250ms",
+    manager = replica.locks
+)]
+async fn nightly_report(replica: &Replica) -> Result<(), LockError> {
     tokio::time::sleep(Duration::from_millis(40)).await; // the report itself
-    let () = redis.set(&marker, period).await?;
-    Ok(true)
+    Ok(())
 }
 
-async fn replica_loop(replica: Replica, periods: u32, journal: Journal) -> Result<(), JobError> {
+async fn replica_loop(replica: Replica, periods: u32, journal: Journal) -> Result<(), LockError> {
     let start = tokio::time::Instant::now();
     for period in 1..=periods {
-        // Replicas' clocks disagree a little: fire a few ms apart.
+        // Replicas' clocks disagree: fire up to 120 ms apart, three times
+        // longer than the job takes.
         let skew = Duration::from_millis(match replica.name {
             "replica-a" => 0,
-            "replica-b" => 3,
-            _ => 7,
+            "replica-b" => 50,
+            _ => 120,
         });
-        tokio::time::sleep_until(start + Duration::from_millis(200) * period + skew).await;
-        let what = match nightly_report(&replica, period).await {
-            Ok(true) => "ran the job".to_owned(),
-            Ok(false) => "skipped: already done this period".to_owned(),
-            Err(JobError::Lock(LockError::Timeout { .. })) => {
-                "skipped: another replica is running it".to_owned()
-            }
+        tokio::time::sleep_until(start + Duration::from_millis(400) * period + skew).await;
+        let what = match nightly_report(&replica).await {
+            Ok(()) => "ran the job",
+            Err(LockError::Timeout { .. }) => "skipped: another replica has it (or just had it)",
             Err(e) => return Err(e),
         };
         journal
@@ -80,11 +71,6 @@ async fn replica_loop(replica: Replica, periods: u32, journal: Journal) -> Resul
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (url, _server) = support::redis_url();
-    let client = redis::Client::open(url.as_str())?;
-    let mut redis = client.get_multiplexed_async_connection().await?;
-    let _: () = redis
-        .del(format!("{}job:nightly-report:last-period", support::PREFIX))
-        .await?;
 
     let journal = Journal::default();
     let mut replicas = Vec::new();
@@ -95,7 +81,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .key_prefix(format!("{}locks:", support::PREFIX))
                 .build()
                 .await?,
-            redis: client.get_multiplexed_async_connection().await?,
         };
         replicas.push(tokio::spawn(replica_loop(replica, 5, journal.clone())));
     }

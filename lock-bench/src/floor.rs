@@ -390,10 +390,11 @@ pub mod same_scripts {
         inv
     }
 
-    /// `release.lua`: KEYS lock; ARGV owner, wake-up channel.
+    /// `release.lua`: KEYS lock; ARGV owner, wake-up channel, keep_ms ("0": delete,
+    /// as distlock does without a `min_hold`).
     pub fn release<'a>(script: &'a Script, names: &Names, owner: &str) -> ScriptInvocation<'a> {
         let mut inv = script.key(&names.lock);
-        inv.arg(owner).arg(&names.channel);
+        inv.arg(owner).arg(&names.channel).arg("0");
         inv
     }
 

@@ -14,7 +14,7 @@ use crate::template::Template;
 
 /// Every option the attribute knows, in documentation order.
 pub(crate) const OPTIONS: &[&str] = &[
-    "key", "lease", "wait", "max_hold", "renew", "manager", "guard", "on_lost", "crate",
+    "key", "lease", "wait", "max_hold", "min_hold", "renew", "manager", "guard", "on_lost", "crate",
 ];
 
 /// Names people reach for that mean one of ours.
@@ -31,6 +31,9 @@ const ALIASES: &[(&str, &str)] = &[
     ("hold_at_most", "max_hold"),
     ("hold_timeout", "max_hold"),
     ("hold_limit", "max_hold"),
+    ("lock_at_least_for", "min_hold"),
+    ("hold_at_least", "min_hold"),
+    ("min_duration", "min_hold"),
     ("auto_renew", "renew"),
     ("watchdog", "renew"),
     ("client", "manager"),
@@ -42,7 +45,7 @@ struct RawArg {
     value: Expr,
 }
 
-/// A `lease`/`wait`/`max_hold` value.
+/// A `lease`/`wait`/`max_hold`/`min_hold` value.
 pub(crate) enum DurationArg {
     /// A literal checked at compile time.
     Literal { value: Duration, span: Span },
@@ -67,6 +70,7 @@ pub(crate) struct Options {
     pub(crate) lease: Option<DurationArg>,
     pub(crate) wait: Option<DurationArg>,
     pub(crate) max_hold: Option<DurationArg>,
+    pub(crate) min_hold: Option<DurationArg>,
     pub(crate) renew: Option<syn::LitBool>,
     pub(crate) manager: Option<Expr>,
     pub(crate) guard: Option<Ident>,
@@ -130,6 +134,9 @@ impl Options {
                 "wait" => opts.wait = duration_arg(DurationKind::Wait, value, errors),
                 "max_hold" => {
                     opts.max_hold = duration_arg(DurationKind::MaxHold, value, errors);
+                }
+                "min_hold" => {
+                    opts.min_hold = duration_arg(DurationKind::MinHold, value, errors);
                 }
                 "renew" => match &value {
                     Expr::Lit(ExprLit {
@@ -239,6 +246,7 @@ fn parse_raw(input: ParseStream) -> syn::Result<(Vec<RawArg>, Vec<syn::Error>)> 
                 "lease" => "lease = \"30s\"".to_owned(),
                 "wait" => "wait = \"5s\"".to_owned(),
                 "max_hold" => "max_hold = \"10m\"".to_owned(),
+                "min_hold" => "min_hold = \"30s\"".to_owned(),
                 _ => format!("{n} = ..."),
             };
             let msg = if OPTIONS.contains(&n.as_str()) {
@@ -411,7 +419,8 @@ mod tests {
             unknown_option_message("timeout"),
             "unknown option `timeout`; did you mean `wait`?"
         );
-        assert!(unknown_option_message("frobnicate").contains("`key`, `lease`, `wait`, `max_hold`"));
+        assert!(unknown_option_message("frobnicate")
+            .contains("`key`, `lease`, `wait`, `max_hold`, `min_hold`"));
         for alias in ["max_duration", "hold_at_most", "max_hold_time"] {
             assert_eq!(
                 unknown_option_message(alias),
@@ -471,6 +480,32 @@ mod tests {
         assert!(e[4].contains("unknown `on_lost` value \"stop\""));
         assert!(e[5].contains("`guard` takes an identifier"));
         assert!(e[6].contains("duplicate option `key`"));
+    }
+
+    #[test]
+    fn min_hold_like_max_hold() {
+        for alias in ["lock_at_least_for", "hold_at_least", "min_duration"] {
+            assert_eq!(
+                unknown_option_message(alias),
+                format!("unknown option `{alias}`; did you mean `min_hold`?")
+            );
+        }
+        let (o, e) = parse(quote! { key = "k", lease = "10s", min_hold = "1m" });
+        assert!(e.is_empty(), "{e:?}");
+        assert!(
+            matches!(o.min_hold, Some(DurationArg::Literal { value, .. }) if value == Duration::from_secs(60))
+        );
+        let (o, e) = parse(quote! { key = "k", min_hold = "0s", max_hold = "0s" });
+        assert_eq!(e.len(), 2, "{e:?}");
+        assert!(e[0].contains("`min_hold` must be longer than zero"));
+        assert!(o.min_hold.is_none());
+        let (_, e) = parse(quote! { key = "k", min_hold = 30 });
+        assert!(e[0].contains("`min_hold` needs a unit"), "{e:?}");
+        let (_, e) = parse(quote! { key = "k", min_hold });
+        assert!(e[0].contains("e.g. `min_hold = \"30s\"`"), "{e:?}");
+        let (o, e) = parse(quote! { key = "k", min_hold = self.period });
+        assert!(e.is_empty(), "{e:?}");
+        assert!(matches!(o.min_hold, Some(DurationArg::Expr(_))));
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! Compile-time checks of `lease = "30s"` / `wait = "5s"` / `max_hold = "10m"` literals.
+//! Compile-time checks of `lease = "30s"` / `wait = "5s"` / `max_hold = "10m"` /
+//! `min_hold = "30s"` literals.
 
 use std::time::Duration;
 
@@ -12,6 +13,9 @@ pub(crate) enum DurationKind {
     /// The longest the lock may be held. Above zero; shorter than the lease
     /// is allowed (it only caps the hold).
     MaxHold,
+    /// The shortest the lock is held (kept after an early release). Above
+    /// zero; longer than the lease is allowed (renewed while held, then kept).
+    MinHold,
 }
 
 impl DurationKind {
@@ -20,6 +24,7 @@ impl DurationKind {
             DurationKind::Lease => "lease",
             DurationKind::Wait => "wait",
             DurationKind::MaxHold => "max_hold",
+            DurationKind::MinHold => "min_hold",
         }
     }
 }
@@ -53,6 +58,10 @@ pub(crate) fn parse(kind: DurationKind, src: &str) -> Result<Duration, String> {
             DurationKind::MaxHold => Err(format!(
                 "`max_hold` must be longer than zero (\"{src}\"): a zero limit would end the hold \
                  at once; leave `max_hold` out for no limit"
+            )),
+            DurationKind::MinHold => Err(format!(
+                "`min_hold` must be longer than zero (\"{src}\"): leave `min_hold` out to \
+                 release the lock as soon as the body is done"
             )),
         };
     }
@@ -153,6 +162,27 @@ mod tests {
         let e = parse(DurationKind::MaxHold, "soon").unwrap_err();
         assert!(e.starts_with("invalid `max_hold` duration"), "{e}");
         let e = parse(DurationKind::MaxHold, "31days").unwrap_err();
+        assert!(e.contains("too long"), "{e}");
+    }
+
+    #[test]
+    fn min_hold_is_above_zero_and_may_exceed_the_lease() {
+        let e = parse(DurationKind::MinHold, "0s").unwrap_err();
+        assert!(
+            e.starts_with("`min_hold` must be longer than zero (\"0s\")"),
+            "{e}"
+        );
+        assert_eq!(
+            parse(DurationKind::MinHold, "30s").unwrap(),
+            Duration::from_secs(30)
+        );
+        assert_eq!(
+            parse(DurationKind::MinHold, "2ms").unwrap(),
+            Duration::from_millis(2)
+        );
+        let e = parse(DurationKind::MinHold, "30").unwrap_err();
+        assert!(e.starts_with("invalid `min_hold` duration"), "{e}");
+        let e = parse(DurationKind::MinHold, "31days").unwrap_err();
         assert!(e.contains("too long"), "{e}");
     }
 

@@ -128,6 +128,7 @@ fn generate(func: &mut ItemFn, shape: &Shape, opts: &Options) -> TokenStream {
         ("lease", &opts.lease),
         ("wait", &opts.wait),
         ("max_hold", &opts.max_hold),
+        ("min_hold", &opts.min_hold),
     ] {
         let Some(arg) = arg else { continue };
         let method = Ident::new(method, ms);
@@ -411,6 +412,7 @@ mod tests {
                 lease = "30s",
                 wait = "0s",
                 max_hold = "10m",
+                min_hold = "30s",
                 renew = false
             ),
             quote!(
@@ -427,6 +429,7 @@ mod tests {
             ". lease (:: core :: time :: Duration :: from_millis (30000))",
             ". wait (:: core :: time :: Duration :: from_millis (0))",
             ". max_hold (:: core :: time :: Duration :: from_millis (600000))",
+            ". min_hold (:: core :: time :: Duration :: from_millis (30000))",
             ". renew (false) . metrics_label (\"order:{order_id}\")",
             ":: distlock :: LockRequest :: acquire (distlock_request) . await",
             ":: distlock :: LockGuard :: scope_until_lost (& distlock_guard , async move",

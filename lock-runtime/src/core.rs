@@ -117,7 +117,7 @@ impl ManagerInner {
         for batch in leases.chunks(512) {
             let locks: Vec<_> = batch
                 .iter()
-                .map(|lease| (&lease.keys, lease.owner.as_str()))
+                .map(|lease| (&lease.keys, lease.owner.as_str(), lease.keep_ms()))
                 .collect();
             match core.backend.release_many(&locks).await {
                 Ok(released) => tracing::debug!(

@@ -182,7 +182,9 @@ impl LockGuard {
     }
 
     /// Releases this hold: one round trip that deletes the lock if it is still
-    /// ours and wakes the waiters. A re-entrant hold only gives back its count;
+    /// ours and wakes the waiters (before the request's
+    /// [`min_hold`](crate::LockRequest::min_hold) has passed, it sets the lock
+    /// to expire when it does instead). A re-entrant hold only gives back its count;
     /// the lock goes when the last hold of the call chain is released.
     ///
     /// # Errors
@@ -218,7 +220,7 @@ impl LockGuard {
         let started = Instant::now();
         let reply = core
             .backend
-            .release(&lease.key, &lease.keys, &lease.owner)
+            .release(&lease.key, &lease.keys, &lease.owner, lease.keep_ms())
             .await;
         pending.armed = false;
         match reply {
@@ -253,6 +255,7 @@ impl LockGuard {
                     lease.keys.clone(),
                     lease.owner.clone(),
                     lease.lease(),
+                    lease.min_hold_until,
                 );
                 Err(e.error)
             }
@@ -275,6 +278,7 @@ impl Drop for PendingRelease<'_> {
                 self.lease.keys.clone(),
                 self.lease.owner.clone(),
                 self.lease.lease(),
+                self.lease.min_hold_until,
             );
         }
     }
@@ -298,12 +302,14 @@ impl Drop for LockGuard {
             self.lease.keys.clone(),
             self.lease.owner.clone(),
             self.lease.lease(),
+            self.lease.min_hold_until,
         );
     }
 }
 
 /// Deletes the lock if `owner` still holds it, from a task of its own, retrying
-/// until it succeeds or the lease has run out anyway. Never blocks.
+/// until it succeeds or the lease has run out anyway. Never blocks. Until
+/// `keep_until` (a `min_hold`), it keeps the lock until then instead.
 ///
 /// If the runtime shuts down before the task has finished (a guard dropped as
 /// `#[tokio::main]` returns), the task is dropped unfinished and releases over a
@@ -317,6 +323,7 @@ pub(crate) fn release_in_background(
     keys: LockKeys,
     owner: String,
     lease: Duration,
+    keep_until: Option<Instant>,
 ) {
     let release = BackgroundRelease {
         core: core.clone(),
@@ -324,6 +331,7 @@ pub(crate) fn release_in_background(
         keys,
         owner,
         lease,
+        keep_until,
         unfinished: true,
     };
     SPAWNING.with(|s| s.set(true));
@@ -343,6 +351,7 @@ struct BackgroundRelease {
     keys: LockKeys,
     owner: String,
     lease: Duration,
+    keep_until: Option<Instant>,
     unfinished: bool,
 }
 
@@ -355,7 +364,12 @@ impl BackgroundRelease {
             let result = self
                 .core
                 .backend
-                .release(&self.key, &self.keys, &self.owner)
+                .release(
+                    &self.key,
+                    &self.keys,
+                    &self.owner,
+                    crate::lease::keep_ms(self.keep_until),
+                )
                 .await;
             match result {
                 Ok(deleted) => {
@@ -381,7 +395,11 @@ impl BackgroundRelease {
     }
 
     fn release_blocking(&self) {
-        let result = self.core.backend.release_blocking(&self.keys, &self.owner);
+        let result = self.core.backend.release_blocking(
+            &self.keys,
+            &self.owner,
+            crate::lease::keep_ms(self.keep_until),
+        );
         tracing::debug!(target: "distlock::release", key = %KeyPreview(&self.key), ok = result.is_ok(), "released at runtime shutdown");
     }
 }

@@ -22,6 +22,15 @@ pub(crate) fn drift(lease: Duration) -> Duration {
     lease / 100 + Duration::from_millis(2)
 }
 
+/// Milliseconds (rounded up) from now to `until`, 0 when it has passed or is
+/// `None`: what a release passes as `keep_ms` for a `min_hold`.
+pub(crate) fn keep_ms(until: Option<Instant>) -> u64 {
+    let Some(until) = until else { return 0 };
+    let left = until.saturating_duration_since(Instant::now());
+    let ms = left.as_nanos().div_ceil(1_000_000);
+    u64::try_from(ms).unwrap_or(u64::MAX)
+}
+
 pub(crate) struct Lease {
     pub(crate) id: u64,
     pub(crate) manager_id: u64,
@@ -39,6 +48,11 @@ pub(crate) struct Lease {
     /// The holder gives the lock up (its lease turns lost) at this instant, if
     /// the request set a `max_hold`.
     max_hold_until: Option<Instant>,
+    /// The lock stays taken until this instant, released or not, if the request
+    /// set a `min_hold`: the acquisition's reply arrived at `min_hold_until -
+    /// min_hold` (monotonic clock), and a release before then keeps the lock
+    /// for the rest (see [`Lease::keep_ms`]).
+    pub(crate) min_hold_until: Option<Instant>,
     epoch: Instant,
     /// Local validity deadline, nanoseconds after `epoch`.
     valid_until: AtomicU64,
@@ -72,10 +86,14 @@ pub(crate) struct NewLease {
     pub(crate) lease: Duration,
     pub(crate) renew: bool,
     pub(crate) max_hold: Option<Duration>,
+    pub(crate) min_hold: Option<Duration>,
     pub(crate) metrics_label: Option<&'static str>,
     pub(crate) epoch: Instant,
     /// When the acquire that set the lease in Redis was sent.
     pub(crate) sent_at: Instant,
+    /// When its reply arrived: the lock was taken between the two, so
+    /// `min_hold` counts from here (at least `min_hold` on the server too).
+    pub(crate) acquired_at: Instant,
 }
 
 impl Lease {
@@ -92,6 +110,7 @@ impl Lease {
             metrics_label: n.metrics_label,
             granted_at: n.sent_at,
             max_hold_until: n.max_hold.and_then(|d| n.sent_at.checked_add(d)),
+            min_hold_until: n.min_hold.and_then(|d| n.acquired_at.checked_add(d)),
             epoch: n.epoch,
             valid_until: AtomicU64::new(0),
             next_renewal: AtomicU64::new(0),
@@ -179,6 +198,12 @@ impl Lease {
 
     pub(crate) fn valid_until(&self) -> Instant {
         self.instant(self.valid_until.load(Ordering::Acquire))
+    }
+
+    /// How long a release now must keep the lock (whole milliseconds, rounded
+    /// up): the rest of `min_hold`, 0 without one or once it has passed.
+    pub(crate) fn keep_ms(&self) -> u64 {
+        keep_ms(self.min_hold_until)
     }
 
     /// Lost: the renewal found the lock not ours, or the local deadline passed.

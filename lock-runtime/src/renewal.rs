@@ -170,11 +170,19 @@ pub(crate) async fn run(renewals: &Renewals, backend: &Backend, epoch: Instant) 
 async fn renew_batch(backend: &Backend, batch: &[Arc<Lease>]) {
     let due: Vec<Instant> = batch.iter().map(|lease| lease.next_renewal()).collect();
     let outcomes = backend.renew(batch).await;
+    let mut rekeep = Vec::new();
     for ((lease, outcome), due) in batch.iter().zip(outcomes).zip(due) {
         match outcome {
             Renewal::Renewed { sent_at } => {
                 crate::telemetry::renewal_lag(|| sent_at.saturating_duration_since(due));
                 lease.renewed(sent_at);
+                // Released while this renewal was in flight: with a `min_hold`
+                // the release kept the lock (still ours), so the renewal may
+                // have run after it and reset the TTL to a whole lease. Release
+                // again (a second keep is harmless if it ran before).
+                if lease.is_released() && lease.min_hold_until.is_some() {
+                    rekeep.push(lease);
+                }
             }
             Renewal::NotOurs => {
                 lease.mark_lost("the renewal found the lock gone or held by another owner");
@@ -182,6 +190,16 @@ async fn renew_batch(backend: &Backend, batch: &[Arc<Lease>]) {
             Renewal::Failed(error) => renewal_failed(lease, &error),
             Renewal::Retry => lease.retry_renewal_at(Instant::now()),
         }
+    }
+    for lease in rekeep {
+        let outcome = backend
+            .release(&lease.key, &lease.keys, &lease.owner, lease.keep_ms())
+            .await;
+        tracing::debug!(target: "distlock::release",
+            key = %KeyPreview(&lease.key),
+            ok = outcome.is_ok(),
+            "released again after a renewal that crossed a min_hold release"
+        );
     }
 }
 

@@ -40,6 +40,7 @@ pub struct LockRequest {
     wait: Option<Duration>,
     renew: bool,
     max_hold: Option<Duration>,
+    min_hold: Option<Duration>,
     metrics_label: Option<&'static str>,
 }
 
@@ -60,6 +61,7 @@ impl LockRequest {
             wait: None,
             renew: true,
             max_hold: None,
+            min_hold: None,
             metrics_label: None,
         }
     }
@@ -93,6 +95,33 @@ impl LockRequest {
     /// one lease.
     pub fn max_hold(mut self, max_hold: Duration) -> Self {
         self.max_hold = Some(max_hold);
+        self
+    }
+
+    /// The shortest the lock is held (default: none), ShedLock's
+    /// `lockAtLeastFor`: the lock stays taken until at least `min_hold` after
+    /// it was acquired, even when the holder is done sooner. For scheduled
+    /// jobs: replicas that each run a job on a schedule, whose clocks or
+    /// timers differ by less than `min_hold`, then run a fast job once per
+    /// period rather than once per replica (the late replica finds the lock
+    /// still taken).
+    ///
+    /// A release before `min_hold` has passed does not delete the lock: the
+    /// same round trip sets its TTL to what is left of `min_hold` (a
+    /// `PEXPIRE` instead of a `DEL`; no extra round trip). Waiters are not
+    /// woken early: no wake-up is published, and they take the lock once it
+    /// has expired, when their backoff (capped by the remaining lease they
+    /// read) runs out. A release after `min_hold` deletes the lock as usual.
+    ///
+    /// `min_hold` may exceed the lease: the lock is renewed while it is held,
+    /// and at the release kept for the rest. The releases at
+    /// [`LockManager::shutdown`](crate::LockManager::shutdown) keep it too.
+    ///
+    /// Must be above zero and at most 30 days: otherwise acquiring fails with
+    /// [`LockError::InvalidConfig`]. Ignored when the acquisition re-enters a
+    /// hold of the same call chain (the outer request's options apply).
+    pub fn min_hold(mut self, min_hold: Duration) -> Self {
+        self.min_hold = Some(min_hold);
         self
     }
 
@@ -156,12 +185,20 @@ impl LockRequest {
             wait,
             renew,
             max_hold,
+            min_hold,
             metrics_label,
         } = self;
         if let Some(max_hold) = max_hold {
             if max_hold.is_zero() || max_hold > config::MAX_DURATION {
                 return Err(LockError::InvalidConfig(format!(
                     "max_hold is {max_hold:?}; it must be above zero and at most 30 days"
+                )));
+            }
+        }
+        if let Some(min_hold) = min_hold {
+            if min_hold.is_zero() || min_hold > config::MAX_DURATION {
+                return Err(LockError::InvalidConfig(format!(
+                    "min_hold is {min_hold:?}; it must be above zero and at most 30 days"
                 )));
             }
         }
@@ -207,6 +244,7 @@ impl LockRequest {
             lease,
             renew,
             max_hold,
+            min_hold,
             metrics_label,
             started: Instant::now(),
             attempts: 0,
@@ -252,6 +290,7 @@ struct Acquisition<'a> {
     lease: Duration,
     renew: bool,
     max_hold: Option<Duration>,
+    min_hold: Option<Duration>,
     metrics_label: Option<&'static str>,
     started: Instant,
     attempts: u32,
@@ -422,6 +461,7 @@ impl Acquisition<'_> {
             lease,
             renew,
             max_hold,
+            min_hold,
             metrics_label,
             started,
             attempts,
@@ -437,20 +477,24 @@ impl Acquisition<'_> {
             lease,
             renew,
             max_hold,
+            min_hold,
             metrics_label,
             epoch: core.epoch,
             sent_at,
+            acquired_at: Instant::now(),
         }));
         if !core.renewals.insert(lease.clone()) {
             // The manager was shut down while this attempt was in flight: give
             // the lock straight back.
             lease.mark_released();
+            // The holder never had it: no min_hold to keep.
             crate::guard::release_in_background(
                 core,
                 lease.key.clone(),
                 lease.keys.clone(),
                 lease.owner.clone(),
                 lease.lease(),
+                None,
             );
             return Err(LockError::ShutDown {
                 key: lease.key.clone(),
@@ -514,6 +558,7 @@ impl Drop for InFlight<'_> {
                 self.keys.clone(),
                 self.owner.to_owned(),
                 self.lease,
+                None,
             );
         }
     }

@@ -347,7 +347,7 @@ impl Cluster {
         match &ack {
             None => Ok(reply),
             Some(ack) => {
-                super::require_replicas(key, reply, acked, ack, self.release(key, keys, owner))
+                super::require_replicas(key, reply, acked, ack, self.release(key, keys, owner, 0))
                     .await
             }
         }
@@ -358,10 +358,11 @@ impl Cluster {
         key: &str,
         keys: &LockKeys,
         owner: &str,
+        keep_ms: u64,
     ) -> Result<bool, CallError> {
         let scripts = &self.scripts;
         self.call(key, |mut conn| async move {
-            scripts.release(&mut conn, keys, owner).await
+            scripts.release(&mut conn, keys, owner, keep_ms).await
         })
         .await
     }
@@ -443,13 +444,13 @@ impl Cluster {
     /// locks released one call each.
     pub(crate) async fn release_many(
         &self,
-        locks: &[(&LockKeys, &str)],
+        locks: &[(&LockKeys, &str, u64)],
     ) -> Result<Vec<bool>, CallError> {
         let conn = self.connection("").await?;
-        let groups = self.group_by_node(locks.iter().map(|(keys, _)| keys.lock.as_str()));
+        let groups = self.group_by_node(locks.iter().map(|(keys, _, _)| keys.lock.as_str()));
         let sends = groups.into_iter().map(|(node, indices)| {
             let mut conn = conn.clone();
-            let group: Vec<(&LockKeys, &str)> = indices.iter().map(|i| locks[*i]).collect();
+            let group: Vec<(&LockKeys, &str, u64)> = indices.iter().map(|i| locks[*i]).collect();
             async move {
                 let pipe = self.scripts.release_many_pipeline(&group);
                 let sent = match node {
@@ -469,8 +470,10 @@ impl Cluster {
                 let released = match sent {
                     Some(released) => released,
                     None => {
-                        let each = group.iter().map(|(keys, owner)| async move {
-                            self.release("", keys, owner).await.unwrap_or(false)
+                        let each = group.iter().map(|(keys, owner, keep_ms)| async move {
+                            self.release("", keys, owner, *keep_ms)
+                                .await
+                                .unwrap_or(false)
                         });
                         join_all(each).await
                     }
@@ -487,7 +490,12 @@ impl Cluster {
         Ok(out)
     }
 
-    pub(crate) fn release_blocking(&self, keys: &LockKeys, owner: &str) -> RedisResult<bool> {
+    pub(crate) fn release_blocking(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        keep_ms: u64,
+    ) -> RedisResult<bool> {
         let node = self
             .slots
             .lock()
@@ -504,7 +512,8 @@ impl Cluster {
         let mut conn = client.get_connection_with_timeout(self.connect_timeout)?;
         conn.set_read_timeout(Some(self.command_timeout))?;
         conn.set_write_timeout(Some(self.command_timeout))?;
-        self.scripts.release_blocking(&mut conn, keys, owner)
+        self.scripts
+            .release_blocking(&mut conn, keys, owner, keep_ms)
     }
 
     /// One pipeline per node, sent to all nodes at once.

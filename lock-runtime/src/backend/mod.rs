@@ -123,18 +123,21 @@ impl Backend {
         }
     }
 
-    /// Deletes the lock if `owner` holds it and wakes its waiters; true when it did.
+    /// Deletes the lock if `owner` holds it and wakes its waiters; true when it
+    /// was ours. With `keep_ms` above zero (the rest of a `min_hold`) the lock
+    /// is not deleted but set to expire in `keep_ms`, and nobody is woken.
     pub(crate) async fn release(
         &self,
         key: &str,
         keys: &LockKeys,
         owner: &str,
+        keep_ms: u64,
     ) -> Result<bool, CallError> {
         match self {
-            Backend::Single(b) => b.release(key, keys, owner).await,
-            Backend::Cluster(b) => b.release(key, keys, owner).await,
-            Backend::Redlock(b) => b.release(key, keys, owner).await,
-            Backend::Sentinel(b) => b.release(key, keys, owner).await,
+            Backend::Single(b) => b.release(key, keys, owner, keep_ms).await,
+            Backend::Cluster(b) => b.release(key, keys, owner, keep_ms).await,
+            Backend::Redlock(b) => b.release(key, keys, owner, keep_ms).await,
+            Backend::Sentinel(b) => b.release(key, keys, owner, keep_ms).await,
         }
     }
 
@@ -190,10 +193,11 @@ impl Backend {
     }
 
     /// Releases many locks in as few round trips as the backend allows (one per
-    /// server); per lock, whether it was still ours.
+    /// server); per lock (keys, owner, keep_ms as for `release`), whether it
+    /// was still ours.
     pub(crate) async fn release_many(
         &self,
-        locks: &[(&LockKeys, &str)],
+        locks: &[(&LockKeys, &str, u64)],
     ) -> Result<Vec<bool>, CallError> {
         match self {
             Backend::Single(b) => b.release_many(locks).await,
@@ -205,12 +209,17 @@ impl Backend {
 
     /// Releases over a blocking connection of its own, bounded by the connect
     /// and command timeouts: for the moment a tokio runtime shuts down.
-    pub(crate) fn release_blocking(&self, keys: &LockKeys, owner: &str) -> RedisResult<bool> {
+    pub(crate) fn release_blocking(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        keep_ms: u64,
+    ) -> RedisResult<bool> {
         match self {
-            Backend::Single(b) => b.release_blocking(keys, owner),
-            Backend::Cluster(b) => b.release_blocking(keys, owner),
-            Backend::Redlock(b) => b.release_blocking(keys, owner),
-            Backend::Sentinel(b) => b.release_blocking(keys, owner),
+            Backend::Single(b) => b.release_blocking(keys, owner, keep_ms),
+            Backend::Cluster(b) => b.release_blocking(keys, owner, keep_ms),
+            Backend::Redlock(b) => b.release_blocking(keys, owner, keep_ms),
+            Backend::Sentinel(b) => b.release_blocking(keys, owner, keep_ms),
         }
     }
 

@@ -248,7 +248,7 @@ impl Redlock {
 
     /// Releases on every member; true when every member answered.
     async fn give_back(&self, key: &str, keys: &LockKeys, owner: &str) -> bool {
-        self.on_all(self.command_timeout, |m| m.release(key, keys, owner))
+        self.on_all(self.command_timeout, |m| m.release(key, keys, owner, 0))
             .await
             .iter()
             .all(Result::is_ok)
@@ -259,9 +259,12 @@ impl Redlock {
         key: &str,
         keys: &LockKeys,
         owner: &str,
+        keep_ms: u64,
     ) -> Result<bool, CallError> {
         let replies = self
-            .on_all(self.command_timeout, |m| m.release(key, keys, owner))
+            .on_all(self.command_timeout, |m| {
+                m.release(key, keys, owner, keep_ms)
+            })
             .await;
         // Fewer than a majority answered and none held it: the caller retries.
         self.any_of_a_majority(key, replies)
@@ -359,7 +362,7 @@ impl Redlock {
 
     pub(crate) async fn release_many(
         &self,
-        locks: &[(&LockKeys, &str)],
+        locks: &[(&LockKeys, &str, u64)],
     ) -> Result<Vec<bool>, CallError> {
         let replies = self
             .on_all(self.command_timeout, |m| m.release_many(locks))
@@ -384,11 +387,16 @@ impl Redlock {
         }
     }
 
-    pub(crate) fn release_blocking(&self, keys: &LockKeys, owner: &str) -> RedisResult<bool> {
+    pub(crate) fn release_blocking(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        keep_ms: u64,
+    ) -> RedisResult<bool> {
         let mut released = false;
         let mut last_error = None;
         for member in &self.members {
-            match member.release_blocking(keys, owner) {
+            match member.release_blocking(keys, owner, keep_ms) {
                 Ok(r) => released |= r,
                 Err(e) => last_error = Some(e),
             }

@@ -359,7 +359,7 @@ impl Scripts {
     pub(crate) async fn release_many(
         &self,
         conn: &mut impl ConnectionLike,
-        locks: &[(&LockKeys, &str)],
+        locks: &[(&LockKeys, &str, u64)],
     ) -> RedisResult<Vec<bool>> {
         let replies: Vec<redis::Value> =
             self.release_many_pipeline(locks).query_async(conn).await?;
@@ -367,11 +367,14 @@ impl Scripts {
     }
 
     /// The pipeline of [`Scripts::release_many`]: SCRIPT LOAD, then one release per lock.
-    pub(crate) fn release_many_pipeline(&self, locks: &[(&LockKeys, &str)]) -> redis::Pipeline {
+    pub(crate) fn release_many_pipeline(
+        &self,
+        locks: &[(&LockKeys, &str, u64)],
+    ) -> redis::Pipeline {
         let mut pipe = redis::pipe();
         pipe.cmd("SCRIPT").arg("LOAD").arg(self.release.source);
-        for (keys, owner) in locks {
-            pipe.add_command(self.release_cmd(keys, owner));
+        for (keys, owner, keep_ms) in locks {
+            pipe.add_command(self.release_cmd(keys, owner, *keep_ms));
         }
         pipe
     }
@@ -379,7 +382,7 @@ impl Scripts {
     /// Reads the replies of [`Scripts::release_many_pipeline`].
     pub(crate) fn release_many_replies(
         &self,
-        locks: &[(&LockKeys, &str)],
+        locks: &[(&LockKeys, &str, u64)],
         mut all: Vec<redis::Value>,
     ) -> RedisResult<Vec<bool>> {
         if all.len() != locks.len() + 1 {
@@ -397,29 +400,33 @@ impl Scripts {
         locks
             .iter()
             .zip(replies)
-            .map(|((_, owner), (released, echoed))| {
+            .map(|((_, owner, _), (released, echoed))| {
                 check_owner(&echoed, owner)?;
                 Ok(released == 1)
             })
             .collect()
     }
 
-    fn release_cmd(&self, keys: &LockKeys, owner: &str) -> Cmd {
+    /// `keep_ms`: above zero, the lock is kept that many milliseconds more
+    /// (its TTL set to it) instead of deleted, for a request's `min_hold`.
+    fn release_cmd(&self, keys: &LockKeys, owner: &str, keep_ms: u64) -> Cmd {
         let mut cmd = self
             .release
-            .call(&[&keys.lock], 2, owner.len() + keys.channel.len());
-        cmd.arg(owner).arg(&keys.channel);
+            .call(&[&keys.lock], 3, owner.len() + keys.channel.len() + 20);
+        cmd.arg(owner).arg(&keys.channel).arg(keep_ms);
         cmd
     }
 
-    /// Deletes the lock if `owner` holds it and publishes a wake-up; true when it did.
+    /// Deletes the lock if `owner` holds it and publishes a wake-up (or, with
+    /// `keep_ms` above zero, leaves it `keep_ms` more); true when it was ours.
     pub(crate) async fn release(
         &self,
         conn: &mut impl ConnectionLike,
         keys: &LockKeys,
         owner: &str,
+        keep_ms: u64,
     ) -> RedisResult<bool> {
-        let cmd = self.release_cmd(keys, owner);
+        let cmd = self.release_cmd(keys, owner, keep_ms);
         let (released, echoed): (i64, String) = self.release.invoke(conn, &cmd).await?;
         check_owner(&echoed, owner)?;
         Ok(released == 1)
@@ -431,8 +438,9 @@ impl Scripts {
         conn: &mut redis::Connection,
         keys: &LockKeys,
         owner: &str,
+        keep_ms: u64,
     ) -> RedisResult<bool> {
-        let cmd = self.release_cmd(keys, owner);
+        let cmd = self.release_cmd(keys, owner, keep_ms);
         let (released, echoed): (i64, String) = self.release.invoke_blocking(conn, &cmd)?;
         check_owner(&echoed, owner)?;
         Ok(released == 1)
@@ -579,7 +587,7 @@ impl Scripts {
         steps.push(ProbeStep::script("the inspect script", &self.inspect));
         pipe.add_command(self.renew_cmd(&keys.lock, owner, lease_ms));
         steps.push(ProbeStep::script("the renew script", &self.renew));
-        pipe.add_command(self.release_cmd(keys, owner));
+        pipe.add_command(self.release_cmd(keys, owner, 0));
         steps.push(ProbeStep::script("the release script", &self.release));
         // Leave nothing behind (the counter would otherwise live out its TTL).
         pipe.cmd("DEL").arg(&keys.fence);

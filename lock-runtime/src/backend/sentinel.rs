@@ -166,11 +166,12 @@ impl Sentinel {
         key: &str,
         keys: &LockKeys,
         owner: &str,
+        keep_ms: u64,
     ) -> Result<bool, CallError> {
         let master = self.current();
-        match master.release(key, keys, owner).await {
+        match master.release(key, keys, owner, keep_ms).await {
             Err(e) if failover_suspected(&e) && self.rediscover(&master).await => {
-                self.current().release(key, keys, owner).await
+                self.current().release(key, keys, owner, keep_ms).await
             }
             other => other,
         }
@@ -227,7 +228,7 @@ impl Sentinel {
 
     pub(crate) async fn release_many(
         &self,
-        locks: &[(&LockKeys, &str)],
+        locks: &[(&LockKeys, &str, u64)],
     ) -> Result<Vec<bool>, CallError> {
         let master = self.current();
         match master.release_many(locks).await {
@@ -238,8 +239,13 @@ impl Sentinel {
         }
     }
 
-    pub(crate) fn release_blocking(&self, keys: &LockKeys, owner: &str) -> RedisResult<bool> {
-        self.current().release_blocking(keys, owner)
+    pub(crate) fn release_blocking(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        keep_ms: u64,
+    ) -> RedisResult<bool> {
+        self.current().release_blocking(keys, owner, keep_ms)
     }
 
     pub(crate) async fn renew(&self, batch: &[Arc<Lease>]) -> Vec<Renewal> {

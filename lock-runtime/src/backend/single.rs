@@ -233,7 +233,7 @@ impl Single {
             }
         };
         // Give it back now rather than hold a lock a failover may forget.
-        super::require_replicas(key, reply, acked, &ack, self.release(key, keys, owner)).await
+        super::require_replicas(key, reply, acked, &ack, self.release(key, keys, owner, 0)).await
     }
 
     /// Raises the lock's fencing counter to at least `token` and, if `owner`
@@ -263,13 +263,14 @@ impl Single {
         key: &str,
         keys: &LockKeys,
         owner: &str,
+        keep_ms: u64,
     ) -> Result<bool, CallError> {
         let conn = self.connection();
         let mut redis = conn.redis;
         self.call(
             key,
             conn.generation,
-            self.scripts.release(&mut redis, keys, owner),
+            self.scripts.release(&mut redis, keys, owner, keep_ms),
         )
         .await
     }
@@ -336,7 +337,7 @@ impl Single {
 
     pub(crate) async fn release_many(
         &self,
-        locks: &[(&LockKeys, &str)],
+        locks: &[(&LockKeys, &str, u64)],
     ) -> Result<Vec<bool>, CallError> {
         let conn = self.connection();
         let mut redis = conn.redis;
@@ -348,13 +349,19 @@ impl Single {
         .await
     }
 
-    pub(crate) fn release_blocking(&self, keys: &LockKeys, owner: &str) -> RedisResult<bool> {
+    pub(crate) fn release_blocking(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        keep_ms: u64,
+    ) -> RedisResult<bool> {
         let mut conn = self
             .client
             .get_connection_with_timeout(self.connect_timeout)?;
         conn.set_read_timeout(Some(self.command_timeout))?;
         conn.set_write_timeout(Some(self.command_timeout))?;
-        self.scripts.release_blocking(&mut conn, keys, owner)
+        self.scripts
+            .release_blocking(&mut conn, keys, owner, keep_ms)
     }
 
     /// One pipeline of renew scripts: one round trip.

@@ -1,0 +1,426 @@
+//! `min_hold` (ShedLock's lockAtLeastFor): a lock released before `min_hold`
+//! has passed stays taken until then (its TTL set to the rest, no wake-up), one
+//! released later is deleted at once; two replicas whose schedules differ by
+//! less than `min_hold` run a fast job once per period, by hand and through
+//! `#[distributed_lock]`. On one server, a cluster and a Redlock; by
+//! `release()`, a dropped guard, the blocking release as the runtime ends and
+//! the shutdown's.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+use distlock::testing::{RedisCluster, RedisServer};
+use distlock::{distributed_lock, LockError, LockManager};
+
+const MIN_HOLD: Duration = Duration::from_millis(400);
+
+/// Released 50 ms after the grant: the lock stays taken (another manager's
+/// `try_acquire` is `None`, a waiter is not woken) until about the grant +
+/// `MIN_HOLD`, then it is free.
+async fn kept_until_min_hold(holder: &LockManager, other: &LockManager, key: &str) {
+    let before = Instant::now();
+    let g = holder
+        .lock(key)
+        .lease(Duration::from_secs(5))
+        .min_hold(MIN_HOLD)
+        .acquire()
+        .await
+        .unwrap();
+    let granted = Instant::now();
+    let waiter = {
+        let other = other.clone();
+        let key = key.to_owned();
+        tokio::spawn(async move {
+            let g = other
+                .lock(&key)
+                .wait(Duration::from_secs(10))
+                .acquire()
+                .await
+                .unwrap();
+            let at = Instant::now();
+            g.release().await.unwrap();
+            at
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    g.release()
+        .await
+        .expect("the release of a lock still ours is Ok");
+    assert_eq!(holder.held_count(), 0, "the holder no longer holds it");
+
+    assert!(
+        other.lock(key).try_acquire().await.unwrap().is_none(),
+        "kept after the release"
+    );
+    let info = other
+        .inspect(key)
+        .await
+        .unwrap()
+        .expect("kept after the release");
+    let ttl = info.ttl.expect("a kept lock has a TTL");
+    assert!(ttl <= MIN_HOLD, "the TTL is the rest of min_hold: {ttl:?}");
+    // A kept lock publishes no wake-up: 100 ms after the release (still well
+    // within min_hold) the waiter has not been woken, and waits on.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(other.wake_ups_delivered(), 0, "the release woke the waiter");
+    assert!(!waiter.is_finished(), "the waiter got the kept lock");
+
+    let acquired_at = waiter.await.unwrap();
+    assert!(
+        acquired_at >= granted + MIN_HOLD - Duration::from_millis(15),
+        "freed {:?} after the grant, before min_hold",
+        acquired_at - granted
+    );
+    assert!(
+        acquired_at < before + MIN_HOLD + Duration::from_millis(500),
+        "freed {:?} after the acquire began: not about at min_hold",
+        acquired_at - before
+    );
+    // Free again once the waiter released it (no min_hold on its request).
+    assert!(other.lock(key).try_acquire().await.unwrap().is_some());
+}
+
+#[tokio::test]
+async fn released_before_min_hold_is_kept_until_then() {
+    let redis = server();
+    let (a, b) = (manager(&redis).await, manager(&redis).await);
+    kept_until_min_hold(&a, &b, "job:early").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster() {
+    let cluster = RedisCluster::process_wide().unwrap();
+    let m = || async {
+        LockManager::cluster_builder(cluster.urls())
+            .build()
+            .await
+            .unwrap()
+    };
+    kept_until_min_hold(&m().await, &m().await, "min-hold:cluster").await;
+}
+
+#[tokio::test]
+async fn on_a_redlock() {
+    let servers: Vec<RedisServer> = (0..3).map(|_| server()).collect();
+    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    let m = || async {
+        LockManager::redlock_builder(urls.clone())
+            .build()
+            .await
+            .unwrap()
+    };
+    kept_until_min_hold(&m().await, &m().await, "min-hold:redlock").await;
+}
+
+#[tokio::test]
+async fn a_dropped_guard_keeps_the_rest_too() {
+    let redis = server();
+    let (a, b) = (manager(&redis).await, manager(&redis).await);
+    let g = a
+        .lock("job:dropped")
+        .min_hold(MIN_HOLD)
+        .acquire()
+        .await
+        .unwrap();
+    drop(g); // released in the background
+    eventually(Duration::from_secs(2), async || {
+        a.held_count() == 0
+            && b.inspect("job:dropped")
+                .await
+                .unwrap()
+                .and_then(|info| info.ttl)
+                .is_some_and(|ttl| ttl <= MIN_HOLD)
+    })
+    .await
+    .expect("the background release sets the TTL to the rest of min_hold");
+    assert!(b.lock("job:dropped").try_acquire().await.unwrap().is_none());
+}
+
+/// The blocking release, made as the runtime shuts down with a guard still
+/// waiting for its background release, keeps the lock too.
+#[test]
+fn dropped_as_the_runtime_ends_keeps_the_rest() {
+    let redis = server();
+    let url = redis.url();
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let rt = runtime();
+    let lock_key = rt.block_on(async {
+        let m = manager_at(&url).await;
+        let _g = m
+            .lock("job:runtime-ends")
+            .lease(Duration::from_secs(30))
+            .min_hold(Duration::from_secs(3))
+            .acquire()
+            .await
+            .unwrap();
+        m.redis_names("job:runtime-ends").lock
+        // `_g` dropped here: its background release never runs on this runtime.
+    });
+    drop(rt);
+    runtime().block_on(async {
+        let mut conn = raw(&redis).await;
+        let ttl = pttl(&mut conn, &lock_key).await;
+        assert!(
+            ttl > 0 && ttl <= 3000,
+            "kept for the rest of min_hold (not deleted, not left at the 30 s lease): {ttl}"
+        );
+    });
+}
+
+#[tokio::test]
+async fn released_after_min_hold_is_deleted_at_once() {
+    let redis = server();
+    let (a, b) = (manager(&redis).await, manager(&redis).await);
+    let g = a
+        .lock("job:late")
+        .min_hold(Duration::from_millis(200))
+        .acquire()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    g.release().await.unwrap();
+    assert!(
+        a.inspect("job:late").await.unwrap().is_none(),
+        "deleted by the release"
+    );
+    assert!(
+        b.lock("job:late").try_acquire().await.unwrap().is_some(),
+        "free for another manager at once"
+    );
+}
+
+#[tokio::test]
+async fn min_hold_above_the_lease_renews_then_keeps() {
+    let redis = server();
+    let (a, b) = (manager(&redis).await, manager(&redis).await);
+    let granted = Instant::now();
+    let g = a
+        .lock("job:long")
+        .lease(Duration::from_millis(150))
+        .min_hold(Duration::from_millis(700))
+        .acquire()
+        .await
+        .unwrap();
+    // Held past two leases: renewed.
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    assert!(!g.is_lost());
+    g.release().await.unwrap();
+    // Kept past its lease, for the rest of min_hold.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(b.lock("job:long").try_acquire().await.unwrap().is_none());
+    eventually(Duration::from_secs(2), async || {
+        b.lock("job:long").try_acquire().await.unwrap().is_some()
+    })
+    .await
+    .expect("freed after min_hold");
+    let at = granted.elapsed();
+    assert!(
+        at >= Duration::from_millis(700) && at < Duration::from_millis(1200),
+        "freed {at:?} after the grant, not at about min_hold"
+    );
+}
+
+#[tokio::test]
+async fn shutdown_keeps_the_rest_too() {
+    let redis = server();
+    let (a, b) = (manager(&redis).await, manager(&redis).await);
+    let _g = a
+        .lock("job:shutdown")
+        .min_hold(MIN_HOLD)
+        .acquire()
+        .await
+        .unwrap();
+    a.shutdown().await.unwrap();
+    assert!(
+        b.lock("job:shutdown")
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_none(),
+        "the shutdown's release keeps it for the rest of min_hold"
+    );
+    eventually(Duration::from_secs(2), async || {
+        b.lock("job:shutdown")
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_some()
+    })
+    .await
+    .expect("freed after min_hold");
+}
+
+#[tokio::test]
+async fn min_hold_is_validated() {
+    let redis = server();
+    let a = manager(&redis).await;
+    for bad in [Duration::ZERO, Duration::from_secs(31 * 24 * 3600)] {
+        let e = a.lock("job:bad").min_hold(bad).acquire().await.unwrap_err();
+        assert!(
+            matches!(&e, LockError::InvalidConfig(m) if m.contains("min_hold")),
+            "{e}"
+        );
+    }
+    // Up to 30 days is fine.
+    let g = a
+        .lock("job:bad")
+        .min_hold(Duration::from_secs(30 * 24 * 3600))
+        .acquire()
+        .await
+        .unwrap();
+    g.release().await.unwrap();
+}
+
+const PERIOD: Duration = Duration::from_millis(600);
+const OFFSET: Duration = Duration::from_millis(150);
+const PERIODS: u32 = 5;
+
+/// Runs in which period, by replica.
+type Runs = Arc<Mutex<Vec<(u32, &'static str)>>>;
+
+/// Two replicas tick every `PERIOD`, B `OFFSET` after A, and run `job` on
+/// each tick; returns how many runs each period saw.
+async fn two_replicas<F, Fut>(a: LockManager, b: LockManager, job: F) -> Vec<usize>
+where
+    F: Fn(LockManager, u32, &'static str, Runs) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let runs = Runs::default();
+    let start = tokio::time::Instant::now() + Duration::from_millis(50);
+    let replicas = [(a, "a", Duration::ZERO), (b, "b", OFFSET)].map(|(m, name, offset)| {
+        let (job, runs) = (job.clone(), runs.clone());
+        tokio::spawn(async move {
+            for period in 0..PERIODS {
+                tokio::time::sleep_until(start + PERIOD * period + offset).await;
+                job(m.clone(), period, name, runs.clone()).await;
+            }
+        })
+    });
+    for r in replicas {
+        r.await.unwrap();
+    }
+    let runs = runs.lock().unwrap();
+    (0..PERIODS)
+        .map(|p| runs.iter().filter(|(q, _)| *q == p).count())
+        .collect()
+}
+
+/// One tick by hand: `try_acquire`, a 10 ms body, release.
+async fn tick(
+    m: LockManager,
+    key: &'static str,
+    min_hold: Option<Duration>,
+    period: u32,
+    name: &'static str,
+    runs: Runs,
+) {
+    let mut request = m.lock(key);
+    if let Some(min_hold) = min_hold {
+        request = request.min_hold(min_hold);
+    }
+    if let Some(g) = request.try_acquire().await.unwrap() {
+        runs.lock().unwrap().push((period, name));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        g.release().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn two_replicas_run_a_fast_job_once_per_period() {
+    let redis = server();
+    let per_period = two_replicas(
+        manager(&redis).await,
+        manager(&redis).await,
+        |m, p, n, r| tick(m, "job:replicas", Some(MIN_HOLD), p, n, r),
+    )
+    .await;
+    assert_eq!(per_period, vec![1; PERIODS as usize], "runs per period");
+
+    // The same without min_hold: B, 150 ms late, finds the 10 ms job done and
+    // runs it again.
+    let per_period = two_replicas(
+        manager(&redis).await,
+        manager(&redis).await,
+        |m, p, n, r| tick(m, "job:replicas-unkept", None, p, n, r),
+    )
+    .await;
+    assert_eq!(
+        per_period,
+        vec![2; PERIODS as usize],
+        "runs per period without min_hold"
+    );
+}
+
+#[distributed_lock(key = "job:macro", min_hold = "400ms", wait = "0s", manager = m)]
+async fn scheduled(
+    m: &LockManager,
+    period: u32,
+    name: &'static str,
+    runs: &Runs,
+) -> Result<(), LockError> {
+    runs.lock().unwrap().push((period, name));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn two_replicas_through_the_attribute() {
+    let redis = server();
+    let per_period = two_replicas(
+        manager(&redis).await,
+        manager(&redis).await,
+        |m, p, n, r| async move {
+            match scheduled(&m, p, n, &r).await {
+                Ok(()) | Err(LockError::Timeout { .. }) => {}
+                Err(e) => panic!("{e}"),
+            }
+        },
+    )
+    .await;
+    assert_eq!(per_period, vec![1; PERIODS as usize], "runs per period");
+}
+
+/// A renewal in flight as the lock is released may run after the release's
+/// `PEXPIRE` and reset the TTL to a whole lease, shorter than the rest of a
+/// `min_hold` above the lease: the renewal task then releases again. Many
+/// short leases (renewed every 10 ms) released at scattered moments, none
+/// freed before `min_hold`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_crossing_the_release_does_not_shorten_min_hold() {
+    let redis = server();
+    let (a, b) = (manager(&redis).await, manager(&redis).await);
+    let keys: Vec<String> = (0..100).map(|i| format!("job:crossed:{i}")).collect();
+    let holds = keys.iter().enumerate().map(|(i, key)| {
+        let (a, key) = (a.clone(), key.clone());
+        tokio::spawn(async move {
+            let g = a
+                .lock(&key)
+                .lease(Duration::from_millis(30))
+                .min_hold(Duration::from_millis(800))
+                .acquire()
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_micros(50 + 997 * (i as u64 % 40))).await;
+            g.release().await.unwrap();
+        })
+    });
+    for h in holds.collect::<Vec<_>>() {
+        h.await.unwrap();
+    }
+    // Past the 30 ms lease a crossed renewal would have set.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    for key in &keys {
+        assert!(
+            b.lock(key).try_acquire().await.unwrap().is_none(),
+            "{key} freed before min_hold"
+        );
+    }
+}
