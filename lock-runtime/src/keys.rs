@@ -4,9 +4,9 @@
 //! so that one script may touch them all in cluster mode:
 //!
 //! ```text
-//! <prefix>lock:{<tag>}:<K>    hash {owner token -> fencing token} (and `waiters`
-//!                             once someone waits), with the lease as TTL
-//! <prefix>fence:{<tag>}:<K>   last fencing token issued (no TTL: outlives the lock)
+//! <prefix>lock:{<tag>}:<K>    string "<owner><mark><token>:<since>:<holder>" (see
+//!                             scripts/acquire.lua), with the lease as TTL
+//! <prefix>fence:{<tag>}:<K>   last fencing token issued (TTL: lease + retention)
 //! <prefix>wake:{<tag>}:<K>    pub/sub channel; release publishes on it
 //! ```
 //!
