@@ -28,15 +28,17 @@ impl LockContext {
         HELD_LOCKS.try_with(Clone::clone).unwrap_or_default()
     }
 
-    /// The live lease of `key` on manager `manager_id` held by this call chain.
-    pub(crate) fn find(manager_id: u64, key: &str) -> Option<Arc<Lease>> {
+    /// The live lease of `key` on manager `manager_id` held by this call chain,
+    /// among the locks of `family` (see `LockKind::family`).
+    pub(crate) fn find(manager_id: u64, key: &str, family: &str) -> Option<Arc<Lease>> {
         HELD_LOCKS
             .try_with(|ctx| {
-                ctx.holds
-                    .iter()
-                    .rev()
-                    .filter_map(Weak::upgrade)
-                    .find(|l| l.manager_id == manager_id && l.key == key && !l.is_released())
+                ctx.holds.iter().rev().filter_map(Weak::upgrade).find(|l| {
+                    l.manager_id == manager_id
+                        && l.key == key
+                        && l.keys.kind.family() == family
+                        && !l.is_released()
+                })
             })
             .ok()
             .flatten()

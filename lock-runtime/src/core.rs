@@ -8,7 +8,7 @@ use std::time::Instant;
 use crate::backend::Backend;
 use crate::config::Config;
 use crate::error::LockError;
-use crate::keys::LockKeys;
+use crate::keys::{LockKeys, LockKind};
 use crate::renewal::Renewals;
 use crate::waiting::Subscriber;
 
@@ -47,6 +47,10 @@ impl Core {
 
     pub(crate) fn keys(&self, key: &str) -> LockKeys {
         LockKeys::new(&self.config.key_prefix, key)
+    }
+
+    pub(crate) fn keys_of(&self, key: &str, kind: LockKind) -> LockKeys {
+        LockKeys::of(&self.config.key_prefix, key, kind)
     }
 }
 

@@ -102,6 +102,35 @@ pub enum LockError {
         needed: u32,
     },
 
+    /// A semaphore is held with another permit count than this request's:
+    /// counts change only on purpose, with
+    /// [`LockRequest::resize_permits`](crate::LockRequest::resize_permits).
+    #[error(
+        "semaphore {} is held with {held_with} permits; this request asked for {requested} \
+         (change the count with .resize_permits())",
+        KeyPreview(key)
+    )]
+    PermitsDiffer {
+        /// The semaphore key.
+        key: String,
+        /// The count its current holders use.
+        held_with: u32,
+        /// The count this request gave.
+        requested: u32,
+    },
+
+    /// Taking the write side of a read-write lock that this call chain holds
+    /// for reading: it would wait for its own read hold for ever. Release the
+    /// read hold first (a write hold may take reads: that re-enters).
+    #[error(
+        "read-write lock {}: this call chain holds it for reading and cannot take it for writing",
+        KeyPreview(key)
+    )]
+    UpgradeRefused {
+        /// The lock key.
+        key: String,
+    },
+
     /// Redis failed or did not answer in time while working on the lock.
     #[error("redis failed on lock {}: {source}", KeyPreview(key))]
     Backend {
@@ -147,6 +176,8 @@ impl LockError {
             | LockError::ShutDown { key }
             | LockError::NotReplicated { key, .. }
             | LockError::QuorumFailed { key, .. }
+            | LockError::PermitsDiffer { key, .. }
+            | LockError::UpgradeRefused { key }
             | LockError::InvalidKey { key, .. }
             | LockError::Backend { key, .. } => Some(key),
             LockError::InvalidConfig(_)

@@ -10,6 +10,13 @@
 //! <prefix>wake:{<tag>}:<K>    pub/sub channel; release publishes on it
 //! ```
 //!
+//! A read-write lock uses `rw` (the writer's string, in the lock's format),
+//! `rwr` (a sorted set of readers: owner token scored by its lease's end, server
+//! clock in ms), `rwi` (a waiting writer's intent), `rwfence` and `rwwake`; a
+//! semaphore `sem` (a sorted set of permit holders, scored the same way), `semp`
+//! (its permit count), `semfence` and `semwake`. Every kind's names share the
+//! key's hash tag.
+//!
 //! The tag is a hash of `K` written in hex, so braces in `K` cannot move the tag:
 //! Redis takes the first `{...}` of a name, and the prefix may not contain braces.
 //! The kind (`lock`, `fence`, `wake`) comes before the tag, so no user key can make
@@ -21,16 +28,59 @@ use crate::error::LockError;
 /// large is a bug in the caller, and each script call carries the key three times.
 pub(crate) const MAX_KEY_BYTES: usize = 1 << 20;
 
+/// What kind of hold a lock is: each kind has its own Redis names (so one user
+/// key may be an exclusive lock, a read-write lock and a semaphore at once,
+/// independently) and its own scripts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LockKind {
+    /// `LockManager::lock`: one holder.
+    Exclusive,
+    /// `LockManager::write_lock`: one holder, and no reader.
+    Write,
+    /// `LockManager::read_lock`: any number of readers while no writer holds
+    /// or waits.
+    Read,
+    /// `LockManager::semaphore`: up to `permits` holders.
+    Permit { permits: u32 },
+}
+
+impl LockKind {
+    /// The kinds that share Redis names: a write and a read lock on one key
+    /// are one read-write lock.
+    pub(crate) fn family(self) -> &'static str {
+        match self {
+            LockKind::Exclusive => "lock",
+            LockKind::Write | LockKind::Read => "read-write lock",
+            LockKind::Permit { .. } => "semaphore",
+        }
+    }
+}
+
 /// The Redis names of one lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct LockKeys {
+    /// Where this hold lives: the lock string (exclusive, write), or the
+    /// sorted set of holders (read, permit), which the renewal resets.
     pub(crate) lock: String,
     pub(crate) fence: String,
     pub(crate) channel: String,
+    pub(crate) kind: LockKind,
+    /// The other name a hold's scripts read: for a write lock the readers'
+    /// set, for a read lock the writer's string, for a semaphore its permit
+    /// count; empty for an exclusive lock.
+    pub(crate) related: String,
+    /// A read-write lock's writer intent: a waiting writer's owner token,
+    /// which keeps new readers out (so readers cannot starve writers); empty
+    /// for other kinds.
+    pub(crate) intent: String,
 }
 
 impl LockKeys {
     pub(crate) fn new(prefix: &str, key: &str) -> Self {
+        Self::of(prefix, key, LockKind::Exclusive)
+    }
+
+    pub(crate) fn of(prefix: &str, key: &str, kind: LockKind) -> Self {
         let tag = hash_tag(key);
         let tag = tag.as_str();
         let name = |kind: &str| {
@@ -44,10 +94,43 @@ impl LockKeys {
             s.push_str(key);
             s
         };
+        let (lock, fence, channel, related, intent) = match kind {
+            LockKind::Exclusive => (
+                name("lock"),
+                name("fence"),
+                name("wake"),
+                String::new(),
+                String::new(),
+            ),
+            LockKind::Write => (
+                name("rw"),
+                name("rwfence"),
+                name("rwwake"),
+                name("rwr"),
+                name("rwi"),
+            ),
+            LockKind::Read => (
+                name("rwr"),
+                name("rwfence"),
+                name("rwwake"),
+                name("rw"),
+                name("rwi"),
+            ),
+            LockKind::Permit { .. } => (
+                name("sem"),
+                name("semfence"),
+                name("semwake"),
+                name("semp"),
+                String::new(),
+            ),
+        };
         LockKeys {
-            lock: name("lock"),
-            fence: name("fence"),
-            channel: name("wake"),
+            lock,
+            fence,
+            channel,
+            kind,
+            related,
+            intent,
         }
     }
 }

@@ -10,6 +10,7 @@ pub use crate::config::{DEFAULT_FENCE_RETENTION, MAX_DURATION, MIN_LEASE};
 use crate::core::{Core, ManagerInner};
 use crate::error::LockError;
 use crate::info::LockInfo;
+use crate::keys::LockKind;
 use crate::request::LockRequest;
 
 /// Hands out locks on one Redis server or one Redis Cluster.
@@ -198,6 +199,79 @@ impl LockManager {
     /// Nothing is sent until [`LockRequest::acquire`] or [`LockRequest::try_acquire`].
     pub fn lock(&self, key: impl Into<String>) -> LockRequest {
         LockRequest::new(self.inner.clone(), key.into())
+    }
+
+    /// Starts a request for the **read** side of the read-write lock `key`:
+    /// any number of readers hold it at once, while no writer holds it.
+    ///
+    /// - Writers do not starve: a writer that waits for readers to leave
+    ///   announces itself, and new readers then wait behind it (a writer that
+    ///   dies while waiting stops blocking readers within its lease; one that
+    ///   gives up withdraws at once).
+    /// - Each reader has its own lease, renewed while its guard lives, so a
+    ///   crashed reader frees its share within its lease.
+    /// - Re-entry: a read inside a read or inside a write of the same key (in
+    ///   the same call chain) re-enters the outer hold. A write inside a read
+    ///   fails with [`LockError::UpgradeRefused`] rather than wait for itself.
+    /// - Fencing tokens come from one counter for readers and writers, so each
+    ///   writer's token is above every token issued before it.
+    /// - A read-write lock is a lock of its own: `read_lock(k)` and
+    ///   `write_lock(k)` do not exclude `lock(k)` or `semaphore(k, n)`.
+    ///
+    /// Cost: one script round trip to acquire, release or renew (pipelined
+    /// with the other renewals), as for [`lock`](Self::lock). Not available on
+    /// a Redlock manager ([`LockError::InvalidConfig`]).
+    ///
+    /// ```no_run
+    /// # async fn demo(manager: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+    /// let reading = manager.read_lock("catalog").acquire().await?;
+    /// // ... other readers may hold it too; no writer does.
+    /// reading.release().await?;
+    /// let writing = manager.write_lock("catalog").acquire().await?;
+    /// // ... nobody else holds it.
+    /// writing.release().await
+    /// # }
+    /// ```
+    pub fn read_lock(&self, key: impl Into<String>) -> LockRequest {
+        LockRequest::of_kind(self.inner.clone(), key.into(), LockKind::Read)
+    }
+
+    /// Starts a request for the **write** side of the read-write lock `key`:
+    /// one writer, and no reader. See [`read_lock`](Self::read_lock).
+    pub fn write_lock(&self, key: impl Into<String>) -> LockRequest {
+        LockRequest::of_kind(self.inner.clone(), key.into(), LockKind::Write)
+    }
+
+    /// Starts a request for one of the `permits` permits of the semaphore
+    /// `key`: up to `permits` holders at once.
+    ///
+    /// Each permit is a hold of its own, as a lock is: its own lease renewed
+    /// while the guard lives, a lost signal, a fencing token (one counter per
+    /// semaphore), release on every exit. A crashed holder's permit returns
+    /// within its lease. A release wakes one waiter of each manager when the
+    /// semaphore was full. Re-entry: a call chain that holds a permit of `key`
+    /// re-enters it rather than take a second one.
+    ///
+    /// The count is shared by the holders: a request with another count than
+    /// the current holders' fails with [`LockError::PermitsDiffer`] unless it
+    /// asks to [resize](LockRequest::resize_permits). A semaphore is a lock of
+    /// its own: it does not exclude `lock(key)`.
+    ///
+    /// Cost: one script round trip to acquire, release or renew. `permits`
+    /// must be at least 1. Not available on a Redlock manager (each member
+    /// would count permits on its own, and majorities of different holders
+    /// can overlap).
+    ///
+    /// ```no_run
+    /// # async fn demo(manager: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+    /// // At most 4 replicas talk to the partner API at once.
+    /// let permit = manager.semaphore("partner-api", 4).acquire().await?;
+    /// // ...
+    /// permit.release().await
+    /// # }
+    /// ```
+    pub fn semaphore(&self, key: impl Into<String>, permits: u32) -> LockRequest {
+        LockRequest::of_kind(self.inner.clone(), key.into(), LockKind::Permit { permits })
     }
 
     /// The prefix of every Redis key this manager writes.

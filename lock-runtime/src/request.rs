@@ -6,13 +6,13 @@ use std::time::{Duration, Instant};
 
 use tracing::Instrument;
 
-use crate::backend::{AcquireReply, AcquireSpec};
+use crate::backend::{AcquireReply, AcquireSpec, Backend};
 use crate::config::{self, owner_token};
 use crate::context::LockContext;
 use crate::core::{Core, ManagerInner};
 use crate::error::{KeyPreview, LockError};
 use crate::guard::LockGuard;
-use crate::keys::{self, LockKeys};
+use crate::keys::{self, LockKeys, LockKind};
 use crate::lease::{Lease, NewLease};
 use crate::telemetry;
 use crate::waiting::Backoff;
@@ -42,6 +42,8 @@ pub struct LockRequest {
     max_hold: Option<Duration>,
     min_hold: Option<Duration>,
     metrics_label: Option<&'static str>,
+    kind: LockKind,
+    resize_permits: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -54,7 +56,13 @@ enum Patience {
 
 impl LockRequest {
     pub(crate) fn new(manager: Arc<ManagerInner>, key: String) -> Self {
+        Self::of_kind(manager, key, LockKind::Exclusive)
+    }
+
+    pub(crate) fn of_kind(manager: Arc<ManagerInner>, key: String, kind: LockKind) -> Self {
         LockRequest {
+            kind,
+            resize_permits: false,
             manager,
             key,
             lease: None,
@@ -141,6 +149,22 @@ impl LockRequest {
         self
     }
 
+    /// For a [semaphore](crate::LockManager::semaphore): make this request's
+    /// permit count the semaphore's, whatever count its current holders use.
+    ///
+    /// Without it, a request whose count differs from the holders' fails with
+    /// [`LockError::PermitsDiffer`], so that two versions of a service that
+    /// disagree on the count do not silently run with the larger one. The
+    /// resize takes effect at this request's first attempt, whether or not it
+    /// gets a permit then; current holders keep theirs (with fewer permits than
+    /// holders, nobody new enters until enough have left). Once nobody holds
+    /// the semaphore, the next request's count stands anyway. No effect on
+    /// other kinds of lock.
+    pub fn resize_permits(mut self) -> Self {
+        self.resize_permits = true;
+        self
+    }
+
     /// The key this request locks.
     pub fn key(&self) -> &str {
         &self.key
@@ -187,7 +211,23 @@ impl LockRequest {
             max_hold,
             min_hold,
             metrics_label,
+            kind,
+            resize_permits,
         } = self;
+        if let LockKind::Permit { permits: 0 } = kind {
+            return Err(LockError::InvalidConfig(format!(
+                "semaphore {} has 0 permits; it needs at least 1",
+                KeyPreview(&key)
+            )));
+        }
+        if kind != LockKind::Exclusive && matches!(manager.core.backend, Backend::Redlock(_)) {
+            return Err(LockError::InvalidConfig(format!(
+                "a {} is not available on a Redlock manager (key {}): use one server, \
+                 Sentinel or a cluster",
+                kind.family(),
+                KeyPreview(&key)
+            )));
+        }
         if let Some(max_hold) = max_hold {
             if max_hold.is_zero() || max_hold > config::MAX_DURATION {
                 return Err(LockError::InvalidConfig(format!(
@@ -221,7 +261,10 @@ impl LockRequest {
         if core.is_shut_down() {
             return Err(LockError::ShutDown { key });
         }
-        if let Some(held) = LockContext::find(core.id, &key) {
+        if let Some(held) = LockContext::find(core.id, &key, kind.family()) {
+            if kind == LockKind::Write && held.keys.kind == LockKind::Read {
+                return Err(LockError::UpgradeRefused { key });
+            }
             match reenter(&manager, held) {
                 Ok(Some(guard)) => return Ok(Some(guard)),
                 // The last hold went between the lookup and now: acquire afresh.
@@ -238,7 +281,8 @@ impl LockRequest {
         );
         let acquired = Acquisition {
             core: &core,
-            keys: core.keys(&key),
+            keys: core.keys_of(&key, kind),
+            resize_permits,
             owner: owner_token(),
             key,
             lease,
@@ -283,6 +327,7 @@ fn reenter(manager: &Arc<ManagerInner>, held: Arc<Lease>) -> Result<Option<LockG
 struct Acquisition<'a> {
     core: &'a Arc<Core>,
     keys: LockKeys,
+    resize_permits: bool,
     /// One owner token for all attempts of this acquisition: a retried attempt
     /// whose earlier reply was lost finds the lock already ours.
     owner: String,
@@ -332,6 +377,16 @@ impl Acquisition<'_> {
         let core = self.core.clone();
         let registration = core.subscriber.register(&self.keys.channel);
         self.waiting = true;
+        // A waiting writer announces itself to keep new readers out; if it
+        // leaves without the lock, it takes the announcement back.
+        let mut withdraw = (self.keys.kind == LockKind::Write).then(|| WithdrawIntent {
+            core: core.clone(),
+            key: self.key.clone(),
+            keys: self.keys.clone(),
+            owner: self.owner.clone(),
+            lease: self.lease,
+            armed: true,
+        });
         let mut backoff = Backoff::default();
         // Listening from here on, before any sleep: a release from now on wakes
         // this waiter or another of this manager (who then holds the lock), and
@@ -376,6 +431,9 @@ impl Acquisition<'_> {
                     sent_at,
                 } => {
                     registration.set_unresolved_wake(false);
+                    if let Some(withdraw) = withdraw.take() {
+                        withdraw.disarm();
+                    }
                     return self.grant(manager, fencing_token, sent_at).map(Some);
                 }
                 Attempt::Busy(remaining) => remaining,
@@ -422,6 +480,7 @@ impl Acquisition<'_> {
                     waiting: self.waiting,
                     since_ms: crate::info::now_ms(),
                     holder: &self.core.config.holder,
+                    resize_permits: self.resize_permits,
                 },
             )
             .await;
@@ -437,6 +496,18 @@ impl Acquisition<'_> {
             Ok(AcquireReply::Busy { remaining }) => {
                 in_flight.armed = false;
                 Ok(Attempt::Busy(remaining))
+            }
+            Ok(AcquireReply::PermitsDiffer { held_with }) => {
+                in_flight.armed = false;
+                let requested = match self.keys.kind {
+                    LockKind::Permit { permits } => permits,
+                    _ => 0,
+                };
+                Err(LockError::PermitsDiffer {
+                    key: self.key.clone(),
+                    held_with,
+                    requested,
+                })
             }
             Err(e) => {
                 in_flight.armed = e.maybe_executed;
@@ -456,6 +527,7 @@ impl Acquisition<'_> {
         let Acquisition {
             core,
             keys,
+            resize_permits: _,
             owner,
             key,
             lease,
@@ -532,6 +604,40 @@ enum Attempt {
         sent_at: Instant,
     },
     Busy(Option<Duration>),
+}
+
+/// A writer's intent left in Redis by a waiting write acquisition: released
+/// (the write release script withdraws it) if the acquisition ends without the
+/// lock, so that readers are not kept out for the rest of its lease.
+struct WithdrawIntent {
+    core: Arc<Core>,
+    key: String,
+    keys: LockKeys,
+    owner: String,
+    lease: Duration,
+    armed: bool,
+}
+
+impl WithdrawIntent {
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for WithdrawIntent {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        crate::guard::release_in_background(
+            &self.core,
+            std::mem::take(&mut self.key),
+            self.keys.clone(),
+            std::mem::take(&mut self.owner),
+            self.lease,
+            None,
+        );
+    }
 }
 
 /// Releases, in the background, a lock an attempt may have taken when its reply

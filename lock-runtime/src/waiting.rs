@@ -6,7 +6,9 @@
 //! manager (the one waiting longest), which retries; the others sleep on, since
 //! only one of them can win. When the subscription is confirmed, or re-made
 //! after a reconnect, every waiter of the channel retries once, because a release
-//! may have been published while nobody listened.
+//! may have been published while nobody listened. A wake-up whose payload starts
+//! with `*` (a read-write lock's) wakes every waiter of the channel: several
+//! readers may enter at once, and a writer must not be passed over.
 
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -247,7 +249,14 @@ async fn run_source(sub: &Subscriber, backend: &Backend, source: usize) {
                         tracing::debug!(target: "distlock::waiting", source, "pub/sub connection closed; reconnecting");
                         break;
                     };
-                    sub.wake_one(msg.get_channel_name(), msg.get_payload_bytes());
+                    match msg.get_payload_bytes() {
+                        // A read-write lock's release: every waiter retries.
+                        [b'*', ..] => {
+                            sub.delivered.fetch_add(1, Ordering::Relaxed);
+                            sub.wake_all(msg.get_channel_name());
+                        }
+                        payload => sub.wake_one(msg.get_channel_name(), payload),
+                    }
                 }
             }
         }

@@ -571,11 +571,10 @@ impl Cluster {
     ) -> Option<Vec<Renewal>> {
         let mut pipe = redis::pipe();
         for lease in leases {
-            pipe.add_command(self.scripts.renew_cmd(
-                &lease.keys.lock,
-                &lease.owner,
-                lease.lease_ms(),
-            ));
+            pipe.add_command(
+                self.scripts
+                    .renew_cmd(&lease.keys, &lease.owner, lease.lease_ms()),
+            );
         }
         let sent_at = Instant::now();
         self.renewal_round_trips.fetch_add(1, Ordering::Relaxed);
@@ -653,11 +652,11 @@ impl Cluster {
             let sent_at = Instant::now();
             self.renewal_round_trips.fetch_add(1, Ordering::Relaxed);
             let scripts = &self.scripts;
-            let cmd = scripts.renew_cmd(&lease.keys.lock, &lease.owner, lease.lease_ms());
+            let cmd = scripts.renew_cmd(&lease.keys, &lease.owner, lease.lease_ms());
             let renewed = self
                 .call(&lease.key, |mut conn| {
                     let cmd = cmd.clone();
-                    async move { scripts.invoke_renew(&mut conn, &cmd).await }
+                    async move { scripts.invoke_renew(&mut conn, lease.keys.kind, &cmd).await }
                 })
                 .await;
             match renewed.map(|reply| Scripts::renew_reply(reply, &lease.owner)) {

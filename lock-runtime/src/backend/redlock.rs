@@ -185,6 +185,8 @@ impl Redlock {
                         remaining = Some(remaining.map_or(r, |m| m.min(r)));
                     }
                 }
+                // Redlock managers refuse semaphores before any call.
+                Ok(AcquireReply::PermitsDiffer { .. }) => {}
                 Err(e) => last_error = Some(e.error),
             }
         }
@@ -476,6 +478,7 @@ impl Redlock {
                 waiting: false,
                 since_ms: crate::info::now_ms(),
                 holder: &self.holder,
+                resize_permits: false,
             };
             let timeout = self.member_timeout(lease_ms);
             let reclaimed = self

@@ -1,4 +1,4 @@
-//! The three Lua scripts and how their replies are read.
+//! The Lua scripts and how their replies are read.
 //!
 //! Every check-and-act on a lock is one script, so it is atomic on the server and
 //! costs one round trip (EVALSHA; on NOSCRIPT, after a restart or a flush, the
@@ -15,7 +15,7 @@ use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind};
 
 use crate::config::ReplicaAck;
-use crate::keys::LockKeys;
+use crate::keys::{LockKeys, LockKind};
 
 /// What the acquire script answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +24,9 @@ pub(crate) enum AcquireReply {
     Acquired { fencing_token: u64 },
     /// Another owner holds it; `remaining` is its lease left, when it has one.
     Busy { remaining: Option<Duration> },
+    /// A semaphore's holders use `held_with` permits, and the request gave
+    /// another count without asking to resize.
+    PermitsDiffer { held_with: u32 },
 }
 
 /// What an acquire writes into the lock besides its owner token and lease.
@@ -39,6 +42,9 @@ pub(crate) struct AcquireSpec<'a> {
     pub(crate) since_ms: u64,
     /// The holder's description, for operators.
     pub(crate) holder: &'a str,
+    /// For a semaphore: replace the permit count its holders use with this
+    /// request's (an explicit resize) rather than refuse a different one.
+    pub(crate) resize_permits: bool,
 }
 
 /// One script: its source, for SCRIPT LOAD, and its SHA1, for EVALSHA.
@@ -148,6 +154,10 @@ fn read_acquire(
         AcquireReply::Acquired {
             fencing_token: u64::try_from(value).unwrap_or(0),
         }
+    } else if status == 2 {
+        AcquireReply::PermitsDiffer {
+            held_with: u32::try_from(value).unwrap_or(u32::MAX),
+        }
     } else {
         AcquireReply::Busy {
             remaining: u64::try_from(value).ok().map(Duration::from_millis),
@@ -238,6 +248,23 @@ pub(crate) struct Scripts {
     raise_fence: Lua,
     force_unlock: Lua,
     inspect: Lua,
+    write_acquire: Lua,
+    write_release: Lua,
+    read_acquire: Lua,
+    read_release: Lua,
+    permit_acquire: Lua,
+    permit_release: Lua,
+    shared_renew: Lua,
+}
+
+/// A script of a read-write lock or a semaphore, after the helpers they share.
+macro_rules! with_prelude {
+    ($file:literal) => {
+        Lua::new(concat!(
+            include_str!("../scripts/shared_prelude.lua"),
+            include_str!(concat!("../scripts/", $file))
+        ))
+    };
 }
 
 impl Scripts {
@@ -249,6 +276,38 @@ impl Scripts {
             raise_fence: Lua::new(include_str!("../scripts/raise_fence.lua")),
             force_unlock: Lua::new(include_str!("../scripts/force_unlock.lua")),
             inspect: Lua::new(include_str!("../scripts/inspect.lua")),
+            write_acquire: with_prelude!("write_acquire.lua"),
+            write_release: Lua::new(include_str!("../scripts/write_release.lua")),
+            read_acquire: with_prelude!("read_acquire.lua"),
+            read_release: with_prelude!("read_release.lua"),
+            permit_acquire: with_prelude!("permit_acquire.lua"),
+            permit_release: with_prelude!("permit_release.lua"),
+            shared_renew: with_prelude!("shared_renew.lua"),
+        }
+    }
+
+    fn acquire_lua(&self, kind: LockKind) -> &Lua {
+        match kind {
+            LockKind::Exclusive => &self.acquire,
+            LockKind::Write => &self.write_acquire,
+            LockKind::Read => &self.read_acquire,
+            LockKind::Permit { .. } => &self.permit_acquire,
+        }
+    }
+
+    fn release_lua(&self, kind: LockKind) -> &Lua {
+        match kind {
+            LockKind::Exclusive => &self.release,
+            LockKind::Write => &self.write_release,
+            LockKind::Read => &self.read_release,
+            LockKind::Permit { .. } => &self.permit_release,
+        }
+    }
+
+    fn renew_lua(&self, kind: LockKind) -> &Lua {
+        match kind {
+            LockKind::Exclusive | LockKind::Write => &self.renew,
+            LockKind::Read | LockKind::Permit { .. } => &self.shared_renew,
         }
     }
 
@@ -260,11 +319,11 @@ impl Scripts {
         lease_ms: u64,
         spec: &AcquireSpec<'_>,
     ) -> RedisResult<AcquireReply> {
-        if spec.fence_ttl_ms.is_none() && !spec.waiting {
+        if spec.fence_ttl_ms.is_none() && !spec.waiting && keys.kind == LockKind::Exclusive {
             return self.acquire_plain(conn, keys, owner, lease_ms, spec).await;
         }
         let cmd = self.acquire_cmd(keys, owner, lease_ms, spec);
-        let reply: (i64, i64, String) = self.acquire.invoke(conn, &cmd).await?;
+        let reply: (i64, i64, String) = self.acquire_lua(keys.kind).invoke(conn, &cmd).await?;
         read_acquire(reply, owner)
     }
 
@@ -322,7 +381,7 @@ impl Scripts {
         pipe.cmd("WAIT").arg(ack.replicas).arg(ack.timeout_ms());
         let mut replies: Vec<redis::Value> = pipe.query_async(conn).await?;
         if matches!(replies.first(), Some(redis::Value::ServerError(e)) if e.code() == "NOSCRIPT") {
-            self.acquire.load(conn).await?;
+            self.acquire_lua(keys.kind).load(conn).await?;
             replies = pipe.query_async(conn).await?;
         }
         let [reply, acked]: [redis::Value; 2] = replies
@@ -340,17 +399,33 @@ impl Scripts {
         lease_ms: u64,
         spec: &AcquireSpec<'_>,
     ) -> Cmd {
-        let mut cmd = self.acquire.call(
-            &[&keys.lock, &keys.fence],
-            6,
-            owner.len() + spec.holder.len() + 70,
-        );
+        let lua = self.acquire_lua(keys.kind);
+        let args_len = owner.len() + spec.holder.len() + 70;
+        let mut cmd = match keys.kind {
+            LockKind::Exclusive => lua.call(&[&keys.lock, &keys.fence], 6, args_len),
+            LockKind::Write | LockKind::Read => lua.call(
+                &[&keys.lock, &keys.fence, &keys.related, &keys.intent],
+                6,
+                args_len,
+            ),
+            LockKind::Permit { .. } => {
+                lua.call(&[&keys.lock, &keys.fence, &keys.related], 6, args_len)
+            }
+        };
         cmd.arg(owner)
             .arg(lease_ms)
             .arg(spec.fence_ttl_ms.unwrap_or(0))
-            .arg(if spec.waiting { "+" } else { "-" })
-            .arg(spec.since_ms)
-            .arg(spec.holder);
+            .arg(if spec.waiting { "+" } else { "-" });
+        match keys.kind {
+            LockKind::Exclusive | LockKind::Write => {
+                cmd.arg(spec.since_ms).arg(spec.holder);
+            }
+            LockKind::Read => {}
+            LockKind::Permit { permits } => {
+                cmd.arg(permits)
+                    .arg(if spec.resize_permits { "1" } else { "0" });
+            }
+        }
         cmd
     }
 
@@ -372,7 +447,9 @@ impl Scripts {
         locks: &[(&LockKeys, &str, u64)],
     ) -> redis::Pipeline {
         let mut pipe = redis::pipe();
-        pipe.cmd("SCRIPT").arg("LOAD").arg(self.release.source);
+        for lua in self.release_luas(locks) {
+            pipe.cmd("SCRIPT").arg("LOAD").arg(lua.source);
+        }
         for (keys, owner, keep_ms) in locks {
             pipe.add_command(self.release_cmd(keys, owner, *keep_ms));
         }
@@ -385,18 +462,20 @@ impl Scripts {
         locks: &[(&LockKeys, &str, u64)],
         mut all: Vec<redis::Value>,
     ) -> RedisResult<Vec<bool>> {
-        if all.len() != locks.len() + 1 {
+        let luas = self.release_luas(locks);
+        if all.len() != locks.len() + luas.len() {
             return Err(out_of_sync(
                 "a release pipeline got the wrong number of replies",
             ));
         }
-        let rest = all.split_off(1);
-        let hash: String = redis::from_redis_value(all.remove(0))?;
+        let rest = all.split_off(luas.len());
         let replies: Vec<(i64, String)> = rest
             .into_iter()
             .map(redis::from_redis_value)
             .collect::<Result<_, _>>()?;
-        self.release.check_loaded(&hash)?;
+        for (lua, hash) in luas.into_iter().zip(all) {
+            lua.check_loaded(&redis::from_redis_value::<String>(hash)?)?;
+        }
         locks
             .iter()
             .zip(replies)
@@ -407,12 +486,28 @@ impl Scripts {
             .collect()
     }
 
+    /// The release scripts `locks` need, each once, in a fixed order.
+    fn release_luas(&self, locks: &[(&LockKeys, &str, u64)]) -> Vec<&Lua> {
+        let mut luas: Vec<&Lua> = Vec::new();
+        for (keys, _, _) in locks {
+            let lua = self.release_lua(keys.kind);
+            if !luas.iter().any(|l| std::ptr::eq(*l, lua)) {
+                luas.push(lua);
+            }
+        }
+        luas
+    }
+
     /// `keep_ms`: above zero, the lock is kept that many milliseconds more
     /// (its TTL set to it) instead of deleted, for a request's `min_hold`.
     fn release_cmd(&self, keys: &LockKeys, owner: &str, keep_ms: u64) -> Cmd {
-        let mut cmd = self
-            .release
-            .call(&[&keys.lock], 3, owner.len() + keys.channel.len() + 20);
+        let lua = self.release_lua(keys.kind);
+        let args_len = owner.len() + keys.channel.len() + 20;
+        let mut cmd = match keys.kind {
+            LockKind::Exclusive => lua.call(&[&keys.lock], 3, args_len),
+            LockKind::Write | LockKind::Read => lua.call(&[&keys.lock, &keys.intent], 3, args_len),
+            LockKind::Permit { .. } => lua.call(&[&keys.lock, &keys.related], 3, args_len),
+        };
         cmd.arg(owner).arg(&keys.channel).arg(keep_ms);
         cmd
     }
@@ -427,7 +522,8 @@ impl Scripts {
         keep_ms: u64,
     ) -> RedisResult<bool> {
         let cmd = self.release_cmd(keys, owner, keep_ms);
-        let (released, echoed): (i64, String) = self.release.invoke(conn, &cmd).await?;
+        let (released, echoed): (i64, String) =
+            self.release_lua(keys.kind).invoke(conn, &cmd).await?;
         check_owner(&echoed, owner)?;
         Ok(released == 1)
     }
@@ -441,7 +537,8 @@ impl Scripts {
         keep_ms: u64,
     ) -> RedisResult<bool> {
         let cmd = self.release_cmd(keys, owner, keep_ms);
-        let (released, echoed): (i64, String) = self.release.invoke_blocking(conn, &cmd)?;
+        let (released, echoed): (i64, String) =
+            self.release_lua(keys.kind).invoke_blocking(conn, &cmd)?;
         check_owner(&echoed, owner)?;
         Ok(released == 1)
     }
@@ -449,8 +546,12 @@ impl Scripts {
     /// One EVALSHA of the renew script, for a pipeline of renewals (the caller
     /// handles NOSCRIPT through [`Scripts::load_renew`] and reads the reply with
     /// [`Scripts::renew_reply`]).
-    pub(crate) fn renew_cmd(&self, lock_key: &str, owner: &str, lease_ms: u64) -> Cmd {
-        let mut cmd = self.renew.call(&[lock_key], 2, owner.len() + 20);
+    pub(crate) fn renew_cmd(&self, keys: &LockKeys, owner: &str, lease_ms: u64) -> Cmd {
+        let lua = self.renew_lua(keys.kind);
+        let mut cmd = match keys.kind {
+            LockKind::Permit { .. } => lua.call(&[&keys.lock, &keys.related], 2, owner.len() + 20),
+            _ => lua.call(&[&keys.lock], 2, owner.len() + 20),
+        };
         cmd.arg(owner).arg(lease_ms);
         cmd
     }
@@ -529,13 +630,17 @@ impl Scripts {
     pub(crate) async fn invoke_renew(
         &self,
         conn: &mut impl ConnectionLike,
+        kind: LockKind,
         cmd: &Cmd,
     ) -> RedisResult<(i64, String)> {
-        self.renew.invoke(conn, cmd).await
+        self.renew_lua(kind).invoke(conn, cmd).await
     }
 
+    /// Loads both renew scripts (exclusive locks and shared holds), for a
+    /// renewal pipeline that met NOSCRIPT.
     pub(crate) async fn load_renew(&self, conn: &mut impl ConnectionLike) -> RedisResult<()> {
-        self.renew.load(conn).await
+        self.renew.load(conn).await?;
+        self.shared_renew.load(conn).await
     }
 
     /// A pipeline that loads the three scripts and runs each path of them once on
@@ -564,6 +669,7 @@ impl Scripts {
             waiting: false,
             since_ms: 0,
             holder: "distlock start-up probe",
+            resize_permits: false,
         };
         let acquire = self.acquire_cmd(keys, owner, lease_ms, &spec);
         pipe.add_command(acquire.clone());
@@ -585,7 +691,7 @@ impl Scripts {
         ));
         pipe.add_command(self.inspect_cmd(keys));
         steps.push(ProbeStep::script("the inspect script", &self.inspect));
-        pipe.add_command(self.renew_cmd(&keys.lock, owner, lease_ms));
+        pipe.add_command(self.renew_cmd(keys, owner, lease_ms));
         steps.push(ProbeStep::script("the renew script", &self.renew));
         pipe.add_command(self.release_cmd(keys, owner, 0));
         steps.push(ProbeStep::script("the release script", &self.release));

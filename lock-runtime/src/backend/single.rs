@@ -369,11 +369,10 @@ impl Single {
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         for lease in batch {
-            pipe.add_command(self.scripts.renew_cmd(
-                &lease.keys.lock,
-                &lease.owner,
-                lease.lease_ms(),
-            ));
+            pipe.add_command(
+                self.scripts
+                    .renew_cmd(&lease.keys, &lease.owner, lease.lease_ms()),
+            );
         }
         let conn = self.connection();
         let mut redis = conn.redis;

@@ -1,0 +1,41 @@
+-- Take a permit of a semaphore: when fewer than its permit count hold one.
+--
+-- KEYS[1]  holders: sorted set, owner token -> end of its lease (server ms);
+--          its TTL is the end of the longest lease
+-- KEYS[2]  fencing counter
+-- KEYS[3]  permit count of the holders now in the set (TTL as KEYS[1])
+-- ARGV[1..4]  owner, lease ms, fence TTL ('0': unfenced), mark (unused: a
+--             release wakes a waiter whenever the semaphore was full)
+-- ARGV[5]  the caller's permit count
+-- ARGV[6]  '1' to replace a different stored count with ARGV[5] (an explicit
+--          resize), '0' to refuse it
+--
+-- Returns {1, token, owner}   a permit is ours (a retry of ours keeps it and
+--                             gets a fresh token)
+--         {0, pttl, owner}    all permits are taken; the first to expire does
+--                             so in `pttl` ms
+--         {2, count, owner}   holders use the semaphore with `count` permits
+--                             and the caller said otherwise without resizing
+--
+-- The count lives as long as the holders: with nobody holding, the next caller's
+-- count stands. A resize changes nobody's hold: with fewer permits than
+-- holders, nobody new enters until enough have left.
+local now = now_ms()
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local holders = redis.call('ZCARD', KEYS[1])
+local stored = redis.call('GET', KEYS[3])
+if holders > 0 and stored and stored ~= ARGV[5] and ARGV[6] ~= '1' then
+  return {2, tonumber(stored), ARGV[1]}
+end
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) or holders < tonumber(ARGV[5]) then
+  local token = next_token(KEYS[2], ARGV[3])
+  redis.call('ZADD', KEYS[1], string.format('%.0f', now + tonumber(ARGV[2])), ARGV[1])
+  redis.call('SET', KEYS[3], ARGV[5])
+  push_expiry(KEYS[1], KEYS[3])
+  return {1, token, ARGV[1]}
+end
+if ARGV[6] == '1' then
+  redis.call('SET', KEYS[3], ARGV[5], 'KEEPTTL')
+end
+local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+return {0, tonumber(first[2]) - now, ARGV[1]}

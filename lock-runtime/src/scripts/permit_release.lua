@@ -1,0 +1,34 @@
+-- Give back a permit if it is ours; wake a waiter if the semaphore was full.
+--
+-- KEYS[1]  holders (see permit_acquire.lua)
+-- KEYS[2]  permit count
+-- ARGV[1]  owner token
+-- ARGV[2]  wake-up channel
+-- ARGV[3]  keep_ms: above 0, the rest of a min_hold: the permit is kept that long
+--
+-- Returns {1, owner}  the permit was ours and is given back (or kept)
+--         {0, owner}  it was not ours any more (its lease had run out)
+--
+-- The wake-up's payload is the owner token: each manager wakes one waiter, as
+-- for an exclusive lock, since one permit came free.
+local now = now_ms()
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not score or tonumber(score) <= now then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+  push_expiry(KEYS[1], KEYS[2])
+  return {0, ARGV[1]}
+end
+local keep_ms = tonumber(ARGV[3]) or 0
+if keep_ms > 0 then
+  redis.call('ZADD', KEYS[1], 'XX', string.format('%.0f', now + keep_ms), ARGV[1])
+  push_expiry(KEYS[1], KEYS[2])
+  return {1, ARGV[1]}
+end
+local full = redis.call('ZCARD', KEYS[1]) >= (tonumber(redis.call('GET', KEYS[2])) or 0)
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+push_expiry(KEYS[1], KEYS[2])
+if full then
+  redis.call('PUBLISH', ARGV[2], ARGV[1])
+end
+return {1, ARGV[1]}

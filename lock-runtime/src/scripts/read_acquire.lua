@@ -1,0 +1,33 @@
+-- Take a read hold of a read-write lock: when no writer holds it and none waits.
+--
+-- KEYS[1]  readers: sorted set, owner token -> end of its lease (server ms);
+--          its TTL is the end of the longest lease
+-- KEYS[2]  fencing counter, shared with the writers
+-- KEYS[3]  writer (see write_acquire.lua)
+-- KEYS[4]  writer intent (see write_acquire.lua)
+-- ARGV[1..4]  owner, lease ms, fence TTL ('0': unfenced), mark ('+' when the
+--             caller waits)
+--
+-- Returns {1, token, owner}  the read hold is ours (a retry of ours keeps its
+--                            place and gets a fresh token)
+--         {0, pttl, owner}   a writer holds the lock for `pttl` ms, or waits for
+--                            it (its intent lasts `pttl` ms more); a waiting
+--                            caller has marked the writer's hold
+local held = redis.call('GET', KEYS[3])
+if held then
+  local owner_len = string.len(ARGV[1])
+  if ARGV[4] == '+' and string.sub(held, owner_len + 1, owner_len + 1) ~= '+' then
+    local marked = string.sub(held, 1, owner_len) .. '+' .. string.sub(held, owner_len + 2)
+    redis.call('SET', KEYS[3], marked, 'XX', 'KEEPTTL')
+  end
+  return {0, redis.call('PTTL', KEYS[3]), ARGV[1]}
+end
+local now = now_ms()
+if not redis.call('ZSCORE', KEYS[1], ARGV[1]) and redis.call('GET', KEYS[4]) then
+  return {0, redis.call('PTTL', KEYS[4]), ARGV[1]}
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local token = next_token(KEYS[2], ARGV[3])
+redis.call('ZADD', KEYS[1], string.format('%.0f', now + tonumber(ARGV[2])), ARGV[1])
+push_expiry(KEYS[1], nil)
+return {1, token, ARGV[1]}

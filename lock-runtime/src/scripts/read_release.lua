@@ -1,0 +1,33 @@
+-- Release a read hold if it is ours; the last reader out wakes a waiting writer.
+--
+-- KEYS[1]  readers (see read_acquire.lua)
+-- KEYS[2]  writer intent
+-- ARGV[1]  owner token
+-- ARGV[2]  wake-up channel
+-- ARGV[3]  keep_ms: above 0, the rest of a min_hold: the hold is kept that long
+--
+-- Returns {1, owner}  the hold was ours and is released (or kept)
+--         {0, owner}  it was not ours any more (its lease had run out)
+--
+-- The wake-up starts with '*' (see write_release.lua) and is sent only when the
+-- last reader leaves while a writer has announced its intent.
+local now = now_ms()
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not score or tonumber(score) <= now then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+  push_expiry(KEYS[1], nil)
+  return {0, ARGV[1]}
+end
+local keep_ms = tonumber(ARGV[3]) or 0
+if keep_ms > 0 then
+  redis.call('ZADD', KEYS[1], 'XX', string.format('%.0f', now + keep_ms), ARGV[1])
+  push_expiry(KEYS[1], nil)
+  return {1, ARGV[1]}
+end
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+push_expiry(KEYS[1], nil)
+if redis.call('ZCARD', KEYS[1]) == 0 and redis.call('GET', KEYS[2]) then
+  redis.call('PUBLISH', ARGV[2], '*' .. ARGV[1])
+end
+return {1, ARGV[1]}

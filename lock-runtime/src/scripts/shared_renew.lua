@@ -1,0 +1,17 @@
+-- Reset the lease of a read hold or a permit if it is still ours.
+--
+-- KEYS[1]  holders: sorted set, owner token -> end of its lease (server ms)
+-- KEYS[2]  (semaphores only) the permit count, whose TTL follows the set's
+-- ARGV[1]  owner token
+-- ARGV[2]  lease in milliseconds
+--
+-- Returns {1, owner}  ours: the hold now ends ARGV[2] ms from now
+--         {0, owner}  gone or expired: the holder has lost it
+local now = now_ms()
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if score and tonumber(score) > now then
+  redis.call('ZADD', KEYS[1], 'XX', string.format('%.0f', now + tonumber(ARGV[2])), ARGV[1])
+  push_expiry(KEYS[1], KEYS[2])
+  return {1, ARGV[1]}
+end
+return {0, ARGV[1]}

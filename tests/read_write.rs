@@ -1,0 +1,364 @@
+//! Read-write locks: readers share, a writer excludes everyone, waiting writers
+//! keep new readers out (no starvation), each reader's hold has its own lease,
+//! re-entry rules, fencing, and the same behaviour on a Redis Cluster.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use distlock::testing::RedisCluster;
+use distlock::{LockError, LockManager};
+use redis::aio::MultiplexedConnection;
+
+/// The Redis names of read-write lock `key` that exist now, by kind (`rw`,
+/// `rwr`, `rwi`, `rwfence`).
+async fn rw_names(conn: &mut MultiplexedConnection) -> Vec<String> {
+    let mut kinds: Vec<String> = all_keys(conn)
+        .await
+        .into_iter()
+        .filter_map(|k| {
+            let kind = k.strip_prefix("distlock:")?.split(":{").next()?.to_owned();
+            kind.starts_with("rw").then_some(kind)
+        })
+        .collect();
+    kinds.sort();
+    kinds
+}
+
+#[tokio::test]
+async fn readers_share_and_a_writer_excludes_everyone() {
+    let redis = server();
+    let a = manager(&redis).await;
+    let b = manager(&redis).await;
+    let mut raw = raw(&redis).await;
+
+    let r1 = a.read_lock("doc").acquire().await.unwrap();
+    let r2 = b
+        .read_lock("doc")
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("readers share");
+    assert!(b.write_lock("doc").try_acquire().await.unwrap().is_none());
+    assert_eq!(rw_names(&mut raw).await, ["rwfence", "rwr"]);
+    // A read-write lock is a lock of its own: the exclusive lock is free.
+    let plain = b
+        .lock("doc")
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("other kind");
+    plain.release().await.unwrap();
+
+    r1.release().await.unwrap();
+    assert!(b.write_lock("doc").try_acquire().await.unwrap().is_none());
+    r2.release().await.unwrap();
+    assert_eq!(
+        rw_names(&mut raw).await,
+        ["rwfence"],
+        "the readers' set goes with the last reader"
+    );
+
+    let w = a
+        .write_lock("doc")
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("free");
+    assert!(b.read_lock("doc").try_acquire().await.unwrap().is_none());
+    assert!(b.write_lock("doc").try_acquire().await.unwrap().is_none());
+    w.release().await.unwrap();
+    assert_eq!(rw_names(&mut raw).await, ["rwfence"]);
+    let r = b
+        .read_lock("doc")
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("free again");
+    r.release().await.unwrap();
+}
+
+/// Eight readers take turns so that some reader always holds the lock; a
+/// writer still gets it, because while it waits no new reader enters.
+#[tokio::test]
+async fn a_writer_is_not_starved_by_a_stream_of_readers() {
+    let redis = server();
+    let readers_m = manager(&redis).await;
+    let writer_m = manager(&redis).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let reading = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..8u64 {
+        let m = readers_m.clone();
+        let stop = stop.clone();
+        let reading = reading.clone();
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(i * 7)).await;
+            let mut cycles = 0u32;
+            while !stop.load(Ordering::Relaxed) {
+                let g = m
+                    .read_lock("stream")
+                    .wait(Duration::from_secs(20))
+                    .acquire()
+                    .await
+                    .unwrap();
+                reading.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(40)).await;
+                reading.fetch_sub(1, Ordering::SeqCst);
+                g.release().await.unwrap();
+                cycles += 1;
+            }
+            cycles
+        }));
+    }
+    // Let the readers overlap, so the lock is never free of readers.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for _ in 0..3 {
+        let start = Instant::now();
+        let w = writer_m
+            .write_lock("stream")
+            .wait(Duration::from_secs(10))
+            .acquire()
+            .await
+            .expect("the writer gets its turn");
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "writer waited {:?}",
+            start.elapsed()
+        );
+        assert_eq!(
+            reading.load(Ordering::SeqCst),
+            0,
+            "no reader while the writer holds it"
+        );
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert_eq!(reading.load(Ordering::SeqCst), 0);
+        w.release().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        assert!(t.await.unwrap() > 0, "every reader made progress");
+    }
+}
+
+/// A reader that crashed (stopped renewing, never released) frees its share
+/// within its lease.
+#[tokio::test]
+async fn a_crashed_readers_share_expires_within_its_lease() {
+    let redis = server();
+    let crashed = manager(&redis).await;
+    let writer = manager(&redis).await;
+    let g = crashed
+        .read_lock("report")
+        .lease(Duration::from_millis(400))
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    // Neither released nor renewed: as if the process had died.
+    std::mem::forget(g);
+    let start = Instant::now();
+    let w = writer
+        .write_lock("report")
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await
+        .unwrap();
+    let waited = start.elapsed();
+    assert!(waited < Duration::from_millis(1500), "waited {waited:?}");
+    w.release().await.unwrap();
+}
+
+/// A writer that gives up waiting takes its intent back, so readers are not
+/// kept out for the rest of its lease.
+#[tokio::test]
+async fn a_writer_that_gives_up_lets_readers_in_again() {
+    let redis = server();
+    let a = manager(&redis).await;
+    let b = manager(&redis).await;
+    let mut raw = raw(&redis).await;
+    let r = a.read_lock("cfg").acquire().await.unwrap();
+    let err = b
+        .write_lock("cfg")
+        .wait(Duration::from_millis(300))
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::Timeout { .. }), "{err}");
+    let withdrawn = eventually(Duration::from_secs(2), async || {
+        !rw_names(&mut raw).await.contains(&"rwi".to_owned())
+    })
+    .await;
+    assert!(withdrawn.is_some(), "the intent is withdrawn");
+    let r2 = b
+        .read_lock("cfg")
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("readers enter again");
+    r2.release().await.unwrap();
+    r.release().await.unwrap();
+}
+
+/// A waiting writer is woken by the last reader's release, not by its timer.
+#[tokio::test]
+async fn the_last_reader_out_wakes_a_waiting_writer() {
+    let redis = server();
+    let a = manager(&redis).await;
+    let b = manager(&redis).await;
+    let r = a.read_lock("wake").acquire().await.unwrap();
+    let waiter = tokio::spawn(async move {
+        let w = b
+            .write_lock("wake")
+            .wait(Duration::from_secs(20))
+            .acquire()
+            .await
+            .unwrap();
+        let at = Instant::now();
+        w.release().await.unwrap();
+        (at, b.wake_ups_delivered())
+    });
+    // Long enough for the writer's fallback backoff to reach its cap.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let released = Instant::now();
+    r.release().await.unwrap();
+    let (acquired, woken) = waiter.await.unwrap();
+    assert!(
+        acquired.duration_since(released) < Duration::from_millis(500),
+        "took {:?}",
+        acquired.duration_since(released)
+    );
+    assert!(woken >= 1, "woken by a wake-up message");
+}
+
+#[tokio::test]
+async fn reentry_shares_reads_downgrades_and_refuses_upgrades() {
+    let redis = server();
+    let m = manager(&redis).await;
+
+    let r = m.read_lock("tree").acquire().await.unwrap();
+    r.scope(async {
+        let again = m.read_lock("tree").acquire().await.unwrap();
+        assert_eq!(again.fencing_token(), r.fencing_token());
+        again.release().await.unwrap();
+        let err = m.write_lock("tree").acquire().await.unwrap_err();
+        assert!(
+            matches!(err, LockError::UpgradeRefused { ref key } if key == "tree"),
+            "{err}"
+        );
+        assert!(!err.is_transient());
+    })
+    .await;
+    r.release().await.unwrap();
+
+    let w = m.write_lock("tree").acquire().await.unwrap();
+    w.scope(async {
+        let read = m.read_lock("tree").acquire().await.unwrap();
+        assert_eq!(
+            read.fencing_token(),
+            w.fencing_token(),
+            "a read inside a write re-enters it"
+        );
+        let write = m.write_lock("tree").acquire().await.unwrap();
+        assert_eq!(write.fencing_token(), w.fencing_token());
+        write.release().await.unwrap();
+        read.release().await.unwrap();
+    })
+    .await;
+    w.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn writers_fencing_tokens_strictly_increase() {
+    let redis = server();
+    let a = manager(&redis).await;
+    let b = manager(&redis).await;
+    let mut last = 0;
+    for i in 0..6 {
+        let m = if i % 2 == 0 { &a } else { &b };
+        let r = m.read_lock("ledger").acquire().await.unwrap();
+        assert!(r.fencing_token() > last);
+        last = r.fencing_token();
+        r.release().await.unwrap();
+        let w = m.write_lock("ledger").acquire().await.unwrap();
+        assert!(
+            w.fencing_token() > last,
+            "{} after {last}",
+            w.fencing_token()
+        );
+        last = w.fencing_token();
+        w.release().await.unwrap();
+    }
+}
+
+/// A reader whose hold was removed in Redis learns it at its next renewal.
+#[tokio::test]
+async fn a_reader_learns_that_its_hold_is_gone() {
+    let redis = server();
+    let m = manager(&redis).await;
+    let mut raw = raw(&redis).await;
+    let r = m
+        .read_lock("gone")
+        .lease(Duration::from_millis(600))
+        .acquire()
+        .await
+        .unwrap();
+    let set = all_keys(&mut raw)
+        .await
+        .into_iter()
+        .find(|k| k.contains(":rwr:{"))
+        .expect("the readers' set");
+    del(&mut raw, &set).await;
+    tokio::time::timeout(Duration::from_secs(3), r.lost())
+        .await
+        .expect("lost() completes");
+    assert!(matches!(r.release().await, Err(LockError::Lost { .. })));
+}
+
+#[tokio::test]
+async fn readers_and_writers_on_a_cluster() {
+    let cluster = RedisCluster::process_wide().expect("cluster");
+    let a = LockManager::cluster_builder(cluster.urls())
+        .build()
+        .await
+        .unwrap();
+    let b = LockManager::cluster_builder(cluster.urls())
+        .build()
+        .await
+        .unwrap();
+    for i in 0..6 {
+        let key = format!("rw-cluster:{i}");
+        let r1 = a.read_lock(&key).acquire().await.unwrap();
+        let r2 = b
+            .read_lock(&key)
+            .try_acquire()
+            .await
+            .unwrap()
+            .expect("shared");
+        assert!(b.write_lock(&key).try_acquire().await.unwrap().is_none());
+        r1.release().await.unwrap();
+        let writer = {
+            let b = b.clone();
+            let key = key.clone();
+            tokio::spawn(async move {
+                let w = b
+                    .write_lock(&key)
+                    .wait(Duration::from_secs(10))
+                    .acquire()
+                    .await
+                    .unwrap();
+                let token = w.fencing_token();
+                w.release().await.unwrap();
+                token
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let token = r2.fencing_token();
+        r2.release().await.unwrap();
+        assert!(writer.await.unwrap() > token);
+    }
+}
