@@ -1,0 +1,321 @@
+//! Semaphores: at most N holders, each permit with its own lease, renewal and
+//! lost signal; permits of crashed holders come back; releases wake waiters;
+//! permit counts change only on purpose; the same on a Redis Cluster.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use distlock::testing::{RedisCluster, RedisServer};
+use distlock::{LockError, LockManager};
+use redis::aio::MultiplexedConnection;
+
+/// The semaphore's Redis names that exist now, by kind (`sem`, `semp`, `semfence`).
+async fn sem_names(conn: &mut MultiplexedConnection) -> Vec<String> {
+    let mut kinds: Vec<String> = all_keys(conn)
+        .await
+        .into_iter()
+        .filter_map(|k| {
+            let kind = k.strip_prefix("distlock:")?.split(":{").next()?.to_owned();
+            kind.starts_with("sem").then_some(kind)
+        })
+        .collect();
+    kinds.sort();
+    kinds
+}
+
+/// Tasks of several managers hammer a semaphore; the number inside never
+/// exceeds the permits, and reaches them.
+async fn never_more_than_the_permits(managers: &[LockManager], key: &str, permits: u32) {
+    let inside = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for m in managers {
+        for _ in 0..8 {
+            let (m, inside, most, key) = (m.clone(), inside.clone(), most.clone(), key.to_owned());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..5 {
+                    let g = m
+                        .semaphore(key.as_str(), permits)
+                        .wait(Duration::from_secs(30))
+                        .acquire()
+                        .await
+                        .unwrap();
+                    let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    g.release().await.unwrap();
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let most = most.load(Ordering::SeqCst);
+    assert_eq!(
+        most, permits as usize,
+        "at most (and at some point exactly) {permits} inside"
+    );
+}
+
+#[tokio::test]
+async fn never_more_holders_than_permits() {
+    let redis = server();
+    let managers = vec![
+        manager(&redis).await,
+        manager(&redis).await,
+        manager(&redis).await,
+    ];
+    let mut raw = raw(&redis).await;
+    never_more_than_the_permits(&managers, "pool", 3).await;
+    assert_eq!(
+        sem_names(&mut raw).await,
+        ["semfence"],
+        "no holder left behind"
+    );
+}
+
+#[tokio::test]
+async fn a_crashed_holders_permit_returns_within_its_lease() {
+    let redis = server();
+    let crashed = manager(&redis).await;
+    let other = manager(&redis).await;
+    let g = crashed
+        .semaphore("conn", 1)
+        .lease(Duration::from_millis(400))
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    // Neither released nor renewed: as if the process had died.
+    std::mem::forget(g);
+    assert!(other
+        .semaphore("conn", 1)
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
+    let start = Instant::now();
+    let g = other
+        .semaphore("conn", 1)
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await
+        .unwrap();
+    assert!(
+        start.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        start.elapsed()
+    );
+    g.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_release_wakes_a_waiter() {
+    let redis = server();
+    let a = manager(&redis).await;
+    let b = manager(&redis).await;
+    let held = a.semaphore("wake", 2).acquire().await.unwrap();
+    let held2 = a.semaphore("wake", 2).acquire().await.unwrap();
+    let waiter = tokio::spawn(async move {
+        let g = b
+            .semaphore("wake", 2)
+            .wait(Duration::from_secs(20))
+            .acquire()
+            .await
+            .unwrap();
+        let at = Instant::now();
+        g.release().await.unwrap();
+        (at, b.wake_ups_delivered())
+    });
+    // Long enough for the waiter's fallback backoff to reach its cap.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let (acquired, woken) = waiter.await.unwrap();
+    assert!(
+        acquired.duration_since(released) < Duration::from_millis(500),
+        "took {:?}",
+        acquired.duration_since(released)
+    );
+    assert!(woken >= 1, "woken by a wake-up message");
+    held2.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn permit_counts_change_only_on_purpose() {
+    let redis = server();
+    let a = manager(&redis).await;
+    let b = manager(&redis).await;
+    let mut raw = raw(&redis).await;
+    let one = a.semaphore("jobs", 2).acquire().await.unwrap();
+    let err = b.semaphore("jobs", 3).try_acquire().await.unwrap_err();
+    assert!(
+        matches!(err, LockError::PermitsDiffer { ref key, held_with: 2, requested: 3 } if key == "jobs"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("resize_permits"), "{err}");
+
+    // An explicit resize: current holders keep theirs, the new count stands.
+    let two = b
+        .semaphore("jobs", 3)
+        .resize_permits()
+        .acquire()
+        .await
+        .unwrap();
+    let three = b.semaphore("jobs", 3).acquire().await.unwrap();
+    assert!(b
+        .semaphore("jobs", 3)
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
+    let err = a.semaphore("jobs", 2).try_acquire().await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            LockError::PermitsDiffer {
+                held_with: 3,
+                requested: 2,
+                ..
+            }
+        ),
+        "{err}"
+    );
+
+    // Down to 1 with three holders: nobody new enters until two have left.
+    let resized = a
+        .semaphore("jobs", 1)
+        .resize_permits()
+        .try_acquire()
+        .await
+        .unwrap();
+    assert!(resized.is_none());
+    one.release().await.unwrap();
+    two.release().await.unwrap();
+    assert!(a
+        .semaphore("jobs", 1)
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
+    three.release().await.unwrap();
+    assert_eq!(sem_names(&mut raw).await, ["semfence"]);
+
+    // Nobody holds it: the next request's count stands.
+    let five = b.semaphore("jobs", 5).acquire().await.unwrap();
+    five.release().await.unwrap();
+
+    let err = a.semaphore("jobs", 0).try_acquire().await.unwrap_err();
+    assert!(matches!(err, LockError::InvalidConfig(_)), "{err}");
+}
+
+#[tokio::test]
+async fn each_permit_is_renewed_and_learns_when_it_is_lost() {
+    let redis = server();
+    let m = manager(&redis).await;
+    let mut raw = raw(&redis).await;
+    let kept = m
+        .semaphore("lease", 2)
+        .lease(Duration::from_millis(300))
+        .acquire()
+        .await
+        .unwrap();
+    let dropped = m
+        .semaphore("lease", 2)
+        .lease(Duration::from_millis(300))
+        .acquire()
+        .await
+        .unwrap();
+    assert!(kept.fencing_token() < dropped.fencing_token());
+    let set = all_keys(&mut raw)
+        .await
+        .into_iter()
+        .find(|k| k.contains(":sem:{"))
+        .expect("the holders' set");
+    // Take one holder out in Redis; the other lives on through renewals.
+    let _: i64 = redis::cmd("ZREM")
+        .arg(&set)
+        .arg(owner_of(&mut raw, &set, 1).await)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(3), dropped.lost())
+        .await
+        .expect("lost() completes");
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert!(!kept.is_lost(), "renewed past three leases");
+    assert!(matches!(
+        dropped.release().await,
+        Err(LockError::Lost { .. })
+    ));
+    kept.release().await.unwrap();
+    assert_eq!(sem_names(&mut raw).await, ["semfence"]);
+}
+
+/// The owner token of the `index`-th holder by lease end.
+async fn owner_of(conn: &mut MultiplexedConnection, set: &str, index: isize) -> String {
+    let owners: Vec<String> = redis::cmd("ZRANGE")
+        .arg(set)
+        .arg(index)
+        .arg(index)
+        .query_async(conn)
+        .await
+        .unwrap();
+    owners.into_iter().next().expect("a holder")
+}
+
+#[tokio::test]
+async fn reentry_keeps_one_permit() {
+    let redis = server();
+    let m = manager(&redis).await;
+    let g = m.semaphore("nested", 1).acquire().await.unwrap();
+    g.scope(async {
+        let again = m.semaphore("nested", 1).acquire().await.unwrap();
+        assert_eq!(again.fencing_token(), g.fencing_token());
+        again.release().await.unwrap();
+    })
+    .await;
+    g.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn redlock_managers_refuse_semaphores_and_read_write_locks() {
+    let servers: Vec<RedisServer> = (0..3).map(|_| server()).collect();
+    let m = LockManager::redlock_builder(servers.iter().map(|s| s.url()))
+        .build()
+        .await
+        .unwrap();
+    for err in [
+        m.semaphore("k", 2).try_acquire().await.unwrap_err(),
+        m.read_lock("k").try_acquire().await.unwrap_err(),
+        m.write_lock("k").try_acquire().await.unwrap_err(),
+    ] {
+        assert!(
+            matches!(err, LockError::InvalidConfig(ref why) if why.contains("Redlock")),
+            "{err}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn semaphores_on_a_cluster() {
+    let cluster = RedisCluster::process_wide().expect("cluster");
+    let mut managers = Vec::new();
+    for _ in 0..2 {
+        managers.push(
+            LockManager::cluster_builder(cluster.urls())
+                .build()
+                .await
+                .unwrap(),
+        );
+    }
+    for i in 0..3 {
+        never_more_than_the_permits(&managers, &format!("sem-cluster:{i}"), 2).await;
+    }
+}
