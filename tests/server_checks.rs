@@ -169,6 +169,35 @@ async fn the_least_privilege_acl_is_enough_for_everything() {
     assert_eq!(refused_commands(&mut raw).await, Vec::<String>::new());
 }
 
+/// What read-write locks and semaphores add to the least-privilege ACL (the
+/// README lists it): every path of their scripts runs without a refusal.
+const SHARED_KINDS: &str = "+zadd +zscore +zrange +zrem +zremrangebyscore +zcard +pexpireat";
+
+#[tokio::test]
+async fn read_write_locks_and_semaphores_need_the_listed_sorted_set_commands() {
+    let redis = server();
+    let mut raw = raw(&redis).await;
+    acl_user(&mut raw, "locker", &format!("{LEAST_PRIVILEGE} {SHARED_KINDS}")).await;
+    let a = LockManager::connect(&user_url(&redis, "locker")).await.unwrap();
+    let b = LockManager::connect(&user_url(&redis, "locker")).await.unwrap();
+    let short = std::time::Duration::from_millis(150);
+    let r = a.read_lock("k").lease(short).acquire().await.unwrap();
+    let writer = tokio::spawn(async move {
+        let w = b.write_lock("k").acquire().await.unwrap();
+        let p = b.semaphore("s", 1).lease(short).acquire().await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        p.release().await.unwrap();
+        w.release().await.unwrap();
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!r.is_lost(), "renewed");
+    r.release().await.unwrap();
+    writer.await.unwrap();
+    let p = a.semaphore("s", 1).acquire().await.unwrap();
+    p.release().await.unwrap();
+    assert_eq!(refused_commands(&mut raw).await, Vec::<String>::new());
+}
+
 /// The commands Redis refused (its ACL LOG), other than `config|get`, which
 /// the README lists as optional: without it the eviction policy is not checked.
 async fn refused_commands(raw: &mut redis::aio::MultiplexedConnection) -> Vec<String> {
