@@ -1,6 +1,6 @@
 //! Read-write locks: readers share, a writer excludes everyone, waiting writers
 //! keep new readers out (no starvation), each reader's hold has its own lease,
-//! re-entry rules, fencing, and the same behaviour on a Redis Cluster.
+//! re-entry rules, fencing; every test on one server and on a Redis Cluster.
 
 mod common;
 
@@ -9,31 +9,23 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use distlock::testing::RedisCluster;
-use distlock::{LockError, LockManager};
-use redis::aio::MultiplexedConnection;
+use distlock::LockError;
 
-/// The Redis names of read-write lock `key` that exist now, by kind (`rw`,
-/// `rwr`, `rwi`, `rwfence`).
-async fn rw_names(conn: &mut MultiplexedConnection) -> Vec<String> {
-    let mut kinds: Vec<String> = all_keys(conn)
-        .await
-        .into_iter()
-        .filter_map(|k| {
-            let kind = k.strip_prefix("distlock:")?.split(":{").next()?.to_owned();
-            kind.starts_with("rw").then_some(kind)
-        })
-        .collect();
-    kinds.sort();
-    kinds
-}
+crate::on_both!(
+    readers_share_and_a_writer_excludes_everyone,
+    a_writer_is_not_starved_by_a_stream_of_readers,
+    a_crashed_readers_share_expires_within_its_lease,
+    a_writer_that_gives_up_lets_readers_in_again,
+    the_last_reader_out_wakes_a_waiting_writer,
+    reentry_shares_reads_downgrades_and_refuses_upgrades,
+    writers_fencing_tokens_strictly_increase,
+    a_reader_learns_that_its_hold_is_gone,
+);
 
-#[tokio::test]
-async fn readers_share_and_a_writer_excludes_everyone() {
-    let redis = server();
-    let a = manager(&redis).await;
-    let b = manager(&redis).await;
-    let mut raw = raw(&redis).await;
+async fn readers_share_and_a_writer_excludes_everyone(d: Deployment) {
+    let a = d.manager().await;
+    let b = d.manager().await;
+    let mut raw = d.raw_for(&a, "doc").await;
 
     let r1 = a.read_lock("doc").acquire().await.unwrap();
     let r2 = b
@@ -43,7 +35,7 @@ async fn readers_share_and_a_writer_excludes_everyone() {
         .unwrap()
         .expect("readers share");
     assert!(b.write_lock("doc").try_acquire().await.unwrap().is_none());
-    assert_eq!(rw_names(&mut raw).await, ["rwfence", "rwr"]);
+    assert_eq!(kinds_of(&mut raw, "doc").await, ["rwfence", "rwr"]);
     // A read-write lock is a lock of its own: the exclusive lock is free.
     let plain = b
         .lock("doc")
@@ -57,8 +49,8 @@ async fn readers_share_and_a_writer_excludes_everyone() {
     assert!(b.write_lock("doc").try_acquire().await.unwrap().is_none());
     r2.release().await.unwrap();
     assert_eq!(
-        rw_names(&mut raw).await,
-        ["rwfence"],
+        kinds_of(&mut raw, "doc").await,
+        ["fence", "rwfence"],
         "the readers' set goes with the last reader"
     );
 
@@ -71,7 +63,7 @@ async fn readers_share_and_a_writer_excludes_everyone() {
     assert!(b.read_lock("doc").try_acquire().await.unwrap().is_none());
     assert!(b.write_lock("doc").try_acquire().await.unwrap().is_none());
     w.release().await.unwrap();
-    assert_eq!(rw_names(&mut raw).await, ["rwfence"]);
+    assert_eq!(kinds_of(&mut raw, "doc").await, ["fence", "rwfence"]);
     let r = b
         .read_lock("doc")
         .try_acquire()
@@ -83,11 +75,9 @@ async fn readers_share_and_a_writer_excludes_everyone() {
 
 /// Eight readers take turns so that some reader always holds the lock; a
 /// writer still gets it, because while it waits no new reader enters.
-#[tokio::test]
-async fn a_writer_is_not_starved_by_a_stream_of_readers() {
-    let redis = server();
-    let readers_m = manager(&redis).await;
-    let writer_m = manager(&redis).await;
+async fn a_writer_is_not_starved_by_a_stream_of_readers(d: Deployment) {
+    let readers_m = d.manager().await;
+    let writer_m = d.manager().await;
     let stop = Arc::new(AtomicBool::new(false));
     let reading = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
@@ -147,11 +137,9 @@ async fn a_writer_is_not_starved_by_a_stream_of_readers() {
 
 /// A reader that crashed (stopped renewing, never released) frees its share
 /// within its lease.
-#[tokio::test]
-async fn a_crashed_readers_share_expires_within_its_lease() {
-    let redis = server();
-    let crashed = manager(&redis).await;
-    let writer = manager(&redis).await;
+async fn a_crashed_readers_share_expires_within_its_lease(d: Deployment) {
+    let crashed = d.manager().await;
+    let writer = d.manager().await;
     let g = crashed
         .read_lock("report")
         .lease(Duration::from_millis(400))
@@ -175,12 +163,10 @@ async fn a_crashed_readers_share_expires_within_its_lease() {
 
 /// A writer that gives up waiting takes its intent back, so readers are not
 /// kept out for the rest of its lease.
-#[tokio::test]
-async fn a_writer_that_gives_up_lets_readers_in_again() {
-    let redis = server();
-    let a = manager(&redis).await;
-    let b = manager(&redis).await;
-    let mut raw = raw(&redis).await;
+async fn a_writer_that_gives_up_lets_readers_in_again(d: Deployment) {
+    let a = d.manager().await;
+    let b = d.manager().await;
+    let mut raw = d.raw_for(&a, "cfg").await;
     let r = a.read_lock("cfg").acquire().await.unwrap();
     let err = b
         .write_lock("cfg")
@@ -190,7 +176,7 @@ async fn a_writer_that_gives_up_lets_readers_in_again() {
         .unwrap_err();
     assert!(matches!(err, LockError::Timeout { .. }), "{err}");
     let withdrawn = eventually(Duration::from_secs(2), async || {
-        !rw_names(&mut raw).await.contains(&"rwi".to_owned())
+        !kinds_of(&mut raw, "cfg").await.contains(&"rwi".to_owned())
     })
     .await;
     assert!(withdrawn.is_some(), "the intent is withdrawn");
@@ -205,11 +191,9 @@ async fn a_writer_that_gives_up_lets_readers_in_again() {
 }
 
 /// A waiting writer is woken by the last reader's release, not by its timer.
-#[tokio::test]
-async fn the_last_reader_out_wakes_a_waiting_writer() {
-    let redis = server();
-    let a = manager(&redis).await;
-    let b = manager(&redis).await;
+async fn the_last_reader_out_wakes_a_waiting_writer(d: Deployment) {
+    let a = d.manager().await;
+    let b = d.manager().await;
     let r = a.read_lock("wake").acquire().await.unwrap();
     let waiter = tokio::spawn(async move {
         let w = b
@@ -235,10 +219,8 @@ async fn the_last_reader_out_wakes_a_waiting_writer() {
     assert!(woken >= 1, "woken by a wake-up message");
 }
 
-#[tokio::test]
-async fn reentry_shares_reads_downgrades_and_refuses_upgrades() {
-    let redis = server();
-    let m = manager(&redis).await;
+async fn reentry_shares_reads_downgrades_and_refuses_upgrades(d: Deployment) {
+    let m = d.manager().await;
 
     let r = m.read_lock("tree").acquire().await.unwrap();
     r.scope(async {
@@ -272,11 +254,9 @@ async fn reentry_shares_reads_downgrades_and_refuses_upgrades() {
     w.release().await.unwrap();
 }
 
-#[tokio::test]
-async fn writers_fencing_tokens_strictly_increase() {
-    let redis = server();
-    let a = manager(&redis).await;
-    let b = manager(&redis).await;
+async fn writers_fencing_tokens_strictly_increase(d: Deployment) {
+    let a = d.manager().await;
+    let b = d.manager().await;
     let mut last = 0;
     for i in 0..6 {
         let m = if i % 2 == 0 { &a } else { &b };
@@ -296,69 +276,21 @@ async fn writers_fencing_tokens_strictly_increase() {
 }
 
 /// A reader whose hold was removed in Redis learns it at its next renewal.
-#[tokio::test]
-async fn a_reader_learns_that_its_hold_is_gone() {
-    let redis = server();
-    let m = manager(&redis).await;
-    let mut raw = raw(&redis).await;
+async fn a_reader_learns_that_its_hold_is_gone(d: Deployment) {
+    let m = d.manager().await;
+    let mut raw = d.raw_for(&m, "gone").await;
     let r = m
         .read_lock("gone")
         .lease(Duration::from_millis(600))
         .acquire()
         .await
         .unwrap();
-    let set = all_keys(&mut raw)
+    let set = name_of(&mut raw, "rwr", "gone")
         .await
-        .into_iter()
-        .find(|k| k.contains(":rwr:{"))
         .expect("the readers' set");
     del(&mut raw, &set).await;
     tokio::time::timeout(Duration::from_secs(3), r.lost())
         .await
         .expect("lost() completes");
     assert!(matches!(r.release().await, Err(LockError::Lost { .. })));
-}
-
-#[tokio::test]
-async fn readers_and_writers_on_a_cluster() {
-    let cluster = RedisCluster::process_wide().expect("cluster");
-    let a = LockManager::cluster_builder(cluster.urls())
-        .build()
-        .await
-        .unwrap();
-    let b = LockManager::cluster_builder(cluster.urls())
-        .build()
-        .await
-        .unwrap();
-    for i in 0..6 {
-        let key = format!("rw-cluster:{i}");
-        let r1 = a.read_lock(&key).acquire().await.unwrap();
-        let r2 = b
-            .read_lock(&key)
-            .try_acquire()
-            .await
-            .unwrap()
-            .expect("shared");
-        assert!(b.write_lock(&key).try_acquire().await.unwrap().is_none());
-        r1.release().await.unwrap();
-        let writer = {
-            let b = b.clone();
-            let key = key.clone();
-            tokio::spawn(async move {
-                let w = b
-                    .write_lock(&key)
-                    .wait(Duration::from_secs(10))
-                    .acquire()
-                    .await
-                    .unwrap();
-                let token = w.fencing_token();
-                w.release().await.unwrap();
-                token
-            })
-        };
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        let token = r2.fencing_token();
-        r2.release().await.unwrap();
-        assert!(writer.await.unwrap() > token);
-    }
 }

@@ -1,6 +1,7 @@
 //! Semaphores: at most N holders, each permit with its own lease, renewal and
 //! lost signal; permits of crashed holders come back; releases wake waiters;
-//! permit counts change only on purpose; the same on a Redis Cluster.
+//! permit counts change only on purpose; every test on one server and on a
+//! Redis Cluster.
 
 mod common;
 
@@ -9,23 +10,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use distlock::testing::{RedisCluster, RedisServer};
+use distlock::testing::RedisServer;
 use distlock::{LockError, LockManager};
 use redis::aio::MultiplexedConnection;
 
-/// The semaphore's Redis names that exist now, by kind (`sem`, `semp`, `semfence`).
-async fn sem_names(conn: &mut MultiplexedConnection) -> Vec<String> {
-    let mut kinds: Vec<String> = all_keys(conn)
-        .await
-        .into_iter()
-        .filter_map(|k| {
-            let kind = k.strip_prefix("distlock:")?.split(":{").next()?.to_owned();
-            kind.starts_with("sem").then_some(kind)
-        })
-        .collect();
-    kinds.sort();
-    kinds
-}
+crate::on_both!(
+    never_more_holders_than_permits,
+    a_crashed_holders_permit_returns_within_its_lease,
+    a_release_wakes_a_waiter,
+    permit_counts_change_only_on_purpose,
+    each_permit_is_renewed_and_learns_when_it_is_lost,
+    reentry_keeps_one_permit,
+);
 
 /// Tasks of several managers hammer a semaphore; the number inside never
 /// exceeds the permits, and reaches them.
@@ -63,28 +59,20 @@ async fn never_more_than_the_permits(managers: &[LockManager], key: &str, permit
     );
 }
 
-#[tokio::test]
-async fn never_more_holders_than_permits() {
-    let redis = server();
-    let managers = vec![
-        manager(&redis).await,
-        manager(&redis).await,
-        manager(&redis).await,
-    ];
-    let mut raw = raw(&redis).await;
+async fn never_more_holders_than_permits(d: Deployment) {
+    let managers = vec![d.manager().await, d.manager().await, d.manager().await];
+    let mut raw = d.raw_for(&managers[0], "pool").await;
     never_more_than_the_permits(&managers, "pool", 3).await;
     assert_eq!(
-        sem_names(&mut raw).await,
+        kinds_of(&mut raw, "pool").await,
         ["semfence"],
         "no holder left behind"
     );
 }
 
-#[tokio::test]
-async fn a_crashed_holders_permit_returns_within_its_lease() {
-    let redis = server();
-    let crashed = manager(&redis).await;
-    let other = manager(&redis).await;
+async fn a_crashed_holders_permit_returns_within_its_lease(d: Deployment) {
+    let crashed = d.manager().await;
+    let other = d.manager().await;
     let g = crashed
         .semaphore("conn", 1)
         .lease(Duration::from_millis(400))
@@ -115,11 +103,9 @@ async fn a_crashed_holders_permit_returns_within_its_lease() {
     g.release().await.unwrap();
 }
 
-#[tokio::test]
-async fn a_release_wakes_a_waiter() {
-    let redis = server();
-    let a = manager(&redis).await;
-    let b = manager(&redis).await;
+async fn a_release_wakes_a_waiter(d: Deployment) {
+    let a = d.manager().await;
+    let b = d.manager().await;
     let held = a.semaphore("wake", 2).acquire().await.unwrap();
     let held2 = a.semaphore("wake", 2).acquire().await.unwrap();
     let waiter = tokio::spawn(async move {
@@ -147,12 +133,10 @@ async fn a_release_wakes_a_waiter() {
     held2.release().await.unwrap();
 }
 
-#[tokio::test]
-async fn permit_counts_change_only_on_purpose() {
-    let redis = server();
-    let a = manager(&redis).await;
-    let b = manager(&redis).await;
-    let mut raw = raw(&redis).await;
+async fn permit_counts_change_only_on_purpose(d: Deployment) {
+    let a = d.manager().await;
+    let b = d.manager().await;
+    let mut raw = d.raw_for(&a, "jobs").await;
     let one = a.semaphore("jobs", 2).acquire().await.unwrap();
     let err = b.semaphore("jobs", 3).try_acquire().await.unwrap_err();
     assert!(
@@ -205,7 +189,7 @@ async fn permit_counts_change_only_on_purpose() {
         .unwrap()
         .is_none());
     three.release().await.unwrap();
-    assert_eq!(sem_names(&mut raw).await, ["semfence"]);
+    assert_eq!(kinds_of(&mut raw, "jobs").await, ["semfence"]);
 
     // Nobody holds it: the next request's count stands.
     let five = b.semaphore("jobs", 5).acquire().await.unwrap();
@@ -215,11 +199,9 @@ async fn permit_counts_change_only_on_purpose() {
     assert!(matches!(err, LockError::InvalidConfig(_)), "{err}");
 }
 
-#[tokio::test]
-async fn each_permit_is_renewed_and_learns_when_it_is_lost() {
-    let redis = server();
-    let m = manager(&redis).await;
-    let mut raw = raw(&redis).await;
+async fn each_permit_is_renewed_and_learns_when_it_is_lost(d: Deployment) {
+    let m = d.manager().await;
+    let mut raw = d.raw_for(&m, "lease").await;
     let kept = m
         .semaphore("lease", 2)
         .lease(Duration::from_millis(300))
@@ -233,10 +215,8 @@ async fn each_permit_is_renewed_and_learns_when_it_is_lost() {
         .await
         .unwrap();
     assert!(kept.fencing_token() < dropped.fencing_token());
-    let set = all_keys(&mut raw)
+    let set = name_of(&mut raw, "sem", "lease")
         .await
-        .into_iter()
-        .find(|k| k.contains(":sem:{"))
         .expect("the holders' set");
     // Take one holder out in Redis; the other lives on through renewals.
     let _: i64 = redis::cmd("ZREM")
@@ -255,7 +235,7 @@ async fn each_permit_is_renewed_and_learns_when_it_is_lost() {
         Err(LockError::Lost { .. })
     ));
     kept.release().await.unwrap();
-    assert_eq!(sem_names(&mut raw).await, ["semfence"]);
+    assert_eq!(kinds_of(&mut raw, "lease").await, ["semfence"]);
 }
 
 /// The owner token of the `index`-th holder by lease end.
@@ -270,10 +250,8 @@ async fn owner_of(conn: &mut MultiplexedConnection, set: &str, index: isize) -> 
     owners.into_iter().next().expect("a holder")
 }
 
-#[tokio::test]
-async fn reentry_keeps_one_permit() {
-    let redis = server();
-    let m = manager(&redis).await;
+async fn reentry_keeps_one_permit(d: Deployment) {
+    let m = d.manager().await;
     let g = m.semaphore("nested", 1).acquire().await.unwrap();
     g.scope(async {
         let again = m.semaphore("nested", 1).acquire().await.unwrap();
@@ -300,22 +278,5 @@ async fn redlock_managers_refuse_semaphores_and_read_write_locks() {
             matches!(err, LockError::InvalidConfig(ref why) if why.contains("Redlock")),
             "{err}"
         );
-    }
-}
-
-#[tokio::test]
-async fn semaphores_on_a_cluster() {
-    let cluster = RedisCluster::process_wide().expect("cluster");
-    let mut managers = Vec::new();
-    for _ in 0..2 {
-        managers.push(
-            LockManager::cluster_builder(cluster.urls())
-                .build()
-                .await
-                .unwrap(),
-        );
-    }
-    for i in 0..3 {
-        never_more_than_the_permits(&managers, &format!("sem-cluster:{i}"), 2).await;
     }
 }

@@ -177,9 +177,18 @@ const SHARED_KINDS: &str = "+zadd +zscore +zrange +zrem +zremrangebyscore +zcard
 async fn read_write_locks_and_semaphores_need_the_listed_sorted_set_commands() {
     let redis = server();
     let mut raw = raw(&redis).await;
-    acl_user(&mut raw, "locker", &format!("{LEAST_PRIVILEGE} {SHARED_KINDS}")).await;
-    let a = LockManager::connect(&user_url(&redis, "locker")).await.unwrap();
-    let b = LockManager::connect(&user_url(&redis, "locker")).await.unwrap();
+    acl_user(
+        &mut raw,
+        "locker",
+        &format!("{LEAST_PRIVILEGE} {SHARED_KINDS}"),
+    )
+    .await;
+    let a = LockManager::connect(&user_url(&redis, "locker"))
+        .await
+        .unwrap();
+    let b = LockManager::connect(&user_url(&redis, "locker"))
+        .await
+        .unwrap();
     let short = std::time::Duration::from_millis(150);
     let r = a.read_lock("k").lease(short).acquire().await.unwrap();
     let writer = tokio::spawn(async move {

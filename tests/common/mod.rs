@@ -182,3 +182,99 @@ where
         // `_g` dropped here, inside the runtime: Drop spawns the release.
     })
 }
+
+/// Where a test's locks live: a private server, or the process-wide cluster
+/// (tests of one binary share it; each test uses keys of its own). Tests of
+/// the lock family run once on each (`on_both!`).
+pub enum Deployment {
+    Single(Box<distlock::testing::RedisServer>),
+    Cluster(&'static distlock::testing::RedisCluster),
+}
+
+impl Deployment {
+    pub fn single() -> Self {
+        Deployment::Single(Box::new(server()))
+    }
+
+    pub fn cluster() -> Self {
+        Deployment::Cluster(
+            distlock::testing::RedisCluster::process_wide()
+                .expect("redis-server must be installed to run the tests"),
+        )
+    }
+
+    pub async fn manager(&self) -> LockManager {
+        match self {
+            Deployment::Single(s) => manager(s).await,
+            Deployment::Cluster(c) => LockManager::cluster_builder(c.urls())
+                .command_timeout(Duration::from_millis(500))
+                .connect_timeout(Duration::from_millis(500))
+                .build()
+                .await
+                .expect("connect to the test cluster"),
+        }
+    }
+
+    /// A raw connection to the server that holds the Redis names of
+    /// `user_key` (all of one key's names share a hash tag, so one node).
+    pub async fn raw_for(&self, m: &LockManager, user_key: &str) -> MultiplexedConnection {
+        match self {
+            Deployment::Single(s) => raw(s).await,
+            Deployment::Cluster(c) => {
+                let node = c
+                    .master_of_key(&m.redis_names(user_key).lock)
+                    .expect("the key's master");
+                redis::Client::open(c.nodes()[node].url.as_str())
+                    .expect("node url")
+                    .get_multiplexed_async_connection()
+                    .await
+                    .expect("connect to the node")
+            }
+        }
+    }
+}
+
+/// Runs `async fn $test(d: Deployment)` as two tests, `$test::single` and
+/// `$test::cluster`.
+#[macro_export]
+macro_rules! on_both {
+    ($($test:ident),* $(,)?) => {$(
+        mod $test {
+            #[tokio::test]
+            async fn single() {
+                super::$test($crate::common::Deployment::single()).await
+            }
+            #[tokio::test]
+            async fn cluster() {
+                super::$test($crate::common::Deployment::cluster()).await
+            }
+        }
+    )*};
+}
+
+/// The kinds (`lock`, `rw`, `rwr`, `sem`, ...) of the Redis names of
+/// `user_key` under the default prefix that exist on `conn`, sorted.
+pub async fn kinds_of(conn: &mut MultiplexedConnection, user_key: &str) -> Vec<String> {
+    let suffix = format!("}}:{user_key}");
+    let mut kinds: Vec<String> = all_keys(conn)
+        .await
+        .into_iter()
+        .filter(|k| k.ends_with(&suffix))
+        .filter_map(|k| Some(k.strip_prefix("distlock:")?.split(":{").next()?.to_owned()))
+        .collect();
+    kinds.sort();
+    kinds
+}
+
+/// The Redis name of kind `kind` of `user_key` on `conn`, if it exists.
+pub async fn name_of(
+    conn: &mut MultiplexedConnection,
+    kind: &str,
+    user_key: &str,
+) -> Option<String> {
+    let (head, tail) = (format!("distlock:{kind}:{{"), format!("}}:{user_key}"));
+    all_keys(conn)
+        .await
+        .into_iter()
+        .find(|k| k.starts_with(&head) && k.ends_with(&tail))
+}
