@@ -674,3 +674,57 @@ impl Scripts {
         (pipe, steps)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redis::Value;
+
+    fn text(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn acquire_all_replies_are_read_and_checked() {
+        let ok = vec![Value::Int(1), text("me"), Value::Int(7), Value::Int(9)];
+        assert_eq!(
+            read_acquire_all(ok.clone(), "me", 2).unwrap(),
+            AcquireAllReply::Acquired {
+                fencing_tokens: vec![7, 9]
+            }
+        );
+        // Another request's reply, or one of the wrong length, is out of sync.
+        assert!(read_acquire_all(ok.clone(), "you", 2).is_err());
+        assert!(read_acquire_all(ok, "me", 3).is_err());
+        assert!(read_acquire_all(vec![Value::Int(1)], "me", 0).is_err());
+
+        let busy = vec![Value::Int(0), text("me"), Value::Int(2), Value::Int(1500)];
+        assert_eq!(
+            read_acquire_all(busy, "me", 3).unwrap(),
+            AcquireAllReply::Busy {
+                index: 1,
+                remaining: Some(Duration::from_millis(1500))
+            }
+        );
+        let no_ttl = vec![Value::Int(0), text("me"), Value::Int(1), Value::Int(-1)];
+        assert_eq!(
+            read_acquire_all(no_ttl, "me", 1).unwrap(),
+            AcquireAllReply::Busy {
+                index: 0,
+                remaining: None
+            }
+        );
+        for index in [0, 4] {
+            let bad = vec![Value::Int(0), text("me"), Value::Int(index), Value::Int(5)];
+            assert!(read_acquire_all(bad, "me", 3).is_err());
+        }
+    }
+
+    #[test]
+    fn the_acquire_all_script_documents_its_interface() {
+        let source = include_str!("../scripts/acquire_all.lua");
+        for part in ["KEYS[2i-1]", "KEYS[2i]", "ARGV[5]", "Returns"] {
+            assert!(source.contains(part), "{part}");
+        }
+    }
+}
