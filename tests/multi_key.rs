@@ -678,3 +678,36 @@ async fn on_a_cluster_across_masters() {
     let [x, y, _] = keys_on_three_masters(cluster, &a, "mk-cluster-orders");
     both_orders([a, b], &x, &y).await;
 }
+
+// --- Redlock: the same ordered per-key path, each key a majority vote. ---
+
+#[tokio::test]
+async fn under_redlock() {
+    let servers: Vec<_> = (0..3).map(|_| server()).collect();
+    let urls: Vec<String> = servers.iter().map(|s| s.url()).collect();
+    let redlock = |urls: Vec<String>| async move {
+        LockManager::redlock_builder(urls)
+            .command_timeout(Duration::from_millis(500))
+            .connect_timeout(Duration::from_millis(500))
+            .build()
+            .await
+            .expect("a Redlock manager")
+    };
+    let (a, b) = (redlock(urls.clone()).await, redlock(urls).await);
+    let mut conn = raw(&servers[0]).await;
+
+    let g = a.lock_all(["rl:b", "rl:a"]).acquire().await.unwrap();
+    assert_eq!(g.keys(), ["rl:a", "rl:b"]);
+    assert!(g.fencing_tokens().iter().all(|t| *t > 0));
+    assert!(b.lock("rl:a").try_acquire().await.unwrap().is_none());
+    g.release().await.unwrap();
+    for s in &servers {
+        let mut c = raw(s).await;
+        assert!(!held(&mut c, &a, "rl:a").await);
+        assert!(!held(&mut c, &a, "rl:b").await);
+    }
+
+    // The per-server checks of `partial_holds` look at one member: a lock
+    // that leaked would be on every member that granted it.
+    partial_holds(&a, &b, &mut conn, ["rl:x", "rl:held", "rl:y"]).await;
+}
