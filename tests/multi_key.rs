@@ -166,6 +166,19 @@ async fn partial_holds(
     assert!(!held(conn, b, x).await);
     assert!(!held(conn, b, y).await);
 
+    // `wait(0)` is one attempt: a timeout naming the busy key, nothing held.
+    match b
+        .lock_all([x, busy, y])
+        .wait(Duration::ZERO)
+        .acquire()
+        .await
+    {
+        Err(LockError::Timeout { key, .. }) => assert_eq!(key, busy),
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    assert!(!held(conn, b, x).await);
+    assert!(!held(conn, b, y).await);
+
     let started = Instant::now();
     let err = b
         .lock_all([y, busy, x])

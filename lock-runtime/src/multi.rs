@@ -242,11 +242,19 @@ impl MultiLockRequest {
             }
             match one_script(&core, &to_take, options, started, &mut taken).await {
                 OneScript::Done(result) => return result.map(|()| Some(taken)),
-                OneScript::Busy if !patient => {
+                OneScript::Busy(_) if !patient => {
                     telemetry::busy(metrics_label);
                     return Ok(None);
                 }
-                OneScript::Busy | OneScript::Unsupported => {}
+                OneScript::Busy(key) if wait.is_zero() => {
+                    // One attempt, and it found a lock busy: nothing to wait for.
+                    telemetry::timed_out(metrics_label);
+                    return Err(LockError::Timeout {
+                        key,
+                        waited: started.elapsed(),
+                    });
+                }
+                OneScript::Busy(_) | OneScript::Unsupported => {}
             }
             let deadline = started + wait;
             let outcome = ordered(
@@ -297,8 +305,8 @@ impl MultiLockRequest {
 enum OneScript {
     /// The backend cannot take them in one script.
     Unsupported,
-    /// One was busy; none was taken.
-    Busy,
+    /// The lock of this key was busy; none was taken.
+    Busy(String),
     /// All taken (into `taken`), or an error (nothing taken).
     Done(Result<(), LockError>),
 }
@@ -357,7 +365,7 @@ async fn one_script(
                 remaining_ms = remaining.map(|r| r.as_millis() as u64),
                 "one of the locks is busy; none taken"
             );
-            OneScript::Busy
+            OneScript::Busy(to_take.get(index).copied().unwrap_or(first).to_owned())
         }
         Ok(AcquireAllReply::Acquired { fencing_tokens }) => {
             in_flight.armed = false;
