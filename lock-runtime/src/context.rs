@@ -45,13 +45,17 @@ impl LockContext {
     }
 
     fn with(&self, lease: &Arc<Lease>) -> LockContext {
+        self.with_all(std::slice::from_ref(lease))
+    }
+
+    fn with_all(&self, leases: &[Arc<Lease>]) -> LockContext {
         let mut holds: Vec<Weak<Lease>> = self
             .holds
             .iter()
             .filter(|w| w.strong_count() > 0)
             .cloned()
             .collect();
-        holds.push(Arc::downgrade(lease));
+        holds.extend(leases.iter().map(Arc::downgrade));
         LockContext {
             holds: Arc::new(holds),
         }
@@ -65,6 +69,15 @@ impl LockContext {
 /// Runs `fut` in a context that adds `lease` to the current call chain's holds.
 pub(crate) fn scope_with<F: Future>(lease: &Arc<Lease>, fut: F) -> impl Future<Output = F::Output> {
     LockContext::current().with(lease).scope(fut)
+}
+
+/// Runs `fut` in a context that adds every lease of `leases` (a multi-key
+/// hold) to the current call chain's holds.
+pub(crate) fn scope_with_all<F: Future>(
+    leases: &[Arc<Lease>],
+    fut: F,
+) -> impl Future<Output = F::Output> {
+    LockContext::current().with_all(leases).scope(fut)
 }
 
 /// Spawns a task that inherits the locks the current call chain holds.

@@ -58,6 +58,14 @@ impl LockGuard {
         }
     }
 
+    /// Hands this guard's hold over to the caller (a `MultiLockGuard`), which
+    /// then owns one hold of the lease and must give it back: the guard itself
+    /// neither releases nor drops a hold.
+    pub(crate) fn into_lease(mut self) -> Arc<Lease> {
+        self.released = true;
+        self.lease.clone()
+    }
+
     pub(crate) fn set_hold_span(&mut self, span: tracing::Span) {
         self.hold_span = span;
     }

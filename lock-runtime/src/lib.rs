@@ -9,6 +9,8 @@
 //! - [`LockManager::lock`] gives a [`LockRequest`]; its
 //!   [`acquire`](LockRequest::acquire) is one script call (one round trip) when the
 //!   lock is free, and otherwise waits for the holder's release to be published;
+//! - [`LockManager::lock_all`] gives a [`MultiLockRequest`] for several keys,
+//!   taken all or nothing in one global order (one round trip on one server);
 //! - the [`LockGuard`] carries the fencing token and the lost-lease signal, renews
 //!   the lease while it lives, and releases on every exit, drop included.
 //!
@@ -44,6 +46,7 @@ mod info;
 mod keys;
 mod lease;
 mod manager;
+mod multi;
 mod renewal;
 mod request;
 mod telemetry;
@@ -60,6 +63,7 @@ pub use info::LockInfo;
 pub use manager::{
     LockManager, LockManagerBuilder, RedisNames, DEFAULT_FENCE_RETENTION, MAX_DURATION, MIN_LEASE,
 };
+pub use multi::{MultiLockGuard, MultiLockRequest};
 pub use request::LockRequest;
 
 /// Support for the code `#[distributed_lock]` generates. Not a public API.

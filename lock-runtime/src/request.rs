@@ -310,7 +310,10 @@ impl LockRequest {
     }
 }
 
-fn reenter(manager: &Arc<ManagerInner>, held: Arc<Lease>) -> Result<Option<LockGuard>, LockError> {
+pub(crate) fn reenter(
+    manager: &Arc<ManagerInner>,
+    held: Arc<Lease>,
+) -> Result<Option<LockGuard>, LockError> {
     if held.is_lost() {
         return Err(LockError::Lost {
             key: held.key.clone(),

@@ -34,7 +34,7 @@ pub(crate) mod scripts;
 pub(crate) mod sentinel;
 pub(crate) mod single;
 
-pub(crate) use scripts::{AcquireReply, AcquireSpec, HeldLock};
+pub(crate) use scripts::{AcquireAllReply, AcquireReply, AcquireSpec, HeldLock};
 
 /// Where the manager's Redis is.
 #[derive(Debug, Clone)]
@@ -120,6 +120,28 @@ impl Backend {
             Backend::Cluster(b) => b.acquire(key, keys, owner, lease_ms, spec).await,
             Backend::Redlock(b) => b.acquire(key, keys, owner, lease_ms, spec).await,
             Backend::Sentinel(b) => b.acquire(key, keys, owner, lease_ms, spec).await,
+        }
+    }
+
+    /// Takes all of `locks` for `owner` in one script call, or none of them
+    /// (see `acquire_all.lua`); `key` names the first lock in errors. `None`
+    /// when this backend cannot take them in one call: a cluster (distinct
+    /// locks live in distinct slots), Redlock (each lock is its own majority
+    /// vote), or a server whose acquisitions need replicas to confirm them
+    /// (`replica_ack`); the caller then takes them one by one with
+    /// [`acquire`](Self::acquire).
+    pub(crate) async fn acquire_all(
+        &self,
+        key: &str,
+        locks: &[&LockKeys],
+        owner: &str,
+        lease_ms: u64,
+        spec: &AcquireSpec<'_>,
+    ) -> Option<Result<AcquireAllReply, CallError>> {
+        match self {
+            Backend::Single(b) => b.acquire_all(key, locks, owner, lease_ms, spec).await,
+            Backend::Sentinel(b) => b.acquire_all(key, locks, owner, lease_ms, spec).await,
+            Backend::Cluster(_) | Backend::Redlock(_) => None,
         }
     }
 

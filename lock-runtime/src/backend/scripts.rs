@@ -29,6 +29,19 @@ pub(crate) enum AcquireReply {
     PermitsDiffer { held_with: u32 },
 }
 
+/// What the acquire-all script answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum AcquireAllReply {
+    /// Every lock is ours, with these fencing tokens (in the order asked).
+    Acquired { fencing_tokens: Vec<u64> },
+    /// Lock `index` (0-based) is held by another owner for `remaining` more;
+    /// none was taken.
+    Busy {
+        index: usize,
+        remaining: Option<Duration>,
+    },
+}
+
 /// What an acquire writes into the lock besides its owner token and lease.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct AcquireSpec<'a> {
@@ -165,6 +178,43 @@ fn read_acquire(
     })
 }
 
+fn read_acquire_all(
+    reply: Vec<redis::Value>,
+    owner: &str,
+    count: usize,
+) -> RedisResult<AcquireAllReply> {
+    let mut values = reply.into_iter();
+    let (Some(status), Some(echoed)) = (values.next(), values.next()) else {
+        return Err(out_of_sync("an acquire-all reply of the wrong length"));
+    };
+    let status: i64 = redis::from_redis_value(status)?;
+    let echoed: String = redis::from_redis_value(echoed)?;
+    check_owner(&echoed, owner)?;
+    let numbers: Vec<i64> = values
+        .map(redis::from_redis_value)
+        .collect::<Result<_, _>>()?;
+    if status == 1 {
+        if numbers.len() != count {
+            return Err(out_of_sync("an acquire-all reply of the wrong length"));
+        }
+        return Ok(AcquireAllReply::Acquired {
+            fencing_tokens: numbers
+                .into_iter()
+                .map(|t| u64::try_from(t).unwrap_or(0))
+                .collect(),
+        });
+    }
+    match numbers[..] {
+        [index, pttl] if index >= 1 && usize::try_from(index).is_ok_and(|i| i <= count) => {
+            Ok(AcquireAllReply::Busy {
+                index: usize::try_from(index - 1).unwrap_or(0),
+                remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
+            })
+        }
+        _ => Err(out_of_sync("an acquire-all busy reply of the wrong shape")),
+    }
+}
+
 /// A lock as the inspect script read it: its value and its remaining lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct HeldLock {
@@ -243,6 +293,7 @@ impl ProbeStep {
 
 pub(crate) struct Scripts {
     acquire: Lua,
+    acquire_all: Lua,
     release: Lua,
     renew: Lua,
     raise_fence: Lua,
@@ -271,6 +322,7 @@ impl Scripts {
     pub(crate) fn new() -> Self {
         Scripts {
             acquire: Lua::new(include_str!("../scripts/acquire.lua")),
+            acquire_all: Lua::new(include_str!("../scripts/acquire_all.lua")),
             release: Lua::new(include_str!("../scripts/release.lua")),
             renew: Lua::new(include_str!("../scripts/renew.lua")),
             raise_fence: Lua::new(include_str!("../scripts/raise_fence.lua")),
@@ -325,6 +377,33 @@ impl Scripts {
         let cmd = self.acquire_cmd(keys, owner, lease_ms, spec);
         let reply: (i64, i64, String) = self.acquire_lua(keys.kind).invoke(conn, &cmd).await?;
         read_acquire(reply, owner)
+    }
+
+    /// Takes every lock of `locks` for `owner`, or none when one is held by
+    /// another owner: one script call (see `acquire_all.lua`). All the locks
+    /// must be on the connection's server (one slot in a cluster).
+    pub(crate) async fn acquire_all(
+        &self,
+        conn: &mut impl ConnectionLike,
+        locks: &[&LockKeys],
+        owner: &str,
+        lease_ms: u64,
+        spec: &AcquireSpec<'_>,
+    ) -> RedisResult<AcquireAllReply> {
+        let names: Vec<&str> = locks
+            .iter()
+            .flat_map(|keys| [keys.lock.as_str(), keys.fence.as_str()])
+            .collect();
+        let mut cmd = self
+            .acquire_all
+            .call(&names, 5, owner.len() + spec.holder.len() + 70);
+        cmd.arg(owner)
+            .arg(lease_ms)
+            .arg(spec.fence_ttl_ms.unwrap_or(0))
+            .arg(spec.since_ms)
+            .arg(spec.holder);
+        let reply: Vec<redis::Value> = self.acquire_all.invoke(conn, &cmd).await?;
+        read_acquire_all(reply, owner, locks.len())
     }
 
     /// Without fencing and without marking, an acquire needs no script: a plain
@@ -699,5 +778,59 @@ impl Scripts {
         pipe.cmd("DEL").arg(&keys.fence);
         steps.push(ProbeStep::command("DEL"));
         (pipe, steps)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redis::Value;
+
+    fn text(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn acquire_all_replies_are_read_and_checked() {
+        let ok = vec![Value::Int(1), text("me"), Value::Int(7), Value::Int(9)];
+        assert_eq!(
+            read_acquire_all(ok.clone(), "me", 2).unwrap(),
+            AcquireAllReply::Acquired {
+                fencing_tokens: vec![7, 9]
+            }
+        );
+        // Another request's reply, or one of the wrong length, is out of sync.
+        assert!(read_acquire_all(ok.clone(), "you", 2).is_err());
+        assert!(read_acquire_all(ok, "me", 3).is_err());
+        assert!(read_acquire_all(vec![Value::Int(1)], "me", 0).is_err());
+
+        let busy = vec![Value::Int(0), text("me"), Value::Int(2), Value::Int(1500)];
+        assert_eq!(
+            read_acquire_all(busy, "me", 3).unwrap(),
+            AcquireAllReply::Busy {
+                index: 1,
+                remaining: Some(Duration::from_millis(1500))
+            }
+        );
+        let no_ttl = vec![Value::Int(0), text("me"), Value::Int(1), Value::Int(-1)];
+        assert_eq!(
+            read_acquire_all(no_ttl, "me", 1).unwrap(),
+            AcquireAllReply::Busy {
+                index: 0,
+                remaining: None
+            }
+        );
+        for index in [0, 4] {
+            let bad = vec![Value::Int(0), text("me"), Value::Int(index), Value::Int(5)];
+            assert!(read_acquire_all(bad, "me", 3).is_err());
+        }
+    }
+
+    #[test]
+    fn the_acquire_all_script_documents_its_interface() {
+        let source = include_str!("../scripts/acquire_all.lua");
+        for part in ["KEYS[2i-1]", "KEYS[2i]", "ARGV[5]", "Returns"] {
+            assert!(source.contains(part), "{part}");
+        }
     }
 }

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind};
 
-use super::scripts::{AcquireReply, AcquireSpec, HeldLock};
+use super::scripts::{AcquireAllReply, AcquireReply, AcquireSpec, HeldLock};
 use super::single::Single;
 use super::{CallError, Renewal};
 use crate::config::{redact_all, Config, TlsSettings};
@@ -158,6 +158,30 @@ impl Sentinel {
                     .await
             }
             other => other,
+        }
+    }
+
+    /// The master's acquire-all (see `Single::acquire_all`), retried once on
+    /// the new master after a failover, with the same owner token.
+    pub(crate) async fn acquire_all(
+        &self,
+        key: &str,
+        locks: &[&LockKeys],
+        owner: &str,
+        lease_ms: u64,
+        spec: &AcquireSpec<'_>,
+    ) -> Option<Result<AcquireAllReply, CallError>> {
+        let master = self.current();
+        match master
+            .acquire_all(key, locks, owner, lease_ms, spec)
+            .await?
+        {
+            Err(e) if failover_suspected(&e) && self.rediscover(&master).await => {
+                self.current()
+                    .acquire_all(key, locks, owner, lease_ms, spec)
+                    .await
+            }
+            other => Some(other),
         }
     }
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::RedisResult;
 
-use super::scripts::{self, AcquireReply, AcquireSpec, HeldLock, Scripts};
+use super::scripts::{self, AcquireAllReply, AcquireReply, AcquireSpec, HeldLock, Scripts};
 use super::{bounded_call, read_renewals, CallError, Renewal};
 use crate::config::{redact, Config, ReplicaAck, TlsSettings};
 use crate::error::LockError;
@@ -234,6 +234,32 @@ impl Single {
         };
         // Give it back now rather than hold a lock a failover may forget.
         super::require_replicas(key, reply, acked, &ack, self.release(key, keys, owner, 0)).await
+    }
+
+    /// The acquire-all script: one round trip. `None` when acquisitions need
+    /// replicas to confirm them (the caller takes the locks one by one).
+    pub(crate) async fn acquire_all(
+        &self,
+        key: &str,
+        locks: &[&LockKeys],
+        owner: &str,
+        lease_ms: u64,
+        spec: &AcquireSpec<'_>,
+    ) -> Option<Result<AcquireAllReply, CallError>> {
+        if self.replica_ack.is_some() {
+            return None;
+        }
+        let conn = self.connection();
+        let mut redis = conn.redis;
+        Some(
+            self.call(
+                key,
+                conn.generation,
+                self.scripts
+                    .acquire_all(&mut redis, locks, owner, lease_ms, spec),
+            )
+            .await,
+        )
     }
 
     /// Raises the lock's fencing counter to at least `token` and, if `owner`

@@ -1,0 +1,814 @@
+//! Multi-key locks: `LockManager::lock_all`, `MultiLockRequest`, `MultiLockGuard`.
+//!
+//! A multi-key lock is one ordinary exclusive lease per key (the same Redis
+//! value, lease, renewal and fencing counter as `LockManager::lock`), taken all
+//! or nothing, in one global order (the keys sorted by bytes), so that two
+//! multi-key locks over overlapping keys never deadlock.
+//!
+//! On one server (`Single`, `Sentinel`) an uncontended acquisition is one
+//! script call (`acquire_all.lua`), which takes every lock or, when one is
+//! busy, none. When one is busy and the caller may wait, the locks are taken
+//! one by one in the global order with the ordinary acquisition (its waiting,
+//! wake-ups and fairness included), holding the earlier ones while waiting for
+//! the next: ordered locking cannot deadlock. In a cluster (locks in distinct
+//! slots) and under Redlock the locks are always taken that way, one round
+//! trip per key when uncontended.
+
+use std::future::{poll_fn, Future};
+use std::pin::{pin, Pin};
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use tracing::Instrument;
+
+use crate::backend::{AcquireAllReply, AcquireSpec};
+use crate::config::{self, owner_token};
+use crate::context::LockContext;
+use crate::core::{Core, ManagerInner};
+use crate::error::{KeyPreview, LockError};
+use crate::keys::{self, LockKeys, LockKind};
+use crate::lease::{Lease, NewLease};
+use crate::request::{reenter, LockRequest};
+use crate::telemetry;
+
+/// Several locks about to be acquired together, all or nothing; from
+/// [`LockManager::lock_all`](crate::LockManager::lock_all).
+///
+/// The keys are de-duplicated and sorted by their bytes: every multi-key
+/// acquisition takes its locks in that one global order, so `lock_all([a, b])`
+/// and `lock_all([b, a])` never deadlock. Each key gets an ordinary exclusive
+/// lease (the one [`LockManager::lock`](crate::LockManager::lock) takes), so a
+/// single-key lock and a multi-key lock over the same key exclude each other.
+///
+/// The options are those of [`LockRequest`] and apply to every key.
+#[derive(Debug, Clone)]
+#[must_use = "a lock request does nothing until .acquire().await or .try_acquire().await"]
+pub struct MultiLockRequest {
+    manager: Arc<ManagerInner>,
+    /// De-duplicated, sorted.
+    keys: Vec<String>,
+    lease: Option<Duration>,
+    wait: Option<Duration>,
+    renew: bool,
+    max_hold: Option<Duration>,
+    min_hold: Option<Duration>,
+    metrics_label: Option<&'static str>,
+}
+
+/// The options every key's lease is taken with.
+#[derive(Clone, Copy)]
+struct Options {
+    lease: Duration,
+    renew: bool,
+    max_hold: Option<Duration>,
+    min_hold: Option<Duration>,
+    metrics_label: Option<&'static str>,
+}
+
+impl MultiLockRequest {
+    pub(crate) fn new(manager: Arc<ManagerInner>, mut keys: Vec<String>) -> Self {
+        keys.sort_unstable();
+        keys.dedup();
+        MultiLockRequest {
+            manager,
+            keys,
+            lease: None,
+            wait: None,
+            renew: true,
+            max_hold: None,
+            min_hold: None,
+            metrics_label: None,
+        }
+    }
+
+    /// The lease of every lock (see [`LockRequest::lease`]).
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// How long [`acquire`](Self::acquire) may wait, in all, for the locks
+    /// that are busy before it returns [`LockError::Timeout`] (default: the
+    /// manager's); see [`LockRequest::wait`].
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = Some(wait);
+        self
+    }
+
+    /// Whether the leases are renewed while the guard lives (default true);
+    /// see [`LockRequest::renew`].
+    pub fn renew(mut self, renew: bool) -> Self {
+        self.renew = renew;
+        self
+    }
+
+    /// The longest each lock may be held, counted from its own grant (see
+    /// [`LockRequest::max_hold`]); once one lease reaches it, the guard
+    /// reports a loss.
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.max_hold = Some(max_hold);
+        self
+    }
+
+    /// The shortest each lock is held, counted from its own grant (see
+    /// [`LockRequest::min_hold`]).
+    pub fn min_hold(mut self, min_hold: Duration) -> Self {
+        self.min_hold = Some(min_hold);
+        self
+    }
+
+    /// Labels the metrics of these locks (see [`LockRequest::metrics_label`]);
+    /// each key counts as one lock in them.
+    pub fn metrics_label(mut self, label: &'static str) -> Self {
+        self.metrics_label = Some(label);
+        self
+    }
+
+    /// The keys this request locks: de-duplicated, in lock order (sorted by bytes).
+    pub fn keys(&self) -> &[String] {
+        &self.keys
+    }
+
+    /// Takes every lock, waiting up to `wait` in all while some are busy; all
+    /// or nothing: on an error, a timeout or when the future is dropped, no
+    /// lock of this acquisition stays held (a lock whose reply was lost is
+    /// released by owner token in the background).
+    ///
+    /// Keys that this call chain already holds (inside
+    /// [`MultiLockGuard::scope`], [`LockGuard::scope`](crate::LockGuard::scope)
+    /// or a locked function) are re-entered, sharing the outer lease and
+    /// fencing token; the others are acquired. An empty key set gives an empty
+    /// guard at once, without a Redis call.
+    ///
+    /// Cost when no lock is busy: one round trip on one server (a script that
+    /// takes them all); one per key in a Redis Cluster or under Redlock. When
+    /// one is busy, the locks are taken one by one in lock order, the earlier
+    /// ones held while waiting for the next.
+    ///
+    /// # Errors
+    /// [`LockError::Timeout`] (naming the key waited for) once `wait` has
+    /// passed, [`LockError::InvalidKey`] / [`LockError::InvalidConfig`] for bad
+    /// input, [`LockError::Lost`] when re-entering a hold whose lease was lost,
+    /// [`LockError::Backend`] when Redis fails or does not answer in time.
+    pub async fn acquire(self) -> Result<MultiLockGuard, LockError> {
+        let key = self.keys.first().cloned().unwrap_or_default();
+        match self.run(true).await? {
+            Some(guard) => Ok(guard),
+            // Waiting turns a busy lock into `Timeout` itself.
+            None => Err(LockError::Timeout {
+                key,
+                waited: Duration::ZERO,
+            }),
+        }
+    }
+
+    /// Makes one attempt: `Ok(None)` when another owner holds any of the
+    /// locks, and then none of them is held.
+    pub async fn try_acquire(self) -> Result<Option<MultiLockGuard>, LockError> {
+        self.run(false).await
+    }
+
+    async fn run(self, patient: bool) -> Result<Option<MultiLockGuard>, LockError> {
+        let MultiLockRequest {
+            manager,
+            keys,
+            lease,
+            wait,
+            renew,
+            max_hold,
+            min_hold,
+            metrics_label,
+        } = self;
+        for (name, value) in [("max_hold", max_hold), ("min_hold", min_hold)] {
+            if let Some(d) = value {
+                if d.is_zero() || d > config::MAX_DURATION {
+                    return Err(LockError::InvalidConfig(format!(
+                        "{name} is {d:?}; it must be above zero and at most 30 days"
+                    )));
+                }
+            }
+        }
+        for key in &keys {
+            keys::validate_key(key)?;
+        }
+        let core = manager.core.clone();
+        let lease = lease.unwrap_or(core.config.default_lease);
+        config::validate_lease(lease, "lease")?;
+        let lease = Duration::from_millis(u64::try_from(lease.as_millis()).unwrap_or(u64::MAX));
+        let wait = if patient {
+            let wait = wait.unwrap_or(core.config.default_wait);
+            config::validate_wait(wait, "wait")?;
+            wait
+        } else {
+            Duration::ZERO
+        };
+        let options = Options {
+            lease,
+            renew,
+            max_hold,
+            min_hold,
+            metrics_label,
+        };
+        let mut taken = MultiLockGuard::new(manager.clone());
+        let Some(first) = keys.first() else {
+            return Ok(Some(taken));
+        };
+        if core.is_shut_down() {
+            return Err(LockError::ShutDown { key: first.clone() });
+        }
+        let span = tracing::debug_span!(target: "distlock::acquire",
+            "distlock.acquire_all",
+            keys = keys.len(),
+            first_key = %KeyPreview(first),
+            lease_ms = lease.as_millis() as u64,
+            wait_ms = wait.as_millis() as u64,
+        );
+        let started = Instant::now();
+        let acquired = async {
+            // Re-entry first: no round trip, and the holds it takes are given
+            // back by `taken` if the rest cannot be had.
+            let mut to_take = Vec::with_capacity(keys.len());
+            for key in &keys {
+                match LockContext::find(core.id, key, LockKind::Exclusive.family())
+                    .map(|held| reenter(&manager, held))
+                {
+                    Some(Ok(Some(guard))) => taken.push(guard.into_lease()),
+                    Some(Err(e)) => return Err(e),
+                    // Not held, or its last hold went since the lookup.
+                    None | Some(Ok(None)) => to_take.push(key.as_str()),
+                }
+            }
+            if to_take.is_empty() {
+                return Ok(Some(taken));
+            }
+            match one_script(&core, &to_take, options, started, &mut taken).await {
+                OneScript::Done(result) => return result.map(|()| Some(taken)),
+                OneScript::Busy(_) if !patient => {
+                    telemetry::busy(metrics_label);
+                    return Ok(None);
+                }
+                OneScript::Busy(key) if wait.is_zero() => {
+                    // One attempt, and it found a lock busy: nothing to wait for.
+                    telemetry::timed_out(metrics_label);
+                    return Err(LockError::Timeout {
+                        key,
+                        waited: started.elapsed(),
+                    });
+                }
+                OneScript::Busy(_) | OneScript::Unsupported => {}
+            }
+            let deadline = started + wait;
+            let outcome = ordered(
+                &manager,
+                &to_take,
+                options,
+                patient.then_some(deadline),
+                &mut taken,
+            )
+            .await;
+            match outcome {
+                Ok(true) => Ok(Some(taken)),
+                Ok(false) => {
+                    // All or nothing: give back what was taken before returning.
+                    taken.give_back().await;
+                    Ok(None)
+                }
+                Err(LockError::Timeout { key, .. }) => {
+                    taken.give_back().await;
+                    let waited = started.elapsed();
+                    tracing::debug!(target: "distlock::acquire",
+                        waited_ms = waited.as_millis() as u64,
+                        key = %KeyPreview(&key),
+                        "timed out"
+                    );
+                    Err(LockError::Timeout { key, waited })
+                }
+                Err(e) => {
+                    taken.give_back().await;
+                    Err(e)
+                }
+            }
+        }
+        .instrument(span)
+        .await;
+        Ok(acquired?.map(|mut guard| {
+            guard.finish();
+            tracing::debug!(target: "distlock::acquire",
+                keys = guard.keys.len(),
+                waited_ms = started.elapsed().as_millis() as u64,
+                "acquired all"
+            );
+            guard
+        }))
+    }
+}
+
+enum OneScript {
+    /// The backend cannot take them in one script.
+    Unsupported,
+    /// The lock of this key was busy; none was taken.
+    Busy(String),
+    /// All taken (into `taken`), or an error (nothing taken).
+    Done(Result<(), LockError>),
+}
+
+/// The one-round-trip path: the acquire-all script.
+async fn one_script(
+    core: &Arc<Core>,
+    to_take: &[&str],
+    options: Options,
+    started: Instant,
+    taken: &mut MultiLockGuard,
+) -> OneScript {
+    let names: Vec<LockKeys> = to_take.iter().map(|key| core.keys(key)).collect();
+    let refs: Vec<&LockKeys> = names.iter().collect();
+    let owner = owner_token();
+    let lease_ms = u64::try_from(options.lease.as_millis()).unwrap_or(u64::MAX);
+    let retention_ms = u64::try_from(core.config.fence_retention.as_millis()).unwrap_or(u64::MAX);
+    let spec = AcquireSpec {
+        fence_ttl_ms: core
+            .config
+            .fencing
+            .then(|| lease_ms.saturating_add(retention_ms)),
+        waiting: false,
+        since_ms: crate::info::now_ms(),
+        holder: &core.config.holder,
+        resize_permits: false,
+    };
+    let first = to_take.first().copied().unwrap_or_default();
+    // If this future is dropped while the script is in flight, the server may
+    // still run it and take the locks in our name: release them by token.
+    let mut in_flight = InFlightAll {
+        core,
+        keys: to_take,
+        names: &names,
+        owner: &owner,
+        lease: options.lease,
+        armed: true,
+    };
+    let sent_at = Instant::now();
+    let reply = core
+        .backend
+        .acquire_all(first, &refs, &owner, lease_ms, &spec)
+        .await;
+    let reply = match reply {
+        None => {
+            in_flight.armed = false;
+            return OneScript::Unsupported;
+        }
+        Some(reply) => reply,
+    };
+    telemetry::round_trip(|| sent_at.elapsed());
+    match reply {
+        Ok(AcquireAllReply::Busy { index, remaining }) => {
+            in_flight.armed = false;
+            tracing::debug!(target: "distlock::acquire",
+                busy_key = %KeyPreview(to_take.get(index).copied().unwrap_or_default()),
+                remaining_ms = remaining.map(|r| r.as_millis() as u64),
+                "one of the locks is busy; none taken"
+            );
+            OneScript::Busy(to_take.get(index).copied().unwrap_or(first).to_owned())
+        }
+        Ok(AcquireAllReply::Acquired { fencing_tokens }) => {
+            in_flight.armed = false;
+            drop(in_flight);
+            let acquired_at = Instant::now();
+            let granted = to_take.iter().zip(names).zip(fencing_tokens);
+            let mut granted = granted.peekable();
+            while let Some(((key, keys), fencing_token)) = granted.next() {
+                let lease = Arc::new(Lease::new(NewLease {
+                    id: config::next_id(),
+                    manager_id: core.id,
+                    key: (*key).to_owned(),
+                    keys,
+                    owner: owner.clone(),
+                    fencing_token,
+                    lease: options.lease,
+                    renew: options.renew,
+                    max_hold: options.max_hold,
+                    min_hold: options.min_hold,
+                    metrics_label: options.metrics_label,
+                    epoch: core.epoch,
+                    sent_at,
+                    acquired_at,
+                }));
+                if !core.renewals.insert(lease.clone()) {
+                    // The manager was shut down while the script was in flight:
+                    // give this lock and the rest straight back (those already
+                    // granted went with the shutdown's releases).
+                    lease.mark_released();
+                    let rest = std::iter::once((lease.key.clone(), lease.keys.clone()))
+                        .chain(granted.map(|((key, keys), _)| ((*key).to_owned(), keys)));
+                    for (key, keys) in rest {
+                        crate::guard::release_in_background(
+                            core,
+                            key,
+                            keys,
+                            owner.clone(),
+                            options.lease,
+                            None,
+                        );
+                    }
+                    return OneScript::Done(Err(LockError::ShutDown {
+                        key: (*key).to_owned(),
+                    }));
+                }
+                telemetry::acquired(options.metrics_label, || started.elapsed());
+                taken.leases.push(lease);
+            }
+            OneScript::Done(Ok(()))
+        }
+        Err(e) => {
+            in_flight.armed = e.maybe_executed;
+            OneScript::Done(Err(e.error))
+        }
+    }
+}
+
+/// The ordered path: each lock with the ordinary acquisition, in lock order.
+/// `deadline`: wait for busy locks until then; `None`: one attempt per lock.
+/// `Ok(false)` when a lock was busy and `deadline` is `None`.
+async fn ordered(
+    manager: &Arc<ManagerInner>,
+    to_take: &[&str],
+    options: Options,
+    deadline: Option<Instant>,
+    taken: &mut MultiLockGuard,
+) -> Result<bool, LockError> {
+    for key in to_take {
+        let mut request = LockRequest::new(manager.clone(), (*key).to_owned())
+            .lease(options.lease)
+            .renew(options.renew);
+        if let Some(max_hold) = options.max_hold {
+            request = request.max_hold(max_hold);
+        }
+        if let Some(min_hold) = options.min_hold {
+            request = request.min_hold(min_hold);
+        }
+        if let Some(label) = options.metrics_label {
+            request = request.metrics_label(label);
+        }
+        let guard = match deadline {
+            None => match request.try_acquire().await? {
+                Some(guard) => guard,
+                None => return Ok(false),
+            },
+            Some(deadline) => {
+                request
+                    .wait(deadline.saturating_duration_since(Instant::now()))
+                    .acquire()
+                    .await?
+            }
+        };
+        taken.push(guard.into_lease());
+    }
+    Ok(true)
+}
+
+/// Releases, in the background, the locks an acquire-all may have taken when
+/// its reply never came back (timeout, broken connection, or the caller
+/// dropped the future).
+struct InFlightAll<'a> {
+    core: &'a Arc<Core>,
+    keys: &'a [&'a str],
+    names: &'a [LockKeys],
+    owner: &'a str,
+    lease: Duration,
+    armed: bool,
+}
+
+impl Drop for InFlightAll<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        tracing::debug!(target: "distlock::acquire",
+            keys = self.keys.len(),
+            "acquire-all reply lost; releasing by owner token in the background"
+        );
+        for (key, names) in self.keys.iter().zip(self.names) {
+            crate::guard::release_in_background(
+                self.core,
+                (*key).to_owned(),
+                names.clone(),
+                self.owner.to_owned(),
+                self.lease,
+                None,
+            );
+        }
+    }
+}
+
+/// Several held locks, from [`MultiLockRequest::acquire`]. Dropping it
+/// releases them all in the background; [`release`](Self::release) releases
+/// them and reports how that went.
+///
+/// Each lock has its own lease (renewed in the background like a
+/// [`LockGuard`](crate::LockGuard)'s) and its own fencing token. The guard
+/// counts as lost as soon as any one lease is lost: [`is_lost`](Self::is_lost)
+/// turns true and [`lost`](Self::lost) completes.
+#[must_use = "dropping the guard at once releases the locks at once"]
+pub struct MultiLockGuard {
+    /// Keeps the manager's background tasks (renewal above all) running.
+    manager: Arc<ManagerInner>,
+    /// The keys, sorted; `leases[i]` is the lease of `keys[i]`.
+    keys: Vec<String>,
+    /// One hold of each lease.
+    leases: Vec<Arc<Lease>>,
+    /// Set by `release`, so that `Drop` has nothing left to do.
+    released: bool,
+    /// The `distlock.hold_all` span, from the grant to the release.
+    hold_span: tracing::Span,
+}
+
+impl std::fmt::Debug for MultiLockGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MultiLockGuard")
+            .field("keys", &self.keys)
+            .field("fencing_tokens", &self.fencing_tokens())
+            .field("lost", &self.is_lost())
+            .finish_non_exhaustive()
+    }
+}
+
+impl MultiLockGuard {
+    fn new(manager: Arc<ManagerInner>) -> Self {
+        MultiLockGuard {
+            manager,
+            keys: Vec::new(),
+            leases: Vec::new(),
+            released: false,
+            hold_span: tracing::Span::none(),
+        }
+    }
+
+    /// Takes over one hold of `lease` (while the acquisition runs).
+    fn push(&mut self, lease: Arc<Lease>) {
+        self.leases.push(lease);
+    }
+
+    /// Puts the leases in key order once all are held.
+    fn finish(&mut self) {
+        self.leases.sort_by(|a, b| a.key.cmp(&b.key));
+        self.keys = self.leases.iter().map(|l| l.key.clone()).collect();
+        if let Some(first) = self.keys.first() {
+            self.hold_span = tracing::debug_span!(target: "distlock::lease",
+                "distlock.hold_all",
+                keys = self.keys.len(),
+                first_key = %KeyPreview(first),
+            );
+        }
+    }
+
+    /// Gives back what a failed acquisition had taken, and waits for it.
+    async fn give_back(&mut self) {
+        let taken = std::mem::replace(self, MultiLockGuard::new(self.manager.clone()));
+        if let Err(e) = taken.release().await {
+            tracing::debug!(target: "distlock::acquire", error = %e, "giving back the locks taken");
+        }
+    }
+
+    /// The keys held, de-duplicated, in lock order (sorted by bytes).
+    pub fn keys(&self) -> &[String] {
+        &self.keys
+    }
+
+    /// The fencing token of each key, in [`keys`](Self::keys) order (see
+    /// [`LockGuard::fencing_token`](crate::LockGuard::fencing_token)).
+    pub fn fencing_tokens(&self) -> Vec<u64> {
+        self.leases.iter().map(|l| l.fencing_token).collect()
+    }
+
+    /// The fencing token of `key`, if this guard holds it.
+    pub fn fencing_token(&self, key: &str) -> Option<u64> {
+        let i = self.keys.binary_search_by(|k| k.as_str().cmp(key)).ok()?;
+        self.leases.get(i).map(|l| l.fencing_token)
+    }
+
+    /// True once any of the leases is lost (never for an empty guard).
+    pub fn is_lost(&self) -> bool {
+        self.lost_key().is_some()
+    }
+
+    /// The first key (in lock order) whose lease is lost.
+    fn lost_key(&self) -> Option<&str> {
+        self.leases
+            .iter()
+            .find(|l| l.is_lost())
+            .map(|l| l.key.as_str())
+    }
+
+    /// Completes when any of the leases is lost (at once if one already is);
+    /// never completes while they all hold, nor for an empty guard.
+    pub async fn lost(&self) {
+        let mut all: Vec<Pin<Box<dyn Future<Output = ()> + Send + '_>>> = self
+            .leases
+            .iter()
+            .map(|l| Box::pin(l.lost()) as Pin<Box<dyn Future<Output = ()> + Send + '_>>)
+            .collect();
+        poll_fn(|cx| {
+            for lost in &mut all {
+                if lost.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(());
+                }
+            }
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// The least time any of the leases may still be trusted without another
+    /// renewal (zero once one is lost; `Duration::MAX` for an empty guard).
+    pub fn remaining_lease(&self) -> Duration {
+        self.leases
+            .iter()
+            .map(|l| l.remaining())
+            .min()
+            .unwrap_or(Duration::MAX)
+    }
+
+    /// Runs `fut` with all these holds in the call chain's lock context: inside
+    /// it, [`LockManager::lock`](crate::LockManager::lock) of one of the keys,
+    /// or [`LockManager::lock_all`](crate::LockManager::lock_all) of some of
+    /// them, on the same manager re-enters at once (same leases, same fencing
+    /// tokens) instead of waiting for ourselves.
+    pub async fn scope<F: Future>(&self, fut: F) -> F::Output {
+        crate::context::scope_with_all(&self.leases, fut).await
+    }
+
+    /// Like [`scope`](Self::scope), but stops `fut` when any lease is lost:
+    /// `fut` is dropped at its next poll and the result is
+    /// `Err(LockError::Lost)` naming the key whose lease was lost.
+    pub async fn scope_until_lost<F: Future>(&self, fut: F) -> Result<F::Output, LockError> {
+        let mut body = pin!(self.scope(fut));
+        let mut lost = pin!(self.lost());
+        poll_fn(|cx| {
+            if let Some(key) = self.lost_key() {
+                return Poll::Ready(Err(LockError::Lost {
+                    key: key.to_owned(),
+                }));
+            }
+            if let Poll::Ready(out) = body.as_mut().poll(cx) {
+                return Poll::Ready(Ok(out));
+            }
+            match lost.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Err(LockError::Lost {
+                    key: self
+                        .lost_key()
+                        .or(self.keys.first().map(String::as_str))
+                        .unwrap_or_default()
+                        .to_owned(),
+                })),
+                Poll::Pending => Poll::Pending,
+            }
+        })
+        .await
+    }
+
+    /// Releases every lock: one round trip per server (a pipeline of release
+    /// scripts), each lock deleted if it is still ours and its waiters woken
+    /// (or kept until its `min_hold` has passed). Re-entrant holds only give
+    /// back their count; a lock goes when the last hold of the call chain is
+    /// released.
+    ///
+    /// # Errors
+    /// [`LockError::Lost`] naming the first key whose lease had been lost (the
+    /// others are released all the same); [`LockError::Backend`] when Redis
+    /// fails, in which case the releases are retried in the background until
+    /// the leases end.
+    pub async fn release(mut self) -> Result<(), LockError> {
+        self.released = true;
+        let core = self.manager.core.clone();
+        let mut lost: Option<String> = None;
+        let mut last = Vec::with_capacity(self.leases.len());
+        for lease in &self.leases {
+            if !lease.drop_hold() {
+                if lease.is_lost() {
+                    lost.get_or_insert_with(|| lease.key.clone());
+                }
+                continue;
+            }
+            if lease.mark_released() {
+                lost.get_or_insert_with(|| lease.key.clone());
+            }
+            core.renewals.remove(lease.id);
+            last.push(lease.clone());
+        }
+        if last.is_empty() {
+            return lost.map_or(Ok(()), |key| Err(LockError::Lost { key }));
+        }
+        if core.is_shut_down() {
+            // The shutdown released the locks already (or their leases will).
+            let key = last.first().map(|l| l.key.clone()).unwrap_or_default();
+            return Err(LockError::Lost { key });
+        }
+        for lease in &last {
+            telemetry::released(lease.metrics_label, || lease.granted_at.elapsed());
+        }
+        // From here on nobody else will release: if this future is dropped
+        // before the reply, hand the releases to the background.
+        let mut pending = PendingReleaseAll {
+            core: &core,
+            leases: &last,
+            armed: true,
+        };
+        let locks: Vec<(&LockKeys, &str, u64)> = last
+            .iter()
+            .map(|l| (&l.keys, l.owner.as_str(), l.keep_ms()))
+            .collect();
+        let started = Instant::now();
+        let reply = core.backend.release_many(&locks).await;
+        pending.armed = false;
+        match reply {
+            Ok(ours) => {
+                for (lease, ours) in last.iter().zip(ours) {
+                    if !ours {
+                        tracing::warn!(target: "distlock::release",
+                            key = %KeyPreview(&lease.key),
+                            fencing_token = lease.fencing_token,
+                            "lease lost: at release the lock was no longer ours"
+                        );
+                        lost.get_or_insert_with(|| lease.key.clone());
+                    }
+                }
+                tracing::debug!(target: "distlock::release",
+                    locks = last.len(),
+                    took_us = started.elapsed().as_micros() as u64,
+                    "released all"
+                );
+                lost.map_or(Ok(()), |key| Err(LockError::Lost { key }))
+            }
+            Err(e) => {
+                tracing::warn!(target: "distlock::release",
+                    locks = last.len(),
+                    error = %e.error,
+                    "release failed; retrying in the background"
+                );
+                release_each_in_background(&core, &last);
+                Err(match e.error {
+                    LockError::Backend { source, .. } => LockError::Backend {
+                        key: last.first().map(|l| l.key.clone()).unwrap_or_default(),
+                        source,
+                    },
+                    other => other,
+                })
+            }
+        }
+    }
+}
+
+fn release_each_in_background(core: &Arc<Core>, leases: &[Arc<Lease>]) {
+    for lease in leases {
+        crate::guard::release_in_background(
+            core,
+            lease.key.clone(),
+            lease.keys.clone(),
+            lease.owner.clone(),
+            lease.lease(),
+            lease.min_hold_until,
+        );
+    }
+}
+
+struct PendingReleaseAll<'a> {
+    core: &'a Arc<Core>,
+    leases: &'a [Arc<Lease>],
+    armed: bool,
+}
+
+impl Drop for PendingReleaseAll<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            release_each_in_background(self.core, self.leases);
+        }
+    }
+}
+
+impl Drop for MultiLockGuard {
+    /// Releases every lock whose last hold this was, each from a background
+    /// task of its own (as a [`LockGuard`](crate::LockGuard)'s drop does);
+    /// never blocks.
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        let core = &self.manager.core;
+        let mut last = Vec::new();
+        for lease in &self.leases {
+            if !lease.drop_hold() {
+                continue;
+            }
+            lease.mark_released();
+            core.renewals.remove(lease.id);
+            last.push(lease.clone());
+        }
+        if core.is_shut_down() {
+            return;
+        }
+        for lease in &last {
+            telemetry::released(lease.metrics_label, || lease.granted_at.elapsed());
+        }
+        release_each_in_background(core, &last);
+    }
+}
