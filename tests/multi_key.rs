@@ -421,40 +421,6 @@ async fn one_lost_lease_is_the_guards_loss() {
     lost_signal(&m, &other, &mut conn, ["l:a", "l:b", "l:c"]).await;
 }
 
-/// Calls per command since the last `CONFIG RESETSTAT`, from `INFO
-/// commandstats` (script-internal commands included), without the statistics
-/// calls themselves.
-async fn command_calls(
-    raw: &mut redis::aio::MultiplexedConnection,
-) -> std::collections::BTreeMap<String, u64> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(raw)
-        .await
-        .unwrap();
-    info.lines()
-        .filter_map(|line| {
-            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest
-                .strip_prefix("calls=")?
-                .split(',')
-                .next()?
-                .parse()
-                .ok()?;
-            (!name.starts_with("config") && !name.starts_with("info"))
-                .then(|| (name.to_owned(), calls))
-        })
-        .collect()
-}
-
-async fn reset_stats(raw: &mut redis::aio::MultiplexedConnection) {
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(raw)
-        .await
-        .unwrap();
-}
-
 /// An uncontended `lock_all` of 3 keys on one server is one EVALSHA (the
 /// script's own commands: 3 GETs of the locks, 3 GETs of the fencing counters,
 /// 6 SETs); its release is one pipeline of release scripts.

@@ -294,3 +294,69 @@ async fn a_reader_learns_that_its_hold_is_gone(d: Deployment) {
         .expect("lost() completes");
     assert!(matches!(r.release().await, Err(LockError::Lost { .. })));
 }
+
+/// Each acquire and release of a read or write hold, and of a permit, is one
+/// script call: 100 cycles of each are 200 EVALSHA per kind.
+#[tokio::test]
+async fn a_cycle_of_each_shared_kind_is_two_script_calls() {
+    let redis = server();
+    let m = manager(&redis).await;
+    let mut raw = raw(&redis).await;
+    // Once each first: the first call of a script loads it (NOSCRIPT, then
+    // SCRIPT LOAD and the call again).
+    m.read_lock("rt")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    m.write_lock("rt")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    m.semaphore("rt", 3)
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    reset_stats(&mut raw).await;
+    for _ in 0..100 {
+        m.read_lock("rt")
+            .acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    assert_eq!(calls_of(&mut raw, "evalsha").await, 200);
+    for _ in 0..100 {
+        m.write_lock("rt")
+            .acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    assert_eq!(calls_of(&mut raw, "evalsha").await, 400);
+    for _ in 0..100 {
+        m.semaphore("rt", 3)
+            .acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    let calls = command_calls(&mut raw).await;
+    assert_eq!(calls.get("evalsha"), Some(&600), "{calls:#?}");
+    // Nobody waited: no wake-up was published.
+    assert_eq!(calls.get("publish"), None, "{calls:#?}");
+}

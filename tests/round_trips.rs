@@ -102,31 +102,6 @@ async fn reentry_costs_no_round_trip() {
     outer.release().await.unwrap();
 }
 
-/// Calls per command since the last `CONFIG RESETSTAT`, from `INFO commandstats`
-/// (script-internal commands included), without the statistics calls themselves.
-async fn command_calls(
-    raw: &mut redis::aio::MultiplexedConnection,
-) -> std::collections::BTreeMap<String, u64> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(raw)
-        .await
-        .unwrap();
-    info.lines()
-        .filter_map(|line| {
-            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest
-                .strip_prefix("calls=")?
-                .split(',')
-                .next()?
-                .parse()
-                .ok()?;
-            (!name.starts_with("config") && !name.starts_with("info"))
-                .then(|| (name.to_owned(), calls))
-        })
-        .collect()
-}
-
 /// Redis commands per uncontended cycle of one key, scripts' own included: 2
 /// EVALSHA, 3 in the acquire (GET of the fencing counter, SET NX of the lock, SET
 /// of the counter; TIME only when the counter is missing) and 2 in the release
@@ -143,11 +118,7 @@ async fn an_uncontended_cycle_is_seven_redis_commands() {
         .await
         .unwrap();
     let mut raw = raw(&redis).await;
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(&mut raw)
-        .await
-        .unwrap();
+    reset_stats(&mut raw).await;
     for _ in 0..100 {
         let g = m
             .lock("k")

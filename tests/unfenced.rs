@@ -86,11 +86,7 @@ async fn an_uncontended_unfenced_cycle_is_five_redis_commands() {
         .await
         .unwrap();
     let mut raw = raw(&redis).await;
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(&mut raw)
-        .await
-        .unwrap();
+    reset_stats(&mut raw).await;
     for _ in 0..100 {
         m.lock("k")
             .acquire()
@@ -100,24 +96,14 @@ async fn an_uncontended_unfenced_cycle_is_five_redis_commands() {
             .await
             .unwrap();
     }
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut raw)
-        .await
-        .unwrap();
-    let calls = |name: &str| -> u64 {
-        info.lines()
-            .find_map(|l| l.strip_prefix(&format!("cmdstat_{name}:calls=")))
-            .and_then(|rest| rest.split(',').next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0)
-    };
-    assert_eq!(calls("set"), 100, "{info}");
-    assert_eq!(calls("echo"), 100, "{info}");
-    assert_eq!(calls("evalsha"), 100, "{info}");
-    assert_eq!(calls("get"), 100, "{info}");
-    assert_eq!(calls("del"), 100, "{info}");
-    assert_eq!(calls("publish"), 0, "{info}");
+    let calls = command_calls(&mut raw).await;
+    let count = |name: &str| calls.get(name).copied().unwrap_or(0);
+    assert_eq!(count("set"), 100, "{calls:#?}");
+    assert_eq!(count("echo"), 100, "{calls:#?}");
+    assert_eq!(count("evalsha"), 100, "{calls:#?}");
+    assert_eq!(count("get"), 100, "{calls:#?}");
+    assert_eq!(count("del"), 100, "{calls:#?}");
+    assert_eq!(count("publish"), 0, "{calls:#?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -92,22 +92,7 @@ async fn release_wakes_a_waiter_without_polling() {
 }
 
 async fn script_calls(raw: &mut redis::aio::MultiplexedConnection) -> i64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(raw)
-        .await
-        .unwrap();
-    info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:"))
-        .filter_map(|l| {
-            l.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<i64>()
-                .ok()
-        })
-        .sum()
+    calls_of(raw, "evalsha").await as i64
 }
 
 /// Many waiters in one manager share one subscriber connection.
@@ -374,18 +359,5 @@ async fn a_chain_of_hand_offs_is_woken_by_publishes() {
 }
 
 async fn publish_calls(raw: &mut redis::aio::MultiplexedConnection) -> i64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(raw)
-        .await
-        .unwrap();
-    info.lines()
-        .find_map(|l| {
-            l.strip_prefix("cmdstat_publish:calls=")?
-                .split(',')
-                .next()?
-                .parse::<i64>()
-                .ok()
-        })
-        .unwrap_or(0)
+    calls_of(raw, "publish").await as i64
 }

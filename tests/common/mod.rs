@@ -278,3 +278,43 @@ pub async fn name_of(
         .into_iter()
         .find(|k| k.starts_with(&head) && k.ends_with(&tail))
 }
+
+/// Calls per command since the last `CONFIG RESETSTAT`, from `INFO
+/// commandstats` (commands that scripts run included), without the statistics
+/// calls themselves.
+pub async fn command_calls(
+    raw: &mut MultiplexedConnection,
+) -> std::collections::BTreeMap<String, u64> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(raw)
+        .await
+        .expect("INFO commandstats");
+    info.lines()
+        .filter_map(|line| {
+            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest
+                .strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()?;
+            (!name.starts_with("config") && !name.starts_with("info"))
+                .then(|| (name.to_owned(), calls))
+        })
+        .collect()
+}
+
+/// How often `command` ran since the last `CONFIG RESETSTAT`.
+pub async fn calls_of(raw: &mut MultiplexedConnection, command: &str) -> u64 {
+    command_calls(raw).await.get(command).copied().unwrap_or(0)
+}
+
+/// Zeroes the server's command statistics.
+pub async fn reset_stats(raw: &mut MultiplexedConnection) {
+    redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async::<()>(raw)
+        .await
+        .expect("CONFIG RESETSTAT");
+}
