@@ -1769,6 +1769,7 @@ async fn killed_holder(on: On) {
         release: Release::Dropped,
         release_start: t_kill,
         release_end: t_kill,
+        kind: lock_torture::history::Kind::Lock,
     });
     let report = check_sections(&h.sections, &Faults::default());
     let stored = store_report(&setup, &h, &keys).await;
