@@ -312,6 +312,291 @@ pub fn check_store(
     r
 }
 
+/// Sections, outcomes and lost leases: the figures common to every report.
+fn tally(sections: &[Section]) -> (BTreeMap<&'static str, usize>, usize) {
+    let mut outcomes = BTreeMap::new();
+    let mut lost = 0;
+    for s in sections {
+        *outcomes.entry(s.outcome.word()).or_default() += 1;
+        lost += usize::from(s.lost);
+    }
+    (outcomes, lost)
+}
+
+/// The sections of each key, in grant order.
+fn by_key_in_grant_order(sections: &[Section]) -> BTreeMap<&str, Vec<&Section>> {
+    let mut by_key: BTreeMap<&str, Vec<&Section>> = BTreeMap::new();
+    for s in sections {
+        by_key.entry(&s.key).or_default().push(s);
+    }
+    for list in by_key.values_mut() {
+        list.sort_by_key(|s| (s.acquired, s.token));
+    }
+    by_key
+}
+
+/// The most sections of one key held at once at some instant in `[from, to)`,
+/// and the first instant it was reached. A section is held from its grant until
+/// [`Section::held_until`] (its hold end, cut at a reported loss).
+pub fn max_concurrent(sections: &[Section], from: u64, to: u64) -> (usize, u64) {
+    let mut best = (0usize, from);
+    for list in by_key_in_grant_order(sections).values() {
+        // The count is a step function that only rises at grants: its maximum
+        // over the window is at `from` or at a grant inside the window.
+        let held_at = |t: u64| {
+            list.iter()
+                .filter(|s| s.acquired <= t && s.held_until() > t)
+                .count()
+        };
+        let candidates = std::iter::once(from).chain(
+            list.iter()
+                .map(|s| s.acquired)
+                .filter(|&t| t > from && t < to),
+        );
+        for t in candidates {
+            let n = held_at(t);
+            if n > best.0 {
+                best = (n, t);
+            }
+        }
+    }
+    best
+}
+
+/// What [`check_semaphore`] found.
+#[derive(Debug, Clone, Default)]
+pub struct SemaphoreReport {
+    /// Sections checked.
+    pub sections: usize,
+    /// Sections by outcome.
+    pub outcomes: BTreeMap<&'static str, usize>,
+    /// Sections whose guard reported a lost lease.
+    pub lost: usize,
+    /// The semaphore's permit count.
+    pub permits: usize,
+    /// The most sections of one key held at once.
+    pub max_concurrent: usize,
+    /// The first grant at which `permits` sections were held at once.
+    pub full_at: Option<u64>,
+    /// Grants made while `permits` sections were already held: the sections held
+    /// right after each such grant (the new one last).
+    pub excess: Vec<Vec<Section>>,
+    /// Tokens handed to two sections of one key.
+    pub duplicate_tokens: Vec<u64>,
+}
+
+impl SemaphoreReport {
+    /// Count of sections with `outcome`.
+    pub fn count(&self, outcome: Outcome) -> usize {
+        self.outcomes.get(outcome.word()).copied().unwrap_or(0)
+    }
+
+    /// Panics with the first problems when more than `permits` sections were
+    /// held at once or a token was handed out twice.
+    pub fn assert_clean(&self, what: &str) {
+        let mut msg = String::new();
+        for held in self.excess.iter().take(3) {
+            let last = held.last().map_or(0, |s| s.acquired);
+            msg.push_str(&format!("\n  {} held at once:", held.len()));
+            for s in held {
+                msg.push_str(&format!(
+                    "\n    worker {} task {} token {} granted {:+.1} ms, held until {:+.1} ms (lost {})",
+                    s.worker,
+                    s.task,
+                    s.token,
+                    diff_ms(s.acquired, last),
+                    diff_ms(s.held_until(), last),
+                    s.lost
+                ));
+            }
+        }
+        assert!(
+            self.excess.is_empty() && self.duplicate_tokens.is_empty(),
+            "{what}: {} grants beyond {} permits, tokens handed out twice {:?}, in {} sections:{msg}",
+            self.excess.len(),
+            self.permits,
+            self.duplicate_tokens,
+            self.sections
+        );
+    }
+}
+
+/// Checks a semaphore of `permits` permits: on each key, never more than
+/// `permits` sections held at once (a section counts from its grant until
+/// [`Section::held_until`]: sections that reported their lease lost stop
+/// counting from the report, as [`check_sections`] excuses them), and no
+/// fencing token handed to two sections (tokens of concurrent holders need not
+/// follow grant order: grants are timed by the clients). Token 0 (unknown, in a
+/// section rebuilt for a killed worker) is not compared.
+pub fn check_semaphore(sections: &[Section], permits: usize) -> SemaphoreReport {
+    let (outcomes, lost) = tally(sections);
+    let mut report = SemaphoreReport {
+        sections: sections.len(),
+        outcomes,
+        lost,
+        permits,
+        ..SemaphoreReport::default()
+    };
+    for list in by_key_in_grant_order(sections).values() {
+        let mut open: Vec<&Section> = Vec::new();
+        for &b in list {
+            open.retain(|a| a.held_until() > b.acquired);
+            if b.held_until() > b.acquired {
+                open.push(b);
+            }
+            report.max_concurrent = report.max_concurrent.max(open.len());
+            if open.len() >= permits && report.full_at.is_none_or(|t| b.acquired < t) {
+                report.full_at = Some(b.acquired);
+            }
+            if open.len() > permits {
+                report
+                    .excess
+                    .push(open.iter().map(|&s| s.clone()).collect());
+            }
+        }
+        let mut tokens: Vec<u64> = list.iter().map(|s| s.token).filter(|&t| t != 0).collect();
+        tokens.sort_unstable();
+        for w in tokens.windows(2) {
+            if w[0] == w[1] {
+                report.duplicate_tokens.push(w[0]);
+            }
+        }
+    }
+    report
+}
+
+/// What [`check_read_write`] found.
+#[derive(Debug, Clone, Default)]
+pub struct ReadWriteReport {
+    /// Sections checked.
+    pub sections: usize,
+    /// Sections by outcome.
+    pub outcomes: BTreeMap<&'static str, usize>,
+    /// Sections whose guard reported a lost lease.
+    pub lost: usize,
+    /// Read sections.
+    pub readers: usize,
+    /// Write sections.
+    pub writers: usize,
+    /// A writer held while another section (reader or writer) did.
+    pub overlaps: Vec<Overlap>,
+    /// Such overlaps where the earlier holder had reported the loss first (allowed).
+    pub overlaps_after_reported_loss: usize,
+    /// The most readers of one key held at once.
+    pub max_readers: usize,
+    /// Pairs `(earlier, later)` in grant order that break the tokens' order: a
+    /// writer's token must exceed every token granted before it, and every token
+    /// granted after a writer must exceed the writer's.
+    pub token_order: Vec<(Section, Section)>,
+    /// Write sections whose body ran to its end, by worker.
+    pub writes_ok_by_worker: BTreeMap<u32, usize>,
+}
+
+impl ReadWriteReport {
+    /// Count of sections with `outcome`.
+    pub fn count(&self, outcome: Outcome) -> usize {
+        self.outcomes.get(outcome.word()).copied().unwrap_or(0)
+    }
+
+    /// Panics with the first problems when a writer shared the lock or the
+    /// tokens broke order.
+    pub fn assert_clean(&self, what: &str) {
+        let mut msg = String::new();
+        for o in self.overlaps.iter().take(5) {
+            msg.push_str(&format!(
+                "\n  overlap ({:?} then {:?}): {o}",
+                o.earlier.kind, o.later.kind
+            ));
+        }
+        for (a, b) in self.token_order.iter().take(5) {
+            msg.push_str(&format!(
+                "\n  token order: key {}: worker {} {:?} token {} granted at {} then worker {} {:?} token {} granted at {}",
+                a.key, a.worker, a.kind, a.token, a.acquired, b.worker, b.kind, b.token, b.acquired
+            ));
+        }
+        assert!(
+            self.overlaps.is_empty() && self.token_order.is_empty(),
+            "{what}: {} writer overlaps, {} token-order violations in {} sections:{msg}",
+            self.overlaps.len(),
+            self.token_order.len(),
+            self.sections
+        );
+    }
+}
+
+/// Checks read-write locks: on each key, no section is granted while a writer
+/// holds, and no writer is granted while any section holds (the same rule as
+/// [`check_sections`], applied to every pair with a writer in it; readers may
+/// share); the most readers held at once; writers' tokens in grant order.
+pub fn check_read_write(sections: &[Section]) -> ReadWriteReport {
+    use crate::history::Kind;
+    let (outcomes, lost) = tally(sections);
+    let mut report = ReadWriteReport {
+        sections: sections.len(),
+        outcomes,
+        lost,
+        ..ReadWriteReport::default()
+    };
+    for s in sections {
+        match s.kind {
+            Kind::Write => {
+                report.writers += 1;
+                if s.outcome == Outcome::Ok {
+                    *report.writes_ok_by_worker.entry(s.worker).or_default() += 1;
+                }
+            }
+            _ => report.readers += 1,
+        }
+    }
+    for list in by_key_in_grant_order(sections).values() {
+        let mut open: Vec<&Section> = Vec::new();
+        let mut max_token: Option<&Section> = None;
+        let mut last_writer: Option<&Section> = None;
+        for &b in list {
+            open.retain(|a| a.hold_end() > b.acquired);
+            for &a in &open {
+                if a.kind != Kind::Write && b.kind != Kind::Write {
+                    continue;
+                }
+                if a.lost && a.lost_at <= b.acquired {
+                    report.overlaps_after_reported_loss += 1;
+                } else {
+                    report.overlaps.push(Overlap {
+                        earlier: a.clone(),
+                        later: b.clone(),
+                    });
+                }
+            }
+            if b.kind != Kind::Write {
+                let readers = 1 + open
+                    .iter()
+                    .filter(|a| a.kind != Kind::Write && a.held_until() > b.acquired)
+                    .count();
+                report.max_readers = report.max_readers.max(readers);
+            }
+            open.push(b);
+
+            if let Some(w) = last_writer {
+                if b.token <= w.token {
+                    report.token_order.push((w.clone(), b.clone()));
+                }
+            }
+            if b.kind == Kind::Write {
+                if let Some(m) = max_token.filter(|m| m.token >= b.token) {
+                    if last_writer.is_none_or(|w| !std::ptr::eq(w, m)) {
+                        report.token_order.push((m.clone(), b.clone()));
+                    }
+                }
+                last_writer = Some(b);
+            }
+            if max_token.is_none_or(|m| b.token > m.token) {
+                max_token = Some(b);
+            }
+        }
+    }
+    report
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -333,6 +618,7 @@ mod tests {
             release: Release::Ok,
             release_start: last_active,
             release_end: last_active + 1,
+            kind: crate::history::Kind::Lock,
         }
     }
 
@@ -496,5 +782,151 @@ mod tests {
         assert_eq!(r.stale_accepted, 1);
         assert_eq!(r.zombies_rejected, 1);
         assert!(r.mismatches.is_empty(), "{:?}", r.mismatches);
+    }
+
+    fn of(kind: crate::history::Kind, worker: u32, token: u64, from: u64, to: u64) -> Section {
+        Section {
+            kind,
+            ..sec(worker, token, from, to)
+        }
+    }
+
+    #[test]
+    fn a_semaphore_may_hold_its_permits_at_once() {
+        use crate::history::Kind::Permit;
+        // Three permits: 3 at once in [20, 30), then holders come and go.
+        let s = [
+            of(Permit, 1, 1, 0, 30),
+            of(Permit, 2, 2, 10, 40),
+            of(Permit, 3, 3, 20, 50),
+            of(Permit, 1, 4, 30, 60), // granted as the first leaves
+            of(Permit, 2, 5, 45, 70),
+        ];
+        let r = check_semaphore(&s, 3);
+        r.assert_clean("three permits");
+        assert_eq!((r.max_concurrent, r.full_at), (3, Some(20)));
+        assert_eq!(max_concurrent(&s, 0, 100), (3, 20));
+        assert_eq!(max_concurrent(&s, 50, 100).0, 2);
+        assert_eq!(max_concurrent(&s, 60, 100).0, 1);
+        // Two permits would have been exceeded.
+        assert!(!check_semaphore(&s, 2).excess.is_empty());
+    }
+
+    #[test]
+    fn n_plus_one_overlapping_permits_fail() {
+        use crate::history::Kind::Permit;
+        let s = [
+            of(Permit, 1, 1, 0, 100),
+            of(Permit, 2, 2, 10, 100),
+            of(Permit, 3, 3, 20, 100),
+            of(Permit, 4, 4, 30, 40), // the fourth of three
+        ];
+        let r = check_semaphore(&s, 3);
+        assert_eq!(r.max_concurrent, 4);
+        assert_eq!(r.excess.len(), 1);
+        assert_eq!(r.excess[0].len(), 4);
+        assert_eq!(r.excess[0][3].worker, 4);
+        let failed = std::panic::catch_unwind(|| r.assert_clean("n+1")).unwrap_err();
+        let msg = failed.downcast_ref::<String>().unwrap();
+        assert!(msg.contains("1 grants beyond 3 permits"), "{msg}");
+        // On different keys they do not add up.
+        let mut apart = s.clone();
+        apart[3].key = "other".into();
+        check_semaphore(&apart, 3).assert_clean("two keys");
+    }
+
+    #[test]
+    fn a_permit_reported_lost_stops_counting() {
+        use crate::history::Kind::Permit;
+        let mut a = of(Permit, 1, 1, 0, 100);
+        a.lost = true;
+        a.lost_at = 25;
+        a.release = Release::Lost;
+        let s = [
+            a.clone(),
+            of(Permit, 2, 2, 10, 100),
+            of(Permit, 3, 3, 30, 100),
+        ];
+        check_semaphore(&s, 2).assert_clean("loss reported first");
+        // Reported after the third was granted: three at once.
+        a.lost_at = 35;
+        let s = [a, of(Permit, 2, 2, 10, 100), of(Permit, 3, 3, 30, 100)];
+        assert_eq!(check_semaphore(&s, 2).excess.len(), 1);
+    }
+
+    #[test]
+    fn a_token_handed_out_twice_is_found() {
+        use crate::history::Kind::Permit;
+        let s = [
+            of(Permit, 1, 7, 0, 10),
+            of(Permit, 2, 7, 20, 30),
+            of(Permit, 3, 0, 40, 50),
+            of(Permit, 4, 0, 60, 70),
+        ];
+        let r = check_semaphore(&s, 3);
+        assert_eq!(r.duplicate_tokens, [7], "token 0 (unknown) is not compared");
+    }
+
+    #[test]
+    fn readers_share_and_writers_do_not() {
+        use crate::history::Kind::{Read, Write as W};
+        let s = [
+            of(Read, 1, 1, 0, 30),
+            of(Read, 2, 2, 10, 40),
+            of(Read, 3, 3, 20, 35),
+            of(W, 4, 4, 40, 50),
+            of(Read, 1, 5, 50, 60),
+            of(W, 2, 6, 60, 70),
+            of(W, 4, 7, 70, 80),
+        ];
+        let r = check_read_write(&s);
+        r.assert_clean("clean");
+        assert_eq!((r.readers, r.writers, r.max_readers), (4, 3, 3));
+        assert_eq!(r.writes_ok_by_worker.get(&4), Some(&2));
+        assert_eq!(r.writes_ok_by_worker.get(&2), Some(&1));
+    }
+
+    #[test]
+    fn a_writer_sharing_the_lock_is_found() {
+        use crate::history::Kind::{Read, Write as W};
+        // A writer granted while a reader holds.
+        let r = check_read_write(&[of(Read, 1, 1, 0, 30), of(W, 2, 2, 20, 40)]);
+        assert_eq!(r.overlaps.len(), 1);
+        // A reader granted while a writer holds.
+        let r = check_read_write(&[of(W, 1, 1, 0, 30), of(Read, 2, 2, 20, 40)]);
+        assert_eq!(r.overlaps.len(), 1);
+        // Two writers.
+        let r = check_read_write(&[of(W, 1, 1, 0, 30), of(W, 2, 2, 20, 40)]);
+        assert_eq!(r.overlaps.len(), 1);
+        assert!(std::panic::catch_unwind(|| r.assert_clean("two writers")).is_err());
+        // A writer that reported its loss first is excused.
+        let mut a = of(W, 1, 1, 0, 30);
+        a.lost = true;
+        a.lost_at = 15;
+        a.release = Release::Lost;
+        let r = check_read_write(&[a, of(Read, 2, 2, 20, 40)]);
+        assert!(r.overlaps.is_empty());
+        assert_eq!(r.overlaps_after_reported_loss, 1);
+    }
+
+    #[test]
+    fn writer_tokens_must_increase_past_everything_before() {
+        use crate::history::Kind::{Read, Write as W};
+        // Writers out of order.
+        let r = check_read_write(&[of(W, 1, 5, 0, 10), of(W, 2, 4, 20, 30)]);
+        assert_eq!(r.token_order.len(), 1);
+        // A writer below a reader granted before it.
+        let r = check_read_write(&[of(Read, 1, 9, 0, 10), of(W, 2, 8, 20, 30)]);
+        assert_eq!(r.token_order.len(), 1);
+        // A reader below the writer before it.
+        let r = check_read_write(&[of(W, 1, 9, 0, 10), of(Read, 2, 8, 20, 30)]);
+        assert_eq!(r.token_order.len(), 1);
+        // Readers among themselves may come in any order (granted concurrently).
+        let r = check_read_write(&[
+            of(Read, 1, 9, 0, 10),
+            of(Read, 2, 8, 5, 30),
+            of(W, 1, 10, 30, 40),
+        ]);
+        r.assert_clean("readers in any order");
     }
 }

@@ -2,10 +2,14 @@
 //! parser the checker uses. All times are [`mono_ns`](crate::clock::mono_ns).
 //!
 //! ```text
-//! S worker task key token outcome lost lost_at acquired last_active deadline write release release_start release_end
+//! S worker task key token outcome lost lost_at acquired last_active deadline write release release_start release_end [kind]
 //! C worker task kind key start end result
 //! Z worker key token at verdict
 //! ```
+//!
+//! The section's `kind` (`read`, `write`, `permit`) is written only for the
+//! shared kinds: an exclusive lock's line has 15 fields, as before the kinds
+//! existed, and a line without the field parses as [`Kind::Lock`].
 
 use std::fmt;
 use std::path::Path;
@@ -52,6 +56,20 @@ pub enum Release {
     Dropped,
 }
 
+/// Which kind of hold a section had.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Kind {
+    /// `manager.lock(key)`: one holder.
+    #[default]
+    Lock,
+    /// `manager.read_lock(key)`: shared with other readers, never with a writer.
+    Read,
+    /// `manager.write_lock(key)`: no other holder, reader or writer.
+    Write,
+    /// `manager.semaphore(key, n)`: one of `n` permits.
+    Permit,
+}
+
 /// One critical section as its worker saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Section {
@@ -84,6 +102,8 @@ pub struct Section {
     pub release_start: u64,
     /// When release returned (or the guard was dropped).
     pub release_end: u64,
+    /// The kind of hold.
+    pub kind: Kind,
 }
 
 impl Section {
@@ -94,6 +114,18 @@ impl Section {
         match self.release {
             Release::Ok => self.release_start.max(self.last_active),
             _ => self.last_active,
+        }
+    }
+
+    /// Until when this section counts as a holder for the shared kinds' checks:
+    /// [`hold_end`](Self::hold_end), cut at the time the guard reported its lease
+    /// lost (a holder told it lost the lease is excused from then on, as
+    /// [`check_sections`](crate::checker::check_sections) excuses it).
+    pub fn held_until(&self) -> u64 {
+        if self.lost && self.lost_at > 0 {
+            self.hold_end().min(self.lost_at)
+        } else {
+            self.hold_end()
         }
     }
 }
@@ -192,6 +224,7 @@ macro_rules! word_enum {
 word_enum!(Outcome { Ok = "ok", Lost = "lost", Cancelled = "cancelled", Panicked = "panicked", Failed = "failed" });
 word_enum!(Write { None = "none", Sent = "sent", Accepted = "accepted", Rejected = "rejected" });
 word_enum!(Release { Ok = "ok", Lost = "lost", Failed = "failed", Dropped = "dropped" });
+word_enum!(Kind { Lock = "lock", Read = "read", Write = "write", Permit = "permit" });
 word_enum!(CallKind { Acquire = "acquire", Release = "release" });
 word_enum!(CallResult { Ok = "ok", Timeout = "timeout", Backend = "backend", Lost = "lost", Other = "other" });
 
@@ -239,7 +272,11 @@ impl fmt::Display for Record {
                     s.release.word(),
                     s.release_start,
                     s.release_end
-                )
+                )?;
+                if s.kind != Kind::Lock {
+                    write!(f, "\t{}", s.kind.word())?;
+                }
+                Ok(())
             }
             Record::Call(c) => {
                 check_key(&c.key);
@@ -296,7 +333,9 @@ impl FromStr for Record {
         };
         match f[0] {
             "S" => {
-                expect(15)?;
+                if f.len() != 16 {
+                    expect(15)?;
+                }
                 Ok(Record::Section(Section {
                     worker: field(&f, 1, line)?,
                     task: field(&f, 2, line)?,
@@ -312,6 +351,11 @@ impl FromStr for Record {
                     release: field(&f, 12, line)?,
                     release_start: field(&f, 13, line)?,
                     release_end: field(&f, 14, line)?,
+                    kind: if f.len() == 16 {
+                        field(&f, 15, line)?
+                    } else {
+                        Kind::Lock
+                    },
                 }))
             }
             "C" => {
@@ -385,6 +429,47 @@ impl History {
         Ok(h)
     }
 
+    /// The holds a worker killed at `killed_at` had then, rebuilt from its log:
+    /// each task's last acquisition that returned Ok with no section logged after
+    /// it. The worker acted as their owner until the kill; their tokens are
+    /// unknown (0), their write none (a worker killed with a write in flight
+    /// leaves it in the store's log only: the store check counts it as
+    /// unreported).
+    pub fn in_flight(&self, worker: u32, killed_at: u64, kind: Kind) -> Vec<Section> {
+        let mut last: std::collections::BTreeMap<u32, &Call> = std::collections::BTreeMap::new();
+        for c in self.calls.iter().filter(|c| {
+            c.worker == worker && c.kind == CallKind::Acquire && c.result == CallResult::Ok
+        }) {
+            if last.get(&c.task).is_none_or(|l| l.end < c.end) {
+                last.insert(c.task, c);
+            }
+        }
+        last.into_values()
+            .filter(|c| {
+                !self
+                    .of_worker(worker)
+                    .any(|s| s.task == c.task && s.acquired >= c.end)
+            })
+            .map(|c| Section {
+                worker,
+                task: c.task,
+                key: c.key.clone(),
+                token: 0,
+                outcome: Outcome::Cancelled,
+                lost: false,
+                lost_at: 0,
+                acquired: c.end,
+                last_active: killed_at,
+                deadline: 0,
+                write: Write::None,
+                release: Release::Dropped,
+                release_start: killed_at,
+                release_end: killed_at,
+                kind,
+            })
+            .collect()
+    }
+
     /// Sections of one worker.
     pub fn of_worker(&self, worker: u32) -> impl Iterator<Item = &Section> {
         self.sections.iter().filter(move |s| s.worker == worker)
@@ -411,6 +496,7 @@ mod tests {
             release: Release::Lost,
             release_start: 60,
             release_end: 70,
+            kind: Kind::Lock,
         }
     }
 
@@ -439,6 +525,16 @@ mod tests {
             let line = r.to_string();
             assert_eq!(line.parse::<Record>().unwrap(), r, "{line}");
         }
+        for kind in [Kind::Read, Kind::Write, Kind::Permit] {
+            let r = Record::Section(Section { kind, ..section() });
+            let line = r.to_string();
+            assert_eq!(line.split('\t').count(), 16, "{line}");
+            assert_eq!(line.parse::<Record>().unwrap(), r, "{line}");
+        }
+        // An exclusive lock's line keeps the 15 fields of the logs before kinds.
+        let line = Record::Section(section()).to_string();
+        assert_eq!(line.split('\t').count(), 15, "{line}");
+        assert!(format!("{line}\tbogus").parse::<Record>().is_err());
         assert!("S\t1".parse::<Record>().is_err());
         assert!("X\t1".parse::<Record>().is_err());
     }
@@ -453,6 +549,57 @@ mod tests {
         let h = History::read_all([path.as_path()]).unwrap();
         assert_eq!(h.sections.len(), 1);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn in_flight_holds_of_a_killed_worker_are_rebuilt() {
+        let call = |task, end| Call {
+            worker: 7,
+            task,
+            kind: CallKind::Acquire,
+            key: "s".into(),
+            start: end - 1,
+            end,
+            result: CallResult::Ok,
+        };
+        let done = |task, acquired| Section {
+            worker: 7,
+            task,
+            acquired,
+            kind: Kind::Permit,
+            ..section()
+        };
+        // Task 0: two sections, both logged. Task 1: its second grant was not.
+        // Task 2: a failed acquire only. Another worker's grant does not count.
+        let mut h = History {
+            calls: vec![call(0, 10), call(0, 30), call(1, 10), call(1, 40)],
+            ..History::default()
+        };
+        h.calls.push(Call {
+            result: CallResult::Timeout,
+            ..call(2, 50)
+        });
+        h.calls.push(Call {
+            worker: 8,
+            ..call(3, 50)
+        });
+        h.sections = vec![done(0, 11), done(0, 31), done(1, 12)];
+        let held = h.in_flight(7, 100, Kind::Permit);
+        assert_eq!(held.len(), 1, "{held:?}");
+        assert_eq!((held[0].task, held[0].acquired), (1, 40));
+        assert_eq!((held[0].hold_end(), held[0].token), (100, 0));
+        assert_eq!(held[0].kind, Kind::Permit);
+    }
+
+    #[test]
+    fn held_until_stops_at_a_reported_loss() {
+        let mut s = section();
+        s.release = Release::Ok;
+        s.lost = false;
+        assert_eq!(s.held_until(), 60);
+        s.lost = true;
+        s.lost_at = 50;
+        assert_eq!(s.held_until(), 50);
     }
 
     #[test]

@@ -1769,6 +1769,7 @@ async fn killed_holder(on: On) {
         release: Release::Dropped,
         release_start: t_kill,
         release_end: t_kill,
+        kind: lock_torture::history::Kind::Lock,
     });
     let report = check_sections(&h.sections, &Faults::default());
     let stored = store_report(&setup, &h, &keys).await;
@@ -2385,4 +2386,290 @@ fn s8_bad_input_is_refused_with_typed_errors_and_stays_in_the_prefix() {
     );
     assert!(outside.is_empty(), "keys outside the prefix: {outside:?}");
     assert_eq!(locks_left, 0, "locks left after the fuzz");
+}
+
+/// Every key of the lock server except the fencing counters (`fence`,
+/// `rwfence`, `semfence`: they outlive the locks on purpose): what a run of
+/// the shared kinds may not leave behind.
+async fn leaked_keys(setup: &Setup) -> Vec<String> {
+    let mut conn = setup.lock_conn().await;
+    let all: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut conn)
+        .await
+        .expect("KEYS");
+    all.into_iter()
+        .filter(|k| !(k.starts_with(PREFIX) && k.contains("fence:{")))
+        .collect()
+}
+
+/// The Redis name of kind `kind` (`sem`, `semp`, `rw`, `rwr`, `rwi`, ...) of
+/// user key `key`: the lock's name with its kind replaced.
+async fn name_of_kind(setup: &Setup, key: &str, kind: &str) -> String {
+    let lock = setup.manager().await.redis_names(key).lock;
+    let rest = lock
+        .strip_prefix(&format!("{PREFIX}lock:"))
+        .expect("the lock name starts with the prefix and its kind");
+    format!("{PREFIX}{kind}:{rest}")
+}
+
+/// Scenario 10: a semaphore of 3 permits under 4 processes x 32 tasks, 10 % of
+/// the bodies cancelled and 5 % panicking, one process (long bodies, holding
+/// permits most of the time) killed with SIGKILL mid-run: never more than 3
+/// sections held at once, all 3 permits used, the killed holder's permits back
+/// within the lease, no key but the fencing counter left in Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s10_a_semaphore_never_admits_more_than_its_permits() {
+    use lock_torture::checker::{check_semaphore, max_concurrent};
+    use lock_torture::history::Kind;
+    let _serial = SERIAL.lock().await;
+    let started = Instant::now();
+    let setup = setup("s10");
+    let permits = 3u32;
+    let lease = Duration::from_millis(500);
+    let key = "sem0";
+    let run_args = |id: u32, body: &str| {
+        args(&[
+            ("kind", &"semaphore"),
+            ("permits", &permits),
+            ("keys", &key),
+            ("tasks", &32),
+            ("body-us", &body.to_owned()),
+            ("cancel-pct", &10),
+            ("panic-pct", &5),
+            ("lease-ms", &lease.as_millis()),
+            ("wait-ms", &10_000),
+            ("progress", &20),
+            ("seed", &(id + 1)),
+        ])
+    };
+    let mut survivors: Vec<Worker> = (0..3)
+        .map(|id| setup.worker(id, &setup.lock().url(), "run", &run_args(id, "0-5000")))
+        .collect();
+    // Long bodies: it is killed while its log shows it holding a permit.
+    let mut doomed = setup.worker(3, &setup.lock().url(), "run", &run_args(3, "200000-400000"));
+    let t = Duration::from_secs(30);
+    {
+        let mut all: Vec<&mut Worker> = survivors.iter_mut().collect();
+        all.push(&mut doomed);
+        ready(&mut all).await;
+    }
+    for w in &mut survivors {
+        progress(w, 2, t).await;
+    }
+    progress(&mut doomed, 1, t).await;
+    let t_run = Duration::from_secs(1) * soak_factor() as u32;
+    tokio::time::sleep(t_run).await;
+    let sem = name_of_kind(&setup, key, "sem").await;
+    let held_in_redis: i64 = redis::cmd("ZCARD")
+        .arg(&sem)
+        .query_async(&mut setup.lock_conn().await)
+        .await
+        .expect("ZCARD");
+    // Kill it while it holds a permit (an acquisition in its log with no
+    // section after it; bodies last 200 ms or more).
+    let holding_by = Instant::now() + t;
+    while history(&[&doomed])
+        .in_flight(3, mono_ns(), Kind::Permit)
+        .is_empty()
+    {
+        assert!(
+            Instant::now() < holding_by,
+            "the doomed worker never held a permit"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let t_kill = mono_ns();
+    doomed.kill9();
+    // The survivors go on past the killed holds' leases.
+    let back_from = t_kill + ns(lease + drift(lease));
+    for w in &mut survivors {
+        progress(w, 2, t).await;
+    }
+    tokio::time::sleep(Duration::from_nanos(
+        (back_from + ns(Duration::from_secs(1))).saturating_sub(mono_ns()),
+    ))
+    .await;
+    for w in &mut survivors {
+        w.send("stop");
+    }
+    for w in &mut survivors {
+        finish(w, t).await;
+    }
+    let t_end = mono_ns();
+    let mut h = history(&[&survivors[0], &survivors[1], &survivors[2], &doomed]);
+    let killed_holds = h.in_flight(3, t_kill, Kind::Permit);
+    h.sections.extend(killed_holds.iter().cloned());
+    let report = check_semaphore(&h.sections, permits as usize);
+    // Full again: the first instant after the kill with every permit held by the
+    // survivors (the killed holds count until the kill only). With the killed
+    // worker's permits still leased in Redis, that waits for their leases.
+    let (back, back_at) = max_concurrent(&h.sections, t_kill, t_end);
+    let (full_late, _) = max_concurrent(&h.sections, back_from, t_end);
+    let after_kill = h.sections.iter().filter(|s| s.acquired > t_kill).count();
+    let mut conn = setup.lock_conn().await;
+    let semp = name_of_kind(&setup, key, "semp").await;
+    let exists: (i64, i64) = redis::pipe()
+        .cmd("EXISTS")
+        .arg(&sem)
+        .cmd("EXISTS")
+        .arg(&semp)
+        .query_async(&mut conn)
+        .await
+        .expect("EXISTS");
+    let leaked = leaked_keys(&setup).await;
+    println!(
+        "TORTURE s10_semaphore: sections={} permits={permits} faults=1xkill-9+{}cancel+{}panic max_concurrent={} \
+         excess_grants={} duplicate_tokens={} lost={} ok={} cancelled={} panicked={} held_by_killed={} \
+         permits_held_at_kill={held_in_redis} full_again_after_kill_ms={:.1} sections_after_kill={after_kill} \
+         leaked_keys={} secs={:.1}",
+        report.sections,
+        report.count(Outcome::Cancelled),
+        report.count(Outcome::Panicked),
+        report.max_concurrent,
+        report.excess.len(),
+        report.duplicate_tokens.len(),
+        report.lost,
+        report.count(Outcome::Ok),
+        report.count(Outcome::Cancelled),
+        report.count(Outcome::Panicked),
+        killed_holds.len(),
+        diff_ms(back_at, t_kill),
+        leaked.len(),
+        started.elapsed().as_secs_f64()
+    );
+    report.assert_clean("semaphore");
+    assert_eq!(
+        report.max_concurrent, permits as usize,
+        "the semaphore's permits were all used at once"
+    );
+    assert_eq!(report.lost, 0, "no lease may be lost without a pause");
+    assert!(
+        report.count(Outcome::Cancelled) > 0 && report.count(Outcome::Panicked) > 0,
+        "{:?}",
+        report.outcomes
+    );
+    assert!(
+        !killed_holds.is_empty(),
+        "the killed worker held no permit (Redis counted {held_in_redis} holders)"
+    );
+    assert_eq!(
+        (back, full_late),
+        (permits as usize, permits as usize),
+        "{permits} sections were held at once again after the kill, also after the killed holds' leases"
+    );
+    assert!(
+        back_at - t_kill <= ns(lease + SLACK),
+        "the semaphore was full again only {:.1} ms after the kill (lease {lease:?})",
+        diff_ms(back_at, t_kill)
+    );
+    assert!(after_kill >= 40, "{after_kill} sections after the kill");
+    assert_eq!(exists, (0, 0), "{sem} / {semp} left in Redis");
+    assert!(leaked.is_empty(), "keys left in Redis: {leaked:?}");
+}
+
+/// Scenario 11: a read-write lock, 4 processes x 32 tasks, 20 % writers, 10 % of
+/// the bodies cancelled and 5 % panicking: no writer shares the lock with anyone,
+/// readers do share it, every process's writers get through, writer tokens go
+/// up, the writers' fenced counter is exact, no key but the fencing counter left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s11_read_write_lock_writers_exclude_everyone_and_do_not_starve() {
+    use lock_torture::checker::check_read_write;
+    let _serial = SERIAL.lock().await;
+    let started = Instant::now();
+    let setup = setup("s11");
+    let key = "rw0".to_owned();
+    let total = 2_000 * soak_factor();
+    let processes = 4u32;
+    let mut workers: Vec<Worker> = (0..processes)
+        .map(|id| {
+            setup.worker(
+                id,
+                &setup.lock().url(),
+                "run",
+                &args(&[
+                    ("kind", &"rw"),
+                    ("write-pct", &20),
+                    ("keys", &key),
+                    ("tasks", &32),
+                    ("sections", &(total / u64::from(processes))),
+                    ("body-us", &"0-5000"),
+                    ("cancel-pct", &10),
+                    ("panic-pct", &5),
+                    ("lease-ms", &2000),
+                    ("wait-ms", &60_000),
+                    ("seed", &(id + 1)),
+                ]),
+            )
+        })
+        .collect();
+    ready(&mut workers.iter_mut().collect::<Vec<_>>()).await;
+    let mut drains = Vec::new();
+    for w in &mut workers {
+        drains.push(finish(w, Duration::from_secs(120) * soak_factor() as u32).await);
+    }
+    let h = history(&workers.iter().collect::<Vec<_>>());
+    let report = check_read_write(&h.sections);
+    let stored = store_report(&setup, &h, std::slice::from_ref(&key)).await;
+    let mut conn = setup.lock_conn().await;
+    let mut left = Vec::new();
+    for kind in ["rw", "rwr", "rwi"] {
+        let name = name_of_kind(&setup, &key, kind).await;
+        let exists: i64 = redis::cmd("EXISTS")
+            .arg(&name)
+            .query_async(&mut conn)
+            .await
+            .expect("EXISTS");
+        if exists != 0 {
+            left.push(name);
+        }
+    }
+    let leaked = leaked_keys(&setup).await;
+    let writes_ok: usize = report.writes_ok_by_worker.values().sum();
+    println!(
+        "TORTURE s11_read_write: sections={} readers={} writers={} faults={}cancel+{}panic writer_overlaps={} \
+         token_order_violations={} max_readers={} writes_ok_by_worker={:?} lost={} counter={} writes_accepted={} \
+         lost_updates={} stale_writes_accepted={} leaked_keys={} drain_ms_max={} secs={:.1}",
+        report.sections,
+        report.readers,
+        report.writers,
+        report.count(Outcome::Cancelled),
+        report.count(Outcome::Panicked),
+        report.overlaps.len(),
+        report.token_order.len(),
+        report.max_readers,
+        report.writes_ok_by_worker,
+        report.lost,
+        stored.value,
+        stored.accepted,
+        stored.lost_updates,
+        stored.stale_accepted,
+        leaked.len(),
+        drains.iter().map(|d| d.0).max().unwrap_or(0),
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(report.sections as u64, total, "every ticket is one section");
+    report.assert_clean("read-write");
+    assert_eq!(report.lost, 0, "no lease may be lost without a fault");
+    assert!(report.max_readers >= 2, "readers never shared the lock");
+    for id in 0..processes {
+        assert!(
+            report.writes_ok_by_worker.get(&id).copied().unwrap_or(0) > 0,
+            "worker {id}'s writers completed no section: {:?}",
+            report.writes_ok_by_worker
+        );
+    }
+    // Writers alone write, one at a time: the counter is exact.
+    assert_eq!(stored.value, writes_ok as u64);
+    assert_eq!(stored.accepted, writes_ok);
+    assert_eq!((stored.rejected, stored.lost_updates), (0, 0));
+    assert!(left.is_empty(), "read-write keys left in Redis: {left:?}");
+    assert!(leaked.is_empty(), "keys left in Redis: {leaked:?}");
+    for (w, (_, left)) in workers.iter().zip(&drains) {
+        assert_eq!(
+            *left, 0,
+            "worker {} exited with background tasks left",
+            w.id
+        );
+    }
 }

@@ -28,7 +28,11 @@
 //! write it plus one to the fenced store), `--cancel-pct` of them cancelled
 //! mid-body (the section's future is dropped), `--panic-pct` panicking mid-body
 //! (inside a spawned task). Prints `PROGRESS n` every `--progress` sections and
-//! `DONE n` at the end.
+//! `DONE n` at the end. `--kind` selects what the tasks take: `lock` (the
+//! default, `manager.lock`), `semaphore` (`manager.semaphore(key, --permits)`) or
+//! `rw` (`manager.write_lock` for `--write-pct` % of the sections, else
+//! `manager.read_lock`); readers and permit holders read the counter but never
+//! write it, and their sections are logged with their kind.
 //!
 //! `--mode=script`: commands on stdin, events on stdout:
 //! - `acquire ID KEY LEASE_MS WAIT_MS STEP_MS` -> `ACQ ID ok TOKEN T_REQ T_ACQ DEADLINE`
@@ -57,7 +61,7 @@ use std::time::Duration;
 use distlock::{LockError, LockGuard, LockManager};
 use lock_torture::clock::{mono_ns, ns};
 use lock_torture::history::{
-    Call, CallKind, CallResult, Outcome, Record, Release, Section, Write, Zombie,
+    Call, CallKind, CallResult, Kind, Outcome, Record, Release, Section, Write, Zombie,
 };
 use lock_torture::store::{self, FencedStore};
 use redis::aio::MultiplexedConnection;
@@ -276,6 +280,8 @@ struct State {
     deadline: u64,
     write: Option<Write>,
     dropped_at: u64,
+    /// The kind of hold (logged with the section).
+    kind: Kind,
 }
 
 type Slot = Arc<Mutex<State>>;
@@ -361,6 +367,7 @@ fn log_section(ctx: &Ctx, task: u32, key: &str, slot: &Slot, end: SectionEnd) {
         release: end.release,
         release_start: end.release_start,
         release_end: end.release_end,
+        kind: s.kind,
     }));
 }
 
@@ -439,11 +446,22 @@ struct RunConfig {
     /// Run the body under `guard.scope` instead of `scope_until_lost`: a client that
     /// ignores a lost lease (for the checker's negative control).
     ignore_loss: bool,
+    /// What the tasks take: `lock`, `semaphore` (`permits` permits), or `rw`
+    /// (`write_pct` % of the sections write locks, the others read locks).
+    kind: RunKind,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum RunKind {
+    Lock,
+    Semaphore { permits: u32 },
+    ReadWrite { write_pct: u64 },
 }
 
 #[derive(Clone)]
 struct Plan {
     key: String,
+    hold: Kind,
     body: Duration,
     cancel_frac_pct: Option<u64>,
     panic: bool,
@@ -481,6 +499,16 @@ async fn run(ctx: Arc<Ctx>, args: &Args, mut commands: mpsc::UnboundedReceiver<S
         seed: args.get("seed", 1),
         no_renew: args.get::<u8>("renew", 1) == 0,
         ignore_loss: args.get::<u8>("ignore-loss", 0) == 1,
+        kind: match args.get("kind", "lock".to_owned()).as_str() {
+            "lock" => RunKind::Lock,
+            "semaphore" => RunKind::Semaphore {
+                permits: args.get("permits", 1),
+            },
+            "rw" => RunKind::ReadWrite {
+                write_pct: args.get("write-pct", 20),
+            },
+            other => fatal(&format!("unknown --kind={other}: lock, semaphore or rw")),
+        },
     });
     let (stop_tx, stop_rx) = watch::channel(false);
     // `stop` (or end of input) ends the run after the sections in progress.
@@ -540,8 +568,20 @@ async fn task_loop(
         let key = cfg.keys[rng.usize(..cfg.keys.len())].clone();
         let body = Duration::from_micros(rng.u64(cfg.body_us.0..=cfg.body_us.1.max(cfg.body_us.0)));
         let cancel = body >= Duration::from_millis(1) && rng.u64(..100) < cfg.cancel_pct;
+        let hold = match cfg.kind {
+            RunKind::Lock => Kind::Lock,
+            RunKind::Semaphore { .. } => Kind::Permit,
+            RunKind::ReadWrite { write_pct } => {
+                if rng.u64(..100) < write_pct {
+                    Kind::Write
+                } else {
+                    Kind::Read
+                }
+            }
+        };
         let plan = Plan {
             key,
+            hold,
             body,
             cancel_frac_pct: cancel.then(|| rng.u64(20..=80)),
             panic: !cancel && rng.u64(..100) < cfg.panic_pct,
@@ -612,9 +652,16 @@ async fn attempt(
     mut stop: watch::Receiver<bool>,
 ) -> Attempt {
     let t_req = mono_ns();
-    let acquire = ctx
-        .manager
-        .lock(plan.key.clone())
+    lock(&slot).kind = plan.hold;
+    let request = match cfg.kind {
+        RunKind::Lock => ctx.manager.lock(plan.key.clone()),
+        RunKind::Semaphore { permits } => ctx.manager.semaphore(plan.key.clone(), permits),
+        RunKind::ReadWrite { .. } if plan.hold == Kind::Write => {
+            ctx.manager.write_lock(plan.key.clone())
+        }
+        RunKind::ReadWrite { .. } => ctx.manager.read_lock(plan.key.clone()),
+    };
+    let acquire = request
         .lease(cfg.lease)
         .wait(cfg.wait)
         .renew(!cfg.no_renew)
@@ -673,6 +720,11 @@ async fn attempt(
                 if mono_ns() >= at {
                     std::future::pending::<()>().await;
                 }
+            }
+            // Readers and permit holders share the lock: they read, never write
+            // (the fenced counter is for exclusive holders).
+            if matches!(plan.hold, Kind::Read | Kind::Permit) {
+                return Ok::<(), String>(());
             }
             lock(slot).write = Some(Write::Sent);
             let accepted = ctx
