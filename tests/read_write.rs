@@ -86,7 +86,7 @@ async fn a_writer_is_not_starved_by_a_stream_of_readers(d: Deployment) {
         let stop = stop.clone();
         let reading = reading.clone();
         tasks.push(tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(i * 7)).await;
+            tokio::time::sleep(Duration::from_millis(i * 13)).await;
             let mut cycles = 0u32;
             while !stop.load(Ordering::Relaxed) {
                 let g = m
@@ -96,7 +96,7 @@ async fn a_writer_is_not_starved_by_a_stream_of_readers(d: Deployment) {
                     .await
                     .unwrap();
                 reading.fetch_add(1, Ordering::SeqCst);
-                tokio::time::sleep(Duration::from_millis(40)).await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
                 reading.fetch_sub(1, Ordering::SeqCst);
                 g.release().await.unwrap();
                 cycles += 1;
