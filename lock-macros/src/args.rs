@@ -609,8 +609,8 @@ fn permits_arg(value: Expr, errors: &mut Errors) -> Option<PermitsArg> {
             } else {
                 match int.base10_digits().parse::<u32>() {
                     Ok(0) => format!(
-                        "`permits` must be at least 1 (\"0\" would let no holder in); it takes a \
-                         number of holders {RANGE}"
+                        "`permits` must be at least 1: a semaphore of 0 permits would let no \
+                         holder in; it takes a number of holders {RANGE}"
                     ),
                     Ok(n) => {
                         return Some(PermitsArg::Literal {

@@ -46,15 +46,7 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
         Some(Key::List(elems)) => {
             for elem in elems {
                 let bindings = elem_bindings(elem);
-                if let Some(each) = &elem.each {
-                    check_uses_bindings(
-                        &elem.key.lit,
-                        &elem.key.template,
-                        &each.pat,
-                        &bindings,
-                        &mut errors,
-                    );
-                }
+                let before = errors.len();
                 check_placeholders(
                     &elem.key.lit,
                     &elem.key.template,
@@ -63,6 +55,16 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
                     &func.sig.ident,
                     &mut errors,
                 );
+                // A mistyped binding (`{skuu}`) is reported once, as unknown.
+                if let (Some(each), true) = (&elem.each, errors.len() == before) {
+                    check_uses_bindings(
+                        &elem.key.lit,
+                        &elem.key.template,
+                        &each.pat,
+                        &bindings,
+                        &mut errors,
+                    );
+                }
             }
         }
         None => {}
@@ -740,7 +742,6 @@ mod tests {
         for needle in [
             "`{idd}` in the key is not a parameter of `f`; did you mean `{id}`? the parameters are `id`, `user`, `skus`, `n`",
             "`{skuu}` in the key is not a parameter of `f` or a name bound by its `for`; did you mean `{sku}`? the parameters are `id`, `user`, `skus`, `n`; its `for` binds `sku`",
-            "this key does not use `sku`, bound by its `for`",
             "this key does not use `s`, bound by its `for`: every item would give the same key; put the item in the template, e.g. `{s}`",
             "the `for` pattern `_` binds no name",
             "`{sku}` in the key is not a parameter of `f`; did you mean `{skus}`?",
@@ -748,6 +749,7 @@ mod tests {
             assert!(e.contains(needle), "missing `{needle}` in\n{e}");
         }
         assert!(e.starts_with("async fn f"), "{e}");
+        assert!(!e.contains("does not use `sku`"), "{e}");
     }
 
     #[test]
