@@ -6,7 +6,7 @@ use std::time::Duration;
 use proc_macro2::{Span, TokenStream};
 use syn::ext::IdentExt;
 use syn::parse::{ParseStream, Parser};
-use syn::{Expr, ExprLit, Ident, Lit, LitStr, Token};
+use syn::{Expr, ExprLit, Ident, Lit, LitStr, Pat, Token};
 
 use crate::duration::{self, DurationKind};
 use crate::errors::Errors;
@@ -14,8 +14,12 @@ use crate::template::Template;
 
 /// Every option the attribute knows, in documentation order.
 pub(crate) const OPTIONS: &[&str] = &[
-    "key", "lease", "wait", "max_hold", "min_hold", "renew", "manager", "guard", "on_lost", "crate",
+    "key", "lease", "wait", "max_hold", "min_hold", "renew", "mode", "permits", "fair", "manager",
+    "guard", "on_lost", "crate",
 ];
+
+/// The values `mode` accepts.
+const MODES: &[&str] = &["exclusive", "read", "write"];
 
 /// Names people reach for that mean one of ours.
 const ALIASES: &[(&str, &str)] = &[
@@ -37,12 +41,125 @@ const ALIASES: &[(&str, &str)] = &[
     ("auto_renew", "renew"),
     ("watchdog", "renew"),
     ("client", "manager"),
+    ("keys", "key"),
+    ("lock_mode", "mode"),
+    ("kind", "mode"),
+    ("read", "mode"),
+    ("write", "mode"),
+    ("shared", "mode"),
+    ("exclusive", "mode"),
+    ("rw", "mode"),
+    ("read_write", "mode"),
+    ("semaphore", "permits"),
+    ("permit", "permits"),
+    ("max_permits", "permits"),
+    ("concurrency", "permits"),
+    ("max_concurrency", "permits"),
+    ("limit", "permits"),
+    ("fairness", "fair"),
+    ("fifo", "fair"),
+    ("queued", "fair"),
+];
+
+/// `mode` values people reach for that mean one of ours.
+const MODE_ALIASES: &[(&str, &str)] = &[
+    ("shared", "read"),
+    ("reader", "read"),
+    ("writer", "write"),
+    ("mutex", "exclusive"),
+    ("exclusive_lock", "exclusive"),
 ];
 
 /// One `name = value` pair as written.
 struct RawArg {
     name: Ident,
-    value: Expr,
+    value: RawValue,
+}
+
+/// A value as written: any expression, or for `key` the key syntax.
+enum RawValue {
+    Expr(Expr),
+    Key(Box<RawKey>),
+}
+
+/// `key = ELEM` or `key = [ELEM, ELEM, ..]`.
+enum RawKey {
+    One(Box<RawElem>),
+    List {
+        bracket: syn::token::Bracket,
+        elems: Vec<RawElem>,
+    },
+}
+
+/// `EXPR` (a template, once checked) optionally followed by `for PAT in EXPR`.
+struct RawElem {
+    template: Expr,
+    each: Option<ForEach>,
+}
+
+/// The `for PAT in EXPR` of a key element.
+pub(crate) struct ForEach {
+    pub(crate) for_token: Token![for],
+    pub(crate) pat: Pat,
+    pub(crate) expr: Expr,
+}
+
+/// A key template as written and as parsed.
+pub(crate) struct KeyTemplate {
+    pub(crate) lit: LitStr,
+    pub(crate) template: Template,
+}
+
+/// One element of a key list: a template, formatted once, or a template
+/// formatted for each item of a collection.
+pub(crate) struct KeyElem {
+    pub(crate) key: KeyTemplate,
+    pub(crate) each: Option<ForEach>,
+}
+
+/// The `key` option.
+pub(crate) enum Key {
+    /// `key = "order:{id}"`: one lock, taken with `LockManager::lock` (or
+    /// `read_lock`/`write_lock`/`semaphore`/`fair_lock`).
+    Single(KeyTemplate),
+    /// `key = [..]` or `key = "sku:{sku}" for sku in skus`: exclusive locks on
+    /// every key, taken together with `LockManager::lock_all`.
+    List(Vec<KeyElem>),
+}
+
+impl Key {
+    /// The metrics label: the template as written, or for a list the templates
+    /// as written joined with `+` (bounded: one per attribute).
+    pub(crate) fn metrics_label(&self) -> String {
+        match self {
+            Key::Single(k) => k.lit.value(),
+            Key::List(elems) => elems
+                .iter()
+                .map(|e| e.key.lit.value())
+                .collect::<Vec<_>>()
+                .join("+"),
+        }
+    }
+}
+
+/// `mode = "exclusive" | "read" | "write"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum Mode {
+    /// `LockManager::lock`, as without `mode`.
+    #[default]
+    Exclusive,
+    /// `LockManager::read_lock`: shared with other readers.
+    Read,
+    /// `LockManager::write_lock`: exclusive of readers and writers.
+    Write,
+}
+
+/// A `permits` value.
+pub(crate) enum PermitsArg {
+    /// An integer literal from 1 to `u32::MAX`, checked at compile time.
+    Literal { value: u32, span: Span },
+    /// Any expression of type `u32`, checked by rustc.
+    Expr(Box<Expr>),
 }
 
 /// A `lease`/`wait`/`max_hold`/`min_hold` value.
@@ -66,12 +183,16 @@ pub(crate) enum OnLost {
 /// The validated options.
 #[derive(Default)]
 pub(crate) struct Options {
-    pub(crate) key: Option<(LitStr, Template)>,
+    pub(crate) key: Option<Key>,
     pub(crate) lease: Option<DurationArg>,
     pub(crate) wait: Option<DurationArg>,
     pub(crate) max_hold: Option<DurationArg>,
     pub(crate) min_hold: Option<DurationArg>,
     pub(crate) renew: Option<syn::LitBool>,
+    pub(crate) mode: Mode,
+    pub(crate) permits: Option<PermitsArg>,
+    /// `fair = true` takes a fair lock; `fair = false` is the default lock.
+    pub(crate) fair: Option<syn::LitBool>,
     pub(crate) manager: Option<Expr>,
     pub(crate) guard: Option<Ident>,
     pub(crate) on_lost: OnLost,
@@ -98,6 +219,7 @@ impl Options {
         };
 
         let mut seen: Vec<Ident> = Vec::new();
+        let mut key_is_list = false;
         for RawArg { name, value } in raw {
             let name_str = name.unraw().to_string();
             if !OPTIONS.contains(&name_str.as_str()) {
@@ -115,19 +237,46 @@ impl Options {
                 continue;
             }
             seen.push(name.clone());
+            let value = match value {
+                RawValue::Key(raw) => {
+                    key_is_list = match &*raw {
+                        RawKey::List { .. } => true,
+                        RawKey::One(elem) => elem.each.is_some(),
+                    };
+                    opts.key = key_option(*raw, errors);
+                    continue;
+                }
+                RawValue::Expr(value) => value,
+            };
             match name_str.as_str() {
-                "key" => match lit_str(&value) {
-                    Some(lit) => match Template::parse(&lit.value()) {
-                        Ok(t) => opts.key = Some((lit.clone(), t)),
-                        Err(msgs) => {
-                            for m in msgs {
-                                errors.push(syn::Error::new(lit.span(), m));
-                            }
-                        }
+                // `parse_raw` gives `key` a `RawValue::Key`; this arm keeps the
+                // match total.
+                "key" => opts.key = key_option(
+                    RawKey::One(Box::new(RawElem {
+                        template: value,
+                        each: None,
+                    })),
+                    errors,
+                ),
+                "mode" => match lit_str(&value) {
+                    Some(lit) => match parse_mode(lit) {
+                        Ok(mode) => opts.mode = mode,
+                        Err(e) => errors.push(e),
                     },
                     None => errors.push(syn::Error::new_spanned(
                         &value,
-                        "`key` takes a string literal template, e.g. `key = \"order:{order_id}\"`",
+                        "`mode` takes a string: `mode = \"read\"`, `mode = \"write\"` or \
+                         `mode = \"exclusive\"` (the default)",
+                    )),
+                },
+                "permits" => opts.permits = permits_arg(value, errors),
+                "fair" => match &value {
+                    Expr::Lit(ExprLit {
+                        lit: Lit::Bool(b), ..
+                    }) => opts.fair = Some(b.clone()),
+                    _ => errors.push(syn::Error::new_spanned(
+                        &value,
+                        "`fair` takes `true` or `false`, e.g. `fair = true`",
                     )),
                 },
                 "lease" => opts.lease = duration_arg(DurationKind::Lease, value, errors),
@@ -209,6 +358,8 @@ impl Options {
             }
         }
 
+        conflicts(&seen, key_is_list, errors);
+
         if syntax_ok && opts.key.is_none() && !seen.iter().any(|s| s == "key") {
             errors.push(syn::Error::new(
                 Span::call_site(),
@@ -234,7 +385,11 @@ fn parse_raw(input: ParseStream) -> syn::Result<(Vec<RawArg>, Vec<syn::Error>)> 
         })?;
         if input.peek(Token![=]) {
             input.parse::<Token![=]>()?;
-            let value: Expr = input.parse()?;
+            let value = if name.unraw() == "key" {
+                RawValue::Key(Box::new(parse_key(input)?))
+            } else {
+                RawValue::Expr(input.parse()?)
+            };
             args.push(RawArg { name, value });
         } else if input.is_empty() || input.peek(Token![,]) {
             let n = name.unraw().to_string();
@@ -247,6 +402,9 @@ fn parse_raw(input: ParseStream) -> syn::Result<(Vec<RawArg>, Vec<syn::Error>)> 
                 "wait" => "wait = \"5s\"".to_owned(),
                 "max_hold" => "max_hold = \"10m\"".to_owned(),
                 "min_hold" => "min_hold = \"30s\"".to_owned(),
+                "mode" => "mode = \"read\"".to_owned(),
+                "permits" => "permits = 3".to_owned(),
+                "fair" => "fair = true".to_owned(),
                 _ => format!("{n} = ..."),
             };
             let msg = if OPTIONS.contains(&n.as_str()) {
@@ -264,6 +422,292 @@ fn parse_raw(input: ParseStream) -> syn::Result<(Vec<RawArg>, Vec<syn::Error>)> 
         input.parse::<Token![,]>()?;
     }
     Ok((args, flag_errors))
+}
+
+/// `ELEM` or `[ELEM, ..]` (a trailing comma allowed).
+fn parse_key(input: ParseStream) -> syn::Result<RawKey> {
+    if !input.peek(syn::token::Bracket) {
+        return Ok(RawKey::One(Box::new(parse_key_elem(input)?)));
+    }
+    let content;
+    let bracket = syn::bracketed!(content in input);
+    let mut elems = Vec::new();
+    while !content.is_empty() {
+        elems.push(parse_key_elem(&content)?);
+        if content.is_empty() {
+            break;
+        }
+        content.parse::<Token![,]>()?;
+    }
+    Ok(RawKey::List { bracket, elems })
+}
+
+/// `EXPR` or `EXPR for PAT in EXPR`.
+fn parse_key_elem(input: ParseStream) -> syn::Result<RawElem> {
+    let template: Expr = input.parse()?;
+    let each = if input.peek(Token![for]) {
+        let for_token = input.parse::<Token![for]>()?;
+        let pat = Pat::parse_multi_with_leading_vert(input)?;
+        input.parse::<Token![in]>().map_err(|e| {
+            syn::Error::new(
+                e.span(),
+                "expected `in` after the pattern: a key element is `\"sku:{sku}\" for sku in skus`",
+            )
+        })?;
+        let expr: Expr = input.parse()?;
+        Some(ForEach {
+            for_token,
+            pat,
+            expr,
+        })
+    } else {
+        None
+    };
+    Ok(RawElem { template, each })
+}
+
+/// The `key` option from its syntax: a single template (today's form, with its
+/// messages), or a list whose elements are each checked, all of them reported.
+fn key_option(raw: RawKey, errors: &mut Errors) -> Option<Key> {
+    match raw {
+        RawKey::One(elem) if elem.each.is_none() => {
+            let template = elem.template;
+            let Some(lit) = lit_str(&template) else {
+                errors.push(syn::Error::new_spanned(
+                    &template,
+                    "`key` takes a string literal template, e.g. `key = \"order:{order_id}\"`",
+                ));
+                return None;
+            };
+            key_template(lit, errors).map(Key::Single)
+        }
+        RawKey::One(elem) => key_elem(*elem, errors).map(|e| Key::List(vec![e])),
+        RawKey::List { bracket, elems } => {
+            if elems.is_empty() {
+                errors.push(syn::Error::new(
+                    bracket.span.join(),
+                    "`key = []` names no lock: list at least one key, e.g. \
+                     `key = [\"order:{order_id}\", \"user:{user_id}\"]`",
+                ));
+                return None;
+            }
+            let mut out: Vec<KeyElem> = Vec::new();
+            for elem in elems {
+                let Some(elem) = key_elem(elem, errors) else {
+                    continue;
+                };
+                if elem.each.is_none() {
+                    let value = elem.key.lit.value();
+                    if out
+                        .iter()
+                        .any(|e| e.each.is_none() && e.key.lit.value() == value)
+                    {
+                        errors.push(syn::Error::new(
+                            elem.key.lit.span(),
+                            format!(
+                                "the key \"{value}\" is already in the list: it would be locked twice; \
+                                 remove one"
+                            ),
+                        ));
+                        continue;
+                    }
+                }
+                out.push(elem);
+            }
+            // The valid elements, so that their placeholders are still checked
+            // when others were wrong.
+            Some(Key::List(out))
+        }
+    }
+}
+
+/// One element of a list (or a top-level `for`): its template must be a
+/// string literal.
+fn key_elem(elem: RawElem, errors: &mut Errors) -> Option<KeyElem> {
+    let Some(lit) = lit_str(&elem.template) else {
+        let message = if elem.each.is_some() {
+            "a `for` key takes a string literal template before `for`, e.g. \
+             `\"sku:{sku}\" for sku in skus`"
+        } else {
+            "each key in the list is a string literal template, e.g. `\"order:{order_id}\"`, \
+             optionally followed by `for ITEM in COLLECTION`"
+        };
+        errors.push(syn::Error::new_spanned(&elem.template, message));
+        return None;
+    };
+    let key = key_template(lit, errors)?;
+    Some(KeyElem {
+        key,
+        each: elem.each,
+    })
+}
+
+fn key_template(lit: &LitStr, errors: &mut Errors) -> Option<KeyTemplate> {
+    match Template::parse(&lit.value()) {
+        Ok(template) => Some(KeyTemplate {
+            lit: lit.clone(),
+            template,
+        }),
+        Err(msgs) => {
+            for m in msgs {
+                errors.push(syn::Error::new(lit.span(), m));
+            }
+            None
+        }
+    }
+}
+
+fn parse_mode(lit: &LitStr) -> syn::Result<Mode> {
+    match lit.value().as_str() {
+        "exclusive" => Ok(Mode::Exclusive),
+        "read" => Ok(Mode::Read),
+        "write" => Ok(Mode::Write),
+        other => {
+            let alias = MODE_ALIASES
+                .iter()
+                .find(|(a, _)| a.eq_ignore_ascii_case(other))
+                .map(|(_, m)| *m);
+            // Also a transposition (`"raed"`), which counts as two edits.
+            let anagram = || {
+                let sorted = |s: &str| {
+                    let mut c: Vec<char> = s.to_lowercase().chars().collect();
+                    c.sort_unstable();
+                    c
+                };
+                MODES.iter().copied().find(|m| sorted(m) == sorted(other))
+            };
+            let hint = alias
+                .or_else(|| nearest(other, MODES))
+                .or_else(anagram)
+                .map(|n| format!("did you mean \"{n}\"? "))
+                .unwrap_or_default();
+            Err(syn::Error::new(
+                lit.span(),
+                format!(
+                    "unknown `mode` value \"{other}\": {hint}expected \"exclusive\" (the default: one \
+                     holder at a time), \"read\" (shared with other readers) or \"write\" \
+                     (exclusive of readers and writers)"
+                ),
+            ))
+        }
+    }
+}
+
+/// `permits = 3` (checked here: 1 to `u32::MAX`) or an expression of type `u32`.
+fn permits_arg(value: Expr, errors: &mut Errors) -> Option<PermitsArg> {
+    const RANGE: &str = "from 1 to 4294967295 (`u32::MAX`)";
+    let message = match &value {
+        Expr::Lit(ExprLit {
+            lit: Lit::Int(int), ..
+        }) => {
+            if !matches!(int.suffix(), "" | "u32") {
+                format!(
+                    "`permits` is a `u32`: write `{}` without the `{}` suffix",
+                    int.base10_digits(),
+                    int.suffix()
+                )
+            } else {
+                match int.base10_digits().parse::<u32>() {
+                    Ok(0) => format!(
+                        "`permits` must be at least 1: a semaphore of 0 permits would let no \
+                         holder in; it takes a number of holders {RANGE}"
+                    ),
+                    Ok(n) => {
+                        return Some(PermitsArg::Literal {
+                            value: n,
+                            span: int.span(),
+                        })
+                    }
+                    Err(_) => format!(
+                        "`permits = {}` is too large: the number of holders is a `u32`, {RANGE}",
+                        int.base10_digits()
+                    ),
+                }
+            }
+        }
+        Expr::Unary(syn::ExprUnary {
+            op: syn::UnOp::Neg(_),
+            expr,
+            ..
+        }) if matches!(
+            &**expr,
+            Expr::Lit(ExprLit {
+                lit: Lit::Int(_) | Lit::Float(_),
+                ..
+            })
+        ) =>
+        {
+            format!("`permits` cannot be negative: it takes a number of holders {RANGE}")
+        }
+        Expr::Lit(ExprLit {
+            lit: Lit::Float(f), ..
+        }) => format!(
+            "`permits` takes a whole number of holders {RANGE}, not `{}`",
+            f.base10_digits()
+        ),
+        Expr::Lit(_) => format!(
+            "`permits` takes an integer literal {RANGE}, e.g. `permits = 3`, or an expression of \
+             type `u32`"
+        ),
+        _ => return Some(PermitsArg::Expr(Box::new(value))),
+    };
+    errors.push(syn::Error::new_spanned(&value, message));
+    None
+}
+
+/// Options that choose different kinds of lock: given together, the later one
+/// (in the attribute) is reported, once per pair.
+fn conflicts(seen: &[Ident], key_is_list: bool, errors: &mut Errors) {
+    const SEMAPHORE: &str = "`permits` takes a semaphore (`LockManager::semaphore`)";
+    const FAIR: &str = "`fair` a fair lock (`LockManager::fair_lock`)";
+    const LIST: &str = "a key list takes exclusive locks on all its keys together \
+                        (`LockManager::lock_all`)";
+    let at = |name: &str| seen.iter().position(|s| s.unraw() == name);
+    let pairs: [(&str, &str, String); 6] = [
+        (
+            "mode",
+            "permits",
+            format!("{SEMAPHORE}, which has no read or write mode"),
+        ),
+        (
+            "mode",
+            "fair",
+            format!("`mode` takes an exclusive or a read/write lock, {FAIR}"),
+        ),
+        ("permits", "fair", format!("{SEMAPHORE}, {FAIR}")),
+        (
+            "key",
+            "mode",
+            format!("{LIST}; `mode` applies to a single key"),
+        ),
+        (
+            "key",
+            "permits",
+            format!("{LIST}; `permits` applies to a single key"),
+        ),
+        (
+            "key",
+            "fair",
+            format!("{LIST}; `fair` applies to a single key"),
+        ),
+    ];
+    for (a, b, why) in pairs {
+        if a == "key" && !key_is_list {
+            continue;
+        }
+        let (Some(i), Some(j)) = (at(a), at(b)) else {
+            continue;
+        };
+        let first = if a == "key" {
+            "a key list".to_owned()
+        } else {
+            format!("`{a}`")
+        };
+        errors.push(syn::Error::new(
+            seen[i.max(j)].span(),
+            format!("{first} and `{b}` cannot be combined: {why}; remove one of them"),
+        ));
+    }
 }
 
 fn unknown_option_message(name: &str) -> String {
@@ -440,7 +884,7 @@ mod tests {
             manager = self.locks, guard = lock, on_lost = "ignore", crate = "::my_locks"
         });
         assert!(e.is_empty(), "{e:?}");
-        assert_eq!(o.key.unwrap().0.value(), "order:{id}");
+        assert!(matches!(o.key, Some(Key::Single(k)) if k.lit.value() == "order:{id}"));
         assert!(
             matches!(o.lease, Some(DurationArg::Literal { value, .. }) if value == Duration::from_secs(30))
         );
@@ -542,6 +986,251 @@ mod tests {
         let (_, e) = parse(quote! { key = "k", renew, guard });
         assert_eq!(e.len(), 2, "{e:?}");
         assert!(e[0].contains("option `renew` needs a value, e.g. `renew = false`"));
+    }
+
+    #[test]
+    fn key_lists() {
+        let (o, e) = parse(quote! { key = ["order:{id}", "user:{user.id}",], lease = "1s" });
+        assert!(e.is_empty(), "{e:?}");
+        let Some(Key::List(elems)) = &o.key else {
+            panic!("not a list")
+        };
+        assert_eq!(elems.len(), 2);
+        assert!(elems.iter().all(|e| e.each.is_none()));
+        assert_eq!(
+            o.key.as_ref().unwrap().metrics_label(),
+            "order:{id}+user:{user.id}"
+        );
+        // One element is still a list (`lock_all`), not the single form.
+        let (o, e) = parse(quote! { key = ["a"] });
+        assert!(e.is_empty(), "{e:?}");
+        assert!(matches!(&o.key, Some(Key::List(v)) if v.len() == 1));
+        let (o, _) = parse(quote! { key = "a" });
+        assert!(matches!(&o.key, Some(Key::Single(_))));
+    }
+
+    #[test]
+    fn key_for_each() {
+        let (o, e) = parse(quote! { key = "sku:{sku}" for sku in skus });
+        assert!(e.is_empty(), "{e:?}");
+        let Some(Key::List(elems)) = &o.key else {
+            panic!("a `for` key is a list")
+        };
+        let each = elems[0].each.as_ref().unwrap();
+        let (pat, expr) = (&each.pat, &each.expr);
+        assert_eq!(quote!(#pat in #expr).to_string(), "sku in skus");
+        assert_eq!(o.key.as_ref().unwrap().metrics_label(), "sku:{sku}");
+
+        let (o, e) = parse(quote! {
+            key = ["order:{id}", "sku:{line.sku}" for (i, line) in self.lines.iter().enumerate(), "x"],
+            wait = "0s"
+        });
+        assert!(e.is_empty(), "{e:?}");
+        let Some(Key::List(elems)) = &o.key else {
+            panic!("not a list")
+        };
+        assert_eq!(elems.len(), 3);
+        assert!(elems[0].each.is_none() && elems[1].each.is_some() && elems[2].each.is_none());
+        assert_eq!(
+            o.key.as_ref().unwrap().metrics_label(),
+            "order:{id}+sku:{line.sku}+x"
+        );
+        assert!(o.wait.is_some());
+    }
+
+    #[test]
+    fn key_list_errors_all_at_once() {
+        let (o, e) = parse(quote! { key = [] });
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(e[0].starts_with("`key = []` names no lock"), "{e:?}");
+        assert!(o.key.is_none());
+
+        let (o, e) = parse(quote! {
+            key = ["a:{id}", id, "", "b:{x", "a:{id}", 42 for x in xs, "c:{x}" for x in xs]
+        });
+        assert_eq!(e.len(), 5, "{e:?}");
+        assert!(e[0].starts_with("each key in the list is a string literal template"));
+        assert!(e[1].contains("must not be empty"));
+        assert!(e[2].starts_with("unclosed `{`"));
+        assert!(e[3].starts_with("the key \"a:{id}\" is already in the list"));
+        assert!(e[4].starts_with("a `for` key takes a string literal template before `for`"));
+        // The valid elements are kept, for the placeholder checks.
+        assert!(matches!(&o.key, Some(Key::List(v)) if v.len() == 2));
+
+        // A `for` element is never a duplicate: its keys depend on the items.
+        let (_, e) = parse(quote! { key = ["s:{s}" for s in a, "s:{s}" for s in b] });
+        assert!(e.is_empty(), "{e:?}");
+
+        let (_, e) = parse(quote! { key = "s:{s}" for s of xs });
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(e[0].starts_with("expected `in` after the pattern"), "{e:?}");
+        let (_, e) = parse(quote! { key = ["a" "b"] });
+        assert_eq!(e.len(), 1, "{e:?}");
+    }
+
+    #[test]
+    fn modes() {
+        for (value, mode) in [
+            ("read", Mode::Read),
+            ("write", Mode::Write),
+            ("exclusive", Mode::Exclusive),
+        ] {
+            let (o, e) = parse(quote! { key = "k", mode = #value });
+            assert!(e.is_empty(), "{e:?}");
+            assert_eq!(o.mode, mode);
+        }
+        let (o, _) = parse(quote! { key = "k" });
+        assert_eq!(o.mode, Mode::Exclusive);
+        for (value, hint) in [
+            ("raed", "did you mean \"read\"? "),
+            ("Write", "did you mean \"write\"? "),
+            ("shared", "did you mean \"read\"? "),
+            ("mutex", "did you mean \"exclusive\"? "),
+            ("sometimes", ""),
+        ] {
+            let (_, e) = parse(quote! { key = "k", mode = #value });
+            assert_eq!(e.len(), 1, "{e:?}");
+            assert!(
+                e[0].starts_with(&format!(
+                    "unknown `mode` value \"{value}\": {hint}expected \"exclusive\""
+                )),
+                "{e:?}"
+            );
+        }
+        let (_, e) = parse(quote! { key = "k", mode = read });
+        assert!(e[0].starts_with("`mode` takes a string"), "{e:?}");
+        for alias in ["read", "shared", "lock_mode", "rw"] {
+            assert_eq!(
+                unknown_option_message(alias),
+                format!("unknown option `{alias}`; did you mean `mode`?")
+            );
+        }
+    }
+
+    #[test]
+    fn permits() {
+        for (tokens, value) in [
+            (quote!(1), 1),
+            (quote!(3), 3),
+            (quote!(4_294_967_295), u32::MAX),
+            (quote!(7u32), 7),
+            (quote!(0x10), 16),
+        ] {
+            let (o, e) = parse(quote! { key = "k", permits = #tokens });
+            assert!(e.is_empty(), "{tokens}: {e:?}");
+            assert!(
+                matches!(o.permits, Some(PermitsArg::Literal { value: v, .. }) if v == value),
+                "{tokens}"
+            );
+        }
+        for (tokens, needle) in [
+            (quote!(0), "`permits` must be at least 1"),
+            (quote!(-1), "`permits` cannot be negative"),
+            (quote!(-1.5), "`permits` cannot be negative"),
+            (quote!(4_294_967_296), "`permits = 4294967296` is too large"),
+            (
+                quote!(99999999999999999999999999999999999999999),
+                "is too large",
+            ),
+            (quote!(2.5), "`permits` takes a whole number of holders"),
+            (
+                quote!(3u64),
+                "`permits` is a `u32`: write `3` without the `u64` suffix",
+            ),
+            (quote!(-3i32), "`permits` cannot be negative"),
+            (quote!("3"), "`permits` takes an integer literal"),
+            (quote!(true), "`permits` takes an integer literal"),
+        ] {
+            let (o, e) = parse(quote! { key = "k", permits = #tokens });
+            assert_eq!(e.len(), 1, "{tokens}: {e:?}");
+            assert!(e[0].contains(needle), "{tokens}: {e:?}");
+            assert!(o.permits.is_none());
+        }
+        for tokens in [quote!(SLOTS), quote!(self.size), quote!(n * 2), quote!(-n)] {
+            let (o, e) = parse(quote! { key = "k", permits = #tokens });
+            assert!(e.is_empty(), "{tokens}: {e:?}");
+            assert!(matches!(o.permits, Some(PermitsArg::Expr(_))), "{tokens}");
+        }
+        let (_, e) = parse(quote! { key = "k", permits });
+        assert!(e[0].contains("e.g. `permits = 3`"), "{e:?}");
+        assert_eq!(
+            unknown_option_message("semaphore"),
+            "unknown option `semaphore`; did you mean `permits`?"
+        );
+        assert_eq!(
+            unknown_option_message("permit"),
+            "unknown option `permit`; did you mean `permits`?"
+        );
+    }
+
+    #[test]
+    fn fair() {
+        let (o, e) = parse(quote! { key = "k", fair = true });
+        assert!(e.is_empty(), "{e:?}");
+        assert!(o.fair.unwrap().value);
+        let (o, e) = parse(quote! { key = "k", fair = false });
+        assert!(e.is_empty(), "{e:?}");
+        assert!(!o.fair.unwrap().value);
+        for tokens in [quote!("yes"), quote!(1), quote!(yes)] {
+            let (_, e) = parse(quote! { key = "k", fair = #tokens });
+            assert_eq!(e.len(), 1, "{e:?}");
+            assert!(e[0].starts_with("`fair` takes `true` or `false`"), "{e:?}");
+        }
+        let (_, e) = parse(quote! { key = "k", fair });
+        assert!(e[0].contains("e.g. `fair = true`"), "{e:?}");
+        assert_eq!(
+            unknown_option_message("fifo"),
+            "unknown option `fifo`; did you mean `fair`?"
+        );
+    }
+
+    #[test]
+    fn conflicts_on_the_later_option() {
+        let (_, e) = parse(quote! { key = "k", mode = "read", permits = 2, fair = true });
+        assert_eq!(e.len(), 3, "{e:?}");
+        assert!(
+            e[0].starts_with("`mode` and `permits` cannot be combined"),
+            "{e:?}"
+        );
+        assert!(
+            e[1].starts_with("`mode` and `fair` cannot be combined"),
+            "{e:?}"
+        );
+        assert!(
+            e[2].starts_with("`permits` and `fair` cannot be combined"),
+            "{e:?}"
+        );
+
+        let (_, e) = parse(quote! { mode = "read", fair = false, permits = 2, key = ["a", "b"] });
+        assert_eq!(e.len(), 6, "{e:?}");
+        assert!(
+            e[3].starts_with("a key list and `mode` cannot be combined"),
+            "{e:?}"
+        );
+        assert!(
+            e[5].starts_with("a key list and `fair` cannot be combined"),
+            "{e:?}"
+        );
+
+        let (_, e) = parse(quote! { key = "s:{s}" for s in ss, fair = true });
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(
+            e[0].starts_with("a key list and `fair` cannot be combined"),
+            "{e:?}"
+        );
+
+        // Also with a value that is wrong in itself: both are reported.
+        let (_, e) = parse(quote! { key = ["a"], permits = 0 });
+        assert_eq!(e.len(), 2, "{e:?}");
+        // A single key combines with any one of them.
+        for extra in [
+            quote!(mode = "write"),
+            quote!(permits = 2),
+            quote!(fair = true),
+        ] {
+            let (_, e) = parse(quote! { key = "k", #extra });
+            assert!(e.is_empty(), "{e:?}");
+        }
     }
 
     #[test]

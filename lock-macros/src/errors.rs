@@ -17,6 +17,10 @@ impl Errors {
         self.errors.is_empty()
     }
 
+    pub(crate) fn len(&self) -> usize {
+        self.errors.len()
+    }
+
     /// One `compile_error!` per message, each at its own span.
     pub(crate) fn to_compile_errors(&self) -> TokenStream {
         let mut iter = self.errors.iter().cloned();

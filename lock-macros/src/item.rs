@@ -173,17 +173,21 @@ pub(crate) fn collect_bindings(pat: &Pat, out: &mut Vec<Ident>) {
     }
 }
 
+/// Checks that every placeholder of a key names a parameter, `self` (in a
+/// method), or one of `bindings`, the names bound by the pattern of the
+/// element's `for` (empty for a key without `for`).
 pub(crate) fn check_placeholders(
     lit: &LitStr,
     template: &Template,
     params: &Params,
+    bindings: &[Ident],
     fn_name: &Ident,
     errors: &mut Errors,
 ) {
     let mut reported: Vec<&str> = Vec::new();
     for path in template.placeholders() {
         let root = path[0].as_str();
-        if reported.contains(&root) {
+        if reported.contains(&root) || find_binding(bindings, root).is_some() {
             continue;
         }
         let shown = path.join(".");
@@ -205,28 +209,79 @@ pub(crate) fn check_placeholders(
             }
         } else if params.find(root).is_none() {
             reported.push(root);
+            // The `for`'s bindings first: at equal distance they are preferred.
             let mut candidates: Vec<String> =
-                params.names.iter().map(|n| n.unraw().to_string()).collect();
+                bindings.iter().map(|b| b.unraw().to_string()).collect();
+            candidates.extend(params.names.iter().map(|n| n.unraw().to_string()));
             if params.has_self {
                 candidates.push("self".to_owned());
             }
+            let param_count = candidates.len() - bindings.len();
             let refs: Vec<&str> = candidates.iter().map(String::as_str).collect();
             let hint = suggest_parameter(root, &refs)
                 .map(|n| format!("did you mean `{{{n}}}`? "))
                 .unwrap_or_default();
-            let listing = if candidates.is_empty() {
+            let mut listing = if param_count == 0 {
                 format!("`{fn_name}` has no parameters")
             } else {
                 format!("the parameters are {}", params.listing())
             };
+            let what = if bindings.is_empty() {
+                format!("a parameter of `{fn_name}`")
+            } else {
+                listing.push_str(&format!("; its `for` binds {}", listing_of(bindings)));
+                format!("a parameter of `{fn_name}` or a name bound by its `for`")
+            };
             errors.push(syn::Error::new(
                 lit.span(),
-                format!(
-                    "`{{{shown}}}` in the key is not a parameter of `{fn_name}`; {hint}{listing}"
-                ),
+                format!("`{{{shown}}}` in the key is not {what}; {hint}{listing}"),
             ));
         }
     }
+}
+
+/// The binding of a `for` pattern that a placeholder root names.
+pub(crate) fn find_binding<'a>(bindings: &'a [Ident], name: &str) -> Option<&'a Ident> {
+    let name = name.strip_prefix("r#").unwrap_or(name);
+    bindings.iter().find(|b| b.unraw() == name)
+}
+
+fn listing_of(names: &[Ident]) -> String {
+    names
+        .iter()
+        .map(|n| format!("`{n}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A `for` key whose template uses none of the names its pattern binds would
+/// give the same key for every item: reported on the template.
+pub(crate) fn check_uses_bindings(
+    lit: &LitStr,
+    template: &Template,
+    pat: &Pat,
+    bindings: &[Ident],
+    errors: &mut Errors,
+) {
+    if template
+        .placeholders()
+        .any(|path| find_binding(bindings, &path[0]).is_some())
+    {
+        return;
+    }
+    let message = match bindings.first() {
+        Some(first) => format!(
+            "this key does not use {}, bound by its `for`: every item would give the same key; \
+             put the item in the template, e.g. `{{{first}}}`",
+            listing_of(bindings)
+        ),
+        None => format!(
+            "the `for` pattern `{}` binds no name, so every item would give the same key; bind \
+             the item, e.g. `\"sku:{{sku}}\" for sku in skus`",
+            pretty(pat)
+        ),
+    };
+    errors.push(syn::Error::new(lit.span(), message));
 }
 
 /// The parameter a mistyped placeholder most likely meant: the nearest by edit

@@ -95,6 +95,21 @@
 //! with `on_lost = "ignore"` the body runs under `LockGuard::scope` instead of
 //! `scope_until_lost`. For a method already rewritten by `#[async_trait]` the
 //! same code goes inside its `Box::pin(async move { .. })`.
+//!
+//! The lock family only changes the request and the guard's type. `mode =
+//! "read"` / `"write"` call `LockManager::read_lock` / `write_lock`, `permits
+//! = N` calls `LockManager::semaphore(manager, key, N)` (an expression is
+//! bound to a `let distlock_permits: u32` first) and `fair = true` calls
+//! `LockManager::fair_lock`; all give the ordinary `LockRequest` and
+//! `LockGuard`. A key list (`key = ["order:{id}", "sku:{sku}" for sku in
+//! skus]`, or a lone `key = "sku:{sku}" for sku in skus`) builds a
+//! `Vec<String>` of the keys in the order written, a `for` element pushing one
+//! key per item of `IntoIterator::into_iter(&(EXPR))`, and calls
+//! `LockManager::lock_all(manager, keys)`; the rest is the code above with
+//! `MultiLockRequest` and `MultiLockGuard` in place of `LockRequest` and
+//! `LockGuard`, and a metrics label of the templates joined with `+`. A
+//! single key without these options expands exactly as before (a unit test
+//! compares it with golden strings).
 
 mod args;
 mod duration;

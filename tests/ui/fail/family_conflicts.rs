@@ -1,0 +1,52 @@
+use distlock::{distributed_lock, LockError};
+
+#[derive(Debug)]
+pub struct AppError;
+
+impl From<LockError> for AppError {
+    fn from(_: LockError) -> Self {
+        AppError
+    }
+}
+
+// Options that pick different kinds of lock: each pair is reported once, on
+// the later of the two, all at once.
+#[distributed_lock(key = "k", mode = "read", permits = 2)]
+async fn mode_permits() -> Result<(), AppError> {
+    Ok(())
+}
+
+#[distributed_lock(key = "k", fair = true, mode = "write")]
+async fn fair_mode() -> Result<(), AppError> {
+    Ok(())
+}
+
+#[distributed_lock(key = "k", permits = 2, fair = false)]
+async fn permits_fair() -> Result<(), AppError> {
+    Ok(())
+}
+
+// Key lists take exclusive locks only; the list may come first or last.
+#[distributed_lock(key = ["a", "b"], mode = "read")]
+async fn list_mode() -> Result<(), AppError> {
+    Ok(())
+}
+
+#[distributed_lock(permits = 3, key = ["a", "b"])]
+async fn permits_list() -> Result<(), AppError> {
+    Ok(())
+}
+
+#[distributed_lock(key = "s:{s}" for s in ss, fair = true)]
+async fn for_fair(ss: Vec<u8>) -> Result<(), AppError> {
+    let _ = ss;
+    Ok(())
+}
+
+#[rustfmt::skip]
+#[distributed_lock(key = ["a"], mode = "exclusive", permits = 0, fair = true)]
+async fn all_at_once() -> Result<(), AppError> {
+    Ok(())
+}
+
+fn main() {}
