@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use distlock::testing::RedisCluster;
-use distlock::{LockError, LockManager};
+use distlock::{distributed_lock, LockError, LockGuard, LockManager};
 use redis::aio::MultiplexedConnection;
 
 /// The Redis name of fair-lock `kind` (`fair`, `fairq`, `fairqe`, ...) of `key`
@@ -434,6 +434,64 @@ async fn the_handoff_costs_the_new_holder_no_round_trip() {
     panic!("every measured hand-off had more than the release's call: {seen:#?}");
 }
 
+/// A hand-off whose message is lost (made here by hand: the lock written in
+/// the head's name, its entry removed, nothing published) reaches the waiter
+/// at its next attempt, which finds the lock already its own.
+#[tokio::test]
+async fn a_lost_handoff_message_is_made_up_for_by_the_next_attempt() {
+    let redis = server();
+    let holder = manager(&redis).await;
+    let waiter_manager = manager(&redis).await;
+    let mut conns = vec![raw(&redis).await];
+    let guard = holder
+        .fair_lock("lost-msg")
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    let waiter = tokio::spawn(async move {
+        waiter_manager
+            .fair_lock("lost-msg")
+            .wait(Duration::from_secs(10))
+            .acquire()
+            .await
+            .unwrap()
+    });
+    wait_for_queue(&mut conns, "lost-msg", 1).await;
+    let lock = fair_name(&mut conns[0], "fair", "lost-msg").await.unwrap();
+    let queue = lock.replacen("distlock:fair:", "distlock:fairq:", 1);
+    let entries = lock.replacen("distlock:fair:", "distlock:fairqe:", 1);
+    let head: Vec<String> = redis::cmd("ZRANGE")
+        .arg(&queue)
+        .arg(0)
+        .arg(0)
+        .query_async(&mut conns[0])
+        .await
+        .unwrap();
+    let token = guard.fencing_token() + 1;
+    let _: () = redis::pipe()
+        .cmd("SET")
+        .arg(&lock)
+        .arg(format!("{}-{token}:0:handed off by hand", head[0]))
+        .arg("PX")
+        .arg(3000)
+        .cmd("DEL")
+        .arg(&queue)
+        .arg(&entries)
+        .query_async(&mut conns[0])
+        .await
+        .unwrap();
+    std::mem::forget(guard);
+    let got = tokio::time::timeout(Duration::from_secs(3), waiter)
+        .await
+        .expect("the next attempt comes within the hand-off's TTL")
+        .unwrap();
+    assert_eq!(got.fencing_token(), token);
+    assert!(!got.is_lost());
+    got.release().await.unwrap();
+    assert_eq!(fair_name(&mut conns[0], "fair", "lost-msg").await, None);
+}
+
 #[tokio::test]
 async fn fair_lock_reenters_and_is_a_lock_of_its_own() {
     let redis = server();
@@ -510,4 +568,30 @@ async fn arrival_order_holds_on_a_cluster() {
         t.await.unwrap();
     }
     assert_eq!(*served.lock().unwrap(), (0..6).collect::<Vec<_>>());
+}
+
+#[distributed_lock(key = "macro:{id}", fair = true, wait = "10s", manager = m, guard = held)]
+async fn fair_body(m: &LockManager, id: u64) -> Result<u64, LockError> {
+    let _: &LockGuard = held;
+    // The fair lock of the key is held; the exclusive lock of it is free.
+    let plain = m.lock(format!("macro:{id}")).try_acquire().await?;
+    plain.expect("another lock").release().await?;
+    Ok(held.fencing_token())
+}
+
+#[tokio::test]
+async fn the_macro_takes_a_fair_lock_with_fair_true() {
+    let redis = server();
+    let m = manager(&redis).await;
+    let mut conns = vec![raw(&redis).await];
+    let outer = m.fair_lock("macro:7").acquire().await.unwrap();
+    let task = {
+        let m = manager(&redis).await;
+        tokio::spawn(async move { fair_body(&m, 7).await.unwrap() })
+    };
+    // The macro's call waits in the fair lock's queue.
+    wait_for_queue(&mut conns, "macro:7", 1).await;
+    let token = outer.fencing_token();
+    outer.release().await.unwrap();
+    assert_eq!(task.await.unwrap(), token + 1);
 }

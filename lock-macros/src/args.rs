@@ -14,7 +14,8 @@ use crate::template::Template;
 
 /// Every option the attribute knows, in documentation order.
 pub(crate) const OPTIONS: &[&str] = &[
-    "key", "lease", "wait", "max_hold", "min_hold", "renew", "manager", "guard", "on_lost", "crate",
+    "key", "lease", "wait", "max_hold", "min_hold", "renew", "fair", "manager", "guard", "on_lost",
+    "crate",
 ];
 
 /// Names people reach for that mean one of ours.
@@ -72,6 +73,9 @@ pub(crate) struct Options {
     pub(crate) max_hold: Option<DurationArg>,
     pub(crate) min_hold: Option<DurationArg>,
     pub(crate) renew: Option<syn::LitBool>,
+    /// `fair = true`: a fair lock (`LockManager::fair_lock`), waiters served
+    /// in arrival order.
+    pub(crate) fair: Option<syn::LitBool>,
     pub(crate) manager: Option<Expr>,
     pub(crate) guard: Option<Ident>,
     pub(crate) on_lost: OnLost,
@@ -145,6 +149,15 @@ impl Options {
                     _ => errors.push(syn::Error::new_spanned(
                         &value,
                         "`renew` takes `true` or `false`, e.g. `renew = false`",
+                    )),
+                },
+                "fair" => match &value {
+                    Expr::Lit(ExprLit {
+                        lit: Lit::Bool(b), ..
+                    }) => opts.fair = Some(b.clone()),
+                    _ => errors.push(syn::Error::new_spanned(
+                        &value,
+                        "`fair` takes `true` or `false`, e.g. `fair = true`",
                     )),
                 },
                 "manager" => {
@@ -240,6 +253,7 @@ fn parse_raw(input: ParseStream) -> syn::Result<(Vec<RawArg>, Vec<syn::Error>)> 
             let n = name.unraw().to_string();
             let example = match n.as_str() {
                 "renew" => "renew = false".to_owned(),
+                "fair" => "fair = true".to_owned(),
                 "guard" => "guard = lock".to_owned(),
                 "on_lost" => "on_lost = \"ignore\"".to_owned(),
                 "key" => "key = \"order:{order_id}\"".to_owned(),

@@ -123,7 +123,11 @@ fn generate(func: &mut ItemFn, shape: &Shape, opts: &Options) -> TokenStream {
     // `Duration` expressions are bound to typed locals first, so a wrong type
     // is reported on the expression as a plain "expected `Duration`".
     let mut duration_lets = TokenStream::new();
-    let mut builder = quote_spanned!(ms=> #krate::LockManager::lock(#manager, #key));
+    let mut builder = if opts.fair.as_ref().is_some_and(|f| f.value) {
+        quote_spanned!(ms=> #krate::LockManager::fair_lock(#manager, #key))
+    } else {
+        quote_spanned!(ms=> #krate::LockManager::lock(#manager, #key))
+    };
     for (method, arg) in [
         ("lease", &opts.lease),
         ("wait", &opts.wait),

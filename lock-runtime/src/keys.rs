@@ -285,6 +285,28 @@ mod tests {
     }
 
     #[test]
+    fn a_fair_locks_names_share_the_tag_and_differ_from_the_exclusive_locks() {
+        let plain = LockKeys::new("distlock:", "k");
+        let fair = LockKeys::of("distlock:", "k", LockKind::Fair);
+        let tag = cluster_hash_part(&plain.lock);
+        for name in [
+            &fair.lock,
+            &fair.fence,
+            &fair.channel,
+            &fair.related,
+            &fair.intent,
+        ] {
+            assert_eq!(cluster_hash_part(name), tag, "{name}");
+        }
+        assert_ne!(fair.lock, plain.lock);
+        assert_ne!(fair.fence, plain.fence);
+        assert_ne!(fair.channel, plain.channel);
+        assert!(fair.related.starts_with("distlock:fairq:{"));
+        assert!(fair.intent.starts_with("distlock:fairqe:{"));
+        assert_eq!(user_key_of("distlock:", &fair.lock), None);
+    }
+
+    #[test]
     fn distinct_keys_get_distinct_names() {
         let a = LockKeys::new("p:", "a");
         let b = LockKeys::new("p:", "a:fence");
