@@ -14,8 +14,11 @@
 //! `rwr` (a sorted set of readers: owner token scored by its lease's end, server
 //! clock in ms), `rwi` (a waiting writer's intent), `rwfence` and `rwwake`; a
 //! semaphore `sem` (a sorted set of permit holders, scored the same way), `semp`
-//! (its permit count), `semfence` and `semwake`. Every kind's names share the
-//! key's hash tag.
+//! (its permit count), `semfence` and `semwake`; a fair lock `fair` (the
+//! holder's string, in the lock's format), `fairq` (its queue of waiters: owner
+//! token scored by arrival number), `fairqe` (each queue entry's queue lease and
+//! hand-off details, see scripts/fair_prelude.lua), `fairfence` and `fairwake`.
+//! Every kind's names share the key's hash tag.
 //!
 //! The tag is a hash of `K` written in hex, so braces in `K` cannot move the tag:
 //! Redis takes the first `{...}` of a name, and the prefix may not contain braces.
@@ -42,6 +45,9 @@ pub(crate) enum LockKind {
     Read,
     /// `LockManager::semaphore`: up to `permits` holders.
     Permit { permits: u32 },
+    /// `LockManager::fair_lock`: one holder; waiters queue in Redis and are
+    /// handed the lock in arrival order.
+    Fair,
 }
 
 impl LockKind {
@@ -52,6 +58,7 @@ impl LockKind {
             LockKind::Exclusive => "lock",
             LockKind::Write | LockKind::Read => "read-write lock",
             LockKind::Permit { .. } => "semaphore",
+            LockKind::Fair => "fair lock",
         }
     }
 }
@@ -67,11 +74,11 @@ pub(crate) struct LockKeys {
     pub(crate) kind: LockKind,
     /// The other name a hold's scripts read: for a write lock the readers'
     /// set, for a read lock the writer's string, for a semaphore its permit
-    /// count; empty for an exclusive lock.
+    /// count, for a fair lock its queue of waiters; empty for an exclusive lock.
     pub(crate) related: String,
     /// A read-write lock's writer intent: a waiting writer's owner token,
-    /// which keeps new readers out (so readers cannot starve writers); empty
-    /// for other kinds.
+    /// which keeps new readers out (so readers cannot starve writers); a fair
+    /// lock's queue entries (each waiter's queue lease); empty for other kinds.
     pub(crate) intent: String,
 }
 
@@ -122,6 +129,13 @@ impl LockKeys {
                 name("semwake"),
                 name("semp"),
                 String::new(),
+            ),
+            LockKind::Fair => (
+                name("fair"),
+                name("fairfence"),
+                name("fairwake"),
+                name("fairq"),
+                name("fairqe"),
             ),
         };
         LockKeys {
@@ -268,6 +282,28 @@ mod tests {
             assert!(k.lock.starts_with("distlock:lock:{"));
             assert!(k.lock.ends_with(key));
         }
+    }
+
+    #[test]
+    fn a_fair_locks_names_share_the_tag_and_differ_from_the_exclusive_locks() {
+        let plain = LockKeys::new("distlock:", "k");
+        let fair = LockKeys::of("distlock:", "k", LockKind::Fair);
+        let tag = cluster_hash_part(&plain.lock);
+        for name in [
+            &fair.lock,
+            &fair.fence,
+            &fair.channel,
+            &fair.related,
+            &fair.intent,
+        ] {
+            assert_eq!(cluster_hash_part(name), tag, "{name}");
+        }
+        assert_ne!(fair.lock, plain.lock);
+        assert_ne!(fair.fence, plain.fence);
+        assert_ne!(fair.channel, plain.channel);
+        assert!(fair.related.starts_with("distlock:fairq:{"));
+        assert!(fair.intent.starts_with("distlock:fairqe:{"));
+        assert_eq!(user_key_of("distlock:", &fair.lock), None);
     }
 
     #[test]

@@ -182,6 +182,19 @@ impl Lease {
         );
     }
 
+    /// Records a fair lock handed to this holder by another's release, which
+    /// set its TTL to `ttl` (at most the queue lease) at some time after
+    /// `sent_at` (the holder's last attempt before the hand-off): the holder
+    /// trusts it until `sent_at + ttl - drift`, and renews it a third of `ttl`
+    /// after `sent_at` (at once, if that has passed), which brings the TTL up
+    /// to the whole lease.
+    pub(crate) fn handed_off(&self, sent_at: Instant, ttl: Duration) {
+        let valid = (sent_at + ttl.saturating_sub(drift(ttl))).min(self.valid_after(sent_at));
+        self.valid_until.store(self.nanos(valid), Ordering::Release);
+        let due = (sent_at + ttl / 3).min(sent_at + self.renewal_interval());
+        self.next_renewal.store(self.nanos(due), Ordering::Release);
+    }
+
     /// Asks for the next renewal attempt at `at` (after a failure: sooner than usual).
     pub(crate) fn retry_renewal_at(&self, at: Instant) {
         self.next_renewal.store(self.nanos(at), Ordering::Release);

@@ -313,6 +313,48 @@ impl LockManager {
         )
     }
 
+    /// Starts a request for the **fair** lock `key`: one holder, and waiters
+    /// from every process served in arrival order.
+    ///
+    /// - A waiting acquisition queues itself in Redis (a sorted set by arrival
+    ///   number under the key's hash tag) in the same script that finds the
+    ///   lock busy, and refreshes its entry with each attempt (every 0.4 to
+    ///   0.8 s). Each entry has a queue lease of 3 s: a waiter that dies holds
+    ///   up the queue at most that long; one that times out or is cancelled
+    ///   withdraws its entry in the background.
+    /// - **Direct hand-off**: the release gives the lock to the head of the
+    ///   queue in the same script and publishes a message naming it; that
+    ///   waiter holds the lock on hearing it, without another round trip. A
+    ///   lost message costs one attempt, which finds the lock already its own.
+    ///   A lock whose holder's lease ran out (no release) goes to the head at
+    ///   the next attempt of any waiter.
+    /// - The handed-off lock's TTL is at most the queue lease (3 s, or the
+    ///   lease if shorter), so a head that died meanwhile holds it no longer;
+    ///   the new holder's first renewal, due a third of that later, brings it
+    ///   up to its lease. With `renew(false)` the hand-off sets the whole lease.
+    /// - As for [`lock`](Self::lock): renewal, release on every exit, the lost
+    ///   signal, strictly increasing fencing tokens, `min_hold` (a release that
+    ///   keeps the lock hands nothing off; the head takes it once it expires)
+    ///   and `max_hold`. Re-entry: `fair_lock(k)` inside a fair hold of `k`
+    ///   re-enters. A fair lock is a lock of its own: `fair_lock(k)` does not
+    ///   exclude `lock(k)`.
+    ///
+    /// Cost: as [`lock`](Self::lock) when the lock is free; each waiter makes
+    /// one script call per refresh while it waits. Not available on a Redlock
+    /// manager ([`LockError::InvalidConfig`]).
+    ///
+    /// ```no_run
+    /// # async fn demo(manager: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+    /// // Replicas take turns in the order they asked.
+    /// let turn = manager.fair_lock("ledger").acquire().await?;
+    /// // ... nobody else holds it; the next in line gets it at the release.
+    /// turn.release().await
+    /// # }
+    /// ```
+    pub fn fair_lock(&self, key: impl Into<String>) -> LockRequest {
+        LockRequest::of_kind(self.inner.clone(), key.into(), LockKind::Fair)
+    }
+
     /// The prefix of every Redis key this manager writes.
     pub fn key_prefix(&self) -> &str {
         &self.inner.core.config.key_prefix

@@ -335,6 +335,8 @@ async fn one_script(
         since_ms: crate::info::now_ms(),
         holder: &core.config.holder,
         resize_permits: false,
+        queue_lease_ms: 0,
+        handoff_ttl_ms: 0,
     };
     let first = to_take.first().copied().unwrap_or_default();
     // If this future is dropped while the script is in flight, the server may

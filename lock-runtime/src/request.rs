@@ -17,6 +17,15 @@ use crate::lease::{Lease, NewLease};
 use crate::telemetry;
 use crate::waiting::Backoff;
 
+/// How long a fair waiter's queue entry lasts unless its next attempt
+/// refreshes it: a waiter that dies holds up the queue at most this long (and
+/// a lock handed to it, whose TTL is at most this, as long).
+pub(crate) const FAIR_QUEUE_LEASE: Duration = Duration::from_secs(3);
+
+/// A fair waiter attempts (refreshing its queue entry) after a random sleep
+/// between this and twice this: well within its queue lease.
+const FAIR_REFRESH: Duration = Duration::from_millis(400);
+
 /// A lock about to be acquired; from [`LockManager::lock`](crate::LockManager::lock).
 ///
 /// ```no_run
@@ -293,6 +302,7 @@ impl LockRequest {
             started: Instant::now(),
             attempts: 0,
             waiting: false,
+            last_sent: Instant::now(),
         }
         .run(manager.clone(), patience, wait)
         .instrument(span)
@@ -342,8 +352,11 @@ struct Acquisition<'a> {
     metrics_label: Option<&'static str>,
     started: Instant,
     attempts: u32,
-    /// Listening for this lock's wake-ups: attempts mark the lock as waited for.
+    /// Listening for this lock's wake-ups: attempts mark the lock as waited for
+    /// (a fair lock's: they queue up).
     waiting: bool,
+    /// When the last attempt was sent.
+    last_sent: Instant,
 }
 
 impl Acquisition<'_> {
@@ -353,6 +366,9 @@ impl Acquisition<'_> {
         patience: Patience,
         wait: Duration,
     ) -> Result<Option<LockGuard>, LockError> {
+        if self.keys.kind == LockKind::Fair {
+            return self.run_fair(manager, patience, wait).await;
+        }
         let deadline = self.started + wait;
         let willing_to_wait = patience == Patience::Wait && !wait.is_zero();
         // Fairness: when acquisitions of this manager already wait for this lock,
@@ -365,7 +381,7 @@ impl Acquisition<'_> {
                 Attempt::Acquired {
                     fencing_token,
                     sent_at,
-                } => return self.grant(manager, fencing_token, sent_at).map(Some),
+                } => return self.grant(manager, fencing_token, sent_at, None).map(Some),
                 Attempt::Busy(remaining) => remaining,
             };
             if patience == Patience::Once {
@@ -437,7 +453,7 @@ impl Acquisition<'_> {
                     if let Some(withdraw) = withdraw.take() {
                         withdraw.disarm();
                     }
-                    return self.grant(manager, fencing_token, sent_at).map(Some);
+                    return self.grant(manager, fencing_token, sent_at, None).map(Some);
                 }
                 Attempt::Busy(remaining) => remaining,
             };
@@ -449,10 +465,108 @@ impl Acquisition<'_> {
         }
     }
 
+    /// A fair lock's acquisition: every attempt of a waiting acquisition
+    /// queues it up in Redis (or refreshes its queue entry), from the first;
+    /// the lock comes by a hand-off message naming this waiter's owner token,
+    /// or, when that message is lost, by the next attempt, which finds the
+    /// lock already ours. Each waiter attempts on its own timer (not only the
+    /// first in line of this manager), since each must refresh its entry.
+    async fn run_fair(
+        mut self,
+        manager: Arc<ManagerInner>,
+        patience: Patience,
+        wait: Duration,
+    ) -> Result<Option<LockGuard>, LockError> {
+        let deadline = self.started + wait;
+        if patience == Patience::Once || wait.is_zero() {
+            // Without waiting: nothing is queued.
+            return match self.attempt().await? {
+                Attempt::Acquired {
+                    fencing_token,
+                    sent_at,
+                } => self.grant(manager, fencing_token, sent_at, None).map(Some),
+                Attempt::Busy(_) if patience == Patience::Once => {
+                    telemetry::busy(self.metrics_label);
+                    Ok(None)
+                }
+                Attempt::Busy(_) => Err(self.timeout()),
+            };
+        }
+        let core = self.core.clone();
+        // Listening before the first attempt queues us up; a hand-off published
+        // before the subscription is confirmed is made up for by the attempt
+        // every waiter makes once it is (it finds the lock already ours).
+        let registration = core.subscriber.register(&self.keys.channel);
+        let handoff = core.subscriber.expect_handoff(&self.owner);
+        self.waiting = true;
+        // Leaving without the lock withdraws our queue entry (and gives back a
+        // lock handed to us meanwhile) in the background.
+        let withdraw = WithdrawIntent {
+            core: core.clone(),
+            key: self.key.clone(),
+            keys: self.keys.clone(),
+            owner: self.owner.clone(),
+            lease: self.lease,
+            armed: true,
+        };
+        let mut woken = pin!(registration.woken());
+        woken.as_mut().enable();
+        loop {
+            if let Attempt::Acquired {
+                fencing_token,
+                sent_at,
+            } = self.attempt().await?
+            {
+                withdraw.disarm();
+                return self.grant(manager, fencing_token, sent_at, None).map(Some);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(self.timeout());
+            }
+            let nap = (FAIR_REFRESH + Backoff::jitter(FAIR_REFRESH)).min(deadline - now);
+            tokio::select! {
+                fencing_token = handoff.handed_off() => {
+                    withdraw.disarm();
+                    // The hand-off came after our last attempt, which found the
+                    // lock busy: its TTL runs from later than that attempt.
+                    let ttl = self.handoff_ttl();
+                    let sent_at = self.last_sent;
+                    tracing::trace!(target: "distlock::acquire", fencing_token, "handed off");
+                    return self.grant(manager, fencing_token, sent_at, Some(ttl)).map(Some);
+                }
+                _ = woken.as_mut() => {
+                    // The subscription is (re-)confirmed, or the manager is
+                    // shutting down: look again at once.
+                    woken.set(registration.woken());
+                    woken.as_mut().enable();
+                }
+                _ = tokio::time::sleep(nap) => {}
+            }
+            if core.is_shut_down() {
+                return Err(LockError::ShutDown {
+                    key: self.key.clone(),
+                });
+            }
+        }
+    }
+
+    /// The TTL a release gives the lock when it hands it to this fair waiter:
+    /// at most the queue lease when the holder renews (its first renewal
+    /// brings it up to the lease), the lease when it does not.
+    fn handoff_ttl(&self) -> Duration {
+        if self.renew {
+            self.lease.min(FAIR_QUEUE_LEASE)
+        } else {
+            self.lease
+        }
+    }
+
     /// One acquire script.
     async fn attempt(&mut self) -> Result<Attempt, LockError> {
         self.attempts += 1;
         let sent_at = Instant::now();
+        self.last_sent = sent_at;
         let lease_ms = u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX);
         let retention_ms =
             u64::try_from(self.core.config.fence_retention.as_millis()).unwrap_or(u64::MAX);
@@ -484,6 +598,9 @@ impl Acquisition<'_> {
                     since_ms: crate::info::now_ms(),
                     holder: &self.core.config.holder,
                     resize_permits: self.resize_permits,
+                    queue_lease_ms: u64::try_from(FAIR_QUEUE_LEASE.as_millis()).unwrap_or(u64::MAX),
+                    handoff_ttl_ms: u64::try_from(self.handoff_ttl().as_millis())
+                        .unwrap_or(u64::MAX),
                 },
             )
             .await;
@@ -521,11 +638,14 @@ impl Acquisition<'_> {
 
     /// Hands the lock to a guard. The acquisition is done with its names and
     /// owner token, so the lease takes them over rather than copies them.
+    /// `handed_off`: the lock came by a fair lock's hand-off, which set this
+    /// TTL some time after `sent_at` (see `Lease::handed_off`).
     fn grant(
         self,
         manager: Arc<ManagerInner>,
         fencing_token: u64,
         sent_at: Instant,
+        handed_off: Option<Duration>,
     ) -> Result<LockGuard, LockError> {
         let Acquisition {
             core,
@@ -541,6 +661,7 @@ impl Acquisition<'_> {
             started,
             attempts,
             waiting: _,
+            last_sent: _,
         } = self;
         let lease = Arc::new(Lease::new(NewLease {
             id: config::next_id(),
@@ -558,6 +679,9 @@ impl Acquisition<'_> {
             sent_at,
             acquired_at: Instant::now(),
         }));
+        if let Some(ttl) = handed_off {
+            lease.handed_off(sent_at, ttl);
+        }
         if !core.renewals.insert(lease.clone()) {
             // The manager was shut down while this attempt was in flight: give
             // the lock straight back.
@@ -609,9 +733,11 @@ enum Attempt {
     Busy(Option<Duration>),
 }
 
-/// A writer's intent left in Redis by a waiting write acquisition: released
-/// (the write release script withdraws it) if the acquisition ends without the
-/// lock, so that readers are not kept out for the rest of its lease.
+/// A writer's intent left in Redis by a waiting write acquisition, or a fair
+/// waiter's queue entry: released (the write or fair release script withdraws
+/// it) if the acquisition ends without the lock, so that readers are not kept
+/// out for the rest of its lease, or the fair lock's queue is not held up for
+/// the rest of the entry's queue lease.
 struct WithdrawIntent {
     core: Arc<Core>,
     key: String,

@@ -9,6 +9,11 @@
 //! may have been published while nobody listened. A wake-up whose payload starts
 //! with `*` (a read-write lock's) wakes every waiter of the channel: several
 //! readers may enter at once, and a writer must not be passed over.
+//!
+//! A fair lock's release hands the lock to the head of its queue in Redis and
+//! publishes `=<owner>:<fencing token>`: such a message goes only to the
+//! waiter with that owner token (see [`Subscriber::expect_handoff`]), which then
+//! holds the lock without another round trip. Other waiters are not woken.
 
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -39,6 +44,16 @@ pub(crate) struct Subscriber {
     dedupe: AtomicBool,
     /// Wake-up messages that woke a waiter (after de-duplication), for tests.
     delivered: AtomicU64,
+    /// Fair waiters of this manager expecting a hand-off, by owner token.
+    handoffs: Mutex<HashMap<String, Arc<HandoffSlot>>>,
+}
+
+/// Where a hand-off addressed to one fair waiter is left for it.
+#[derive(Default)]
+struct HandoffSlot {
+    /// The fencing token the hand-off issued, until the waiter takes it.
+    token: Mutex<Option<u64>>,
+    notify: Notify,
 }
 
 struct Channel {
@@ -61,6 +76,44 @@ impl Subscriber {
             changes,
             dedupe: AtomicBool::new(false),
             delivered: AtomicU64::new(0),
+            handoffs: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn handoffs(&self) -> MutexGuard<'_, HashMap<String, Arc<HandoffSlot>>> {
+        self.handoffs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Makes hand-offs to `owner` (a fair waiter's owner token) reach the
+    /// returned [`Handoff`] until it is dropped. The waiter must also be
+    /// [registered](Self::register) on the lock's channel, which subscribes.
+    pub(crate) fn expect_handoff(&self, owner: &str) -> Handoff<'_> {
+        let slot = Arc::new(HandoffSlot::default());
+        self.handoffs().insert(owner.to_owned(), slot.clone());
+        Handoff {
+            subscriber: self,
+            owner: owner.to_owned(),
+            slot,
+        }
+    }
+
+    /// Routes a hand-off message (`<owner>:<token>`, after its `=`) to the
+    /// waiter with that owner token, if it is one of ours.
+    fn hand_off(&self, message: &[u8]) {
+        let Some((owner, token)) = std::str::from_utf8(message)
+            .ok()
+            .and_then(|m| m.rsplit_once(':'))
+        else {
+            return;
+        };
+        let Ok(token) = token.parse::<u64>() else {
+            return;
+        };
+        let slot = self.handoffs().get(owner).cloned();
+        if let Some(slot) = slot {
+            *slot.token.lock().unwrap_or_else(|e| e.into_inner()) = Some(token);
+            self.delivered.fetch_add(1, Ordering::Relaxed);
+            slot.notify.notify_one();
         }
     }
 
@@ -175,6 +228,45 @@ impl Registration<'_> {
     }
 }
 
+/// A fair waiter's expectation of a hand-off; ends when dropped.
+pub(crate) struct Handoff<'a> {
+    subscriber: &'a Subscriber,
+    owner: String,
+    slot: Arc<HandoffSlot>,
+}
+
+impl Handoff<'_> {
+    /// The fencing token of the hand-off to this waiter, once one is heard.
+    /// Cancel-safe: a hand-off heard while nobody polls is kept for the next call.
+    pub(crate) async fn handed_off(&self) -> u64 {
+        loop {
+            let notified = self.slot.notify.notified();
+            if let Some(token) = self
+                .slot
+                .token
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take()
+            {
+                return token;
+            }
+            notified.await;
+        }
+    }
+}
+
+impl Drop for Handoff<'_> {
+    fn drop(&mut self) {
+        let mut handoffs = self.subscriber.handoffs();
+        if handoffs
+            .get(&self.owner)
+            .is_some_and(|slot| Arc::ptr_eq(slot, &self.slot))
+        {
+            handoffs.remove(&self.owner);
+        }
+    }
+}
+
 impl Drop for Registration<'_> {
     fn drop(&mut self) {
         let mut channels = self.subscriber.channels();
@@ -255,6 +347,8 @@ async fn run_source(sub: &Subscriber, backend: &Backend, source: usize) {
                             sub.delivered.fetch_add(1, Ordering::Relaxed);
                             sub.wake_all(msg.get_channel_name());
                         }
+                        // A fair lock's hand-off: only its new holder hears it.
+                        [b'=', handoff @ ..] => sub.hand_off(handoff),
                         payload => sub.wake_one(msg.get_channel_name(), payload),
                     }
                 }
@@ -354,6 +448,12 @@ impl Default for Backoff {
 }
 
 impl Backoff {
+    /// A random sleep in `[0, max]`.
+    pub(crate) fn jitter(max: Duration) -> Duration {
+        let nanos = u64::try_from(max.as_nanos()).unwrap_or(u64::MAX);
+        Duration::from_nanos(random_u64() % nanos.saturating_add(1))
+    }
+
     pub(crate) fn next(&mut self, holder_remaining: Option<Duration>) -> Duration {
         let cap = self
             .cap

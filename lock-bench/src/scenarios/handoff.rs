@@ -10,6 +10,9 @@
 //! * **distlock**: [`TASKS`] tasks loop acquire / empty body / release on one
 //!   key, spread over [`MANAGERS`] `LockManager`s (each its own connections and
 //!   subscriber), as processes of one service would be.
+//! * **distlock fair_lock**: the same loop on `LockManager::fair_lock`, over
+//!   [`FAIR_MANAGERS`] managers: waiters queue in Redis and each release hands
+//!   the lock to the head of the queue (no acquire round trip).
 //! * **rslock**: the same, on [`MANAGERS`] rslock managers (single server only:
 //!   rslock has no Redis Cluster support).
 //!
@@ -43,6 +46,7 @@ use crate::scenarios::common::{manager, nanos, owner_token, Env, LEASE, LEASE_MS
 
 const TASKS: usize = 16;
 const MANAGERS: usize = 2;
+const FAIR_MANAGERS: usize = 4;
 const FLOOR_CLIENTS: usize = 2;
 const KEY: &str = "bench:handoff";
 
@@ -50,6 +54,7 @@ const FLOOR_LABEL: &str = "true hand-off floor (same scripts, 2 clients alternat
 const CLUSTER_FLOOR_LABEL: &str =
     "true hand-off cluster floor (same scripts, 2 clients alternating)";
 const DISTLOCK_LABEL: &str = "distlock (16 tasks, 2 managers)";
+const FAIR_LABEL: &str = "distlock fair_lock (16 tasks, 4 managers)";
 const RSLOCK_LABEL: &str = "rslock 0.10 (16 tasks, 2 managers)";
 const SINGLE_NODE_LABEL: &str = "distlock single-node (member 1; 16 tasks, 2 managers)";
 const REDLOCK_LABEL: &str = "distlock Redlock (5 members; 16 tasks, 2 managers)";
@@ -57,6 +62,7 @@ const REDLOCK_LABEL: &str = "distlock Redlock (5 members; 16 tasks, 2 managers)"
 #[derive(Clone)]
 enum Imp {
     Distlock(Vec<LockManager>),
+    Fair(Vec<LockManager>),
     Rslock(Vec<rslock::LockManager>),
 }
 
@@ -71,13 +77,21 @@ impl Imp {
             Imp::Distlock(m) => {
                 Held::Distlock(m[me % m.len()].lock(KEY).lease(LEASE).acquire().await?)
             }
+            Imp::Fair(m) => Held::Distlock(
+                m[me % m.len()]
+                    .fair_lock(KEY)
+                    .lease(LEASE)
+                    .wait(Duration::from_secs(30))
+                    .acquire()
+                    .await?,
+            ),
             Imp::Rslock(m) => Held::Rslock(m[me % m.len()].acquire_no_guard(KEY, LEASE).await?),
         })
     }
 
     async fn release(&self, me: usize, held: Held) -> Result<()> {
         match (self, held) {
-            (Imp::Distlock(_), Held::Distlock(g)) => g.release().await?,
+            (Imp::Distlock(_) | Imp::Fair(_), Held::Distlock(g)) => g.release().await?,
             (Imp::Rslock(m), Held::Rslock(lock)) => m[me % m.len()].unlock(&lock).await,
             _ => bail!("handoff: a lock released by the wrong implementation"),
         }
@@ -161,7 +175,7 @@ struct Round {
 async fn library_round(env: &Env, imp: &Imp, duration: Duration) -> Result<Round> {
     let last: LastRelease = Arc::default();
     let groups = match imp {
-        Imp::Distlock(m) => m.len(),
+        Imp::Distlock(m) | Imp::Fair(m) => m.len(),
         Imp::Rslock(m) => m.len(),
     };
     let before = env.snapshot().await?;
@@ -433,10 +447,23 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
             rslock.push(rslock::LockManager::new(vec![env.url.clone()]));
         }
     }
+    let mut fair = Vec::new();
+    for _ in 0..FAIR_MANAGERS {
+        fair.push(manager(&env.target).await?);
+    }
+    let floor_label = if cluster {
+        CLUSTER_FLOOR_LABEL
+    } else {
+        FLOOR_LABEL
+    };
+    let mut labels = vec![floor_label, DISTLOCK_LABEL];
     let mut imps = vec![Imp::Distlock(distlock)];
     if !cluster {
         imps.push(Imp::Rslock(rslock));
+        labels.push(RSLOCK_LABEL);
     }
+    imps.push(Imp::Fair(fair));
+    labels.push(FAIR_LABEL);
     // Index 0 is the floor, then the libraries.
     let mut totals: Vec<Totals> = (0..=imps.len()).map(|_| Totals::default()).collect();
     floor_round(env, warm).await?;
@@ -453,12 +480,6 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
             totals[i].add(round)?;
         }
     }
-    let floor_label = if cluster {
-        CLUSTER_FLOOR_LABEL
-    } else {
-        FLOOR_LABEL
-    };
-    let labels = [floor_label, DISTLOCK_LABEL, RSLOCK_LABEL];
     let rows = labels
         .iter()
         .zip(totals)
@@ -503,6 +524,7 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
         "acq/task min/mean",
         Check::AtLeast(0.5),
     ));
+    notes.push(format!("fair_lock: {TASKS} tasks over {FAIR_MANAGERS} managers; waiters queue in Redis in arrival order and the release hands the lock to the head (no acquire round trip); waiters refresh their queue entry every 0.4-0.8 s"));
     let libraries = if cluster {
         "distlock"
     } else {

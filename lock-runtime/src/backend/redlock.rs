@@ -479,6 +479,8 @@ impl Redlock {
                 since_ms: crate::info::now_ms(),
                 holder: &self.holder,
                 resize_permits: false,
+                queue_lease_ms: 0,
+                handoff_ttl_ms: 0,
             };
             let timeout = self.member_timeout(lease_ms);
             let reclaimed = self

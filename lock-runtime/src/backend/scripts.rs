@@ -58,6 +58,12 @@ pub(crate) struct AcquireSpec<'a> {
     /// For a semaphore: replace the permit count its holders use with this
     /// request's (an explicit resize) rather than refuse a different one.
     pub(crate) resize_permits: bool,
+    /// For a fair lock: how long the caller's queue entry lasts unless its
+    /// next attempt refreshes it (milliseconds).
+    pub(crate) queue_lease_ms: u64,
+    /// For a fair lock: the TTL the lock gets when a release hands it to the
+    /// caller (see `scripts/fair_acquire.lua`).
+    pub(crate) handoff_ttl_ms: u64,
 }
 
 /// One script: its source, for SCRIPT LOAD, and its SHA1, for EVALSHA.
@@ -306,6 +312,19 @@ pub(crate) struct Scripts {
     permit_acquire: Lua,
     permit_release: Lua,
     shared_renew: Lua,
+    fair_acquire: Lua,
+    fair_release: Lua,
+}
+
+/// A script of a fair lock, after the helpers of every kind and its own.
+macro_rules! with_fair_prelude {
+    ($file:literal) => {
+        Lua::new(concat!(
+            include_str!("../scripts/shared_prelude.lua"),
+            include_str!("../scripts/fair_prelude.lua"),
+            include_str!(concat!("../scripts/", $file))
+        ))
+    };
 }
 
 /// A script of a read-write lock or a semaphore, after the helpers they share.
@@ -335,6 +354,8 @@ impl Scripts {
             permit_acquire: with_prelude!("permit_acquire.lua"),
             permit_release: with_prelude!("permit_release.lua"),
             shared_renew: with_prelude!("shared_renew.lua"),
+            fair_acquire: with_fair_prelude!("fair_acquire.lua"),
+            fair_release: with_fair_prelude!("fair_release.lua"),
         }
     }
 
@@ -344,6 +365,7 @@ impl Scripts {
             LockKind::Write => &self.write_acquire,
             LockKind::Read => &self.read_acquire,
             LockKind::Permit { .. } => &self.permit_acquire,
+            LockKind::Fair => &self.fair_acquire,
         }
     }
 
@@ -353,12 +375,14 @@ impl Scripts {
             LockKind::Write => &self.write_release,
             LockKind::Read => &self.read_release,
             LockKind::Permit { .. } => &self.permit_release,
+            LockKind::Fair => &self.fair_release,
         }
     }
 
     fn renew_lua(&self, kind: LockKind) -> &Lua {
         match kind {
-            LockKind::Exclusive | LockKind::Write => &self.renew,
+            // A fair lock's hold is a string in the lock's format.
+            LockKind::Exclusive | LockKind::Write | LockKind::Fair => &self.renew,
             LockKind::Read | LockKind::Permit { .. } => &self.shared_renew,
         }
     }
@@ -490,6 +514,11 @@ impl Scripts {
             LockKind::Permit { .. } => {
                 lua.call(&[&keys.lock, &keys.fence, &keys.related], 6, args_len)
             }
+            LockKind::Fair => lua.call(
+                &[&keys.lock, &keys.fence, &keys.related, &keys.intent],
+                9,
+                args_len + keys.channel.len() + 40,
+            ),
         };
         cmd.arg(owner)
             .arg(lease_ms)
@@ -498,6 +527,13 @@ impl Scripts {
         match keys.kind {
             LockKind::Exclusive | LockKind::Write => {
                 cmd.arg(spec.since_ms).arg(spec.holder);
+            }
+            LockKind::Fair => {
+                cmd.arg(spec.since_ms)
+                    .arg(spec.holder)
+                    .arg(spec.queue_lease_ms)
+                    .arg(spec.handoff_ttl_ms)
+                    .arg(&keys.channel);
             }
             LockKind::Read => {}
             LockKind::Permit { permits } => {
@@ -586,6 +622,11 @@ impl Scripts {
             LockKind::Exclusive => lua.call(&[&keys.lock], 3, args_len),
             LockKind::Write | LockKind::Read => lua.call(&[&keys.lock, &keys.intent], 3, args_len),
             LockKind::Permit { .. } => lua.call(&[&keys.lock, &keys.related], 3, args_len),
+            LockKind::Fair => lua.call(
+                &[&keys.lock, &keys.fence, &keys.related, &keys.intent],
+                3,
+                args_len,
+            ),
         };
         cmd.arg(owner).arg(&keys.channel).arg(keep_ms);
         cmd
@@ -749,6 +790,8 @@ impl Scripts {
             since_ms: 0,
             holder: "distlock start-up probe",
             resize_permits: false,
+            queue_lease_ms: 0,
+            handoff_ttl_ms: 0,
         };
         let acquire = self.acquire_cmd(keys, owner, lease_ms, &spec);
         pipe.add_command(acquire.clone());

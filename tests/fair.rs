@@ -1,0 +1,597 @@
+//! Fair locks: waiters of several managers (each with its own connections, as
+//! separate processes would have) are served in arrival order, through a
+//! direct hand-off at release; dead and cancelled waiters do not hold up the
+//! queue; the hand-off costs the new holder no round trip; and the same on a
+//! Redis Cluster.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+use distlock::testing::RedisCluster;
+use distlock::{distributed_lock, LockError, LockGuard, LockManager};
+use redis::aio::MultiplexedConnection;
+
+/// The Redis name of fair-lock `kind` (`fair`, `fairq`, `fairqe`, ...) of `key`
+/// that exists now on the server behind `conn`, if any.
+async fn fair_name(conn: &mut MultiplexedConnection, kind: &str, key: &str) -> Option<String> {
+    let names: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("distlock:{kind}:*"))
+        .query_async(conn)
+        .await
+        .expect("KEYS");
+    names
+        .into_iter()
+        .find(|n| n.ends_with(&format!("}}:{key}")))
+}
+
+/// How many waiters the fair lock `key` has queued, over the servers behind
+/// `conns` (one, or every master of a cluster).
+async fn queue_len(conns: &mut [MultiplexedConnection], key: &str) -> usize {
+    let mut n = 0;
+    for conn in conns.iter_mut() {
+        if let Some(queue) = fair_name(conn, "fairq", key).await {
+            let len: usize = redis::cmd("ZCARD")
+                .arg(&queue)
+                .query_async(conn)
+                .await
+                .expect("ZCARD");
+            n += len;
+        }
+    }
+    n
+}
+
+async fn wait_for_queue(conns: &mut [MultiplexedConnection], key: &str, len: usize) {
+    let reached = eventually(Duration::from_secs(10), async || {
+        queue_len(conns, key).await == len
+    })
+    .await;
+    assert!(
+        reached.is_some(),
+        "the queue of {key} never had {len} entries"
+    );
+}
+
+/// Starts waiters on `managers` (waiter `i` on manager `i % managers.len()`),
+/// one at a time, each queued before the next starts; each records its number
+/// when it gets the lock, holds it 20 ms and releases it.
+async fn queue_waiters(
+    managers: &[LockManager],
+    conns: &mut [MultiplexedConnection],
+    key: &str,
+    count: usize,
+    served: &Arc<Mutex<Vec<usize>>>,
+) -> Vec<tokio::task::JoinHandle<u64>> {
+    let mut tasks = Vec::new();
+    for i in 0..count {
+        let m = managers[i % managers.len()].clone();
+        let owned_key = key.to_owned();
+        let served = served.clone();
+        tasks.push(tokio::spawn(async move {
+            let guard = m
+                .fair_lock(&owned_key)
+                .wait(Duration::from_secs(30))
+                .acquire()
+                .await
+                .unwrap();
+            served.lock().unwrap().push(i);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let token = guard.fencing_token();
+            guard.release().await.unwrap();
+            token
+        }));
+        wait_for_queue(conns, key, i + 1).await;
+    }
+    tasks
+}
+
+async fn managers(redis: &distlock::testing::RedisServer, n: usize) -> Vec<LockManager> {
+    let mut all = Vec::new();
+    for _ in 0..n {
+        all.push(manager(redis).await);
+    }
+    all
+}
+
+#[tokio::test]
+async fn waiters_of_four_managers_are_served_in_arrival_order() {
+    let redis = server();
+    let ms = managers(&redis, 4).await;
+    let mut conns = vec![raw(&redis).await];
+    let holder = manager(&redis).await;
+
+    let guard = holder.fair_lock("turns").acquire().await.unwrap();
+    let first_token = guard.fencing_token();
+    let served = Arc::new(Mutex::new(Vec::new()));
+    let tasks = queue_waiters(&ms, &mut conns, "turns", 8, &served).await;
+    guard.release().await.unwrap();
+    let mut tokens = vec![first_token];
+    for t in tasks {
+        tokens.push(t.await.unwrap());
+    }
+    assert_eq!(*served.lock().unwrap(), (0..8).collect::<Vec<_>>());
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "fencing tokens increase along the queue: {tokens:?}"
+    );
+    // Nothing is left behind but the fencing counter.
+    assert_eq!(fair_name(&mut conns[0], "fairq", "turns").await, None);
+    assert_eq!(fair_name(&mut conns[0], "fairqe", "turns").await, None);
+    assert_eq!(fair_name(&mut conns[0], "fair", "turns").await, None);
+}
+
+#[tokio::test]
+async fn arrival_order_holds_when_the_holders_lease_runs_out() {
+    let redis = server();
+    let ms = managers(&redis, 4).await;
+    let mut conns = vec![raw(&redis).await];
+    let holder = manager(&redis).await;
+
+    let guard = holder
+        .fair_lock("expiring")
+        .lease(Duration::from_secs(1))
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    let served = Arc::new(Mutex::new(Vec::new()));
+    let tasks = queue_waiters(&ms, &mut conns, "expiring", 8, &served).await;
+    // The holder vanishes without a release: its lease runs out.
+    std::mem::forget(guard);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(*served.lock().unwrap(), (0..8).collect::<Vec<_>>());
+}
+
+/// A queue entry nobody refreshes (its waiter died: inserted here by hand, with
+/// a 1.5 s queue lease and hand-off TTL) holds up the waiter behind it no longer
+/// than that.
+#[tokio::test]
+async fn a_dead_waiter_holds_up_the_queue_at_most_its_queue_lease() {
+    let redis = server();
+    let holder = manager(&redis).await;
+    let live = manager(&redis).await;
+    let mut conns = vec![raw(&redis).await];
+    let guard = holder.fair_lock("dead").acquire().await.unwrap();
+
+    let lock = fair_name(&mut conns[0], "fair", "dead").await.unwrap();
+    let queue = lock.replacen("distlock:fair:", "distlock:fairq:", 1);
+    let entries = lock.replacen("distlock:fair:", "distlock:fairqe:", 1);
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conns[0]).await.unwrap();
+    let expiry = secs * 1000 + micros / 1000 + 1500;
+    let _: () = redis::pipe()
+        .cmd("ZADD")
+        .arg(&queue)
+        .arg(1)
+        .arg("dead-waiter")
+        .cmd("HSET")
+        .arg(&entries)
+        .arg("dead-waiter")
+        .arg(format!("{expiry}:1500:0:a dead waiter"))
+        .query_async(&mut conns[0])
+        .await
+        .unwrap();
+
+    let waiter = tokio::spawn(async move {
+        let g = live
+            .fair_lock("dead")
+            .wait(Duration::from_secs(10))
+            .acquire()
+            .await
+            .unwrap();
+        let at = Instant::now();
+        g.release().await.unwrap();
+        at
+    });
+    wait_for_queue(&mut conns, "dead", 2).await;
+    let released = Instant::now();
+    guard.release().await.unwrap();
+    let got = waiter.await.unwrap();
+    let delay = got - released;
+    assert!(
+        delay < Duration::from_millis(1500 + 1200),
+        "held up {delay:?} by a dead waiter with a 1.5 s queue lease"
+    );
+}
+
+/// A waiter queued in a runtime that goes away (its process dies: no
+/// withdrawal, no refresh, its connections closed) holds up the waiter behind
+/// it at most its queue lease (3 s) after the hand-off it never hears.
+#[tokio::test]
+async fn a_waiter_whose_runtime_dies_holds_up_the_queue_at_most_its_queue_lease() {
+    let redis = server();
+    let holder = manager(&redis).await;
+    let live = manager(&redis).await;
+    let mut conns = vec![raw(&redis).await];
+    let guard = holder.fair_lock("killed").acquire().await.unwrap();
+
+    let url = redis.url();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let m = manager_at(&url).await;
+            tokio::spawn(async move {
+                let _ = m
+                    .fair_lock("killed")
+                    .wait(Duration::from_secs(60))
+                    .acquire()
+                    .await;
+            });
+            let mut conns = [redis::Client::open(url.as_str())
+                .unwrap()
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap()];
+            wait_for_queue(&mut conns, "killed", 1).await;
+        });
+        // The waiter's task, its manager and its connections go with the
+        // runtime; the withdrawal it would spawn finds no runtime to run on.
+        drop(rt);
+    })
+    .join()
+    .unwrap();
+    assert_eq!(queue_len(&mut conns, "killed").await, 1, "left queued");
+
+    let waiter = tokio::spawn(async move {
+        let g = live
+            .fair_lock("killed")
+            .wait(Duration::from_secs(15))
+            .acquire()
+            .await
+            .unwrap();
+        let at = Instant::now();
+        g.release().await.unwrap();
+        at
+    });
+    wait_for_queue(&mut conns, "killed", 2).await;
+    let released = Instant::now();
+    guard.release().await.unwrap();
+    let got = waiter.await.unwrap();
+    let delay = got - released;
+    assert!(
+        delay < Duration::from_millis(3000 + 1200),
+        "held up {delay:?} by a dead waiter with a 3 s queue lease"
+    );
+}
+
+#[tokio::test]
+async fn a_cancelled_waiter_withdraws_and_the_next_gets_the_lock_directly() {
+    let redis = server();
+    let ms = managers(&redis, 3).await;
+    let mut conns = vec![raw(&redis).await];
+    let guard = ms[0].fair_lock("cancel").acquire().await.unwrap();
+
+    // Dropped while queued: the acquire future is aborted.
+    let cancelled = {
+        let m = ms[1].clone();
+        tokio::spawn(async move {
+            let _ = m
+                .fair_lock("cancel")
+                .wait(Duration::from_secs(30))
+                .acquire()
+                .await;
+        })
+    };
+    wait_for_queue(&mut conns, "cancel", 1).await;
+    // Gives up at its wait: `tokio::time::timeout` around a longer wait.
+    let timed_out = {
+        let m = ms[1].clone();
+        tokio::spawn(async move {
+            tokio::time::timeout(
+                Duration::from_millis(600),
+                m.fair_lock("cancel")
+                    .wait(Duration::from_secs(30))
+                    .acquire(),
+            )
+            .await
+            .is_err()
+        })
+    };
+    wait_for_queue(&mut conns, "cancel", 2).await;
+    let next = {
+        let m = ms[2].clone();
+        tokio::spawn(async move {
+            let g = m
+                .fair_lock("cancel")
+                .wait(Duration::from_secs(30))
+                .acquire()
+                .await
+                .unwrap();
+            let at = Instant::now();
+            g.release().await.unwrap();
+            at
+        })
+    };
+    wait_for_queue(&mut conns, "cancel", 3).await;
+    cancelled.abort();
+    assert!(cancelled.await.unwrap_err().is_cancelled());
+    assert!(timed_out.await.unwrap(), "the timeout fired");
+    wait_for_queue(&mut conns, "cancel", 1).await;
+
+    let released = Instant::now();
+    guard.release().await.unwrap();
+    let got = next.await.unwrap();
+    assert!(
+        got - released < Duration::from_millis(300),
+        "the next waiter is handed the lock, not left to its timer: {:?}",
+        got - released
+    );
+
+    // A fair waiter whose own `wait` runs out withdraws too.
+    let g = ms[0].fair_lock("cancel").acquire().await.unwrap();
+    let err = ms[1]
+        .fair_lock("cancel")
+        .wait(Duration::from_millis(300))
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::Timeout { .. }), "{err:?}");
+    wait_for_queue(&mut conns, "cancel", 0).await;
+    g.release().await.unwrap();
+}
+
+/// Calls per command since the last `CONFIG RESETSTAT` (as in round_trips.rs).
+async fn command_calls(raw: &mut MultiplexedConnection) -> std::collections::BTreeMap<String, u64> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(raw)
+        .await
+        .unwrap();
+    info.lines()
+        .filter_map(|line| {
+            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest
+                .strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()?;
+            (!name.starts_with("config") && !name.starts_with("info"))
+                .then(|| (name.to_owned(), calls))
+        })
+        .collect()
+}
+
+/// From the release to the new holder: one EVALSHA (the release, which hands
+/// the lock off and publishes), and no acquire call by the waiter (its first
+/// renewal, which brings the hand-off's short TTL up to its lease, may come
+/// right after). A waiter's
+/// periodic refresh (every 0.4 to 0.8 s) may fall into the measured window,
+/// so up to three cycles are measured and one clean one is required.
+#[tokio::test]
+async fn the_handoff_costs_the_new_holder_no_round_trip() {
+    let redis = server();
+    let a = manager(&redis).await;
+    let b = manager(&redis).await;
+    let mut conns = vec![raw(&redis).await];
+    let mut seen = Vec::new();
+    for round in 0..3 {
+        let key = format!("cost:{round}");
+        let guard = a.fair_lock(&key).acquire().await.unwrap();
+        let (got_tx, got_rx) = tokio::sync::oneshot::channel();
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+        let waiter = {
+            let b = b.clone();
+            let key = key.clone();
+            tokio::spawn(async move {
+                let g = b
+                    .fair_lock(&key)
+                    .wait(Duration::from_secs(10))
+                    .acquire()
+                    .await
+                    .unwrap();
+                let _ = got_tx.send(g.fencing_token());
+                let _ = done_rx.await;
+                g.release().await.unwrap();
+            })
+        };
+        wait_for_queue(&mut conns, &key, 1).await;
+        // Subscribed too: the channel has its listener.
+        let channel = fair_name(&mut conns[0], "fair", &key)
+            .await
+            .unwrap()
+            .replacen("distlock:fair:", "distlock:fairwake:", 1);
+        let subscribed = eventually(Duration::from_secs(5), async || {
+            numsub(&mut conns[0], &channel).await == 1
+        })
+        .await;
+        assert!(subscribed.is_some());
+        let _: () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query_async(&mut conns[0])
+            .await
+            .unwrap();
+        let token = guard.fencing_token();
+        guard.release().await.unwrap();
+        let handed = got_rx.await.unwrap();
+        let calls = command_calls(&mut conns[0]).await;
+        assert_eq!(handed, token + 1);
+        let _ = done_tx.send(());
+        waiter.await.unwrap();
+        // Every acquire script starts with TIME (the server clock); so does the
+        // release. The new holder's first renewal (GET + PEXPIRE, no TIME) may
+        // follow at once: the hand-off's TTL is the 3 s queue lease, renewed
+        // a third of it after the waiter's last attempt.
+        if calls.get("time") == Some(&1) {
+            assert_eq!(calls.get("publish"), Some(&1), "{calls:#?}");
+            let renewals = calls.get("pexpire").copied().unwrap_or(0);
+            assert!(renewals <= 1, "{calls:#?}");
+            assert!(
+                calls.get("evalsha").copied().unwrap_or(0) <= 1 + 2 * renewals,
+                "only the release and the renewal: {calls:#?}"
+            );
+            return;
+        }
+        seen.push(calls);
+    }
+    panic!("every measured hand-off had more than the release's call: {seen:#?}");
+}
+
+/// A hand-off whose message is lost (made here by hand: the lock written in
+/// the head's name, its entry removed, nothing published) reaches the waiter
+/// at its next attempt, which finds the lock already its own.
+#[tokio::test]
+async fn a_lost_handoff_message_is_made_up_for_by_the_next_attempt() {
+    let redis = server();
+    let holder = manager(&redis).await;
+    let waiter_manager = manager(&redis).await;
+    let mut conns = vec![raw(&redis).await];
+    let guard = holder
+        .fair_lock("lost-msg")
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    let waiter = tokio::spawn(async move {
+        waiter_manager
+            .fair_lock("lost-msg")
+            .wait(Duration::from_secs(10))
+            .acquire()
+            .await
+            .unwrap()
+    });
+    wait_for_queue(&mut conns, "lost-msg", 1).await;
+    let lock = fair_name(&mut conns[0], "fair", "lost-msg").await.unwrap();
+    let queue = lock.replacen("distlock:fair:", "distlock:fairq:", 1);
+    let entries = lock.replacen("distlock:fair:", "distlock:fairqe:", 1);
+    let head: Vec<String> = redis::cmd("ZRANGE")
+        .arg(&queue)
+        .arg(0)
+        .arg(0)
+        .query_async(&mut conns[0])
+        .await
+        .unwrap();
+    let token = guard.fencing_token() + 1;
+    let _: () = redis::pipe()
+        .cmd("SET")
+        .arg(&lock)
+        .arg(format!("{}-{token}:0:handed off by hand", head[0]))
+        .arg("PX")
+        .arg(3000)
+        .cmd("DEL")
+        .arg(&queue)
+        .arg(&entries)
+        .query_async(&mut conns[0])
+        .await
+        .unwrap();
+    std::mem::forget(guard);
+    let got = tokio::time::timeout(Duration::from_secs(3), waiter)
+        .await
+        .expect("the next attempt comes within the hand-off's TTL")
+        .unwrap();
+    assert_eq!(got.fencing_token(), token);
+    assert!(!got.is_lost());
+    got.release().await.unwrap();
+    assert_eq!(fair_name(&mut conns[0], "fair", "lost-msg").await, None);
+}
+
+#[tokio::test]
+async fn fair_lock_reenters_and_is_a_lock_of_its_own() {
+    let redis = server();
+    let a = manager(&redis).await;
+    let b = manager(&redis).await;
+    let outer = a.fair_lock("own").acquire().await.unwrap();
+    // The exclusive lock of the same key string is another lock.
+    let plain = b
+        .lock("own")
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("other kind");
+    plain.release().await.unwrap();
+    assert!(b.fair_lock("own").try_acquire().await.unwrap().is_none());
+    let token = outer.fencing_token();
+    outer
+        .scope(async {
+            let inner = a.fair_lock("own").acquire().await.unwrap();
+            assert_eq!(inner.fencing_token(), token, "re-entered");
+            inner.release().await.unwrap();
+        })
+        .await;
+    outer.release().await.unwrap();
+    let again = b
+        .fair_lock("own")
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("free");
+    assert!(again.fencing_token() > token);
+    again.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn fair_locks_are_refused_on_redlock() {
+    let servers: Vec<_> = (0..3).map(|_| server()).collect();
+    let m = LockManager::redlock_builder(servers.iter().map(|s| s.url()))
+        .build()
+        .await
+        .unwrap();
+    let err = m.fair_lock("k").acquire().await.unwrap_err();
+    assert!(matches!(err, LockError::InvalidConfig(_)), "{err:?}");
+}
+
+#[tokio::test]
+async fn arrival_order_holds_on_a_cluster() {
+    let cluster = RedisCluster::process_wide().expect("cluster");
+    let mut ms = Vec::new();
+    for _ in 0..4 {
+        ms.push(
+            LockManager::cluster_builder(cluster.urls())
+                .build()
+                .await
+                .unwrap(),
+        );
+    }
+    let mut conns = Vec::new();
+    for url in cluster.urls() {
+        conns.push(
+            redis::Client::open(url.as_str())
+                .unwrap()
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap(),
+        );
+    }
+    let key = format!("fair-cluster:{}", std::process::id());
+    let guard = ms[0].fair_lock(&key).acquire().await.unwrap();
+    let served = Arc::new(Mutex::new(Vec::new()));
+    let tasks = queue_waiters(&ms, &mut conns, &key, 6, &served).await;
+    guard.release().await.unwrap();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(*served.lock().unwrap(), (0..6).collect::<Vec<_>>());
+}
+
+#[distributed_lock(key = "macro:{id}", fair = true, wait = "10s", manager = m, guard = held)]
+async fn fair_body(m: &LockManager, id: u64) -> Result<u64, LockError> {
+    let _: &LockGuard = held;
+    // The fair lock of the key is held; the exclusive lock of it is free.
+    let plain = m.lock(format!("macro:{id}")).try_acquire().await?;
+    plain.expect("another lock").release().await?;
+    Ok(held.fencing_token())
+}
+
+#[tokio::test]
+async fn the_macro_takes_a_fair_lock_with_fair_true() {
+    let redis = server();
+    let m = manager(&redis).await;
+    let mut conns = vec![raw(&redis).await];
+    let outer = m.fair_lock("macro:7").acquire().await.unwrap();
+    let task = {
+        let m = manager(&redis).await;
+        tokio::spawn(async move { fair_body(&m, 7).await.unwrap() })
+    };
+    // The macro's call waits in the fair lock's queue.
+    wait_for_queue(&mut conns, "macro:7", 1).await;
+    let token = outer.fencing_token();
+    outer.release().await.unwrap();
+    assert_eq!(task.await.unwrap(), token + 1);
+}
