@@ -207,6 +207,32 @@ async fn read_write_locks_and_semaphores_need_the_listed_sorted_set_commands() {
     assert_eq!(refused_commands(&mut raw).await, Vec::<String>::new());
 }
 
+/// What fair locks add to the least-privilege ACL (the README lists it): a
+/// queued waiter, its refresh and the hand-off run without a refusal.
+#[tokio::test]
+async fn fair_locks_need_the_listed_commands() {
+    let redis = server();
+    let mut raw = raw(&redis).await;
+    let fair = "+zadd +zrange +zrem +zcard +zscore +hset +hget +hdel";
+    acl_user(&mut raw, "locker", &format!("{LEAST_PRIVILEGE} {fair}")).await;
+    let a = LockManager::connect(&user_url(&redis, "locker"))
+        .await
+        .unwrap();
+    let b = LockManager::connect(&user_url(&redis, "locker"))
+        .await
+        .unwrap();
+    let held = a.fair_lock("f").acquire().await.unwrap();
+    let waiter = tokio::spawn(async move {
+        let g = b.fair_lock("f").acquire().await.unwrap();
+        g.release().await.unwrap();
+    });
+    // Past one refresh of the waiter's queue entry.
+    tokio::time::sleep(std::time::Duration::from_millis(1000)).await;
+    held.release().await.unwrap();
+    waiter.await.unwrap();
+    assert_eq!(refused_commands(&mut raw).await, Vec::<String>::new());
+}
+
 /// The commands Redis refused (its ACL LOG), other than `config|get`, which
 /// the README lists as optional: without it the eviction policy is not checked.
 async fn refused_commands(raw: &mut redis::aio::MultiplexedConnection) -> Vec<String> {
