@@ -337,28 +337,6 @@ async fn a_cancelled_waiter_withdraws_and_the_next_gets_the_lock_directly() {
     g.release().await.unwrap();
 }
 
-/// Calls per command since the last `CONFIG RESETSTAT` (as in round_trips.rs).
-async fn command_calls(raw: &mut MultiplexedConnection) -> std::collections::BTreeMap<String, u64> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(raw)
-        .await
-        .unwrap();
-    info.lines()
-        .filter_map(|line| {
-            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest
-                .strip_prefix("calls=")?
-                .split(',')
-                .next()?
-                .parse()
-                .ok()?;
-            (!name.starts_with("config") && !name.starts_with("info"))
-                .then(|| (name.to_owned(), calls))
-        })
-        .collect()
-}
-
 /// From the release to the new holder: one EVALSHA (the release, which hands
 /// the lock off and publishes), and no acquire call by the waiter (its first
 /// renewal, which brings the hand-off's short TTL up to its lease, may come
@@ -403,11 +381,7 @@ async fn the_handoff_costs_the_new_holder_no_round_trip() {
         })
         .await;
         assert!(subscribed.is_some());
-        let _: () = redis::cmd("CONFIG")
-            .arg("RESETSTAT")
-            .query_async(&mut conns[0])
-            .await
-            .unwrap();
+        reset_stats(&mut conns[0]).await;
         let token = guard.fencing_token();
         guard.release().await.unwrap();
         let handed = got_rx.await.unwrap();
