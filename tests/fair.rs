@@ -569,3 +569,67 @@ async fn the_macro_takes_a_fair_lock_with_fair_true() {
     outer.release().await.unwrap();
     assert_eq!(task.await.unwrap(), token + 1);
 }
+
+/// Uncontended, a fair lock costs what a plain lock does in round trips (one
+/// script to acquire, one to release, no publish), but more Redis commands
+/// inside the scripts (the server clock, the queue's head, the queue's tidy-up):
+/// counted here for 100 cycles of each, so a change to either shows.
+#[tokio::test]
+async fn an_uncontended_fair_cycle_is_two_script_calls() {
+    let redis = distlock::testing::RedisServer::spawn().unwrap();
+    let m = LockManager::connect(&redis.url()).await.unwrap();
+    let mut raw = redis.client().await.unwrap();
+    // Load the scripts first: a first call meets NOSCRIPT.
+    m.fair_lock("u")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    m.lock("u")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    reset_stats(&mut raw).await;
+    for _ in 0..100 {
+        m.lock("u")
+            .acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    let plain = command_calls(&mut raw).await;
+    reset_stats(&mut raw).await;
+    for _ in 0..100 {
+        m.fair_lock("u")
+            .acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    let fair = command_calls(&mut raw).await;
+    assert_eq!(plain.get("evalsha"), Some(&200), "{plain:#?}");
+    assert_eq!(fair.get("evalsha"), Some(&200), "{fair:#?}");
+    assert_eq!(fair.get("publish"), None, "{fair:#?}");
+    let total = |calls: &std::collections::BTreeMap<String, u64>| calls.values().sum::<u64>() / 100;
+    eprintln!(
+        "commands per cycle: plain {}, fair {} ({fair:?})",
+        total(&plain),
+        total(&fair)
+    );
+    assert_eq!(total(&plain), 7, "{plain:#?}");
+    assert_eq!(total(&fair), 13, "{fair:#?}");
+    assert_eq!(
+        fair.get("subscribe"),
+        None,
+        "a free lock needs no subscription"
+    );
+}

@@ -316,9 +316,11 @@ impl LockManager {
     /// Starts a request for the **fair** lock `key`: one holder, and waiters
     /// from every process served in arrival order.
     ///
-    /// - A waiting acquisition queues itself in Redis (a sorted set by arrival
-    ///   number under the key's hash tag) in the same script that finds the
-    ///   lock busy, and refreshes its entry with each attempt (every 0.4 to
+    /// - An acquisition first tries once without queueing (a free lock with
+    ///   nobody queued is taken without subscribing: uncontended, the cost of
+    ///   [`lock`](Self::lock) in round trips). Finding it busy, it subscribes
+    ///   and queues itself in Redis (a sorted set by arrival number under the
+    ///   key's hash tag) in its next script, and refreshes its entry with each attempt (every 0.4 to
     ///   0.8 s). Each entry has a queue lease of 3 s: a waiter that dies holds
     ///   up the queue at most that long; one that times out or is cancelled
     ///   withdraws its entry in the background.

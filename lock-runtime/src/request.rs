@@ -492,6 +492,17 @@ impl Acquisition<'_> {
                 Attempt::Busy(_) => Err(self.timeout()),
             };
         }
+        // First one attempt that does not queue: a free lock is taken without
+        // subscribing to its channel (a subscribe and an unsubscribe per cycle
+        // otherwise). It cannot overtake a queued waiter: the script serves
+        // the queue's head first. A busy lock costs this one attempt more.
+        if let Attempt::Acquired {
+            fencing_token,
+            sent_at,
+        } = self.attempt().await?
+        {
+            return self.grant(manager, fencing_token, sent_at, None).map(Some);
+        }
         let core = self.core.clone();
         // Listening before the first attempt queues us up; a hand-off published
         // before the subscription is confirmed is made up for by the attempt

@@ -41,8 +41,10 @@ if not held then
     local token = next_token(KEYS[2], ARGV[3])
     local value = ARGV[1] .. '-' .. string.format('%.0f', token) .. ':' .. ARGV[5] .. ':' .. ARGV[6]
     redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
-    fair_drop(KEYS[3], KEYS[4], ARGV[1])
-    fair_tidy(KEYS[3], KEYS[4])
+    if head then
+      fair_drop(KEYS[3], KEYS[4], ARGV[1])
+      fair_tidy(KEYS[3], KEYS[4])
+    end
     return {1, token, ARGV[1]}
   end
   fair_hand_off(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[9], now)

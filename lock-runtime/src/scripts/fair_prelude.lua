@@ -18,8 +18,9 @@
 -- the entry and publishes "=<owner>:<token>" on the wake-up channel, so that
 -- the waiter holds the lock without another round trip.
 local function fair_drop(queue, entries, owner)
-  redis.call('ZREM', queue, owner)
-  redis.call('HDEL', entries, owner)
+  if redis.call('ZREM', queue, owner) == 1 then
+    redis.call('HDEL', entries, owner)
+  end
 end
 
 local function fair_tidy(queue, entries)
@@ -75,7 +76,8 @@ end
 local function fair_hand_off(lock, fence, queue, entries, channel, now)
   local owner, ttl, fence_ttl, holder = fair_head(queue, entries, now)
   if not owner then
-    fair_tidy(queue, entries)
+    -- The queue is empty, and Redis deleted it with its last member; the
+    -- entries went with it (fair_drop removes both), or expire with their TTL.
     return nil
   end
   local token = next_token(fence, fence_ttl)
