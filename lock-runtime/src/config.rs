@@ -140,6 +140,16 @@ pub(crate) fn validate_lease(lease: Duration, what: &str) -> Result<(), LockErro
     Ok(())
 }
 
+/// Checks a `max_hold` or `min_hold`, when given: above zero, at most 30 days.
+pub(crate) fn validate_hold(hold: Option<Duration>, what: &str) -> Result<(), LockError> {
+    match hold {
+        Some(d) if d.is_zero() || d > MAX_DURATION => Err(LockError::InvalidConfig(format!(
+            "{what} is {d:?}; it must be above zero and at most 30 days"
+        ))),
+        _ => Ok(()),
+    }
+}
+
 pub(crate) fn validate_wait(wait: Duration, what: &str) -> Result<(), LockError> {
     if wait > MAX_DURATION {
         return Err(LockError::InvalidConfig(format!(

@@ -180,15 +180,8 @@ impl MultiLockRequest {
             min_hold,
             metrics_label,
         } = self;
-        for (name, value) in [("max_hold", max_hold), ("min_hold", min_hold)] {
-            if let Some(d) = value {
-                if d.is_zero() || d > config::MAX_DURATION {
-                    return Err(LockError::InvalidConfig(format!(
-                        "{name} is {d:?}; it must be above zero and at most 30 days"
-                    )));
-                }
-            }
-        }
+        config::validate_hold(max_hold, "max_hold")?;
+        config::validate_hold(min_hold, "min_hold")?;
         for key in &keys {
             keys::validate_key(key)?;
         }

@@ -237,20 +237,8 @@ impl LockRequest {
                 KeyPreview(&key)
             )));
         }
-        if let Some(max_hold) = max_hold {
-            if max_hold.is_zero() || max_hold > config::MAX_DURATION {
-                return Err(LockError::InvalidConfig(format!(
-                    "max_hold is {max_hold:?}; it must be above zero and at most 30 days"
-                )));
-            }
-        }
-        if let Some(min_hold) = min_hold {
-            if min_hold.is_zero() || min_hold > config::MAX_DURATION {
-                return Err(LockError::InvalidConfig(format!(
-                    "min_hold is {min_hold:?}; it must be above zero and at most 30 days"
-                )));
-            }
-        }
+        config::validate_hold(max_hold, "max_hold")?;
+        config::validate_hold(min_hold, "min_hold")?;
         keys::validate_key(&key)?;
         let core = manager.core.clone();
         let lease = lease.unwrap_or(core.config.default_lease);
