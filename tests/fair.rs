@@ -371,13 +371,20 @@ async fn the_handoff_costs_the_new_holder_no_round_trip() {
             })
         };
         wait_for_queue(&mut conns, &key, 1).await;
-        // Subscribed too: the channel has its listener.
+        // Subscribed too: the waiter's manager listens on its own hand-off
+        // channel, `<wake-up channel>:<route>`.
         let channel = fair_name(&mut conns[0], "fair", &key)
             .await
             .unwrap()
             .replacen("distlock:fair:", "distlock:fairwake:", 1);
         let subscribed = eventually(Duration::from_secs(5), async || {
-            numsub(&mut conns[0], &channel).await == 1
+            let listened: Vec<String> = redis::cmd("PUBSUB")
+                .arg("CHANNELS")
+                .arg(format!("{channel}:*"))
+                .query_async(&mut conns[0])
+                .await
+                .expect("PUBSUB CHANNELS");
+            listened.len() == 1 && numsub(&mut conns[0], &listened[0]).await == 1
         })
         .await;
         assert!(subscribed.is_some());

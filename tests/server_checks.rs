@@ -213,7 +213,7 @@ async fn read_write_locks_and_semaphores_need_the_listed_sorted_set_commands() {
 async fn fair_locks_need_the_listed_commands() {
     let redis = server();
     let mut raw = raw(&redis).await;
-    let fair = "+zadd +zrange +zrem +zcard +zscore +hset +hget +hdel";
+    let fair = "+zadd +zrange +zrem +hset +hget +hdel";
     acl_user(&mut raw, "locker", &format!("{LEAST_PRIVILEGE} {fair}")).await;
     let a = LockManager::connect(&user_url(&redis, "locker"))
         .await

@@ -126,6 +126,8 @@ pub struct Target {
 pub enum Check {
     AtMost(f64),
     AtLeast(f64),
+    /// Strictly below.
+    Below(f64),
 }
 
 impl Target {
@@ -189,6 +191,7 @@ impl Target {
         match self.check {
             Check::AtMost(l) => value <= l,
             Check::AtLeast(l) => value >= l,
+            Check::Below(l) => value < l,
         }
     }
 }

@@ -20,6 +20,11 @@ pub(crate) struct Core {
     pub(crate) backend: Backend,
     pub(crate) renewals: Renewals,
     pub(crate) subscriber: Subscriber,
+    /// This manager's hand-off route: fair locks are handed to its waiters on
+    /// `<lock channel>:<route>`, which no other manager listens to (random,
+    /// so managers of different processes differ; two that drew the same
+    /// route would each hear the other's hand-offs, and ignore them).
+    pub(crate) handoff_route: String,
     pub(crate) runtime: tokio::runtime::Handle,
     /// Origin of the lease clocks (`Instant`s stored as nanoseconds after it).
     pub(crate) epoch: Instant,
@@ -32,6 +37,7 @@ impl Core {
         Core {
             id: crate::config::next_id(),
             subscriber: Subscriber::new(config.connect_timeout, config.command_timeout),
+            handoff_route: format!("{:08x}", rand::random::<u32>()),
             config,
             backend,
             renewals: Renewals::default(),
@@ -39,6 +45,12 @@ impl Core {
             epoch: Instant::now(),
             shut_down: AtomicBool::new(false),
         }
+    }
+
+    /// The channel on which fair locks are handed to this manager's waiters
+    /// (see `scripts/fair_prelude.lua`).
+    pub(crate) fn handoff_channel(&self, keys: &crate::keys::LockKeys) -> String {
+        format!("{}:{}", keys.channel, self.handoff_route)
     }
 
     pub(crate) fn is_shut_down(&self) -> bool {

@@ -330,6 +330,7 @@ async fn one_script(
         resize_permits: false,
         queue_lease_ms: 0,
         handoff_ttl_ms: 0,
+        handoff_route: "",
     };
     let first = to_take.first().copied().unwrap_or_default();
     // If this future is dropped while the script is in flight, the server may

@@ -480,22 +480,29 @@ impl Acquisition<'_> {
                 Attempt::Busy(_) => Err(self.timeout()),
             };
         }
+        let core = self.core.clone();
         // First one attempt that does not queue: a free lock is taken without
         // subscribing to its channel (a subscribe and an unsubscribe per cycle
         // otherwise). It cannot overtake a queued waiter: the script serves
-        // the queue's head first. A busy lock costs this one attempt more.
-        if let Attempt::Acquired {
-            fencing_token,
-            sent_at,
-        } = self.attempt().await?
-        {
-            return self.grant(manager, fencing_token, sent_at, None).map(Some);
+        // the queue's head first. A busy lock costs this one attempt more, so
+        // it is skipped when another acquisition of this manager already
+        // waits for the lock: the channel is subscribed, and the lock is
+        // almost surely busy (under contention, one script per acquisition
+        // fewer).
+        let channel = core.handoff_channel(&self.keys);
+        if !core.subscriber.has_waiters(&channel) {
+            if let Attempt::Acquired {
+                fencing_token,
+                sent_at,
+            } = self.attempt().await?
+            {
+                return self.grant(manager, fencing_token, sent_at, None).map(Some);
+            }
         }
-        let core = self.core.clone();
         // Listening before the first attempt queues us up; a hand-off published
         // before the subscription is confirmed is made up for by the attempt
         // every waiter makes once it is (it finds the lock already ours).
-        let registration = core.subscriber.register(&self.keys.channel);
+        let registration = core.subscriber.register(&channel);
         let handoff = core.subscriber.expect_handoff(&self.owner);
         self.waiting = true;
         // Leaving without the lock withdraws our queue entry (and gives back a
@@ -600,6 +607,7 @@ impl Acquisition<'_> {
                     queue_lease_ms: u64::try_from(FAIR_QUEUE_LEASE.as_millis()).unwrap_or(u64::MAX),
                     handoff_ttl_ms: u64::try_from(self.handoff_ttl().as_millis())
                         .unwrap_or(u64::MAX),
+                    handoff_route: &self.core.handoff_route,
                 },
             )
             .await;

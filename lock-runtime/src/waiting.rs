@@ -11,9 +11,11 @@
 //! readers may enter at once, and a writer must not be passed over.
 //!
 //! A fair lock's release hands the lock to the head of its queue in Redis and
-//! publishes `=<owner>:<fencing token>`: such a message goes only to the
-//! waiter with that owner token (see [`Subscriber::expect_handoff`]), which then
-//! holds the lock without another round trip. Other waiters are not woken.
+//! publishes `=<owner>:<fencing token>` on a channel of the head's manager only
+//! (`<lock channel>:<route>`, see `Core::handoff_channel`): there the message
+//! goes only to the waiter with that owner token (see
+//! [`Subscriber::expect_handoff`]), which then holds the lock without another
+//! round trip. Other waiters are not woken.
 
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet, VecDeque};

@@ -55,6 +55,7 @@ const CLUSTER_FLOOR_LABEL: &str =
     "true hand-off cluster floor (same scripts, 2 clients alternating)";
 const DISTLOCK_LABEL: &str = "distlock (16 tasks, 2 managers)";
 const FAIR_LABEL: &str = "distlock fair_lock (16 tasks, 4 managers)";
+const DISTLOCK_FAIR_SETUP_LABEL: &str = "distlock (16 tasks, 4 managers)";
 const RSLOCK_LABEL: &str = "rslock 0.10 (16 tasks, 2 managers)";
 const SINGLE_NODE_LABEL: &str = "distlock single-node (member 1; 16 tasks, 2 managers)";
 const REDLOCK_LABEL: &str = "distlock Redlock (5 members; 16 tasks, 2 managers)";
@@ -462,6 +463,10 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
         imps.push(Imp::Rslock(rslock));
         labels.push(RSLOCK_LABEL);
     }
+    // The plain lock on the fair lock's managers: the like-for-like reference
+    // for the fair lock's targets.
+    imps.push(Imp::Distlock(fair.clone()));
+    labels.push(DISTLOCK_FAIR_SETUP_LABEL);
     imps.push(Imp::Fair(fair));
     labels.push(FAIR_LABEL);
     // Index 0 is the floor, then the libraries.
@@ -524,7 +529,20 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
         "acq/task min/mean",
         Check::AtLeast(0.5),
     ));
-    notes.push(format!("fair_lock: {TASKS} tasks over {FAIR_MANAGERS} managers; waiters queue in Redis in arrival order and the release hands the lock to the head (no acquire round trip); waiters refresh their queue entry every 0.4-0.8 s"));
+    notes.push(format!("fair_lock: {TASKS} tasks over {FAIR_MANAGERS} managers; waiters queue in Redis in arrival order and the release hands the lock to the head (no acquire round trip); waiters refresh their queue entry every 0.4-0.8 s; compared with the plain lock on the same {FAIR_MANAGERS} managers"));
+    targets.push(Target::ratio(
+        "fair_lock hand-off p50 below the plain lock's (same managers)",
+        FAIR_LABEL,
+        "handoff p50 us",
+        DISTLOCK_FAIR_SETUP_LABEL,
+        Check::Below(1.0),
+    ));
+    targets.push(Target::absolute(
+        "fair_lock max wait <= 3x mean wait",
+        FAIR_LABEL,
+        "max/mean wait",
+        Check::AtMost(3.0),
+    ));
     let libraries = if cluster {
         "distlock"
     } else {

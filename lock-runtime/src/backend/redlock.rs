@@ -481,6 +481,7 @@ impl Redlock {
                 resize_permits: false,
                 queue_lease_ms: 0,
                 handoff_ttl_ms: 0,
+                handoff_route: "",
             };
             let timeout = self.member_timeout(lease_ms);
             let reclaimed = self

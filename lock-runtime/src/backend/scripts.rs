@@ -64,6 +64,10 @@ pub(crate) struct AcquireSpec<'a> {
     /// For a fair lock: the TTL the lock gets when a release hands it to the
     /// caller (see `scripts/fair_acquire.lua`).
     pub(crate) handoff_ttl_ms: u64,
+    /// For a fair lock: the hand-off route of the caller's manager (hex), kept
+    /// in its queue entry; a hand-off to the caller is published on
+    /// `<channel>:<route>` (see `scripts/fair_prelude.lua`).
+    pub(crate) handoff_route: &'a str,
 }
 
 /// One script: its source, for SCRIPT LOAD, and its SHA1, for EVALSHA.
@@ -516,8 +520,8 @@ impl Scripts {
             }
             LockKind::Fair => lua.call(
                 &[&keys.lock, &keys.fence, &keys.related, &keys.intent],
-                9,
-                args_len + keys.channel.len() + 40,
+                10,
+                args_len + keys.channel.len() + spec.handoff_route.len() + 40,
             ),
         };
         cmd.arg(owner)
@@ -533,7 +537,8 @@ impl Scripts {
                     .arg(spec.holder)
                     .arg(spec.queue_lease_ms)
                     .arg(spec.handoff_ttl_ms)
-                    .arg(&keys.channel);
+                    .arg(&keys.channel)
+                    .arg(spec.handoff_route);
             }
             LockKind::Read => {}
             LockKind::Permit { permits } => {
@@ -792,6 +797,7 @@ impl Scripts {
             resize_permits: false,
             queue_lease_ms: 0,
             handoff_ttl_ms: 0,
+            handoff_route: "",
         };
         let acquire = self.acquire_cmd(keys, owner, lease_ms, &spec);
         pipe.add_command(acquire.clone());
