@@ -579,7 +579,8 @@ async fn the_macro_takes_a_fair_lock_with_fair_true() {
 
 /// Uncontended, a fair lock costs what a plain lock does in round trips (one
 /// script to acquire, one to release, no publish), but more Redis commands
-/// inside the scripts (the server clock, the queue's head, the queue's tidy-up):
+/// inside the scripts (the server clock, the queue's head twice, the release's
+/// withdrawal of a queue entry of its own):
 /// counted here for 100 cycles of each, so a change to either shows.
 #[tokio::test]
 async fn an_uncontended_fair_cycle_is_two_script_calls() {
