@@ -265,6 +265,29 @@ fn args(pairs: &[(&'static str, &dyn ToString)]) -> Vec<(&'static str, String)> 
     pairs.iter().map(|(k, v)| (*k, v.to_string())).collect()
 }
 
+/// A worker of the baseline load: 32 tasks on `keys` (comma-separated),
+/// bodies of 0-5 ms, 10 % cancelled mid-body, 5 % panicking, `lease_ms`, a
+/// 60 s wait, seeded by the worker's id; `more` adds (or overrides) arguments.
+fn mixed_load(
+    id: u32,
+    keys: &str,
+    lease_ms: u128,
+    more: &[(&'static str, &dyn ToString)],
+) -> Vec<(&'static str, String)> {
+    let mut all = args(&[
+        ("keys", &keys),
+        ("tasks", &32),
+        ("body-us", &"0-5000"),
+        ("cancel-pct", &10),
+        ("panic-pct", &5),
+        ("lease-ms", &lease_ms),
+        ("wait-ms", &60_000),
+        ("seed", &(id + 1)),
+    ]);
+    all.extend(args(more));
+    all
+}
+
 async fn ready(workers: &mut [&mut Worker]) {
     for w in workers.iter_mut() {
         w.expect_word("READY", Duration::from_secs(20)).await;
@@ -391,7 +414,7 @@ async fn baseline(on: On) {
         On::Redlock => 500,
         On::Server | On::Cluster => 5_000,
     } * soak_factor();
-    let (processes, tasks) = (4u32, 32u32);
+    let processes = 4u32;
     let keys = setup.keys(3).await;
     let mut workers: Vec<Worker> = (0..processes)
         .map(|id| {
@@ -400,17 +423,7 @@ async fn baseline(on: On) {
             setup.target_worker(
                 id,
                 "run",
-                &args(&[
-                    ("keys", &keys.join(",")),
-                    ("tasks", &tasks),
-                    ("sections", &share),
-                    ("body-us", &"0-5000"),
-                    ("cancel-pct", &10),
-                    ("panic-pct", &5),
-                    ("lease-ms", &2000),
-                    ("wait-ms", &60_000),
-                    ("seed", &(id + 1)),
-                ]),
+                &mixed_load(id, &keys.join(","), 2000, &[("sections", &share)]),
             )
         })
         .collect();
@@ -491,7 +504,7 @@ async fn s9r_a_paused_redlock_member_costs_latency_not_safety() {
     let LockTarget::Redlock(members) = &setup.target else {
         unreachable!("set up on a Redlock")
     };
-    let (processes, tasks) = (4u32, 32u32);
+    let processes = 4u32;
     let lease = Duration::from_millis(2000);
     let pause = Duration::from_secs(3);
     let keys = setup.keys(3).await;
@@ -500,17 +513,7 @@ async fn s9r_a_paused_redlock_member_costs_latency_not_safety() {
             setup.target_worker(
                 id,
                 "run",
-                &args(&[
-                    ("keys", &keys.join(",")),
-                    ("tasks", &tasks),
-                    ("body-us", &"0-5000"),
-                    ("cancel-pct", &10),
-                    ("panic-pct", &5),
-                    ("lease-ms", &lease.as_millis()),
-                    ("wait-ms", &60_000),
-                    ("progress", &10),
-                    ("seed", &(id + 1)),
-                ]),
+                &mixed_load(id, &keys.join(","), lease.as_millis(), &[("progress", &10)]),
             )
         })
         .collect();
@@ -2587,19 +2590,16 @@ async fn s11_read_write_lock_writers_exclude_everyone_and_do_not_starve() {
                 id,
                 &setup.lock().url(),
                 "run",
-                &args(&[
-                    ("kind", &"rw"),
-                    ("write-pct", &20),
-                    ("keys", &key),
-                    ("tasks", &32),
-                    ("sections", &(total / u64::from(processes))),
-                    ("body-us", &"0-5000"),
-                    ("cancel-pct", &10),
-                    ("panic-pct", &5),
-                    ("lease-ms", &2000),
-                    ("wait-ms", &60_000),
-                    ("seed", &(id + 1)),
-                ]),
+                &mixed_load(
+                    id,
+                    &key,
+                    2000,
+                    &[
+                        ("kind", &"rw"),
+                        ("write-pct", &20),
+                        ("sections", &(total / u64::from(processes))),
+                    ],
+                ),
             )
         })
         .collect();
@@ -2664,6 +2664,272 @@ async fn s11_read_write_lock_writers_exclude_everyone_and_do_not_starve() {
     assert_eq!(stored.accepted, writes_ok);
     assert_eq!((stored.rejected, stored.lost_updates), (0, 0));
     assert!(left.is_empty(), "read-write keys left in Redis: {left:?}");
+    assert!(leaked.is_empty(), "keys left in Redis: {leaked:?}");
+    for (w, (_, left)) in workers.iter().zip(&drains) {
+        assert_eq!(
+            *left, 0,
+            "worker {} exited with background tasks left",
+            w.id
+        );
+    }
+}
+
+/// How long a fair waiter's queue entry lasts without a refresh
+/// (`FAIR_QUEUE_LEASE` in lock-runtime/src/request.rs).
+const FAIR_QUEUE_LEASE: Duration = Duration::from_secs(3);
+
+/// The queue entries (`fairqe` hashes, named in `queues`) of waiters in process
+/// `pid`: each entry ends with its waiter's holder, `<host> pid <pid> <program>`.
+async fn fair_entries_of(conn: &mut MultiplexedConnection, queues: &[String], pid: i32) -> usize {
+    let mark = format!(" pid {pid} ");
+    let mut n = 0;
+    for name in queues {
+        let entries: Vec<String> = redis::cmd("HVALS")
+            .arg(name)
+            .query_async(conn)
+            .await
+            .expect("HVALS");
+        n += entries.iter().filter(|e| e.contains(&mark)).count();
+    }
+    n
+}
+
+/// Scenario 12: a fair lock on 3 keys, 4 processes x 32 tasks, 10 % of the
+/// bodies cancelled and 5 % panicking; one process is killed with SIGKILL while
+/// its tasks wait in the queues. No overlap, tokens increase, exact counter; the
+/// dead waiters' entries hold the queues up no longer than their queue lease
+/// (3 s) + one hand-off to a dead waiter (the lease) + margin; no fair-lock key
+/// left. Waits (FIFO) are printed: longest against the mean, overtakes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s12_a_fair_lock_is_exclusive_and_a_dead_waiter_does_not_block_its_queue() {
+    use lock_torture::checker::{acquire_waits, longest_grant_gaps, unlogged_tokens};
+    use lock_torture::history::Kind;
+    let _serial = SERIAL.lock().await;
+    let started = Instant::now();
+    let setup = setup("s12");
+    // Not shorter: a hand-off that comes more than a lease after the waiter's
+    // last attempt (they come every 0.4 to 0.8 s) is taken as lost at once,
+    // see the README ("Found by this suite").
+    let lease = Duration::from_millis(2000);
+    let keys = keys(3);
+    let processes = 4u32;
+    let doomed = processes - 1;
+    let mut workers: Vec<Worker> = (0..processes)
+        .map(|id| {
+            setup.worker(
+                id,
+                &setup.lock().url(),
+                "run",
+                &mixed_load(
+                    id,
+                    &keys.join(","),
+                    lease.as_millis(),
+                    &[("kind", &"fair"), ("progress", &20)],
+                ),
+            )
+        })
+        .collect();
+    ready(&mut workers.iter_mut().collect::<Vec<_>>()).await;
+    let t = Duration::from_secs(30);
+    for w in &mut workers {
+        progress(w, 2, t).await;
+    }
+    let t_steady = mono_ns();
+    tokio::time::sleep(Duration::from_secs(2) * soak_factor() as u32).await;
+    // Every name of the fair locks, `fair`, `fairq` and `fairqe` of each key.
+    let mut names: Vec<[String; 3]> = Vec::new();
+    for key in &keys {
+        names.push([
+            name_of_kind(&setup, key, "fair").await,
+            name_of_kind(&setup, key, "fairq").await,
+            name_of_kind(&setup, key, "fairqe").await,
+        ]);
+    }
+    let queues: Vec<String> = names.iter().map(|n| n[2].clone()).collect();
+    // Kill it while its tasks wait in the queues (most of its 32 tasks wait at
+    // any time: 128 tasks share 3 keys).
+    let mut conn = setup.lock_conn().await;
+    let pid = workers[doomed as usize].pid();
+    let queued_by = Instant::now() + t;
+    while fair_entries_of(&mut conn, &queues, pid).await < 16 {
+        assert!(
+            Instant::now() < queued_by,
+            "the doomed worker never had 16 waiters queued"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let t_kill = mono_ns();
+    workers[doomed as usize].kill9();
+    let queued_at_kill = fair_entries_of(&mut conn, &queues, pid).await;
+    // The names the leftover check looks at are the ones in use.
+    let (mut held_at_kill, mut waiting_at_kill) = (0i64, 0i64);
+    for [lock, queue, _] in &names {
+        let (held, waiting): (i64, i64) = redis::pipe()
+            .cmd("EXISTS")
+            .arg(lock)
+            .cmd("ZCARD")
+            .arg(queue)
+            .query_async(&mut conn)
+            .await
+            .expect("EXISTS / ZCARD");
+        held_at_kill += held;
+        waiting_at_kill += waiting;
+    }
+    // A dead waiter's entry runs out within the queue lease; a lock handed to
+    // it just before holds for the hand-off TTL (the lease), then any waiter's
+    // next attempt hands it on.
+    let bound = FAIR_QUEUE_LEASE + lease + Duration::from_secs(1);
+    let free_by = t_kill + ns(bound);
+    let mut entries_gone_at = None;
+    while mono_ns() < free_by + ns(Duration::from_secs(2)) {
+        if entries_gone_at.is_none() && fair_entries_of(&mut conn, &queues, pid).await == 0 {
+            entries_gone_at = Some(mono_ns());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let t_stop = mono_ns();
+    for w in &mut workers[..doomed as usize] {
+        w.send("stop");
+    }
+    let mut drains = Vec::new();
+    for w in &mut workers[..doomed as usize] {
+        drains.push(finish(w, t).await);
+    }
+    let mut h = history(&workers.iter().collect::<Vec<_>>());
+    let killed_holds = h.in_flight(doomed, t_kill, Kind::Lock);
+    h.sections.extend(killed_holds.iter().cloned());
+    let report = check_sections(&h.sections, &Faults::default());
+    let stored = store_report(&setup, &h, &keys).await;
+    let gaps = longest_grant_gaps(&h.sections, t_kill, t_stop);
+    let (worst_key, &(worst_gap, worst_at)) = gaps
+        .iter()
+        .max_by_key(|(_, g)| g.0)
+        .expect("grants after the kill");
+    let gaps_late = longest_grant_gaps(&h.sections, free_by, t_stop);
+    let worst_gap_late = gaps_late.values().map(|g| g.0).max().unwrap_or(u64::MAX);
+    let mut ok_before = vec![0usize; processes as usize];
+    let mut ok_after = vec![0usize; processes as usize];
+    for s in h.sections.iter().filter(|s| s.outcome == Outcome::Ok) {
+        if s.acquired < t_kill {
+            ok_before[s.worker as usize] += 1;
+        } else {
+            ok_after[s.worker as usize] += 1;
+        }
+    }
+    let slack_fifo = ns(Duration::from_millis(20));
+    let waits = acquire_waits(&h.calls, t_steady, t_kill, slack_fifo);
+    let waits_late = acquire_waits(&h.calls, free_by, t_stop, slack_fifo);
+    let unlogged = (
+        unlogged_tokens(&h.sections, t_steady, t_kill),
+        unlogged_tokens(&h.sections, t_kill, free_by),
+        unlogged_tokens(&h.sections, free_by, t_stop),
+    );
+    let mut left = Vec::new();
+    for name in names.iter().flatten() {
+        let exists: i64 = redis::cmd("EXISTS")
+            .arg(name)
+            .query_async(&mut conn)
+            .await
+            .expect("EXISTS");
+        if exists != 0 {
+            left.push(name.clone());
+        }
+    }
+    let leaked = leaked_keys(&setup).await;
+    let entries_gone_ms = entries_gone_at.map_or(f64::NAN, |at| diff_ms(at, t_kill));
+    figures(
+        "s12_fair",
+        &report,
+        &stored,
+        &format!(
+            "1xkill-9+{}cancel+{}panic",
+            report.count(Outcome::Cancelled),
+            report.count(Outcome::Panicked)
+        ),
+        leaked.len() + left.len(),
+        &format!(
+            "held_by_killed={} queued_by_killed_at_kill={queued_at_kill} locks_held_at_kill={held_at_kill} \
+             queued_at_kill={waiting_at_kill} killed_entries_gone_ms={entries_gone_ms:.1} \
+             longest_key_stall_after_kill_ms={:.1} ({worst_key}, from {:+.1} ms) longest_stall_from_kill+{bound:?}_ms={:.1} \
+             unlogged_tokens_before/after_kill/late={unlogged:?} ok_before_kill={ok_before:?} ok_after_kill={ok_after:?} \
+             wait_ms_p50/p99/max={:.1}/{:.1}/{:.1} max_over_mean={:.2} overtaken={}/{} \
+             late_wait_ms_p50/p99/max={:.1}/{:.1}/{:.1} late_max_over_mean={:.2} late_overtaken={}/{} \
+             unreported_writes={} drain_ms_max={} secs={:.1}",
+            killed_holds.len(),
+            ms(worst_gap),
+            diff_ms(worst_at, t_kill),
+            ms(worst_gap_late),
+            ms(waits.p50),
+            ms(waits.p99),
+            ms(waits.max),
+            waits.max_over_mean(),
+            waits.overtaken,
+            waits.n,
+            ms(waits_late.p50),
+            ms(waits_late.p99),
+            ms(waits_late.max),
+            waits_late.max_over_mean(),
+            waits_late.overtaken,
+            waits_late.n,
+            stored.unreported,
+            drains.iter().map(|d| d.0).max().unwrap_or(0),
+            started.elapsed().as_secs_f64()
+        ),
+    );
+
+    report.assert_clean("fair lock");
+    assert_eq!(report.lost, 0, "no lease may be lost without a pause");
+    assert!(
+        report.count(Outcome::Cancelled) > 0 && report.count(Outcome::Panicked) > 0,
+        "{:?}",
+        report.outcomes
+    );
+    // The exact counter: every completed section added one, and the killed
+    // worker's writes in flight at most one each.
+    let ok = report.count(Outcome::Ok);
+    assert!(stored.unreported <= killed_holds.len());
+    assert_eq!(stored.value, (ok + stored.unreported) as u64);
+    assert_eq!((stored.rejected, stored.lost_updates), (0, 0));
+    // Every process made progress before the kill, every survivor after it.
+    for id in 0..processes as usize {
+        assert!(
+            ok_before[id] >= 20,
+            "worker {id}: {ok_before:?} before the kill"
+        );
+    }
+    for id in 0..doomed as usize {
+        assert!(
+            ok_after[id] >= 20,
+            "worker {id}: {ok_after:?} after the kill"
+        );
+    }
+    assert!(
+        queued_at_kill >= 8,
+        "only {queued_at_kill} of the killed worker's waiters were queued at the kill"
+    );
+    // The dead waiters stop holding the queues up within the bound: their
+    // entries are gone from Redis, no key waited longer for its next grant,
+    // and past the bound the keys move as before (a stall of a lease is a lock
+    // handed to a dead waiter expiring).
+    assert!(
+        entries_gone_at.is_some_and(|at| at <= free_by),
+        "the killed worker's queue entries were still in Redis {entries_gone_ms:.1} ms after the kill (bound {bound:?})"
+    );
+    assert!(
+        worst_gap <= ns(bound),
+        "{worst_key} was not granted for {:.1} ms after the kill (bound {bound:?})",
+        ms(worst_gap)
+    );
+    assert!(
+        worst_gap_late < ns(lease),
+        "a key stalled {:.1} ms after the dead waiters' bound (lease {lease:?})",
+        ms(worst_gap_late)
+    );
+    assert!(
+        held_at_kill > 0 && waiting_at_kill > queued_at_kill as i64,
+        "at the kill, {held_at_kill} fair locks held, {waiting_at_kill} waiters queued: the names are wrong"
+    );
+    assert!(left.is_empty(), "fair-lock keys left in Redis: {left:?}");
     assert!(leaked.is_empty(), "keys left in Redis: {leaked:?}");
     for (w, (_, left)) in workers.iter().zip(&drains) {
         assert_eq!(
