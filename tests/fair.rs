@@ -415,6 +415,50 @@ async fn the_handoff_costs_the_new_holder_no_round_trip() {
     panic!("every measured hand-off had more than the release's call: {seen:#?}");
 }
 
+/// With a lease shorter than a waiter's refresh interval (0.4 to 0.8 s), a
+/// hand-off usually comes longer than the lease after the waiter's last
+/// attempt, the moment from which the new holder can count its lease: such a
+/// hand-off is confirmed by an attempt rather than granted with a lease
+/// already run out. Four rounds, each handed off at a different point of the
+/// waiter's refresh cycle; every new holder must start with most of its lease.
+#[tokio::test]
+async fn a_short_lease_handed_off_long_after_the_last_attempt_is_not_lost() {
+    let redis = server();
+    let a = manager(&redis).await;
+    let b = manager(&redis).await;
+    let lease = Duration::from_millis(300);
+    for round in 0..4u64 {
+        let key = format!("short:{round}");
+        let held = a.fair_lock(&key).lease(lease).acquire().await.unwrap();
+        let waiter = {
+            let b = b.clone();
+            tokio::spawn(async move {
+                let g = b
+                    .fair_lock(&key)
+                    .lease(lease)
+                    .wait(Duration::from_secs(10))
+                    .acquire()
+                    .await
+                    .unwrap();
+                let remaining = g.remaining_lease();
+                let lost = g.is_lost();
+                g.release().await.unwrap();
+                (remaining, lost)
+            })
+        };
+        // Past at least one refresh of the waiter, at a different phase of
+        // its cycle each round; the holder's lease is renewed meanwhile.
+        tokio::time::sleep(Duration::from_millis(900 + 170 * round)).await;
+        held.release().await.unwrap();
+        let (remaining, lost) = waiter.await.unwrap();
+        assert!(!lost, "round {round}: the new holder was lost at once");
+        assert!(
+            remaining > lease / 2,
+            "round {round}: the new holder started with {remaining:?} of a {lease:?} lease"
+        );
+    }
+}
+
 /// A hand-off whose message is lost (made here by hand: the lock written in
 /// the head's name, its entry removed, nothing published) reaches the waiter
 /// at its next attempt, which finds the lock already its own.

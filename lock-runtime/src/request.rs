@@ -533,13 +533,22 @@ impl Acquisition<'_> {
             let nap = (FAIR_REFRESH + Backoff::jitter(FAIR_REFRESH)).min(deadline - now);
             tokio::select! {
                 fencing_token = handoff.handed_off() => {
-                    withdraw.disarm();
                     // The hand-off came after our last attempt, which found the
-                    // lock busy: its TTL runs from later than that attempt.
+                    // lock busy: its TTL runs from later than that attempt, and
+                    // the lease can only be counted from the attempt. Long after
+                    // it (waiters refresh every 0.4-0.8 s, longer than a short
+                    // lease) that count would leave little lease or none, and
+                    // the new holder would be lost at once: then the next
+                    // attempt confirms the hand-off instead (it finds the lock
+                    // ours and resets its TTL to the whole lease).
                     let ttl = self.handoff_ttl();
-                    let sent_at = self.last_sent;
-                    tracing::trace!(target: "distlock::acquire", fencing_token, "handed off");
-                    return self.grant(manager, fencing_token, sent_at, Some(ttl)).map(Some);
+                    if self.last_sent.elapsed() < ttl / 3 {
+                        withdraw.disarm();
+                        let sent_at = self.last_sent;
+                        tracing::trace!(target: "distlock::acquire", fencing_token, "handed off");
+                        return self.grant(manager, fencing_token, sent_at, Some(ttl)).map(Some);
+                    }
+                    tracing::trace!(target: "distlock::acquire", fencing_token, "handed off long after the last attempt; confirming");
                 }
                 _ = woken.as_mut() => {
                     // The subscription is (re-)confirmed, or the manager is

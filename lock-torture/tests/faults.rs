@@ -2707,9 +2707,9 @@ async fn s12_a_fair_lock_is_exclusive_and_a_dead_waiter_does_not_block_its_queue
     let _serial = SERIAL.lock().await;
     let started = Instant::now();
     let setup = setup("s12");
-    // Not shorter: a hand-off that comes more than a lease after the waiter's
-    // last attempt (they come every 0.4 to 0.8 s) is taken as lost at once,
-    // see the README ("Found by this suite").
+    // The lease of s1. A 500 ms lease found the short-lease hand-off bug (see
+    // the README, "Found by this suite"); since its fix it passes with 0 lost,
+    // but a lease that short would make the run fragile on a loaded machine.
     let lease = Duration::from_millis(2000);
     let keys = keys(3);
     let processes = 4u32;
