@@ -361,3 +361,66 @@ async fn a_chain_of_hand_offs_is_woken_by_publishes() {
 async fn publish_calls(raw: &mut redis::aio::MultiplexedConnection) -> i64 {
     calls_of(raw, "publish").await as i64
 }
+
+/// A waiter keeps its place in its manager's line when the attempt a wake-up
+/// gave it finds the lock taken (here by a wake-up published while the lock is
+/// still held, as when another manager's waiter took the lock first): the next
+/// release goes to it again, not to a waiter that arrived after it. With one
+/// shared wake-up per channel, the woken waiter listened again behind the later
+/// arrivals, and they were served first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_loses_a_wake_up_keeps_its_place() {
+    const WAITERS: usize = 3;
+    let redis = server();
+    let holder_manager = manager(&redis).await;
+    let waiters = manager(&redis).await;
+    let mut raw = raw(&redis).await;
+    let holder = holder_manager.lock("k").acquire().await.unwrap();
+    let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..WAITERS {
+        let (m, order) = (waiters.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let g = m
+                .lock("k")
+                .wait(Duration::from_secs(20))
+                .acquire()
+                .await
+                .unwrap();
+            order.lock().unwrap().push(i);
+            g.release().await.unwrap();
+        }));
+        // Arrival order is registration order.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let channel = holder_manager.redis_names("k").channel;
+    eventually(Duration::from_secs(5), async || {
+        numsub(&mut raw, &channel).await == 1
+    })
+    .await
+    .expect("waiters subscribed");
+    // The first waiter's timer retries have backed off to their 1 s cap, so
+    // they are unlikely to decide who gets the lock.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for _ in 0..2 {
+        let attempts = script_calls(&mut raw).await;
+        let _: i64 = redis::cmd("PUBLISH")
+            .arg(&channel)
+            .arg("taken-by-another-manager")
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        eventually(Duration::from_secs(5), async || {
+            script_calls(&mut raw).await > attempts
+        })
+        .await
+        .expect("the woken waiter attempts");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    holder.release().await.unwrap();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    assert_eq!(order, (0..WAITERS).collect::<Vec<_>>());
+}

@@ -1,6 +1,5 @@
 //! `LockRequest`: one acquisition, from the first attempt to the guard.
 
-use std::pin::pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -395,13 +394,11 @@ impl Acquisition<'_> {
             armed: true,
         });
         let mut backoff = Backoff::default();
-        // Listening from here on, before any sleep: a release from now on wakes
-        // this waiter or another of this manager (who then holds the lock), and
-        // a new subscription wakes every waiter once it is confirmed, for a
-        // release published before it was. The same `Notified` is kept across
-        // timer wake-ups so the waiter keeps its place in the queue.
-        let mut woken = pin!(registration.woken());
-        woken.as_mut().enable();
+        // Registered from here on: a release from now on wakes this waiter or
+        // another of this manager (who then holds the lock), and a new
+        // subscription wakes every waiter once it is confirmed, for a release
+        // published before it was. Wake-ups are kept for the waiter while it
+        // sleeps on its timer or is busy with an attempt.
         loop {
             // Only the first waiter in line retries on its timer (see
             // `Registration::is_first_in_line`); the others' timers only bring
@@ -411,21 +408,21 @@ impl Acquisition<'_> {
             let nap = backoff
                 .next(if first_in_line { remaining } else { None })
                 .min(deadline.saturating_duration_since(Instant::now()));
-            let by_wake_up = tokio::select! {
-                _ = woken.as_mut() => true,
-                _ = tokio::time::sleep(nap) => false,
+            let wake = tokio::select! {
+                wake = registration.woken() => Some(wake),
+                _ = tokio::time::sleep(nap) => None,
             };
             if core.is_shut_down() {
                 return Err(LockError::ShutDown {
                     key: self.key.clone(),
                 });
             }
-            if by_wake_up {
-                // If this waiter leaves before its attempt resolves, the wake-up
-                // goes on to the next waiter (see `Registration`).
-                registration.set_unresolved_wake(true);
-                woken.set(registration.woken());
-                woken.as_mut().enable();
+            let releases = wake.map_or(0, |w| w.releases);
+            if wake.is_some() {
+                // If this waiter leaves before its attempt resolves, the
+                // releases it was told of go on to the next waiter (see
+                // `Registration`).
+                registration.set_unresolved_releases(releases);
             } else if !registration.is_first_in_line() {
                 if Instant::now() >= deadline {
                     return Err(self.timeout());
@@ -437,7 +434,9 @@ impl Acquisition<'_> {
                     fencing_token,
                     sent_at,
                 } => {
-                    registration.set_unresolved_wake(false);
+                    // One release was this one's; any more (a semaphore's other
+                    // permits) are the next waiter's.
+                    registration.set_unresolved_releases(releases.saturating_sub(1));
                     if let Some(withdraw) = withdraw.take() {
                         withdraw.disarm();
                     }
@@ -446,7 +445,7 @@ impl Acquisition<'_> {
                 Attempt::Busy(remaining) => remaining,
             };
             // Busy: whoever holds it now will publish again.
-            registration.set_unresolved_wake(false);
+            registration.set_unresolved_releases(0);
             if Instant::now() >= deadline {
                 return Err(self.timeout());
             }
@@ -515,8 +514,6 @@ impl Acquisition<'_> {
             lease: self.lease,
             armed: true,
         };
-        let mut woken = pin!(registration.woken());
-        woken.as_mut().enable();
         loop {
             if let Attempt::Acquired {
                 fencing_token,
@@ -550,12 +547,9 @@ impl Acquisition<'_> {
                     }
                     tracing::trace!(target: "distlock::acquire", fencing_token, "handed off long after the last attempt; confirming");
                 }
-                _ = woken.as_mut() => {
-                    // The subscription is (re-)confirmed, or the manager is
-                    // shutting down: look again at once.
-                    woken.set(registration.woken());
-                    woken.as_mut().enable();
-                }
+                // The subscription is (re-)confirmed, or the manager is
+                // shutting down: look again at once.
+                _ = registration.woken() => {}
                 _ = tokio::time::sleep(nap) => {}
             }
             if core.is_shut_down() {

@@ -3,8 +3,10 @@
 //!
 //! Waiters register on the lock's channel; the first registration subscribes, the
 //! last one leaving unsubscribes. Each wake-up message wakes one waiter of this
-//! manager (the one waiting longest), which retries; the others sleep on, since
-//! only one of them can win. When the subscription is confirmed, or re-made
+//! manager, the one waiting longest, which retries; the others sleep on, since
+//! only one of them can win. A waiter keeps its place until it gets the lock or
+//! leaves: one whose attempt loses to another manager's waiter is still the one
+//! the next wake-up goes to. When the subscription is confirmed, or re-made
 //! after a reconnect, every waiter of the channel retries once, because a release
 //! may have been published while nobody listened. A wake-up whose payload starts
 //! with `*` (a read-write lock's) wakes every waiter of the channel: several
@@ -19,7 +21,7 @@
 
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -59,12 +61,78 @@ struct HandoffSlot {
 }
 
 struct Channel {
-    /// This manager's waiters on the channel, in arrival order (registration ids).
-    queue: VecDeque<u64>,
-    wake: Arc<Notify>,
+    /// This manager's waiters on the channel, in arrival order. Wake-ups go to
+    /// the front: one shared `Notify` would serve waiters in the order they
+    /// last started listening, and a waiter that listens again after a lost
+    /// attempt would go behind later arrivals.
+    queue: VecDeque<Waiter>,
     /// The payload (the releasing owner token) of the last wake-up taken, when
     /// wake-ups are de-duplicated.
     last_release: Vec<u8>,
+}
+
+/// One registration's place in its channel's queue.
+struct Waiter {
+    id: u64,
+    wake: Arc<WakeSlot>,
+}
+
+/// Wake-ups addressed to one waiter, kept until it takes them, so that one
+/// arriving while the waiter is busy with an attempt (not listening) is not lost.
+#[derive(Default)]
+struct WakeSlot {
+    pending: Mutex<Wake>,
+    notify: Notify,
+}
+
+/// What woke a waiter.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Wake {
+    /// Releases announced to this waiter alone, each a chance for one waiter of
+    /// this manager to get the lock (a semaphore's release frees one permit).
+    pub(crate) releases: u32,
+    /// Every waiter was asked to look again (a read-write lock's release, a
+    /// subscription confirmed, shutdown): nothing to pass on if it leaves.
+    pub(crate) recheck: bool,
+}
+
+impl Wake {
+    fn is_empty(self) -> bool {
+        self.releases == 0 && !self.recheck
+    }
+}
+
+impl WakeSlot {
+    fn pending(&self) -> MutexGuard<'_, Wake> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn add_releases(&self, releases: u32) {
+        let mut pending = self.pending();
+        pending.releases = pending.releases.saturating_add(releases);
+        drop(pending);
+        self.notify.notify_waiters();
+    }
+
+    fn recheck(&self) {
+        self.pending().recheck = true;
+        self.notify.notify_waiters();
+    }
+}
+
+impl Channel {
+    /// Gives `releases` wake-ups to the longest waiter.
+    fn wake_front(&self, releases: u32) {
+        if let Some(front) = self.queue.front() {
+            front.wake.add_releases(releases);
+        }
+    }
+
+    fn wake_all(&self) {
+        for waiter in &self.queue {
+            waiter.wake.recheck();
+        }
+    }
 }
 
 impl Subscriber {
@@ -129,11 +197,14 @@ impl Subscriber {
             .entry(channel.to_owned())
             .or_insert_with(|| Channel {
                 queue: VecDeque::new(),
-                wake: Arc::new(Notify::new()),
                 last_release: Vec::new(),
             });
         let id = crate::config::next_id();
-        entry.queue.push_back(id);
+        let wake = Arc::new(WakeSlot::default());
+        entry.queue.push_back(Waiter {
+            id,
+            wake: wake.clone(),
+        });
         if entry.queue.len() == 1 {
             // The task may be gone (manager shutting down): waiting then falls
             // back to the backoff alone.
@@ -143,8 +214,8 @@ impl Subscriber {
             subscriber: self,
             channel: channel.to_owned(),
             id,
-            wake: entry.wake.clone(),
-            unresolved_wake: AtomicBool::new(false),
+            wake,
+            unresolved_releases: AtomicU32::new(0),
         }
     }
 
@@ -165,13 +236,13 @@ impl Subscriber {
                 c.last_release = payload.to_vec();
             }
             self.delivered.fetch_add(1, Ordering::Relaxed);
-            c.wake.notify_one();
+            c.wake_front(1);
         }
     }
 
     fn wake_all(&self, channel: &str) {
         if let Some(c) = self.channels().get(channel) {
-            c.wake.notify_waiters();
+            c.wake_all();
         }
     }
 
@@ -179,7 +250,7 @@ impl Subscriber {
     /// `Core::is_shut_down` after every wake-up).
     pub(crate) fn wake_everyone(&self) {
         for channel in self.channels().values() {
-            channel.wake.notify_waiters();
+            channel.wake_all();
         }
     }
 
@@ -202,19 +273,35 @@ pub(crate) struct Registration<'a> {
     subscriber: &'a Subscriber,
     channel: String,
     id: u64,
-    wake: Arc<Notify>,
-    /// This waiter took a wake-up and has not yet seen the outcome of the attempt
-    /// it makes for it; if it leaves now, the wake-up goes to the next waiter.
-    unresolved_wake: AtomicBool,
+    wake: Arc<WakeSlot>,
+    /// Release wake-ups this waiter took whose attempt has not resolved, or
+    /// which its successful attempt did not need; if it leaves now, they go to
+    /// the next waiter.
+    unresolved_releases: AtomicU32,
 }
 
 impl Registration<'_> {
-    pub(crate) fn woken(&self) -> tokio::sync::futures::Notified<'_> {
-        self.wake.notified()
+    /// Waits for wake-ups addressed to this waiter and takes them. Cancel-safe:
+    /// wake-ups that come while nobody waits are kept for the next call.
+    pub(crate) async fn woken(&self) -> Wake {
+        loop {
+            let notified = self.wake.notify.notified();
+            let mut notified = std::pin::pin!(notified);
+            // Listening before looking: a wake-up stored after the look
+            // notifies this listener.
+            notified.as_mut().enable();
+            let wake = std::mem::take(&mut *self.wake.pending());
+            if !wake.is_empty() {
+                return wake;
+            }
+            notified.await;
+        }
     }
 
-    pub(crate) fn set_unresolved_wake(&self, v: bool) {
-        self.unresolved_wake.store(v, Ordering::Relaxed);
+    /// Records how many release wake-ups are to go to the next waiter if this
+    /// one leaves before it sets this again.
+    pub(crate) fn set_unresolved_releases(&self, releases: u32) {
+        self.unresolved_releases.store(releases, Ordering::Relaxed);
     }
 
     /// Whether this is the longest-waiting acquisition of this manager for the
@@ -226,7 +313,7 @@ impl Registration<'_> {
         self.subscriber
             .channels()
             .get(&self.channel)
-            .is_some_and(|c| c.queue.front() == Some(&self.id))
+            .is_some_and(|c| c.queue.front().is_some_and(|w| w.id == self.id))
     }
 }
 
@@ -273,12 +360,20 @@ impl Drop for Registration<'_> {
     fn drop(&mut self) {
         let mut channels = self.subscriber.channels();
         if let Some(entry) = channels.get_mut(&self.channel) {
-            entry.queue.retain(|id| *id != self.id);
+            entry.queue.retain(|w| w.id != self.id);
             if entry.queue.is_empty() {
                 channels.remove(&self.channel);
                 let _ = self.subscriber.changes.send(self.channel.clone());
-            } else if self.unresolved_wake.load(Ordering::Relaxed) {
-                entry.wake.notify_one();
+            } else {
+                // Releases announced to this waiter that no attempt of it
+                // answered are the next waiter's chance.
+                let releases = self
+                    .unresolved_releases
+                    .load(Ordering::Relaxed)
+                    .saturating_add(self.wake.pending().releases);
+                if releases > 0 {
+                    entry.wake_front(releases);
+                }
             }
         }
     }
