@@ -56,6 +56,7 @@ const CLUSTER_FLOOR_LABEL: &str =
 const DISTLOCK_LABEL: &str = "distlock (16 tasks, 2 managers)";
 const FAIR_LABEL: &str = "distlock fair_lock (16 tasks, 4 managers)";
 const DISTLOCK_FAIR_SETUP_LABEL: &str = "distlock (16 tasks, 4 managers)";
+const FAIR_TWO_LABEL: &str = "distlock fair_lock (16 tasks, 2 managers)";
 const RSLOCK_LABEL: &str = "rslock 0.10 (16 tasks, 2 managers)";
 const SINGLE_NODE_LABEL: &str = "distlock single-node (member 1; 16 tasks, 2 managers)";
 const REDLOCK_LABEL: &str = "distlock Redlock (5 members; 16 tasks, 2 managers)";
@@ -457,8 +458,10 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
     } else {
         FLOOR_LABEL
     };
-    let mut labels = vec![floor_label, DISTLOCK_LABEL];
-    let mut imps = vec![Imp::Distlock(distlock)];
+    let mut labels = vec![floor_label, DISTLOCK_LABEL, FAIR_TWO_LABEL];
+    // The fair lock on the plain row's 2 managers too: its hand-off against
+    // the plain lock's in that setup as well.
+    let mut imps = vec![Imp::Distlock(distlock.clone()), Imp::Fair(distlock)];
     if !cluster {
         imps.push(Imp::Rslock(rslock));
         labels.push(RSLOCK_LABEL);
@@ -535,6 +538,13 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
         FAIR_LABEL,
         "handoff p50 us",
         DISTLOCK_FAIR_SETUP_LABEL,
+        Check::Below(1.0),
+    ));
+    targets.push(Target::ratio(
+        "fair_lock hand-off p50 below the plain lock's (2 managers)",
+        FAIR_TWO_LABEL,
+        "handoff p50 us",
+        DISTLOCK_LABEL,
         Check::Below(1.0),
     ));
     targets.push(Target::absolute(
