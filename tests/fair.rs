@@ -148,8 +148,9 @@ async fn arrival_order_holds_when_the_holders_lease_runs_out() {
 }
 
 /// A queue entry nobody refreshes (its waiter died: inserted here by hand, with
-/// a 1.5 s queue lease and hand-off TTL) holds up the waiter behind it no longer
-/// than that.
+/// a 1.5 s queue lease and hand-off TTL, and a route no manager listens to)
+/// holds up the waiter behind it no longer than that. The entry is in the
+/// scripts' format, so the release really hands the lock to the dead waiter.
 #[tokio::test]
 async fn a_dead_waiter_holds_up_the_queue_at_most_its_queue_lease() {
     let redis = server();
@@ -171,7 +172,7 @@ async fn a_dead_waiter_holds_up_the_queue_at_most_its_queue_lease() {
         .cmd("HSET")
         .arg(&entries)
         .arg("dead-waiter")
-        .arg(format!("{expiry}:1500:0:a dead waiter"))
+        .arg(format!("{expiry}:1500:0:dead:a dead waiter"))
         .query_async(&mut conns[0])
         .await
         .unwrap();
@@ -195,6 +196,12 @@ async fn a_dead_waiter_holds_up_the_queue_at_most_its_queue_lease() {
     assert!(
         delay < Duration::from_millis(1500 + 1200),
         "held up {delay:?} by a dead waiter with a 1.5 s queue lease"
+    );
+    // The lock went to the dead waiter first and expired with its hand-off
+    // TTL (an entry the scripts could not read would be skipped at once).
+    assert!(
+        delay >= Duration::from_millis(1000),
+        "not held up at all ({delay:?}): the dead entry was not handed the lock"
     );
 }
 
