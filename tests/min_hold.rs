@@ -393,34 +393,58 @@ async fn two_replicas_through_the_attribute() {
 /// `min_hold` above the lease: the renewal task then releases again. Many
 /// short leases (renewed every 10 ms) released at scattered moments, none
 /// freed before `min_hold`.
+///
+/// A 30 ms lease can be lost outright when a loaded machine delays a renewal
+/// past it (CI saw one); such a key says nothing about crossing, so it is left
+/// out of the check, and at least half the keys must have been released
+/// while still held for the run to count.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_renewal_crossing_the_release_does_not_shorten_min_hold() {
+    const KEYS: usize = 100;
     let redis = server();
     let (a, b) = (manager(&redis).await, manager(&redis).await);
-    let keys: Vec<String> = (0..100).map(|i| format!("job:crossed:{i}")).collect();
+    let keys: Vec<String> = (0..KEYS).map(|i| format!("job:crossed:{i}")).collect();
+    let started = Instant::now();
+    let min_hold = Duration::from_secs(3);
     let holds = keys.iter().enumerate().map(|(i, key)| {
         let (a, key) = (a.clone(), key.clone());
         tokio::spawn(async move {
             let g = a
                 .lock(&key)
                 .lease(Duration::from_millis(30))
-                .min_hold(Duration::from_millis(800))
+                .min_hold(min_hold)
                 .acquire()
                 .await
                 .unwrap();
             tokio::time::sleep(Duration::from_micros(50 + 997 * (i as u64 % 40))).await;
-            g.release().await.unwrap();
+            match g.release().await {
+                Ok(()) => Some(key),
+                Err(LockError::Lost { .. }) => None,
+                Err(e) => panic!("{key}: {e}"),
+            }
         })
     });
+    let mut released = Vec::new();
     for h in holds.collect::<Vec<_>>() {
-        h.await.unwrap();
+        released.extend(h.await.unwrap());
     }
+    assert!(
+        released.len() >= KEYS / 2,
+        "only {} of {KEYS} keys were still held at their release",
+        released.len()
+    );
     // Past the 30 ms lease a crossed renewal would have set.
     tokio::time::sleep(Duration::from_millis(150)).await;
-    for key in &keys {
-        assert!(
-            b.lock(key).try_acquire().await.unwrap().is_none(),
-            "{key} freed before min_hold"
-        );
+    let mut freed = Vec::new();
+    for key in &released {
+        if b.lock(key).try_acquire().await.unwrap().is_some() {
+            freed.push(key);
+        }
     }
+    let checked_after = started.elapsed();
+    assert!(
+        checked_after < min_hold,
+        "the check ended past min_hold ({checked_after:?}): rerun on a less loaded machine"
+    );
+    assert!(freed.is_empty(), "freed before min_hold: {freed:?}");
 }
