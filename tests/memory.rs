@@ -100,7 +100,7 @@ async fn a_key_whose_counter_expired_still_gets_a_larger_token() {
         for _ in 0..20 {
             let g = m
                 .lock("k")
-                .lease(Duration::from_millis(30))
+                .lease(Duration::from_millis(100))
                 .acquire()
                 .await
                 .unwrap();
