@@ -91,7 +91,10 @@ async fn write_report(
     log(
         start,
         who,
-        &format!("holds the lock, fencing token {}", lock.fencing_token()),
+        &format!(
+            "holds the lock, fencing token {}",
+            lock.fencing_token().await?
+        ),
     );
     if !pause.is_zero() {
         log(
@@ -102,7 +105,9 @@ async fn write_report(
         std::thread::sleep(pause); // stops this runtime: no renewal either
         log(start, who, "wakes up and writes, unaware");
     }
-    let accepted = store.write(lock.fencing_token(), "content", who).await?;
+    let accepted = store
+        .write(lock.fencing_token().await?, "content", who)
+        .await?;
     log(
         start,
         who,

@@ -94,7 +94,7 @@ async fn update_balance(
     pause: Duration,
     start: Instant,
 ) -> Result<(u64, u64), AppError> {
-    let token = lock.fencing_token();
+    let token = lock.fencing_token().await?;
     let (balance, _) = read(db).await?;
     log(
         start,

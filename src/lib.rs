@@ -30,7 +30,8 @@
 //! let other = tokio::spawn(async move { m.lock("order:42").try_acquire().await });
 //! assert!(other.await??.is_none());
 //!
-//! let token = guard.fencing_token(); // pass it to storage with every write
+//! // Issued on first request (one round trip); pass it to storage with every write.
+//! let token = guard.fencing_token().await?;
 //! assert!(token > 0);
 //! guard.release().await?;
 //! # Ok(()) }
@@ -56,7 +57,7 @@
 //! #[distributed_lock(key = "order:{order_id}", lease = "30s", wait = "0s", guard = lock, manager = locks)]
 //! async fn ship(locks: &LockManager, order_id: u64) -> Result<u64, ShipError> {
 //!     // One caller per order_id at a time, across every process on this Redis.
-//!     Ok(lock.fencing_token())
+//!     Ok(lock.fencing_token().await?)
 //! }
 //!
 //! # #[tokio::main(flavor = "current_thread")]

@@ -59,7 +59,7 @@ async fn lock_wait_renew_and_release_over_tls() {
     }
     g.release().await.unwrap();
     let g2 = waiter.await.unwrap().unwrap();
-    assert!(g2.fencing_token() > 0);
+    assert!(g2.fencing_token().await.unwrap() > 0);
     g2.release().await.unwrap();
     assert!(!exists(&mut raw, &a.redis_names("k").lock).await);
 }

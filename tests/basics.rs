@@ -26,8 +26,8 @@ async fn acquire_then_release_frees_the_lock() {
     guard.release().await.unwrap();
     assert!(!exists(&mut raw, &names.lock).await);
     assert_eq!(m.held_count(), 0);
-    // The fencing counter stays, so that tokens keep increasing.
-    assert!(exists(&mut raw, &names.fencing_counter).await);
+    // The hold never asked for a fencing token: no counter was written.
+    assert!(!exists(&mut raw, &names.fencing_counter).await);
 }
 
 #[tokio::test]
@@ -243,6 +243,8 @@ async fn key_prefix_is_respected() {
         .unwrap();
     let mut raw = raw(&redis).await;
     let g = m.lock("a").acquire().await.unwrap();
+    g.fencing_token().await.unwrap();
+    // The lock and, once a token is issued, its fencing counter.
     let keys = all_keys(&mut raw).await;
     assert_eq!(keys.len(), 2, "{keys:?}");
     assert!(

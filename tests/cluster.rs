@@ -89,18 +89,52 @@ async fn pttl(conn: &mut impl ConnectionLike, key: &str) -> i64 {
 }
 
 /// Subscribers of `channel`, summed over every running node.
-fn numsub(cluster: &RedisCluster, channel: &str) -> i64 {
-    let mut total = 0;
-    for node in cluster.nodes().iter().filter(|n| n.is_running) {
-        let mut conn = cluster.blocking_client(node.index).unwrap();
-        let (_, n): (String, i64) = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg(channel)
-            .query(&mut conn)
-            .expect("PUBSUB NUMSUB");
-        total += n;
+/// `text` as a Redis glob pattern that matches only itself.
+fn glob_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
     }
-    total
+    out
+}
+
+/// Subscribers of `channel` (or of a hand-off channel, see `node_numsub`),
+/// over every running node.
+fn numsub(cluster: &RedisCluster, channel: &str) -> i64 {
+    cluster
+        .nodes()
+        .iter()
+        .filter(|n| n.is_running)
+        .map(|node| node_numsub(&mut cluster.blocking_client(node.index).unwrap(), channel))
+        .sum()
+}
+
+/// Subscribers of `channel` or, for a default lock's channel, of a manager's
+/// hand-off channel under the same prefix (`<prefix>handoff:<route>`), on one
+/// node.
+fn node_numsub(conn: &mut redis::Connection, channel: &str) -> i64 {
+    let handoffs: Vec<String> = match channel.split_once("wake:{") {
+        Some((prefix, _)) => redis::cmd("PUBSUB")
+            .arg("CHANNELS")
+            .arg(format!("{}handoff:*", glob_escape(prefix)))
+            .query(conn)
+            .expect("PUBSUB CHANNELS"),
+        None => Vec::new(),
+    };
+    std::iter::once(channel.to_owned())
+        .chain(handoffs)
+        .map(|name| {
+            let (_, n): (String, i64) = redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg(&name)
+                .query(conn)
+                .expect("PUBSUB NUMSUB");
+            n
+        })
+        .sum()
 }
 
 // ---------------------------------------------------------------- behaviour
@@ -153,7 +187,7 @@ async fn reentry_in_scope_gets_the_same_token() {
     {
         let name = m.redis_names(&key).lock;
         let outer = m.lock(key.clone()).acquire().await.unwrap();
-        let token = outer.fencing_token();
+        let token = outer.fencing_token().await.unwrap();
         let inner_token = outer
             .scope(async {
                 let inner = m
@@ -162,7 +196,7 @@ async fn reentry_in_scope_gets_the_same_token() {
                     .acquire()
                     .await
                     .unwrap();
-                let t = inner.fencing_token();
+                let t = inner.fencing_token().await.unwrap();
                 inner.release().await.unwrap();
                 t
             })
@@ -255,11 +289,11 @@ async fn fencing_tokens_increase_on_every_master() {
             let m = if i % 2 == 0 { &a } else { &b };
             let g = m.lock(key.clone()).acquire().await.unwrap();
             assert!(
-                g.fencing_token() > last,
+                g.fencing_token().await.unwrap() > last,
                 "{key}: {} after {last}",
-                g.fencing_token()
+                g.fencing_token().await.unwrap()
             );
-            last = g.fencing_token();
+            last = g.fencing_token().await.unwrap();
             g.release().await.unwrap();
         }
     }
@@ -356,7 +390,7 @@ async fn a_waiter_is_woken_by_the_release() {
             "{key}: the waiter never subscribed to {channel}"
         );
         assert!(!waiter.is_finished());
-        let token = held.fencing_token();
+        let token = held.fencing_token().await.unwrap();
         let released_at = Instant::now();
         held.release().await.unwrap();
         let (acquired_at, g) = waiter.await.unwrap();
@@ -365,7 +399,7 @@ async fn a_waiter_is_woken_by_the_release() {
             delay < Duration::from_millis(500),
             "{key}: woken after {delay:?}"
         );
-        assert!(g.fencing_token() > token);
+        assert!(g.fencing_token().await.unwrap() > token);
         g.release().await.unwrap();
     }
 }
@@ -540,7 +574,7 @@ async fn resharding_a_held_and_contended_lock() {
             .acquire()
             .await
             .unwrap();
-        let token = held.fencing_token();
+        let token = held.fencing_token().await.unwrap();
         let b2 = b.clone();
         let waiter = tokio::spawn(async move {
             b2.lock(key)
@@ -615,7 +649,10 @@ async fn resharding_a_held_and_contended_lock() {
             .await
             .expect("the waiter got the lock after the release")
             .unwrap();
-        assert!(g.fencing_token() > token, "{key}: token went back");
+        assert!(
+            g.fencing_token().await.unwrap() > token,
+            "{key}: token went back"
+        );
         g.release().await.unwrap();
     }
 }
@@ -673,12 +710,11 @@ async fn failover_of_a_master_with_held_locks() {
         ) == MASTERS
             as i64));
         let mut conn = cluster.blocking_client(victim).unwrap();
-        let (_, n): (String, i64) = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg(&channel)
-            .query(&mut conn)
-            .unwrap();
-        assert_eq!(n, 1, "no subscriber on the victim");
+        assert_eq!(
+            node_numsub(&mut conn, &channel),
+            1,
+            "no subscriber on the victim"
+        );
     });
 
     // Locks on the victim; the last one has a lease longer than the failover:
@@ -696,7 +732,10 @@ async fn failover_of_a_master_with_held_locks() {
         let g = a.lock(key.clone()).lease(lease).acquire().await.unwrap();
         guards.push(Arc::new(g));
     }
-    let tokens_before: Vec<u64> = guards.iter().map(|g| g.fencing_token()).collect();
+    let mut tokens_before: Vec<u64> = Vec::new();
+    for g in &guards {
+        tokens_before.push(g.fencing_token().await.unwrap());
+    }
     tokio::task::block_in_place(|| {
         let mut conn = cluster.blocking_client(replica).unwrap();
         redis::cmd("READONLY").exec(&mut conn).unwrap();
@@ -750,7 +789,10 @@ async fn failover_of_a_master_with_held_locks() {
                 holder_lost,
                 "{key}: taken while its holder still trusted its lease"
             );
-            assert!(g.fencing_token() > *before, "{key}: token went back");
+            assert!(
+                g.fencing_token().await.unwrap() > *before,
+                "{key}: token went back"
+            );
             taken_over += 1;
             g.release().await.unwrap();
         }
@@ -797,7 +839,7 @@ async fn failover_of_a_master_with_held_locks() {
         .unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(!fresh.is_lost(), "renewal after the failover failed");
-    assert!(fresh.fencing_token() > tokens_before[0]);
+    assert!(fresh.fencing_token().await.unwrap() > tokens_before[0]);
     fresh.release().await.unwrap();
     eprintln!(
         "failover after {failed_over_after:?}; {taken_over} of {} locks taken over",
@@ -817,7 +859,10 @@ async fn failover_of_a_master_with_held_locks() {
             .await
             .unwrap();
         assert!(start.elapsed() < Duration::from_secs(5));
-        assert!(g.fencing_token() > *before, "{key}: token went back");
+        assert!(
+            g.fencing_token().await.unwrap() > *before,
+            "{key}: token went back"
+        );
         g.release().await.unwrap();
     }
 }
@@ -898,7 +943,7 @@ async fn locked_step(m: &LockManager, id: u64, inside: &AtomicBool) -> Result<u6
     assert!(!inside.swap(true, Ordering::SeqCst), "two bodies at once");
     tokio::time::sleep(Duration::from_millis(5)).await;
     inside.store(false, Ordering::SeqCst);
-    Ok(lock.fencing_token())
+    Ok(lock.fencing_token().await.unwrap())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

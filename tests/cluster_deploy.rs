@@ -13,6 +13,7 @@ use distlock::{LockError, LockManager};
 /// plus what the cluster client needs to read the topology.
 const CLUSTER_LEAST_PRIVILEGE: &str = "~distlock:* &distlock:* +ping +evalsha +script|load +time \
      +get +set +pexpire +pttl +del +publish +subscribe +unsubscribe \
+     +zadd +zrange +zrem +zcard +hset +hget +hdel \
      +cluster|slots";
 
 fn set_user_everywhere(cluster: &RedisCluster, rules: &str) {
@@ -60,15 +61,15 @@ async fn a_least_privilege_acl_user_locks_on_every_master() {
             .await
             .unwrap();
         let waiter = tokio::spawn(async move {
-            other
+            let g = other
                 .lock(key)
                 .wait(Duration::from_secs(5))
                 .acquire()
-                .await
-                .map(|g| g.fencing_token())
+                .await?;
+            g.fencing_token().await
         });
         tokio::time::sleep(Duration::from_millis(20)).await;
-        let token = guard.fencing_token();
+        let token = guard.fencing_token().await.unwrap();
         guard.release().await.unwrap();
         assert!(waiter.await.unwrap().unwrap() > token);
         masters_seen.insert(node);
@@ -151,7 +152,7 @@ async fn a_tls_cluster_locks_with_rediss_seeds() {
         // Let the waiter subscribe and find the lock taken.
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(!waiter.is_finished(), "the waiter got a held lock ({key})");
-        let token = guard.fencing_token();
+        let token = guard.fencing_token().await.unwrap();
         let wake_ups = waiters.wake_ups_delivered();
         guard.release().await.unwrap();
         let released = std::time::Instant::now();
@@ -168,7 +169,7 @@ async fn a_tls_cluster_locks_with_rediss_seeds() {
             waiters.wake_ups_delivered() > wake_ups,
             "master {node}: no release message reached the waiter"
         );
-        assert!(acquired.fencing_token() > token);
+        assert!(acquired.fencing_token().await.unwrap() > token);
         acquired.release().await.unwrap();
         if masters_seen.len() == 3 {
             return;

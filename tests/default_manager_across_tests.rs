@@ -59,8 +59,11 @@ async fn third_test_on_its_own_runtime() {
     run(3).await;
 }
 
-#[distributed_lock(key = "scoped:{id}")]
+/// Takes its fencing token, which leaves the lock's counter on the server the
+/// manager talks to: the trace that shows which server was used.
+#[distributed_lock(key = "scoped:{id}", guard = lock)]
 async fn scoped_job(id: u64) -> Result<u64, LockError> {
+    lock.fencing_token().await?;
     Ok(id)
 }
 

@@ -16,11 +16,11 @@ async fn a_thousand_acquisitions_strictly_increase() {
         let m = if i % 2 == 0 { &a } else { &b };
         let g = m.lock("k").acquire().await.unwrap();
         assert!(
-            g.fencing_token() > last,
+            g.fencing_token().await.unwrap() > last,
             "{} after {last}",
-            g.fencing_token()
+            g.fencing_token().await.unwrap()
         );
-        last = g.fencing_token();
+        last = g.fencing_token().await.unwrap();
         g.release().await.unwrap();
     }
 }
@@ -32,7 +32,7 @@ async fn tokens_keep_increasing_after_redis_restarts_empty() {
     let mut highest = 0;
     for _ in 0..200 {
         let g = a.lock("k").acquire().await.unwrap();
-        highest = highest.max(g.fencing_token());
+        highest = highest.max(g.fencing_token().await.unwrap());
         g.release().await.unwrap();
     }
     // Push the counter ahead as far as it can get, then lose it.
@@ -48,9 +48,9 @@ async fn tokens_keep_increasing_after_redis_restarts_empty() {
     assert!(g.is_some(), "manager reconnects");
     let g = a.lock("k").acquire().await.unwrap();
     assert!(
-        g.fencing_token() > highest,
+        g.fencing_token().await.unwrap() > highest,
         "{} <= {highest}",
-        g.fencing_token()
+        g.fencing_token().await.unwrap()
     );
     g.release().await.unwrap();
 }
@@ -60,15 +60,23 @@ async fn reentry_shares_the_token_and_new_holders_get_new_ones() {
     let redis = server();
     let a = manager(&redis).await;
     let g = a.lock("k").acquire().await.unwrap();
-    let t = g.fencing_token();
+    let t = g.fencing_token().await.unwrap();
     let inner = g
-        .scope(async { a.lock("k").acquire().await.unwrap().fencing_token() })
+        .scope(async {
+            a.lock("k")
+                .acquire()
+                .await
+                .unwrap()
+                .fencing_token()
+                .await
+                .unwrap()
+        })
         .await;
     assert_eq!(inner, t);
     g.release().await.unwrap();
     let g2 = a.lock("k").acquire().await.unwrap();
-    assert!(g2.fencing_token() > t);
+    assert!(g2.fencing_token().await.unwrap() > t);
     // Keys have independent counters but all are time-based, so all are large.
     let other = a.lock("other").acquire().await.unwrap();
-    assert!(other.fencing_token() > 1_600_000_000_000_000);
+    assert!(other.fencing_token().await.unwrap() > 1_600_000_000_000_000);
 }

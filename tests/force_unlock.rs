@@ -20,7 +20,7 @@ async fn freed_under_its_holder(
     assert!(!operator.is_locked(key).await.unwrap());
     let lease = Duration::from_millis(900);
     let g = holder.lock(key).lease(lease).acquire().await.unwrap();
-    let token = g.fencing_token();
+    let token = g.fencing_token().await.unwrap();
     assert!(operator.is_locked(key).await.unwrap());
     let w = {
         let waiter = waiter.clone();
@@ -40,7 +40,7 @@ async fn freed_under_its_holder(
     // The waiter is woken by the force-unlock's message, not by its backoff.
     let (acquired_at, next) = w.await.unwrap();
     assert!(acquired_at - freed_at < Duration::from_millis(500));
-    assert!(next.fencing_token() > token);
+    assert!(next.fencing_token().await.unwrap() > token);
     // The holder learns it at its next renewal (every lease / 3).
     tokio::time::timeout(lease, g.lost())
         .await

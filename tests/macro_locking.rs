@@ -25,7 +25,7 @@ impl From<LockError> for AppError {
 #[distributed_lock(key = "order:{order_id}", lease = "300ms", guard = lock, manager = m)]
 async fn ship(m: &LockManager, order_id: u64, ran: &AtomicUsize) -> Result<u64, AppError> {
     ran.fetch_add(1, Ordering::SeqCst);
-    Ok(lock.fencing_token())
+    Ok(lock.fencing_token().await.unwrap())
 }
 
 #[tokio::test]
@@ -83,12 +83,12 @@ async fn transfer(m: &LockManager, id: u32) -> Result<(u64, u64), AppError> {
     // A nested locked function on the same key re-enters instead of waiting
     // for itself, and sees the same fencing token.
     let inner = audit(m, id).await?;
-    Ok((outer.fencing_token(), inner))
+    Ok((outer.fencing_token().await.unwrap(), inner))
 }
 
 #[distributed_lock(key = "account:{id}", wait = "0s", manager = m, guard = g)]
 async fn audit(m: &LockManager, id: u32) -> Result<u64, AppError> {
-    Ok(g.fencing_token())
+    Ok(g.fencing_token().await.unwrap())
 }
 
 #[tokio::test]
@@ -252,7 +252,11 @@ impl Billing {
     #[distributed_lock(key = "invoice:{self.tenant}:{inv.id}", wait = "0s", guard = lock, manager = self.locks)]
     async fn close(&self, inv: &Invoice) -> Result<String, AppError> {
         self.closed.fetch_add(1, Ordering::SeqCst);
-        Ok(format!("{} {}", lock.key(), lock.fencing_token() > 0))
+        Ok(format!(
+            "{} {}",
+            lock.key(),
+            lock.fencing_token().await.unwrap() > 0
+        ))
     }
 
     #[distributed_lock(key = "tenant:{self.tenant}", manager = self.locks)]
@@ -309,7 +313,7 @@ struct Warehouse {
 impl Shipper for Warehouse {
     #[distributed_lock(key = "order:{order_id}", wait = "0s", guard = g, manager = self.locks)]
     async fn ship_one(&self, order_id: u64) -> Result<u64, AppError> {
-        Ok(g.fencing_token())
+        Ok(g.fencing_token().await.unwrap())
     }
 }
 
@@ -365,4 +369,24 @@ async fn a_loss_found_at_release_is_reported_with_abort() {
         loses_it_at_the_end_and_ignores(&m, &mut raw).await.unwrap(),
         "done"
     );
+}
+
+#[distributed_lock(key = "eager:{id}", eager_fencing = true, guard = lock, manager = m)]
+async fn eager_job(m: &LockManager, id: u64) -> Result<Option<u64>, LockError> {
+    Ok(lock.issued_fencing_token())
+}
+
+#[distributed_lock(key = "lazy:{id}", guard = lock, manager = m)]
+async fn lazy_job(m: &LockManager, id: u64) -> Result<Option<u64>, LockError> {
+    Ok(lock.issued_fencing_token())
+}
+
+/// `eager_fencing = true` issues the token inside the acquisition; without
+/// it, a locked function has no token until it asks for one.
+#[tokio::test]
+async fn eager_fencing_takes_the_token_with_the_lock() {
+    let redis = server();
+    let m = manager(&redis).await;
+    assert!(eager_job(&m, 1).await.unwrap().is_some());
+    assert_eq!(lazy_job(&m, 1).await.unwrap(), None);
 }

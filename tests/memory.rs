@@ -41,9 +41,11 @@ async fn ten_thousand_released_keys_leave_nothing_behind_once_the_bound_has_pass
             let m = m.clone();
             tokio::spawn(async move {
                 for i in (t..KEYS).step_by(TASKS) {
+                    // Tokens taken, so that counters are left to expire.
                     let g = m
                         .lock(format!("order:{i}"))
                         .lease(lease)
+                        .eager_fencing(true)
                         .acquire()
                         .await
                         .unwrap();
@@ -104,8 +106,8 @@ async fn a_key_whose_counter_expired_still_gets_a_larger_token() {
                 .acquire()
                 .await
                 .unwrap();
-            assert!(g.fencing_token() > highest);
-            highest = g.fencing_token();
+            assert!(g.fencing_token().await.unwrap() > highest);
+            highest = g.fencing_token().await.unwrap();
             g.release().await.unwrap();
         }
         // ...then it expires with the lease (retention zero) and is gone.
@@ -116,40 +118,49 @@ async fn a_key_whose_counter_expired_still_gets_a_larger_token() {
         }
         let g = m.lock("k").acquire().await.unwrap();
         assert!(
-            g.fencing_token() > highest,
+            g.fencing_token().await.unwrap() > highest,
             "round {round}: {} after {highest} with the counter expired",
-            g.fencing_token()
+            g.fencing_token().await.unwrap()
         );
-        highest = g.fencing_token();
+        highest = g.fencing_token().await.unwrap();
         g.release().await.unwrap();
     }
 }
 
-/// `MEMORY USAGE` of one held lock (its string and its fencing counter), for the
-/// README: `cargo test --test memory -- --nocapture`.
+/// `MEMORY USAGE` of one held lock, for the README: without a token it is the
+/// lock's string alone (no fencing counter is written); with one, the string
+/// and its fencing counter. `cargo test --test memory -- --nocapture`.
 #[tokio::test]
 async fn memory_usage_of_a_held_lock() {
     let redis = server();
     let mut raw = raw(&redis).await;
     let m = manager(&redis).await;
     let key = "order:1234567";
-    let g = m.lock(key).acquire().await.unwrap();
     let names = m.redis_names(key);
-    let mut total = 0;
-    for name in [&names.lock, &names.fencing_counter] {
-        let bytes: i64 = redis::cmd("MEMORY")
+    let usage = async |raw: &mut redis::aio::MultiplexedConnection, name: &str| -> Option<i64> {
+        redis::cmd("MEMORY")
             .arg("USAGE")
             .arg(name)
-            .query_async(&mut raw)
+            .query_async(raw)
             .await
-            .unwrap();
-        total += bytes;
-    }
+            .unwrap()
+    };
+    let g = m.lock(key).acquire().await.unwrap();
+    let lock = usage(&mut raw, &names.lock).await.expect("the lock");
+    assert_eq!(usage(&mut raw, &names.fencing_counter).await, None);
+    assert_eq!(all_keys(&mut raw).await, std::slice::from_ref(&names.lock));
+    g.fencing_token().await.unwrap();
+    let with_token = usage(&mut raw, &names.lock).await.expect("the lock")
+        + usage(&mut raw, &names.fencing_counter)
+            .await
+            .expect("the counter");
     println!(
-        "MEMORY USAGE of a held lock on {key:?} (prefix {:?}): {total} bytes (lock string + fencing counter)",
+        "MEMORY USAGE of a held lock on {key:?} (prefix {:?}): {lock} bytes without a token \
+         (the lock string alone), {with_token} bytes with one (lock string + fencing counter)",
         m.key_prefix()
     );
-    // Two small keys; this is a count that does not drift for a given key length.
-    assert!(total > 0 && total < 400, "{total} bytes");
+    // Small keys; a count that does not drift for a given key length.
+    assert!(lock > 0 && lock < 250, "{lock} bytes");
+    assert!(with_token > lock && with_token < 400, "{with_token} bytes");
     g.release().await.unwrap();
 }

@@ -79,7 +79,7 @@ async fn a_paused_holders_stale_write_is_rejected_by_postgres() {
                 .acquire()
                 .await
                 .expect("A acquires");
-            let token = guard.fencing_token();
+            let token = guard.fencing_token().await.unwrap();
             let (balance, _) = read(&db, 1).await;
             holding_tx.send(token).expect("B listens");
             // Frozen (no await, so no renewal) until B has written: longer than
@@ -103,7 +103,7 @@ async fn a_paused_holders_stale_write_is_rejected_by_postgres() {
         .acquire()
         .await
         .expect("B acquires once A's lease ran out");
-    let b_token = guard.fencing_token();
+    let b_token = guard.fencing_token().await.unwrap();
     let (balance, _) = read(&db, 1).await;
     let b_rows = fenced_write(&db, 1, balance - 30, b_token).await;
     // `fence <= token`: the same holder may write the row again.

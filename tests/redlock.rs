@@ -265,16 +265,16 @@ async fn tokens_increase_across_majorities_with_and_without_a_member_ahead() {
         .await
         .unwrap();
     let first = m.lock("fenced").acquire().await.unwrap();
-    let t1 = first.fencing_token();
+    let t1 = first.fencing_token().await.unwrap();
     assert!(t1 > ahead);
     first.release().await.unwrap();
     servers[0].pause().unwrap();
     let second = m.lock("fenced").acquire().await.unwrap();
-    let t2 = second.fencing_token();
+    let t2 = second.fencing_token().await.unwrap();
     second.release().await.unwrap();
     servers[0].resume().unwrap();
     let third = m.lock("fenced").acquire().await.unwrap();
-    let t3 = third.fencing_token();
+    let t3 = third.fencing_token().await.unwrap();
     third.release().await.unwrap();
     assert!(t1 < t2 && t2 < t3, "{t1} {t2} {t3}");
 }

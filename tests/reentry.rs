@@ -20,7 +20,7 @@ async fn nested_acquire_in_scope_reenters_with_the_same_token() {
     let lock_key = m.redis_names("k").lock;
 
     let outer = m.lock("k").acquire().await.unwrap();
-    let token = outer.fencing_token();
+    let token = outer.fencing_token().await.unwrap();
     let (inner_token, still_held) = outer
         .scope(async {
             let start = std::time::Instant::now();
@@ -29,7 +29,7 @@ async fn nested_acquire_in_scope_reenters_with_the_same_token() {
                 start.elapsed() < Duration::from_millis(50),
                 "re-entry must not wait"
             );
-            let t = inner.fencing_token();
+            let t = inner.fencing_token().await.unwrap();
             // Deeper nesting, through a function of its own.
             nested_use(&m).await;
             inner.release().await.unwrap();
@@ -94,7 +94,7 @@ async fn a_spawned_task_is_another_owner_unless_handed_the_locks() {
     let redis = server();
     let m = manager(&redis).await;
     let outer = m.lock("k").acquire().await.unwrap();
-    let token = outer.fencing_token();
+    let token = outer.fencing_token().await.unwrap();
 
     let m2 = m.clone();
     let plain = outer
@@ -117,7 +117,7 @@ async fn a_spawned_task_is_another_owner_unless_handed_the_locks() {
         .scope(async move {
             distlock::spawn_with_locks(async move {
                 let g = m3.lock("k").wait(Duration::ZERO).acquire().await?;
-                let t = g.fencing_token();
+                let t = g.fencing_token().await.unwrap();
                 g.release().await?;
                 Ok::<_, LockError>(t)
             })

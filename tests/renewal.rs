@@ -124,6 +124,68 @@ async fn no_renewal_after_release() {
     }
 }
 
+/// A release cancelled at any of its await points (its future polled `n`
+/// times, then dropped: the caller gave up) still ends the hold: the guard's
+/// background release frees the lock, and no renewal runs for the hold after
+/// that (redisson#7272: a watchdog that kept renewing after an interrupted
+/// unlock). The renewal interval is lease / 3 = 100 ms, so three intervals of
+/// silence (300 ms) would have shown at least two renewals of a hold that the
+/// renewal task still kept.
+#[tokio::test]
+async fn no_renewal_after_a_release_cancelled_at_any_await_point() {
+    use std::future::Future;
+    use std::task::Poll;
+    let redis = server();
+    let a = manager(&redis).await;
+    let mut raw = raw(&redis).await;
+    let lock_key = a.redis_names("c").lock;
+    let mut completed_within = None;
+    for polls in 0..64usize {
+        let g = a
+            .lock("c")
+            .lease(Duration::from_millis(300))
+            .acquire()
+            .await
+            .unwrap();
+        let mut release = Box::pin(g.release());
+        let mut done = false;
+        for _ in 0..polls {
+            let ready =
+                std::future::poll_fn(|cx| Poll::Ready(release.as_mut().poll(cx).is_ready())).await;
+            if ready {
+                done = true;
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        drop(release);
+        // The background release (or the completed one) ends the hold; the
+        // command timeout (2 s) bounds it.
+        let freed = eventually(Duration::from_secs(3), async || {
+            a.held_count() == 0 && !exists(&mut raw, &lock_key).await
+        })
+        .await;
+        assert!(freed.is_some(), "{polls} polls: the lock was not freed");
+        reset_stats(&mut raw).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let calls = command_calls(&mut raw).await;
+        assert_eq!(
+            calls.get("evalsha"),
+            None,
+            "{polls} polls: a renewal (or anything) ran after the release: {calls:#?}"
+        );
+        assert!(!exists(&mut raw, &lock_key).await);
+        if done {
+            completed_within = Some(polls);
+            break;
+        }
+    }
+    assert!(
+        completed_within.is_some(),
+        "the release never completed within 64 polls: every await point was not reached"
+    );
+}
+
 /// One renewal task for all locks: holding 300 renewing locks adds no task per lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_renewal_task_renews_many_locks() {

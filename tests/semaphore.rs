@@ -219,7 +219,7 @@ async fn each_permit_is_renewed_and_learns_when_it_is_lost(d: Deployment) {
         .acquire()
         .await
         .unwrap();
-    assert!(dropped.fencing_token() < kept.fencing_token());
+    assert!(dropped.fencing_token().await.unwrap() < kept.fencing_token().await.unwrap());
     // Take one holder out in Redis; the other lives on through renewals.
     let _: i64 = redis::cmd("ZREM")
         .arg(&set)
@@ -257,7 +257,10 @@ async fn reentry_keeps_one_permit(d: Deployment) {
     let g = m.semaphore("nested", 1).acquire().await.unwrap();
     g.scope(async {
         let again = m.semaphore("nested", 1).acquire().await.unwrap();
-        assert_eq!(again.fencing_token(), g.fencing_token());
+        assert_eq!(
+            again.fencing_token().await.unwrap(),
+            g.fencing_token().await.unwrap()
+        );
         again.release().await.unwrap();
     })
     .await;

@@ -64,7 +64,10 @@ async fn a_killed_master_is_followed_and_no_lock_has_two_holders() {
                 .unwrap(),
         ));
     }
-    let tokens_before: Vec<u64> = guards.iter().map(|(_, g)| g.fencing_token()).collect();
+    let mut tokens_before: Vec<u64> = Vec::new();
+    for (_, g) in &guards {
+        tokens_before.push(g.fencing_token().await.unwrap());
+    }
     // The replica has them (the fixture links it before returning).
     let replicated = std::time::Instant::now();
     while !guards
@@ -92,7 +95,7 @@ async fn a_killed_master_is_followed_and_no_lock_has_two_holders() {
             {
                 // Exclusion: the first holder knew of its loss already.
                 assert!(guard.is_lost(), "{key}: two holders after the failover");
-                taken[i] = Some(g.fencing_token());
+                taken[i] = Some(g.fencing_token().await.unwrap());
             }
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -121,7 +124,7 @@ async fn a_killed_master_is_followed_and_no_lock_has_two_holders() {
     let fresh = m.lock("held:2").wait(Duration::from_secs(10));
     drop(guards);
     let g = fresh.acquire().await.unwrap();
-    assert!(g.fencing_token() > tokens_before[2]);
+    assert!(g.fencing_token().await.unwrap() > tokens_before[2]);
 }
 
 #[tokio::test]
@@ -136,12 +139,12 @@ async fn a_waiter_is_woken_through_the_new_master_after_a_failover() {
         .await
         .unwrap();
     let waiter = tokio::spawn(async move {
-        waiter_manager
+        let g = waiter_manager
             .lock("wake")
             .wait(Duration::from_secs(30))
             .acquire()
-            .await
-            .map(|g| g.fencing_token())
+            .await?;
+        g.fencing_token().await
     });
     tokio::time::sleep(Duration::from_millis(100)).await;
     let old = fixture.kill_master().unwrap();
@@ -151,7 +154,7 @@ async fn a_waiter_is_woken_through_the_new_master_after_a_failover() {
     // The holder's renewals moved to the new master (the replica had the lock).
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(!g.is_lost());
-    let token = g.fencing_token();
+    let token = g.fencing_token().await.unwrap();
     let released = Instant::now();
     g.release().await.unwrap();
     let next = tokio::time::timeout(Duration::from_secs(3), waiter)

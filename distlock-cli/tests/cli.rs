@@ -48,8 +48,15 @@ async fn holder(url: &str) -> LockManager {
         .unwrap()
 }
 
+/// A hold with its fencing token taken at acquisition, so the CLI shows it.
 async fn hold(manager: &LockManager, key: &str, lease: Duration) -> LockGuard {
-    manager.lock(key).lease(lease).acquire().await.unwrap()
+    manager
+        .lock(key)
+        .lease(lease)
+        .eager_fencing(true)
+        .acquire()
+        .await
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -86,7 +93,7 @@ async fn list_shows_held_locks_as_a_table_and_as_json() {
     assert!(lines[1].starts_with("order:42 "), "{text}");
     assert!(lines[1].contains("test-holder"), "{text}");
     assert!(
-        lines[1].contains(&order.fencing_token().to_string()),
+        lines[1].contains(&order.fencing_token().await.unwrap().to_string()),
         "{text}"
     );
     assert!(lines[1].ends_with("no"), "{text}");
@@ -109,7 +116,10 @@ async fn list_shows_held_locks_as_a_table_and_as_json() {
     for (lock, guard) in locks.iter().zip([&order, &report]) {
         assert_eq!(lock["key"], guard.key());
         assert_eq!(lock["holder"], "test-holder");
-        assert_eq!(lock["fencing_token"].as_u64(), Some(guard.fencing_token()));
+        assert_eq!(
+            lock["fencing_token"].as_u64(),
+            Some(guard.fencing_token().await.unwrap())
+        );
         let ttl = lock["ttl_ms"].as_u64().unwrap();
         assert!(ttl > 50_000 && ttl <= 60_000, "{ttl}");
         let since = lock["held_since_ms"].as_u64().unwrap();
@@ -159,7 +169,10 @@ async fn inspect_shows_a_held_lock_and_fails_for_a_free_one() {
     assert!(text.contains("key:        order:7\n"), "{text}");
     assert!(text.contains("holder:     test-holder\n"), "{text}");
     assert!(
-        text.contains(&format!("token:      {}\n", guard.fencing_token())),
+        text.contains(&format!(
+            "token:      {}\n",
+            guard.fencing_token().await.unwrap()
+        )),
         "{text}"
     );
     assert!(text.contains("waiters:    no\n"), "{text}");
@@ -172,7 +185,7 @@ async fn inspect_shows_a_held_lock_and_fails_for_a_free_one() {
     .await;
     assert_eq!(
         json(&out)["fencing_token"].as_u64(),
-        Some(guard.fencing_token())
+        Some(guard.fencing_token().await.unwrap())
     );
 
     distlock()

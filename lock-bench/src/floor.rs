@@ -3,10 +3,14 @@
 //! * [`Floor`], the **same-scripts floor**: the very Lua text of the runtime
 //!   (`include_str!` of `lock-runtime/src/scripts/*.lua`), so that the server
 //!   does identical work and only the client side differs. What distlock costs
-//!   on top of its own protocol. Acquire is one `EVALSHA` of `acquire.lua`,
-//!   release one `EVALSHA` of `release.lua` (which publishes the wake-up); a
-//!   waiter listens on a pub/sub connection opened and subscribed before the
-//!   measurement and retries when woken, or after a short fallback sleep.
+//!   on top of its own protocol. A first attempt is the runtime's plain
+//!   `SET NX PX GET`; a waiting attempt one `EVALSHA` of `acquire.lua` (which
+//!   marks the lock: the floor's waiters do not queue, they wait for the
+//!   release's broadcast, as the runtime's waiters on a Redlock do); release
+//!   one `EVALSHA` of `release.lua` (which publishes the wake-up for a marked
+//!   lock); a waiter listens on a pub/sub connection opened and subscribed
+//!   before the measurement and retries when woken, or after a short
+//!   fallback sleep.
 //!   Renewal is one pipeline of `renew.lua` calls per 512 locks. The scripts'
 //!   arguments are built in one place, [`same_scripts`], to follow the runtime
 //!   when their signatures change.
@@ -102,10 +106,19 @@ impl ConnectionLike for Conn {
     }
 }
 
-/// The runtime's default fencing-counter retention (`LockManagerBuilder::fence_retention`).
-const FENCE_RETENTION_MS: u64 = 10 * 60 * 1000;
-pub const ACQUIRE_LUA: &str = include_str!("../../lock-runtime/src/scripts/acquire.lua");
-pub const RELEASE_LUA: &str = include_str!("../../lock-runtime/src/scripts/release.lua");
+/// `acquire.lua` after the helpers it is prepended with, as the runtime sends it.
+pub const ACQUIRE_LUA: &str = concat!(
+    include_str!("../../lock-runtime/src/scripts/shared_prelude.lua"),
+    include_str!("../../lock-runtime/src/scripts/queue_prelude.lua"),
+    include_str!("../../lock-runtime/src/scripts/acquire.lua")
+);
+/// `release.lua` after its helpers, as the runtime sends it.
+pub const RELEASE_LUA: &str = concat!(
+    include_str!("../../lock-runtime/src/scripts/release.lua"),
+    include_str!("../../lock-runtime/src/scripts/shared_prelude.lua"),
+    include_str!("../../lock-runtime/src/scripts/queue_prelude.lua"),
+    include_str!("../../lock-runtime/src/scripts/release_queue.lua")
+);
 pub const RENEW_LUA: &str = include_str!("../../lock-runtime/src/scripts/renew.lua");
 
 /// Renewals per pipeline, as in the runtime.
@@ -118,6 +131,8 @@ pub struct Names {
     pub lock: String,
     pub fence: String,
     pub channel: String,
+    pub queue: String,
+    pub entries: String,
 }
 
 impl Names {
@@ -132,6 +147,8 @@ impl Names {
             lock: name("lock"),
             fence: name("fence"),
             channel: name("wake"),
+            queue: name("lockq"),
+            entries: name("lockqe"),
         }
     }
 }
@@ -270,8 +287,9 @@ impl Floor {
         Ok((Subscription(task), rx))
     }
 
-    /// One acquire script; `waiting` when this client listens for the lock's
-    /// wake-ups (it marks the lock, so the holder's release publishes one).
+    /// One attempt: the runtime's plain `SET NX PX GET` for a first try, the
+    /// acquire script when `waiting` (this client listens for the lock's
+    /// wake-ups: it marks the lock, so the holder's release publishes one).
     pub async fn try_acquire(
         &self,
         names: &Names,
@@ -280,6 +298,16 @@ impl Floor {
         waiting: bool,
     ) -> Result<Attempt> {
         let mut conn = self.conn.clone();
+        if !waiting {
+            let held: Option<Vec<u8>> = same_scripts::take(names, owner, lease_ms)
+                .query_async(&mut conn)
+                .await
+                .map_err(context("floor: SET NX PX GET"))?;
+            return Ok(match held {
+                None => Attempt::Acquired,
+                Some(_) => Attempt::Busy(-1),
+            });
+        }
         // The scripts echo the owner token (the runtime checks it; the floor,
         // doing the least, only reads past it).
         let (status, value, _owner): (i64, i64, String) =
@@ -363,10 +391,38 @@ impl Floor {
 /// The arguments of the runtime's scripts, in one place: when the runtime
 /// changes a script's signature, only this module follows it.
 pub mod same_scripts {
-    use super::{Names, Script, ScriptInvocation, FENCE_RETENTION_MS};
+    use super::{Names, Script, ScriptInvocation};
 
-    /// `acquire.lua`: KEYS lock, fence; ARGV owner, lease ms, fence TTL ms,
-    /// waiting mark, acquisition time (ms), holder description.
+    /// The runtime's hand-off base for the default prefix (`<prefix>handoff`).
+    const HANDOFF_BASE: &str = "distlock:handoff";
+
+    /// The holder description: about as long as the runtime's default
+    /// (`<host> pid <pid> <program>`).
+    const HOLDER: &str = "bench-host pid 12345 lock-bench";
+
+    fn since_ms() -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
+    }
+
+    /// The runtime's attempt without a token that does not wait: `SET NX PX
+    /// GET` of the lock's value (token 0).
+    pub fn take(names: &Names, owner: &str, lease_ms: u64) -> redis::Cmd {
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(&names.lock)
+            .arg(format!("{owner}-0:{}:{HOLDER}", since_ms()))
+            .arg("NX")
+            .arg("PX")
+            .arg(lease_ms)
+            .arg("GET");
+        cmd
+    }
+
+    /// `acquire.lua`: KEYS lock, fence, queue, entries; ARGV owner, lease ms,
+    /// fence TTL ms ('0': no token, as the runtime's default), waiting mark,
+    /// acquisition time (ms), holder description, queue ('0': mark only),
+    /// queue lease, hand-off TTL, hand-off base, route.
     pub fn acquire<'a>(
         script: &'a Script,
         names: &Names,
@@ -374,27 +430,36 @@ pub mod same_scripts {
         lease_ms: u64,
         waiting: bool,
     ) -> ScriptInvocation<'a> {
-        let since_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
         let mut inv = script.key(&names.lock);
         inv.key(&names.fence)
+            .key(&names.queue)
+            .key(&names.entries)
             .arg(owner)
             .arg(lease_ms)
-            // The fencing counter's TTL: lease + the runtime's default retention.
-            .arg(lease_ms + FENCE_RETENTION_MS)
+            .arg("0")
             .arg(if waiting { "+" } else { "-" })
-            .arg(since_ms)
-            // About as long as the runtime's default (`<host> pid <pid> <program>`).
-            .arg("bench-host pid 12345 lock-bench");
+            .arg(since_ms())
+            .arg(HOLDER)
+            .arg("0")
+            .arg(3000)
+            .arg(lease_ms)
+            .arg(HANDOFF_BASE)
+            .arg("0");
         inv
     }
 
-    /// `release.lua`: KEYS lock; ARGV owner, wake-up channel, keep_ms ("0": delete,
-    /// as distlock does without a `min_hold`).
+    /// `release.lua`: KEYS lock, fence, queue, entries; ARGV owner, wake-up
+    /// channel, keep_ms ("0": delete, as distlock does without a `min_hold`),
+    /// hand-off base.
     pub fn release<'a>(script: &'a Script, names: &Names, owner: &str) -> ScriptInvocation<'a> {
         let mut inv = script.key(&names.lock);
-        inv.arg(owner).arg(&names.channel).arg("0");
+        inv.key(&names.fence)
+            .key(&names.queue)
+            .key(&names.entries)
+            .arg(owner)
+            .arg(&names.channel)
+            .arg("0")
+            .arg(HANDOFF_BASE);
         inv
     }
 

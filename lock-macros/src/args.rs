@@ -14,8 +14,20 @@ use crate::template::Template;
 
 /// Every option the attribute knows, in documentation order.
 pub(crate) const OPTIONS: &[&str] = &[
-    "key", "lease", "wait", "max_hold", "min_hold", "renew", "mode", "permits", "fair", "manager",
-    "guard", "on_lost", "crate",
+    "key",
+    "lease",
+    "wait",
+    "max_hold",
+    "min_hold",
+    "renew",
+    "eager_fencing",
+    "mode",
+    "permits",
+    "fair",
+    "manager",
+    "guard",
+    "on_lost",
+    "crate",
 ];
 
 /// The values `mode` accepts.
@@ -189,6 +201,8 @@ pub(crate) struct Options {
     pub(crate) max_hold: Option<DurationArg>,
     pub(crate) min_hold: Option<DurationArg>,
     pub(crate) renew: Option<syn::LitBool>,
+    /// `eager_fencing = true`: the token is issued inside the acquisition.
+    pub(crate) eager_fencing: Option<syn::LitBool>,
     pub(crate) mode: Mode,
     pub(crate) permits: Option<PermitsArg>,
     /// `fair = true` takes a fair lock; `fair = false` is the default lock.
@@ -296,6 +310,15 @@ impl Options {
                         "`renew` takes `true` or `false`, e.g. `renew = false`",
                     )),
                 },
+                "eager_fencing" => match &value {
+                    Expr::Lit(ExprLit {
+                        lit: Lit::Bool(b), ..
+                    }) => opts.eager_fencing = Some(b.clone()),
+                    _ => errors.push(syn::Error::new_spanned(
+                        &value,
+                        "`eager_fencing` takes `true` or `false`, e.g. `eager_fencing = true`",
+                    )),
+                },
                 "manager" => {
                     if let Expr::Lit(_) = value {
                         errors.push(syn::Error::new_spanned(
@@ -395,6 +418,7 @@ fn parse_raw(input: ParseStream) -> syn::Result<(Vec<RawArg>, Vec<syn::Error>)> 
             let n = name.unraw().to_string();
             let example = match n.as_str() {
                 "renew" => "renew = false".to_owned(),
+                "eager_fencing" => "eager_fencing = true".to_owned(),
                 "guard" => "guard = lock".to_owned(),
                 "on_lost" => "on_lost = \"ignore\"".to_owned(),
                 "key" => "key = \"order:{order_id}\"".to_owned(),

@@ -237,6 +237,9 @@ fn generate(func: &mut ItemFn, shape: &Shape, opts: &Options) -> TokenStream {
     if let Some(renew) = &opts.renew {
         builder = quote_spanned!(ms=> #builder.renew(#renew));
     }
+    if let Some(eager) = &opts.eager_fencing {
+        builder = quote_spanned!(ms=> #builder.eager_fencing(#eager));
+    }
     // The template as written is bounded (one per attribute), so it labels
     // the lock's metrics; the formatted key never does.
     let label = LitStr::new(&key.metrics_label(), ms);

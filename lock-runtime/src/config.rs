@@ -37,8 +37,9 @@ pub(crate) struct Config {
     pub(crate) replica_ack: Option<ReplicaAck>,
     /// Who holds this manager's locks, as operators see it (`LockInfo::holder`).
     pub(crate) holder: String,
-    /// Issue fencing tokens (a counter per lock); off, every token is 0.
-    pub(crate) fencing: bool,
+    /// Issue a hold's fencing token inside its acquisition by default, rather
+    /// than when the holder first asks for it.
+    pub(crate) eager_fencing: bool,
 }
 
 /// How many replicas must confirm an acquisition (`WAIT`), and how long to wait.
@@ -66,7 +67,7 @@ impl Default for Config {
             reject_evicting_policy: false,
             replica_ack: None,
             holder: crate::info::default_holder(),
-            fencing: true,
+            eager_fencing: false,
         }
     }
 }

@@ -20,11 +20,15 @@ pub(crate) struct Core {
     pub(crate) backend: Backend,
     pub(crate) renewals: Renewals,
     pub(crate) subscriber: Subscriber,
-    /// This manager's hand-off route: fair locks are handed to its waiters on
-    /// `<lock channel>:<route>`, which no other manager listens to (random,
-    /// so managers of different processes differ; two that drew the same
-    /// route would each hear the other's hand-offs, and ignore them).
+    /// This manager's hand-off route: locks are handed to its queued waiters
+    /// on `<prefix>handoff:<route>` ([`Core::handoff_channel`]), which no other
+    /// manager listens to (random, so managers of different processes differ;
+    /// two that drew the same route would each hear the other's hand-offs,
+    /// and ignore them: a hand-off names its waiter's owner token).
     pub(crate) handoff_route: String,
+    /// `<prefix>handoff:<route>`: one channel for the hand-offs of all this
+    /// manager's locks, so that a first wait on a key subscribes to nothing.
+    pub(crate) handoff_channel: String,
     pub(crate) runtime: tokio::runtime::Handle,
     /// Origin of the lease clocks (`Instant`s stored as nanoseconds after it).
     pub(crate) epoch: Instant,
@@ -34,10 +38,15 @@ pub(crate) struct Core {
 
 impl Core {
     pub(crate) fn new(config: Config, backend: Backend, runtime: tokio::runtime::Handle) -> Self {
+        let handoff_route = format!("{:08x}", rand::random::<u32>());
         Core {
             id: crate::config::next_id(),
             subscriber: Subscriber::new(config.connect_timeout, config.command_timeout),
-            handoff_route: format!("{:08x}", rand::random::<u32>()),
+            handoff_channel: format!(
+                "{}:{handoff_route}",
+                crate::backend::scripts::handoff_base(&config.key_prefix)
+            ),
+            handoff_route,
             config,
             backend,
             renewals: Renewals::default(),
@@ -45,12 +54,6 @@ impl Core {
             epoch: Instant::now(),
             shut_down: AtomicBool::new(false),
         }
-    }
-
-    /// The channel on which fair locks are handed to this manager's waiters
-    /// (see `scripts/fair_prelude.lua`).
-    pub(crate) fn handoff_channel(&self, keys: &crate::keys::LockKeys) -> String {
-        format!("{}:{}", keys.channel, self.handoff_route)
     }
 
     pub(crate) fn is_shut_down(&self) -> bool {

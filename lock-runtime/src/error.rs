@@ -37,6 +37,18 @@ pub enum LockError {
         key: String,
     },
 
+    /// The lock's Redis name holds a value distlock did not write (another
+    /// program's key, or a key of another type, under the manager's prefix).
+    /// distlock leaves such a value as it is and does not wait for it.
+    #[error(
+        "lock {}: its Redis name holds a value distlock did not write; it was left unchanged",
+        KeyPreview(key)
+    )]
+    ForeignValue {
+        /// The lock key.
+        key: String,
+    },
+
     /// The key cannot be used as a lock key.
     #[error("invalid lock key {}: {reason}", KeyPreview(key))]
     InvalidKey {
@@ -173,6 +185,7 @@ impl LockError {
             LockError::Timeout { key, .. }
             | LockError::Lost { key }
             | LockError::NotHeld { key }
+            | LockError::ForeignValue { key }
             | LockError::ShutDown { key }
             | LockError::NotReplicated { key, .. }
             | LockError::QuorumFailed { key, .. }

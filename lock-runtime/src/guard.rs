@@ -42,7 +42,7 @@ impl std::fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LockGuard")
             .field("key", &self.lease.key)
-            .field("fencing_token", &self.lease.fencing_token)
+            .field("fencing_token", &self.lease.fencing_token())
             .field("lost", &self.lease.is_lost())
             .finish_non_exhaustive()
     }
@@ -75,12 +75,30 @@ impl LockGuard {
         &self.lease.key
     }
 
-    /// The fencing token of this acquisition: greater than every token issued
-    /// earlier for this key, also across Redis restarts. Re-entrant guards share
-    /// the outer acquisition's token. Pass it to storage that rejects writes with
-    /// a token lower than one it has seen.
-    pub fn fencing_token(&self) -> u64 {
-        self.lease.fencing_token
+    /// The fencing token of this hold: greater than every token issued
+    /// earlier for this key to a holder that took one, also across Redis
+    /// restarts. Pass it to storage that rejects writes with a token lower
+    /// than one it has seen. Re-entrant guards share the outer hold's token.
+    ///
+    /// Fencing is on demand: unless the acquisition asked for its token
+    /// eagerly ([`LockRequest::eager_fencing`](crate::LockRequest::eager_fencing)),
+    /// the first call issues it in one round trip (a script that checks the
+    /// hold is still ours, takes the next token and records it in the lock, so
+    /// `inspect` and the CLI show it); later calls are local.
+    ///
+    /// # Errors
+    /// [`LockError::Lost`] when the lease is lost (or found lost now: no token
+    /// is issued to a holder that lost its lock), [`LockError::Backend`] when
+    /// Redis fails.
+    pub async fn fencing_token(&self) -> Result<u64, LockError> {
+        fencing_token_of(&self.manager.core, &self.lease).await
+    }
+
+    /// The fencing token, if this hold has one already (taken eagerly, or by
+    /// an earlier [`fencing_token`](Self::fencing_token) call); `None` until
+    /// then. Never a round trip.
+    pub fn issued_fencing_token(&self) -> Option<u64> {
+        Some(self.lease.fencing_token()).filter(|&token| token != 0)
     }
 
     /// The lease this lock was taken with.
@@ -107,11 +125,19 @@ impl LockGuard {
         }
         self.lease.set_lease(lease);
         let core = &self.manager.core;
-        let outcome = core
-            .backend
-            .renew(std::slice::from_ref(&self.lease))
-            .await
-            .pop();
+        let renew_once = || async {
+            core.backend
+                .renew(std::slice::from_ref(&self.lease))
+                .await
+                .pop()
+        };
+        let mut outcome = renew_once().await;
+        if matches!(outcome, Some(Renewal::Retry)) {
+            // The cause is fixed (a script reloaded after NOSCRIPT, a slot map
+            // refreshed, a new master found): once more, as the renewal task
+            // would, rather than hand the caller a retry.
+            outcome = renew_once().await;
+        }
         match outcome {
             Some(Renewal::Renewed { sent_at }) => {
                 self.lease.extended(sent_at);
@@ -131,7 +157,7 @@ impl LockGuard {
                 source: redis::RedisError::from((
                     redis::ErrorKind::Io,
                     "extend failed",
-                    "the renew script had to be reloaded; try again".to_owned(),
+                    "Redis asked twice in a row to retry the renewal".to_owned(),
                 )),
             }),
         }
@@ -244,7 +270,7 @@ impl LockGuard {
                 if !was_lost {
                     tracing::warn!(target: "distlock::release",
                         key = %KeyPreview(&lease.key),
-                        fencing_token = lease.fencing_token,
+                        fencing_token = lease.fencing_token(),
                         "lease lost: at release the lock was no longer ours"
                     );
                 }
@@ -416,6 +442,40 @@ impl Drop for BackgroundRelease {
     fn drop(&mut self) {
         if self.unfinished && !SPAWNING.with(|s| s.get()) {
             self.release_blocking();
+        }
+    }
+}
+
+/// The fencing token of `lease`, issued now if it has none (see
+/// [`LockGuard::fencing_token`]).
+pub(crate) async fn fencing_token_of(core: &Core, lease: &Lease) -> Result<u64, LockError> {
+    let token = lease.fencing_token();
+    if token != 0 {
+        return Ok(token);
+    }
+    if lease.is_lost() {
+        return Err(LockError::Lost {
+            key: lease.key.clone(),
+        });
+    }
+    let retention_ms = u64::try_from(core.config.fence_retention.as_millis()).unwrap_or(u64::MAX);
+    let fence_ttl_ms = lease.lease_ms().saturating_add(retention_ms);
+    match core
+        .backend
+        .issue_token(&lease.key, &lease.keys, &lease.owner, fence_ttl_ms)
+        .await
+        .map_err(|e| e.error)?
+    {
+        Some(token) => {
+            lease.set_fencing_token(token);
+            Ok(token)
+        }
+        None => {
+            lease
+                .mark_lost("the fencing token script found the lock gone or held by another owner");
+            Err(LockError::Lost {
+                key: lease.key.clone(),
+            })
         }
     }
 }

@@ -7,18 +7,19 @@
 //! <prefix>lock:{<tag>}:<K>    string "<owner><mark><token>:<since>:<holder>" (see
 //!                             scripts/acquire.lua), with the lease as TTL
 //! <prefix>fence:{<tag>}:<K>   last fencing token issued (TTL: lease + retention)
-//! <prefix>wake:{<tag>}:<K>    pub/sub channel; release publishes on it
+//! <prefix>wake:{<tag>}:<K>    pub/sub channel; release publishes on it, and a
+//!                             hand-off on `<channel>:<route>` (a manager's tag)
+//! <prefix>lockq:{<tag>}:<K>   queue of waiters: owner token scored by arrival
+//! <prefix>lockqe:{<tag>}:<K>  each queue entry's queue lease and hand-off
+//!                             details (see scripts/queue_prelude.lua)
 //! ```
 //!
 //! A read-write lock uses `rw` (the writer's string, in the lock's format),
 //! `rwr` (a sorted set of readers: owner token scored by its lease's end, server
 //! clock in ms), `rwi` (a waiting writer's intent), `rwfence` and `rwwake`; a
 //! semaphore `sem` (a sorted set of permit holders, scored the same way), `semp`
-//! (its permit count), `semfence` and `semwake`; a fair lock `fair` (the
-//! holder's string, in the lock's format), `fairq` (its queue of waiters: owner
-//! token scored by arrival number), `fairqe` (each queue entry's queue lease and
-//! hand-off details, see scripts/fair_prelude.lua), `fairfence` and `fairwake`.
-//! Every kind's names share the key's hash tag.
+//! (its permit count), `semfence` and `semwake`. Every kind's names share the
+//! key's hash tag.
 //!
 //! The tag is a hash of `K` written in hex, so braces in `K` cannot move the tag:
 //! Redis takes the first `{...}` of a name, and the prefix may not contain braces.
@@ -36,7 +37,8 @@ pub(crate) const MAX_KEY_BYTES: usize = 1 << 20;
 /// independently) and its own scripts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum LockKind {
-    /// `LockManager::lock`: one holder.
+    /// `LockManager::lock`: one holder; waiters queue in Redis and are handed
+    /// the lock in arrival order.
     Exclusive,
     /// `LockManager::write_lock`: one holder, and no reader.
     Write,
@@ -45,9 +47,6 @@ pub(crate) enum LockKind {
     Read,
     /// `LockManager::semaphore`: up to `permits` holders.
     Permit { permits: u32 },
-    /// `LockManager::fair_lock`: one holder; waiters queue in Redis and are
-    /// handed the lock in arrival order.
-    Fair,
 }
 
 impl LockKind {
@@ -58,7 +57,6 @@ impl LockKind {
             LockKind::Exclusive => "lock",
             LockKind::Write | LockKind::Read => "read-write lock",
             LockKind::Permit { .. } => "semaphore",
-            LockKind::Fair => "fair lock",
         }
     }
 }
@@ -74,11 +72,12 @@ pub(crate) struct LockKeys {
     pub(crate) kind: LockKind,
     /// The other name a hold's scripts read: for a write lock the readers'
     /// set, for a read lock the writer's string, for a semaphore its permit
-    /// count, for a fair lock its queue of waiters; empty for an exclusive lock.
+    /// count, for the default lock its queue of waiters.
     pub(crate) related: String,
     /// A read-write lock's writer intent: a waiting writer's owner token,
-    /// which keeps new readers out (so readers cannot starve writers); a fair
-    /// lock's queue entries (each waiter's queue lease); empty for other kinds.
+    /// which keeps new readers out (so readers cannot starve writers); the
+    /// default lock's queue entries (each waiter's queue lease); empty for a
+    /// semaphore.
     pub(crate) intent: String,
 }
 
@@ -106,8 +105,8 @@ impl LockKeys {
                 name("lock"),
                 name("fence"),
                 name("wake"),
-                String::new(),
-                String::new(),
+                name("lockq"),
+                name("lockqe"),
             ),
             LockKind::Write => (
                 name("rw"),
@@ -129,13 +128,6 @@ impl LockKeys {
                 name("semwake"),
                 name("semp"),
                 String::new(),
-            ),
-            LockKind::Fair => (
-                name("fair"),
-                name("fairfence"),
-                name("fairwake"),
-                name("fairq"),
-                name("fairqe"),
             ),
         };
         LockKeys {
@@ -285,25 +277,15 @@ mod tests {
     }
 
     #[test]
-    fn a_fair_locks_names_share_the_tag_and_differ_from_the_exclusive_locks() {
-        let plain = LockKeys::new("distlock:", "k");
-        let fair = LockKeys::of("distlock:", "k", LockKind::Fair);
-        let tag = cluster_hash_part(&plain.lock);
-        for name in [
-            &fair.lock,
-            &fair.fence,
-            &fair.channel,
-            &fair.related,
-            &fair.intent,
-        ] {
+    fn the_queue_names_share_the_tag_and_are_not_lock_names() {
+        let keys = LockKeys::new("distlock:", "k");
+        let tag = cluster_hash_part(&keys.lock);
+        for name in [&keys.related, &keys.intent] {
             assert_eq!(cluster_hash_part(name), tag, "{name}");
+            assert_eq!(user_key_of("distlock:", name), None);
         }
-        assert_ne!(fair.lock, plain.lock);
-        assert_ne!(fair.fence, plain.fence);
-        assert_ne!(fair.channel, plain.channel);
-        assert!(fair.related.starts_with("distlock:fairq:{"));
-        assert!(fair.intent.starts_with("distlock:fairqe:{"));
-        assert_eq!(user_key_of("distlock:", &fair.lock), None);
+        assert!(keys.related.starts_with("distlock:lockq:{"));
+        assert!(keys.intent.starts_with("distlock:lockqe:{"));
     }
 
     #[test]

@@ -37,7 +37,9 @@ pub(crate) struct Lease {
     pub(crate) key: String,
     pub(crate) keys: LockKeys,
     pub(crate) owner: String,
-    pub(crate) fencing_token: u64,
+    /// The hold's fencing token; 0 until one is issued (at the acquisition
+    /// with eager fencing, else at the holder's first request for it).
+    fencing_token: AtomicU64,
     /// The lease in milliseconds; `LockGuard::extend` may change it.
     lease_ms: AtomicU64,
     pub(crate) renew: bool,
@@ -67,7 +69,7 @@ impl std::fmt::Debug for Lease {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Lease")
             .field("key", &self.key)
-            .field("fencing_token", &self.fencing_token)
+            .field("fencing_token", &self.fencing_token())
             .field("lease", &self.lease())
             .field("renew", &self.renew)
             .field("state", &self.state.load(Ordering::Relaxed))
@@ -104,7 +106,7 @@ impl Lease {
             key: n.key,
             keys: n.keys,
             owner: n.owner,
-            fencing_token: n.fencing_token,
+            fencing_token: AtomicU64::new(n.fencing_token),
             lease_ms: AtomicU64::new(u64::try_from(n.lease.as_millis()).unwrap_or(u64::MAX)),
             renew: n.renew,
             metrics_label: n.metrics_label,
@@ -120,6 +122,16 @@ impl Lease {
         };
         lease.renewed(n.sent_at);
         lease
+    }
+
+    /// The fencing token issued to this hold; 0 while none is.
+    pub(crate) fn fencing_token(&self) -> u64 {
+        self.fencing_token.load(Ordering::Acquire)
+    }
+
+    /// Records the token issued to this hold (see `LockGuard::fencing_token`).
+    pub(crate) fn set_fencing_token(&self, token: u64) {
+        self.fencing_token.store(token, Ordering::Release);
     }
 
     fn nanos(&self, at: Instant) -> u64 {
@@ -255,7 +267,7 @@ impl Lease {
             crate::telemetry::lost(self.metrics_label);
             tracing::warn!(target: "distlock::lease",
                 key = %crate::error::KeyPreview(&self.key),
-                fencing_token = self.fencing_token,
+                fencing_token = self.fencing_token(),
                 reason = why,
                 "lease lost"
             );

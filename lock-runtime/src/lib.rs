@@ -26,7 +26,7 @@
 //!     .wait(Duration::from_secs(1))
 //!     .acquire()
 //!     .await?;
-//! // ... work, passing guard.fencing_token() to storage ...
+//! // ... work, passing guard.fencing_token().await? to storage ...
 //! guard.release().await?;
 //! # Ok(()) }
 //! ```

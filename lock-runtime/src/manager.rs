@@ -37,7 +37,7 @@ use crate::request::LockRequest;
 ///     .build()
 ///     .await?;
 /// let guard = manager.lock("order:42").acquire().await?;
-/// println!("fencing token {}", guard.fencing_token());
+/// println!("fencing token {}", guard.fencing_token().await?);
 /// guard.release().await?;
 /// # Ok(()) }
 /// ```
@@ -198,6 +198,38 @@ impl LockManager {
 
     /// Starts a request for the lock named `key` (any non-empty UTF-8 string).
     /// Nothing is sent until [`LockRequest::acquire`] or [`LockRequest::try_acquire`].
+    ///
+    /// The lock is the cheapest there is when nobody competes and fair when
+    /// many do:
+    /// - **Free**, it is taken with one plain `SET NX PX` and released by one
+    ///   script (`GET` + `DEL`): two round trips and four Redis commands a
+    ///   cycle, with no fencing counter (see [`LockGuard::fencing_token`]).
+    /// - **Busy**, waiters from every process queue in Redis in arrival order,
+    ///   each entry with a queue lease of its own (3 s, refreshed by the
+    ///   waiter's attempts every 0.4-0.8 s, so a waiter that died holds up the
+    ///   queue at most that long). The release hands the lock straight to the
+    ///   head in the same script and tells the head's manager with one message:
+    ///   the new holder needs no round trip of its own. A lost message costs
+    ///   one attempt, which finds the lock already its own.
+    /// - A lock with a live queue is handed over, never freed, so a newcomer's
+    ///   `SET NX` cannot overtake the queue. The one window left: a holder whose
+    ///   lease ran out (it crashed, or lost the lock) leaves the lock free while
+    ///   others queue; a newcomer can take it until the next attempt of a
+    ///   queued waiter, which hands it to the head. Queued waiters attempt
+    ///   again 2-4 ms after the lease their last attempt saw runs out (at the
+    ///   latest one refresh, 0.8 s, after their last attempt), so the window is
+    ///   a few milliseconds after an expiry (5 ms measured on loopback by
+    ///   `tests/fair.rs::the_overtaking_window_on_expiry_is_bounded_by_the_heads_next_attempt`),
+    ///   0.8 s at most.
+    /// - The handed-off lock's TTL is at most the queue lease (or the lease if
+    ///   shorter), so a head that died meanwhile holds it no longer; the new
+    ///   holder's first renewal brings it up to its lease. With `renew(false)`
+    ///   the hand-off sets the whole lease.
+    /// - On a Redlock manager waiters do not queue (a queue on each independent
+    ///   member could hand the lock to different waiters): a release there
+    ///   wakes this manager's longest waiter, which attempts again.
+    ///
+    /// [`LockGuard::fencing_token`]: crate::LockGuard::fencing_token
     pub fn lock(&self, key: impl Into<String>) -> LockRequest {
         LockRequest::new(self.inner.clone(), key.into())
     }
@@ -296,7 +328,8 @@ impl LockManager {
     ///     .wait(Duration::from_secs(1))
     ///     .acquire()
     ///     .await?;
-    /// let tokens = guard.fencing_tokens(); // one per key, in guard.keys() order
+    /// // One per key, in guard.keys() order (issued now: one round trip per key).
+    /// let tokens = guard.fencing_tokens().await?;
     /// // ... write both rows, each with its key's fencing token ...
     /// # let _ = tokens;
     /// guard.release().await?;
@@ -313,48 +346,12 @@ impl LockManager {
         )
     }
 
-    /// Starts a request for the **fair** lock `key`: one holder, and waiters
-    /// from every process served in arrival order.
-    ///
-    /// - An acquisition first tries once without queueing (a free lock with
-    ///   nobody queued is taken without subscribing: uncontended, the cost of
-    ///   [`lock`](Self::lock) in round trips). Finding it busy, it subscribes
-    ///   and queues itself in Redis (a sorted set by arrival number under the
-    ///   key's hash tag) in its next script, and refreshes its entry with each attempt (every 0.4 to
-    ///   0.8 s). Each entry has a queue lease of 3 s: a waiter that dies holds
-    ///   up the queue at most that long; one that times out or is cancelled
-    ///   withdraws its entry in the background.
-    /// - **Direct hand-off**: the release gives the lock to the head of the
-    ///   queue in the same script and publishes a message naming it; that
-    ///   waiter holds the lock on hearing it, without another round trip. A
-    ///   lost message costs one attempt, which finds the lock already its own.
-    ///   A lock whose holder's lease ran out (no release) goes to the head at
-    ///   the next attempt of any waiter.
-    /// - The handed-off lock's TTL is at most the queue lease (3 s, or the
-    ///   lease if shorter), so a head that died meanwhile holds it no longer;
-    ///   the new holder's first renewal, due a third of that later, brings it
-    ///   up to its lease. With `renew(false)` the hand-off sets the whole lease.
-    /// - As for [`lock`](Self::lock): renewal, release on every exit, the lost
-    ///   signal, strictly increasing fencing tokens, `min_hold` (a release that
-    ///   keeps the lock hands nothing off; the head takes it once it expires)
-    ///   and `max_hold`. Re-entry: `fair_lock(k)` inside a fair hold of `k`
-    ///   re-enters. A fair lock is a lock of its own: `fair_lock(k)` does not
-    ///   exclude `lock(k)`.
-    ///
-    /// Cost: as [`lock`](Self::lock) when the lock is free; each waiter makes
-    /// one script call per refresh while it waits. Not available on a Redlock
-    /// manager ([`LockError::InvalidConfig`]).
-    ///
-    /// ```no_run
-    /// # async fn demo(manager: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
-    /// // Replicas take turns in the order they asked.
-    /// let turn = manager.fair_lock("ledger").acquire().await?;
-    /// // ... nobody else holds it; the next in line gets it at the release.
-    /// turn.release().await
-    /// # }
-    /// ```
+    /// The same lock as [`lock`](Self::lock), under the name users of other
+    /// libraries look for: the default lock is already fair (waiters from every
+    /// process are served in arrival order). Kept so that code written for
+    /// distlock 0.1's separate fair lock reads as it did; it is not another lock.
     pub fn fair_lock(&self, key: impl Into<String>) -> LockRequest {
-        LockRequest::of_kind(self.inner.clone(), key.into(), LockKind::Fair)
+        self.lock(key)
     }
 
     /// The prefix of every Redis key this manager writes.
@@ -682,19 +679,18 @@ impl LockManagerBuilder {
         self
     }
 
-    /// Whether acquisitions issue fencing tokens (default: true).
+    /// Whether acquisitions issue their fencing token at once (default:
+    /// false): the manager's default for [`LockRequest::eager_fencing`].
     ///
-    /// Off, every [`fencing_token`](crate::LockGuard::fencing_token) is 0 and
-    /// no fencing counter is kept in Redis, and an acquisition that finds the
-    /// lock free is a plain `SET NX PX` (pipelined with an `ECHO` of the owner
-    /// token, so the reply is still checked to be its own; the ACL user then
-    /// also needs `+echo`) instead of a script: the cheapest lock distlock can
-    /// take, for work whose storage cannot check tokens anyway. Leases,
-    /// renewal, wake-ups, re-entry and the lost signal are unchanged. Turn it
-    /// off only when nothing uses the tokens: a paused holder whose lease
-    /// ran out can then overwrite its successor's work undetected.
-    pub fn fencing(mut self, fencing: bool) -> Self {
-        self.config.fencing = fencing;
+    /// Off, a hold pays nothing for fencing (no counter read or written, no
+    /// counter key left in Redis, a plain `SET NX PX` to take a free lock)
+    /// until it calls [`LockGuard::fencing_token`](crate::LockGuard::fencing_token),
+    /// which issues the token in one round trip; on, every acquisition issues
+    /// it in its own script, for services whose every hold writes with its
+    /// token. Tokens strictly increase across every holder that took one
+    /// either way.
+    pub fn eager_fencing(mut self, eager: bool) -> Self {
+        self.config.eager_fencing = eager;
         self
     }
 

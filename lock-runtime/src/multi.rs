@@ -54,6 +54,7 @@ pub struct MultiLockRequest {
     max_hold: Option<Duration>,
     min_hold: Option<Duration>,
     metrics_label: Option<&'static str>,
+    eager_fencing: Option<bool>,
 }
 
 /// The options every key's lease is taken with.
@@ -64,6 +65,7 @@ struct Options {
     max_hold: Option<Duration>,
     min_hold: Option<Duration>,
     metrics_label: Option<&'static str>,
+    eager_fencing: bool,
 }
 
 impl MultiLockRequest {
@@ -79,7 +81,15 @@ impl MultiLockRequest {
             max_hold: None,
             min_hold: None,
             metrics_label: None,
+            eager_fencing: None,
         }
+    }
+
+    /// Whether each key's fencing token is issued inside the acquisition
+    /// (default: the manager's); see [`LockRequest::eager_fencing`].
+    pub fn eager_fencing(mut self, eager: bool) -> Self {
+        self.eager_fencing = Some(eager);
+        self
     }
 
     /// The lease of every lock (see [`LockRequest::lease`]).
@@ -179,6 +189,7 @@ impl MultiLockRequest {
             max_hold,
             min_hold,
             metrics_label,
+            eager_fencing,
         } = self;
         config::validate_hold(max_hold, "max_hold")?;
         config::validate_hold(min_hold, "min_hold")?;
@@ -202,6 +213,7 @@ impl MultiLockRequest {
             max_hold,
             min_hold,
             metrics_label,
+            eager_fencing: eager_fencing.unwrap_or(core.config.eager_fencing),
         };
         let mut taken = MultiLockGuard::new(manager.clone());
         let Some(first) = keys.first() else {
@@ -320,17 +332,18 @@ async fn one_script(
     let lease_ms = u64::try_from(options.lease.as_millis()).unwrap_or(u64::MAX);
     let retention_ms = u64::try_from(core.config.fence_retention.as_millis()).unwrap_or(u64::MAX);
     let spec = AcquireSpec {
-        fence_ttl_ms: core
-            .config
-            .fencing
+        fence_ttl_ms: options
+            .eager_fencing
             .then(|| lease_ms.saturating_add(retention_ms)),
         waiting: false,
         since_ms: crate::info::now_ms(),
         holder: &core.config.holder,
         resize_permits: false,
+        queue: false,
         queue_lease_ms: 0,
         handoff_ttl_ms: 0,
         handoff_route: "",
+        attempt: 0,
     };
     let first = to_take.first().copied().unwrap_or_default();
     // If this future is dropped while the script is in flight, the server may
@@ -357,6 +370,12 @@ async fn one_script(
     };
     telemetry::round_trip(|| sent_at.elapsed());
     match reply {
+        Ok(AcquireAllReply::Foreign { index }) => {
+            in_flight.armed = false;
+            OneScript::Done(Err(LockError::ForeignValue {
+                key: to_take.get(index).copied().unwrap_or(first).to_owned(),
+            }))
+        }
         Ok(AcquireAllReply::Busy { index, remaining }) => {
             in_flight.armed = false;
             tracing::debug!(target: "distlock::acquire",
@@ -435,7 +454,8 @@ async fn ordered(
     for key in to_take {
         let mut request = LockRequest::new(manager.clone(), (*key).to_owned())
             .lease(options.lease)
-            .renew(options.renew);
+            .renew(options.renew)
+            .eager_fencing(options.eager_fencing);
         if let Some(max_hold) = options.max_hold {
             request = request.max_hold(max_hold);
         }
@@ -522,7 +542,14 @@ impl std::fmt::Debug for MultiLockGuard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MultiLockGuard")
             .field("keys", &self.keys)
-            .field("fencing_tokens", &self.fencing_tokens())
+            .field(
+                "fencing_tokens",
+                &self
+                    .leases
+                    .iter()
+                    .map(|l| l.fencing_token())
+                    .collect::<Vec<_>>(),
+            )
             .field("lost", &self.is_lost())
             .finish_non_exhaustive()
     }
@@ -570,16 +597,36 @@ impl MultiLockGuard {
         &self.keys
     }
 
-    /// The fencing token of each key, in [`keys`](Self::keys) order (see
-    /// [`LockGuard::fencing_token`](crate::LockGuard::fencing_token)).
-    pub fn fencing_tokens(&self) -> Vec<u64> {
-        self.leases.iter().map(|l| l.fencing_token).collect()
+    /// The fencing token of each key, in [`keys`](Self::keys) order, issued
+    /// now for the keys that have none (one round trip per key without one;
+    /// see [`LockGuard::fencing_token`](crate::LockGuard::fencing_token)).
+    ///
+    /// # Errors
+    /// [`LockError::Lost`] for the first key whose lease is lost,
+    /// [`LockError::Backend`] when Redis fails.
+    pub async fn fencing_tokens(&self) -> Result<Vec<u64>, LockError> {
+        let mut tokens = Vec::with_capacity(self.leases.len());
+        for lease in &self.leases {
+            tokens.push(crate::guard::fencing_token_of(&self.manager.core, lease).await?);
+        }
+        Ok(tokens)
     }
 
-    /// The fencing token of `key`, if this guard holds it.
-    pub fn fencing_token(&self, key: &str) -> Option<u64> {
-        let i = self.keys.binary_search_by(|k| k.as_str().cmp(key)).ok()?;
-        self.leases.get(i).map(|l| l.fencing_token)
+    /// The fencing token of `key` (issued now if it has none), or `None` when
+    /// this guard does not hold `key`.
+    ///
+    /// # Errors
+    /// As [`fencing_tokens`](Self::fencing_tokens).
+    pub async fn fencing_token(&self, key: &str) -> Result<Option<u64>, LockError> {
+        let Ok(i) = self.keys.binary_search_by(|k| k.as_str().cmp(key)) else {
+            return Ok(None);
+        };
+        match self.leases.get(i) {
+            Some(lease) => crate::guard::fencing_token_of(&self.manager.core, lease)
+                .await
+                .map(Some),
+            None => Ok(None),
+        }
     }
 
     /// True once any of the leases is lost (never for an empty guard).
@@ -722,7 +769,7 @@ impl MultiLockGuard {
                     if !ours {
                         tracing::warn!(target: "distlock::release",
                             key = %KeyPreview(&lease.key),
-                            fencing_token = lease.fencing_token,
+                            fencing_token = lease.fencing_token(),
                             "lease lost: at release the lock was no longer ours"
                         );
                         lost.get_or_insert_with(|| lease.key.clone());

@@ -16,14 +16,24 @@ use crate::lease::{Lease, NewLease};
 use crate::telemetry;
 use crate::waiting::Backoff;
 
-/// How long a fair waiter's queue entry lasts unless its next attempt
-/// refreshes it: a waiter that dies holds up the queue at most this long (and
-/// a lock handed to it, whose TTL is at most this, as long).
-pub(crate) const FAIR_QUEUE_LEASE: Duration = Duration::from_secs(3);
+/// How long a queued waiter's entry lasts unless its next attempt refreshes
+/// it: a waiter that dies holds up the queue at most this long (and a lock
+/// handed to it, whose TTL is at most this, as long).
+pub(crate) const QUEUE_LEASE: Duration = Duration::from_secs(3);
 
-/// A fair waiter attempts (refreshing its queue entry) after a random sleep
+/// A queued waiter attempts (refreshing its queue entry) after a random sleep
 /// between this and twice this: well within its queue lease.
-const FAIR_REFRESH: Duration = Duration::from_millis(400);
+const QUEUE_REFRESH: Duration = Duration::from_millis(400);
+
+/// A queued waiter attempts this long (and up to twice this) after the lease
+/// its last attempt saw runs out: Redis expires a key within a millisecond of
+/// its TTL on access, so the attempt finds it gone.
+const EXPIRY_MARGIN: Duration = Duration::from_millis(2);
+
+/// How many attempts a queued waiter remembers the send time of: more than
+/// fit in a queue lease (3 s at one per 0.4 s), so a hand-off answering an
+/// attempt whose entry could still be live finds its time.
+const RECENT_ATTEMPTS: usize = 16;
 
 /// A lock about to be acquired; from [`LockManager::lock`](crate::LockManager::lock).
 ///
@@ -52,6 +62,7 @@ pub struct LockRequest {
     metrics_label: Option<&'static str>,
     kind: LockKind,
     resize_permits: bool,
+    eager_fencing: Option<bool>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -79,7 +90,21 @@ impl LockRequest {
             max_hold: None,
             min_hold: None,
             metrics_label: None,
+            eager_fencing: None,
         }
+    }
+
+    /// Whether the fencing token is issued inside the acquisition (default:
+    /// the manager's, [`LockManagerBuilder::eager_fencing`], off). Off, a hold
+    /// pays nothing for fencing until it calls
+    /// [`LockGuard::fencing_token`], which issues the token in one round trip;
+    /// on, the acquisition issues it (a script instead of a plain `SET NX`,
+    /// no extra round trip), for holders that always use their token.
+    ///
+    /// [`LockManagerBuilder::eager_fencing`]: crate::LockManagerBuilder::eager_fencing
+    pub fn eager_fencing(mut self, eager: bool) -> Self {
+        self.eager_fencing = Some(eager);
+        self
     }
 
     /// The lease: the lock's TTL in Redis (10 ms to 30 days, whole milliseconds;
@@ -221,6 +246,7 @@ impl LockRequest {
             metrics_label,
             kind,
             resize_permits,
+            eager_fencing,
         } = self;
         if let LockKind::Permit { permits: 0 } = kind {
             return Err(LockError::InvalidConfig(format!(
@@ -228,7 +254,8 @@ impl LockRequest {
                 KeyPreview(&key)
             )));
         }
-        if kind != LockKind::Exclusive && matches!(manager.core.backend, Backend::Redlock(_)) {
+        let redlock = matches!(manager.core.backend, Backend::Redlock(_));
+        if kind != LockKind::Exclusive && redlock {
             return Err(LockError::InvalidConfig(format!(
                 "a {} is not available on a Redlock manager (key {}): use one server, \
                  Sentinel or a cluster",
@@ -275,10 +302,16 @@ impl LockRequest {
             lease_ms = lease.as_millis() as u64,
             wait_ms = wait.as_millis() as u64,
         );
+        // A shared hold (reader, permit) lives in a sorted set, which has no
+        // place to record a token issued later: it takes its token at once.
+        let eager_fencing = matches!(kind, LockKind::Read | LockKind::Permit { .. })
+            || eager_fencing.unwrap_or(core.config.eager_fencing);
         let acquired = Acquisition {
             core: &core,
             keys: core.keys_of(&key, kind),
             resize_permits,
+            eager_fencing,
+            queue: kind == LockKind::Exclusive && !redlock,
             owner: owner_token(),
             key,
             lease,
@@ -290,6 +323,7 @@ impl LockRequest {
             attempts: 0,
             waiting: false,
             last_sent: Instant::now(),
+            recent_attempts: std::collections::VecDeque::new(),
         }
         .run(manager.clone(), patience, wait)
         .instrument(span)
@@ -300,7 +334,7 @@ impl LockRequest {
             guard.set_hold_span(tracing::debug_span!(target: "distlock::lease",
                 "distlock.hold",
                 key = %KeyPreview(guard.key()),
-                fencing_token = guard.fencing_token(),
+                fencing_token = guard.issued_fencing_token(),
             ));
             guard
         }))
@@ -328,6 +362,11 @@ struct Acquisition<'a> {
     core: &'a Arc<Core>,
     keys: LockKeys,
     resize_permits: bool,
+    /// The fencing token is issued inside the acquisition.
+    eager_fencing: bool,
+    /// Waiters queue in Redis and are handed the lock (the default lock, but
+    /// on Redlock).
+    queue: bool,
     /// One owner token for all attempts of this acquisition: a retried attempt
     /// whose earlier reply was lost finds the lock already ours.
     owner: String,
@@ -340,10 +379,13 @@ struct Acquisition<'a> {
     started: Instant,
     attempts: u32,
     /// Listening for this lock's wake-ups: attempts mark the lock as waited for
-    /// (a fair lock's: they queue up).
+    /// (the default lock's: they queue up).
     waiting: bool,
     /// When the last attempt was sent.
     last_sent: Instant,
+    /// The numbers and send times of the last attempts of a queued
+    /// acquisition, for a hand-off that names the attempt it answers.
+    recent_attempts: std::collections::VecDeque<(u32, Instant)>,
 }
 
 impl Acquisition<'_> {
@@ -353,8 +395,8 @@ impl Acquisition<'_> {
         patience: Patience,
         wait: Duration,
     ) -> Result<Option<LockGuard>, LockError> {
-        if self.keys.kind == LockKind::Fair {
-            return self.run_fair(manager, patience, wait).await;
+        if self.queue {
+            return self.run_queued(manager, patience, wait).await;
         }
         let deadline = self.started + wait;
         let willing_to_wait = patience == Patience::Wait && !wait.is_zero();
@@ -452,13 +494,13 @@ impl Acquisition<'_> {
         }
     }
 
-    /// A fair lock's acquisition: every attempt of a waiting acquisition
+    /// The default lock's acquisition: every attempt of a waiting acquisition
     /// queues it up in Redis (or refreshes its queue entry), from the first;
     /// the lock comes by a hand-off message naming this waiter's owner token,
     /// or, when that message is lost, by the next attempt, which finds the
     /// lock already ours. Each waiter attempts on its own timer (not only the
     /// first in line of this manager), since each must refresh its entry.
-    async fn run_fair(
+    async fn run_queued(
         mut self,
         manager: Arc<ManagerInner>,
         patience: Patience,
@@ -488,8 +530,7 @@ impl Acquisition<'_> {
         // waits for the lock: the channel is subscribed, and the lock is
         // almost surely busy (under contention, one script per acquisition
         // fewer).
-        let channel = core.handoff_channel(&self.keys);
-        if !core.subscriber.has_waiters(&channel) {
+        if !core.subscriber.has_queued(&self.keys.lock) {
             if let Attempt::Acquired {
                 fencing_token,
                 sent_at,
@@ -498,10 +539,14 @@ impl Acquisition<'_> {
                 return self.grant(manager, fencing_token, sent_at, None).map(Some);
             }
         }
-        // Listening before the first attempt queues us up; a hand-off published
+        // Listening before the first attempt queues us up: the manager's one
+        // hand-off channel, subscribed once and kept. A hand-off published
         // before the subscription is confirmed is made up for by the attempt
         // every waiter makes once it is (it finds the lock already ours).
-        let registration = core.subscriber.register(&channel);
+        let channel = &core.handoff_channel;
+        core.subscriber.keep(channel);
+        let registration = core.subscriber.register(channel);
+        let _queued = core.subscriber.queue_here(&self.keys.lock);
         let handoff = core.subscriber.expect_handoff(&self.owner);
         self.waiting = true;
         // Leaving without the lock withdraws our queue entry (and gives back a
@@ -515,37 +560,56 @@ impl Acquisition<'_> {
             armed: true,
         };
         loop {
-            if let Attempt::Acquired {
-                fencing_token,
-                sent_at,
-            } = self.attempt().await?
-            {
-                withdraw.disarm();
-                return self.grant(manager, fencing_token, sent_at, None).map(Some);
-            }
+            let remaining = match self.attempt().await? {
+                Attempt::Acquired {
+                    fencing_token,
+                    sent_at,
+                } => {
+                    withdraw.disarm();
+                    return self.grant(manager, fencing_token, sent_at, None).map(Some);
+                }
+                Attempt::Busy(remaining) => remaining,
+            };
             let now = Instant::now();
             if now >= deadline {
                 return Err(self.timeout());
             }
-            let nap = (FAIR_REFRESH + Backoff::jitter(FAIR_REFRESH)).min(deadline - now);
+            // The next attempt refreshes the queue entry, and comes at once
+            // after the holder's lease runs out if no release hands the lock
+            // over first (a holder that crashed or lost it): then any queued
+            // attempt hands the lock to the head, which bounds the window in
+            // which a newcomer's `SET NX` can overtake the queue.
+            let mut nap = QUEUE_REFRESH + Backoff::jitter(QUEUE_REFRESH);
+            if let Some(remaining) = remaining {
+                nap = nap.min(remaining + EXPIRY_MARGIN + Backoff::jitter(EXPIRY_MARGIN));
+            }
+            let nap = nap.min(deadline - now);
             tokio::select! {
-                fencing_token = handoff.handed_off() => {
-                    // The hand-off came after our last attempt, which found the
-                    // lock busy: its TTL runs from later than that attempt, and
-                    // the lease can only be counted from the attempt. Long after
-                    // it (waiters refresh every 0.4-0.8 s, longer than a short
-                    // lease) that count would leave little lease or none, and
-                    // the new holder would be lost at once: then the next
-                    // attempt confirms the hand-off instead (it finds the lock
-                    // ours and resets its TTL to the whole lease).
+                handed = handoff.handed_off() => {
+                    // The hand-off consumed the queue entry that attempt
+                    // `handed.attempt` refreshed, so the lock's TTL runs from
+                    // after that attempt was sent: the lease is counted from
+                    // there, never from a later attempt (a hand-off heard
+                    // late, after this waiter queued again, may have expired
+                    // and gone to someone else meanwhile). Long after that
+                    // attempt (waiters refresh every 0.4-0.8 s, longer than a
+                    // short lease), or for an attempt no longer remembered,
+                    // the count would leave little lease or none: then the
+                    // next attempt confirms the hand-off instead (it finds
+                    // the lock ours and resets its TTL to the whole lease).
+                    let fencing_token = handed.fencing_token;
                     let ttl = self.handoff_ttl();
-                    if self.last_sent.elapsed() < ttl / 3 {
+                    let sent_at = self
+                        .recent_attempts
+                        .iter()
+                        .find(|(n, _)| *n == handed.attempt)
+                        .map(|(_, at)| *at);
+                    if let Some(sent_at) = sent_at.filter(|at| at.elapsed() < ttl / 3) {
                         withdraw.disarm();
-                        let sent_at = self.last_sent;
                         tracing::trace!(target: "distlock::acquire", fencing_token, "handed off");
                         return self.grant(manager, fencing_token, sent_at, Some(ttl)).map(Some);
                     }
-                    tracing::trace!(target: "distlock::acquire", fencing_token, "handed off long after the last attempt; confirming");
+                    tracing::trace!(target: "distlock::acquire", fencing_token, "handed off long after the attempt it answers; confirming");
                 }
                 // The subscription is (re-)confirmed, or the manager is
                 // shutting down: look again at once.
@@ -560,12 +624,12 @@ impl Acquisition<'_> {
         }
     }
 
-    /// The TTL a release gives the lock when it hands it to this fair waiter:
+    /// The TTL a release gives the lock when it hands it to this queued waiter:
     /// at most the queue lease when the holder renews (its first renewal
     /// brings it up to the lease), the lease when it does not.
     fn handoff_ttl(&self) -> Duration {
         if self.renew {
-            self.lease.min(FAIR_QUEUE_LEASE)
+            self.lease.min(QUEUE_LEASE)
         } else {
             self.lease
         }
@@ -576,6 +640,12 @@ impl Acquisition<'_> {
         self.attempts += 1;
         let sent_at = Instant::now();
         self.last_sent = sent_at;
+        if self.queue {
+            if self.recent_attempts.len() == RECENT_ATTEMPTS {
+                self.recent_attempts.pop_front();
+            }
+            self.recent_attempts.push_back((self.attempts, sent_at));
+        }
         let lease_ms = u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX);
         let retention_ms =
             u64::try_from(self.core.config.fence_retention.as_millis()).unwrap_or(u64::MAX);
@@ -599,18 +669,18 @@ impl Acquisition<'_> {
                 lease_ms,
                 &AcquireSpec {
                     fence_ttl_ms: self
-                        .core
-                        .config
-                        .fencing
+                        .eager_fencing
                         .then(|| lease_ms.saturating_add(retention_ms)),
                     waiting: self.waiting,
+                    queue: self.queue,
                     since_ms: crate::info::now_ms(),
                     holder: &self.core.config.holder,
                     resize_permits: self.resize_permits,
-                    queue_lease_ms: u64::try_from(FAIR_QUEUE_LEASE.as_millis()).unwrap_or(u64::MAX),
+                    queue_lease_ms: u64::try_from(QUEUE_LEASE.as_millis()).unwrap_or(u64::MAX),
                     handoff_ttl_ms: u64::try_from(self.handoff_ttl().as_millis())
                         .unwrap_or(u64::MAX),
                     handoff_route: &self.core.handoff_route,
+                    attempt: self.attempts,
                 },
             )
             .await;
@@ -626,6 +696,12 @@ impl Acquisition<'_> {
             Ok(AcquireReply::Busy { remaining }) => {
                 in_flight.armed = false;
                 Ok(Attempt::Busy(remaining))
+            }
+            Ok(AcquireReply::Foreign) => {
+                in_flight.armed = false;
+                Err(LockError::ForeignValue {
+                    key: self.key.clone(),
+                })
             }
             Ok(AcquireReply::PermitsDiffer { held_with }) => {
                 in_flight.armed = false;
@@ -648,7 +724,7 @@ impl Acquisition<'_> {
 
     /// Hands the lock to a guard. The acquisition is done with its names and
     /// owner token, so the lease takes them over rather than copies them.
-    /// `handed_off`: the lock came by a fair lock's hand-off, which set this
+    /// `handed_off`: the lock came by a queue's hand-off, which set this
     /// TTL some time after `sent_at` (see `Lease::handed_off`).
     fn grant(
         self,
@@ -661,6 +737,8 @@ impl Acquisition<'_> {
             core,
             keys,
             resize_permits: _,
+            eager_fencing: _,
+            queue: _,
             owner,
             key,
             lease,
@@ -672,6 +750,7 @@ impl Acquisition<'_> {
             attempts,
             waiting: _,
             last_sent: _,
+            recent_attempts: _,
         } = self;
         let lease = Arc::new(Lease::new(NewLease {
             id: config::next_id(),
@@ -713,7 +792,7 @@ impl Acquisition<'_> {
         tracing::debug!(target: "distlock::acquire",
             waited_ms = started.elapsed().as_millis() as u64,
             attempts,
-            fencing_token = lease.fencing_token,
+            fencing_token = lease.fencing_token(),
             "acquired"
         );
         Ok(LockGuard::new(manager, lease))
@@ -743,10 +822,10 @@ enum Attempt {
     Busy(Option<Duration>),
 }
 
-/// A writer's intent left in Redis by a waiting write acquisition, or a fair
-/// waiter's queue entry: released (the write or fair release script withdraws
+/// A writer's intent left in Redis by a waiting write acquisition, or a queued
+/// waiter's queue entry: released (the write or default release script withdraws
 /// it) if the acquisition ends without the lock, so that readers are not kept
-/// out for the rest of its lease, or the fair lock's queue is not held up for
+/// out for the rest of its lease, or the lock's queue is not held up for
 /// the rest of the entry's queue lease.
 struct WithdrawIntent {
     core: Arc<Core>,

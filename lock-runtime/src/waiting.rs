@@ -12,12 +12,14 @@
 //! with `*` (a read-write lock's) wakes every waiter of the channel: several
 //! readers may enter at once, and a writer must not be passed over.
 //!
-//! A fair lock's release hands the lock to the head of its queue in Redis and
-//! publishes `=<owner>:<fencing token>` on a channel of the head's manager only
-//! (`<lock channel>:<route>`, see `Core::handoff_channel`): there the message
-//! goes only to the waiter with that owner token (see
+//! The default lock's release hands the lock to the head of its queue in Redis
+//! and publishes `=<owner>:<fencing token>` on the one channel of the head's
+//! manager (`<prefix>handoff:<route>`, see `Core::handoff_channel`): there the
+//! message goes only to the waiter with that owner token (see
 //! [`Subscriber::expect_handoff`]), which then holds the lock without another
-//! round trip. Other waiters are not woken.
+//! round trip. Other waiters are not woken. That channel, once a waiter of the
+//! manager used it, stays subscribed ([`Subscriber::keep`]), so a wait on a
+//! key the manager never waited for subscribes to nothing.
 
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -48,16 +50,29 @@ pub(crate) struct Subscriber {
     dedupe: AtomicBool,
     /// Wake-up messages that woke a waiter (after de-duplication), for tests.
     delivered: AtomicU64,
-    /// Fair waiters of this manager expecting a hand-off, by owner token.
+    /// Queued waiters of this manager expecting a hand-off, by owner token.
     handoffs: Mutex<HashMap<String, Arc<HandoffSlot>>>,
+    /// How many acquisitions of this manager are queued for each lock (by its
+    /// Redis name): a new one queues behind them without a first try.
+    queued: Mutex<HashMap<String, usize>>,
 }
 
-/// Where a hand-off addressed to one fair waiter is left for it.
+/// Where a hand-off addressed to one queued waiter is left for it.
 #[derive(Default)]
 struct HandoffSlot {
-    /// The fencing token the hand-off issued, until the waiter takes it.
-    token: Mutex<Option<u64>>,
+    /// The hand-off, until the waiter takes it.
+    heard: Mutex<Option<HandedOff>>,
     notify: Notify,
+}
+
+/// A hand-off as its message told it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HandedOff {
+    /// The fencing token it issued (0: none).
+    pub(crate) fencing_token: u64,
+    /// The waiter's attempt whose queue entry it consumed: the lock's TTL
+    /// runs from after that attempt was sent.
+    pub(crate) attempt: u32,
 }
 
 struct Channel {
@@ -69,6 +84,8 @@ struct Channel {
     /// The payload (the releasing owner token) of the last wake-up taken, when
     /// wake-ups are de-duplicated.
     last_release: Vec<u8>,
+    /// Subscribed even with no waiter (see [`Subscriber::keep`]).
+    sticky: bool,
 }
 
 /// One registration's place in its channel's queue.
@@ -147,7 +164,49 @@ impl Subscriber {
             dedupe: AtomicBool::new(false),
             delivered: AtomicU64::new(0),
             handoffs: Mutex::new(HashMap::new()),
+            queued: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Keeps `channel` subscribed from now on, with or without waiters: for
+    /// the manager's hand-off channel, which serves every lock, so that a
+    /// manager pays its subscription once, not once per wait.
+    pub(crate) fn keep(&self, channel: &str) {
+        let mut channels = self.channels();
+        match channels.get_mut(channel) {
+            Some(entry) => entry.sticky = true,
+            None => {
+                channels.insert(
+                    channel.to_owned(),
+                    Channel {
+                        queue: VecDeque::new(),
+                        last_release: Vec::new(),
+                        sticky: true,
+                    },
+                );
+                // The task may be gone (manager shutting down).
+                let _ = self.changes.send(channel.to_owned());
+            }
+        }
+    }
+
+    fn queued(&self) -> MutexGuard<'_, HashMap<String, usize>> {
+        self.queued.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Counts an acquisition of this manager as queued for `lock` until the
+    /// returned guard is dropped.
+    pub(crate) fn queue_here(&self, lock: &str) -> QueuedHere<'_> {
+        *self.queued().entry(lock.to_owned()).or_insert(0) += 1;
+        QueuedHere {
+            subscriber: self,
+            lock: lock.to_owned(),
+        }
+    }
+
+    /// Whether some acquisition of this manager is queued for `lock`.
+    pub(crate) fn has_queued(&self, lock: &str) -> bool {
+        self.queued().contains_key(lock)
     }
 
     fn handoffs(&self) -> MutexGuard<'_, HashMap<String, Arc<HandoffSlot>>> {
@@ -167,21 +226,16 @@ impl Subscriber {
         }
     }
 
-    /// Routes a hand-off message (`<owner>:<token>`, after its `=`) to the
-    /// waiter with that owner token, if it is one of ours.
+    /// Routes a hand-off message (`<owner>:<token>:<attempt>`, after its `=`)
+    /// to the waiter with that owner token, if it is one of ours.
     fn hand_off(&self, message: &[u8]) {
-        let Some((owner, token)) = std::str::from_utf8(message)
-            .ok()
-            .and_then(|m| m.rsplit_once(':'))
-        else {
+        let Some(handed) = std::str::from_utf8(message).ok().and_then(parse_handoff) else {
             return;
         };
-        let Ok(token) = token.parse::<u64>() else {
-            return;
-        };
+        let (owner, handed) = handed;
         let slot = self.handoffs().get(owner).cloned();
         if let Some(slot) = slot {
-            *slot.token.lock().unwrap_or_else(|e| e.into_inner()) = Some(token);
+            *slot.heard.lock().unwrap_or_else(|e| e.into_inner()) = Some(handed);
             self.delivered.fetch_add(1, Ordering::Relaxed);
             slot.notify.notify_one();
         }
@@ -198,6 +252,7 @@ impl Subscriber {
             .or_insert_with(|| Channel {
                 queue: VecDeque::new(),
                 last_release: Vec::new(),
+                sticky: false,
             });
         let id = crate::config::next_id();
         let wake = Arc::new(WakeSlot::default());
@@ -317,7 +372,25 @@ impl Registration<'_> {
     }
 }
 
-/// A fair waiter's expectation of a hand-off; ends when dropped.
+/// An acquisition counted as queued for a lock ([`Subscriber::queue_here`]).
+pub(crate) struct QueuedHere<'a> {
+    subscriber: &'a Subscriber,
+    lock: String,
+}
+
+impl Drop for QueuedHere<'_> {
+    fn drop(&mut self) {
+        let mut queued = self.subscriber.queued();
+        if let Some(n) = queued.get_mut(&self.lock) {
+            *n -= 1;
+            if *n == 0 {
+                queued.remove(&self.lock);
+            }
+        }
+    }
+}
+
+/// A queued waiter's expectation of a hand-off; ends when dropped.
 pub(crate) struct Handoff<'a> {
     subscriber: &'a Subscriber,
     owner: String,
@@ -325,19 +398,19 @@ pub(crate) struct Handoff<'a> {
 }
 
 impl Handoff<'_> {
-    /// The fencing token of the hand-off to this waiter, once one is heard.
-    /// Cancel-safe: a hand-off heard while nobody polls is kept for the next call.
-    pub(crate) async fn handed_off(&self) -> u64 {
+    /// The hand-off to this waiter, once one is heard. Cancel-safe: a
+    /// hand-off heard while nobody polls is kept for the next call.
+    pub(crate) async fn handed_off(&self) -> HandedOff {
         loop {
             let notified = self.slot.notify.notified();
-            if let Some(token) = self
+            if let Some(handed) = self
                 .slot
-                .token
+                .heard
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .take()
             {
-                return token;
+                return handed;
             }
             notified.await;
         }
@@ -362,8 +435,10 @@ impl Drop for Registration<'_> {
         if let Some(entry) = channels.get_mut(&self.channel) {
             entry.queue.retain(|w| w.id != self.id);
             if entry.queue.is_empty() {
-                channels.remove(&self.channel);
-                let _ = self.subscriber.changes.send(self.channel.clone());
+                if !entry.sticky {
+                    channels.remove(&self.channel);
+                    let _ = self.subscriber.changes.send(self.channel.clone());
+                }
             } else {
                 // Releases announced to this waiter that no attempt of it
                 // answered are the next waiter's chance.
@@ -444,7 +519,7 @@ async fn run_source(sub: &Subscriber, backend: &Backend, source: usize) {
                             sub.delivered.fetch_add(1, Ordering::Relaxed);
                             sub.wake_all(msg.get_channel_name());
                         }
-                        // A fair lock's hand-off: only its new holder hears it.
+                        // A hand-off: only its new holder hears it.
                         [b'=', handoff @ ..] => sub.hand_off(handoff),
                         payload => sub.wake_one(msg.get_channel_name(), payload),
                     }
@@ -530,6 +605,21 @@ async fn sync_channel(
     }
 }
 
+/// `<owner>:<token>:<attempt>` (a hand-off message after its `=`).
+fn parse_handoff(message: &str) -> Option<(&str, HandedOff)> {
+    let mut parts = message.rsplitn(3, ':');
+    let attempt = parts.next()?.parse().ok()?;
+    let fencing_token = parts.next()?.parse().ok()?;
+    let owner = parts.next()?;
+    Some((
+        owner,
+        HandedOff {
+            fencing_token,
+            attempt,
+        },
+    ))
+}
+
 /// Full-jitter exponential backoff: a random sleep in `[0, cap]`, where the cap
 /// doubles from 8 ms to 1 s and never exceeds the holder's remaining lease (a
 /// lock whose holder died without releasing is retried as it expires).
@@ -581,6 +671,22 @@ fn random_u64() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hand_off_messages_are_read_whole_or_not_at_all() {
+        assert_eq!(
+            parse_handoff("0a1b:17:3"),
+            Some((
+                "0a1b",
+                HandedOff {
+                    fencing_token: 17,
+                    attempt: 3
+                }
+            ))
+        );
+        assert_eq!(parse_handoff("0a1b:17"), None);
+        assert_eq!(parse_handoff("0a1b:x:3"), None);
+    }
 
     #[test]
     fn backoff_is_capped_by_the_holders_remaining_lease() {

@@ -54,15 +54,43 @@ pub async fn del(conn: &mut MultiplexedConnection, key: &str) {
         .expect("DEL")
 }
 
-/// How many connections subscribe to `channel`.
+/// How many connections subscribe to `channel` or, for a default lock's
+/// channel (`<prefix>wake:{tag}:<key>`), to a manager's hand-off channel under
+/// the same prefix (`<prefix>handoff:<route>`), where that manager's queued
+/// waiters of every lock listen.
 pub async fn numsub(conn: &mut MultiplexedConnection, channel: &str) -> i64 {
-    let (_, n): (String, i64) = redis::cmd("PUBSUB")
-        .arg("NUMSUB")
-        .arg(channel)
-        .query_async(conn)
-        .await
-        .expect("PUBSUB NUMSUB");
-    n
+    let handoffs: Vec<String> = match channel.split_once("wake:{") {
+        Some((prefix, _)) => redis::cmd("PUBSUB")
+            .arg("CHANNELS")
+            .arg(format!("{}handoff:*", glob_escape(prefix)))
+            .query_async(conn)
+            .await
+            .expect("PUBSUB CHANNELS"),
+        None => Vec::new(),
+    };
+    let mut total = 0;
+    for name in std::iter::once(channel.to_owned()).chain(handoffs) {
+        let (_, n): (String, i64) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(&name)
+            .query_async(&mut *conn)
+            .await
+            .expect("PUBSUB NUMSUB");
+        total += n;
+    }
+    total
+}
+
+/// `text` as a Redis glob pattern that matches only itself.
+pub fn glob_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// The channels with at least one subscriber.

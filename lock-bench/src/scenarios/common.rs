@@ -103,7 +103,7 @@ pub enum Kind {
     Distlock,
     /// distlock built with `.fencing(false)`: no fencing counter, a plain
     /// `SET NX PX` for a free lock.
-    DistlockUnfenced,
+    DistlockEager,
     /// distlock with `.renew(false)`: for `--profile` only, to show what the
     /// renewal task's wake-up on every acquisition costs.
     DistlockNoRenew,
@@ -118,7 +118,7 @@ impl Kind {
             Kind::Floor => "same-scripts floor",
             Kind::Minimal => "minimal floor (SET NX PX + CAD)",
             Kind::Distlock => "distlock",
-            Kind::DistlockUnfenced => "distlock fencing(false)",
+            Kind::DistlockEager => "distlock eager_fencing",
             Kind::DistlockNoRenew => "distlock renew(false)",
             Kind::Macro => "#[distributed_lock]",
             Kind::Rslock => "rslock 0.10 (peer)",
@@ -168,8 +168,8 @@ impl Cycler {
                 key: Names::new("minimal:", key).lock,
                 rng: fastrand::Rng::with_seed(seed),
             },
-            Kind::Distlock | Kind::DistlockNoRenew | Kind::DistlockUnfenced => Cycler::Distlock {
-                manager: manager_with(target, kind != Kind::DistlockUnfenced).await?,
+            Kind::Distlock | Kind::DistlockNoRenew | Kind::DistlockEager => Cycler::Distlock {
+                manager: manager_with(target, kind == Kind::DistlockEager).await?,
                 key: key.to_owned(),
                 renew: kind != Kind::DistlockNoRenew,
             },
@@ -269,11 +269,11 @@ pub fn owner_token(rng: &mut fastrand::Rng) -> String {
 }
 
 pub async fn manager(target: &Target) -> Result<LockManager> {
-    manager_with(target, true).await
+    manager_with(target, false).await
 }
 
-/// A manager with fencing tokens on or off.
-pub async fn manager_with(target: &Target, fencing: bool) -> Result<LockManager> {
+/// A manager that issues fencing tokens at acquisition (eager) or on demand.
+pub async fn manager_with(target: &Target, eager: bool) -> Result<LockManager> {
     let builder = match target {
         Target::Single(url) => LockManager::builder(url),
         Target::Cluster(urls) => LockManager::cluster_builder(urls.iter().cloned()),
@@ -281,7 +281,7 @@ pub async fn manager_with(target: &Target, fencing: bool) -> Result<LockManager>
     };
     Ok(builder
         .default_lease(LEASE)
-        .fencing(fencing)
+        .eager_fencing(eager)
         .build()
         .await?)
 }

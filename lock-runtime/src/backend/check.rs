@@ -17,10 +17,14 @@ use crate::config::Config;
 use crate::error::LockError;
 use crate::keys::LockKeys;
 
-/// The user key of the lock the start-up check takes and releases.
+/// The user key of the lock the start-up check takes and releases, followed by
+/// the probe's owner token: managers built at once probe locks of their own, so
+/// that one probe never finds another's lock busy (and skips a path).
 const PROBE_KEY: &str = "distlock-startup-check";
-/// The probe's lease, and the TTL of the fencing counter it leaves behind.
-const PROBE_LEASE_MS: u64 = 10;
+/// The probe's lease: long enough that no path of the probe finds its lock
+/// expired on a loaded machine; the probe deletes what it wrote, and a probe
+/// cut short leaves keys that expire within this.
+const PROBE_LEASE_MS: u64 = 2000;
 
 /// What the server's `maxmemory-policy` does to lock keys.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,8 +58,8 @@ pub(crate) async fn check<F>(
 where
     F: Future<Output = Result<redis::aio::PubSub, RedisError>>,
 {
-    let keys = LockKeys::new(&config.key_prefix, PROBE_KEY);
     let owner = crate::config::owner_token();
+    let keys = LockKeys::new(&config.key_prefix, &format!("{PROBE_KEY}:{owner}"));
     let refused = |reason: String| LockError::ServerCheck {
         url: shown_url.to_owned(),
         reason,

@@ -209,7 +209,7 @@ impl Cluster {
             seeds: seed_clients,
             slots: Mutex::new(SlotMap::default()),
             subscriber_turns: Vec::new(),
-            scripts: Scripts::new(),
+            scripts: Scripts::new(&config.key_prefix),
             replica_ack: config.replica_ack,
             command_timeout: config.command_timeout,
             connect_timeout: config.connect_timeout,
@@ -363,6 +363,24 @@ impl Cluster {
         let scripts = &self.scripts;
         self.call(key, |mut conn| async move {
             scripts.release(&mut conn, keys, owner, keep_ms).await
+        })
+        .await
+    }
+
+    /// Issues `owner`'s fencing token, or reads the one it has; `None` when
+    /// the lock is not `owner`'s.
+    pub(crate) async fn issue_token(
+        &self,
+        key: &str,
+        keys: &LockKeys,
+        owner: &str,
+        fence_ttl_ms: u64,
+    ) -> Result<Option<u64>, CallError> {
+        let scripts = &self.scripts;
+        self.call(key, |mut conn| async move {
+            scripts
+                .issue_token(&mut conn, keys, owner, fence_ttl_ms)
+                .await
         })
         .await
     }

@@ -163,6 +163,24 @@ impl Backend {
         }
     }
 
+    /// Issues `owner`'s fencing token if it holds the lock and has none, or
+    /// reads the one it has (under Redlock: at a majority, written back);
+    /// `None` when the lock is not `owner`'s.
+    pub(crate) async fn issue_token(
+        &self,
+        key: &str,
+        keys: &LockKeys,
+        owner: &str,
+        fence_ttl_ms: u64,
+    ) -> Result<Option<u64>, CallError> {
+        match self {
+            Backend::Single(b) => b.issue_token(key, keys, owner, fence_ttl_ms).await,
+            Backend::Cluster(b) => b.issue_token(key, keys, owner, fence_ttl_ms).await,
+            Backend::Redlock(b) => b.issue_token(key, keys, owner, fence_ttl_ms).await,
+            Backend::Sentinel(b) => b.issue_token(key, keys, owner, fence_ttl_ms).await,
+        }
+    }
+
     /// Deletes the lock whoever holds it and wakes its waiters (`token`: a fresh
     /// random wake-up payload); true when it was held.
     pub(crate) async fn force_unlock(

@@ -55,7 +55,6 @@ pub(crate) struct Redlock {
     fence_retention_ms: u64,
     /// The holder description written when a lock is re-created on a member.
     holder: String,
-    fencing: bool,
 }
 
 /// What one member answered, or that it did not in time.
@@ -119,7 +118,6 @@ impl Redlock {
             fence_retention_ms: u64::try_from(config.fence_retention.as_millis())
                 .unwrap_or(u64::MAX),
             holder: config.holder.clone(),
-            fencing: config.fencing,
         })
     }
 
@@ -174,11 +172,16 @@ impl Redlock {
             .await;
         let mut granted = Vec::new();
         let mut busy = 0;
+        let mut foreign = false;
         let mut remaining: Option<Duration> = None;
         let mut last_error = None;
         for (i, reply) in replies.into_iter().enumerate() {
             match reply {
                 Ok(AcquireReply::Acquired { fencing_token }) => granted.push((i, fencing_token)),
+                Ok(AcquireReply::Foreign) => {
+                    busy += 1;
+                    foreign = true;
+                }
                 Ok(AcquireReply::Busy { remaining: r }) => {
                     busy += 1;
                     if let Some(r) = r {
@@ -192,21 +195,15 @@ impl Redlock {
         }
         if granted.len() >= self.quorum {
             let token = granted.iter().map(|(_, t)| *t).max().unwrap_or(0);
-            let raised = join_all(granted.iter().map(|(i, _)| async move {
-                tokio::time::timeout(
-                    timeout,
-                    self.members[*i].raise_fence(
-                        key,
-                        keys,
-                        owner,
-                        token,
-                        spec.fence_ttl_ms.unwrap_or(0),
-                    ),
-                )
-                .await
-            }))
-            .await;
-            let confirmed = raised.iter().filter(|r| matches!(r, Ok(Ok(true)))).count();
+            // The write-back round, for a hold that took its token: without one
+            // there is nothing to make known.
+            let confirmed = match spec.fence_ttl_ms {
+                Some(fence_ttl_ms) => {
+                    self.write_back(key, keys, owner, token, fence_ttl_ms, timeout, &granted)
+                        .await
+                }
+                None => granted.len(),
+            };
             let valid = Instant::now() < started + lease.saturating_sub(drift(lease));
             if confirmed >= self.quorum && valid {
                 return Ok(AcquireReply::Acquired {
@@ -220,6 +217,9 @@ impl Redlock {
             );
         }
         let given_back = self.give_back(key, keys, owner).await;
+        if foreign {
+            return Ok(AcquireReply::Foreign);
+        }
         let errors = self.members.len() - granted.len() - busy;
         if errors <= self.members.len() - self.quorum {
             // The members that answered could make a majority, so other owners
@@ -245,6 +245,88 @@ impl Redlock {
             // A member that did not answer may hold it in our name: the
             // caller releases it in the background.
             maybe_executed: !given_back,
+        })
+    }
+
+    /// Makes `token` known to the fencing counter of each member of `granted`
+    /// (index, token it issued), so that any later majority, which shares a
+    /// member with this one, issues a larger token; how many confirmed the
+    /// lock is still ours.
+    #[allow(clippy::too_many_arguments)]
+    async fn write_back(
+        &self,
+        key: &str,
+        keys: &LockKeys,
+        owner: &str,
+        token: u64,
+        fence_ttl_ms: u64,
+        timeout: Duration,
+        granted: &[(usize, u64)],
+    ) -> usize {
+        let raised = join_all(granted.iter().map(|(i, _)| async move {
+            tokio::time::timeout(
+                timeout,
+                self.members[*i].raise_fence(key, keys, owner, token, fence_ttl_ms),
+            )
+            .await
+        }))
+        .await;
+        raised.iter().filter(|r| matches!(r, Ok(Ok(true)))).count()
+    }
+
+    /// Issues the fencing token of a hold that has none: each member issues
+    /// one, and the largest, written back to the members that issued one
+    /// (as an acquisition's write-back round), is the hold's, when a majority
+    /// still holds the lock for `owner`. `None` when a majority does not.
+    pub(crate) async fn issue_token(
+        &self,
+        key: &str,
+        keys: &LockKeys,
+        owner: &str,
+        fence_ttl_ms: u64,
+    ) -> Result<Option<u64>, CallError> {
+        let replies = self
+            .on_all(self.command_timeout, |m| {
+                m.issue_token(key, keys, owner, fence_ttl_ms)
+            })
+            .await;
+        let mut issued = Vec::new();
+        let mut refused = 0;
+        let mut last_error = None;
+        for (i, reply) in replies.into_iter().enumerate() {
+            match reply {
+                Ok(Some(token)) => issued.push((i, token)),
+                Ok(None) => refused += 1,
+                Err(e) => last_error = Some(e.error),
+            }
+        }
+        if issued.len() >= self.quorum {
+            let token = issued.iter().map(|(_, t)| *t).max().unwrap_or(0);
+            let confirmed = self
+                .write_back(
+                    key,
+                    keys,
+                    owner,
+                    token,
+                    fence_ttl_ms,
+                    self.command_timeout,
+                    &issued,
+                )
+                .await;
+            if confirmed >= self.quorum {
+                return Ok(Some(token));
+            }
+        } else if refused > self.members.len() - self.quorum {
+            // A majority no longer holds it for us: the hold is lost.
+            return Ok(None);
+        }
+        Err(CallError {
+            error: last_error.unwrap_or_else(|| LockError::QuorumFailed {
+                key: key.to_owned(),
+                granted: u32::try_from(issued.len()).unwrap_or(u32::MAX),
+                needed: u32::try_from(self.quorum).unwrap_or(u32::MAX),
+            }),
+            maybe_executed: true,
         })
     }
 
@@ -472,16 +554,19 @@ impl Redlock {
             // The member's record says the hold began now: the original time is
             // on the other members.
             let spec = AcquireSpec {
-                fence_ttl_ms: self
-                    .fencing
+                // A hold with a token gets one on the member again (tokens only
+                // need to grow); one without stays without.
+                fence_ttl_ms: (lease.fencing_token() != 0)
                     .then(|| lease_ms.saturating_add(self.fence_retention_ms)),
                 waiting: false,
                 since_ms: crate::info::now_ms(),
                 holder: &self.holder,
                 resize_permits: false,
+                queue: false,
                 queue_lease_ms: 0,
                 handoff_ttl_ms: 0,
                 handoff_route: "",
+                attempt: 0,
             };
             let timeout = self.member_timeout(lease_ms);
             let reclaimed = self

@@ -27,6 +27,9 @@ pub(crate) enum AcquireReply {
     /// A semaphore's holders use `held_with` permits, and the request gave
     /// another count without asking to resize.
     PermitsDiffer { held_with: u32 },
+    /// The lock's Redis name holds a value distlock did not write; nothing
+    /// was changed.
+    Foreign,
 }
 
 /// What the acquire-all script answered.
@@ -40,13 +43,17 @@ pub(crate) enum AcquireAllReply {
         index: usize,
         remaining: Option<Duration>,
     },
+    /// Lock `index` (0-based) holds a value distlock did not write; none was
+    /// taken.
+    Foreign { index: usize },
 }
 
 /// What an acquire writes into the lock besides its owner token and lease.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct AcquireSpec<'a> {
-    /// TTL of the fencing counter (lease + retention); `None` for a manager
-    /// without fencing (tokens are 0, the counter is not touched).
+    /// TTL of the fencing counter (lease + retention) when the token is
+    /// issued with the acquisition (eager fencing); `None` when it is not
+    /// (the token is 0 until the holder asks for one, see `issue_token.lua`).
     pub(crate) fence_ttl_ms: Option<u64>,
     /// The caller listens for this lock's wake-ups: it marks the lock, so the
     /// holder's release publishes one.
@@ -58,16 +65,22 @@ pub(crate) struct AcquireSpec<'a> {
     /// For a semaphore: replace the permit count its holders use with this
     /// request's (an explicit resize) rather than refuse a different one.
     pub(crate) resize_permits: bool,
-    /// For a fair lock: how long the caller's queue entry lasts unless its
-    /// next attempt refreshes it (milliseconds).
+    /// For the default lock: a waiting caller queues up in Redis (false on a
+    /// Redlock member: it only marks the lock, see `scripts/acquire.lua`).
+    pub(crate) queue: bool,
+    /// For the default lock: how long the caller's queue entry lasts unless
+    /// its next attempt refreshes it (milliseconds).
     pub(crate) queue_lease_ms: u64,
-    /// For a fair lock: the TTL the lock gets when a release hands it to the
-    /// caller (see `scripts/fair_acquire.lua`).
+    /// For the default lock: the TTL the lock gets when a release hands it to
+    /// the caller (see `scripts/acquire.lua`).
     pub(crate) handoff_ttl_ms: u64,
-    /// For a fair lock: the hand-off route of the caller's manager (hex), kept
-    /// in its queue entry; a hand-off to the caller is published on
-    /// `<channel>:<route>` (see `scripts/fair_prelude.lua`).
+    /// For the default lock: the hand-off route of the caller's manager
+    /// (hex), kept in its queue entry; a hand-off to the caller is published
+    /// on `<channel>:<route>` (see `scripts/queue_prelude.lua`).
     pub(crate) handoff_route: &'a str,
+    /// For the default lock: the number of this attempt, kept in the queue
+    /// entry and echoed by a hand-off that consumes it.
+    pub(crate) attempt: u32,
 }
 
 /// One script: its source, for SCRIPT LOAD, and its SHA1, for EVALSHA.
@@ -181,6 +194,8 @@ fn read_acquire(
         AcquireReply::PermitsDiffer {
             held_with: u32::try_from(value).unwrap_or(u32::MAX),
         }
+    } else if status == 3 {
+        AcquireReply::Foreign
     } else {
         AcquireReply::Busy {
             remaining: u64::try_from(value).ok().map(Duration::from_millis),
@@ -203,6 +218,18 @@ fn read_acquire_all(
     let numbers: Vec<i64> = values
         .map(redis::from_redis_value)
         .collect::<Result<_, _>>()?;
+    if status == 3 {
+        return match numbers[..] {
+            [index] if index >= 1 && usize::try_from(index).is_ok_and(|i| i <= count) => {
+                Ok(AcquireAllReply::Foreign {
+                    index: usize::try_from(index - 1).unwrap_or(0),
+                })
+            }
+            _ => Err(out_of_sync(
+                "an acquire-all foreign reply of the wrong shape",
+            )),
+        };
+    }
     if status == 1 {
         if numbers.len() != count {
             return Err(out_of_sync("an acquire-all reply of the wrong length"));
@@ -257,6 +284,32 @@ pub(crate) fn scan_cmd(cursor: u64, pattern: &str) -> Cmd {
         .arg("TYPE")
         .arg("string");
     cmd
+}
+
+/// `<prefix>handoff`: the base of every manager's hand-off channel,
+/// `<prefix>handoff:<route>` (under the prefix, so the least-privilege ACL's
+/// `&<prefix>*` covers it).
+pub(crate) fn handoff_base(key_prefix: &str) -> String {
+    format!("{key_prefix}handoff")
+}
+
+/// Whether `value` is a lock value distlock wrote,
+/// `<32 hex owner><mark><token>:<since>:<holder>` (the Lua twin is
+/// `is_lock_value` in `scripts/queue_prelude.lua`).
+pub(crate) fn is_lock_value(value: &[u8]) -> bool {
+    let Some((owner, rest)) = value.split_at_checked(32) else {
+        return false;
+    };
+    let Some((&mark, rest)) = rest.split_first() else {
+        return false;
+    };
+    let digits = |part: &[u8]| !part.is_empty() && part.iter().all(u8::is_ascii_digit);
+    let mut parts = rest.splitn(3, |&b| b == b':');
+    owner.iter().all(u8::is_ascii_hexdigit)
+        && (mark == b'+' || mark == b'-')
+        && parts.next().is_some_and(digits)
+        && parts.next().is_some_and(digits)
+        && parts.next().is_some()
 }
 
 fn check_owner(echoed: &str, owner: &str) -> RedisResult<()> {
@@ -316,16 +369,20 @@ pub(crate) struct Scripts {
     permit_acquire: Lua,
     permit_release: Lua,
     shared_renew: Lua,
-    fair_acquire: Lua,
-    fair_release: Lua,
+    issue_token: Lua,
+    /// `<prefix>handoff`: a hand-off to a queued waiter is published on
+    /// `<handoff_base>:<route of its manager>`, one channel per manager for
+    /// all its locks (see `scripts/queue_prelude.lua`).
+    handoff_base: String,
 }
 
-/// A script of a fair lock, after the helpers of every kind and its own.
-macro_rules! with_fair_prelude {
+/// A script of the default lock's queue, after the helpers of every kind and
+/// the queue's own.
+macro_rules! with_queue_prelude {
     ($file:literal) => {
         Lua::new(concat!(
             include_str!("../scripts/shared_prelude.lua"),
-            include_str!("../scripts/fair_prelude.lua"),
+            include_str!("../scripts/queue_prelude.lua"),
             include_str!(concat!("../scripts/", $file))
         ))
     };
@@ -342,14 +399,23 @@ macro_rules! with_prelude {
 }
 
 impl Scripts {
-    pub(crate) fn new() -> Self {
+    /// The scripts of a manager whose keys start with `key_prefix`.
+    pub(crate) fn new(key_prefix: &str) -> Self {
         Scripts {
-            acquire: Lua::new(include_str!("../scripts/acquire.lua")),
-            acquire_all: Lua::new(include_str!("../scripts/acquire_all.lua")),
-            release: Lua::new(include_str!("../scripts/release.lua")),
+            handoff_base: handoff_base(key_prefix),
+            acquire: with_queue_prelude!("acquire.lua"),
+            acquire_all: with_prelude!("acquire_all.lua"),
+            // The fast path first (see the file's header), then the helpers
+            // and the queue's part.
+            release: Lua::new(concat!(
+                include_str!("../scripts/release.lua"),
+                include_str!("../scripts/shared_prelude.lua"),
+                include_str!("../scripts/queue_prelude.lua"),
+                include_str!("../scripts/release_queue.lua")
+            )),
             renew: Lua::new(include_str!("../scripts/renew.lua")),
             raise_fence: Lua::new(include_str!("../scripts/raise_fence.lua")),
-            force_unlock: Lua::new(include_str!("../scripts/force_unlock.lua")),
+            force_unlock: with_queue_prelude!("force_unlock.lua"),
             inspect: Lua::new(include_str!("../scripts/inspect.lua")),
             write_acquire: with_prelude!("write_acquire.lua"),
             write_release: Lua::new(include_str!("../scripts/write_release.lua")),
@@ -358,8 +424,7 @@ impl Scripts {
             permit_acquire: with_prelude!("permit_acquire.lua"),
             permit_release: with_prelude!("permit_release.lua"),
             shared_renew: with_prelude!("shared_renew.lua"),
-            fair_acquire: with_fair_prelude!("fair_acquire.lua"),
-            fair_release: with_fair_prelude!("fair_release.lua"),
+            issue_token: with_prelude!("issue_token.lua"),
         }
     }
 
@@ -369,7 +434,6 @@ impl Scripts {
             LockKind::Write => &self.write_acquire,
             LockKind::Read => &self.read_acquire,
             LockKind::Permit { .. } => &self.permit_acquire,
-            LockKind::Fair => &self.fair_acquire,
         }
     }
 
@@ -379,14 +443,12 @@ impl Scripts {
             LockKind::Write => &self.write_release,
             LockKind::Read => &self.read_release,
             LockKind::Permit { .. } => &self.permit_release,
-            LockKind::Fair => &self.fair_release,
         }
     }
 
     fn renew_lua(&self, kind: LockKind) -> &Lua {
         match kind {
-            // A fair lock's hold is a string in the lock's format.
-            LockKind::Exclusive | LockKind::Write | LockKind::Fair => &self.renew,
+            LockKind::Exclusive | LockKind::Write => &self.renew,
             LockKind::Read | LockKind::Permit { .. } => &self.shared_renew,
         }
     }
@@ -434,10 +496,17 @@ impl Scripts {
         read_acquire_all(reply, owner, locks.len())
     }
 
-    /// Without fencing and without marking, an acquire needs no script: a plain
-    /// `SET NX PX` of the same value (token 0), pipelined with an `ECHO` of the
-    /// owner token so the reply is still checked to be this request's. A busy
-    /// lock's remaining lease is not read (the waiting attempts' script reads it).
+    /// An attempt that neither asks for its token nor waits needs no script: a
+    /// plain `SET NX PX` of the lock's value (token 0), rslock's command. `GET`
+    /// makes a busy lock answer with its value, so a value distlock did not
+    /// write is told apart at once (and `WRONGTYPE`, a key of another type).
+    /// A busy lock's remaining lease is not read (a waiting attempt's script
+    /// reads it, and queues up).
+    ///
+    /// This is the one reply that carries no echo of the owner token (an
+    /// `ECHO` would be a fifth command per cycle): the connection matches
+    /// replies to requests in order, and the first renewal or release of the
+    /// hold, which do echo it, would find a reply handed to the wrong caller.
     async fn acquire_plain(
         &self,
         conn: &mut impl ConnectionLike,
@@ -446,26 +515,30 @@ impl Scripts {
         lease_ms: u64,
         spec: &AcquireSpec<'_>,
     ) -> RedisResult<AcquireReply> {
-        let mut value = String::with_capacity(owner.len() + spec.holder.len() + 24);
+        let since = spec.since_ms.to_string();
+        let mut value = String::with_capacity(owner.len() + spec.holder.len() + since.len() + 4);
         value.push_str(owner);
         value.push_str("-0:");
-        value.push_str(&spec.since_ms.to_string());
+        value.push_str(&since);
         value.push(':');
         value.push_str(spec.holder);
-        let mut pipe = redis::pipe();
-        pipe.cmd("SET")
+        let mut cmd = Cmd::with_capacity(7, keys.lock.len() + value.len() + 24);
+        cmd.arg("SET")
             .arg(&keys.lock)
             .arg(value)
             .arg("NX")
             .arg("PX")
             .arg(lease_ms)
-            .cmd("ECHO")
-            .arg(owner);
-        let (set, echoed): (Option<String>, String) = pipe.query_async(conn).await?;
-        check_owner(&echoed, owner)?;
-        Ok(match set {
-            Some(_) => AcquireReply::Acquired { fencing_token: 0 },
-            None => AcquireReply::Busy { remaining: None },
+            .arg("GET");
+        let held: Option<Vec<u8>> = match cmd.query_async(conn).await {
+            Ok(held) => held,
+            Err(e) if e.code() == Some("WRONGTYPE") => return Ok(AcquireReply::Foreign),
+            Err(e) => return Err(e),
+        };
+        Ok(match held {
+            None => AcquireReply::Acquired { fencing_token: 0 },
+            Some(held) if is_lock_value(&held) => AcquireReply::Busy { remaining: None },
+            Some(_) => AcquireReply::Foreign,
         })
     }
 
@@ -509,7 +582,11 @@ impl Scripts {
         let lua = self.acquire_lua(keys.kind);
         let args_len = owner.len() + spec.holder.len() + 70;
         let mut cmd = match keys.kind {
-            LockKind::Exclusive => lua.call(&[&keys.lock, &keys.fence], 6, args_len),
+            LockKind::Exclusive => lua.call(
+                &[&keys.lock, &keys.fence, &keys.related, &keys.intent],
+                12,
+                args_len + self.handoff_base.len() + spec.handoff_route.len() + 40,
+            ),
             LockKind::Write | LockKind::Read => lua.call(
                 &[&keys.lock, &keys.fence, &keys.related, &keys.intent],
                 6,
@@ -518,27 +595,24 @@ impl Scripts {
             LockKind::Permit { .. } => {
                 lua.call(&[&keys.lock, &keys.fence, &keys.related], 6, args_len)
             }
-            LockKind::Fair => lua.call(
-                &[&keys.lock, &keys.fence, &keys.related, &keys.intent],
-                10,
-                args_len + keys.channel.len() + spec.handoff_route.len() + 40,
-            ),
         };
         cmd.arg(owner)
             .arg(lease_ms)
             .arg(spec.fence_ttl_ms.unwrap_or(0))
             .arg(if spec.waiting { "+" } else { "-" });
         match keys.kind {
-            LockKind::Exclusive | LockKind::Write => {
+            LockKind::Write => {
                 cmd.arg(spec.since_ms).arg(spec.holder);
             }
-            LockKind::Fair => {
+            LockKind::Exclusive => {
                 cmd.arg(spec.since_ms)
                     .arg(spec.holder)
+                    .arg(if spec.queue { "1" } else { "0" })
                     .arg(spec.queue_lease_ms)
                     .arg(spec.handoff_ttl_ms)
-                    .arg(&keys.channel)
-                    .arg(spec.handoff_route);
+                    .arg(&self.handoff_base)
+                    .arg(spec.handoff_route)
+                    .arg(spec.attempt);
             }
             LockKind::Read => {}
             LockKind::Permit { permits } => {
@@ -624,16 +698,18 @@ impl Scripts {
         let lua = self.release_lua(keys.kind);
         let args_len = owner.len() + keys.channel.len() + 20;
         let mut cmd = match keys.kind {
-            LockKind::Exclusive => lua.call(&[&keys.lock], 3, args_len),
+            LockKind::Exclusive => lua.call(
+                &[&keys.lock, &keys.fence, &keys.related, &keys.intent],
+                4,
+                args_len + self.handoff_base.len(),
+            ),
             LockKind::Write | LockKind::Read => lua.call(&[&keys.lock, &keys.intent], 3, args_len),
             LockKind::Permit { .. } => lua.call(&[&keys.lock, &keys.related], 3, args_len),
-            LockKind::Fair => lua.call(
-                &[&keys.lock, &keys.fence, &keys.related, &keys.intent],
-                3,
-                args_len,
-            ),
         };
         cmd.arg(owner).arg(&keys.channel).arg(keep_ms);
+        if keys.kind == LockKind::Exclusive {
+            cmd.arg(&self.handoff_base);
+        }
         cmd
     }
 
@@ -706,18 +782,39 @@ impl Scripts {
         Ok(ours == 1)
     }
 
-    /// Deletes the lock whoever holds it and publishes a wake-up; true when it
-    /// was held.
+    /// Issues `owner`'s fencing token if it holds the lock and has none yet,
+    /// or reads the one it has (see `issue_token.lua`); `None` when the lock
+    /// is not `owner`'s (gone or another owner's).
+    pub(crate) async fn issue_token(
+        &self,
+        conn: &mut impl ConnectionLike,
+        keys: &LockKeys,
+        owner: &str,
+        fence_ttl_ms: u64,
+    ) -> RedisResult<Option<u64>> {
+        let mut cmd = self
+            .issue_token
+            .call(&[&keys.lock, &keys.fence], 2, owner.len() + 20);
+        cmd.arg(owner).arg(fence_ttl_ms);
+        let (ours, token, echoed): (i64, i64, String) = self.issue_token.invoke(conn, &cmd).await?;
+        check_owner(&echoed, owner)?;
+        Ok((ours == 1).then(|| u64::try_from(token).unwrap_or(0)))
+    }
+
+    /// Deletes the lock whoever holds it and tells its waiters (a hand-off to
+    /// the head of its queue, or a wake-up); true when it was held.
     pub(crate) async fn force_unlock(
         &self,
         conn: &mut impl ConnectionLike,
         keys: &LockKeys,
         token: &str,
     ) -> RedisResult<bool> {
-        let mut cmd = self
-            .force_unlock
-            .call(&[&keys.lock], 2, keys.channel.len() + token.len());
-        cmd.arg(&keys.channel).arg(token);
+        let mut cmd = self.force_unlock.call(
+            &[&keys.lock, &keys.fence, &keys.related, &keys.intent],
+            3,
+            keys.channel.len() + token.len() + self.handoff_base.len(),
+        );
+        cmd.arg(&keys.channel).arg(token).arg(&self.handoff_base);
         let (deleted, echoed): (i64, String) = self.force_unlock.invoke(conn, &cmd).await?;
         check_owner(&echoed, token)?;
         Ok(deleted == 1)
@@ -768,11 +865,12 @@ impl Scripts {
         self.shared_renew.load(conn).await
     }
 
-    /// A pipeline that loads the three scripts and runs each path of them once on
-    /// the lock `keys` (take with a fresh counter, take again as the same owner,
-    /// fail to take as another owner, renew, release with its wake-up), with errors kept as values; and a name for each
-    /// of its replies. Every command a lock needs runs, so a missing ACL
-    /// permission shows up here.
+    /// A pipeline that loads the default lock's scripts and runs each path of
+    /// them once on the lock `keys` (take with `SET NX`, take again as the same
+    /// owner, a waiter that queues up, issue a fencing token, renew, release
+    /// with a hand-off to the waiter, release with nobody waiting), with errors
+    /// kept as values; and a name for each of its replies. Every command a lock
+    /// needs runs, so a missing ACL permission shows up here.
     pub(crate) fn startup_probe(
         &self,
         keys: &LockKeys,
@@ -782,27 +880,41 @@ impl Scripts {
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         let mut steps = Vec::new();
-        for lua in [&self.acquire, &self.release, &self.renew, &self.inspect] {
+        for lua in [
+            &self.acquire,
+            &self.release,
+            &self.renew,
+            &self.inspect,
+            &self.issue_token,
+        ] {
             pipe.cmd("SCRIPT").arg("LOAD").arg(lua.source);
             steps.push(ProbeStep::command("SCRIPT LOAD"));
         }
-        // Without a counter the acquire reads the server's TIME.
+        // Without a counter a token is the server's TIME.
         pipe.cmd("DEL").arg(&keys.fence);
         steps.push(ProbeStep::command("DEL"));
         let spec = AcquireSpec {
-            fence_ttl_ms: Some(lease_ms),
+            fence_ttl_ms: None,
             waiting: false,
             since_ms: 0,
             holder: "distlock start-up probe",
             resize_permits: false,
-            queue_lease_ms: 0,
-            handoff_ttl_ms: 0,
-            handoff_route: "",
+            queue: true,
+            queue_lease_ms: lease_ms,
+            handoff_ttl_ms: lease_ms,
+            handoff_route: "0",
+            attempt: 0,
         };
-        let acquire = self.acquire_cmd(keys, owner, lease_ms, &spec);
-        pipe.add_command(acquire.clone());
-        steps.push(ProbeStep::script("the acquire script", &self.acquire));
-        pipe.add_command(acquire);
+        let mut take = redis::cmd("SET");
+        take.arg(&keys.lock)
+            .arg(format!("{owner}-0:0:distlock start-up probe"))
+            .arg("NX")
+            .arg("PX")
+            .arg(lease_ms)
+            .arg("GET");
+        pipe.add_command(take);
+        steps.push(ProbeStep::command("SET NX PX GET"));
+        pipe.add_command(self.acquire_cmd(keys, owner, lease_ms, &spec));
         steps.push(ProbeStep::script(
             "the acquire script (re-entry)",
             &self.acquire,
@@ -810,18 +922,33 @@ impl Scripts {
         let other = crate::config::owner_token();
         let waiting = AcquireSpec {
             waiting: true,
+            fence_ttl_ms: Some(lease_ms),
             ..spec
         };
         pipe.add_command(self.acquire_cmd(keys, &other, lease_ms, &waiting));
         steps.push(ProbeStep::script(
-            "the acquire script (busy, marking the lock as waited for)",
+            "the acquire script (busy: queueing up)",
             &self.acquire,
         ));
         pipe.add_command(self.inspect_cmd(keys));
         steps.push(ProbeStep::script("the inspect script", &self.inspect));
+        let mut issue = self
+            .issue_token
+            .call(&[&keys.lock, &keys.fence], 2, owner.len() + 20);
+        issue.arg(owner).arg(lease_ms);
+        pipe.add_command(issue);
+        steps.push(ProbeStep::script(
+            "the fencing token script",
+            &self.issue_token,
+        ));
         pipe.add_command(self.renew_cmd(keys, owner, lease_ms));
         steps.push(ProbeStep::script("the renew script", &self.renew));
         pipe.add_command(self.release_cmd(keys, owner, 0));
+        steps.push(ProbeStep::script(
+            "the release script (hand-off)",
+            &self.release,
+        ));
+        pipe.add_command(self.release_cmd(keys, &other, 0));
         steps.push(ProbeStep::script("the release script", &self.release));
         // Leave nothing behind (the counter would otherwise live out its TTL).
         pipe.cmd("DEL").arg(&keys.fence);

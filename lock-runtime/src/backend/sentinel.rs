@@ -201,6 +201,26 @@ impl Sentinel {
         }
     }
 
+    /// Issues `owner`'s fencing token on the current master, or reads the one
+    /// it has; `None` when the lock is not `owner`'s.
+    pub(crate) async fn issue_token(
+        &self,
+        key: &str,
+        keys: &LockKeys,
+        owner: &str,
+        fence_ttl_ms: u64,
+    ) -> Result<Option<u64>, CallError> {
+        let master = self.current();
+        match master.issue_token(key, keys, owner, fence_ttl_ms).await {
+            Err(e) if failover_suspected(&e) && self.rediscover(&master).await => {
+                self.current()
+                    .issue_token(key, keys, owner, fence_ttl_ms)
+                    .await
+            }
+            other => other,
+        }
+    }
+
     pub(crate) async fn force_unlock(
         &self,
         key: &str,

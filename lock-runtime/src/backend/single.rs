@@ -68,7 +68,7 @@ impl Single {
             }
             Err(_) => return Err(super::connect_timed_out(shown_url, config.connect_timeout)),
         };
-        let scripts = Scripts::new();
+        let scripts = Scripts::new(&config.key_prefix);
         let subscribe_client = client.clone();
         super::check::check(
             &mut conn,
@@ -115,7 +115,7 @@ impl Single {
             client,
             conn,
             conn_config,
-            Scripts::new(),
+            Scripts::new(&config.key_prefix),
             config,
         ))
     }
@@ -280,6 +280,26 @@ impl Single {
             conn.generation,
             self.scripts
                 .raise_fence(&mut redis, keys, owner, token, fence_ttl_ms),
+        )
+        .await
+    }
+
+    /// Issues `owner`'s fencing token, or reads the one it has (see
+    /// `issue_token.lua`); `None` when the lock is not `owner`'s.
+    pub(crate) async fn issue_token(
+        &self,
+        key: &str,
+        keys: &LockKeys,
+        owner: &str,
+        fence_ttl_ms: u64,
+    ) -> Result<Option<u64>, CallError> {
+        let conn = self.connection();
+        let mut redis = conn.redis;
+        self.call(
+            key,
+            conn.generation,
+            self.scripts
+                .issue_token(&mut redis, keys, owner, fence_ttl_ms),
         )
         .await
     }

@@ -1,75 +1,106 @@
--- Acquire a lock, or confirm that it is already ours, and issue its fencing token.
+-- One attempt to take the default lock: an attempt that asks for its fencing
+-- token at once (eager fencing), or any attempt of a waiting acquisition, which
+-- queues up in the same script when the lock is busy. (An attempt without a
+-- token that does not wait is no script at all: a plain `SET NX PX GET`.)
 --
--- KEYS[1]  lock: a string "<owner><mark><token>:<since>:<holder>" whose TTL is the
---          lease. <owner> is the owner token, <mark> is '+' once someone waits for
---          the lock (its release then publishes a wake-up) and '-' before,
---          <token> the fencing token, <since> the acquisition time (client clock,
---          milliseconds since the Unix epoch) and <holder> the holder's
---          description (free text, for operators).
--- KEYS[2]  fencing counter: the last token issued for this lock; it expires ARGV[3]
---          milliseconds after the acquisition that wrote it
--- ARGV[1]  owner token (random, 32 hex digits)
+-- KEYS[1]  lock: a string "<owner><mark><token>:<since>:<holder>" whose TTL is
+--          the lease. <owner> is the owner token (32 hex digits), <mark> '+'
+--          while anyone waits (the release then reads the queue) and '-'
+--          before, <token> the fencing token (0 until one is issued, see
+--          issue_token.lua), <since> the acquisition time (milliseconds since
+--          the Unix epoch) and <holder> the holder's description (free text).
+-- KEYS[2]  fencing counter: the last token issued for this lock
+-- KEYS[3]  queue: sorted set, owner token -> arrival time (queue_prelude.lua)
+-- KEYS[4]  queue entries: hash, owner token ->
+--          "<expiry>:<ttl>:<fence_ttl>:<route>:<attempt>:<holder>"
+-- ARGV[1]  owner token
 -- ARGV[2]  lease in milliseconds
--- ARGV[3]  TTL of the fencing counter in milliseconds (lease + retention); '0' for
---          a manager without fencing: the token is 0 and the counter is not touched
--- ARGV[4]  '+' when the caller waits for this lock (it listens for wake-ups), '-'
---          when it does not (a first try, or try_acquire)
+-- ARGV[3]  TTL of the fencing counter in milliseconds (lease + retention) when
+--          the caller wants its token now; '0' when it does not (token 0)
+-- ARGV[4]  '+' when the caller waits for this lock, '-' when it does not (a
+--          first try, or try_acquire)
 -- ARGV[5]  <since>
 -- ARGV[6]  <holder>
+-- ARGV[7]  '1' when a waiting caller queues up; '0' when it only marks the
+--          lock and waits for the release's broadcast (a Redlock member, whose
+--          waiters cannot queue on each member independently)
+-- ARGV[8]  queue lease ms: a queued caller's entry lasts that long unless its
+--          next attempt refreshes it
+-- ARGV[9]  hand-off TTL ms: the TTL the lock gets when it is handed to the
+--          caller; at most the queue lease for a holder that renews (its first
+--          renewal, due a third of it after the hand-off, brings the TTL up to
+--          its lease), the whole lease for one that does not renew
+-- ARGV[10] hand-off base ("<prefix>handoff"), for the hand-offs this script
+--          makes (each on "<base>:<route of the new holder>")
+-- ARGV[11] route: the hand-off tag of the caller's manager (hex), kept in its
+--          queue entry
+-- ARGV[12] the number of this attempt of the caller's, kept in its queue entry
+--          and echoed by a hand-off (see queue_prelude.lua)
 --
--- Returns {1, token, owner}  the lock is ours with fencing token `token`: freshly
---                            taken, or already ours (a retried acquire whose first
---                            reply was lost); either way the lease is reset to ARGV[2]
---         {0, pttl, owner}   another owner holds it for `pttl` more milliseconds
---                            (-1 when the key has no TTL, which only a foreign writer
---                            causes); a waiting caller has marked it
+-- Returns {1, token, owner}  ours with fencing token `token` (0: none yet):
+--                            freshly taken, or already ours (handed off to us
+--                            by a release, or a retry whose reply was lost);
+--                            the TTL is reset to the lease and our queue entry
+--                            is gone
+--         {0, pttl, owner}   busy: another owner holds it for `pttl` more ms
+--                            (-1 for a key with no TTL); a queued caller waits
+--                            for its hand-off, and attempts again when that
+--                            lease runs out without one
+--         {3, 0, owner}      the lock's name holds a value distlock did not
+--                            write (another type, or a string of another
+--                            shape): nothing was changed
 -- `owner` echoes ARGV[1], so the client can tell that a reply is the one to its
--- own request (a connection that lost a reply would hand it another's).
+-- own request.
 --
--- A waiter marks the lock in the same script that finds it busy, so the holder's
--- release, which publishes only for a marked lock, cannot miss it; a waiter that
--- wins marks its own hold, since others may still wait. A lock nobody waited for
--- is released without a PUBLISH.
---
--- A fresh token is last token + 1 while the counter exists, and the server time
--- in microseconds once it is gone: expired (ARGV[3] after the last acquisition)
--- or lost to an empty restart. Tokens never run ahead of the server clock (the
--- counter starts at the clock and each script takes more than a microsecond), so
--- the clock keeps them increasing as long as it has not stepped back by more
--- than the time since the last acquisition.
---
--- The fast path (the lock is free) is three commands: GET, SET NX, SET. A lock
--- key of distlock 0.1 (a hash) makes GET fail with WRONGTYPE: mixed versions
--- refuse each other's locks rather than both granting them.
-local fenced = ARGV[3] ~= '0'
-local token = 0
-if fenced then
-  local last = redis.call('GET', KEYS[2])
-  if last then
-    token = tonumber(last) + 1
-  else
-    local now = redis.call('TIME')
-    token = tonumber(now[1]) * 1000000 + tonumber(now[2])
+-- The lock is free for the caller only when nobody live is queued before it.
+-- A free lock with a live head that is not the caller (its holder's lease ran
+-- out, nobody released it) is handed to that head here, at once, rather than
+-- when the head's next attempt comes.
+local owner = ARGV[1]
+local owner_len = string.len(owner)
+local queued = ARGV[4] == '+' and ARGV[7] == '1'
+local held = redis.pcall('GET', KEYS[1])
+if type(held) == 'table' then
+  return {3, 0, owner}
+end
+if held then
+  if string.sub(held, 1, owner_len) == owner then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    queue_drop(KEYS[3], KEYS[4], owner)
+    return {1, tonumber(string.match(held, '^%d+', owner_len + 2)) or 0, owner}
+  end
+  if not is_lock_value(held) then
+    return {3, 0, owner}
+  end
+else
+  local head = queue_head(KEYS[3], KEYS[4])
+  if head == nil or head == owner then
+    if head then
+      queue_drop(KEYS[3], KEYS[4], owner)
+    end
+    local token = next_token(KEYS[2], ARGV[3])
+    -- Marked while others may wait: queued waiters, or (a waiter that does
+    -- not queue) the others it waited beside, who hear of the release only
+    -- if the lock is marked.
+    local mark = queue_mark(KEYS[3])
+    if ARGV[4] == '+' and not queued then
+      mark = '+'
+    end
+    redis.call('SET', KEYS[1],
+      owner .. mark .. string.format('%.0f', token) .. ':' .. ARGV[5] .. ':' .. ARGV[6],
+      'PX', ARGV[2])
+    return {1, token, owner}
+  end
+  queue_hand_off(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[10])
+  held = redis.call('GET', KEYS[1])
+end
+if ARGV[4] == '+' then
+  if queued then
+    queue_enqueue(KEYS[3], KEYS[4], owner, ARGV[8], ARGV[9], ARGV[3], ARGV[11], ARGV[12], ARGV[6])
+  end
+  if string.sub(held, owner_len + 1, owner_len + 1) ~= '+' then
+    redis.call('SET', KEYS[1],
+      string.sub(held, 1, owner_len) .. '+' .. string.sub(held, owner_len + 2), 'XX', 'KEEPTTL')
   end
 end
--- '%.0f' writes the whole number in full; the default conversion may use an exponent.
-local text = string.format('%.0f', token)
-local value = ARGV[1] .. ARGV[4] .. text .. ':' .. ARGV[5] .. ':' .. ARGV[6]
-if redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2]) then
-  if fenced then
-    redis.call('SET', KEYS[2], text, 'PX', ARGV[3])
-  end
-  return {1, token, ARGV[1]}
-end
-
-local held = redis.call('GET', KEYS[1])
-local owner_len = string.len(ARGV[1])
-if string.sub(held, 1, owner_len) == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, tonumber(string.match(held, '^%d+', owner_len + 2)), ARGV[1]}
-end
-if ARGV[4] == '+' and string.sub(held, owner_len + 1, owner_len + 1) ~= '+' then
-  local marked = string.sub(held, 1, owner_len) .. '+' .. string.sub(held, owner_len + 2)
-  redis.call('SET', KEYS[1], marked, 'XX', 'KEEPTTL')
-end
-return {0, redis.call('PTTL', KEYS[1]), ARGV[1]}
+return {0, redis.call('PTTL', KEYS[1]), owner}

@@ -26,6 +26,8 @@
 --         {0, owner, i, pttl}                lock i (1-based) is held by another owner
 --                                            for `pttl` more milliseconds (-1: no TTL);
 --                                            nothing was written
+--         {3, owner, i}                      lock i holds a value distlock did not
+--                                            write: nothing was written
 -- `owner` echoes ARGV[1], so the client can tell that a reply is the one to its
 -- own request. New locks are unmarked ('-'): the caller does not wait inside this
 -- script (a caller that has to wait takes the locks one by one with acquire.lua).
@@ -37,7 +39,10 @@ local fenced = ARGV[3] ~= '0'
 -- First pass: read every lock; stop at the first one held by another owner.
 local held = {}
 for i = 1, n do
-  local value = redis.call('GET', KEYS[2 * i - 1])
+  local value = redis.pcall('GET', KEYS[2 * i - 1])
+  if type(value) == 'table' or (value and not is_lock_value(value)) then
+    return {3, owner, i}
+  end
   if value and string.sub(value, 1, owner_len) ~= owner then
     return {0, owner, i, redis.call('PTTL', KEYS[2 * i - 1])}
   end

@@ -1,19 +1,28 @@
--- Free a lock whoever holds it (an operator's force-unlock), and wake its waiters.
+-- Free a lock whoever holds it (an operator's force-unlock), and wake its waiters:
+-- hand it to the first live waiter of its queue, or, with nobody queued, tell the
+-- waiters that do not queue.
 --
 -- KEYS[1]  lock: "<owner><mark><token>:<since>:<holder>" (see acquire.lua)
+-- KEYS[2]  fencing counter
+-- KEYS[3]  queue (see queue_prelude.lua)
+-- KEYS[4]  queue entries
 -- ARGV[1]  wake-up channel of the lock
 -- ARGV[2]  a fresh random token, published as the wake-up's payload (a Redlock
 --          manager hears one release from every member and wakes one waiter per
 --          payload)
+-- ARGV[3]  hand-off base ("<prefix>handoff", see queue_prelude.lua)
 --
--- Returns {1, ARGV[2]}  the lock was held: it is deleted and a wake-up published
+-- Returns {1, ARGV[2]}  the lock was held: it is deleted (or handed to the head
+--                       of its queue) and its waiters told
 --         {0, ARGV[2]}  nobody held it
 --
 -- The holder is not told here: its next renewal finds the lock gone and reports
 -- the lease lost, and its release reports `Lost`. The fencing counter stays, so the
 -- next holder's token is still larger than the holder's.
 if redis.call('DEL', KEYS[1]) == 1 then
-  redis.call('PUBLISH', ARGV[1], ARGV[2])
+  if not queue_hand_off(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[3]) then
+    redis.call('PUBLISH', ARGV[1], ARGV[2])
+  end
   return {1, ARGV[2]}
 end
 return {0, ARGV[2]}

@@ -16,14 +16,22 @@
 --                             so in `pttl` ms
 --         {2, count, owner}   holders use the semaphore with `count` permits
 --                             and the caller said otherwise without resizing
+--         {3, 0, owner}       a name of the semaphore holds a value distlock
+--                             did not write (another type or shape): nothing
+--                             was changed
 --
 -- The count lives as long as the holders: with nobody holding, the next caller's
 -- count stands. A resize changes nobody's hold: with fewer permits than
 -- holders, nobody new enters until enough have left.
 local now = now_ms()
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if type(redis.pcall('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)) == 'table' then
+  return {3, 0, ARGV[1]}
+end
 local holders = redis.call('ZCARD', KEYS[1])
-local stored = redis.call('GET', KEYS[3])
+local stored = redis.pcall('GET', KEYS[3])
+if type(stored) == 'table' or (stored and not string.find(stored, '^%d+$')) then
+  return {3, 0, ARGV[1]}
+end
 if holders > 0 and stored and stored ~= ARGV[5] and ARGV[6] ~= '1' then
   return {2, tonumber(stored), ARGV[1]}
 end

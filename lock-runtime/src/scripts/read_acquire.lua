@@ -13,7 +13,12 @@
 --         {0, pttl, owner}   a writer holds the lock for `pttl` ms, or waits for
 --                            it (its intent lasts `pttl` ms more); a waiting
 --                            caller has marked the writer's hold
-local held = redis.call('GET', KEYS[3])
+--         {3, 0, owner}      a name of the lock holds a value distlock did not
+--                            write (another type or shape): nothing was changed
+local held = redis.pcall('GET', KEYS[3])
+if type(held) == 'table' or (held and not is_lock_value(held)) then
+  return {3, 0, ARGV[1]}
+end
 if held then
   local owner_len = string.len(ARGV[1])
   if ARGV[4] == '+' and string.sub(held, owner_len + 1, owner_len + 1) ~= '+' then
@@ -23,7 +28,11 @@ if held then
   return {0, redis.call('PTTL', KEYS[3]), ARGV[1]}
 end
 local now = now_ms()
-if not redis.call('ZSCORE', KEYS[1], ARGV[1]) and redis.call('GET', KEYS[4]) then
+local mine = redis.pcall('ZSCORE', KEYS[1], ARGV[1])
+if type(mine) == 'table' and mine.err then
+  return {3, 0, ARGV[1]}
+end
+if not mine and redis.call('GET', KEYS[4]) then
   return {0, redis.call('PTTL', KEYS[4]), ARGV[1]}
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)

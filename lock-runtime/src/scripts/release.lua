@@ -1,41 +1,44 @@
--- Release a lock if it is still ours, and wake the waiters if anyone waits; or,
--- for a request's min_hold, keep it a while longer.
+-- Release the default lock if it is ours: delete it, or hand it to the first
+-- live waiter in its queue; withdraw our queue entry if we left one (a waiter
+-- that gave up); or, for a request's min_hold, keep it a while longer.
 --
--- KEYS[1]  lock: "<owner><mark><token>:<since>:<holder>" (see acquire.lua)
+-- KEYS[1]  lock (see acquire.lua)
+-- KEYS[2]  fencing counter
+-- KEYS[3]  queue
+-- KEYS[4]  queue entries
 -- ARGV[1]  owner token
--- ARGV[2]  wake-up channel of the lock
--- ARGV[3]  keep_ms: 0 to delete the lock; above 0, the milliseconds of the
---          request's min_hold still to run: the lock's TTL is set to that and
---          the lock stays (see below)
+-- ARGV[2]  wake-up channel: a release of a marked lock that nobody is queued
+--          for publishes the owner token on it, for waiters that do not queue
+--          (multi-key, Redlock)
+-- ARGV[3]  keep_ms: above 0, the rest of a min_hold: the lock is kept that
+--          long instead of released (the head takes it when it has expired,
+--          at its next attempt or any other caller's)
+-- ARGV[4]  hand-off base ("<prefix>handoff"): a hand-off publishes on
+--          "<base>:<route of the new holder>" (see queue_prelude.lua)
 --
--- Returns {1, owner}  the lock was ours: it is deleted, and a wake-up is
---                     published if a waiter marked it ('+'); or, with keep_ms
---                     above 0, it expires in keep_ms milliseconds
---         {0, owner}  the lock is gone or held by another owner: nothing changed
---                     (our lease had run out).
---
+-- Returns {1, owner}  the lock was ours and is deleted, handed off or kept
+--         {0, owner}  it was not ours (our lease ran out, or we never held
+--                     it: the release only withdrew our queue entry)
 -- `owner` echoes ARGV[1], so the client can tell that a reply is the one to its
 -- own request.
 --
--- The wake-up's payload is the releasing owner token: a Redlock manager hears one
--- release from every member that held the lock, and wakes one waiter per release,
--- not one per member. The token is dead once published (the lock is gone).
---
--- A kept lock publishes nothing, now or when it expires: its waiters are not
--- woken early, and take it when their backoff (capped by the remaining lease
--- each last read) runs out after it expired.
-local held = redis.call('GET', KEYS[1])
-local owner_len = string.len(ARGV[1])
-if held and string.sub(held, 1, owner_len) == ARGV[1] then
-  local keep_ms = tonumber(ARGV[3]) or 0
-  if keep_ms > 0 then
-    redis.call('PEXPIRE', KEYS[1], keep_ms)
-    return {1, ARGV[1]}
-  end
-  redis.call('DEL', KEYS[1])
-  if string.sub(held, owner_len + 1, owner_len + 1) == '+' then
-    redis.call('PUBLISH', ARGV[2], ARGV[1])
-  end
-  return {1, ARGV[1]}
+-- A lock nobody waited for (mark '-') costs GET and DEL: the queue is not
+-- read, and the client sends this file's fast path before the helpers
+-- (shared_prelude.lua, queue_prelude.lua) and the rest (release_queue.lua), so
+-- that such a release defines no function either. A withdrawal that finds
+-- the lock free hands it off, so a cancelled head does not hold up the next
+-- waiter. A value of another type under the
+-- lock's name is not ours and is left as it is.
+local owner = ARGV[1]
+local owner_len = string.len(owner)
+local held = redis.pcall('GET', KEYS[1])
+if type(held) == 'table' then
+  held = false
 end
-return {0, ARGV[1]}
+local ours = held and string.sub(held, 1, owner_len) == owner
+-- The fast path, before the helpers are defined (each call of a script runs
+-- its definitions): a lock of ours that nobody waited for, and no min_hold.
+if ours and string.sub(held, owner_len + 1, owner_len + 1) ~= '+' and (tonumber(ARGV[3]) or 0) <= 0 then
+  redis.call('DEL', KEYS[1])
+  return {1, owner}
+end

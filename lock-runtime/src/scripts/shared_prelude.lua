@@ -1,5 +1,5 @@
--- Shared by the read, write and permit scripts (prepended to each by the client;
--- Redis scripts cannot include one another).
+-- Shared by the scripts of every kind (prepended to each by the client; Redis
+-- scripts cannot include one another).
 --
 -- now_ms(): the server clock in milliseconds. Holders of shared kinds are
 -- scored by the end of their lease on this clock, so every client agrees on
@@ -9,6 +9,9 @@
 -- `fence`, stored back with TTL `ttl` ms; 0 and untouched when `ttl` is '0' (a
 -- manager without fencing). As in acquire.lua: last + 1 while the counter
 -- exists, the server time in microseconds once it is gone.
+--
+-- is_lock_value(value): whether a string is a lock value distlock wrote; a
+-- script never changes one that is not, and answers {3, 0, owner} ("foreign").
 --
 -- push_expiry(set, other): sets the TTL of sorted set `set` (and of `other`,
 -- when given) to the end of its longest lease, so that nothing outlives its
@@ -48,4 +51,9 @@ local function push_expiry(set, other)
     redis.call('PEXPIREAT', other, last[2])
   end
 end
-
+-- Whether `value` is a lock value distlock wrote
+-- ("<32 hex owner><mark><token>:<since>:<holder>"): a script never changes a
+-- value that is not (a foreign key under a lock's name).
+local function is_lock_value(value)
+  return string.find(value, '^%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x[+-]%d+:%d+:') ~= nil
+end

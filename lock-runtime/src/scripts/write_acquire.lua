@@ -15,17 +15,25 @@
 --                            readers do until `pttl` ms from now (the longest
 --                            reader lease); a waiting caller has marked the
 --                            writer, or set its intent
+--         {3, 0, owner}      a name of the lock holds a value distlock did not
+--                            write (another type or shape): nothing was changed
 --
 -- A writer that finds readers and waits sets its intent (TTL: its lease, so a
 -- writer that dies frees the readers within its lease; one that gives up
 -- withdraws it through write_release.lua). Taking the lock clears the intent
 -- and marks the hold '+' when an intent existed, since readers may then wait.
-local held = redis.call('GET', KEYS[1])
+local held = redis.pcall('GET', KEYS[1])
+if type(held) == 'table' then
+  return {3, 0, ARGV[1]}
+end
 local owner_len = string.len(ARGV[1])
 if held then
   if string.sub(held, 1, owner_len) == ARGV[1] then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     return {1, tonumber(string.match(held, '^%d+', owner_len + 2)), ARGV[1]}
+  end
+  if not is_lock_value(held) then
+    return {3, 0, ARGV[1]}
   end
   if ARGV[4] == '+' and string.sub(held, owner_len + 1, owner_len + 1) ~= '+' then
     local marked = string.sub(held, 1, owner_len) .. '+' .. string.sub(held, owner_len + 2)
@@ -34,7 +42,9 @@ if held then
   return {0, redis.call('PTTL', KEYS[1]), ARGV[1]}
 end
 local now = now_ms()
-redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+if type(redis.pcall('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)) == 'table' then
+  return {3, 0, ARGV[1]}
+end
 local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
 if #last > 0 then
   if ARGV[4] == '+' then

@@ -42,6 +42,9 @@
 //!   `release ID` (body writes counter+1, then releases: `REL ID RESULT T0 T1`) or a
 //!   lost lease (`LOST ID T_LOST LAST_ACTIVE DEADLINE PREV_ACTIVE`, then `REL ...`;
 //!   LAST_ACTIVE / PREV_ACTIVE: ends of the body's last two polls).
+//!   With a 7th word `late`, the holder takes no fencing token at acquisition
+//!   (`ACQ` shows 0): its body asks for it when it writes, and after a loss it
+//!   asks once (`LATE_TOKEN ID granted TOKEN` or `LATE_TOKEN ID refused KIND`).
 //! - `zombie ID` (after a loss): writes with the lost token anyway ->
 //!   `ZOMBIE ID accepted|rejected TOKEN`.
 //! - `exit` or end of input: release everything and exit.
@@ -668,10 +671,14 @@ async fn attempt(
         }
         RunKind::ReadWrite { .. } => ctx.manager.read_lock(plan.key.clone()),
     };
+    // Run mode takes each token with its acquisition (eager fencing), so that
+    // every section the checker counts has one; scripted holds (s2) take theirs
+    // on demand, before or after a pause.
     let acquire = request
         .lease(cfg.lease)
         .wait(cfg.wait)
         .renew(!cfg.no_renew)
+        .eager_fencing(true)
         .acquire();
     // Stopping drops an acquisition in flight: that is a cancellation too.
     let r = tokio::select! {
@@ -690,7 +697,9 @@ async fn attempt(
         ) => return Attempt::NotAcquired(result),
         Err(e) => fatal(&format!("acquire {}: {e}", plan.key)),
     };
-    let token = guard.fencing_token();
+    // Issued with the acquisition (local); a hold with none would write with
+    // 0, which the store rejects as stale.
+    let token = guard.issued_fencing_token().unwrap_or(0);
     let started = tokio::time::Instant::now();
     {
         let mut s = lock(&slot);
@@ -792,7 +801,12 @@ async fn script(ctx: Arc<Ctx>, mut commands: mpsc::UnboundedReceiver<String>) {
     while let Some(line) = commands.recv().await {
         let words: Vec<&str> = line.split_whitespace().collect();
         match words.as_slice() {
-            ["acquire", id, key, lease, wait, step] => {
+            ["acquire", id, key, lease, wait, step, rest @ ..] => {
+                let late = match rest {
+                    [] => false,
+                    ["late"] => true,
+                    _ => fatal(&format!("bad acquire options in {line:?}")),
+                };
                 let parse = |s: &str| -> u64 {
                     s.parse()
                         .unwrap_or_else(|_| fatal(&format!("bad number in {line:?}")))
@@ -807,9 +821,12 @@ async fn script(ctx: Arc<Ctx>, mut commands: mpsc::UnboundedReceiver<String>) {
                     held.clone(),
                     (*id).to_owned(),
                     (*key).to_owned(),
-                    lease,
-                    wait,
-                    step,
+                    HoldPlan {
+                        lease,
+                        wait,
+                        step,
+                        late,
+                    },
                 ));
             }
             ["release", id] => {
@@ -868,15 +885,29 @@ async fn script(ctx: Arc<Ctx>, mut commands: mpsc::UnboundedReceiver<String>) {
     while tasks.join_next().await.is_some() {}
 }
 
+/// How a scripted hold is taken and kept (see `acquire` in the module docs).
+struct HoldPlan {
+    lease: Duration,
+    wait: Duration,
+    /// How often the body wakes to report renewals.
+    step: Duration,
+    /// The fencing token is asked for only when the body writes.
+    late: bool,
+}
+
 async fn hold(
     ctx: Arc<Ctx>,
     held: Arc<Mutex<HashMap<String, Held>>>,
     id: String,
     key: String,
-    lease: Duration,
-    wait: Duration,
-    step: Duration,
+    plan: HoldPlan,
 ) {
+    let HoldPlan {
+        lease,
+        wait,
+        step,
+        late,
+    } = plan;
     let t_req = mono_ns();
     let r = ctx
         .manager
@@ -895,7 +926,14 @@ async fn hold(
             return;
         }
     };
-    let token = guard.fencing_token();
+    // Fencing on demand: one round trip here, or (`late`) only when the body
+    // writes. A hold found lost already gets no token; its writes then carry
+    // 0, which the store rejects as stale.
+    let token = if late {
+        0
+    } else {
+        guard.fencing_token().await.unwrap_or(0)
+    };
     let slot: Slot = Arc::default();
     {
         let mut s = lock(&slot);
@@ -929,6 +967,13 @@ async fn hold(
                     shown = d;
                 }
             }
+            let token = if late {
+                let token = guard.fencing_token().await.unwrap_or(0);
+                lock(slot).token = token;
+                token
+            } else {
+                token
+            };
             write_increment(ctx, slot, key, token).await
         }
     };
@@ -939,14 +984,31 @@ async fn hold(
     };
     let r = guard.scope_until_lost(timed).await;
     if let Err(LockError::Lost { .. }) = &r {
-        let s = lock(&slot);
-        println!(
-            "LOST {id} {} {} {} {}",
-            mono_ns(),
-            s.last_active,
-            s.deadline,
-            s.prev_active
-        );
+        {
+            let s = lock(&slot);
+            println!(
+                "LOST {id} {} {} {} {}",
+                mono_ns(),
+                s.last_active,
+                s.deadline,
+                s.prev_active
+            );
+        }
+        if late {
+            // A holder that never took its token asks for it only now, after
+            // the loss: it must be refused (its zombie write then carries 0).
+            match guard.fencing_token().await {
+                Ok(token) => {
+                    lock(&slot).token = token;
+                    if let Some(h) = held.lock().unwrap_or_else(|e| e.into_inner()).get_mut(&id) {
+                        h.token = token;
+                    }
+                    println!("LATE_TOKEN {id} granted {token}");
+                }
+                Err(LockError::Lost { .. }) => println!("LATE_TOKEN {id} refused lost"),
+                Err(e) => println!("LATE_TOKEN {id} refused other {e}"),
+            }
+        }
     }
     let end = finish(&ctx, 0, guard, r).await;
     println!(

@@ -23,7 +23,7 @@ async fn renamed() -> Result<(), AppError> {
 
 #[distributed_lock(key = "k", crate = "crate::infra", guard = g)]
 async fn reexported() -> Result<u64, AppError> {
-    Ok(g.fencing_token())
+    Ok(g.fencing_token().await?)
 }
 
 fn main() {

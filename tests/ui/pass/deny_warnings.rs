@@ -37,7 +37,7 @@ impl Orders {
         if qty == 0 {
             return Err(AppError::Invalid);
         }
-        Ok(lock.fencing_token() + order_id)
+        Ok(lock.fencing_token().await? + order_id)
     }
 
     #[distributed_lock(key = "order:{order_id}", lease = Duration::from_secs(5), on_lost = "ignore")]

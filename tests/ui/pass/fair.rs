@@ -20,7 +20,7 @@ async fn take_turn(name: &str) -> Result<(), AppError> {
 #[distributed_lock(fair = true, key = "queue", lease = "5s", wait = "1m", guard = turn, manager = manager)]
 async fn with_options(manager: &LockManager) -> Result<u64, AppError> {
     let _: &LockGuard = turn;
-    Ok(turn.fencing_token())
+    Ok(turn.fencing_token().await?)
 }
 
 #[distributed_lock(key = "queue", fair = false)]

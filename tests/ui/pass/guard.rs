@@ -19,7 +19,7 @@ async fn fenced(name: &str) -> Result<u64, AppError> {
     let _ = name;
     let _: &LockGuard = lock;
     let _: &str = lock.key();
-    Ok(write_with_token(lock.fencing_token()))
+    Ok(write_with_token(lock.fencing_token().await?))
 }
 
 #[distributed_lock(key = "file:{name}", guard = hold, on_lost = "ignore")]

@@ -45,7 +45,7 @@ async fn same_names(
 ) -> Result<u64> {
     let distlock_value =
         u64::from(distlock_request + distlock_guard + distlock_manager + distlock_error);
-    Ok(distlock_value + distlock_output.fencing_token())
+    Ok(distlock_value + distlock_output.fencing_token().await?)
 }
 
 // A body that panics (`todo!()`) triggers no unreachable-code warning.

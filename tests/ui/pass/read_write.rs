@@ -30,7 +30,7 @@ async fn show(id: u64) -> Result<u64, AppError> {
 )]
 async fn edit(id: u64) -> Result<u64, AppError> {
     let _: &LockGuard = lock;
-    Ok(lock.fencing_token() + id)
+    Ok(lock.fencing_token().await? + id)
 }
 
 #[distributed_lock(key = "catalog", mode = "exclusive", on_lost = "ignore", guard = lock)]

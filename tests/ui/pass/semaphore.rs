@@ -23,7 +23,7 @@ async fn export() -> Result<(), AppError> {
 async fn one(tenant: &str) -> Result<u64, AppError> {
     let _: &LockGuard = slot;
     let _ = tenant;
-    Ok(slot.fencing_token())
+    Ok(slot.fencing_token().await?)
 }
 
 #[distributed_lock(key = "k", permits = 4_294_967_295u32)]

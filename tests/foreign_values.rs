@@ -1,0 +1,268 @@
+//! distlock never changes a value it did not write: a value of another
+//! program (any shape, any type) under one of a lock's Redis names is left
+//! byte for byte, and the caller gets `LockError::ForeignValue` naming the key
+//! at once, not a wait until its timeout (issue: waiters used to write their
+//! mark `+` into byte 33 of any value, `other1` becoming `other1++++++++++`).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use distlock::{LockError, LockManager};
+use redis::aio::MultiplexedConnection;
+
+/// The foreign values: short, long and binary strings, and other types.
+#[derive(Debug, Clone, Copy)]
+enum Shape {
+    Short,
+    Long,
+    Binary,
+    List,
+    Hash,
+    Set,
+}
+
+const SHAPES: [Shape; 6] = [
+    Shape::Short,
+    Shape::Long,
+    Shape::Binary,
+    Shape::List,
+    Shape::Hash,
+    Shape::Set,
+];
+
+async fn write_foreign(conn: &mut MultiplexedConnection, name: &str, shape: Shape) {
+    del(conn, name).await;
+    let cmd = match shape {
+        Shape::Short => {
+            let mut c = redis::cmd("SET");
+            c.arg(name).arg("other1");
+            c
+        }
+        Shape::Long => {
+            let mut c = redis::cmd("SET");
+            c.arg(name).arg("x".repeat(300));
+            c
+        }
+        Shape::Binary => {
+            let mut c = redis::cmd("SET");
+            c.arg(name).arg((0..=255u8).collect::<Vec<u8>>());
+            c
+        }
+        Shape::List => {
+            let mut c = redis::cmd("RPUSH");
+            c.arg(name).arg("a").arg("b");
+            c
+        }
+        Shape::Hash => {
+            let mut c = redis::cmd("HSET");
+            c.arg(name)
+                .arg("0123456789abcdef0123456789abcdef")
+                .arg("17");
+            c
+        }
+        Shape::Set => {
+            let mut c = redis::cmd("SADD");
+            c.arg(name).arg("m");
+            c
+        }
+    };
+    let _: () = cmd.query_async(conn).await.unwrap();
+}
+
+/// The value as `DUMP` serialises it (type and content) and its TTL.
+async fn snapshot(conn: &mut MultiplexedConnection, name: &str) -> (Vec<u8>, i64) {
+    let dump: Vec<u8> = redis::cmd("DUMP")
+        .arg(name)
+        .query_async(conn)
+        .await
+        .unwrap();
+    (dump, pttl(conn, name).await)
+}
+
+/// The name of kind `kind` (`lock`, `rw`, `rwr`, `sem`, `semp`) of `key`.
+fn name_of_kind(m: &LockManager, key: &str, kind: &str) -> String {
+    m.redis_names(key)
+        .lock
+        .replacen(":lock:", &format!(":{kind}:"), 1)
+}
+
+/// One primitive's attempts on `key`: each must fail with `ForeignValue`
+/// naming `key`, well within their wait.
+async fn attempts(m: &LockManager, kind: &str, key: &str) -> Vec<Result<(), LockError>> {
+    let wait = Duration::from_secs(3);
+    let mut out = Vec::new();
+    match kind {
+        "lock" => {
+            out.push(m.lock(key).try_acquire().await.map(drop));
+            out.push(m.lock(key).wait(wait).acquire().await.map(drop));
+            out.push(
+                m.lock(key)
+                    .eager_fencing(true)
+                    .wait(wait)
+                    .acquire()
+                    .await
+                    .map(drop),
+            );
+            out.push(
+                m.lock_all([key, "other-key"])
+                    .wait(wait)
+                    .acquire()
+                    .await
+                    .map(drop),
+            );
+        }
+        "rw" | "rwr" => {
+            out.push(m.write_lock(key).wait(wait).acquire().await.map(drop));
+            out.push(m.read_lock(key).wait(wait).acquire().await.map(drop));
+        }
+        "sem" | "semp" => {
+            out.push(m.semaphore(key, 2).wait(wait).acquire().await.map(drop));
+            out.push(m.semaphore(key, 2).try_acquire().await.map(drop));
+        }
+        _ => unreachable!(),
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_values_are_left_unchanged_and_reported() {
+    let redis = server();
+    let m = manager(&redis).await;
+    let mut conn = raw(&redis).await;
+    for kind in ["lock", "rw", "rwr", "sem", "semp"] {
+        for shape in SHAPES {
+            // A string in a sorted set's place, a zset in a string's, ...:
+            // every shape under every name.
+            let key = format!("foreign:{kind}:{shape:?}");
+            let name = name_of_kind(&m, &key, kind);
+            write_foreign(&mut conn, &name, shape).await;
+            let before = snapshot(&mut conn, &name).await;
+            let started = Instant::now();
+            for (i, result) in attempts(&m, kind, &key).await.into_iter().enumerate() {
+                match result {
+                    Err(LockError::ForeignValue { key: named }) => {
+                        assert_eq!(named, key, "{kind} {shape:?} attempt {i}")
+                    }
+                    other => panic!("{kind} {shape:?} attempt {i}: {other:?}"),
+                }
+            }
+            // Every attempt answered at once (each is one round trip, and
+            // the waiting ones were willing to wait 3 s each).
+            assert!(
+                started.elapsed() < Duration::from_secs(2),
+                "{kind} {shape:?}: {:?}",
+                started.elapsed()
+            );
+            assert_eq!(
+                snapshot(&mut conn, &name).await,
+                before,
+                "{kind} {shape:?}: the foreign value was changed"
+            );
+            del(&mut conn, &name).await;
+        }
+    }
+    // Nothing of distlock's was left beside them.
+    assert_eq!(all_keys(&mut conn).await, Vec::<String>::new());
+}
+
+/// A waiter of the default lock that finds the holder's value replaced by a
+/// foreign one (an operator's `SET` over it) stops at its next attempt with
+/// the typed error, and leaves the value alone.
+#[tokio::test]
+async fn a_value_replaced_while_a_waiter_waits_is_reported_to_it() {
+    let redis = server();
+    let a = manager(&redis).await;
+    let b = manager(&redis).await;
+    let mut conn = raw(&redis).await;
+    let held = a
+        .lock("swapped")
+        .lease(Duration::from_millis(600))
+        .acquire()
+        .await
+        .unwrap();
+    let name = a.redis_names("swapped").lock;
+    let waiter = tokio::spawn(async move {
+        b.lock("swapped")
+            .wait(Duration::from_secs(10))
+            .acquire()
+            .await
+            .map(drop)
+    });
+    // Once the waiter has queued (it marked the holder's value), the value is
+    // overwritten with a foreign one without a TTL.
+    let marked = eventually(Duration::from_secs(5), async || {
+        let v: Option<Vec<u8>> = redis::cmd("GET")
+            .arg(&name)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        v.is_some_and(|v| v.get(32) == Some(&b'+'))
+    })
+    .await;
+    assert!(marked.is_some(), "the waiter never queued");
+    let _: () = redis::cmd("SET")
+        .arg(&name)
+        .arg("other1")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // The waiter attempts again when the 600 ms lease it saw runs out (or at
+    // its next refresh, within 0.8 s), and stops there.
+    let result = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter kept waiting")
+        .unwrap();
+    assert!(
+        matches!(result, Err(LockError::ForeignValue { ref key }) if key == "swapped"),
+        "{result:?}"
+    );
+    let v: Option<String> = redis::cmd("GET")
+        .arg(&name)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(v.as_deref(), Some("other1"));
+    drop(held);
+}
+
+/// Under Redlock every member leaves its foreign value alone; with foreign
+/// values on all of them, the caller gets the typed error at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_redlock_member_leaves_a_foreign_value_alone() {
+    let servers: Vec<_> = (0..3).map(|_| server()).collect();
+    let m = LockManager::redlock_builder(servers.iter().map(|s| s.url()))
+        .build()
+        .await
+        .unwrap();
+    let name = m.redis_names("foreign:r").lock;
+    let mut conns = Vec::new();
+    for s in &servers {
+        let mut conn = raw(s).await;
+        write_foreign(&mut conn, &name, Shape::Short).await;
+        conns.push(conn);
+    }
+    let started = Instant::now();
+    for _ in 0..10 {
+        let result = m
+            .lock("foreign:r")
+            .wait(Duration::from_secs(3))
+            .acquire()
+            .await
+            .map(drop);
+        assert!(
+            matches!(result, Err(LockError::ForeignValue { ref key }) if key == "foreign:r"),
+            "{result:?}"
+        );
+    }
+    assert!(started.elapsed() < Duration::from_secs(3));
+    for conn in conns.iter_mut() {
+        let v: Option<String> = redis::cmd("GET")
+            .arg(&name)
+            .query_async(conn)
+            .await
+            .unwrap();
+        assert_eq!(v.as_deref(), Some("other1"));
+    }
+}

@@ -1,0 +1,189 @@
+//! Every call path reloads a script Redis no longer has (after `SCRIPT FLUSH`,
+//! a restart or a failover to a replica that never loaded it) and retries once
+//! by itself: no call hands the caller a "try again" (issue: `extend` on a
+//! semaphore permit failed the first time, since `build()` loads only the
+//! default lock's scripts).
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use distlock::LockManager;
+
+/// `SCRIPT FLUSH` on every server of the deployment.
+async fn flush(d: &Deployment) {
+    let urls: Vec<String> = match d {
+        Deployment::Single(s) => vec![s.url()],
+        Deployment::Cluster(c) => c
+            .nodes()
+            .iter()
+            .filter(|n| n.is_running)
+            .map(|n| n.url.clone())
+            .collect(),
+    };
+    for url in urls {
+        let mut conn = redis::Client::open(url.as_str())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+}
+
+const LEASE: Duration = Duration::from_secs(10);
+
+async fn the_default_lock(d: &Deployment, m: &LockManager, other: &LockManager) {
+    flush(d).await;
+    let g = m.lock("reload:x").lease(LEASE).acquire().await.unwrap();
+    flush(d).await;
+    g.extend(LEASE).await.unwrap();
+    flush(d).await;
+    let token = g.fencing_token().await.unwrap();
+    flush(d).await;
+    assert_eq!(
+        m.inspect("reload:x").await.unwrap().unwrap().fencing_token,
+        token
+    );
+    // A queued waiter (its attempts are scripts), then a release that hands
+    // the lock over, each after a flush.
+    flush(d).await;
+    let waiter = {
+        let other = other.clone();
+        tokio::spawn(async move {
+            other
+                .lock("reload:x")
+                .lease(LEASE)
+                .wait(Duration::from_secs(10))
+                .acquire()
+                .await
+        })
+    };
+    let queued = eventually(Duration::from_secs(5), async || {
+        m.inspect("reload:x")
+            .await
+            .unwrap()
+            .is_some_and(|info| info.waited_for)
+    })
+    .await;
+    assert!(queued.is_some(), "the waiter never queued");
+    flush(d).await;
+    g.release().await.unwrap();
+    let handed = waiter.await.unwrap().unwrap();
+    flush(d).await;
+    assert!(handed.fencing_token().await.unwrap() > token);
+    flush(d).await;
+    assert!(m.force_unlock("reload:x").await.unwrap());
+    flush(d).await;
+    assert!(matches!(
+        handed.release().await,
+        Err(distlock::LockError::Lost { .. })
+    ));
+    // An eager acquisition is a script too.
+    flush(d).await;
+    let e = m
+        .lock("reload:e")
+        .eager_fencing(true)
+        .acquire()
+        .await
+        .unwrap();
+    flush(d).await;
+    e.release().await.unwrap();
+}
+
+async fn the_lock_family(d: &Deployment, m: &LockManager) {
+    flush(d).await;
+    let r = m
+        .read_lock("reload:rw")
+        .lease(LEASE)
+        .acquire()
+        .await
+        .unwrap();
+    flush(d).await;
+    r.extend(LEASE).await.unwrap();
+    flush(d).await;
+    r.release().await.unwrap();
+
+    flush(d).await;
+    let w = m
+        .write_lock("reload:rw")
+        .lease(LEASE)
+        .acquire()
+        .await
+        .unwrap();
+    flush(d).await;
+    w.extend(LEASE).await.unwrap();
+    flush(d).await;
+    w.fencing_token().await.unwrap();
+    flush(d).await;
+    w.release().await.unwrap();
+
+    // The reported case: the first extend of a semaphore permit.
+    flush(d).await;
+    let p = m
+        .semaphore("reload:s", 2)
+        .lease(LEASE)
+        .acquire()
+        .await
+        .unwrap();
+    flush(d).await;
+    p.extend(LEASE).await.unwrap();
+    flush(d).await;
+    p.release().await.unwrap();
+
+    flush(d).await;
+    let all = m
+        .lock_all(["reload:a", "reload:b"])
+        .lease(LEASE)
+        .acquire()
+        .await
+        .unwrap();
+    flush(d).await;
+    assert_eq!(all.fencing_tokens().await.unwrap().len(), 2);
+    flush(d).await;
+    all.release().await.unwrap();
+}
+
+async fn every_call_reloads_a_flushed_script(d: Deployment) {
+    let m = d.manager().await;
+    let other = d.manager().await;
+    the_default_lock(&d, &m, &other).await;
+    the_lock_family(&d, &m).await;
+}
+
+on_both!(every_call_reloads_a_flushed_script);
+
+/// Redlock (the default lock only): every member reloads on its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_redlock_every_call_reloads_a_flushed_script() {
+    let servers: Vec<_> = (0..3).map(|_| server()).collect();
+    let m = LockManager::redlock_builder(servers.iter().map(|s| s.url()))
+        .build()
+        .await
+        .unwrap();
+    let flush_all = async || {
+        for s in &servers {
+            let mut conn = raw(s).await;
+            let _: () = redis::cmd("SCRIPT")
+                .arg("FLUSH")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+        }
+    };
+    flush_all().await;
+    let g = m.lock("reload:r").lease(LEASE).acquire().await.unwrap();
+    flush_all().await;
+    g.extend(LEASE).await.unwrap();
+    flush_all().await;
+    g.fencing_token().await.unwrap();
+    flush_all().await;
+    assert!(m.inspect("reload:r").await.unwrap().is_some());
+    flush_all().await;
+    g.release().await.unwrap();
+}
