@@ -6,6 +6,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
+use distlock::testing::{FaultMode, FaultProxy};
 use distlock::LockError;
 
 #[tokio::test]
@@ -441,4 +442,35 @@ async fn a_waiter_that_loses_a_wake_up_keeps_its_place() {
     }
     let order = order.lock().unwrap().clone();
     assert_eq!(order, (0..WAITERS).collect::<Vec<_>>());
+}
+
+/// A queued waiter that timed out is out of the queue when `acquire` returns:
+/// the holder's release right after frees the lock rather than handing it to
+/// the waiter that left (whose withdrawal would give it back later, a lock
+/// held by nobody meanwhile). The waiter's traffic is delayed by a proxy, so a
+/// withdrawal left to the background would reach Redis after the release.
+#[tokio::test]
+async fn a_timed_out_waiter_has_left_the_queue_when_acquire_returns() {
+    let redis = server();
+    let proxy = FaultProxy::start(redis.addr()).await.unwrap();
+    let a = manager(&redis).await;
+    let b = manager_at(&proxy.url()).await;
+    let mut raw = raw(&redis).await;
+    let name = a.redis_names("k").lock;
+    let held = a.lock("k").acquire().await.unwrap();
+    // 30 ms each way: b's plain attempt and its queuing attempt take 60 ms
+    // each, so the second one (which queues b) ends past b's 100 ms wait.
+    proxy.set_mode(FaultMode::Delay(Duration::from_millis(30)));
+    let err = b
+        .lock("k")
+        .wait(Duration::from_millis(100))
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::Timeout { .. }), "{err:?}");
+    held.release().await.unwrap();
+    assert!(
+        !exists(&mut raw, &name).await,
+        "the release handed the lock to the waiter that had left"
+    );
 }

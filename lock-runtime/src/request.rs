@@ -572,6 +572,10 @@ impl Acquisition<'_> {
             };
             let now = Instant::now();
             if now >= deadline {
+                // Out of the queue before the caller hears of the timeout, so that
+                // a release right after does not hand the lock to a waiter that has
+                // left (its withdrawal would hand it on, a round trip later).
+                withdraw.withdraw_now().await;
                 return Err(self.timeout());
             }
             // The next attempt refreshes the queue entry, and comes at once
@@ -839,6 +843,20 @@ struct WithdrawIntent {
 impl WithdrawIntent {
     fn disarm(mut self) {
         self.armed = false;
+    }
+
+    /// Withdraws at once (one release script by our owner token: it removes
+    /// our queue entry, and gives back a lock handed to us meanwhile); if that
+    /// fails, `Drop` retries in the background.
+    async fn withdraw_now(mut self) {
+        let result = self
+            .core
+            .backend
+            .release(&self.key, &self.keys, &self.owner, 0)
+            .await;
+        if result.is_ok() {
+            self.armed = false;
+        }
     }
 }
 
