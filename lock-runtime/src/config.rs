@@ -40,6 +40,106 @@ pub(crate) struct Config {
     /// Issue a hold's fencing token inside its acquisition by default, rather
     /// than when the holder first asks for it.
     pub(crate) eager_fencing: bool,
+    /// How waiters that are not handed their lock pace their attempts.
+    pub(crate) backoff: Backoff,
+}
+
+/// How a waiting acquisition paces its attempts when no message brings it the
+/// lock: each sleep is drawn from an exponential series that starts at
+/// [`first`](Self::first) and doubles up to [`cap`](Self::cap), with a
+/// [`jitter`](Self::with_jitter) fraction of it random.
+///
+/// The default (8 ms doubling to 1 s, full jitter) suits a Redis on the same
+/// network: a wake-up message normally ends the wait long before the timer
+/// does, and the timer only covers for a lost message or a holder that died
+/// (its sleep is then also capped by the holder's remaining lease, so a lock
+/// that expires is retried as it does). A Redis far away or heavily shared
+/// wants fewer attempts: a larger `first` and `cap`.
+///
+/// It paces read-write locks, semaphores, Redlock and the ordered path of
+/// [`lock_all`](crate::LockManager::lock_all). The default lock's queued
+/// waiters on one server, Cluster and Sentinel do not poll: they are handed
+/// the lock by a message and refresh their place in the queue every 0.4-0.8 s,
+/// whatever the backoff.
+///
+/// ```
+/// use std::time::Duration;
+/// use distlock_runtime::Backoff;
+///
+/// // Start at 50 ms, double up to 2 s, half of each sleep random.
+/// let backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2)).with_jitter(0.5);
+/// assert_eq!(backoff.cap(), Duration::from_secs(2));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Backoff {
+    first: Duration,
+    cap: Duration,
+    jitter: f64,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            first: Duration::from_millis(8),
+            cap: Duration::from_secs(1),
+            jitter: 1.0,
+        }
+    }
+}
+
+impl Backoff {
+    /// Sleeps that start at `first` and double up to `cap`, with full jitter
+    /// (each sleep a random duration up to the series' value). Checked when
+    /// used: `first` at least 1 ms, `cap` at least `first` and at most 30 days.
+    pub fn new(first: Duration, cap: Duration) -> Backoff {
+        Backoff {
+            first,
+            cap,
+            jitter: 1.0,
+        }
+    }
+
+    /// The random part of each sleep, from `0.0` (every sleep is the series'
+    /// value: attempts in lockstep with other waiters that started together)
+    /// to `1.0` (the default: a random sleep up to the series' value). A
+    /// sleep is `value * (1 - jitter) + random(0 ..= value * jitter)`.
+    pub fn with_jitter(mut self, jitter: f64) -> Backoff {
+        self.jitter = jitter;
+        self
+    }
+
+    /// The first sleep's series value.
+    pub fn first(&self) -> Duration {
+        self.first
+    }
+
+    /// The longest series value.
+    pub fn cap(&self) -> Duration {
+        self.cap
+    }
+
+    /// The random fraction of each sleep.
+    pub fn jitter(&self) -> f64 {
+        self.jitter
+    }
+
+    pub(crate) fn validate(&self, what: &str) -> Result<(), LockError> {
+        if self.first < Duration::from_millis(1) || self.cap < self.first || self.cap > MAX_DURATION
+        {
+            return Err(LockError::InvalidConfig(format!(
+                "{what} starts at {:?} and is capped at {:?}; it must start at 1 ms or more \
+                 and be capped at no less than its start and at most 30 days",
+                self.first, self.cap
+            )));
+        }
+        if !(0.0..=1.0).contains(&self.jitter) {
+            return Err(LockError::InvalidConfig(format!(
+                "{what} has a jitter of {}; it must be between 0.0 and 1.0",
+                self.jitter
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// How many replicas must confirm an acquisition (`WAIT`), and how long to wait.
@@ -68,6 +168,7 @@ impl Default for Config {
             replica_ack: None,
             holder: crate::info::default_holder(),
             eager_fencing: false,
+            backoff: Backoff::default(),
         }
     }
 }
@@ -84,6 +185,7 @@ impl Config {
             )));
         }
         validate_lease(self.default_lease, "default lease")?;
+        self.backoff.validate("the manager's backoff")?;
         validate_wait(self.default_wait, "default wait")?;
         validate_wait(self.fence_retention, "fence retention")?;
         for (what, d) in [

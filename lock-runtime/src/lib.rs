@@ -55,6 +55,7 @@ mod waiting;
 #[cfg(feature = "testing")]
 pub mod testing;
 
+pub use config::Backoff;
 pub use context::spawn_with_locks;
 pub use error::LockError;
 pub use global::{global, set_global, with_default_manager};

@@ -694,6 +694,16 @@ impl LockManagerBuilder {
         self
     }
 
+    /// How waiting acquisitions pace their attempts when no message brings
+    /// them the lock (default: [`Backoff::default`], 8 ms doubling to 1 s with
+    /// full jitter); a request may set its own with
+    /// [`LockRequest::backoff`](crate::LockRequest::backoff). Checked by
+    /// [`build`](Self::build).
+    pub fn backoff(mut self, backoff: crate::Backoff) -> Self {
+        self.config.backoff = backoff;
+        self
+    }
+
     /// Makes [`build`](Self::build) fail with [`LockError::ServerCheck`] when the
     /// server's `maxmemory-policy` may evict lock keys (`allkeys-*`, or
     /// `volatile-*`, which evicts keys with a TTL: every held lock). By default

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use tracing::Instrument;
 
 use crate::backend::{AcquireAllReply, AcquireSpec};
-use crate::config::{self, owner_token};
+use crate::config::{self, owner_token, Backoff};
 use crate::context::LockContext;
 use crate::core::{Core, ManagerInner};
 use crate::error::{KeyPreview, LockError};
@@ -55,6 +55,7 @@ pub struct MultiLockRequest {
     min_hold: Option<Duration>,
     metrics_label: Option<&'static str>,
     eager_fencing: Option<bool>,
+    backoff: Option<Backoff>,
 }
 
 /// The options every key's lease is taken with.
@@ -66,6 +67,7 @@ struct Options {
     min_hold: Option<Duration>,
     metrics_label: Option<&'static str>,
     eager_fencing: bool,
+    backoff: Backoff,
 }
 
 impl MultiLockRequest {
@@ -82,7 +84,15 @@ impl MultiLockRequest {
             min_hold: None,
             metrics_label: None,
             eager_fencing: None,
+            backoff: None,
         }
+    }
+
+    /// How the ordered path paces its attempts on a busy lock (default: the
+    /// manager's); see [`LockRequest::backoff`].
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = Some(backoff);
+        self
     }
 
     /// Whether each key's fencing token is issued inside the acquisition
@@ -190,9 +200,13 @@ impl MultiLockRequest {
             min_hold,
             metrics_label,
             eager_fencing,
+            backoff,
         } = self;
         config::validate_hold(max_hold, "max_hold")?;
         config::validate_hold(min_hold, "min_hold")?;
+        if let Some(backoff) = &backoff {
+            backoff.validate("the request's backoff")?;
+        }
         for key in &keys {
             keys::validate_key(key)?;
         }
@@ -214,6 +228,7 @@ impl MultiLockRequest {
             min_hold,
             metrics_label,
             eager_fencing: eager_fencing.unwrap_or(core.config.eager_fencing),
+            backoff: backoff.unwrap_or(core.config.backoff),
         };
         let mut taken = MultiLockGuard::new(manager.clone());
         let Some(first) = keys.first() else {
@@ -455,7 +470,8 @@ async fn ordered(
         let mut request = LockRequest::new(manager.clone(), (*key).to_owned())
             .lease(options.lease)
             .renew(options.renew)
-            .eager_fencing(options.eager_fencing);
+            .eager_fencing(options.eager_fencing)
+            .backoff(options.backoff);
         if let Some(max_hold) = options.max_hold {
             request = request.max_hold(max_hold);
         }

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use tracing::Instrument;
 
 use crate::backend::{AcquireReply, AcquireSpec, Backend};
-use crate::config::{self, owner_token};
+use crate::config::{self, owner_token, Backoff};
 use crate::context::LockContext;
 use crate::core::{Core, ManagerInner};
 use crate::error::{KeyPreview, LockError};
@@ -14,7 +14,7 @@ use crate::guard::LockGuard;
 use crate::keys::{self, LockKeys, LockKind};
 use crate::lease::{Lease, NewLease};
 use crate::telemetry;
-use crate::waiting::Backoff;
+use crate::waiting::BackoffTimer;
 
 /// How long a queued waiter's entry lasts unless its next attempt refreshes
 /// it: a waiter that dies holds up the queue at most this long (and a lock
@@ -63,6 +63,7 @@ pub struct LockRequest {
     kind: LockKind,
     resize_permits: bool,
     eager_fencing: Option<bool>,
+    backoff: Option<Backoff>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -91,7 +92,18 @@ impl LockRequest {
             min_hold: None,
             metrics_label: None,
             eager_fencing: None,
+            backoff: None,
         }
+    }
+
+    /// How this acquisition paces its attempts while it waits and no message
+    /// brings it the lock (default: the manager's,
+    /// [`LockManagerBuilder::backoff`](crate::LockManagerBuilder::backoff)).
+    /// See [`Backoff`] for which waiters it paces; the default lock's queued
+    /// waiters are handed the lock by a message instead.
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = Some(backoff);
+        self
     }
 
     /// Whether the fencing token is issued inside the acquisition (default:
@@ -247,6 +259,7 @@ impl LockRequest {
             kind,
             resize_permits,
             eager_fencing,
+            backoff,
         } = self;
         if let LockKind::Permit { permits: 0 } = kind {
             return Err(LockError::InvalidConfig(format!(
@@ -267,6 +280,13 @@ impl LockRequest {
         config::validate_hold(min_hold, "min_hold")?;
         keys::validate_key(&key)?;
         let core = manager.core.clone();
+        let backoff = match backoff {
+            Some(backoff) => {
+                backoff.validate("the request's backoff")?;
+                backoff
+            }
+            None => core.config.backoff,
+        };
         let lease = lease.unwrap_or(core.config.default_lease);
         config::validate_lease(lease, "lease")?;
         // Redis keeps whole milliseconds; trusting the sub-millisecond rest
@@ -315,6 +335,7 @@ impl LockRequest {
             owner: owner_token(),
             key,
             lease,
+            backoff,
             renew,
             max_hold,
             min_hold,
@@ -372,6 +393,7 @@ struct Acquisition<'a> {
     owner: String,
     key: String,
     lease: Duration,
+    backoff: Backoff,
     renew: bool,
     max_hold: Option<Duration>,
     min_hold: Option<Duration>,
@@ -435,7 +457,7 @@ impl Acquisition<'_> {
             lease: self.lease,
             armed: true,
         });
-        let mut backoff = Backoff::default();
+        let mut backoff = BackoffTimer::new(self.backoff);
         // Registered from here on: a release from now on wakes this waiter or
         // another of this manager (who then holds the lock), and a new
         // subscription wakes every waiter once it is confirmed, for a release
@@ -583,9 +605,9 @@ impl Acquisition<'_> {
             // over first (a holder that crashed or lost it): then any queued
             // attempt hands the lock to the head, which bounds the window in
             // which a newcomer's `SET NX` can overtake the queue.
-            let mut nap = QUEUE_REFRESH + Backoff::jitter(QUEUE_REFRESH);
+            let mut nap = QUEUE_REFRESH + BackoffTimer::jitter(QUEUE_REFRESH);
             if let Some(remaining) = remaining {
-                nap = nap.min(remaining + EXPIRY_MARGIN + Backoff::jitter(EXPIRY_MARGIN));
+                nap = nap.min(remaining + EXPIRY_MARGIN + BackoffTimer::jitter(EXPIRY_MARGIN));
             }
             let nap = nap.min(deadline - now);
             tokio::select! {
@@ -746,6 +768,7 @@ impl Acquisition<'_> {
             owner,
             key,
             lease,
+            backoff: _,
             renew,
             max_hold,
             min_hold,

@@ -33,10 +33,6 @@ use tokio::sync::{broadcast, Notify};
 
 use crate::backend::Backend;
 
-/// Longest fallback sleep between attempts while waiting.
-const MAX_BACKOFF: Duration = Duration::from_secs(1);
-const FIRST_BACKOFF: Duration = Duration::from_millis(8);
-
 pub(crate) struct Subscriber {
     connect_timeout: Duration,
     command_timeout: Duration,
@@ -620,21 +616,30 @@ fn parse_handoff(message: &str) -> Option<(&str, HandedOff)> {
     ))
 }
 
-/// Full-jitter exponential backoff: a random sleep in `[0, cap]`, where the cap
-/// doubles from 8 ms to 1 s and never exceeds the holder's remaining lease (a
-/// lock whose holder died without releasing is retried as it expires).
+/// A waiter's sleeps, drawn from its [`Backoff`](crate::Backoff): the series
+/// value doubles from `first` to `cap` and never exceeds the holder's
+/// remaining lease (a lock whose holder died without releasing is retried as
+/// it expires).
 #[derive(Debug)]
-pub(crate) struct Backoff {
-    cap: Duration,
+pub(crate) struct BackoffTimer {
+    policy: crate::Backoff,
+    next_value: Duration,
 }
 
-impl Default for Backoff {
+impl Default for BackoffTimer {
     fn default() -> Self {
-        Backoff { cap: FIRST_BACKOFF }
+        BackoffTimer::new(crate::Backoff::default())
     }
 }
 
-impl Backoff {
+impl BackoffTimer {
+    pub(crate) fn new(policy: crate::Backoff) -> Self {
+        BackoffTimer {
+            policy,
+            next_value: policy.first(),
+        }
+    }
+
     /// A random sleep in `[0, max]`.
     pub(crate) fn jitter(max: Duration) -> Duration {
         let nanos = u64::try_from(max.as_nanos()).unwrap_or(u64::MAX);
@@ -642,13 +647,14 @@ impl Backoff {
     }
 
     pub(crate) fn next(&mut self, holder_remaining: Option<Duration>) -> Duration {
-        let cap = self
-            .cap
-            .min(holder_remaining.unwrap_or(MAX_BACKOFF))
+        let value = self
+            .next_value
+            .min(holder_remaining.unwrap_or(Duration::MAX))
             .max(Duration::from_millis(1));
-        self.cap = (self.cap * 2).min(MAX_BACKOFF);
-        let nanos = u64::try_from(cap.as_nanos()).unwrap_or(u64::MAX);
-        Duration::from_nanos(random_u64() % (nanos + 1))
+        self.next_value = self.next_value.saturating_mul(2).min(self.policy.cap());
+        // `jitter` is checked to be within [0, 1] before a timer is made.
+        let random_part = value.mul_f64(self.policy.jitter());
+        (value - random_part) + Self::jitter(random_part)
     }
 }
 
@@ -690,15 +696,62 @@ mod tests {
 
     #[test]
     fn backoff_is_capped_by_the_holders_remaining_lease() {
-        let mut b = Backoff::default();
+        let mut b = BackoffTimer::default();
         for _ in 0..50 {
             assert!(b.next(Some(Duration::from_millis(3))) <= Duration::from_millis(3));
         }
-        let mut b = Backoff::default();
+        let mut b = BackoffTimer::default();
         let naps: Vec<_> = (0..20).map(|_| b.next(None)).collect();
-        assert!(naps.iter().all(|n| *n <= MAX_BACKOFF));
-        assert!(naps[0] <= FIRST_BACKOFF);
+        let default = crate::Backoff::default();
+        assert!(naps.iter().all(|n| *n <= default.cap()));
+        assert!(naps[0] <= default.first());
         // Jitter: not all the same.
         assert!(naps.windows(2).any(|w| w[0] != w[1]));
+    }
+
+    #[test]
+    fn a_backoff_without_jitter_doubles_up_to_its_cap() {
+        let ms = Duration::from_millis;
+        let mut b = BackoffTimer::new(crate::Backoff::new(ms(10), ms(50)).with_jitter(0.0));
+        let naps: Vec<_> = (0..5).map(|_| b.next(None)).collect();
+        assert_eq!(naps, [ms(10), ms(20), ms(40), ms(50), ms(50)]);
+        // The holder's remaining lease still caps a sleep.
+        assert_eq!(b.next(Some(ms(7))), ms(7));
+    }
+
+    #[test]
+    fn a_partial_jitter_keeps_the_fixed_part_of_each_sleep() {
+        let ms = Duration::from_millis;
+        let mut b = BackoffTimer::new(crate::Backoff::new(ms(100), ms(100)).with_jitter(0.25));
+        let naps: Vec<_> = (0..200).map(|_| b.next(None)).collect();
+        assert!(
+            naps.iter().all(|n| (ms(75)..=ms(100)).contains(n)),
+            "{naps:?}"
+        );
+        assert!(naps.windows(2).any(|w| w[0] != w[1]));
+    }
+
+    #[test]
+    fn bad_backoffs_are_refused_with_what_is_wrong() {
+        let ms = Duration::from_millis;
+        for (backoff, says) in [
+            (crate::Backoff::new(ms(0), ms(10)), "start at 1 ms"),
+            (
+                crate::Backoff::new(ms(20), ms(10)),
+                "no less than its start",
+            ),
+            (
+                crate::Backoff::new(ms(10), ms(20)).with_jitter(1.5),
+                "jitter of 1.5",
+            ),
+            (
+                crate::Backoff::new(ms(10), ms(20)).with_jitter(f64::NAN),
+                "jitter of NaN",
+            ),
+        ] {
+            let err = backoff.validate("the request's backoff").unwrap_err();
+            assert!(err.to_string().contains(says), "{err}");
+        }
+        assert!(crate::Backoff::default().validate("default").is_ok());
     }
 }

@@ -1,0 +1,126 @@
+//! A waiter's backoff: a request's own, or the manager's, paces the attempts
+//! of a waiter that no message brings the lock (here a semaphore's, whose
+//! holder neither releases nor renews while the waiter waits).
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use distlock::testing::RedisServer;
+use distlock::{Backoff, LockError, LockManager};
+
+const WAIT: Duration = Duration::from_secs(2);
+
+/// The acquire scripts a waiter sent while waiting `WAIT` for a permit that
+/// `holder` keeps, with `backoff` on the request (or the manager's if `None`).
+async fn attempts_while_waiting(
+    server: &RedisServer,
+    waiter: &LockManager,
+    key: &str,
+    backoff: Option<Backoff>,
+) -> u64 {
+    let holder = manager(server).await;
+    let held = holder
+        .semaphore(key, 1)
+        .lease(Duration::from_secs(30))
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    let mut raw = raw(server).await;
+    reset_stats(&mut raw).await;
+    let mut request = waiter.semaphore(key, 1).wait(WAIT);
+    if let Some(backoff) = backoff {
+        request = request.backoff(backoff);
+    }
+    let err = request.acquire().await.unwrap_err();
+    assert!(matches!(err, LockError::Timeout { .. }), "{err:?}");
+    let attempts = calls_of(&mut raw, "evalsha").await;
+    held.release().await.unwrap();
+    attempts
+}
+
+#[tokio::test]
+async fn a_requests_backoff_paces_its_attempts() {
+    let server = server();
+    let waiter = manager(&server).await;
+    let ms = Duration::from_millis;
+
+    // Besides its timer, a waiter attempts on up to two wake-ups that come
+    // without a release: when the manager's pub/sub connection comes up and
+    // when its subscription is confirmed (a release may have been published
+    // before either). So: the first attempt, up to 2 wake-ups, one attempt
+    // after each nap, and one at the deadline.
+    //
+    // 100 ms between attempts, no jitter: at most WAIT / 100 ms = 20 naps fit
+    // (each is 100 ms or more), so at most 1 + 2 + 20 + 1 = 24 attempts. A
+    // loaded machine stretches naps and round trips, so fewer may come: 6 or
+    // more is still above the 4 that a slow backoff allows.
+    let fast = Backoff::new(ms(100), ms(100)).with_jitter(0.0);
+    let attempts = attempts_while_waiting(&server, &waiter, "fast", Some(fast)).await;
+    assert!((6..=24).contains(&attempts), "{attempts} attempts");
+
+    // A backoff that starts above WAIT: one nap up to the deadline, so the
+    // first attempt, up to 2 wake-ups and the attempt at the deadline.
+    let slow = Backoff::new(ms(5_000), ms(5_000));
+    let attempts = attempts_while_waiting(&server, &waiter, "slow", Some(slow)).await;
+    assert!((2..=4).contains(&attempts), "{attempts} attempts");
+}
+
+#[tokio::test]
+async fn the_managers_backoff_is_the_default_and_a_request_overrides_it() {
+    let server = server();
+    let ms = Duration::from_millis;
+    let slow = LockManager::builder(&server.url())
+        .backoff(Backoff::new(ms(5_000), ms(10_000)))
+        .build()
+        .await
+        .unwrap();
+    // Bounds as in the test above: 2-4 attempts for a backoff above WAIT.
+    let attempts = attempts_while_waiting(&server, &slow, "by-manager", None).await;
+    assert!((2..=4).contains(&attempts), "{attempts} attempts");
+    let fast = Backoff::new(ms(100), ms(100)).with_jitter(0.0);
+    let attempts = attempts_while_waiting(&server, &slow, "by-request", Some(fast)).await;
+    assert!(attempts >= 6, "{attempts} attempts");
+}
+
+#[tokio::test]
+async fn a_bad_backoff_is_refused_before_any_attempt() {
+    let server = server();
+    let ms = Duration::from_millis;
+    let err = LockManager::builder(&server.url())
+        .backoff(Backoff::new(ms(50), ms(10)))
+        .build()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, LockError::InvalidConfig(m) if m.contains("manager's backoff")),
+        "{err:?}"
+    );
+
+    let m = manager(&server).await;
+    let mut raw = raw(&server).await;
+    reset_stats(&mut raw).await;
+    for bad in [
+        Backoff::new(ms(10), ms(20)).with_jitter(-0.1),
+        Backoff::new(Duration::ZERO, ms(20)),
+    ] {
+        let err = m.lock("k").backoff(bad).acquire().await.unwrap_err();
+        assert!(
+            matches!(&err, LockError::InvalidConfig(msg) if msg.contains("request's backoff")),
+            "{err:?}"
+        );
+        let err = m
+            .lock_all(["a", "b"])
+            .backoff(bad)
+            .acquire()
+            .await
+            .unwrap_err();
+        assert!(matches!(err, LockError::InvalidConfig(_)), "{err:?}");
+    }
+    assert!(
+        command_calls(&mut raw).await.is_empty(),
+        "no command was sent"
+    );
+}
