@@ -345,6 +345,32 @@ impl Floor {
         }
     }
 
+    /// Acquires as the least a waiter that listens can do: `SET NX`; when
+    /// busy, the acquire script marks the lock (so its release publishes a
+    /// wake-up) and the waiter sleeps until the wake-up (or a fallback nap),
+    /// then `SET NX` again. Needs [`Floor::subscribe`] to cover `names.channel`.
+    pub async fn acquire_by_set_nx(&self, names: &Names, owner: &str, lease_ms: u64) -> Result<()> {
+        let notify = self.wakeups.notify(&names.channel);
+        let mut mark = false;
+        loop {
+            let mut woken = pin!(notify.notified());
+            woken.as_mut().enable();
+            match self.try_acquire(names, owner, lease_ms, mark).await? {
+                Attempt::Acquired => return Ok(()),
+                // Not marked yet: mark it at once, before any sleep.
+                Attempt::Busy(_) if !mark => mark = true,
+                Attempt::Busy(pttl) => {
+                    let nap = Duration::from_millis(u64::try_from(pttl).unwrap_or(50).clamp(1, 50));
+                    tokio::select! {
+                        _ = woken => {}
+                        _ = tokio::time::sleep(nap) => {}
+                    }
+                    mark = false;
+                }
+            }
+        }
+    }
+
     pub async fn release(&self, names: &Names, owner: &str) -> Result<bool> {
         let mut conn = self.conn.clone();
         let (released, _owner): (i64, String) =

@@ -44,7 +44,7 @@ usage: lock-bench [--quick] [--backend single|cluster|redlock] [--scenario NAME]
                    redlock_builder beside distlock (builder) on one of them, interleaved;
                    no floor, no rslock; runs uncontended and handoff only
   --scenario NAME  run only NAME (repeatable, or comma-separated):
-                   uncontended, many-keys, handoff, renewal, memory, macro
+                   uncontended, many-keys, handoff, fresh-handoff, renewal, memory, macro
   --runs N         run everything N times and print the medians too (default 1)
   --locks N        locks held by renewal and memory (default 100000; 1000 with --quick)
   --json FILE      write every figure as JSON
@@ -202,6 +202,7 @@ async fn run_once(env: &Env, names: &[String]) -> Result<Vec<ScenarioResult>> {
             "uncontended" => vec![scenarios::uncontended::run(env).await?],
             "many-keys" => scenarios::many_keys::run(env).await?,
             "handoff" => vec![scenarios::handoff::run(env).await?],
+            "fresh-handoff" => vec![scenarios::fresh_handoff::run(env).await?],
             "renewal" => vec![scenarios::renewal::run(env).await?],
             "memory" => vec![scenarios::memory::run(env).await?],
             "macro" => vec![scenarios::macro_cycle::run(env).await?],

@@ -3,6 +3,7 @@
 //! same private Redis, interleaving them where the machine's load could drift.
 
 pub mod common;
+pub mod fresh_handoff;
 pub mod handoff;
 pub mod macro_cycle;
 pub mod many_keys;
@@ -15,6 +16,7 @@ pub const ALL: &[&str] = &[
     "uncontended",
     "many-keys",
     "handoff",
+    "fresh-handoff",
     "renewal",
     "memory",
     "macro",
