@@ -695,7 +695,7 @@ impl LockManagerBuilder {
     }
 
     /// How waiting acquisitions pace their attempts when no message brings
-    /// them the lock (default: [`Backoff::default`], 8 ms doubling to 1 s with
+    /// them the lock (default: [`Backoff::default`](crate::Backoff), 8 ms doubling to 1 s with
     /// full jitter); a request may set its own with
     /// [`LockRequest::backoff`](crate::LockRequest::backoff). Checked by
     /// [`build`](Self::build).
