@@ -580,16 +580,26 @@ mod tests {
         expand(args, item).to_string()
     }
 
-    /// Expansions of today's single-key forms, captured before the lock family
+    /// An expansion as rustfmt would print it, for snapshots a reviewer can diff.
+    fn pretty(tokens: TokenStream) -> String {
+        let file: syn::File = syn::parse2(tokens).expect("an expansion is a valid item");
+        prettyplease::unparse(&file)
+    }
+
+    /// Expansions of the single-key forms, captured before the lock family
     /// (key lists, `mode`, `permits`, `fair`) was added: they must not change,
     /// nor with `mode = "exclusive"` or `fair = false`, which mean the default.
-    const GOLDEN: [&str; 3] = [
-        r#"pub async fn reserve (order_id : u64 , user : & User) -> Result < u32 , MyError > { let distlock_request = match :: distlock :: __private :: default_manager () . await { :: core :: result :: Result :: Ok (distlock_manager) => { let distlock_manager = & distlock_manager ; :: core :: result :: Result :: Ok (:: distlock :: LockManager :: lock (distlock_manager , :: std :: format ! ("order:{}:{}" , order_id , user . id)) . lease (:: core :: time :: Duration :: from_millis (30000)) . wait (:: core :: time :: Duration :: from_millis (0)) . max_hold (:: core :: time :: Duration :: from_millis (600000)) . min_hold (:: core :: time :: Duration :: new (0 , 1500000)) . renew (false) . metrics_label ("order:{order_id}:{user.id}")) } :: core :: result :: Result :: Err (distlock_error) => :: core :: result :: Result :: Err (distlock_error) , } ; let distlock_outcome = match distlock_request { :: core :: result :: Result :: Ok (distlock_request) => match :: distlock :: LockRequest :: acquire (distlock_request) . await { :: core :: result :: Result :: Ok (distlock_guard) => { let lock : & :: distlock :: LockGuard = & distlock_guard ; let distlock_output = :: distlock :: LockGuard :: scope_until_lost (& distlock_guard , async move { if let :: core :: option :: Option :: Some (distlock_return) = :: core :: option :: Option :: None :: < Result < u32 , MyError > > { return distlock_return ; } Ok (1) }) . await ; let distlock_released = :: distlock :: LockGuard :: release (distlock_guard) . await ; match (distlock_output , distlock_released) { (:: core :: result :: Result :: Ok (:: core :: result :: Result :: Ok (_)) , :: core :: result :: Result :: Err (distlock_error @ :: distlock :: LockError :: Lost { .. }) ,) => :: core :: result :: Result :: Err (distlock_error) , (distlock_output , _) => distlock_output , } } :: core :: result :: Result :: Err (distlock_error) => :: core :: result :: Result :: Err (distlock_error) , } , :: core :: result :: Result :: Err (distlock_error) => :: core :: result :: Result :: Err (distlock_error) , } ; match distlock_outcome { :: core :: result :: Result :: Ok (distlock_value) => distlock_value , :: core :: result :: Result :: Err (distlock_error) => :: core :: result :: Result :: Err (< MyError as :: core :: convert :: From < :: distlock :: LockError >> :: from (distlock_error)) , } }"#,
-        r#"async fn f (& self) -> std :: io :: Result < () > { let distlock_request = { let distlock_lease : :: core :: time :: Duration = LEASE ; let distlock_wait : :: core :: time :: Duration = self . wait ; let distlock_manager = & (self . locks) ; let distlock_manager : & :: locks :: LockManager = :: core :: borrow :: Borrow :: borrow (& * distlock_manager) ; :: core :: result :: Result :: Ok :: < _ , :: locks :: LockError > (:: locks :: LockManager :: lock (distlock_manager , "jobs:{nightly}") . lease (distlock_lease) . wait (distlock_wait) . metrics_label ("jobs:{{nightly}}")) } ; let distlock_outcome = match distlock_request { :: core :: result :: Result :: Ok (distlock_request) => match :: locks :: LockRequest :: acquire (distlock_request) . await { :: core :: result :: Result :: Ok (distlock_guard) => { let distlock_output = :: core :: result :: Result :: Ok :: < _ , :: locks :: LockError > (:: locks :: LockGuard :: scope (& distlock_guard , async move { if let :: core :: option :: Option :: Some (distlock_return) = :: core :: option :: Option :: None :: < std :: io :: Result < () > > { return distlock_return ; } Ok (()) }) . await) ; let distlock_released = :: locks :: LockGuard :: release (distlock_guard) . await ; let _ = distlock_released ; distlock_output } :: core :: result :: Result :: Err (distlock_error) => :: core :: result :: Result :: Err (distlock_error) , } , :: core :: result :: Result :: Err (distlock_error) => :: core :: result :: Result :: Err (distlock_error) , } ; match distlock_outcome { :: core :: result :: Result :: Ok (distlock_value) => distlock_value , :: core :: result :: Result :: Err (distlock_error) => :: core :: result :: Result :: Err (:: core :: convert :: From :: from (distlock_error)) , } }"#,
-        r#"fn f < 'life0 , 'async_trait > (& 'life0 self , id : u64 , d : Duration) -> :: core :: pin :: Pin < Box < dyn :: core :: future :: Future < Output = Result < () , E > > + :: core :: marker :: Send + 'async_trait > > where 'life0 : 'async_trait , Self : 'async_trait , { Box :: pin (async move { if let :: core :: option :: Option :: Some (distlock_return) = :: core :: option :: Option :: None :: < Result < () , E > > { return distlock_return ; } let id = id ; let d = d ; let distlock_request = match :: distlock :: __private :: default_manager () . await { :: core :: result :: Result :: Ok (distlock_manager) => { let distlock_min_hold : :: core :: time :: Duration = d ; let distlock_manager = & distlock_manager ; :: core :: result :: Result :: Ok (:: distlock :: LockManager :: lock (distlock_manager , :: std :: format ! ("{}" , id)) . min_hold (distlock_min_hold) . metrics_label ("{id}")) } :: core :: result :: Result :: Err (distlock_error) => :: core :: result :: Result :: Err (distlock_error) , } ; let distlock_outcome = match distlock_request { :: core :: result :: Result :: Ok (distlock_request) => match :: distlock :: LockRequest :: acquire (distlock_request) . await { :: core :: result :: Result :: Ok (distlock_guard) => { let distlock_output = :: distlock :: LockGuard :: scope_until_lost (& distlock_guard , async move { if let :: core :: option :: Option :: Some (distlock_return) = :: core :: option :: Option :: None :: < Result < () , E > > { return distlock_return ; } let __self = self ; let __ret : Result < () , E > = { Ok (()) } ; __ret }) . await ; let distlock_released = :: distlock :: LockGuard :: release (distlock_guard) . await ; match (distlock_output , distlock_released) { (:: core :: result :: Result :: Ok (:: core :: result :: Result :: Ok (_)) , :: core :: result :: Result :: Err (distlock_error @ :: distlock :: LockError :: Lost { .. }) ,) => :: core :: result :: Result :: Err (distlock_error) , (distlock_output , _) => distlock_output , } } :: core :: result :: Result :: Err (distlock_error) => :: core :: result :: Result :: Err (distlock_error) , } , :: core :: result :: Result :: Err (distlock_error) => :: core :: result :: Result :: Err (distlock_error) , } ; match distlock_outcome { :: core :: result :: Result :: Ok (distlock_value) => distlock_value , :: core :: result :: Result :: Err (distlock_error) => :: core :: result :: Result :: Err (< E as :: core :: convert :: From < :: distlock :: LockError >> :: from (distlock_error)) , } }) }"#,
-    ];
+    /// After an intended change, `UPDATE_EXPECT=1 cargo test -p distlock-macros`
+    /// rewrites the files under `src/snapshots/`, and the diff shows the change.
+    fn golden() -> [expect_test::ExpectFile; 3] {
+        [
+            expect_test::expect_file!["snapshots/free_fn.rs"],
+            expect_test::expect_file!["snapshots/method.rs"],
+            expect_test::expect_file!["snapshots/async_trait.rs"],
+        ]
+    }
 
-    // Not reformatted: the inputs are those the golden strings were made from.
+    // Not reformatted: the inputs are those the golden expansions were made from.
     #[rustfmt::skip]
     fn golden_cases(extra: TokenStream) -> [(TokenStream, TokenStream); 3] {
         [
@@ -636,8 +646,8 @@ mod tests {
             quote!(, mode = "exclusive"),
             quote!(, fair = false),
         ] {
-            for ((args, item), golden) in golden_cases(extra.clone()).into_iter().zip(GOLDEN) {
-                assert_eq!(expand_str(args, item), golden, "with `{extra}`");
+            for ((args, item), golden) in golden_cases(extra).into_iter().zip(golden()) {
+                golden.assert_eq(&pretty(expand(args, item)));
             }
         }
     }
