@@ -8,7 +8,7 @@ mod common;
 
 use std::future::Future;
 use std::pin::{pin, Pin};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -211,19 +211,18 @@ async fn a_wake_up_taken_by_a_cancelled_waiter_is_passed_on() {
 }
 
 // ---------------------------------------------------------------------------
-// F3: re-entry racing the last release returns NotHeld instead of acquiring.
+// F3: re-entry racing the last release returned NotHeld instead of acquiring
+// (a variant since removed: any error fails the test).
 // ---------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reentry_racing_the_last_release_acquires_afresh() {
     let redis = server();
     let m = manager(&redis).await;
-    let not_held = Arc::new(AtomicUsize::new(0));
     for _ in 0..3000 {
         let outer = m.lock("k").acquire().await.unwrap();
         let token = outer.fencing_token().await.unwrap();
         let m2 = m.clone();
-        let nh = not_held.clone();
         let child = outer
             .scope(async move {
                 distlock::spawn_with_locks(async move {
@@ -236,10 +235,7 @@ async fn reentry_racing_the_last_release_acquires_afresh() {
                                 return;
                             }
                             Ok(g) => drop(g),
-                            Err(LockError::NotHeld { .. }) => {
-                                nh.fetch_add(1, Ordering::SeqCst);
-                            }
-                            Err(e) => panic!("{e}"),
+                            Err(e) => panic!("acquire() failed instead of acquiring afresh: {e}"),
                         }
                         tokio::task::yield_now().await;
                     }
@@ -250,11 +246,6 @@ async fn reentry_racing_the_last_release_acquires_afresh() {
         let _ = outer.release().await;
         child.await.unwrap();
     }
-    assert_eq!(
-        not_held.load(Ordering::SeqCst),
-        0,
-        "acquire() returned NotHeld (an error it does not document) instead of acquiring afresh"
-    );
 }
 
 // ---------------------------------------------------------------------------

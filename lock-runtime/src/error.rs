@@ -30,13 +30,6 @@ pub enum LockError {
         key: String,
     },
 
-    /// An operation needed the lock to be held by this caller, and it is not.
-    #[error("lock {} is not held by this owner", KeyPreview(key))]
-    NotHeld {
-        /// The lock key.
-        key: String,
-    },
-
     /// The lock's Redis name holds a value distlock did not write (another
     /// program's key, or a key of another type, under the manager's prefix).
     /// distlock leaves such a value as it is and does not wait for it.
@@ -148,9 +141,10 @@ pub enum LockError {
     Backend {
         /// The lock key (empty when connecting, before any key is involved).
         key: String,
-        /// The error from the Redis client, or a timed-out I/O error.
+        /// What failed: [`BackendError::kind`] tells a timeout from a broken
+        /// connection, a refusal by the ACL or an error reply of Redis.
         #[source]
-        source: redis::RedisError,
+        source: BackendError,
     },
 
     /// The manager could not connect to Redis: unreachable, a TLS handshake that
@@ -159,9 +153,9 @@ pub enum LockError {
     Connect {
         /// The URL, with any password removed.
         url: String,
-        /// The error from the Redis client.
+        /// What failed (see [`BackendError::kind`]).
         #[source]
-        source: redis::RedisError,
+        source: BackendError,
     },
 
     /// Redis answers, but cannot serve locks safely as configured: the ACL user
@@ -184,7 +178,6 @@ impl LockError {
         match self {
             LockError::Timeout { key, .. }
             | LockError::Lost { key }
-            | LockError::NotHeld { key }
             | LockError::ForeignValue { key }
             | LockError::ShutDown { key }
             | LockError::NotReplicated { key, .. }
@@ -217,16 +210,137 @@ impl LockError {
     pub(crate) fn backend(key: &str, source: redis::RedisError) -> Self {
         LockError::Backend {
             key: key.to_owned(),
-            source,
+            source: BackendError::from_redis(source),
         }
     }
 
     pub(crate) fn command_timeout(key: &str, timeout: Duration) -> Self {
-        let io = std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            format!("no reply within the command timeout of {timeout:?}"),
-        );
-        LockError::backend(key, redis::RedisError::from(io))
+        LockError::Backend {
+            key: key.to_owned(),
+            source: BackendError::new(
+                BackendErrorKind::Timeout,
+                format!("no reply within the command timeout of {timeout:?}"),
+            ),
+        }
+    }
+
+    pub(crate) fn connect(url: String, source: redis::RedisError) -> Self {
+        LockError::Connect {
+            url,
+            source: BackendError::from_redis(source),
+        }
+    }
+}
+
+/// What failed on the way to Redis or in it: the cause of
+/// [`LockError::Backend`] and [`LockError::Connect`].
+///
+/// distlock's own type, so that the Redis client underneath can change
+/// without changing distlock's API. Match on [`kind`](Self::kind) and
+/// [`code`](Self::code); the client's own error, when there is one, is the
+/// [`source`](std::error::Error::source) (boxed: downcast it only if you
+/// depend on that client yourself).
+#[derive(Debug)]
+pub struct BackendError {
+    kind: BackendErrorKind,
+    code: Option<String>,
+    message: String,
+    source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
+}
+
+/// The kind of a [`BackendError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BackendErrorKind {
+    /// No reply within the command timeout or the connect timeout.
+    Timeout,
+    /// The connection could not be made, or broke: refused, reset, closed,
+    /// a TLS handshake that failed.
+    Connection,
+    /// The server refused the credentials or the ACL user's permissions
+    /// (`WRONGPASS`, `NOAUTH`, `NOPERM`).
+    Auth,
+    /// The server answered with an error; [`BackendError::code`] names it
+    /// (`READONLY`, `OOM`, `MOVED`, `CLUSTERDOWN`, ...).
+    Server,
+    /// The server answered something distlock does not expect (a reply of
+    /// another shape, a script that is not distlock's).
+    Protocol,
+    /// Anything else (a client-side failure, a bad client configuration).
+    Other,
+}
+
+impl BackendError {
+    /// What kind of failure this is.
+    pub fn kind(&self) -> BackendErrorKind {
+        self.kind
+    }
+
+    /// The error code of an error reply of the server (its first word, e.g.
+    /// `NOPERM` or `READONLY`), when the server sent one.
+    pub fn code(&self) -> Option<&str> {
+        self.code.as_deref()
+    }
+
+    /// Whether the failure was a timeout.
+    pub fn is_timeout(&self) -> bool {
+        self.kind == BackendErrorKind::Timeout
+    }
+
+    pub(crate) fn new(kind: BackendErrorKind, message: impl Into<String>) -> Self {
+        BackendError {
+            kind,
+            code: None,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    pub(crate) fn from_redis(e: redis::RedisError) -> Self {
+        const AUTH_CODES: [&str; 3] = ["NOPERM", "WRONGPASS", "NOAUTH"];
+        let code = e.code().map(str::to_owned);
+        let kind = if e.is_timeout() {
+            BackendErrorKind::Timeout
+        } else if e.kind() == redis::ErrorKind::AuthenticationFailed
+            || code.as_deref().is_some_and(|c| AUTH_CODES.contains(&c))
+        {
+            BackendErrorKind::Auth
+        } else if e.is_io_error()
+            || e.is_connection_dropped()
+            || e.is_connection_refusal()
+            || e.kind() == redis::ErrorKind::ClusterConnectionNotFound
+        {
+            BackendErrorKind::Connection
+        } else if code.is_some() {
+            BackendErrorKind::Server
+        } else if matches!(
+            e.kind(),
+            redis::ErrorKind::Parse | redis::ErrorKind::UnexpectedReturnType
+        ) {
+            BackendErrorKind::Protocol
+        } else {
+            BackendErrorKind::Other
+        };
+        BackendError {
+            kind,
+            code,
+            message: e.to_string(),
+            source: Some(Box::new(e)),
+        }
+    }
+}
+
+impl fmt::Display for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for BackendError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::backend::Renewal;
 use crate::core::{Core, ManagerInner};
-use crate::error::{KeyPreview, LockError};
+use crate::error::{BackendError, BackendErrorKind, KeyPreview, LockError};
 use crate::keys::LockKeys;
 use crate::lease::Lease;
 
@@ -150,15 +150,17 @@ impl LockGuard {
             }
             Some(Renewal::Failed(reason)) => Err(LockError::Backend {
                 key: self.lease.key.clone(),
-                source: redis::RedisError::from((redis::ErrorKind::Io, "extend failed", reason)),
+                source: BackendError::new(
+                    BackendErrorKind::Connection,
+                    format!("extend failed: {reason}"),
+                ),
             }),
             Some(Renewal::Retry) | None => Err(LockError::Backend {
                 key: self.lease.key.clone(),
-                source: redis::RedisError::from((
-                    redis::ErrorKind::Io,
-                    "extend failed",
-                    "Redis asked twice in a row to retry the renewal".to_owned(),
-                )),
+                source: BackendError::new(
+                    BackendErrorKind::Other,
+                    "extend failed: Redis asked twice in a row to retry the renewal",
+                ),
             }),
         }
     }

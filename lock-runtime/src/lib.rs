@@ -57,7 +57,7 @@ pub mod testing;
 
 pub use config::Backoff;
 pub use context::spawn_with_locks;
-pub use error::LockError;
+pub use error::{BackendError, BackendErrorKind, LockError};
 pub use global::{global, set_global, with_default_manager};
 pub use guard::LockGuard;
 pub use info::LockInfo;

@@ -438,13 +438,8 @@ impl LockManager {
             .map_err(|e| e.error)?;
         held.map(|held| {
             LockInfo::parse(key.to_owned(), &held.value, held.pttl).ok_or_else(|| {
-                LockError::Backend {
+                LockError::ForeignValue {
                     key: key.to_owned(),
-                    source: redis::RedisError::from((
-                        redis::ErrorKind::Client,
-                        "the lock key holds a value distlock did not write",
-                        crate::info::owner_of(&held.value).to_owned(),
-                    )),
                 }
             })
         })

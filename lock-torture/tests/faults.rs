@@ -2102,7 +2102,6 @@ fn kind(e: &distlock::LockError) -> &'static str {
     match e {
         Timeout { .. } => "Timeout",
         Lost { .. } => "Lost",
-        NotHeld { .. } => "NotHeld",
         InvalidKey { .. } => "InvalidKey",
         InvalidConfig(_) => "InvalidConfig",
         NotConfigured => "NotConfigured",

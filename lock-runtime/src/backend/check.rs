@@ -73,10 +73,7 @@ where
         bounded(config, redis::cmd("PING").query_async(conn)).await;
     if let Err(e) = ping {
         return Err(if is_auth_error(&e) {
-            LockError::Connect {
-                url: shown_url.to_owned(),
-                source: e,
-            }
+            LockError::connect(shown_url.to_owned(), e)
         } else {
             refused(format!("PING failed: {e}"))
         });

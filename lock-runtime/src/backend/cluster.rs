@@ -34,7 +34,7 @@ use super::scripts::{self, AcquireReply, AcquireSpec, HeldLock, Scripts};
 use super::single::failed_all;
 use super::{bounded_call, read_renewals, CallError, Renewal};
 use crate::config::{redact_all, Config, ReplicaAck, TlsSettings};
-use crate::error::LockError;
+use crate::error::{BackendErrorKind, LockError};
 use crate::keys::LockKeys;
 use crate::lease::Lease;
 
@@ -442,10 +442,7 @@ impl Cluster {
                 .await?;
                 let (next, page): (u64, Vec<String>) =
                     redis::from_redis_value(reply).map_err(|e| CallError {
-                        error: LockError::Backend {
-                            key: String::new(),
-                            source: e.into(),
-                        },
+                        error: LockError::backend("", e.into()),
                         maybe_executed: false,
                     })?;
                 names.extend(page);
@@ -801,13 +798,10 @@ fn may_be_out_of_sync(e: &CallError) -> bool {
         return false;
     }
     match &e.error {
-        LockError::Backend { source, .. } => {
-            !(source.is_io_error()
-                || source.is_timeout()
-                || source.is_connection_dropped()
-                || source.is_connection_refusal()
-                || source.kind() == ErrorKind::ClusterConnectionNotFound)
-        }
+        LockError::Backend { source, .. } => !matches!(
+            source.kind(),
+            BackendErrorKind::Connection | BackendErrorKind::Timeout
+        ),
         _ => true,
     }
 }
@@ -840,10 +834,7 @@ fn connect_error(e: RedisError, shown: String) -> LockError {
             ),
         };
     }
-    LockError::Connect {
-        url: shown,
-        source: e,
-    }
+    LockError::connect(shown, e)
 }
 
 fn is_not_a_cluster(e: &RedisError) -> bool {

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use redis::RedisResult;
 
 use crate::config::{Config, TlsSettings};
-use crate::error::LockError;
+use crate::error::{BackendError, BackendErrorKind, LockError};
 use crate::keys::LockKeys;
 use crate::lease::Lease;
 
@@ -483,12 +483,11 @@ fn tls_certificates(tls: &TlsSettings) -> Option<redis::TlsCertificates> {
 
 /// The error `build()` returns when nothing answered in time.
 pub(crate) fn connect_timed_out(shown_url: String, timeout: Duration) -> LockError {
-    let io = std::io::Error::new(
-        std::io::ErrorKind::TimedOut,
-        format!("no answer within {timeout:?}"),
-    );
     LockError::Connect {
         url: shown_url,
-        source: io.into(),
+        source: BackendError::new(
+            BackendErrorKind::Timeout,
+            format!("no answer within {timeout:?}"),
+        ),
     }
 }

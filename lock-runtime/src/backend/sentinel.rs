@@ -12,7 +12,7 @@
 
 use std::sync::{Arc, Mutex, RwLock};
 
-use redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind};
+use redis::{ErrorKind, RedisError, RedisResult};
 
 use super::scripts::{AcquireAllReply, AcquireReply, AcquireSpec, HeldLock};
 use super::single::Single;
@@ -65,10 +65,7 @@ impl Sentinel {
                     url: shown.clone(),
                     reason: format!("the sentinels do not name master {master_name:?}: {e}"),
                 },
-                _ => LockError::Connect {
-                    url: shown.clone(),
-                    source: e,
-                },
+                _ => LockError::connect(shown.clone(), e),
             })?;
         let client = super::client_at(&sentinels[0], &host, port)
             .map_err(|e| LockError::InvalidConfig(format!("master address {host}:{port}: {e}")))?;
@@ -328,10 +325,9 @@ fn failover_suspected(e: &CallError) -> bool {
         return true;
     }
     match &e.error {
-        LockError::Backend { source, .. } => matches!(
-            source.kind(),
-            ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
-        ),
+        LockError::Backend { source, .. } => {
+            matches!(source.code(), Some("READONLY" | "MASTERDOWN"))
+        }
         _ => false,
     }
 }

@@ -60,12 +60,7 @@ impl Single {
         let connecting = ConnectionManager::new_with_config(client.clone(), conn_config.clone());
         let mut conn = match tokio::time::timeout(config.connect_timeout, connecting).await {
             Ok(Ok(conn)) => conn,
-            Ok(Err(source)) => {
-                return Err(LockError::Connect {
-                    url: shown_url,
-                    source,
-                })
-            }
+            Ok(Err(source)) => return Err(LockError::connect(shown_url, source)),
             Err(_) => return Err(super::connect_timed_out(shown_url, config.connect_timeout)),
         };
         let scripts = Scripts::new(&config.key_prefix);
@@ -107,10 +102,7 @@ impl Single {
     ) -> Result<Single, LockError> {
         let conn_config = connection_config(config);
         let conn = ConnectionManager::new_lazy_with_config(client.clone(), conn_config.clone())
-            .map_err(|source| LockError::Connect {
-                url: shown_url,
-                source,
-            })?;
+            .map_err(|source| LockError::connect(shown_url, source))?;
         Ok(Single::with_connection(
             client,
             conn,

@@ -1,0 +1,104 @@
+//! `LockError::Backend` and `LockError::Connect` carry distlock's own
+//! `BackendError`, whose kind tells what failed, whatever the Redis client
+//! underneath reported it as.
+
+mod common;
+
+use std::error::Error as _;
+use std::time::Duration;
+
+use common::*;
+use distlock::testing::{FaultMode, FaultProxy, RedisServer};
+use distlock::{BackendErrorKind, LockError, LockManager};
+
+fn backend_kind(e: &LockError) -> Option<BackendErrorKind> {
+    match e {
+        LockError::Backend { source, .. } | LockError::Connect { source, .. } => {
+            Some(source.kind())
+        }
+        _ => None,
+    }
+}
+
+/// The client retries a refused connection until the connect timeout.
+#[tokio::test]
+async fn nothing_listening_is_a_connect_timeout() {
+    let err = LockManager::builder("redis://127.0.0.1:1")
+        .connect_timeout(Duration::from_millis(300))
+        .build()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::Connect { .. }), "{err:?}");
+    assert_eq!(
+        backend_kind(&err),
+        Some(BackendErrorKind::Timeout),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("no answer within 300ms"), "{err}");
+}
+
+#[tokio::test]
+async fn a_wrong_password_is_an_auth_failure() {
+    let redis = RedisServer::builder().password("s3cret").spawn().unwrap();
+    let err = LockManager::connect(&redis.url().replace("s3cret", "wrong"))
+        .await
+        .unwrap_err();
+    assert_eq!(backend_kind(&err), Some(BackendErrorKind::Auth), "{err:?}");
+    // The client's own error is kept, boxed, as the source.
+    let LockError::Connect { source, .. } = &err else {
+        unreachable!()
+    };
+    assert!(source.source().is_some());
+}
+
+#[tokio::test]
+async fn no_reply_in_time_is_a_timeout() {
+    let redis = server();
+    let proxy = FaultProxy::start(redis.addr()).await.unwrap();
+    let m = manager_at(&proxy.url()).await; // command timeout 500 ms
+    proxy.set_mode(FaultMode::BlackHole);
+    let err = m.lock("k").try_acquire().await.unwrap_err();
+    assert!(matches!(err, LockError::Backend { .. }), "{err:?}");
+    assert_eq!(
+        backend_kind(&err),
+        Some(BackendErrorKind::Timeout),
+        "{err:?}"
+    );
+    let LockError::Backend { source, .. } = &err else {
+        unreachable!()
+    };
+    assert!(source.is_timeout());
+    assert!(err.is_transient());
+}
+
+#[tokio::test]
+async fn an_error_reply_is_a_server_error_with_its_code() {
+    let redis = server();
+    let m = manager(&redis).await;
+    let mut raw = raw(&redis).await;
+    // Writes refused the way a full Redis refuses them.
+    redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("1")
+        .query_async::<()>(&mut raw)
+        .await
+        .unwrap();
+    redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("noeviction")
+        .query_async::<()>(&mut raw)
+        .await
+        .unwrap();
+    let err = m.lock("k").try_acquire().await.unwrap_err();
+    assert_eq!(
+        backend_kind(&err),
+        Some(BackendErrorKind::Server),
+        "{err:?}"
+    );
+    let LockError::Backend { source, .. } = &err else {
+        unreachable!()
+    };
+    assert_eq!(source.code(), Some("OOM"), "{err:?}");
+}
