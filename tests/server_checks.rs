@@ -91,7 +91,8 @@ fn a_forbidden_config_is_noted_at_debug_and_ignored() {
     let redis = server_with_policy("allkeys-lru");
     let log = logged(|| async {
         let mut raw = raw(&redis).await;
-        acl_user(&mut raw, "locker", LEAST_PRIVILEGE).await;
+        let rules = least_privilege(&mut raw).await;
+        acl_user(&mut raw, "locker", &rules).await;
         let m = LockManager::builder(&user_url(&redis, "locker"))
             .reject_evicting_policy(true)
             .build()
@@ -122,10 +123,32 @@ fn a_forbidden_config_is_noted_at_debug_and_ignored() {
     );
 }
 
-/// The README's least-privilege ACL, verbatim ("TLS, passwords and ACL users").
-const LEAST_PRIVILEGE: &str = "~distlock:* &distlock:* +ping +evalsha +script|load +time +get \
+/// The README's least-privilege ACL, verbatim ("TLS, passwords and ACL users"),
+/// for a server without `CLIENT SETINFO` (Redis before 7.2).
+const LEAST_PRIVILEGE_BEFORE_7_2: &str =
+    "~distlock:* &distlock:* +ping +evalsha +script|load +time +get \
      +set +pexpire +pttl +del +publish +subscribe +unsubscribe \
      +zadd +zrange +zrem +zcard +hset +hget +hdel";
+
+/// What the README adds on Redis 7.2 and later and on every Valkey: redis-rs
+/// sends `CLIENT SETINFO` on each new connection to a server that knows it.
+const SETINFO: &str = "+client|setinfo";
+
+/// The README's least-privilege ACL for the server under test (Redis 7.0 refuses
+/// a rule that names a subcommand it does not know).
+async fn least_privilege(raw: &mut redis::aio::MultiplexedConnection) -> String {
+    let known: Vec<redis::Value> = redis::cmd("COMMAND")
+        .arg("INFO")
+        .arg("client|setinfo")
+        .query_async(raw)
+        .await
+        .unwrap();
+    if known.iter().any(|v| !matches!(v, redis::Value::Nil)) {
+        format!("{LEAST_PRIVILEGE_BEFORE_7_2} {SETINFO}")
+    } else {
+        LEAST_PRIVILEGE_BEFORE_7_2.to_owned()
+    }
+}
 
 async fn acl_user(raw: &mut redis::aio::MultiplexedConnection, name: &str, rules: &str) {
     let mut cmd = redis::cmd("ACL");
@@ -148,7 +171,8 @@ fn user_url(redis: &RedisServer, user: &str) -> String {
 async fn the_least_privilege_acl_is_enough_for_everything() {
     let redis = server();
     let mut raw = raw(&redis).await;
-    acl_user(&mut raw, "locker", LEAST_PRIVILEGE).await;
+    let rules = least_privilege(&mut raw).await;
+    acl_user(&mut raw, "locker", &rules).await;
     let a = LockManager::connect(&user_url(&redis, "locker"))
         .await
         .unwrap();
@@ -178,12 +202,8 @@ const SHARED_KINDS: &str = "+zadd +zscore +zrange +zrem +zremrangebyscore +zcard
 async fn read_write_locks_and_semaphores_need_the_listed_sorted_set_commands() {
     let redis = server();
     let mut raw = raw(&redis).await;
-    acl_user(
-        &mut raw,
-        "locker",
-        &format!("{LEAST_PRIVILEGE} {SHARED_KINDS}"),
-    )
-    .await;
+    let rules = format!("{} {SHARED_KINDS}", least_privilege(&mut raw).await);
+    acl_user(&mut raw, "locker", &rules).await;
     let a = LockManager::connect(&user_url(&redis, "locker"))
         .await
         .unwrap();
@@ -214,7 +234,8 @@ async fn read_write_locks_and_semaphores_need_the_listed_sorted_set_commands() {
 async fn queued_waiters_need_nothing_more() {
     let redis = server();
     let mut raw = raw(&redis).await;
-    acl_user(&mut raw, "locker", LEAST_PRIVILEGE).await;
+    let rules = least_privilege(&mut raw).await;
+    acl_user(&mut raw, "locker", &rules).await;
     let a = LockManager::connect(&user_url(&redis, "locker"))
         .await
         .unwrap();
@@ -251,6 +272,7 @@ async fn refused_commands(raw: &mut redis::aio::MultiplexedConnection) -> Vec<St
 async fn a_missing_permission_is_named_at_build() {
     let redis = server();
     let mut raw = raw(&redis).await;
+    let all = least_privilege(&mut raw).await;
     for (missing, named) in [
         ("+evalsha", "evalsha"),
         ("+publish", "publish"),
@@ -259,7 +281,7 @@ async fn a_missing_permission_is_named_at_build() {
         ("&distlock:*", "channel"),
         ("~distlock:*", "key"),
     ] {
-        let rules = LEAST_PRIVILEGE.replace(missing, "");
+        let rules = all.replace(missing, "");
         acl_user(&mut raw, "partial", &rules).await;
         let started = std::time::Instant::now();
         let built = LockManager::builder(&user_url(&redis, "partial"))
@@ -278,4 +300,47 @@ async fn a_missing_permission_is_named_at_build() {
         }
         assert!(started.elapsed() < std::time::Duration::from_secs(3));
     }
+}
+
+/// `build()` names the server it found, and its version, in its debug output,
+/// read with `HELLO` (which needs no permission: the least-privilege user's
+/// build leaves nothing in the ACL LOG).
+#[test]
+fn build_names_the_server_and_its_version_at_debug_level() {
+    let redis = server();
+    let (expected, log) = {
+        let mut expected = (String::new(), String::new());
+        let log = logged(|| async {
+            let mut raw = raw(&redis).await;
+            let info: String = redis::cmd("INFO")
+                .arg("server")
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+            let field = |name: &str| {
+                info.lines()
+                    .find_map(|l| l.strip_prefix(&format!("{name}:")))
+                    .map(|v| v.trim().to_owned())
+            };
+            expected = match field("valkey_version") {
+                Some(v) => ("valkey".to_owned(), v),
+                None => ("redis".to_owned(), field("redis_version").unwrap()),
+            };
+            let rules = least_privilege(&mut raw).await;
+            acl_user(&mut raw, "locker", &rules).await;
+            LockManager::builder(&user_url(&redis, "locker"))
+                .build()
+                .await
+                .unwrap();
+            assert_eq!(refused_commands(&mut raw).await, Vec::<String>::new());
+        });
+        (expected, log)
+    };
+    let (name, version) = expected;
+    assert!(
+        log.lines().any(|l| l.contains("DEBUG")
+            && l.contains(&format!("server=\"{name}\""))
+            && l.contains(&format!("version=\"{version}\""))),
+        "{name} {version} not named in:\n{log}"
+    );
 }

@@ -130,7 +130,10 @@ fn parse_info(text: &str) -> impl Iterator<Item = (String, String)> + '_ {
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
 }
 
-/// The server version: the scripts need 6.0 (`SET ... KEEPTTL`, `SCAN ... TYPE`).
+/// The server and its version: the scripts need 6.0 (`SET ... KEEPTTL`, `SCAN
+/// ... TYPE`). Valkey reports the Redis version it is compatible with as
+/// `redis_version` (7.2.4 for every Valkey so far) and its own as
+/// `valkey_version`, and names itself in `server_name`.
 fn version(info: &HashMap<String, String>) -> (&'static str, Status, String) {
     let Some(version) = info.get("redis_version") else {
         return (
@@ -153,6 +156,11 @@ fn version(info: &HashMap<String, String>) -> (&'static str, Status, String) {
         )
     } else {
         (Status::Ok, version.clone())
+    };
+    let detail = match (info.get("server_name"), info.get("valkey_version")) {
+        (_, Some(valkey)) => format!("valkey {valkey} (Redis-compatible {detail})"),
+        (Some(name), None) if name != "redis" => format!("{name} {detail}"),
+        _ => format!("redis {detail}"),
     };
     ("version", status, detail)
 }
@@ -370,6 +378,16 @@ mod tests {
         assert_eq!(status("6.0.20"), Status::Warn);
         assert_eq!(status("6.2.0"), Status::Ok);
         assert_eq!(status("7.2.4"), Status::Ok);
+        let detail = |pairs: &[(&str, &str)]| version(&fields(pairs)).2;
+        assert_eq!(detail(&[("redis_version", "7.0.15")]), "redis 7.0.15");
+        assert_eq!(
+            detail(&[
+                ("redis_version", "7.2.4"),
+                ("server_name", "valkey"),
+                ("valkey_version", "8.0.1")
+            ]),
+            "valkey 8.0.1 (Redis-compatible 7.2.4)"
+        );
     }
 
     #[test]

@@ -517,3 +517,34 @@ async fn a_private_ca_is_trusted_with_tls_ca() {
     assert!(!stderr(&out).contains("s3cret"), "{}", stderr(&out));
     guard.release().await.unwrap();
 }
+
+/// `valkey://` works as `redis://` does, and `check` names the server it found.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn valkey_urls_work_and_check_names_the_server() {
+    let redis = RedisServer::spawn().unwrap();
+    let url = redis.url().replacen("redis://", "valkey://", 1);
+    let manager = holder(&redis.url()).await;
+    let guard = hold(&manager, "vk:key", LEASE).await;
+    let out = run({
+        let mut cmd = distlock();
+        cmd.args(["--url", &url, "--json", "list"]);
+        cmd
+    })
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(json(&out)[0]["key"], "vk:key");
+    guard.release().await.unwrap();
+
+    let out = run({
+        let mut cmd = distlock();
+        cmd.args(["--url", &url, "check"]);
+        cmd
+    })
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains("ok    version: redis ") || text.contains("ok    version: valkey "),
+        "{text}"
+    );
+}

@@ -85,6 +85,15 @@ where
     let replies: Vec<Value> = bounded(config, pipe.query_async(conn))
         .await
         .map_err(|e| refused(format!("the start-up check failed: {e}")))?;
+    // The server's name and version, for the debug output: HELLO needs no
+    // permission (INFO would, and a refused INFO lands in the ACL LOG), and
+    // names Valkey as "valkey" with its own version. Alone, not in the
+    // pipeline: a cluster pipeline goes to one node, and HELLO has no key.
+    let hello: Option<Value> = bounded(config, redis::cmd("HELLO").arg(2).query_async(conn))
+        .await
+        .ok();
+    let (server, version) = server_of(hello.as_ref());
+    tracing::debug!(target: "distlock::connection", url = shown_url, server, version, "server");
     let (probe_replies, config_reply) = replies.split_at(replies.len().saturating_sub(1));
     for (step, reply) in steps.iter().zip(probe_replies) {
         if let Value::ServerError(e) = reply {
@@ -138,6 +147,21 @@ where
                 permission_hint(&e, &config.key_prefix)
             ))
         })
+}
+
+/// The server's name and version from a `HELLO` reply ("unknown" for what it
+/// does not say, e.g. a server older than 6.0, which has no HELLO).
+fn server_of(reply: Option<&Value>) -> (String, String) {
+    let fields = reply
+        .and_then(|reply| redis::from_redis_value_ref::<HashMap<String, Value>>(reply).ok())
+        .unwrap_or_default();
+    let text = |name: &str| {
+        fields
+            .get(name)
+            .and_then(|v| redis::from_redis_value_ref::<String>(v).ok())
+            .unwrap_or_else(|| "unknown".to_owned())
+    };
+    (text("server"), text("version"))
 }
 
 /// `call` under the command timeout; a timeout is an I/O error, as the

@@ -424,10 +424,10 @@ pub(crate) fn open_client(url: &str, tls: &TlsSettings) -> RedisResult<redis::Cl
 }
 
 fn check_tls_feature(url: &str, tls: &TlsSettings) -> RedisResult<()> {
-    if url.starts_with("rediss://") && !cfg!(feature = "tls") {
+    if (url.starts_with("rediss://") || url.starts_with("valkeys://")) && !cfg!(feature = "tls") {
         return Err(redis::RedisError::from((
             redis::ErrorKind::InvalidClientConfig,
-            "rediss:// needs distlock's `tls` feature (on by default; turned off here)",
+            "rediss:// and valkeys:// need distlock's `tls` feature (on by default; turned off here)",
         )));
     }
     if !cfg!(feature = "tls") && (tls.ca_pem.is_some() || tls.client_identity.is_some()) {
