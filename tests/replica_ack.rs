@@ -170,9 +170,9 @@ async fn on_a_cluster_the_locks_own_master_must_get_the_acknowledgements() {
     // always on the first call: once, in a CI run on Valkey 9 under load, it
     // timed out (800 ms) while replica 0 was paused, as if the cluster
     // client's whole connection waited on the paused node (redis-rs's cluster
-    // recovery holds every request while it refreshes its topology; see the
-    // issue's note on a cluster failover under load). A second call within
-    // the same pause must succeed.
+    // recovery holds every request while it refreshes its topology, and a
+    // refresh may ask the paused node). A second call within the same pause
+    // must succeed.
     let elsewhere = key_on("elsewhere", 1);
     cluster.pause(replica_of(0)).unwrap();
     let g = match m.lock(&elsewhere).acquire().await {
