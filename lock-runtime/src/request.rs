@@ -64,6 +64,7 @@ pub struct LockRequest {
     resize_permits: bool,
     eager_fencing: Option<bool>,
     backoff: Option<Backoff>,
+    reentrant: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -93,7 +94,37 @@ impl LockRequest {
             metrics_label: None,
             eager_fencing: None,
             backoff: None,
+            reentrant: true,
         }
+    }
+
+    /// Whether this request re-enters a hold of its key that the current call
+    /// chain already has (default: true; see [`acquire`](Self::acquire)).
+    /// Off, such a request fails at once with [`LockError::AlreadyHeld`]
+    /// instead: for code where taking the same lock twice is a bug to report,
+    /// not a nesting to allow. It never waits for its own chain's hold.
+    pub fn reentrant(mut self, reentrant: bool) -> Self {
+        self.reentrant = reentrant;
+        self
+    }
+
+    /// Whether the current call chain holds this request's key on this
+    /// manager (for a read or write lock: either side of it), as re-entry
+    /// sees it: inside the guard's [`scope`](LockGuard::scope), a locked
+    /// function, or a task started with
+    /// [`spawn_with_locks`](crate::spawn_with_locks). Local: no round trip.
+    /// A plain `tokio::spawn`ed task is another chain.
+    pub fn is_held_by_current_chain(&self) -> bool {
+        self.hold_count() > 0
+    }
+
+    /// How many holds share the current call chain's hold of this key: 1 for
+    /// the acquisition, one more for each re-entrant guard still alive
+    /// (those of `spawn_with_locks` subtasks included); 0 when the chain does
+    /// not hold it. Local: no round trip.
+    pub fn hold_count(&self) -> usize {
+        LockContext::find(self.manager.core.id, &self.key, self.kind.family())
+            .map_or(0, |lease| lease.hold_count())
     }
 
     /// How this acquisition paces its attempts while it waits and no message
@@ -260,6 +291,7 @@ impl LockRequest {
             resize_permits,
             eager_fencing,
             backoff,
+            reentrant,
         } = self;
         if let LockKind::Permit { permits: 0 } = kind {
             return Err(LockError::InvalidConfig(format!(
@@ -305,6 +337,9 @@ impl LockRequest {
             return Err(LockError::ShutDown { key });
         }
         if let Some(held) = LockContext::find(core.id, &key, kind.family()) {
+            if !reentrant {
+                return Err(LockError::AlreadyHeld { key });
+            }
             if kind == LockKind::Write && held.keys.kind == LockKind::Read {
                 return Err(LockError::UpgradeRefused { key });
             }
