@@ -285,3 +285,49 @@ async fn redlock_managers_refuse_semaphores_and_read_write_locks() {
         );
     }
 }
+
+/// Permit counts as users count them: held, configured and available, with
+/// expired holders not counted, on one server.
+#[tokio::test]
+async fn permit_counts_follow_the_holders() {
+    let redis = server();
+    let m = manager(&redis).await;
+    let request = || m.semaphore("pool", 5);
+    let counts = request().permit_counts().await.unwrap();
+    assert_eq!(
+        (counts.configured, counts.held, counts.available),
+        (5, 0, 5)
+    );
+    let a = request().acquire().await.unwrap();
+    let b = request().acquire().await.unwrap();
+    let short = request()
+        .lease(Duration::from_millis(100))
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    let counts = request().permit_counts().await.unwrap();
+    assert_eq!(
+        (counts.configured, counts.held, counts.available),
+        (5, 3, 2)
+    );
+    // A request with another count reads the count in force, the holders'.
+    let other = m.semaphore("pool", 9).permit_counts().await.unwrap();
+    assert_eq!((other.configured, other.available), (5, 2));
+    // The short lease runs out (100 ms, not renewed): it is not counted.
+    let expired = eventually(Duration::from_secs(2), async || {
+        request().permit_counts().await.unwrap().held == 2
+    })
+    .await;
+    assert!(expired.is_some());
+    drop(short);
+    a.release().await.unwrap();
+    b.release().await.unwrap();
+    let counts = request().permit_counts().await.unwrap();
+    assert_eq!((counts.held, counts.available), (0, 5));
+    // Not a semaphore: a typed error, no round trip needed.
+    assert!(matches!(
+        m.lock("pool").permit_counts().await,
+        Err(distlock::LockError::InvalidConfig(_))
+    ));
+}

@@ -108,6 +108,45 @@ impl LockRequest {
         self
     }
 
+    /// A semaphore request's permits: held now, the count in force, and how
+    /// many are free, in one round trip (a script that first removes holders
+    /// whose lease ran out, as an acquisition does). For other kinds of request:
+    /// [`LockError::InvalidConfig`].
+    ///
+    /// # Errors
+    /// [`LockError::ForeignValue`] when the semaphore's names hold values
+    /// distlock did not write; [`LockError::Backend`] when Redis fails.
+    pub async fn permit_counts(&self) -> Result<crate::PermitCounts, LockError> {
+        let LockKind::Permit { permits } = self.kind else {
+            return Err(LockError::InvalidConfig(format!(
+                "permit_counts is for semaphores; {} is a {}",
+                KeyPreview(&self.key),
+                self.kind.family()
+            )));
+        };
+        keys::validate_key(&self.key)?;
+        let core = &self.manager.core;
+        let keys = core.keys_of(&self.key, self.kind);
+        match core
+            .backend
+            .permit_counts(&self.key, &keys)
+            .await
+            .map_err(|e| e.error)?
+        {
+            crate::backend::PermitReply::Foreign => Err(LockError::ForeignValue {
+                key: self.key.clone(),
+            }),
+            crate::backend::PermitReply::Counts { held, stored } => {
+                let configured = stored.unwrap_or(permits);
+                Ok(crate::PermitCounts {
+                    configured,
+                    held,
+                    available: configured.saturating_sub(held),
+                })
+            }
+        }
+    }
+
     /// Whether the current call chain holds this request's key on this
     /// manager (for a read or write lock: either side of it), as re-entry
     /// sees it: inside the guard's [`scope`](LockGuard::scope), a locked
