@@ -65,6 +65,7 @@ pub struct LockRequest {
     eager_fencing: Option<bool>,
     backoff: Option<Backoff>,
     reentrant: bool,
+    weight: u32,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -95,7 +96,20 @@ impl LockRequest {
             eager_fencing: None,
             backoff: None,
             reentrant: true,
+            weight: 1,
         }
+    }
+
+    /// For a semaphore: how many of its permits this hold takes, together
+    /// (default 1), e.g. 3 of 10 connection slots. The permits are taken in
+    /// one acquisition or not at all, share one lease and one guard, and are
+    /// given back by one release. From 1 to the semaphore's permit count;
+    /// other kinds of lock take only 1 ([`LockError::InvalidConfig`]
+    /// otherwise). A heavy hold waits while lighter ones take the free
+    /// permits: under a steady stream of light holds it may wait long.
+    pub fn weight(mut self, permits: u32) -> Self {
+        self.weight = permits;
+        self
     }
 
     /// Whether this request re-enters a hold of its key that the current call
@@ -331,12 +345,30 @@ impl LockRequest {
             eager_fencing,
             backoff,
             reentrant,
+            weight,
         } = self;
         if let LockKind::Permit { permits: 0 } = kind {
             return Err(LockError::InvalidConfig(format!(
                 "semaphore {} has 0 permits; it needs at least 1",
                 KeyPreview(&key)
             )));
+        }
+        match kind {
+            LockKind::Permit { permits } if (1..=permits).contains(&weight) => {}
+            LockKind::Permit { permits } => {
+                return Err(LockError::InvalidConfig(format!(
+                    "a hold of {weight} permits of semaphore {} (of {permits}); it takes 1 to {permits}",
+                    KeyPreview(&key)
+                )))
+            }
+            _ if weight != 1 => {
+                return Err(LockError::InvalidConfig(format!(
+                    "a {} takes no weight (lock {}); weight is for semaphores",
+                    kind.family(),
+                    KeyPreview(&key)
+                )))
+            }
+            _ => {}
         }
         let redlock = matches!(manager.core.backend, Backend::Redlock(_));
         if kind != LockKind::Exclusive && redlock {
@@ -406,7 +438,13 @@ impl LockRequest {
             resize_permits,
             eager_fencing,
             queue: kind == LockKind::Exclusive && !redlock,
-            owner: owner_token(),
+            // A weighted hold's token says how many permits it stands for
+            // (see `weight_of` in shared_prelude.lua).
+            owner: if weight > 1 {
+                format!("{}:{weight}", owner_token())
+            } else {
+                owner_token()
+            },
             key,
             lease,
             backoff,

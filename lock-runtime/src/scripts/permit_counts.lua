@@ -16,7 +16,7 @@ local now = now_ms()
 if type(redis.pcall('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)) == 'table' then
   return {-2, 0}
 end
-local held = redis.call('ZCARD', KEYS[1])
+local held = permits_held(KEYS[1])
 local stored = redis.pcall('GET', KEYS[2])
 if type(stored) == 'table' or (stored and not string.find(stored, '^%d+$')) then
   return {-2, 0}
