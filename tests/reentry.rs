@@ -172,3 +172,113 @@ async fn different_managers_do_not_reenter_each_other() {
     g.release().await.unwrap();
     let _keep = Arc::new(());
 }
+
+/// Whether the call chain holds a key, and how many holds share it: local
+/// answers that follow the chain as re-entry does (a scope, a nested
+/// acquisition, `spawn_with_locks`), not the task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chain_knows_what_it_holds_and_how_often() {
+    let redis = server();
+    let m = manager(&redis).await;
+    assert!(!m.is_held_by_current_chain("k"));
+    assert_eq!(m.lock("k").hold_count(), 0);
+    let outer = m.lock("k").acquire().await.unwrap();
+    // The guard alone does not put the chain in a scope: the hold is the
+    // guard's until a scope (or a locked function) hands it to a chain.
+    assert!(!m.is_held_by_current_chain("k"));
+    let (inside, inner_count, other_key, read_side, spawned, handed) = outer
+        .scope(async {
+            let inside = m.is_held_by_current_chain("k");
+            let inner = m.lock("k").acquire().await.unwrap();
+            let inner_count = m.lock("k").hold_count();
+            let other_key = m.is_held_by_current_chain("other");
+            let read_side = m.read_lock("k").is_held_by_current_chain();
+            let m2 = m.clone();
+            let spawned = tokio::spawn(async move { m2.is_held_by_current_chain("k") })
+                .await
+                .unwrap();
+            let m3 = m.clone();
+            let handed =
+                distlock::spawn_with_locks(async move { m3.is_held_by_current_chain("k") })
+                    .await
+                    .unwrap();
+            inner.release().await.unwrap();
+            (inside, inner_count, other_key, read_side, spawned, handed)
+        })
+        .await;
+    assert!(inside, "inside the guard's scope");
+    assert_eq!(inner_count, 2, "the acquisition and one re-entry");
+    assert!(!other_key);
+    assert!(
+        !read_side,
+        "a read-write lock of the same key is another lock"
+    );
+    assert!(!spawned, "a tokio::spawn'ed task is another chain");
+    assert!(handed, "spawn_with_locks hands the chain's holds on");
+    assert_eq!(outer.scope(async { m.lock("k").hold_count() }).await, 1);
+    outer.release().await.unwrap();
+}
+
+/// A request that is not re-entrant fails at once for a key the chain holds,
+/// instead of re-entering (or waiting for itself), on every kind and for
+/// multi-key requests; the macro's `reentrant = false` does the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_reentrant_request_fails_at_once_for_a_held_key() {
+    let redis = server();
+    let m = manager(&redis).await;
+    let outer = m.lock("k").acquire().await.unwrap();
+    let wait = Duration::from_secs(5);
+    let started = std::time::Instant::now();
+    let (single, multi, nested) = outer
+        .scope(async {
+            let single = m.lock("k").reentrant(false).wait(wait).acquire().await;
+            let multi = m
+                .lock_all(["a", "k"])
+                .reentrant(false)
+                .wait(wait)
+                .acquire()
+                .await;
+            let nested = not_reentrant(&m).await;
+            (single, multi, nested)
+        })
+        .await;
+    // At once: far below the 5 s wait a waiting request would spend.
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        matches!(&single, Err(LockError::AlreadyHeld { key }) if key == "k"),
+        "{single:?}"
+    );
+    assert!(
+        matches!(&multi, Err(LockError::AlreadyHeld { key }) if key == "k"),
+        "{multi:?}"
+    );
+    assert!(
+        matches!(&nested, Err(LockError::AlreadyHeld { key }) if key == "k"),
+        "{nested:?}"
+    );
+    // Nothing was taken by the failed multi-key request.
+    assert!(!m.is_locked("a").await.unwrap());
+    outer.release().await.unwrap();
+
+    // Not held: the same requests acquire as usual.
+    let g = m.lock("k").reentrant(false).acquire().await.unwrap();
+    g.release().await.unwrap();
+    let semaphore = m.semaphore("s", 2).acquire().await.unwrap();
+    let again = semaphore
+        .scope(async { m.semaphore("s", 2).reentrant(false).acquire().await })
+        .await;
+    assert!(
+        matches!(again, Err(LockError::AlreadyHeld { .. })),
+        "{again:?}"
+    );
+    semaphore.release().await.unwrap();
+}
+
+#[distlock::distributed_lock(key = "k", manager = m, reentrant = false)]
+async fn not_reentrant(m: &LockManager) -> Result<(), LockError> {
+    Ok(())
+}

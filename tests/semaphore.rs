@@ -285,3 +285,132 @@ async fn redlock_managers_refuse_semaphores_and_read_write_locks() {
         );
     }
 }
+
+/// Permit counts as users count them: held, configured and available, with
+/// expired holders not counted, on one server.
+#[tokio::test]
+async fn permit_counts_follow_the_holders() {
+    let redis = server();
+    let m = manager(&redis).await;
+    let request = || m.semaphore("pool", 5);
+    let counts = request().permit_counts().await.unwrap();
+    assert_eq!(
+        (counts.configured, counts.held, counts.available),
+        (5, 0, 5)
+    );
+    let a = request().acquire().await.unwrap();
+    let b = request().acquire().await.unwrap();
+    let short = request()
+        .lease(Duration::from_millis(100))
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    let counts = request().permit_counts().await.unwrap();
+    assert_eq!(
+        (counts.configured, counts.held, counts.available),
+        (5, 3, 2)
+    );
+    // A request with another count reads the count in force, the holders'.
+    let other = m.semaphore("pool", 9).permit_counts().await.unwrap();
+    assert_eq!((other.configured, other.available), (5, 2));
+    // The short lease runs out (100 ms, not renewed): it is not counted.
+    let expired = eventually(Duration::from_secs(2), async || {
+        request().permit_counts().await.unwrap().held == 2
+    })
+    .await;
+    assert!(expired.is_some());
+    drop(short);
+    a.release().await.unwrap();
+    b.release().await.unwrap();
+    let counts = request().permit_counts().await.unwrap();
+    assert_eq!((counts.held, counts.available), (0, 5));
+    // Not a semaphore: a typed error, no round trip needed.
+    assert!(matches!(
+        m.lock("pool").permit_counts().await,
+        Err(distlock::LockError::InvalidConfig(_))
+    ));
+}
+
+/// Weighted holds: 3 of 10 permits per hold, taken and given back together,
+/// never more than 10 in use across managers; a heavy waiter is admitted once
+/// enough permits are free; the counts add the weights.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weighted_holds_never_exceed_the_permits() {
+    let redis = server();
+    let managers = [manager(&redis).await, manager(&redis).await];
+    let in_use = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let m = managers[i % 2].clone();
+        let (in_use, most) = (in_use.clone(), most.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..15 {
+                let g = m
+                    .semaphore("slots", 10)
+                    .weight(3)
+                    .wait(Duration::from_secs(20))
+                    .acquire()
+                    .await
+                    .unwrap();
+                let now = in_use.fetch_add(3, Ordering::SeqCst) + 3;
+                most.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                in_use.fetch_sub(3, Ordering::SeqCst);
+                g.release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    // 3 holds of 3 fit in 10, a fourth does not.
+    let most = most.load(Ordering::SeqCst);
+    assert!(most <= 9, "{most} permits in use at once");
+    assert!(most >= 6, "holds never overlapped: {most}");
+
+    let m = &managers[0];
+    let big = m.semaphore("slots", 10).weight(8).acquire().await.unwrap();
+    let counts = m.semaphore("slots", 10).permit_counts().await.unwrap();
+    assert_eq!((counts.held, counts.available), (8, 2));
+    assert!(m
+        .semaphore("slots", 10)
+        .weight(3)
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
+    let two = m.semaphore("slots", 10).weight(2).acquire().await.unwrap();
+    // A waiter for 9 is admitted once both holds are released.
+    let m2 = managers[1].clone();
+    let heavy = tokio::spawn(async move {
+        m2.semaphore("slots", 10)
+            .weight(9)
+            .wait(Duration::from_secs(10))
+            .acquire()
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!heavy.is_finished(), "9 permits are not free yet");
+    big.release().await.unwrap();
+    two.release().await.unwrap();
+    let heavy = heavy.await.unwrap().unwrap();
+    assert_eq!(
+        m.semaphore("slots", 10).permit_counts().await.unwrap().held,
+        9
+    );
+    heavy.release().await.unwrap();
+
+    // Out of range, or on another kind of lock: a typed error.
+    for bad in [0, 11] {
+        assert!(matches!(
+            m.semaphore("slots", 10).weight(bad).acquire().await,
+            Err(LockError::InvalidConfig(_))
+        ));
+    }
+    assert!(matches!(
+        m.lock("slots").weight(2).acquire().await,
+        Err(LockError::InvalidConfig(_))
+    ));
+}

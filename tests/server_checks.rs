@@ -224,6 +224,7 @@ async fn read_write_locks_and_semaphores_need_the_listed_sorted_set_commands() {
     r.release().await.unwrap();
     writer.await.unwrap();
     let p = a.semaphore("s", 1).acquire().await.unwrap();
+    assert_eq!(a.semaphore("s", 1).permit_counts().await.unwrap().held, 1);
     p.release().await.unwrap();
     assert_eq!(refused_commands(&mut raw).await, Vec::<String>::new());
 }

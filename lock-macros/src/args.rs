@@ -21,6 +21,7 @@ pub(crate) const OPTIONS: &[&str] = &[
     "min_hold",
     "renew",
     "eager_fencing",
+    "reentrant",
     "mode",
     "permits",
     "fair",
@@ -51,6 +52,9 @@ const ALIASES: &[(&str, &str)] = &[
     ("hold_at_least", "min_hold"),
     ("min_duration", "min_hold"),
     ("auto_renew", "renew"),
+    ("reentry", "reentrant"),
+    ("re_entrant", "reentrant"),
+    ("recursive", "reentrant"),
     ("watchdog", "renew"),
     ("client", "manager"),
     ("keys", "key"),
@@ -203,6 +207,8 @@ pub(crate) struct Options {
     pub(crate) renew: Option<syn::LitBool>,
     /// `eager_fencing = true`: the token is issued inside the acquisition.
     pub(crate) eager_fencing: Option<syn::LitBool>,
+    /// `reentrant = false`: a nested acquisition of a held key is an error.
+    pub(crate) reentrant: Option<syn::LitBool>,
     pub(crate) mode: Mode,
     pub(crate) permits: Option<PermitsArg>,
     /// `fair = true` takes a fair lock; `fair = false` is the default lock.
@@ -319,6 +325,15 @@ impl Options {
                         "`eager_fencing` takes `true` or `false`, e.g. `eager_fencing = true`",
                     )),
                 },
+                "reentrant" => match &value {
+                    Expr::Lit(ExprLit {
+                        lit: Lit::Bool(b), ..
+                    }) => opts.reentrant = Some(b.clone()),
+                    _ => errors.push(syn::Error::new_spanned(
+                        &value,
+                        "`reentrant` takes `true` or `false`, e.g. `reentrant = false`",
+                    )),
+                },
                 "manager" => {
                     if let Expr::Lit(_) = value {
                         errors.push(syn::Error::new_spanned(
@@ -419,6 +434,7 @@ fn parse_raw(input: ParseStream) -> syn::Result<(Vec<RawArg>, Vec<syn::Error>)> 
             let example = match n.as_str() {
                 "renew" => "renew = false".to_owned(),
                 "eager_fencing" => "eager_fencing = true".to_owned(),
+                "reentrant" => "reentrant = false".to_owned(),
                 "guard" => "guard = lock".to_owned(),
                 "on_lost" => "on_lost = \"ignore\"".to_owned(),
                 "key" => "key = \"order:{order_id}\"".to_owned(),

@@ -240,6 +240,9 @@ fn generate(func: &mut ItemFn, shape: &Shape, opts: &Options) -> TokenStream {
     if let Some(eager) = &opts.eager_fencing {
         builder = quote_spanned!(ms=> #builder.eager_fencing(#eager));
     }
+    if let Some(reentrant) = &opts.reentrant {
+        builder = quote_spanned!(ms=> #builder.reentrant(#reentrant));
+    }
     // The template as written is bounded (one per attribute), so it labels
     // the lock's metrics; the formatted key never does.
     let label = LitStr::new(&key.metrics_label(), ms);

@@ -124,6 +124,21 @@ pub enum LockError {
         requested: u32,
     },
 
+    /// A request made not re-entrant ([`LockRequest::reentrant`], the
+    /// attribute's `reentrant = false`) for a key that this call chain
+    /// already holds: it fails at once instead of re-entering, and never waits
+    /// for its own chain's hold.
+    ///
+    /// [`LockRequest::reentrant`]: crate::LockRequest::reentrant
+    #[error(
+        "lock {} is already held by this call chain, and the request is not re-entrant",
+        KeyPreview(key)
+    )]
+    AlreadyHeld {
+        /// The lock key.
+        key: String,
+    },
+
     /// Taking the write side of a read-write lock that this call chain holds
     /// for reading: it would wait for its own read hold for ever. Release the
     /// read hold first (a write hold may take reads: that re-enters).
@@ -184,6 +199,7 @@ impl LockError {
             | LockError::QuorumFailed { key, .. }
             | LockError::PermitsDiffer { key, .. }
             | LockError::UpgradeRefused { key }
+            | LockError::AlreadyHeld { key }
             | LockError::InvalidKey { key, .. }
             | LockError::Backend { key, .. } => Some(key),
             LockError::InvalidConfig(_)

@@ -139,3 +139,17 @@ mod tests {
         assert!(holder.len() <= MAX_HOLDER_BYTES);
     }
 }
+
+/// A semaphore's permits, from [`LockRequest::permit_counts`](crate::LockRequest::permit_counts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PermitCounts {
+    /// The permit count in force: the one the current holders use, or, when
+    /// nobody holds a permit, the request's (the count lives as long as its
+    /// holders).
+    pub configured: u32,
+    /// Permits held now by holders whose lease has not run out.
+    pub held: u32,
+    /// `configured - held`, or 0 when a resize left more holders than permits.
+    pub available: u32,
+}

@@ -299,6 +299,12 @@ impl Lease {
 
     /// Adds a hold for a re-entrant acquisition, unless the last hold is already
     /// gone (the lease is being released).
+    /// The holds sharing this lease now: the acquisition's guard and one per
+    /// re-entry still alive (0 once the last is released).
+    pub(crate) fn hold_count(&self) -> usize {
+        self.holds.load(Ordering::Acquire)
+    }
+
     pub(crate) fn add_hold(&self) -> bool {
         self.holds
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {

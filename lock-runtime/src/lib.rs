@@ -60,7 +60,7 @@ pub use context::spawn_with_locks;
 pub use error::{BackendError, BackendErrorKind, LockError};
 pub use global::{global, set_global, with_default_manager};
 pub use guard::LockGuard;
-pub use info::LockInfo;
+pub use info::{LockInfo, PermitCounts};
 pub use manager::{
     LockManager, LockManagerBuilder, RedisNames, DEFAULT_FENCE_RETENTION, MAX_DURATION, MIN_LEASE,
 };

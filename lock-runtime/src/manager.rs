@@ -354,6 +354,14 @@ impl LockManager {
         self.lock(key)
     }
 
+    /// Whether the current call chain holds the default lock of `key` on this
+    /// manager: `self.lock(key).is_held_by_current_chain()` (see
+    /// [`LockRequest::is_held_by_current_chain`], which also answers for read
+    /// and write locks and semaphores). Local: no round trip.
+    pub fn is_held_by_current_chain(&self, key: &str) -> bool {
+        self.lock(key).is_held_by_current_chain()
+    }
+
     /// The prefix of every Redis key this manager writes.
     pub fn key_prefix(&self) -> &str {
         &self.inner.core.config.key_prefix

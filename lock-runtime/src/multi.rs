@@ -56,6 +56,7 @@ pub struct MultiLockRequest {
     metrics_label: Option<&'static str>,
     eager_fencing: Option<bool>,
     backoff: Option<Backoff>,
+    reentrant: bool,
 }
 
 /// The options every key's lease is taken with.
@@ -85,7 +86,17 @@ impl MultiLockRequest {
             metrics_label: None,
             eager_fencing: None,
             backoff: None,
+            reentrant: true,
         }
+    }
+
+    /// Whether keys that the current call chain already holds are re-entered
+    /// (default: true); off, such a request fails at once with
+    /// [`LockError::AlreadyHeld`] naming the first of them. See
+    /// [`LockRequest::reentrant`].
+    pub fn reentrant(mut self, reentrant: bool) -> Self {
+        self.reentrant = reentrant;
+        self
     }
 
     /// How the ordered path paces its attempts on a busy lock (default: the
@@ -201,6 +212,7 @@ impl MultiLockRequest {
             metrics_label,
             eager_fencing,
             backoff,
+            reentrant,
         } = self;
         config::validate_hold(max_hold, "max_hold")?;
         config::validate_hold(min_hold, "min_hold")?;
@@ -249,6 +261,13 @@ impl MultiLockRequest {
             // Re-entry first: no round trip, and the holds it takes are given
             // back by `taken` if the rest cannot be had.
             let mut to_take = Vec::with_capacity(keys.len());
+            if !reentrant {
+                if let Some(key) = keys.iter().find(|key| {
+                    LockContext::find(core.id, key, LockKind::Exclusive.family()).is_some()
+                }) {
+                    return Err(LockError::AlreadyHeld { key: key.clone() });
+                }
+            }
             for key in &keys {
                 match LockContext::find(core.id, key, LockKind::Exclusive.family())
                     .map(|held| reenter(&manager, held))

@@ -64,6 +64,8 @@ pub struct LockRequest {
     resize_permits: bool,
     eager_fencing: Option<bool>,
     backoff: Option<Backoff>,
+    reentrant: bool,
+    weight: u32,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -93,7 +95,89 @@ impl LockRequest {
             metrics_label: None,
             eager_fencing: None,
             backoff: None,
+            reentrant: true,
+            weight: 1,
         }
+    }
+
+    /// For a semaphore: how many of its permits this hold takes, together
+    /// (default 1), e.g. 3 of 10 connection slots. The permits are taken in
+    /// one acquisition or not at all, share one lease and one guard, and are
+    /// given back by one release. From 1 to the semaphore's permit count;
+    /// other kinds of lock take only 1 ([`LockError::InvalidConfig`]
+    /// otherwise). A heavy hold waits while lighter ones take the free
+    /// permits: under a steady stream of light holds it may wait long.
+    pub fn weight(mut self, permits: u32) -> Self {
+        self.weight = permits;
+        self
+    }
+
+    /// Whether this request re-enters a hold of its key that the current call
+    /// chain already has (default: true; see [`acquire`](Self::acquire)).
+    /// Off, such a request fails at once with [`LockError::AlreadyHeld`]
+    /// instead: for code where taking the same lock twice is a bug to report,
+    /// not a nesting to allow. It never waits for its own chain's hold.
+    pub fn reentrant(mut self, reentrant: bool) -> Self {
+        self.reentrant = reentrant;
+        self
+    }
+
+    /// A semaphore request's permits: held now, the count in force, and how
+    /// many are free, in one round trip (a script that first removes holders
+    /// whose lease ran out, as an acquisition does). For other kinds of request:
+    /// [`LockError::InvalidConfig`].
+    ///
+    /// # Errors
+    /// [`LockError::ForeignValue`] when the semaphore's names hold values
+    /// distlock did not write; [`LockError::Backend`] when Redis fails.
+    pub async fn permit_counts(&self) -> Result<crate::PermitCounts, LockError> {
+        let LockKind::Permit { permits } = self.kind else {
+            return Err(LockError::InvalidConfig(format!(
+                "permit_counts is for semaphores; {} is a {}",
+                KeyPreview(&self.key),
+                self.kind.family()
+            )));
+        };
+        keys::validate_key(&self.key)?;
+        let core = &self.manager.core;
+        let keys = core.keys_of(&self.key, self.kind);
+        match core
+            .backend
+            .permit_counts(&self.key, &keys)
+            .await
+            .map_err(|e| e.error)?
+        {
+            crate::backend::PermitReply::Foreign => Err(LockError::ForeignValue {
+                key: self.key.clone(),
+            }),
+            crate::backend::PermitReply::Counts { held, stored } => {
+                let configured = stored.unwrap_or(permits);
+                Ok(crate::PermitCounts {
+                    configured,
+                    held,
+                    available: configured.saturating_sub(held),
+                })
+            }
+        }
+    }
+
+    /// Whether the current call chain holds this request's key on this
+    /// manager (for a read or write lock: either side of it), as re-entry
+    /// sees it: inside the guard's [`scope`](LockGuard::scope), a locked
+    /// function, or a task started with
+    /// [`spawn_with_locks`](crate::spawn_with_locks). Local: no round trip.
+    /// A plain `tokio::spawn`ed task is another chain.
+    pub fn is_held_by_current_chain(&self) -> bool {
+        self.hold_count() > 0
+    }
+
+    /// How many holds share the current call chain's hold of this key: 1 for
+    /// the acquisition, one more for each re-entrant guard still alive
+    /// (those of `spawn_with_locks` subtasks included); 0 when the chain does
+    /// not hold it. Local: no round trip.
+    pub fn hold_count(&self) -> usize {
+        LockContext::find(self.manager.core.id, &self.key, self.kind.family())
+            .map_or(0, |lease| lease.hold_count())
     }
 
     /// How this acquisition paces its attempts while it waits and no message
@@ -260,12 +344,31 @@ impl LockRequest {
             resize_permits,
             eager_fencing,
             backoff,
+            reentrant,
+            weight,
         } = self;
         if let LockKind::Permit { permits: 0 } = kind {
             return Err(LockError::InvalidConfig(format!(
                 "semaphore {} has 0 permits; it needs at least 1",
                 KeyPreview(&key)
             )));
+        }
+        match kind {
+            LockKind::Permit { permits } if (1..=permits).contains(&weight) => {}
+            LockKind::Permit { permits } => {
+                return Err(LockError::InvalidConfig(format!(
+                    "a hold of {weight} permits of semaphore {} (of {permits}); it takes 1 to {permits}",
+                    KeyPreview(&key)
+                )))
+            }
+            _ if weight != 1 => {
+                return Err(LockError::InvalidConfig(format!(
+                    "a {} takes no weight (lock {}); weight is for semaphores",
+                    kind.family(),
+                    KeyPreview(&key)
+                )))
+            }
+            _ => {}
         }
         let redlock = matches!(manager.core.backend, Backend::Redlock(_));
         if kind != LockKind::Exclusive && redlock {
@@ -305,6 +408,9 @@ impl LockRequest {
             return Err(LockError::ShutDown { key });
         }
         if let Some(held) = LockContext::find(core.id, &key, kind.family()) {
+            if !reentrant {
+                return Err(LockError::AlreadyHeld { key });
+            }
             if kind == LockKind::Write && held.keys.kind == LockKind::Read {
                 return Err(LockError::UpgradeRefused { key });
             }
@@ -332,7 +438,13 @@ impl LockRequest {
             resize_permits,
             eager_fencing,
             queue: kind == LockKind::Exclusive && !redlock,
-            owner: owner_token(),
+            // A weighted hold's token says how many permits it stands for
+            // (see `weight_of` in shared_prelude.lua).
+            owner: if weight > 1 {
+                format!("{}:{weight}", owner_token())
+            } else {
+                owner_token()
+            },
             key,
             lease,
             backoff,

@@ -398,6 +398,18 @@ impl Cluster {
         .await
     }
 
+    pub(crate) async fn permit_counts(
+        &self,
+        key: &str,
+        keys: &LockKeys,
+    ) -> Result<super::PermitReply, CallError> {
+        let scripts = &self.scripts;
+        self.call(key, |mut conn| async move {
+            scripts.permit_counts(&mut conn, keys).await
+        })
+        .await
+    }
+
     pub(crate) async fn is_locked(&self, key: &str, keys: &LockKeys) -> Result<bool, CallError> {
         let scripts = &self.scripts;
         self.call(key, |mut conn| async move {

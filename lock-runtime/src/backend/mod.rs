@@ -34,7 +34,7 @@ pub(crate) mod scripts;
 pub(crate) mod sentinel;
 pub(crate) mod single;
 
-pub(crate) use scripts::{AcquireAllReply, AcquireReply, AcquireSpec, HeldLock};
+pub(crate) use scripts::{AcquireAllReply, AcquireReply, AcquireSpec, HeldLock, PermitReply};
 
 /// Where the manager's Redis is.
 #[derive(Debug, Clone)]
@@ -204,6 +204,26 @@ impl Backend {
             Backend::Cluster(b) => b.is_locked(key, keys).await,
             Backend::Redlock(b) => b.is_locked(key, keys).await,
             Backend::Sentinel(b) => b.is_locked(key, keys).await,
+        }
+    }
+
+    /// A semaphore's held permits and stored count. Redlock has no semaphores.
+    pub(crate) async fn permit_counts(
+        &self,
+        key: &str,
+        keys: &LockKeys,
+    ) -> Result<PermitReply, CallError> {
+        match self {
+            Backend::Single(b) => b.permit_counts(key, keys).await,
+            Backend::Cluster(b) => b.permit_counts(key, keys).await,
+            Backend::Sentinel(b) => b.permit_counts(key, keys).await,
+            Backend::Redlock(_) => Err(CallError {
+                error: LockError::InvalidConfig(format!(
+                    "a semaphore is not available on a Redlock manager (key {})",
+                    crate::error::KeyPreview(key)
+                )),
+                maybe_executed: false,
+            }),
         }
     }
 

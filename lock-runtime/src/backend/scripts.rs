@@ -252,6 +252,15 @@ fn read_acquire_all(
     }
 }
 
+/// What `permit_counts.lua` read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PermitReply {
+    /// Permits held now, and the count the holders use (`None`: no holder).
+    Counts { held: u32, stored: Option<u32> },
+    /// A name of the semaphore holds a value distlock did not write.
+    Foreign,
+}
+
 /// A lock as the inspect script read it: its value and its remaining lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct HeldLock {
@@ -370,6 +379,7 @@ pub(crate) struct Scripts {
     permit_release: Lua,
     shared_renew: Lua,
     issue_token: Lua,
+    permit_counts: Lua,
     /// `<prefix>handoff`: a hand-off to a queued waiter is published on
     /// `<handoff_base>:<route of its manager>`, one channel per manager for
     /// all its locks (see `scripts/queue_prelude.lua`).
@@ -425,6 +435,7 @@ impl Scripts {
             permit_release: with_prelude!("permit_release.lua"),
             shared_renew: with_prelude!("shared_renew.lua"),
             issue_token: with_prelude!("issue_token.lua"),
+            permit_counts: with_prelude!("permit_counts.lua"),
         }
     }
 
@@ -846,6 +857,29 @@ impl Scripts {
     ) -> RedisResult<Option<HeldLock>> {
         let reply: Vec<redis::Value> = self.inspect.invoke(conn, &self.inspect_cmd(keys)).await?;
         read_inspect(reply)
+    }
+
+    /// A semaphore's held permits and stored permit count (`None` when nobody
+    /// holds one); `Err` with a foreign-value error when its names hold values
+    /// distlock did not write.
+    pub(crate) async fn permit_counts(
+        &self,
+        conn: &mut impl ConnectionLike,
+        keys: &LockKeys,
+    ) -> RedisResult<PermitReply> {
+        let cmd = self.permit_counts.call(&[&keys.lock, &keys.related], 0, 0);
+        let (held, count): (i64, i64) = self.permit_counts.invoke(conn, &cmd).await?;
+        Ok(match (held, count) {
+            (-2, _) => PermitReply::Foreign,
+            (held, -1) => PermitReply::Counts {
+                held: u32::try_from(held).unwrap_or(u32::MAX),
+                stored: None,
+            },
+            (held, count) => PermitReply::Counts {
+                held: u32::try_from(held).unwrap_or(u32::MAX),
+                stored: Some(u32::try_from(count).unwrap_or(u32::MAX)),
+            },
+        })
     }
 
     /// One renew script call, loading the script on NOSCRIPT.

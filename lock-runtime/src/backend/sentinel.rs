@@ -233,6 +233,20 @@ impl Sentinel {
         }
     }
 
+    pub(crate) async fn permit_counts(
+        &self,
+        key: &str,
+        keys: &LockKeys,
+    ) -> Result<super::PermitReply, CallError> {
+        let master = self.current();
+        match master.permit_counts(key, keys).await {
+            Err(e) if failover_suspected(&e) && self.rediscover(&master).await => {
+                self.current().permit_counts(key, keys).await
+            }
+            other => other,
+        }
+    }
+
     pub(crate) async fn is_locked(&self, key: &str, keys: &LockKeys) -> Result<bool, CallError> {
         let master = self.current();
         match master.is_locked(key, keys).await {

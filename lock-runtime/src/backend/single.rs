@@ -329,6 +329,21 @@ impl Single {
         .await
     }
 
+    pub(crate) async fn permit_counts(
+        &self,
+        key: &str,
+        keys: &LockKeys,
+    ) -> Result<super::PermitReply, CallError> {
+        let conn = self.connection();
+        let mut redis = conn.redis;
+        self.call(
+            key,
+            conn.generation,
+            self.scripts.permit_counts(&mut redis, keys),
+        )
+        .await
+    }
+
     pub(crate) async fn is_locked(&self, key: &str, keys: &LockKeys) -> Result<bool, CallError> {
         let conn = self.connection();
         let mut redis = conn.redis;

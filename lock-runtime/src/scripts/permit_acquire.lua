@@ -1,7 +1,8 @@
 -- Take a permit of a semaphore: when fewer than its permit count hold one.
 --
 -- KEYS[1]  holders: sorted set, owner token -> end of its lease (server ms);
---          its TTL is the end of the longest lease
+--          its TTL is the end of the longest lease. A weighted hold's owner
+--          token ends in ":<n>": it holds n permits (see weight_of)
 -- KEYS[2]  fencing counter
 -- KEYS[3]  permit count of the holders now in the set (TTL as KEYS[1])
 -- ARGV[1..4]  owner, lease ms, fence TTL ('0': unfenced), mark (unused: a
@@ -12,8 +13,8 @@
 --
 -- Returns {1, token, owner}   a permit is ours (a retry of ours keeps it and
 --                             gets a fresh token)
---         {0, pttl, owner}    all permits are taken; the first to expire does
---                             so in `pttl` ms
+--         {0, pttl, owner}    too few permits are free; the first holder to
+--                             expire does so in `pttl` ms
 --         {2, count, owner}   holders use the semaphore with `count` permits
 --                             and the caller said otherwise without resizing
 --         {3, 0, owner}       a name of the semaphore holds a value distlock
@@ -35,7 +36,12 @@ end
 if holders > 0 and stored and stored ~= ARGV[5] and ARGV[6] ~= '1' then
   return {2, tonumber(stored), ARGV[1]}
 end
-if redis.call('ZSCORE', KEYS[1], ARGV[1]) or holders < tonumber(ARGV[5]) then
+-- Each holder stands for one permit or more, so ZCARD alone can rule a
+-- request out; the exact sum reads every holder.
+local wanted = weight_of(ARGV[1])
+if redis.call('ZSCORE', KEYS[1], ARGV[1])
+    or (holders + wanted <= tonumber(ARGV[5])
+      and permits_held(KEYS[1]) + wanted <= tonumber(ARGV[5])) then
   local token = next_token(KEYS[2], ARGV[3])
   redis.call('ZADD', KEYS[1], string.format('%.0f', now + tonumber(ARGV[2])), ARGV[1])
   redis.call('SET', KEYS[3], ARGV[5])

@@ -9,8 +9,9 @@
 -- Returns {1, owner}  the permit was ours and is given back (or kept)
 --         {0, owner}  it was not ours any more (its lease had run out)
 --
--- The wake-up's payload is the owner token: each manager wakes one waiter, as
--- for an exclusive lock, since one permit came free.
+-- The wake-up's payload is the owner token: each manager wakes one waiter per
+-- message, as for an exclusive lock; a weighted hold of n permits publishes n
+-- messages, since n permits came free.
 local now = now_ms()
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not score or tonumber(score) <= now then
@@ -24,11 +25,19 @@ if keep_ms > 0 then
   push_expiry(KEYS[1], KEYS[2])
   return {1, ARGV[1]}
 end
-local full = redis.call('ZCARD', KEYS[1]) >= (tonumber(redis.call('GET', KEYS[2])) or 0)
+-- Full: a waiter for one permit was kept out. With weighted holds in the set
+-- a waiter for several may have been kept out with permits to spare: wake
+-- then too.
+local count = tonumber(redis.call('GET', KEYS[2])) or 0
+local held = permits_held(KEYS[1])
+local weighted = held ~= redis.call('ZCARD', KEYS[1])
+local full = held >= count or weighted
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 push_expiry(KEYS[1], KEYS[2])
 if full then
-  redis.call('PUBLISH', ARGV[2], ARGV[1])
+  for _ = 1, weight_of(ARGV[1]) do
+    redis.call('PUBLISH', ARGV[2], ARGV[1])
+  end
 end
 return {1, ARGV[1]}

@@ -57,3 +57,16 @@ end
 local function is_lock_value(value)
   return string.find(value, '^%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x[+-]%d+:%d+:') ~= nil
 end
+-- The permits a semaphore holder's member stands for: "<owner>:<n>" is a
+-- weighted hold of n permits, a plain owner token one.
+local function weight_of(member)
+  return tonumber(string.match(member, ':(%d+)$')) or 1
+end
+-- Permits held by the members of a semaphore's holders set.
+local function permits_held(set)
+  local held = 0
+  for _, member in ipairs(redis.call('ZRANGE', set, 0, -1)) do
+    held = held + weight_of(member)
+  end
+  return held
+end
