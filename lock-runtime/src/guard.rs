@@ -66,6 +66,12 @@ impl LockGuard {
         self.lease.clone()
     }
 
+    /// The hold's lease, whose lost signal outlives the guard's move into a
+    /// task (leader election's `run`).
+    pub(crate) fn lease_handle(&self) -> Arc<Lease> {
+        self.lease.clone()
+    }
+
     pub(crate) fn set_hold_span(&mut self, span: tracing::Span) {
         self.hold_span = span;
     }

@@ -33,7 +33,7 @@
 #![warn(missing_docs)]
 
 // The layers, top down; each module uses only those below it:
-// global > manager > request > guard > core > renewal, waiting > backend (the
+// leader > global > manager > request > guard > core > renewal, waiting > backend (the
 // only one that talks to Redis) > context, lease > telemetry, keys, config, info, error.
 mod backend;
 mod config;
@@ -44,6 +44,7 @@ mod global;
 mod guard;
 mod info;
 mod keys;
+mod leader;
 mod lease;
 mod manager;
 mod multi;
@@ -61,6 +62,7 @@ pub use error::{BackendError, BackendErrorKind, LockError};
 pub use global::{global, set_global, with_default_manager};
 pub use guard::LockGuard;
 pub use info::{LockInfo, PermitCounts};
+pub use leader::{LeaderElection, LeaderInfo, LeaderWatch, Leadership, LEADER_KEY_PREFIX};
 pub use manager::{
     LockManager, LockManagerBuilder, RedisNames, DEFAULT_FENCE_RETENTION, MAX_DURATION, MIN_LEASE,
 };

@@ -410,6 +410,25 @@ impl Cluster {
         .await
     }
 
+    /// Publishes `payload` on `channel` with classic PUBLISH, which the
+    /// cluster bus carries to every node.
+    pub(crate) async fn publish(
+        &self,
+        key: &str,
+        channel: &str,
+        payload: &str,
+    ) -> Result<(), CallError> {
+        self.call(key, |mut conn| async move {
+            redis::cmd("PUBLISH")
+                .arg(channel)
+                .arg(payload)
+                .query_async::<i64>(&mut conn)
+                .await
+        })
+        .await
+        .map(drop)
+    }
+
     pub(crate) async fn is_locked(&self, key: &str, keys: &LockKeys) -> Result<bool, CallError> {
         let scripts = &self.scripts;
         self.call(key, |mut conn| async move {

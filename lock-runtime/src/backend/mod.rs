@@ -227,6 +227,22 @@ impl Backend {
         }
     }
 
+    /// Publishes `payload` on `channel` where this backend's subscribers
+    /// listen (for `key`, which routes the call and names it in errors).
+    pub(crate) async fn publish(
+        &self,
+        key: &str,
+        channel: &str,
+        payload: &str,
+    ) -> Result<(), CallError> {
+        match self {
+            Backend::Single(b) => b.publish(key, channel, payload).await,
+            Backend::Cluster(b) => b.publish(key, channel, payload).await,
+            Backend::Redlock(b) => b.publish(key, channel, payload).await,
+            Backend::Sentinel(b) => b.publish(key, channel, payload).await,
+        }
+    }
+
     /// The lock's stored value and remaining lease, when anyone holds it.
     pub(crate) async fn inspect(
         &self,

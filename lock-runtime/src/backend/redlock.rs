@@ -367,6 +367,23 @@ impl Redlock {
         self.any_of_a_majority(key, replies)
     }
 
+    /// Publishes `payload` on `channel` on every member (subscribers listen
+    /// to every member); done once a majority took it.
+    pub(crate) async fn publish(
+        &self,
+        key: &str,
+        channel: &str,
+        payload: &str,
+    ) -> Result<(), CallError> {
+        let replies = self
+            .on_all(self.command_timeout, |m| m.publish(key, channel, payload))
+            .await;
+        if replies.iter().filter(|r| r.is_ok()).count() >= self.quorum {
+            return Ok(());
+        }
+        Err(first_error(key, replies, self.command_timeout))
+    }
+
     /// Held when a majority of the members holds it.
     pub(crate) async fn is_locked(&self, key: &str, keys: &LockKeys) -> Result<bool, CallError> {
         let replies = self

@@ -247,6 +247,21 @@ impl Sentinel {
         }
     }
 
+    pub(crate) async fn publish(
+        &self,
+        key: &str,
+        channel: &str,
+        payload: &str,
+    ) -> Result<(), CallError> {
+        let master = self.current();
+        match master.publish(key, channel, payload).await {
+            Err(e) if failover_suspected(&e) && self.rediscover(&master).await => {
+                self.current().publish(key, channel, payload).await
+            }
+            other => other,
+        }
+    }
+
     pub(crate) async fn is_locked(&self, key: &str, keys: &LockKeys) -> Result<bool, CallError> {
         let master = self.current();
         match master.is_locked(key, keys).await {

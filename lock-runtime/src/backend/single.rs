@@ -344,6 +344,22 @@ impl Single {
         .await
     }
 
+    /// Publishes `payload` on `channel` (for `key`, named in errors).
+    pub(crate) async fn publish(
+        &self,
+        key: &str,
+        channel: &str,
+        payload: &str,
+    ) -> Result<(), CallError> {
+        let conn = self.connection();
+        let mut redis = conn.redis;
+        let mut publish = redis::cmd("PUBLISH");
+        publish.arg(channel).arg(payload);
+        self.call(key, conn.generation, publish.query_async::<i64>(&mut redis))
+            .await
+            .map(drop)
+    }
+
     pub(crate) async fn is_locked(&self, key: &str, keys: &LockKeys) -> Result<bool, CallError> {
         let conn = self.connection();
         let mut redis = conn.redis;

@@ -1,0 +1,712 @@
+//! Leader election: one holder per name of an ordinary lock (key
+//! `leader:<name>`), whose fencing token is the term's epoch, and a stream of
+//! leader changes fed by the messages each new term and each resignation
+//! publish.
+//!
+//! A term is a hold of the lock taken with an eager fencing token, so the epoch
+//! costs no round trip of its own and strictly increases across terms (the
+//! token's guarantee). Candidates wait in the lock's queue: a resignation
+//! hands the lock to the first of them with one message, as any release does.
+//! Once it holds the lock, the new leader reads its hold back (one `inspect`)
+//! and publishes it on `<prefix>leader:<name>`; a resignation publishes there
+//! after its release. Watchers listen there, and read the lock itself after
+//! every (re)subscription and when the lease they last saw runs out, which is
+//! the only way to see a term that ended without a successor or a resignation.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures_util::StreamExt;
+use tokio::sync::mpsc;
+
+use crate::config::{self, Backoff};
+use crate::error::{KeyPreview, LockError};
+use crate::lease::Lease;
+use crate::{LockGuard, LockManager, LockRequest};
+
+/// The prefix of a leader election's lock key: `manager.leader("scheduler")`
+/// holds lock `leader:scheduler`, which `inspect`, `list` and the CLI show.
+pub const LEADER_KEY_PREFIX: &str = "leader:";
+
+impl LockManager {
+    /// A leader election named `name`: among every process that campaigns for
+    /// the same name on the same Redis (and key prefix), one leads at a time.
+    ///
+    /// ```no_run
+    /// # async fn demo(manager: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+    /// use std::time::Duration;
+    /// let election = manager.leader("scheduler").lease(Duration::from_secs(10));
+    /// let term = election.campaign().await?; // waits until this process leads
+    /// println!("leading, epoch {}", term.epoch());
+    /// tokio::select! {
+    ///     _ = term.lost() => println!("term ended: stop leading at once"),
+    ///     _ = tokio::time::sleep(Duration::from_secs(60)) => term.resign().await?,
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn leader(&self, name: impl Into<String>) -> LeaderElection {
+        LeaderElection {
+            manager: self.clone(),
+            name: name.into(),
+            lease: None,
+            backoff: None,
+        }
+    }
+}
+
+/// A leader election, from [`LockManager::leader`]: campaign for it, run a
+/// task while leading, or ask and watch who leads.
+///
+/// The leader holds lock `leader:<name>` (see [`LEADER_KEY_PREFIX`]) with a
+/// lease renewed in the background; a leader that crashes is replaced within
+/// one lease, one that resigns (or drops its [`Leadership`]) at once.
+#[derive(Debug, Clone)]
+pub struct LeaderElection {
+    manager: LockManager,
+    name: String,
+    lease: Option<Duration>,
+    backoff: Option<Backoff>,
+}
+
+impl LeaderElection {
+    /// The lease of each term (default: the manager's): a leader that stops
+    /// renewing (crashed, partitioned, paused) is replaced within it.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// The retry policy while campaigning for a busy lock, and between terms
+    /// and after failures in [`run`](Self::run) (default: the manager's).
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = Some(backoff);
+        self
+    }
+
+    /// The election's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The lock key the leader holds: `leader:<name>`.
+    pub fn lock_key(&self) -> String {
+        format!("{LEADER_KEY_PREFIX}{}", self.name)
+    }
+
+    fn channel(&self) -> String {
+        format!(
+            "{}{LEADER_KEY_PREFIX}{}",
+            self.manager.inner.core.config.key_prefix, self.name
+        )
+    }
+
+    fn request(&self) -> LockRequest {
+        let mut request = self
+            .manager
+            .lock(self.lock_key())
+            .eager_fencing(true)
+            .reentrant(false)
+            .wait(config::MAX_DURATION);
+        if let Some(lease) = self.lease {
+            request = request.lease(lease);
+        }
+        if let Some(backoff) = self.backoff {
+            request = request.backoff(backoff);
+        }
+        request
+    }
+
+    /// Waits until this process leads, for as long as it takes, and returns
+    /// the term. Cancel it (drop the future, or race it with a timeout) to stop
+    /// campaigning; a candidate waits in the lock's queue, so a resigning
+    /// leader hands over to the candidate that waited longest.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidKey`] / [`LockError::InvalidConfig`] for a bad name
+    /// or lease, [`LockError::AlreadyHeld`] when this call chain leads already
+    /// (inside the term's scope), [`LockError::ShutDown`] once the manager shut
+    /// down, [`LockError::Backend`] when Redis fails or does not answer in time.
+    pub async fn campaign(&self) -> Result<Leadership, LockError> {
+        let guard = loop {
+            match self.request().acquire().await {
+                Ok(guard) => break guard,
+                // Thirty days went by without a term; go on campaigning.
+                Err(LockError::Timeout { .. }) => continue,
+                Err(e) => return Err(e),
+            }
+        };
+        let epoch = match guard.issued_fencing_token() {
+            Some(token) => token,
+            None => guard.fencing_token().await?,
+        };
+        let key = self.lock_key();
+        // The hold as Redis stores it, so that `current()`, `watch()` and this
+        // term agree on holder and start.
+        let info = match self.manager.inspect(&key).await {
+            Ok(Some(info)) if info.fencing_token == epoch => LeaderInfo::from_lock(&info),
+            // Gone or taken over already: the term is lost, or about to be
+            // reported so by the renewal.
+            Ok(_) | Err(_) => LeaderInfo {
+                holder: self.manager.inner.core.config.holder.clone(),
+                epoch,
+                since: SystemTime::now(),
+            },
+        };
+        let lease_ms = u64::try_from(guard.lease().as_millis()).unwrap_or(u64::MAX);
+        let message = Announcement::Term {
+            info: info.clone(),
+            lease_ms,
+        }
+        .encode();
+        if let Err(e) = self.publish(&key, &message).await {
+            // Watchers catch up when they next read the lock (at the end of
+            // the lease they last saw, or after a reconnect).
+            tracing::warn!(target: "distlock::leader",
+                election = %KeyPreview(&self.name), error = %e,
+                "could not announce the new term to watchers"
+            );
+        }
+        tracing::info!(target: "distlock::leader",
+            election = %KeyPreview(&self.name), epoch, "leading"
+        );
+        Ok(Leadership {
+            election: self.clone(),
+            lease: guard.lease_handle(),
+            guard,
+            info,
+        })
+    }
+
+    async fn publish(&self, key: &str, message: &str) -> Result<(), LockError> {
+        let core = &self.manager.inner.core;
+        core.backend
+            .publish(key, &self.channel(), message)
+            .await
+            .map_err(|e| e.error)
+    }
+
+    /// Leads whenever it can, until the returned future is dropped: campaigns,
+    /// calls `term` with the term's [`Leadership`] and runs the future it
+    /// returns while leading, then campaigns again, after the term was lost or
+    /// the future returned (the [`Leadership`] it owns then drops, which
+    /// hands the lead over).
+    ///
+    /// The future is stopped at its next `.await` when the term is lost, as a
+    /// locked function's body is. Between terms, and after a failed campaign,
+    /// it waits by the election's [`backoff`](Self::backoff): the first delay
+    /// after a term, doubling up to the cap while campaigns fail.
+    ///
+    /// # Errors
+    /// Only those no retry can cure: [`LockError::InvalidKey`],
+    /// [`LockError::InvalidConfig`], [`LockError::AlreadyHeld`] and
+    /// [`LockError::ShutDown`]. Failures of Redis are logged and retried.
+    pub async fn run<F, Fut>(&self, mut term: F) -> Result<Infallible, LockError>
+    where
+        F: FnMut(Leadership) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        let backoff = self
+            .backoff
+            .unwrap_or(self.manager.inner.core.config.backoff);
+        let mut delay = backoff.first();
+        loop {
+            match self.campaign().await {
+                Ok(leadership) => {
+                    delay = backoff.first();
+                    let lease = leadership.lease.clone();
+                    let body = term(leadership);
+                    tokio::select! {
+                        biased;
+                        () = lease.lost() => {}
+                        () = body => {}
+                    }
+                }
+                Err(
+                    e @ (LockError::InvalidKey { .. }
+                    | LockError::InvalidConfig(_)
+                    | LockError::AlreadyHeld { .. }
+                    | LockError::ShutDown { .. }),
+                ) => return Err(e),
+                Err(e) => {
+                    tracing::warn!(target: "distlock::leader",
+                        election = %KeyPreview(&self.name), error = %e, retry_in = ?delay,
+                        "campaign failed"
+                    );
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(backoff.cap());
+                    continue;
+                }
+            }
+            tokio::time::sleep(delay).await;
+        }
+    }
+
+    /// Who leads now, for any process: `None` when nobody does. One round trip
+    /// (one per member under Redlock); a snapshot that may be stale on arrival.
+    ///
+    /// # Errors
+    /// [`LockError::Backend`] when Redis fails or does not answer in time,
+    /// [`LockError::ForeignValue`] when something else wrote the lock key.
+    pub async fn current(&self) -> Result<Option<LeaderInfo>, LockError> {
+        Ok(self
+            .manager
+            .inspect(&self.lock_key())
+            .await?
+            .map(|info| LeaderInfo::from_lock(&info)))
+    }
+
+    /// A stream of leader changes: first who leads when the watch starts, then
+    /// `Some` for each new term (in epoch order, each once) and `None` when a
+    /// term ends without a successor yet (a resignation, or a lease that ran
+    /// out).
+    ///
+    /// It is fed by the messages each new term and each resignation publish,
+    /// so a quiet election costs nothing but a subscription; it reads the lock
+    /// after every (re)connect of its subscription, and when the lease of the
+    /// term it last reported runs out (Redis sends no message when a key
+    /// expires), to catch a term that ended while nobody announced it. A term
+    /// that began and ended entirely while the subscription was down is
+    /// missed; the epochs it reports show the gap. Dropping the stream ends it.
+    pub fn watch(&self) -> LeaderWatch {
+        let (changes, receiver) = mpsc::unbounded_channel();
+        let task = tokio::spawn(watch(self.clone(), changes));
+        LeaderWatch {
+            changes: receiver,
+            task: task.abort_handle(),
+        }
+    }
+}
+
+/// One term of a [`LeaderElection`]: this process leads until the term is lost
+/// ([`lost`](Self::lost)) or it resigns ([`resign`](Self::resign)). Dropping
+/// it resigns in the background (without telling watchers, who see the next
+/// term's announcement).
+#[must_use = "dropping the term at once resigns at once"]
+#[derive(Debug)]
+pub struct Leadership {
+    election: LeaderElection,
+    lease: Arc<Lease>,
+    guard: LockGuard,
+    info: LeaderInfo,
+}
+
+impl Leadership {
+    /// The term's epoch: greater than every earlier term's of this election,
+    /// so it works as a fencing token for writes made while leading.
+    pub fn epoch(&self) -> u64 {
+        self.info.epoch
+    }
+
+    /// The term as watchers see it.
+    pub fn info(&self) -> &LeaderInfo {
+        &self.info
+    }
+
+    /// The election's name.
+    pub fn name(&self) -> &str {
+        &self.election.name
+    }
+
+    /// The lock the term holds, for its options ([`LockGuard::scope`],
+    /// [`LockGuard::remaining_lease`], ...).
+    pub fn guard(&self) -> &LockGuard {
+        &self.guard
+    }
+
+    /// True once the term is lost (the lease could not be renewed in time, the
+    /// lock was taken over or freed by `force_unlock`, or the manager shut
+    /// down).
+    pub fn is_lost(&self) -> bool {
+        self.guard.is_lost()
+    }
+
+    /// Completes when the term is lost (at once if it already is); never
+    /// while it holds. Work done as leader should stop when it completes.
+    pub async fn lost(&self) {
+        self.guard.lost().await
+    }
+
+    /// Steps down: releases the lock, which hands it to the candidate that
+    /// waited longest with one message, then tells watchers.
+    ///
+    /// # Errors
+    /// [`LockError::Lost`] when the term had been lost already;
+    /// [`LockError::Backend`] when Redis fails (the lock then ends with its
+    /// lease).
+    pub async fn resign(self) -> Result<(), LockError> {
+        let Leadership {
+            election,
+            guard,
+            info,
+            ..
+        } = self;
+        guard.release().await?;
+        let message = Announcement::Resigned { epoch: info.epoch }.encode();
+        if let Err(e) = election.publish(&election.lock_key(), &message).await {
+            tracing::debug!(target: "distlock::leader",
+                election = %KeyPreview(&election.name), error = %e,
+                "could not announce the resignation to watchers"
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Who leads an election, from [`LeaderElection::current`] and
+/// [`LeaderElection::watch`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LeaderInfo {
+    /// The leader's holder description (the manager's
+    /// [`holder`](crate::LockManagerBuilder::holder)).
+    pub holder: String,
+    /// The term's epoch (its fencing token).
+    pub epoch: u64,
+    /// When the term began, by the leader's clock.
+    pub since: SystemTime,
+}
+
+impl LeaderInfo {
+    fn from_lock(info: &crate::LockInfo) -> LeaderInfo {
+        LeaderInfo {
+            holder: info.holder.clone(),
+            epoch: info.fencing_token,
+            since: info.held_since,
+        }
+    }
+}
+
+/// What an election publishes on its channel.
+#[derive(Debug, PartialEq)]
+enum Announcement {
+    /// `T <epoch> <since ms> <lease ms> <holder>`: a new term.
+    Term { info: LeaderInfo, lease_ms: u64 },
+    /// `R <epoch>`: the term of that epoch resigned.
+    Resigned { epoch: u64 },
+}
+
+impl Announcement {
+    fn encode(&self) -> String {
+        match self {
+            Announcement::Term { info, lease_ms } => {
+                let since = info
+                    .since
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis());
+                format!("T {} {since} {lease_ms} {}", info.epoch, info.holder)
+            }
+            Announcement::Resigned { epoch } => format!("R {epoch}"),
+        }
+    }
+
+    fn decode(message: &str) -> Option<Announcement> {
+        let mut parts = message.splitn(5, ' ');
+        match parts.next()? {
+            "T" => {
+                let epoch = parts.next()?.parse().ok()?;
+                let since: u64 = parts.next()?.parse().ok()?;
+                let lease_ms = parts.next()?.parse().ok()?;
+                let holder = parts.next().unwrap_or("").to_owned();
+                Some(Announcement::Term {
+                    info: LeaderInfo {
+                        holder,
+                        epoch,
+                        since: UNIX_EPOCH + Duration::from_millis(since),
+                    },
+                    lease_ms,
+                })
+            }
+            "R" => Some(Announcement::Resigned {
+                epoch: parts.next()?.parse().ok()?,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// The stream from [`LeaderElection::watch`]: `Option<LeaderInfo>` for each
+/// change. Ends only when the manager's runtime does.
+#[derive(Debug)]
+pub struct LeaderWatch {
+    changes: mpsc::UnboundedReceiver<Option<LeaderInfo>>,
+    task: tokio::task::AbortHandle,
+}
+
+impl futures_util::Stream for LeaderWatch {
+    type Item = Option<LeaderInfo>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.changes.poll_recv(cx)
+    }
+}
+
+impl Drop for LeaderWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// What the watch task hears from one subscription.
+enum Heard {
+    /// Subscribed (again): anything may have happened meanwhile.
+    Subscribed,
+    Message(String),
+}
+
+/// What the watch has reported, to report each change once and in order.
+struct Reported {
+    /// The highest epoch reported.
+    epoch: Option<u64>,
+    /// Whether the last report was a leader (not `None`).
+    leading: bool,
+    /// Whether anything was reported yet.
+    started: bool,
+}
+
+impl Reported {
+    /// What to report, given that `now` is the election's state.
+    fn change(&mut self, now: Option<LeaderInfo>) -> Option<Option<LeaderInfo>> {
+        match now {
+            Some(info) if self.epoch.is_none_or(|last| info.epoch > last) => {
+                self.epoch = Some(info.epoch);
+                self.leading = true;
+                self.started = true;
+                Some(Some(info))
+            }
+            // An older or the same term: already reported.
+            Some(_) => None,
+            None if self.leading || !self.started => {
+                self.leading = false;
+                self.started = true;
+                Some(None)
+            }
+            None => None,
+        }
+    }
+
+    /// A resignation of `epoch`: the lead is vacant if that was the last term
+    /// reported (a later one may have been reported already).
+    fn resigned(&mut self, epoch: u64) -> Option<Option<LeaderInfo>> {
+        if self.leading && self.epoch == Some(epoch) {
+            self.leading = false;
+            return Some(None);
+        }
+        None
+    }
+}
+
+async fn watch(election: LeaderElection, changes: mpsc::UnboundedSender<Option<LeaderInfo>>) {
+    let core = election.manager.inner.core.clone();
+    let channel = election.channel();
+    let (heard_tx, mut heard) = mpsc::unbounded_channel();
+    let sources = core.backend.pubsub_sources();
+    let listeners: Vec<_> = (0..sources)
+        .map(|source| {
+            tokio::spawn(listen(
+                election.manager.clone(),
+                source,
+                channel.clone(),
+                heard_tx.clone(),
+            ))
+        })
+        .collect();
+    let _stop_listeners = AbortOnDrop(listeners);
+    drop(heard_tx);
+
+    let mut reported = Reported {
+        epoch: None,
+        leading: false,
+        started: false,
+    };
+    // When to read the lock again: the end of the lease last seen. The first
+    // read follows the first subscription, so that nothing announced after
+    // the first report is missed; without one within the connect timeout,
+    // the watch reports what it reads anyway.
+    let mut read_at = Some(tokio::time::Instant::now() + core.config.connect_timeout);
+    let mut read_now = false;
+    loop {
+        if read_now {
+            read_now = false;
+            match election.manager.inspect(&election.lock_key()).await {
+                Ok(held) => {
+                    read_at = held.as_ref().map(|info| {
+                        // A millisecond past the TTL Redis reported, so the
+                        // key has expired by the next read.
+                        tokio::time::Instant::now()
+                            + info.ttl.unwrap_or(Duration::from_secs(1))
+                            + Duration::from_millis(1)
+                    });
+                    let now = held.map(|info| LeaderInfo::from_lock(&info));
+                    if let Some(change) = reported.change(now) {
+                        if changes.send(change).is_err() {
+                            return;
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(target: "distlock::leader",
+                        election = %KeyPreview(&election.name), error = %e,
+                        "watch could not read the leader; retrying"
+                    );
+                    read_at = Some(tokio::time::Instant::now() + Duration::from_millis(200));
+                }
+            }
+        }
+        let expiry = async {
+            match read_at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = changes.closed() => return,
+            () = expiry => read_now = true,
+            event = heard.recv() => match event {
+                None => return,
+                Some(Heard::Subscribed) => read_now = true,
+                Some(Heard::Message(message)) => {
+                    let change = match Announcement::decode(&message) {
+                        Some(Announcement::Term { info, lease_ms }) => {
+                            let change = reported.change(Some(info));
+                            if change.is_some() {
+                                read_at = Some(
+                                    tokio::time::Instant::now()
+                                        + Duration::from_millis(lease_ms)
+                                        + Duration::from_millis(1),
+                                );
+                            }
+                            change
+                        }
+                        Some(Announcement::Resigned { epoch }) => {
+                            let change = reported.resigned(epoch);
+                            if change.is_some() {
+                                read_at = None;
+                            }
+                            change
+                        }
+                        None => None,
+                    };
+                    if let Some(change) = change {
+                        if changes.send(change).is_err() {
+                            return;
+                        }
+                    }
+                }
+            },
+        }
+    }
+}
+
+struct AbortOnDrop(Vec<tokio::task::JoinHandle<()>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
+}
+
+/// Keeps one subscription to `channel` on pub/sub source `source`, forwarding
+/// its messages, and reconnecting (with a bounded backoff) when it breaks.
+async fn listen(
+    manager: LockManager,
+    source: usize,
+    channel: String,
+    heard: mpsc::UnboundedSender<Heard>,
+) {
+    let core = manager.inner.core.clone();
+    let timeout = core.config.connect_timeout;
+    let mut delay = Duration::from_millis(50);
+    loop {
+        let subscribed = async {
+            let mut pubsub = core.backend.pubsub(source).await?;
+            pubsub.subscribe(&channel).await?;
+            Ok::<_, redis::RedisError>(pubsub)
+        };
+        match tokio::time::timeout(timeout, subscribed).await {
+            Ok(Ok(pubsub)) => {
+                delay = Duration::from_millis(50);
+                if heard.send(Heard::Subscribed).is_err() {
+                    return;
+                }
+                let mut messages = pubsub.into_on_message();
+                while let Some(message) = messages.next().await {
+                    let Ok(text) = message.get_payload::<String>() else {
+                        continue;
+                    };
+                    if heard.send(Heard::Message(text)).is_err() {
+                        return;
+                    }
+                }
+                tracing::debug!(target: "distlock::leader", source, "watch subscription closed; reconnecting");
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(target: "distlock::leader", source, error = %e, "watch could not subscribe");
+            }
+            Err(_) => {
+                tracing::debug!(target: "distlock::leader", source, "watch subscription timed out");
+            }
+        }
+        if heard.is_closed() {
+            return;
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(2));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn announcements_round_trip() {
+        let term = Announcement::Term {
+            info: LeaderInfo {
+                holder: "web-1 pid 7 api: v2".into(),
+                epoch: 1_700_000_000_000_001,
+                since: UNIX_EPOCH + Duration::from_millis(1_700_000_000_123),
+            },
+            lease_ms: 10_000,
+        };
+        assert_eq!(Announcement::decode(&term.encode()), Some(term));
+        let resigned = Announcement::Resigned { epoch: 9 };
+        assert_eq!(Announcement::decode(&resigned.encode()), Some(resigned));
+        assert_eq!(Announcement::decode("X 1"), None);
+        assert_eq!(Announcement::decode("T x 1 1 h"), None);
+    }
+
+    fn leader(epoch: u64) -> Option<LeaderInfo> {
+        Some(LeaderInfo {
+            holder: "h".into(),
+            epoch,
+            since: UNIX_EPOCH,
+        })
+    }
+
+    #[test]
+    fn each_change_is_reported_once_in_epoch_order() {
+        let mut reported = Reported {
+            epoch: None,
+            leading: false,
+            started: false,
+        };
+        assert_eq!(reported.change(None), Some(None), "the start is reported");
+        assert_eq!(reported.change(None), None);
+        assert_eq!(reported.change(leader(5)), Some(leader(5)));
+        assert_eq!(reported.change(leader(5)), None, "heard twice");
+        assert_eq!(reported.change(leader(7)), Some(leader(7)));
+        assert_eq!(reported.change(leader(6)), None, "late and older");
+        assert_eq!(reported.resigned(6), None, "not the last term reported");
+        assert_eq!(reported.resigned(7), Some(None));
+        assert_eq!(reported.resigned(7), None);
+        assert_eq!(reported.change(None), None);
+        assert_eq!(reported.change(leader(8)), Some(leader(8)));
+        assert_eq!(reported.change(None), Some(None), "ran out");
+    }
+}

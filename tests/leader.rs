@@ -1,0 +1,476 @@
+//! Leader election (`LockManager::leader`): one leader at a time, epochs that
+//! grow with every term, a resignation handed over within one message, a
+//! killed or paused leader replaced within its lease, and a watch that sees
+//! every term once and in order, also after its subscription was cut. Each
+//! test runs on one server and on the process-wide cluster (`on_both!`).
+//!
+//! The crash and pause tests run the leader in a worker process: this test
+//! binary itself, started again with `DISTLOCK_LEADER_WORKER` set, running
+//! only `leader_worker`.
+
+mod common;
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::Deployment;
+use distlock::testing::RedisServer;
+use distlock::{LeaderInfo, LockManager};
+use futures_util::StreamExt;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+/// Managers with a holder name each, to tell the leaders apart.
+async fn candidate(d: &Deployment, holder: &str) -> LockManager {
+    let builder = match d {
+        Deployment::Single(s) => LockManager::builder(&s.url()),
+        Deployment::Cluster(c) => LockManager::cluster_builder(c.urls()),
+    };
+    builder
+        .holder(holder)
+        .command_timeout(Duration::from_millis(500))
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .expect("connect to the test deployment")
+}
+
+/// An election name of this test's own (the cluster is shared by the tests).
+fn election(test: &str, d: &Deployment) -> String {
+    let on = match d {
+        Deployment::Single(_) => "single",
+        Deployment::Cluster(_) => "cluster",
+    };
+    format!("{test}-{on}")
+}
+
+const LEASE: Duration = Duration::from_millis(600);
+
+async fn one_leader_and_a_handover_within_one_message(d: Deployment) {
+    let name = election("handover", &d);
+    let a = candidate(&d, "a").await;
+    let b = candidate(&d, "b").await;
+    let first = a.leader(&name).lease(LEASE).campaign().await.unwrap();
+    assert_eq!(first.info().holder, "a");
+
+    let b_election = b.leader(&name).lease(LEASE);
+    let mut second = tokio::spawn(async move { b_election.campaign().await });
+    // While `a` renews, `b` waits: three leases, each of which would have let
+    // `b` in had `a`'s renewal failed.
+    assert!(
+        tokio::time::timeout(LEASE * 3, &mut second).await.is_err(),
+        "b led while a did"
+    );
+    assert!(!first.is_lost());
+    let current = a.leader(&name).current().await.unwrap().unwrap();
+    assert_eq!(
+        (current.holder.as_str(), current.epoch),
+        ("a", first.epoch())
+    );
+
+    // `b` waits in the lock's queue: the release hands it over with one
+    // message. 50 ms on loopback is two orders of magnitude above that.
+    let started = Instant::now();
+    let first_epoch = first.epoch();
+    first.resign().await.unwrap();
+    let second = second.await.unwrap().unwrap();
+    let took = started.elapsed();
+    assert!(took < Duration::from_millis(50), "hand-over took {took:?}");
+    assert!(second.epoch() > first_epoch, "epochs grow with each term");
+    assert_eq!(second.info().holder, "b");
+    let current = a.leader(&name).current().await.unwrap().unwrap();
+    assert_eq!(
+        (current.holder.as_str(), current.epoch),
+        ("b", second.epoch())
+    );
+
+    // A dropped term resigns too (in the background).
+    drop(second);
+    let third = a.leader(&name).lease(LEASE).campaign().await.unwrap();
+    assert!(third.epoch() > first_epoch);
+    third.resign().await.unwrap();
+    assert_eq!(a.leader(&name).current().await.unwrap(), None);
+}
+
+async fn run_leads_stops_the_term_when_lost_and_campaigns_again(d: Deployment) {
+    let name = election("run", &d);
+    let a = candidate(&d, "a").await;
+    let operator = candidate(&d, "operator").await;
+    let (terms, mut started) = tokio::sync::mpsc::unbounded_channel();
+    let (stops, mut stopped) = tokio::sync::mpsc::unbounded_channel();
+    let election = a.leader(&name).lease(LEASE);
+    let running = tokio::spawn(async move {
+        election
+            .run(|term| {
+                let terms = terms.clone();
+                let stops = stops.clone();
+                async move {
+                    // Tells when the body is dropped (stopped at its `.await`).
+                    struct Stopped(tokio::sync::mpsc::UnboundedSender<u64>, u64);
+                    impl Drop for Stopped {
+                        fn drop(&mut self) {
+                            let _ = self.0.send(self.1);
+                        }
+                    }
+                    let _stopped = Stopped(stops, term.epoch());
+                    terms.send(term.epoch()).unwrap();
+                    std::future::pending::<()>().await;
+                }
+            })
+            .await
+    });
+    let limit = Duration::from_secs(5);
+    let first = tokio::time::timeout(limit, started.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    // The term is taken away: the body stops, and `run` campaigns again.
+    assert!(operator
+        .force_unlock(&format!("{}{name}", distlock::LEADER_KEY_PREFIX))
+        .await
+        .unwrap());
+    let stopped_epoch = tokio::time::timeout(limit, stopped.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stopped_epoch, first);
+    let second = tokio::time::timeout(limit, started.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(second > first);
+    // Dropping `run`'s future ends the term: the lock is released (in the
+    // background), not left to expire, so the next campaign wins well within
+    // the lease.
+    running.abort();
+    let _ = running.await;
+    let dropped = Instant::now();
+    let next_term = operator
+        .leader(&name)
+        .lease(LEASE)
+        .campaign()
+        .await
+        .unwrap();
+    assert!(dropped.elapsed() < LEASE, "{:?}", dropped.elapsed());
+    assert!(next_term.epoch() > second);
+    next_term.resign().await.unwrap();
+}
+
+async fn watch_sees_every_term_once_and_in_order(d: Deployment) {
+    let name = election("watch", &d);
+    let a = candidate(&d, "a").await;
+    let b = candidate(&d, "b").await;
+    let observer = candidate(&d, "observer").await;
+    let mut watch = observer.leader(&name).watch();
+    // The first report is the state when the watch is listening.
+    assert_eq!(next(&mut watch).await, None);
+
+    let mut epochs = Vec::new();
+    for term in 0..20 {
+        let candidate = if term % 2 == 0 { &a } else { &b };
+        let leadership = candidate
+            .leader(&name)
+            .lease(LEASE)
+            .campaign()
+            .await
+            .unwrap();
+        epochs.push(leadership.epoch());
+        leadership.resign().await.unwrap();
+    }
+    // Each term is reported when it starts and, as it resigned, ended.
+    for (term, epoch) in epochs.iter().enumerate() {
+        let reported = next(&mut watch).await.expect("a new term");
+        assert_eq!(reported.epoch, *epoch, "term {term} out of order");
+        assert_eq!(reported.holder, if term % 2 == 0 { "a" } else { "b" });
+        assert_eq!(next(&mut watch).await, None, "term {term} resigned");
+    }
+    assert!(epochs.windows(2).all(|w| w[0] < w[1]));
+
+    // The watch's subscription is cut, and a term begins while it is down: it
+    // reads the leader when it is back.
+    kill_subscribers(&d).await;
+    let leading = a.leader(&name).lease(LEASE).campaign().await.unwrap();
+    let reported = next(&mut watch)
+        .await
+        .expect("the leader after the reconnect");
+    assert_eq!(reported.epoch, leading.epoch());
+
+    leading.resign().await.unwrap();
+    assert_eq!(next(&mut watch).await, None);
+}
+
+/// The next report of `watch`, failing the test after 5 s (a report follows
+/// a message or a read within milliseconds on loopback; 5 s also covers a
+/// cluster's bus and a reconnect's backoff).
+async fn next(watch: &mut distlock::LeaderWatch) -> Option<LeaderInfo> {
+    tokio::time::timeout(Duration::from_secs(5), watch.next())
+        .await
+        .expect("a report within 5 s")
+        .expect("the watch goes on")
+}
+
+async fn kill_subscribers(d: &Deployment) {
+    match d {
+        Deployment::Single(s) => {
+            let mut raw = common::raw(s).await;
+            common::kill_subscribers(&mut raw).await;
+        }
+        Deployment::Cluster(c) => {
+            for node in c.nodes() {
+                let mut raw = redis::Client::open(node.url.as_str())
+                    .unwrap()
+                    .get_multiplexed_async_connection()
+                    .await
+                    .unwrap();
+                common::kill_subscribers(&mut raw).await;
+            }
+        }
+    }
+}
+
+on_both!(
+    one_leader_and_a_handover_within_one_message,
+    run_leads_stops_the_term_when_lost_and_campaigns_again,
+    watch_sees_every_term_once_and_in_order,
+    a_killed_leader_is_replaced_within_its_lease,
+    a_paused_leader_learns_its_term_ended_and_its_epoch_is_refused,
+);
+
+/// A fenced store: a write carries its epoch and is refused when a higher one
+/// was written already. Returns whether the write was accepted.
+async fn fenced_write(store: &mut redis::aio::MultiplexedConnection, epoch: u64) -> bool {
+    let accepted: i64 = redis::Script::new(
+        "local last = tonumber(redis.call('GET', KEYS[1]) or '0') \
+         if tonumber(ARGV[1]) < last then return 0 end \
+         redis.call('SET', KEYS[1], ARGV[1]) return 1",
+    )
+    .key("fence")
+    .arg(epoch)
+    .invoke_async(store)
+    .await
+    .expect("the fenced store answers");
+    accepted == 1
+}
+
+/// Where the worker finds the locks.
+fn urls(d: &Deployment) -> (String, &'static str) {
+    match d {
+        Deployment::Single(s) => (s.url(), "single"),
+        Deployment::Cluster(c) => (c.urls().join(","), "cluster"),
+    }
+}
+
+/// A leader in a process of its own (see `leader_worker`), and its lines.
+struct Worker {
+    child: tokio::process::Child,
+    lines: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+}
+
+impl Worker {
+    fn start(d: &Deployment, name: &str, holder: &str, store: &RedisServer) -> Worker {
+        let (urls, deployment) = urls(d);
+        let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "leader_worker",
+                "--exact",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("DISTLOCK_LEADER_WORKER", deployment)
+            .env("WORKER_URLS", urls)
+            .env("WORKER_ELECTION", name)
+            .env("WORKER_HOLDER", holder)
+            .env("WORKER_LEASE_MS", LEASE.as_millis().to_string())
+            .env("WORKER_STORE", store.url())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start the worker");
+        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        Worker { child, lines }
+    }
+
+    /// The worker's next line of its own (libtest's are skipped); fails the
+    /// test after `limit`.
+    async fn line(&mut self, limit: Duration) -> String {
+        let next = async {
+            loop {
+                let line = self
+                    .lines
+                    .next_line()
+                    .await
+                    .unwrap()
+                    .expect("the worker's output ended");
+                // libtest's "test leader_worker ... " may open the line.
+                if let Some(at) = line.find("WORKER ") {
+                    return line[at + "WORKER ".len()..].to_owned();
+                }
+            }
+        };
+        tokio::time::timeout(limit, next)
+            .await
+            .expect("a line from the worker in time")
+    }
+
+    /// Waits for `LEADING <epoch>`.
+    async fn leading(&mut self) -> u64 {
+        // Process start and a campaign on a free lock: well under 10 s even on
+        // a loaded CI machine.
+        let line = self.line(Duration::from_secs(10)).await;
+        line.strip_prefix("LEADING ")
+            .and_then(|epoch| epoch.parse().ok())
+            .unwrap_or_else(|| panic!("expected LEADING, got {line:?}"))
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.child.id().expect("the worker runs").to_string();
+        let status = std::process::Command::new("kill")
+            .args([signal, &pid])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill {signal} {pid}");
+    }
+}
+
+/// The worker: campaigns, says `LEADING <epoch>`, then writes to the fenced
+/// store with its epoch every 20 ms, saying `WRITE accepted|refused`, until it
+/// sees its term lost: then it says `LOST`, writes once more and exits.
+#[test]
+fn leader_worker() {
+    let Ok(deployment) = std::env::var("DISTLOCK_LEADER_WORKER") else {
+        return; // a plain test run: nothing to do
+    };
+    let var = |name: &str| std::env::var(name).unwrap();
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let urls: Vec<String> = var("WORKER_URLS").split(',').map(str::to_owned).collect();
+        let builder = if deployment == "cluster" {
+            LockManager::cluster_builder(urls)
+        } else {
+            LockManager::builder(&urls[0])
+        };
+        let manager = builder.holder(var("WORKER_HOLDER")).build().await.unwrap();
+        let lease = Duration::from_millis(var("WORKER_LEASE_MS").parse().unwrap());
+        let term = manager
+            .leader(var("WORKER_ELECTION"))
+            .lease(lease)
+            .campaign()
+            .await
+            .unwrap();
+        println!("WORKER LEADING {}", term.epoch());
+        let mut store = redis::Client::open(var("WORKER_STORE"))
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        loop {
+            let lost = term.is_lost();
+            if lost {
+                println!("WORKER LOST");
+            }
+            let accepted = fenced_write(&mut store, term.epoch()).await;
+            println!(
+                "WORKER WRITE {}",
+                if accepted { "accepted" } else { "refused" }
+            );
+            if lost {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+}
+
+async fn a_killed_leader_is_replaced_within_its_lease(d: Deployment) {
+    let name = election("killed", &d);
+    let store = common::server();
+    let observer = candidate(&d, "observer").await;
+    let mut watch = observer.leader(&name).watch();
+    assert_eq!(next(&mut watch).await, None);
+
+    let mut worker = Worker::start(&d, &name, "worker", &store);
+    let worker_epoch = worker.leading().await;
+    assert_eq!(next(&mut watch).await.map(|l| l.epoch), Some(worker_epoch));
+
+    let b = candidate(&d, "b").await;
+    let b_election = b.leader(&name).lease(LEASE);
+    let successor = tokio::spawn(async move { b_election.campaign().await });
+    worker.signal("-KILL");
+    let killed = Instant::now();
+    let term = successor.await.unwrap().unwrap();
+    // The lock expires at most one lease after the worker's last renewal,
+    // which was before the kill; the waiter retries by then (its backoff is
+    // capped by the holder's remaining lease). One second covers the
+    // scheduling of a loaded machine.
+    let took = killed.elapsed();
+    assert!(
+        took < LEASE + Duration::from_secs(1),
+        "took over after {took:?}"
+    );
+    assert!(term.epoch() > worker_epoch);
+    // The watch may see the lead vacant between the worker's lease running out
+    // and `b`'s announcement.
+    let reported = match next(&mut watch).await {
+        None => next(&mut watch).await.expect("the new leader"),
+        Some(leader) => leader,
+    };
+    assert_eq!(
+        (reported.holder.as_str(), reported.epoch),
+        ("b", term.epoch())
+    );
+    term.resign().await.unwrap();
+    assert_eq!(next(&mut watch).await, None);
+
+    // A leader killed with no successor waiting: the watch reports the lead
+    // vacant once the lease the watch last saw has run out (it reads the lock
+    // a millisecond after that; `next` allows 5 s).
+    let mut worker = Worker::start(&d, &name, "worker-2", &store);
+    let epoch = worker.leading().await;
+    assert_eq!(next(&mut watch).await.map(|l| l.epoch), Some(epoch));
+    worker.signal("-KILL");
+    let killed = Instant::now();
+    assert_eq!(next(&mut watch).await, None);
+    assert!(killed.elapsed() < LEASE + Duration::from_secs(1));
+}
+
+async fn a_paused_leader_learns_its_term_ended_and_its_epoch_is_refused(d: Deployment) {
+    let name = election("paused", &d);
+    let store = common::server();
+    let mut store_conn = common::raw(&store).await;
+    let mut worker = Worker::start(&d, &name, "worker", &store);
+    let worker_epoch = worker.leading().await;
+    assert_eq!(worker.line(Duration::from_secs(5)).await, "WRITE accepted");
+
+    let b = candidate(&d, "b").await;
+    let b_election = b.leader(&name).lease(LEASE);
+    let successor = tokio::spawn(async move { b_election.campaign().await });
+    worker.signal("-STOP");
+    // Paused, the worker cannot renew: `b` leads within the lease (plus the
+    // same second for a loaded machine as above).
+    let term = tokio::time::timeout(LEASE + Duration::from_secs(1), successor)
+        .await
+        .expect("b leads within the lease")
+        .unwrap()
+        .unwrap();
+    assert!(term.epoch() > worker_epoch);
+    assert!(fenced_write(&mut store_conn, term.epoch()).await);
+    worker.signal("-CONT");
+    // Back, the worker finds its term lost at its next check, and every write
+    // it makes from now on carries an epoch the store refuses.
+    loop {
+        let line = worker.line(Duration::from_secs(5)).await;
+        match line.as_str() {
+            // Lines written before the pause may still be in the pipe.
+            "WRITE refused" | "WRITE accepted" => {}
+            "LOST" => break,
+            other => panic!("after the pause the worker said {other:?}"),
+        }
+    }
+    assert_eq!(worker.line(Duration::from_secs(5)).await, "WRITE refused");
+    // No write of the old epoch got in after the new leader's.
+    let fence: u64 = redis::cmd("GET")
+        .arg("fence")
+        .query_async(&mut store_conn)
+        .await
+        .unwrap();
+    assert_eq!(fence, term.epoch());
+    term.resign().await.unwrap();
+}
