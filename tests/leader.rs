@@ -474,3 +474,90 @@ async fn a_paused_leader_learns_its_term_ended_and_its_epoch_is_refused(d: Deplo
     assert_eq!(fence, term.epoch());
     term.resign().await.unwrap();
 }
+
+/// Campaign, hand-over, `current` and `watch` with managers `a`, `b` and an
+/// observer on any backend.
+async fn an_election_on(a: LockManager, b: LockManager, observer: LockManager) {
+    let name = "elsewhere";
+    let mut watch = observer.leader(name).watch();
+    assert_eq!(next(&mut watch).await, None);
+    let first = a.leader(name).lease(LEASE).campaign().await.unwrap();
+    assert_eq!(next(&mut watch).await.map(|l| l.epoch), Some(first.epoch()));
+    let b_election = b.leader(name).lease(LEASE);
+    let mut second = tokio::spawn(async move { b_election.campaign().await });
+    // As on one server: `b` waits while `a` renews, for three leases.
+    assert!(tokio::time::timeout(LEASE * 3, &mut second).await.is_err());
+    let current = observer.leader(name).current().await.unwrap().unwrap();
+    assert_eq!(
+        (current.holder.as_str(), current.epoch),
+        ("a", first.epoch())
+    );
+    let first_epoch = first.epoch();
+    let started = Instant::now();
+    first.resign().await.unwrap();
+    let second = second.await.unwrap().unwrap();
+    // Redlock's hand-over is a wake-up and a new acquisition on every member,
+    // Sentinel's the one server's: both well within one lease.
+    assert!(started.elapsed() < LEASE, "{:?}", started.elapsed());
+    assert!(second.epoch() > first_epoch);
+    let reported = loop {
+        // A vacancy between the resignation and the new term may be reported.
+        if let Some(leader) = next(&mut watch).await {
+            break leader;
+        }
+    };
+    assert_eq!(
+        (reported.holder.as_str(), reported.epoch),
+        ("b", second.epoch())
+    );
+    second.resign().await.unwrap();
+    assert_eq!(next(&mut watch).await, None);
+    assert_eq!(observer.leader(name).current().await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn an_election_on_redlock() {
+    let servers: Vec<RedisServer> = (0..3).map(|_| common::server()).collect();
+    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    let manager = |holder: &'static str| {
+        let urls = urls.clone();
+        async move {
+            LockManager::redlock_builder(urls)
+                .holder(holder)
+                .command_timeout(Duration::from_millis(500))
+                .connect_timeout(Duration::from_millis(500))
+                .build()
+                .await
+                .unwrap()
+        }
+    };
+    an_election_on(
+        manager("a").await,
+        manager("b").await,
+        manager("observer").await,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn an_election_on_sentinel() {
+    let fixture = distlock::testing::RedisSentinel::spawn().unwrap();
+    let manager = |holder: &'static str| {
+        let fixture = &fixture;
+        async move {
+            LockManager::sentinel_builder(fixture.sentinel_urls(), fixture.master_name())
+                .holder(holder)
+                .command_timeout(Duration::from_millis(500))
+                .connect_timeout(Duration::from_millis(500))
+                .build()
+                .await
+                .unwrap()
+        }
+    };
+    an_election_on(
+        manager("a").await,
+        manager("b").await,
+        manager("observer").await,
+    )
+    .await;
+}

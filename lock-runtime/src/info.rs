@@ -57,6 +57,15 @@ impl LockInfo {
     }
 }
 
+/// The fencing token recorded in a lock value (0 when it has none).
+pub(crate) fn token_of(value: &str) -> u64 {
+    value
+        .get(OWNER_LEN + 1..)
+        .and_then(|rest| rest.split(':').next())
+        .and_then(|token| token.parse().ok())
+        .unwrap_or(0)
+}
+
 /// The owner token that opens a lock value (the whole value if shorter).
 pub(crate) fn owner_of(value: &str) -> &str {
     value.get(..OWNER_LEN).unwrap_or(value)
@@ -118,6 +127,8 @@ mod tests {
         );
         assert!(info.waited_for);
         assert_eq!(owner_of(&format!("{owner}-1:2:x")), owner);
+        assert_eq!(token_of(&format!("{owner}-17:2:x")), 17);
+        assert_eq!(token_of("short"), 0);
         let no_ttl = LockInfo::parse("k".into(), &format!("{owner}-1:2:"), -1).unwrap();
         assert_eq!(no_ttl.ttl, None);
         assert!(!no_ttl.waited_for);

@@ -398,7 +398,8 @@ impl Redlock {
     }
 
     /// The lock as a majority of the members hold it: the value of the owner
-    /// that holds it on a majority, with the shortest lease left among them.
+    /// that holds it on a majority (with the largest token among them), with
+    /// the shortest lease left among them.
     /// `None` when no owner holds a majority, once a majority answered.
     pub(crate) async fn inspect(
         &self,
@@ -420,11 +421,26 @@ impl Redlock {
                 .filter(|h| crate::info::owner_of(&h.value) == owner)
                 .collect();
             if same.len() >= self.quorum {
-                let shortest = same
+                // The largest token: members record the token chosen in the
+                // write-back round, which a read may overtake on some of them.
+                let newest = same
                     .iter()
-                    .min_by_key(|h| if h.pttl < 0 { i64::MAX } else { h.pttl })
+                    .max_by_key(|h| crate::info::token_of(&h.value))
                     .map_or(*candidate, |h| **h);
-                return Ok(Some(shortest.clone()));
+                let shortest_pttl = same
+                    .iter()
+                    .map(|h| if h.pttl < 0 { i64::MAX } else { h.pttl })
+                    .min()
+                    .unwrap_or(newest.pttl);
+                let pttl = if shortest_pttl == i64::MAX {
+                    newest.pttl
+                } else {
+                    shortest_pttl
+                };
+                return Ok(Some(HeldLock {
+                    value: newest.value.clone(),
+                    pttl,
+                }));
             }
         }
         if answered >= self.quorum {
