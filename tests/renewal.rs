@@ -272,3 +272,70 @@ async fn uncontended_cycles_do_not_wake_the_renewal_task() {
     let woken = m.renewal_task_wakeups() - before;
     assert_eq!(woken, 0, "renewal task woke {woken} times in 200 cycles");
 }
+
+#[tokio::test]
+async fn a_failing_renewal_is_reported_before_the_lease_is_lost() {
+    use distlock::testing::{FaultMode, FaultProxy};
+    let redis = server();
+    let proxy = FaultProxy::start(redis.addr()).await.unwrap();
+    // Command timeout 500 ms (common::manager_at); lease 3 s, renewed every 1 s.
+    let a = manager_at(&proxy.url()).await;
+    let guard = a
+        .lock("trouble")
+        .lease(Duration::from_secs(3))
+        .acquire()
+        .await
+        .unwrap();
+    let trouble = guard.renewal_trouble();
+    proxy.set_mode(FaultMode::BlackHole);
+    // The first renewal is due 1 s after the grant and times out 0.5 s later,
+    // 1.5 s before the lease ends: reported then, with the lease still held.
+    let reported = tokio::time::timeout(Duration::from_secs(3), trouble)
+        .await
+        .expect("a trouble report before the lease could end");
+    assert!(!guard.is_lost());
+    match reported {
+        distlock::RenewalTrouble::Failed { remaining, .. } => {
+            assert!(remaining > Duration::ZERO && remaining < Duration::from_secs(3));
+        }
+        other => panic!("expected a failed renewal, got {other:?}"),
+    }
+    // Redis is back before the lease ends: the retried renewal keeps it.
+    proxy.set_mode(FaultMode::Pass);
+    guard.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_late_renewal_is_reported() {
+    let redis = server();
+    let a = manager(&redis).await;
+    // Lease 600 ms: renewal due every 200 ms; "late" is over 60 ms (a tenth).
+    let guard = a
+        .lock("late")
+        .lease(Duration::from_millis(600))
+        .acquire()
+        .await
+        .unwrap();
+    let reported = {
+        let mut trouble = std::pin::pin!(guard.renewal_trouble());
+        // Polled once, so it watches from now on.
+        assert!(tokio::time::timeout(Duration::ZERO, &mut trouble)
+            .await
+            .is_err());
+        // This test's runtime has one thread: blocking it for 320 ms holds
+        // back the renewal due at 200 ms by at least 120 ms, and leaves 280 ms
+        // of lease.
+        std::thread::sleep(Duration::from_millis(320));
+        tokio::time::timeout(Duration::from_secs(5), &mut trouble)
+            .await
+            .expect("a trouble report")
+    };
+    match reported {
+        distlock::RenewalTrouble::Late { late_by, .. } => {
+            assert!(late_by >= Duration::from_millis(100), "{late_by:?}");
+        }
+        other => panic!("expected a late renewal, got {other:?}"),
+    }
+    assert!(!guard.is_lost());
+    guard.release().await.unwrap();
+}

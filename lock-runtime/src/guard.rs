@@ -183,6 +183,25 @@ impl LockGuard {
         self.lease.lost().await
     }
 
+    /// Completes at the next renewal of this lease that fails (Redis failed or
+    /// did not answer in time) or comes late (sent more than a tenth of the
+    /// lease after it was due), while the lease still holds: an early warning,
+    /// before [`lost`](Self::lost), to log or shed work. Renewal goes on
+    /// after a trouble; call it again for the next one. Never completes for a
+    /// request without renewal.
+    ///
+    /// ```no_run
+    /// # async fn demo(guard: distlock_runtime::LockGuard) {
+    /// tokio::select! {
+    ///     trouble = guard.renewal_trouble() => tracing::warn!(?trouble, "lock renewal in trouble"),
+    ///     () = guard.lost() => tracing::error!("lock lost"),
+    /// }
+    /// # }
+    /// ```
+    pub async fn renewal_trouble(&self) -> crate::RenewalTrouble {
+        self.lease.next_trouble().await
+    }
+
     /// How long this holder may still trust its lease without another renewal
     /// (zero once lost).
     pub fn remaining_lease(&self) -> Duration {

@@ -63,6 +63,36 @@ pub(crate) struct Lease {
     state: AtomicU8,
     holds: AtomicUsize,
     lost_notify: Notify,
+    /// The latest renewal trouble (a failed or late renewal), for holders
+    /// that watch for it (`LockGuard::renewal_trouble`).
+    trouble: tokio::sync::watch::Sender<Option<RenewalTrouble>>,
+}
+
+/// A renewal that failed or came late while the lease still held: the lease may
+/// be lost soon if this goes on. From [`LockGuard::renewal_trouble`], so that a
+/// holder can log it or shed work before [`LockGuard::lost`].
+///
+/// [`LockGuard::renewal_trouble`]: crate::LockGuard::renewal_trouble
+/// [`LockGuard::lost`]: crate::LockGuard::lost
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RenewalTrouble {
+    /// A renewal failed (Redis failed or did not answer in time); the renewal
+    /// is retried, sooner than a full interval.
+    Failed {
+        /// What went wrong.
+        error: String,
+        /// How long the holder may still trust its lease.
+        remaining: Duration,
+    },
+    /// A renewal was sent later than it was due by more than a tenth of the
+    /// lease (a starved runtime or a blocked thread), and succeeded.
+    Late {
+        /// How late it was sent.
+        late_by: Duration,
+        /// How long the lease had left when it was sent.
+        remaining: Duration,
+    },
 }
 
 impl std::fmt::Debug for Lease {
@@ -119,6 +149,7 @@ impl Lease {
             state: AtomicU8::new(HELD),
             holds: AtomicUsize::new(1),
             lost_notify: Notify::new(),
+            trouble: tokio::sync::watch::Sender::new(None),
         };
         lease.renewed(n.sent_at);
         lease
@@ -254,6 +285,25 @@ impl Lease {
 
     pub(crate) fn is_held(&self) -> bool {
         self.state.load(Ordering::Acquire) == HELD && !self.is_lost()
+    }
+
+    /// Reports a renewal trouble to the holders watching for one.
+    pub(crate) fn report_trouble(&self, trouble: RenewalTrouble) {
+        self.trouble.send_replace(Some(trouble));
+    }
+
+    /// Completes at the next renewal trouble after the call.
+    pub(crate) async fn next_trouble(&self) -> RenewalTrouble {
+        let mut troubles = self.trouble.subscribe();
+        loop {
+            // The sender lives as long as the lease, which outlives this call.
+            if troubles.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+            if let Some(trouble) = troubles.borrow_and_update().clone() {
+                return trouble;
+            }
+        }
     }
 
     /// Turns a held lease lost and wakes everyone waiting on `lost()`. Returns

@@ -63,6 +63,7 @@ pub use global::{global, set_global, with_default_manager};
 pub use guard::LockGuard;
 pub use info::{LockInfo, PermitCounts};
 pub use leader::{LeaderElection, LeaderInfo, LeaderWatch, Leadership, LEADER_KEY_PREFIX};
+pub use lease::RenewalTrouble;
 pub use manager::{
     LockManager, LockManagerBuilder, RedisNames, DEFAULT_FENCE_RETENTION, MAX_DURATION, MIN_LEASE,
 };

@@ -15,7 +15,7 @@ use tokio::sync::Notify;
 
 use crate::backend::{Backend, Renewal};
 use crate::error::KeyPreview;
-use crate::lease::Lease;
+use crate::lease::{Lease, RenewalTrouble};
 
 /// Renewals per pipeline (one round trip each).
 const BATCH: usize = 512;
@@ -175,6 +175,13 @@ async fn renew_batch(backend: &Backend, batch: &[Arc<Lease>]) {
         match outcome {
             Renewal::Renewed { sent_at } => {
                 crate::telemetry::renewal_lag(|| sent_at.saturating_duration_since(due));
+                let late_by = sent_at.saturating_duration_since(due);
+                if late_by > lease.lease() / 10 {
+                    lease.report_trouble(RenewalTrouble::Late {
+                        late_by,
+                        remaining: lease.valid_until().saturating_duration_since(sent_at),
+                    });
+                }
                 lease.renewed(sent_at);
                 // Released while this renewal was in flight: with a `min_hold`
                 // the release kept the lock (still ours), so the renewal may
@@ -208,6 +215,10 @@ async fn renew_batch(backend: &Backend, batch: &[Arc<Lease>]) {
 fn renewal_failed(lease: &Lease, error: &str) {
     let retry = (lease.renewal_interval() / 3).max(Duration::from_millis(5));
     lease.retry_renewal_at(Instant::now() + retry);
+    lease.report_trouble(RenewalTrouble::Failed {
+        error: error.to_owned(),
+        remaining: lease.remaining(),
+    });
     tracing::warn!(target: "distlock::renewal",
         key = %KeyPreview(&lease.key),
         error,
