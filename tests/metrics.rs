@@ -289,3 +289,143 @@ fn a_locked_function_labels_its_metrics_with_the_key_template() {
             || name == "distlock_renewal_lag_seconds")
         .all(|(_, lock)| lock.is_none()));
 }
+
+/// The gauge's value for `name` with `lock = label` in `snapshotter`'s view.
+fn gauge_value(
+    snapshotter: &metrics_util::debugging::Snapshotter,
+    name: &str,
+    label: &str,
+) -> Option<f64> {
+    snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .find_map(|(key, _, _, value)| {
+            let key = key.key();
+            let labelled = key
+                .labels()
+                .any(|l| l.key() == "lock" && l.value() == label);
+            match value {
+                DebugValue::Gauge(v) if key.name() == name && labelled => Some(v.into_inner()),
+                _ => None,
+            }
+        })
+}
+
+#[test]
+fn waiting_acquisitions_are_gauged_per_label() {
+    let redis = server();
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let seen = std::cell::Cell::new(0.0);
+    metrics::with_local_recorder(&recorder, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let a = manager(&redis).await;
+            let b = manager(&redis).await;
+            let held = a
+                .lock("w:1")
+                .metrics_label("w:{id}")
+                .acquire()
+                .await
+                .unwrap();
+            let mut waiters = Vec::new();
+            for _ in 0..2 {
+                let b = b.clone();
+                waiters.push(tokio::spawn(async move {
+                    b.lock("w:1")
+                        .metrics_label("w:{id}")
+                        .wait(Duration::from_secs(5))
+                        .acquire()
+                        .await
+                        .unwrap()
+                        .release()
+                        .await
+                        .unwrap()
+                }));
+            }
+            // Both waiters are counted once they wait. (A snapshot hands over
+            // what a gauge moved since the last one, so the readings add up.)
+            let counted = eventually(Duration::from_secs(5), async || {
+                let now = gauge_value(&snapshotter, "distlock_waiting_acquisitions", "w:{id}");
+                seen.set(seen.get() + now.unwrap_or(0.0));
+                seen.get() == 2.0
+            })
+            .await;
+            assert!(counted.is_some(), "gauge at {}", seen.get());
+            held.release().await.unwrap();
+            for waiter in waiters {
+                waiter.await.unwrap();
+            }
+        });
+    });
+    // Every waiter was granted: the gauge is back at zero.
+    let rest = gauge_value(&snapshotter, "distlock_waiting_acquisitions", "w:{id}");
+    assert_eq!(seen.get() + rest.unwrap_or(0.0), 0.0);
+}
+
+#[test]
+fn distinct_labels_are_capped() {
+    // The cap counts every label the process reported, so this test runs in a
+    // process of its own (this binary again, running only this test), where it
+    // cannot push the other tests' labels over the cap.
+    if std::env::var_os("DISTLOCK_LABEL_CAP_CHILD").is_none() {
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["distinct_labels_are_capped", "--exact", "--test-threads=1"])
+            .env("DISTLOCK_LABEL_CAP_CHILD", "1")
+            .status()
+            .unwrap();
+        assert!(
+            status.success(),
+            "the label cap test failed in its own process"
+        );
+        return;
+    }
+    let redis = server();
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let a = manager(&redis).await;
+            // Labels made at run time, more than the cap (the cap counts every
+            // label this process reported, other tests' included).
+            for i in 0..distlock::MAX_METRIC_LABELS + 20 {
+                let label: &'static str = Box::leak(format!("made:{i}").into_boxed_str());
+                a.lock(format!("c:{i}"))
+                    .metrics_label(label)
+                    .acquire()
+                    .await
+                    .unwrap()
+                    .release()
+                    .await
+                    .unwrap();
+            }
+        });
+    });
+    let labels: std::collections::HashSet<String> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| key.key().name() == "distlock_acquired_total")
+        .flat_map(|(key, ..)| {
+            key.key()
+                .labels()
+                .filter(|l| l.key() == "lock")
+                .map(|l| l.value().to_owned())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(
+        labels.len() <= distlock::MAX_METRIC_LABELS + 1,
+        "{}",
+        labels.len()
+    );
+    assert!(labels.contains("other"));
+}

@@ -69,6 +69,7 @@ pub use manager::{
 };
 pub use multi::{MultiLockGuard, MultiLockRequest};
 pub use request::LockRequest;
+pub use telemetry::MAX_METRIC_LABELS;
 
 /// Support for the code `#[distributed_lock]` generates. Not a public API.
 #[doc(hidden)]

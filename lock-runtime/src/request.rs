@@ -558,6 +558,7 @@ impl Acquisition<'_> {
 
         let core = self.core.clone();
         let registration = core.subscriber.register(&self.keys.channel);
+        let _counted = telemetry::waiting(self.metrics_label);
         self.waiting = true;
         // A waiting writer announces itself to keep new readers out; if it
         // leaves without the lock, it takes the announcement back.
@@ -680,6 +681,7 @@ impl Acquisition<'_> {
         let channel = &core.handoff_channel;
         core.subscriber.keep(channel);
         let registration = core.subscriber.register(channel);
+        let _counted = telemetry::waiting(self.metrics_label);
         let _queued = core.subscriber.queue_here(&self.keys.lock);
         let handoff = core.subscriber.expect_handoff(&self.owner);
         self.waiting = true;

@@ -14,6 +14,7 @@
 //! | `distlock_renewal_lag_seconds` | histogram | how late each renewal was sent against its due time | no |
 //! | `distlock_round_trip_seconds` | histogram | one acquire call to Redis | no |
 //! | `distlock_held_locks` | gauge | locks held by the process's managers | yes |
+//! | `distlock_waiting_acquisitions` | gauge | acquisitions waiting for a busy lock | yes |
 //!
 //! No label carries a lock key, so the number of series stays bounded however
 //! many keys are locked. A request given a
@@ -24,6 +25,15 @@
 //! gauge. Requests without one report without the label. The renewal-lag and
 //! round-trip histograms and the force-unlock counter never carry it (they
 //! describe the connection and the manager, not one lock).
+//!
+//! A process reports at most [`MAX_METRIC_LABELS`] distinct `lock` labels: holds of
+//! any further label report `lock = "other"` (and a warning is logged once),
+//! so that labels made at run time (say, leaked strings built from keys) cannot
+//! grow the number of series without bound.
+
+/// The most distinct `lock` label values one process reports; the rest report
+/// `"other"`.
+pub const MAX_METRIC_LABELS: usize = 100;
 
 use std::time::Duration;
 
@@ -34,24 +44,55 @@ mod emit {
     /// The `lock` label of a hold, when its request has one.
     type Label = Option<&'static str>;
 
+    /// `label`, or `"other"` once [`super::MAX_METRIC_LABELS`] others were reported.
+    fn capped(label: Label) -> Label {
+        use std::collections::HashSet;
+        use std::sync::{Mutex, OnceLock};
+        static SEEN: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
+        let lock = label?;
+        let mut seen = SEEN
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if seen.contains(lock) {
+            return Some(lock);
+        }
+        if seen.len() < super::MAX_METRIC_LABELS {
+            seen.insert(lock);
+            return Some(lock);
+        }
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        WARNED.call_once(|| {
+            tracing::warn!(target: "distlock::metrics",
+                max = super::MAX_METRIC_LABELS, label = lock,
+                "too many distinct lock labels; further ones are reported as \"other\""
+            );
+        });
+        Some("other")
+    }
+
     fn counter(name: &'static str, label: Label) -> metrics::Counter {
-        match label {
+        match capped(label) {
             Some(lock) => metrics::counter!(name, "lock" => lock),
             None => metrics::counter!(name),
         }
     }
 
     fn histogram(name: &'static str, label: Label) -> metrics::Histogram {
-        match label {
+        match capped(label) {
             Some(lock) => metrics::histogram!(name, "lock" => lock),
             None => metrics::histogram!(name),
         }
     }
 
     fn held_gauge(label: Label) -> metrics::Gauge {
-        match label {
-            Some(lock) => metrics::gauge!("distlock_held_locks", "lock" => lock),
-            None => metrics::gauge!("distlock_held_locks"),
+        gauge("distlock_held_locks", label)
+    }
+
+    pub(super) fn gauge(name: &'static str, label: Label) -> metrics::Gauge {
+        match capped(label) {
+            Some(lock) => metrics::gauge!(name, "lock" => lock),
+            None => metrics::gauge!(name),
         }
     }
 
@@ -110,6 +151,36 @@ pub(crate) fn acquired(label: Option<&'static str>, waited: impl FnOnce() -> Dur
     emit::acquired(label, waited());
     #[cfg(not(feature = "metrics"))]
     let _ = (label, waited);
+}
+
+/// An acquisition waiting for a busy lock, counted in the waiters gauge until
+/// it is dropped (granted, timed out, failed or cancelled).
+#[must_use]
+pub(crate) struct Waiting {
+    #[cfg(feature = "metrics")]
+    label: Option<&'static str>,
+}
+
+/// An acquisition starts waiting.
+#[inline]
+pub(crate) fn waiting(label: Option<&'static str>) -> Waiting {
+    #[cfg(feature = "metrics")]
+    {
+        emit::gauge("distlock_waiting_acquisitions", label).increment(1.0);
+        Waiting { label }
+    }
+    #[cfg(not(feature = "metrics"))]
+    {
+        let _ = label;
+        Waiting {}
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        #[cfg(feature = "metrics")]
+        emit::gauge("distlock_waiting_acquisitions", self.label).decrement(1.0);
+    }
 }
 
 /// A single attempt found the lock held.
