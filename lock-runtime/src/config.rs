@@ -42,6 +42,9 @@ pub(crate) struct Config {
     pub(crate) eager_fencing: bool,
     /// How waiters that are not handed their lock pace their attempts.
     pub(crate) backoff: Backoff,
+    /// Publish the default lock's events (acquired, released, handed over,
+    /// lost) for `LockManager::events`.
+    pub(crate) lock_events: bool,
 }
 
 /// How a waiting acquisition paces its attempts when no message brings it the
@@ -169,6 +172,7 @@ impl Default for Config {
             holder: crate::info::default_holder(),
             eager_fencing: false,
             backoff: Backoff::default(),
+            lock_events: false,
         }
     }
 }

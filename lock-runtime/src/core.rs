@@ -61,11 +61,17 @@ impl Core {
     }
 
     pub(crate) fn keys(&self, key: &str) -> LockKeys {
-        LockKeys::new(&self.config.key_prefix, key)
+        self.keys_of(key, LockKind::Exclusive)
     }
 
     pub(crate) fn keys_of(&self, key: &str, kind: LockKind) -> LockKeys {
-        LockKeys::of(&self.config.key_prefix, key, kind)
+        let prefix = &self.config.key_prefix;
+        let keys = LockKeys::of(prefix, key, kind);
+        if self.config.lock_events {
+            keys.with_events(prefix, key)
+        } else {
+            keys
+        }
     }
 }
 

@@ -185,6 +185,25 @@ pub enum LockError {
         /// What is wrong and how to fix it.
         reason: String,
     },
+
+    /// A subscription to lock events that include expiry
+    /// ([`LockManager::events`](crate::LockManager::events)) found Redis's
+    /// keyspace notifications off for expired keys (or could not read the
+    /// setting): Redis tells of an expiry only through them.
+    #[error(
+        "lock events for {}: redis does not notify expired keys (notify-keyspace-events is {setting:?}); \
+         run `{config_set}` on every server that holds locks, or subscribe with .expiry(false)",
+        KeyPreview(pattern)
+    )]
+    ExpiryNotifications {
+        /// The key pattern subscribed to.
+        pattern: String,
+        /// The setting found (`"?"` when it could not be read).
+        setting: String,
+        /// The command that turns the notifications on, keeping the flags
+        /// already set.
+        config_set: String,
+    },
 }
 
 impl LockError {
@@ -205,7 +224,8 @@ impl LockError {
             LockError::InvalidConfig(_)
             | LockError::NotConfigured
             | LockError::Connect { .. }
-            | LockError::ServerCheck { .. } => None,
+            | LockError::ServerCheck { .. }
+            | LockError::ExpiryNotifications { .. } => None,
         }
     }
 

@@ -79,11 +79,33 @@ pub(crate) struct LockKeys {
     /// default lock's queue entries (each waiter's queue lease); empty for a
     /// semaphore.
     pub(crate) intent: String,
+    /// Where the scripts publish this lock's events (`<prefix>events:<key>`,
+    /// see `LockManager::events`); empty when the manager does not publish
+    /// them.
+    pub(crate) events: String,
 }
+
+/// The channel a lock's events are published on: `<prefix>events:<key>`, so
+/// that a subscriber's glob over keys is a `PSUBSCRIBE` pattern.
+pub(crate) fn events_channel(prefix: &str, key: &str) -> String {
+    format!("{prefix}{EVENTS_INFIX}{key}")
+}
+
+/// What follows the prefix in an events channel's name.
+pub(crate) const EVENTS_INFIX: &str = "events:";
 
 impl LockKeys {
     pub(crate) fn new(prefix: &str, key: &str) -> Self {
         Self::of(prefix, key, LockKind::Exclusive)
+    }
+
+    /// These names with the lock's events channel set (the default lock
+    /// only: the other kinds publish no events).
+    pub(crate) fn with_events(mut self, prefix: &str, key: &str) -> Self {
+        if self.kind == LockKind::Exclusive {
+            self.events = events_channel(prefix, key);
+        }
+        self
     }
 
     pub(crate) fn of(prefix: &str, key: &str, kind: LockKind) -> Self {
@@ -137,6 +159,7 @@ impl LockKeys {
             kind,
             related,
             intent,
+            events: String::new(),
         }
     }
 }

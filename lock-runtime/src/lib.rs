@@ -33,13 +33,14 @@
 #![warn(missing_docs)]
 
 // The layers, top down; each module uses only those below it:
-// leader > global > manager > request > guard > core > renewal, waiting > backend (the
+// events, leader > global > manager > request > guard > core > renewal, waiting > backend (the
 // only one that talks to Redis) > context, lease > telemetry, keys, config, info, error.
 mod backend;
 mod config;
 mod context;
 mod core;
 mod error;
+mod events;
 mod global;
 mod guard;
 mod info;
@@ -59,6 +60,7 @@ pub mod testing;
 pub use config::Backoff;
 pub use context::spawn_with_locks;
 pub use error::{BackendError, BackendErrorKind, LockError};
+pub use events::{LockEvent, LockEventKind, LockEvents, LockEventsRequest};
 pub use global::{global, set_global, with_default_manager};
 pub use guard::LockGuard;
 pub use info::{LockInfo, PermitCounts};

@@ -402,7 +402,13 @@ impl LockManager {
     pub async fn force_unlock(&self, key: &str) -> Result<bool, LockError> {
         crate::keys::validate_key(key)?;
         let core = &self.inner.core;
-        let keys = core.keys(key);
+        // Told to `events` subscribers whether or not this manager publishes
+        // lock events: an operator's manager (the CLI's) seldom does. Not on
+        // Redlock, whose members would each tell it.
+        let keys = match core.backend {
+            crate::backend::Backend::Redlock(_) => core.keys(key),
+            _ => core.keys(key).with_events(&core.config.key_prefix, key),
+        };
         let token = crate::config::owner_token();
         let freed = core
             .backend
@@ -704,6 +710,18 @@ impl LockManagerBuilder {
     /// [`build`](Self::build).
     pub fn backoff(mut self, backoff: crate::Backoff) -> Self {
         self.config.backoff = backoff;
+        self
+    }
+
+    /// Whether this manager's default locks publish their events (default
+    /// off): acquired, released, handed over and lost, for
+    /// [`LockManager::events`] in any process. Each costs one `PUBLISH` inside
+    /// the script that changes the lock (an uncontended acquisition then runs
+    /// the acquire script rather than a plain `SET NX`); turn it on in every
+    /// process that takes the locks to be watched. Not available on a Redlock
+    /// manager ([`build`](Self::build) refuses it).
+    pub fn lock_events(mut self, publish: bool) -> Self {
+        self.config.lock_events = publish;
         self
     }
 

@@ -171,6 +171,7 @@ async fn renew_batch(backend: &Backend, batch: &[Arc<Lease>]) {
     let due: Vec<Instant> = batch.iter().map(|lease| lease.next_renewal()).collect();
     let outcomes = backend.renew(batch).await;
     let mut rekeep = Vec::new();
+    let mut lost = Vec::new();
     for ((lease, outcome), due) in batch.iter().zip(outcomes).zip(due) {
         match outcome {
             Renewal::Renewed { sent_at } => {
@@ -192,10 +193,28 @@ async fn renew_batch(backend: &Backend, batch: &[Arc<Lease>]) {
                 }
             }
             Renewal::NotOurs => {
-                lease.mark_lost("the renewal found the lock gone or held by another owner");
+                if lease.mark_lost("the renewal found the lock gone or held by another owner")
+                    && !lease.keys.events.is_empty()
+                {
+                    lost.push(lease);
+                }
             }
             Renewal::Failed(error) => renewal_failed(lease, &error),
             Renewal::Retry => lease.retry_renewal_at(Instant::now()),
+        }
+    }
+    // Told to `events` subscribers after the fact: the lock's own events (a
+    // force-unlock, an expiry, the next holder's grant) came first.
+    for lease in lost {
+        let message = format!("lost {}", lease.fencing_token());
+        if let Err(e) = backend
+            .publish(&lease.key, &lease.keys.events, &message)
+            .await
+        {
+            tracing::debug!(target: "distlock::renewal",
+                key = %KeyPreview(&lease.key), error = %e.error,
+                "could not publish the lost event"
+            );
         }
     }
     for lease in rekeep {

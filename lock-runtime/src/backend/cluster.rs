@@ -410,6 +410,35 @@ impl Cluster {
         .await
     }
 
+    /// The value of server setting `name` on every master.
+    pub(crate) async fn config_get(&self, name: &str) -> Result<Vec<Option<String>>, CallError> {
+        let conn = self.connection("").await?;
+        let masters = self
+            .slots
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .masters();
+        let mut values = Vec::new();
+        for node in masters {
+            let mut conn = conn.clone();
+            let mut get = redis::cmd("CONFIG");
+            get.arg("GET").arg(name);
+            let reply = bounded_call(
+                "",
+                self.command_timeout,
+                conn.route_command(get, RoutingInfo::SingleNode(by_address(&node))),
+            )
+            .await?;
+            let reply: std::collections::HashMap<String, String> = redis::from_redis_value(reply)
+                .map_err(|e| CallError {
+                error: LockError::backend("", e.into()),
+                maybe_executed: false,
+            })?;
+            values.push(reply.get(name).cloned());
+        }
+        Ok(values)
+    }
+
     /// Publishes `payload` on `channel` with classic PUBLISH, which the
     /// cluster bus carries to every node.
     pub(crate) async fn publish(

@@ -95,6 +95,11 @@ impl Backend {
                 "replica_ack does not apply to Redlock: its members are independent masters"
                     .to_owned(),
             )),
+            Target::Redlock(_) if config.lock_events => Err(LockError::InvalidConfig(
+                "lock_events is not available on Redlock: every member would publish each \
+                 event, and no member's order is the lock's"
+                    .to_owned(),
+            )),
             Target::Redlock(urls) => Ok(Backend::Redlock(
                 redlock::Redlock::connect(urls, config, tls).await?,
             )),
@@ -224,6 +229,23 @@ impl Backend {
                 )),
                 maybe_executed: false,
             }),
+        }
+    }
+
+    /// The value of server setting `name` on every server that holds locks
+    /// (`None` where the server has no such setting).
+    pub(crate) async fn config_get(&self, name: &str) -> Result<Vec<Option<String>>, CallError> {
+        match self {
+            Backend::Single(b) => b.config_get(name).await.map(|v| vec![v]),
+            Backend::Sentinel(b) => b.config_get(name).await.map(|v| vec![v]),
+            Backend::Cluster(b) => b.config_get(name).await,
+            Backend::Redlock(b) => {
+                let mut values = Vec::new();
+                for member in b.members() {
+                    values.push(member.config_get(name).await?);
+                }
+                Ok(values)
+            }
         }
     }
 

@@ -472,7 +472,11 @@ impl Scripts {
         lease_ms: u64,
         spec: &AcquireSpec<'_>,
     ) -> RedisResult<AcquireReply> {
-        if spec.fence_ttl_ms.is_none() && !spec.waiting && keys.kind == LockKind::Exclusive {
+        if spec.fence_ttl_ms.is_none()
+            && !spec.waiting
+            && keys.kind == LockKind::Exclusive
+            && keys.events.is_empty()
+        {
             return self.acquire_plain(conn, keys, owner, lease_ms, spec).await;
         }
         let cmd = self.acquire_cmd(keys, owner, lease_ms, spec);
@@ -495,14 +499,23 @@ impl Scripts {
             .iter()
             .flat_map(|keys| [keys.lock.as_str(), keys.fence.as_str()])
             .collect();
-        let mut cmd = self
-            .acquire_all
-            .call(&names, 5, owner.len() + spec.holder.len() + 70);
+        let publishes = locks.iter().any(|keys| !keys.events.is_empty());
+        let events_len: usize = locks.iter().map(|keys| keys.events.len()).sum();
+        let mut cmd = self.acquire_all.call(
+            &names,
+            if publishes { 5 + locks.len() } else { 5 },
+            owner.len() + spec.holder.len() + 70 + events_len,
+        );
         cmd.arg(owner)
             .arg(lease_ms)
             .arg(spec.fence_ttl_ms.unwrap_or(0))
             .arg(spec.since_ms)
             .arg(spec.holder);
+        if publishes {
+            for keys in locks {
+                cmd.arg(&keys.events);
+            }
+        }
         let reply: Vec<redis::Value> = self.acquire_all.invoke(conn, &cmd).await?;
         read_acquire_all(reply, owner, locks.len())
     }
@@ -595,8 +608,12 @@ impl Scripts {
         let mut cmd = match keys.kind {
             LockKind::Exclusive => lua.call(
                 &[&keys.lock, &keys.fence, &keys.related, &keys.intent],
-                12,
-                args_len + self.handoff_base.len() + spec.handoff_route.len() + 40,
+                13,
+                args_len
+                    + self.handoff_base.len()
+                    + spec.handoff_route.len()
+                    + keys.events.len()
+                    + 40,
             ),
             LockKind::Write | LockKind::Read => lua.call(
                 &[&keys.lock, &keys.fence, &keys.related, &keys.intent],
@@ -623,7 +640,8 @@ impl Scripts {
                     .arg(spec.handoff_ttl_ms)
                     .arg(&self.handoff_base)
                     .arg(spec.handoff_route)
-                    .arg(spec.attempt);
+                    .arg(spec.attempt)
+                    .arg(&keys.events);
             }
             LockKind::Read => {}
             LockKind::Permit { permits } => {
@@ -711,15 +729,15 @@ impl Scripts {
         let mut cmd = match keys.kind {
             LockKind::Exclusive => lua.call(
                 &[&keys.lock, &keys.fence, &keys.related, &keys.intent],
-                4,
-                args_len + self.handoff_base.len(),
+                5,
+                args_len + self.handoff_base.len() + keys.events.len(),
             ),
             LockKind::Write | LockKind::Read => lua.call(&[&keys.lock, &keys.intent], 3, args_len),
             LockKind::Permit { .. } => lua.call(&[&keys.lock, &keys.related], 3, args_len),
         };
         cmd.arg(owner).arg(&keys.channel).arg(keep_ms);
         if keys.kind == LockKind::Exclusive {
-            cmd.arg(&self.handoff_base);
+            cmd.arg(&self.handoff_base).arg(&keys.events);
         }
         cmd
     }
@@ -822,10 +840,13 @@ impl Scripts {
     ) -> RedisResult<bool> {
         let mut cmd = self.force_unlock.call(
             &[&keys.lock, &keys.fence, &keys.related, &keys.intent],
-            3,
-            keys.channel.len() + token.len() + self.handoff_base.len(),
+            4,
+            keys.channel.len() + token.len() + self.handoff_base.len() + keys.events.len(),
         );
-        cmd.arg(&keys.channel).arg(token).arg(&self.handoff_base);
+        cmd.arg(&keys.channel)
+            .arg(token)
+            .arg(&self.handoff_base)
+            .arg(&keys.events);
         let (deleted, echoed): (i64, String) = self.force_unlock.invoke(conn, &cmd).await?;
         check_owner(&echoed, token)?;
         Ok(deleted == 1)

@@ -247,6 +247,16 @@ impl Sentinel {
         }
     }
 
+    pub(crate) async fn config_get(&self, name: &str) -> Result<Option<String>, CallError> {
+        let master = self.current();
+        match master.config_get(name).await {
+            Err(e) if failover_suspected(&e) && self.rediscover(&master).await => {
+                self.current().config_get(name).await
+            }
+            other => other,
+        }
+    }
+
     pub(crate) async fn publish(
         &self,
         key: &str,

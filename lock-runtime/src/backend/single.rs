@@ -344,6 +344,19 @@ impl Single {
         .await
     }
 
+    /// The value of server setting `name` (`CONFIG GET`); `None` when the
+    /// server has no such setting.
+    pub(crate) async fn config_get(&self, name: &str) -> Result<Option<String>, CallError> {
+        let conn = self.connection();
+        let mut redis = conn.redis;
+        let mut get = redis::cmd("CONFIG");
+        get.arg("GET").arg(name);
+        let reply: std::collections::HashMap<String, String> = self
+            .call("", conn.generation, get.query_async(&mut redis))
+            .await?;
+        Ok(reply.get(name).cloned())
+    }
+
     /// Publishes `payload` on `channel` (for `key`, named in errors).
     pub(crate) async fn publish(
         &self,

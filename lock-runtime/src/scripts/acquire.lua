@@ -36,6 +36,10 @@
 --          queue entry
 -- ARGV[12] the number of this attempt of the caller's, kept in its queue entry
 --          and echoed by a hand-off (see queue_prelude.lua)
+-- ARGV[13] events channel ("<prefix>events:<key>"), or '' for a manager
+--          without lock events: a grant publishes
+--          "acquired <token> <since> <holder>" on it, a hand-off
+--          "handed-over <token> <since> <holder>" (queue_prelude.lua)
 --
 -- Returns {1, token, owner}  ours with fencing token `token` (0: none yet):
 --                            freshly taken, or already ours (handed off to us
@@ -86,12 +90,14 @@ else
     if ARGV[4] == '+' and not queued then
       mark = '+'
     end
-    redis.call('SET', KEYS[1],
-      owner .. mark .. string.format('%.0f', token) .. ':' .. ARGV[5] .. ':' .. ARGV[6],
-      'PX', ARGV[2])
+    local text = string.format('%.0f', token)
+    redis.call('SET', KEYS[1], owner .. mark .. text .. ':' .. ARGV[5] .. ':' .. ARGV[6], 'PX', ARGV[2])
+    if ARGV[13] ~= '' then
+      redis.call('PUBLISH', ARGV[13], 'acquired ' .. text .. ' ' .. ARGV[5] .. ' ' .. ARGV[6])
+    end
     return {1, token, owner}
   end
-  queue_hand_off(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[10])
+  queue_hand_off(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[10], ARGV[13])
   held = redis.call('GET', KEYS[1])
 end
 if ARGV[4] == '+' then

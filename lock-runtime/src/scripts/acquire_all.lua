@@ -17,6 +17,9 @@
 --             for a manager without fencing: tokens are 0, counters untouched
 -- ARGV[4]     <since>: acquisition time, client clock, ms since the Unix epoch
 -- ARGV[5]     <holder>: the holder's description
+-- ARGV[5+i]   (optional) events channel of lock i: a lock taken afresh
+--             publishes "acquired <token> <since> <holder>" on it (see
+--             acquire.lua); absent or '' for a manager without lock events
 --
 -- Returns {1, owner, token_1, ..., token_n}  every lock is ours, with these fencing
 --                                            tokens (in KEYS order): freshly taken,
@@ -72,6 +75,10 @@ for i = 1, n do
     redis.call('SET', lock, owner .. '-' .. text .. ':' .. ARGV[4] .. ':' .. ARGV[5], 'PX', ARGV[2])
     if fenced then
       redis.call('SET', KEYS[2 * i], text, 'PX', ARGV[3])
+    end
+    local events = ARGV[5 + i]
+    if events and events ~= '' then
+      redis.call('PUBLISH', events, 'acquired ' .. text .. ' ' .. ARGV[4] .. ' ' .. ARGV[5])
     end
     reply[i + 2] = token
   end

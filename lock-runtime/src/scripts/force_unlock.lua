@@ -11,6 +11,8 @@
 --          manager hears one release from every member and wakes one waiter per
 --          payload)
 -- ARGV[3]  hand-off base ("<prefix>handoff", see queue_prelude.lua)
+-- ARGV[4]  events channel: a lock freed publishes "force-unlocked <token>" on
+--          it, then a hand-off "handed-over ..." (queue_prelude.lua)
 --
 -- Returns {1, ARGV[2]}  the lock was held: it is deleted (or handed to the head
 --                       of its queue) and its waiters told
@@ -19,8 +21,12 @@
 -- The holder is not told here: its next renewal finds the lock gone and reports
 -- the lease lost, and its release reports `Lost`. The fencing counter stays, so the
 -- next holder's token is still larger than the holder's.
+local held = redis.pcall('GET', KEYS[1])
 if redis.call('DEL', KEYS[1]) == 1 then
-  if not queue_hand_off(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[3]) then
+  if type(held) == 'string' and ARGV[4] ~= '' then
+    redis.call('PUBLISH', ARGV[4], 'force-unlocked ' .. (string.match(held, '^%d+', 34) or '0'))
+  end
+  if not queue_hand_off(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[3], ARGV[4]) then
     redis.call('PUBLISH', ARGV[1], ARGV[2])
   end
   return {1, ARGV[2]}

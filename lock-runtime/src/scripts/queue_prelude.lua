@@ -110,7 +110,9 @@ end
 
 -- Gives the lock (free, or ours and being released: the SET overwrites it) to
 -- the head of the queue; returns its owner, or nil when nobody live waits.
-local function queue_hand_off(lock, fence, queue, entries, handoff_base)
+-- With an events channel (not ''), publishes "handed-over <token> <since>
+-- <holder>" on it.
+local function queue_hand_off(lock, fence, queue, entries, handoff_base, events)
   local owner, ttl, fence_ttl, route, holder, now, attempt = queue_head(queue, entries)
   if not owner then
     return nil
@@ -118,10 +120,12 @@ local function queue_hand_off(lock, fence, queue, entries, handoff_base)
   queue_drop(queue, entries, owner)
   local token = next_token(fence, fence_ttl)
   local text = string.format('%.0f', token)
-  redis.call('SET', lock,
-    owner .. queue_mark(queue) .. text .. ':' .. string.format('%.0f', now) .. ':' .. holder,
-    'PX', ttl)
+  local since = string.format('%.0f', now)
+  redis.call('SET', lock, owner .. queue_mark(queue) .. text .. ':' .. since .. ':' .. holder, 'PX', ttl)
   redis.call('PUBLISH', handoff_base .. ':' .. route, '=' .. owner .. ':' .. text .. ':' .. attempt)
+  if events and events ~= '' then
+    redis.call('PUBLISH', events, 'handed-over ' .. text .. ' ' .. since .. ' ' .. holder)
+  end
   return owner
 end
 

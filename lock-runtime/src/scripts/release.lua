@@ -15,6 +15,9 @@
 --          at its next attempt or any other caller's)
 -- ARGV[4]  hand-off base ("<prefix>handoff"): a hand-off publishes on
 --          "<base>:<route of the new holder>" (see queue_prelude.lua)
+-- ARGV[5]  events channel, or '' for a manager without lock events: a
+--          release that deletes the lock publishes "released <token>" on it,
+--          a hand-off "handed-over ..." (queue_prelude.lua)
 --
 -- Returns {1, owner}  the lock was ours and is deleted, handed off or kept
 --         {0, owner}  it was not ours (our lease ran out, or we never held
@@ -40,5 +43,8 @@ local ours = held and string.sub(held, 1, owner_len) == owner
 -- its definitions): a lock of ours that nobody waited for, and no min_hold.
 if ours and string.sub(held, owner_len + 1, owner_len + 1) ~= '+' and (tonumber(ARGV[3]) or 0) <= 0 then
   redis.call('DEL', KEYS[1])
+  if ARGV[5] ~= '' then
+    redis.call('PUBLISH', ARGV[5], 'released ' .. (string.match(held, '^%d+', owner_len + 2) or '0'))
+  end
   return {1, owner}
 end

@@ -9,14 +9,17 @@ if ours then
   end
   -- A hand-off overwrites the lock; with nobody queued, it goes, and waiters
   -- that do not queue hear of it.
-  if not queue_hand_off(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[4]) then
+  if not queue_hand_off(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[4], ARGV[5]) then
     redis.call('DEL', KEYS[1])
     redis.call('PUBLISH', ARGV[2], owner)
+    if ARGV[5] ~= '' then
+      redis.call('PUBLISH', ARGV[5], 'released ' .. (string.match(held, '^%d+', owner_len + 2) or '0'))
+    end
   end
   return {1, owner}
 end
 queue_drop(KEYS[3], KEYS[4], owner)
 if not held then
-  queue_hand_off(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[4])
+  queue_hand_off(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[4], ARGV[5])
 end
 return {0, owner}

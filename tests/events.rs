@@ -1,0 +1,221 @@
+//! Lock events (`LockManager::events`): an observer sees the acquisitions,
+//! releases, hand-overs, force-unlocks, losses and expiries of the locks whose
+//! key matches its pattern, and only those, in the order they happened; with
+//! keyspace notifications off, a subscription that wants expiry is refused
+//! with the command that turns them on. On one server and on the cluster.
+
+mod common;
+
+use std::time::Duration;
+
+use common::Deployment;
+use distlock::{LockError, LockEvent, LockEventKind, LockEvents, LockManager};
+use futures_util::StreamExt;
+
+async fn publisher(d: &Deployment, holder: &str) -> LockManager {
+    let builder = match d {
+        Deployment::Single(s) => LockManager::builder(&s.url()),
+        Deployment::Cluster(c) => LockManager::cluster_builder(c.urls()),
+    };
+    builder
+        .holder(holder)
+        .lock_events(true)
+        .command_timeout(Duration::from_millis(500))
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .expect("connect to the test deployment")
+}
+
+/// Turns on the keyspace notifications of expired keys on every server.
+async fn notify_expiry(d: &Deployment) {
+    let urls = match d {
+        Deployment::Single(s) => vec![s.url()],
+        Deployment::Cluster(c) => c.nodes().into_iter().map(|n| n.url).collect(),
+    };
+    for url in urls {
+        let mut conn = redis::Client::open(url.as_str())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("notify-keyspace-events")
+            .arg("Kx")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+}
+
+/// The next event, failing the test after 5 s (events follow their cause
+/// within milliseconds on loopback; an expiry within its lease).
+async fn next(events: &mut LockEvents) -> LockEvent {
+    tokio::time::timeout(Duration::from_secs(5), events.next())
+        .await
+        .expect("an event within 5 s")
+        .expect("the stream goes on")
+}
+
+async fn kind_of(events: &mut LockEvents, key: &str) -> LockEventKind {
+    let event = next(events).await;
+    assert_eq!(event.key, key, "{event:?}");
+    event.kind
+}
+
+async fn every_kind_of_event_in_order(d: Deployment) {
+    let on = match d {
+        Deployment::Single(_) => "single",
+        Deployment::Cluster(_) => "cluster",
+    };
+    notify_expiry(&d).await;
+    let a = publisher(&d, "a").await;
+    let b = publisher(&d, "b").await;
+    // The observer publishes nothing itself.
+    let observer = d.manager().await;
+    let mut events = observer.events(format!("ev-{on}:*")).await.unwrap();
+    let key = format!("ev-{on}:1");
+
+    // Taken while free, without a token.
+    let held = a.lock(&key).acquire().await.unwrap();
+    match kind_of(&mut events, &key).await {
+        LockEventKind::Acquired {
+            holder,
+            fencing_token: None,
+            ..
+        } => assert_eq!(holder, "a"),
+        other => panic!("{other:?}"),
+    }
+    // A lock outside the pattern is not reported (the next event is key's).
+    a.lock(format!("other-{on}:1"))
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+
+    // Released to a queued waiter: one hand-over.
+    let waiter = tokio::spawn({
+        let b = b.clone();
+        let key = key.clone();
+        async move { b.lock(&key).wait(Duration::from_secs(5)).acquire().await }
+    });
+    let queued = common::eventually(Duration::from_secs(5), async || {
+        observer
+            .inspect(&key)
+            .await
+            .unwrap()
+            .is_some_and(|i| i.waited_for)
+    })
+    .await;
+    assert!(queued.is_some(), "b queued");
+    held.release().await.unwrap();
+    match kind_of(&mut events, &key).await {
+        LockEventKind::HandedOver { holder, .. } => assert_eq!(holder, "b"),
+        other => panic!("{other:?}"),
+    }
+    let held = waiter.await.unwrap().unwrap();
+    held.release().await.unwrap();
+    assert_eq!(
+        kind_of(&mut events, &key).await,
+        LockEventKind::Released {
+            fencing_token: None
+        }
+    );
+
+    // With a token; forced open by an operator; the holder's renewal (every
+    // 100 ms of a 300 ms lease) then finds it gone.
+    let held = a
+        .lock(&key)
+        .eager_fencing(true)
+        .lease(Duration::from_millis(300))
+        .acquire()
+        .await
+        .unwrap();
+    let token = held.issued_fencing_token();
+    assert!(token.is_some());
+    match kind_of(&mut events, &key).await {
+        LockEventKind::Acquired { fencing_token, .. } => assert_eq!(fencing_token, token),
+        other => panic!("{other:?}"),
+    }
+    assert!(observer.force_unlock(&key).await.unwrap());
+    assert_eq!(
+        kind_of(&mut events, &key).await,
+        LockEventKind::ForceUnlocked {
+            fencing_token: token
+        }
+    );
+    assert_eq!(
+        kind_of(&mut events, &key).await,
+        LockEventKind::Lost {
+            fencing_token: token
+        }
+    );
+    assert!(matches!(held.release().await, Err(LockError::Lost { .. })));
+
+    // A lease that runs out (no renewal) expires.
+    let held = a
+        .lock(&key)
+        .renew(false)
+        .lease(Duration::from_millis(200))
+        .acquire()
+        .await
+        .unwrap();
+    assert!(matches!(
+        kind_of(&mut events, &key).await,
+        LockEventKind::Acquired { .. }
+    ));
+    assert_eq!(kind_of(&mut events, &key).await, LockEventKind::Expired);
+    drop(held);
+
+    // Several keys at once: one acquisition event per key.
+    let keys = [format!("ev-{on}:2"), format!("ev-{on}:3")];
+    let both = a.lock_all(keys.iter().cloned()).acquire().await.unwrap();
+    let mut seen = vec![next(&mut events).await, next(&mut events).await];
+    seen.sort_by(|x, y| x.key.cmp(&y.key));
+    for (event, key) in seen.iter().zip(&keys) {
+        assert_eq!(&event.key, key);
+        assert!(
+            matches!(event.kind, LockEventKind::Acquired { .. }),
+            "{event:?}"
+        );
+    }
+    both.release().await.unwrap();
+}
+
+on_both!(every_kind_of_event_in_order);
+
+#[tokio::test]
+async fn expiry_without_keyspace_notifications_is_refused_with_the_fix() {
+    let redis = common::server();
+    let observer = common::manager(&redis).await;
+    let refused = observer.events("x:*").await;
+    let Err(LockError::ExpiryNotifications { config_set, .. }) = refused else {
+        panic!("expected ExpiryNotifications, got {refused:?}");
+    };
+    assert_eq!(config_set, "CONFIG SET notify-keyspace-events Kx");
+    // Without expiry, nothing is needed.
+    assert!(observer.events("x:*").expiry(false).await.is_ok());
+    // The command it names is the fix.
+    let mut raw = common::raw(&redis).await;
+    let mut words = config_set.split(' ');
+    let mut fix = redis::cmd(words.next().unwrap());
+    for word in words {
+        fix.arg(word);
+    }
+    let () = fix.query_async(&mut raw).await.unwrap();
+    assert!(observer.events("x:*").await.is_ok());
+}
+
+#[tokio::test]
+async fn lock_events_are_refused_on_redlock() {
+    let servers: Vec<_> = (0..3).map(|_| common::server()).collect();
+    let urls: Vec<String> = servers.iter().map(|s| s.url()).collect();
+    let refused = LockManager::redlock_builder(urls)
+        .lock_events(true)
+        .build()
+        .await;
+    assert!(matches!(refused, Err(LockError::InvalidConfig(_))));
+}
