@@ -99,9 +99,25 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Where to read on
+//!
+//! - [`distributed_lock`]: the attribute and every one of its options.
+//! - [`semantics`]: what a lock does, exactly: the protocol, leases and renewal,
+//!   waiting, re-entry, lost leases, fencing tokens, cost, memory in Redis, and the
+//!   guarantees and their limits.
+//! - [`lock_family`]: read-write locks, semaphores, and several keys at once.
+//! - [`LockManager`], [`LockManagerBuilder`], [`LockRequest`] and [`LockGuard`]: the
+//!   API without the attribute.
+//!
+//! The repository's guides cover the rest: `docs/deploying.md` (TLS, passwords and
+//! ACL users, server checks, shutdown, managed services), `docs/operating.md`
+//! (inspecting and freeing locks, the `distlock` CLI, metrics and spans),
+//! `docs/scaling-out.md` (Redis Cluster, Sentinel, acknowledged replicas, Redlock)
+//! and `docs/testing.md` (the `testing` feature).
+//!
 //! The runtime lives in `distlock-runtime` and the attribute macro in `distlock-macros`;
 //! this crate re-exports both, and is the only one to depend on.
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 // The attribute's documentation lives in this package (so that it is packaged
 // with it) and is attached here, to the re-export: rustdoc runs the examples
@@ -111,3 +127,9 @@
 #[doc(inline)]
 pub use distlock_macros::distributed_lock;
 pub use distlock_runtime::*;
+
+#[doc = include_str!("semantics.md")]
+pub mod semantics {}
+
+#[doc = include_str!("lock_family.md")]
+pub mod lock_family {}
