@@ -99,6 +99,16 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Features
+//!
+//! | feature | default | what it adds |
+//! |---|---|---|
+//! | `tls` | on | `rediss://` and `valkeys://` URLs through rustls, trusting the system's roots, a CA given to [`LockManagerBuilder::tls_ca_pem`], or none with the redis crate's `#insecure` URL form; a client certificate with [`LockManagerBuilder::tls_client_identity`]. Without it such URLs and certificates fail `build()` with [`LockError::Connect`] |
+//! | `testing` | off | the `distlock::testing` module: private `redis-server` processes (plain, TLS, with a password, a whole cluster, a Sentinel setup) and a fault-injecting proxy, for your tests (Unix only); turns on `tls` |
+//! | `metrics` | off | counters, histograms and a gauge on the [`metrics`](https://docs.rs/metrics) facade crate; names and labels in the repository's `docs/operating.md` |
+//!
+//! Items that need a feature say so on docs.rs.
+//!
 //! # Where to read on
 //!
 //! - [`distributed_lock`]: the attribute and every one of its options.
@@ -118,6 +128,7 @@
 //! The runtime lives in `distlock-runtime` and the attribute macro in `distlock-macros`;
 //! this crate re-exports both, and is the only one to depend on.
 #![deny(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 // The attribute's documentation lives in this package (so that it is packaged
 // with it) and is attached here, to the re-export: rustdoc runs the examples
