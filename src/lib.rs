@@ -103,7 +103,7 @@
 //!
 //! | feature | default | what it adds |
 //! |---|---|---|
-//! | `tls` | on | `rediss://` and `valkeys://` URLs through rustls, trusting the system's roots, a CA given to [`LockManagerBuilder::tls_ca_pem`], or none with the redis crate's `#insecure` URL form; a client certificate with [`LockManagerBuilder::tls_client_identity`]. Without it such URLs and certificates fail `build()` with [`LockError::Connect`] |
+//! | `tls` | on | `rediss://` and `valkeys://` URLs through rustls, trusting the system's roots, a CA given to [`LockManagerBuilder::tls_ca_pem`], or none with the redis crate's `#insecure` URL form; a client certificate with [`LockManagerBuilder::tls_client_identity`]. Without it such URLs and certificates fail `build()` with [`LockError::InvalidConfig`] |
 //! | `testing` | off | the `distlock::testing` module: private `redis-server` processes (plain, TLS, with a password, a whole cluster, a Sentinel setup) and a fault-injecting proxy, for your tests (Unix only); turns on `tls` |
 //! | `metrics` | off | counters, histograms and a gauge on the [`metrics`](https://docs.rs/metrics) facade crate; names and labels in the repository's `docs/operating.md` |
 //!
@@ -144,3 +144,10 @@ pub mod semantics {}
 
 #[doc = include_str!("lock_family.md")]
 pub mod lock_family {}
+
+// The guides under docs/ and the README are compiled as doctests, so that every
+// Rust snippet in them builds (those that need a Redis are `no_run`). Not part of
+// the API: these items exist only under `cargo test --doc`.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/deploying.md")]
+pub struct DeployingGuide;
