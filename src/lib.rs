@@ -151,3 +151,7 @@ pub mod lock_family {}
 #[cfg(doctest)]
 #[doc = include_str!("../docs/deploying.md")]
 pub struct DeployingGuide;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/operating.md")]
+pub struct OperatingGuide;
