@@ -155,3 +155,7 @@ pub struct DeployingGuide;
 #[cfg(doctest)]
 #[doc = include_str!("../docs/operating.md")]
 pub struct OperatingGuide;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/scaling-out.md")]
+pub struct ScalingOutGuide;
