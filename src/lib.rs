@@ -159,3 +159,7 @@ pub struct OperatingGuide;
 #[cfg(doctest)]
 #[doc = include_str!("../docs/scaling-out.md")]
 pub struct ScalingOutGuide;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/testing.md")]
+pub struct TestingGuide;
