@@ -149,6 +149,10 @@ pub mod lock_family {}
 // Rust snippet in them builds (those that need a Redis are `no_run`). Not part of
 // the API: these items exist only under `cargo test --doc`.
 #[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
+#[cfg(doctest)]
 #[doc = include_str!("../docs/deploying.md")]
 pub struct DeployingGuide;
 
