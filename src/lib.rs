@@ -99,9 +99,36 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Features
+//!
+//! | feature | default | what it adds |
+//! |---|---|---|
+//! | `tls` | on | `rediss://` and `valkeys://` URLs through rustls, trusting the system's roots, a CA given to [`LockManagerBuilder::tls_ca_pem`], or none with the redis crate's `#insecure` URL form; a client certificate with [`LockManagerBuilder::tls_client_identity`]. Without it such URLs and certificates fail `build()` with [`LockError::InvalidConfig`] |
+//! | `testing` | off | the `distlock::testing` module: private `redis-server` processes (plain, TLS, with a password, a whole cluster, a Sentinel setup) and a fault-injecting proxy, for your tests (Unix only); turns on `tls` |
+//! | `metrics` | off | counters, histograms and a gauge on the [`metrics`](https://docs.rs/metrics) facade crate; names and labels in the repository's `docs/operating.md` |
+//!
+//! Items that need a feature say so on docs.rs.
+//!
+//! # Where to read on
+//!
+//! - [`distributed_lock`]: the attribute and every one of its options.
+//! - [`semantics`]: what a lock does, exactly: the protocol, leases and renewal,
+//!   waiting, re-entry, lost leases, fencing tokens, cost, memory in Redis, and the
+//!   guarantees and their limits.
+//! - [`lock_family`]: read-write locks, semaphores, and several keys at once.
+//! - [`LockManager`], [`LockManagerBuilder`], [`LockRequest`] and [`LockGuard`]: the
+//!   API without the attribute.
+//!
+//! The repository's guides cover the rest: `docs/deploying.md` (TLS, passwords and
+//! ACL users, server checks, shutdown, managed services), `docs/operating.md`
+//! (inspecting and freeing locks, the `distlock` CLI, metrics and spans),
+//! `docs/scaling-out.md` (Redis Cluster, Sentinel, acknowledged replicas, Redlock)
+//! and `docs/testing.md` (the `testing` feature).
+//!
 //! The runtime lives in `distlock-runtime` and the attribute macro in `distlock-macros`;
 //! this crate re-exports both, and is the only one to depend on.
-#![warn(missing_docs)]
+#![deny(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 // The attribute's documentation lives in this package (so that it is packaged
 // with it) and is attached here, to the re-export: rustdoc runs the examples
@@ -111,3 +138,36 @@
 #[doc(inline)]
 pub use distlock_macros::distributed_lock;
 pub use distlock_runtime::*;
+
+#[doc = include_str!("semantics.md")]
+pub mod semantics {}
+
+#[doc = include_str!("lock_family.md")]
+pub mod lock_family {}
+
+// The guides under docs/ and the README are compiled as doctests, so that every
+// Rust snippet in them builds (those that need a Redis are `no_run`). Not part of
+// the API: these items exist only under `cargo test --doc`.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/deploying.md")]
+pub struct DeployingGuide;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/operating.md")]
+pub struct OperatingGuide;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/scaling-out.md")]
+pub struct ScalingOutGuide;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/testing.md")]
+pub struct TestingGuide;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/leader-election.md")]
+pub struct LeaderElectionGuide;

@@ -9,7 +9,7 @@ use std::time::Duration;
 use distlock::testing::RedisCluster;
 use distlock::{LockError, LockManager};
 
-/// The single-server least-privilege rules (`tests/server_checks.rs`, README)
+/// The single-server least-privilege rules (`tests/server_checks.rs`, docs/deploying.md)
 /// plus what the cluster client needs to read the topology.
 const CLUSTER_LEAST_PRIVILEGE: &str = "~distlock:* &distlock:* +ping +evalsha +script|load +time \
      +get +set +pexpire +pttl +del +publish +subscribe +unsubscribe \

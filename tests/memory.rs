@@ -127,7 +127,8 @@ async fn a_key_whose_counter_expired_still_gets_a_larger_token() {
     }
 }
 
-/// `MEMORY USAGE` of one held lock, for the README: without a token it is the
+/// `MEMORY USAGE` of one held lock, for the docs (`distlock::semantics`, "Memory
+/// in Redis", and lock-bench/README.md): without a token it is the
 /// lock's string alone (no fencing counter is written); with one, the string
 /// and its fencing counter. `cargo test --test memory -- --nocapture`.
 #[tokio::test]

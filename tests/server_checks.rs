@@ -123,18 +123,18 @@ fn a_forbidden_config_is_noted_at_debug_and_ignored() {
     );
 }
 
-/// The README's least-privilege ACL, verbatim ("TLS, passwords and ACL users"),
+/// The least-privilege ACL of docs/deploying.md, verbatim ("The least-privilege ACL"),
 /// for a server without `CLIENT SETINFO` (Redis before 7.2).
 const LEAST_PRIVILEGE_BEFORE_7_2: &str =
     "~distlock:* &distlock:* +ping +evalsha +script|load +time +get \
      +set +pexpire +pttl +del +publish +subscribe +unsubscribe \
      +zadd +zrange +zrem +zcard +hset +hget +hdel";
 
-/// What the README adds on Redis 7.2 and later and on every Valkey: redis-rs
+/// What docs/deploying.md adds on Redis 7.2 and later and on every Valkey: redis-rs
 /// sends `CLIENT SETINFO` on each new connection to a server that knows it.
 const SETINFO: &str = "+client|setinfo";
 
-/// The README's least-privilege ACL for the server under test (Redis 7.0 refuses
+/// The least-privilege ACL of docs/deploying.md for the server under test (Redis 7.0 refuses
 /// a rule that names a subcommand it does not know).
 async fn least_privilege(raw: &mut redis::aio::MultiplexedConnection) -> String {
     let known: Vec<redis::Value> = redis::cmd("COMMAND")
@@ -194,8 +194,9 @@ async fn the_least_privilege_acl_is_enough_for_everything() {
     assert_eq!(refused_commands(&mut raw).await, Vec::<String>::new());
 }
 
-/// What read-write locks and semaphores add to the least-privilege ACL (the
-/// README lists it): every path of their scripts runs without a refusal.
+/// What read-write locks and semaphores add to the least-privilege ACL
+/// (docs/deploying.md and `distlock::lock_family` list it): every path of their
+/// scripts runs without a refusal.
 const SHARED_KINDS: &str = "+zadd +zscore +zrange +zrem +zremrangebyscore +zcard +pexpireat";
 
 #[tokio::test]
@@ -256,7 +257,7 @@ async fn queued_waiters_need_nothing_more() {
 }
 
 /// The commands Redis refused (its ACL LOG), other than `config|get`, which
-/// the README lists as optional: without it the eviction policy is not checked.
+/// docs/deploying.md lists as optional: without it the eviction policy is not checked.
 async fn refused_commands(raw: &mut redis::aio::MultiplexedConnection) -> Vec<String> {
     let log: Vec<std::collections::HashMap<String, redis::Value>> =
         redis::cmd("ACL").arg("LOG").query_async(raw).await.unwrap();

@@ -30,7 +30,8 @@
 //! guard.release().await?;
 //! # Ok(()) }
 //! ```
-#![warn(missing_docs)]
+#![deny(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 // The layers, top down; each module uses only those below it:
 // events, leader > global > manager > request > guard > core > renewal, waiting > backend (the
@@ -55,6 +56,7 @@ mod telemetry;
 mod waiting;
 
 #[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
 
 pub use config::Backoff;

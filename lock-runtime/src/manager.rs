@@ -125,8 +125,8 @@ impl LockManager {
     /// (grant, then writing the chosen fencing token back to the majority),
     /// renewal one pipeline per member per tick, release one round. When errors
     /// rather than other owners keep a majority away, the acquisition fails with
-    /// [`LockError::QuorumFailed`]. See the README's "Scaling out" for what
-    /// Redlock does and does not promise.
+    /// [`LockError::QuorumFailed`]. See `docs/scaling-out.md`, "Redlock over
+    /// independent masters", for what Redlock does and does not promise.
     ///
     /// ```no_run
     /// use distlock_runtime::{LockError, LockManager};
@@ -638,7 +638,7 @@ impl LockManagerBuilder {
     /// counter has expired, the next token is the server's time in microseconds,
     /// which is above every earlier token unless the server's clock has stepped
     /// back by more than `lease + retention` since the last acquisition of the key
-    /// (see the README's "Fencing" section).
+    /// (see `distlock::semantics`, "Fencing").
     pub fn fence_retention(mut self, retention: Duration) -> Self {
         self.config.fence_retention = retention;
         self
@@ -672,8 +672,8 @@ impl LockManagerBuilder {
     ///
     /// This narrows the window in which a failover loses a fresh lock; it does
     /// not close it: a confirming replica is not always the one promoted, and
-    /// Redis may still lose a write it acknowledged (see the README's "Redis
-    /// losing the lock"). Renewals are not waited for. Off by default.
+    /// Redis may still lose a write it acknowledged (see `distlock::semantics`,
+    /// "Cannot be promised"). Renewals are not waited for. Off by default.
     pub fn replica_ack(mut self, replicas: u32, timeout: Duration) -> Self {
         self.config.replica_ack = Some(crate::config::ReplicaAck { replicas, timeout });
         self

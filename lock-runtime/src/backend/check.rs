@@ -216,14 +216,14 @@ fn permission_hint(e: &RedisError, prefix: &str) -> String {
         return String::new();
     }
     format!(
-        " (the ACL user needs: ~{prefix}* &{prefix}* {}; see the README's \"TLS, passwords and \
+        " (the ACL user needs: ~{prefix}* &{prefix}* {}; see docs/deploying.md, \"Passwords and \
          ACL users\")",
         REQUIRED_COMMANDS
     )
 }
 
 /// The commands a least-privilege ACL user needs, as ACL rules (kept in step with
-/// the README and `tests/auth.rs`).
+/// docs/deploying.md, "The least-privilege ACL", and `tests/auth.rs`).
 pub(crate) const REQUIRED_COMMANDS: &str = "+ping +evalsha +script|load +time +get +set \
      +pexpire +pttl +del +publish +subscribe +unsubscribe";
 

@@ -890,7 +890,8 @@ fn connect_error(e: RedisError, shown: String) -> LockError {
             url: shown,
             reason: format!(
                 "reading the cluster's topology was refused: {e}; on a cluster the ACL user \
-                 needs +cluster|slots besides what one server needs (README, \"Scaling out\")"
+                 needs +cluster|slots besides what one server needs (docs/scaling-out.md, \
+                 \"Redis Cluster\")"
             ),
         };
     }
