@@ -64,6 +64,10 @@ pub(crate) struct Cluster {
     connect_timeout: Duration,
     /// Round trips spent on renewals (see `Backend::renewal_round_trips`).
     pub(crate) renewal_round_trips: AtomicU64,
+    /// When the connection was last retired for a node that could not be
+    /// reached (see [`Cluster::after_failure`]), to do it at most once a
+    /// second.
+    unreachable_retired_at: Mutex<Option<std::time::Instant>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -214,6 +218,7 @@ impl Cluster {
             command_timeout: config.command_timeout,
             connect_timeout: config.connect_timeout,
             renewal_round_trips: AtomicU64::new(0),
+            unreachable_retired_at: Mutex::new(None),
         };
         if let Err(e) = cluster.refresh_slots(&mut conn).await {
             return Err(LockError::ServerCheck {
@@ -263,6 +268,41 @@ impl Cluster {
         tracing::debug!(target: "distlock::connection", "cluster connection retired after a failed call");
     }
 
+    /// What a failed call leaves behind. A reply that may belong to another
+    /// request retires the connection at once. A node that cannot be reached
+    /// (refused, reset, timed out) retires it too, at most once a second:
+    /// redis-rs's cluster connection learns a new topology only from a MOVED
+    /// reply, which a dead master never sends, so after its replica took over
+    /// the connection would go on calling the dead address for the slots it
+    /// served. A fresh connection reads the slot map from the live nodes.
+    fn after_failure(&self, e: &CallError) {
+        if may_be_out_of_sync(e) {
+            self.retire_connection();
+            return;
+        }
+        let unreachable = matches!(&e.error, LockError::Backend { source, .. }
+            if matches!(source.kind(), BackendErrorKind::Connection | BackendErrorKind::Timeout));
+        if !unreachable {
+            return;
+        }
+        let now = std::time::Instant::now();
+        {
+            let mut last = self
+                .unreachable_retired_at
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if last.is_some_and(|at| now.duration_since(at) < Duration::from_secs(1)) {
+                return;
+            }
+            *last = Some(now);
+        }
+        *self.conn.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        tracing::debug!(target: "distlock::connection",
+            error = %e.error,
+            "cluster connection retired after a node could not be reached; the next call reads the topology again"
+        );
+    }
+
     /// Runs `call` on the cluster connection under the command timeout,
     /// retrying a slot in migration until the timeout.
     async fn call<T, F, Fut>(&self, key: &str, mut call: F) -> Result<T, CallError>
@@ -288,9 +328,7 @@ impl Cluster {
         };
         let result = bounded_call(key, self.command_timeout, retrying).await;
         if let Err(e) = &result {
-            if may_be_out_of_sync(e) {
-                self.retire_connection();
-            }
+            self.after_failure(e);
         }
         result
     }
@@ -339,9 +377,7 @@ impl Cluster {
         let timeout = self.command_timeout + ack.map_or(Duration::ZERO, |a| a.timeout);
         let result = bounded_call(key, timeout, acquire).await;
         if let Err(e) = &result {
-            if may_be_out_of_sync(e) {
-                self.retire_connection();
-            }
+            self.after_failure(e);
         }
         let (reply, acked) = result?;
         match &ack {
