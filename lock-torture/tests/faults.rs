@@ -2984,6 +2984,20 @@ async fn s12_a_fair_lock_is_exclusive_and_a_dead_waiter_does_not_block_its_queue
     }
 }
 
+/// What scenarios 13c-15c do to the master of the first key, mid-run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ClusterFault {
+    /// `kill -9`; its replica is promoted by the cluster.
+    KillMaster,
+    /// The first key's slot (every Redis name of the key shares it) moved to
+    /// another master, keys and all (`MIGRATING`/`IMPORTING`, `MIGRATE`; the
+    /// clients meet `ASK` and `MOVED`).
+    MigrateSlot,
+    /// SIGSTOP for 1.5 leases, then SIGCONT: past the lease, short of the
+    /// cluster's node timeout (2 s), so no failover.
+    PauseMaster,
+}
+
 /// Scenario 13c: a master of a 3-master cluster (one replica each) holding
 /// locks is killed with `kill -9` mid-run; its replica is promoted by the
 /// cluster. Expected, from the guarantees: no overlap unless the earlier holder
@@ -2995,8 +3009,36 @@ async fn s12_a_fair_lock_is_exclusive_and_a_dead_waiter_does_not_block_its_queue
 /// client that kept calling the dead master).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s13c_a_killed_cluster_master_is_failed_over_under_load() {
+    cluster_fault(ClusterFault::KillMaster).await;
+}
+
+/// Scenario 14c: the slot of a contended, locked key migrates to another
+/// master under load. Expected: no overlap at all (a migration moves the lock
+/// with its TTL; nothing is forgotten), tokens increase, exact store, nothing
+/// leaked, every key granted again after the move.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s14c_a_slot_migrates_under_load() {
+    cluster_fault(ClusterFault::MigrateSlot).await;
+}
+
+/// Scenario 15c: a master is paused (SIGSTOP) past the lease, then resumed.
+/// Expected: holders on it report their loss by their local deadline, and no
+/// one else is granted its locks before Redis (resumed) finds them expired:
+/// no overlap unless the earlier holder reported its loss first; tokens
+/// increase; no stale write accepted; nothing leaked; work goes on after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s15c_a_paused_cluster_master_costs_leases_not_safety() {
+    cluster_fault(ClusterFault::PauseMaster).await;
+}
+
+async fn cluster_fault(fault: ClusterFault) {
     let _serial = SERIAL.lock().await;
     let started = Instant::now();
+    let (dir, name, what) = match fault {
+        ClusterFault::KillMaster => ("s13c", "s13c_cluster_master_killed", "1xkill9_master"),
+        ClusterFault::MigrateSlot => ("s14c", "s14c_cluster_slot_migrated", "1xmigrate_slot"),
+        ClusterFault::PauseMaster => ("s15c", "s15c_cluster_master_paused", "1xpause_master"),
+    };
     let mut setup = Setup {
         target: LockTarget::Cluster(
             RedisCluster::builder()
@@ -3006,9 +3048,13 @@ async fn s13c_a_killed_cluster_master_is_failed_over_under_load() {
                 .expect("redis-server must be installed (cluster with replicas)"),
         ),
         store: RedisServer::spawn().expect("redis-server must be installed"),
-        dir: RunDir::new("s13c"),
+        dir: RunDir::new(dir),
     };
-    let lease = Duration::from_millis(2000);
+    // The pause must outlast the lease and stay short of the node timeout.
+    let lease = match fault {
+        ClusterFault::PauseMaster => Duration::from_millis(1000),
+        ClusterFault::KillMaster | ClusterFault::MigrateSlot => Duration::from_millis(2000),
+    };
     let cmd_timeout = Duration::from_millis(500);
     let wait = Duration::from_millis(5000);
     let keys = setup.keys(6).await;
@@ -3038,25 +3084,43 @@ async fn s13c_a_killed_cluster_master_is_failed_over_under_load() {
         progress(w, 2, limit).await;
     }
     let manager = setup.manager().await;
+    let first_lock = manager.redis_names(&keys[0]).lock;
+    drop(manager);
     let LockTarget::Cluster(cluster) = &mut setup.target else {
         unreachable!("a cluster target");
     };
     let victim = cluster
-        .master_of_key(&manager.redis_names(&keys[0]).lock)
+        .master_of_key(&first_lock)
         .expect("the first key's master");
-    drop(manager);
     let down = mono_ns();
-    tokio::task::block_in_place(|| cluster.kill(victim).expect("kill the master"));
-    // The node timeout is about a second; an election on two loaded cores may
-    // take several.
-    tokio::task::block_in_place(|| {
-        cluster
-            .wait_for_failover(Duration::from_secs(20))
-            .expect("the replica takes over")
-    });
+    match fault {
+        ClusterFault::KillMaster => {
+            tokio::task::block_in_place(|| cluster.kill(victim).expect("kill the master"));
+            // The node timeout is 2 s; an election on two loaded cores may
+            // take several more.
+            tokio::task::block_in_place(|| {
+                cluster
+                    .wait_for_failover(Duration::from_secs(20))
+                    .expect("the replica takes over")
+            });
+        }
+        ClusterFault::MigrateSlot => {
+            let slot = distlock::testing::key_slot(first_lock.as_bytes());
+            let to = (0..3).find(|m| *m != victim).expect("another master");
+            tokio::task::block_in_place(|| {
+                cluster.migrate_slot(slot, to).expect("migrate the slot")
+            });
+        }
+        ClusterFault::PauseMaster => {
+            cluster.pause(victim).expect("pause the master");
+            tokio::time::sleep(lease * 3 / 2).await;
+            cluster.resume(victim).expect("resume the master");
+        }
+    }
     let up = mono_ns();
     // Every worker goes on: 4 progress reports (200 sections each) within 30 s
-    // of the promotion, where a healthy run makes one in well under a second.
+    // of the end of the fault, where a healthy run makes one in well under a
+    // second.
     for w in &mut workers {
         progress(w, 4, limit).await;
     }
@@ -3067,39 +3131,41 @@ async fn s13c_a_killed_cluster_master_is_failed_over_under_load() {
         finish(w, limit).await;
     }
     let h = history(&workers.iter().collect::<Vec<_>>());
+    // Only a failover may forget a lock (a write not yet replicated).
     let faults = Faults {
-        amnesia: vec![(down, up)],
+        amnesia: if fault == ClusterFault::KillMaster {
+            vec![(down, up)]
+        } else {
+            Vec::new()
+        },
         ..Faults::default()
     };
     let report = check_sections(&h.sections, &faults);
     let stored = store_report(&setup, &h, &keys).await;
     let leaked = leaked_locks(&setup, &keys).await;
-    // Every key was locked again after the promotion, the dead master's too.
+    // Every key was locked again after the fault, the victim's too.
     for key in &keys {
         let after = h
             .sections
             .iter()
             .filter(|s| &s.key == key && s.acquired > up)
             .count();
-        assert!(
-            after >= 5,
-            "{key}: only {after} sections after the failover"
-        );
+        assert!(after >= 5, "{key}: only {after} sections after the fault");
     }
     figures(
-        "s13c_cluster_master_killed",
+        name,
         &report,
         &stored,
-        "1xkill9_master",
+        what,
         leaked.len(),
         &format!(
-            "failover_ms={:.0} forgotten_overlaps={} secs={:.1}",
+            "fault_ms={:.0} forgotten_overlaps={} secs={:.1}",
             diff_ms(up, down),
             report.amnesia_overlaps.len(),
             started.elapsed().as_secs_f64()
         ),
     );
-    report.assert_clean("a killed cluster master");
+    report.assert_clean(name);
     assert!(
         stored.lost_updates <= report.amnesia_overlaps.len(),
         "{} lost updates, {} overlaps across the failover",
