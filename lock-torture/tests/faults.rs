@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use distlock::testing::{ClusterNodeRole, RedisCluster, RedisServer};
+use distlock::testing::{ClusterNodeRole, RedisCluster, RedisSentinel, RedisServer};
 use distlock::LockManager;
 use lock_torture::checker::{check_sections, check_store, Faults, Report, StoreReport};
 use lock_torture::clock::{diff_ms, mono_ns, ms, ns};
@@ -43,6 +43,8 @@ enum LockTarget {
     /// Five independent redis-servers, one Redlock (the scenarios parameterised
     /// over [`On`], and the Redlock ones).
     Redlock(Vec<RedisServer>),
+    /// A master with replicas watched by sentinels (the Sentinel scenarios).
+    Sentinel(Box<RedisSentinel>),
 }
 
 /// Members of the Redlock target.
@@ -86,7 +88,7 @@ impl Setup {
     fn lock(&self) -> &RedisServer {
         match &self.target {
             LockTarget::Server(s) => s,
-            LockTarget::Cluster(_) | LockTarget::Redlock(_) => {
+            LockTarget::Cluster(_) | LockTarget::Redlock(_) | LockTarget::Sentinel(_) => {
                 panic!("this scenario runs on a single lock server")
             }
         }
@@ -95,7 +97,7 @@ impl Setup {
     fn lock_mut(&mut self) -> &mut RedisServer {
         match &mut self.target {
             LockTarget::Server(s) => s,
-            LockTarget::Cluster(_) | LockTarget::Redlock(_) => {
+            LockTarget::Cluster(_) | LockTarget::Redlock(_) | LockTarget::Sentinel(_) => {
                 panic!("this scenario runs on a single lock server")
             }
         }
@@ -114,8 +116,13 @@ impl Setup {
             LockTarget::Server(s) => ("url", s.url()),
             LockTarget::Cluster(c) => ("cluster-urls", c.urls().join(",")),
             LockTarget::Redlock(members) => ("redlock-urls", redlock_urls(members).join(",")),
+            LockTarget::Sentinel(fixture) => ("sentinel-urls", fixture.sentinel_urls().join(",")),
         };
-        self.worker_with(id, target, mode, args)
+        let mut args = args.to_vec();
+        if let LockTarget::Sentinel(fixture) = &self.target {
+            args.push(("master-name", fixture.master_name().to_owned()));
+        }
+        self.worker_with(id, target, mode, &args)
     }
 
     fn worker_with(
@@ -174,6 +181,15 @@ impl Setup {
                 }
                 conns
             }
+            // The master the sentinels name (its replicas hold copies).
+            LockTarget::Sentinel(fixture) => {
+                let url = fixture.master_url().expect("the current master");
+                vec![redis::Client::open(url.as_str())
+                    .expect("master url")
+                    .get_multiplexed_async_connection()
+                    .await
+                    .expect("connect to the master")]
+            }
         }
     }
 
@@ -187,6 +203,10 @@ impl Setup {
             LockTarget::Cluster(c) => {
                 let mut conn = c.cluster_connection().await.expect("cluster connection");
                 cmd.query_async(&mut conn).await
+            }
+            LockTarget::Sentinel(_) => {
+                let mut conns = self.lock_node_conns().await;
+                cmd.query_async(&mut conns[0]).await
             }
             LockTarget::Redlock(_) => {
                 let mut largest = -2;
@@ -206,6 +226,9 @@ impl Setup {
             LockTarget::Server(s) => LockManager::builder(&s.url()),
             LockTarget::Cluster(c) => LockManager::cluster_builder(c.urls()),
             LockTarget::Redlock(members) => LockManager::redlock_builder(redlock_urls(members)),
+            LockTarget::Sentinel(fixture) => {
+                LockManager::sentinel_builder(fixture.sentinel_urls(), fixture.master_name())
+            }
         };
         builder
             .key_prefix(PREFIX)
@@ -3166,6 +3189,154 @@ async fn cluster_fault(fault: ClusterFault) {
         ),
     );
     report.assert_clean(name);
+    assert!(
+        stored.lost_updates <= report.amnesia_overlaps.len(),
+        "{} lost updates, {} overlaps across the failover",
+        stored.lost_updates,
+        report.amnesia_overlaps.len()
+    );
+    assert!(leaked.is_empty(), "locks left in Redis: {leaked:?}");
+}
+
+/// Scenario 16s: the s13c workload on a master with two replicas watched by
+/// three sentinels; the master is killed with `kill -9` mid-run, the sentinels
+/// promote a replica, and the old master is started again (empty), to be
+/// demoted to a replica by the sentinels. Expected, from the guarantees: no
+/// overlap unless the earlier holder reported its loss, or the failover forgot
+/// the lock (replication lag: the amnesia window from the kill to the
+/// promotion); tokens increase; no stale write accepted; nothing leaked; every
+/// worker and key goes on after the promotion. Printed: the time without a
+/// master, the leases lost, the overlaps the failover excused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s16s_a_killed_sentinel_master_is_failed_over_under_load() {
+    sentinel_failover(None).await;
+}
+
+/// Scenario 16s with `replica_ack(1, 500 ms)`: a grant counts once a replica
+/// has it, so a failover cannot forget an acknowledged lock: no overlap at all
+/// unless the earlier holder reported its loss first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s16sa_a_killed_sentinel_master_with_replica_ack() {
+    sentinel_failover(Some("1:500")).await;
+}
+
+async fn sentinel_failover(replica_ack: Option<&str>) {
+    let _serial = SERIAL.lock().await;
+    let started = Instant::now();
+    let name = if replica_ack.is_some() {
+        "s16sa_sentinel_master_killed_acked"
+    } else {
+        "s16s_sentinel_master_killed"
+    };
+    let mut setup = Setup {
+        target: LockTarget::Sentinel(Box::new(
+            RedisSentinel::builder()
+                .replicas(2)
+                .spawn()
+                .expect("redis-server must be installed (sentinel)"),
+        )),
+        store: RedisServer::spawn().expect("redis-server must be installed"),
+        dir: RunDir::new(if replica_ack.is_some() {
+            "s16sa"
+        } else {
+            "s16s"
+        }),
+    };
+    let lease = Duration::from_millis(2000);
+    let cmd_timeout = Duration::from_millis(500);
+    let wait = Duration::from_millis(5000);
+    let keys = keys(6);
+    let mut workers: Vec<Worker> = (0..4)
+        .map(|id| {
+            let mut worker_args = args(&[
+                ("keys", &keys.join(",")),
+                ("tasks", &32),
+                ("body-us", &"200-5000"),
+                ("lease-ms", &lease.as_millis()),
+                ("wait-ms", &wait.as_millis()),
+                ("cmd-timeout-ms", &cmd_timeout.as_millis()),
+                ("connect-timeout-ms", &500),
+                ("retry-ms", &20),
+                ("progress", &50),
+                ("seed", &(id + 1)),
+            ]);
+            if let Some(ack) = replica_ack {
+                worker_args.push(("replica-ack", ack.to_owned()));
+            }
+            setup.target_worker(id, "run", &worker_args)
+        })
+        .collect();
+    ready(&mut workers.iter_mut().collect::<Vec<_>>()).await;
+    let limit = Duration::from_secs(30);
+    for w in &mut workers {
+        progress(w, 2, limit).await;
+    }
+    let LockTarget::Sentinel(fixture) = &mut setup.target else {
+        unreachable!("a sentinel target");
+    };
+    let down = mono_ns();
+    let old = fixture.kill_master().expect("kill the master");
+    // Down after 1 s (the fixture's down-after-milliseconds), then an election
+    // and the promotion: 2-4 s, longer on two loaded cores.
+    let new = tokio::task::block_in_place(|| {
+        fixture
+            .wait_for_new_master(old, Duration::from_secs(30))
+            .expect("a replica promoted")
+    });
+    let up = mono_ns();
+    assert_ne!(old, new);
+    fixture.restart_data_node(old).expect("the old master back");
+    // Every worker goes on: 4 progress reports (200 sections each) within 30 s
+    // of the promotion.
+    for w in &mut workers {
+        progress(w, 4, limit).await;
+    }
+    for w in &mut workers {
+        w.send("stop");
+    }
+    for w in &mut workers {
+        finish(w, limit).await;
+    }
+    let h = history(&workers.iter().collect::<Vec<_>>());
+    let faults = Faults {
+        amnesia: vec![(down, up)],
+        ..Faults::default()
+    };
+    let report = check_sections(&h.sections, &faults);
+    let stored = store_report(&setup, &h, &keys).await;
+    let leaked = leaked_locks(&setup, &keys).await;
+    for key in &keys {
+        let after = h
+            .sections
+            .iter()
+            .filter(|s| &s.key == key && s.acquired > up)
+            .count();
+        assert!(
+            after >= 5,
+            "{key}: only {after} sections after the failover"
+        );
+    }
+    figures(
+        name,
+        &report,
+        &stored,
+        "1xkill9_master+restart",
+        leaked.len(),
+        &format!(
+            "without_master_ms={:.0} forgotten_overlaps={} secs={:.1}",
+            diff_ms(up, down),
+            report.amnesia_overlaps.len(),
+            started.elapsed().as_secs_f64()
+        ),
+    );
+    report.assert_clean(name);
+    if replica_ack.is_some() {
+        assert!(
+            report.amnesia_overlaps.is_empty(),
+            "an acknowledged lock was forgotten by the failover: {:?}",
+            report.amnesia_overlaps.first().map(ToString::to_string)
+        );
+    }
     assert!(
         stored.lost_updates <= report.amnesia_overlaps.len(),
         "{} lost updates, {} overlaps across the failover",

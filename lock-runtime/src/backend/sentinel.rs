@@ -5,11 +5,17 @@
 //! a failover explains (the connection broke or timed out, or the server
 //! answered `READONLY`: it was demoted to a replica), the backend asks the
 //! sentinels again and, if they name another master, moves every later call
-//! to it: acquisitions and releases retry once there, renewals at once. The
-//! subscriber asks the sentinels before each (re)connection, so it follows
-//! too. The data nodes take the user, password and TLS settings of the
-//! sentinel URLs.
+//! to it: acquisitions and releases retry once there, renewals at once. Until
+//! a call succeeds on a master the sentinels still name, every call asks them
+//! first, and an answer from a master they no longer name is discarded and the
+//! call made again on the one they name: a master that comes back at its old
+//! address after the failover (restarted empty, still calling itself master
+//! until the sentinels demote it) would otherwise take the calls its
+//! reconnecting connection had queued. The subscriber asks the sentinels
+//! before each (re)connection, so it follows too. The data nodes take the
+//! user, password and TLS settings of the sentinel URLs.
 
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, RwLock};
 
 use redis::{ErrorKind, RedisError, RedisResult};
@@ -31,6 +37,13 @@ pub(crate) struct Sentinel {
     address: Mutex<(String, u16)>,
     /// One rediscovery at a time; the others wait for its outcome.
     rediscovering: tokio::sync::Mutex<()>,
+    /// Set when a call failed in a way a failover explains; until cleared,
+    /// every call first asks the sentinels whom they name (see
+    /// [`Sentinel::master`]).
+    suspect: std::sync::atomic::AtomicBool,
+    /// Whether a call succeeded on the current master since it became
+    /// suspect: with the sentinels still naming it, it is trusted again.
+    answered_while_suspect: std::sync::atomic::AtomicBool,
     config: Config,
     shown: String,
 }
@@ -81,6 +94,8 @@ impl Sentinel {
             current: RwLock::new(Arc::new(master)),
             address: Mutex::new((host, port)),
             rediscovering: tokio::sync::Mutex::new(()),
+            suspect: std::sync::atomic::AtomicBool::new(false),
+            answered_while_suspect: std::sync::atomic::AtomicBool::new(false),
             config: config.clone(),
             shown,
         })
@@ -137,6 +152,73 @@ impl Sentinel {
         }
     }
 
+    /// The master to call: the current one, after asking the sentinels first
+    /// while it is suspect. A master that failed (killed, cut off) may come
+    /// back at its old address after the sentinels promoted a replica, empty
+    /// and still calling itself master until they demote it; the connection
+    /// would reconnect to it and take locks the new master does not know.
+    /// Asking the sentinels before each call while suspect moves the calls to
+    /// the master they name as soon as they name it.
+    async fn master(&self) -> Arc<Single> {
+        let master = self.current();
+        if !self.suspect.load(Ordering::Acquire) {
+            return master;
+        }
+        if self.rediscover(&master).await {
+            return self.current();
+        }
+        // The sentinels still name it: trusted again once it answered.
+        if self.answered_while_suspect.load(Ordering::Acquire) {
+            self.suspect.store(false, Ordering::Release);
+        }
+        master
+    }
+
+    /// Records how a call on `master` went, for [`Sentinel::master`].
+    fn outcome<T>(&self, master: &Arc<Single>, result: &Result<T, CallError>) {
+        match result {
+            Err(e) if failover_suspected(e) => {
+                self.answered_while_suspect.store(false, Ordering::Release);
+                self.suspect.store(true, Ordering::Release);
+            }
+            _ if Arc::ptr_eq(master, &self.current()) => {
+                self.answered_while_suspect.store(true, Ordering::Release);
+            }
+            _ => {}
+        }
+    }
+
+    /// Runs `call` on the master; when it fails in a way a failover explains
+    /// and the sentinels name another master, runs it once more there. An
+    /// acquisition retried so keeps its owner token, so a retry finds the lock
+    /// ours if the first attempt took it after all.
+    async fn call<T, F, Fut>(&self, call: F) -> Result<T, CallError>
+    where
+        F: Fn(Arc<Single>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, CallError>>,
+    {
+        let master = self.master().await;
+        let suspect = self.suspect.load(Ordering::Acquire);
+        let result = call(master.clone()).await;
+        self.outcome(&master, &result);
+        let retry = match &result {
+            Err(e) => failover_suspected(e) && self.rediscover(&master).await,
+            // An answer from a suspect master counts only if the sentinels
+            // still name it: a call queued while the connection reconnected
+            // may have run on the old master restarted empty at its address
+            // after the sentinels promoted a replica (what it did there is
+            // wiped when they demote it).
+            Ok(_) => suspect && self.rediscover(&master).await,
+        };
+        if !retry {
+            return result;
+        }
+        let master = self.current();
+        let result = call(master.clone()).await;
+        self.outcome(&master, &result);
+        result
+    }
+
     pub(crate) async fn acquire(
         &self,
         key: &str,
@@ -145,17 +227,8 @@ impl Sentinel {
         lease_ms: u64,
         spec: &AcquireSpec<'_>,
     ) -> Result<AcquireReply, CallError> {
-        let master = self.current();
-        match master.acquire(key, keys, owner, lease_ms, spec).await {
-            // The same owner token: a retry finds the lock ours if the first
-            // attempt took it after all.
-            Err(e) if failover_suspected(&e) && self.rediscover(&master).await => {
-                self.current()
-                    .acquire(key, keys, owner, lease_ms, spec)
-                    .await
-            }
-            other => other,
-        }
+        self.call(|master| async move { master.acquire(key, keys, owner, lease_ms, spec).await })
+            .await
     }
 
     /// The master's acquire-all (see `Single::acquire_all`), retried once on
@@ -168,18 +241,26 @@ impl Sentinel {
         lease_ms: u64,
         spec: &AcquireSpec<'_>,
     ) -> Option<Result<AcquireAllReply, CallError>> {
-        let master = self.current();
-        match master
+        let master = self.master().await;
+        let suspect = self.suspect.load(Ordering::Acquire);
+        let result = master
             .acquire_all(key, locks, owner, lease_ms, spec)
-            .await?
-        {
-            Err(e) if failover_suspected(&e) && self.rediscover(&master).await => {
-                self.current()
-                    .acquire_all(key, locks, owner, lease_ms, spec)
-                    .await
-            }
-            other => Some(other),
+            .await?;
+        self.outcome(&master, &result);
+        // As in `call`: retried on the master the sentinels name now.
+        let retry = match &result {
+            Err(e) => failover_suspected(e) && self.rediscover(&master).await,
+            Ok(_) => suspect && self.rediscover(&master).await,
+        };
+        if !retry {
+            return Some(result);
         }
+        let master = self.current();
+        let result = master
+            .acquire_all(key, locks, owner, lease_ms, spec)
+            .await?;
+        self.outcome(&master, &result);
+        Some(result)
     }
 
     pub(crate) async fn release(
@@ -189,13 +270,8 @@ impl Sentinel {
         owner: &str,
         keep_ms: u64,
     ) -> Result<bool, CallError> {
-        let master = self.current();
-        match master.release(key, keys, owner, keep_ms).await {
-            Err(e) if failover_suspected(&e) && self.rediscover(&master).await => {
-                self.current().release(key, keys, owner, keep_ms).await
-            }
-            other => other,
-        }
+        self.call(|master| async move { master.release(key, keys, owner, keep_ms).await })
+            .await
     }
 
     /// Issues `owner`'s fencing token on the current master, or reads the one
@@ -207,15 +283,8 @@ impl Sentinel {
         owner: &str,
         fence_ttl_ms: u64,
     ) -> Result<Option<u64>, CallError> {
-        let master = self.current();
-        match master.issue_token(key, keys, owner, fence_ttl_ms).await {
-            Err(e) if failover_suspected(&e) && self.rediscover(&master).await => {
-                self.current()
-                    .issue_token(key, keys, owner, fence_ttl_ms)
-                    .await
-            }
-            other => other,
-        }
+        self.call(|master| async move { master.issue_token(key, keys, owner, fence_ttl_ms).await })
+            .await
     }
 
     pub(crate) async fn force_unlock(
@@ -224,13 +293,8 @@ impl Sentinel {
         keys: &LockKeys,
         token: &str,
     ) -> Result<bool, CallError> {
-        let master = self.current();
-        match master.force_unlock(key, keys, token).await {
-            Err(e) if failover_suspected(&e) && self.rediscover(&master).await => {
-                self.current().force_unlock(key, keys, token).await
-            }
-            other => other,
-        }
+        self.call(|master| async move { master.force_unlock(key, keys, token).await })
+            .await
     }
 
     pub(crate) async fn permit_counts(
@@ -238,23 +302,13 @@ impl Sentinel {
         key: &str,
         keys: &LockKeys,
     ) -> Result<super::PermitReply, CallError> {
-        let master = self.current();
-        match master.permit_counts(key, keys).await {
-            Err(e) if failover_suspected(&e) && self.rediscover(&master).await => {
-                self.current().permit_counts(key, keys).await
-            }
-            other => other,
-        }
+        self.call(|master| async move { master.permit_counts(key, keys).await })
+            .await
     }
 
     pub(crate) async fn config_get(&self, name: &str) -> Result<Option<String>, CallError> {
-        let master = self.current();
-        match master.config_get(name).await {
-            Err(e) if failover_suspected(&e) && self.rediscover(&master).await => {
-                self.current().config_get(name).await
-            }
-            other => other,
-        }
+        self.call(|master| async move { master.config_get(name).await })
+            .await
     }
 
     pub(crate) async fn publish(
@@ -263,23 +317,13 @@ impl Sentinel {
         channel: &str,
         payload: &str,
     ) -> Result<(), CallError> {
-        let master = self.current();
-        match master.publish(key, channel, payload).await {
-            Err(e) if failover_suspected(&e) && self.rediscover(&master).await => {
-                self.current().publish(key, channel, payload).await
-            }
-            other => other,
-        }
+        self.call(|master| async move { master.publish(key, channel, payload).await })
+            .await
     }
 
     pub(crate) async fn is_locked(&self, key: &str, keys: &LockKeys) -> Result<bool, CallError> {
-        let master = self.current();
-        match master.is_locked(key, keys).await {
-            Err(e) if failover_suspected(&e) && self.rediscover(&master).await => {
-                self.current().is_locked(key, keys).await
-            }
-            other => other,
-        }
+        self.call(|master| async move { master.is_locked(key, keys).await })
+            .await
     }
 
     pub(crate) async fn inspect(
@@ -287,36 +331,21 @@ impl Sentinel {
         key: &str,
         keys: &LockKeys,
     ) -> Result<Option<HeldLock>, CallError> {
-        let master = self.current();
-        match master.inspect(key, keys).await {
-            Err(e) if failover_suspected(&e) && self.rediscover(&master).await => {
-                self.current().inspect(key, keys).await
-            }
-            other => other,
-        }
+        self.call(|master| async move { master.inspect(key, keys).await })
+            .await
     }
 
     pub(crate) async fn scan_locks(&self, pattern: &str) -> Result<Vec<String>, CallError> {
-        let master = self.current();
-        match master.scan_locks(pattern).await {
-            Err(e) if failover_suspected(&e) && self.rediscover(&master).await => {
-                self.current().scan_locks(pattern).await
-            }
-            other => other,
-        }
+        self.call(|master| async move { master.scan_locks(pattern).await })
+            .await
     }
 
     pub(crate) async fn release_many(
         &self,
         locks: &[(&LockKeys, &str, u64)],
     ) -> Result<Vec<bool>, CallError> {
-        let master = self.current();
-        match master.release_many(locks).await {
-            Err(e) if failover_suspected(&e) && self.rediscover(&master).await => {
-                self.current().release_many(locks).await
-            }
-            other => other,
-        }
+        self.call(|master| async move { master.release_many(locks).await })
+            .await
     }
 
     pub(crate) fn release_blocking(
@@ -329,9 +358,15 @@ impl Sentinel {
     }
 
     pub(crate) async fn renew(&self, batch: &[Arc<Lease>]) -> Vec<Renewal> {
-        let master = self.current();
+        let master = self.master().await;
         let mut outcomes = master.renew(batch).await;
         let failed = outcomes.iter().any(|o| matches!(o, Renewal::Failed(_)));
+        if failed {
+            self.answered_while_suspect.store(false, Ordering::Release);
+            self.suspect.store(true, Ordering::Release);
+        } else if !outcomes.is_empty() && Arc::ptr_eq(&master, &self.current()) {
+            self.answered_while_suspect.store(true, Ordering::Release);
+        }
         if failed && self.rediscover(&master).await {
             // Renew on the new master at once rather than a third of a lease later.
             for outcome in &mut outcomes {

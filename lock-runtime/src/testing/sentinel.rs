@@ -401,6 +401,20 @@ impl RedisSentinel {
         Ok(master)
     }
 
+    /// Starts data node `node` again after [`kill_master`](Self::kill_master), on its port and
+    /// with its arguments, empty (nothing is persisted): the sentinels then find the old
+    /// master back and turn it into a replica of the new one (a demoted master that comes
+    /// back). Does nothing to a node that runs.
+    pub fn restart_data_node(&mut self, node: usize) -> Result<(), TestingError> {
+        let Some(server) = self.data.get_mut(node) else {
+            return Err(TestingError::Sentinel(format!("no data node {node}")));
+        };
+        if server.is_running() {
+            return Ok(());
+        }
+        server.start()
+    }
+
     /// Waits until every running sentinel names the same running node other than `old` as
     /// master and that node reports `role:master`; returns its index. After
     /// [`kill_master`](Self::kill_master) this takes about 2 to 4 s (1 s until the master is

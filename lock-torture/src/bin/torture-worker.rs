@@ -5,7 +5,12 @@
 //! torture-worker --id=N --log=PATH --url=REDIS_URL --store-url=STORE_URL [options] --mode=run|script
 //! torture-worker --id=N --log=PATH --cluster-urls=URL1,URL2,... --store-url=STORE_URL [options] --mode=run|script
 //! torture-worker --id=N --log=PATH --redlock-urls=URL1,URL2,URL3,... --store-url=STORE_URL [options] --mode=run|script
+//! torture-worker --id=N --log=PATH --sentinel-urls=URL1,... --master-name=NAME --store-url=STORE_URL [options] --mode=run|script
 //! ```
+//!
+//! `--sentinel-urls` (comma-separated sentinels, with `--master-name`, built with
+//! `LockManager::sentinel_builder`) is used when neither list above is given.
+//! `--replica-ack=N:MS` builds with `replica_ack(N, MS ms)`.
 //!
 //! The lock server is one Redis (`--url`, built with `LockManager::builder`), a
 //! Redis Cluster (`--cluster-urls`: comma-separated seed URLs, built with
@@ -196,7 +201,16 @@ async fn async_main(args: Args) -> i32 {
             .collect()
     };
     let (cluster_urls, redlock_urls) = (list("cluster-urls"), list("redlock-urls"));
+    let sentinel_urls = list("sentinel-urls");
     let (builder, url) = match (cluster_urls.is_empty(), redlock_urls.is_empty()) {
+        (true, true) if !sentinel_urls.is_empty() => {
+            let joined = sentinel_urls.join(",");
+            let master = args.get("master-name", "distlock".to_owned());
+            (
+                LockManager::sentinel_builder(sentinel_urls, &master),
+                joined,
+            )
+        }
         (true, true) => {
             let url = args.req("url");
             (LockManager::builder(&url), url)
@@ -210,6 +224,17 @@ async fn async_main(args: Args) -> i32 {
             (LockManager::redlock_builder(redlock_urls), joined)
         }
         (false, false) => fatal("--cluster-urls and --redlock-urls exclude each other"),
+    };
+    // `--replica-ack=N:MS`: an acquisition counts once N replicas confirmed it
+    // within MS milliseconds.
+    let builder = match args.get("replica-ack", String::new()).split_once(':') {
+        Some((replicas, ms)) => builder.replica_ack(
+            replicas
+                .parse()
+                .unwrap_or_else(|_| fatal("--replica-ack=N:MS")),
+            Duration::from_millis(ms.parse().unwrap_or_else(|_| fatal("--replica-ack=N:MS"))),
+        ),
+        None => builder,
     };
     let manager = builder
         .key_prefix(args.get("prefix", "torture:".to_owned()))
