@@ -173,7 +173,7 @@ async fn every_kind_of_event_in_order(d: Deployment) {
     // Several keys at once: one acquisition event per key.
     let keys = [format!("ev-{on}:2"), format!("ev-{on}:3")];
     let both = a.lock_all(keys.iter().cloned()).acquire().await.unwrap();
-    let mut seen = vec![next(&mut events).await, next(&mut events).await];
+    let mut seen = [next(&mut events).await, next(&mut events).await];
     seen.sort_by(|x, y| x.key.cmp(&y.key));
     for (event, key) in seen.iter().zip(&keys) {
         assert_eq!(&event.key, key);

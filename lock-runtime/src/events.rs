@@ -263,7 +263,9 @@ async fn check_expiry_notifications(backend: &Backend, pattern: &str) -> Result<
         if !(keyspace && expired) {
             let mut wanted = flags.clone();
             for flag in ['K', 'x'] {
-                if !wanted.contains(flag) && !(flag == 'x' && wanted.contains('A')) {
+                // `A` stands for every event class, `x` included.
+                let set = wanted.contains(flag) || (flag == 'x' && wanted.contains('A'));
+                if !set {
                     wanted.push(flag);
                 }
             }
