@@ -33,9 +33,10 @@
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-// The layers, top down; each module uses only those below it:
-// events, leader > global > manager > request > guard > core > renewal, waiting > backend (the
-// only one that talks to Redis) > context, lease > telemetry, keys, config, info, error.
+// The layers, top down; each module uses only those below it (ARCHITECTURE.md):
+// events, leader > global > manager > multi > request > guard > core > renewal, waiting >
+// backend (the only one that talks to Redis) > context, lease > telemetry, keys, config,
+// info, error.
 mod backend;
 mod config;
 mod context;
