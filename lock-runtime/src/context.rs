@@ -30,7 +30,11 @@ impl LockContext {
 
     /// The live lease of `key` on manager `manager_id` held by this call chain,
     /// among the locks of `family` (see `LockKind::family`).
-    pub(crate) fn find(manager_id: u64, key: &str, family: &str) -> Option<Arc<Lease>> {
+    pub(crate) fn find(
+        manager_id: u64,
+        key: &str,
+        family: crate::keys::LockFamily,
+    ) -> Option<Arc<Lease>> {
         HELD_LOCKS
             .try_with(|ctx| {
                 ctx.holds.iter().rev().filter_map(Weak::upgrade).find(|l| {

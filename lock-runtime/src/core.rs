@@ -8,7 +8,7 @@ use std::time::Instant;
 use crate::backend::Backend;
 use crate::config::Config;
 use crate::error::LockError;
-use crate::keys::{LockKeys, LockKind};
+use crate::keys::{LockKind, RedisNames};
 use crate::renewal::Renewals;
 use crate::waiting::Subscriber;
 
@@ -60,13 +60,13 @@ impl Core {
         self.shut_down.load(Ordering::Acquire)
     }
 
-    pub(crate) fn keys(&self, key: &str) -> LockKeys {
+    pub(crate) fn keys(&self, key: &str) -> RedisNames {
         self.keys_of(key, LockKind::Exclusive)
     }
 
-    pub(crate) fn keys_of(&self, key: &str, kind: LockKind) -> LockKeys {
+    pub(crate) fn keys_of(&self, key: &str, kind: LockKind) -> RedisNames {
         let prefix = &self.config.key_prefix;
-        let keys = LockKeys::of(prefix, key, kind);
+        let keys = RedisNames::of(prefix, key, kind);
         if self.config.lock_events {
             keys.with_events(prefix, key)
         } else {

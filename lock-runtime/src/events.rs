@@ -440,7 +440,7 @@ mod tests {
                 }
             ))
         );
-        let name = keys::LockKeys::new("p:", "order:1").lock;
+        let name = keys::RedisNames::new("p:", "order:1").lock;
         assert_eq!(
             parse("p:", &format!("__keyspace@0__:{name}"), "expired").map(|e| e.kind),
             Some(LockEventKind::Expired)

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use crate::backend::Renewal;
 use crate::core::{Core, ManagerInner};
 use crate::error::{BackendError, BackendErrorKind, KeyPreview, LockError};
-use crate::keys::LockKeys;
+use crate::keys::RedisNames;
 use crate::lease::Lease;
 
 /// A held lock. Dropping it releases the lock in the background; [`release`]
@@ -109,7 +109,7 @@ impl LockGuard {
 
     /// The lease this lock was taken with.
     pub fn lease(&self) -> Duration {
-        self.lease.lease()
+        self.lease.duration()
     }
 
     /// Sets a new lease: the lock's TTL in Redis becomes `lease` from now (it
@@ -315,7 +315,7 @@ impl LockGuard {
                     lease.key.clone(),
                     lease.keys.clone(),
                     lease.owner.clone(),
-                    lease.lease(),
+                    lease.duration(),
                     lease.min_hold_until,
                 );
                 Err(e.error)
@@ -338,7 +338,7 @@ impl Drop for PendingRelease<'_> {
                 self.lease.key.clone(),
                 self.lease.keys.clone(),
                 self.lease.owner.clone(),
-                self.lease.lease(),
+                self.lease.duration(),
                 self.lease.min_hold_until,
             );
         }
@@ -362,7 +362,7 @@ impl Drop for LockGuard {
             self.lease.key.clone(),
             self.lease.keys.clone(),
             self.lease.owner.clone(),
-            self.lease.lease(),
+            self.lease.duration(),
             self.lease.min_hold_until,
         );
     }
@@ -381,7 +381,7 @@ impl Drop for LockGuard {
 pub(crate) fn release_in_background(
     core: &Arc<Core>,
     key: String,
-    keys: LockKeys,
+    keys: RedisNames,
     owner: String,
     lease: Duration,
     keep_until: Option<Instant>,
@@ -409,7 +409,7 @@ thread_local! {
 struct BackgroundRelease {
     core: Arc<Core>,
     key: String,
-    keys: LockKeys,
+    keys: RedisNames,
     owner: String,
     lease: Duration,
     keep_until: Option<Instant>,

@@ -52,23 +52,53 @@ pub(crate) enum LockKind {
 impl LockKind {
     /// The kinds that share Redis names: a write and a read lock on one key
     /// are one read-write lock.
-    pub(crate) fn family(self) -> &'static str {
+    pub(crate) fn family(self) -> LockFamily {
         match self {
-            LockKind::Exclusive => "lock",
-            LockKind::Write | LockKind::Read => "read-write lock",
-            LockKind::Permit { .. } => "semaphore",
+            LockKind::Exclusive => LockFamily::Lock,
+            LockKind::Write | LockKind::Read => LockFamily::ReadWrite,
+            LockKind::Permit { .. } => LockFamily::Semaphore,
         }
     }
 }
 
-/// The Redis names of one lock.
+/// The locks that share Redis names on one key: what re-entry matches a hold
+/// on, and how messages name the kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LockFamily {
+    /// The default lock (`lock`, `fair_lock`, `lock_all`).
+    Lock,
+    /// A read-write lock: its read and write holds.
+    ReadWrite,
+    /// A semaphore.
+    Semaphore,
+}
+
+impl std::fmt::Display for LockFamily {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LockFamily::Lock => "lock",
+            LockFamily::ReadWrite => "read-write lock",
+            LockFamily::Semaphore => "semaphore",
+        })
+    }
+}
+
+/// The Redis names behind one lock, from
+/// [`LockManager::redis_names`](crate::LockManager::redis_names): for
+/// inspection and tests. The runtime uses the same value for every call on
+/// the lock (with names only its scripts need).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct LockKeys {
-    /// Where this hold lives: the lock string (exclusive, write), or the
-    /// sorted set of holders (read, permit), which the renewal resets.
-    pub(crate) lock: String,
-    pub(crate) fence: String,
-    pub(crate) channel: String,
+#[non_exhaustive]
+pub struct RedisNames {
+    /// Where the hold lives: for the default lock and a write lock a string
+    /// `<owner><mark><token>:<since>:<holder>` whose TTL is the lease; for read
+    /// locks and semaphores a sorted set of holders, which the renewal resets.
+    pub lock: String,
+    /// The last fencing token issued for this lock; it outlives the lock by the
+    /// manager's [fence retention](crate::LockManagerBuilder::fence_retention).
+    pub fencing_counter: String,
+    /// The pub/sub channel on which a release wakes waiters that do not queue.
+    pub channel: String,
     pub(crate) kind: LockKind,
     /// The other name a hold's scripts read: for a write lock the readers'
     /// set, for a read lock the writer's string, for a semaphore its permit
@@ -94,7 +124,7 @@ pub(crate) fn events_channel(prefix: &str, key: &str) -> String {
 /// What follows the prefix in an events channel's name.
 pub(crate) const EVENTS_INFIX: &str = "events:";
 
-impl LockKeys {
+impl RedisNames {
     pub(crate) fn new(prefix: &str, key: &str) -> Self {
         Self::of(prefix, key, LockKind::Exclusive)
     }
@@ -152,9 +182,9 @@ impl LockKeys {
                 String::new(),
             ),
         };
-        LockKeys {
+        RedisNames {
             lock,
-            fence,
+            fencing_counter: fence,
             channel,
             kind,
             related,
@@ -255,9 +285,9 @@ mod tests {
 
     #[test]
     fn lock_names_map_back_to_user_keys() {
-        let keys = LockKeys::new("app*1:", "order:}:42");
+        let keys = RedisNames::new("app*1:", "order:}:42");
         assert_eq!(user_key_of("app*1:", &keys.lock), Some("order:}:42"));
-        assert_eq!(user_key_of("app*1:", &keys.fence), None);
+        assert_eq!(user_key_of("app*1:", &keys.fencing_counter), None);
         assert_eq!(user_key_of("other:", &keys.lock), None);
         assert_eq!(
             lock_scan_pattern("app*1:", "order:*"),
@@ -289,10 +319,10 @@ mod tests {
             "{{x}}",
             "ünï cødé\n\"q\"",
         ] {
-            let k = LockKeys::new("distlock:", key);
+            let k = RedisNames::new("distlock:", key);
             let tag = cluster_hash_part(&k.lock);
             assert_eq!(tag.len(), 16, "{key:?} -> {}", k.lock);
-            assert_eq!(cluster_hash_part(&k.fence), tag);
+            assert_eq!(cluster_hash_part(&k.fencing_counter), tag);
             assert_eq!(cluster_hash_part(&k.channel), tag);
             assert!(k.lock.starts_with("distlock:lock:{"));
             assert!(k.lock.ends_with(key));
@@ -301,7 +331,7 @@ mod tests {
 
     #[test]
     fn the_queue_names_share_the_tag_and_are_not_lock_names() {
-        let keys = LockKeys::new("distlock:", "k");
+        let keys = RedisNames::new("distlock:", "k");
         let tag = cluster_hash_part(&keys.lock);
         for name in [&keys.related, &keys.intent] {
             assert_eq!(cluster_hash_part(name), tag, "{name}");
@@ -313,11 +343,11 @@ mod tests {
 
     #[test]
     fn distinct_keys_get_distinct_names() {
-        let a = LockKeys::new("p:", "a");
-        let b = LockKeys::new("p:", "a:fence");
+        let a = RedisNames::new("p:", "a");
+        let b = RedisNames::new("p:", "a:fence");
         assert_ne!(a.lock, b.lock);
-        assert_ne!(a.fence, b.lock);
-        assert_ne!(a.lock, LockKeys::new("p:", "b").lock);
+        assert_ne!(a.fencing_counter, b.lock);
+        assert_ne!(a.lock, RedisNames::new("p:", "b").lock);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use crate::keys::LockKeys;
+use crate::keys::RedisNames;
 
 const HELD: u8 = 0;
 const LOST: u8 = 1;
@@ -35,7 +35,7 @@ pub(crate) struct Lease {
     pub(crate) id: u64,
     pub(crate) manager_id: u64,
     pub(crate) key: String,
-    pub(crate) keys: LockKeys,
+    pub(crate) keys: RedisNames,
     pub(crate) owner: String,
     /// The hold's fencing token; 0 until one is issued (at the acquisition
     /// with eager fencing, else at the holder's first request for it).
@@ -100,7 +100,7 @@ impl std::fmt::Debug for Lease {
         f.debug_struct("Lease")
             .field("key", &self.key)
             .field("fencing_token", &self.fencing_token())
-            .field("lease", &self.lease())
+            .field("duration", &self.duration())
             .field("renew", &self.renew)
             .field("state", &self.state.load(Ordering::Relaxed))
             .field("holds", &self.holds.load(Ordering::Relaxed))
@@ -112,7 +112,7 @@ pub(crate) struct NewLease {
     pub(crate) id: u64,
     pub(crate) manager_id: u64,
     pub(crate) key: String,
-    pub(crate) keys: LockKeys,
+    pub(crate) keys: RedisNames,
     pub(crate) owner: String,
     pub(crate) fencing_token: u64,
     pub(crate) lease: Duration,
@@ -179,7 +179,7 @@ impl Lease {
     }
 
     /// The lease: the lock's TTL in Redis, reset by every renewal.
-    pub(crate) fn lease(&self) -> Duration {
+    pub(crate) fn duration(&self) -> Duration {
         Duration::from_millis(self.lease_ms())
     }
 
@@ -192,13 +192,13 @@ impl Lease {
     }
 
     pub(crate) fn renewal_interval(&self) -> Duration {
-        self.lease() / 3
+        self.duration() / 3
     }
 
     /// How long the holder may trust a renewal sent at `sent_at`: the lease
     /// less the drift, and never past `max_hold`.
     fn valid_after(&self, sent_at: Instant) -> Instant {
-        let lease = self.lease();
+        let lease = self.duration();
         let valid = sent_at + lease.saturating_sub(drift(lease));
         self.max_hold_until.map_or(valid, |limit| valid.min(limit))
     }

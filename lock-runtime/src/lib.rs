@@ -67,10 +67,11 @@ pub use events::{LockEvent, LockEventKind, LockEvents, LockEventsRequest};
 pub use global::{global, set_global, with_default_manager};
 pub use guard::LockGuard;
 pub use info::{LockInfo, PermitCounts};
+pub use keys::RedisNames;
 pub use leader::{LeaderElection, LeaderInfo, LeaderWatch, Leadership, LEADER_KEY_PREFIX};
 pub use lease::RenewalTrouble;
 pub use manager::{
-    LockManager, LockManagerBuilder, RedisNames, DEFAULT_FENCE_RETENTION, MAX_DURATION, MIN_LEASE,
+    LockManager, LockManagerBuilder, DEFAULT_FENCE_RETENTION, MAX_DURATION, MIN_LEASE,
 };
 pub use multi::{MultiLockGuard, MultiLockRequest};
 pub use request::LockRequest;

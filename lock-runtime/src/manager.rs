@@ -379,13 +379,8 @@ impl LockManager {
 
     /// The Redis names behind lock `key`: the lock string, the fencing counter and the
     /// wake-up channel, for inspection and tests.
-    pub fn redis_names(&self, key: &str) -> RedisNames {
-        let k = self.inner.core.keys(key);
-        RedisNames {
-            lock: k.lock,
-            fencing_counter: k.fence,
-            channel: k.channel,
-        }
+    pub fn redis_names(&self, key: &str) -> crate::keys::RedisNames {
+        self.inner.core.keys(key)
     }
 
     /// Frees lock `key` whoever holds it, for an operator unsticking a lock:
@@ -571,20 +566,6 @@ impl LockManager {
     pub fn renewal_round_trips(&self) -> u64 {
         self.inner.core.backend.renewal_round_trips()
     }
-}
-
-/// The Redis names behind one lock, from [`LockManager::redis_names`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct RedisNames {
-    /// The lock itself: a hash `{owner token -> fencing token}` whose TTL is the
-    /// lease, plus a field `waiters` once someone waits for it.
-    pub lock: String,
-    /// The last fencing token issued for this lock; it outlives the lock by the
-    /// manager's [fence retention](LockManagerBuilder::fence_retention).
-    pub fencing_counter: String,
-    /// The pub/sub channel on which release wakes waiters.
-    pub channel: String,
 }
 
 /// Settings for a [`LockManager`]; from [`LockManager::builder`].

@@ -27,9 +27,9 @@ use crate::config::{self, owner_token, Backoff};
 use crate::context::LockContext;
 use crate::core::{Core, ManagerInner};
 use crate::error::{KeyPreview, LockError};
-use crate::keys::{self, LockKeys, LockKind};
+use crate::keys::{self, LockKind, RedisNames};
 use crate::lease::{Lease, NewLease};
-use crate::request::{reenter, LockRequest};
+use crate::request::{reenter, LockRequest, Patience};
 use crate::telemetry;
 
 /// Several locks about to be acquired together, all or nothing; from
@@ -184,7 +184,7 @@ impl MultiLockRequest {
     /// [`LockError::Backend`] when Redis fails or does not answer in time.
     pub async fn acquire(self) -> Result<MultiLockGuard, LockError> {
         let key = self.keys.first().cloned().unwrap_or_default();
-        match self.run(true).await? {
+        match self.run(Patience::Wait).await? {
             Some(guard) => Ok(guard),
             // Waiting turns a busy lock into `Timeout` itself.
             None => Err(LockError::Timeout {
@@ -197,10 +197,10 @@ impl MultiLockRequest {
     /// Makes one attempt: `Ok(None)` when another owner holds any of the
     /// locks, and then none of them is held.
     pub async fn try_acquire(self) -> Result<Option<MultiLockGuard>, LockError> {
-        self.run(false).await
+        self.run(Patience::Once).await
     }
 
-    async fn run(self, patient: bool) -> Result<Option<MultiLockGuard>, LockError> {
+    async fn run(self, patience: Patience) -> Result<Option<MultiLockGuard>, LockError> {
         let MultiLockRequest {
             manager,
             keys,
@@ -226,7 +226,7 @@ impl MultiLockRequest {
         let lease = lease.unwrap_or(core.config.default_lease);
         config::validate_lease(lease, "lease")?;
         let lease = Duration::from_millis(u64::try_from(lease.as_millis()).unwrap_or(u64::MAX));
-        let wait = if patient {
+        let wait = if patience == Patience::Wait {
             let wait = wait.unwrap_or(core.config.default_wait);
             config::validate_wait(wait, "wait")?;
             wait
@@ -283,7 +283,7 @@ impl MultiLockRequest {
             }
             match one_script(&core, &to_take, options, started, &mut taken).await {
                 OneScript::Done(result) => return result.map(|()| Some(taken)),
-                OneScript::Busy(_) if !patient => {
+                OneScript::Busy(_) if patience == Patience::Once => {
                     telemetry::busy(metrics_label);
                     return Ok(None);
                 }
@@ -302,7 +302,7 @@ impl MultiLockRequest {
                 &manager,
                 &to_take,
                 options,
-                patient.then_some(deadline),
+                (patience == Patience::Wait).then_some(deadline),
                 &mut taken,
             )
             .await;
@@ -360,8 +360,8 @@ async fn one_script(
     started: Instant,
     taken: &mut MultiLockGuard,
 ) -> OneScript {
-    let names: Vec<LockKeys> = to_take.iter().map(|key| core.keys(key)).collect();
-    let refs: Vec<&LockKeys> = names.iter().collect();
+    let names: Vec<RedisNames> = to_take.iter().map(|key| core.keys(key)).collect();
+    let refs: Vec<&RedisNames> = names.iter().collect();
     let owner = owner_token();
     let lease_ms = u64::try_from(options.lease.as_millis()).unwrap_or(u64::MAX);
     let retention_ms = u64::try_from(core.config.fence_retention.as_millis()).unwrap_or(u64::MAX);
@@ -523,7 +523,7 @@ async fn ordered(
 struct InFlightAll<'a> {
     core: &'a Arc<Core>,
     keys: &'a [&'a str],
-    names: &'a [LockKeys],
+    names: &'a [RedisNames],
     owner: &'a str,
     lease: Duration,
     armed: bool,
@@ -791,7 +791,7 @@ impl MultiLockGuard {
             leases: &last,
             armed: true,
         };
-        let locks: Vec<(&LockKeys, &str, u64)> = last
+        let locks: Vec<(&RedisNames, &str, u64)> = last
             .iter()
             .map(|l| (&l.keys, l.owner.as_str(), l.keep_ms()))
             .collect();
@@ -843,7 +843,7 @@ fn release_each_in_background(core: &Arc<Core>, leases: &[Arc<Lease>]) {
             lease.key.clone(),
             lease.keys.clone(),
             lease.owner.clone(),
-            lease.lease(),
+            lease.duration(),
             lease.min_hold_until,
         );
     }

@@ -177,7 +177,7 @@ async fn renew_batch(backend: &Backend, batch: &[Arc<Lease>]) {
             Renewal::Renewed { sent_at } => {
                 crate::telemetry::renewal_lag(|| sent_at.saturating_duration_since(due));
                 let late_by = sent_at.saturating_duration_since(due);
-                if late_by > lease.lease() / 10 {
+                if late_by > lease.duration() / 10 {
                     lease.report_trouble(RenewalTrouble::Late {
                         late_by,
                         remaining: lease.valid_until().saturating_duration_since(sent_at),

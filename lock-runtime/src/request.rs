@@ -11,7 +11,7 @@ use crate::context::LockContext;
 use crate::core::{Core, ManagerInner};
 use crate::error::{KeyPreview, LockError};
 use crate::guard::LockGuard;
-use crate::keys::{self, LockKeys, LockKind};
+use crate::keys::{self, LockKind, RedisNames};
 use crate::lease::{Lease, NewLease};
 use crate::telemetry;
 use crate::waiting::BackoffTimer;
@@ -68,8 +68,9 @@ pub struct LockRequest {
     weight: u32,
 }
 
+/// How long an acquisition (single- or multi-key) keeps at a busy lock.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Patience {
+pub(crate) enum Patience {
     /// One attempt; a busy lock is `Ok(None)`.
     Once,
     /// Attempts until `wait` has passed; a busy lock is `Err(Timeout)`.
@@ -493,7 +494,7 @@ pub(crate) fn reenter(
 
 struct Acquisition<'a> {
     core: &'a Arc<Core>,
-    keys: LockKeys,
+    keys: RedisNames,
     resize_permits: bool,
     /// The fencing token is issued inside the acquisition.
     eager_fencing: bool,
@@ -922,7 +923,7 @@ impl Acquisition<'_> {
                 lease.key.clone(),
                 lease.keys.clone(),
                 lease.owner.clone(),
-                lease.lease(),
+                lease.duration(),
                 None,
             );
             return Err(LockError::ShutDown {
@@ -971,7 +972,7 @@ enum Attempt {
 struct WithdrawIntent {
     core: Arc<Core>,
     key: String,
-    keys: LockKeys,
+    keys: RedisNames,
     owner: String,
     lease: Duration,
     armed: bool,
@@ -1017,7 +1018,7 @@ impl Drop for WithdrawIntent {
 /// never came back (timeout, broken connection, or the caller dropped the future).
 struct InFlight<'a> {
     core: &'a Arc<Core>,
-    keys: &'a LockKeys,
+    keys: &'a RedisNames,
     owner: &'a str,
     key: &'a str,
     lease: Duration,

@@ -15,7 +15,7 @@ use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 use super::scripts::Scripts;
 use crate::config::Config;
 use crate::error::LockError;
-use crate::keys::LockKeys;
+use crate::keys::RedisNames;
 
 /// The user key of the lock the start-up check takes and releases, followed by
 /// the probe's owner token: managers built at once probe locks of their own, so
@@ -59,7 +59,7 @@ where
     F: Future<Output = Result<redis::aio::PubSub, RedisError>>,
 {
     let owner = crate::config::owner_token();
-    let keys = LockKeys::new(&config.key_prefix, &format!("{PROBE_KEY}:{owner}"));
+    let keys = RedisNames::new(&config.key_prefix, &format!("{PROBE_KEY}:{owner}"));
     let refused = |reason: String| LockError::ServerCheck {
         url: shown_url.to_owned(),
         reason,

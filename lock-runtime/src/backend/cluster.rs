@@ -35,7 +35,7 @@ use super::single::failed_all;
 use super::{bounded_call, read_renewals, CallError, Renewal};
 use crate::config::{redact_all, Config, ReplicaAck, TlsSettings};
 use crate::error::{BackendErrorKind, LockError};
-use crate::keys::LockKeys;
+use crate::keys::RedisNames;
 use crate::lease::Lease;
 
 /// How long a caller treats a lock as busy after its slot answered with a
@@ -336,7 +336,7 @@ impl Cluster {
     pub(crate) async fn acquire(
         &self,
         key: &str,
-        keys: &LockKeys,
+        keys: &RedisNames,
         owner: &str,
         lease_ms: u64,
         spec: &AcquireSpec<'_>,
@@ -392,7 +392,7 @@ impl Cluster {
     pub(crate) async fn release(
         &self,
         key: &str,
-        keys: &LockKeys,
+        keys: &RedisNames,
         owner: &str,
         keep_ms: u64,
     ) -> Result<bool, CallError> {
@@ -408,7 +408,7 @@ impl Cluster {
     pub(crate) async fn issue_token(
         &self,
         key: &str,
-        keys: &LockKeys,
+        keys: &RedisNames,
         owner: &str,
         fence_ttl_ms: u64,
     ) -> Result<Option<u64>, CallError> {
@@ -424,7 +424,7 @@ impl Cluster {
     pub(crate) async fn force_unlock(
         &self,
         key: &str,
-        keys: &LockKeys,
+        keys: &RedisNames,
         token: &str,
     ) -> Result<bool, CallError> {
         let scripts = &self.scripts;
@@ -437,7 +437,7 @@ impl Cluster {
     pub(crate) async fn permit_counts(
         &self,
         key: &str,
-        keys: &LockKeys,
+        keys: &RedisNames,
     ) -> Result<super::PermitReply, CallError> {
         let scripts = &self.scripts;
         self.call(key, |mut conn| async move {
@@ -494,7 +494,7 @@ impl Cluster {
         .map(drop)
     }
 
-    pub(crate) async fn is_locked(&self, key: &str, keys: &LockKeys) -> Result<bool, CallError> {
+    pub(crate) async fn is_locked(&self, key: &str, keys: &RedisNames) -> Result<bool, CallError> {
         let scripts = &self.scripts;
         self.call(key, |mut conn| async move {
             scripts.is_locked(&mut conn, keys).await
@@ -505,7 +505,7 @@ impl Cluster {
     pub(crate) async fn inspect(
         &self,
         key: &str,
-        keys: &LockKeys,
+        keys: &RedisNames,
     ) -> Result<Option<HeldLock>, CallError> {
         let scripts = &self.scripts;
         self.call(key, |mut conn| async move {
@@ -555,13 +555,13 @@ impl Cluster {
     /// locks released one call each.
     pub(crate) async fn release_many(
         &self,
-        locks: &[(&LockKeys, &str, u64)],
+        locks: &[(&RedisNames, &str, u64)],
     ) -> Result<Vec<bool>, CallError> {
         let conn = self.connection("").await?;
         let groups = self.group_by_node(locks.iter().map(|(keys, _, _)| keys.lock.as_str()));
         let sends = groups.into_iter().map(|(node, indices)| {
             let mut conn = conn.clone();
-            let group: Vec<(&LockKeys, &str, u64)> = indices.iter().map(|i| locks[*i]).collect();
+            let group: Vec<(&RedisNames, &str, u64)> = indices.iter().map(|i| locks[*i]).collect();
             async move {
                 let pipe = self.scripts.release_many_pipeline(&group);
                 let sent = match node {
@@ -603,7 +603,7 @@ impl Cluster {
 
     pub(crate) fn release_blocking(
         &self,
-        keys: &LockKeys,
+        keys: &RedisNames,
         owner: &str,
         keep_ms: u64,
     ) -> RedisResult<bool> {
@@ -953,8 +953,8 @@ mod tests {
             slot_of("{}x"),
             crc16::State::<crc16::XMODEM>::calculate(b"{}x") % 16384
         );
-        let keys = LockKeys::new("distlock:", "order:42");
-        assert_eq!(slot_of(&keys.lock), slot_of(&keys.fence));
+        let keys = RedisNames::new("distlock:", "order:42");
+        assert_eq!(slot_of(&keys.lock), slot_of(&keys.fencing_counter));
         assert_eq!(slot_of(&keys.lock), slot_of(&keys.channel));
     }
 

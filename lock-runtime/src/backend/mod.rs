@@ -24,7 +24,7 @@ use redis::RedisResult;
 
 use crate::config::{Config, TlsSettings};
 use crate::error::{BackendError, BackendErrorKind, LockError};
-use crate::keys::LockKeys;
+use crate::keys::RedisNames;
 use crate::lease::Lease;
 
 pub(crate) mod check;
@@ -115,7 +115,7 @@ impl Backend {
     pub(crate) async fn acquire(
         &self,
         key: &str,
-        keys: &LockKeys,
+        keys: &RedisNames,
         owner: &str,
         lease_ms: u64,
         spec: &AcquireSpec<'_>,
@@ -138,7 +138,7 @@ impl Backend {
     pub(crate) async fn acquire_all(
         &self,
         key: &str,
-        locks: &[&LockKeys],
+        locks: &[&RedisNames],
         owner: &str,
         lease_ms: u64,
         spec: &AcquireSpec<'_>,
@@ -156,7 +156,7 @@ impl Backend {
     pub(crate) async fn release(
         &self,
         key: &str,
-        keys: &LockKeys,
+        keys: &RedisNames,
         owner: &str,
         keep_ms: u64,
     ) -> Result<bool, CallError> {
@@ -174,7 +174,7 @@ impl Backend {
     pub(crate) async fn issue_token(
         &self,
         key: &str,
-        keys: &LockKeys,
+        keys: &RedisNames,
         owner: &str,
         fence_ttl_ms: u64,
     ) -> Result<Option<u64>, CallError> {
@@ -191,7 +191,7 @@ impl Backend {
     pub(crate) async fn force_unlock(
         &self,
         key: &str,
-        keys: &LockKeys,
+        keys: &RedisNames,
         token: &str,
     ) -> Result<bool, CallError> {
         match self {
@@ -203,7 +203,7 @@ impl Backend {
     }
 
     /// Whether anyone holds the lock (under Redlock: a majority of the members).
-    pub(crate) async fn is_locked(&self, key: &str, keys: &LockKeys) -> Result<bool, CallError> {
+    pub(crate) async fn is_locked(&self, key: &str, keys: &RedisNames) -> Result<bool, CallError> {
         match self {
             Backend::Single(b) => b.is_locked(key, keys).await,
             Backend::Cluster(b) => b.is_locked(key, keys).await,
@@ -216,7 +216,7 @@ impl Backend {
     pub(crate) async fn permit_counts(
         &self,
         key: &str,
-        keys: &LockKeys,
+        keys: &RedisNames,
     ) -> Result<PermitReply, CallError> {
         match self {
             Backend::Single(b) => b.permit_counts(key, keys).await,
@@ -269,7 +269,7 @@ impl Backend {
     pub(crate) async fn inspect(
         &self,
         key: &str,
-        keys: &LockKeys,
+        keys: &RedisNames,
     ) -> Result<Option<HeldLock>, CallError> {
         match self {
             Backend::Single(b) => b.inspect(key, keys).await,
@@ -295,7 +295,7 @@ impl Backend {
     /// was still ours.
     pub(crate) async fn release_many(
         &self,
-        locks: &[(&LockKeys, &str, u64)],
+        locks: &[(&RedisNames, &str, u64)],
     ) -> Result<Vec<bool>, CallError> {
         match self {
             Backend::Single(b) => b.release_many(locks).await,
@@ -309,7 +309,7 @@ impl Backend {
     /// and command timeouts: for the moment a tokio runtime shuts down.
     pub(crate) fn release_blocking(
         &self,
-        keys: &LockKeys,
+        keys: &RedisNames,
         owner: &str,
         keep_ms: u64,
     ) -> RedisResult<bool> {

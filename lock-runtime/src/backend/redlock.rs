@@ -41,7 +41,7 @@ use super::single::Single;
 use super::{CallError, Renewal};
 use crate::config::{redact, Config, TlsSettings};
 use crate::error::LockError;
-use crate::keys::LockKeys;
+use crate::keys::RedisNames;
 use crate::lease::{drift, Lease};
 
 /// Fewest members accepted: a majority of 2 is both, so one failure stops every lock.
@@ -159,7 +159,7 @@ impl Redlock {
     pub(crate) async fn acquire(
         &self,
         key: &str,
-        keys: &LockKeys,
+        keys: &RedisNames,
         owner: &str,
         lease_ms: u64,
         spec: &AcquireSpec<'_>,
@@ -256,7 +256,7 @@ impl Redlock {
     async fn write_back(
         &self,
         key: &str,
-        keys: &LockKeys,
+        keys: &RedisNames,
         owner: &str,
         token: u64,
         fence_ttl_ms: u64,
@@ -281,7 +281,7 @@ impl Redlock {
     pub(crate) async fn issue_token(
         &self,
         key: &str,
-        keys: &LockKeys,
+        keys: &RedisNames,
         owner: &str,
         fence_ttl_ms: u64,
     ) -> Result<Option<u64>, CallError> {
@@ -331,7 +331,7 @@ impl Redlock {
     }
 
     /// Releases on every member; true when every member answered.
-    async fn give_back(&self, key: &str, keys: &LockKeys, owner: &str) -> bool {
+    async fn give_back(&self, key: &str, keys: &RedisNames, owner: &str) -> bool {
         self.on_all(self.command_timeout, |m| m.release(key, keys, owner, 0))
             .await
             .iter()
@@ -341,7 +341,7 @@ impl Redlock {
     pub(crate) async fn release(
         &self,
         key: &str,
-        keys: &LockKeys,
+        keys: &RedisNames,
         owner: &str,
         keep_ms: u64,
     ) -> Result<bool, CallError> {
@@ -358,7 +358,7 @@ impl Redlock {
     pub(crate) async fn force_unlock(
         &self,
         key: &str,
-        keys: &LockKeys,
+        keys: &RedisNames,
         token: &str,
     ) -> Result<bool, CallError> {
         let replies = self
@@ -385,7 +385,7 @@ impl Redlock {
     }
 
     /// Held when a majority of the members holds it.
-    pub(crate) async fn is_locked(&self, key: &str, keys: &LockKeys) -> Result<bool, CallError> {
+    pub(crate) async fn is_locked(&self, key: &str, keys: &RedisNames) -> Result<bool, CallError> {
         let replies = self
             .on_all(self.command_timeout, |m| m.is_locked(key, keys))
             .await;
@@ -404,7 +404,7 @@ impl Redlock {
     pub(crate) async fn inspect(
         &self,
         key: &str,
-        keys: &LockKeys,
+        keys: &RedisNames,
     ) -> Result<Option<HeldLock>, CallError> {
         let replies = self
             .on_all(self.command_timeout, |m| m.inspect(key, keys))
@@ -479,7 +479,7 @@ impl Redlock {
 
     pub(crate) async fn release_many(
         &self,
-        locks: &[(&LockKeys, &str, u64)],
+        locks: &[(&RedisNames, &str, u64)],
     ) -> Result<Vec<bool>, CallError> {
         let replies = self
             .on_all(self.command_timeout, |m| m.release_many(locks))
@@ -506,7 +506,7 @@ impl Redlock {
 
     pub(crate) fn release_blocking(
         &self,
-        keys: &LockKeys,
+        keys: &RedisNames,
         owner: &str,
         keep_ms: u64,
     ) -> RedisResult<bool> {

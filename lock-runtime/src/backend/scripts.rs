@@ -15,7 +15,7 @@ use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind};
 
 use crate::config::ReplicaAck;
-use crate::keys::{LockKeys, LockKind};
+use crate::keys::{LockKind, RedisNames};
 
 /// What the acquire script answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -467,7 +467,7 @@ impl Scripts {
     pub(crate) async fn acquire(
         &self,
         conn: &mut impl ConnectionLike,
-        keys: &LockKeys,
+        keys: &RedisNames,
         owner: &str,
         lease_ms: u64,
         spec: &AcquireSpec<'_>,
@@ -490,14 +490,14 @@ impl Scripts {
     pub(crate) async fn acquire_all(
         &self,
         conn: &mut impl ConnectionLike,
-        locks: &[&LockKeys],
+        locks: &[&RedisNames],
         owner: &str,
         lease_ms: u64,
         spec: &AcquireSpec<'_>,
     ) -> RedisResult<AcquireAllReply> {
         let names: Vec<&str> = locks
             .iter()
-            .flat_map(|keys| [keys.lock.as_str(), keys.fence.as_str()])
+            .flat_map(|keys| [keys.lock.as_str(), keys.fencing_counter.as_str()])
             .collect();
         let publishes = locks.iter().any(|keys| !keys.events.is_empty());
         let events_len: usize = locks.iter().map(|keys| keys.events.len()).sum();
@@ -534,7 +534,7 @@ impl Scripts {
     async fn acquire_plain(
         &self,
         conn: &mut impl ConnectionLike,
-        keys: &LockKeys,
+        keys: &RedisNames,
         owner: &str,
         lease_ms: u64,
         spec: &AcquireSpec<'_>,
@@ -573,7 +573,7 @@ impl Scripts {
     pub(crate) async fn acquire_acked(
         &self,
         conn: &mut impl ConnectionLike,
-        keys: &LockKeys,
+        keys: &RedisNames,
         owner: &str,
         lease_ms: u64,
         spec: &AcquireSpec<'_>,
@@ -598,7 +598,7 @@ impl Scripts {
 
     fn acquire_cmd(
         &self,
-        keys: &LockKeys,
+        keys: &RedisNames,
         owner: &str,
         lease_ms: u64,
         spec: &AcquireSpec<'_>,
@@ -607,7 +607,12 @@ impl Scripts {
         let args_len = owner.len() + spec.holder.len() + 70;
         let mut cmd = match keys.kind {
             LockKind::Exclusive => lua.call(
-                &[&keys.lock, &keys.fence, &keys.related, &keys.intent],
+                &[
+                    &keys.lock,
+                    &keys.fencing_counter,
+                    &keys.related,
+                    &keys.intent,
+                ],
                 13,
                 args_len
                     + self.handoff_base.len()
@@ -616,13 +621,20 @@ impl Scripts {
                     + 40,
             ),
             LockKind::Write | LockKind::Read => lua.call(
-                &[&keys.lock, &keys.fence, &keys.related, &keys.intent],
+                &[
+                    &keys.lock,
+                    &keys.fencing_counter,
+                    &keys.related,
+                    &keys.intent,
+                ],
                 6,
                 args_len,
             ),
-            LockKind::Permit { .. } => {
-                lua.call(&[&keys.lock, &keys.fence, &keys.related], 6, args_len)
-            }
+            LockKind::Permit { .. } => lua.call(
+                &[&keys.lock, &keys.fencing_counter, &keys.related],
+                6,
+                args_len,
+            ),
         };
         cmd.arg(owner)
             .arg(lease_ms)
@@ -657,7 +669,7 @@ impl Scripts {
     pub(crate) async fn release_many(
         &self,
         conn: &mut impl ConnectionLike,
-        locks: &[(&LockKeys, &str, u64)],
+        locks: &[(&RedisNames, &str, u64)],
     ) -> RedisResult<Vec<bool>> {
         let replies: Vec<redis::Value> =
             self.release_many_pipeline(locks).query_async(conn).await?;
@@ -667,7 +679,7 @@ impl Scripts {
     /// The pipeline of [`Scripts::release_many`]: SCRIPT LOAD, then one release per lock.
     pub(crate) fn release_many_pipeline(
         &self,
-        locks: &[(&LockKeys, &str, u64)],
+        locks: &[(&RedisNames, &str, u64)],
     ) -> redis::Pipeline {
         let mut pipe = redis::pipe();
         for lua in self.release_luas(locks) {
@@ -682,7 +694,7 @@ impl Scripts {
     /// Reads the replies of [`Scripts::release_many_pipeline`].
     pub(crate) fn release_many_replies(
         &self,
-        locks: &[(&LockKeys, &str, u64)],
+        locks: &[(&RedisNames, &str, u64)],
         mut all: Vec<redis::Value>,
     ) -> RedisResult<Vec<bool>> {
         let luas = self.release_luas(locks);
@@ -710,7 +722,7 @@ impl Scripts {
     }
 
     /// The release scripts `locks` need, each once, in a fixed order.
-    fn release_luas(&self, locks: &[(&LockKeys, &str, u64)]) -> Vec<&Lua> {
+    fn release_luas(&self, locks: &[(&RedisNames, &str, u64)]) -> Vec<&Lua> {
         let mut luas: Vec<&Lua> = Vec::new();
         for (keys, _, _) in locks {
             let lua = self.release_lua(keys.kind);
@@ -723,12 +735,17 @@ impl Scripts {
 
     /// `keep_ms`: above zero, the lock is kept that many milliseconds more
     /// (its TTL set to it) instead of deleted, for a request's `min_hold`.
-    fn release_cmd(&self, keys: &LockKeys, owner: &str, keep_ms: u64) -> Cmd {
+    fn release_cmd(&self, keys: &RedisNames, owner: &str, keep_ms: u64) -> Cmd {
         let lua = self.release_lua(keys.kind);
         let args_len = owner.len() + keys.channel.len() + 20;
         let mut cmd = match keys.kind {
             LockKind::Exclusive => lua.call(
-                &[&keys.lock, &keys.fence, &keys.related, &keys.intent],
+                &[
+                    &keys.lock,
+                    &keys.fencing_counter,
+                    &keys.related,
+                    &keys.intent,
+                ],
                 5,
                 args_len + self.handoff_base.len() + keys.events.len(),
             ),
@@ -747,7 +764,7 @@ impl Scripts {
     pub(crate) async fn release(
         &self,
         conn: &mut impl ConnectionLike,
-        keys: &LockKeys,
+        keys: &RedisNames,
         owner: &str,
         keep_ms: u64,
     ) -> RedisResult<bool> {
@@ -762,7 +779,7 @@ impl Scripts {
     pub(crate) fn release_blocking(
         &self,
         conn: &mut redis::Connection,
-        keys: &LockKeys,
+        keys: &RedisNames,
         owner: &str,
         keep_ms: u64,
     ) -> RedisResult<bool> {
@@ -776,7 +793,7 @@ impl Scripts {
     /// One EVALSHA of the renew script, for a pipeline of renewals (the caller
     /// handles NOSCRIPT through [`Scripts::load_renew`] and reads the reply with
     /// [`Scripts::renew_reply`]).
-    pub(crate) fn renew_cmd(&self, keys: &LockKeys, owner: &str, lease_ms: u64) -> Cmd {
+    pub(crate) fn renew_cmd(&self, keys: &RedisNames, owner: &str, lease_ms: u64) -> Cmd {
         let lua = self.renew_lua(keys.kind);
         let mut cmd = match keys.kind {
             LockKind::Permit { .. } => lua.call(&[&keys.lock, &keys.related], 2, owner.len() + 20),
@@ -797,14 +814,14 @@ impl Scripts {
     pub(crate) async fn raise_fence(
         &self,
         conn: &mut impl ConnectionLike,
-        keys: &LockKeys,
+        keys: &RedisNames,
         owner: &str,
         token: u64,
         fence_ttl_ms: u64,
     ) -> RedisResult<bool> {
-        let mut cmd = self
-            .raise_fence
-            .call(&[&keys.lock, &keys.fence], 3, owner.len() + 40);
+        let mut cmd =
+            self.raise_fence
+                .call(&[&keys.lock, &keys.fencing_counter], 3, owner.len() + 40);
         cmd.arg(owner).arg(token).arg(fence_ttl_ms);
         let (ours, echoed): (i64, String) = self.raise_fence.invoke(conn, &cmd).await?;
         check_owner(&echoed, owner)?;
@@ -817,13 +834,13 @@ impl Scripts {
     pub(crate) async fn issue_token(
         &self,
         conn: &mut impl ConnectionLike,
-        keys: &LockKeys,
+        keys: &RedisNames,
         owner: &str,
         fence_ttl_ms: u64,
     ) -> RedisResult<Option<u64>> {
-        let mut cmd = self
-            .issue_token
-            .call(&[&keys.lock, &keys.fence], 2, owner.len() + 20);
+        let mut cmd =
+            self.issue_token
+                .call(&[&keys.lock, &keys.fencing_counter], 2, owner.len() + 20);
         cmd.arg(owner).arg(fence_ttl_ms);
         let (ours, token, echoed): (i64, i64, String) = self.issue_token.invoke(conn, &cmd).await?;
         check_owner(&echoed, owner)?;
@@ -835,11 +852,16 @@ impl Scripts {
     pub(crate) async fn force_unlock(
         &self,
         conn: &mut impl ConnectionLike,
-        keys: &LockKeys,
+        keys: &RedisNames,
         token: &str,
     ) -> RedisResult<bool> {
         let mut cmd = self.force_unlock.call(
-            &[&keys.lock, &keys.fence, &keys.related, &keys.intent],
+            &[
+                &keys.lock,
+                &keys.fencing_counter,
+                &keys.related,
+                &keys.intent,
+            ],
             4,
             keys.channel.len() + token.len() + self.handoff_base.len() + keys.events.len(),
         );
@@ -857,7 +879,7 @@ impl Scripts {
     pub(crate) async fn is_locked(
         &self,
         conn: &mut impl ConnectionLike,
-        keys: &LockKeys,
+        keys: &RedisNames,
     ) -> RedisResult<bool> {
         redis::cmd("PTTL")
             .arg(&keys.lock)
@@ -866,7 +888,7 @@ impl Scripts {
             .map(|pttl| pttl != -2)
     }
 
-    fn inspect_cmd(&self, keys: &LockKeys) -> Cmd {
+    fn inspect_cmd(&self, keys: &RedisNames) -> Cmd {
         self.inspect.call(&[&keys.lock], 0, 0)
     }
 
@@ -874,7 +896,7 @@ impl Scripts {
     pub(crate) async fn inspect(
         &self,
         conn: &mut impl ConnectionLike,
-        keys: &LockKeys,
+        keys: &RedisNames,
     ) -> RedisResult<Option<HeldLock>> {
         let reply: Vec<redis::Value> = self.inspect.invoke(conn, &self.inspect_cmd(keys)).await?;
         read_inspect(reply)
@@ -886,7 +908,7 @@ impl Scripts {
     pub(crate) async fn permit_counts(
         &self,
         conn: &mut impl ConnectionLike,
-        keys: &LockKeys,
+        keys: &RedisNames,
     ) -> RedisResult<PermitReply> {
         let cmd = self.permit_counts.call(&[&keys.lock, &keys.related], 0, 0);
         let (held, count): (i64, i64) = self.permit_counts.invoke(conn, &cmd).await?;
@@ -928,7 +950,7 @@ impl Scripts {
     /// needs runs, so a missing ACL permission shows up here.
     pub(crate) fn startup_probe(
         &self,
-        keys: &LockKeys,
+        keys: &RedisNames,
         owner: &str,
         lease_ms: u64,
     ) -> (redis::Pipeline, Vec<ProbeStep>) {
@@ -946,7 +968,7 @@ impl Scripts {
             steps.push(ProbeStep::command("SCRIPT LOAD"));
         }
         // Without a counter a token is the server's TIME.
-        pipe.cmd("DEL").arg(&keys.fence);
+        pipe.cmd("DEL").arg(&keys.fencing_counter);
         steps.push(ProbeStep::command("DEL"));
         let spec = AcquireSpec {
             fence_ttl_ms: None,
@@ -987,9 +1009,9 @@ impl Scripts {
         ));
         pipe.add_command(self.inspect_cmd(keys));
         steps.push(ProbeStep::script("the inspect script", &self.inspect));
-        let mut issue = self
-            .issue_token
-            .call(&[&keys.lock, &keys.fence], 2, owner.len() + 20);
+        let mut issue =
+            self.issue_token
+                .call(&[&keys.lock, &keys.fencing_counter], 2, owner.len() + 20);
         issue.arg(owner).arg(lease_ms);
         pipe.add_command(issue);
         steps.push(ProbeStep::script(
@@ -1006,7 +1028,7 @@ impl Scripts {
         pipe.add_command(self.release_cmd(keys, &other, 0));
         steps.push(ProbeStep::script("the release script", &self.release));
         // Leave nothing behind (the counter would otherwise live out its TTL).
-        pipe.cmd("DEL").arg(&keys.fence);
+        pipe.cmd("DEL").arg(&keys.fencing_counter);
         steps.push(ProbeStep::command("DEL"));
         (pipe, steps)
     }

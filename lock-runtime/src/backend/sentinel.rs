@@ -25,7 +25,7 @@ use super::single::Single;
 use super::{CallError, Renewal};
 use crate::config::{redact_all, Config, TlsSettings};
 use crate::error::LockError;
-use crate::keys::LockKeys;
+use crate::keys::RedisNames;
 use crate::lease::Lease;
 
 pub(crate) struct Sentinel {
@@ -222,7 +222,7 @@ impl Sentinel {
     pub(crate) async fn acquire(
         &self,
         key: &str,
-        keys: &LockKeys,
+        keys: &RedisNames,
         owner: &str,
         lease_ms: u64,
         spec: &AcquireSpec<'_>,
@@ -236,7 +236,7 @@ impl Sentinel {
     pub(crate) async fn acquire_all(
         &self,
         key: &str,
-        locks: &[&LockKeys],
+        locks: &[&RedisNames],
         owner: &str,
         lease_ms: u64,
         spec: &AcquireSpec<'_>,
@@ -266,7 +266,7 @@ impl Sentinel {
     pub(crate) async fn release(
         &self,
         key: &str,
-        keys: &LockKeys,
+        keys: &RedisNames,
         owner: &str,
         keep_ms: u64,
     ) -> Result<bool, CallError> {
@@ -279,7 +279,7 @@ impl Sentinel {
     pub(crate) async fn issue_token(
         &self,
         key: &str,
-        keys: &LockKeys,
+        keys: &RedisNames,
         owner: &str,
         fence_ttl_ms: u64,
     ) -> Result<Option<u64>, CallError> {
@@ -290,7 +290,7 @@ impl Sentinel {
     pub(crate) async fn force_unlock(
         &self,
         key: &str,
-        keys: &LockKeys,
+        keys: &RedisNames,
         token: &str,
     ) -> Result<bool, CallError> {
         self.call(|master| async move { master.force_unlock(key, keys, token).await })
@@ -300,7 +300,7 @@ impl Sentinel {
     pub(crate) async fn permit_counts(
         &self,
         key: &str,
-        keys: &LockKeys,
+        keys: &RedisNames,
     ) -> Result<super::PermitReply, CallError> {
         self.call(|master| async move { master.permit_counts(key, keys).await })
             .await
@@ -321,7 +321,7 @@ impl Sentinel {
             .await
     }
 
-    pub(crate) async fn is_locked(&self, key: &str, keys: &LockKeys) -> Result<bool, CallError> {
+    pub(crate) async fn is_locked(&self, key: &str, keys: &RedisNames) -> Result<bool, CallError> {
         self.call(|master| async move { master.is_locked(key, keys).await })
             .await
     }
@@ -329,7 +329,7 @@ impl Sentinel {
     pub(crate) async fn inspect(
         &self,
         key: &str,
-        keys: &LockKeys,
+        keys: &RedisNames,
     ) -> Result<Option<HeldLock>, CallError> {
         self.call(|master| async move { master.inspect(key, keys).await })
             .await
@@ -342,7 +342,7 @@ impl Sentinel {
 
     pub(crate) async fn release_many(
         &self,
-        locks: &[(&LockKeys, &str, u64)],
+        locks: &[(&RedisNames, &str, u64)],
     ) -> Result<Vec<bool>, CallError> {
         self.call(|master| async move { master.release_many(locks).await })
             .await
@@ -350,7 +350,7 @@ impl Sentinel {
 
     pub(crate) fn release_blocking(
         &self,
-        keys: &LockKeys,
+        keys: &RedisNames,
         owner: &str,
         keep_ms: u64,
     ) -> RedisResult<bool> {

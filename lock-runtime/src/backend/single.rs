@@ -12,7 +12,7 @@ use super::scripts::{self, AcquireAllReply, AcquireReply, AcquireSpec, HeldLock,
 use super::{bounded_call, read_renewals, CallError, Renewal};
 use crate::config::{redact, Config, ReplicaAck, TlsSettings};
 use crate::error::LockError;
-use crate::keys::LockKeys;
+use crate::keys::RedisNames;
 use crate::lease::Lease;
 
 pub(crate) struct Single {
@@ -190,7 +190,7 @@ impl Single {
     pub(crate) async fn acquire(
         &self,
         key: &str,
-        keys: &LockKeys,
+        keys: &RedisNames,
         owner: &str,
         lease_ms: u64,
         spec: &AcquireSpec<'_>,
@@ -233,7 +233,7 @@ impl Single {
     pub(crate) async fn acquire_all(
         &self,
         key: &str,
-        locks: &[&LockKeys],
+        locks: &[&RedisNames],
         owner: &str,
         lease_ms: u64,
         spec: &AcquireSpec<'_>,
@@ -260,7 +260,7 @@ impl Single {
     pub(crate) async fn raise_fence(
         &self,
         key: &str,
-        keys: &LockKeys,
+        keys: &RedisNames,
         owner: &str,
         token: u64,
         fence_ttl_ms: u64,
@@ -281,7 +281,7 @@ impl Single {
     pub(crate) async fn issue_token(
         &self,
         key: &str,
-        keys: &LockKeys,
+        keys: &RedisNames,
         owner: &str,
         fence_ttl_ms: u64,
     ) -> Result<Option<u64>, CallError> {
@@ -299,7 +299,7 @@ impl Single {
     pub(crate) async fn release(
         &self,
         key: &str,
-        keys: &LockKeys,
+        keys: &RedisNames,
         owner: &str,
         keep_ms: u64,
     ) -> Result<bool, CallError> {
@@ -316,7 +316,7 @@ impl Single {
     pub(crate) async fn force_unlock(
         &self,
         key: &str,
-        keys: &LockKeys,
+        keys: &RedisNames,
         token: &str,
     ) -> Result<bool, CallError> {
         let conn = self.connection();
@@ -332,7 +332,7 @@ impl Single {
     pub(crate) async fn permit_counts(
         &self,
         key: &str,
-        keys: &LockKeys,
+        keys: &RedisNames,
     ) -> Result<super::PermitReply, CallError> {
         let conn = self.connection();
         let mut redis = conn.redis;
@@ -373,7 +373,7 @@ impl Single {
             .map(drop)
     }
 
-    pub(crate) async fn is_locked(&self, key: &str, keys: &LockKeys) -> Result<bool, CallError> {
+    pub(crate) async fn is_locked(&self, key: &str, keys: &RedisNames) -> Result<bool, CallError> {
         let conn = self.connection();
         let mut redis = conn.redis;
         self.call(
@@ -387,7 +387,7 @@ impl Single {
     pub(crate) async fn inspect(
         &self,
         key: &str,
-        keys: &LockKeys,
+        keys: &RedisNames,
     ) -> Result<Option<HeldLock>, CallError> {
         let conn = self.connection();
         let mut redis = conn.redis;
@@ -419,7 +419,7 @@ impl Single {
 
     pub(crate) async fn release_many(
         &self,
-        locks: &[(&LockKeys, &str, u64)],
+        locks: &[(&RedisNames, &str, u64)],
     ) -> Result<Vec<bool>, CallError> {
         let conn = self.connection();
         let mut redis = conn.redis;
@@ -433,7 +433,7 @@ impl Single {
 
     pub(crate) fn release_blocking(
         &self,
-        keys: &LockKeys,
+        keys: &RedisNames,
         owner: &str,
         keep_ms: u64,
     ) -> RedisResult<bool> {
