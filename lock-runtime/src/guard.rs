@@ -273,17 +273,13 @@ impl LockGuard {
         // From here on nobody else will release: if this future is dropped before
         // the reply, the queued script may never be sent (or a NOSCRIPT retry may
         // be cut short), so hand the release to the background.
-        let mut pending = PendingRelease {
-            core,
-            lease: &lease,
-            armed: true,
-        };
+        let mut pending = ReleaseOnDrop::new(|| release_lease_in_background(core, &lease));
         let started = Instant::now();
         let reply = core
             .backend
             .release(&lease.key, &lease.keys, &lease.owner, lease.keep_ms())
             .await;
-        pending.armed = false;
+        pending.disarm();
         match reply {
             Ok(true) if !was_lost => {
                 tracing::debug!(target: "distlock::release",
@@ -310,39 +306,56 @@ impl LockGuard {
                     error = %e.error,
                     "release failed; retrying in the background"
                 );
-                release_in_background(
-                    core,
-                    lease.key.clone(),
-                    lease.keys.clone(),
-                    lease.owner.clone(),
-                    lease.duration(),
-                    lease.min_hold_until,
-                );
+                release_lease_in_background(core, &lease);
                 Err(e.error)
             }
         }
     }
 }
 
-struct PendingRelease<'a> {
-    core: &'a Arc<Core>,
-    lease: &'a Lease,
-    armed: bool,
+/// Runs its release if dropped while armed: the one "release in the
+/// background if this is dropped" of the crate (the pattern of sqlx's
+/// `DecrementSizeGuard`). Every path that sends a command whose effect it may
+/// not learn (an acquisition or a release in flight, whose future may be
+/// dropped or whose reply may be lost; a queue entry to withdraw) holds one,
+/// and disarms it once the outcome is known. The release is a closure, so
+/// that an armed guard costs nothing until it fires.
+#[must_use = "dropped at once, the guard releases at once"]
+pub(crate) struct ReleaseOnDrop<F: FnOnce()> {
+    release: Option<F>,
 }
 
-impl Drop for PendingRelease<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            release_in_background(
-                self.core,
-                self.lease.key.clone(),
-                self.lease.keys.clone(),
-                self.lease.owner.clone(),
-                self.lease.duration(),
-                self.lease.min_hold_until,
-            );
+impl<F: FnOnce()> ReleaseOnDrop<F> {
+    pub(crate) fn new(release: F) -> Self {
+        ReleaseOnDrop {
+            release: Some(release),
         }
     }
+
+    /// The outcome is known: nothing to release on drop.
+    pub(crate) fn disarm(&mut self) {
+        self.release = None;
+    }
+}
+
+impl<F: FnOnce()> Drop for ReleaseOnDrop<F> {
+    fn drop(&mut self) {
+        if let Some(release) = self.release.take() {
+            release();
+        }
+    }
+}
+
+/// [`release_in_background`] of a granted lease (keeping a `min_hold`).
+pub(crate) fn release_lease_in_background(core: &Arc<Core>, lease: &Lease) {
+    release_in_background(
+        core,
+        lease.key.clone(),
+        lease.keys.clone(),
+        lease.owner.clone(),
+        lease.duration(),
+        lease.min_hold_until,
+    );
 }
 
 impl Drop for LockGuard {
@@ -357,14 +370,7 @@ impl Drop for LockGuard {
             return;
         }
         crate::telemetry::released(self.lease.metrics_label, || self.lease.granted_at.elapsed());
-        release_in_background(
-            core,
-            self.lease.key.clone(),
-            self.lease.keys.clone(),
-            self.lease.owner.clone(),
-            self.lease.duration(),
-            self.lease.min_hold_until,
-        );
+        release_lease_in_background(core, &self.lease);
     }
 }
 

@@ -27,6 +27,7 @@ use crate::config::{self, owner_token, Backoff};
 use crate::context::LockContext;
 use crate::core::{Core, ManagerInner};
 use crate::error::{KeyPreview, LockError};
+use crate::guard::{release_in_background, release_lease_in_background, ReleaseOnDrop};
 use crate::keys::{self, LockKind, RedisNames};
 use crate::lease::{Lease, NewLease};
 use crate::request::{reenter, LockRequest, Patience};
@@ -382,14 +383,22 @@ async fn one_script(
     let first = to_take.first().copied().unwrap_or_default();
     // If this future is dropped while the script is in flight, the server may
     // still run it and take the locks in our name: release them by token.
-    let mut in_flight = InFlightAll {
-        core,
-        keys: to_take,
-        names: &names,
-        owner: &owner,
-        lease: options.lease,
-        armed: true,
-    };
+    let mut in_flight = ReleaseOnDrop::new(|| {
+        tracing::debug!(target: "distlock::acquire",
+            keys = to_take.len(),
+            "acquire-all reply lost; releasing by owner token in the background"
+        );
+        for (key, names) in to_take.iter().zip(&names) {
+            release_in_background(
+                core,
+                (*key).to_owned(),
+                names.clone(),
+                owner.clone(),
+                options.lease,
+                None,
+            );
+        }
+    });
     let sent_at = Instant::now();
     let reply = core
         .backend
@@ -397,7 +406,7 @@ async fn one_script(
         .await;
     let reply = match reply {
         None => {
-            in_flight.armed = false;
+            in_flight.disarm();
             return OneScript::Unsupported;
         }
         Some(reply) => reply,
@@ -405,13 +414,13 @@ async fn one_script(
     telemetry::round_trip(|| sent_at.elapsed());
     match reply {
         Ok(AcquireAllReply::Foreign { index }) => {
-            in_flight.armed = false;
+            in_flight.disarm();
             OneScript::Done(Err(LockError::ForeignValue {
                 key: to_take.get(index).copied().unwrap_or(first).to_owned(),
             }))
         }
         Ok(AcquireAllReply::Busy { index, remaining }) => {
-            in_flight.armed = false;
+            in_flight.disarm();
             tracing::debug!(target: "distlock::acquire",
                 busy_key = %KeyPreview(to_take.get(index).copied().unwrap_or_default()),
                 remaining_ms = remaining.map(|r| r.as_millis() as u64),
@@ -420,7 +429,7 @@ async fn one_script(
             OneScript::Busy(to_take.get(index).copied().unwrap_or(first).to_owned())
         }
         Ok(AcquireAllReply::Acquired { fencing_tokens }) => {
-            in_flight.armed = false;
+            in_flight.disarm();
             drop(in_flight);
             let acquired_at = Instant::now();
             let granted = to_take.iter().zip(names).zip(fencing_tokens);
@@ -450,14 +459,7 @@ async fn one_script(
                     let rest = std::iter::once((lease.key.clone(), lease.keys.clone()))
                         .chain(granted.map(|((key, keys), _)| ((*key).to_owned(), keys)));
                     for (key, keys) in rest {
-                        crate::guard::release_in_background(
-                            core,
-                            key,
-                            keys,
-                            owner.clone(),
-                            options.lease,
-                            None,
-                        );
+                        release_in_background(core, key, keys, owner.clone(), options.lease, None);
                     }
                     return OneScript::Done(Err(LockError::ShutDown {
                         key: (*key).to_owned(),
@@ -469,7 +471,9 @@ async fn one_script(
             OneScript::Done(Ok(()))
         }
         Err(e) => {
-            in_flight.armed = e.maybe_executed;
+            if !e.maybe_executed {
+                in_flight.disarm();
+            }
             OneScript::Done(Err(e.error))
         }
     }
@@ -515,40 +519,6 @@ async fn ordered(
         taken.push(guard.into_lease());
     }
     Ok(true)
-}
-
-/// Releases, in the background, the locks an acquire-all may have taken when
-/// its reply never came back (timeout, broken connection, or the caller
-/// dropped the future).
-struct InFlightAll<'a> {
-    core: &'a Arc<Core>,
-    keys: &'a [&'a str],
-    names: &'a [RedisNames],
-    owner: &'a str,
-    lease: Duration,
-    armed: bool,
-}
-
-impl Drop for InFlightAll<'_> {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        tracing::debug!(target: "distlock::acquire",
-            keys = self.keys.len(),
-            "acquire-all reply lost; releasing by owner token in the background"
-        );
-        for (key, names) in self.keys.iter().zip(self.names) {
-            crate::guard::release_in_background(
-                self.core,
-                (*key).to_owned(),
-                names.clone(),
-                self.owner.to_owned(),
-                self.lease,
-                None,
-            );
-        }
-    }
 }
 
 /// Several held locks, from [`MultiLockRequest::acquire`]. Dropping it
@@ -786,18 +756,14 @@ impl MultiLockGuard {
         }
         // From here on nobody else will release: if this future is dropped
         // before the reply, hand the releases to the background.
-        let mut pending = PendingReleaseAll {
-            core: &core,
-            leases: &last,
-            armed: true,
-        };
+        let mut pending = ReleaseOnDrop::new(|| release_each_in_background(&core, &last));
         let locks: Vec<(&RedisNames, &str, u64)> = last
             .iter()
             .map(|l| (&l.keys, l.owner.as_str(), l.keep_ms()))
             .collect();
         let started = Instant::now();
         let reply = core.backend.release_many(&locks).await;
-        pending.armed = false;
+        pending.disarm();
         match reply {
             Ok(ours) => {
                 for (lease, ours) in last.iter().zip(ours) {
@@ -838,28 +804,7 @@ impl MultiLockGuard {
 
 fn release_each_in_background(core: &Arc<Core>, leases: &[Arc<Lease>]) {
     for lease in leases {
-        crate::guard::release_in_background(
-            core,
-            lease.key.clone(),
-            lease.keys.clone(),
-            lease.owner.clone(),
-            lease.duration(),
-            lease.min_hold_until,
-        );
-    }
-}
-
-struct PendingReleaseAll<'a> {
-    core: &'a Arc<Core>,
-    leases: &'a [Arc<Lease>],
-    armed: bool,
-}
-
-impl Drop for PendingReleaseAll<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            release_each_in_background(self.core, self.leases);
-        }
+        release_lease_in_background(core, lease);
     }
 }
 

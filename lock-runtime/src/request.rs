@@ -10,7 +10,7 @@ use crate::config::{self, owner_token, Backoff};
 use crate::context::LockContext;
 use crate::core::{Core, ManagerInner};
 use crate::error::{KeyPreview, LockError};
-use crate::guard::LockGuard;
+use crate::guard::{release_in_background, LockGuard, ReleaseOnDrop};
 use crate::keys::{self, LockKind, RedisNames};
 use crate::lease::{Lease, NewLease};
 use crate::telemetry;
@@ -563,14 +563,7 @@ impl Acquisition<'_> {
         self.waiting = true;
         // A waiting writer announces itself to keep new readers out; if it
         // leaves without the lock, it takes the announcement back.
-        let mut withdraw = (self.keys.kind == LockKind::Write).then(|| WithdrawIntent {
-            core: core.clone(),
-            key: self.key.clone(),
-            keys: self.keys.clone(),
-            owner: self.owner.clone(),
-            lease: self.lease,
-            armed: true,
-        });
+        let mut withdraw = (self.keys.kind == LockKind::Write).then(|| self.withdraw_on_drop());
         let mut backoff = BackoffTimer::new(self.backoff);
         // Registered from here on: a release from now on wakes this waiter or
         // another of this manager (who then holds the lock), and a new
@@ -615,7 +608,7 @@ impl Acquisition<'_> {
                     // One release was this one's; any more (a semaphore's other
                     // permits) are the next waiter's.
                     registration.set_unresolved_releases(releases.saturating_sub(1));
-                    if let Some(withdraw) = withdraw.take() {
+                    if let Some(mut withdraw) = withdraw.take() {
                         withdraw.disarm();
                     }
                     return self.grant(manager, fencing_token, sent_at, None).map(Some);
@@ -688,14 +681,7 @@ impl Acquisition<'_> {
         self.waiting = true;
         // Leaving without the lock withdraws our queue entry (and gives back a
         // lock handed to us meanwhile) in the background.
-        let withdraw = WithdrawIntent {
-            core: core.clone(),
-            key: self.key.clone(),
-            keys: self.keys.clone(),
-            owner: self.owner.clone(),
-            lease: self.lease,
-            armed: true,
-        };
+        let mut withdraw = self.withdraw_on_drop();
         loop {
             let remaining = match self.attempt().await? {
                 Attempt::Acquired {
@@ -712,7 +698,18 @@ impl Acquisition<'_> {
                 // Out of the queue before the caller hears of the timeout, so that
                 // a release right after does not hand the lock to a waiter that has
                 // left (its withdrawal would hand it on, a round trip later).
-                withdraw.withdraw_now().await;
+                // One release script by our owner token removes our queue
+                // entry (and gives back a lock handed to us meanwhile); if it
+                // fails, the guard retries in the background.
+                if core
+                    .backend
+                    .release(&self.key, &self.keys, &self.owner, 0)
+                    .await
+                    .is_ok()
+                {
+                    withdraw.disarm();
+                }
+                drop(withdraw);
                 return Err(self.timeout());
             }
             // The next attempt refreshes the queue entry, and comes at once
@@ -792,14 +789,20 @@ impl Acquisition<'_> {
             u64::try_from(self.core.config.fence_retention.as_millis()).unwrap_or(u64::MAX);
         // If this future is dropped while the script is in flight, the server
         // may still run it and take the lock in our name: release it by token.
-        let mut in_flight = InFlight {
-            core: self.core,
-            keys: &self.keys,
-            owner: &self.owner,
-            key: &self.key,
-            lease: self.lease,
-            armed: true,
-        };
+        let mut in_flight = ReleaseOnDrop::new(|| {
+            tracing::debug!(target: "distlock::acquire",
+                key = %KeyPreview(&self.key),
+                "acquire reply lost; releasing by owner token in the background"
+            );
+            release_in_background(
+                self.core,
+                self.key.clone(),
+                self.keys.clone(),
+                self.owner.clone(),
+                self.lease,
+                None,
+            );
+        });
         let reply = self
             .core
             .backend
@@ -828,24 +831,24 @@ impl Acquisition<'_> {
         telemetry::round_trip(|| sent_at.elapsed());
         match reply {
             Ok(AcquireReply::Acquired { fencing_token }) => {
-                in_flight.armed = false;
+                in_flight.disarm();
                 Ok(Attempt::Acquired {
                     fencing_token,
                     sent_at,
                 })
             }
             Ok(AcquireReply::Busy { remaining }) => {
-                in_flight.armed = false;
+                in_flight.disarm();
                 Ok(Attempt::Busy(remaining))
             }
             Ok(AcquireReply::Foreign) => {
-                in_flight.armed = false;
+                in_flight.disarm();
                 Err(LockError::ForeignValue {
                     key: self.key.clone(),
                 })
             }
             Ok(AcquireReply::PermitsDiffer { held_with }) => {
-                in_flight.armed = false;
+                in_flight.disarm();
                 let requested = match self.keys.kind {
                     LockKind::Permit { permits } => permits,
                     _ => 0,
@@ -857,10 +860,29 @@ impl Acquisition<'_> {
                 })
             }
             Err(e) => {
-                in_flight.armed = e.maybe_executed;
+                if !e.maybe_executed {
+                    in_flight.disarm();
+                }
                 Err(e.error)
             }
         }
+    }
+
+    /// While armed, a waiter leaving without the lock withdraws in the
+    /// background: its queue entry (the default lock), or its writer intent
+    /// (a write lock), with one release script by its owner token, which also
+    /// gives back a lock handed to it meanwhile. Otherwise new readers stay
+    /// shut out for the rest of its lease, or the queue is held up for the
+    /// rest of the entry's queue lease.
+    fn withdraw_on_drop(&self) -> ReleaseOnDrop<impl FnOnce()> {
+        let (core, key, keys, owner, lease) = (
+            self.core.clone(),
+            self.key.clone(),
+            self.keys.clone(),
+            self.owner.clone(),
+            self.lease,
+        );
+        ReleaseOnDrop::new(move || release_in_background(&core, key, keys, owner, lease, None))
     }
 
     /// Hands the lock to a guard. The acquisition is done with its names and
@@ -918,7 +940,7 @@ impl Acquisition<'_> {
             // the lock straight back.
             lease.mark_released();
             // The holder never had it: no min_hold to keep.
-            crate::guard::release_in_background(
+            release_in_background(
                 core,
                 lease.key.clone(),
                 lease.keys.clone(),
@@ -962,84 +984,4 @@ enum Attempt {
         sent_at: Instant,
     },
     Busy(Option<Duration>),
-}
-
-/// A writer's intent left in Redis by a waiting write acquisition, or a queued
-/// waiter's queue entry: released (the write or default release script withdraws
-/// it) if the acquisition ends without the lock, so that readers are not kept
-/// out for the rest of its lease, or the lock's queue is not held up for
-/// the rest of the entry's queue lease.
-struct WithdrawIntent {
-    core: Arc<Core>,
-    key: String,
-    keys: RedisNames,
-    owner: String,
-    lease: Duration,
-    armed: bool,
-}
-
-impl WithdrawIntent {
-    fn disarm(mut self) {
-        self.armed = false;
-    }
-
-    /// Withdraws at once (one release script by our owner token: it removes
-    /// our queue entry, and gives back a lock handed to us meanwhile); if that
-    /// fails, `Drop` retries in the background.
-    async fn withdraw_now(mut self) {
-        let result = self
-            .core
-            .backend
-            .release(&self.key, &self.keys, &self.owner, 0)
-            .await;
-        if result.is_ok() {
-            self.armed = false;
-        }
-    }
-}
-
-impl Drop for WithdrawIntent {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        crate::guard::release_in_background(
-            &self.core,
-            std::mem::take(&mut self.key),
-            self.keys.clone(),
-            std::mem::take(&mut self.owner),
-            self.lease,
-            None,
-        );
-    }
-}
-
-/// Releases, in the background, a lock an attempt may have taken when its reply
-/// never came back (timeout, broken connection, or the caller dropped the future).
-struct InFlight<'a> {
-    core: &'a Arc<Core>,
-    keys: &'a RedisNames,
-    owner: &'a str,
-    key: &'a str,
-    lease: Duration,
-    armed: bool,
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            tracing::debug!(target: "distlock::acquire",
-                key = %KeyPreview(self.key),
-                "acquire reply lost; releasing by owner token in the background"
-            );
-            crate::guard::release_in_background(
-                self.core,
-                self.key.to_owned(),
-                self.keys.clone(),
-                self.owner.to_owned(),
-                self.lease,
-                None,
-            );
-        }
-    }
 }
