@@ -36,7 +36,7 @@
 // The layers, top down; each module uses only those below it (ARCHITECTURE.md):
 // events, leader > global > manager > multi > request > guard > core > renewal, waiting >
 // backend (the only one that talks to Redis) > context, lease > telemetry, keys, config,
-// info, error.
+// info, error; options (a request's hold options) sits with config.
 mod backend;
 mod config;
 mod context;
@@ -51,6 +51,7 @@ mod leader;
 mod lease;
 mod manager;
 mod multi;
+mod options;
 mod renewal;
 mod request;
 mod telemetry;

@@ -30,7 +30,8 @@ use crate::error::{KeyPreview, LockError};
 use crate::guard::{release_in_background, release_lease_in_background, ReleaseOnDrop};
 use crate::keys::{self, LockKind, RedisNames};
 use crate::lease::{Lease, NewLease};
-use crate::request::{reenter, LockRequest, Patience};
+use crate::options::{Hold, HoldOptions, Patience};
+use crate::request::{reenter, LockRequest};
 use crate::telemetry;
 
 /// Several locks about to be acquired together, all or nothing; from
@@ -49,27 +50,8 @@ pub struct MultiLockRequest {
     manager: Arc<ManagerInner>,
     /// De-duplicated, sorted.
     keys: Vec<String>,
-    lease: Option<Duration>,
-    wait: Option<Duration>,
-    renew: bool,
-    max_hold: Option<Duration>,
-    min_hold: Option<Duration>,
-    metrics_label: Option<&'static str>,
-    eager_fencing: Option<bool>,
-    backoff: Option<Backoff>,
-    reentrant: bool,
-}
-
-/// The options every key's lease is taken with.
-#[derive(Clone, Copy)]
-struct Options {
-    lease: Duration,
-    renew: bool,
-    max_hold: Option<Duration>,
-    min_hold: Option<Duration>,
-    metrics_label: Option<&'static str>,
-    eager_fencing: bool,
-    backoff: Backoff,
+    /// Every key's lease is taken with them.
+    options: HoldOptions,
 }
 
 impl MultiLockRequest {
@@ -79,15 +61,7 @@ impl MultiLockRequest {
         MultiLockRequest {
             manager,
             keys,
-            lease: None,
-            wait: None,
-            renew: true,
-            max_hold: None,
-            min_hold: None,
-            metrics_label: None,
-            eager_fencing: None,
-            backoff: None,
-            reentrant: true,
+            options: HoldOptions::default(),
         }
     }
 
@@ -96,27 +70,27 @@ impl MultiLockRequest {
     /// [`LockError::AlreadyHeld`] naming the first of them. See
     /// [`LockRequest::reentrant`].
     pub fn reentrant(mut self, reentrant: bool) -> Self {
-        self.reentrant = reentrant;
+        self.options.reentrant = reentrant;
         self
     }
 
     /// How the ordered path paces its attempts on a busy lock (default: the
     /// manager's); see [`LockRequest::backoff`].
     pub fn backoff(mut self, backoff: Backoff) -> Self {
-        self.backoff = Some(backoff);
+        self.options.backoff = Some(backoff);
         self
     }
 
     /// Whether each key's fencing token is issued inside the acquisition
     /// (default: the manager's); see [`LockRequest::eager_fencing`].
     pub fn eager_fencing(mut self, eager: bool) -> Self {
-        self.eager_fencing = Some(eager);
+        self.options.eager_fencing = Some(eager);
         self
     }
 
     /// The lease of every lock (see [`LockRequest::lease`]).
     pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = Some(lease);
+        self.options.lease = Some(lease);
         self
     }
 
@@ -124,14 +98,14 @@ impl MultiLockRequest {
     /// that are busy before it returns [`LockError::Timeout`] (default: the
     /// manager's); see [`LockRequest::wait`].
     pub fn wait(mut self, wait: Duration) -> Self {
-        self.wait = Some(wait);
+        self.options.wait = Some(wait);
         self
     }
 
     /// Whether the leases are renewed while the guard lives (default true);
     /// see [`LockRequest::renew`].
     pub fn renew(mut self, renew: bool) -> Self {
-        self.renew = renew;
+        self.options.renew = renew;
         self
     }
 
@@ -139,21 +113,21 @@ impl MultiLockRequest {
     /// [`LockRequest::max_hold`]); once one lease reaches it, the guard
     /// reports a loss.
     pub fn max_hold(mut self, max_hold: Duration) -> Self {
-        self.max_hold = Some(max_hold);
+        self.options.max_hold = Some(max_hold);
         self
     }
 
     /// The shortest each lock is held, counted from its own grant (see
     /// [`LockRequest::min_hold`]).
     pub fn min_hold(mut self, min_hold: Duration) -> Self {
-        self.min_hold = Some(min_hold);
+        self.options.min_hold = Some(min_hold);
         self
     }
 
     /// Labels the metrics of these locks (see [`LockRequest::metrics_label`]);
     /// each key counts as one lock in them.
     pub fn metrics_label(mut self, label: &'static str) -> Self {
-        self.metrics_label = Some(label);
+        self.options.metrics_label = Some(label);
         self
     }
 
@@ -205,44 +179,19 @@ impl MultiLockRequest {
         let MultiLockRequest {
             manager,
             keys,
-            lease,
-            wait,
-            renew,
-            max_hold,
-            min_hold,
-            metrics_label,
-            eager_fencing,
-            backoff,
-            reentrant,
+            options,
         } = self;
-        config::validate_hold(max_hold, "max_hold")?;
-        config::validate_hold(min_hold, "min_hold")?;
-        if let Some(backoff) = &backoff {
-            backoff.validate("the request's backoff")?;
-        }
         for key in &keys {
             keys::validate_key(key)?;
         }
         let core = manager.core.clone();
-        let lease = lease.unwrap_or(core.config.default_lease);
-        config::validate_lease(lease, "lease")?;
-        let lease = Duration::from_millis(u64::try_from(lease.as_millis()).unwrap_or(u64::MAX));
-        let wait = if patience == Patience::Wait {
-            let wait = wait.unwrap_or(core.config.default_wait);
-            config::validate_wait(wait, "wait")?;
-            wait
-        } else {
-            Duration::ZERO
-        };
-        let options = Options {
-            lease,
-            renew,
-            max_hold,
-            min_hold,
-            metrics_label,
-            eager_fencing: eager_fencing.unwrap_or(core.config.eager_fencing),
-            backoff: backoff.unwrap_or(core.config.backoff),
-        };
+        let options = options.resolve(&core.config, patience)?;
+        let (lease, wait, reentrant, metrics_label) = (
+            options.lease,
+            options.wait,
+            options.reentrant,
+            options.metrics_label,
+        );
         let mut taken = MultiLockGuard::new(manager.clone());
         let Some(first) = keys.first() else {
             return Ok(Some(taken));
@@ -357,7 +306,7 @@ enum OneScript {
 async fn one_script(
     core: &Arc<Core>,
     to_take: &[&str],
-    options: Options,
+    options: Hold,
     started: Instant,
     taken: &mut MultiLockGuard,
 ) -> OneScript {
@@ -485,25 +434,13 @@ async fn one_script(
 async fn ordered(
     manager: &Arc<ManagerInner>,
     to_take: &[&str],
-    options: Options,
+    options: Hold,
     deadline: Option<Instant>,
     taken: &mut MultiLockGuard,
 ) -> Result<bool, LockError> {
     for key in to_take {
-        let mut request = LockRequest::new(manager.clone(), (*key).to_owned())
-            .lease(options.lease)
-            .renew(options.renew)
-            .eager_fencing(options.eager_fencing)
-            .backoff(options.backoff);
-        if let Some(max_hold) = options.max_hold {
-            request = request.max_hold(max_hold);
-        }
-        if let Some(min_hold) = options.min_hold {
-            request = request.min_hold(min_hold);
-        }
-        if let Some(label) = options.metrics_label {
-            request = request.metrics_label(label);
-        }
+        let request =
+            LockRequest::new(manager.clone(), (*key).to_owned()).with_options(options.as_options());
         let guard = match deadline {
             None => match request.try_acquire().await? {
                 Some(guard) => guard,

@@ -13,6 +13,7 @@ use crate::error::{KeyPreview, LockError};
 use crate::guard::{release_in_background, LockGuard, ReleaseOnDrop};
 use crate::keys::{self, LockKind, RedisNames};
 use crate::lease::{Lease, NewLease};
+use crate::options::{Hold, HoldOptions, Patience};
 use crate::telemetry;
 use crate::waiting::BackoffTimer;
 
@@ -54,27 +55,10 @@ const RECENT_ATTEMPTS: usize = 16;
 pub struct LockRequest {
     manager: Arc<ManagerInner>,
     key: String,
-    lease: Option<Duration>,
-    wait: Option<Duration>,
-    renew: bool,
-    max_hold: Option<Duration>,
-    min_hold: Option<Duration>,
-    metrics_label: Option<&'static str>,
+    options: HoldOptions,
     kind: LockKind,
     resize_permits: bool,
-    eager_fencing: Option<bool>,
-    backoff: Option<Backoff>,
-    reentrant: bool,
     weight: u32,
-}
-
-/// How long an acquisition (single- or multi-key) keeps at a busy lock.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Patience {
-    /// One attempt; a busy lock is `Ok(None)`.
-    Once,
-    /// Attempts until `wait` has passed; a busy lock is `Err(Timeout)`.
-    Wait,
 }
 
 impl LockRequest {
@@ -88,17 +72,15 @@ impl LockRequest {
             resize_permits: false,
             manager,
             key,
-            lease: None,
-            wait: None,
-            renew: true,
-            max_hold: None,
-            min_hold: None,
-            metrics_label: None,
-            eager_fencing: None,
-            backoff: None,
-            reentrant: true,
+            options: HoldOptions::default(),
             weight: 1,
         }
+    }
+
+    /// This request with `options` (a multi-key request's, per key).
+    pub(crate) fn with_options(mut self, options: HoldOptions) -> Self {
+        self.options = options;
+        self
     }
 
     /// For a semaphore: how many of its permits this hold takes, together
@@ -119,7 +101,7 @@ impl LockRequest {
     /// instead: for code where taking the same lock twice is a bug to report,
     /// not a nesting to allow. It never waits for its own chain's hold.
     pub fn reentrant(mut self, reentrant: bool) -> Self {
-        self.reentrant = reentrant;
+        self.options.reentrant = reentrant;
         self
     }
 
@@ -187,7 +169,7 @@ impl LockRequest {
     /// See [`Backoff`] for which waiters it paces; the default lock's queued
     /// waiters are handed the lock by a message instead.
     pub fn backoff(mut self, backoff: Backoff) -> Self {
-        self.backoff = Some(backoff);
+        self.options.backoff = Some(backoff);
         self
     }
 
@@ -200,7 +182,7 @@ impl LockRequest {
     ///
     /// [`LockManagerBuilder::eager_fencing`]: crate::LockManagerBuilder::eager_fencing
     pub fn eager_fencing(mut self, eager: bool) -> Self {
-        self.eager_fencing = Some(eager);
+        self.options.eager_fencing = Some(eager);
         self
     }
 
@@ -208,21 +190,21 @@ impl LockRequest {
     /// default: the manager's). With renewal on, it is reset every `lease / 3`
     /// while the guard lives, and a crashed holder frees the lock within `lease`.
     pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = Some(lease);
+        self.options.lease = Some(lease);
         self
     }
 
     /// How long [`acquire`](Self::acquire) may wait for a busy lock before it
     /// returns [`LockError::Timeout`] (default: the manager's). Zero means one attempt.
     pub fn wait(mut self, wait: Duration) -> Self {
-        self.wait = Some(wait);
+        self.options.wait = Some(wait);
         self
     }
 
     /// Whether the lease is renewed while the guard lives (default true). Without
     /// renewal the lock ends at `lease`, whether the holder is done or not.
     pub fn renew(mut self, renew: bool) -> Self {
-        self.renew = renew;
+        self.options.renew = renew;
         self
     }
 
@@ -232,7 +214,7 @@ impl LockRequest {
     /// body cannot keep a lock for ever; the lock in Redis then expires within
     /// one lease.
     pub fn max_hold(mut self, max_hold: Duration) -> Self {
-        self.max_hold = Some(max_hold);
+        self.options.max_hold = Some(max_hold);
         self
     }
 
@@ -259,7 +241,7 @@ impl LockRequest {
     /// [`LockError::InvalidConfig`]. Ignored when the acquisition re-enters a
     /// hold of the same call chain (the outer request's options apply).
     pub fn min_hold(mut self, min_hold: Duration) -> Self {
-        self.min_hold = Some(min_hold);
+        self.options.min_hold = Some(min_hold);
         self
     }
 
@@ -275,7 +257,7 @@ impl LockRequest {
     /// per call, since each distinct label is a separate series in the metrics
     /// backend. Without the `metrics` feature it costs nothing.
     pub fn metrics_label(mut self, label: &'static str) -> Self {
-        self.metrics_label = Some(label);
+        self.options.metrics_label = Some(label);
         self
     }
 
@@ -335,17 +317,9 @@ impl LockRequest {
         let LockRequest {
             manager,
             key,
-            lease,
-            wait,
-            renew,
-            max_hold,
-            min_hold,
-            metrics_label,
+            options,
             kind,
             resize_permits,
-            eager_fencing,
-            backoff,
-            reentrant,
             weight,
         } = self;
         if let LockKind::Permit { permits: 0 } = kind {
@@ -380,30 +354,19 @@ impl LockRequest {
                 KeyPreview(&key)
             )));
         }
-        config::validate_hold(max_hold, "max_hold")?;
-        config::validate_hold(min_hold, "min_hold")?;
         keys::validate_key(&key)?;
         let core = manager.core.clone();
-        let backoff = match backoff {
-            Some(backoff) => {
-                backoff.validate("the request's backoff")?;
-                backoff
-            }
-            None => core.config.backoff,
-        };
-        let lease = lease.unwrap_or(core.config.default_lease);
-        config::validate_lease(lease, "lease")?;
-        // Redis keeps whole milliseconds; trusting the sub-millisecond rest
-        // locally would outlive the TTL.
-        let lease = Duration::from_millis(u64::try_from(lease.as_millis()).unwrap_or(u64::MAX));
-        let wait = match patience {
-            Patience::Once => Duration::ZERO,
-            Patience::Wait => {
-                let wait = wait.unwrap_or(core.config.default_wait);
-                config::validate_wait(wait, "wait")?;
-                wait
-            }
-        };
+        let Hold {
+            lease,
+            wait,
+            renew,
+            max_hold,
+            min_hold,
+            metrics_label,
+            eager_fencing,
+            backoff,
+            reentrant,
+        } = options.resolve(&core.config, patience)?;
 
         if core.is_shut_down() {
             return Err(LockError::ShutDown { key });
@@ -431,8 +394,8 @@ impl LockRequest {
         );
         // A shared hold (reader, permit) lives in a sorted set, which has no
         // place to record a token issued later: it takes its token at once.
-        let eager_fencing = matches!(kind, LockKind::Read | LockKind::Permit { .. })
-            || eager_fencing.unwrap_or(core.config.eager_fencing);
+        let eager_fencing =
+            matches!(kind, LockKind::Read | LockKind::Permit { .. }) || eager_fencing;
         let acquired = Acquisition {
             core: &core,
             keys: core.keys_of(&key, kind),
