@@ -12,70 +12,145 @@ use crate::duration::{self, DurationKind};
 use crate::errors::Errors;
 use crate::template::Template;
 
+/// One option of the attribute: everything about it but how its value is
+/// checked (see `Args::parse`). Parsing, the messages for unknown options and
+/// options without a value, and the option table of the attribute's docs
+/// (`src/distributed_lock.md`, checked by a test) all follow this table.
+pub(crate) struct OptionSpec {
+    pub(crate) name: &'static str,
+    /// Names people reach for that mean this option.
+    pub(crate) aliases: &'static [&'static str],
+    /// How it is written, for messages.
+    pub(crate) example: &'static str,
+    /// The docs table's "value" column.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) value: &'static str,
+    /// The docs table's "default" column.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) default: &'static str,
+}
+
 /// Every option the attribute knows, in documentation order.
-pub(crate) const OPTIONS: &[&str] = &[
-    "key",
-    "lease",
-    "wait",
-    "max_hold",
-    "min_hold",
-    "renew",
-    "eager_fencing",
-    "reentrant",
-    "mode",
-    "permits",
-    "fair",
-    "manager",
-    "guard",
-    "on_lost",
-    "crate",
+pub(crate) const OPTIONS: &[OptionSpec] = &[
+    OptionSpec {
+        name: "key",
+        aliases: &["name", "keys"],
+        example: "key = \"order:{order_id}\"",
+        value: "string template: `{param}`, `{param.field}`, `{self.field}`; or a [list](#key-lists) of them, with `TEMPLATE for PAT in EXPR` elements",
+        default: "required",
+    },
+    OptionSpec {
+        name: "lease",
+        aliases: &["ttl", "expire", "expiry"],
+        example: "lease = \"30s\"",
+        value: "`\"30s\"`-style literal, or a `Duration` expression",
+        default: "the manager's default",
+    },
+    OptionSpec {
+        name: "wait",
+        aliases: &["timeout", "wait_timeout"],
+        example: "wait = \"5s\"",
+        value: "`\"5s\"`-style literal (`\"0s\"` = one attempt), or a `Duration` expression",
+        default: "the manager's default",
+    },
+    OptionSpec {
+        name: "max_hold",
+        aliases: &["max_duration", "max_hold_time", "max_time", "hold_at_most", "hold_timeout", "hold_limit"],
+        example: "max_hold = \"10m\"",
+        value: "`\"10m\"`-style literal (above zero), or a `Duration` expression",
+        default: "no limit",
+    },
+    OptionSpec {
+        name: "min_hold",
+        aliases: &["lock_at_least_for", "hold_at_least", "min_duration"],
+        example: "min_hold = \"30s\"",
+        value: "`\"30s\"`-style literal (above zero), or a `Duration` expression",
+        default: "none",
+    },
+    OptionSpec {
+        name: "renew",
+        aliases: &["auto_renew", "watchdog"],
+        example: "renew = false",
+        value: "`true` / `false`",
+        default: "`true`",
+    },
+    OptionSpec {
+        name: "eager_fencing",
+        aliases: &[],
+        example: "eager_fencing = true",
+        value: "`true` / `false`",
+        default: "the manager's (`false`)",
+    },
+    OptionSpec {
+        name: "reentrant",
+        aliases: &["reentry", "re_entrant", "recursive"],
+        example: "reentrant = false",
+        value: "`true` / `false`",
+        default: "`true`",
+    },
+    OptionSpec {
+        name: "mode",
+        aliases: &["lock_mode", "kind", "read", "write", "shared", "exclusive", "rw", "read_write"],
+        example: "mode = \"read\"",
+        value: "`\"exclusive\"` / `\"read\"` / `\"write\"`",
+        default: "`\"exclusive\"`",
+    },
+    OptionSpec {
+        name: "permits",
+        aliases: &["semaphore", "permit", "max_permits", "concurrency", "max_concurrency", "limit"],
+        example: "permits = 3",
+        value: "integer literal from 1 to `u32::MAX`, or a `u32` expression: a semaphore",
+        default: "none (one holder)",
+    },
+    OptionSpec {
+        name: "fair",
+        aliases: &["fairness", "fifo", "queued"],
+        example: "fair = true",
+        value: "`true` / `false`: accepted; the lock is always fair",
+        default: "`false`",
+    },
+    OptionSpec {
+        name: "manager",
+        aliases: &["client"],
+        example: "manager = self.locks",
+        value: "expression giving a `LockManager`, `&LockManager`, `Arc<LockManager>`...",
+        default: "the call chain's `with_default_manager`, else the global manager",
+    },
+    OptionSpec {
+        name: "guard",
+        aliases: &[],
+        example: "guard = lock",
+        value: "identifier to bind the `&LockGuard` (for a key list, `&MultiLockGuard`) to in the body",
+        default: "none",
+    },
+    OptionSpec {
+        name: "on_lost",
+        aliases: &[],
+        example: "on_lost = \"ignore\"",
+        value: "`\"abort\"` / `\"ignore\"`",
+        default: "`\"abort\"`",
+    },
+    OptionSpec {
+        name: "crate",
+        aliases: &[],
+        example: "crate = \"my_distlock\"",
+        value: "path of the `distlock` crate, as a string",
+        default: "`::distlock`",
+    },
 ];
+
+/// The option named `name`.
+fn option(name: &str) -> Option<&'static OptionSpec> {
+    OPTIONS.iter().find(|o| o.name == name)
+}
+
+/// The options' names, in documentation order.
+fn option_names() -> Vec<&'static str> {
+    OPTIONS.iter().map(|o| o.name).collect()
+}
 
 /// The values `mode` accepts.
 const MODES: &[&str] = &["exclusive", "read", "write"];
-
-/// Names people reach for that mean one of ours.
-const ALIASES: &[(&str, &str)] = &[
-    ("name", "key"),
-    ("ttl", "lease"),
-    ("expire", "lease"),
-    ("expiry", "lease"),
-    ("timeout", "wait"),
-    ("wait_timeout", "wait"),
-    ("max_duration", "max_hold"),
-    ("max_hold_time", "max_hold"),
-    ("max_time", "max_hold"),
-    ("hold_at_most", "max_hold"),
-    ("hold_timeout", "max_hold"),
-    ("hold_limit", "max_hold"),
-    ("lock_at_least_for", "min_hold"),
-    ("hold_at_least", "min_hold"),
-    ("min_duration", "min_hold"),
-    ("auto_renew", "renew"),
-    ("reentry", "reentrant"),
-    ("re_entrant", "reentrant"),
-    ("recursive", "reentrant"),
-    ("watchdog", "renew"),
-    ("client", "manager"),
-    ("keys", "key"),
-    ("lock_mode", "mode"),
-    ("kind", "mode"),
-    ("read", "mode"),
-    ("write", "mode"),
-    ("shared", "mode"),
-    ("exclusive", "mode"),
-    ("rw", "mode"),
-    ("read_write", "mode"),
-    ("semaphore", "permits"),
-    ("permit", "permits"),
-    ("max_permits", "permits"),
-    ("concurrency", "permits"),
-    ("max_concurrency", "permits"),
-    ("limit", "permits"),
-    ("fairness", "fair"),
-    ("fifo", "fair"),
-    ("queued", "fair"),
-];
 
 /// `mode` values people reach for that mean one of ours.
 const MODE_ALIASES: &[(&str, &str)] = &[
@@ -242,7 +317,7 @@ impl Options {
         let mut key_is_list = false;
         for RawArg { name, value } in raw {
             let name_str = name.unraw().to_string();
-            if !OPTIONS.contains(&name_str.as_str()) {
+            if option(&name_str).is_none() {
                 errors.push(syn::Error::new(
                     name.span(),
                     unknown_option_message(&name_str),
@@ -431,26 +506,9 @@ fn parse_raw(input: ParseStream) -> syn::Result<(Vec<RawArg>, Vec<syn::Error>)> 
             args.push(RawArg { name, value });
         } else if input.is_empty() || input.peek(Token![,]) {
             let n = name.unraw().to_string();
-            let example = match n.as_str() {
-                "renew" => "renew = false".to_owned(),
-                "eager_fencing" => "eager_fencing = true".to_owned(),
-                "reentrant" => "reentrant = false".to_owned(),
-                "guard" => "guard = lock".to_owned(),
-                "on_lost" => "on_lost = \"ignore\"".to_owned(),
-                "key" => "key = \"order:{order_id}\"".to_owned(),
-                "lease" => "lease = \"30s\"".to_owned(),
-                "wait" => "wait = \"5s\"".to_owned(),
-                "max_hold" => "max_hold = \"10m\"".to_owned(),
-                "min_hold" => "min_hold = \"30s\"".to_owned(),
-                "mode" => "mode = \"read\"".to_owned(),
-                "permits" => "permits = 3".to_owned(),
-                "fair" => "fair = true".to_owned(),
-                _ => format!("{n} = ..."),
-            };
-            let msg = if OPTIONS.contains(&n.as_str()) {
-                format!("option `{n}` needs a value, e.g. `{example}`")
-            } else {
-                unknown_option_message(&n)
+            let msg = match option(&n) {
+                Some(spec) => format!("option `{n}` needs a value, e.g. `{}`", spec.example),
+                None => unknown_option_message(&n),
             };
             flag_errors.push(syn::Error::new(name.span(), msg));
         } else {
@@ -751,15 +809,16 @@ fn conflicts(seen: &[Ident], key_is_list: bool, errors: &mut Errors) {
 }
 
 fn unknown_option_message(name: &str) -> String {
-    let alias = ALIASES
+    let alias = OPTIONS
         .iter()
-        .find(|(a, _)| a.eq_ignore_ascii_case(name))
-        .map(|(_, o)| *o);
-    match alias.or_else(|| nearest(name, OPTIONS)) {
+        .find(|o| o.aliases.iter().any(|a| a.eq_ignore_ascii_case(name)))
+        .map(|o| o.name);
+    let names = option_names();
+    match alias.or_else(|| nearest(name, &names)) {
         Some(suggestion) => format!("unknown option `{name}`; did you mean `{suggestion}`?"),
         None => format!(
             "unknown option `{name}`; the options are: {}",
-            OPTIONS
+            names
                 .iter()
                 .map(|o| format!("`{o}`"))
                 .collect::<Vec<_>>()
@@ -884,13 +943,13 @@ mod tests {
 
     #[test]
     fn nearest_option() {
-        assert_eq!(nearest("leese", OPTIONS), Some("lease"));
-        assert_eq!(nearest("onlost", OPTIONS), Some("on_lost"));
-        assert_eq!(nearest("renw", OPTIONS), Some("renew"));
-        assert_eq!(nearest("managr", OPTIONS), Some("manager"));
-        assert_eq!(nearest("kye", OPTIONS), None);
-        assert_eq!(nearest("ky", OPTIONS), Some("key"));
-        assert_eq!(nearest("frobnicate", OPTIONS), None);
+        assert_eq!(nearest("leese", &option_names()), Some("lease"));
+        assert_eq!(nearest("onlost", &option_names()), Some("on_lost"));
+        assert_eq!(nearest("renw", &option_names()), Some("renew"));
+        assert_eq!(nearest("managr", &option_names()), Some("manager"));
+        assert_eq!(nearest("kye", &option_names()), None);
+        assert_eq!(nearest("ky", &option_names()), Some("key"));
+        assert_eq!(nearest("frobnicate", &option_names()), None);
     }
 
     #[test]
@@ -1278,5 +1337,40 @@ mod tests {
         let (_, e) = parse(quote! { key "k" });
         assert_eq!(e.len(), 1, "{e:?}");
         assert!(e[0].contains("expected `=`"));
+    }
+
+    #[test]
+    fn the_docs_option_table_is_the_option_table() {
+        let docs = include_str!("../../src/distributed_lock.md");
+        let documented: Vec<&str> = docs
+            .lines()
+            .filter(|line| line.starts_with("| [`"))
+            .collect();
+        let expected: Vec<String> = OPTIONS
+            .iter()
+            .map(|o| {
+                format!(
+                    "| [`{}`](#{}) | {} | {} |",
+                    o.name, o.name, o.value, o.default
+                )
+            })
+            .collect();
+        assert_eq!(
+            documented, expected,
+            "src/distributed_lock.md's option table"
+        );
+    }
+
+    #[test]
+    fn every_alias_and_conflict_names_a_real_option_once() {
+        let mut seen = std::collections::HashSet::new();
+        for o in OPTIONS {
+            assert!(seen.insert(o.name), "{} twice", o.name);
+            for a in o.aliases {
+                assert!(option(a).is_none(), "alias {a} is an option");
+                assert!(seen.insert(a), "alias {a} twice");
+            }
+            assert!(o.example.starts_with(o.name));
+        }
     }
 }
