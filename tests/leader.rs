@@ -381,6 +381,25 @@ fn leader_worker() {
 
 async fn a_killed_leader_is_replaced_within_its_lease(d: Deployment) {
     let name = election("killed", &d);
+    // On the cluster the watch learns a term ran out from the keyspace
+    // notification of the lock's expiry; on one server (notifications off)
+    // by reading the lock when the lease it saw ends.
+    if let Deployment::Cluster(c) = &d {
+        for node in c.nodes() {
+            let mut conn = redis::Client::open(node.url.as_str())
+                .unwrap()
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap();
+            let () = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("notify-keyspace-events")
+                .arg("Kx")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+        }
+    }
     let store = common::server();
     let observer = candidate(&d, "observer").await;
     let mut watch = observer.leader(&name).watch();

@@ -96,7 +96,7 @@ impl LockEventsRequest {
         let prefix = core.config.key_prefix.clone();
         let published = format!(
             "{}{}{}",
-            escape_glob(&prefix),
+            keys::escape_glob(&prefix),
             keys::EVENTS_INFIX,
             self.pattern
         );
@@ -231,18 +231,6 @@ impl Drop for LockEvents {
             listener.abort();
         }
     }
-}
-
-/// `pattern`'s glob characters escaped, so that it matches itself only.
-fn escape_glob(text: &str) -> String {
-    let mut escaped = String::with_capacity(text.len());
-    for c in text.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            escaped.push('\\');
-        }
-        escaped.push(c);
-    }
-    escaped
 }
 
 /// Fails unless every server notifies expired keys (`K` and `x`, or `A` for
@@ -452,6 +440,6 @@ mod tests {
 
     #[test]
     fn globs_in_the_prefix_are_escaped() {
-        assert_eq!(escape_glob("app*1:[x]"), "app\\*1:\\[x\\]");
+        assert_eq!(keys::escape_glob("app*1:[x]"), "app\\*1:\\[x\\]");
     }
 }

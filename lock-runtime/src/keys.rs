@@ -197,18 +197,25 @@ impl RedisNames {
 /// The `SCAN MATCH` pattern for the lock keys under `prefix` whose user key
 /// matches the glob `user_pattern` (Redis glob syntax: `*`, `?`, `[..]`, `\\`).
 pub(crate) fn lock_scan_pattern(prefix: &str, user_pattern: &str) -> String {
-    let mut pattern = String::with_capacity(prefix.len() * 2 + user_pattern.len() + 26);
-    for c in prefix.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            pattern.push('\\');
-        }
-        pattern.push(c);
-    }
+    let mut pattern = escape_glob(prefix);
     pattern.push_str("lock:{");
     pattern.push_str(&"?".repeat(16));
     pattern.push_str("}:");
     pattern.push_str(user_pattern);
     pattern
+}
+
+/// `text` with its glob characters escaped, so that as a `SCAN MATCH` or
+/// `PSUBSCRIBE` pattern it matches itself only.
+pub(crate) fn escape_glob(text: &str) -> String {
+    let mut escaped = String::with_capacity(text.len() * 2);
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            escaped.push('\\');
+        }
+        escaped.push(c);
+    }
+    escaped
 }
 
 /// The user key of lock key `name` under `prefix`, when it is one.

@@ -10,8 +10,10 @@
 //! Once it holds the lock, the new leader reads its hold back (one `inspect`)
 //! and publishes it on `<prefix>leader:<name>`; a resignation publishes there
 //! after its release. Watchers listen there, and read the lock itself after
-//! every (re)subscription and when the lease they last saw runs out, which is
-//! the only way to see a term that ended without a successor or a resignation.
+//! every (re)subscription. A term that ends without a successor or a
+//! resignation sends no message of ours: with Redis's keyspace notifications
+//! of expired keys on, the lock's expiry is one (and the watch reads it then);
+//! without, the watch reads the lock when the lease it last saw runs out.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -265,10 +267,13 @@ impl LeaderElection {
     /// out).
     ///
     /// It is fed by the messages each new term and each resignation publish,
-    /// so a quiet election costs nothing but a subscription; it reads the lock
-    /// after every (re)connect of its subscription, and when the lease of the
-    /// term it last reported runs out (Redis sends no message when a key
-    /// expires), to catch a term that ended while nobody announced it. A term
+    /// and reads the lock after every (re)connect of its subscription. A term
+    /// that ends unannounced (its leader died, nobody waits) is seen by the
+    /// lock's expiry: a keyspace notification where the servers send them
+    /// (`notify-keyspace-events` with `K` and `x`), so a quiet election costs
+    /// nothing but the subscriptions; elsewhere the watch reads the lock when
+    /// the lease of the term it last reported runs out (one read per lease
+    /// period while a leader holds). A term
     /// that began and ended entirely while the subscription was down is
     /// missed; the epochs it reports show the gap. Dropping the stream ends it.
     pub fn watch(&self) -> LeaderWatch {
@@ -454,6 +459,8 @@ impl Drop for LeaderWatch {
 enum Heard {
     /// Subscribed (again): anything may have happened meanwhile.
     Subscribed,
+    /// The lock expired (a keyspace notification).
+    Expired,
     Message(String),
 }
 
@@ -502,6 +509,15 @@ impl Reported {
 async fn watch(election: LeaderElection, changes: mpsc::UnboundedSender<Option<LeaderInfo>>) {
     let core = election.manager.inner.core.clone();
     let channel = election.channel();
+    // With keyspace notifications of expired keys on, the end of a term
+    // nobody announced is a message too; without, the watch reads the lock
+    // when the lease it last saw ends.
+    let expiry = core.backend.notifies_expiry().await.then(|| {
+        format!(
+            "__keyspace@*__:{}",
+            crate::keys::escape_glob(&core.keys(&election.lock_key()).lock)
+        )
+    });
     let (heard_tx, mut heard) = mpsc::unbounded_channel();
     let sources = core.backend.pubsub_sources();
     let listeners: Vec<_> = (0..sources)
@@ -510,10 +526,12 @@ async fn watch(election: LeaderElection, changes: mpsc::UnboundedSender<Option<L
                 election.manager.clone(),
                 source,
                 channel.clone(),
+                expiry.clone(),
                 heard_tx.clone(),
             ))
         })
         .collect();
+    let lease_timer = expiry.is_none();
     let _stop_listeners = AbortOnDrop(listeners);
     drop(heard_tx);
 
@@ -533,7 +551,7 @@ async fn watch(election: LeaderElection, changes: mpsc::UnboundedSender<Option<L
             read_now = false;
             match election.manager.inspect(&election.lock_key()).await {
                 Ok(held) => {
-                    read_at = held.as_ref().map(|info| {
+                    read_at = held.as_ref().filter(|_| lease_timer).map(|info| {
                         // A millisecond past the TTL Redis reported, so the
                         // key has expired by the next read.
                         tokio::time::Instant::now()
@@ -567,12 +585,12 @@ async fn watch(election: LeaderElection, changes: mpsc::UnboundedSender<Option<L
             () = expiry => read_now = true,
             event = heard.recv() => match event {
                 None => return,
-                Some(Heard::Subscribed) => read_now = true,
+                Some(Heard::Subscribed | Heard::Expired) => read_now = true,
                 Some(Heard::Message(message)) => {
                     let change = match Announcement::decode(&message) {
                         Some(Announcement::Term { info, lease_ms }) => {
                             let change = reported.change(Some(info));
-                            if change.is_some() {
+                            if change.is_some() && lease_timer {
                                 read_at = Some(
                                     tokio::time::Instant::now()
                                         + Duration::from_millis(lease_ms)
@@ -617,6 +635,7 @@ async fn listen(
     manager: LockManager,
     source: usize,
     channel: String,
+    expiry: Option<String>,
     heard: mpsc::UnboundedSender<Heard>,
 ) {
     let core = manager.inner.core.clone();
@@ -626,6 +645,9 @@ async fn listen(
         let subscribed = async {
             let mut pubsub = core.backend.pubsub(source).await?;
             pubsub.subscribe(&channel).await?;
+            if let Some(expiry) = &expiry {
+                pubsub.psubscribe(expiry).await?;
+            }
             Ok::<_, redis::RedisError>(pubsub)
         };
         match tokio::time::timeout(timeout, subscribed).await {
@@ -639,7 +661,15 @@ async fn listen(
                     let Ok(text) = message.get_payload::<String>() else {
                         continue;
                     };
-                    if heard.send(Heard::Message(text)).is_err() {
+                    let event = if message.get_channel_name().starts_with("__keyspace@") {
+                        if text != "expired" {
+                            continue;
+                        }
+                        Heard::Expired
+                    } else {
+                        Heard::Message(text)
+                    };
+                    if heard.send(event).is_err() {
                         return;
                     }
                 }

@@ -249,6 +249,19 @@ impl Backend {
         }
     }
 
+    /// Whether every server that holds locks notifies expired keys
+    /// (`notify-keyspace-events` with `K` and `x`, or `A` for `x`); false
+    /// when a setting cannot be read.
+    pub(crate) async fn notifies_expiry(&self) -> bool {
+        match self.config_get("notify-keyspace-events").await {
+            Ok(settings) => settings.iter().all(|flags| {
+                let flags = flags.as_deref().unwrap_or("");
+                flags.contains('K') && (flags.contains('x') || flags.contains('A'))
+            }),
+            Err(_) => false,
+        }
+    }
+
     /// Publishes `payload` on `channel` where this backend's subscribers
     /// listen (for `key`, which routes the call and names it in errors).
     pub(crate) async fn publish(
