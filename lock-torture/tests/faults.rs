@@ -3536,6 +3536,22 @@ async fn redlock_fault(fault: RedlockFault) {
         report.amnesia_overlaps.len(),
         started.elapsed().as_secs_f64()
     );
+    if fault == RedlockFault::MinorityCut {
+        // A majority is left: locks are still granted while the two are cut
+        // off (each call waits at most its per-member bound for them).
+        let during = h
+            .sections
+            .iter()
+            // Past the command timeout: not an acquisition that began before.
+            .filter(|s| s.acquired > down + ns(Duration::from_millis(600)) && s.acquired < up)
+            .filter(|s| s.outcome == Outcome::Ok)
+            .count();
+        assert!(
+            during > 0,
+            "no section completed while a minority was cut off"
+        );
+        extra.push_str(&format!(" sections_during_cut={during}"));
+    }
     if fault == RedlockFault::MajorityCut {
         // A quorum is needed for every grant: none while 3 of 5 were away
         // (a grant whose acquisition began before the cut, and whose last
