@@ -86,6 +86,10 @@ pub struct Report {
     pub frozen_overlaps: Vec<Overlap>,
     /// Consecutive grants (of known token) whose tokens did not increase.
     pub token_order: Vec<(Section, Section)>,
+    /// The same across a window where the lock server lost data (a failover
+    /// that lost the fencing counter's last increments): allowed, counted
+    /// apart; the fenced store must still accept no lower token.
+    pub amnesia_token_order: Vec<(Section, Section)>,
 }
 
 impl Report {
@@ -136,7 +140,15 @@ pub fn check_sections(sections: &[Section], faults: &Faults) -> Report {
         let mut last: Option<&Section> = None;
         for &b in list.iter().filter(|s| s.token != 0) {
             if let Some(a) = last.filter(|a| b.token <= a.token) {
-                report.token_order.push((a.clone(), b.clone()));
+                let across_amnesia = faults
+                    .amnesia
+                    .iter()
+                    .any(|&(down, _)| a.acquired < down && down <= b.acquired);
+                if across_amnesia {
+                    report.amnesia_token_order.push((a.clone(), b.clone()));
+                } else {
+                    report.token_order.push((a.clone(), b.clone()));
+                }
             }
             last = Some(b);
         }
@@ -787,6 +799,22 @@ mod tests {
             r.overlaps.is_empty(),
             "A's lease had run out: its release found it gone"
         );
+    }
+
+    #[test]
+    fn a_token_repeated_across_amnesia_is_counted_apart() {
+        // Token 5 issued before the window and again after it; 4 then 4
+        // without a window between them is a violation.
+        let s = [sec(1, 5, 0, 10), sec(2, 5, 50, 60), sec(3, 4, 70, 80)];
+        let faults = Faults {
+            amnesia: vec![(40, 45)],
+            ..Faults::default()
+        };
+        let r = check_sections(&s, &faults);
+        assert_eq!(r.amnesia_token_order.len(), 1);
+        assert_eq!(r.token_order.len(), 1, "5 then 4 after the window");
+        let none = check_sections(&s, &Faults::default());
+        assert_eq!(none.token_order.len(), 2);
     }
 
     #[test]

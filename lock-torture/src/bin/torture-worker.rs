@@ -21,7 +21,8 @@
 //! Redis.
 //!
 //! In `--mode=run`, an acquisition that fails with `Timeout`, `Backend`,
-//! `Connect` or (Redlock) `QuorumFailed` is logged and retried; any other error
+//! `Connect`, (Redlock) `QuorumFailed` or (`--replica-ack`) `NotReplicated` is
+//! logged and retried; any other error
 //! is fatal.
 //!
 //! Common options: `--prefix` (key prefix of the manager), `--cmd-timeout-ms`,
@@ -718,7 +719,8 @@ async fn attempt(
             LockError::Timeout { .. }
             | LockError::Backend { .. }
             | LockError::Connect { .. }
-            | LockError::QuorumFailed { .. },
+            | LockError::QuorumFailed { .. }
+            | LockError::NotReplicated { .. },
         ) => return Attempt::NotAcquired(result),
         Err(e) => fatal(&format!("acquire {}: {e}", plan.key)),
     };
