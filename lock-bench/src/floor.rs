@@ -448,7 +448,8 @@ pub mod same_scripts {
     /// `acquire.lua`: KEYS lock, fence, queue, entries; ARGV owner, lease ms,
     /// fence TTL ms ('0': no token, as the runtime's default), waiting mark,
     /// acquisition time (ms), holder description, queue ('0': mark only),
-    /// queue lease, hand-off TTL, hand-off base, route.
+    /// queue lease, hand-off TTL, hand-off base, route, attempt number, events
+    /// channel ('': none, as the runtime's default).
     pub fn acquire<'a>(
         script: &'a Script,
         names: &Names,
@@ -470,13 +471,15 @@ pub mod same_scripts {
             .arg(3000)
             .arg(lease_ms)
             .arg(HANDOFF_BASE)
-            .arg("0");
+            .arg("0")
+            .arg(0)
+            .arg("");
         inv
     }
 
     /// `release.lua`: KEYS lock, fence, queue, entries; ARGV owner, wake-up
     /// channel, keep_ms ("0": delete, as distlock does without a `min_hold`),
-    /// hand-off base.
+    /// hand-off base, events channel ('': none, as the runtime's default).
     pub fn release<'a>(script: &'a Script, names: &Names, owner: &str) -> ScriptInvocation<'a> {
         let mut inv = script.key(&names.lock);
         inv.key(&names.fence)
@@ -485,7 +488,8 @@ pub mod same_scripts {
             .arg(owner)
             .arg(&names.channel)
             .arg("0")
-            .arg(HANDOFF_BASE);
+            .arg(HANDOFF_BASE)
+            .arg("");
         inv
     }
 

@@ -63,6 +63,7 @@
 local owner = ARGV[1]
 local owner_len = string.len(owner)
 local queued = ARGV[4] == '+' and ARGV[7] == '1'
+local events = ARGV[13] or ''
 local held = redis.pcall('GET', KEYS[1])
 if type(held) == 'table' then
   return {3, 0, owner}
@@ -92,12 +93,12 @@ else
     end
     local text = string.format('%.0f', token)
     redis.call('SET', KEYS[1], owner .. mark .. text .. ':' .. ARGV[5] .. ':' .. ARGV[6], 'PX', ARGV[2])
-    if ARGV[13] ~= '' then
-      redis.call('PUBLISH', ARGV[13], 'acquired ' .. text .. ' ' .. ARGV[5] .. ' ' .. ARGV[6])
+    if events ~= '' then
+      redis.call('PUBLISH', events, 'acquired ' .. text .. ' ' .. ARGV[5] .. ' ' .. ARGV[6])
     end
     return {1, token, owner}
   end
-  queue_hand_off(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[10], ARGV[13])
+  queue_hand_off(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[10], events)
   held = redis.call('GET', KEYS[1])
 end
 if ARGV[4] == '+' then

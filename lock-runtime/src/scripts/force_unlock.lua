@@ -21,12 +21,13 @@
 -- The holder is not told here: its next renewal finds the lock gone and reports
 -- the lease lost, and its release reports `Lost`. The fencing counter stays, so the
 -- next holder's token is still larger than the holder's.
+local events = ARGV[4] or ''
 local held = redis.pcall('GET', KEYS[1])
 if redis.call('DEL', KEYS[1]) == 1 then
-  if type(held) == 'string' and ARGV[4] ~= '' then
-    redis.call('PUBLISH', ARGV[4], 'force-unlocked ' .. (string.match(held, '^%d+', 34) or '0'))
+  if type(held) == 'string' and events ~= '' then
+    redis.call('PUBLISH', events, 'force-unlocked ' .. (string.match(held, '^%d+', 34) or '0'))
   end
-  if not queue_hand_off(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[3], ARGV[4]) then
+  if not queue_hand_off(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[3], events) then
     redis.call('PUBLISH', ARGV[1], ARGV[2])
   end
   return {1, ARGV[2]}

@@ -34,6 +34,7 @@
 -- lock's name is not ours and is left as it is.
 local owner = ARGV[1]
 local owner_len = string.len(owner)
+local events = ARGV[5] or ''
 local held = redis.pcall('GET', KEYS[1])
 if type(held) == 'table' then
   held = false
@@ -43,8 +44,8 @@ local ours = held and string.sub(held, 1, owner_len) == owner
 -- its definitions): a lock of ours that nobody waited for, and no min_hold.
 if ours and string.sub(held, owner_len + 1, owner_len + 1) ~= '+' and (tonumber(ARGV[3]) or 0) <= 0 then
   redis.call('DEL', KEYS[1])
-  if ARGV[5] ~= '' then
-    redis.call('PUBLISH', ARGV[5], 'released ' .. (string.match(held, '^%d+', owner_len + 2) or '0'))
+  if events ~= '' then
+    redis.call('PUBLISH', events, 'released ' .. (string.match(held, '^%d+', owner_len + 2) or '0'))
   end
   return {1, owner}
 end
