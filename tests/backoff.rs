@@ -61,9 +61,11 @@ async fn a_requests_backoff_paces_its_attempts() {
     let attempts = attempts_while_waiting(&server, &waiter, "fast", Some(fast)).await;
     assert!((6..=24).contains(&attempts), "{attempts} attempts");
 
-    // A backoff that starts above WAIT: one nap up to the deadline, so the
-    // first attempt, up to 2 wake-ups and the attempt at the deadline.
-    let slow = Backoff::new(ms(5_000), ms(5_000));
+    // A backoff that starts above WAIT, without jitter: one nap up to the
+    // deadline, so the first attempt, up to 2 wake-ups and the attempt at the
+    // deadline. (With jitter, a nap is random in [0, 5 s]: two in five end
+    // before the deadline, each adding an attempt.)
+    let slow = Backoff::new(ms(5_000), ms(5_000)).with_jitter(0.0);
     let attempts = attempts_while_waiting(&server, &waiter, "slow", Some(slow)).await;
     assert!((2..=4).contains(&attempts), "{attempts} attempts");
 }
@@ -73,11 +75,12 @@ async fn the_managers_backoff_is_the_default_and_a_request_overrides_it() {
     let server = server();
     let ms = Duration::from_millis;
     let slow = LockManager::builder(&server.url())
-        .backoff(Backoff::new(ms(5_000), ms(10_000)))
+        .backoff(Backoff::new(ms(5_000), ms(10_000)).with_jitter(0.0))
         .build()
         .await
         .unwrap();
-    // Bounds as in the test above: 2-4 attempts for a backoff above WAIT.
+    // Bounds as in the test above: 2-4 attempts for a backoff above WAIT
+    // without jitter.
     let attempts = attempts_while_waiting(&server, &slow, "by-manager", None).await;
     assert!((2..=4).contains(&attempts), "{attempts} attempts");
     let fast = Backoff::new(ms(100), ms(100)).with_jitter(0.0);
