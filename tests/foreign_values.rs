@@ -81,7 +81,7 @@ async fn snapshot(conn: &mut MultiplexedConnection, name: &str) -> (Vec<u8>, i64
     (dump, pttl(conn, name).await)
 }
 
-/// The name of kind `kind` (`lock`, `rw`, `rwr`, `sem`, `semp`) of `key`.
+/// The name of kind `kind` (`lock`, `rw`, `rwr`, `rwrd`, `sem`, `semp`, `semd`) of `key`.
 fn name_of_kind(m: &LockManager, key: &str, kind: &str) -> String {
     m.redis_names(key)
         .lock
@@ -113,11 +113,11 @@ async fn attempts(m: &LockManager, kind: &str, key: &str) -> Vec<Result<(), Lock
                     .map(drop),
             );
         }
-        "rw" | "rwr" => {
+        "rw" | "rwr" | "rwrd" => {
             out.push(m.write_lock(key).wait(wait).acquire().await.map(drop));
             out.push(m.read_lock(key).wait(wait).acquire().await.map(drop));
         }
-        "sem" | "semp" => {
+        "sem" | "semp" | "semd" => {
             out.push(m.semaphore(key, 2).wait(wait).acquire().await.map(drop));
             out.push(m.semaphore(key, 2).try_acquire().await.map(drop));
         }
@@ -131,7 +131,7 @@ async fn foreign_values_are_left_unchanged_and_reported() {
     let redis = server();
     let m = manager(&redis).await;
     let mut conn = raw(&redis).await;
-    for kind in ["lock", "rw", "rwr", "sem", "semp"] {
+    for kind in ["lock", "rw", "rwr", "rwrd", "sem", "semp", "semd"] {
         for shape in SHAPES {
             // A string in a sorted set's place, a zset in a string's, ...:
             // every shape under every name.

@@ -35,7 +35,8 @@ async fn readers_share_and_a_writer_excludes_everyone(d: Deployment) {
         .unwrap()
         .expect("readers share");
     assert!(b.write_lock("doc").try_acquire().await.unwrap().is_none());
-    assert_eq!(kinds_of(&mut raw, "doc").await, ["rwfence", "rwr"]);
+    // The readers' set, and their details for operators.
+    assert_eq!(kinds_of(&mut raw, "doc").await, ["rwfence", "rwr", "rwrd"]);
     // A read-write lock is a lock of its own: the exclusive lock is free.
     let plain = b
         .lock("doc")

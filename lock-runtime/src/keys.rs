@@ -16,10 +16,11 @@
 //!
 //! A read-write lock uses `rw` (the writer's string, in the lock's format),
 //! `rwr` (a sorted set of readers: owner token scored by its lease's end, server
-//! clock in ms), `rwi` (a waiting writer's intent), `rwfence` and `rwwake`; a
-//! semaphore `sem` (a sorted set of permit holders, scored the same way), `semp`
-//! (its permit count), `semfence` and `semwake`. Every kind's names share the
-//! key's hash tag.
+//! clock in ms), `rwrd` (each reader's token, start and holder, for operators),
+//! `rwi` (a waiting writer's intent), `rwfence` and `rwwake`; a semaphore `sem`
+//! (a sorted set of permit holders, scored the same way), `semd` (each
+//! holder's details), `semp` (its permit count), `semfence` and `semwake`.
+//! Every kind's names share the key's hash tag.
 //!
 //! The tag is a hash of `K` written in hex, so braces in `K` cannot move the tag:
 //! Redis takes the first `{...}` of a name, and the prefix may not contain braces.
@@ -109,6 +110,10 @@ pub struct RedisNames {
     /// default lock's queue entries (each waiter's queue lease); empty for a
     /// semaphore.
     pub(crate) intent: String,
+    /// A shared kind's holder details (`rwrd`, `semd`: owner token ->
+    /// `<token>:<since>:<holder>`, see `scripts/shared_prelude.lua`); empty
+    /// for the default lock.
+    pub(crate) details: String,
     /// Where the scripts publish this lock's events (`<prefix>events:<key>`,
     /// see `LockManager::events`); empty when the manager does not publish
     /// them.
@@ -152,13 +157,14 @@ impl RedisNames {
             s.push_str(key);
             s
         };
-        let (lock, fence, channel, related, intent) = match kind {
+        let (lock, fence, channel, related, intent, details) = match kind {
             LockKind::Exclusive => (
                 name("lock"),
                 name("fence"),
                 name("wake"),
                 name("lockq"),
                 name("lockqe"),
+                String::new(),
             ),
             LockKind::Write => (
                 name("rw"),
@@ -166,6 +172,7 @@ impl RedisNames {
                 name("rwwake"),
                 name("rwr"),
                 name("rwi"),
+                name("rwrd"),
             ),
             LockKind::Read => (
                 name("rwr"),
@@ -173,6 +180,7 @@ impl RedisNames {
                 name("rwwake"),
                 name("rw"),
                 name("rwi"),
+                name("rwrd"),
             ),
             LockKind::Permit { .. } => (
                 name("sem"),
@@ -180,6 +188,7 @@ impl RedisNames {
                 name("semwake"),
                 name("semp"),
                 String::new(),
+                name("semd"),
             ),
         };
         RedisNames {
@@ -189,6 +198,7 @@ impl RedisNames {
             kind,
             related,
             intent,
+            details,
             events: String::new(),
         }
     }

@@ -626,13 +626,19 @@ impl Scripts {
                     &keys.fencing_counter,
                     &keys.related,
                     &keys.intent,
+                    &keys.details,
                 ],
                 6,
                 args_len,
             ),
             LockKind::Permit { .. } => lua.call(
-                &[&keys.lock, &keys.fencing_counter, &keys.related],
-                6,
+                &[
+                    &keys.lock,
+                    &keys.fencing_counter,
+                    &keys.related,
+                    &keys.details,
+                ],
+                8,
                 args_len,
             ),
         };
@@ -641,7 +647,7 @@ impl Scripts {
             .arg(spec.fence_ttl_ms.unwrap_or(0))
             .arg(if spec.waiting { "+" } else { "-" });
         match keys.kind {
-            LockKind::Write => {
+            LockKind::Write | LockKind::Read => {
                 cmd.arg(spec.since_ms).arg(spec.holder);
             }
             LockKind::Exclusive => {
@@ -655,10 +661,11 @@ impl Scripts {
                     .arg(spec.attempt)
                     .arg(&keys.events);
             }
-            LockKind::Read => {}
             LockKind::Permit { permits } => {
                 cmd.arg(permits)
-                    .arg(if spec.resize_permits { "1" } else { "0" });
+                    .arg(if spec.resize_permits { "1" } else { "0" })
+                    .arg(spec.since_ms)
+                    .arg(spec.holder);
             }
         }
         cmd
@@ -749,8 +756,11 @@ impl Scripts {
                 5,
                 args_len + self.handoff_base.len() + keys.events.len(),
             ),
-            LockKind::Write | LockKind::Read => lua.call(&[&keys.lock, &keys.intent], 3, args_len),
-            LockKind::Permit { .. } => lua.call(&[&keys.lock, &keys.related], 3, args_len),
+            LockKind::Write => lua.call(&[&keys.lock, &keys.intent], 3, args_len),
+            LockKind::Read => lua.call(&[&keys.lock, &keys.intent, &keys.details], 3, args_len),
+            LockKind::Permit { .. } => {
+                lua.call(&[&keys.lock, &keys.related, &keys.details], 3, args_len)
+            }
         };
         cmd.arg(owner).arg(&keys.channel).arg(keep_ms);
         if keys.kind == LockKind::Exclusive {
@@ -796,8 +806,13 @@ impl Scripts {
     pub(crate) fn renew_cmd(&self, keys: &RedisNames, owner: &str, lease_ms: u64) -> Cmd {
         let lua = self.renew_lua(keys.kind);
         let mut cmd = match keys.kind {
-            LockKind::Permit { .. } => lua.call(&[&keys.lock, &keys.related], 2, owner.len() + 20),
-            _ => lua.call(&[&keys.lock], 2, owner.len() + 20),
+            LockKind::Permit { .. } => lua.call(
+                &[&keys.lock, &keys.details, &keys.related],
+                2,
+                owner.len() + 20,
+            ),
+            LockKind::Read => lua.call(&[&keys.lock, &keys.details], 2, owner.len() + 20),
+            LockKind::Exclusive | LockKind::Write => lua.call(&[&keys.lock], 2, owner.len() + 20),
         };
         cmd.arg(owner).arg(lease_ms);
         cmd
@@ -910,7 +925,9 @@ impl Scripts {
         conn: &mut impl ConnectionLike,
         keys: &RedisNames,
     ) -> RedisResult<PermitReply> {
-        let cmd = self.permit_counts.call(&[&keys.lock, &keys.related], 0, 0);
+        let cmd = self
+            .permit_counts
+            .call(&[&keys.lock, &keys.related, &keys.details], 0, 0);
         let (held, count): (i64, i64) = self.permit_counts.invoke(conn, &cmd).await?;
         Ok(match (held, count) {
             (-2, _) => PermitReply::Foreign,

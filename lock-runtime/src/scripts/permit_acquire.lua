@@ -5,11 +5,14 @@
 --          token ends in ":<n>": it holds n permits (see weight_of)
 -- KEYS[2]  fencing counter
 -- KEYS[3]  permit count of the holders now in the set (TTL as KEYS[1])
+-- KEYS[4]  holders' details: owner token -> "<token>:<since>:<holder>" (see
+--          shared_prelude.lua), TTL as KEYS[1]
 -- ARGV[1..4]  owner, lease ms, fence TTL ('0': unfenced), mark (unused: a
 --             release wakes a waiter whenever the semaphore was full)
 -- ARGV[5]  the caller's permit count
 -- ARGV[6]  '1' to replace a different stored count with ARGV[5] (an explicit
 --          resize), '0' to refuse it
+-- ARGV[7..8]  since ms, holder (as acquire.lua), for the details
 --
 -- Returns {1, token, owner}   a permit is ours (a retry of ours keeps it and
 --                             gets a fresh token)
@@ -25,9 +28,11 @@
 -- count stands. A resize changes nobody's hold: with fewer permits than
 -- holders, nobody new enters until enough have left.
 local now = now_ms()
-if type(redis.pcall('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)) == 'table' then
+if type(redis.pcall('ZSCORE', KEYS[1], ARGV[1])) == 'table'
+    or foreign_details(KEYS[4]) then
   return {3, 0, ARGV[1]}
 end
+drop_expired(KEYS[1], KEYS[4], now)
 local holders = redis.call('ZCARD', KEYS[1])
 local stored = redis.pcall('GET', KEYS[3])
 if type(stored) == 'table' or (stored and not string.find(stored, '^%d+$')) then
@@ -44,8 +49,9 @@ if redis.call('ZSCORE', KEYS[1], ARGV[1])
       and permits_held(KEYS[1]) + wanted <= tonumber(ARGV[5])) then
   local token = next_token(KEYS[2], ARGV[3])
   redis.call('ZADD', KEYS[1], string.format('%.0f', now + tonumber(ARGV[2])), ARGV[1])
+  describe(KEYS[4], ARGV[1], token, ARGV[7], ARGV[8])
   redis.call('SET', KEYS[3], ARGV[5])
-  push_expiry(KEYS[1], KEYS[3])
+  push_expiry(KEYS[1], KEYS[3], KEYS[4])
   return {1, token, ARGV[1]}
 end
 if ARGV[6] == '1' then

@@ -2,6 +2,7 @@
 --
 -- KEYS[1]  holders (see permit_acquire.lua)
 -- KEYS[2]  permit count
+-- KEYS[3]  holders' details (see permit_acquire.lua)
 -- ARGV[1]  owner token
 -- ARGV[2]  wake-up channel
 -- ARGV[3]  keep_ms: above 0, the rest of a min_hold: the permit is kept that long
@@ -15,14 +16,14 @@
 local now = now_ms()
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not score or tonumber(score) <= now then
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-  push_expiry(KEYS[1], KEYS[2])
+  drop_expired(KEYS[1], KEYS[3], now)
+  push_expiry(KEYS[1], KEYS[2], KEYS[3])
   return {0, ARGV[1]}
 end
 local keep_ms = tonumber(ARGV[3]) or 0
 if keep_ms > 0 then
   redis.call('ZADD', KEYS[1], 'XX', string.format('%.0f', now + keep_ms), ARGV[1])
-  push_expiry(KEYS[1], KEYS[2])
+  push_expiry(KEYS[1], KEYS[2], KEYS[3])
   return {1, ARGV[1]}
 end
 -- Full: a waiter for one permit was kept out. With weighted holds in the set
@@ -33,8 +34,9 @@ local held = permits_held(KEYS[1])
 local weighted = held ~= redis.call('ZCARD', KEYS[1])
 local full = held >= count or weighted
 redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-push_expiry(KEYS[1], KEYS[2])
+redis.call('HDEL', KEYS[3], ARGV[1])
+drop_expired(KEYS[1], KEYS[3], now)
+push_expiry(KEYS[1], KEYS[2], KEYS[3])
 if full then
   for _ = 1, weight_of(ARGV[1]) do
     redis.call('PUBLISH', ARGV[2], ARGV[1])

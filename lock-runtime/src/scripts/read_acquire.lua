@@ -5,8 +5,11 @@
 -- KEYS[2]  fencing counter, shared with the writers
 -- KEYS[3]  writer (see write_acquire.lua)
 -- KEYS[4]  writer intent (see write_acquire.lua)
+-- KEYS[5]  readers' details: owner token -> "<token>:<since>:<holder>" (see
+--          shared_prelude.lua), TTL as KEYS[1]
 -- ARGV[1..4]  owner, lease ms, fence TTL ('0': unfenced), mark ('+' when the
 --             caller waits)
+-- ARGV[5..6]  since ms, holder (as acquire.lua), for the details
 --
 -- Returns {1, token, owner}  the read hold is ours (a retry of ours keeps its
 --                            place and gets a fresh token)
@@ -35,8 +38,12 @@ end
 if not mine and redis.call('GET', KEYS[4]) then
   return {0, redis.call('PTTL', KEYS[4]), ARGV[1]}
 end
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if foreign_details(KEYS[5]) then
+  return {3, 0, ARGV[1]}
+end
+drop_expired(KEYS[1], KEYS[5], now)
 local token = next_token(KEYS[2], ARGV[3])
 redis.call('ZADD', KEYS[1], string.format('%.0f', now + tonumber(ARGV[2])), ARGV[1])
-push_expiry(KEYS[1], nil)
+describe(KEYS[5], ARGV[1], token, ARGV[5], ARGV[6])
+push_expiry(KEYS[1], KEYS[5])
 return {1, token, ARGV[1]}

@@ -2,6 +2,7 @@
 --
 -- KEYS[1]  readers (see read_acquire.lua)
 -- KEYS[2]  writer intent
+-- KEYS[3]  readers' details (see read_acquire.lua)
 -- ARGV[1]  owner token
 -- ARGV[2]  wake-up channel
 -- ARGV[3]  keep_ms: above 0, the rest of a min_hold: the hold is kept that long
@@ -14,19 +15,20 @@
 local now = now_ms()
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not score or tonumber(score) <= now then
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-  push_expiry(KEYS[1], nil)
+  drop_expired(KEYS[1], KEYS[3], now)
+  push_expiry(KEYS[1], KEYS[3])
   return {0, ARGV[1]}
 end
 local keep_ms = tonumber(ARGV[3]) or 0
 if keep_ms > 0 then
   redis.call('ZADD', KEYS[1], 'XX', string.format('%.0f', now + keep_ms), ARGV[1])
-  push_expiry(KEYS[1], nil)
+  push_expiry(KEYS[1], KEYS[3])
   return {1, ARGV[1]}
 end
 redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-push_expiry(KEYS[1], nil)
+redis.call('HDEL', KEYS[3], ARGV[1])
+drop_expired(KEYS[1], KEYS[3], now)
+push_expiry(KEYS[1], KEYS[3])
 if redis.call('ZCARD', KEYS[1]) == 0 and redis.call('GET', KEYS[2]) then
   redis.call('PUBLISH', ARGV[2], '*' .. ARGV[1])
 end

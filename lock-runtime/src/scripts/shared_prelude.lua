@@ -13,9 +13,20 @@
 -- is_lock_value(value): whether a string is a lock value distlock wrote; a
 -- script never changes one that is not, and answers {3, 0, owner} ("foreign").
 --
--- push_expiry(set, other): sets the TTL of sorted set `set` (and of `other`,
--- when given) to the end of its longest lease, so that nothing outlives its
--- holders; deletes both when the set is empty.
+-- push_expiry(set, ...): sets the TTL of sorted set `set` (and of the other
+-- names given) to the end of its longest lease, so that nothing outlives its
+-- holders; deletes them all when the set is empty.
+--
+-- drop_expired(set, details, now): removes the holders of `set` whose lease
+-- ended by `now`, and their entries in `details`.
+--
+-- The holders of a shared kind (read holds, permits) are described in a hash
+-- beside their sorted set, for operators: owner token ->
+-- "<token>:<since>:<holder>" (the lock value's format after its mark). An
+-- entry is written with its hold and removed with it; the hash's TTL follows
+-- the set's. Its field '!' (never an owner token, which is hex) marks the
+-- hash as distlock's: foreign_details(details) is true for a hash without it,
+-- or a value of another type, which a script must leave alone.
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -37,18 +48,39 @@ local function next_token(fence, ttl)
   return token
 end
 
-local function push_expiry(set, other)
+local function push_expiry(set, ...)
+  local others = {...}
   local last = redis.call('ZRANGE', set, -1, -1, 'WITHSCORES')
   if #last == 0 then
     redis.call('DEL', set)
-    if other then
+    for _, other in ipairs(others) do
       redis.call('DEL', other)
     end
     return
   end
   redis.call('PEXPIREAT', set, last[2])
-  if other then
+  for _, other in ipairs(others) do
     redis.call('PEXPIREAT', other, last[2])
+  end
+end
+local function foreign_details(details)
+  if redis.call('PTTL', details) == -2 then
+    return false
+  end
+  local mark = redis.pcall('HGET', details, '!')
+  return type(mark) == 'table' or not mark
+end
+local function describe(details, owner, token, since, holder)
+  redis.call('HSET', details, '!', '1', owner, string.format('%.0f', token) .. ':' .. since .. ':' .. holder)
+end
+local function drop_expired(set, details, now)
+  local gone = redis.call('ZRANGE', set, '-inf', now, 'BYSCORE')
+  if #gone > 0 then
+    redis.call('ZREMRANGEBYSCORE', set, '-inf', now)
+    -- In slices: unpack is bounded by Lua's stack.
+    for first = 1, #gone, 1000 do
+      redis.call('HDEL', details, unpack(gone, first, math.min(first + 999, #gone)))
+    end
   end
 end
 -- Whether `value` is a lock value distlock wrote

@@ -1,7 +1,9 @@
 -- Reset the lease of a read hold or a permit if it is still ours.
 --
 -- KEYS[1]  holders: sorted set, owner token -> end of its lease (server ms)
--- KEYS[2]  (semaphores only) the permit count, whose TTL follows the set's
+-- KEYS[2]  the holders' details (see shared_prelude.lua), whose TTL follows
+--          the set's
+-- KEYS[3]  (semaphores only) the permit count, whose TTL follows the set's
 -- ARGV[1]  owner token
 -- ARGV[2]  lease in milliseconds
 --
@@ -11,7 +13,7 @@ local now = now_ms()
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if score and tonumber(score) > now then
   redis.call('ZADD', KEYS[1], 'XX', string.format('%.0f', now + tonumber(ARGV[2])), ARGV[1])
-  push_expiry(KEYS[1], KEYS[2])
+  push_expiry(KEYS[1], KEYS[2], KEYS[3])
   return {1, ARGV[1]}
 end
 return {0, ARGV[1]}

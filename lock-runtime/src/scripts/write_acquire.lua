@@ -6,6 +6,7 @@
 -- KEYS[3]  readers: sorted set, owner token -> end of its lease (server ms)
 -- KEYS[4]  writer intent: the owner token of a writer waiting for readers to
 --          leave; while it exists no new reader enters
+-- KEYS[5]  readers' details (see read_acquire.lua)
 -- ARGV[1..6]  as acquire.lua: owner, lease ms, fence TTL ('0': unfenced),
 --             mark ('+' when the caller waits), since ms, holder
 --
@@ -42,9 +43,11 @@ if held then
   return {0, redis.call('PTTL', KEYS[1]), ARGV[1]}
 end
 local now = now_ms()
-if type(redis.pcall('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)) == 'table' then
+if type(redis.pcall('ZCARD', KEYS[3])) == 'table'
+    or foreign_details(KEYS[5]) then
   return {3, 0, ARGV[1]}
 end
+drop_expired(KEYS[3], KEYS[5], now)
 local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
 if #last > 0 then
   if ARGV[4] == '+' then
