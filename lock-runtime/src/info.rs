@@ -11,10 +11,40 @@ pub(crate) const OWNER_LEN: usize = 32;
 /// so it should say who holds the lock, not carry data.
 pub(crate) const MAX_HOLDER_BYTES: usize = 256;
 
-/// A held lock as Redis stores it, for operators: who holds it, since when,
-/// until when, and with which fencing token. From
-/// [`LockManager::inspect`](crate::LockManager::inspect) and
-/// [`LockManager::list`](crate::LockManager::list).
+/// Which kind of hold a [`LockInfo`] describes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum HoldKind {
+    /// The default lock: `lock`, `fair_lock`, or one key of a `lock_all`
+    /// hold (whose keys share one
+    /// [`acquisition_id`](LockInfo::acquisition_id)).
+    Lock,
+    /// The writer of a read-write lock.
+    Write,
+    /// One reader of a read-write lock.
+    Read,
+    /// One holder of a semaphore, with the permits it holds (more than one
+    /// for a [`weight`](crate::LockRequest::weight)ed hold).
+    Permits(u32),
+}
+
+impl std::fmt::Display for HoldKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HoldKind::Lock => f.write_str("lock"),
+            HoldKind::Write => f.write_str("write"),
+            HoldKind::Read => f.write_str("read"),
+            HoldKind::Permits(1) => f.write_str("permit"),
+            HoldKind::Permits(n) => write!(f, "{n} permits"),
+        }
+    }
+}
+
+/// A hold as Redis stores it, for operators: which kind, who holds it, since
+/// when, until when, and with which fencing token. From
+/// [`LockManager::inspect`](crate::LockManager::inspect) (the default lock),
+/// [`LockManager::inspect_all`](crate::LockManager::inspect_all) and
+/// [`LockManager::list`](crate::LockManager::list) (every kind).
 ///
 /// Re-entrant holds of one task are not visible here: re-entry happens inside
 /// the holding process, which keeps one lock in Redis however deep it nests.
@@ -23,6 +53,20 @@ pub(crate) const MAX_HOLDER_BYTES: usize = 256;
 pub struct LockInfo {
     /// The lock key, as the program named it.
     pub key: String,
+    /// The kind of hold: the default lock, a read-write lock's writer or one
+    /// of its readers, a semaphore's holder.
+    pub kind: HoldKind,
+    /// Names this hold for
+    /// [`LockManager::force_unlock_hold`](crate::LockManager::force_unlock_hold):
+    /// its owner token (a weighted semaphore hold's with `:<permits>`), unique
+    /// to the hold (the keys of one `lock_all` hold taken in one script share
+    /// it, which is why `force_unlock_hold` also names the key). Whoever
+    /// knows it can free the hold, so treat it as an operator's detail.
+    pub hold_id: String,
+    /// The acquisition that took this hold: the keys of one `lock_all` hold
+    /// share it (on every deployment, whether the keys were taken in one
+    /// script or one by one); holds taken apart have different ones.
+    pub acquisition_id: String,
     /// The holder's description: the manager's
     /// [`holder`](crate::LockManagerBuilder::holder), by default
     /// `<hostname> pid <pid> <program>`.
@@ -48,6 +92,9 @@ impl LockInfo {
         let (since, holder) = rest.split_once(':')?;
         Some(LockInfo {
             key,
+            kind: HoldKind::Lock,
+            hold_id: value.get(..OWNER_LEN)?.to_owned(),
+            acquisition_id: value.get(..crate::config::ACQUISITION_ID_LEN)?.to_owned(),
             holder: holder.to_owned(),
             fencing_token: token.parse().ok()?,
             ttl: u64::try_from(pttl).ok().map(Duration::from_millis),
@@ -55,6 +102,124 @@ impl LockInfo {
             waited_for: mark == "+",
         })
     }
+
+    /// A read hold's or a permit's entry: `member` in the holders' set (the
+    /// owner token, `:<n>` for n permits), the end of its lease and the
+    /// server's clock (ms), and its details `<token>:<since>:<holder>` when
+    /// recorded.
+    pub(crate) fn of_shared(
+        key: &str,
+        kind: HoldKind,
+        member: String,
+        ends_ms: i64,
+        now_ms: i64,
+        details: Option<&str>,
+    ) -> LockInfo {
+        let parsed = details.and_then(|details| {
+            let (token, rest) = details.split_once(':')?;
+            let (since, holder) = rest.split_once(':')?;
+            Some((token.parse().ok()?, since.parse().ok()?, holder.to_owned()))
+        });
+        // Holds taken by a distlock that recorded no details (before 0.3)
+        // show no holder, token or start.
+        let (fencing_token, since, holder) = parsed.unwrap_or((0, 0, String::new()));
+        LockInfo {
+            key: key.to_owned(),
+            kind,
+            acquisition_id: member
+                .get(..crate::config::ACQUISITION_ID_LEN)
+                .unwrap_or(&member)
+                .to_owned(),
+            hold_id: member,
+            holder,
+            fencing_token,
+            ttl: u64::try_from(ends_ms.saturating_sub(now_ms))
+                .ok()
+                .map(Duration::from_millis),
+            held_since: UNIX_EPOCH + Duration::from_millis(since),
+            waited_for: false,
+        }
+    }
+}
+
+/// One acquisition waiting in the default lock's queue, from
+/// [`LockManager::inspect_all`](crate::LockManager::inspect_all).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WaiterInfo {
+    /// The waiting manager's description (as [`LockInfo::holder`]).
+    pub holder: String,
+    /// The owner token the lock will be held under once handed to it.
+    pub hold_id: String,
+    /// How long its queue entry lasts unless the waiter refreshes it (it does
+    /// every 0.4-0.8 s while it waits; a dead waiter's entry runs out).
+    pub queue_lease_left: Duration,
+}
+
+impl WaiterInfo {
+    /// A queue entry, `<expiry>:<ttl>:<fence_ttl>:<route>:<attempt>:<holder>`
+    /// (see `scripts/queue_prelude.lua`), read at `now_ms` by the server's
+    /// clock.
+    pub(crate) fn parse(owner: String, entry: Option<&str>, now_ms: i64) -> WaiterInfo {
+        let mut fields = entry.unwrap_or("").splitn(6, ':');
+        let expiry: i64 = fields.next().and_then(|e| e.parse().ok()).unwrap_or(0);
+        let holder = fields.nth(4).unwrap_or("").to_owned();
+        WaiterInfo {
+            holder,
+            hold_id: owner,
+            queue_lease_left: Duration::from_millis(
+                u64::try_from(expiry.saturating_sub(now_ms)).unwrap_or(0),
+            ),
+        }
+    }
+}
+
+/// Everything held on one key, of every kind, from
+/// [`LockManager::inspect_all`](crate::LockManager::inspect_all): one
+/// consistent snapshot (one script), which may be stale by the time it
+/// arrives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct KeyState {
+    /// The key, as the program named it.
+    pub key: String,
+    /// Every hold: the default lock's holder, a read-write lock's writer and
+    /// its readers, a semaphore's holders (readers and semaphore holders in
+    /// the order their leases end, soonest first).
+    pub holds: Vec<LockInfo>,
+    /// The default lock's waiters, in the order they will be served.
+    pub waiters: Vec<WaiterInfo>,
+    /// Whether a writer waits for the read-write lock's readers to leave
+    /// (no new reader enters meanwhile).
+    pub writer_waiting: bool,
+    /// The semaphore's permit count, while anyone holds a permit.
+    pub permits: Option<u32>,
+}
+
+impl KeyState {
+    /// Whether anyone holds anything on this key.
+    pub fn is_held(&self) -> bool {
+        !self.holds.is_empty()
+    }
+
+    /// The holds of one kind (for [`HoldKind::Permits`], every semaphore
+    /// holder whatever its permits).
+    pub fn holds_of(&self, kind: HoldKind) -> impl Iterator<Item = &LockInfo> {
+        self.holds.iter().filter(move |h| match kind {
+            HoldKind::Permits(_) => matches!(h.kind, HoldKind::Permits(_)),
+            kind => h.kind == kind,
+        })
+    }
+}
+
+/// The permits a semaphore holder's member stands for: `<owner>:<n>` holds
+/// n, a plain owner token one (as `weight_of` in the scripts).
+pub(crate) fn permits_of(member: &str) -> u32 {
+    member
+        .get(OWNER_LEN..)
+        .and_then(|rest| rest.strip_prefix(':'))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1)
 }
 
 /// The fencing token recorded in a lock value (0 when it has none).

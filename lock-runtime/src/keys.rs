@@ -204,6 +204,28 @@ impl RedisNames {
     }
 }
 
+/// Every kind's names of one user key, for an operator's reading or
+/// force-unlock of all of them (one script: they share the key's hash tag).
+#[derive(Debug, Clone)]
+pub(crate) struct KeyNames {
+    /// The default lock's (with its queue).
+    pub(crate) lock: RedisNames,
+    /// The read-write lock's (a write lock's names: the writer first).
+    pub(crate) read_write: RedisNames,
+    /// The semaphore's.
+    pub(crate) semaphore: RedisNames,
+}
+
+impl KeyNames {
+    pub(crate) fn of(prefix: &str, key: &str) -> Self {
+        KeyNames {
+            lock: RedisNames::of(prefix, key, LockKind::Exclusive),
+            read_write: RedisNames::of(prefix, key, LockKind::Write),
+            semaphore: RedisNames::of(prefix, key, LockKind::Permit { permits: 1 }),
+        }
+    }
+}
+
 /// The `SCAN MATCH` pattern for the lock keys under `prefix` whose user key
 /// matches the glob `user_pattern` (Redis glob syntax: `*`, `?`, `[..]`, `\\`).
 pub(crate) fn lock_scan_pattern(prefix: &str, user_pattern: &str) -> String {
@@ -213,6 +235,31 @@ pub(crate) fn lock_scan_pattern(prefix: &str, user_pattern: &str) -> String {
     pattern.push_str("}:");
     pattern.push_str(user_pattern);
     pattern
+}
+
+/// The `SCAN MATCH` pattern for every name of every kind under `prefix`
+/// whose user key matches the glob `user_pattern`; [`held_key_of`] keeps the
+/// names that hold a lock.
+pub(crate) fn any_kind_scan_pattern(prefix: &str, user_pattern: &str) -> String {
+    let mut pattern = escape_glob(prefix);
+    pattern.push_str("*:{");
+    pattern.push_str(&"?".repeat(16));
+    pattern.push_str("}:");
+    pattern.push_str(user_pattern);
+    pattern
+}
+
+/// The user key of `name` under `prefix` when `name` holds holds: a default
+/// lock (`lock`), a read-write lock's writer (`rw`) or readers (`rwr`), a
+/// semaphore's holders (`sem`).
+pub(crate) fn held_key_of<'a>(prefix: &str, name: &'a str) -> Option<&'a str> {
+    let rest = name.strip_prefix(prefix)?;
+    let (kind, rest) = rest.split_once(":{")?;
+    if !matches!(kind, "lock" | "rw" | "rwr" | "sem") {
+        return None;
+    }
+    let (tag, key) = (rest.get(..16)?, rest.get(16..)?.strip_prefix("}:")?);
+    (hash_tag(key).as_str() == tag).then_some(key)
 }
 
 /// `text` with its glob characters escaped, so that as a `SCAN MATCH` or
@@ -306,6 +353,21 @@ mod tests {
         assert_eq!(user_key_of("app*1:", &keys.lock), Some("order:}:42"));
         assert_eq!(user_key_of("app*1:", &keys.fencing_counter), None);
         assert_eq!(user_key_of("other:", &keys.lock), None);
+        for kind in [
+            LockKind::Exclusive,
+            LockKind::Write,
+            LockKind::Read,
+            LockKind::Permit { permits: 2 },
+        ] {
+            let names = RedisNames::of("app*1:", "order:}:42", kind);
+            assert_eq!(held_key_of("app*1:", &names.lock), Some("order:}:42"));
+            assert_eq!(held_key_of("app*1:", &names.fencing_counter), None);
+            assert_eq!(held_key_of("app*1:", &names.channel), None);
+        }
+        assert_eq!(
+            any_kind_scan_pattern("app*1:", "order:*"),
+            format!("app\\*1:*:{{{}}}:order:*", "?".repeat(16))
+        );
         assert_eq!(
             lock_scan_pattern("app*1:", "order:*"),
             "app\\*1:lock:{????????????????}:order:*"

@@ -67,7 +67,7 @@ pub use error::{BackendError, BackendErrorKind, LockError};
 pub use events::{LockEvent, LockEventKind, LockEvents, LockEventsRequest};
 pub use global::{global, set_global, with_default_manager};
 pub use guard::LockGuard;
-pub use info::{LockInfo, PermitCounts};
+pub use info::{HoldKind, KeyState, LockInfo, PermitCounts, WaiterInfo};
 pub use keys::RedisNames;
 pub use leader::{LeaderElection, LeaderInfo, LeaderWatch, Leadership, LEADER_KEY_PREFIX};
 pub use lease::RenewalTrouble;

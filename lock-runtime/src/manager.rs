@@ -4,13 +4,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backend::{Backend, Target};
+use crate::backend::{Backend, SharedRelease, Target};
 use crate::config::{Config, TlsSettings};
 pub use crate::config::{DEFAULT_FENCE_RETENTION, MAX_DURATION, MIN_LEASE};
 use crate::core::{Core, ManagerInner};
 use crate::error::LockError;
-use crate::info::LockInfo;
-use crate::keys::LockKind;
+use crate::info::{HoldKind, KeyState, LockInfo, WaiterInfo};
+use crate::keys::{KeyNames, LockKind};
 use crate::multi::MultiLockRequest;
 use crate::request::LockRequest;
 
@@ -383,7 +383,10 @@ impl LockManager {
         self.inner.core.keys(key)
     }
 
-    /// Frees lock `key` whoever holds it, for an operator unsticking a lock:
+    /// Frees the default lock of `key` whoever holds it, for an operator
+    /// unsticking a lock (every kind of hold on the key:
+    /// [`force_unlock_all`](Self::force_unlock_all); one reader, permit or
+    /// holder: [`force_unlock_hold`](Self::force_unlock_hold)):
     /// deletes it in Redis (on every member under Redlock) and wakes its
     /// waiters. Returns whether it was held. The holder learns it at its next
     /// renewal (within a third of its lease): its guard reports the lease lost,
@@ -407,7 +410,7 @@ impl LockManager {
         let token = crate::config::owner_token();
         let freed = core
             .backend
-            .force_unlock(key, &keys, &token)
+            .force_unlock(key, &keys, &token, "")
             .await
             .map_err(|e| e.error)?;
         if freed {
@@ -420,8 +423,9 @@ impl LockManager {
         Ok(freed)
     }
 
-    /// Who holds lock `key`, since when, until when, with which fencing token;
-    /// `None` when nobody holds it. One round trip (one per member under
+    /// Who holds the default lock of `key`, since when, until when, with which
+    /// fencing token; `None` when nobody holds it. Every kind of hold on the
+    /// key, and the lock's queue: [`inspect_all`](Self::inspect_all). One round trip (one per member under
     /// Redlock, where the answer is the hold a majority agrees on). A
     /// snapshot for operators: it may be stale by the time it arrives.
     ///
@@ -455,15 +459,18 @@ impl LockManager {
         .transpose()
     }
 
-    /// Every lock held under this manager's key prefix whose key matches the
-    /// glob `pattern` (Redis `SCAN MATCH` syntax: `*` any run, `?` one
-    /// character, `[abc]` a class, `\` escapes; `"*"` for all), sorted by key.
+    /// Every hold of every kind under this manager's key prefix whose key
+    /// matches the glob `pattern` (Redis `SCAN MATCH` syntax: `*` any run, `?`
+    /// one character, `[abc]` a class, `\` escapes; `"*"` for all), sorted by
+    /// key: default locks, read-write locks' writers and readers, semaphores'
+    /// holders, each with its [`kind`](LockInfo::kind). The keys of one
+    /// `lock_all` hold share an [`acquisition_id`](LockInfo::acquisition_id).
     ///
     /// It walks the keyspace with `SCAN` (on every master of a cluster, on
-    /// every member under Redlock), then reads each lock as
-    /// [`inspect`](Self::inspect) does: an operator's tool, not for a hot
-    /// path. Locks released during the walk are left out. The ACL user needs
-    /// `scan`, which a lock itself does not.
+    /// every member under Redlock), then reads each key as
+    /// [`inspect_all`](Self::inspect_all) does: an operator's tool, not for a
+    /// hot path. Holds released during the walk are left out. The ACL user
+    /// needs `scan`, which a lock itself does not.
     ///
     /// # Errors
     /// [`LockError::Backend`] when Redis fails or does not answer in time.
@@ -472,35 +479,210 @@ impl LockManager {
         let prefix = &core.config.key_prefix;
         let names = core
             .backend
-            .scan_locks(&crate::keys::lock_scan_pattern(prefix, pattern))
+            .scan_locks(&crate::keys::any_kind_scan_pattern(prefix, pattern))
             .await
             .map_err(|e| e.error)?;
         let mut keys: Vec<&str> = names
             .iter()
-            .filter_map(|name| crate::keys::user_key_of(prefix, name))
+            .filter_map(|name| crate::keys::held_key_of(prefix, name))
             .collect();
         keys.sort_unstable();
         keys.dedup();
-        let mut locks = Vec::with_capacity(keys.len());
+        let mut holds = Vec::with_capacity(keys.len());
         for key in keys {
-            let held = core
-                .backend
-                .inspect(key, &core.keys(key))
-                .await
-                .map_err(|e| e.error)?;
-            // A value some other program wrote under our prefix is left out.
-            if let Some(info) =
-                held.and_then(|held| LockInfo::parse(key.to_owned(), &held.value, held.pttl))
-            {
-                locks.push(info);
+            // A key with a value some other program wrote under our prefix is
+            // left out.
+            if let Some(state) = self.read_key(key).await? {
+                holds.extend(state.holds);
             }
         }
-        Ok(locks)
+        Ok(holds)
     }
 
-    /// Whether anyone holds lock `key` right now (under Redlock: a majority
-    /// of the members). A snapshot: the answer may be stale by the time it
-    /// arrives; take the lock to act on it.
+    /// Everything held on `key`, of every kind: the default lock's holder
+    /// and its queue of waiters in order, a read-write lock's writer, readers
+    /// and waiting writer, a semaphore's holders (each with its lease) and
+    /// permit count. One round trip (one script reads it all; on Redlock,
+    /// which has only the default lock and no queue, one per member and the
+    /// hold a majority agrees on). A snapshot for operators.
+    ///
+    /// ```no_run
+    /// # async fn demo(manager: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+    /// let state = manager.inspect_all("pool").await?;
+    /// for hold in &state.holds {
+    ///     println!("{} held by {} ({:?} left)", hold.kind, hold.holder, hold.ttl);
+    /// }
+    /// println!("{} waiting", state.waiters.len());
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`LockError::InvalidKey`] for a bad key, [`LockError::Backend`] when Redis
+    /// fails or does not answer in time, [`LockError::ForeignValue`] when one
+    /// of the key's names holds a value distlock did not write.
+    pub async fn inspect_all(&self, key: &str) -> Result<KeyState, LockError> {
+        crate::keys::validate_key(key)?;
+        self.read_key(key)
+            .await?
+            .ok_or_else(|| LockError::ForeignValue {
+                key: key.to_owned(),
+            })
+    }
+
+    /// [`inspect_all`](Self::inspect_all)'s reading; `None` for a foreign value.
+    async fn read_key(&self, key: &str) -> Result<Option<KeyState>, LockError> {
+        let core = &self.inner.core;
+        let names = KeyNames::of(&core.config.key_prefix, key);
+        let Some(read) = core
+            .backend
+            .inspect_key(key, &names)
+            .await
+            .map_err(|e| e.error)?
+        else {
+            return Ok(None);
+        };
+        let mut holds = Vec::new();
+        for (held, kind) in [
+            (&read.lock, HoldKind::Lock),
+            (&read.writer, HoldKind::Write),
+        ] {
+            if let Some(held) = held {
+                let Some(mut info) = LockInfo::parse(key.to_owned(), &held.value, held.pttl) else {
+                    return Ok(None);
+                };
+                info.kind = kind;
+                holds.push(info);
+            }
+        }
+        for reader in read.readers {
+            holds.push(LockInfo::of_shared(
+                key,
+                HoldKind::Read,
+                reader.member,
+                reader.ends_ms,
+                read.now_ms,
+                reader.details.as_deref(),
+            ));
+        }
+        for holder in read.permit_holders {
+            let permits = crate::info::permits_of(&holder.member);
+            holds.push(LockInfo::of_shared(
+                key,
+                HoldKind::Permits(permits),
+                holder.member,
+                holder.ends_ms,
+                read.now_ms,
+                holder.details.as_deref(),
+            ));
+        }
+        let waiters = read
+            .queue
+            .into_iter()
+            .map(|(owner, entry)| WaiterInfo::parse(owner, entry.as_deref(), read.now_ms))
+            .collect();
+        Ok(Some(KeyState {
+            key: key.to_owned(),
+            holds,
+            waiters,
+            writer_waiting: read.writer_waiting,
+            permits: read.permit_count,
+        }))
+    }
+
+    /// Frees every hold on `key`, of every kind (the default lock, a
+    /// read-write lock's writer and readers and its waiting writer's intent,
+    /// a semaphore's holders), whoever holds them, and tells their waiters;
+    /// returns how many holds it freed. For an operator unsticking a key; each
+    /// holder learns it as from [`force_unlock`](Self::force_unlock). Two
+    /// round trips (the default lock, then the shared kinds); on Redlock one
+    /// per member for the default lock, the only kind there.
+    ///
+    /// # Errors
+    /// As [`force_unlock`](Self::force_unlock).
+    pub async fn force_unlock_all(&self, key: &str) -> Result<u64, LockError> {
+        let mut freed = u64::from(self.force_unlock(key).await?);
+        let core = &self.inner.core;
+        let names = KeyNames::of(&core.config.key_prefix, key);
+        let token = crate::config::owner_token();
+        let shared = core
+            .backend
+            .force_unlock_shared(key, &names, SharedRelease::All, &token)
+            .await
+            .map_err(|e| e.error)?;
+        if shared > 0 {
+            crate::telemetry::force_unlocked();
+            tracing::warn!(target: "distlock::release",
+                key = %crate::error::KeyPreview(key),
+                holds = shared,
+                "read-write lock and semaphore holds freed by force_unlock_all"
+            );
+        }
+        freed += shared;
+        Ok(freed)
+    }
+
+    /// Frees one hold, as [`inspect_all`](Self::inspect_all) or
+    /// [`list`](Self::list) described it, if it is still held by the same
+    /// holder (its [`hold_id`](LockInfo::hold_id)): one reader of a
+    /// read-write lock, one semaphore holder, the writer, or the default lock
+    /// (of one key of a `lock_all` hold: the others stay held). Returns
+    /// whether it was still held. Its waiters are told, and the holder learns
+    /// it at its next renewal, as from [`force_unlock`](Self::force_unlock).
+    ///
+    /// # Errors
+    /// As [`force_unlock`](Self::force_unlock).
+    pub async fn force_unlock_hold(&self, hold: &LockInfo) -> Result<bool, LockError> {
+        let key = hold.key.as_str();
+        crate::keys::validate_key(key)?;
+        let core = &self.inner.core;
+        let token = crate::config::owner_token();
+        let what = match hold.kind {
+            HoldKind::Lock => {
+                let keys = match core.backend {
+                    crate::backend::Backend::Redlock(_) => core.keys(key),
+                    _ => core.keys(key).with_events(&core.config.key_prefix, key),
+                };
+                let freed = core
+                    .backend
+                    .force_unlock(key, &keys, &token, &hold.hold_id)
+                    .await
+                    .map_err(|e| e.error)?;
+                if freed {
+                    crate::telemetry::force_unlocked();
+                    tracing::warn!(target: "distlock::release",
+                        key = %crate::error::KeyPreview(key),
+                        "lock freed by force_unlock_hold"
+                    );
+                }
+                return Ok(freed);
+            }
+            HoldKind::Write => SharedRelease::Writer(&hold.hold_id),
+            HoldKind::Read => SharedRelease::Reader(&hold.hold_id),
+            HoldKind::Permits(_) => SharedRelease::Permit(&hold.hold_id),
+        };
+        let names = KeyNames::of(&core.config.key_prefix, key);
+        let freed = core
+            .backend
+            .force_unlock_shared(key, &names, what, &token)
+            .await
+            .map_err(|e| e.error)?
+            > 0;
+        if freed {
+            crate::telemetry::force_unlocked();
+            tracing::warn!(target: "distlock::release",
+                key = %crate::error::KeyPreview(key),
+                kind = %hold.kind,
+                "hold freed by force_unlock_hold"
+            );
+        }
+        Ok(freed)
+    }
+
+    /// Whether anyone holds the default lock of `key` right now (under
+    /// Redlock: a majority of the members). A snapshot: the answer may be
+    /// stale by the time it arrives; take the lock to act on it. For the other
+    /// kinds: [`LockRequest::is_locked`] (`manager.semaphore(key,
+    /// n).is_locked()`), or [`inspect_all`](Self::inspect_all) for everything.
     ///
     /// # Errors
     /// [`LockError::InvalidKey`] for a bad key, [`LockError::Backend`] when Redis

@@ -231,7 +231,11 @@ impl MultiLockRequest {
             if to_take.is_empty() {
                 return Ok(Some(taken));
             }
-            match one_script(&core, &to_take, options, started, &mut taken).await {
+            // One owner token for every key taken in one script; keys taken
+            // one by one get tokens of their own that open with the same
+            // acquisition id (operators see which keys go together).
+            let owner = owner_token();
+            match one_script(&core, &to_take, &owner, options, started, &mut taken).await {
                 OneScript::Done(result) => return result.map(|()| Some(taken)),
                 OneScript::Busy(_) if patience == Patience::Once => {
                     telemetry::busy(metrics_label);
@@ -250,6 +254,7 @@ impl MultiLockRequest {
             let deadline = started + wait;
             let outcome = ordered(
                 &manager,
+                &owner[..config::ACQUISITION_ID_LEN],
                 &to_take,
                 options,
                 (patience == Patience::Wait).then_some(deadline),
@@ -306,13 +311,14 @@ enum OneScript {
 async fn one_script(
     core: &Arc<Core>,
     to_take: &[&str],
+    owner: &str,
     options: Hold,
     started: Instant,
     taken: &mut MultiLockGuard,
 ) -> OneScript {
     let names: Vec<RedisNames> = to_take.iter().map(|key| core.keys(key)).collect();
     let refs: Vec<&RedisNames> = names.iter().collect();
-    let owner = owner_token();
+    let owner = owner.to_owned();
     let lease_ms = u64::try_from(options.lease.as_millis()).unwrap_or(u64::MAX);
     let retention_ms = u64::try_from(core.config.fence_retention.as_millis()).unwrap_or(u64::MAX);
     let spec = AcquireSpec {
@@ -433,14 +439,16 @@ async fn one_script(
 /// `Ok(false)` when a lock was busy and `deadline` is `None`.
 async fn ordered(
     manager: &Arc<ManagerInner>,
+    acquisition: &str,
     to_take: &[&str],
     options: Hold,
     deadline: Option<Instant>,
     taken: &mut MultiLockGuard,
 ) -> Result<bool, LockError> {
     for key in to_take {
-        let request =
-            LockRequest::new(manager.clone(), (*key).to_owned()).with_options(options.as_options());
+        let request = LockRequest::new(manager.clone(), (*key).to_owned())
+            .with_options(options.as_options())
+            .in_acquisition(acquisition);
         let guard = match deadline {
             None => match request.try_acquire().await? {
                 Some(guard) => guard,

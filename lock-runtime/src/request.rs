@@ -59,6 +59,9 @@ pub struct LockRequest {
     kind: LockKind,
     resize_permits: bool,
     weight: u32,
+    /// Set for one key of a multi-key acquisition: its id, which opens the
+    /// owner token (see `config::owner_token_of`).
+    acquisition: Option<String>,
 }
 
 impl LockRequest {
@@ -74,7 +77,14 @@ impl LockRequest {
             key,
             options: HoldOptions::default(),
             weight: 1,
+            acquisition: None,
         }
+    }
+
+    /// This request as one key of the multi-key acquisition `acquisition`.
+    pub(crate) fn in_acquisition(mut self, acquisition: &str) -> Self {
+        self.acquisition = Some(acquisition.to_owned());
+        self
     }
 
     /// This request with `options` (a multi-key request's, per key).
@@ -103,6 +113,38 @@ impl LockRequest {
     pub fn reentrant(mut self, reentrant: bool) -> Self {
         self.options.reentrant = reentrant;
         self
+    }
+
+    /// Whether anyone holds this request's kind of lock on its key right now:
+    /// for [`lock`](crate::LockManager::lock) the default lock, for
+    /// [`read_lock`](crate::LockManager::read_lock) and
+    /// [`write_lock`](crate::LockManager::write_lock) the read-write lock (a
+    /// writer or any reader), for a [`semaphore`](crate::LockManager::semaphore)
+    /// any permit. One round trip (the script of
+    /// [`inspect_all`](crate::LockManager::inspect_all)). A snapshot: take
+    /// the lock to act on it.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidKey`] for a bad key, [`LockError::ForeignValue`]
+    /// when the key's names hold values distlock did not write,
+    /// [`LockError::Backend`] when Redis fails.
+    pub async fn is_locked(&self) -> Result<bool, LockError> {
+        keys::validate_key(&self.key)?;
+        let core = &self.manager.core;
+        let names = keys::KeyNames::of(&core.config.key_prefix, &self.key);
+        let read = core
+            .backend
+            .inspect_key(&self.key, &names)
+            .await
+            .map_err(|e| e.error)?
+            .ok_or_else(|| LockError::ForeignValue {
+                key: self.key.clone(),
+            })?;
+        Ok(match self.kind.family() {
+            keys::LockFamily::Lock => read.lock.is_some(),
+            keys::LockFamily::ReadWrite => read.writer.is_some() || !read.readers.is_empty(),
+            keys::LockFamily::Semaphore => !read.permit_holders.is_empty(),
+        })
     }
 
     /// A semaphore request's permits: held now, the count in force, and how
@@ -321,6 +363,7 @@ impl LockRequest {
             kind,
             resize_permits,
             weight,
+            acquisition,
         } = self;
         if let LockKind::Permit { permits: 0 } = kind {
             return Err(LockError::InvalidConfig(format!(
@@ -404,10 +447,10 @@ impl LockRequest {
             queue: kind == LockKind::Exclusive && !redlock,
             // A weighted hold's token says how many permits it stands for
             // (see `weight_of` in shared_prelude.lua).
-            owner: if weight > 1 {
-                format!("{}:{weight}", owner_token())
-            } else {
-                owner_token()
+            owner: match (acquisition, weight) {
+                (Some(acquisition), _) => config::owner_token_of(&acquisition),
+                (None, 1) => owner_token(),
+                (None, weight) => format!("{}:{weight}", owner_token()),
             },
             key,
             lease,

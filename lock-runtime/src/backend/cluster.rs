@@ -35,7 +35,7 @@ use super::single::failed_all;
 use super::{bounded_call, read_renewals, CallError, Renewal};
 use crate::config::{redact_all, Config, ReplicaAck, TlsSettings};
 use crate::error::{BackendErrorKind, LockError};
-use crate::keys::RedisNames;
+use crate::keys::{KeyNames, RedisNames};
 use crate::lease::Lease;
 
 /// How long a caller treats a lock as busy after its slot answered with a
@@ -426,10 +426,39 @@ impl Cluster {
         key: &str,
         keys: &RedisNames,
         token: &str,
+        only: &str,
     ) -> Result<bool, CallError> {
         let scripts = &self.scripts;
         self.call(key, |mut conn| async move {
-            scripts.force_unlock(&mut conn, keys, token).await
+            scripts.force_unlock(&mut conn, keys, token, only).await
+        })
+        .await
+    }
+
+    pub(crate) async fn inspect_key(
+        &self,
+        key: &str,
+        names: &KeyNames,
+    ) -> Result<Option<super::KeyReading>, CallError> {
+        let scripts = &self.scripts;
+        self.call(key, |mut conn| async move {
+            scripts.inspect_key(&mut conn, names).await
+        })
+        .await
+    }
+
+    pub(crate) async fn force_unlock_shared(
+        &self,
+        key: &str,
+        names: &KeyNames,
+        what: super::SharedRelease<'_>,
+        token: &str,
+    ) -> Result<u64, CallError> {
+        let scripts = &self.scripts;
+        self.call(key, |mut conn| async move {
+            scripts
+                .force_unlock_shared(&mut conn, names, what, token)
+                .await
         })
         .await
     }

@@ -24,7 +24,7 @@ use redis::RedisResult;
 
 use crate::config::{Config, TlsSettings};
 use crate::error::{BackendError, BackendErrorKind, LockError};
-use crate::keys::RedisNames;
+use crate::keys::{KeyNames, RedisNames};
 use crate::lease::Lease;
 
 pub(crate) mod check;
@@ -34,7 +34,9 @@ pub(crate) mod scripts;
 pub(crate) mod sentinel;
 pub(crate) mod single;
 
-pub(crate) use scripts::{AcquireAllReply, AcquireReply, AcquireSpec, HeldLock, PermitReply};
+pub(crate) use scripts::{
+    AcquireAllReply, AcquireReply, AcquireSpec, HeldLock, KeyReading, PermitReply, SharedRelease,
+};
 
 /// Where the manager's Redis is.
 #[derive(Debug, Clone)]
@@ -193,12 +195,51 @@ impl Backend {
         key: &str,
         keys: &RedisNames,
         token: &str,
+        only: &str,
     ) -> Result<bool, CallError> {
         match self {
-            Backend::Single(b) => b.force_unlock(key, keys, token).await,
-            Backend::Cluster(b) => b.force_unlock(key, keys, token).await,
-            Backend::Redlock(b) => b.force_unlock(key, keys, token).await,
-            Backend::Sentinel(b) => b.force_unlock(key, keys, token).await,
+            Backend::Single(b) => b.force_unlock(key, keys, token, only).await,
+            Backend::Cluster(b) => b.force_unlock(key, keys, token, only).await,
+            Backend::Redlock(b) => b.force_unlock(key, keys, token, only).await,
+            Backend::Sentinel(b) => b.force_unlock(key, keys, token, only).await,
+        }
+    }
+
+    /// Every hold on one user key, of every kind, and the default lock's
+    /// queue; `None` when a name holds a value of another type. On Redlock,
+    /// which has neither shared kinds nor queues, the default lock as a
+    /// majority holds it.
+    pub(crate) async fn inspect_key(
+        &self,
+        key: &str,
+        names: &KeyNames,
+    ) -> Result<Option<KeyReading>, CallError> {
+        match self {
+            Backend::Single(b) => b.inspect_key(key, names).await,
+            Backend::Cluster(b) => b.inspect_key(key, names).await,
+            Backend::Sentinel(b) => b.inspect_key(key, names).await,
+            Backend::Redlock(b) => Ok(Some(KeyReading {
+                lock: b.inspect(key, &names.lock).await?,
+                ..KeyReading::default()
+            })),
+        }
+    }
+
+    /// Frees shared holds (a read-write lock's, a semaphore's): all, or one
+    /// holder's; how many were freed. None on Redlock, which has no shared
+    /// kinds.
+    pub(crate) async fn force_unlock_shared(
+        &self,
+        key: &str,
+        names: &KeyNames,
+        what: SharedRelease<'_>,
+        token: &str,
+    ) -> Result<u64, CallError> {
+        match self {
+            Backend::Single(b) => b.force_unlock_shared(key, names, what, token).await,
+            Backend::Cluster(b) => b.force_unlock_shared(key, names, what, token).await,
+            Backend::Sentinel(b) => b.force_unlock_shared(key, names, what, token).await,
+            Backend::Redlock(_) => Ok(0),
         }
     }
 

@@ -360,9 +360,12 @@ impl Redlock {
         key: &str,
         keys: &RedisNames,
         token: &str,
+        only: &str,
     ) -> Result<bool, CallError> {
         let replies = self
-            .on_all(self.command_timeout, |m| m.force_unlock(key, keys, token))
+            .on_all(self.command_timeout, |m| {
+                m.force_unlock(key, keys, token, only)
+            })
             .await;
         self.any_of_a_majority(key, replies)
     }

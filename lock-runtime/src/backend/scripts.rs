@@ -15,7 +15,7 @@ use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind};
 
 use crate::config::ReplicaAck;
-use crate::keys::{LockKind, RedisNames};
+use crate::keys::{KeyNames, LockKind, RedisNames};
 
 /// What the acquire script answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -281,17 +281,129 @@ fn read_inspect(reply: Vec<redis::Value>) -> RedisResult<Option<HeldLock>> {
     }
 }
 
-/// One `SCAN` page of string keys matching `pattern`: the next cursor (0: done)
-/// and the names.
+/// A holder of a shared kind (a read hold, a permit) as `inspect_key.lua`
+/// read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SharedHolder {
+    /// Its member in the holders' set: the owner token (a weighted permit
+    /// hold's with `:<n>`).
+    pub(crate) member: String,
+    /// When its lease ends, server clock, ms.
+    pub(crate) ends_ms: i64,
+    /// `<token>:<since>:<holder>`, when recorded (holds taken by a distlock
+    /// that kept no details have none).
+    pub(crate) details: Option<String>,
+}
+
+/// Every hold on one user key, from `inspect_key.lua`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct KeyReading {
+    pub(crate) lock: Option<HeldLock>,
+    /// The default lock's waiters in arrival order: owner token and queue
+    /// entry (see `queue_prelude.lua`).
+    pub(crate) queue: Vec<(String, Option<String>)>,
+    pub(crate) writer: Option<HeldLock>,
+    pub(crate) readers: Vec<SharedHolder>,
+    /// Whether a writer waits for the readers to leave.
+    pub(crate) writer_waiting: bool,
+    pub(crate) permit_holders: Vec<SharedHolder>,
+    pub(crate) permit_count: Option<u32>,
+    /// The server clock when read, ms.
+    pub(crate) now_ms: i64,
+}
+
+/// Which shared holds an operator frees.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum SharedRelease<'a> {
+    /// Every hold of the read-write lock and the semaphore.
+    All,
+    /// The writer, if this owner holds it.
+    Writer(&'a str),
+    /// This owner's read hold.
+    Reader(&'a str),
+    /// This member's permits.
+    Permit(&'a str),
+}
+
+fn read_key(reply: Vec<redis::Value>) -> RedisResult<Option<KeyReading>> {
+    fn held(value: redis::Value, pttl: redis::Value) -> RedisResult<Option<HeldLock>> {
+        let value: Option<String> = redis::from_redis_value(value)?;
+        let pttl: i64 = redis::from_redis_value(pttl)?;
+        Ok(value.map(|value| HeldLock { value, pttl }))
+    }
+    fn holders(value: redis::Value) -> RedisResult<Vec<SharedHolder>> {
+        let flat: Vec<redis::Value> = redis::from_redis_value(value)?;
+        if !flat.len().is_multiple_of(3) {
+            return Err(out_of_sync(
+                "an inspect-key holder list of the wrong length",
+            ));
+        }
+        let mut out = Vec::with_capacity(flat.len() / 3);
+        let mut flat = flat.into_iter();
+        while let (Some(member), Some(ends), Some(details)) =
+            (flat.next(), flat.next(), flat.next())
+        {
+            let ends: f64 = redis::from_redis_value(ends)?;
+            out.push(SharedHolder {
+                member: redis::from_redis_value(member)?,
+                // Scores are whole milliseconds (see permit_acquire.lua).
+                #[allow(clippy::cast_possible_truncation)]
+                ends_ms: ends as i64,
+                details: redis::from_redis_value(details)?,
+            });
+        }
+        Ok(out)
+    }
+    let mut values = reply.into_iter();
+    let status: i64 = match values.next() {
+        Some(status) => redis::from_redis_value(status)?,
+        None => return Err(out_of_sync("an empty inspect-key reply")),
+    };
+    if status == 3 {
+        return Ok(None);
+    }
+    let fields: Vec<redis::Value> = values.collect();
+    let Ok(
+        [lock, lock_pttl, queue, writer, writer_pttl, readers, intent_pttl, permits, count, now],
+    ) = <[redis::Value; 10]>::try_from(fields)
+    else {
+        return Err(out_of_sync("an inspect-key reply of the wrong length"));
+    };
+    let queue: Vec<redis::Value> = redis::from_redis_value(queue)?;
+    if !queue.len().is_multiple_of(2) {
+        return Err(out_of_sync("an inspect-key queue of the wrong length"));
+    }
+    let mut waiters = Vec::with_capacity(queue.len() / 2);
+    let mut queue = queue.into_iter();
+    while let (Some(owner), Some(entry)) = (queue.next(), queue.next()) {
+        waiters.push((
+            redis::from_redis_value(owner)?,
+            redis::from_redis_value(entry)?,
+        ));
+    }
+    let intent_pttl: i64 = redis::from_redis_value(intent_pttl)?;
+    let count: Option<String> = redis::from_redis_value(count)?;
+    Ok(Some(KeyReading {
+        lock: held(lock, lock_pttl)?,
+        queue: waiters,
+        writer: held(writer, writer_pttl)?,
+        readers: holders(readers)?,
+        writer_waiting: intent_pttl != -2,
+        permit_holders: holders(permits)?,
+        permit_count: count.and_then(|c| c.parse().ok()),
+        now_ms: redis::from_redis_value(now)?,
+    }))
+}
+
+/// One `SCAN` page of the keys matching `pattern`: the next cursor (0: done)
+/// and the names (of any type: holds live in strings and sorted sets).
 pub(crate) fn scan_cmd(cursor: u64, pattern: &str) -> Cmd {
     let mut cmd = redis::cmd("SCAN");
     cmd.arg(cursor)
         .arg("MATCH")
         .arg(pattern)
         .arg("COUNT")
-        .arg(1000)
-        .arg("TYPE")
-        .arg("string");
+        .arg(1000);
     cmd
 }
 
@@ -380,6 +492,8 @@ pub(crate) struct Scripts {
     shared_renew: Lua,
     issue_token: Lua,
     permit_counts: Lua,
+    inspect_key: Lua,
+    force_unlock_shared: Lua,
     /// `<prefix>handoff`: a hand-off to a queued waiter is published on
     /// `<handoff_base>:<route of its manager>`, one channel per manager for
     /// all its locks (see `scripts/queue_prelude.lua`).
@@ -436,6 +550,8 @@ impl Scripts {
             shared_renew: with_prelude!("shared_renew.lua"),
             issue_token: with_prelude!("issue_token.lua"),
             permit_counts: with_prelude!("permit_counts.lua"),
+            inspect_key: with_prelude!("inspect_key.lua"),
+            force_unlock_shared: with_prelude!("force_unlock_shared.lua"),
         }
     }
 
@@ -864,11 +980,14 @@ impl Scripts {
 
     /// Deletes the lock whoever holds it and tells its waiters (a hand-off to
     /// the head of its queue, or a wake-up); true when it was held.
+    /// `only`: an owner token to free the lock only if that owner holds it;
+    /// empty for whoever holds it.
     pub(crate) async fn force_unlock(
         &self,
         conn: &mut impl ConnectionLike,
         keys: &RedisNames,
         token: &str,
+        only: &str,
     ) -> RedisResult<bool> {
         let mut cmd = self.force_unlock.call(
             &[
@@ -877,16 +996,89 @@ impl Scripts {
                 &keys.related,
                 &keys.intent,
             ],
-            4,
-            keys.channel.len() + token.len() + self.handoff_base.len() + keys.events.len(),
+            5,
+            keys.channel.len()
+                + token.len()
+                + self.handoff_base.len()
+                + keys.events.len()
+                + only.len(),
         );
         cmd.arg(&keys.channel)
             .arg(token)
             .arg(&self.handoff_base)
-            .arg(&keys.events);
+            .arg(&keys.events)
+            .arg(only);
         let (deleted, echoed): (i64, String) = self.force_unlock.invoke(conn, &cmd).await?;
         check_owner(&echoed, token)?;
         Ok(deleted == 1)
+    }
+
+    /// Every hold on one user key, of every kind, and the default lock's
+    /// queue; `None` when a name holds a value of a type distlock does not
+    /// write there.
+    pub(crate) async fn inspect_key(
+        &self,
+        conn: &mut impl ConnectionLike,
+        names: &KeyNames,
+    ) -> RedisResult<Option<KeyReading>> {
+        let (lock, rw, sem) = (&names.lock, &names.read_write, &names.semaphore);
+        let cmd = self.inspect_key.call(
+            &[
+                &lock.lock,
+                &lock.related,
+                &lock.intent,
+                &rw.lock,
+                &rw.related,
+                &rw.details,
+                &rw.intent,
+                &sem.lock,
+                &sem.details,
+                &sem.related,
+            ],
+            0,
+            0,
+        );
+        let reply: Vec<redis::Value> = self.inspect_key.invoke(conn, &cmd).await?;
+        read_key(reply)
+    }
+
+    /// Frees a read-write lock's or a semaphore's holds: every one
+    /// ([`SharedRelease::All`]) or one holder's; how many were freed.
+    pub(crate) async fn force_unlock_shared(
+        &self,
+        conn: &mut impl ConnectionLike,
+        names: &KeyNames,
+        what: SharedRelease<'_>,
+        token: &str,
+    ) -> RedisResult<u64> {
+        let (rw, sem) = (&names.read_write, &names.semaphore);
+        let (mode, owner) = match what {
+            SharedRelease::All => ("all", ""),
+            SharedRelease::Writer(owner) => ("write", owner),
+            SharedRelease::Reader(owner) => ("read", owner),
+            SharedRelease::Permit(member) => ("permit", member),
+        };
+        let mut cmd = self.force_unlock_shared.call(
+            &[
+                &rw.lock,
+                &rw.related,
+                &rw.details,
+                &rw.intent,
+                &sem.lock,
+                &sem.details,
+                &sem.related,
+            ],
+            5,
+            rw.channel.len() + sem.channel.len() + token.len() + owner.len() + 8,
+        );
+        cmd.arg(&rw.channel)
+            .arg(&sem.channel)
+            .arg(token)
+            .arg(mode)
+            .arg(owner);
+        let (freed, echoed): (i64, String) = self.force_unlock_shared.invoke(conn, &cmd).await?;
+        check_owner(&echoed, token)?;
+        Ok(u64::try_from(freed).unwrap_or(0))
     }
 
     /// Whether the lock exists (is held by anyone). `PTTL` (-2: no such key)

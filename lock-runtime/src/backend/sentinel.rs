@@ -25,7 +25,7 @@ use super::single::Single;
 use super::{CallError, Renewal};
 use crate::config::{redact_all, Config, TlsSettings};
 use crate::error::LockError;
-use crate::keys::RedisNames;
+use crate::keys::{KeyNames, RedisNames};
 use crate::lease::Lease;
 
 pub(crate) struct Sentinel {
@@ -292,8 +292,29 @@ impl Sentinel {
         key: &str,
         keys: &RedisNames,
         token: &str,
+        only: &str,
     ) -> Result<bool, CallError> {
-        self.call(|master| async move { master.force_unlock(key, keys, token).await })
+        self.call(|master| async move { master.force_unlock(key, keys, token, only).await })
+            .await
+    }
+
+    pub(crate) async fn inspect_key(
+        &self,
+        key: &str,
+        names: &KeyNames,
+    ) -> Result<Option<super::KeyReading>, CallError> {
+        self.call(|master| async move { master.inspect_key(key, names).await })
+            .await
+    }
+
+    pub(crate) async fn force_unlock_shared(
+        &self,
+        key: &str,
+        names: &KeyNames,
+        what: super::SharedRelease<'_>,
+        token: &str,
+    ) -> Result<u64, CallError> {
+        self.call(|master| async move { master.force_unlock_shared(key, names, what, token).await })
             .await
     }
 

@@ -12,7 +12,7 @@ use super::scripts::{self, AcquireAllReply, AcquireReply, AcquireSpec, HeldLock,
 use super::{bounded_call, read_renewals, CallError, Renewal};
 use crate::config::{redact, Config, ReplicaAck, TlsSettings};
 use crate::error::LockError;
-use crate::keys::RedisNames;
+use crate::keys::{KeyNames, RedisNames};
 use crate::lease::Lease;
 
 pub(crate) struct Single {
@@ -318,13 +318,47 @@ impl Single {
         key: &str,
         keys: &RedisNames,
         token: &str,
+        only: &str,
     ) -> Result<bool, CallError> {
         let conn = self.connection();
         let mut redis = conn.redis;
         self.call(
             key,
             conn.generation,
-            self.scripts.force_unlock(&mut redis, keys, token),
+            self.scripts.force_unlock(&mut redis, keys, token, only),
+        )
+        .await
+    }
+
+    pub(crate) async fn inspect_key(
+        &self,
+        key: &str,
+        names: &KeyNames,
+    ) -> Result<Option<super::KeyReading>, CallError> {
+        let conn = self.connection();
+        let mut redis = conn.redis;
+        self.call(
+            key,
+            conn.generation,
+            self.scripts.inspect_key(&mut redis, names),
+        )
+        .await
+    }
+
+    pub(crate) async fn force_unlock_shared(
+        &self,
+        key: &str,
+        names: &KeyNames,
+        what: super::SharedRelease<'_>,
+        token: &str,
+    ) -> Result<u64, CallError> {
+        let conn = self.connection();
+        let mut redis = conn.redis;
+        self.call(
+            key,
+            conn.generation,
+            self.scripts
+                .force_unlock_shared(&mut redis, names, what, token),
         )
         .await
     }

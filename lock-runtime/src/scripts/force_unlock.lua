@@ -13,6 +13,8 @@
 -- ARGV[3]  hand-off base ("<prefix>handoff", see queue_prelude.lua)
 -- ARGV[4]  events channel: a lock freed publishes "force-unlocked <token>" on
 --          it, then a hand-off "handed-over ..." (queue_prelude.lua)
+-- ARGV[5]  (optional) an owner token: the lock is freed only if this owner
+--          holds it; absent or '' for whoever holds it
 --
 -- Returns {1, ARGV[2]}  the lock was held: it is deleted (or handed to the head
 --                       of its queue) and its waiters told
@@ -23,6 +25,10 @@
 -- next holder's token is still larger than the holder's.
 local events = ARGV[4] or ''
 local held = redis.pcall('GET', KEYS[1])
+local only = ARGV[5] or ''
+if only ~= '' and (type(held) ~= 'string' or string.sub(held, 1, string.len(only)) ~= only) then
+  return {0, ARGV[2]}
+end
 if redis.call('DEL', KEYS[1]) == 1 then
   if type(held) == 'string' and events ~= '' then
     redis.call('PUBLISH', events, 'force-unlocked ' .. (string.match(held, '^%d+', 34) or '0'))

@@ -1,0 +1,92 @@
+-- Free a read-write lock's or a semaphore's holds whoever holds them (an
+-- operator's force-unlock): all of them, or one holder's. Waiters are told as
+-- a release tells them.
+--
+-- KEYS[1]  read-write lock's writer (see write_acquire.lua)
+-- KEYS[2]  its readers, KEYS[3] their details (see read_acquire.lua)
+-- KEYS[4]  its writer intent
+-- KEYS[5]  semaphore holders, KEYS[6] their details, KEYS[7] its permit
+--          count (see permit_acquire.lua)
+-- ARGV[1]  the read-write lock's wake-up channel
+-- ARGV[2]  the semaphore's wake-up channel
+-- ARGV[3]  a fresh random token, the wake-ups' payload (after a '*' on the
+--          read-write lock's channel, which wakes every waiter there)
+-- ARGV[4]  what to free: 'all' (every hold of both kinds, and the writer's
+--          intent), 'write', 'read' or 'permit' (one holder's)
+-- ARGV[5]  the holder's owner token (a semaphore holder's member: its owner
+--          token, with ':<n>' for a hold of n permits), for one holder
+--
+-- Returns {freed, token}  how many holds were freed (0: none matched), and
+--                         ARGV[3] echoed
+--
+-- The holders are not told here: each learns it at its next renewal. The
+-- fencing counters stay, so later tokens are still larger.
+local now = now_ms()
+local mode = ARGV[4]
+local owner = ARGV[5] or ''
+local rw_freed, permits_freed, freed = false, 0, 0
+local function live(set, member)
+  local score = redis.pcall('ZSCORE', set, member)
+  return type(score) == 'string' and tonumber(score) > now
+end
+if mode == 'all' then
+  local writer = redis.pcall('GET', KEYS[1])
+  if type(writer) == 'string' and is_lock_value(writer) then
+    redis.call('DEL', KEYS[1])
+    freed = freed + 1
+    rw_freed = true
+  end
+  local readers = redis.pcall('ZRANGE', KEYS[2], '(' .. now, '+inf', 'BYSCORE')
+  if not readers.err and #readers > 0 then
+    freed = freed + #readers
+    rw_freed = true
+  end
+  if not readers.err and not foreign_details(KEYS[3]) then
+    redis.call('DEL', KEYS[2], KEYS[3])
+    local intent = redis.pcall('GET', KEYS[4])
+    if type(intent) == 'string' then
+      redis.call('DEL', KEYS[4])
+    end
+  end
+  local holders = redis.pcall('ZRANGE', KEYS[5], '(' .. now, '+inf', 'BYSCORE')
+  local count = redis.pcall('GET', KEYS[7])
+  local foreign_count = type(count) == 'table' or (count and not string.find(count, '^%d+$'))
+  if not holders.err and not foreign_details(KEYS[6]) and not foreign_count then
+    for _, member in ipairs(holders) do
+      freed = freed + 1
+      permits_freed = permits_freed + weight_of(member)
+    end
+    redis.call('DEL', KEYS[5], KEYS[6], KEYS[7])
+  end
+elseif mode == 'write' then
+  local writer = redis.pcall('GET', KEYS[1])
+  if type(writer) == 'string' and string.sub(writer, 1, string.len(owner)) == owner
+      and is_lock_value(writer) then
+    redis.call('DEL', KEYS[1])
+    freed = 1
+    rw_freed = true
+  end
+elseif mode == 'read' then
+  if live(KEYS[2], owner) and not foreign_details(KEYS[3]) then
+    redis.call('ZREM', KEYS[2], owner)
+    redis.call('HDEL', KEYS[3], owner)
+    push_expiry(KEYS[2], KEYS[3])
+    freed = 1
+    rw_freed = true
+  end
+elseif mode == 'permit' then
+  if live(KEYS[5], owner) and not foreign_details(KEYS[6]) then
+    redis.call('ZREM', KEYS[5], owner)
+    redis.call('HDEL', KEYS[6], owner)
+    push_expiry(KEYS[5], KEYS[7], KEYS[6])
+    freed = 1
+    permits_freed = weight_of(owner)
+  end
+end
+if rw_freed then
+  redis.call('PUBLISH', ARGV[1], '*' .. ARGV[3])
+end
+for _ = 1, permits_freed do
+  redis.call('PUBLISH', ARGV[2], ARGV[3])
+end
+return {freed, ARGV[3]}
