@@ -56,23 +56,31 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Lists the held locks whose key matches PATTERN, as a table.
+    /// Lists the holds of every kind (lock, read-write lock's writer and
+    /// readers, semaphore permits) whose key matches PATTERN, as a table.
     List {
         /// Glob on the lock key (Redis SCAN MATCH syntax: `*`, `?`, `[abc]`, `\`).
         #[arg(default_value = "*")]
         pattern: String,
     },
-    /// Shows who holds lock KEY; exits with 1 when nobody does.
+    /// Shows every hold on KEY (the lock, a read-write lock's writer and
+    /// readers, a semaphore's holders) and the lock's queue of waiters; exits
+    /// with 1 when nobody holds or waits.
     Inspect {
         /// The lock key, as the application names it (without the prefix).
         key: String,
     },
-    /// Frees lock KEY whoever holds it (needs `--yes`; without it, names the
-    /// holder and exits with 2).
+    /// Frees every hold on KEY whoever holds it, or with `--hold` one
+    /// holder's (needs `--yes`; without it, names the holders and exits with
+    /// 2).
     Unlock {
         /// The lock key, as the application names it (without the prefix).
         key: String,
-        /// Really force-unlock: the holder loses its lease.
+        /// Free only this hold: its HOLD id from `inspect` (one reader, one
+        /// semaphore holder, the writer or the lock).
+        #[arg(long, value_name = "HOLD")]
+        hold: Option<String>,
+        /// Really force-unlock: the holders lose their leases.
         #[arg(long)]
         yes: bool,
     },

@@ -49,7 +49,7 @@ pub async fn run(cli: &Cli) -> Result<Outcome, CliError> {
     match &cli.command {
         Command::List { pattern } => list(cli, pattern).await,
         Command::Inspect { key } => inspect(cli, key).await,
-        Command::Unlock { key, yes } => unlock(cli, key, *yes).await,
+        Command::Unlock { key, hold, yes } => unlock(cli, key, hold.as_deref(), *yes).await,
         Command::Watch {
             pattern,
             interval,
@@ -112,61 +112,63 @@ async fn list(cli: &Cli, pattern: &str) -> Result<Outcome, CliError> {
 
 /// `distlock inspect KEY`.
 async fn inspect(cli: &Cli, key: &str) -> Result<Outcome, CliError> {
-    let info = manager(cli).await?.inspect(key).await?;
+    let state = manager(cli).await?.inspect_all(key).await?;
     if cli.json {
-        print_json(
-            &info
-                .as_ref()
-                .map_or(serde_json::Value::Null, output::lock_json),
-        );
+        print_json(&output::key_json(&state));
+    } else if state.is_held() || !state.waiters.is_empty() {
+        print!("{}", output::key_details(&state, SystemTime::now()));
     }
-    match info {
-        Some(info) => {
-            if !cli.json {
-                print!("{}", output::lock_details(&info, SystemTime::now()));
-            }
-            Ok(Outcome::Done)
-        }
-        None => {
-            eprintln!("{key} is not locked");
-            Ok(Outcome::Failed)
-        }
+    if state.is_held() || !state.waiters.is_empty() {
+        Ok(Outcome::Done)
+    } else {
+        eprintln!("{key} is not locked");
+        Ok(Outcome::Failed)
     }
 }
 
-/// `distlock unlock KEY [--yes]`.
-async fn unlock(cli: &Cli, key: &str, yes: bool) -> Result<Outcome, CliError> {
+/// `distlock unlock KEY [--hold HOLD] [--yes]`.
+async fn unlock(cli: &Cli, key: &str, hold: Option<&str>, yes: bool) -> Result<Outcome, CliError> {
     let manager = manager(cli).await?;
-    let info = manager.inspect(key).await?;
+    let state = manager.inspect_all(key).await?;
+    let targets: Vec<&distlock::LockInfo> = match hold {
+        Some(id) => state.holds.iter().filter(|h| h.hold_id == id).collect(),
+        None => state.holds.iter().collect(),
+    };
+    let described = targets
+        .iter()
+        .map(|h| format!("{} by {} (token {})", h.kind, h.holder, h.fencing_token))
+        .collect::<Vec<_>>()
+        .join(", ");
     if !yes {
-        return Ok(match info {
-            Some(info) => {
-                eprintln!(
-                    "refusing to force-unlock {key} without --yes: it is held by {} \
-                     (token {}, ttl {}). The holder would lose its lease.",
-                    info.holder,
-                    info.fencing_token,
-                    info.ttl
-                        .map_or_else(|| "-".to_owned(), output::human_duration),
-                );
-                Outcome::Refused
+        if targets.is_empty() {
+            match hold {
+                Some(id) => eprintln!("{key} has no hold {id}; nothing to unlock"),
+                None => eprintln!("{key} is not locked; nothing to unlock"),
             }
-            None => {
-                eprintln!("{key} is not locked; nothing to unlock");
-                Outcome::Failed
-            }
-        });
+            return Ok(Outcome::Failed);
+        }
+        eprintln!(
+            "refusing to force-unlock {key} without --yes: it is held ({described}). \
+             The holders would lose their leases."
+        );
+        return Ok(Outcome::Refused);
     }
-    let was_held = manager.force_unlock(key).await?;
+    let freed = match hold {
+        Some(_) => {
+            let mut freed = 0;
+            for target in &targets {
+                freed += u64::from(manager.force_unlock_hold(target).await?);
+            }
+            freed
+        }
+        None => manager.force_unlock_all(key).await?,
+    };
     if cli.json {
-        print_json(&serde_json::json!({ "key": key, "was_held": was_held }));
-    } else if was_held {
-        let by = info.map_or_else(String::new, |info| {
-            format!(" (held by {}, token {})", info.holder, info.fencing_token)
-        });
+        print_json(&serde_json::json!({ "key": key, "was_held": freed > 0, "freed": freed }));
+    } else if freed > 0 {
         println!(
-            "force-unlocked {key}{by}; its waiters were woken.\n\
-             The holder learns it at its next renewal (within a third of its lease): its \
+            "force-unlocked {key} ({described}); its waiters were woken.\n\
+             Each holder learns it at its next renewal (within a third of its lease): its \
              guard reports the lease lost and its release returns Lost. The next holder's \
              fencing token is larger."
         );

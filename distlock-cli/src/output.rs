@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use distlock::LockInfo;
+use distlock::{KeyState, LockInfo};
 use serde_json::{json, Value};
 
 /// How one server check came out.
@@ -88,12 +88,15 @@ pub fn lock_table(locks: &[LockInfo], prefix: &str, pattern: &str, now: SystemTi
             format!("no locks matching {pattern:?} held under prefix {prefix}\n")
         };
     }
-    let header = ["KEY", "HOLDER", "TOKEN", "TTL", "HELD FOR", "WAITERS"];
-    let rows: Vec<[String; 6]> = locks
+    let header = [
+        "KEY", "KIND", "HOLDER", "TOKEN", "TTL", "HELD FOR", "WAITERS",
+    ];
+    let rows: Vec<[String; 7]> = locks
         .iter()
         .map(|info| {
             [
                 info.key.clone(),
+                info.kind.to_string(),
                 info.holder.clone(),
                 info.fencing_token.to_string(),
                 ttl_text(info),
@@ -128,17 +131,21 @@ pub fn lock_table(locks: &[LockInfo], prefix: &str, pattern: &str, now: SystemTi
     out
 }
 
-/// One lock's fields, one per line.
+/// One hold's fields, one per line.
 pub fn lock_details(info: &LockInfo, now: SystemTime) -> String {
     let since = humantime::format_rfc3339_millis(info.held_since);
     format!(
         "key:        {}\n\
+         kind:       {}\n\
+         hold:       {}\n\
          holder:     {}\n\
          token:      {}\n\
          ttl:        {}\n\
          held since: {} ({} ago)\n\
          waiters:    {}\n",
         info.key,
+        info.kind,
+        info.hold_id,
         info.holder,
         info.fencing_token,
         ttl_text(info),
@@ -148,11 +155,69 @@ pub fn lock_details(info: &LockInfo, now: SystemTime) -> String {
     )
 }
 
-/// One lock as a JSON object: `key`, `holder`, `fencing_token`, `ttl_ms`
-/// (null without a TTL), `held_since_ms` (Unix milliseconds), `waited_for`.
+/// Everything on one key: each hold's fields (as [`lock_details`], a blank
+/// line between holds), then the read-write lock's waiting writer and the
+/// lock's queue in order.
+pub fn key_details(state: &KeyState, now: SystemTime) -> String {
+    let mut out = state
+        .holds
+        .iter()
+        .map(|hold| lock_details(hold, now))
+        .collect::<Vec<_>>()
+        .join("\n");
+    if let Some(permits) = state.permits {
+        let _ = writeln!(out, "\npermits:    {permits}");
+    }
+    if state.writer_waiting {
+        out.push_str("\na writer waits for the readers to leave\n");
+    }
+    if !state.waiters.is_empty() {
+        let _ = writeln!(out, "\nqueue of {} ({}):", state.key, state.waiters.len());
+        for (n, waiter) in state.waiters.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "{:>4}. {}  (hold {}, queue lease {})",
+                n + 1,
+                waiter.holder,
+                waiter.hold_id,
+                human_duration(waiter.queue_lease_left)
+            );
+        }
+    }
+    out
+}
+
+/// Everything on one key as a JSON object: `key`, `holds` (as
+/// [`lock_json`]), `waiters` (`holder`, `hold_id`, `queue_lease_ms`, in
+/// order), `writer_waiting`, `permits` (null unless a semaphore is held).
+pub fn key_json(state: &KeyState) -> Value {
+    json!({
+        "key": state.key,
+        "holds": locks_json(&state.holds),
+        "waiters": state.waiters.iter().map(|w| json!({
+            "holder": w.holder,
+            "hold_id": w.hold_id,
+            "queue_lease_ms": u64::try_from(w.queue_lease_left.as_millis()).unwrap_or(u64::MAX),
+        })).collect::<Vec<_>>(),
+        "writer_waiting": state.writer_waiting,
+        "permits": state.permits,
+    })
+}
+
+/// One hold as a JSON object: `key`, `kind` (`lock`, `write`, `read`,
+/// `permit`, `<n> permits`), `permits` (for semaphore holds), `hold_id`,
+/// `acquisition_id`, `holder`, `fencing_token`, `ttl_ms` (null without a
+/// TTL), `held_since_ms` (Unix milliseconds), `waited_for`.
 pub fn lock_json(info: &LockInfo) -> Value {
     json!({
         "key": info.key,
+        "kind": info.kind.to_string(),
+        "permits": match info.kind {
+            distlock::HoldKind::Permits(n) => Some(n),
+            _ => None,
+        },
+        "hold_id": info.hold_id,
+        "acquisition_id": info.acquisition_id,
         "holder": info.holder,
         "fencing_token": info.fencing_token,
         "ttl_ms": info.ttl.map(|ttl| u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)),

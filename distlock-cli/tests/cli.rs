@@ -183,8 +183,11 @@ async fn inspect_shows_a_held_lock_and_fails_for_a_free_one() {
         cmd
     })
     .await;
+    let state = json(&out);
+    assert_eq!(state["holds"].as_array().map(Vec::len), Some(1), "{state}");
+    assert_eq!(state["holds"][0]["kind"], "lock");
     assert_eq!(
-        json(&out)["fencing_token"].as_u64(),
+        state["holds"][0]["fencing_token"].as_u64(),
         Some(guard.fencing_token().await.unwrap())
     );
 
@@ -194,12 +197,139 @@ async fn inspect_shows_a_held_lock_and_fails_for_a_free_one() {
         .code(1)
         .stdout("")
         .stderr("order:8 is not locked\n");
-    distlock()
-        .args(["--url", &url, "--json", "inspect", "order:8"])
-        .assert()
-        .code(1)
-        .stdout("null\n");
+    let out = run({
+        let mut cmd = distlock();
+        cmd.args(["--url", &url, "--json", "inspect", "order:8"]);
+        cmd
+    })
+    .await;
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        json(&out),
+        serde_json::json!({"key": "order:8", "holds": [], "waiters": [],
+            "writer_waiting": false, "permits": null})
+    );
     guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_kind_is_listed_inspected_and_freed_one_holder_at_a_time() {
+    let redis = RedisServer::spawn().unwrap();
+    let url = redis.url();
+    let manager = holder(&url).await;
+    let reader_a = manager.read_lock("doc").acquire().await.unwrap();
+    let reader_b = manager.read_lock("doc").acquire().await.unwrap();
+    let permits = manager
+        .semaphore("pool", 4)
+        .weight(3)
+        .acquire()
+        .await
+        .unwrap();
+    let lock = hold(&manager, "job", LEASE).await;
+    let waiter = tokio::spawn({
+        let manager = manager.clone();
+        async move {
+            manager
+                .lock("job")
+                .wait(Duration::from_secs(30))
+                .acquire()
+                .await
+                .unwrap()
+        }
+    });
+    // The waiter runs in this process: wait until it is queued.
+    let mut queued = false;
+    for _ in 0..400 {
+        if !manager.inspect_all("job").await.unwrap().waiters.is_empty() {
+            queued = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(queued, "the waiter queued");
+
+    let out = run({
+        let mut cmd = distlock();
+        cmd.args(["--url", &url, "list"]);
+        cmd
+    })
+    .await;
+    let text = stdout(&out);
+    let rows: Vec<(&str, &str)> = text
+        .lines()
+        .skip(1)
+        .map(|line| {
+            let mut cells = line.split_whitespace();
+            (cells.next().unwrap(), cells.next().unwrap())
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("doc", "read"),
+            ("doc", "read"),
+            ("job", "lock"),
+            ("pool", "3")
+        ],
+        "{text}"
+    );
+
+    let out = run({
+        let mut cmd = distlock();
+        cmd.args(["--url", &url, "inspect", "job"]);
+        cmd
+    })
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("kind:       lock\n"), "{text}");
+    assert!(text.contains("queue of job (1):\n"), "{text}");
+    assert!(text.contains("   1. test-holder  (hold "), "{text}");
+
+    // One reader of two, by its hold id.
+    let out = run({
+        let mut cmd = distlock();
+        cmd.args(["--url", &url, "--json", "inspect", "doc"]);
+        cmd
+    })
+    .await;
+    let state = json(&out);
+    let first = state["holds"][0]["hold_id"].as_str().unwrap().to_owned();
+    distlock()
+        .args(["--url", &url, "unlock", "doc", "--hold", &first])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("read by test-holder"));
+    let out = run({
+        let mut cmd = distlock();
+        cmd.args([
+            "--url", &url, "--json", "unlock", "doc", "--hold", &first, "--yes",
+        ]);
+        cmd
+    })
+    .await;
+    assert_eq!(
+        json(&out),
+        serde_json::json!({"key": "doc", "was_held": true, "freed": 1})
+    );
+    let left = manager.inspect_all("doc").await.unwrap();
+    assert_eq!(left.holds.len(), 1);
+    assert_ne!(left.holds[0].hold_id, first);
+
+    // The whole key: the semaphore's holder.
+    let out = run({
+        let mut cmd = distlock();
+        cmd.args(["--url", &url, "unlock", "pool", "--yes"]);
+        cmd
+    })
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("force-unlocked pool (3 permits by test-holder"));
+    assert!(!manager.semaphore("pool", 4).is_locked().await.unwrap());
+
+    lock.release().await.unwrap();
+    waiter.await.unwrap().release().await.unwrap();
+    drop((reader_a, reader_b, permits));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -251,7 +381,7 @@ async fn unlock_needs_yes_and_then_the_holder_loses_its_lease() {
     .await;
     assert_eq!(
         json(&out),
-        serde_json::json!({"key": "job:nightly", "was_held": false})
+        serde_json::json!({"key": "job:nightly", "was_held": false, "freed": 0})
     );
     // And without --yes, a free lock is "not locked" (1), not a refusal.
     distlock()
