@@ -347,6 +347,65 @@ async fn one_holder_or_the_whole_key_is_freed(d: Deployment) {
     );
 }
 
+/// An expired reader's or permit holder's details go with it: the next
+/// acquisition removes both, so the hash never outgrows the holders.
+#[tokio::test]
+async fn expired_holders_leave_no_details_behind() {
+    let server = server();
+    let m = manager(&server).await;
+    let mut raw = raw(&server).await;
+    let short = distlock::MIN_LEASE;
+    for (kind, details) in [("read", "rwrd"), ("permit", "semd")] {
+        let key = format!("exp-{kind}");
+        let request = |m: &LockManager| match kind {
+            "read" => m.read_lock(key.as_str()),
+            _ => m.semaphore(key.as_str(), 3),
+        };
+        let gone = request(&m)
+            .lease(short)
+            .renew(false)
+            .acquire()
+            .await
+            .unwrap();
+        // Without renewal the hold ends a lease after it began, by the
+        // server's clock (which inspect_all reads); 100 leases is slack.
+        let expired = eventually(short * 100, async || {
+            !m.inspect_all(&key).await.unwrap().is_held()
+        })
+        .await;
+        assert!(expired.is_some());
+        let live = request(&m).acquire().await.unwrap();
+        let name = m
+            .redis_names(&key)
+            .lock
+            .replacen(":lock:", &format!(":{details}:"), 1);
+        let mut fields: Vec<String> = redis::cmd("HKEYS")
+            .arg(&name)
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        fields.sort();
+        let mut expected = vec!["!".to_owned(), live_hold_id(&m, &key).await];
+        expected.sort();
+        assert_eq!(
+            fields, expected,
+            "{kind}: only the live holder is described"
+        );
+        live.release().await.unwrap();
+        drop(gone);
+        assert!(
+            !exists(&mut raw, &name).await,
+            "{kind}: gone with the last holder"
+        );
+    }
+}
+
+async fn live_hold_id(m: &LockManager, key: &str) -> String {
+    let state = m.inspect_all(key).await.unwrap();
+    assert_eq!(state.holds.len(), 1, "{state:?}");
+    state.holds[0].hold_id.clone()
+}
+
 #[tokio::test]
 async fn a_foreign_value_on_any_name_is_reported() {
     let server = server();

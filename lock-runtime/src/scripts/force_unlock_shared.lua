@@ -36,9 +36,9 @@ if mode == 'all' then
     freed = freed + 1
     rw_freed = true
   end
-  local readers = redis.pcall('ZRANGE', KEYS[2], '(' .. now, '+inf', 'BYSCORE')
+  local readers = live_members(KEYS[2], now)
   if not readers.err and #readers > 0 then
-    freed = freed + #readers
+    freed = freed + #readers / 2
     rw_freed = true
   end
   if not readers.err and not foreign_details(KEYS[3]) then
@@ -48,13 +48,13 @@ if mode == 'all' then
       redis.call('DEL', KEYS[4])
     end
   end
-  local holders = redis.pcall('ZRANGE', KEYS[5], '(' .. now, '+inf', 'BYSCORE')
+  local holders = live_members(KEYS[5], now)
   local count = redis.pcall('GET', KEYS[7])
   local foreign_count = type(count) == 'table' or (count and not string.find(count, '^%d+$'))
   if not holders.err and not foreign_details(KEYS[6]) and not foreign_count then
-    for _, member in ipairs(holders) do
+    for i = 1, #holders, 2 do
       freed = freed + 1
-      permits_freed = permits_freed + weight_of(member)
+      permits_freed = permits_freed + weight_of(holders[i])
     end
     redis.call('DEL', KEYS[5], KEYS[6], KEYS[7])
   end

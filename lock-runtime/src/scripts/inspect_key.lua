@@ -32,7 +32,7 @@ local function string_at(name)
   return value
 end
 local function holders_of(set, details)
-  local members = redis.pcall('ZRANGE', set, '(' .. now, '+inf', 'BYSCORE', 'WITHSCORES')
+  local members = live_members(set, now)
   if members.err then
     return nil
   end

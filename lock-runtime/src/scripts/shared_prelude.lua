@@ -74,14 +74,32 @@ local function describe(details, owner, token, since, holder)
   redis.call('HSET', details, '!', '1', owner, string.format('%.0f', token) .. ':' .. since .. ':' .. holder)
 end
 local function drop_expired(set, details, now)
-  local gone = redis.call('ZRANGE', set, '-inf', now, 'BYSCORE')
-  if #gone > 0 then
-    redis.call('ZREMRANGEBYSCORE', set, '-inf', now)
-    -- In slices: unpack is bounded by Lua's stack.
-    for first = 1, #gone, 1000 do
-      redis.call('HDEL', details, unpack(gone, first, math.min(first + 999, #gone)))
+  -- The set is ordered by the end of each lease: the expired holders come
+  -- first. (By index, not ZRANGE ... BYSCORE, which Redis 6.0 lacks.)
+  while true do
+    local first = redis.call('ZRANGE', set, 0, 0, 'WITHSCORES')
+    if #first == 0 or tonumber(first[2]) > now then
+      return
+    end
+    redis.call('ZREM', set, first[1])
+    redis.call('HDEL', details, first[1])
+  end
+end
+-- The members of `set` whose lease has not ended by `now`, with their scores
+-- (member, score, member, score, ...).
+local function live_members(set, now)
+  local all = redis.pcall('ZRANGE', set, 0, -1, 'WITHSCORES')
+  if all.err then
+    return all
+  end
+  local live = {}
+  for i = 1, #all, 2 do
+    if tonumber(all[i + 1]) > now then
+      live[#live + 1] = all[i]
+      live[#live + 1] = all[i + 1]
     end
   end
+  return live
 end
 -- Whether `value` is a lock value distlock wrote
 -- ("<32 hex owner><mark><token>:<since>:<holder>"): a script never changes a
