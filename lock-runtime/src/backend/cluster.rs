@@ -30,12 +30,13 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
 
-use super::scripts::{self, AcquireReply, AcquireSpec, HeldLock, Scripts};
+use super::calls::{KeyCall, Release};
+use super::scripts::{self, AcquireReply, AcquireSpec, Scripts};
 use super::single::failed_all;
 use super::{bounded_call, read_renewals, CallError, Renewal};
 use crate::config::{redact_all, Config, ReplicaAck, TlsSettings};
 use crate::error::{BackendErrorKind, LockError};
-use crate::keys::{KeyNames, RedisNames};
+use crate::keys::RedisNames;
 use crate::lease::Lease;
 
 /// How long a caller treats a lock as busy after its slot answered with a
@@ -333,6 +334,20 @@ impl Cluster {
         result
     }
 
+    /// Makes `call` on the master of `key`'s slot (see `calls.rs`), through
+    /// slot migrations.
+    pub(crate) async fn on_key<K: KeyCall>(
+        &self,
+        key: &str,
+        call: &K,
+    ) -> Result<K::Output, CallError> {
+        let scripts = &self.scripts;
+        self.call(key, |mut conn| async move {
+            call.call(scripts, &mut conn).await
+        })
+        .await
+    }
+
     pub(crate) async fn acquire(
         &self,
         key: &str,
@@ -383,96 +398,14 @@ impl Cluster {
         match &ack {
             None => Ok(reply),
             Some(ack) => {
-                super::require_replicas(key, reply, acked, ack, self.release(key, keys, owner, 0))
-                    .await
+                let release = Release {
+                    keys,
+                    owner,
+                    keep_ms: 0,
+                };
+                super::require_replicas(key, reply, acked, ack, self.on_key(key, &release)).await
             }
         }
-    }
-
-    pub(crate) async fn release(
-        &self,
-        key: &str,
-        keys: &RedisNames,
-        owner: &str,
-        keep_ms: u64,
-    ) -> Result<bool, CallError> {
-        let scripts = &self.scripts;
-        self.call(key, |mut conn| async move {
-            scripts.release(&mut conn, keys, owner, keep_ms).await
-        })
-        .await
-    }
-
-    /// Issues `owner`'s fencing token, or reads the one it has; `None` when
-    /// the lock is not `owner`'s.
-    pub(crate) async fn issue_token(
-        &self,
-        key: &str,
-        keys: &RedisNames,
-        owner: &str,
-        fence_ttl_ms: u64,
-    ) -> Result<Option<u64>, CallError> {
-        let scripts = &self.scripts;
-        self.call(key, |mut conn| async move {
-            scripts
-                .issue_token(&mut conn, keys, owner, fence_ttl_ms)
-                .await
-        })
-        .await
-    }
-
-    pub(crate) async fn force_unlock(
-        &self,
-        key: &str,
-        keys: &RedisNames,
-        token: &str,
-        only: &str,
-    ) -> Result<bool, CallError> {
-        let scripts = &self.scripts;
-        self.call(key, |mut conn| async move {
-            scripts.force_unlock(&mut conn, keys, token, only).await
-        })
-        .await
-    }
-
-    pub(crate) async fn inspect_key(
-        &self,
-        key: &str,
-        names: &KeyNames,
-    ) -> Result<Option<super::KeyReading>, CallError> {
-        let scripts = &self.scripts;
-        self.call(key, |mut conn| async move {
-            scripts.inspect_key(&mut conn, names).await
-        })
-        .await
-    }
-
-    pub(crate) async fn force_unlock_shared(
-        &self,
-        key: &str,
-        names: &KeyNames,
-        what: super::SharedRelease<'_>,
-        token: &str,
-    ) -> Result<u64, CallError> {
-        let scripts = &self.scripts;
-        self.call(key, |mut conn| async move {
-            scripts
-                .force_unlock_shared(&mut conn, names, what, token)
-                .await
-        })
-        .await
-    }
-
-    pub(crate) async fn permit_counts(
-        &self,
-        key: &str,
-        keys: &RedisNames,
-    ) -> Result<super::PermitReply, CallError> {
-        let scripts = &self.scripts;
-        self.call(key, |mut conn| async move {
-            scripts.permit_counts(&mut conn, keys).await
-        })
-        .await
     }
 
     /// The value of server setting `name` on every master.
@@ -521,26 +454,6 @@ impl Cluster {
         })
         .await
         .map(drop)
-    }
-
-    pub(crate) async fn is_locked(&self, key: &str, keys: &RedisNames) -> Result<bool, CallError> {
-        let scripts = &self.scripts;
-        self.call(key, |mut conn| async move {
-            scripts.is_locked(&mut conn, keys).await
-        })
-        .await
-    }
-
-    pub(crate) async fn inspect(
-        &self,
-        key: &str,
-        keys: &RedisNames,
-    ) -> Result<Option<HeldLock>, CallError> {
-        let scripts = &self.scripts;
-        self.call(key, |mut conn| async move {
-            scripts.inspect(&mut conn, keys).await
-        })
-        .await
     }
 
     /// Names of the lock keys matching `pattern` on every master.
@@ -611,9 +524,16 @@ impl Cluster {
                     Some(released) => released,
                     None => {
                         let each = group.iter().map(|(keys, owner, keep_ms)| async move {
-                            self.release("", keys, owner, *keep_ms)
-                                .await
-                                .unwrap_or(false)
+                            self.on_key(
+                                "",
+                                &Release {
+                                    keys,
+                                    owner,
+                                    keep_ms: *keep_ms,
+                                },
+                            )
+                            .await
+                            .unwrap_or(false)
                         });
                         join_all(each).await
                     }

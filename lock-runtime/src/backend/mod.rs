@@ -27,6 +27,7 @@ use crate::error::{BackendError, BackendErrorKind, LockError};
 use crate::keys::{KeyNames, RedisNames};
 use crate::lease::Lease;
 
+pub(crate) mod calls;
 pub(crate) mod check;
 pub(crate) mod cluster;
 pub(crate) mod redlock;
@@ -34,6 +35,10 @@ pub(crate) mod scripts;
 pub(crate) mod sentinel;
 pub(crate) mod single;
 
+use calls::{
+    ForceUnlock, ForceUnlockShared, Inspect, InspectKey, IsLocked, IssueToken, KeyCall,
+    PermitCounts, Release,
+};
 pub(crate) use scripts::{
     AcquireAllReply, AcquireReply, AcquireSpec, HeldLock, KeyReading, PermitReply, SharedRelease,
 };
@@ -152,6 +157,25 @@ impl Backend {
         }
     }
 
+    /// Makes `call` on the server that holds `key`'s names: the one dispatch
+    /// point of the calls every backend but Redlock makes the same way (see
+    /// `calls.rs`). Redlock, which counts its members' answers per call, is
+    /// handled by each caller; here it is refused.
+    async fn on_key<K: KeyCall>(&self, key: &str, call: &K) -> Result<K::Output, CallError> {
+        match self {
+            Backend::Single(b) => b.on_key(key, call).await,
+            Backend::Cluster(b) => b.on_key(key, call).await,
+            Backend::Sentinel(b) => b.on_key(key, call).await,
+            Backend::Redlock(_) => Err(CallError {
+                error: LockError::InvalidConfig(format!(
+                    "not available on a Redlock manager (key {})",
+                    crate::error::KeyPreview(key)
+                )),
+                maybe_executed: false,
+            }),
+        }
+    }
+
     /// Deletes the lock if `owner` holds it and wakes its waiters; true when it
     /// was ours. With `keep_ms` above zero (the rest of a `min_hold`) the lock
     /// is not deleted but set to expire in `keep_ms`, and nobody is woken.
@@ -163,10 +187,15 @@ impl Backend {
         keep_ms: u64,
     ) -> Result<bool, CallError> {
         match self {
-            Backend::Single(b) => b.release(key, keys, owner, keep_ms).await,
-            Backend::Cluster(b) => b.release(key, keys, owner, keep_ms).await,
             Backend::Redlock(b) => b.release(key, keys, owner, keep_ms).await,
-            Backend::Sentinel(b) => b.release(key, keys, owner, keep_ms).await,
+            _ => {
+                let release = Release {
+                    keys,
+                    owner,
+                    keep_ms,
+                };
+                self.on_key(key, &release).await
+            }
         }
     }
 
@@ -181,15 +210,21 @@ impl Backend {
         fence_ttl_ms: u64,
     ) -> Result<Option<u64>, CallError> {
         match self {
-            Backend::Single(b) => b.issue_token(key, keys, owner, fence_ttl_ms).await,
-            Backend::Cluster(b) => b.issue_token(key, keys, owner, fence_ttl_ms).await,
             Backend::Redlock(b) => b.issue_token(key, keys, owner, fence_ttl_ms).await,
-            Backend::Sentinel(b) => b.issue_token(key, keys, owner, fence_ttl_ms).await,
+            _ => {
+                let issue = IssueToken {
+                    keys,
+                    owner,
+                    fence_ttl_ms,
+                };
+                self.on_key(key, &issue).await
+            }
         }
     }
 
-    /// Deletes the lock whoever holds it and wakes its waiters (`token`: a fresh
-    /// random wake-up payload); true when it was held.
+    /// Deletes the lock whoever holds it (or only if `only` does, when not
+    /// empty) and wakes its waiters (`token`: a fresh random wake-up payload);
+    /// true when it was held.
     pub(crate) async fn force_unlock(
         &self,
         key: &str,
@@ -198,10 +233,8 @@ impl Backend {
         only: &str,
     ) -> Result<bool, CallError> {
         match self {
-            Backend::Single(b) => b.force_unlock(key, keys, token, only).await,
-            Backend::Cluster(b) => b.force_unlock(key, keys, token, only).await,
             Backend::Redlock(b) => b.force_unlock(key, keys, token, only).await,
-            Backend::Sentinel(b) => b.force_unlock(key, keys, token, only).await,
+            _ => self.on_key(key, &ForceUnlock { keys, token, only }).await,
         }
     }
 
@@ -215,13 +248,11 @@ impl Backend {
         names: &KeyNames,
     ) -> Result<Option<KeyReading>, CallError> {
         match self {
-            Backend::Single(b) => b.inspect_key(key, names).await,
-            Backend::Cluster(b) => b.inspect_key(key, names).await,
-            Backend::Sentinel(b) => b.inspect_key(key, names).await,
             Backend::Redlock(b) => Ok(Some(KeyReading {
                 lock: b.inspect(key, &names.lock).await?,
                 ..KeyReading::default()
             })),
+            _ => self.on_key(key, &InspectKey { names }).await,
         }
     }
 
@@ -236,41 +267,30 @@ impl Backend {
         token: &str,
     ) -> Result<u64, CallError> {
         match self {
-            Backend::Single(b) => b.force_unlock_shared(key, names, what, token).await,
-            Backend::Cluster(b) => b.force_unlock_shared(key, names, what, token).await,
-            Backend::Sentinel(b) => b.force_unlock_shared(key, names, what, token).await,
             Backend::Redlock(_) => Ok(0),
+            _ => {
+                let force = ForceUnlockShared { names, what, token };
+                self.on_key(key, &force).await
+            }
         }
     }
 
     /// Whether anyone holds the lock (under Redlock: a majority of the members).
     pub(crate) async fn is_locked(&self, key: &str, keys: &RedisNames) -> Result<bool, CallError> {
         match self {
-            Backend::Single(b) => b.is_locked(key, keys).await,
-            Backend::Cluster(b) => b.is_locked(key, keys).await,
             Backend::Redlock(b) => b.is_locked(key, keys).await,
-            Backend::Sentinel(b) => b.is_locked(key, keys).await,
+            _ => self.on_key(key, &IsLocked { keys }).await,
         }
     }
 
-    /// A semaphore's held permits and stored count. Redlock has no semaphores.
+    /// A semaphore's held permits and stored count. Redlock has no semaphores
+    /// (refused by `on_key`; requests refuse them first).
     pub(crate) async fn permit_counts(
         &self,
         key: &str,
         keys: &RedisNames,
     ) -> Result<PermitReply, CallError> {
-        match self {
-            Backend::Single(b) => b.permit_counts(key, keys).await,
-            Backend::Cluster(b) => b.permit_counts(key, keys).await,
-            Backend::Sentinel(b) => b.permit_counts(key, keys).await,
-            Backend::Redlock(_) => Err(CallError {
-                error: LockError::InvalidConfig(format!(
-                    "a semaphore is not available on a Redlock manager (key {})",
-                    crate::error::KeyPreview(key)
-                )),
-                maybe_executed: false,
-            }),
-        }
+        self.on_key(key, &PermitCounts { keys }).await
     }
 
     /// The value of server setting `name` on every server that holds locks
@@ -326,10 +346,8 @@ impl Backend {
         keys: &RedisNames,
     ) -> Result<Option<HeldLock>, CallError> {
         match self {
-            Backend::Single(b) => b.inspect(key, keys).await,
-            Backend::Cluster(b) => b.inspect(key, keys).await,
             Backend::Redlock(b) => b.inspect(key, keys).await,
-            Backend::Sentinel(b) => b.inspect(key, keys).await,
+            _ => self.on_key(key, &Inspect { keys }).await,
         }
     }
 

@@ -36,6 +36,7 @@ use std::time::{Duration, Instant};
 use futures_util::future::join_all;
 use redis::RedisResult;
 
+use super::calls::{ForceUnlock, Inspect, IsLocked, IssueToken, RaiseFence, Release};
 use super::scripts::{AcquireReply, AcquireSpec, HeldLock};
 use super::single::Single;
 use super::{CallError, Renewal};
@@ -263,12 +264,14 @@ impl Redlock {
         timeout: Duration,
         granted: &[(usize, u64)],
     ) -> usize {
+        let raise = &RaiseFence {
+            keys,
+            owner,
+            token,
+            fence_ttl_ms,
+        };
         let raised = join_all(granted.iter().map(|(i, _)| async move {
-            tokio::time::timeout(
-                timeout,
-                self.members[*i].raise_fence(key, keys, owner, token, fence_ttl_ms),
-            )
-            .await
+            tokio::time::timeout(timeout, self.members[*i].on_key(key, raise)).await
         }))
         .await;
         raised.iter().filter(|r| matches!(r, Ok(Ok(true)))).count()
@@ -285,10 +288,13 @@ impl Redlock {
         owner: &str,
         fence_ttl_ms: u64,
     ) -> Result<Option<u64>, CallError> {
+        let issue = IssueToken {
+            keys,
+            owner,
+            fence_ttl_ms,
+        };
         let replies = self
-            .on_all(self.command_timeout, |m| {
-                m.issue_token(key, keys, owner, fence_ttl_ms)
-            })
+            .on_all(self.command_timeout, |m| m.on_key(key, &issue))
             .await;
         let mut issued = Vec::new();
         let mut refused = 0;
@@ -332,7 +338,12 @@ impl Redlock {
 
     /// Releases on every member; true when every member answered.
     async fn give_back(&self, key: &str, keys: &RedisNames, owner: &str) -> bool {
-        self.on_all(self.command_timeout, |m| m.release(key, keys, owner, 0))
+        let release = Release {
+            keys,
+            owner,
+            keep_ms: 0,
+        };
+        self.on_all(self.command_timeout, |m| m.on_key(key, &release))
             .await
             .iter()
             .all(Result::is_ok)
@@ -345,10 +356,13 @@ impl Redlock {
         owner: &str,
         keep_ms: u64,
     ) -> Result<bool, CallError> {
+        let release = Release {
+            keys,
+            owner,
+            keep_ms,
+        };
         let replies = self
-            .on_all(self.command_timeout, |m| {
-                m.release(key, keys, owner, keep_ms)
-            })
+            .on_all(self.command_timeout, |m| m.on_key(key, &release))
             .await;
         // Fewer than a majority answered and none held it: the caller retries.
         self.any_of_a_majority(key, replies)
@@ -362,10 +376,9 @@ impl Redlock {
         token: &str,
         only: &str,
     ) -> Result<bool, CallError> {
+        let force = ForceUnlock { keys, token, only };
         let replies = self
-            .on_all(self.command_timeout, |m| {
-                m.force_unlock(key, keys, token, only)
-            })
+            .on_all(self.command_timeout, |m| m.on_key(key, &force))
             .await;
         self.any_of_a_majority(key, replies)
     }
@@ -389,8 +402,9 @@ impl Redlock {
 
     /// Held when a majority of the members holds it.
     pub(crate) async fn is_locked(&self, key: &str, keys: &RedisNames) -> Result<bool, CallError> {
+        let is_locked = IsLocked { keys };
         let replies = self
-            .on_all(self.command_timeout, |m| m.is_locked(key, keys))
+            .on_all(self.command_timeout, |m| m.on_key(key, &is_locked))
             .await;
         let answered = replies.iter().filter(|r| r.is_ok()).count();
         let held = replies.iter().filter(|r| matches!(r, Ok(true))).count();
@@ -409,8 +423,9 @@ impl Redlock {
         key: &str,
         keys: &RedisNames,
     ) -> Result<Option<HeldLock>, CallError> {
+        let inspect = Inspect { keys };
         let replies = self
-            .on_all(self.command_timeout, |m| m.inspect(key, keys))
+            .on_all(self.command_timeout, |m| m.on_key(key, &inspect))
             .await;
         let answered = replies.iter().filter(|r| r.is_ok()).count();
         let held: Vec<&HeldLock> = replies

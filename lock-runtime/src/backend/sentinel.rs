@@ -20,12 +20,13 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use redis::{ErrorKind, RedisError, RedisResult};
 
-use super::scripts::{AcquireAllReply, AcquireReply, AcquireSpec, HeldLock};
+use super::calls::KeyCall;
+use super::scripts::{AcquireAllReply, AcquireReply, AcquireSpec};
 use super::single::Single;
 use super::{CallError, Renewal};
 use crate::config::{redact_all, Config, TlsSettings};
 use crate::error::LockError;
-use crate::keys::{KeyNames, RedisNames};
+use crate::keys::RedisNames;
 use crate::lease::Lease;
 
 pub(crate) struct Sentinel {
@@ -219,6 +220,17 @@ impl Sentinel {
         result
     }
 
+    /// Makes `call` on the current master (see `calls.rs`), once more on the
+    /// next one after a failover.
+    pub(crate) async fn on_key<K: KeyCall>(
+        &self,
+        key: &str,
+        call: &K,
+    ) -> Result<K::Output, CallError> {
+        self.call(|master| async move { master.on_key(key, call).await })
+            .await
+    }
+
     pub(crate) async fn acquire(
         &self,
         key: &str,
@@ -263,70 +275,6 @@ impl Sentinel {
         Some(result)
     }
 
-    pub(crate) async fn release(
-        &self,
-        key: &str,
-        keys: &RedisNames,
-        owner: &str,
-        keep_ms: u64,
-    ) -> Result<bool, CallError> {
-        self.call(|master| async move { master.release(key, keys, owner, keep_ms).await })
-            .await
-    }
-
-    /// Issues `owner`'s fencing token on the current master, or reads the one
-    /// it has; `None` when the lock is not `owner`'s.
-    pub(crate) async fn issue_token(
-        &self,
-        key: &str,
-        keys: &RedisNames,
-        owner: &str,
-        fence_ttl_ms: u64,
-    ) -> Result<Option<u64>, CallError> {
-        self.call(|master| async move { master.issue_token(key, keys, owner, fence_ttl_ms).await })
-            .await
-    }
-
-    pub(crate) async fn force_unlock(
-        &self,
-        key: &str,
-        keys: &RedisNames,
-        token: &str,
-        only: &str,
-    ) -> Result<bool, CallError> {
-        self.call(|master| async move { master.force_unlock(key, keys, token, only).await })
-            .await
-    }
-
-    pub(crate) async fn inspect_key(
-        &self,
-        key: &str,
-        names: &KeyNames,
-    ) -> Result<Option<super::KeyReading>, CallError> {
-        self.call(|master| async move { master.inspect_key(key, names).await })
-            .await
-    }
-
-    pub(crate) async fn force_unlock_shared(
-        &self,
-        key: &str,
-        names: &KeyNames,
-        what: super::SharedRelease<'_>,
-        token: &str,
-    ) -> Result<u64, CallError> {
-        self.call(|master| async move { master.force_unlock_shared(key, names, what, token).await })
-            .await
-    }
-
-    pub(crate) async fn permit_counts(
-        &self,
-        key: &str,
-        keys: &RedisNames,
-    ) -> Result<super::PermitReply, CallError> {
-        self.call(|master| async move { master.permit_counts(key, keys).await })
-            .await
-    }
-
     pub(crate) async fn config_get(&self, name: &str) -> Result<Option<String>, CallError> {
         self.call(|master| async move { master.config_get(name).await })
             .await
@@ -339,20 +287,6 @@ impl Sentinel {
         payload: &str,
     ) -> Result<(), CallError> {
         self.call(|master| async move { master.publish(key, channel, payload).await })
-            .await
-    }
-
-    pub(crate) async fn is_locked(&self, key: &str, keys: &RedisNames) -> Result<bool, CallError> {
-        self.call(|master| async move { master.is_locked(key, keys).await })
-            .await
-    }
-
-    pub(crate) async fn inspect(
-        &self,
-        key: &str,
-        keys: &RedisNames,
-    ) -> Result<Option<HeldLock>, CallError> {
-        self.call(|master| async move { master.inspect(key, keys).await })
             .await
     }
 

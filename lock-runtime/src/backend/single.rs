@@ -8,11 +8,12 @@ use std::time::{Duration, Instant};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::RedisResult;
 
-use super::scripts::{self, AcquireAllReply, AcquireReply, AcquireSpec, HeldLock, Scripts};
+use super::calls::{KeyCall, Release};
+use super::scripts::{self, AcquireAllReply, AcquireReply, AcquireSpec, Scripts};
 use super::{bounded_call, read_renewals, CallError, Renewal};
 use crate::config::{redact, Config, ReplicaAck, TlsSettings};
 use crate::error::LockError;
-use crate::keys::{KeyNames, RedisNames};
+use crate::keys::RedisNames;
 use crate::lease::Lease;
 
 pub(crate) struct Single {
@@ -187,6 +188,18 @@ impl Single {
         }
     }
 
+    /// Makes `call` on this server (see `calls.rs`).
+    pub(crate) async fn on_key<K: KeyCall>(
+        &self,
+        key: &str,
+        call: &K,
+    ) -> Result<K::Output, CallError> {
+        let conn = self.connection();
+        let mut redis = conn.redis;
+        self.call(key, conn.generation, call.call(&self.scripts, &mut redis))
+            .await
+    }
+
     pub(crate) async fn acquire(
         &self,
         key: &str,
@@ -225,7 +238,12 @@ impl Single {
             }
         };
         // Give it back now rather than hold a lock a failover may forget.
-        super::require_replicas(key, reply, acked, &ack, self.release(key, keys, owner, 0)).await
+        let release = Release {
+            keys,
+            owner,
+            keep_ms: 0,
+        };
+        super::require_replicas(key, reply, acked, &ack, self.on_key(key, &release)).await
     }
 
     /// The acquire-all script: one round trip. `None` when acquisitions need
@@ -252,130 +270,6 @@ impl Single {
             )
             .await,
         )
-    }
-
-    /// Raises the lock's fencing counter to at least `token` and, if `owner`
-    /// still holds the lock, records `token` as its token (Redlock's write-back
-    /// round); true when the lock was ours.
-    pub(crate) async fn raise_fence(
-        &self,
-        key: &str,
-        keys: &RedisNames,
-        owner: &str,
-        token: u64,
-        fence_ttl_ms: u64,
-    ) -> Result<bool, CallError> {
-        let conn = self.connection();
-        let mut redis = conn.redis;
-        self.call(
-            key,
-            conn.generation,
-            self.scripts
-                .raise_fence(&mut redis, keys, owner, token, fence_ttl_ms),
-        )
-        .await
-    }
-
-    /// Issues `owner`'s fencing token, or reads the one it has (see
-    /// `issue_token.lua`); `None` when the lock is not `owner`'s.
-    pub(crate) async fn issue_token(
-        &self,
-        key: &str,
-        keys: &RedisNames,
-        owner: &str,
-        fence_ttl_ms: u64,
-    ) -> Result<Option<u64>, CallError> {
-        let conn = self.connection();
-        let mut redis = conn.redis;
-        self.call(
-            key,
-            conn.generation,
-            self.scripts
-                .issue_token(&mut redis, keys, owner, fence_ttl_ms),
-        )
-        .await
-    }
-
-    pub(crate) async fn release(
-        &self,
-        key: &str,
-        keys: &RedisNames,
-        owner: &str,
-        keep_ms: u64,
-    ) -> Result<bool, CallError> {
-        let conn = self.connection();
-        let mut redis = conn.redis;
-        self.call(
-            key,
-            conn.generation,
-            self.scripts.release(&mut redis, keys, owner, keep_ms),
-        )
-        .await
-    }
-
-    pub(crate) async fn force_unlock(
-        &self,
-        key: &str,
-        keys: &RedisNames,
-        token: &str,
-        only: &str,
-    ) -> Result<bool, CallError> {
-        let conn = self.connection();
-        let mut redis = conn.redis;
-        self.call(
-            key,
-            conn.generation,
-            self.scripts.force_unlock(&mut redis, keys, token, only),
-        )
-        .await
-    }
-
-    pub(crate) async fn inspect_key(
-        &self,
-        key: &str,
-        names: &KeyNames,
-    ) -> Result<Option<super::KeyReading>, CallError> {
-        let conn = self.connection();
-        let mut redis = conn.redis;
-        self.call(
-            key,
-            conn.generation,
-            self.scripts.inspect_key(&mut redis, names),
-        )
-        .await
-    }
-
-    pub(crate) async fn force_unlock_shared(
-        &self,
-        key: &str,
-        names: &KeyNames,
-        what: super::SharedRelease<'_>,
-        token: &str,
-    ) -> Result<u64, CallError> {
-        let conn = self.connection();
-        let mut redis = conn.redis;
-        self.call(
-            key,
-            conn.generation,
-            self.scripts
-                .force_unlock_shared(&mut redis, names, what, token),
-        )
-        .await
-    }
-
-    pub(crate) async fn permit_counts(
-        &self,
-        key: &str,
-        keys: &RedisNames,
-    ) -> Result<super::PermitReply, CallError> {
-        let conn = self.connection();
-        let mut redis = conn.redis;
-        self.call(
-            key,
-            conn.generation,
-            self.scripts.permit_counts(&mut redis, keys),
-        )
-        .await
     }
 
     /// The value of server setting `name` (`CONFIG GET`); `None` when the
@@ -405,28 +299,6 @@ impl Single {
         self.call(key, conn.generation, publish.query_async::<i64>(&mut redis))
             .await
             .map(drop)
-    }
-
-    pub(crate) async fn is_locked(&self, key: &str, keys: &RedisNames) -> Result<bool, CallError> {
-        let conn = self.connection();
-        let mut redis = conn.redis;
-        self.call(
-            key,
-            conn.generation,
-            self.scripts.is_locked(&mut redis, keys),
-        )
-        .await
-    }
-
-    pub(crate) async fn inspect(
-        &self,
-        key: &str,
-        keys: &RedisNames,
-    ) -> Result<Option<HeldLock>, CallError> {
-        let conn = self.connection();
-        let mut redis = conn.redis;
-        self.call(key, conn.generation, self.scripts.inspect(&mut redis, keys))
-            .await
     }
 
     /// Names of the lock keys matching `pattern` (a `SCAN MATCH` pattern).

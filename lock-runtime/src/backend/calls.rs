@@ -1,0 +1,122 @@
+//! The calls every backend makes the same way: one script or command on the
+//! server that holds a key's names. Each is a value implementing [`KeyCall`];
+//! each backend says once how it runs one (`Single::on_key`: the current
+//! connection under the command timeout; `Cluster::on_key`: the master of the
+//! key's slot, through slot migrations; `Sentinel::on_key`: the current
+//! master, once more on the next one after a failover), and Redlock runs it
+//! on every member and counts the answers its own way.
+
+use std::future::Future;
+
+use redis::aio::ConnectionLike;
+use redis::RedisResult;
+
+use super::scripts::{HeldLock, KeyReading, PermitReply, Scripts, SharedRelease};
+use crate::keys::{KeyNames, RedisNames};
+
+/// One call on the server that holds a key's names.
+pub(crate) trait KeyCall: Sync {
+    /// What the call answers.
+    type Output: Send;
+
+    /// Makes the call on `conn` (with `scripts`, which reload themselves on
+    /// `NOSCRIPT`).
+    fn call<C: ConnectionLike + Send>(
+        &self,
+        scripts: &Scripts,
+        conn: &mut C,
+    ) -> impl Future<Output = RedisResult<Self::Output>> + Send;
+}
+
+/// Declares a call: its fields (borrowed from the caller) and the `Scripts`
+/// method it makes.
+macro_rules! key_call {
+    ($(#[$doc:meta])* $name:ident { $($field:ident: $ty:ty),* $(,)? } -> $output:ty,
+     |$scripts:ident, $conn:ident, $this:ident| $body:expr) => {
+        $(#[$doc])*
+        pub(crate) struct $name<'a> {
+            $(pub(crate) $field: $ty,)*
+        }
+
+        impl KeyCall for $name<'_> {
+            type Output = $output;
+
+            fn call<C: ConnectionLike + Send>(
+                &self,
+                $scripts: &Scripts,
+                $conn: &mut C,
+            ) -> impl Future<Output = RedisResult<$output>> + Send {
+                let $this = self;
+                $body
+            }
+        }
+    };
+}
+
+key_call!(
+    /// Releases `owner`'s hold (or keeps it `keep_ms` more); true when it was
+    /// still ours.
+    Release { keys: &'a RedisNames, owner: &'a str, keep_ms: u64 } -> bool,
+    |scripts, conn, c| scripts.release(conn, c.keys, c.owner, c.keep_ms)
+);
+
+key_call!(
+    /// Issues `owner`'s fencing token, or reads the one it has; `None` when
+    /// the lock is not `owner`'s.
+    IssueToken { keys: &'a RedisNames, owner: &'a str, fence_ttl_ms: u64 } -> Option<u64>,
+    |scripts, conn, c| scripts.issue_token(conn, c.keys, c.owner, c.fence_ttl_ms)
+);
+
+key_call!(
+    /// Raises the fencing counter to `token` and records it as `owner`'s
+    /// (Redlock's write-back round); true when the lock was ours.
+    RaiseFence {
+        keys: &'a RedisNames,
+        owner: &'a str,
+        token: u64,
+        fence_ttl_ms: u64,
+    } -> bool,
+    |scripts, conn, c| scripts.raise_fence(conn, c.keys, c.owner, c.token, c.fence_ttl_ms)
+);
+
+key_call!(
+    /// Frees the default lock whoever holds it (or only if `only` does) and
+    /// tells its waiters; true when it was held.
+    ForceUnlock { keys: &'a RedisNames, token: &'a str, only: &'a str } -> bool,
+    |scripts, conn, c| scripts.force_unlock(conn, c.keys, c.token, c.only)
+);
+
+key_call!(
+    /// Frees shared holds (a read-write lock's, a semaphore's); how many.
+    ForceUnlockShared {
+        names: &'a KeyNames,
+        what: SharedRelease<'a>,
+        token: &'a str,
+    } -> u64,
+    |scripts, conn, c| scripts.force_unlock_shared(conn, c.names, c.what, c.token)
+);
+
+key_call!(
+    /// Every hold on a key and the default lock's queue; `None` for a
+    /// foreign value.
+    InspectKey { names: &'a KeyNames } -> Option<KeyReading>,
+    |scripts, conn, c| scripts.inspect_key(conn, c.names)
+);
+
+key_call!(
+    /// The default lock's value and lease left, when held.
+    Inspect { keys: &'a RedisNames } -> Option<HeldLock>,
+    |scripts, conn, c| scripts.inspect(conn, c.keys)
+);
+
+key_call!(
+    /// Whether the lock exists.
+    IsLocked { keys: &'a RedisNames } -> bool,
+    |scripts, conn, c| scripts.is_locked(conn, c.keys)
+);
+
+key_call!(
+    /// A semaphore's held permits and stored count.
+    PermitCounts { keys: &'a RedisNames } -> PermitReply,
+    |scripts, conn, c| scripts.permit_counts(conn, c.keys)
+);
