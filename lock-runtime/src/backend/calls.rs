@@ -116,6 +116,20 @@ key_call!(
 );
 
 key_call!(
+    /// Publishes `payload` on `channel` (classic PUBLISH: on a cluster, the
+    /// bus carries it to every node); the call goes where `key` routes it.
+    Publish { channel: &'a str, payload: &'a str } -> (),
+    |_scripts, conn, c| async move {
+        redis::cmd("PUBLISH")
+            .arg(c.channel)
+            .arg(c.payload)
+            .query_async::<i64>(conn)
+            .await
+            .map(drop)
+    }
+);
+
+key_call!(
     /// A semaphore's held permits and stored count.
     PermitCounts { keys: &'a RedisNames } -> PermitReply,
     |scripts, conn, c| scripts.permit_counts(conn, c.keys)

@@ -408,14 +408,20 @@ impl Cluster {
         }
     }
 
-    /// The value of server setting `name` on every master.
-    pub(crate) async fn config_get(&self, name: &str) -> Result<Vec<Option<String>>, CallError> {
+    /// The connection, and the masters it routes to, for a command on each.
+    async fn every_master(&self) -> Result<(ClusterConnection, Vec<Node>), CallError> {
         let conn = self.connection("").await?;
         let masters = self
             .slots
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .masters();
+        Ok((conn, masters))
+    }
+
+    /// The value of server setting `name` on every master.
+    pub(crate) async fn config_get(&self, name: &str) -> Result<Vec<Option<String>>, CallError> {
+        let (conn, masters) = self.every_master().await?;
         let mut values = Vec::new();
         for node in masters {
             let mut conn = conn.clone();
@@ -437,33 +443,9 @@ impl Cluster {
         Ok(values)
     }
 
-    /// Publishes `payload` on `channel` with classic PUBLISH, which the
-    /// cluster bus carries to every node.
-    pub(crate) async fn publish(
-        &self,
-        key: &str,
-        channel: &str,
-        payload: &str,
-    ) -> Result<(), CallError> {
-        self.call(key, |mut conn| async move {
-            redis::cmd("PUBLISH")
-                .arg(channel)
-                .arg(payload)
-                .query_async::<i64>(&mut conn)
-                .await
-        })
-        .await
-        .map(drop)
-    }
-
     /// Names of the lock keys matching `pattern` on every master.
     pub(crate) async fn scan_locks(&self, pattern: &str) -> Result<Vec<String>, CallError> {
-        let conn = self.connection("").await?;
-        let masters = self
-            .slots
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .masters();
+        let (conn, masters) = self.every_master().await?;
         let mut names = Vec::new();
         for node in masters {
             let mut cursor = 0;

@@ -37,7 +37,7 @@ pub(crate) mod single;
 
 use calls::{
     ForceUnlock, ForceUnlockShared, Inspect, InspectKey, IsLocked, IssueToken, KeyCall,
-    PermitCounts, Release,
+    PermitCounts, Publish, Release,
 };
 pub(crate) use scripts::{
     AcquireAllReply, AcquireReply, AcquireSpec, HeldLock, KeyReading, PermitReply, SharedRelease,
@@ -332,10 +332,8 @@ impl Backend {
         payload: &str,
     ) -> Result<(), CallError> {
         match self {
-            Backend::Single(b) => b.publish(key, channel, payload).await,
-            Backend::Cluster(b) => b.publish(key, channel, payload).await,
             Backend::Redlock(b) => b.publish(key, channel, payload).await,
-            Backend::Sentinel(b) => b.publish(key, channel, payload).await,
+            _ => self.on_key(key, &Publish { channel, payload }).await,
         }
     }
 

@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 use futures_util::future::join_all;
 use redis::RedisResult;
 
-use super::calls::{ForceUnlock, Inspect, IsLocked, IssueToken, RaiseFence, Release};
+use super::calls::{ForceUnlock, Inspect, IsLocked, IssueToken, Publish, RaiseFence, Release};
 use super::scripts::{AcquireReply, AcquireSpec, HeldLock};
 use super::single::Single;
 use super::{CallError, Renewal};
@@ -391,8 +391,9 @@ impl Redlock {
         channel: &str,
         payload: &str,
     ) -> Result<(), CallError> {
+        let publish = Publish { channel, payload };
         let replies = self
-            .on_all(self.command_timeout, |m| m.publish(key, channel, payload))
+            .on_all(self.command_timeout, |m| m.on_key(key, &publish))
             .await;
         if replies.iter().filter(|r| r.is_ok()).count() >= self.quorum {
             return Ok(());

@@ -12,8 +12,9 @@
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
-use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind};
+use redis::{Cmd, ErrorKind, RedisError, RedisResult};
 
+use super::is_noscript;
 use crate::config::ReplicaAck;
 use crate::keys::{KeyNames, LockKind, RedisNames};
 
@@ -158,10 +159,6 @@ impl Lua {
             ))
         }
     }
-}
-
-fn is_noscript(e: &RedisError) -> bool {
-    e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
 }
 
 /// The error for a reply that belongs to another request.

@@ -280,16 +280,6 @@ impl Sentinel {
             .await
     }
 
-    pub(crate) async fn publish(
-        &self,
-        key: &str,
-        channel: &str,
-        payload: &str,
-    ) -> Result<(), CallError> {
-        self.call(|master| async move { master.publish(key, channel, payload).await })
-            .await
-    }
-
     pub(crate) async fn scan_locks(&self, pattern: &str) -> Result<Vec<String>, CallError> {
         self.call(|master| async move { master.scan_locks(pattern).await })
             .await

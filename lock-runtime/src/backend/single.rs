@@ -285,22 +285,6 @@ impl Single {
         Ok(reply.get(name).cloned())
     }
 
-    /// Publishes `payload` on `channel` (for `key`, named in errors).
-    pub(crate) async fn publish(
-        &self,
-        key: &str,
-        channel: &str,
-        payload: &str,
-    ) -> Result<(), CallError> {
-        let conn = self.connection();
-        let mut redis = conn.redis;
-        let mut publish = redis::cmd("PUBLISH");
-        publish.arg(channel).arg(payload);
-        self.call(key, conn.generation, publish.query_async::<i64>(&mut redis))
-            .await
-            .map(drop)
-    }
-
     /// Names of the lock keys matching `pattern` (a `SCAN MATCH` pattern).
     pub(crate) async fn scan_locks(&self, pattern: &str) -> Result<Vec<String>, CallError> {
         let mut names = Vec::new();
