@@ -321,20 +321,12 @@ async fn one_script(
     let owner = owner.to_owned();
     let lease_ms = u64::try_from(options.lease.as_millis()).unwrap_or(u64::MAX);
     let retention_ms = u64::try_from(core.config.fence_retention.as_millis()).unwrap_or(u64::MAX);
-    let spec = AcquireSpec {
-        fence_ttl_ms: options
+    let spec = AcquireSpec::without_waiting(
+        &core.config.holder,
+        options
             .eager_fencing
             .then(|| lease_ms.saturating_add(retention_ms)),
-        waiting: false,
-        since_ms: crate::info::now_ms(),
-        holder: &core.config.holder,
-        resize_permits: false,
-        queue: false,
-        queue_lease_ms: 0,
-        handoff_ttl_ms: 0,
-        handoff_route: "",
-        attempt: 0,
-    };
+    );
     let first = to_take.first().copied().unwrap_or_default();
     // If this future is dropped while the script is in flight, the server may
     // still run it and take the locks in our name: release them by token.

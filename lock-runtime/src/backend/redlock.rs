@@ -605,21 +605,13 @@ impl Redlock {
             let lease_ms = lease.lease_ms();
             // The member's record says the hold began now: the original time is
             // on the other members.
-            let spec = AcquireSpec {
-                // A hold with a token gets one on the member again (tokens only
-                // need to grow); one without stays without.
-                fence_ttl_ms: (lease.fencing_token() != 0)
+            // A hold with a token gets one on the member again (tokens only
+            // need to grow); one without stays without.
+            let spec = AcquireSpec::without_waiting(
+                &self.holder,
+                (lease.fencing_token() != 0)
                     .then(|| lease_ms.saturating_add(self.fence_retention_ms)),
-                waiting: false,
-                since_ms: crate::info::now_ms(),
-                holder: &self.holder,
-                resize_permits: false,
-                queue: false,
-                queue_lease_ms: 0,
-                handoff_ttl_ms: 0,
-                handoff_route: "",
-                attempt: 0,
-            };
+            );
             let timeout = self.member_timeout(lease_ms);
             let reclaimed = self
                 .on_all(timeout, |m| {

@@ -84,6 +84,25 @@ pub(crate) struct AcquireSpec<'a> {
     pub(crate) attempt: u32,
 }
 
+impl<'a> AcquireSpec<'a> {
+    /// An acquisition begun now that does not wait: nothing to mark, queue
+    /// or hand off. `fence_ttl_ms` as the field says.
+    pub(crate) fn without_waiting(holder: &'a str, fence_ttl_ms: Option<u64>) -> Self {
+        AcquireSpec {
+            fence_ttl_ms,
+            waiting: false,
+            since_ms: crate::info::now_ms(),
+            holder,
+            resize_permits: false,
+            queue: false,
+            queue_lease_ms: 0,
+            handoff_ttl_ms: 0,
+            handoff_route: "",
+            attempt: 0,
+        }
+    }
+}
+
 /// One script: its source, for SCRIPT LOAD, and its SHA1, for EVALSHA.
 struct Lua {
     source: &'static str,
@@ -1177,16 +1196,11 @@ impl Scripts {
         pipe.cmd("DEL").arg(&keys.fencing_counter);
         steps.push(ProbeStep::command("DEL"));
         let spec = AcquireSpec {
-            fence_ttl_ms: None,
-            waiting: false,
-            since_ms: 0,
-            holder: "distlock start-up probe",
-            resize_permits: false,
             queue: true,
             queue_lease_ms: lease_ms,
             handoff_ttl_ms: lease_ms,
             handoff_route: "0",
-            attempt: 0,
+            ..AcquireSpec::without_waiting("distlock start-up probe", None)
         };
         let mut take = redis::cmd("SET");
         take.arg(&keys.lock)
