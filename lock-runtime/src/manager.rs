@@ -65,11 +65,7 @@ impl LockManager {
     /// [`tls_ca_pem`](LockManagerBuilder::tls_ca_pem); `rediss://host:port/#insecure`
     /// skips the check (for trying things out only).
     pub fn builder(url: &str) -> LockManagerBuilder {
-        LockManagerBuilder {
-            target: Target::Single(url.to_owned()),
-            config: Config::default(),
-            tls: TlsSettings::default(),
-        }
+        LockManagerBuilder::for_target(Target::Single(url.to_owned()))
     }
 
     /// Starts configuring a manager for a Redis Cluster, given any of its nodes
@@ -105,11 +101,7 @@ impl LockManager {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        LockManagerBuilder {
-            target: Target::Cluster(nodes.into_iter().map(Into::into).collect()),
-            config: Config::default(),
-            tls: TlsSettings::default(),
-        }
+        LockManagerBuilder::for_target(Target::Cluster(nodes.into_iter().map(Into::into).collect()))
     }
 
     /// Starts configuring a manager for Redlock over independent Redis masters
@@ -150,11 +142,9 @@ impl LockManager {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        LockManagerBuilder {
-            target: Target::Redlock(masters.into_iter().map(Into::into).collect()),
-            config: Config::default(),
-            tls: TlsSettings::default(),
-        }
+        LockManagerBuilder::for_target(Target::Redlock(
+            masters.into_iter().map(Into::into).collect(),
+        ))
     }
 
     /// Starts configuring a manager for the master that Redis Sentinel watches
@@ -186,14 +176,10 @@ impl LockManager {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        LockManagerBuilder {
-            target: Target::Sentinel(
-                sentinels.into_iter().map(Into::into).collect(),
-                master_name.to_owned(),
-            ),
-            config: Config::default(),
-            tls: TlsSettings::default(),
-        }
+        LockManagerBuilder::for_target(Target::Sentinel(
+            sentinels.into_iter().map(Into::into).collect(),
+            master_name.to_owned(),
+        ))
     }
 
     /// Starts a request for the lock named `key` (any non-empty UTF-8 string).
@@ -760,6 +746,15 @@ pub struct LockManagerBuilder {
 }
 
 impl LockManagerBuilder {
+    /// A builder for `target` with every setting at its default.
+    fn for_target(target: Target) -> Self {
+        LockManagerBuilder {
+            target,
+            config: Config::default(),
+            tls: TlsSettings::default(),
+        }
+    }
+
     /// Prefix of every Redis key and channel the manager writes (default
     /// `"distlock:"`). May not contain `{` or `}`.
     pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
