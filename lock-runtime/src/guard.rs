@@ -10,7 +10,7 @@ use crate::backend::Renewal;
 use crate::core::{Core, ManagerInner};
 use crate::error::{BackendError, BackendErrorKind, KeyPreview, LockError};
 use crate::keys::RedisNames;
-use crate::lease::Lease;
+use crate::lease::{Lease, NewLease};
 
 /// A held lock. Dropping it releases the lock in the background; [`release`]
 /// releases it and reports how that went.
@@ -384,6 +384,42 @@ impl Drop for LockGuard {
 /// so that the next run of the program does not wait out the lease. When the
 /// runtime is already gone, `spawn` drops the task at once: then nothing blocks
 /// and the lease frees the lock.
+/// Turns a lock just taken in Redis into a held lease, the one grant step of
+/// every acquisition (single-key and multi-key): registered with the renewal
+/// task and counted as acquired. A lock `handed_off` by a release got that
+/// TTL counted from the attempt sent at `new.sent_at`. If the manager was
+/// shut down while the acquisition was in flight, the lock goes straight back
+/// in the background and the caller gets [`LockError::ShutDown`].
+pub(crate) fn grant(
+    core: &Arc<Core>,
+    new: NewLease,
+    started: Instant,
+    handed_off: Option<Duration>,
+) -> Result<Arc<Lease>, LockError> {
+    let (sent_at, metrics_label) = (new.sent_at, new.metrics_label);
+    let lease = Arc::new(Lease::new(new));
+    if let Some(ttl) = handed_off {
+        lease.handed_off(sent_at, ttl);
+    }
+    if !core.renewals.insert(lease.clone()) {
+        lease.mark_released();
+        // The holder never had it: no min_hold to keep.
+        release_in_background(
+            core,
+            lease.key.clone(),
+            lease.keys.clone(),
+            lease.owner.clone(),
+            lease.duration(),
+            None,
+        );
+        return Err(LockError::ShutDown {
+            key: lease.key.clone(),
+        });
+    }
+    crate::telemetry::acquired(metrics_label, || started.elapsed());
+    Ok(lease)
+}
+
 pub(crate) fn release_in_background(
     core: &Arc<Core>,
     key: String,

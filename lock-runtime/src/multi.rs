@@ -27,7 +27,7 @@ use crate::config::{self, owner_token, Backoff};
 use crate::context::LockContext;
 use crate::core::{Core, ManagerInner};
 use crate::error::{KeyPreview, LockError};
-use crate::guard::{release_in_background, release_lease_in_background, ReleaseOnDrop};
+use crate::guard::{grant, release_in_background, release_lease_in_background, ReleaseOnDrop};
 use crate::keys::{self, LockKind, RedisNames};
 use crate::lease::{Lease, NewLease};
 use crate::options::{Hold, HoldOptions, Patience};
@@ -382,7 +382,7 @@ async fn one_script(
             let granted = to_take.iter().zip(names).zip(fencing_tokens);
             let mut granted = granted.peekable();
             while let Some(((key, keys), fencing_token)) = granted.next() {
-                let lease = Arc::new(Lease::new(NewLease {
+                let new = NewLease {
                     id: config::next_id(),
                     manager_id: core.id,
                     key: (*key).to_owned(),
@@ -397,23 +397,28 @@ async fn one_script(
                     epoch: core.epoch,
                     sent_at,
                     acquired_at,
-                }));
-                if !core.renewals.insert(lease.clone()) {
-                    // The manager was shut down while the script was in flight:
-                    // give this lock and the rest straight back (those already
-                    // granted went with the shutdown's releases).
-                    lease.mark_released();
-                    let rest = std::iter::once((lease.key.clone(), lease.keys.clone()))
-                        .chain(granted.map(|((key, keys), _)| ((*key).to_owned(), keys)));
-                    for (key, keys) in rest {
-                        release_in_background(core, key, keys, owner.clone(), options.lease, None);
+                };
+                match grant(core, new, started, None) {
+                    Ok(lease) => taken.leases.push(lease),
+                    Err(e) => {
+                        // The manager was shut down while the script was in
+                        // flight: `grant` gave this lock back; the rest go
+                        // too (those already granted went with the
+                        // shutdown's releases).
+                        for ((key, keys), _) in granted {
+                            let key = (*key).to_owned();
+                            release_in_background(
+                                core,
+                                key,
+                                keys,
+                                owner.clone(),
+                                options.lease,
+                                None,
+                            );
+                        }
+                        return OneScript::Done(Err(e));
                     }
-                    return OneScript::Done(Err(LockError::ShutDown {
-                        key: (*key).to_owned(),
-                    }));
                 }
-                telemetry::acquired(options.metrics_label, || started.elapsed());
-                taken.leases.push(lease);
             }
             OneScript::Done(Ok(()))
         }

@@ -922,7 +922,7 @@ impl Acquisition<'_> {
             last_sent: _,
             recent_attempts: _,
         } = self;
-        let lease = Arc::new(Lease::new(NewLease {
+        let new = NewLease {
             id: config::next_id(),
             manager_id: core.id,
             key,
@@ -937,28 +937,8 @@ impl Acquisition<'_> {
             epoch: core.epoch,
             sent_at,
             acquired_at: Instant::now(),
-        }));
-        if let Some(ttl) = handed_off {
-            lease.handed_off(sent_at, ttl);
-        }
-        if !core.renewals.insert(lease.clone()) {
-            // The manager was shut down while this attempt was in flight: give
-            // the lock straight back.
-            lease.mark_released();
-            // The holder never had it: no min_hold to keep.
-            release_in_background(
-                core,
-                lease.key.clone(),
-                lease.keys.clone(),
-                lease.owner.clone(),
-                lease.duration(),
-                None,
-            );
-            return Err(LockError::ShutDown {
-                key: lease.key.clone(),
-            });
-        }
-        telemetry::acquired(metrics_label, || started.elapsed());
+        };
+        let lease = crate::guard::grant(core, new, started, handed_off)?;
         tracing::debug!(target: "distlock::acquire",
             waited_ms = started.elapsed().as_millis() as u64,
             attempts,
