@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use distlock::testing::{ClusterNodeRole, RedisCluster, RedisSentinel, RedisServer};
+use distlock::testing::{ClusterNodeRole, DataNodeRole, RedisCluster, RedisSentinel, RedisServer};
 use distlock::LockManager;
 use lock_torture::checker::{check_sections, check_store, Faults, Report, StoreReport};
 use lock_torture::clock::{diff_ms, mono_ns, ms, ns};
@@ -3312,6 +3312,9 @@ async fn s16sa_a_killed_sentinel_master_with_replica_ack() {
     sentinel_failover(Some("2:500")).await;
 }
 
+/// How long s16sa freezes both replicas before it kills the master.
+const REPLICAS_FROZEN: Duration = Duration::from_millis(300);
+
 async fn sentinel_failover(replica_ack: Option<&str>) {
     let _serial = SERIAL.lock().await;
     let started = Instant::now();
@@ -3366,8 +3369,64 @@ async fn sentinel_failover(replica_ack: Option<&str>) {
     let LockTarget::Sentinel(fixture) = &mut setup.target else {
         unreachable!("a sentinel target");
     };
+    // With replica_ack, both replicas are frozen (SIGSTOP) and the master
+    // drops their links (CLIENT KILL TYPE replica) REPLICAS_FROZEN before the
+    // kill; they are let go right after it. The master's writes of that time
+    // (grants, fencing counters) reach no replica and die with it, the
+    // situation the acknowledgement is for. (Freezing alone is not enough:
+    // what the master wrote to a frozen replica's socket waits in the kernel,
+    // and the replica reads it once let go.) Acquisitions wait for the
+    // replicas meanwhile (WAIT, up to 500 ms: none returns before the kill);
+    // an acquisition granted without their acknowledgement would have its
+    // token issued again after the failover. (Renewals are not acknowledged,
+    // but the 0.2-5 ms bodies never renew a 2 s lease.) The freeze is short
+    // of the sentinels' 1 s down-after, so both replicas stay eligible.
+    let replicas: Vec<libc::pid_t> = if replica_ack.is_some() {
+        fixture
+            .data_nodes()
+            .iter()
+            .filter(|n| n.is_running && matches!(n.role, Some(DataNodeRole::Replica { .. })))
+            .filter_map(|n| n.pid)
+            .map(|pid| libc::pid_t::try_from(pid).expect("a pid"))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    if replica_ack.is_some() {
+        assert_eq!(replicas.len(), 2, "two replicas to freeze");
+    }
+    let signal = |sig: libc::c_int| {
+        for &pid in &replicas {
+            // SAFETY: kill(2) on a redis-server process this test started.
+            let rc = unsafe { libc::kill(pid, sig) };
+            assert_eq!(rc, 0, "signal {sig} to replica {pid}");
+        }
+    };
+    // Found before the freeze: data_nodes() asks every node, the frozen too.
+    let mut master_conn = (!replicas.is_empty()).then(|| {
+        let master = fixture
+            .data_nodes()
+            .iter()
+            .find(|n| n.role == Some(DataNodeRole::Master))
+            .map(|n| n.index)
+            .expect("a master");
+        fixture.blocking_client(master).expect("the master")
+    });
+    let frozen = mono_ns();
+    signal(libc::SIGSTOP);
+    if let Some(conn) = &mut master_conn {
+        let dropped: i64 = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("replica")
+            .query(conn)
+            .expect("CLIENT KILL TYPE replica");
+        assert_eq!(dropped, 2, "the master dropped both replica links");
+        tokio::time::sleep(REPLICAS_FROZEN).await;
+    }
     let down = mono_ns();
     let old = fixture.kill_master().expect("kill the master");
+    signal(libc::SIGCONT);
     // Down after 1 s (the fixture's down-after-milliseconds), then an election
     // and the promotion: 2-4 s, longer on two loaded cores.
     let new = tokio::task::block_in_place(|| {
@@ -3415,10 +3474,15 @@ async fn sentinel_failover(replica_ack: Option<&str>) {
         "1xkill9_master+restart",
         leaked.len(),
         &format!(
-            "without_master_ms={:.0} forgotten_overlaps={} repeated_tokens={} secs={:.1}",
+            "without_master_ms={:.0} forgotten_overlaps={} repeated_tokens={} \
+             granted_while_replicas_frozen={} secs={:.1}",
             diff_ms(up, down),
             report.amnesia_overlaps.len(),
             report.amnesia_token_order.len(),
+            h.sections
+                .iter()
+                .filter(|s| !replicas.is_empty() && s.acquired > frozen && s.acquired < down)
+                .count(),
             started.elapsed().as_secs_f64()
         ),
     );
