@@ -748,12 +748,19 @@ impl Acquisition<'_> {
                         .iter()
                         .find(|(n, _)| *n == handed.attempt)
                         .map(|(_, at)| *at);
-                    if let Some(sent_at) = sent_at.filter(|at| at.elapsed() < ttl / 3) {
+                    // With `replica_ack`, a hand-off is never taken as it
+                    // comes: the release that made it waited for no replica,
+                    // so a failover could forget the lock and its token. The
+                    // next attempt confirms it, and waits for the replicas.
+                    let acked = self.core.config.replica_ack.is_none();
+                    if let Some(sent_at) =
+                        sent_at.filter(|at| acked && at.elapsed() < ttl / 3)
+                    {
                         withdraw.disarm();
                         tracing::trace!(target: "distlock::acquire", fencing_token, "handed off");
                         return self.grant(manager, fencing_token, sent_at, Some(ttl)).map(Some);
                     }
-                    tracing::trace!(target: "distlock::acquire", fencing_token, "handed off long after the attempt it answers; confirming");
+                    tracing::trace!(target: "distlock::acquire", fencing_token, "handed off long after the attempt it answers, or replicas must acknowledge it; confirming");
                 }
                 // The subscription is (re-)confirmed, or the manager is
                 // shutting down: look again at once.

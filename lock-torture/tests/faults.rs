@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use distlock::testing::{ClusterNodeRole, RedisCluster, RedisSentinel, RedisServer};
+use distlock::testing::{ClusterNodeRole, DataNodeRole, RedisCluster, RedisSentinel, RedisServer};
 use distlock::LockManager;
 use lock_torture::checker::{check_sections, check_store, Faults, Report, StoreReport};
 use lock_torture::clock::{diff_ms, mono_ns, ms, ns};
@@ -3045,10 +3045,11 @@ async fn s14c_a_slot_migrates_under_load() {
 }
 
 /// Scenario 15c: a master is paused (SIGSTOP) past the lease, then resumed.
-/// Expected: holders on it report their loss by their local deadline, and no
-/// one else is granted its locks before Redis (resumed) finds them expired:
-/// no overlap unless the earlier holder reported its loss first; tokens
-/// increase; no stale write accepted; nothing leaked; work goes on after.
+/// Expected: holders of its locks, in bodies longer than the lease, stop by
+/// their local deadline (no body poll past the pause + lease), and no one else
+/// is granted its locks before Redis (resumed) finds them expired: no overlap
+/// unless the earlier holder reported its loss first; tokens increase; no
+/// stale write accepted; nothing leaked; work goes on after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s15c_a_paused_cluster_master_costs_leases_not_safety() {
     cluster_fault(ClusterFault::PauseMaster).await;
@@ -3080,13 +3081,17 @@ async fn cluster_fault(fault: ClusterFault) {
     };
     let cmd_timeout = Duration::from_millis(500);
     let wait = Duration::from_millis(5000);
-    // The pause scenario's bodies outlast the lease, so that holders are in
-    // their body when the master stops answering: they must stop by their
-    // local deadline, before anyone can be granted the lock after the resume.
-    // Short bodies elsewhere, for many sections.
-    let (body_us, every, after) = match fault {
-        ClusterFault::PauseMaster => ("100000-1500000", 5, 2),
-        ClusterFault::KillMaster | ClusterFault::MigrateSlot => ("200-5000", 50, 4),
+    // The pause scenario's bodies (2-4 s) outlast the lease plus the slack
+    // of the bound below, so that a holder the pause catches is most often
+    // still in its body past its local deadline (down + lease - drift), and
+    // sometimes past the resume: it must stop by that deadline. They sleep in
+    // 20 ms steps, so that the log's last poll follows a body that runs on.
+    // 8 tasks a process (32 for 6 keys, every key contended): with 32, a
+    // process could wait more than 30 s for a section. Short bodies
+    // elsewhere, for many sections.
+    let (body_us, step_ms, tasks, every, before, after) = match fault {
+        ClusterFault::PauseMaster => ("2000000-4000000", 20, 8, 1, 1, 1),
+        ClusterFault::KillMaster | ClusterFault::MigrateSlot => ("200-5000", 0, 32, 50, 2, 4),
     };
     let keys = setup.keys(6).await;
     let mut workers: Vec<Worker> = (0..4)
@@ -3096,8 +3101,9 @@ async fn cluster_fault(fault: ClusterFault) {
                 "run",
                 &args(&[
                     ("keys", &keys.join(",")),
-                    ("tasks", &32),
+                    ("tasks", &tasks),
                     ("body-us", &body_us),
+                    ("body-step-ms", &step_ms),
                     ("lease-ms", &lease.as_millis()),
                     ("wait-ms", &wait.as_millis()),
                     ("cmd-timeout-ms", &cmd_timeout.as_millis()),
@@ -3112,11 +3118,12 @@ async fn cluster_fault(fault: ClusterFault) {
     ready(&mut workers.iter_mut().collect::<Vec<_>>()).await;
     let limit = Duration::from_secs(30);
     for w in &mut workers {
-        progress(w, 2, limit).await;
+        progress(w, before, limit).await;
     }
     let manager = setup.manager().await;
     let first_lock = manager.redis_names(&keys[0]).lock;
     let first_counter = manager.redis_names(&keys[0]).fencing_counter;
+    let lock_names: Vec<String> = keys.iter().map(|k| manager.redis_names(k).lock).collect();
     drop(manager);
     let LockTarget::Cluster(cluster) = &mut setup.target else {
         unreachable!("a cluster target");
@@ -3124,6 +3131,13 @@ async fn cluster_fault(fault: ClusterFault) {
     let victim = cluster
         .master_of_key(&first_lock)
         .expect("the first key's master");
+    // The keys whose locks the fault hits (before a migration moves one).
+    let victim_keys: BTreeSet<&String> = keys
+        .iter()
+        .zip(&lock_names)
+        .filter(|(_, lock)| cluster.master_of_key(lock).expect("master_of_key") == victim)
+        .map(|(key, _)| key)
+        .collect();
     let down = mono_ns();
     match fault {
         ClusterFault::KillMaster => {
@@ -3203,6 +3217,39 @@ async fn cluster_fault(fault: ClusterFault) {
             .count();
         assert!(n >= at_least, "{key}: only {n} sections after the fault");
     }
+    // The paused master answers nothing from `down` to `up` (1.5 leases, and
+    // its locks expire in it meanwhile): a holder of one of its locks granted
+    // before the pause sent its last successful renewal (or the acquisition)
+    // before `down`, trusts it until that + lease - drift, and its body is
+    // dropped at that local deadline. So no body poll of such a holder ends
+    // after down + lease, plus SLACK / 3 for scheduling (as in s5). A holder
+    // that ignored its deadline would run on to the resume, and past it until
+    // a renewal reached the master.
+    let caught: Vec<_> = h
+        .sections
+        .iter()
+        .filter(|s| fault == ClusterFault::PauseMaster && victim_keys.contains(&s.key))
+        .filter(|s| s.acquired < down && s.last_active > down)
+        .collect();
+    let past_deadline: Vec<_> = caught
+        .iter()
+        .filter(|s| s.last_active > down + ns(lease + SLACK / 3))
+        .collect();
+    let pause_figures = if fault == ClusterFault::PauseMaster {
+        format!(
+            " victim_keys={} holders_in_body_at_the_pause={} told_of_the_loss={} last_poll_after_pause_ms={:.1} bound_ms={}",
+            victim_keys.len(),
+            caught.len(),
+            caught.iter().filter(|s| s.lost).count(),
+            caught
+                .iter()
+                .map(|s| diff_ms(s.last_active, down))
+                .fold(0.0, f64::max),
+            (lease + SLACK / 3).as_millis()
+        )
+    } else {
+        String::new()
+    };
     figures(
         name,
         &report,
@@ -3210,7 +3257,7 @@ async fn cluster_fault(fault: ClusterFault) {
         what,
         leaked.len(),
         &format!(
-            "fault_ms={:.0} forgotten_overlaps={} repeated_tokens={} secs={:.1}",
+            "fault_ms={:.0} forgotten_overlaps={} repeated_tokens={}{pause_figures} secs={:.1}",
             diff_ms(up, down),
             report.amnesia_overlaps.len(),
             report.amnesia_token_order.len(),
@@ -3218,6 +3265,19 @@ async fn cluster_fault(fault: ClusterFault) {
         ),
     );
     report.assert_clean(name);
+    assert!(
+        past_deadline.is_empty(),
+        "{} holders of the paused master's locks ran their body past their local deadline; \
+         the first, worker {} task {} on {} (lost {}), last polled {:.1} ms after the pause \
+         (bound: lease + {:?})",
+        past_deadline.len(),
+        past_deadline[0].worker,
+        past_deadline[0].task,
+        past_deadline[0].key,
+        past_deadline[0].lost,
+        diff_ms(past_deadline[0].last_active, down),
+        SLACK / 3
+    );
     assert!(
         stored.lost_updates <= report.amnesia_overlaps.len(),
         "{} lost updates, {} overlaps across the failover",
@@ -3251,6 +3311,9 @@ async fn s16s_a_killed_sentinel_master_is_failed_over_under_load() {
 async fn s16sa_a_killed_sentinel_master_with_replica_ack() {
     sentinel_failover(Some("2:500")).await;
 }
+
+/// How long s16sa freezes both replicas before it kills the master.
+const REPLICAS_FROZEN: Duration = Duration::from_millis(300);
 
 async fn sentinel_failover(replica_ack: Option<&str>) {
     let _serial = SERIAL.lock().await;
@@ -3306,8 +3369,64 @@ async fn sentinel_failover(replica_ack: Option<&str>) {
     let LockTarget::Sentinel(fixture) = &mut setup.target else {
         unreachable!("a sentinel target");
     };
+    // With replica_ack, both replicas are frozen (SIGSTOP) and the master
+    // drops their links (CLIENT KILL TYPE replica) REPLICAS_FROZEN before the
+    // kill; they are let go right after it. The master's writes of that time
+    // (grants, fencing counters) reach no replica and die with it, the
+    // situation the acknowledgement is for. (Freezing alone is not enough:
+    // what the master wrote to a frozen replica's socket waits in the kernel,
+    // and the replica reads it once let go.) Acquisitions wait for the
+    // replicas meanwhile (WAIT, up to 500 ms: none returns before the kill);
+    // an acquisition granted without their acknowledgement would have its
+    // token issued again after the failover. (Renewals are not acknowledged,
+    // but the 0.2-5 ms bodies never renew a 2 s lease.) The freeze is short
+    // of the sentinels' 1 s down-after, so both replicas stay eligible.
+    let replicas: Vec<libc::pid_t> = if replica_ack.is_some() {
+        fixture
+            .data_nodes()
+            .iter()
+            .filter(|n| n.is_running && matches!(n.role, Some(DataNodeRole::Replica { .. })))
+            .filter_map(|n| n.pid)
+            .map(|pid| libc::pid_t::try_from(pid).expect("a pid"))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    if replica_ack.is_some() {
+        assert_eq!(replicas.len(), 2, "two replicas to freeze");
+    }
+    let signal = |sig: libc::c_int| {
+        for &pid in &replicas {
+            // SAFETY: kill(2) on a redis-server process this test started.
+            let rc = unsafe { libc::kill(pid, sig) };
+            assert_eq!(rc, 0, "signal {sig} to replica {pid}");
+        }
+    };
+    // Found before the freeze: data_nodes() asks every node, the frozen too.
+    let mut master_conn = (!replicas.is_empty()).then(|| {
+        let master = fixture
+            .data_nodes()
+            .iter()
+            .find(|n| n.role == Some(DataNodeRole::Master))
+            .map(|n| n.index)
+            .expect("a master");
+        fixture.blocking_client(master).expect("the master")
+    });
+    let frozen = mono_ns();
+    signal(libc::SIGSTOP);
+    if let Some(conn) = &mut master_conn {
+        let dropped: i64 = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("replica")
+            .query(conn)
+            .expect("CLIENT KILL TYPE replica");
+        assert_eq!(dropped, 2, "the master dropped both replica links");
+        tokio::time::sleep(REPLICAS_FROZEN).await;
+    }
     let down = mono_ns();
     let old = fixture.kill_master().expect("kill the master");
+    signal(libc::SIGCONT);
     // Down after 1 s (the fixture's down-after-milliseconds), then an election
     // and the promotion: 2-4 s, longer on two loaded cores.
     let new = tokio::task::block_in_place(|| {
@@ -3355,10 +3474,15 @@ async fn sentinel_failover(replica_ack: Option<&str>) {
         "1xkill9_master+restart",
         leaked.len(),
         &format!(
-            "without_master_ms={:.0} forgotten_overlaps={} repeated_tokens={} secs={:.1}",
+            "without_master_ms={:.0} forgotten_overlaps={} repeated_tokens={} \
+             granted_while_replicas_frozen={} secs={:.1}",
             diff_ms(up, down),
             report.amnesia_overlaps.len(),
             report.amnesia_token_order.len(),
+            h.sections
+                .iter()
+                .filter(|s| !replicas.is_empty() && s.acquired > frozen && s.acquired < down)
+                .count(),
             started.elapsed().as_secs_f64()
         ),
     );

@@ -33,7 +33,10 @@
 //! bodies of `--body-us=MIN-MAX` microseconds (read the protected counter, sleep,
 //! write it plus one to the fenced store), `--cancel-pct` of them cancelled
 //! mid-body (the section's future is dropped), `--panic-pct` panicking mid-body
-//! (inside a spawned task). Prints `PROGRESS n` every `--progress` sections and
+//! (inside a spawned task). With `--body-step-ms=N` the body sleeps in steps of
+//! N ms (one poll each), so that its last poll in the log follows a body that
+//! runs on to within N ms (0, the default: two sleeps, half the body each).
+//! Prints `PROGRESS n` every `--progress` sections and
 //! `DONE n` at the end. `--kind` selects what the tasks take: `lock` (the
 //! default, `manager.lock`), `fair` (`manager.fair_lock`: exclusive, logged as a
 //! lock), `semaphore` (`manager.semaphore(key, --permits)`) or `rw`
@@ -358,6 +361,23 @@ impl<F: Future> Future for Timed<'_, F> {
     }
 }
 
+/// Sleeps `total`, in steps of `step` (each a poll of the body) unless `step`
+/// is zero.
+async fn nap(total: Duration, step: Duration) {
+    if step.is_zero() {
+        tokio::time::sleep(total).await;
+        return;
+    }
+    let until = tokio::time::Instant::now() + total;
+    loop {
+        let now = tokio::time::Instant::now();
+        if now >= until {
+            return;
+        }
+        tokio::time::sleep((until - now).min(step)).await;
+    }
+}
+
 /// Reads the counter, waits, writes it plus one with our token.
 async fn write_increment(ctx: &Ctx, slot: &Slot, key: &str, token: u64) -> Result<(), String> {
     let mut conn = ctx.store_conn.clone();
@@ -464,6 +484,8 @@ struct RunConfig {
     tasks: u32,
     quota: Option<u64>,
     body_us: (u64, u64),
+    /// The body's sleeps go in steps of this length (zero: in one go).
+    body_step: Duration,
     cancel_pct: u64,
     panic_pct: u64,
     lease: Duration,
@@ -522,6 +544,7 @@ async fn run(ctx: Arc<Ctx>, args: &Args, mut commands: mpsc::UnboundedReceiver<S
         tasks: args.get("tasks", 8),
         quota: (sections > 0).then_some(sections),
         body_us: (lo, hi),
+        body_step: Duration::from_millis(args.get("body-step-ms", 0)),
         cancel_pct: args.get("cancel-pct", 0),
         panic_pct: args.get("panic-pct", 0),
         lease: Duration::from_millis(args.get("lease-ms", 2000)),
@@ -746,6 +769,7 @@ async fn attempt(
         let ctx = &ctx;
         let slot = &slot;
         let plan = &plan;
+        let step = cfg.body_step;
         async move {
             let mut conn = ctx.store_conn.clone();
             let v = ctx
@@ -753,12 +777,12 @@ async fn attempt(
                 .read(&mut conn, &plan.key)
                 .await
                 .map_err(|e| e.to_string())?;
-            tokio::time::sleep(plan.body / 2).await;
+            nap(plan.body / 2, step).await;
             if plan.panic {
                 lock(slot).dropped_at = mono_ns();
                 std::panic::panic_any(DELIBERATE_PANIC);
             }
-            tokio::time::sleep(plan.body - plan.body / 2).await;
+            nap(plan.body - plan.body / 2, step).await;
             if let Some((_, at)) = cancel_at {
                 if mono_ns() >= at {
                     std::future::pending::<()>().await;
