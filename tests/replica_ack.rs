@@ -86,6 +86,79 @@ async fn a_cut_off_replica_fails_the_acquisition_after_the_timeout_and_nothing_s
     assert!(refused.is_transient());
 }
 
+/// A release hands the lock to the head of its queue without waiting for a
+/// replica: with `replica_ack`, the waiter confirms the hand-off by an
+/// acknowledged attempt rather than take it as it comes, so a cut-off replica
+/// fails it (and the lock goes back) instead of granting a hold a failover
+/// could forget. Before the fix the waiter was granted here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_handed_to_a_waiter_is_acknowledged_too() {
+    let (master, proxy, _replica) = master_and_replica().await;
+    // The holder's first WAIT may meet a replica that just linked up: give
+    // it time. The waiter's short timeout is what is under test.
+    let holder = acked_manager(&master, Duration::from_secs(2)).await;
+    let waiter = acked_manager(&master, Duration::from_millis(300)).await;
+    let held = holder.lock("handed").acquire().await.unwrap();
+    let waiting = tokio::spawn({
+        let waiter = waiter.clone();
+        async move {
+            waiter
+                .lock("handed")
+                .wait(Duration::from_secs(10))
+                .acquire()
+                .await
+        }
+    });
+    let queued = eventually(Duration::from_secs(5), async || {
+        !holder
+            .inspect_all("handed")
+            .await
+            .unwrap()
+            .waiters
+            .is_empty()
+    })
+    .await;
+    assert!(queued.is_some(), "the waiter queued");
+    // Its manager listens for hand-offs (before that, a hand-off is made up
+    // for by the attempt the subscription's confirmation triggers).
+    let mut on_master = raw(&master).await;
+    let listening = eventually(Duration::from_secs(5), async || {
+        pubsub_channels(&mut on_master)
+            .await
+            .iter()
+            .any(|c| c.starts_with("distlock:handoff:"))
+    })
+    .await;
+    assert!(
+        listening.is_some(),
+        "the waiter's hand-off channel is subscribed"
+    );
+    proxy.set_mode(FaultMode::BlackHole);
+    // Release right after the waiter refreshed its queue entry (a fresh entry
+    // has nearly its whole 3 s queue lease left), so that the hand-off answers
+    // a recent attempt, one the waiter would take as its grant were it not
+    // for the replicas (an answer to an attempt older than a third of the
+    // hand-off TTL is confirmed anyway).
+    let fresh = eventually(Duration::from_secs(5), async || {
+        holder
+            .inspect_all("handed")
+            .await
+            .unwrap()
+            .waiters
+            .first()
+            .is_some_and(|w| w.queue_lease_left > Duration::from_millis(2_800))
+    })
+    .await;
+    assert!(fresh.is_some(), "the waiter refreshed its entry");
+    held.release().await.unwrap();
+    let refused = waiting.await.unwrap().unwrap_err();
+    assert!(
+        matches!(refused, LockError::NotReplicated { acked: 0, .. }),
+        "{refused:?}"
+    );
+    assert!(!exists(&mut on_master, &holder.redis_names("handed").lock).await);
+}
+
 #[tokio::test]
 async fn replica_ack_needs_a_replica_and_a_timeout() {
     let redis = server();

@@ -752,9 +752,9 @@ impl Acquisition<'_> {
                     // comes: the release that made it waited for no replica,
                     // so a failover could forget the lock and its token. The
                     // next attempt confirms it, and waits for the replicas.
-                    let acked = self.core.config.replica_ack.is_none();
+                    let take_as_it_comes = self.core.config.replica_ack.is_none();
                     if let Some(sent_at) =
-                        sent_at.filter(|at| acked && at.elapsed() < ttl / 3)
+                        sent_at.filter(|at| take_as_it_comes && at.elapsed() < ttl / 3)
                     {
                         withdraw.disarm();
                         tracing::trace!(target: "distlock::acquire", fencing_token, "handed off");
