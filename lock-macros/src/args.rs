@@ -753,43 +753,39 @@ fn permits_arg(value: Expr, errors: &mut Errors) -> Option<PermitsArg> {
     None
 }
 
-/// Options that choose different kinds of lock: given together, the later one
-/// (in the attribute) is reported, once per pair.
+const SEMAPHORE: &str = "`permits` takes a semaphore (`LockManager::semaphore`)";
+const FAIR: &str = "`fair` a fair lock (`LockManager::fair_lock`)";
+const LIST: &str = "a key list takes exclusive locks on all its keys together \
+                    (`LockManager::lock_all`)";
+
+/// Pairs of options that choose different kinds of lock, and why; `key`
+/// stands for a key list (a single key combines with everything).
+const CONFLICTS: &[(&str, &str, &[&str])] = &[
+    (
+        "mode",
+        "permits",
+        &[SEMAPHORE, ", which has no read or write mode"],
+    ),
+    (
+        "mode",
+        "fair",
+        &["`mode` takes an exclusive or a read/write lock, ", FAIR],
+    ),
+    ("permits", "fair", &[SEMAPHORE, ", ", FAIR]),
+    ("key", "mode", &[LIST, "; `mode` applies to a single key"]),
+    (
+        "key",
+        "permits",
+        &[LIST, "; `permits` applies to a single key"],
+    ),
+    ("key", "fair", &[LIST, "; `fair` applies to a single key"]),
+];
+
+/// Options that choose different kinds of lock ([`CONFLICTS`]): given
+/// together, the later one (in the attribute) is reported, once per pair.
 fn conflicts(seen: &[Ident], key_is_list: bool, errors: &mut Errors) {
-    const SEMAPHORE: &str = "`permits` takes a semaphore (`LockManager::semaphore`)";
-    const FAIR: &str = "`fair` a fair lock (`LockManager::fair_lock`)";
-    const LIST: &str = "a key list takes exclusive locks on all its keys together \
-                        (`LockManager::lock_all`)";
     let at = |name: &str| seen.iter().position(|s| s.unraw() == name);
-    let pairs: [(&str, &str, String); 6] = [
-        (
-            "mode",
-            "permits",
-            format!("{SEMAPHORE}, which has no read or write mode"),
-        ),
-        (
-            "mode",
-            "fair",
-            format!("`mode` takes an exclusive or a read/write lock, {FAIR}"),
-        ),
-        ("permits", "fair", format!("{SEMAPHORE}, {FAIR}")),
-        (
-            "key",
-            "mode",
-            format!("{LIST}; `mode` applies to a single key"),
-        ),
-        (
-            "key",
-            "permits",
-            format!("{LIST}; `permits` applies to a single key"),
-        ),
-        (
-            "key",
-            "fair",
-            format!("{LIST}; `fair` applies to a single key"),
-        ),
-    ];
-    for (a, b, why) in pairs {
+    for &(a, b, why) in CONFLICTS {
         if a == "key" && !key_is_list {
             continue;
         }
@@ -803,7 +799,10 @@ fn conflicts(seen: &[Ident], key_is_list: bool, errors: &mut Errors) {
         };
         errors.push(syn::Error::new(
             seen[i.max(j)].span(),
-            format!("{first} and `{b}` cannot be combined: {why}; remove one of them"),
+            format!(
+                "{first} and `{b}` cannot be combined: {}; remove one of them",
+                why.concat()
+            ),
         ));
     }
 }
@@ -1371,6 +1370,14 @@ mod tests {
                 assert!(seen.insert(a), "alias {a} twice");
             }
             assert!(o.example.starts_with(o.name));
+        }
+        let mut pairs = std::collections::HashSet::new();
+        for (a, b, _) in CONFLICTS {
+            assert!(option(a).is_some() && option(b).is_some(), "{a}/{b}");
+            assert!(
+                pairs.insert((a, b)) && !pairs.contains(&(b, a)),
+                "{a}/{b} twice"
+            );
         }
     }
 }
