@@ -229,8 +229,15 @@ impl KeyNames {
 /// The `SCAN MATCH` pattern for the lock keys under `prefix` whose user key
 /// matches the glob `user_pattern` (Redis glob syntax: `*`, `?`, `[..]`, `\\`).
 pub(crate) fn lock_scan_pattern(prefix: &str, user_pattern: &str) -> String {
+    name_pattern(prefix, "lock", user_pattern)
+}
+
+/// `<prefix><kind>:{<any tag>}:<user pattern>`, the prefix escaped; `kind` is
+/// a glob itself.
+fn name_pattern(prefix: &str, kind: &str, user_pattern: &str) -> String {
     let mut pattern = escape_glob(prefix);
-    pattern.push_str("lock:{");
+    pattern.push_str(kind);
+    pattern.push_str(":{");
     pattern.push_str(&"?".repeat(16));
     pattern.push_str("}:");
     pattern.push_str(user_pattern);
@@ -241,21 +248,20 @@ pub(crate) fn lock_scan_pattern(prefix: &str, user_pattern: &str) -> String {
 /// whose user key matches the glob `user_pattern`; [`held_key_of`] keeps the
 /// names that hold a lock.
 pub(crate) fn any_kind_scan_pattern(prefix: &str, user_pattern: &str) -> String {
-    let mut pattern = escape_glob(prefix);
-    pattern.push_str("*:{");
-    pattern.push_str(&"?".repeat(16));
-    pattern.push_str("}:");
-    pattern.push_str(user_pattern);
-    pattern
+    name_pattern(prefix, "*", user_pattern)
 }
 
 /// The user key of `name` under `prefix` when `name` holds holds: a default
 /// lock (`lock`), a read-write lock's writer (`rw`) or readers (`rwr`), a
 /// semaphore's holders (`sem`).
 pub(crate) fn held_key_of<'a>(prefix: &str, name: &'a str) -> Option<&'a str> {
-    let rest = name.strip_prefix(prefix)?;
-    let (kind, rest) = rest.split_once(":{")?;
-    if !matches!(kind, "lock" | "rw" | "rwr" | "sem") {
+    key_of_kind(prefix, name, &["lock", "rw", "rwr", "sem"])
+}
+
+/// The user key of `name`, a name of one of `kinds` under `prefix`.
+fn key_of_kind<'a>(prefix: &str, name: &'a str, kinds: &[&str]) -> Option<&'a str> {
+    let (kind, rest) = name.strip_prefix(prefix)?.split_once(":{")?;
+    if !kinds.contains(&kind) {
         return None;
     }
     let (tag, key) = (rest.get(..16)?, rest.get(16..)?.strip_prefix("}:")?);
@@ -277,9 +283,7 @@ pub(crate) fn escape_glob(text: &str) -> String {
 
 /// The user key of lock key `name` under `prefix`, when it is one.
 pub(crate) fn user_key_of<'a>(prefix: &str, name: &'a str) -> Option<&'a str> {
-    let rest = name.strip_prefix(prefix)?.strip_prefix("lock:{")?;
-    let (tag, key) = (rest.get(..16)?, rest.get(16..)?.strip_prefix("}:")?);
-    (hash_tag(key).as_str() == tag).then_some(key)
+    key_of_kind(prefix, name, &["lock"])
 }
 
 /// Checks a user key: any non-empty UTF-8 string up to [`MAX_KEY_BYTES`].

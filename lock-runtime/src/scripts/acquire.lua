@@ -105,9 +105,6 @@ if ARGV[4] == '+' then
   if queued then
     queue_enqueue(KEYS[3], KEYS[4], owner, ARGV[8], ARGV[9], ARGV[3], ARGV[11], ARGV[12], ARGV[6])
   end
-  if string.sub(held, owner_len + 1, owner_len + 1) ~= '+' then
-    redis.call('SET', KEYS[1],
-      string.sub(held, 1, owner_len) .. '+' .. string.sub(held, owner_len + 2), 'XX', 'KEEPTTL')
-  end
+  mark_waited_for(KEYS[1], held)
 end
 return {0, redis.call('PTTL', KEYS[1]), owner}

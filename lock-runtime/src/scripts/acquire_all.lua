@@ -37,7 +37,6 @@
 local n = #KEYS / 2
 local owner = ARGV[1]
 local owner_len = string.len(owner)
-local fenced = ARGV[3] ~= '0'
 
 -- First pass: read every lock; stop at the first one held by another owner.
 local held = {}
@@ -60,22 +59,11 @@ for i = 1, n do
     redis.call('PEXPIRE', lock, ARGV[2])
     reply[i + 2] = tonumber(string.match(held[i], '^%d+', owner_len + 2)) or 0
   else
-    local token = 0
-    if fenced then
-      local last = redis.call('GET', KEYS[2 * i])
-      if last then
-        token = tonumber(last) + 1
-      else
-        local now = redis.call('TIME')
-        token = tonumber(now[1]) * 1000000 + tonumber(now[2])
-      end
-    end
+    -- 0 without fencing (ARGV[3] '0'), the counter untouched.
+    local token = next_token(KEYS[2 * i], ARGV[3])
     -- '%.0f' writes the whole number in full; the default conversion may use an exponent.
     local text = string.format('%.0f', token)
     redis.call('SET', lock, owner .. '-' .. text .. ':' .. ARGV[4] .. ':' .. ARGV[5], 'PX', ARGV[2])
-    if fenced then
-      redis.call('SET', KEYS[2 * i], text, 'PX', ARGV[3])
-    end
     local events = ARGV[5 + i]
     if events and events ~= '' then
       redis.call('PUBLISH', events, 'acquired ' .. text .. ' ' .. ARGV[4] .. ' ' .. ARGV[5])

@@ -25,9 +25,17 @@ local now = now_ms()
 local mode = ARGV[4]
 local owner = ARGV[5] or ''
 local rw_freed, permits_freed, freed = false, 0, 0
-local function live(set, member)
+-- Removes `member` from holders' set `set` and its details, when it holds
+-- a live lease there; `...`: the set's other names, whose TTL follows it.
+local function free_member(set, details, member, ...)
   local score = redis.pcall('ZSCORE', set, member)
-  return type(score) == 'string' and tonumber(score) > now
+  if type(score) ~= 'string' or tonumber(score) <= now or foreign_details(details) then
+    return false
+  end
+  redis.call('ZREM', set, member)
+  redis.call('HDEL', details, member)
+  push_expiry(set, details, ...)
+  return true
 end
 if mode == 'all' then
   local writer = redis.pcall('GET', KEYS[1])
@@ -67,18 +75,12 @@ elseif mode == 'write' then
     rw_freed = true
   end
 elseif mode == 'read' then
-  if live(KEYS[2], owner) and not foreign_details(KEYS[3]) then
-    redis.call('ZREM', KEYS[2], owner)
-    redis.call('HDEL', KEYS[3], owner)
-    push_expiry(KEYS[2], KEYS[3])
+  if free_member(KEYS[2], KEYS[3], owner) then
     freed = 1
     rw_freed = true
   end
 elseif mode == 'permit' then
-  if live(KEYS[5], owner) and not foreign_details(KEYS[6]) then
-    redis.call('ZREM', KEYS[5], owner)
-    redis.call('HDEL', KEYS[6], owner)
-    push_expiry(KEYS[5], KEYS[7], KEYS[6])
+  if free_member(KEYS[5], KEYS[6], owner, KEYS[7]) then
     freed = 1
     permits_freed = weight_of(owner)
   end

@@ -23,10 +23,8 @@ if type(held) == 'table' or (held and not is_lock_value(held)) then
   return {3, 0, ARGV[1]}
 end
 if held then
-  local owner_len = string.len(ARGV[1])
-  if ARGV[4] == '+' and string.sub(held, owner_len + 1, owner_len + 1) ~= '+' then
-    local marked = string.sub(held, 1, owner_len) .. '+' .. string.sub(held, owner_len + 2)
-    redis.call('SET', KEYS[3], marked, 'XX', 'KEEPTTL')
+  if ARGV[4] == '+' then
+    mark_waited_for(KEYS[3], held)
   end
   return {0, redis.call('PTTL', KEYS[3]), ARGV[1]}
 end

@@ -101,6 +101,14 @@ local function live_members(set, now)
   end
   return live
 end
+-- mark_waited_for(name, held): marks the lock value `held`, stored at
+-- `name`, as waited for ('+' after its 32-digit owner token; TTL kept), so
+-- that its release wakes a waiter or hands it on.
+local function mark_waited_for(name, held)
+  if string.sub(held, 33, 33) ~= '+' then
+    redis.call('SET', name, string.sub(held, 1, 32) .. '+' .. string.sub(held, 34), 'XX', 'KEEPTTL')
+  end
+end
 -- Whether `value` is a lock value distlock wrote
 -- ("<32 hex owner><mark><token>:<since>:<holder>"): a script never changes a
 -- value that is not (a foreign key under a lock's name).

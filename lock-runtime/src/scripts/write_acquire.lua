@@ -36,9 +36,8 @@ if held then
   if not is_lock_value(held) then
     return {3, 0, ARGV[1]}
   end
-  if ARGV[4] == '+' and string.sub(held, owner_len + 1, owner_len + 1) ~= '+' then
-    local marked = string.sub(held, 1, owner_len) .. '+' .. string.sub(held, owner_len + 2)
-    redis.call('SET', KEYS[1], marked, 'XX', 'KEEPTTL')
+  if ARGV[4] == '+' then
+    mark_waited_for(KEYS[1], held)
   end
   return {0, redis.call('PTTL', KEYS[1]), ARGV[1]}
 end
