@@ -292,12 +292,8 @@ pub(crate) fn owner_token() -> String {
     format!("{:032x}", rand::random::<u128>())
 }
 
-/// Digits of an owner token that name the acquisition that made it: the keys
-/// of one multi-key hold share them (see [`owner_token_of`]).
-pub(crate) const ACQUISITION_ID_LEN: usize = 16;
-
 /// An owner token for one key of the multi-key acquisition whose id (the
-/// first [`ACQUISITION_ID_LEN`] hex digits) is `acquisition`: still unique
+/// first [`ACQUISITION_ID_LEN`](crate::info::ACQUISITION_ID_LEN) hex digits) is `acquisition`: still unique
 /// per key (the other 64 bits are random), so that each key's hand-off and
 /// release name its own hold, while an operator can tell the keys of one
 /// acquisition apart from the rest.

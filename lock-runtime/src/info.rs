@@ -7,6 +7,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// Length of an owner token (32 hex digits), which opens every lock value.
 pub(crate) const OWNER_LEN: usize = 32;
 
+/// Digits of an owner token that name the acquisition that made it: the keys
+/// of one multi-key hold share them (see `config::owner_token_of`).
+pub(crate) const ACQUISITION_ID_LEN: usize = 16;
+
 /// Longest accepted holder description, in bytes. It is stored with every hold,
 /// so it should say who holds the lock, not carry data.
 pub(crate) const MAX_HOLDER_BYTES: usize = 256;
@@ -94,7 +98,7 @@ impl LockInfo {
             key,
             kind: HoldKind::Lock,
             hold_id: value.get(..OWNER_LEN)?.to_owned(),
-            acquisition_id: value.get(..crate::config::ACQUISITION_ID_LEN)?.to_owned(),
+            acquisition_id: value.get(..ACQUISITION_ID_LEN)?.to_owned(),
             holder: holder.to_owned(),
             fencing_token: token.parse().ok()?,
             ttl: u64::try_from(pttl).ok().map(Duration::from_millis),
@@ -127,7 +131,7 @@ impl LockInfo {
             key: key.to_owned(),
             kind,
             acquisition_id: member
-                .get(..crate::config::ACQUISITION_ID_LEN)
+                .get(..ACQUISITION_ID_LEN)
                 .unwrap_or(&member)
                 .to_owned(),
             hold_id: member,

@@ -254,7 +254,7 @@ impl MultiLockRequest {
             let deadline = started + wait;
             let outcome = ordered(
                 &manager,
-                &owner[..config::ACQUISITION_ID_LEN],
+                &owner[..crate::info::ACQUISITION_ID_LEN],
                 &to_take,
                 options,
                 (patience == Patience::Wait).then_some(deadline),
