@@ -385,6 +385,12 @@ impl LockManager {
     /// fails or does not answer in time.
     pub async fn force_unlock(&self, key: &str) -> Result<bool, LockError> {
         crate::keys::validate_key(key)?;
+        self.force_unlock_default(key, "").await
+    }
+
+    /// Frees the default lock of `key` (if `only` is not empty, only when that
+    /// owner holds it), tells its waiters, counts and logs it.
+    async fn force_unlock_default(&self, key: &str, only: &str) -> Result<bool, LockError> {
         let core = &self.inner.core;
         // Told to `events` subscribers whether or not this manager publishes
         // lock events: an operator's manager (the CLI's) seldom does. Not on
@@ -396,7 +402,7 @@ impl LockManager {
         let token = crate::config::owner_token();
         let freed = core
             .backend
-            .force_unlock(key, &keys, &token, "")
+            .force_unlock(key, &keys, &token, only)
             .await
             .map_err(|e| e.error)?;
         if freed {
@@ -623,25 +629,7 @@ impl LockManager {
         let core = &self.inner.core;
         let token = crate::config::owner_token();
         let what = match hold.kind {
-            HoldKind::Lock => {
-                let keys = match core.backend {
-                    crate::backend::Backend::Redlock(_) => core.keys(key),
-                    _ => core.keys(key).with_events(&core.config.key_prefix, key),
-                };
-                let freed = core
-                    .backend
-                    .force_unlock(key, &keys, &token, &hold.hold_id)
-                    .await
-                    .map_err(|e| e.error)?;
-                if freed {
-                    crate::telemetry::force_unlocked();
-                    tracing::warn!(target: "distlock::release",
-                        key = %crate::error::KeyPreview(key),
-                        "lock freed by force_unlock_hold"
-                    );
-                }
-                return Ok(freed);
-            }
+            HoldKind::Lock => return self.force_unlock_default(key, &hold.hold_id).await,
             HoldKind::Write => SharedRelease::Writer(&hold.hold_id),
             HoldKind::Read => SharedRelease::Reader(&hold.hold_id),
             HoldKind::Permits(_) => SharedRelease::Permit(&hold.hold_id),

@@ -120,7 +120,7 @@ impl LockRequest {
     /// [`read_lock`](crate::LockManager::read_lock) and
     /// [`write_lock`](crate::LockManager::write_lock) the read-write lock (a
     /// writer or any reader), for a [`semaphore`](crate::LockManager::semaphore)
-    /// any permit. One round trip (the script of
+    /// any permit. One round trip (a `PTTL` for the default lock, else the script of
     /// [`inspect_all`](crate::LockManager::inspect_all)). A snapshot: take
     /// the lock to act on it.
     ///
@@ -131,6 +131,14 @@ impl LockRequest {
     pub async fn is_locked(&self) -> Result<bool, LockError> {
         keys::validate_key(&self.key)?;
         let core = &self.manager.core;
+        if self.kind.family() == keys::LockFamily::Lock {
+            // One PTTL, rather than the script that reads every kind.
+            return core
+                .backend
+                .is_locked(&self.key, &core.keys(&self.key))
+                .await
+                .map_err(|e| e.error);
+        }
         let names = keys::KeyNames::of(&core.config.key_prefix, &self.key);
         let read = core
             .backend
