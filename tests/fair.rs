@@ -426,6 +426,48 @@ async fn the_handoff_costs_the_new_holder_no_round_trip() {
     panic!("every measured hand-off had more than the release's call: {seen:#?}");
 }
 
+/// release.lua derives the hand-off channel's base (`<prefix>handoff`) from
+/// the lock's names: under a prefix that itself contains "lock:" and
+/// "lockq:", the queued waiter still learns of its hand-off from the message.
+/// Without the message it would hold the lock only at its next attempt, at
+/// least 0.4 s after the attempt that queued it (the refresh interval is 0.4
+/// to 0.8 s), and the release follows that attempt within milliseconds: 300 ms
+/// tells the two apart.
+#[tokio::test]
+async fn a_hand_off_under_any_prefix_takes_one_message() {
+    let redis = server();
+    let with_prefix = async || {
+        LockManager::builder(&redis.url())
+            .key_prefix("lock:lockq:")
+            .build()
+            .await
+            .unwrap()
+    };
+    let (a, b) = (with_prefix().await, with_prefix().await);
+    let guard = a.lock("prefixed").acquire().await.unwrap();
+    let waiter = tokio::spawn(async move {
+        b.lock("prefixed")
+            .wait(Duration::from_secs(10))
+            .acquire()
+            .await
+            .map(|g| (Instant::now(), g))
+    });
+    let queued = eventually(Duration::from_secs(5), async || {
+        a.inspect("prefixed")
+            .await
+            .unwrap()
+            .is_some_and(|i| i.waited_for)
+    })
+    .await;
+    assert!(queued.is_some(), "the waiter never queued");
+    let released = Instant::now();
+    guard.release().await.unwrap();
+    let (held_at, handed) = waiter.await.unwrap().unwrap();
+    let took = held_at - released;
+    assert!(took < Duration::from_millis(300), "hand-off took {took:?}");
+    handed.release().await.unwrap();
+}
+
 /// With a lease shorter than a waiter's refresh interval (0.4 to 0.8 s), a
 /// hand-off usually comes longer than the lease after the waiter's last
 /// attempt, the moment from which the new holder can count its lease: such a

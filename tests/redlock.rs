@@ -22,7 +22,12 @@ fn urls(servers: &[RedisServer]) -> Vec<String> {
 }
 
 async fn redlock(urls: Vec<String>) -> LockManager {
+    redlock_with_prefix(urls, "distlock:").await
+}
+
+async fn redlock_with_prefix(urls: Vec<String>, prefix: &str) -> LockManager {
     LockManager::redlock_builder(urls)
+        .key_prefix(prefix)
         .command_timeout(Duration::from_millis(500))
         .connect_timeout(Duration::from_millis(500))
         .build()
@@ -91,9 +96,21 @@ async fn all_up_exclusion_and_hand_off() {
 
 #[tokio::test]
 async fn one_release_wakes_one_waiter_per_manager_though_five_members_publish_it() {
+    one_release_wakes_one_waiter_per_manager("distlock:").await;
+}
+
+/// release.lua derives the wake-up channel from the lock's names (the
+/// prefix ends where the lock's and its queue's names first differ): a
+/// prefix that contains "lock:" and "lockq:" itself must not confuse it.
+#[tokio::test]
+async fn the_wake_up_reaches_waiters_under_any_prefix() {
+    one_release_wakes_one_waiter_per_manager("lock:lockq:").await;
+}
+
+async fn one_release_wakes_one_waiter_per_manager(prefix: &str) {
     let servers = five();
-    let a = redlock(urls(&servers)).await;
-    let b = redlock(urls(&servers)).await;
+    let a = redlock_with_prefix(urls(&servers), prefix).await;
+    let b = redlock_with_prefix(urls(&servers), prefix).await;
     let g = a.lock("wake").acquire().await.unwrap();
     let waiter = tokio::spawn(async move {
         let g = b

@@ -373,12 +373,13 @@ impl Floor {
 
     pub async fn release(&self, names: &Names, owner: &str) -> Result<bool> {
         let mut conn = self.conn.clone();
-        let (released, _owner): (i64, String) =
-            same_scripts::release(&self.scripts.1, names, owner)
-                .invoke_async(&mut conn)
-                .await
-                .map_err(context("floor: release"))?;
-        Ok(released == 1)
+        // The runtime's reply: the owner token alone when released, else
+        // `{0, owner}`.
+        let reply: Value = same_scripts::release(&self.scripts.1, names, owner)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(context("floor: release"))?;
+        Ok(matches!(reply, Value::BulkString(_)))
     }
 
     /// Loads the renew script, so that pipelines of `EVALSHA` find it.
@@ -477,19 +478,14 @@ pub mod same_scripts {
         inv
     }
 
-    /// `release.lua`: KEYS lock, fence, queue, entries; ARGV owner, wake-up
-    /// channel, keep_ms ("0": delete, as distlock does without a `min_hold`),
-    /// hand-off base, events channel ('': none, as the runtime's default).
+    /// `release.lua`: KEYS lock, fence, queue, entries; ARGV owner (no
+    /// `min_hold`, no lock events: the runtime's default sends nothing else).
     pub fn release<'a>(script: &'a Script, names: &Names, owner: &str) -> ScriptInvocation<'a> {
         let mut inv = script.key(&names.lock);
         inv.key(&names.fence)
             .key(&names.queue)
             .key(&names.entries)
-            .arg(owner)
-            .arg(&names.channel)
-            .arg("0")
-            .arg(HANDOFF_BASE)
-            .arg("");
+            .arg(owner);
         inv
     }
 

@@ -449,6 +449,49 @@ pub(crate) fn is_lock_value(value: &[u8]) -> bool {
         && parts.next().is_some()
 }
 
+/// release.lua's call: the owner token alone when it can be, `keep_ms` and
+/// the events channel only when set (the script derives the wake-up channel
+/// and hand-off base from the names), since every argument costs the server
+/// an object and a Lua string on each release.
+fn default_release_cmd(lua: &Lua, keys: &RedisNames, owner: &str, keep_ms: u64) -> Cmd {
+    let with_events = !keys.events.is_empty();
+    let argc = match (with_events, keep_ms > 0) {
+        (true, _) => 3,
+        (false, true) => 2,
+        (false, false) => 1,
+    };
+    let mut cmd = lua.call(
+        &[
+            &keys.lock,
+            &keys.fencing_counter,
+            &keys.related,
+            &keys.intent,
+        ],
+        argc,
+        owner.len() + 20 + keys.events.len(),
+    );
+    cmd.arg(owner);
+    if argc > 1 {
+        cmd.arg(keep_ms);
+    }
+    if with_events {
+        cmd.arg(&keys.events);
+    }
+    cmd
+}
+
+/// A release script's reply: `owner` alone (released: the default lock's
+/// common reply), or `{released, owner}`; true when the hold was ours.
+fn release_reply(reply: redis::Value, owner: &str) -> RedisResult<bool> {
+    if let redis::Value::BulkString(echoed) = &reply {
+        check_owner(&String::from_utf8_lossy(echoed), owner)?;
+        return Ok(true);
+    }
+    let (released, echoed): (i64, String) = redis::from_redis_value(reply)?;
+    check_owner(&echoed, owner)?;
+    Ok(released == 1)
+}
+
 fn check_owner(echoed: &str, owner: &str) -> RedisResult<()> {
     if echoed == owner {
         Ok(())
@@ -842,21 +885,14 @@ impl Scripts {
                 "a release pipeline got the wrong number of replies",
             ));
         }
-        let rest = all.split_off(luas.len());
-        let replies: Vec<(i64, String)> = rest
-            .into_iter()
-            .map(redis::from_redis_value)
-            .collect::<Result<_, _>>()?;
+        let replies = all.split_off(luas.len());
         for (lua, hash) in luas.into_iter().zip(all) {
             lua.check_loaded(&redis::from_redis_value::<String>(hash)?)?;
         }
         locks
             .iter()
             .zip(replies)
-            .map(|((_, owner, _), (released, echoed))| {
-                check_owner(&echoed, owner)?;
-                Ok(released == 1)
-            })
+            .map(|((_, owner, _), reply)| release_reply(reply, owner))
             .collect()
     }
 
@@ -878,16 +914,7 @@ impl Scripts {
         let lua = self.release_lua(keys.kind);
         let args_len = owner.len() + keys.channel.len() + 20;
         let mut cmd = match keys.kind {
-            LockKind::Exclusive => lua.call(
-                &[
-                    &keys.lock,
-                    &keys.fencing_counter,
-                    &keys.related,
-                    &keys.intent,
-                ],
-                5,
-                args_len + self.handoff_base.len() + keys.events.len(),
-            ),
+            LockKind::Exclusive => return default_release_cmd(lua, keys, owner, keep_ms),
             LockKind::Write => lua.call(&[&keys.lock, &keys.intent], 3, args_len),
             LockKind::Read => lua.call(&[&keys.lock, &keys.intent, &keys.details], 3, args_len),
             LockKind::Permit { .. } => {
@@ -895,9 +922,6 @@ impl Scripts {
             }
         };
         cmd.arg(owner).arg(&keys.channel).arg(keep_ms);
-        if keys.kind == LockKind::Exclusive {
-            cmd.arg(&self.handoff_base).arg(&keys.events);
-        }
         cmd
     }
 
@@ -911,10 +935,8 @@ impl Scripts {
         keep_ms: u64,
     ) -> RedisResult<bool> {
         let cmd = self.release_cmd(keys, owner, keep_ms);
-        let (released, echoed): (i64, String) =
-            self.release_lua(keys.kind).invoke(conn, &cmd).await?;
-        check_owner(&echoed, owner)?;
-        Ok(released == 1)
+        let reply = self.release_lua(keys.kind).invoke(conn, &cmd).await?;
+        release_reply(reply, owner)
     }
 
     /// The release script over a blocking connection, for runtime shutdown.
@@ -926,10 +948,8 @@ impl Scripts {
         keep_ms: u64,
     ) -> RedisResult<bool> {
         let cmd = self.release_cmd(keys, owner, keep_ms);
-        let (released, echoed): (i64, String) =
-            self.release_lua(keys.kind).invoke_blocking(conn, &cmd)?;
-        check_owner(&echoed, owner)?;
-        Ok(released == 1)
+        let reply = self.release_lua(keys.kind).invoke_blocking(conn, &cmd)?;
+        release_reply(reply, owner)
     }
 
     /// One EVALSHA of the renew script, for a pipeline of renewals (the caller

@@ -7,23 +7,27 @@
 -- KEYS[3]  queue
 -- KEYS[4]  queue entries
 -- ARGV[1]  owner token
--- ARGV[2]  wake-up channel: a release of a marked lock that nobody is queued
---          for publishes the owner token on it, for waiters that do not queue
---          (multi-key, Redlock)
--- ARGV[3]  keep_ms: above 0, the rest of a min_hold: the lock is kept that
---          long instead of released (the head takes it when it has expired,
---          at its next attempt or any other caller's)
--- ARGV[4]  hand-off base ("<prefix>handoff"): a hand-off publishes on
---          "<base>:<route of the new holder>" (see queue_prelude.lua)
--- ARGV[5]  events channel, or '' for a manager without lock events: a
---          release that deletes the lock publishes "released <token>" on it,
---          a hand-off "handed-over ..." (queue_prelude.lua)
+-- ARGV[2]  keep_ms, optional (absent: 0): above 0, the rest of a min_hold:
+--          the lock is kept that long instead of released (the head takes it
+--          when it has expired, at its next attempt or any other caller's)
+-- ARGV[3]  events channel, optional (absent or '': a manager without lock
+--          events): a release that deletes the lock publishes
+--          "released <token>" on it, a hand-off "handed-over ..."
+--          (queue_prelude.lua)
+-- The wake-up channel (for waiters that do not queue: multi-key, Redlock)
+-- and the hand-off base ("<prefix>handoff", see queue_prelude.lua) are not
+-- arguments: the slow path derives them from KEYS[1] and KEYS[3], which share
+-- the lock's prefix and "{tag}:key" tail. Every argument sent costs the
+-- server an object and a Lua string per call, and this script runs once per
+-- lock held.
 --
--- Returns {1, owner}  the lock was ours and is deleted, handed off or kept
+-- Returns owner       (a bulk string, echoing ARGV[1]) the lock was ours and is
+--                     deleted, handed off or kept
 --         {0, owner}  it was not ours (our lease ran out, or we never held
 --                     it: the release only withdrew our queue entry)
--- `owner` echoes ARGV[1], so the client can tell that a reply is the one to its
--- own request.
+-- The echo lets the client tell that a reply is the one to its own request;
+-- the common reply is one string rather than an array, which the server
+-- builds with less work.
 --
 -- A lock nobody waited for (mark '-') costs GET and DEL: the queue is not
 -- read, and the client sends this file's fast path before the helpers
@@ -34,7 +38,7 @@
 -- lock's name is not ours and is left as it is.
 local owner = ARGV[1]
 local owner_len = string.len(owner)
-local events = ARGV[5] or ''
+local events = ARGV[3] or ''
 local held = redis.pcall('GET', KEYS[1])
 if type(held) == 'table' then
   held = false
@@ -42,10 +46,10 @@ end
 local ours = held and string.sub(held, 1, owner_len) == owner
 -- The fast path, before the helpers are defined (each call of a script runs
 -- its definitions): a lock of ours that nobody waited for, and no min_hold.
-if ours and string.sub(held, owner_len + 1, owner_len + 1) ~= '+' and (tonumber(ARGV[3]) or 0) <= 0 then
+if ours and string.sub(held, owner_len + 1, owner_len + 1) ~= '+' and (tonumber(ARGV[2]) or 0) <= 0 then
   redis.call('DEL', KEYS[1])
   if events ~= '' then
     redis.call('PUBLISH', events, 'released ' .. (string.match(held, '^%d+', owner_len + 2) or '0'))
   end
-  return {1, owner}
+  return owner
 end

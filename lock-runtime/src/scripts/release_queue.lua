@@ -2,25 +2,40 @@
 -- someone waits for, a min_hold, or a lock that is not ours. `owner`,
 -- `owner_len`, `held`, `ours` and `events` come from release.lua, which runs
 -- first.
+
+-- A lock's names are "<prefix>lock:<tail>" and "<prefix>lockq:<tail>" (tail:
+-- "{tag}:key"): they first differ at the character after "lock", which ends
+-- the prefix. Derived here rather than sent, so that the common release (the
+-- fast path above) carries one argument.
+local function lock_prefix_and_tail(lock, queue)
+  local i = 1
+  while i <= #lock and string.byte(lock, i) == string.byte(queue, i) do
+    i = i + 1
+  end
+  return string.sub(lock, 1, i - 5), string.sub(lock, i + 1)
+end
+
+local prefix, tail = lock_prefix_and_tail(KEYS[1], KEYS[3])
+local handoff_base = prefix .. 'handoff'
 if ours then
-  local keep_ms = tonumber(ARGV[3]) or 0
+  local keep_ms = tonumber(ARGV[2]) or 0
   if keep_ms > 0 then
     redis.call('PEXPIRE', KEYS[1], keep_ms)
-    return {1, owner}
+    return owner
   end
   -- A hand-off overwrites the lock; with nobody queued, it goes, and waiters
   -- that do not queue hear of it.
-  if not queue_hand_off(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[4], events) then
+  if not queue_hand_off(KEYS[1], KEYS[2], KEYS[3], KEYS[4], handoff_base, events) then
     redis.call('DEL', KEYS[1])
-    redis.call('PUBLISH', ARGV[2], owner)
+    redis.call('PUBLISH', prefix .. 'wake:' .. tail, owner)
     if events ~= '' then
       redis.call('PUBLISH', events, 'released ' .. (string.match(held, '^%d+', owner_len + 2) or '0'))
     end
   end
-  return {1, owner}
+  return owner
 end
 queue_drop(KEYS[3], KEYS[4], owner)
 if not held then
-  queue_hand_off(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[4], events)
+  queue_hand_off(KEYS[1], KEYS[2], KEYS[3], KEYS[4], handoff_base, events)
 end
 return {0, owner}
