@@ -14,6 +14,7 @@ use crate::error::{context, Result};
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
     calls: HashMap<String, u64>,
+    reads: u64,
     cpu_seconds: f64,
     client_cpu_seconds: f64,
 }
@@ -26,6 +27,10 @@ pub struct Delta {
     pub commands: u64,
     /// Top-level `EVALSHA` and `EVAL` calls.
     pub scripts: u64,
+    /// Socket reads the server made (`total_reads_processed`, Redis 6.0+):
+    /// fewer per command means the client's requests arrived batched, each
+    /// read's system call shared by several commands.
+    pub reads: u64,
     /// `used_cpu_sys + used_cpu_user` of the server process, in seconds.
     pub cpu_seconds: f64,
     /// CPU time of this process (the clients under test), in seconds.
@@ -36,6 +41,7 @@ impl std::ops::AddAssign for Delta {
     fn add_assign(&mut self, o: Delta) {
         self.commands += o.commands;
         self.scripts += o.scripts;
+        self.reads += o.reads;
         self.cpu_seconds += o.cpu_seconds;
         self.client_cpu_seconds += o.client_cpu_seconds;
     }
@@ -46,9 +52,10 @@ impl Snapshot {
         let text: String = redis::cmd("INFO")
             .arg("commandstats")
             .arg("cpu")
+            .arg("stats")
             .query_async(conn)
             .await
-            .map_err(context("INFO commandstats cpu"))?;
+            .map_err(context("INFO commandstats cpu stats"))?;
         let mut snap = Snapshot::parse(&text);
         snap.client_cpu_seconds = process_cpu_seconds();
         Ok(snap)
@@ -64,6 +71,7 @@ impl Snapshot {
                 *all.calls.entry(name).or_insert(0) += calls;
             }
             all.cpu_seconds += one.cpu_seconds;
+            all.reads += one.reads;
         }
         all.client_cpu_seconds = process_cpu_seconds();
         Ok(all)
@@ -83,6 +91,8 @@ impl Snapshot {
                     .and_then(|v| v.parse::<u64>().ok())
                     .unwrap_or(0);
                 snap.calls.insert(name.to_owned(), calls);
+            } else if let Some(v) = line.strip_prefix("total_reads_processed:") {
+                snap.reads = v.parse().unwrap_or(0);
             } else if let Some(v) = line
                 .strip_prefix("used_cpu_sys:")
                 .or_else(|| line.strip_prefix("used_cpu_user:"))
@@ -98,6 +108,7 @@ impl Snapshot {
         let mut d = Delta {
             cpu_seconds: (later.cpu_seconds - self.cpu_seconds).max(0.0),
             client_cpu_seconds: (later.client_cpu_seconds - self.client_cpu_seconds).max(0.0),
+            reads: later.reads.saturating_sub(self.reads),
             ..Delta::default()
         };
         for (name, &calls) in &later.calls {
@@ -151,15 +162,18 @@ mod tests {
     fn parses_info_and_subtracts() {
         let a = Snapshot::parse(
             "# Commandstats\r\ncmdstat_evalsha:calls=10,usec=5,usec_per_call=0.5,rejected_calls=0,failed_calls=0\r\n\
-             cmdstat_info:calls=3,usec=1\r\n# CPU\r\nused_cpu_sys:1.5\r\nused_cpu_user:2.25\r\n",
+             cmdstat_info:calls=3,usec=1\r\n# CPU\r\nused_cpu_sys:1.5\r\nused_cpu_user:2.25\r\n\
+             # Stats\r\ntotal_reads_processed:100\r\n",
         );
         let b = Snapshot::parse(
             "cmdstat_evalsha:calls=30,usec=5\r\ncmdstat_hget:calls=20,usec=1\r\n\
-             cmdstat_info:calls=9,usec=1\r\nused_cpu_sys:1.75\r\nused_cpu_user:2.5\r\n",
+             cmdstat_info:calls=9,usec=1\r\nused_cpu_sys:1.75\r\nused_cpu_user:2.5\r\n\
+             total_reads_processed:130\r\n",
         );
         let d = a.delta(&b);
         assert_eq!(d.scripts, 20);
         assert_eq!(d.commands, 40);
+        assert_eq!(d.reads, 30);
         assert!((d.cpu_seconds - 0.5).abs() < 1e-9);
     }
 }

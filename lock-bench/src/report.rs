@@ -88,16 +88,17 @@ impl Row {
         if let Some(rt) = round_trips_per_op {
             row.push("rt/op", rt, Better::Neutral);
         }
-        row.push(
-            "redis cpu us/op",
-            per_op(redis.cpu_seconds * 1e6),
-            Better::Lower,
-        )
-        .push(
-            "client cpu us/op",
-            per_op(redis.client_cpu_seconds * 1e6),
-            Better::Lower,
-        );
+        row.push("reads/op", per_op(redis.reads as f64), Better::Neutral)
+            .push(
+                "redis cpu us/op",
+                per_op(redis.cpu_seconds * 1e6),
+                Better::Lower,
+            )
+            .push(
+                "client cpu us/op",
+                per_op(redis.client_cpu_seconds * 1e6),
+                Better::Lower,
+            );
         row.histogram = Some(hist);
         row
     }
