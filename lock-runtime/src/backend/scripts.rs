@@ -1284,6 +1284,21 @@ mod tests {
     }
 
     #[test]
+    fn release_replies_are_read_and_checked() {
+        // The default lock's release: the owner token alone when released.
+        assert!(release_reply(text("me"), "me").unwrap());
+        // Every release: `{released, owner}`.
+        assert!(release_reply(Value::Array(vec![Value::Int(1), text("me")]), "me").unwrap());
+        assert!(!release_reply(Value::Array(vec![Value::Int(0), text("me")]), "me").unwrap());
+        // Another request's reply (another owner, or another command's shape:
+        // the nil of a SET ... GET on a free lock) is out of sync.
+        assert!(release_reply(text("you"), "me").is_err());
+        assert!(release_reply(Value::Array(vec![Value::Int(1), text("you")]), "me").is_err());
+        assert!(release_reply(Value::Nil, "me").is_err());
+        assert!(release_reply(Value::Int(1), "me").is_err());
+    }
+
+    #[test]
     fn acquire_all_replies_are_read_and_checked() {
         let ok = vec![Value::Int(1), text("me"), Value::Int(7), Value::Int(9)];
         assert_eq!(
