@@ -145,6 +145,55 @@ async fn one_release_wakes_one_waiter_per_manager(prefix: &str) {
     g2.release().await.unwrap();
 }
 
+/// Under contention the lock goes to either manager's waiters, not for long
+/// stretches to the releasing manager's: a wake-up heard while a waiter's
+/// winning attempt was in flight, once passed on to the next waiter of its
+/// manager, sent that one to attempt while the lock was still held, right
+/// behind the holder's release on the same connections (about 2 in 100
+/// hand-offs then changed manager).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_contention_the_lock_changes_manager() {
+    let servers = five();
+    let managers = [redlock(urls(&servers)).await, redlock(urls(&servers)).await];
+    // The manager of the last acquisition, hand-offs, and those between managers.
+    let seen = Arc::new(std::sync::Mutex::new((None::<usize>, 0u32, 0u32)));
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let (m, seen) = (managers[i % 2].clone(), seen.clone());
+        tasks.push(tokio::spawn(async move {
+            while Instant::now() < deadline {
+                let g = m
+                    .lock("contended")
+                    .wait(Duration::from_secs(20))
+                    .acquire()
+                    .await
+                    .unwrap();
+                {
+                    let mut seen = seen.lock().unwrap();
+                    if let Some(last) = seen.0 {
+                        seen.1 += 1;
+                        if last != i % 2 {
+                            seen.2 += 1;
+                        }
+                    }
+                    seen.0 = Some(i % 2);
+                }
+                g.release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let (_, handoffs, across) = *seen.lock().unwrap();
+    assert!(handoffs >= 100, "only {handoffs} hand-offs");
+    assert!(
+        across * 100 >= handoffs * 6,
+        "{across} of {handoffs} hand-offs changed manager"
+    );
+}
+
 #[tokio::test]
 async fn two_members_down_still_grant_and_exclude_three_down_fail_with_quorum_failed() {
     let mut servers = five();

@@ -619,9 +619,13 @@ impl Acquisition<'_> {
                     fencing_token,
                     sent_at,
                 } => {
-                    // One release was this one's; any more (a semaphore's other
-                    // permits) are the next waiter's.
-                    registration.set_unresolved_releases(releases.saturating_sub(1));
+                    if self.keys.kind == LockKind::Exclusive {
+                        registration.forget_releases();
+                    } else {
+                        // One release was this one's; any more (a semaphore's
+                        // other permits) are the next waiter's.
+                        registration.set_unresolved_releases(releases.saturating_sub(1));
+                    }
                     if let Some(mut withdraw) = withdraw.take() {
                         withdraw.disarm();
                     }

@@ -355,6 +355,20 @@ impl Registration<'_> {
         self.unresolved_releases.store(releases, Ordering::Relaxed);
     }
 
+    /// Drops the release wake-ups this waiter holds, taken or heard since,
+    /// once it holds an exclusive lock: every release heard so far came
+    /// before its grant (nobody else can release a lock it holds), so none
+    /// frees the lock for another waiter; its own release will publish. Passed
+    /// on, they would send the next waiter of this manager to attempt while
+    /// the lock is still held: that attempt goes out on the same connections
+    /// as the holder's release, and reaches every member right behind it,
+    /// ahead of other managers' waiters, which hear of the release only from
+    /// its PUBLISH.
+    pub(crate) fn forget_releases(&self) {
+        self.unresolved_releases.store(0, Ordering::Relaxed);
+        self.wake.pending().releases = 0;
+    }
+
     /// Whether this is the longest-waiting acquisition of this manager for the
     /// lock. Only it retries on a timer: when a lease runs out without a release
     /// (a crashed holder, `renew(false)`, a lost lease) nobody publishes, and the

@@ -217,7 +217,15 @@ impl Redlock {
                 "Redlock majority not confirmed in time; giving it back"
             );
         }
-        let given_back = self.give_back(key, keys, owner).await;
+        // A member that answered without a grant holds nothing of ours: with
+        // no grant and every member answered, the round would give nothing
+        // back, and would only hold a busy waiter's next attempt back a
+        // round trip.
+        let given_back = if granted.is_empty() && last_error.is_none() {
+            true
+        } else {
+            self.give_back(key, keys, owner).await
+        };
         if foreign {
             return Ok(AcquireReply::Foreign);
         }
