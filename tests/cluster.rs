@@ -1084,3 +1084,57 @@ async fn a_paused_master_loses_only_its_own_locks() {
         g.release().await.unwrap();
     }
 }
+
+/// A node that accepts connections but never answers (a replica paused
+/// here; a hung process or a black-holed host alike) must not keep a manager
+/// from connecting: redis-rs's cluster client connects to every node of the
+/// slot map, each within its own connection timeout, and skips those that
+/// fail, so that timeout must end before the manager's whole connect timeout
+/// does. Before, both were the same (2 s), and while the node stayed silent
+/// every (re)connection failed: a manager whose cluster connection had been
+/// retired could lock nothing, on any master, until the node answered again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_replica_does_not_keep_a_manager_from_connecting() {
+    use distlock::testing::ClusterNodeRole;
+    let cluster = RedisCluster::builder()
+        .masters(3)
+        .replicas_per_master(1)
+        .spawn()
+        .unwrap();
+    let replica = cluster
+        .nodes()
+        .iter()
+        .find(|n| n.role == ClusterNodeRole::Replica { of: 0 })
+        .unwrap()
+        .index;
+    cluster.pause(replica).unwrap();
+    let built = LockManager::cluster_builder(cluster.urls())
+        .connect_timeout(Duration::from_secs(2))
+        .build()
+        .await;
+    let locked = match &built {
+        Ok(m) => {
+            let mut all = Vec::new();
+            for master in 0..3 {
+                let key = (0..)
+                    .map(|i| format!("silent:{master}:{i}"))
+                    .find(|k| cluster.master_of_key(&m.redis_names(k).lock).unwrap() == master)
+                    .unwrap();
+                all.push(
+                    m.lock(&key)
+                        .acquire()
+                        .await
+                        .map(|g| drop(g))
+                        .map_err(|e| format!("{key}: {e}")),
+                );
+            }
+            all
+        }
+        Err(_) => Vec::new(),
+    };
+    cluster.resume(replica).unwrap();
+    assert!(built.is_ok(), "{:?}", built.err());
+    for result in locked {
+        result.unwrap();
+    }
+}
