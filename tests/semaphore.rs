@@ -119,7 +119,23 @@ async fn a_release_wakes_a_waiter(d: Deployment) {
         g.release().await.unwrap();
         (at, b.wake_ups_delivered())
     });
-    // Long enough for the waiter's fallback backoff to reach its cap.
+    // The waiter listens (its subscription can take a while on a loaded
+    // machine: a CI run released before it was confirmed, and the waiter got
+    // the permit by its backoff), then long enough for its fallback backoff to
+    // reach its cap.
+    let channel = a
+        .redis_names("wake")
+        .channel
+        .replacen("wake:", "semwake:", 1);
+    let mut raw = d.raw_for(&a, "wake").await;
+    let listening = eventually(Duration::from_secs(10), async || {
+        numsub(&mut raw, &channel).await >= 1
+    })
+    .await;
+    assert!(
+        listening.is_some(),
+        "the waiter never subscribed to {channel}"
+    );
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let released = Instant::now();
     held.release().await.unwrap();
