@@ -195,15 +195,13 @@ impl Cluster {
                 .retries(1)
                 .min_retry_wait(5)
                 .max_retry_wait(100)
-                // redis-rs connects to the seeds, then to every node of the slot
-                // map it read from them, each within this timeout, and goes on
-                // without those that fail; a node that accepts connections but
-                // never answers (a hung process, a paused replica) can cost it
-                // this timeout at each of the two steps, so each gets a third
-                // of the whole connection's (`connect_timeout`); with the same
-                // timeout as the whole, such a node failed every (re)connection
-                // while it stayed silent.
-                .connection_timeout(config.connect_timeout / 3);
+                // redis-rs connects to every node of the slot map, each within
+                // this timeout, and goes on without those that fail; it must
+                // end well before the whole connection's (`connect_timeout`),
+                // or one node that accepts connections but never answers (a
+                // hung process, a paused replica) fails every (re)connection
+                // while it stays silent.
+                .connection_timeout(config.connect_timeout / 2);
         #[cfg(feature = "tls")]
         let builder = match super::tls_certificates(tls) {
             Some(certs) => builder.certs(certs),
