@@ -1124,7 +1124,7 @@ async fn a_silent_replica_does_not_keep_a_manager_from_connecting() {
                     m.lock(&key)
                         .acquire()
                         .await
-                        .map(drop)
+                        .map(|g| drop(g))
                         .map_err(|e| format!("{key}: {e}")),
                 );
             }
