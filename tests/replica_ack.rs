@@ -245,10 +245,7 @@ async fn on_a_cluster_the_locks_own_master_must_get_the_acknowledgements() {
     // client's whole connection waited on the paused node (redis-rs's cluster
     // recovery holds every request while it refreshes its topology, and a
     // refresh may ask the paused node). A second call within the same pause
-    // must succeed. (Another CI run failed both calls: the connection had been
-    // retired and every reconnection waited on the paused replica for the
-    // whole connect timeout; fixed in the cluster backend, and proven by
-    // tests/cluster.rs::a_silent_replica_does_not_keep_a_manager_from_connecting.)
+    // must succeed.
     let elsewhere = key_on("elsewhere", 1);
     cluster.pause(replica_of(0)).unwrap();
     let g = match m.lock(&elsewhere).acquire().await {

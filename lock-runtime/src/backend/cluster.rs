@@ -195,13 +195,7 @@ impl Cluster {
                 .retries(1)
                 .min_retry_wait(5)
                 .max_retry_wait(100)
-                // redis-rs connects to every node of the slot map, each within
-                // this timeout, and goes on without those that fail; it must
-                // end well before the whole connection's (`connect_timeout`),
-                // or one node that accepts connections but never answers (a
-                // hung process, a paused replica) fails every (re)connection
-                // while it stays silent.
-                .connection_timeout(config.connect_timeout / 2);
+                .connection_timeout(config.connect_timeout);
         #[cfg(feature = "tls")]
         let builder = match super::tls_certificates(tls) {
             Some(certs) => builder.certs(certs),
