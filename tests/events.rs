@@ -102,15 +102,7 @@ async fn every_kind_of_event_in_order(d: Deployment) {
         let key = key.clone();
         async move { b.lock(&key).wait(Duration::from_secs(5)).acquire().await }
     });
-    let queued = common::eventually(Duration::from_secs(5), async || {
-        observer
-            .inspect(&key)
-            .await
-            .unwrap()
-            .is_some_and(|i| i.waited_for)
-    })
-    .await;
-    assert!(queued.is_some(), "b queued");
+    common::await_waiter(&observer, &key).await;
     held.release().await.unwrap();
     match kind_of(&mut events, &key).await {
         LockEventKind::HandedOver { holder, .. } => assert_eq!(holder, "b"),

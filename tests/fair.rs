@@ -452,14 +452,7 @@ async fn a_hand_off_under_any_prefix_takes_one_message() {
             .await
             .map(|g| (Instant::now(), g))
     });
-    let queued = eventually(Duration::from_secs(5), async || {
-        a.inspect("prefixed")
-            .await
-            .unwrap()
-            .is_some_and(|i| i.waited_for)
-    })
-    .await;
-    assert!(queued.is_some(), "the waiter never queued");
+    await_waiter(&a, "prefixed").await;
     let released = Instant::now();
     guard.release().await.unwrap();
     let (held_at, handed) = waiter.await.unwrap().unwrap();

@@ -64,14 +64,7 @@ async fn the_default_lock(d: &Deployment, m: &LockManager, other: &LockManager) 
                 .await
         })
     };
-    let queued = eventually(Duration::from_secs(5), async || {
-        m.inspect("reload:x")
-            .await
-            .unwrap()
-            .is_some_and(|info| info.waited_for)
-    })
-    .await;
-    assert!(queued.is_some(), "the waiter never queued");
+    await_waiter(m, "reload:x").await;
     flush(d).await;
     g.release().await.unwrap();
     let handed = waiter.await.unwrap().unwrap();

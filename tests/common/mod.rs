@@ -136,6 +136,16 @@ pub async fn eventually(limit: Duration, mut f: impl AsyncFnMut() -> bool) -> Op
     None
 }
 
+/// Waits (up to 5 s) until someone waits for the default lock of `key`, as
+/// `m` reads it (`inspect`'s `waited_for`); fails the test if nobody does.
+pub async fn await_waiter(m: &LockManager, key: &str) {
+    let queued = eventually(Duration::from_secs(5), async || {
+        m.inspect(key).await.unwrap().is_some_and(|i| i.waited_for)
+    })
+    .await;
+    assert!(queued.is_some(), "nobody ever waited for {key}");
+}
+
 thread_local! {
     /// Where `logged` collects this thread's log lines, while it runs.
     static CAPTURE: std::cell::RefCell<Option<Vec<u8>>> = const { std::cell::RefCell::new(None) };
