@@ -180,3 +180,60 @@ async fn on_a_redlock_every_call_reloads_a_flushed_script() {
     flush_all().await;
     g.release().await.unwrap();
 }
+
+/// On a cluster, a reload goes to the master that lost its scripts, not to
+/// every node: with a replica that stopped answering, the renewals, calls and
+/// release of a lock on another master reload its scripts and go on. (redis-rs
+/// sends a plain SCRIPT LOAD to every node, replicas included, and waits for
+/// all of them.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_a_reload_does_not_wait_for_a_silent_replica() {
+    use distlock::testing::{ClusterNodeRole, RedisCluster};
+    let cluster = RedisCluster::builder()
+        .masters(3)
+        .replicas_per_master(1)
+        .spawn()
+        .unwrap();
+    let m = LockManager::cluster_builder(cluster.urls())
+        .command_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap();
+    let silent = cluster
+        .nodes()
+        .iter()
+        .find(|n| n.role == ClusterNodeRole::Replica { of: 0 })
+        .unwrap()
+        .index;
+    let key = (0..)
+        .map(|i| format!("silent:{i}"))
+        .find(|k| cluster.master_of_key(&m.redis_names(k).lock).unwrap() == 1)
+        .unwrap();
+    let flush_master = || {
+        tokio::task::block_in_place(|| {
+            let mut conn = cluster.blocking_client(1).unwrap();
+            redis::cmd("SCRIPT").arg("FLUSH").exec(&mut conn).unwrap();
+        })
+    };
+    let lease = Duration::from_millis(1500);
+    let g = m.lock(&key).lease(lease).acquire().await.unwrap();
+    flush_master();
+    cluster.pause(silent).unwrap();
+    // The renewal is due every lease / 3 = 500 ms; had none succeeded, the
+    // lease of 1.5 s would run out and the guard say so within two leases
+    // (3 s), the bound here.
+    let lost = tokio::time::timeout(2 * lease, g.lost()).await;
+    assert!(
+        lost.is_err(),
+        "the hold was lost while a replica was paused"
+    );
+    // Each of these reloads a script on master 1 within the command timeout
+    // (before, `extend` timed out at 500 ms waiting for the paused replica).
+    flush_master();
+    g.extend(lease).await.unwrap();
+    flush_master();
+    g.fencing_token().await.unwrap();
+    flush_master();
+    g.release().await.unwrap();
+    cluster.resume(silent).unwrap();
+}

@@ -669,13 +669,19 @@ impl Cluster {
         };
         if missing_script && !out_of_sync {
             // A node restarted, flushed its scripts, was promoted, or never
-            // ran a renewal: SCRIPT LOAD goes to every master, within the
-            // command timeout (unbounded, it waited for a master that stopped
-            // answering and held up the renewals of every node); the leases
-            // are retried at once.
-            let loaded = bounded_call("", self.command_timeout, self.scripts.load_renew(&mut conn))
+            // ran a renewal: the scripts are loaded on that node alone (a
+            // plain SCRIPT LOAD would wait for every node, replicas included),
+            // within the command timeout; the leases are retried at once.
+            let loading =
+                conn.route_pipeline(self.scripts.load_renew_pipeline(), 0, 2, by_address(node));
+            let loaded = bounded_call("", self.command_timeout, loading)
                 .await
-                .map_err(|e| e.error.to_string());
+                .map_err(|e| e.error.to_string())
+                .and_then(|replies| {
+                    self.scripts
+                        .renew_loaded(replies)
+                        .map_err(|e| e.to_string())
+                });
             if let Err(e) = loaded {
                 for outcome in &mut outcomes {
                     if matches!(outcome, Renewal::Retry) {
