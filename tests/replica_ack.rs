@@ -242,7 +242,7 @@ async fn on_a_cluster_the_locks_own_master_must_get_the_acknowledgements() {
     // A lock on another master, whose replica answers, is granted at once,
     // though that master has lost its scripts (as one that never ran them:
     // the start-up probe loads them on one master only): the reload goes to
-    // that master alone. It used to go to every node, through redis-rs's own
+    // the masters. It used to go to every node, through redis-rs's own
     // routing of SCRIPT LOAD, and wait for the paused replica, so this call
     // timed out whenever master 1 had not loaded the script before.
     let elsewhere = key_on("elsewhere", 1);

@@ -181,11 +181,10 @@ async fn on_a_redlock_every_call_reloads_a_flushed_script() {
     g.release().await.unwrap();
 }
 
-/// On a cluster, a reload goes to the master that lost its scripts, not to
-/// every node: with a replica that stopped answering, the renewals, calls and
-/// release of a lock on another master reload its scripts and go on. (redis-rs
-/// sends a plain SCRIPT LOAD to every node, replicas included, and waits for
-/// all of them.)
+/// On a cluster, a reload goes to the masters, not to every node: with a
+/// replica that stopped answering, the renewals, calls and release of a lock
+/// on another master reload its scripts and go on. (redis-rs sends a plain
+/// SCRIPT LOAD to every node, replicas included, and waits for all of them.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_cluster_a_reload_does_not_wait_for_a_silent_replica() {
     use distlock::testing::{ClusterNodeRole, RedisCluster};
@@ -227,7 +226,7 @@ async fn on_a_cluster_a_reload_does_not_wait_for_a_silent_replica() {
         lost.is_err(),
         "the hold was lost while a replica was paused"
     );
-    // Each of these reloads a script on master 1 within the command timeout
+    // Each of these reloads a script within the command timeout
     // (before, `extend` timed out at 500 ms waiting for the paused replica).
     flush_master();
     g.extend(lease).await.unwrap();

@@ -25,10 +25,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
+use redis::aio::ConnectionLike;
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-use redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo, SingleNodeRoutingInfo,
+};
+use redis::{ErrorKind, RedisError, RedisFuture, RedisResult, ServerErrorKind, Value};
 
 use super::calls::{KeyCall, Release};
 use super::scripts::{self, AcquireReply, AcquireSpec, Scripts};
@@ -161,6 +164,51 @@ fn is_resharding(e: &RedisError) -> bool {
                 | ServerErrorKind::BusyLoading
         )
     )
+}
+
+/// The cluster connection as the scripts use it: a `SCRIPT LOAD` (a script's
+/// reload after NOSCRIPT) goes to every master. redis-rs sends it to every
+/// node, replicas included, and waits for all of them, so one replica that
+/// accepted connections but stopped answering (paused, overloaded) made every
+/// reload time out, and with it the call that met NOSCRIPT, on any master.
+/// Replicas run no scripts; a promoted one loads them at its first NOSCRIPT.
+struct ScriptConn(ClusterConnection);
+
+impl ConnectionLike for ScriptConn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> RedisFuture<'a, Value> {
+        if is_script_load(cmd) {
+            let every_master = RoutingInfo::MultiNode((
+                MultipleNodeRoutingInfo::AllMasters,
+                Some(ResponsePolicy::AllSucceeded),
+            ));
+            Box::pin(self.0.route_command(cmd.clone(), every_master))
+        } else {
+            self.0.req_packed_command(cmd)
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        self.0.req_packed_commands(pipeline, offset, count)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.0.get_db()
+    }
+}
+
+fn is_script_load(cmd: &redis::Cmd) -> bool {
+    let mut args = cmd.args_iter().map(|arg| match arg {
+        redis::Arg::Simple(bytes) => bytes,
+        _ => &[],
+    });
+    args.next()
+        .is_some_and(|a| a.eq_ignore_ascii_case(b"SCRIPT"))
+        && args.next().is_some_and(|a| a.eq_ignore_ascii_case(b"LOAD"))
 }
 
 impl Cluster {
@@ -342,8 +390,8 @@ impl Cluster {
         call: &K,
     ) -> Result<K::Output, CallError> {
         let scripts = &self.scripts;
-        self.call(key, |mut conn| async move {
-            call.call(scripts, &mut conn).await
+        self.call(key, |conn| async move {
+            call.call(scripts, &mut ScriptConn(conn)).await
         })
         .await
     }
@@ -356,7 +404,7 @@ impl Cluster {
         lease_ms: u64,
         spec: &AcquireSpec<'_>,
     ) -> Result<AcquireReply, CallError> {
-        let mut conn = self.connection(key).await?;
+        let mut conn = ScriptConn(self.connection(key).await?);
         let ack = self.replica_ack;
         let acquire = async {
             let reply = match &ack {
@@ -669,19 +717,14 @@ impl Cluster {
         };
         if missing_script && !out_of_sync {
             // A node restarted, flushed its scripts, was promoted, or never
-            // ran a renewal: the scripts are loaded on that node alone (a
-            // plain SCRIPT LOAD would wait for every node, replicas included),
-            // within the command timeout; the leases are retried at once.
-            let loading =
-                conn.route_pipeline(self.scripts.load_renew_pipeline(), 0, 2, by_address(node));
-            let loaded = bounded_call("", self.command_timeout, loading)
+            // ran a renewal: SCRIPT LOAD goes to every master, within the
+            // command timeout (unbounded, it waited for a master that stopped
+            // answering and held up the renewals of every node); the leases
+            // are retried at once.
+            let mut conn = ScriptConn(conn);
+            let loaded = bounded_call("", self.command_timeout, self.scripts.load_renew(&mut conn))
                 .await
-                .map_err(|e| e.error.to_string())
-                .and_then(|replies| {
-                    self.scripts
-                        .renew_loaded(replies)
-                        .map_err(|e| e.to_string())
-                });
+                .map_err(|e| e.error.to_string());
             if let Err(e) = loaded {
                 for outcome in &mut outcomes {
                     if matches!(outcome, Renewal::Retry) {
@@ -702,9 +745,13 @@ impl Cluster {
             let scripts = &self.scripts;
             let cmd = scripts.renew_cmd(&lease.keys, &lease.owner, lease.lease_ms());
             let renewed = self
-                .call(&lease.key, |mut conn| {
+                .call(&lease.key, |conn| {
                     let cmd = cmd.clone();
-                    async move { scripts.invoke_renew(&mut conn, lease.keys.kind, &cmd).await }
+                    async move {
+                        scripts
+                            .invoke_renew(&mut ScriptConn(conn), lease.keys.kind, &cmd)
+                            .await
+                    }
                 })
                 .await;
             match renewed.map(|reply| Scripts::renew_reply(reply, &lease.owner)) {

@@ -135,26 +135,11 @@ impl Lua {
     ) -> RedisResult<T> {
         match cmd.query_async(conn).await {
             Err(e) if is_noscript(&e) => {
-                let mut pipe = self.loading();
-                pipe.add_command(cmd.clone());
-                let (hash, reply): (String, T) = pipe.query_async(conn).await?;
-                self.check_loaded(&hash)?;
-                Ok(reply)
+                self.load(conn).await?;
+                cmd.query_async(conn).await
             }
             other => other,
         }
-    }
-
-    /// A pipeline that starts with `SCRIPT LOAD` of this script, for the
-    /// command that met NOSCRIPT to follow. In one pipeline with that keyed
-    /// command, the load goes where the command goes: on a cluster, redis-rs
-    /// sends a `SCRIPT LOAD` of its own to every node, replicas included, and
-    /// waits for all of them, so one node that stopped answering held up the
-    /// call (and one round trip is saved).
-    fn loading(&self) -> redis::Pipeline {
-        let mut pipe = redis::pipe();
-        pipe.cmd("SCRIPT").arg("LOAD").arg(self.source);
-        pipe
     }
 
     fn invoke_blocking<T: redis::FromRedisValue>(
@@ -775,15 +760,8 @@ impl Scripts {
         pipe.cmd("WAIT").arg(ack.replicas).arg(ack.timeout_ms());
         let mut replies: Vec<redis::Value> = pipe.query_async(conn).await?;
         if matches!(replies.first(), Some(redis::Value::ServerError(e)) if e.code() == "NOSCRIPT") {
-            let lua = self.acquire_lua(keys.kind);
-            let mut reloading = lua.loading();
-            reloading.ignore_errors();
-            for cmd in pipe.cmd_iter() {
-                reloading.add_command(cmd.clone());
-            }
-            replies = reloading.query_async(conn).await?;
-            let loaded = (!replies.is_empty()).then(|| replies.remove(0));
-            lua.check_loaded(&from_value::<String>(loaded.unwrap_or(redis::Value::Nil))?)?;
+            self.acquire_lua(keys.kind).load(conn).await?;
+            replies = pipe.query_async(conn).await?;
         }
         let [reply, acked]: [redis::Value; 2] = replies
             .try_into()
@@ -1207,26 +1185,6 @@ impl Scripts {
     pub(crate) async fn load_renew(&self, conn: &mut impl ConnectionLike) -> RedisResult<()> {
         self.renew.load(conn).await?;
         self.shared_renew.load(conn).await
-    }
-
-    /// [`Scripts::load_renew`] as one pipeline, for a caller that routes it
-    /// to the node whose renewals met NOSCRIPT (on a cluster, a plain
-    /// `SCRIPT LOAD` goes to every node and waits for the slowest); read its
-    /// replies with [`Scripts::renew_loaded`].
-    pub(crate) fn load_renew_pipeline(&self) -> redis::Pipeline {
-        let mut pipe = self.renew.loading();
-        pipe.cmd("SCRIPT").arg("LOAD").arg(self.shared_renew.source);
-        pipe
-    }
-
-    /// Checks the replies of [`Scripts::load_renew_pipeline`].
-    pub(crate) fn renew_loaded(&self, replies: Vec<redis::Value>) -> RedisResult<()> {
-        let [renew, shared]: [redis::Value; 2] = replies
-            .try_into()
-            .map_err(|_| out_of_sync("a SCRIPT LOAD pipeline got the wrong number of replies"))?;
-        self.renew.check_loaded(&from_value::<String>(renew)?)?;
-        self.shared_renew
-            .check_loaded(&from_value::<String>(shared)?)
     }
 
     /// A pipeline that loads the default lock's scripts and runs each path of
