@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::Deployment;
 use distlock::testing::RedisServer;
-use distlock::{LeaderInfo, LockManager};
+use distlock::{Backoff, LeaderInfo, LockManager};
 use futures_util::StreamExt;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -27,12 +27,17 @@ async fn candidate(d: &Deployment, holder: &str) -> LockManager {
     };
     builder
         .holder(holder)
-        .command_timeout(Duration::from_millis(500))
-        .connect_timeout(Duration::from_millis(500))
+        .command_timeout(COMMAND_TIMEOUT)
+        .connect_timeout(CONNECT_TIMEOUT)
         .build()
         .await
         .expect("connect to the test deployment")
 }
+
+/// The candidates' bound on one round trip (a call, with its reconnect).
+const COMMAND_TIMEOUT: Duration = Duration::from_millis(500);
+/// The candidates' bound on connecting (and on a watch's subscribing).
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// An election name of this test's own (the cluster is shared by the tests).
 fn election(test: &str, d: &Deployment) -> String {
@@ -227,10 +232,81 @@ async fn kill_subscribers(d: &Deployment) {
     }
 }
 
+/// `run`'s pause after a term whose body returned: the backoff's first delay.
+const RUN_FIRST: Duration = Duration::from_millis(500);
+/// `run`'s backoff cap: far above any pause after a won term, so that a pause
+/// that grew with each term (as it does between failed campaigns) or slept
+/// the cap would break the bound below.
+const RUN_CAP: Duration = Duration::from_secs(10);
+
+async fn run_campaigns_again_after_each_return_after_the_first_backoff_delay(d: Deployment) {
+    let name = election("run-returns", &d);
+    let a = candidate(&d, "a").await;
+    // Per term: its epoch, when its body started and when it returned.
+    let (terms, mut ran) = tokio::sync::mpsc::unbounded_channel::<(u64, Instant, Instant)>();
+    let election = a
+        .leader(&name)
+        .lease(LEASE)
+        .backoff(Backoff::new(RUN_FIRST, RUN_CAP));
+    let running = tokio::spawn(async move {
+        election
+            .run(|term| {
+                let terms = terms.clone();
+                async move {
+                    let started = Instant::now();
+                    let epoch = term.epoch();
+                    // The body returns at once; its term drops with it, which
+                    // releases the lock in the background.
+                    drop(term);
+                    let _ = terms.send((epoch, started, Instant::now()));
+                }
+            })
+            .await
+    });
+    // The first term: a campaign on a free lock, well under 5 s.
+    let mut last = tokio::time::timeout(Duration::from_secs(5), ran.recv())
+        .await
+        .expect("a first term within 5 s")
+        .expect("run goes on");
+    // The pause between a return and the next term's start. After the body
+    // returns, `run` sleeps `backoff.first()` (reset to `first` after every
+    // won term; it doubles towards the cap only after failed campaigns),
+    // then campaigns. The returned term's release was spawned at the return
+    // and takes one round trip (<= COMMAND_TIMEOUT <= RUN_FIRST), so the
+    // campaign meets a free lock: the acquisition (with its eager token), the
+    // `inspect` that reads the hold back and the announcement's PUBLISH, one
+    // round trip each, <= COMMAND_TIMEOUT each. Hence
+    //   RUN_FIRST <= pause <= RUN_FIRST + 3 * COMMAND_TIMEOUT = 2 s,
+    // while a pause doubled per term would be 4 s by the fourth pause, and
+    // one of the cap 10 s.
+    let most = RUN_FIRST + COMMAND_TIMEOUT * 3;
+    for pause_no in 1..=5 {
+        let next = tokio::time::timeout(most + Duration::from_secs(1), ran.recv())
+            .await
+            .unwrap_or_else(|_| panic!("no term {pause_no} after the return"))
+            .expect("run goes on");
+        let (epoch, started, _) = next;
+        let pause = started - last.2;
+        assert!(
+            pause >= RUN_FIRST,
+            "term {pause_no} began {pause:?} after the return, before the first delay"
+        );
+        assert!(
+            pause <= most,
+            "term {pause_no} began {pause:?} after the return, over {most:?}"
+        );
+        assert!(epoch > last.0, "epoch {epoch} after {}", last.0);
+        last = next;
+    }
+    running.abort();
+    let _ = running.await;
+}
+
 on_both!(
     one_leader_and_a_handover_within_one_message,
     run_leads_stops_the_term_when_lost_and_campaigns_again,
     watch_sees_every_term_once_and_in_order,
+    run_campaigns_again_after_each_return_after_the_first_backoff_delay,
     a_killed_leader_is_replaced_within_its_lease,
     a_paused_leader_learns_its_term_ended_and_its_epoch_is_refused,
 );
