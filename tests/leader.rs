@@ -11,11 +11,11 @@
 mod common;
 
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use common::Deployment;
 use distlock::testing::RedisServer;
-use distlock::{Backoff, LeaderInfo, LockManager};
+use distlock::{Backoff, LeaderInfo, LockError, LockManager};
 use futures_util::StreamExt;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -302,11 +302,68 @@ async fn run_campaigns_again_after_each_return_after_the_first_backoff_delay(d: 
     let _ = running.await;
 }
 
+async fn lost_completes_within_a_renewal_of_a_force_unlock_and_since_is_the_campaign(
+    d: Deployment,
+) {
+    let name = election("lost", &d);
+    let a = candidate(&d, "a").await;
+    let operator = candidate(&d, "operator").await;
+    let before = SystemTime::now();
+    let term = a.leader(&name).lease(LEASE).campaign().await.unwrap();
+    let after = SystemTime::now();
+
+    // `since` is when the hold began, as stored with the lock in whole
+    // milliseconds (so up to 1 ms before `before`); 5 ms covers that and the
+    // clock's granularity.
+    let current = operator.leader(&name).current().await.unwrap().unwrap();
+    assert_eq!(
+        (current.holder.as_str(), current.epoch),
+        ("a", term.epoch())
+    );
+    let slack = Duration::from_millis(5);
+    assert!(
+        current.since + slack >= before && current.since <= after + slack,
+        "since {:?} not within {before:?} ..= {after:?}",
+        current.since
+    );
+    assert_eq!(term.info().since, current.since, "the term and current agree");
+
+    // While the term holds, `lost` does not complete: a whole lease, which
+    // takes three renewals.
+    assert!(
+        tokio::time::timeout(LEASE, term.lost()).await.is_err(),
+        "lost completed while the term held"
+    );
+    assert!(!term.is_lost());
+
+    assert!(operator
+        .force_unlock(&a.leader(&name).lock_key())
+        .await
+        .unwrap());
+    let forced = Instant::now();
+    // The loss is reported by the next renewal, which finds the lock gone: a
+    // lease is due at most LEASE / 3 after its last renewal (earlier when
+    // batched), and that renewal answers within COMMAND_TIMEOUT (500 ms, two
+    // orders of magnitude over a loopback round trip, which is this test's
+    // allowance for a loaded machine). Hence
+    //   lost() completes <= LEASE / 3 + COMMAND_TIMEOUT = 700 ms after it.
+    let bound = LEASE / 3 + COMMAND_TIMEOUT;
+    tokio::time::timeout(bound, term.lost())
+        .await
+        .unwrap_or_else(|_| panic!("lost() had not completed {bound:?} after the force_unlock"));
+    let took = forced.elapsed();
+    assert!(term.is_lost());
+    assert!(took <= bound, "{took:?}");
+    assert!(matches!(term.resign().await, Err(LockError::Lost { .. })));
+    assert_eq!(operator.leader(&name).current().await.unwrap(), None);
+}
+
 on_both!(
     one_leader_and_a_handover_within_one_message,
     run_leads_stops_the_term_when_lost_and_campaigns_again,
     watch_sees_every_term_once_and_in_order,
     run_campaigns_again_after_each_return_after_the_first_backoff_delay,
+    lost_completes_within_a_renewal_of_a_force_unlock_and_since_is_the_campaign,
     a_killed_leader_is_replaced_within_its_lease,
     a_paused_leader_learns_its_term_ended_and_its_epoch_is_refused,
 );
