@@ -14,7 +14,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant, SystemTime};
 
 use common::Deployment;
-use distlock::testing::RedisServer;
+use distlock::testing::{FaultMode, FaultProxy, RedisServer};
 use distlock::{Backoff, LeaderInfo, LockError, LockManager};
 use futures_util::StreamExt;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -367,6 +367,100 @@ on_both!(
     a_killed_leader_is_replaced_within_its_lease,
     a_paused_leader_learns_its_term_ended_and_its_epoch_is_refused,
 );
+
+/// The watch's subscription is down (its connections reset by a proxy, so it
+/// cannot come back) while a new term starts and is announced to nobody; once
+/// the way is open again, the watch re-subscribes, reads the lock and reports
+/// the term, and not before.
+#[tokio::test]
+async fn watch_reports_a_term_begun_while_its_subscription_was_down_after_reconnecting() {
+    let redis = common::server();
+    let proxy = FaultProxy::start(redis.addr()).await.unwrap();
+    let direct = |holder: &'static str| {
+        LockManager::builder(&redis.url())
+            .holder(holder)
+            .command_timeout(COMMAND_TIMEOUT)
+            .connect_timeout(CONNECT_TIMEOUT)
+            .build()
+    };
+    let a = direct("a").await.unwrap();
+    let observer = LockManager::builder(&proxy.url())
+        .holder("observer")
+        .command_timeout(COMMAND_TIMEOUT)
+        .connect_timeout(CONNECT_TIMEOUT)
+        .build()
+        .await
+        .unwrap();
+    let mut raw = common::raw(&redis).await;
+    let name = "down";
+    let channel = format!("distlock:{}{name}", distlock::LEADER_KEY_PREFIX);
+    let subscribers = async |raw: &mut redis::aio::MultiplexedConnection, n: i64| {
+        common::eventually(Duration::from_secs(5), async || {
+            common::numsub(raw, &channel).await == n
+        })
+        .await
+        .is_some()
+    };
+
+    let mut watch = observer.leader(name).watch();
+    assert_eq!(next(&mut watch).await, None, "nobody leads yet");
+    assert!(subscribers(&mut raw, 1).await, "the watch never subscribed");
+
+    // Cut: the watch's subscription (and every reconnection) is reset.
+    proxy.set_mode(FaultMode::Reset);
+    assert!(subscribers(&mut raw, 0).await, "the subscription outlived the reset");
+    let term = a.leader(name).lease(LEASE).campaign().await.unwrap();
+    // Its announcement reached no subscriber, and for a second (in which the
+    // watch's listener, retrying after 50, 100, 200, 400 ms, tried four times
+    // or more) the watch reports nothing: it cannot have heard of the term.
+    assert_eq!(common::numsub(&mut raw, &channel).await, 0);
+    assert!(
+        tokio::time::timeout(Duration::from_secs(1), watch.next())
+            .await
+            .is_err(),
+        "the watch reported something while cut off"
+    );
+    assert_eq!(common::numsub(&mut raw, &channel).await, 0);
+    assert!(!term.is_lost(), "a renews directly, unaffected by the proxy");
+
+    proxy.set_mode(FaultMode::Pass);
+    let reopened = Instant::now();
+    // How soon the watch reports after the way is open again. Its listener
+    // retries a failed subscription after a delay that doubles from 50 ms up
+    // to 2 s (`listen` in leader.rs), so it is asleep for at most 2 s; its
+    // next attempt connects and subscribes within CONNECT_TIMEOUT. Then the
+    // watch reads the lock on the observer's command connection, which the
+    // reset broke too: the first read may fail (within COMMAND_TIMEOUT) on
+    // the broken connection while it reconnects, and the watch reads again
+    // 200 ms later (within COMMAND_TIMEOUT). Hence
+    //   report <= 2 s + CONNECT_TIMEOUT + 2 * COMMAND_TIMEOUT + 200 ms = 3.7 s
+    // after the proxy passes traffic again.
+    let bound = Duration::from_secs(2)
+        + CONNECT_TIMEOUT
+        + COMMAND_TIMEOUT * 2
+        + Duration::from_millis(200);
+    let reported = tokio::time::timeout(bound, watch.next())
+        .await
+        .unwrap_or_else(|_| panic!("no report within {bound:?} of the reconnect"))
+        .expect("the watch goes on")
+        .expect("the leader, not a vacancy");
+    let took = reopened.elapsed();
+    assert!(took <= bound, "{took:?}");
+    assert_eq!(
+        (reported.holder.as_str(), reported.epoch, reported.since),
+        ("a", term.epoch(), term.info().since)
+    );
+    assert_eq!(common::numsub(&mut raw, &channel).await, 1);
+    assert_eq!(
+        observer.leader(name).current().await.unwrap(),
+        Some(reported)
+    );
+
+    // Back to normal: the resignation is heard as it happens.
+    term.resign().await.unwrap();
+    assert_eq!(next(&mut watch).await, None);
+    assert_eq!(observer.leader(name).current().await.unwrap(), None);
+}
 
 /// A fenced store: a write carries its epoch and is refused when a higher one
 /// was written already. Returns whether the write was accepted.
