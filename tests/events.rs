@@ -201,6 +201,83 @@ async fn expiry_without_keyspace_notifications_is_refused_with_the_fix() {
     assert!(observer.events("x:*").await.is_ok());
 }
 
+/// Runs the command of `words` (such as the fix an error names, split at its
+/// spaces) on the server at `url`.
+async fn run_command<'a>(url: &str, words: impl IntoIterator<Item = &'a str>) {
+    let mut conn = redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let mut words = words.into_iter();
+    let mut fix = redis::cmd(words.next().unwrap());
+    for word in words {
+        fix.arg(word);
+    }
+    let () = fix.query_async(&mut conn).await.unwrap();
+}
+
+/// On a cluster every master must notify expired keys (each tells only of its
+/// own keys): a private cluster, since the process-wide one has them on.
+#[tokio::test]
+async fn expiry_without_keyspace_notifications_on_every_master_is_refused_on_a_cluster() {
+    let cluster = distlock::testing::RedisCluster::builder()
+        .masters(3)
+        .spawn()
+        .expect("redis-server must be installed to run the tests");
+    let observer = LockManager::cluster_builder(cluster.urls())
+        .command_timeout(Duration::from_millis(500))
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap();
+    let masters: Vec<String> = cluster
+        .nodes()
+        .into_iter()
+        .filter(|n| n.role == distlock::testing::ClusterNodeRole::Master)
+        .map(|n| n.url)
+        .collect();
+    assert_eq!(masters.len(), 3);
+
+    let refused = observer.events("x:*").await;
+    let Err(LockError::ExpiryNotifications { config_set, .. }) = refused else {
+        panic!("expected ExpiryNotifications, got {refused:?}");
+    };
+    assert_eq!(config_set, "CONFIG SET notify-keyspace-events Kx");
+    // Without expiry, nothing is needed.
+    assert!(observer.events("x:*").expiry(false).await.is_ok());
+
+    // On two masters of three, whichever is left out: still refused, naming
+    // the same fix and the setting of the master left out.
+    for left_out in 0..masters.len() {
+        for (i, master) in masters.iter().enumerate() {
+            if i == left_out {
+                // Off, as a server starts.
+                run_command(master, ["CONFIG", "SET", "notify-keyspace-events", ""]).await;
+            } else {
+                run_command(master, config_set.split(' ')).await;
+            }
+        }
+        let refused = observer.events("x:*").await;
+        let Err(LockError::ExpiryNotifications {
+            config_set: again,
+            setting,
+            ..
+        }) = refused
+        else {
+            panic!("expected ExpiryNotifications without master {left_out}, got {refused:?}");
+        };
+        assert_eq!(again, config_set);
+        assert_eq!(setting, "", "the setting of master {left_out}");
+    }
+
+    // On every master: the subscription is made.
+    for master in &masters {
+        run_command(master, config_set.split(' ')).await;
+    }
+    assert!(observer.events("x:*").await.is_ok());
+}
+
 #[tokio::test]
 async fn lock_events_are_refused_on_redlock() {
     let servers: Vec<_> = (0..3).map(|_| common::server()).collect();

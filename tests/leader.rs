@@ -11,11 +11,11 @@
 mod common;
 
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use common::Deployment;
-use distlock::testing::RedisServer;
-use distlock::{LeaderInfo, LockManager};
+use distlock::testing::{FaultMode, FaultProxy, RedisServer};
+use distlock::{Backoff, LeaderInfo, LockError, LockManager};
 use futures_util::StreamExt;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -27,12 +27,17 @@ async fn candidate(d: &Deployment, holder: &str) -> LockManager {
     };
     builder
         .holder(holder)
-        .command_timeout(Duration::from_millis(500))
-        .connect_timeout(Duration::from_millis(500))
+        .command_timeout(COMMAND_TIMEOUT)
+        .connect_timeout(CONNECT_TIMEOUT)
         .build()
         .await
         .expect("connect to the test deployment")
 }
+
+/// The candidates' bound on one round trip (a call, with its reconnect).
+const COMMAND_TIMEOUT: Duration = Duration::from_millis(500);
+/// The candidates' bound on connecting (and on a watch's subscribing).
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// An election name of this test's own (the cluster is shared by the tests).
 fn election(test: &str, d: &Deployment) -> String {
@@ -227,13 +232,251 @@ async fn kill_subscribers(d: &Deployment) {
     }
 }
 
+/// `run`'s pause after a term whose body returned: the backoff's first delay.
+const RUN_FIRST: Duration = Duration::from_millis(500);
+/// `run`'s backoff cap: far above any pause after a won term, so that a pause
+/// that grew with each term (as it does between failed campaigns) or slept
+/// the cap would break the bound below.
+const RUN_CAP: Duration = Duration::from_secs(10);
+
+async fn run_campaigns_again_after_each_return_after_the_first_backoff_delay(d: Deployment) {
+    let name = election("run-returns", &d);
+    let a = candidate(&d, "a").await;
+    // Per term: its epoch, when its body started and when it returned.
+    let (terms, mut ran) = tokio::sync::mpsc::unbounded_channel::<(u64, Instant, Instant)>();
+    let election = a
+        .leader(&name)
+        .lease(LEASE)
+        .backoff(Backoff::new(RUN_FIRST, RUN_CAP));
+    let running = tokio::spawn(async move {
+        election
+            .run(|term| {
+                let terms = terms.clone();
+                async move {
+                    let started = Instant::now();
+                    let epoch = term.epoch();
+                    // The body returns at once; its term drops with it, which
+                    // releases the lock in the background.
+                    drop(term);
+                    let _ = terms.send((epoch, started, Instant::now()));
+                }
+            })
+            .await
+    });
+    // The first term: a campaign on a free lock, well under 5 s.
+    let mut last = tokio::time::timeout(Duration::from_secs(5), ran.recv())
+        .await
+        .expect("a first term within 5 s")
+        .expect("run goes on");
+    // The pause between a return and the next term's start. After the body
+    // returns, `run` sleeps `backoff.first()` (reset to `first` after every
+    // won term; it doubles towards the cap only after failed campaigns),
+    // then campaigns. The returned term's release was spawned at the return
+    // and takes one round trip (<= COMMAND_TIMEOUT <= RUN_FIRST), so the
+    // campaign meets a free lock: the acquisition (with its eager token), the
+    // `inspect` that reads the hold back and the announcement's PUBLISH, one
+    // round trip each, <= COMMAND_TIMEOUT each. Hence
+    //   RUN_FIRST <= pause <= RUN_FIRST + 3 * COMMAND_TIMEOUT = 2 s,
+    // while a pause doubled per term would be 4 s by the fourth pause, and
+    // one of the cap 10 s.
+    let most = RUN_FIRST + COMMAND_TIMEOUT * 3;
+    for pause_no in 1..=5 {
+        let next = tokio::time::timeout(most + Duration::from_secs(1), ran.recv())
+            .await
+            .unwrap_or_else(|_| panic!("no term {pause_no} after the return"))
+            .expect("run goes on");
+        let (epoch, started, _) = next;
+        let pause = started - last.2;
+        assert!(
+            pause >= RUN_FIRST,
+            "term {pause_no} began {pause:?} after the return, before the first delay"
+        );
+        assert!(
+            pause <= most,
+            "term {pause_no} began {pause:?} after the return, over {most:?}"
+        );
+        assert!(epoch > last.0, "epoch {epoch} after {}", last.0);
+        last = next;
+    }
+    running.abort();
+    let _ = running.await;
+}
+
+/// The lease of the `lost()` test: longer than LEASE, so that a test thread
+/// starved of CPU for a few hundred ms (nice 19 on a loaded 2-core machine)
+/// does not lose the term before the force_unlock.
+const LOST_LEASE: Duration = Duration::from_millis(1500);
+
+async fn lost_completes_within_a_renewal_of_a_force_unlock_and_since_is_the_campaign(
+    d: Deployment,
+) {
+    let name = election("lost", &d);
+    let a = candidate(&d, "a").await;
+    let operator = candidate(&d, "operator").await;
+    let before = SystemTime::now();
+    let term = a.leader(&name).lease(LOST_LEASE).campaign().await.unwrap();
+    let after = SystemTime::now();
+
+    // `since` is when the hold began, as stored with the lock in whole
+    // milliseconds (so up to 1 ms before `before`); 5 ms covers that and the
+    // clock's granularity.
+    let current = operator.leader(&name).current().await.unwrap().unwrap();
+    assert_eq!(
+        (current.holder.as_str(), current.epoch),
+        ("a", term.epoch())
+    );
+    let slack = Duration::from_millis(5);
+    assert!(
+        current.since + slack >= before && current.since <= after + slack,
+        "since {:?} not within {before:?} ..= {after:?}",
+        current.since
+    );
+    assert_eq!(
+        term.info().since,
+        current.since,
+        "the term and current agree"
+    );
+
+    // While the term holds, `lost` does not complete: for a lease and a half
+    // renewal interval (three renewals, at LOST_LEASE / 3 each), which also puts
+    // the force_unlock below between two renewals rather than just before one.
+    assert!(
+        tokio::time::timeout(LOST_LEASE + LOST_LEASE / 6, term.lost())
+            .await
+            .is_err(),
+        "lost completed while the term held"
+    );
+    assert!(!term.is_lost());
+
+    assert!(operator
+        .force_unlock(&a.leader(&name).lock_key())
+        .await
+        .unwrap());
+    let forced = Instant::now();
+    // The loss is reported by the next renewal, which finds the lock gone: a
+    // lease is due at most LOST_LEASE / 3 after its last renewal (earlier when
+    // batched), and that renewal answers within COMMAND_TIMEOUT (500 ms, two
+    // orders of magnitude over a loopback round trip, which is this test's
+    // allowance for a loaded machine). Hence
+    //   lost() completes <= LOST_LEASE / 3 + COMMAND_TIMEOUT = 1 s after it.
+    let bound = LOST_LEASE / 3 + COMMAND_TIMEOUT;
+    tokio::time::timeout(bound, term.lost())
+        .await
+        .unwrap_or_else(|_| panic!("lost() had not completed {bound:?} after the force_unlock"));
+    let took = forced.elapsed();
+    assert!(term.is_lost());
+    assert!(took <= bound, "{took:?}");
+    assert!(matches!(term.resign().await, Err(LockError::Lost { .. })));
+    assert_eq!(operator.leader(&name).current().await.unwrap(), None);
+}
+
 on_both!(
     one_leader_and_a_handover_within_one_message,
     run_leads_stops_the_term_when_lost_and_campaigns_again,
     watch_sees_every_term_once_and_in_order,
+    run_campaigns_again_after_each_return_after_the_first_backoff_delay,
+    lost_completes_within_a_renewal_of_a_force_unlock_and_since_is_the_campaign,
     a_killed_leader_is_replaced_within_its_lease,
     a_paused_leader_learns_its_term_ended_and_its_epoch_is_refused,
 );
+
+/// The watch's subscription is down (its connections reset by a proxy, so it
+/// cannot come back) while a new term starts and is announced to nobody; once
+/// the way is open again, the watch re-subscribes, reads the lock and reports
+/// the term, and not before.
+#[tokio::test]
+async fn watch_reports_a_term_begun_while_its_subscription_was_down_after_reconnecting() {
+    let redis = common::server();
+    let proxy = FaultProxy::start(redis.addr()).await.unwrap();
+    let direct = |holder: &'static str| {
+        LockManager::builder(&redis.url())
+            .holder(holder)
+            .command_timeout(COMMAND_TIMEOUT)
+            .connect_timeout(CONNECT_TIMEOUT)
+            .build()
+    };
+    let a = direct("a").await.unwrap();
+    let observer = LockManager::builder(&proxy.url())
+        .holder("observer")
+        .command_timeout(COMMAND_TIMEOUT)
+        .connect_timeout(CONNECT_TIMEOUT)
+        .build()
+        .await
+        .unwrap();
+    let mut raw = common::raw(&redis).await;
+    let name = "down";
+    let channel = format!("distlock:{}{name}", distlock::LEADER_KEY_PREFIX);
+    let subscribers = async |raw: &mut redis::aio::MultiplexedConnection, n: i64| {
+        common::eventually(Duration::from_secs(5), async || {
+            common::numsub(raw, &channel).await == n
+        })
+        .await
+        .is_some()
+    };
+
+    let mut watch = observer.leader(name).watch();
+    assert_eq!(next(&mut watch).await, None, "nobody leads yet");
+    assert!(subscribers(&mut raw, 1).await, "the watch never subscribed");
+
+    // Cut: the watch's subscription (and every reconnection) is reset.
+    proxy.set_mode(FaultMode::Reset);
+    assert!(
+        subscribers(&mut raw, 0).await,
+        "the subscription outlived the reset"
+    );
+    let term = a.leader(name).lease(LEASE).campaign().await.unwrap();
+    // Its announcement reached no subscriber, and for a second (in which the
+    // watch's listener, retrying after 50, 100, 200, 400 ms, tried four times
+    // or more) the watch reports nothing: it cannot have heard of the term.
+    assert_eq!(common::numsub(&mut raw, &channel).await, 0);
+    assert!(
+        tokio::time::timeout(Duration::from_secs(1), watch.next())
+            .await
+            .is_err(),
+        "the watch reported something while cut off"
+    );
+    assert_eq!(common::numsub(&mut raw, &channel).await, 0);
+    assert!(
+        !term.is_lost(),
+        "a renews directly, unaffected by the proxy"
+    );
+
+    proxy.set_mode(FaultMode::Pass);
+    let reopened = Instant::now();
+    // How soon the watch reports after the way is open again. Its listener
+    // retries a failed subscription after a delay that doubles from 50 ms up
+    // to 2 s (`listen` in leader.rs), so it is asleep for at most 2 s; its
+    // next attempt connects and subscribes within CONNECT_TIMEOUT. Then the
+    // watch reads the lock on the observer's command connection, which the
+    // reset broke too: the first read may fail (within COMMAND_TIMEOUT) on
+    // the broken connection while it reconnects, and the watch reads again
+    // 200 ms later (within COMMAND_TIMEOUT). Hence
+    //   report <= 2 s + CONNECT_TIMEOUT + 2 * COMMAND_TIMEOUT + 200 ms = 3.7 s
+    // after the proxy passes traffic again.
+    let bound =
+        Duration::from_secs(2) + CONNECT_TIMEOUT + COMMAND_TIMEOUT * 2 + Duration::from_millis(200);
+    let reported = tokio::time::timeout(bound, watch.next())
+        .await
+        .unwrap_or_else(|_| panic!("no report within {bound:?} of the reconnect"))
+        .expect("the watch goes on")
+        .expect("the leader, not a vacancy");
+    let took = reopened.elapsed();
+    assert!(took <= bound, "{took:?}");
+    assert_eq!(
+        (reported.holder.as_str(), reported.epoch, reported.since),
+        ("a", term.epoch(), term.info().since)
+    );
+    assert_eq!(common::numsub(&mut raw, &channel).await, 1);
+    assert_eq!(
+        observer.leader(name).current().await.unwrap(),
+        Some(reported)
+    );
+
+    // Back to normal: the resignation is heard as it happens.
+    term.resign().await.unwrap();
+    assert_eq!(next(&mut watch).await, None);
+    assert_eq!(observer.leader(name).current().await.unwrap(), None);
+}
 
 /// A fenced store: a write carries its epoch and is refused when a higher one
 /// was written already. Returns whether the write was accepted.
