@@ -346,3 +346,56 @@ fn build_names_the_server_and_its_version_at_debug_level() {
         "{name} {version} not named in:\n{log}"
     );
 }
+
+/// A URL that asks for RESP3 (redis-rs's `?protocol=resp3`) gets a manager
+/// whose connections all stay on RESP3: the check that `build()` runs on the
+/// manager's own connection reads the server's name with `HELLO`, which
+/// switches a connection to the protocol it names (`HELLO 2` turned this one
+/// to RESP2 under redis-rs). Locks work on it, a wake-up included.
+#[tokio::test]
+async fn a_resp3_url_keeps_its_connections_on_resp3() {
+    let redis = server();
+    let url = format!("{}/?protocol=resp3", redis.url());
+    let m = LockManager::connect(&url).await.unwrap();
+    let held = m.lock("resp3").acquire().await.unwrap();
+    assert!(held.fencing_token().await.unwrap() > 0);
+    let waiter = {
+        let m = m.clone();
+        tokio::spawn(async move {
+            let g = m
+                .lock("resp3")
+                .wait(std::time::Duration::from_secs(5))
+                .acquire()
+                .await
+                .unwrap();
+            g.release().await.unwrap();
+        })
+    };
+    await_waiter(&m, "resp3").await;
+    held.release().await.unwrap();
+    waiter.await.unwrap();
+    assert!(m.wake_ups_delivered() > 0, "the waiter was woken");
+
+    let mut conn = raw(&redis).await;
+    let me: i64 = redis::cmd("CLIENT")
+        .arg("ID")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let clients: Vec<&str> = list
+        .lines()
+        .filter(|line| !line.starts_with(&format!("id={me} ")))
+        .collect();
+    assert!(!clients.is_empty(), "the manager's connections: {list}");
+    for client in clients {
+        assert!(
+            client.split(' ').any(|field| field == "resp=3"),
+            "a connection of the manager is not on RESP3: {client}"
+        );
+    }
+}
