@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use distlock::testing::RedisServer;
+use distlock::testing::{RedisCluster, RedisServer};
 use distlock::{LockError, LockManager};
 
 fn server_with_policy(policy: &str) -> RedisServer {
@@ -377,25 +377,67 @@ async fn a_resp3_url_keeps_its_connections_on_resp3() {
     assert!(m.wake_ups_delivered() > 0, "the waiter was woken");
 
     let mut conn = raw(&redis).await;
+    assert_clients_on_resp3(&mut conn).await;
+}
+
+/// Every client of the server but the caller's own (and, in a cluster, the
+/// nodes' links to each other) speaks RESP3.
+async fn assert_clients_on_resp3(conn: &mut redis::aio::MultiplexedConnection) {
     let me: i64 = redis::cmd("CLIENT")
         .arg("ID")
-        .query_async(&mut conn)
+        .query_async(conn)
         .await
         .unwrap();
     let list: String = redis::cmd("CLIENT")
         .arg("LIST")
-        .query_async(&mut conn)
+        .query_async(conn)
         .await
         .unwrap();
+    let field = |line: &str, name: &str| {
+        line.split(' ')
+            .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))
+            .map(str::to_owned)
+            .unwrap_or_default()
+    };
     let clients: Vec<&str> = list
         .lines()
-        .filter(|line| !line.starts_with(&format!("id={me} ")))
+        .filter(|line| {
+            let id: i64 = field(line, "id").parse().unwrap_or(0);
+            let flags = field(line, "flags");
+            id != me && !flags.contains('S') && !flags.contains('M')
+        })
         .collect();
     assert!(!clients.is_empty(), "the manager's connections: {list}");
     for client in clients {
-        assert!(
-            client.split(' ').any(|field| field == "resp=3"),
+        assert_eq!(
+            field(client, "resp"),
+            "3",
             "a connection of the manager is not on RESP3: {client}"
         );
+    }
+}
+
+/// The same on a cluster: its check runs on the cluster connection, which
+/// speaks the first seed's protocol to every node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resp3_cluster_url_keeps_its_connections_on_resp3() {
+    let cluster = RedisCluster::spawn().unwrap();
+    let seeds: Vec<String> = cluster
+        .urls()
+        .iter()
+        .map(|url| format!("{url}/?protocol=resp3"))
+        .collect();
+    let m = LockManager::cluster_builder(seeds).build().await.unwrap();
+    let g = m.lock("resp3-cluster").acquire().await.unwrap();
+    assert!(g.fencing_token().await.unwrap() > 0);
+    g.release().await.unwrap();
+    // The check's HELLO went to one node; look at every one.
+    for node in cluster.nodes() {
+        let mut conn = redis::Client::open(node.url)
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        assert_clients_on_resp3(&mut conn).await;
     }
 }
