@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use distlock::testing::RedisServer;
+use distlock::testing::{RedisCluster, RedisServer};
 use distlock::{LockError, LockManager};
 
 fn server_with_policy(policy: &str) -> RedisServer {
@@ -345,4 +345,99 @@ fn build_names_the_server_and_its_version_at_debug_level() {
             && l.contains(&format!("version=\"{version}\""))),
         "{name} {version} not named in:\n{log}"
     );
+}
+
+/// A URL that asks for RESP3 (redis-rs's `?protocol=resp3`) gets a manager
+/// whose connections all stay on RESP3: the check that `build()` runs on the
+/// manager's own connection reads the server's name with `HELLO`, which
+/// switches a connection to the protocol it names (`HELLO 2` turned this one
+/// to RESP2 under redis-rs). Locks work on it, a wake-up included.
+#[tokio::test]
+async fn a_resp3_url_keeps_its_connections_on_resp3() {
+    let redis = server();
+    let url = format!("{}/?protocol=resp3", redis.url());
+    let m = LockManager::connect(&url).await.unwrap();
+    let held = m.lock("resp3").acquire().await.unwrap();
+    assert!(held.fencing_token().await.unwrap() > 0);
+    let waiter = {
+        let m = m.clone();
+        tokio::spawn(async move {
+            let g = m
+                .lock("resp3")
+                .wait(std::time::Duration::from_secs(5))
+                .acquire()
+                .await
+                .unwrap();
+            g.release().await.unwrap();
+        })
+    };
+    await_waiter(&m, "resp3").await;
+    held.release().await.unwrap();
+    waiter.await.unwrap();
+    assert!(m.wake_ups_delivered() > 0, "the waiter was woken");
+
+    let mut conn = raw(&redis).await;
+    assert_clients_on_resp3(&mut conn).await;
+}
+
+/// Every client of the server but the caller's own (and, in a cluster, the
+/// nodes' links to each other) speaks RESP3.
+async fn assert_clients_on_resp3(conn: &mut redis::aio::MultiplexedConnection) {
+    let me: i64 = redis::cmd("CLIENT")
+        .arg("ID")
+        .query_async(conn)
+        .await
+        .unwrap();
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(conn)
+        .await
+        .unwrap();
+    let field = |line: &str, name: &str| {
+        line.split(' ')
+            .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))
+            .map(str::to_owned)
+            .unwrap_or_default()
+    };
+    let clients: Vec<&str> = list
+        .lines()
+        .filter(|line| {
+            let id: i64 = field(line, "id").parse().unwrap_or(0);
+            let flags = field(line, "flags");
+            id != me && !flags.contains('S') && !flags.contains('M')
+        })
+        .collect();
+    assert!(!clients.is_empty(), "the manager's connections: {list}");
+    for client in clients {
+        assert_eq!(
+            field(client, "resp"),
+            "3",
+            "a connection of the manager is not on RESP3: {client}"
+        );
+    }
+}
+
+/// The same on a cluster: its check runs on the cluster connection, which
+/// speaks the first seed's protocol to every node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resp3_cluster_url_keeps_its_connections_on_resp3() {
+    let cluster = RedisCluster::spawn().unwrap();
+    let seeds: Vec<String> = cluster
+        .urls()
+        .iter()
+        .map(|url| format!("{url}/?protocol=resp3"))
+        .collect();
+    let m = LockManager::cluster_builder(seeds).build().await.unwrap();
+    let g = m.lock("resp3-cluster").acquire().await.unwrap();
+    assert!(g.fencing_token().await.unwrap() > 0);
+    g.release().await.unwrap();
+    // The check's HELLO went to one node; look at every one.
+    for node in cluster.nodes() {
+        let mut conn = redis::Client::open(node.url)
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        assert_clients_on_resp3(&mut conn).await;
+    }
 }

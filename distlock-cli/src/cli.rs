@@ -18,8 +18,9 @@ pub const DEFAULT_URL: &str = "redis://127.0.0.1:6379";
 #[command(name = "distlock", version, about, long_about)]
 pub struct Cli {
     /// Redis URL (`redis://[[user]:password@]host:port[/db]`, `rediss://` for
-    /// TLS). Repeat it, or separate URLs with commas, to give several nodes of
-    /// a Redis Cluster (with `--cluster`).
+    /// TLS; `valkey://` and `valkeys://` are the same for a Valkey server).
+    /// Repeat it, or separate URLs with commas, to give several nodes of a
+    /// Redis Cluster (with `--cluster`).
     #[arg(
         long = "url",
         global = true,

@@ -673,8 +673,82 @@ async fn valkey_urls_work_and_check_names_the_server() {
     .await;
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
+    let family = server_family(&redis);
     assert!(
-        text.contains("ok    version: redis ") || text.contains("ok    version: valkey "),
-        "{text}"
+        text.contains(&format!("ok    version: {family} ")),
+        "expected the {family} server named: {text}"
     );
+}
+
+/// The family of the server the tests run: "valkey" when `INFO server` has a
+/// `valkey_version`, "redis" otherwise; a `REDIS_SERVER_BIN` that names a
+/// `valkey-server` binary must have started a Valkey.
+fn server_family(redis: &RedisServer) -> &'static str {
+    let mut conn = redis.blocking_client().unwrap();
+    let info: redis::InfoDict = redis::cmd("INFO").arg("server").query(&mut conn).unwrap();
+    let family = if info.contains_key(&"valkey_version") {
+        "valkey"
+    } else {
+        "redis"
+    };
+    if let Some(bin) = std::env::var_os("REDIS_SERVER_BIN") {
+        let named_valkey = std::path::Path::new(&bin)
+            .file_name()
+            .is_some_and(|name| name.to_string_lossy().starts_with("valkey"));
+        assert_eq!(
+            family == "valkey",
+            named_valkey,
+            "REDIS_SERVER_BIN={bin:?} started a {family} server"
+        );
+    }
+    family
+}
+
+/// `--cluster` takes `valkey://` seeds as it takes `redis://` ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn valkey_urls_work_as_cluster_seeds() {
+    let cluster = RedisCluster::process_wide().unwrap();
+    let urls = cluster.urls();
+    let manager = LockManager::cluster_builder(urls.clone())
+        .holder("cluster-holder")
+        .key_prefix("cli-valkey-test:")
+        .build()
+        .await
+        .unwrap();
+    let guard = hold(&manager, "vk:cluster", LEASE).await;
+    let seeds: Vec<String> = urls
+        .iter()
+        .map(|url| url.replacen("redis://", "valkey://", 1))
+        .collect();
+    assert!(
+        seeds.iter().all(|s| s.starts_with("valkey://")),
+        "{seeds:?}"
+    );
+    let out = run({
+        let mut cmd = distlock();
+        cmd.args([
+            "--url",
+            &seeds.join(","),
+            "--cluster",
+            "--prefix",
+            "cli-valkey-test:",
+            "--json",
+            "list",
+        ]);
+        cmd
+    })
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(json(&out)[0]["key"], "vk:cluster");
+    guard.release().await.unwrap();
+
+    let out = run({
+        let mut cmd = distlock();
+        cmd.args(["--url", &seeds[0], "--cluster", "check"]);
+        cmd
+    })
+    .await;
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("ok    cluster: 3 master(s)"), "{text}");
 }

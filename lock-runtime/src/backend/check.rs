@@ -48,8 +48,11 @@ pub(crate) fn classify_policy(policy: &str) -> EvictionRisk {
 /// Runs the checks over `conn` (one pipelined round trip; in a cluster, on the
 /// node that owns the probe lock's slot) and over a short-lived pub/sub
 /// connection from `subscribe` (SUBSCRIBE needs a connection of its own).
+/// `protocol` is the one `conn` speaks (a URL's `?protocol=resp3`): `conn` is
+/// the manager's own connection afterwards, and the check must leave it so.
 pub(crate) async fn check<F>(
     conn: &mut impl ConnectionLike,
+    protocol: redis::ProtocolVersion,
     subscribe: impl FnOnce() -> F,
     scripts: &Scripts,
     config: &Config,
@@ -89,9 +92,18 @@ where
     // permission (INFO would, and a refused INFO lands in the ACL LOG), and
     // names Valkey as "valkey" with its own version. Alone, not in the
     // pipeline: a cluster pipeline goes to one node, and HELLO has no key.
-    let hello: Option<Value> = bounded(config, redis::cmd("HELLO").arg(2).query_async(conn))
-        .await
-        .ok();
+    // HELLO switches the connection to the protocol it names, so it names the
+    // one the connection speaks: `HELLO 2` on a RESP3 connection would turn
+    // the manager's connection to RESP2 under redis-rs. (HELLO without a
+    // version would not switch, but needs Redis 6.2; the scripts need 6.0.)
+    let hello: Option<Value> = bounded(
+        config,
+        redis::cmd("HELLO")
+            .arg(hello_version(protocol))
+            .query_async(conn),
+    )
+    .await
+    .ok();
     let (server, version) = server_of(hello.as_ref());
     tracing::debug!(target: "distlock::connection", url = shown_url, server, version, "server");
     let (probe_replies, config_reply) = replies.split_at(replies.len().saturating_sub(1));
@@ -147,6 +159,15 @@ where
                 permission_hint(&e, &config.key_prefix)
             ))
         })
+}
+
+/// The `HELLO` protocol version that keeps a connection speaking `protocol`.
+fn hello_version(protocol: redis::ProtocolVersion) -> u8 {
+    if protocol.supports_resp3() {
+        3
+    } else {
+        2
+    }
 }
 
 /// The server's name and version from a `HELLO` reply ("unknown" for what it
@@ -230,6 +251,40 @@ pub(crate) const REQUIRED_COMMANDS: &str = "+ping +evalsha +script|load +time +g
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hello_keeps_the_connections_protocol() {
+        assert_eq!(hello_version(redis::ProtocolVersion::RESP2), 2);
+        assert_eq!(hello_version(redis::ProtocolVersion::RESP3), 3);
+    }
+
+    #[test]
+    fn the_server_is_read_from_a_resp2_or_a_resp3_hello() {
+        let field = |k: &str, v: &str| {
+            (
+                Value::BulkString(k.as_bytes().to_vec()),
+                Value::BulkString(v.as_bytes().to_vec()),
+            )
+        };
+        let fields = [field("server", "valkey"), field("version", "9.1.2")];
+        let resp2 = Value::Array(
+            fields
+                .iter()
+                .flat_map(|(k, v)| [k.clone(), v.clone()])
+                .collect(),
+        );
+        let resp3 = Value::Map(fields.to_vec());
+        for reply in [resp2, resp3] {
+            assert_eq!(
+                server_of(Some(&reply)),
+                ("valkey".to_owned(), "9.1.2".to_owned())
+            );
+        }
+        assert_eq!(
+            server_of(None),
+            ("unknown".to_owned(), "unknown".to_owned())
+        );
+    }
 
     #[test]
     fn policies_are_classified() {

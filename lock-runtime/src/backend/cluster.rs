@@ -232,6 +232,11 @@ impl Cluster {
             .map(|url| super::open_client(url, tls))
             .collect::<RedisResult<Vec<_>>>()
             .map_err(invalid)?;
+        // redis-rs speaks the first seed's protocol to every node.
+        let protocol = seed_clients[0]
+            .get_connection_info()
+            .redis_settings()
+            .protocol();
         let builder =
             ClusterClientBuilder::new(seed_clients.iter().map(|c| c.get_connection_info().clone()))
                 // redis-rs's defaults retry 16 times, waiting 1.28 s or more before
@@ -284,6 +289,7 @@ impl Cluster {
         cluster.subscriber_turns = (0..masters.max(1)).map(|_| AtomicUsize::new(0)).collect();
         super::check::check(
             &mut conn,
+            protocol,
             || cluster.pubsub(0),
             &cluster.scripts,
             config,

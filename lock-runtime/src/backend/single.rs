@@ -68,6 +68,7 @@ impl Single {
         let subscribe_client = client.clone();
         super::check::check(
             &mut conn,
+            client.get_connection_info().redis_settings().protocol(),
             || async move { subscribe_client.get_async_pubsub().await },
             &scripts,
             config,
