@@ -71,8 +71,74 @@ async fn an_uncontended_cycle_is_two_round_trips() {
     assert_eq!(round_trips.len(), 200, "{round_trips:#?}");
     for cycle in round_trips.chunks(2) {
         assert!(cycle[0].contains("\"SET\""), "{cycle:#?}");
-        assert!(cycle[1].contains("\"EVALSHA\""), "{cycle:#?}");
+        // The release of a lock nobody waited for declares the lock's key
+        // alone (release_free.lua), not the queue's too.
+        assert_eq!(release_keys(&cycle[1]), Some(1), "{cycle:#?}");
     }
+}
+
+/// The number of keys a release script's `EVALSHA` line of MONITOR declares:
+/// a release sends the owner token as its one argument (no `min_hold`, no
+/// events), which tells it from a renewal (owner and lease).
+fn release_keys(line: &str) -> Option<usize> {
+    let mut words = line.split(" \"").skip_while(|w| !w.starts_with("EVALSHA"));
+    words.next()?;
+    words.next()?;
+    let keys: usize = words.next()?.trim_end_matches('"').parse().ok()?;
+    (words.count() == keys + 1).then_some(keys)
+}
+
+/// Sends `marker` on a connection of its own, for `client_commands_until`.
+async fn mark(redis: &distlock::testing::RedisServer, marker: &str) {
+    let mut raw = raw(redis).await;
+    let _: String = redis::cmd("ECHO")
+        .arg(marker)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+}
+
+/// A hold that did not wait releases by the script that declares the lock's
+/// key alone; when someone queued meanwhile, that script declines and the full
+/// release (four keys) hands the lock over: one round trip more. A hold that
+/// waited (here: the one handed the lock) goes straight to the full release.
+#[tokio::test]
+async fn a_release_tries_the_one_key_script_only_for_a_hold_that_did_not_wait() {
+    let redis = server();
+    let holder = manager(&redis).await;
+    let waiter = manager(&redis).await;
+    let g = holder.lock("h").acquire().await.unwrap();
+    let waiting = {
+        let waiter = waiter.clone();
+        tokio::spawn(async move {
+            waiter
+                .lock("h")
+                .wait(Duration::from_secs(10))
+                .acquire()
+                .await
+        })
+    };
+    await_waiter(&holder, "h").await;
+
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut lines = client
+        .get_async_monitor()
+        .await
+        .unwrap()
+        .into_on_message::<String>();
+    g.release().await.unwrap();
+    let handed = waiting.await.unwrap().unwrap();
+    mark(&redis, "end-of-first-release").await;
+    let first = client_commands_until(&mut lines, "end-of-first-release").await;
+    let keys: Vec<_> = first.iter().filter_map(|l| release_keys(l)).collect();
+    assert_eq!(keys, [1, 4], "{first:#?}");
+
+    handed.release().await.unwrap();
+    mark(&redis, "end-of-second-release").await;
+    let second = client_commands_until(&mut lines, "end-of-second-release").await;
+    let keys: Vec<_> = second.iter().filter_map(|l| release_keys(l)).collect();
+    assert_eq!(keys, [4], "{second:#?}");
+    assert!(!holder.lock("h").is_locked().await.unwrap());
 }
 
 /// Re-entry is decided from the call chain's context: no round trip at all.

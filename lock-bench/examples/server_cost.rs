@@ -12,9 +12,13 @@
 //! Variants (each a free lock taken and released, never contended):
 //! * `minimal`: `SET name owner NX PX` (20-byte value) and a compare-and-delete
 //!   script, on a name as long as distlock's (the minimal floor of lock-bench).
-//! * `distlock`: the runtime's commands: `SET name value NX PX GET` (the
-//!   lock's value: owner, mark, token, time, holder) and `release.lua` as sent
-//!   (four keys, the owner token, a string reply).
+//! * `distlock`: the runtime's commands for a hold that did not wait:
+//!   `SET name value NX PX GET` (the lock's value: owner, mark, token, time,
+//!   holder) and `release_free.lua` (the lock's key alone, the owner token, a
+//!   string reply).
+//! * `distlock, full release`: the same with `release.lua` as sent for a hold
+//!   that waited (four keys: the lock, its fencing counter, its queue and the
+//!   queue's entries), as every release was before `release_free.lua`.
 //! * `distlock before a2c6fad`: the release as it was (the wake-up channel,
 //!   `keep_ms`, the hand-off base and the events channel sent as arguments, an
 //!   `{1, owner}` reply, `string.sub` tests).
@@ -40,6 +44,8 @@ const RELEASE: &str = concat!(
     include_str!("../../lock-runtime/src/scripts/queue_prelude.lua"),
     include_str!("../../lock-runtime/src/scripts/release_queue.lua")
 );
+
+const RELEASE_FREE: &str = include_str!("../../lock-runtime/src/scripts/release_free.lua");
 
 /// The fast path of release.lua before a2c6fad, followed by today's helpers
 /// (never reached here: the fast path returns first).
@@ -83,15 +89,17 @@ return 0";
 enum Variant {
     Minimal,
     Distlock,
+    DistlockFullRelease,
     DistlockBefore,
     FastPathFourKeys,
     FastPathOneKey,
 }
 
 impl Variant {
-    const ALL: [Variant; 5] = [
+    const ALL: [Variant; 6] = [
         Variant::Minimal,
         Variant::Distlock,
+        Variant::DistlockFullRelease,
         Variant::DistlockBefore,
         Variant::FastPathFourKeys,
         Variant::FastPathOneKey,
@@ -100,7 +108,8 @@ impl Variant {
     fn name(self) -> &'static str {
         match self {
             Variant::Minimal => "minimal (SET NX PX + compare-and-delete)",
-            Variant::Distlock => "distlock (SET NX PX GET + release.lua)",
+            Variant::Distlock => "distlock (SET NX PX GET + release_free.lua)",
+            Variant::DistlockFullRelease => "distlock, full release (release.lua)",
             Variant::DistlockBefore => "distlock before a2c6fad",
             Variant::FastPathFourKeys => "fast path, 4 keys declared",
             Variant::FastPathOneKey => "fast path, 1 key declared",
@@ -138,7 +147,7 @@ async fn load(conn: &mut MultiplexedConnection, source: &str) -> redis::RedisRes
 /// Redis CPU per cycle, in microseconds.
 async fn measure(
     conn: &MultiplexedConnection,
-    shas: &[String; 4],
+    shas: &[String; 5],
     variant: Variant,
 ) -> redis::RedisResult<f64> {
     let mut control = conn.clone();
@@ -187,6 +196,9 @@ async fn measure(
                     match variant {
                         Variant::Minimal => {}
                         Variant::Distlock => {
+                            release.arg(&shas[4]).arg(1).arg(&lock).arg(&owner);
+                        }
+                        Variant::DistlockFullRelease => {
                             release.arg(&shas[1]).arg(4).arg(&all_keys).arg(&owner);
                         }
                         Variant::DistlockBefore => {
@@ -245,6 +257,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         load(&mut conn, RELEASE).await?,
         load(&mut conn, RELEASE_BEFORE).await?,
         load(&mut conn, FAST_PATH).await?,
+        load(&mut conn, RELEASE_FREE).await?,
     ];
     let mut per_variant = vec![Vec::new(); Variant::ALL.len()];
     let started = Instant::now();

@@ -277,7 +277,13 @@ impl LockGuard {
         let started = Instant::now();
         let reply = core
             .backend
-            .release(&lease.key, &lease.keys, &lease.owner, lease.keep_ms())
+            .release(
+                &lease.key,
+                &lease.keys,
+                &lease.owner,
+                lease.keep_ms(),
+                !lease.waited,
+            )
             .await;
         pending.disarm();
         match reply {
@@ -348,14 +354,16 @@ impl<F: FnOnce()> Drop for ReleaseOnDrop<F> {
 
 /// [`release_in_background`] of a granted lease (keeping a `min_hold`).
 pub(crate) fn release_lease_in_background(core: &Arc<Core>, lease: &Lease) {
-    release_in_background(
-        core,
-        lease.key.clone(),
-        lease.keys.clone(),
-        lease.owner.clone(),
-        lease.duration(),
-        lease.min_hold_until,
-    );
+    spawn_release(BackgroundRelease {
+        core: core.clone(),
+        key: lease.key.clone(),
+        keys: lease.keys.clone(),
+        owner: lease.owner.clone(),
+        lease: lease.duration(),
+        keep_until: lease.min_hold_until,
+        free_first: !lease.waited,
+        unfinished: true,
+    });
 }
 
 impl Drop for LockGuard {
@@ -428,15 +436,20 @@ pub(crate) fn release_in_background(
     lease: Duration,
     keep_until: Option<Instant>,
 ) {
-    let release = BackgroundRelease {
+    spawn_release(BackgroundRelease {
         core: core.clone(),
         key,
         keys,
         owner,
         lease,
         keep_until,
+        free_first: false,
         unfinished: true,
-    };
+    });
+}
+
+fn spawn_release(release: BackgroundRelease) {
+    let core = release.core.clone();
     SPAWNING.with(|s| s.set(true));
     drop(core.runtime.spawn(release.run()));
     SPAWNING.with(|s| s.set(false));
@@ -455,6 +468,8 @@ struct BackgroundRelease {
     owner: String,
     lease: Duration,
     keep_until: Option<Instant>,
+    /// See `Backend::release`.
+    free_first: bool,
     unfinished: bool,
 }
 
@@ -472,6 +487,7 @@ impl BackgroundRelease {
                     &self.keys,
                     &self.owner,
                     crate::lease::keep_ms(self.keep_until),
+                    self.free_first,
                 )
                 .await;
             match result {

@@ -45,6 +45,9 @@ pub(crate) struct Lease {
     pub(crate) renew: bool,
     /// The request's `metrics_label`, for the metrics of this hold.
     pub(crate) metrics_label: Option<&'static str>,
+    /// The acquisition waited for the lock, so its release goes straight to
+    /// the script that hands the lock over (see `Backend::release`).
+    pub(crate) waited: bool,
     /// When the acquisition that granted it was sent.
     pub(crate) granted_at: Instant,
     /// The holder gives the lock up (its lease turns lost) at this instant, if
@@ -126,6 +129,9 @@ pub(crate) struct NewLease {
     /// When its reply arrived: the lock was taken between the two, so
     /// `min_hold` counts from here (at least `min_hold` on the server too).
     pub(crate) acquired_at: Instant,
+    /// The acquisition waited for the lock (queued, or was handed it): others
+    /// most likely wait behind it.
+    pub(crate) waited: bool,
 }
 
 impl Lease {
@@ -140,6 +146,7 @@ impl Lease {
             lease_ms: AtomicU64::new(u64::try_from(n.lease.as_millis()).unwrap_or(u64::MAX)),
             renew: n.renew,
             metrics_label: n.metrics_label,
+            waited: n.waited,
             granted_at: n.sent_at,
             max_hold_until: n.max_hold.and_then(|d| n.sent_at.checked_add(d)),
             min_hold_until: n.min_hold.and_then(|d| n.acquired_at.checked_add(d)),

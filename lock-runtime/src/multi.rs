@@ -397,6 +397,9 @@ async fn one_script(
                     epoch: core.epoch,
                     sent_at,
                     acquired_at,
+                    // Released with the whole set, by the script that hands
+                    // each lock over (release_many).
+                    waited: true,
                 };
                 match grant(core, new, started, None) {
                     Ok(lease) => taken.leases.push(lease),

@@ -721,7 +721,7 @@ impl Acquisition<'_> {
                 // fails, the guard retries in the background.
                 if core
                     .backend
-                    .release(&self.key, &self.keys, &self.owner, 0)
+                    .release(&self.key, &self.keys, &self.owner, 0, false)
                     .await
                     .is_ok()
                 {
@@ -937,7 +937,7 @@ impl Acquisition<'_> {
             metrics_label,
             started,
             attempts,
-            waiting: _,
+            waiting,
             last_sent: _,
             recent_attempts: _,
         } = self;
@@ -956,6 +956,7 @@ impl Acquisition<'_> {
             epoch: core.epoch,
             sent_at,
             acquired_at: Instant::now(),
+            waited: waiting || handed_off.is_some(),
         };
         let lease = crate::guard::grant(core, new, started, handed_off)?;
         tracing::debug!(target: "distlock::acquire",

@@ -55,9 +55,11 @@ macro_rules! key_call {
 
 key_call!(
     /// Releases `owner`'s hold (or keeps it `keep_ms` more); true when it was
-    /// still ours.
-    Release { keys: &'a RedisNames, owner: &'a str, keep_ms: u64 } -> bool,
-    |scripts, conn, c| scripts.release(conn, c.keys, c.owner, c.keep_ms)
+    /// still ours. `free_first`: try the release of a lock nobody waited for
+    /// first (one key declared, see release_free.lua), for a hold that did
+    /// not wait for the lock.
+    Release { keys: &'a RedisNames, owner: &'a str, keep_ms: u64, free_first: bool } -> bool,
+    |scripts, conn, c| scripts.release(conn, c.keys, c.owner, c.keep_ms, c.free_first)
 );
 
 key_call!(

@@ -456,6 +456,7 @@ impl Cluster {
                     keys,
                     owner,
                     keep_ms: 0,
+                    free_first: false,
                 };
                 super::require_replicas(key, reply, acked, ack, self.on_key(key, &release)).await
             }
@@ -566,6 +567,7 @@ impl Cluster {
                                     keys,
                                     owner,
                                     keep_ms: *keep_ms,
+                                    free_first: false,
                                 },
                             )
                             .await

@@ -179,20 +179,25 @@ impl Backend {
     /// Deletes the lock if `owner` holds it and wakes its waiters; true when it
     /// was ours. With `keep_ms` above zero (the rest of a `min_hold`) the lock
     /// is not deleted but set to expire in `keep_ms`, and nobody is woken.
+    /// `free_first`: the hold did not wait for the lock, so most likely nobody
+    /// waits for it either; the release that touches the lock's key alone is
+    /// tried first, and the full one follows only if someone queued.
     pub(crate) async fn release(
         &self,
         key: &str,
         keys: &RedisNames,
         owner: &str,
         keep_ms: u64,
+        free_first: bool,
     ) -> Result<bool, CallError> {
         match self {
-            Backend::Redlock(b) => b.release(key, keys, owner, keep_ms).await,
+            Backend::Redlock(b) => b.release(key, keys, owner, keep_ms, free_first).await,
             _ => {
                 let release = Release {
                     keys,
                     owner,
                     keep_ms,
+                    free_first,
                 };
                 self.on_key(key, &release).await
             }

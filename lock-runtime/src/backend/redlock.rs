@@ -350,6 +350,7 @@ impl Redlock {
             keys,
             owner,
             keep_ms: 0,
+            free_first: false,
         };
         self.on_all(self.command_timeout, |m| m.on_key(key, &release))
             .await
@@ -363,11 +364,13 @@ impl Redlock {
         keys: &RedisNames,
         owner: &str,
         keep_ms: u64,
+        free_first: bool,
     ) -> Result<bool, CallError> {
         let release = Release {
             keys,
             owner,
             keep_ms,
+            free_first,
         };
         let replies = self
             .on_all(self.command_timeout, |m| m.on_key(key, &release))

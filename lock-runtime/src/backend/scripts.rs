@@ -480,6 +480,22 @@ fn default_release_cmd(lua: &Lua, keys: &RedisNames, owner: &str, keep_ms: u64) 
     cmd
 }
 
+/// release_free.lua's call: the lock's key alone, the owner token, and the
+/// events channel when set.
+fn release_free_cmd(lua: &Lua, keys: &RedisNames, owner: &str) -> Cmd {
+    let with_events = !keys.events.is_empty();
+    let mut cmd = lua.call(
+        &[&keys.lock],
+        1 + usize::from(with_events),
+        owner.len() + keys.events.len(),
+    );
+    cmd.arg(owner);
+    if with_events {
+        cmd.arg(&keys.events);
+    }
+    cmd
+}
+
 /// A release script's reply: `owner` alone (released: the default lock's
 /// common reply), or `{released, owner}`; true when the hold was ours.
 fn release_reply(reply: redis::Value, owner: &str) -> RedisResult<bool> {
@@ -538,6 +554,7 @@ pub(crate) struct Scripts {
     acquire: Lua,
     acquire_all: Lua,
     release: Lua,
+    release_free: Lua,
     renew: Lua,
     raise_fence: Lua,
     force_unlock: Lua,
@@ -596,6 +613,7 @@ impl Scripts {
                 include_str!("../scripts/queue_prelude.lua"),
                 include_str!("../scripts/release_queue.lua")
             )),
+            release_free: Lua::new(include_str!("../scripts/release_free.lua")),
             renew: Lua::new(include_str!("../scripts/renew.lua")),
             raise_fence: Lua::new(include_str!("../scripts/raise_fence.lua")),
             force_unlock: with_queue_prelude!("force_unlock.lua"),
@@ -933,7 +951,15 @@ impl Scripts {
         keys: &RedisNames,
         owner: &str,
         keep_ms: u64,
+        free_first: bool,
     ) -> RedisResult<bool> {
+        if free_first && keep_ms == 0 && keys.kind == LockKind::Exclusive {
+            let cmd = release_free_cmd(&self.release_free, keys, owner);
+            let reply: redis::Value = self.release_free.invoke(conn, &cmd).await?;
+            if reply != redis::Value::Int(0) {
+                return release_reply(reply, owner);
+            }
+        }
         let cmd = self.release_cmd(keys, owner, keep_ms);
         let reply = self.release_lua(keys.kind).invoke(conn, &cmd).await?;
         release_reply(reply, owner)
@@ -1205,6 +1231,7 @@ impl Scripts {
         for lua in [
             &self.acquire,
             &self.release,
+            &self.release_free,
             &self.renew,
             &self.inspect,
             &self.issue_token,
@@ -1260,11 +1287,25 @@ impl Scripts {
         ));
         pipe.add_command(self.renew_cmd(keys, owner, lease_ms));
         steps.push(ProbeStep::script("the renew script", &self.renew));
+        // A waiter queued: the free release declines, the full one hands
+        // the lock over; the new holder, with nobody behind it, releases by
+        // the free one.
+        pipe.add_command(release_free_cmd(&self.release_free, keys, owner));
+        steps.push(ProbeStep::script(
+            "the free release script (declining)",
+            &self.release_free,
+        ));
         pipe.add_command(self.release_cmd(keys, owner, 0));
         steps.push(ProbeStep::script(
             "the release script (hand-off)",
             &self.release,
         ));
+        pipe.add_command(release_free_cmd(&self.release_free, keys, &other));
+        steps.push(ProbeStep::script(
+            "the free release script",
+            &self.release_free,
+        ));
+        // Nothing left to release: the full script answers not ours.
         pipe.add_command(self.release_cmd(keys, &other, 0));
         steps.push(ProbeStep::script("the release script", &self.release));
         // Leave nothing behind (the counter would otherwise live out its TTL).
