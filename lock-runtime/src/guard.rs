@@ -282,7 +282,7 @@ impl LockGuard {
                 &lease.keys,
                 &lease.owner,
                 lease.keep_ms(),
-                !lease.waited,
+                free_first(core, &lease),
             )
             .await;
         pending.disarm();
@@ -352,6 +352,15 @@ impl<F: FnOnce()> Drop for ReleaseOnDrop<F> {
     }
 }
 
+/// Whether a release of `lease` tries the script that declares the lock's
+/// key alone first (see `Backend::release`): not when the hold waited for the
+/// lock, nor when another acquisition of this manager is queued for it; then
+/// someone most likely waits, and the full release hands the lock over in one
+/// round trip.
+fn free_first(core: &Core, lease: &Lease) -> bool {
+    !lease.waited && !core.subscriber.has_queued(&lease.keys.lock)
+}
+
 /// [`release_in_background`] of a granted lease (keeping a `min_hold`).
 pub(crate) fn release_lease_in_background(core: &Arc<Core>, lease: &Lease) {
     spawn_release(BackgroundRelease {
@@ -361,7 +370,7 @@ pub(crate) fn release_lease_in_background(core: &Arc<Core>, lease: &Lease) {
         owner: lease.owner.clone(),
         lease: lease.duration(),
         keep_until: lease.min_hold_until,
-        free_first: !lease.waited,
+        free_first: free_first(core, lease),
         unfinished: true,
     });
 }
