@@ -352,27 +352,25 @@ impl<F: FnOnce()> Drop for ReleaseOnDrop<F> {
     }
 }
 
-/// Whether a release of `lease` tries the script that declares the lock's
+/// Whether `release()` of `lease` tries the script that declares the lock's
 /// key alone first (see `Backend::release`): not when the hold waited for the
 /// lock, nor when another acquisition of this manager is queued for it; then
 /// someone most likely waits, and the full release hands the lock over in one
-/// round trip.
+/// round trip. (A release in the background never does.)
 fn free_first(core: &Core, lease: &Lease) -> bool {
     !lease.waited && !core.subscriber.has_queued(&lease.keys.lock)
 }
 
 /// [`release_in_background`] of a granted lease (keeping a `min_hold`).
 pub(crate) fn release_lease_in_background(core: &Arc<Core>, lease: &Lease) {
-    spawn_release(BackgroundRelease {
-        core: core.clone(),
-        key: lease.key.clone(),
-        keys: lease.keys.clone(),
-        owner: lease.owner.clone(),
-        lease: lease.duration(),
-        keep_until: lease.min_hold_until,
-        free_first: free_first(core, lease),
-        unfinished: true,
-    });
+    release_in_background(
+        core,
+        lease.key.clone(),
+        lease.keys.clone(),
+        lease.owner.clone(),
+        lease.duration(),
+        lease.min_hold_until,
+    );
 }
 
 impl Drop for LockGuard {
@@ -445,20 +443,15 @@ pub(crate) fn release_in_background(
     lease: Duration,
     keep_until: Option<Instant>,
 ) {
-    spawn_release(BackgroundRelease {
+    let release = BackgroundRelease {
         core: core.clone(),
         key,
         keys,
         owner,
         lease,
         keep_until,
-        free_first: false,
         unfinished: true,
-    });
-}
-
-fn spawn_release(release: BackgroundRelease) {
-    let core = release.core.clone();
+    };
     SPAWNING.with(|s| s.set(true));
     drop(core.runtime.spawn(release.run()));
     SPAWNING.with(|s| s.set(false));
@@ -477,8 +470,6 @@ struct BackgroundRelease {
     owner: String,
     lease: Duration,
     keep_until: Option<Instant>,
-    /// See `Backend::release`.
-    free_first: bool,
     unfinished: bool,
 }
 
@@ -496,7 +487,11 @@ impl BackgroundRelease {
                     &self.keys,
                     &self.owner,
                     crate::lease::keep_ms(self.keep_until),
-                    self.free_first,
+                    // The full release at once: a background release follows a
+                    // drop or a release cancelled half way (whose one-key
+                    // attempt may have run), so it is one script whatever it
+                    // finds.
+                    false,
                 )
                 .await;
             match result {
