@@ -191,7 +191,9 @@ impl Backend {
         free_first: bool,
     ) -> Result<bool, CallError> {
         match self {
-            Backend::Redlock(b) => b.release(key, keys, owner, keep_ms, free_first).await,
+            // Redlock: one script per member, so that the members' wake-ups go
+            // out together and the waiters' managers hear them as one.
+            Backend::Redlock(b) => b.release(key, keys, owner, keep_ms).await,
             _ => {
                 let release = Release {
                     keys,

@@ -364,13 +364,12 @@ impl Redlock {
         keys: &RedisNames,
         owner: &str,
         keep_ms: u64,
-        free_first: bool,
     ) -> Result<bool, CallError> {
         let release = Release {
             keys,
             owner,
             keep_ms,
-            free_first,
+            free_first: false,
         };
         let replies = self
             .on_all(self.command_timeout, |m| m.on_key(key, &release))
