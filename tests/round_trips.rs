@@ -46,9 +46,7 @@ async fn an_uncontended_cycle_is_two_round_trips() {
         .await
         .unwrap();
 
-    let client = redis::Client::open(redis.url()).unwrap();
-    let monitor = client.get_async_monitor().await.unwrap();
-    let mut lines = monitor.into_on_message::<String>();
+    let mut lines = monitor(&redis).await;
     for i in 0..100 {
         let g = m
             .lock(format!("fresh:{i}"))
@@ -58,12 +56,7 @@ async fn an_uncontended_cycle_is_two_round_trips() {
             .unwrap();
         g.release().await.unwrap();
     }
-    let mut raw = raw(&redis).await;
-    let _: String = redis::cmd("ECHO")
-        .arg("end-of-cycles")
-        .query_async(&mut raw)
-        .await
-        .unwrap();
+    mark(&redis, "end-of-cycles").await;
 
     // Per cycle: the plain `SET NX PX GET` that takes the lock, then the
     // release script.
@@ -86,6 +79,18 @@ fn release_keys(line: &str) -> Option<usize> {
     words.next()?;
     let keys: usize = words.next()?.trim_end_matches('"').parse().ok()?;
     (words.count() == keys + 1).then_some(keys)
+}
+
+/// The lines MONITOR shows from now on.
+async fn monitor(
+    redis: &distlock::testing::RedisServer,
+) -> impl futures_util::Stream<Item = String> + Unpin {
+    redis::Client::open(redis.url())
+        .unwrap()
+        .get_async_monitor()
+        .await
+        .unwrap()
+        .into_on_message::<String>()
 }
 
 /// Sends `marker` on a connection of its own, for `client_commands_until`.
@@ -120,12 +125,7 @@ async fn a_release_tries_the_one_key_script_only_for_a_hold_that_did_not_wait() 
     };
     await_waiter(&holder, "h").await;
 
-    let client = redis::Client::open(redis.url()).unwrap();
-    let mut lines = client
-        .get_async_monitor()
-        .await
-        .unwrap()
-        .into_on_message::<String>();
+    let mut lines = monitor(&redis).await;
     g.release().await.unwrap();
     let handed = waiting.await.unwrap().unwrap();
     mark(&redis, "end-of-first-release").await;
@@ -148,12 +148,7 @@ async fn reentry_costs_no_round_trip() {
     let m = manager(&redis).await;
     let outer = m.lock("k").acquire().await.unwrap();
 
-    let client = redis::Client::open(redis.url()).unwrap();
-    let mut lines = client
-        .get_async_monitor()
-        .await
-        .unwrap()
-        .into_on_message::<String>();
+    let mut lines = monitor(&redis).await;
     outer
         .scope(async {
             for _ in 0..10 {
@@ -162,12 +157,7 @@ async fn reentry_costs_no_round_trip() {
             }
         })
         .await;
-    let mut raw = raw(&redis).await;
-    let _: String = redis::cmd("ECHO")
-        .arg("end-of-reentry")
-        .query_async(&mut raw)
-        .await
-        .unwrap();
+    mark(&redis, "end-of-reentry").await;
     let commands = client_commands_until(&mut lines, "end-of-reentry").await;
     assert!(commands.is_empty(), "{commands:#?}");
     outer.release().await.unwrap();
