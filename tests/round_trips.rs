@@ -141,6 +141,74 @@ async fn a_release_tries_the_one_key_script_only_for_a_hold_that_did_not_wait() 
     assert!(!holder.lock("h").is_locked().await.unwrap());
 }
 
+/// A manager whose hand-off channel is subscribed (it has waited before, as
+/// every replica of a service that ran a while has) hears the first waiter
+/// that queues for its free hold (`!<owner>` on that channel), so the hold's
+/// release goes straight to the full release: one round trip, the lock handed
+/// over. A hold nobody queued for still takes the one-key release.
+#[tokio::test]
+async fn a_hold_told_of_its_first_waiter_releases_by_the_full_script_at_once() {
+    let redis = server();
+    let holder = manager(&redis).await;
+    let waiter = manager(&redis).await;
+    // The holder's manager waits once, which subscribes its hand-off channel.
+    let other = waiter.lock("w").acquire().await.unwrap();
+    let first_wait = {
+        let holder = holder.clone();
+        tokio::spawn(async move {
+            holder
+                .lock("w")
+                .wait(Duration::from_secs(10))
+                .acquire()
+                .await
+        })
+    };
+    await_waiter(&waiter, "w").await;
+    other.release().await.unwrap();
+    first_wait.await.unwrap().unwrap().release().await.unwrap();
+    let heard_before = holder.waited_for_notices_heard();
+
+    let g = holder.lock("h").acquire().await.unwrap();
+    let waiting = {
+        let waiter = waiter.clone();
+        tokio::spawn(async move {
+            waiter
+                .lock("h")
+                .wait(Duration::from_secs(10))
+                .acquire()
+                .await
+        })
+    };
+    await_waiter(&holder, "h").await;
+    eventually(Duration::from_secs(5), async || {
+        holder.waited_for_notices_heard() == heard_before + 1
+    })
+    .await
+    .expect("the holder's manager hears that a waiter queued");
+
+    let mut lines = monitor(&redis).await;
+    g.release().await.unwrap();
+    let handed = waiting.await.unwrap().unwrap();
+    mark(&redis, "end-of-told-release").await;
+    let commands = client_commands_until(&mut lines, "end-of-told-release").await;
+    let keys: Vec<_> = commands.iter().filter_map(|l| release_keys(l)).collect();
+    assert_eq!(keys, [4], "{commands:#?}");
+
+    // Nobody queues for this one: the one-key release, and no notice.
+    let free = holder.lock("free").acquire().await.unwrap();
+    free.release().await.unwrap();
+    handed.release().await.unwrap();
+    mark(&redis, "end-of-free-release").await;
+    let commands = client_commands_until(&mut lines, "end-of-free-release").await;
+    let keys: Vec<_> = commands.iter().filter_map(|l| release_keys(l)).collect();
+    assert_eq!(
+        keys,
+        [1, 4],
+        "the free hold's, then the handed one's: {commands:#?}"
+    );
+    assert_eq!(holder.waited_for_notices_heard(), heard_before + 1);
+}
+
 /// Re-entry is decided from the call chain's context: no round trip at all.
 #[tokio::test]
 async fn reentry_costs_no_round_trip() {

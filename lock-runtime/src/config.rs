@@ -292,6 +292,20 @@ pub(crate) fn owner_token() -> String {
     format!("{:032x}", rand::random::<u128>())
 }
 
+/// A fresh owner token for a default-lock hold of the manager whose hand-off
+/// route (8 hex digits, see `Core::handoff_route`) is `route`: 96 random bits
+/// in 24 hex digits, then the route. A waiter that queues for the lock while
+/// it is held this way tells the holder's manager on its hand-off channel
+/// (`acquire.lua`), so that the holder's release hands the lock over in one
+/// round trip. Any other route (never one of `Core`'s) gives a plain token.
+pub(crate) fn owner_token_routed(route: &str) -> String {
+    if route.len() == 8 && route.bytes().all(|b| b.is_ascii_hexdigit()) {
+        format!("{:024x}{route}", rand::random::<u128>() >> 32)
+    } else {
+        owner_token()
+    }
+}
+
 /// An owner token for one key of the multi-key acquisition whose id (the
 /// first [`ACQUISITION_ID_LEN`](crate::info::ACQUISITION_ID_LEN) hex digits) is `acquisition`: still unique
 /// per key (the other 64 bits are random), so that each key's hand-off and
@@ -304,6 +318,18 @@ pub(crate) fn owner_token_of(acquisition: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_routed_owner_token_ends_with_its_route() {
+        let token = owner_token_routed("0badf00d");
+        assert_eq!(token.len(), 32);
+        assert!(token.ends_with("0badf00d"));
+        assert!(token.bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_ne!(token, owner_token_routed("0badf00d"));
+        // Not a manager's route: a plain 32-digit token.
+        assert_eq!(owner_token_routed("0").len(), 32);
+        assert_eq!(owner_token_routed("").len(), 32);
+    }
 
     #[test]
     fn urls_lose_their_password_in_messages() {

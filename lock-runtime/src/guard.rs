@@ -354,11 +354,15 @@ impl<F: FnOnce()> Drop for ReleaseOnDrop<F> {
 
 /// Whether `release()` of `lease` tries the script that declares the lock's
 /// key alone first (see `Backend::release`): not when the hold waited for the
-/// lock, nor when another acquisition of this manager is queued for it; then
-/// someone most likely waits, and the full release hands the lock over in one
-/// round trip. (A release in the background never does.)
+/// lock, nor when another acquisition of this manager is queued for it, nor
+/// when a waiter of another manager told this one that it queued (its notice
+/// on the hand-off channel, see `acquire.lua`); then someone most likely
+/// waits, and the full release hands the lock over in one round trip. (A
+/// release in the background never does.)
 fn free_first(core: &Core, lease: &Lease) -> bool {
-    !lease.waited && !core.subscriber.has_queued(&lease.keys.lock)
+    // Asked first, so that the notice is forgotten whatever the answer.
+    let told = core.subscriber.take_waited_for(&lease.owner);
+    !told && !lease.waited && !core.subscriber.has_queued(&lease.keys.lock)
 }
 
 /// [`release_in_background`] of a granted lease (keeping a `min_hold`).

@@ -715,6 +715,13 @@ impl LockManager {
         self.inner.core.subscriber.delivered()
     }
 
+    /// How many notices "a waiter queued for one of your holds" this manager
+    /// has heard on its hand-off channel: for tests. Not a stable API.
+    #[doc(hidden)]
+    pub fn waited_for_notices_heard(&self) -> u64 {
+        self.inner.core.subscriber.waited_for_heard()
+    }
+
     /// How many round trips renewals have taken since the manager was built
     /// (pipelines and single calls): for tests that check renewal costs one
     /// round trip per server per tick. Not a stable API.

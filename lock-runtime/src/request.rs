@@ -457,6 +457,11 @@ impl LockRequest {
             // (see `weight_of` in shared_prelude.lua).
             owner: match (acquisition, weight) {
                 (Some(acquisition), _) => config::owner_token_of(&acquisition),
+                // The default lock's holds carry their manager's route, for
+                // the waiters that queue behind them (`owner_token_routed`).
+                (None, 1) if kind == LockKind::Exclusive && !redlock => {
+                    config::owner_token_routed(&core.handoff_route)
+                }
                 (None, 1) => owner_token(),
                 (None, weight) => format!("{}:{weight}", owner_token()),
             },

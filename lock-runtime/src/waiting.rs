@@ -17,7 +17,9 @@
 //! manager (`<prefix>handoff:<route>`, see `Core::handoff_channel`): there the
 //! message goes only to the waiter with that owner token (see
 //! [`Subscriber::expect_handoff`]), which then holds the lock without another
-//! round trip. Other waiters are not woken. That channel, once a waiter of the
+//! round trip. Other waiters are not woken. The first waiter that queues for
+//! a hold of the manager's also sends `!<owner>` there, so that the hold's
+//! release hands the lock over at once (see `guard::free_first`). That channel, once a waiter of the
 //! manager used it, stays subscribed ([`Subscriber::keep`]), so a wait on a
 //! key the manager never waited for subscribes to nothing.
 
@@ -51,7 +53,18 @@ pub(crate) struct Subscriber {
     /// How many acquisitions of this manager are queued for each lock (by its
     /// Redis name): a new one queues behind them without a first try.
     queued: Mutex<HashMap<String, usize>>,
+    /// Owner tokens of this manager's holds that a waiter queued for since
+    /// they were taken (its `!<owner>` notice on the hand-off channel), until
+    /// their release asks ([`Subscriber::take_waited_for`]). A notice for a
+    /// hold released some other way stays until the set is full, then the
+    /// set starts over: a lost entry costs a release one round trip, no more.
+    waited_for: Mutex<HashSet<String>>,
+    /// Notices heard, for tests.
+    waited_for_heard: AtomicU64,
 }
+
+/// Entries [`Subscriber::waited_for`] keeps at most.
+const WAITED_FOR_CAPACITY: usize = 4096;
 
 /// Where a hand-off addressed to one queued waiter is left for it.
 #[derive(Default)]
@@ -161,7 +174,40 @@ impl Subscriber {
             delivered: AtomicU64::new(0),
             handoffs: Mutex::new(HashMap::new()),
             queued: Mutex::new(HashMap::new()),
+            waited_for: Mutex::new(HashSet::new()),
+            waited_for_heard: AtomicU64::new(0),
         }
+    }
+
+    fn waited_for(&self) -> MutexGuard<'_, HashSet<String>> {
+        self.waited_for.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A waiter queued for the hold with owner token `owner` (the payload of
+    /// a `!` notice): its release will hand the lock over at once.
+    fn heard_waited_for(&self, owner: &[u8]) {
+        let Ok(owner) = std::str::from_utf8(owner) else {
+            return;
+        };
+        self.waited_for_heard.fetch_add(1, Ordering::Relaxed);
+        let mut set = self.waited_for();
+        if set.len() >= WAITED_FOR_CAPACITY {
+            set.clear();
+        }
+        set.insert(owner.to_owned());
+    }
+
+    /// Whether a waiter told this manager that it queued for the hold with
+    /// owner token `owner`; forgets it.
+    pub(crate) fn take_waited_for(&self, owner: &str) -> bool {
+        let mut set = self.waited_for();
+        !set.is_empty() && set.remove(owner)
+    }
+
+    /// How many `!` notices (a waiter queued for one of this manager's holds)
+    /// the manager has heard.
+    pub(crate) fn waited_for_heard(&self) -> u64 {
+        self.waited_for_heard.load(Ordering::Relaxed)
     }
 
     /// Keeps `channel` subscribed from now on, with or without waiters: for
@@ -531,6 +577,8 @@ async fn run_source(sub: &Subscriber, backend: &Backend, source: usize) {
                         }
                         // A hand-off: only its new holder hears it.
                         [b'=', handoff @ ..] => sub.hand_off(handoff),
+                        // A waiter queued for one of our holds.
+                        [b'!', owner @ ..] => sub.heard_waited_for(owner),
                         payload => sub.wake_one(msg.get_channel_name(), payload),
                     }
                 }

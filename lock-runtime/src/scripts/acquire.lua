@@ -31,7 +31,9 @@
 --          renewal, due a third of it after the hand-off, brings the TTL up to
 --          its lease), the whole lease for one that does not renew
 -- ARGV[10] hand-off base ("<prefix>handoff"), for the hand-offs this script
---          makes (each on "<base>:<route of the new holder>")
+--          makes (each on "<base>:<route of the new holder>"), and for the
+--          notice "!<holder's owner token>" the first queued waiter of a hold
+--          sends on "<base>:<the token's last 8 digits>" (its manager's route)
 -- ARGV[11] route: the hand-off tag of the caller's manager (hex), kept in its
 --          queue entry
 -- ARGV[12] the number of this attempt of the caller's, kept in its queue entry
@@ -105,6 +107,14 @@ if ARGV[4] == '+' then
   if queued then
     queue_enqueue(KEYS[3], KEYS[4], owner, ARGV[8], ARGV[9], ARGV[3], ARGV[11], ARGV[12], ARGV[6])
   end
-  mark_waited_for(KEYS[1], held)
+  if mark_waited_for(KEYS[1], held) and queued then
+    -- The first waiter of a hold tells the holder's manager, on its hand-off
+    -- channel (the route that ends the holder's owner token, see
+    -- config::owner_token_routed), so that the holder's release hands the
+    -- lock over at once instead of first trying release_free.lua. A manager
+    -- that never waited is not subscribed there: its release takes the two
+    -- steps. One message per contended hold; none for a free one.
+    redis.call('PUBLISH', ARGV[10] .. ':' .. string.sub(held, 25, 32), '!' .. string.sub(held, 1, 32))
+  end
 end
 return {0, redis.call('PTTL', KEYS[1]), owner}

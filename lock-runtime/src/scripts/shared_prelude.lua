@@ -103,11 +103,14 @@ local function live_members(set, now)
 end
 -- mark_waited_for(name, held): marks the lock value `held`, stored at
 -- `name`, as waited for ('+' after its 32-digit owner token; TTL kept), so
--- that its release wakes a waiter or hands it on.
+-- that its release wakes a waiter or hands it on. True when this call marked
+-- it (it was not marked before).
 local function mark_waited_for(name, held)
   if string.sub(held, 33, 33) ~= '+' then
     redis.call('SET', name, string.sub(held, 1, 32) .. '+' .. string.sub(held, 34), 'XX', 'KEEPTTL')
+    return true
   end
+  return false
 end
 -- Whether `value` is a lock value distlock wrote
 -- ("<32 hex owner><mark><token>:<since>:<holder>"): a script never changes a
