@@ -886,3 +886,64 @@ async fn a_hot_key_passed_around_by_sixteen_tasks_never_stalls() {
         done.load(std::sync::atomic::Ordering::Relaxed)
     );
 }
+
+/// The first waiter that queues for a free hold tells the holder's manager so
+/// (`!<owner>` on the holder's hand-off channel, published by the queue-up
+/// script), on one server and on a cluster, where the script runs on the
+/// lock's master and the holder's manager may listen on another node: each
+/// notice arrives before the release, and each release hands the lock over.
+/// (What the holder then sends is counted in
+/// `tests/round_trips.rs::a_hold_told_of_its_first_waiter_releases_by_the_full_script_at_once`.)
+async fn a_holder_hears_of_its_first_waiter(d: Deployment) {
+    let holder = d.manager().await;
+    let waiter = d.manager().await;
+    // The holder's manager waits once, which subscribes its hand-off channel.
+    let other = waiter.lock("first-wait").acquire().await.unwrap();
+    let first_wait = {
+        let holder = holder.clone();
+        tokio::spawn(async move {
+            holder
+                .lock("first-wait")
+                .wait(Duration::from_secs(10))
+                .acquire()
+                .await
+        })
+    };
+    await_waiter(&waiter, "first-wait").await;
+    other.release().await.unwrap();
+    first_wait.await.unwrap().unwrap().release().await.unwrap();
+    let before = holder.waited_for_notices_heard();
+
+    // Five keys: on a cluster they fall on different masters.
+    for i in 0..5u64 {
+        let key = format!("told:{i}");
+        let g = holder.lock(&key).acquire().await.unwrap();
+        let waiting = {
+            let (waiter, key) = (waiter.clone(), key.clone());
+            tokio::spawn(async move {
+                waiter
+                    .lock(key)
+                    .wait(Duration::from_secs(10))
+                    .acquire()
+                    .await
+            })
+        };
+        await_waiter(&holder, &key).await;
+        eventually(Duration::from_secs(5), async || {
+            holder.waited_for_notices_heard() == before + i + 1
+        })
+        .await
+        .unwrap_or_else(|| panic!("the holder of {key} heard of its waiter"));
+        g.release().await.unwrap();
+        let handed = waiting.await.unwrap().unwrap();
+        handed.release().await.unwrap();
+    }
+    // Holds nobody queued for send no notice.
+    for i in 0..5 {
+        let g = holder.lock(format!("free:{i}")).acquire().await.unwrap();
+        g.release().await.unwrap();
+    }
+    assert_eq!(holder.waited_for_notices_heard(), before + 5);
+}
+
+on_both!(a_holder_hears_of_its_first_waiter);

@@ -53,18 +53,30 @@ pub(crate) struct Subscriber {
     /// How many acquisitions of this manager are queued for each lock (by its
     /// Redis name): a new one queues behind them without a first try.
     queued: Mutex<HashMap<String, usize>>,
-    /// Owner tokens of this manager's holds that a waiter queued for since
-    /// they were taken (its `!<owner>` notice on the hand-off channel), until
-    /// their release asks ([`Subscriber::take_waited_for`]). A notice for a
-    /// hold released some other way stays until the set is full, then the
-    /// set starts over: a lost entry costs a release one round trip, no more.
-    waited_for: Mutex<HashSet<String>>,
-    /// Notices heard, for tests.
+    /// The `!<owner>` notices heard on the hand-off channel: which of this
+    /// manager's holds a waiter queued for since they were taken.
+    waited_for: Mutex<WaitedFor>,
+    /// Distinct notices heard, for tests.
     waited_for_heard: AtomicU64,
 }
 
-/// Entries [`Subscriber::waited_for`] keeps at most.
+/// Owner tokens of holds a waiter queued for, until their release asks
+/// ([`Subscriber::take_waited_for`]). A notice for a hold released some other
+/// way stays until `pending` is full, then it starts over: a lost entry costs
+/// a release one round trip, no more.
+#[derive(Default)]
+struct WaitedFor {
+    pending: HashSet<String>,
+    /// The last notices taken, while the manager listens to several servers
+    /// (a cluster's masters each relay every message): a copy that arrives
+    /// after its release took the first is recognised, not kept.
+    recently_taken: VecDeque<String>,
+}
+
+/// Entries `WaitedFor::pending` keeps at most.
 const WAITED_FOR_CAPACITY: usize = 4096;
+/// Entries `WaitedFor::recently_taken` keeps.
+const RECENTLY_TAKEN: usize = 64;
 
 /// Where a hand-off addressed to one queued waiter is left for it.
 #[derive(Default)]
@@ -174,34 +186,48 @@ impl Subscriber {
             delivered: AtomicU64::new(0),
             handoffs: Mutex::new(HashMap::new()),
             queued: Mutex::new(HashMap::new()),
-            waited_for: Mutex::new(HashSet::new()),
+            waited_for: Mutex::new(WaitedFor::default()),
             waited_for_heard: AtomicU64::new(0),
         }
     }
 
-    fn waited_for(&self) -> MutexGuard<'_, HashSet<String>> {
+    fn waited_for(&self) -> MutexGuard<'_, WaitedFor> {
         self.waited_for.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// A waiter queued for the hold with owner token `owner` (the payload of
-    /// a `!` notice): its release will hand the lock over at once.
+    /// a `!` notice): its release will hand the lock over at once. Copies of
+    /// one notice (one per server listened to) count once.
     fn heard_waited_for(&self, owner: &[u8]) {
         let Ok(owner) = std::str::from_utf8(owner) else {
             return;
         };
-        self.waited_for_heard.fetch_add(1, Ordering::Relaxed);
-        let mut set = self.waited_for();
-        if set.len() >= WAITED_FOR_CAPACITY {
-            set.clear();
+        let mut heard = self.waited_for();
+        if heard.recently_taken.iter().any(|taken| taken == owner) {
+            return;
         }
-        set.insert(owner.to_owned());
+        if heard.pending.len() >= WAITED_FOR_CAPACITY {
+            heard.pending.clear();
+        }
+        if heard.pending.insert(owner.to_owned()) {
+            self.waited_for_heard.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Whether a waiter told this manager that it queued for the hold with
     /// owner token `owner`; forgets it.
     pub(crate) fn take_waited_for(&self, owner: &str) -> bool {
-        let mut set = self.waited_for();
-        !set.is_empty() && set.remove(owner)
+        let mut heard = self.waited_for();
+        if heard.pending.is_empty() || !heard.pending.remove(owner) {
+            return false;
+        }
+        if self.dedupe.load(Ordering::Relaxed) {
+            if heard.recently_taken.len() == RECENTLY_TAKEN {
+                heard.recently_taken.pop_front();
+            }
+            heard.recently_taken.push_back(owner.to_owned());
+        }
+        true
     }
 
     /// How many `!` notices (a waiter queued for one of this manager's holds)
@@ -739,6 +765,27 @@ fn random_u64() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_notice_heard_from_several_servers_counts_once_and_a_late_copy_is_not_kept() {
+        let sub = Subscriber::new(Duration::from_secs(1), Duration::from_secs(1));
+        sub.dedupe.store(true, Ordering::Relaxed);
+        let owner = "00000000000000000000000a0badf00d";
+        sub.heard_waited_for(owner.as_bytes());
+        sub.heard_waited_for(owner.as_bytes());
+        assert_eq!(sub.waited_for_heard(), 1);
+        assert!(!sub.take_waited_for("some other owner"));
+        assert!(sub.take_waited_for(owner));
+        // A third master's copy, after the release took the notice.
+        sub.heard_waited_for(owner.as_bytes());
+        assert_eq!(sub.waited_for_heard(), 1);
+        assert!(!sub.take_waited_for(owner));
+        // A full set starts over rather than growing.
+        for i in 0..WAITED_FOR_CAPACITY + 1 {
+            sub.heard_waited_for(format!("{i:032x}").as_bytes());
+        }
+        assert!(sub.waited_for().pending.len() <= WAITED_FOR_CAPACITY);
+    }
 
     #[test]
     fn hand_off_messages_are_read_whole_or_not_at_all() {
