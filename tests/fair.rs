@@ -897,37 +897,14 @@ async fn a_hot_key_passed_around_by_sixteen_tasks_never_stalls() {
 async fn a_holder_hears_of_its_first_waiter(d: Deployment) {
     let holder = d.manager().await;
     let waiter = d.manager().await;
-    // The holder's manager waits once, which subscribes its hand-off channel.
-    let other = waiter.lock("first-wait").acquire().await.unwrap();
-    let first_wait = {
-        let holder = holder.clone();
-        tokio::spawn(async move {
-            holder
-                .lock("first-wait")
-                .wait(Duration::from_secs(10))
-                .acquire()
-                .await
-        })
-    };
-    await_waiter(&waiter, "first-wait").await;
-    other.release().await.unwrap();
-    first_wait.await.unwrap().unwrap().release().await.unwrap();
+    wait_once(&holder, &waiter, "first-wait").await;
     let before = holder.waited_for_notices_heard();
 
     // Five keys: on a cluster they fall on different masters.
     for i in 0..5u64 {
         let key = format!("told:{i}");
         let g = holder.lock(&key).acquire().await.unwrap();
-        let waiting = {
-            let (waiter, key) = (waiter.clone(), key.clone());
-            tokio::spawn(async move {
-                waiter
-                    .lock(key)
-                    .wait(Duration::from_secs(10))
-                    .acquire()
-                    .await
-            })
-        };
+        let waiting = spawn_waiter(&waiter, &key);
         await_waiter(&holder, &key).await;
         eventually(Duration::from_secs(5), async || {
             holder.waited_for_notices_heard() == before + i + 1

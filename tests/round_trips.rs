@@ -93,6 +93,19 @@ async fn monitor(
         .into_on_message::<String>()
 }
 
+/// Sends the marker `end`, and returns the client commands MONITOR shows
+/// until it, with the number of keys each release script among them declared.
+async fn release_scripts_until(
+    redis: &distlock::testing::RedisServer,
+    lines: &mut (impl futures_util::Stream<Item = String> + Unpin),
+    end: &str,
+) -> (Vec<usize>, Vec<String>) {
+    mark(redis, end).await;
+    let commands = client_commands_until(lines, end).await;
+    let keys = commands.iter().filter_map(|l| release_keys(l)).collect();
+    (keys, commands)
+}
+
 /// Sends `marker` on a connection of its own, for `client_commands_until`.
 async fn mark(redis: &distlock::testing::RedisServer, marker: &str) {
     let mut raw = raw(redis).await;
@@ -113,30 +126,17 @@ async fn a_release_tries_the_one_key_script_only_for_a_hold_that_did_not_wait() 
     let holder = manager(&redis).await;
     let waiter = manager(&redis).await;
     let g = holder.lock("h").acquire().await.unwrap();
-    let waiting = {
-        let waiter = waiter.clone();
-        tokio::spawn(async move {
-            waiter
-                .lock("h")
-                .wait(Duration::from_secs(10))
-                .acquire()
-                .await
-        })
-    };
+    let waiting = spawn_waiter(&waiter, "h");
     await_waiter(&holder, "h").await;
 
     let mut lines = monitor(&redis).await;
     g.release().await.unwrap();
     let handed = waiting.await.unwrap().unwrap();
-    mark(&redis, "end-of-first-release").await;
-    let first = client_commands_until(&mut lines, "end-of-first-release").await;
-    let keys: Vec<_> = first.iter().filter_map(|l| release_keys(l)).collect();
+    let (keys, first) = release_scripts_until(&redis, &mut lines, "end-of-first-release").await;
     assert_eq!(keys, [1, 4], "{first:#?}");
 
     handed.release().await.unwrap();
-    mark(&redis, "end-of-second-release").await;
-    let second = client_commands_until(&mut lines, "end-of-second-release").await;
-    let keys: Vec<_> = second.iter().filter_map(|l| release_keys(l)).collect();
+    let (keys, second) = release_scripts_until(&redis, &mut lines, "end-of-second-release").await;
     assert_eq!(keys, [4], "{second:#?}");
     assert!(!holder.lock("h").is_locked().await.unwrap());
 }
@@ -151,34 +151,11 @@ async fn a_hold_told_of_its_first_waiter_releases_by_the_full_script_at_once() {
     let redis = server();
     let holder = manager(&redis).await;
     let waiter = manager(&redis).await;
-    // The holder's manager waits once, which subscribes its hand-off channel.
-    let other = waiter.lock("w").acquire().await.unwrap();
-    let first_wait = {
-        let holder = holder.clone();
-        tokio::spawn(async move {
-            holder
-                .lock("w")
-                .wait(Duration::from_secs(10))
-                .acquire()
-                .await
-        })
-    };
-    await_waiter(&waiter, "w").await;
-    other.release().await.unwrap();
-    first_wait.await.unwrap().unwrap().release().await.unwrap();
+    wait_once(&holder, &waiter, "w").await;
     let heard_before = holder.waited_for_notices_heard();
 
     let g = holder.lock("h").acquire().await.unwrap();
-    let waiting = {
-        let waiter = waiter.clone();
-        tokio::spawn(async move {
-            waiter
-                .lock("h")
-                .wait(Duration::from_secs(10))
-                .acquire()
-                .await
-        })
-    };
+    let waiting = spawn_waiter(&waiter, "h");
     await_waiter(&holder, "h").await;
     eventually(Duration::from_secs(5), async || {
         holder.waited_for_notices_heard() == heard_before + 1
@@ -189,18 +166,14 @@ async fn a_hold_told_of_its_first_waiter_releases_by_the_full_script_at_once() {
     let mut lines = monitor(&redis).await;
     g.release().await.unwrap();
     let handed = waiting.await.unwrap().unwrap();
-    mark(&redis, "end-of-told-release").await;
-    let commands = client_commands_until(&mut lines, "end-of-told-release").await;
-    let keys: Vec<_> = commands.iter().filter_map(|l| release_keys(l)).collect();
+    let (keys, commands) = release_scripts_until(&redis, &mut lines, "end-of-told-release").await;
     assert_eq!(keys, [4], "{commands:#?}");
 
     // Nobody queues for this one: the one-key release, and no notice.
     let free = holder.lock("free").acquire().await.unwrap();
     free.release().await.unwrap();
     handed.release().await.unwrap();
-    mark(&redis, "end-of-free-release").await;
-    let commands = client_commands_until(&mut lines, "end-of-free-release").await;
-    let keys: Vec<_> = commands.iter().filter_map(|l| release_keys(l)).collect();
+    let (keys, commands) = release_scripts_until(&redis, &mut lines, "end-of-free-release").await;
     assert_eq!(
         keys,
         [1, 4],

@@ -146,6 +146,26 @@ pub async fn await_waiter(m: &LockManager, key: &str) {
     assert!(queued.is_some(), "nobody ever waited for {key}");
 }
 
+/// Spawns an acquisition of `key` by `m` that waits for it (up to 10 s), for
+/// a test that holds the lock meanwhile.
+pub fn spawn_waiter(
+    m: &LockManager,
+    key: &str,
+) -> tokio::task::JoinHandle<Result<distlock::LockGuard, distlock::LockError>> {
+    let (m, key) = (m.clone(), key.to_owned());
+    tokio::spawn(async move { m.lock(key).wait(Duration::from_secs(10)).acquire().await })
+}
+
+/// Makes `m` wait once for a lock `other` holds (`key`), which subscribes
+/// `m`'s hand-off channel for good, as in a service that has run a while.
+pub async fn wait_once(m: &LockManager, other: &LockManager, key: &str) {
+    let held = other.lock(key).acquire().await.unwrap();
+    let waiting = spawn_waiter(m, key);
+    await_waiter(other, key).await;
+    held.release().await.unwrap();
+    waiting.await.unwrap().unwrap().release().await.unwrap();
+}
+
 thread_local! {
     /// Where `logged` collects this thread's log lines, while it runs.
     static CAPTURE: std::cell::RefCell<Option<Vec<u8>>> = const { std::cell::RefCell::new(None) };
