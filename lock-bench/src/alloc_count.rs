@@ -6,9 +6,12 @@
 //! in the other scenarios run under it alike.
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicIsize, Ordering};
+use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};
 
 static LIVE: AtomicIsize = AtomicIsize::new(0);
+/// Allocations made (`alloc`, `alloc_zeroed` and `realloc` calls), for
+/// `--profile`'s allocations per cycle.
+static CALLS: AtomicUsize = AtomicUsize::new(0);
 
 pub struct Counting;
 
@@ -17,6 +20,7 @@ unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: the caller's contract is passed on to System.
         let p = unsafe { System.alloc(layout) };
+        CALLS.fetch_add(1, Ordering::Relaxed);
         if !p.is_null() {
             LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
         }
@@ -26,6 +30,7 @@ unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         // SAFETY: as above.
         let p = unsafe { System.alloc_zeroed(layout) };
+        CALLS.fetch_add(1, Ordering::Relaxed);
         if !p.is_null() {
             LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
         }
@@ -41,6 +46,7 @@ unsafe impl GlobalAlloc for Counting {
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: as above.
         let p = unsafe { System.realloc(ptr, layout, new_size) };
+        CALLS.fetch_add(1, Ordering::Relaxed);
         if !p.is_null() {
             LIVE.fetch_add(
                 new_size as isize - layout.size() as isize,
@@ -54,4 +60,9 @@ unsafe impl GlobalAlloc for Counting {
 /// Heap bytes allocated and not yet freed, by the whole process.
 pub fn live_bytes() -> isize {
     LIVE.load(Ordering::Relaxed)
+}
+
+/// Allocation calls made so far by the whole process.
+pub fn allocations() -> usize {
+    CALLS.load(Ordering::Relaxed)
 }

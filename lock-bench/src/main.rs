@@ -341,15 +341,18 @@ async fn bench(args: Args) -> Result<()> {
         if env.is_cluster() && kind == scenarios::common::Kind::Rslock {
             bail!("rslock has no Redis Cluster support");
         }
+        let allocations = alloc_count::allocations();
         let (n, d) = scenarios::common::profile_loop(&env, kind, tasks, seconds).await?;
+        let allocations = alloc_count::allocations() - allocations;
         let per = |x: f64| x * 1e6 / n.max(1) as f64;
         println!(
-            "profile: {} x {tasks} tasks: {n} cycles in {seconds} s ({:.0}/s); per cycle: client cpu {:.1} us, redis cpu {:.1} us, {:.2} commands",
+            "profile: {} x {tasks} tasks: {n} cycles in {seconds} s ({:.0}/s); per cycle: client cpu {:.1} us, redis cpu {:.1} us, {:.2} commands, {:.1} allocations",
             kind.label(),
             n as f64 / seconds,
             per(d.client_cpu_seconds),
             per(d.cpu_seconds),
             d.commands as f64 / n.max(1) as f64,
+            allocations as f64 / n.max(1) as f64,
         );
         return Ok(());
     }
