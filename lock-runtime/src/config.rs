@@ -289,7 +289,19 @@ pub(crate) fn redact_all(urls: &[String]) -> String {
 /// so that no other client can guess or collide with it, without a `getrandom`
 /// system call per acquisition.
 pub(crate) fn owner_token() -> String {
-    format!("{:032x}", rand::random::<u128>())
+    let mut token = String::with_capacity(32);
+    push_hex(&mut token, rand::random::<u128>(), 32);
+    token
+}
+
+/// Appends the low `digits` hex digits of `value`, zero-padded: an owner
+/// token is made at every acquisition, and `format!` costs several times this.
+fn push_hex(out: &mut String, value: u128, digits: u32) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for i in (0..digits).rev() {
+        let nibble = (value >> (4 * i)) & 0xf;
+        out.push(char::from(HEX[nibble as usize]));
+    }
 }
 
 /// A fresh owner token for a default-lock hold of the manager whose hand-off
@@ -300,7 +312,10 @@ pub(crate) fn owner_token() -> String {
 /// round trip. Any other route (never one of `Core`'s) gives a plain token.
 pub(crate) fn owner_token_routed(route: &str) -> String {
     if route.len() == 8 && route.bytes().all(|b| b.is_ascii_hexdigit()) {
-        format!("{:024x}{route}", rand::random::<u128>() >> 32)
+        let mut token = String::with_capacity(32);
+        push_hex(&mut token, rand::random::<u128>(), 24);
+        token.push_str(route);
+        token
     } else {
         owner_token()
     }
@@ -329,6 +344,20 @@ mod tests {
         // Not a manager's route: a plain 32-digit token.
         assert_eq!(owner_token_routed("0").len(), 32);
         assert_eq!(owner_token_routed("").len(), 32);
+    }
+
+    #[test]
+    fn hex_digits_are_zero_padded_and_lowercase() {
+        let mut s = String::new();
+        push_hex(&mut s, 0xAB, 4);
+        assert_eq!(s, "00ab");
+        push_hex(&mut s, u128::MAX, 32);
+        assert_eq!(&s[4..], "f".repeat(32));
+        let token = owner_token();
+        assert_eq!(token.len(), 32);
+        assert!(token
+            .bytes()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')));
     }
 
     #[test]

@@ -67,8 +67,12 @@ pub(crate) struct Lease {
     holds: AtomicUsize,
     lost_notify: Notify,
     /// The latest renewal trouble (a failed or late renewal), for holders
-    /// that watch for it (`LockGuard::renewal_trouble`).
-    trouble: tokio::sync::watch::Sender<Option<RenewalTrouble>>,
+    /// that watch for it (`LockGuard::renewal_trouble`), who wait on
+    /// `trouble_notify`. Not a `watch` channel: that allocates at every grant
+    /// and wakes its (absent) receivers at every release, while a trouble is
+    /// rare and few holders watch for one.
+    trouble: std::sync::Mutex<Option<RenewalTrouble>>,
+    trouble_notify: Notify,
 }
 
 /// A renewal that failed or came late while the lease still held: the lease may
@@ -156,7 +160,8 @@ impl Lease {
             state: AtomicU8::new(HELD),
             holds: AtomicUsize::new(1),
             lost_notify: Notify::new(),
-            trouble: tokio::sync::watch::Sender::new(None),
+            trouble: std::sync::Mutex::new(None),
+            trouble_notify: Notify::new(),
         };
         lease.renewed(n.sent_at);
         lease
@@ -296,18 +301,22 @@ impl Lease {
 
     /// Reports a renewal trouble to the holders watching for one.
     pub(crate) fn report_trouble(&self, trouble: RenewalTrouble) {
-        self.trouble.send_replace(Some(trouble));
+        *self.trouble.lock().unwrap_or_else(|e| e.into_inner()) = Some(trouble);
+        self.trouble_notify.notify_waiters();
     }
 
     /// Completes at the next renewal trouble after the call.
     pub(crate) async fn next_trouble(&self) -> RenewalTrouble {
-        let mut troubles = self.trouble.subscribe();
         loop {
-            // The sender lives as long as the lease, which outlives this call.
-            if troubles.changed().await.is_err() {
-                std::future::pending::<()>().await;
-            }
-            if let Some(trouble) = troubles.borrow_and_update().clone() {
+            // Registered before any report that follows the call: the
+            // report stores the trouble, then wakes every registered waiter.
+            self.trouble_notify.notified().await;
+            if let Some(trouble) = self
+                .trouble
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+            {
                 return trouble;
             }
         }

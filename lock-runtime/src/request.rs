@@ -447,6 +447,7 @@ impl LockRequest {
         // place to record a token issued later: it takes its token at once.
         let eager_fencing =
             matches!(kind, LockKind::Read | LockKind::Permit { .. }) || eager_fencing;
+        let started = Instant::now();
         let acquired = Acquisition {
             core: &core,
             keys: core.keys_of(&key, kind),
@@ -472,10 +473,10 @@ impl LockRequest {
             max_hold,
             min_hold,
             metrics_label,
-            started: Instant::now(),
+            started,
             attempts: 0,
             waiting: false,
-            last_sent: Instant::now(),
+            last_sent: started,
             recent_attempts: std::collections::VecDeque::new(),
         }
         .run(manager.clone(), patience, wait)
@@ -760,11 +761,14 @@ impl Acquisition<'_> {
                     // the lock ours and resets its TTL to the whole lease).
                     let fencing_token = handed.fencing_token;
                     let ttl = self.handoff_ttl();
-                    let sent_at = self
-                        .recent_attempts
-                        .iter()
-                        .find(|(n, _)| *n == handed.attempt)
-                        .map(|(_, at)| *at);
+                    let sent_at = if handed.attempt == 1 {
+                        Some(self.started)
+                    } else {
+                        self.recent_attempts
+                            .iter()
+                            .find(|(n, _)| *n == handed.attempt)
+                            .map(|(_, at)| *at)
+                    };
                     // With `replica_ack`, a hand-off is never taken as it
                     // comes: the release that made it waited for no replica,
                     // so a failover could forget the lock and its token. The
@@ -808,7 +812,10 @@ impl Acquisition<'_> {
         self.attempts += 1;
         let sent_at = Instant::now();
         self.last_sent = sent_at;
-        if self.queue {
+        // Attempt 1 is not recorded: `started`, a little earlier than its
+        // send, stands for it (an earlier send time only shortens the lease
+        // the holder trusts), so a lock taken at once allocates nothing here.
+        if self.queue && self.attempts > 1 {
             if self.recent_attempts.len() == RECENT_ATTEMPTS {
                 self.recent_attempts.pop_front();
             }
