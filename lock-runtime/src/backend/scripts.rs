@@ -480,20 +480,52 @@ fn default_release_cmd(lua: &Lua, keys: &RedisNames, owner: &str, keep_ms: u64) 
     cmd
 }
 
-/// release_free.lua's call: the lock's key alone, the owner token, and the
-/// events channel when set.
+/// release_free.lua's call: the lock's key alone, the claim (the owner
+/// token and the unmarked byte, see [`Unmarked`]), and the events channel
+/// when set.
 fn release_free_cmd(lua: &Lua, keys: &RedisNames, owner: &str) -> Cmd {
     let with_events = !keys.events.is_empty();
     let mut cmd = lua.call(
         &[&keys.lock],
         1 + usize::from(with_events),
-        owner.len() + keys.events.len(),
+        owner.len() + 1 + keys.events.len(),
     );
-    cmd.arg(owner);
+    cmd.arg(Unmarked(owner));
     if with_events {
         cmd.arg(&keys.events);
     }
     cmd
+}
+
+/// The prefix of a default lock's value while nobody has queued for it: the
+/// owner token and `-` (a queued waiter makes it `+`), written as one
+/// argument without building a string for it.
+struct Unmarked<'a>(&'a str);
+
+impl redis::ToRedisArgs for Unmarked<'_> {
+    fn write_redis_args<W>(&self, out: &mut W)
+    where
+        W: ?Sized + redis::RedisWrite,
+    {
+        use std::io::Write as _;
+        let mut arg = out.writer_for_next_arg();
+        // Writes into the command's own buffer, which cannot fail.
+        let _ = arg.write_all(self.0.as_bytes());
+        let _ = arg.write_all(b"-");
+    }
+}
+
+/// release_free.lua's reply: the claim echoed (released), or 0 (not done:
+/// the full release follows). `None` for 0.
+fn release_free_reply(reply: redis::Value, owner: &str) -> RedisResult<Option<bool>> {
+    match &reply {
+        redis::Value::Int(0) => Ok(None),
+        redis::Value::BulkString(echoed) if echoed.strip_suffix(b"-") == Some(owner.as_bytes()) => {
+            Ok(Some(true))
+        }
+        redis::Value::BulkString(_) => Err(out_of_sync("the reply names another owner token")),
+        _ => release_reply(reply, owner).map(Some),
+    }
 }
 
 /// A release script's reply: `owner` alone (released: the default lock's
@@ -956,8 +988,8 @@ impl Scripts {
         if free_first && keep_ms == 0 && keys.kind == LockKind::Exclusive {
             let cmd = release_free_cmd(&self.release_free, keys, owner);
             let reply: redis::Value = self.release_free.invoke(conn, &cmd).await?;
-            if reply != redis::Value::Int(0) {
-                return release_reply(reply, owner);
+            if let Some(released) = release_free_reply(reply, owner)? {
+                return Ok(released);
             }
         }
         let cmd = self.release_cmd(keys, owner, keep_ms);
@@ -1337,6 +1369,26 @@ mod tests {
         assert!(release_reply(Value::Array(vec![Value::Int(1), text("you")]), "me").is_err());
         assert!(release_reply(Value::Nil, "me").is_err());
         assert!(release_reply(Value::Int(1), "me").is_err());
+    }
+
+    #[test]
+    fn the_free_release_sends_and_checks_the_claim() {
+        // The claim: the owner token and the unmarked byte, as one argument.
+        let mut cmd = Cmd::new();
+        cmd.arg(Unmarked("me"));
+        assert_eq!(cmd.args_iter().count(), 1);
+        assert!(matches!(
+            cmd.args_iter().next(),
+            Some(redis::Arg::Simple(arg)) if arg == b"me-"
+        ));
+        // Released: the claim echoed; not done: 0.
+        assert_eq!(release_free_reply(text("me-"), "me").unwrap(), Some(true));
+        assert_eq!(release_free_reply(Value::Int(0), "me").unwrap(), None);
+        // Another request's reply is out of sync.
+        assert!(release_free_reply(text("me"), "me").is_err());
+        assert!(release_free_reply(text("you-"), "me").is_err());
+        assert!(release_free_reply(Value::Nil, "me").is_err());
+        assert!(release_free_reply(Value::Int(1), "me").is_err());
     }
 
     #[test]
