@@ -13,6 +13,7 @@ mod alloc_count;
 mod charts;
 mod error;
 mod floor;
+mod pin;
 mod proxy;
 mod redis_stats;
 mod report;

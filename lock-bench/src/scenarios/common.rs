@@ -76,6 +76,26 @@ impl Env {
         Snapshot::take_all(&mut conns).await
     }
 
+    /// The process id of every server (`INFO server`), for `pin::OneCpu`.
+    pub async fn server_pids(&self) -> Result<Vec<u32>> {
+        let mut pids = Vec::new();
+        for conn in &self.stats {
+            let mut conn = conn.clone();
+            let info: String = redis::cmd("INFO")
+                .arg("server")
+                .query_async(&mut conn)
+                .await
+                .map_err(context("INFO server"))?;
+            let pid = info
+                .lines()
+                .find_map(|l| l.strip_prefix("process_id:"))
+                .and_then(|v| v.trim().parse().ok())
+                .ok_or("INFO server has no process_id")?;
+            pids.push(pid);
+        }
+        Ok(pids)
+    }
+
     /// Between scenarios: no locks, counters or channels left from before (on
     /// every server).
     pub async fn flush(&self) -> Result<()> {
@@ -293,22 +313,49 @@ pub struct Interleaved {
     pub ops: Vec<u64>,
     pub seconds: Vec<f64>,
     pub redis: Vec<Delta>,
+    /// The CPU the blocks ran on with the servers (see `pin.rs`), or why
+    /// they could not be confined to one.
+    pub one_cpu: std::result::Result<usize, String>,
 }
 
+impl Interleaved {
+    /// The note that says where the blocks ran.
+    pub fn cpu_note(&self) -> String {
+        match &self.one_cpu {
+            Ok(cpu) => format!("measured with the bench's threads and every server's on CPU {cpu} alone (see lock-bench/README.md, \"One CPU for the latency scenarios\")"),
+            Err(e) => format!("NOT confined to one CPU ({e}): on a VM the latencies may be bimodal (see lock-bench/README.md, \"One CPU for the latency scenarios\")"),
+        }
+    }
+}
+
+/// Runs `cycles` cycles of each cycler in blocks of `block`, rotating the
+/// order every round, after `warmup` cycles each. With `one_cpu`, the bench and
+/// the servers run on one CPU meanwhile (see `pin.rs`); Redlock's five members
+/// are left on every CPU, as its rows have always been measured.
 pub async fn run_interleaved(
     env: &Env,
     cyclers: Vec<Cycler>,
     warmup: u64,
     cycles: u64,
     block: u64,
+    one_cpu: bool,
 ) -> Result<Interleaved> {
     let n = cyclers.len();
     let mut slots: Vec<Option<Cycler>> = cyclers.into_iter().map(Some).collect();
+    let pinned = if one_cpu {
+        crate::pin::OneCpu::pin(&env.server_pids().await?)
+    } else {
+        Err(std::io::Error::other("not asked for"))
+    };
     let mut out = Interleaved {
         hist: (0..n).map(|_| new_histogram()).collect::<Result<_>>()?,
         ops: vec![0; n],
         seconds: vec![0.0; n],
         redis: vec![Delta::default(); n],
+        one_cpu: match &pinned {
+            Ok(p) => Ok(p.cpu),
+            Err(e) => Err(e.to_string()),
+        },
     };
     for slot in &mut slots {
         let (c, ..) = block_in_task(slot, warmup).await?;

@@ -28,7 +28,7 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
             .await?,
         );
     }
-    let m = run_interleaved(env, cyclers, warmup, cycles, block).await?;
+    let m = run_interleaved(env, cyclers, warmup, cycles, block, true).await?;
     let mut rows = Vec::new();
     for (i, kind) in kinds.iter().enumerate() {
         let rt = round_trips_per_cycle(env, *kind, key, if env.quick { 50 } else { 500 }).await?;
@@ -54,6 +54,7 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
         ),
         notes: vec![
             "the manual guard is `manager.lock(\"bench:0\").lease(30s).acquire()` + `release()`; the attribute also formats the key and runs the body under `scope_until_lost`".to_owned(),
+            m.cpu_note(),
         ],
         rows,
         references: 1,

@@ -44,7 +44,7 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
     for (i, kind) in kinds.iter().enumerate() {
         cyclers.push(Cycler::connect(*kind, &env.target, key, i as u64).await?);
     }
-    let m = run_interleaved(env, cyclers, warmup, cycles, block).await?;
+    let m = run_interleaved(env, cyclers, warmup, cycles, block, true).await?;
     let mut rows = Vec::new();
     for (i, kind) in kinds.iter().enumerate() {
         let rt = round_trips_per_cycle(env, *kind, key, if env.quick { 50 } else { 500 }).await?;
@@ -70,6 +70,7 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
                 "minimal floor: SET key owner NX PX + compare-and-delete script through the same ClusterConnection".to_owned(),
                 "cmds/op, evalsha/op and redis cpu are summed over the 3 masters; rt/op is not reported: the cluster client learns node addresses from CLUSTER SLOTS and would go around a counting proxy".to_owned(),
                 "no rslock row: rslock has no Redis Cluster support".to_owned(),
+                m.cpu_note(),
             ],
             rows,
             references: 2,
@@ -91,6 +92,7 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
             "cmds/op counts script-internal commands (INFO commandstats); rt/op is counted through a RESP-parsing proxy in a separate pass".to_owned(),
             "distlock: the default (a token only on demand; none asked for here): a plain SET NX PX GET, then the release script (GET, DEL)".to_owned(),
             "distlock eager_fencing: the token issued inside the acquisition (a script that reads and writes the fencing counter)".to_owned(),
+            m.cpu_note(),
         ],
         rows,
         references: 2,
@@ -128,7 +130,7 @@ async fn redlock(
         Cycler::connect(Kind::Distlock, &env.single_target(), key, 0).await?,
         Cycler::connect(Kind::Distlock, &env.target, key, 1).await?,
     ];
-    let m = run_interleaved(env, cyclers, warmup, cycles, block).await?;
+    let m = run_interleaved(env, cyclers, warmup, cycles, block, false).await?;
     let rt_cycles = if env.quick { 50 } else { 500 };
     let rts = [
         round_trips_per_cycle(env, Kind::Distlock, key, rt_cycles).await?,
