@@ -14,8 +14,8 @@
 //!   script, on a name as long as distlock's (the minimal floor of lock-bench).
 //! * `distlock`: the runtime's commands for a hold that did not wait:
 //!   `SET name value NX PX GET` (the lock's value: owner, mark, token, time,
-//!   holder) and `release_free.lua` (the lock's key alone, the owner token, a
-//!   string reply).
+//!   holder) and `release_free.lua` (the lock's key alone, the owner token
+//!   followed by `-`, a string reply).
 //! * `distlock, full release`: the same with `release.lua` as sent for a hold
 //!   that waited (four keys: the lock, its fencing counter, its queue and the
 //!   queue's entries), as every release was before `release_free.lua`.
@@ -159,6 +159,7 @@ async fn measure(
         tasks.push(tokio::spawn(async move {
             let owner = format!("{:032x}", (task as u128 + 1) * 0x1234_5678_9abc_def1);
             let value = format!("{owner}-0:1764000000000:bench-host pid 12345 lock-bench");
+            let claim = format!("{owner}-");
             for _ in 0..BATCHES {
                 let mut take = redis::pipe();
                 let mut give = redis::pipe();
@@ -196,7 +197,8 @@ async fn measure(
                     match variant {
                         Variant::Minimal => {}
                         Variant::Distlock => {
-                            release.arg(&shas[4]).arg(1).arg(&lock).arg(&owner);
+                            // The claim: the owner token and the unmarked byte.
+                            release.arg(&shas[4]).arg(1).arg(&lock).arg(&claim);
                         }
                         Variant::DistlockFullRelease => {
                             release.arg(&shas[1]).arg(4).arg(&all_keys).arg(&owner);
