@@ -314,16 +314,17 @@ pub struct Interleaved {
     pub seconds: Vec<f64>,
     pub redis: Vec<Delta>,
     /// The CPU the blocks ran on with the servers (see `pin.rs`), or why
-    /// they could not be confined to one.
-    pub one_cpu: std::result::Result<usize, String>,
+    /// they could not be confined to one; `None` when not asked to.
+    pub one_cpu: Option<std::result::Result<usize, String>>,
 }
 
 impl Interleaved {
     /// The note that says where the blocks ran.
     pub fn cpu_note(&self) -> String {
         match &self.one_cpu {
-            Ok(cpu) => format!("measured with the bench's threads and every server's on CPU {cpu} alone (see lock-bench/README.md, \"One CPU for the latency scenarios\")"),
-            Err(e) => format!("NOT confined to one CPU ({e}): on a VM the latencies may be bimodal (see lock-bench/README.md, \"One CPU for the latency scenarios\")"),
+            None => "not confined to one CPU: the bench and the servers ran on every CPU".to_owned(),
+            Some(Ok(cpu)) => format!("measured with the bench's threads and every server's on CPU {cpu} alone (see lock-bench/README.md, \"One CPU for the latency scenarios\")"),
+            Some(Err(e)) => format!("NOT confined to one CPU ({e}): on a VM the latencies may be bimodal (see lock-bench/README.md, \"One CPU for the latency scenarios\")"),
         }
     }
 }
@@ -343,19 +344,18 @@ pub async fn run_interleaved(
     let n = cyclers.len();
     let mut slots: Vec<Option<Cycler>> = cyclers.into_iter().map(Some).collect();
     let pinned = if one_cpu {
-        crate::pin::OneCpu::pin(&env.server_pids().await?)
+        Some(crate::pin::OneCpu::pin(&env.server_pids().await?))
     } else {
-        Err(std::io::Error::other("not asked for"))
+        None
     };
     let mut out = Interleaved {
         hist: (0..n).map(|_| new_histogram()).collect::<Result<_>>()?,
         ops: vec![0; n],
         seconds: vec![0.0; n],
         redis: vec![Delta::default(); n],
-        one_cpu: match &pinned {
-            Ok(p) => Ok(p.cpu),
-            Err(e) => Err(e.to_string()),
-        },
+        one_cpu: pinned
+            .as_ref()
+            .map(|p| p.as_ref().map(|p| p.cpu).map_err(|e| e.to_string())),
     };
     for slot in &mut slots {
         let (c, ..) = block_in_task(slot, warmup).await?;

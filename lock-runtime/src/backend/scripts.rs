@@ -518,13 +518,15 @@ impl redis::ToRedisArgs for Unmarked<'_> {
 /// release_free.lua's reply: the claim echoed (released), or 0 (not done:
 /// the full release follows). `None` for 0.
 fn release_free_reply(reply: redis::Value, owner: &str) -> RedisResult<Option<bool>> {
-    match &reply {
+    match reply {
         redis::Value::Int(0) => Ok(None),
-        redis::Value::BulkString(echoed) if echoed.strip_suffix(b"-") == Some(owner.as_bytes()) => {
+        redis::Value::BulkString(ref echoed)
+            if echoed.strip_suffix(b"-") == Some(owner.as_bytes()) =>
+        {
             Ok(Some(true))
         }
         redis::Value::BulkString(_) => Err(out_of_sync("the reply names another owner token")),
-        _ => release_reply(reply, owner).map(Some),
+        _ => Err(out_of_sync("the free release got a reply of another shape")),
     }
 }
 
