@@ -48,7 +48,7 @@ async fn lock_wait_renew_and_release_over_tls() {
         .acquire()
         .await
         .unwrap();
-    let channel = a.redis_names("k").channel;
+    let channel = a.redis_names("k").channel().to_owned();
     let waiter =
         tokio::spawn(async move { b.lock("k").wait(Duration::from_secs(10)).acquire().await });
     let mut raw = raw(&redis).await;

@@ -27,7 +27,7 @@ async fn acquire_then_release_frees_the_lock() {
     assert!(!exists(&mut raw, &names.lock).await);
     assert_eq!(m.held_count(), 0);
     // The hold never asked for a fencing token: no counter was written.
-    assert!(!exists(&mut raw, &names.fencing_counter).await);
+    assert!(!exists(&mut raw, names.fencing_counter()).await);
 }
 
 #[tokio::test]

@@ -54,7 +54,7 @@ fn keys_on_each_master(
         let master = cluster.master_of_key(&names.lock).unwrap();
         assert_eq!(
             key_slot(names.lock.as_bytes()),
-            key_slot(names.fencing_counter.as_bytes())
+            key_slot(names.fencing_counter().as_bytes())
         );
         if keys[master].len() < per_master {
             keys[master].push(key);
@@ -357,7 +357,7 @@ async fn a_waiter_is_woken_by_the_release() {
         .into_iter()
         .flatten()
     {
-        let channel = a.redis_names(&key).channel;
+        let channel = a.redis_names(&key).channel().to_owned();
         let held = a
             .lock(key.clone())
             .lease(Duration::from_secs(30))
@@ -491,7 +491,7 @@ async fn wake_ups_survive_a_subscriber_reconnect() {
     let a = manager_on(&cluster).await;
     let b = manager_on(&cluster).await;
     let key = "ct-resub".to_owned();
-    let channel = a.redis_names(&key).channel;
+    let channel = a.redis_names(&key).channel().to_owned();
     let held = a
         .lock(key.clone())
         .lease(Duration::from_secs(30))
@@ -587,16 +587,14 @@ async fn resharding_a_held_and_contended_lock() {
         tokio::task::block_in_place(|| {
             assert!(wait_blocking(Duration::from_secs(3), || numsub(
                 &cluster,
-                &names.channel
+                names.channel()
             ) >= 1));
         });
 
         if stepwise {
             let mut migration = tokio::task::block_in_place(|| {
                 let mut migration = cluster.begin_migration(slot, to).unwrap();
-                migration
-                    .migrate_keys(&[names.fencing_counter.as_str()])
-                    .unwrap();
+                migration.migrate_keys(&[names.fencing_counter()]).unwrap();
                 migration
             });
             // The lock and its fence are now split between two nodes: an
@@ -675,7 +673,7 @@ async fn failover_of_a_master_with_held_locks() {
     // is the one its subscriber is connected to (the waited-for lock is on
     // master 0, which may be that master too).
     let waiting_on = keys_on_each_master(&cluster, &a, "ct-failover-wait", 1)[0][0].clone();
-    let channel = a.redis_names(&waiting_on).channel;
+    let channel = a.redis_names(&waiting_on).channel().to_owned();
     let other_held = a
         .lock(waiting_on.clone())
         .lease(Duration::from_secs(30))

@@ -80,5 +80,5 @@ async fn a_test_with_a_default_manager_of_its_own() {
     assert_eq!(ran, 9);
     // It used this test's server, not the environment's.
     let mut raw = raw(&redis).await;
-    assert!(exists(&mut raw, &names.fencing_counter).await);
+    assert!(exists(&mut raw, names.fencing_counter()).await);
 }

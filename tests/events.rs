@@ -117,6 +117,25 @@ async fn every_kind_of_event_in_order(d: Deployment) {
         }
     );
 
+    // Taken while free, its token asked for afterwards: the release of a
+    // hold nobody waited for (one key, the whole value compared) reports it.
+    let held = a.lock(&key).acquire().await.unwrap();
+    match kind_of(&mut events, &key).await {
+        LockEventKind::Acquired {
+            fencing_token: None,
+            ..
+        } => {}
+        other => panic!("{other:?}"),
+    }
+    let token = held.fencing_token().await.unwrap();
+    held.release().await.unwrap();
+    assert_eq!(
+        kind_of(&mut events, &key).await,
+        LockEventKind::Released {
+            fencing_token: Some(token)
+        }
+    );
+
     // With a token; forced open by an operator; the holder's renewal (every
     // 100 ms of a 300 ms lease) then finds it gone.
     let held = a

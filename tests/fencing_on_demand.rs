@@ -66,7 +66,7 @@ async fn holds_that_never_ask_leave_no_counter() {
 
     let mut raw = raw(&redis).await;
     let names = a.redis_names("shared");
-    assert!(!exists(&mut raw, &names.fencing_counter).await);
+    assert!(!exists(&mut raw, names.fencing_counter()).await);
     assert!(!exists(&mut raw, &names.lock).await);
     assert_eq!(all_keys(&mut raw).await, Vec::<String>::new());
 
@@ -139,7 +139,7 @@ async fn a_token_asked_for_after_the_lock_was_lost_is_refused() {
         other => panic!("expected Lost, got {other:?}"),
     }
     assert!(g.is_lost());
-    assert!(!exists(&mut raw, &names.fencing_counter).await);
+    assert!(!exists(&mut raw, names.fencing_counter()).await);
     // The new holder's token is unaffected.
     assert!(thief.fencing_token().await.unwrap() > 0);
     // A lease already known to be lost is refused locally too.

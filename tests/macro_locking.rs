@@ -42,7 +42,7 @@ async fn the_body_runs_under_the_lock_and_releases_it() {
         "released"
     );
     assert!(
-        exists(&mut raw, &m.redis_names("order:42").fencing_counter).await,
+        exists(&mut raw, m.redis_names("order:42").fencing_counter()).await,
         "key formatted"
     );
     let next = ship(&m, 42, &ran).await.unwrap();

@@ -112,7 +112,7 @@ async fn a_key_whose_counter_expired_still_gets_a_larger_token() {
         }
         // ...then it expires with the lease (retention zero) and is gone.
         let deadline = Instant::now() + Duration::from_secs(2);
-        while exists(&mut raw, &names.fencing_counter).await {
+        while exists(&mut raw, names.fencing_counter()).await {
             assert!(Instant::now() < deadline, "the counter never expired");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
@@ -148,11 +148,11 @@ async fn memory_usage_of_a_held_lock() {
     };
     let g = m.lock(key).acquire().await.unwrap();
     let lock = usage(&mut raw, &names.lock).await.expect("the lock");
-    assert_eq!(usage(&mut raw, &names.fencing_counter).await, None);
+    assert_eq!(usage(&mut raw, names.fencing_counter()).await, None);
     assert_eq!(all_keys(&mut raw).await, std::slice::from_ref(&names.lock));
     g.fencing_token().await.unwrap();
     let with_token = usage(&mut raw, &names.lock).await.expect("the lock")
-        + usage(&mut raw, &names.fencing_counter)
+        + usage(&mut raw, names.fencing_counter())
             .await
             .expect("the counter");
     println!(

@@ -122,7 +122,7 @@ async fn one_release_wakes_one_waiter_per_manager(prefix: &str) {
         (b, g)
     });
     // Until the waiter listens on every member.
-    let channel = a.redis_names("wake").channel;
+    let channel = a.redis_names("wake").channel().to_owned();
     for s in &servers {
         let mut conn = raw(s).await;
         let listening = eventually(Duration::from_secs(5), async || {
@@ -327,7 +327,7 @@ async fn a_member_restarted_empty_lets_nobody_in_and_gets_the_lock_back() {
 async fn tokens_increase_across_majorities_with_and_without_a_member_ahead() {
     let servers = five();
     let m = redlock(urls(&servers)).await;
-    let fence = m.redis_names("fenced").fencing_counter;
+    let fence = m.redis_names("fenced").fencing_counter().to_owned();
     let ahead: u64 = 9_000_000_000_000_000;
     redis::cmd("SET")
         .arg(&fence)

@@ -154,7 +154,7 @@ async fn a_wake_up_taken_by_a_cancelled_waiter_is_passed_on() {
     let holder_m = manager(&redis).await;
     let waiters_m = manager(&redis).await;
     let mut raw = raw(&redis).await;
-    let channel = holder_m.redis_names("k").channel;
+    let channel = holder_m.redis_names("k").channel().to_owned();
     let mut handoffs = Vec::new();
     for round in 0..3 {
         let holder = holder_m
@@ -350,7 +350,7 @@ async fn a_stall_while_resubscribing_leaves_no_channel_behind() {
             .iter()
             .filter(|i| {
                 // The lock's channel, or its hand-off channel `<channel>:<route>`.
-                let channel = waiters_m.redis_names(&format!("k{i}")).channel.replacen(
+                let channel = waiters_m.redis_names(&format!("k{i}")).channel().replacen(
                     ":wake:",
                     ":semwake:",
                     1,

@@ -182,6 +182,32 @@ async fn a_hold_told_of_its_first_waiter_releases_by_the_full_script_at_once() {
     assert_eq!(holder.waited_for_notices_heard(), heard_before + 1);
 }
 
+/// The one-key release compares the whole value the hold wrote, its token
+/// included: a hold that took its token later, or inside its acquisition,
+/// still releases by that script in one round trip.
+#[tokio::test]
+async fn a_hold_with_a_token_releases_by_the_one_key_script() {
+    let redis = server();
+    let m = manager(&redis).await;
+    let warm_up = m.lock("warm-up").acquire().await.unwrap();
+    warm_up.fencing_token().await.unwrap();
+    warm_up.release().await.unwrap();
+
+    let mut lines = monitor(&redis).await;
+    let lazy = m.lock("lazy").acquire().await.unwrap();
+    assert!(lazy.fencing_token().await.unwrap() > 0);
+    lazy.release().await.unwrap();
+    let eager = m.lock("eager").eager_fencing(true).acquire().await.unwrap();
+    assert!(eager.issued_fencing_token().is_some());
+    eager.release().await.unwrap();
+    let (keys, commands) = release_scripts_until(&redis, &mut lines, "end-of-token-holds").await;
+    // SET NX, the token script, the release; the acquire script, the release.
+    assert_eq!(commands.len(), 5, "{commands:#?}");
+    assert_eq!(keys, [1, 1], "{commands:#?}");
+    assert!(!m.lock("lazy").is_locked().await.unwrap());
+    assert!(!m.lock("eager").is_locked().await.unwrap());
+}
+
 /// Re-entry is decided from the call chain's context: no round trip at all.
 #[tokio::test]
 async fn reentry_costs_no_round_trip() {

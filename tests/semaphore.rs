@@ -125,7 +125,7 @@ async fn a_release_wakes_a_waiter(d: Deployment) {
     // reach its cap.
     let channel = a
         .redis_names("wake")
-        .channel
+        .channel()
         .replacen("wake:", "semwake:", 1);
     let mut raw = d.raw_for(&a, "wake").await;
     let listening = eventually(Duration::from_secs(10), async || {

@@ -68,7 +68,7 @@ async fn release_wakes_a_waiter_without_polling() {
         (Instant::now(), g)
     });
     // Wait until the waiter's subscription is in place.
-    let channel = a.redis_names("k").channel;
+    let channel = a.redis_names("k").channel().to_owned();
     eventually(Duration::from_secs(5), async || {
         numsub(&mut raw, &channel).await == 1
     })
@@ -206,7 +206,7 @@ async fn a_killed_subscriber_reconnects_and_waiters_still_get_the_lock() {
     let a = manager(&redis).await;
     let b = manager(&redis).await;
     let mut raw = raw(&redis).await;
-    let channel = a.redis_names("k").channel;
+    let channel = a.redis_names("k").channel().to_owned();
     let holder = a.lock("k").acquire().await.unwrap();
     let waiter = {
         let b = b.clone();
@@ -347,7 +347,7 @@ async fn a_chain_of_hand_offs_is_woken_by_publishes() {
             released
         }));
     }
-    let channel = a.redis_names("k").channel;
+    let channel = a.redis_names("k").channel().to_owned();
     eventually(Duration::from_secs(5), async || {
         numsub(&mut raw, &channel).await == 1
     })
@@ -412,7 +412,7 @@ async fn a_waiter_that_loses_a_wake_up_keeps_its_place() {
         // Arrival order is registration order.
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let channel = holder_manager.redis_names("k").channel;
+    let channel = holder_manager.redis_names("k").channel().to_owned();
     eventually(Duration::from_secs(5), async || {
         numsub(&mut raw, &channel).await == 1
     })

@@ -88,36 +88,37 @@ impl std::fmt::Display for LockFamily {
 /// [`LockManager::redis_names`](crate::LockManager::redis_names): for
 /// inspection and tests. The runtime uses the same value for every call on
 /// the lock (with names only its scripts need).
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// Only the lock's own name is built with the value: a lock taken while free
+/// and released with nobody waiting touches no other name, so the others are
+/// built at their first use (each derived from the lock's name, whose prefix
+/// and tagged key they share).
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct RedisNames {
     /// Where the hold lives: for the default lock and a write lock a string
     /// `<owner><mark><token>:<since>:<holder>` whose TTL is the lease; for read
     /// locks and semaphores a sorted set of holders, which the renewal resets.
     pub lock: String,
-    /// The last fencing token issued for this lock; it outlives the lock by the
-    /// manager's [fence retention](crate::LockManagerBuilder::fence_retention).
-    pub fencing_counter: String,
-    /// The pub/sub channel on which a release wakes waiters that do not queue.
-    pub channel: String,
+    /// The length of the key prefix at the start of `lock`.
+    prefix_len: usize,
     pub(crate) kind: LockKind,
-    /// The other name a hold's scripts read: for a write lock the readers'
-    /// set, for a read lock the writer's string, for a semaphore its permit
-    /// count, for the default lock its queue of waiters.
-    pub(crate) related: String,
-    /// A read-write lock's writer intent: a waiting writer's owner token,
-    /// which keeps new readers out (so readers cannot starve writers); the
-    /// default lock's queue entries (each waiter's queue lease); empty for a
-    /// semaphore.
-    pub(crate) intent: String,
-    /// A shared kind's holder details (`rwrd`, `semd`: owner token ->
-    /// `<token>:<since>:<holder>`, see `scripts/shared_prelude.lua`); empty
-    /// for the default lock.
-    pub(crate) details: String,
+    /// The other names, once one of them is asked for.
+    siblings: std::sync::OnceLock<Siblings>,
     /// Where the scripts publish this lock's events (`<prefix>events:<key>`,
     /// see `LockManager::events`); empty when the manager does not publish
     /// them.
     pub(crate) events: String,
+}
+
+/// The names of a lock besides its own (see [`RedisNames`]'s accessors).
+#[derive(Debug, Clone)]
+struct Siblings {
+    fencing_counter: String,
+    channel: String,
+    related: String,
+    intent: String,
+    details: String,
 }
 
 /// The channel a lock's events are published on: `<prefix>events:<key>`, so
@@ -144,64 +145,146 @@ impl RedisNames {
     }
 
     pub(crate) fn of(prefix: &str, key: &str, kind: LockKind) -> Self {
-        let tag = hash_tag(key);
-        let tag = tag.as_str();
-        let name = |kind: &str| {
-            let mut s =
-                String::with_capacity(prefix.len() + kind.len() + tag.len() + key.len() + 4);
-            s.push_str(prefix);
-            s.push_str(kind);
-            s.push_str(":{");
-            s.push_str(tag);
-            s.push_str("}:");
-            s.push_str(key);
-            s
-        };
-        let (lock, fence, channel, related, intent, details) = match kind {
-            LockKind::Exclusive => (
-                name("lock"),
-                name("fence"),
-                name("wake"),
-                name("lockq"),
-                name("lockqe"),
-                String::new(),
-            ),
-            LockKind::Write => (
-                name("rw"),
-                name("rwfence"),
-                name("rwwake"),
-                name("rwr"),
-                name("rwi"),
-                name("rwrd"),
-            ),
-            LockKind::Read => (
-                name("rwr"),
-                name("rwfence"),
-                name("rwwake"),
-                name("rw"),
-                name("rwi"),
-                name("rwrd"),
-            ),
-            LockKind::Permit { .. } => (
-                name("sem"),
-                name("semfence"),
-                name("semwake"),
-                name("semp"),
-                String::new(),
-                name("semd"),
-            ),
-        };
         RedisNames {
-            lock,
-            fencing_counter: fence,
-            channel,
+            lock: tagged_name(prefix, kind.names().lock, key),
+            prefix_len: prefix.len(),
             kind,
-            related,
-            intent,
-            details,
+            siblings: std::sync::OnceLock::new(),
             events: String::new(),
         }
     }
+
+    /// The last fencing token issued for this lock; it outlives the lock by the
+    /// manager's [fence retention](crate::LockManagerBuilder::fence_retention).
+    pub fn fencing_counter(&self) -> &str {
+        &self.siblings().fencing_counter
+    }
+
+    /// The pub/sub channel on which a release wakes waiters that do not queue.
+    pub fn channel(&self) -> &str {
+        &self.siblings().channel
+    }
+
+    /// The other name a hold's scripts read: for a write lock the readers'
+    /// set, for a read lock the writer's string, for a semaphore its permit
+    /// count, for the default lock its queue of waiters.
+    pub(crate) fn related(&self) -> &str {
+        &self.siblings().related
+    }
+
+    /// A read-write lock's writer intent: a waiting writer's owner token,
+    /// which keeps new readers out (so readers cannot starve writers); the
+    /// default lock's queue entries (each waiter's queue lease); empty for a
+    /// semaphore.
+    pub(crate) fn intent(&self) -> &str {
+        &self.siblings().intent
+    }
+
+    /// A shared kind's holder details (`rwrd`, `semd`: owner token ->
+    /// `<token>:<since>:<holder>`, see `scripts/shared_prelude.lua`); empty
+    /// for the default lock.
+    pub(crate) fn details(&self) -> &str {
+        &self.siblings().details
+    }
+
+    fn siblings(&self) -> &Siblings {
+        self.siblings.get_or_init(|| {
+            let kinds = self.kind.names();
+            // `lock` is `<prefix><kind>:{<tag>}:<key>`: every sibling is the
+            // same with its own kind.
+            let prefix = self.lock.get(..self.prefix_len).unwrap_or_default();
+            let tagged_key = self
+                .lock
+                .get(self.prefix_len + kinds.lock.len()..)
+                .unwrap_or_default();
+            let name = |kind: &str| {
+                if kind.is_empty() {
+                    return String::new();
+                }
+                let mut s = String::with_capacity(prefix.len() + kind.len() + tagged_key.len());
+                s.push_str(prefix);
+                s.push_str(kind);
+                s.push_str(tagged_key);
+                s
+            };
+            Siblings {
+                fencing_counter: name(kinds.fencing_counter),
+                channel: name(kinds.channel),
+                related: name(kinds.related),
+                intent: name(kinds.intent),
+                details: name(kinds.details),
+            }
+        })
+    }
+}
+
+impl std::fmt::Debug for RedisNames {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisNames")
+            .field("lock", &self.lock)
+            .field("fencing_counter", &self.fencing_counter())
+            .field("channel", &self.channel())
+            .field("kind", &self.kind)
+            .field("events", &self.events)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Equal when they name the same lock: every other name follows from the
+/// lock's own and its kind.
+impl PartialEq for RedisNames {
+    fn eq(&self, other: &Self) -> bool {
+        self.lock == other.lock
+            && self.prefix_len == other.prefix_len
+            && self.kind == other.kind
+            && self.events == other.events
+    }
+}
+
+impl Eq for RedisNames {}
+
+/// The kind part of each of a lock's names (`<prefix><kind>:{<tag>}:<key>`);
+/// empty for a name the kind does not have.
+struct KindNames {
+    lock: &'static str,
+    fencing_counter: &'static str,
+    channel: &'static str,
+    related: &'static str,
+    intent: &'static str,
+    details: &'static str,
+}
+
+impl LockKind {
+    fn names(self) -> KindNames {
+        let (lock, fencing_counter, channel, related, intent, details) = match self {
+            LockKind::Exclusive => ("lock", "fence", "wake", "lockq", "lockqe", ""),
+            LockKind::Write => ("rw", "rwfence", "rwwake", "rwr", "rwi", "rwrd"),
+            LockKind::Read => ("rwr", "rwfence", "rwwake", "rw", "rwi", "rwrd"),
+            LockKind::Permit { .. } => ("sem", "semfence", "semwake", "semp", "", "semd"),
+        };
+        KindNames {
+            lock,
+            fencing_counter,
+            channel,
+            related,
+            intent,
+            details,
+        }
+    }
+}
+
+/// `<prefix><kind>:{<tag>}:<key>`, the tag being a hash of the key.
+fn tagged_name(prefix: &str, kind: &str, key: &str) -> String {
+    let tag = hash_tag(key);
+    let tag = tag.as_str();
+    let mut s = String::with_capacity(prefix.len() + kind.len() + tag.len() + key.len() + 4);
+    s.push_str(prefix);
+    s.push_str(kind);
+    s.push_str(":{");
+    s.push_str(tag);
+    s.push_str("}:");
+    s.push_str(key);
+    s
 }
 
 /// Every kind's names of one user key, for an operator's reading or
@@ -355,7 +438,7 @@ mod tests {
     fn lock_names_map_back_to_user_keys() {
         let keys = RedisNames::new("app*1:", "order:}:42");
         assert_eq!(user_key_of("app*1:", &keys.lock), Some("order:}:42"));
-        assert_eq!(user_key_of("app*1:", &keys.fencing_counter), None);
+        assert_eq!(user_key_of("app*1:", keys.fencing_counter()), None);
         assert_eq!(user_key_of("other:", &keys.lock), None);
         for kind in [
             LockKind::Exclusive,
@@ -365,8 +448,8 @@ mod tests {
         ] {
             let names = RedisNames::of("app*1:", "order:}:42", kind);
             assert_eq!(held_key_of("app*1:", &names.lock), Some("order:}:42"));
-            assert_eq!(held_key_of("app*1:", &names.fencing_counter), None);
-            assert_eq!(held_key_of("app*1:", &names.channel), None);
+            assert_eq!(held_key_of("app*1:", names.fencing_counter()), None);
+            assert_eq!(held_key_of("app*1:", names.channel()), None);
         }
         assert_eq!(
             any_kind_scan_pattern("app*1:", "order:*"),
@@ -405,8 +488,8 @@ mod tests {
             let k = RedisNames::new("distlock:", key);
             let tag = cluster_hash_part(&k.lock);
             assert_eq!(tag.len(), 16, "{key:?} -> {}", k.lock);
-            assert_eq!(cluster_hash_part(&k.fencing_counter), tag);
-            assert_eq!(cluster_hash_part(&k.channel), tag);
+            assert_eq!(cluster_hash_part(k.fencing_counter()), tag);
+            assert_eq!(cluster_hash_part(k.channel()), tag);
             assert!(k.lock.starts_with("distlock:lock:{"));
             assert!(k.lock.ends_with(key));
         }
@@ -416,12 +499,50 @@ mod tests {
     fn the_queue_names_share_the_tag_and_are_not_lock_names() {
         let keys = RedisNames::new("distlock:", "k");
         let tag = cluster_hash_part(&keys.lock);
-        for name in [&keys.related, &keys.intent] {
+        for name in [&keys.related(), &keys.intent()] {
             assert_eq!(cluster_hash_part(name), tag, "{name}");
             assert_eq!(user_key_of("distlock:", name), None);
         }
-        assert!(keys.related.starts_with("distlock:lockq:{"));
-        assert!(keys.intent.starts_with("distlock:lockqe:{"));
+        assert!(keys.related().starts_with("distlock:lockq:{"));
+        assert!(keys.intent().starts_with("distlock:lockqe:{"));
+    }
+
+    #[test]
+    fn sibling_names_are_built_from_the_lock_name_for_every_kind() {
+        let tag = hash_tag("a:{b}").as_str().to_owned();
+        let full = |kind: &str| format!("app*1:{kind}:{{{tag}}}:a:{{b}}");
+        let expected = [
+            (
+                LockKind::Exclusive,
+                ["lock", "fence", "wake", "lockq", "lockqe", ""],
+            ),
+            (
+                LockKind::Write,
+                ["rw", "rwfence", "rwwake", "rwr", "rwi", "rwrd"],
+            ),
+            (
+                LockKind::Read,
+                ["rwr", "rwfence", "rwwake", "rw", "rwi", "rwrd"],
+            ),
+            (
+                LockKind::Permit { permits: 3 },
+                ["sem", "semfence", "semwake", "semp", "", "semd"],
+            ),
+        ];
+        for (kind, [lock, fence, wake, related, intent, details]) in expected {
+            let names = RedisNames::of("app*1:", "a:{b}", kind);
+            // A clone taken before the siblings are built builds the same.
+            let early = names.clone();
+            let name_or_empty = |k: &str| if k.is_empty() { String::new() } else { full(k) };
+            assert_eq!(names.lock, full(lock));
+            assert_eq!(names.fencing_counter(), full(fence));
+            assert_eq!(names.channel(), full(wake));
+            assert_eq!(names.related(), full(related));
+            assert_eq!(names.intent(), name_or_empty(intent));
+            assert_eq!(names.details(), name_or_empty(details));
+            assert_eq!(early.fencing_counter(), names.fencing_counter());
+            assert_eq!(early, names);
+        }
     }
 
     #[test]
@@ -429,7 +550,7 @@ mod tests {
         let a = RedisNames::new("p:", "a");
         let b = RedisNames::new("p:", "a:fence");
         assert_ne!(a.lock, b.lock);
-        assert_ne!(a.fencing_counter, b.lock);
+        assert_ne!(a.fencing_counter(), b.lock);
         assert_ne!(a.lock, RedisNames::new("p:", "b").lock);
     }
 

@@ -477,6 +477,7 @@ impl LockRequest {
             attempts: 0,
             waiting: false,
             last_sent: started,
+            since_ms: 0,
             recent_attempts: std::collections::VecDeque::new(),
         }
         .run(manager.clone(), patience, wait)
@@ -538,6 +539,10 @@ struct Acquisition<'a> {
     waiting: bool,
     /// When the last attempt was sent.
     last_sent: Instant,
+    /// The acquisition time the last attempt wrote into the lock's value
+    /// (milliseconds since the Unix epoch): with the token and the holder,
+    /// the value the hold's release compares (see `scripts/release_free.lua`).
+    since_ms: u64,
     /// The numbers and send times of the last attempts of a queued
     /// acquisition, for a hand-off that names the attempt it answers.
     recent_attempts: std::collections::VecDeque<(u32, Instant)>,
@@ -560,7 +565,7 @@ impl Acquisition<'_> {
         // instead of trying first and taking the lock from under the waiter that
         // the release woke.
         let mut remaining = None;
-        if !(willing_to_wait && self.core.subscriber.has_waiters(&self.keys.channel)) {
+        if !(willing_to_wait && self.core.subscriber.has_waiters(self.keys.channel())) {
             remaining = match self.attempt().await? {
                 Attempt::Acquired {
                     fencing_token,
@@ -578,7 +583,7 @@ impl Acquisition<'_> {
         }
 
         let core = self.core.clone();
-        let registration = core.subscriber.register(&self.keys.channel);
+        let registration = core.subscriber.register(self.keys.channel());
         let _counted = telemetry::waiting(self.metrics_label);
         self.waiting = true;
         // A waiting writer announces itself to keep new readers out; if it
@@ -727,7 +732,7 @@ impl Acquisition<'_> {
                 // fails, the guard retries in the background.
                 if core
                     .backend
-                    .release(&self.key, &self.keys, &self.owner, 0, false)
+                    .release(&self.key, &self.keys, &self.owner, 0, None)
                     .await
                     .is_ok()
                 {
@@ -821,6 +826,7 @@ impl Acquisition<'_> {
             }
             self.recent_attempts.push_back((self.attempts, sent_at));
         }
+        self.since_ms = crate::info::now_ms();
         let lease_ms = u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX);
         let retention_ms =
             u64::try_from(self.core.config.fence_retention.as_millis()).unwrap_or(u64::MAX);
@@ -854,7 +860,7 @@ impl Acquisition<'_> {
                         .then(|| lease_ms.saturating_add(retention_ms)),
                     waiting: self.waiting,
                     queue: self.queue,
-                    since_ms: crate::info::now_ms(),
+                    since_ms: self.since_ms,
                     holder: &self.core.config.holder,
                     resize_permits: self.resize_permits,
                     queue_lease_ms: u64::try_from(QUEUE_LEASE.as_millis()).unwrap_or(u64::MAX),
@@ -951,6 +957,7 @@ impl Acquisition<'_> {
             attempts,
             waiting,
             last_sent: _,
+            since_ms,
             recent_attempts: _,
         } = self;
         let new = NewLease {
@@ -960,6 +967,7 @@ impl Acquisition<'_> {
             keys,
             owner,
             fencing_token,
+            since_ms,
             lease,
             renew,
             max_hold,

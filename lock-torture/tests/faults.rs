@@ -360,7 +360,7 @@ async fn leaked_locks(setup: &Setup, keys: &[String]) -> Vec<String> {
     let manager = setup.manager().await;
     let counters: BTreeSet<String> = keys
         .iter()
-        .map(|k| manager.redis_names(k).fencing_counter)
+        .map(|k| manager.redis_names(k).fencing_counter().to_owned())
         .collect();
     let mut leaked = Vec::new();
     for mut conn in setup.lock_node_conns().await {
@@ -2412,7 +2412,7 @@ fn s8_bad_input_is_refused_with_typed_errors_and_stays_in_the_prefix() {
             let names = m.redis_names("k");
             if during.len() != 2
                 || !during.iter().all(|k| k.starts_with(&prefix))
-                || after != [names.fencing_counter]
+                || after != [names.fencing_counter()]
             {
                 return Err(TestCaseError::fail(format!(
                     "prefix {prefix:?}: keys {during:?} then {after:?}"
@@ -3122,7 +3122,7 @@ async fn cluster_fault(fault: ClusterFault) {
     }
     let manager = setup.manager().await;
     let first_lock = manager.redis_names(&keys[0]).lock;
-    let first_counter = manager.redis_names(&keys[0]).fencing_counter;
+    let first_counter = manager.redis_names(&keys[0]).fencing_counter().to_owned();
     let lock_names: Vec<String> = keys.iter().map(|k| manager.redis_names(k).lock).collect();
     drop(manager);
     let LockTarget::Cluster(cluster) = &mut setup.target else {

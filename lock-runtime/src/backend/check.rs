@@ -150,12 +150,12 @@ where
         }
     }
 
-    check_subscribe(subscribe, &keys.channel, config)
+    check_subscribe(subscribe, keys.channel(), config)
         .await
         .map_err(|e| {
             refused(format!(
                 "SUBSCRIBE to {:?} was refused: {e}{}",
-                keys.channel,
+                keys.channel(),
                 permission_hint(&e, &config.key_prefix)
             ))
         })

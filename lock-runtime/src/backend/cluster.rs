@@ -456,7 +456,7 @@ impl Cluster {
                     keys,
                     owner,
                     keep_ms: 0,
-                    free_first: false,
+                    free: None,
                 };
                 super::require_replicas(key, reply, acked, ack, self.on_key(key, &release)).await
             }
@@ -567,7 +567,7 @@ impl Cluster {
                                     keys,
                                     owner,
                                     keep_ms: *keep_ms,
-                                    free_first: false,
+                                    free: None,
                                 },
                             )
                             .await
@@ -946,8 +946,8 @@ mod tests {
             crc16::State::<crc16::XMODEM>::calculate(b"{}x") % 16384
         );
         let keys = RedisNames::new("distlock:", "order:42");
-        assert_eq!(slot_of(&keys.lock), slot_of(&keys.fencing_counter));
-        assert_eq!(slot_of(&keys.lock), slot_of(&keys.channel));
+        assert_eq!(slot_of(&keys.lock), slot_of(keys.fencing_counter()));
+        assert_eq!(slot_of(&keys.lock), slot_of(keys.channel()));
     }
 
     #[test]

@@ -463,9 +463,9 @@ fn default_release_cmd(lua: &Lua, keys: &RedisNames, owner: &str, keep_ms: u64) 
     let mut cmd = lua.call(
         &[
             &keys.lock,
-            &keys.fencing_counter,
-            &keys.related,
-            &keys.intent,
+            keys.fencing_counter(),
+            keys.related(),
+            keys.intent(),
         ],
         argc,
         owner.len() + 20 + keys.events.len(),
@@ -480,29 +480,49 @@ fn default_release_cmd(lua: &Lua, keys: &RedisNames, owner: &str, keep_ms: u64) 
     cmd
 }
 
-/// release_free.lua's call: the lock's key alone, the claim (the owner
-/// token and the unmarked byte, see [`Unmarked`]), and the events channel
-/// when set.
-fn release_free_cmd(lua: &Lua, keys: &RedisNames, owner: &str) -> Cmd {
+/// release_free.lua's call: the lock's key alone, the value the hold wrote
+/// (see [`FreeValue`]), and the events channel when set.
+fn release_free_cmd(lua: &Lua, keys: &RedisNames, value: &FreeValue<'_>) -> Cmd {
     let with_events = !keys.events.is_empty();
     let mut cmd = lua.call(
         &[&keys.lock],
         1 + usize::from(with_events),
-        owner.len() + 1 + keys.events.len(),
+        value.len() + keys.events.len(),
     );
-    cmd.arg(Unmarked(owner));
+    cmd.arg(value);
     if with_events {
         cmd.arg(&keys.events);
     }
     cmd
 }
 
-/// The prefix of a default lock's value while nobody has queued for it: the
-/// owner token and `-` (a queued waiter makes it `+`), written as one
-/// argument without building a string for it.
-struct Unmarked<'a>(&'a str);
+/// A default lock's value while nobody has queued for it,
+/// `<owner>-<token>:<since>:<holder>` (see acquire.lua): what a free
+/// acquisition writes with `SET NX` (token 0), and what the free release
+/// compares whole (release_free.lua). Written into the command's buffer as one
+/// argument, without building a string for it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FreeValue<'a> {
+    /// The hold's owner token.
+    pub(crate) owner: &'a str,
+    /// The hold's fencing token as the lock records it: 0 until one is
+    /// issued.
+    pub(crate) token: u64,
+    /// The acquisition time the acquire wrote (milliseconds since the Unix
+    /// epoch).
+    pub(crate) since_ms: u64,
+    /// The holder's description the acquire wrote.
+    pub(crate) holder: &'a str,
+}
 
-impl redis::ToRedisArgs for Unmarked<'_> {
+impl FreeValue<'_> {
+    /// Its length in bytes, for the command's buffer.
+    fn len(&self) -> usize {
+        self.owner.len() + self.holder.len() + 3 + 2 * 20
+    }
+}
+
+impl redis::ToRedisArgs for FreeValue<'_> {
     fn write_redis_args<W>(&self, out: &mut W)
     where
         W: ?Sized + redis::RedisWrite,
@@ -510,18 +530,23 @@ impl redis::ToRedisArgs for Unmarked<'_> {
         use std::io::Write as _;
         let mut arg = out.writer_for_next_arg();
         // Writes into the command's own buffer, which cannot fail.
-        let _ = arg.write_all(self.0.as_bytes());
-        let _ = arg.write_all(b"-");
+        let _ = write!(
+            arg,
+            "{}-{}:{}:{}",
+            self.owner, self.token, self.since_ms, self.holder
+        );
     }
 }
 
-/// release_free.lua's reply: the claim echoed (released), or 0 (not done:
+/// release_free.lua's reply: the value echoed (released), or 0 (not done:
 /// the full release follows). `None` for 0.
 fn release_free_reply(reply: redis::Value, owner: &str) -> RedisResult<Option<bool>> {
     match reply {
         redis::Value::Int(0) => Ok(None),
         redis::Value::BulkString(ref echoed)
-            if echoed.strip_suffix(b"-") == Some(owner.as_bytes()) =>
+            if echoed
+                .strip_prefix(owner.as_bytes())
+                .is_some_and(|rest| rest.first() == Some(&b'-')) =>
         {
             Ok(Some(true))
         }
@@ -724,7 +749,7 @@ impl Scripts {
     ) -> RedisResult<AcquireAllReply> {
         let names: Vec<&str> = locks
             .iter()
-            .flat_map(|keys| [keys.lock.as_str(), keys.fencing_counter.as_str()])
+            .flat_map(|keys| [keys.lock.as_str(), keys.fencing_counter()])
             .collect();
         let publishes = locks.iter().any(|keys| !keys.events.is_empty());
         let events_len: usize = locks.iter().map(|keys| keys.events.len()).sum();
@@ -766,13 +791,12 @@ impl Scripts {
         lease_ms: u64,
         spec: &AcquireSpec<'_>,
     ) -> RedisResult<AcquireReply> {
-        let since = spec.since_ms.to_string();
-        let mut value = String::with_capacity(owner.len() + spec.holder.len() + since.len() + 4);
-        value.push_str(owner);
-        value.push_str("-0:");
-        value.push_str(&since);
-        value.push(':');
-        value.push_str(spec.holder);
+        let value = FreeValue {
+            owner,
+            token: 0,
+            since_ms: spec.since_ms,
+            holder: spec.holder,
+        };
         let mut cmd = Cmd::with_capacity(7, keys.lock.len() + value.len() + 24);
         cmd.arg("SET")
             .arg(&keys.lock)
@@ -836,9 +860,9 @@ impl Scripts {
             LockKind::Exclusive => lua.call(
                 &[
                     &keys.lock,
-                    &keys.fencing_counter,
-                    &keys.related,
-                    &keys.intent,
+                    keys.fencing_counter(),
+                    keys.related(),
+                    keys.intent(),
                 ],
                 13,
                 args_len
@@ -850,10 +874,10 @@ impl Scripts {
             LockKind::Write | LockKind::Read => lua.call(
                 &[
                     &keys.lock,
-                    &keys.fencing_counter,
-                    &keys.related,
-                    &keys.intent,
-                    &keys.details,
+                    keys.fencing_counter(),
+                    keys.related(),
+                    keys.intent(),
+                    keys.details(),
                 ],
                 6,
                 args_len,
@@ -861,9 +885,9 @@ impl Scripts {
             LockKind::Permit { .. } => lua.call(
                 &[
                     &keys.lock,
-                    &keys.fencing_counter,
-                    &keys.related,
-                    &keys.details,
+                    keys.fencing_counter(),
+                    keys.related(),
+                    keys.details(),
                 ],
                 8,
                 args_len,
@@ -964,16 +988,16 @@ impl Scripts {
     /// (its TTL set to it) instead of deleted, for a request's `min_hold`.
     fn release_cmd(&self, keys: &RedisNames, owner: &str, keep_ms: u64) -> Cmd {
         let lua = self.release_lua(keys.kind);
-        let args_len = owner.len() + keys.channel.len() + 20;
+        let args_len = owner.len() + keys.channel().len() + 20;
         let mut cmd = match keys.kind {
             LockKind::Exclusive => return default_release_cmd(lua, keys, owner, keep_ms),
-            LockKind::Write => lua.call(&[&keys.lock, &keys.intent], 3, args_len),
-            LockKind::Read => lua.call(&[&keys.lock, &keys.intent, &keys.details], 3, args_len),
+            LockKind::Write => lua.call(&[&keys.lock, keys.intent()], 3, args_len),
+            LockKind::Read => lua.call(&[&keys.lock, keys.intent(), keys.details()], 3, args_len),
             LockKind::Permit { .. } => {
-                lua.call(&[&keys.lock, &keys.related, &keys.details], 3, args_len)
+                lua.call(&[&keys.lock, keys.related(), keys.details()], 3, args_len)
             }
         };
-        cmd.arg(owner).arg(&keys.channel).arg(keep_ms);
+        cmd.arg(owner).arg(keys.channel()).arg(keep_ms);
         cmd
     }
 
@@ -985,10 +1009,10 @@ impl Scripts {
         keys: &RedisNames,
         owner: &str,
         keep_ms: u64,
-        free_first: bool,
+        free: Option<FreeValue<'_>>,
     ) -> RedisResult<bool> {
-        if free_first && keep_ms == 0 && keys.kind == LockKind::Exclusive {
-            let cmd = release_free_cmd(&self.release_free, keys, owner);
+        if let Some(value) = free.filter(|_| keep_ms == 0 && keys.kind == LockKind::Exclusive) {
+            let cmd = release_free_cmd(&self.release_free, keys, &value);
             let reply: redis::Value = self.release_free.invoke(conn, &cmd).await?;
             if let Some(released) = release_free_reply(reply, owner)? {
                 return Ok(released);
@@ -1019,11 +1043,11 @@ impl Scripts {
         let lua = self.renew_lua(keys.kind);
         let mut cmd = match keys.kind {
             LockKind::Permit { .. } => lua.call(
-                &[&keys.lock, &keys.details, &keys.related],
+                &[&keys.lock, keys.details(), keys.related()],
                 2,
                 owner.len() + 20,
             ),
-            LockKind::Read => lua.call(&[&keys.lock, &keys.details], 2, owner.len() + 20),
+            LockKind::Read => lua.call(&[&keys.lock, keys.details()], 2, owner.len() + 20),
             LockKind::Exclusive | LockKind::Write => lua.call(&[&keys.lock], 2, owner.len() + 20),
         };
         cmd.arg(owner).arg(lease_ms);
@@ -1048,7 +1072,7 @@ impl Scripts {
     ) -> RedisResult<bool> {
         let mut cmd =
             self.raise_fence
-                .call(&[&keys.lock, &keys.fencing_counter], 3, owner.len() + 40);
+                .call(&[&keys.lock, keys.fencing_counter()], 3, owner.len() + 40);
         cmd.arg(owner).arg(token).arg(fence_ttl_ms);
         let (ours, echoed): (i64, String) = self.raise_fence.invoke(conn, &cmd).await?;
         check_owner(&echoed, owner)?;
@@ -1067,7 +1091,7 @@ impl Scripts {
     ) -> RedisResult<Option<u64>> {
         let mut cmd =
             self.issue_token
-                .call(&[&keys.lock, &keys.fencing_counter], 2, owner.len() + 20);
+                .call(&[&keys.lock, keys.fencing_counter()], 2, owner.len() + 20);
         cmd.arg(owner).arg(fence_ttl_ms);
         let (ours, token, echoed): (i64, i64, String) = self.issue_token.invoke(conn, &cmd).await?;
         check_owner(&echoed, owner)?;
@@ -1088,18 +1112,18 @@ impl Scripts {
         let mut cmd = self.force_unlock.call(
             &[
                 &keys.lock,
-                &keys.fencing_counter,
-                &keys.related,
-                &keys.intent,
+                keys.fencing_counter(),
+                keys.related(),
+                keys.intent(),
             ],
             5,
-            keys.channel.len()
+            keys.channel().len()
                 + token.len()
                 + self.handoff_base.len()
                 + keys.events.len()
                 + only.len(),
         );
-        cmd.arg(&keys.channel)
+        cmd.arg(keys.channel())
             .arg(token)
             .arg(&self.handoff_base)
             .arg(&keys.events)
@@ -1121,15 +1145,15 @@ impl Scripts {
         let cmd = self.inspect_key.call(
             &[
                 &lock.lock,
-                &lock.related,
-                &lock.intent,
+                lock.related(),
+                lock.intent(),
                 &rw.lock,
-                &rw.related,
-                &rw.details,
-                &rw.intent,
+                rw.related(),
+                rw.details(),
+                rw.intent(),
                 &sem.lock,
-                &sem.details,
-                &sem.related,
+                sem.details(),
+                sem.related(),
             ],
             0,
             0,
@@ -1157,18 +1181,18 @@ impl Scripts {
         let mut cmd = self.force_unlock_shared.call(
             &[
                 &rw.lock,
-                &rw.related,
-                &rw.details,
-                &rw.intent,
+                rw.related(),
+                rw.details(),
+                rw.intent(),
                 &sem.lock,
-                &sem.details,
-                &sem.related,
+                sem.details(),
+                sem.related(),
             ],
             5,
-            rw.channel.len() + sem.channel.len() + token.len() + owner.len() + 8,
+            rw.channel().len() + sem.channel().len() + token.len() + owner.len() + 8,
         );
-        cmd.arg(&rw.channel)
-            .arg(&sem.channel)
+        cmd.arg(rw.channel())
+            .arg(sem.channel())
             .arg(token)
             .arg(mode)
             .arg(owner);
@@ -1215,7 +1239,7 @@ impl Scripts {
     ) -> RedisResult<PermitReply> {
         let cmd = self
             .permit_counts
-            .call(&[&keys.lock, &keys.related, &keys.details], 0, 0);
+            .call(&[&keys.lock, keys.related(), keys.details()], 0, 0);
         let (held, count): (i64, i64) = self.permit_counts.invoke(conn, &cmd).await?;
         Ok(match (held, count) {
             (-2, _) => PermitReply::Foreign,
@@ -1274,7 +1298,7 @@ impl Scripts {
             steps.push(ProbeStep::command("SCRIPT LOAD"));
         }
         // Without a counter a token is the server's TIME.
-        pipe.cmd("DEL").arg(&keys.fencing_counter);
+        pipe.cmd("DEL").arg(keys.fencing_counter());
         steps.push(ProbeStep::command("DEL"));
         let spec = AcquireSpec {
             queue: true,
@@ -1283,15 +1307,24 @@ impl Scripts {
             handoff_route: "0",
             ..AcquireSpec::without_waiting("distlock start-up probe", None)
         };
-        let mut take = redis::cmd("SET");
-        take.arg(&keys.lock)
-            .arg(format!("{owner}-0:0:distlock start-up probe"))
-            .arg("NX")
-            .arg("PX")
-            .arg(lease_ms)
-            .arg("GET");
-        pipe.add_command(take);
-        steps.push(ProbeStep::command("SET NX PX GET"));
+        let free = FreeValue {
+            owner,
+            token: 0,
+            since_ms: 0,
+            holder: "distlock start-up probe",
+        };
+        let take = |pipe: &mut redis::Pipeline, steps: &mut Vec<ProbeStep>| {
+            let mut take = redis::cmd("SET");
+            take.arg(&keys.lock)
+                .arg(free)
+                .arg("NX")
+                .arg("PX")
+                .arg(lease_ms)
+                .arg("GET");
+            pipe.add_command(take);
+            steps.push(ProbeStep::command("SET NX PX GET"));
+        };
+        take(&mut pipe, &mut steps);
         pipe.add_command(self.acquire_cmd(keys, owner, lease_ms, &spec));
         steps.push(ProbeStep::script(
             "the acquire script (re-entry)",
@@ -1312,7 +1345,7 @@ impl Scripts {
         steps.push(ProbeStep::script("the inspect script", &self.inspect));
         let mut issue =
             self.issue_token
-                .call(&[&keys.lock, &keys.fencing_counter], 2, owner.len() + 20);
+                .call(&[&keys.lock, keys.fencing_counter()], 2, owner.len() + 20);
         issue.arg(owner).arg(lease_ms);
         pipe.add_command(issue);
         steps.push(ProbeStep::script(
@@ -1322,9 +1355,8 @@ impl Scripts {
         pipe.add_command(self.renew_cmd(keys, owner, lease_ms));
         steps.push(ProbeStep::script("the renew script", &self.renew));
         // A waiter queued: the free release declines, the full one hands
-        // the lock over; the new holder, with nobody behind it, releases by
-        // the free one.
-        pipe.add_command(release_free_cmd(&self.release_free, keys, owner));
+        // the lock over, and releases it from the new holder.
+        pipe.add_command(release_free_cmd(&self.release_free, keys, &free));
         steps.push(ProbeStep::script(
             "the free release script (declining)",
             &self.release_free,
@@ -1334,16 +1366,17 @@ impl Scripts {
             "the release script (hand-off)",
             &self.release,
         ));
-        pipe.add_command(release_free_cmd(&self.release_free, keys, &other));
+        pipe.add_command(self.release_cmd(keys, &other, 0));
+        steps.push(ProbeStep::script("the release script", &self.release));
+        // A hold nobody waited for: the free release deletes it.
+        take(&mut pipe, &mut steps);
+        pipe.add_command(release_free_cmd(&self.release_free, keys, &free));
         steps.push(ProbeStep::script(
             "the free release script",
             &self.release_free,
         ));
-        // Nothing left to release: the full script answers not ours.
-        pipe.add_command(self.release_cmd(keys, &other, 0));
-        steps.push(ProbeStep::script("the release script", &self.release));
         // Leave nothing behind (the counter would otherwise live out its TTL).
-        pipe.cmd("DEL").arg(&keys.fencing_counter);
+        pipe.cmd("DEL").arg(keys.fencing_counter());
         steps.push(ProbeStep::command("DEL"));
         (pipe, steps)
     }
@@ -1374,21 +1407,32 @@ mod tests {
     }
 
     #[test]
-    fn the_free_release_sends_and_checks_the_claim() {
-        // The claim: the owner token and the unmarked byte, as one argument.
+    fn the_free_release_sends_and_checks_the_whole_value() {
+        // The value as acquire.lua's format has it, as one argument.
+        let value = FreeValue {
+            owner: "me",
+            token: 17,
+            since_ms: 1_700_000_000_123,
+            holder: "host:42 a:b",
+        };
         let mut cmd = Cmd::new();
-        cmd.arg(Unmarked("me"));
+        cmd.arg(value);
         assert_eq!(cmd.args_iter().count(), 1);
         assert!(matches!(
             cmd.args_iter().next(),
-            Some(redis::Arg::Simple(arg)) if arg == b"me-"
+            Some(redis::Arg::Simple(arg)) if arg == b"me-17:1700000000123:host:42 a:b"
         ));
-        // Released: the claim echoed; not done: 0.
-        assert_eq!(release_free_reply(text("me-"), "me").unwrap(), Some(true));
+        assert!(value.len() >= b"me-17:1700000000123:host:42 a:b".len());
+        // Released: the value echoed; not done: 0.
+        assert_eq!(
+            release_free_reply(text("me-17:1700000000123:host:42 a:b"), "me").unwrap(),
+            Some(true)
+        );
         assert_eq!(release_free_reply(Value::Int(0), "me").unwrap(), None);
         // Another request's reply is out of sync.
         assert!(release_free_reply(text("me"), "me").is_err());
-        assert!(release_free_reply(text("you-"), "me").is_err());
+        assert!(release_free_reply(text("me+0:1:h"), "me").is_err());
+        assert!(release_free_reply(text("you-0:1:h"), "me").is_err());
         assert!(release_free_reply(Value::Nil, "me").is_err());
         assert!(release_free_reply(Value::Int(1), "me").is_err());
     }

@@ -243,7 +243,7 @@ impl Single {
             keys,
             owner,
             keep_ms: 0,
-            free_first: false,
+            free: None,
         };
         super::require_replicas(key, reply, acked, &ack, self.on_key(key, &release)).await
     }
