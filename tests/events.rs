@@ -118,7 +118,7 @@ async fn every_kind_of_event_in_order(d: Deployment) {
     );
 
     // Taken while free, its token asked for afterwards: the release of a
-    // hold nobody waited for (one key, the whole value compared) reports it.
+    // hold nobody waited for (release_free.lua, one key) reports it.
     let held = a.lock(&key).acquire().await.unwrap();
     match kind_of(&mut events, &key).await {
         LockEventKind::Acquired {

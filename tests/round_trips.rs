@@ -182,9 +182,10 @@ async fn a_hold_told_of_its_first_waiter_releases_by_the_full_script_at_once() {
     assert_eq!(holder.waited_for_notices_heard(), heard_before + 1);
 }
 
-/// The one-key release compares the whole value the hold wrote, its token
-/// included: a hold that took its token later, or inside its acquisition,
-/// still releases by that script in one round trip.
+/// The one-key release compares the value's prefix (owner token and mark),
+/// which a token issued later does not change: a hold that took its token
+/// later, or inside its acquisition, still releases by that script in one
+/// round trip.
 #[tokio::test]
 async fn a_hold_with_a_token_releases_by_the_one_key_script() {
     let redis = server();

@@ -14,11 +14,8 @@
 //!   script, on a name as long as distlock's (the minimal floor of lock-bench).
 //! * `distlock`: the runtime's commands for a hold that did not wait:
 //!   `SET name value NX PX GET` (the lock's value: owner, mark, token, time,
-//!   holder) and `release_free.lua` (the lock's key alone, the whole value
-//!   compared, a string reply).
-//! * `distlock, prefix claim`: `release_free.lua` as it was at 3362f04, which
-//!   compared the value's prefix (the owner token followed by `-`) with a
-//!   claim sent for it.
+//!   holder) and `release_free.lua` (the lock's key alone, the owner token
+//!   followed by `-`, a string reply).
 //! * `distlock, full release`: the same with `release.lua` as sent for a hold
 //!   that waited (four keys: the lock, its fencing counter, its queue and the
 //!   queue's entries), as every release was before `release_free.lua`.
@@ -83,21 +80,6 @@ if type(held) == 'string' and string.find(held, owner, 1, true) == 1
 end
 return {0, owner}";
 
-/// release_free.lua at 3362f04: the claim (owner token and `-`) compared with
-/// the value's prefix.
-const RELEASE_FREE_CLAIM: &str = "local claim = ARGV[1]
-local held = redis.pcall('GET', KEYS[1])
-if type(held) == 'string' and string.sub(held, 1, #claim) == claim then
-  redis.call('DEL', KEYS[1])
-  local events = ARGV[2]
-  if events and events ~= '' then
-    redis.call('PUBLISH', events,
-      'released ' .. (string.match(held, '^%d+', #claim + 1) or '0'))
-  end
-  return claim
-end
-return 0";
-
 const COMPARE_AND_DELETE: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end
@@ -107,7 +89,6 @@ return 0";
 enum Variant {
     Minimal,
     Distlock,
-    DistlockClaim,
     DistlockFullRelease,
     DistlockBefore,
     FastPathFourKeys,
@@ -115,10 +96,9 @@ enum Variant {
 }
 
 impl Variant {
-    const ALL: [Variant; 7] = [
+    const ALL: [Variant; 6] = [
         Variant::Minimal,
         Variant::Distlock,
-        Variant::DistlockClaim,
         Variant::DistlockFullRelease,
         Variant::DistlockBefore,
         Variant::FastPathFourKeys,
@@ -129,7 +109,6 @@ impl Variant {
         match self {
             Variant::Minimal => "minimal (SET NX PX + compare-and-delete)",
             Variant::Distlock => "distlock (SET NX PX GET + release_free.lua)",
-            Variant::DistlockClaim => "distlock, prefix claim (3362f04)",
             Variant::DistlockFullRelease => "distlock, full release (release.lua)",
             Variant::DistlockBefore => "distlock before a2c6fad",
             Variant::FastPathFourKeys => "fast path, 4 keys declared",
@@ -168,7 +147,7 @@ async fn load(conn: &mut MultiplexedConnection, source: &str) -> redis::RedisRes
 /// Redis CPU per cycle, in microseconds.
 async fn measure(
     conn: &MultiplexedConnection,
-    shas: &[String; 6],
+    shas: &[String; 5],
     variant: Variant,
 ) -> redis::RedisResult<f64> {
     let mut control = conn.clone();
@@ -218,12 +197,8 @@ async fn measure(
                     match variant {
                         Variant::Minimal => {}
                         Variant::Distlock => {
-                            // The whole value the hold wrote.
-                            release.arg(&shas[4]).arg(1).arg(&lock).arg(&value);
-                        }
-                        Variant::DistlockClaim => {
                             // The claim: the owner token and the unmarked byte.
-                            release.arg(&shas[5]).arg(1).arg(&lock).arg(&claim);
+                            release.arg(&shas[4]).arg(1).arg(&lock).arg(&claim);
                         }
                         Variant::DistlockFullRelease => {
                             release.arg(&shas[1]).arg(4).arg(&all_keys).arg(&owner);
@@ -285,7 +260,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         load(&mut conn, RELEASE_BEFORE).await?,
         load(&mut conn, FAST_PATH).await?,
         load(&mut conn, RELEASE_FREE).await?,
-        load(&mut conn, RELEASE_FREE_CLAIM).await?,
     ];
     let mut per_variant = vec![Vec::new(); Variant::ALL.len()];
     let started = Instant::now();

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use crate::backend::{FreeValue, Renewal};
+use crate::backend::Renewal;
 use crate::core::{Core, ManagerInner};
 use crate::error::{BackendError, BackendErrorKind, KeyPreview, LockError};
 use crate::keys::RedisNames;
@@ -282,12 +282,7 @@ impl LockGuard {
                 &lease.keys,
                 &lease.owner,
                 lease.keep_ms(),
-                free_first(core, &lease).then(|| FreeValue {
-                    owner: &lease.owner,
-                    token: lease.fencing_token(),
-                    since_ms: lease.since_ms,
-                    holder: &core.config.holder,
-                }),
+                free_first(core, &lease),
             )
             .await;
         pending.disarm();
@@ -500,7 +495,7 @@ impl BackgroundRelease {
                     // drop or a release cancelled half way (whose one-key
                     // attempt may have run), so it is one script whatever it
                     // finds.
-                    None,
+                    false,
                 )
                 .await;
             match result {

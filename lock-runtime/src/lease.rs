@@ -48,10 +48,6 @@ pub(crate) struct Lease {
     /// The acquisition waited for the lock, so its release goes straight to
     /// the script that hands the lock over (see `Backend::release`).
     pub(crate) waited: bool,
-    /// The acquisition time written into the lock's value (milliseconds
-    /// since the Unix epoch), for the free release's comparison of the
-    /// whole value (see `scripts/release_free.lua`).
-    pub(crate) since_ms: u64,
     /// When the acquisition that granted it was sent.
     pub(crate) granted_at: Instant,
     /// The holder gives the lock up (its lease turns lost) at this instant, if
@@ -126,8 +122,6 @@ pub(crate) struct NewLease {
     pub(crate) keys: RedisNames,
     pub(crate) owner: String,
     pub(crate) fencing_token: u64,
-    /// The acquisition time the acquire wrote into the lock's value.
-    pub(crate) since_ms: u64,
     pub(crate) lease: Duration,
     pub(crate) renew: bool,
     pub(crate) max_hold: Option<Duration>,
@@ -157,7 +151,6 @@ impl Lease {
             renew: n.renew,
             metrics_label: n.metrics_label,
             waited: n.waited,
-            since_ms: n.since_ms,
             granted_at: n.sent_at,
             max_hold_until: n.max_hold.and_then(|d| n.sent_at.checked_add(d)),
             min_hold_until: n.min_hold.and_then(|d| n.acquired_at.checked_add(d)),

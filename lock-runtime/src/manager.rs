@@ -363,8 +363,9 @@ impl LockManager {
         self.inner.core.config.default_wait
     }
 
-    /// The Redis names behind lock `key`: the lock string, the fencing counter and the
-    /// wake-up channel, for inspection and tests.
+    /// The Redis names behind lock `key`: the lock string
+    /// ([`RedisNames::lock`](crate::RedisNames::lock)), the fencing
+    /// counter and the wake-up channel (methods), for inspection and tests.
     pub fn redis_names(&self, key: &str) -> crate::keys::RedisNames {
         self.inner.core.keys(key)
     }

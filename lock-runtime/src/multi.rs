@@ -389,7 +389,6 @@ async fn one_script(
                     keys,
                     owner: owner.clone(),
                     fencing_token,
-                    since_ms: spec.since_ms,
                     lease: options.lease,
                     renew: options.renew,
                     max_hold: options.max_hold,

@@ -219,7 +219,13 @@ async fn renew_batch(backend: &Backend, batch: &[Arc<Lease>]) {
     }
     for lease in rekeep {
         let outcome = backend
-            .release(&lease.key, &lease.keys, &lease.owner, lease.keep_ms(), None)
+            .release(
+                &lease.key,
+                &lease.keys,
+                &lease.owner,
+                lease.keep_ms(),
+                false,
+            )
             .await;
         tracing::debug!(target: "distlock::release",
             key = %KeyPreview(&lease.key),

@@ -477,7 +477,6 @@ impl LockRequest {
             attempts: 0,
             waiting: false,
             last_sent: started,
-            since_ms: 0,
             recent_attempts: std::collections::VecDeque::new(),
         }
         .run(manager.clone(), patience, wait)
@@ -539,10 +538,6 @@ struct Acquisition<'a> {
     waiting: bool,
     /// When the last attempt was sent.
     last_sent: Instant,
-    /// The acquisition time the last attempt wrote into the lock's value
-    /// (milliseconds since the Unix epoch): with the token and the holder,
-    /// the value the hold's release compares (see `scripts/release_free.lua`).
-    since_ms: u64,
     /// The numbers and send times of the last attempts of a queued
     /// acquisition, for a hand-off that names the attempt it answers.
     recent_attempts: std::collections::VecDeque<(u32, Instant)>,
@@ -732,7 +727,7 @@ impl Acquisition<'_> {
                 // fails, the guard retries in the background.
                 if core
                     .backend
-                    .release(&self.key, &self.keys, &self.owner, 0, None)
+                    .release(&self.key, &self.keys, &self.owner, 0, false)
                     .await
                     .is_ok()
                 {
@@ -826,7 +821,6 @@ impl Acquisition<'_> {
             }
             self.recent_attempts.push_back((self.attempts, sent_at));
         }
-        self.since_ms = crate::info::now_ms();
         let lease_ms = u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX);
         let retention_ms =
             u64::try_from(self.core.config.fence_retention.as_millis()).unwrap_or(u64::MAX);
@@ -860,7 +854,7 @@ impl Acquisition<'_> {
                         .then(|| lease_ms.saturating_add(retention_ms)),
                     waiting: self.waiting,
                     queue: self.queue,
-                    since_ms: self.since_ms,
+                    since_ms: crate::info::now_ms(),
                     holder: &self.core.config.holder,
                     resize_permits: self.resize_permits,
                     queue_lease_ms: u64::try_from(QUEUE_LEASE.as_millis()).unwrap_or(u64::MAX),
@@ -957,7 +951,6 @@ impl Acquisition<'_> {
             attempts,
             waiting,
             last_sent: _,
-            since_ms,
             recent_attempts: _,
         } = self;
         let new = NewLease {
@@ -967,7 +960,6 @@ impl Acquisition<'_> {
             keys,
             owner,
             fencing_token,
-            since_ms,
             lease,
             renew,
             max_hold,

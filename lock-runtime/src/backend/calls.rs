@@ -11,7 +11,7 @@ use std::future::Future;
 use redis::aio::ConnectionLike;
 use redis::RedisResult;
 
-use super::scripts::{FreeValue, HeldLock, KeyReading, PermitReply, Scripts, SharedRelease};
+use super::scripts::{HeldLock, KeyReading, PermitReply, Scripts, SharedRelease};
 use crate::keys::{KeyNames, RedisNames};
 
 /// One call on the server that holds a key's names.
@@ -55,11 +55,11 @@ macro_rules! key_call {
 
 key_call!(
     /// Releases `owner`'s hold (or keeps it `keep_ms` more); true when it was
-    /// still ours. `free`: the value of a hold that did not wait for the lock,
-    /// whose release tries the script for a lock nobody waited for first (one
-    /// key declared, see release_free.lua).
-    Release { keys: &'a RedisNames, owner: &'a str, keep_ms: u64, free: Option<FreeValue<'a>> } -> bool,
-    |scripts, conn, c| scripts.release(conn, c.keys, c.owner, c.keep_ms, c.free)
+    /// still ours. `free_first`: try the release of a lock nobody waited for
+    /// first (one key declared, see release_free.lua), for a hold that did
+    /// not wait for the lock.
+    Release { keys: &'a RedisNames, owner: &'a str, keep_ms: u64, free_first: bool } -> bool,
+    |scripts, conn, c| scripts.release(conn, c.keys, c.owner, c.keep_ms, c.free_first)
 );
 
 key_call!(

@@ -456,7 +456,7 @@ impl Cluster {
                     keys,
                     owner,
                     keep_ms: 0,
-                    free: None,
+                    free_first: false,
                 };
                 super::require_replicas(key, reply, acked, ack, self.on_key(key, &release)).await
             }
@@ -567,7 +567,7 @@ impl Cluster {
                                     keys,
                                     owner,
                                     keep_ms: *keep_ms,
-                                    free: None,
+                                    free_first: false,
                                 },
                             )
                             .await

@@ -40,8 +40,7 @@ use calls::{
     PermitCounts, Publish, Release,
 };
 pub(crate) use scripts::{
-    AcquireAllReply, AcquireReply, AcquireSpec, FreeValue, HeldLock, KeyReading, PermitReply,
-    SharedRelease,
+    AcquireAllReply, AcquireReply, AcquireSpec, HeldLock, KeyReading, PermitReply, SharedRelease,
 };
 
 /// Where the manager's Redis is.
@@ -180,17 +179,16 @@ impl Backend {
     /// Deletes the lock if `owner` holds it and wakes its waiters; true when it
     /// was ours. With `keep_ms` above zero (the rest of a `min_hold`) the lock
     /// is not deleted but set to expire in `keep_ms`, and nobody is woken.
-    /// `free`: the value of a hold that did not wait for the lock, so most
-    /// likely nobody waits for it either; the release that touches the lock's
-    /// key alone (and compares that value) is tried first, and the full one
-    /// follows only if someone queued.
+    /// `free_first`: the hold did not wait for the lock, so most likely nobody
+    /// waits for it either; the release that touches the lock's key alone is
+    /// tried first, and the full one follows only if someone queued.
     pub(crate) async fn release(
         &self,
         key: &str,
         keys: &RedisNames,
         owner: &str,
         keep_ms: u64,
-        free: Option<FreeValue<'_>>,
+        free_first: bool,
     ) -> Result<bool, CallError> {
         match self {
             // Redlock: one script per member, so that the members' wake-ups go
@@ -201,7 +199,7 @@ impl Backend {
                     keys,
                     owner,
                     keep_ms,
-                    free,
+                    free_first,
                 };
                 self.on_key(key, &release).await
             }

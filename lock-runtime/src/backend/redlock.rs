@@ -350,7 +350,7 @@ impl Redlock {
             keys,
             owner,
             keep_ms: 0,
-            free: None,
+            free_first: false,
         };
         self.on_all(self.command_timeout, |m| m.on_key(key, &release))
             .await
@@ -369,7 +369,7 @@ impl Redlock {
             keys,
             owner,
             keep_ms,
-            free: None,
+            free_first: false,
         };
         let replies = self
             .on_all(self.command_timeout, |m| m.on_key(key, &release))

@@ -480,45 +480,56 @@ fn default_release_cmd(lua: &Lua, keys: &RedisNames, owner: &str, keep_ms: u64) 
     cmd
 }
 
-/// release_free.lua's call: the lock's key alone, the value the hold wrote
-/// (see [`FreeValue`]), and the events channel when set.
-fn release_free_cmd(lua: &Lua, keys: &RedisNames, value: &FreeValue<'_>) -> Cmd {
+/// release_free.lua's call: the lock's key alone, the claim (the owner
+/// token and the unmarked byte, see [`Unmarked`]), and the events channel
+/// when set.
+fn release_free_cmd(lua: &Lua, keys: &RedisNames, owner: &str) -> Cmd {
     let with_events = !keys.events.is_empty();
     let mut cmd = lua.call(
         &[&keys.lock],
         1 + usize::from(with_events),
-        value.len() + keys.events.len(),
+        owner.len() + 1 + keys.events.len(),
     );
-    cmd.arg(value);
+    cmd.arg(Unmarked(owner));
     if with_events {
         cmd.arg(&keys.events);
     }
     cmd
 }
 
-/// A default lock's value while nobody has queued for it,
-/// `<owner>-<token>:<since>:<holder>` (see acquire.lua): what a free
-/// acquisition writes with `SET NX` (token 0), and what the free release
-/// compares whole (release_free.lua). Written into the command's buffer as one
-/// argument, without building a string for it.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct FreeValue<'a> {
-    /// The hold's owner token.
-    pub(crate) owner: &'a str,
-    /// The hold's fencing token as the lock records it: 0 until one is
-    /// issued.
-    pub(crate) token: u64,
-    /// The acquisition time the acquire wrote (milliseconds since the Unix
-    /// epoch).
-    pub(crate) since_ms: u64,
-    /// The holder's description the acquire wrote.
-    pub(crate) holder: &'a str,
+/// The prefix of a default lock's value while nobody has queued for it: the
+/// owner token and `-` (a queued waiter makes it `+`), written as one
+/// argument without building a string for it.
+struct Unmarked<'a>(&'a str);
+
+impl redis::ToRedisArgs for Unmarked<'_> {
+    fn write_redis_args<W>(&self, out: &mut W)
+    where
+        W: ?Sized + redis::RedisWrite,
+    {
+        use std::io::Write as _;
+        let mut arg = out.writer_for_next_arg();
+        // Writes into the command's own buffer, which cannot fail.
+        let _ = arg.write_all(self.0.as_bytes());
+        let _ = arg.write_all(b"-");
+    }
+}
+
+/// The value a free acquisition writes with `SET NX`,
+/// `<owner>-0:<since>:<holder>` (see acquire.lua: nobody waits, no token
+/// yet), written into the command's buffer as one argument without building
+/// a string for it.
+struct FreeValue<'a> {
+    owner: &'a str,
+    /// The acquisition time, milliseconds since the Unix epoch.
+    since_ms: u64,
+    holder: &'a str,
 }
 
 impl FreeValue<'_> {
-    /// Its length in bytes, for the command's buffer.
+    /// An upper bound of its length in bytes, for the command's buffer.
     fn len(&self) -> usize {
-        self.owner.len() + self.holder.len() + 3 + 2 * 20
+        self.owner.len() + self.holder.len() + 4 + 20
     }
 }
 
@@ -530,23 +541,17 @@ impl redis::ToRedisArgs for FreeValue<'_> {
         use std::io::Write as _;
         let mut arg = out.writer_for_next_arg();
         // Writes into the command's own buffer, which cannot fail.
-        let _ = write!(
-            arg,
-            "{}-{}:{}:{}",
-            self.owner, self.token, self.since_ms, self.holder
-        );
+        let _ = write!(arg, "{}-0:{}:{}", self.owner, self.since_ms, self.holder);
     }
 }
 
-/// release_free.lua's reply: the value echoed (released), or 0 (not done:
+/// release_free.lua's reply: the claim echoed (released), or 0 (not done:
 /// the full release follows). `None` for 0.
 fn release_free_reply(reply: redis::Value, owner: &str) -> RedisResult<Option<bool>> {
     match reply {
         redis::Value::Int(0) => Ok(None),
         redis::Value::BulkString(ref echoed)
-            if echoed
-                .strip_prefix(owner.as_bytes())
-                .is_some_and(|rest| rest.first() == Some(&b'-')) =>
+            if echoed.strip_suffix(b"-") == Some(owner.as_bytes()) =>
         {
             Ok(Some(true))
         }
@@ -793,7 +798,6 @@ impl Scripts {
     ) -> RedisResult<AcquireReply> {
         let value = FreeValue {
             owner,
-            token: 0,
             since_ms: spec.since_ms,
             holder: spec.holder,
         };
@@ -1009,10 +1013,10 @@ impl Scripts {
         keys: &RedisNames,
         owner: &str,
         keep_ms: u64,
-        free: Option<FreeValue<'_>>,
+        free_first: bool,
     ) -> RedisResult<bool> {
-        if let Some(value) = free.filter(|_| keep_ms == 0 && keys.kind == LockKind::Exclusive) {
-            let cmd = release_free_cmd(&self.release_free, keys, &value);
+        if free_first && keep_ms == 0 && keys.kind == LockKind::Exclusive {
+            let cmd = release_free_cmd(&self.release_free, keys, owner);
             let reply: redis::Value = self.release_free.invoke(conn, &cmd).await?;
             if let Some(released) = release_free_reply(reply, owner)? {
                 return Ok(released);
@@ -1307,24 +1311,15 @@ impl Scripts {
             handoff_route: "0",
             ..AcquireSpec::without_waiting("distlock start-up probe", None)
         };
-        let free = FreeValue {
-            owner,
-            token: 0,
-            since_ms: 0,
-            holder: "distlock start-up probe",
-        };
-        let take = |pipe: &mut redis::Pipeline, steps: &mut Vec<ProbeStep>| {
-            let mut take = redis::cmd("SET");
-            take.arg(&keys.lock)
-                .arg(free)
-                .arg("NX")
-                .arg("PX")
-                .arg(lease_ms)
-                .arg("GET");
-            pipe.add_command(take);
-            steps.push(ProbeStep::command("SET NX PX GET"));
-        };
-        take(&mut pipe, &mut steps);
+        let mut take = redis::cmd("SET");
+        take.arg(&keys.lock)
+            .arg(format!("{owner}-0:0:distlock start-up probe"))
+            .arg("NX")
+            .arg("PX")
+            .arg(lease_ms)
+            .arg("GET");
+        pipe.add_command(take);
+        steps.push(ProbeStep::command("SET NX PX GET"));
         pipe.add_command(self.acquire_cmd(keys, owner, lease_ms, &spec));
         steps.push(ProbeStep::script(
             "the acquire script (re-entry)",
@@ -1355,8 +1350,9 @@ impl Scripts {
         pipe.add_command(self.renew_cmd(keys, owner, lease_ms));
         steps.push(ProbeStep::script("the renew script", &self.renew));
         // A waiter queued: the free release declines, the full one hands
-        // the lock over, and releases it from the new holder.
-        pipe.add_command(release_free_cmd(&self.release_free, keys, &free));
+        // the lock over; the new holder, with nobody behind it, releases by
+        // the free one.
+        pipe.add_command(release_free_cmd(&self.release_free, keys, owner));
         steps.push(ProbeStep::script(
             "the free release script (declining)",
             &self.release_free,
@@ -1366,15 +1362,14 @@ impl Scripts {
             "the release script (hand-off)",
             &self.release,
         ));
-        pipe.add_command(self.release_cmd(keys, &other, 0));
-        steps.push(ProbeStep::script("the release script", &self.release));
-        // A hold nobody waited for: the free release deletes it.
-        take(&mut pipe, &mut steps);
-        pipe.add_command(release_free_cmd(&self.release_free, keys, &free));
+        pipe.add_command(release_free_cmd(&self.release_free, keys, &other));
         steps.push(ProbeStep::script(
             "the free release script",
             &self.release_free,
         ));
+        // Nothing left to release: the full script answers not ours.
+        pipe.add_command(self.release_cmd(keys, &other, 0));
+        steps.push(ProbeStep::script("the release script", &self.release));
         // Leave nothing behind (the counter would otherwise live out its TTL).
         pipe.cmd("DEL").arg(keys.fencing_counter());
         steps.push(ProbeStep::command("DEL"));
@@ -1407,34 +1402,43 @@ mod tests {
     }
 
     #[test]
-    fn the_free_release_sends_and_checks_the_whole_value() {
-        // The value as acquire.lua's format has it, as one argument.
+    fn the_free_release_sends_and_checks_the_claim() {
+        // The claim: the owner token and the unmarked byte, as one argument.
+        let mut cmd = Cmd::new();
+        cmd.arg(Unmarked("me"));
+        assert_eq!(cmd.args_iter().count(), 1);
+        assert!(matches!(
+            cmd.args_iter().next(),
+            Some(redis::Arg::Simple(arg)) if arg == b"me-"
+        ));
+        // Released: the claim echoed; not done: 0.
+        assert_eq!(release_free_reply(text("me-"), "me").unwrap(), Some(true));
+        assert_eq!(release_free_reply(Value::Int(0), "me").unwrap(), None);
+        // Another request's reply is out of sync.
+        assert!(release_free_reply(text("me"), "me").is_err());
+        assert!(release_free_reply(text("you-"), "me").is_err());
+        assert!(release_free_reply(Value::Nil, "me").is_err());
+        assert!(release_free_reply(Value::Int(1), "me").is_err());
+    }
+
+    #[test]
+    fn a_free_acquisition_writes_the_value_in_one_argument() {
+        let mut cmd = Cmd::new();
         let value = FreeValue {
             owner: "me",
-            token: 17,
             since_ms: 1_700_000_000_123,
             holder: "host:42 a:b",
         };
-        let mut cmd = Cmd::new();
+        assert!(value.len() >= b"me-0:1700000000123:host:42 a:b".len());
         cmd.arg(value);
         assert_eq!(cmd.args_iter().count(), 1);
         assert!(matches!(
             cmd.args_iter().next(),
-            Some(redis::Arg::Simple(arg)) if arg == b"me-17:1700000000123:host:42 a:b"
+            Some(redis::Arg::Simple(arg)) if arg == b"me-0:1700000000123:host:42 a:b"
         ));
-        assert!(value.len() >= b"me-17:1700000000123:host:42 a:b".len());
-        // Released: the value echoed; not done: 0.
-        assert_eq!(
-            release_free_reply(text("me-17:1700000000123:host:42 a:b"), "me").unwrap(),
-            Some(true)
-        );
-        assert_eq!(release_free_reply(Value::Int(0), "me").unwrap(), None);
-        // Another request's reply is out of sync.
-        assert!(release_free_reply(text("me"), "me").is_err());
-        assert!(release_free_reply(text("me+0:1:h"), "me").is_err());
-        assert!(release_free_reply(text("you-0:1:h"), "me").is_err());
-        assert!(release_free_reply(Value::Nil, "me").is_err());
-        assert!(release_free_reply(Value::Int(1), "me").is_err());
+        assert!(is_lock_value(
+            b"0123456789abcdef0123456789abcdef-0:1700000000123:h"
+        ));
     }
 
     #[test]

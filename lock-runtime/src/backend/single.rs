@@ -243,7 +243,7 @@ impl Single {
             keys,
             owner,
             keep_ms: 0,
-            free: None,
+            free_first: false,
         };
         super::require_replicas(key, reply, acked, &ack, self.on_key(key, &release)).await
     }
