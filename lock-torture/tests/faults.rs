@@ -3603,7 +3603,19 @@ async fn redlock_fault(fault: RedlockFault) {
         })
         .collect();
     ready(&mut workers.iter_mut().collect::<Vec<_>>()).await;
-    let t = Duration::from_secs(30);
+    // How long one worker may wait for its next grant. On a Redlock waiters do
+    // not queue: each grant goes to whichever task retries first, so a worker
+    // holding 4 of the 16 tasks wins one with odds of about 1 in 4. With
+    // bodies of at most 5 ms, 30 s is thousands of grants. With the majority
+    // cut, bodies of 3-4 s on 3 keys give 3 grants per 4 s: 80 s is 60 grants,
+    // which leave one worker without any with odds of (3/4)^60, about 3e-8
+    // (30 s is 22 grants: odds of about 2e-3 per worker, and it did fail once
+    // on a slow machine), and one lease more lets the holds the fault caught
+    // lapse first.
+    let t = match fault {
+        RedlockFault::MajorityCut => Duration::from_secs(80) + lease,
+        _ => Duration::from_secs(30),
+    };
     for w in &mut workers {
         progress(w, 1, t).await;
     }
@@ -3640,7 +3652,7 @@ async fn redlock_fault(fault: RedlockFault) {
         }
     }
     let up = mono_ns();
-    // Work resumes: more progress within 30 s of the end of the fault.
+    // Work resumes: more progress within `t` of the end of the fault.
     for w in &mut workers {
         progress(w, after, t).await;
     }
