@@ -6,9 +6,12 @@
 //!   on top of its own protocol. A first attempt is the runtime's plain
 //!   `SET NX PX GET`; a waiting attempt one `EVALSHA` of `acquire.lua` (which
 //!   marks the lock: the floor's waiters do not queue, they wait for the
-//!   release's broadcast, as the runtime's waiters on a Redlock do); release
-//!   one `EVALSHA` of `release.lua` (which publishes the wake-up for a marked
-//!   lock); a waiter listens on a pub/sub connection opened and subscribed
+//!   release's broadcast, as the runtime's waiters on a Redlock do); a
+//!   release is the runtime's too: a hold that did not wait sends
+//!   `release_free.lua` (the lock's key alone) and only if it declines (a
+//!   waiter marked the lock) `release.lua`, which publishes the wake-up; a
+//!   hold that waited sends `release.lua`. A waiter listens on a pub/sub
+//!   connection opened and subscribed
 //!   before the measurement and retries when woken, or after a short
 //!   fallback sleep.
 //!   Renewal is one pipeline of `renew.lua` calls per 512 locks. The scripts'
@@ -120,6 +123,8 @@ pub const RELEASE_LUA: &str = concat!(
     include_str!("../../lock-runtime/src/scripts/release_queue.lua")
 );
 pub const RENEW_LUA: &str = include_str!("../../lock-runtime/src/scripts/renew.lua");
+/// `release_free.lua`, the runtime's first release of a hold that did not wait.
+pub const RELEASE_FREE_LUA: &str = include_str!("../../lock-runtime/src/scripts/release_free.lua");
 
 /// Renewals per pipeline, as in the runtime.
 pub const RENEW_BATCH: usize = 512;
@@ -164,6 +169,7 @@ pub enum Attempt {
 pub struct Floor {
     conn: Conn,
     scripts: Arc<(Script, Script, Script)>,
+    release_free: Arc<Script>,
     wakeups: Arc<Wakeups>,
 }
 
@@ -218,6 +224,7 @@ impl Floor {
                 Script::new(RELEASE_LUA),
                 Script::new(RENEW_LUA),
             )),
+            release_free: Arc::new(Script::new(RELEASE_FREE_LUA)),
             wakeups: Arc::default(),
         })
     }
@@ -322,9 +329,10 @@ impl Floor {
         })
     }
 
-    /// Acquires, waiting for a wake-up (or a fallback nap) while the lock is busy.
-    /// Needs [`Floor::subscribe`] to cover `names.channel` for prompt wake-ups.
-    pub async fn acquire(&self, names: &Names, owner: &str, lease_ms: u64) -> Result<()> {
+    /// Acquires, waiting for a wake-up (or a fallback nap) while the lock is busy;
+    /// true when it waited. Needs [`Floor::subscribe`] to cover `names.channel`
+    /// for prompt wake-ups.
+    pub async fn acquire(&self, names: &Names, owner: &str, lease_ms: u64) -> Result<bool> {
         let notify = self.wakeups.notify(&names.channel);
         let mut waiting = false;
         loop {
@@ -332,7 +340,7 @@ impl Floor {
             let mut woken = pin!(notify.notified());
             woken.as_mut().enable();
             match self.try_acquire(names, owner, lease_ms, waiting).await? {
-                Attempt::Acquired => return Ok(()),
+                Attempt::Acquired => return Ok(waiting),
                 Attempt::Busy(pttl) => {
                     waiting = true;
                     let nap = Duration::from_millis(u64::try_from(pttl).unwrap_or(50).clamp(1, 50));
@@ -380,6 +388,25 @@ impl Floor {
             .await
             .map_err(context("floor: release"))?;
         Ok(matches!(reply, Value::BulkString(_)))
+    }
+
+    /// The runtime's release of a hold that did not wait: `release_free.lua`
+    /// (the lock's key alone), then `release.lua` only if a waiter marked the
+    /// lock since (or it is no longer ours).
+    pub async fn release_unwaited(&self, names: &Names, owner: &str) -> Result<bool> {
+        let mut conn = self.conn.clone();
+        // The claim: the owner token and the unmarked byte, as the runtime's.
+        let reply: Value = self
+            .release_free
+            .key(&names.lock)
+            .arg(format!("{owner}-"))
+            .invoke_async(&mut conn)
+            .await
+            .map_err(context("floor: free release"))?;
+        match reply {
+            Value::BulkString(_) => Ok(true),
+            _ => self.release(names, owner).await,
+        }
     }
 
     /// Loads the renew script, so that pipelines of `EVALSHA` find it.

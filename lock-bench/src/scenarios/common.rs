@@ -254,7 +254,8 @@ impl Cycler {
                     Attempt::Acquired => {}
                     Attempt::Busy(_) => bail!("floor: the uncontended key {} was busy", names.lock),
                 }
-                floor.release(names, &owner).await?;
+                // As the runtime releases a hold that did not wait.
+                floor.release_unwaited(names, &owner).await?;
             }
             Cycler::Distlock {
                 manager,

@@ -56,8 +56,11 @@ impl Worker {
                 match &w.imp {
                     ZipfImpl::Floor(floor, names) => {
                         let owner = owner_token(&mut w.tokens);
-                        floor.acquire(&names[k], &owner, LEASE_MS).await?;
-                        floor.release(&names[k], &owner).await?;
+                        if floor.acquire(&names[k], &owner, LEASE_MS).await? {
+                            floor.release(&names[k], &owner).await?;
+                        } else {
+                            floor.release_unwaited(&names[k], &owner).await?;
+                        }
                     }
                     ZipfImpl::Distlock(m) => {
                         let g = m.lock(format!("zipf:{k}")).lease(LEASE).acquire().await?;
