@@ -551,7 +551,44 @@ impl Acquisition<'_> {
         wait: Duration,
     ) -> Result<Option<LockGuard>, LockError> {
         if self.queue {
-            return self.run_queued(manager, patience, wait).await;
+            // The default lock. Inline here rather than in a function of its
+            // own: each async fn taking `self` by value keeps a copy of it in
+            // its future, which every acquisition moves.
+            let deadline = self.started + wait;
+            if patience == Patience::Once || wait.is_zero() {
+                // Without waiting: nothing is queued.
+                return match self.attempt().await? {
+                    Attempt::Acquired {
+                        fencing_token,
+                        sent_at,
+                    } => self.grant(manager, fencing_token, sent_at, None).map(Some),
+                    Attempt::Busy(_) if patience == Patience::Once => {
+                        telemetry::busy(self.metrics_label);
+                        Ok(None)
+                    }
+                    Attempt::Busy(_) => Err(self.timeout()),
+                };
+            }
+            // First one attempt that does not queue: a free lock is taken without
+            // subscribing to its channel (a subscribe and an unsubscribe per cycle
+            // otherwise). It cannot overtake a queued waiter: the script serves
+            // the queue's head first. A busy lock costs this one attempt more, so
+            // it is skipped when another acquisition of this manager already
+            // waits for the lock: the channel is subscribed, and the lock is
+            // almost surely busy (under contention, one script per acquisition
+            // fewer).
+            if !self.core.subscriber.has_queued(&self.keys.lock) {
+                if let Attempt::Acquired {
+                    fencing_token,
+                    sent_at,
+                } = self.attempt().await?
+                {
+                    return self.grant(manager, fencing_token, sent_at, None).map(Some);
+                }
+            }
+            // The queueing, a future several times the size of the attempt above,
+            // is boxed: a free acquisition moves and polls only the attempt's.
+            return Box::pin(self.wait_in_queue(manager, deadline)).await;
         }
         let deadline = self.started + wait;
         let willing_to_wait = patience == Patience::Wait && !wait.is_zero();
@@ -577,6 +614,19 @@ impl Acquisition<'_> {
             }
         }
 
+        // The waiting, a future several times the size of the attempt above,
+        // is boxed: a free acquisition moves and polls only the attempt's.
+        Box::pin(self.wait_for_release(manager, deadline, remaining)).await
+    }
+
+    /// Waits for a release broadcast on the lock's channel (the locks that do
+    /// not queue in Redis), attempting again when woken or on its timer.
+    async fn wait_for_release(
+        mut self,
+        manager: Arc<ManagerInner>,
+        deadline: Instant,
+        mut remaining: Option<Duration>,
+    ) -> Result<Option<LockGuard>, LockError> {
         let core = self.core.clone();
         let registration = core.subscriber.register(self.keys.channel());
         let _counted = telemetry::waiting(self.metrics_label);
@@ -647,51 +697,18 @@ impl Acquisition<'_> {
         }
     }
 
-    /// The default lock's acquisition: every attempt of a waiting acquisition
+    /// The default lock's waiting (after `run`'s first attempt): every attempt
     /// queues it up in Redis (or refreshes its queue entry), from the first;
     /// the lock comes by a hand-off message naming this waiter's owner token,
     /// or, when that message is lost, by the next attempt, which finds the
     /// lock already ours. Each waiter attempts on its own timer (not only the
     /// first in line of this manager), since each must refresh its entry.
-    async fn run_queued(
+    async fn wait_in_queue(
         mut self,
         manager: Arc<ManagerInner>,
-        patience: Patience,
-        wait: Duration,
+        deadline: Instant,
     ) -> Result<Option<LockGuard>, LockError> {
-        let deadline = self.started + wait;
-        if patience == Patience::Once || wait.is_zero() {
-            // Without waiting: nothing is queued.
-            return match self.attempt().await? {
-                Attempt::Acquired {
-                    fencing_token,
-                    sent_at,
-                } => self.grant(manager, fencing_token, sent_at, None).map(Some),
-                Attempt::Busy(_) if patience == Patience::Once => {
-                    telemetry::busy(self.metrics_label);
-                    Ok(None)
-                }
-                Attempt::Busy(_) => Err(self.timeout()),
-            };
-        }
         let core = self.core.clone();
-        // First one attempt that does not queue: a free lock is taken without
-        // subscribing to its channel (a subscribe and an unsubscribe per cycle
-        // otherwise). It cannot overtake a queued waiter: the script serves
-        // the queue's head first. A busy lock costs this one attempt more, so
-        // it is skipped when another acquisition of this manager already
-        // waits for the lock: the channel is subscribed, and the lock is
-        // almost surely busy (under contention, one script per acquisition
-        // fewer).
-        if !core.subscriber.has_queued(&self.keys.lock) {
-            if let Attempt::Acquired {
-                fencing_token,
-                sent_at,
-            } = self.attempt().await?
-            {
-                return self.grant(manager, fencing_token, sent_at, None).map(Some);
-            }
-        }
         // Listening before the first attempt queues us up: the manager's one
         // hand-off channel, subscribed once and kept. A hand-off published
         // before the subscription is confirmed is made up for by the attempt

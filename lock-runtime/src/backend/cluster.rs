@@ -422,10 +422,14 @@ impl Cluster {
                 // A pipeline goes to the node of its first keyed command, and
                 // WAIT (a command for all nodes) rides along on that node's
                 // connection: it counts the replicas of the lock's master.
+                // Boxed: its future is larger than the plain call's, which
+                // every acquisition without `replica_ack` would carry.
                 Some(ack) => {
-                    self.scripts
-                        .acquire_acked(&mut conn, keys, owner, lease_ms, spec, ack)
-                        .await
+                    Box::pin(
+                        self.scripts
+                            .acquire_acked(&mut conn, keys, owner, lease_ms, spec, ack),
+                    )
+                    .await
                 }
             };
             match reply {
@@ -458,7 +462,15 @@ impl Cluster {
                     keep_ms: 0,
                     free_first: false,
                 };
-                super::require_replicas(key, reply, acked, ack, self.on_key(key, &release)).await
+                // Boxed, as the acknowledged call above.
+                Box::pin(super::require_replicas(
+                    key,
+                    reply,
+                    acked,
+                    ack,
+                    self.on_key(key, &release),
+                ))
+                .await
             }
         }
     }

@@ -112,6 +112,13 @@ impl Sentinel {
     /// Asks the sentinels for the master after `failed` failed a call; true
     /// when calls now go to another master than `failed`.
     async fn rediscover(&self, failed: &Arc<Single>) -> bool {
+        // Boxed: asking the sentinels is a future several times the size of
+        // a call, and rare; every call on this backend would carry it inline.
+        Box::pin(self.ask_and_follow(failed)).await
+    }
+
+    /// [`rediscover`](Self::rediscover)'s work.
+    async fn ask_and_follow(&self, failed: &Arc<Single>) -> bool {
         let _one_at_a_time = self.rediscovering.lock().await;
         if !Arc::ptr_eq(&self.current(), failed) {
             return true;

@@ -209,9 +209,9 @@ impl Single {
         lease_ms: u64,
         spec: &AcquireSpec<'_>,
     ) -> Result<AcquireReply, CallError> {
-        let conn = self.connection();
-        let mut redis = conn.redis;
         let Some(ack) = self.replica_ack else {
+            let conn = self.connection();
+            let mut redis = conn.redis;
             return self
                 .call(
                     key,
@@ -221,6 +221,23 @@ impl Single {
                 )
                 .await;
         };
+        // Boxed: this path's future is twice the size of the plain call's,
+        // which every acquisition without `replica_ack` would move otherwise.
+        Box::pin(self.acquire_confirmed(key, keys, owner, lease_ms, spec, ack)).await
+    }
+
+    /// [`acquire`](Self::acquire) when replicas must confirm it.
+    async fn acquire_confirmed(
+        &self,
+        key: &str,
+        keys: &RedisNames,
+        owner: &str,
+        lease_ms: u64,
+        spec: &AcquireSpec<'_>,
+        ack: ReplicaAck,
+    ) -> Result<AcquireReply, CallError> {
+        let conn = self.connection();
+        let mut redis = conn.redis;
         // The call may take the replicas' timeout on top of the command timeout.
         let acked = bounded_call(
             key,
