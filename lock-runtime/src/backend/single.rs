@@ -223,46 +223,36 @@ impl Single {
         };
         // Boxed: this path's future is twice the size of the plain call's,
         // which every acquisition without `replica_ack` would move otherwise.
-        Box::pin(self.acquire_confirmed(key, keys, owner, lease_ms, spec, ack)).await
-    }
-
-    /// [`acquire`](Self::acquire) when replicas must confirm it.
-    async fn acquire_confirmed(
-        &self,
-        key: &str,
-        keys: &RedisNames,
-        owner: &str,
-        lease_ms: u64,
-        spec: &AcquireSpec<'_>,
-        ack: ReplicaAck,
-    ) -> Result<AcquireReply, CallError> {
-        let conn = self.connection();
-        let mut redis = conn.redis;
-        // The call may take the replicas' timeout on top of the command timeout.
-        let acked = bounded_call(
-            key,
-            self.command_timeout + ack.timeout,
-            self.scripts
-                .acquire_acked(&mut redis, keys, owner, lease_ms, spec, &ack),
-        )
-        .await;
-        let (reply, acked) = match acked {
-            Ok(acked) => acked,
-            Err(e) => {
-                if e.maybe_executed {
-                    self.retire_connection(conn.generation);
+        Box::pin(async {
+            let conn = self.connection();
+            let mut redis = conn.redis;
+            // The call may take the replicas' timeout on top of the command timeout.
+            let acked = bounded_call(
+                key,
+                self.command_timeout + ack.timeout,
+                self.scripts
+                    .acquire_acked(&mut redis, keys, owner, lease_ms, spec, &ack),
+            )
+            .await;
+            let (reply, acked) = match acked {
+                Ok(acked) => acked,
+                Err(e) => {
+                    if e.maybe_executed {
+                        self.retire_connection(conn.generation);
+                    }
+                    return Err(e);
                 }
-                return Err(e);
-            }
-        };
-        // Give it back now rather than hold a lock a failover may forget.
-        let release = Release {
-            keys,
-            owner,
-            keep_ms: 0,
-            free_first: false,
-        };
-        super::require_replicas(key, reply, acked, &ack, self.on_key(key, &release)).await
+            };
+            // Give it back now rather than hold a lock a failover may forget.
+            let release = Release {
+                keys,
+                owner,
+                keep_ms: 0,
+                free_first: false,
+            };
+            super::require_replicas(key, reply, acked, &ack, self.on_key(key, &release)).await
+        })
+        .await
     }
 
     /// The acquire-all script: one round trip. `None` when acquisitions need
