@@ -11,9 +11,8 @@
 //!   `release_free.lua` (the lock's key alone) and only if it declines (a
 //!   waiter marked the lock) `release.lua`, which publishes the wake-up; a
 //!   hold that waited sends `release.lua`. A waiter listens on a pub/sub
-//!   connection opened and subscribed
-//!   before the measurement and retries when woken, or after a short
-//!   fallback sleep.
+//!   connection opened and subscribed before the measurement and retries
+//!   when woken, or after a short fallback sleep.
 //!   Renewal is one pipeline of `renew.lua` calls per 512 locks. The scripts'
 //!   arguments are built in one place, [`same_scripts`], to follow the runtime
 //!   when their signatures change.
