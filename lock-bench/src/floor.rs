@@ -593,3 +593,164 @@ mod tests {
         assert_eq!(n.channel, "distlock:wake:{af63dc4c8601ec8c}:a");
     }
 }
+
+/// The **raw-socket floor**: the minimal floor's two commands (`SET key owner
+/// NX PX lease`, then `EVALSHA` of the compare-and-delete script) written as
+/// RESP by hand on one `TcpStream`, the reply read in the calling task. No
+/// redis-rs: no channel to a connection task, no reply parser, no `Value`.
+/// What the multiplexed connection that distlock, rslock and both other floors
+/// use costs a cycle. One server only, and one task at a time (the stream is
+/// behind a mutex: no pipelining), so it is a row of `uncontended` and a
+/// `--profile` target, nothing else.
+#[derive(Clone)]
+pub struct RawMinimal {
+    conn: Arc<tokio::sync::Mutex<RawConn>>,
+    release_sha: Arc<str>,
+}
+
+struct RawConn {
+    stream: tokio::net::TcpStream,
+    out: Vec<u8>,
+    reply: Vec<u8>,
+}
+
+impl RawMinimal {
+    pub async fn connect(target: &Target) -> Result<RawMinimal> {
+        let Target::Single(url) = target else {
+            bail!("the raw-socket floor runs on one server only");
+        };
+        let addr = url
+            .strip_prefix("redis://")
+            .and_then(|rest| rest.split('/').next())
+            .filter(|addr| !addr.contains('@'))
+            .ok_or_else(|| {
+                format!("raw-socket floor: a plain redis:// URL without a password, not {url}")
+            })?;
+        let stream = tokio::net::TcpStream::connect(addr)
+            .await
+            .map_err(context("raw-socket floor: connect"))?;
+        stream
+            .set_nodelay(true)
+            .map_err(context("raw-socket floor: TCP_NODELAY"))?;
+        let mut conn = RawConn {
+            stream,
+            out: Vec::with_capacity(256),
+            reply: Vec::with_capacity(256),
+        };
+        let sha = conn
+            .call(&[b"SCRIPT", b"LOAD", MINIMAL_RELEASE_LUA.as_bytes()])
+            .await?;
+        let sha = sha
+            .strip_prefix(b"$40\r\n")
+            .and_then(|s| std::str::from_utf8(&s[..40.min(s.len())]).ok())
+            .ok_or("raw-socket floor: SCRIPT LOAD replied with no SHA1")?
+            .into();
+        Ok(RawMinimal {
+            conn: Arc::new(tokio::sync::Mutex::new(conn)),
+            release_sha: sha,
+        })
+    }
+
+    /// One attempt: true when the lock is ours.
+    pub async fn try_acquire(&self, key: &str, owner: &str, lease_ms: u64) -> Result<bool> {
+        let mut lease = itoa::Buffer::new();
+        let mut conn = self.conn.lock().await;
+        let reply = conn
+            .call(&[
+                b"SET",
+                key.as_bytes(),
+                owner.as_bytes(),
+                b"NX",
+                b"PX",
+                lease.format(lease_ms).as_bytes(),
+            ])
+            .await?;
+        match reply {
+            b"+OK\r\n" => Ok(true),
+            b"$-1\r\n" => Ok(false),
+            other => bail!(
+                "raw-socket floor: SET NX PX replied {:?}",
+                String::from_utf8_lossy(other)
+            ),
+        }
+    }
+
+    /// True when the lock was still ours (and is now deleted).
+    pub async fn release(&self, key: &str, owner: &str) -> Result<bool> {
+        let mut conn = self.conn.lock().await;
+        let reply = conn
+            .call(&[
+                b"EVALSHA",
+                self.release_sha.as_bytes(),
+                b"1",
+                key.as_bytes(),
+                owner.as_bytes(),
+            ])
+            .await?;
+        match reply {
+            b":1\r\n" => Ok(true),
+            b":0\r\n" => Ok(false),
+            other => bail!(
+                "raw-socket floor: release replied {:?}",
+                String::from_utf8_lossy(other)
+            ),
+        }
+    }
+}
+
+impl RawConn {
+    /// Sends one command and returns its reply, which must be one line or one
+    /// bulk string (all the replies this floor gets).
+    async fn call(&mut self, args: &[&[u8]]) -> Result<&[u8]> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut n = itoa::Buffer::new();
+        self.out.clear();
+        self.out.push(b'*');
+        self.out.extend_from_slice(n.format(args.len()).as_bytes());
+        self.out.extend_from_slice(b"\r\n");
+        for arg in args {
+            self.out.push(b'$');
+            self.out.extend_from_slice(n.format(arg.len()).as_bytes());
+            self.out.extend_from_slice(b"\r\n");
+            self.out.extend_from_slice(arg);
+            self.out.extend_from_slice(b"\r\n");
+        }
+        self.stream
+            .write_all(&self.out)
+            .await
+            .map_err(context("raw-socket floor: write"))?;
+        self.reply.clear();
+        loop {
+            if reply_complete(&self.reply) {
+                return Ok(&self.reply);
+            }
+            let mut chunk = [0u8; 256];
+            let read = self
+                .stream
+                .read(&mut chunk)
+                .await
+                .map_err(context("raw-socket floor: read"))?;
+            if read == 0 {
+                bail!("raw-socket floor: the server closed the connection");
+            }
+            self.reply.extend_from_slice(&chunk[..read]);
+        }
+    }
+}
+
+/// Whether `reply` holds a whole line reply, or a whole bulk string.
+fn reply_complete(reply: &[u8]) -> bool {
+    let Some(eol) = reply.windows(2).position(|w| w == b"\r\n") else {
+        return false;
+    };
+    if reply.first() != Some(&b'$') {
+        return true;
+    }
+    match std::str::from_utf8(&reply[1..eol])
+        .ok()
+        .and_then(|n| n.parse::<i64>().ok())
+    {
+        Some(len) if len >= 0 => reply.len() >= eol + 2 + len as usize + 2,
+        _ => true,
+    }
+}

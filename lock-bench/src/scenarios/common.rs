@@ -9,7 +9,7 @@ use hdrhistogram::Histogram;
 use redis::aio::MultiplexedConnection;
 
 use crate::error::{bail, context, Result};
-use crate::floor::{Attempt, Floor, Minimal, Names};
+use crate::floor::{Attempt, Floor, Minimal, Names, RawMinimal};
 use crate::proxy::CountingProxy;
 use crate::redis_stats::{Delta, Snapshot};
 use crate::report::new_histogram;
@@ -120,6 +120,8 @@ pub enum Kind {
     Floor,
     /// The minimal floor: `SET NX PX` and a compare-and-delete script.
     Minimal,
+    /// The minimal floor's commands as RESP on a raw socket, without redis-rs.
+    RawMinimal,
     Distlock,
     /// distlock built with `.fencing(false)`: no fencing counter, a plain
     /// `SET NX PX` for a free lock.
@@ -137,6 +139,7 @@ impl Kind {
         match self {
             Kind::Floor => "same-scripts floor",
             Kind::Minimal => "minimal floor (SET NX PX + CAD)",
+            Kind::RawMinimal => "raw-socket floor (no redis-rs)",
             Kind::Distlock => "distlock",
             Kind::DistlockEager => "distlock eager_fencing",
             Kind::DistlockNoRenew => "distlock renew(false)",
@@ -156,6 +159,11 @@ pub enum Cycler {
     },
     Minimal {
         floor: Minimal,
+        key: String,
+        rng: fastrand::Rng,
+    },
+    RawMinimal {
+        floor: RawMinimal,
         key: String,
         rng: fastrand::Rng,
     },
@@ -186,6 +194,11 @@ impl Cycler {
             Kind::Minimal => Cycler::Minimal {
                 floor: Minimal::connect(target).await?,
                 key: Names::new("minimal:", key).lock,
+                rng: fastrand::Rng::with_seed(seed),
+            },
+            Kind::RawMinimal => Cycler::RawMinimal {
+                floor: RawMinimal::connect(target).await?,
+                key: Names::new("raw:", key).lock,
                 rng: fastrand::Rng::with_seed(seed),
             },
             Kind::Distlock | Kind::DistlockNoRenew | Kind::DistlockEager => Cycler::Distlock {
@@ -221,6 +234,11 @@ impl Cycler {
                 key: Names::new("minimal:", key).lock,
                 rng: fastrand::Rng::with_seed(seed),
             },
+            Cycler::RawMinimal { floor, .. } => Cycler::RawMinimal {
+                floor: floor.clone(),
+                key: Names::new("raw:", key).lock,
+                rng: fastrand::Rng::with_seed(seed),
+            },
             Cycler::Distlock { manager, renew, .. } => Cycler::Distlock {
                 manager: manager.clone(),
                 key: key.to_owned(),
@@ -243,6 +261,13 @@ impl Cycler {
                 let owner = owner_token(rng);
                 if !floor.try_acquire(key, &owner, LEASE_MS).await? {
                     bail!("minimal floor: the uncontended key {key} was busy");
+                }
+                floor.release(key, &owner).await?;
+            }
+            Cycler::RawMinimal { floor, key, rng } => {
+                let owner = owner_token(rng);
+                if !floor.try_acquire(key, &owner, LEASE_MS).await? {
+                    bail!("raw-socket floor: the uncontended key {key} was busy");
                 }
                 floor.release(key, &owner).await?;
             }
@@ -459,6 +484,7 @@ impl Kind {
         Some(match name {
             "floor" => Kind::Floor,
             "minimal" => Kind::Minimal,
+            "raw" => Kind::RawMinimal,
             "distlock" => Kind::Distlock,
             "distlock-norenew" => Kind::DistlockNoRenew,
             "macro" => Kind::Macro,

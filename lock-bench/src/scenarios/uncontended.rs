@@ -38,6 +38,7 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
             Kind::Distlock,
             Kind::DistlockEager,
             Kind::Rslock,
+            Kind::RawMinimal,
         ]
     };
     let mut cyclers = Vec::new();
@@ -92,6 +93,7 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
             "cmds/op counts script-internal commands (INFO commandstats); rt/op is counted through a RESP-parsing proxy in a separate pass".to_owned(),
             "distlock: the default (a token only on demand; none asked for here): a plain SET NX PX GET, then the release script (GET, DEL)".to_owned(),
             "distlock eager_fencing: the token issued inside the acquisition (a script that reads and writes the fencing counter)".to_owned(),
+            "raw-socket floor: the minimal floor's two commands written as RESP on one TcpStream and read in the calling task, without redis-rs: what the multiplexed connection (a channel to its connection task, the reply parser) costs every row above".to_owned(),
             m.cpu_note(),
         ],
         rows,
