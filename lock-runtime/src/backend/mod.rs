@@ -5,7 +5,8 @@
 //! batch, open a pub/sub connection); they never see a connection, a script or
 //! a node. Below it, each backend decides how those operations reach Redis:
 //!
-//! - [`single::Single`]: one server, one multiplexed connection;
+//! - [`single::Single`]: one server, one multiplexed connection and a direct
+//!   lane beside it for the call that finds it idle ([`direct`]);
 //! - [`cluster::Cluster`]: Redis Cluster; one call per lock through the cluster
 //!   client (MOVED/ASK followed, TRYAGAIN retried), renewals pipelined per node;
 //! - [`redlock::Redlock`]: N independent masters, each a `Single`; a lock is
@@ -30,6 +31,7 @@ use crate::lease::Lease;
 pub(crate) mod calls;
 pub(crate) mod check;
 pub(crate) mod cluster;
+pub(crate) mod direct;
 pub(crate) mod redlock;
 pub(crate) mod scripts;
 pub(crate) mod sentinel;
@@ -461,7 +463,16 @@ pub(crate) async fn bounded_call<T>(
     timeout: Duration,
     fut: impl Future<Output = RedisResult<T>>,
 ) -> Result<T, CallError> {
-    let error = match tokio::time::timeout(timeout, fut).await {
+    call_outcome(key, timeout, tokio::time::timeout(timeout, fut).await)
+}
+
+/// [`bounded_call`]'s answer for what `tokio::time::timeout(timeout, ..)` gave.
+pub(crate) fn call_outcome<T>(
+    key: &str,
+    timeout: Duration,
+    outcome: Result<RedisResult<T>, tokio::time::error::Elapsed>,
+) -> Result<T, CallError> {
+    let error = match outcome {
         Ok(Ok(value)) => return Ok(value),
         Ok(Err(e)) if matches!(e.kind(), redis::ErrorKind::Server(_)) => {
             return Err(CallError {

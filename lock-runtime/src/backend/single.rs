@@ -1,16 +1,17 @@
-//! One Redis server behind one multiplexed connection.
+//! One Redis server: a multiplexed connection, and beside it the direct lane
+//! (see `direct.rs`) for whichever call finds it idle.
 
-use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::RedisResult;
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 
 use super::calls::{KeyCall, Release};
+use super::direct::{DirectCall, DirectLane};
 use super::scripts::{self, AcquireAllReply, AcquireReply, AcquireSpec, Scripts};
-use super::{bounded_call, read_renewals, CallError, Renewal};
+use super::{read_renewals, CallError, Renewal};
 use crate::config::{redact, Config, ReplicaAck, TlsSettings};
 use crate::error::LockError;
 use crate::keys::RedisNames;
@@ -20,6 +21,8 @@ pub(crate) struct Single {
     /// The multiplexed connection every call goes through, replaced after a
     /// call fails in a way that may leave it out of sync (see [`Single::call`]).
     conn: Mutex<Conn>,
+    /// A second connection, on which a call reads its own reply.
+    direct: Arc<DirectLane>,
     conn_config: ConnectionManagerConfig,
     /// For pub/sub connections and the blocking release at runtime shutdown.
     client: redis::Client,
@@ -37,6 +40,54 @@ pub(crate) struct Single {
 struct Conn {
     generation: u64,
     redis: ConnectionManager,
+}
+
+/// The connection one call goes through (see [`Single::call`]).
+enum Lane<'a> {
+    Direct(DirectCall<'a>),
+    Shared {
+        generation: u64,
+        redis: ConnectionManager,
+    },
+}
+
+impl ConnectionLike for Lane<'_> {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Lane::Direct(direct) => direct.req_packed_command(cmd),
+            Lane::Shared { redis, .. } => redis.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Lane::Direct(direct) => direct.req_packed_commands(pipeline, offset, count),
+            Lane::Shared { redis, .. } => redis.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Lane::Direct(direct) => direct.get_db(),
+            Lane::Shared { redis, .. } => redis.get_db(),
+        }
+    }
+}
+
+impl Lane<'_> {
+    /// The call's replies were not what it expected, so they may not be its
+    /// own: the connection is not used again.
+    fn out_of_step(&mut self, single: &Single) {
+        match self {
+            Lane::Direct(direct) => direct.out_of_step(),
+            Lane::Shared { generation, .. } => single.retire_connection(*generation),
+        }
+    }
 }
 
 impl Single {
@@ -126,6 +177,11 @@ impl Single {
                 generation: 0,
                 redis: conn,
             }),
+            direct: DirectLane::new(
+                client.get_connection_info(),
+                config.connect_timeout,
+                config.command_timeout,
+            ),
             conn_config,
             client,
             scripts,
@@ -140,23 +196,63 @@ impl Single {
         self.conn.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// Runs one Redis call on connection `generation` under the command timeout,
-    /// naming `key` in the error. That timeout is the only one on the call (the
-    /// connection has no response timeout of its own): it bounds whatever the
-    /// call does, a reconnect and a NOSCRIPT reload and retry included.
-    ///
-    /// A call that may have lost its reply on a connection that stays open
-    /// (Redis replies carry no request id, so every later reply on it would go
-    /// to the wrong caller) retires the connection: the next call opens a fresh
-    /// one.
+    /// Runs `op` on a connection under the command timeout, naming `key` in
+    /// the error: on the direct lane's when it is idle, else on the
+    /// multiplexed one. That timeout is the only one on the call (neither
+    /// connection has a response timeout of its own): it bounds whatever the
+    /// call does, waiting for the direct lane, a reconnect and a NOSCRIPT
+    /// reload and retry included.
     async fn call<T>(
         &self,
         key: &str,
-        generation: u64,
-        fut: impl Future<Output = RedisResult<T>>,
+        op: impl AsyncFnOnce(&mut Lane<'_>) -> RedisResult<T>,
     ) -> Result<T, CallError> {
-        let result = bounded_call(key, self.command_timeout, fut).await;
-        if let Err(e) = &result {
+        self.call_within(key, self.command_timeout, op).await
+    }
+
+    /// [`Single::call`] under `timeout`.
+    ///
+    /// A call that may have lost its reply on a connection that stays open
+    /// (Redis replies carry no request id, so every later reply on it would go
+    /// to the wrong caller) retires the multiplexed connection: the next call
+    /// opens a fresh one. The direct lane's connection sees to itself (see
+    /// [`DirectCall`]).
+    async fn call_within<T>(
+        &self,
+        key: &str,
+        timeout: Duration,
+        op: impl AsyncFnOnce(&mut Lane<'_>) -> RedisResult<T>,
+    ) -> Result<T, CallError> {
+        let mut shared = None;
+        // Set when the timeout ends the call: then a direct connection still
+        // owed a reply is closed rather than drained (the server may be
+        // stalled, and later calls would wait for it).
+        let gave_up = AtomicBool::new(false);
+        let outcome = {
+            let call = std::pin::pin!(tokio::time::timeout(timeout, async {
+                let mut lane = match self.direct.take(&gave_up).await {
+                    Some(direct) => Lane::Direct(direct),
+                    None => {
+                        let conn = self.connection();
+                        shared = Some(conn.generation);
+                        Lane::Shared {
+                            generation: conn.generation,
+                            redis: conn.redis,
+                        }
+                    }
+                };
+                op(&mut lane).await
+            }));
+            let outcome = call.await;
+            if outcome.is_err() {
+                gave_up.store(true, Ordering::Relaxed);
+            }
+            outcome
+            // The call, and with it its connection, is dropped here, after
+            // the flag is set.
+        };
+        let result = super::call_outcome(key, timeout, outcome);
+        if let (Err(e), Some(generation)) = (&result, shared) {
             if e.maybe_executed {
                 self.retire_connection(generation);
             }
@@ -195,9 +291,7 @@ impl Single {
         key: &str,
         call: &K,
     ) -> Result<K::Output, CallError> {
-        let conn = self.connection();
-        let mut redis = conn.redis;
-        self.call(key, conn.generation, call.call(&self.scripts, &mut redis))
+        self.call(key, async |lane| call.call(&self.scripts, lane).await)
             .await
     }
 
@@ -210,39 +304,27 @@ impl Single {
         spec: &AcquireSpec<'_>,
     ) -> Result<AcquireReply, CallError> {
         let Some(ack) = self.replica_ack else {
-            let conn = self.connection();
-            let mut redis = conn.redis;
             return self
-                .call(
-                    key,
-                    conn.generation,
+                .call(key, async |lane| {
                     self.scripts
-                        .acquire(&mut redis, keys, owner, lease_ms, spec),
-                )
+                        .acquire(lane, keys, owner, lease_ms, spec)
+                        .await
+                })
                 .await;
         };
         // Boxed: this path's future is twice the size of the plain call's,
         // which every acquisition without `replica_ack` would move otherwise.
         Box::pin(async {
-            let conn = self.connection();
-            let mut redis = conn.redis;
-            // The call may take the replicas' timeout on top of the command timeout.
-            let acked = bounded_call(
-                key,
-                self.command_timeout + ack.timeout,
-                self.scripts
-                    .acquire_acked(&mut redis, keys, owner, lease_ms, spec, &ack),
-            )
-            .await;
-            let (reply, acked) = match acked {
-                Ok(acked) => acked,
-                Err(e) => {
-                    if e.maybe_executed {
-                        self.retire_connection(conn.generation);
-                    }
-                    return Err(e);
-                }
-            };
+            // The call may take the replicas' timeout on top of the command
+            // timeout. The script and `WAIT` go on one connection: `WAIT`
+            // counts the replicas that have every earlier write of its own.
+            let (reply, acked) = self
+                .call_within(key, self.command_timeout + ack.timeout, async |lane| {
+                    self.scripts
+                        .acquire_acked(lane, keys, owner, lease_ms, spec, &ack)
+                        .await
+                })
+                .await?;
             // Give it back now rather than hold a lock a failover may forget.
             let release = Release {
                 keys,
@@ -268,15 +350,12 @@ impl Single {
         if self.replica_ack.is_some() {
             return None;
         }
-        let conn = self.connection();
-        let mut redis = conn.redis;
         Some(
-            self.call(
-                key,
-                conn.generation,
+            self.call(key, async |lane| {
                 self.scripts
-                    .acquire_all(&mut redis, locks, owner, lease_ms, spec),
-            )
+                    .acquire_all(lane, locks, owner, lease_ms, spec)
+                    .await
+            })
             .await,
         )
     }
@@ -284,12 +363,10 @@ impl Single {
     /// The value of server setting `name` (`CONFIG GET`); `None` when the
     /// server has no such setting.
     pub(crate) async fn config_get(&self, name: &str) -> Result<Option<String>, CallError> {
-        let conn = self.connection();
-        let mut redis = conn.redis;
         let mut get = redis::cmd("CONFIG");
         get.arg("GET").arg(name);
         let reply: std::collections::HashMap<String, String> = self
-            .call("", conn.generation, get.query_async(&mut redis))
+            .call("", async |lane| get.query_async(lane).await)
             .await?;
         Ok(reply.get(name).cloned())
     }
@@ -299,14 +376,9 @@ impl Single {
         let mut names = Vec::new();
         let mut cursor = 0;
         loop {
-            let conn = self.connection();
-            let mut redis = conn.redis;
+            let scan = scripts::scan_cmd(cursor, pattern);
             let (next, page): (u64, Vec<String>) = self
-                .call(
-                    "",
-                    conn.generation,
-                    scripts::scan_cmd(cursor, pattern).query_async(&mut redis),
-                )
+                .call("", async |lane| scan.query_async(lane).await)
                 .await?;
             names.extend(page);
             if next == 0 {
@@ -320,13 +392,9 @@ impl Single {
         &self,
         locks: &[(&RedisNames, &str, u64)],
     ) -> Result<Vec<bool>, CallError> {
-        let conn = self.connection();
-        let mut redis = conn.redis;
-        self.call(
-            "",
-            conn.generation,
-            self.scripts.release_many(&mut redis, locks),
-        )
+        self.call("", async |lane| {
+            self.scripts.release_many(lane, locks).await
+        })
         .await
     }
 
@@ -355,39 +423,47 @@ impl Single {
                     .renew_cmd(&lease.keys, &lease.owner, lease.lease_ms()),
             );
         }
-        let conn = self.connection();
-        let mut redis = conn.redis;
         let sent_at = Instant::now();
         self.renewal_round_trips.fetch_add(1, Ordering::Relaxed);
-        let replies: Vec<RedisResult<(i64, String)>> = match self
-            .call("", conn.generation, pipe.query_async(&mut redis))
-            .await
-        {
-            Ok(replies) => replies,
+        let mut missing_script = false;
+        let renewed = self
+            .call("", async |lane| {
+                let replies: Vec<RedisResult<(i64, String)>> = pipe.query_async(&mut *lane).await?;
+                let mut out_of_sync = false;
+                let outcomes = read_renewals(
+                    batch,
+                    replies,
+                    sent_at,
+                    &mut missing_script,
+                    &mut out_of_sync,
+                );
+                if out_of_sync || outcomes.is_none() {
+                    lane.out_of_step(self);
+                }
+                if out_of_sync {
+                    // Loading the script on a connection out of step would
+                    // read someone else's reply.
+                    missing_script = false;
+                }
+                Ok(outcomes)
+            })
+            .await;
+        let mut outcomes = match renewed {
+            Ok(Some(outcomes)) => outcomes,
+            Ok(None) => {
+                let error =
+                    scripts::out_of_sync("a renewal pipeline got the wrong number of replies");
+                return failed_all(batch, &error.to_string());
+            }
             Err(e) => return failed_all(batch, &e.error.to_string()),
         };
-        let (mut missing_script, mut out_of_sync) = (false, false);
-        let outcomes = read_renewals(
-            batch,
-            replies,
-            sent_at,
-            &mut missing_script,
-            &mut out_of_sync,
-        );
-        if out_of_sync {
-            self.retire_connection(conn.generation);
-        }
-        let Some(mut outcomes) = outcomes else {
-            let error = scripts::out_of_sync("a renewal pipeline got the wrong number of replies");
-            return failed_all(batch, &error.to_string());
-        };
-        if missing_script && !out_of_sync {
+        if missing_script {
             // Redis restarted or flushed its scripts: load it and retry at once;
             // if even that fails, retry like any failed renewal.
-            if let Err(e) = self
-                .call("", conn.generation, self.scripts.load_renew(&mut redis))
-                .await
-            {
+            let loaded = self
+                .call("", async |lane| self.scripts.load_renew(lane).await)
+                .await;
+            if let Err(e) = loaded {
                 let error = e.error.to_string();
                 for outcome in &mut outcomes {
                     if matches!(outcome, Renewal::Retry) {

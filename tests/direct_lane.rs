@@ -1,0 +1,326 @@
+//! The one-server backend's direct lane: a second connection on which the
+//! calling task reads its own reply (lock-runtime/src/backend/direct.rs). It
+//! opens with the URL's user, password and database; a call that gives up on
+//! a reply (timeout, cancellation) drops it, so no later call reads that
+//! reply; concurrent calls share the multiplexed connection, so a manager
+//! never has more than the two.
+
+mod common;
+
+use std::future::Future;
+use std::task::Poll;
+use std::time::Duration;
+
+use common::*;
+use distlock::testing::{FaultMode, FaultProxy};
+use distlock::LockManager;
+use futures_util::StreamExt;
+use redis::aio::MultiplexedConnection;
+
+/// The manager's command connections (not pub/sub), seen from the server:
+/// `(user, db)` of each, the caller's own connection left out.
+async fn command_clients(raw: &mut MultiplexedConnection) -> Vec<(String, String)> {
+    let me: i64 = redis::cmd("CLIENT")
+        .arg("ID")
+        .query_async(raw)
+        .await
+        .unwrap();
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(raw)
+        .await
+        .unwrap();
+    let field = |line: &str, name: &str| {
+        line.split(' ')
+            .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))
+            .unwrap_or_default()
+            .to_owned()
+    };
+    list.lines()
+        .filter(|line| field(line, "id") != me.to_string())
+        .filter(|line| field(line, "sub") == "0" && field(line, "psub") == "0")
+        .map(|line| (field(line, "user"), field(line, "db")))
+        .collect()
+}
+
+/// One acquire and release, so that the direct lane is opened (in the
+/// background, by the first call), then waits for both connections.
+async fn open_both_lanes(m: &LockManager, raw: &mut MultiplexedConnection) {
+    let both = eventually(Duration::from_secs(5), async || {
+        m.lock("warm-up")
+            .acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+        command_clients(raw).await.len() == 2
+    })
+    .await;
+    assert!(
+        both.is_some(),
+        "the direct lane never opened: {:?}",
+        command_clients(raw).await
+    );
+}
+
+#[tokio::test]
+async fn the_direct_lane_opens_as_the_urls_user_in_its_database() {
+    let redis = server();
+    let mut raw = raw(&redis).await;
+    redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("locker")
+        .arg("on")
+        .arg(">pw")
+        .arg("~*")
+        .arg("&*")
+        .arg("+@all")
+        .query_async::<()>(&mut raw)
+        .await
+        .unwrap();
+    let url = format!("redis://locker:pw@{}/3", redis.addr());
+    let m = manager_at(&url).await;
+    open_both_lanes(&m, &mut raw).await;
+    assert_eq!(
+        command_clients(&mut raw).await,
+        vec![
+            ("locker".to_owned(), "3".to_owned()),
+            ("locker".to_owned(), "3".to_owned())
+        ]
+    );
+    // Whichever lane carries them, the locks are in database 3.
+    let g = m.lock("k").acquire().await.unwrap();
+    let name = m.redis_names("k").lock;
+    assert!(!exists(&mut raw, &name).await, "the lock is in database 0");
+    redis::cmd("SELECT")
+        .arg(3)
+        .query_async::<()>(&mut raw)
+        .await
+        .unwrap();
+    assert!(
+        exists(&mut raw, &name).await,
+        "the lock is not in database 3"
+    );
+    g.release().await.unwrap();
+    assert!(!exists(&mut raw, &name).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_calls_share_the_multiplexed_connection() {
+    let redis = server();
+    let mut raw = raw(&redis).await;
+    let m = manager(&redis).await;
+    open_both_lanes(&m, &mut raw).await;
+    let tasks: Vec<_> = (0..32)
+        .map(|t| {
+            let m = m.clone();
+            tokio::spawn(async move {
+                for i in 0..50 {
+                    let g = m.lock(format!("k:{t}:{i}")).acquire().await.unwrap();
+                    g.release().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(command_clients(&mut raw).await.len(), 2);
+    assert_eq!(all_keys(&mut raw).await, Vec::<String>::new());
+}
+
+/// Each acquisition is cancelled after one more poll than the last, so that
+/// some are dropped with their request written and the reply unread on the
+/// direct lane. The next cycle, on another key, must read its own replies:
+/// a reply left over would give it the wrong answer (or an out-of-sync error).
+#[tokio::test]
+async fn a_call_cancelled_mid_reply_leaves_nothing_for_the_next() {
+    let redis = server();
+    let mut raw = raw(&redis).await;
+    let m = manager(&redis).await;
+    open_both_lanes(&m, &mut raw).await;
+    let mut completed_within = None;
+    for polls in 0..64usize {
+        let mut acquire = Box::pin(
+            m.lock(format!("cancelled:{polls}"))
+                .lease(Duration::from_millis(300))
+                .acquire(),
+        );
+        let mut done = false;
+        for _ in 0..polls {
+            let ready =
+                std::future::poll_fn(|cx| Poll::Ready(acquire.as_mut().poll(cx).is_ready())).await;
+            if ready {
+                done = true;
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        drop(acquire);
+        // A different key each time: the check must not depend on what the
+        // cancelled acquisition left behind.
+        let g = m
+            .lock(format!("check:{polls}"))
+            .wait(Duration::ZERO)
+            .acquire()
+            .await
+            .unwrap_or_else(|e| panic!("{polls} polls: the next acquisition failed: {e}"));
+        assert!(exists(&mut raw, &m.redis_names(&format!("check:{polls}")).lock).await);
+        g.release()
+            .await
+            .unwrap_or_else(|e| panic!("{polls} polls: the next release failed: {e}"));
+        if done {
+            completed_within = Some(polls);
+            break;
+        }
+    }
+    assert!(
+        completed_within.is_some(),
+        "the acquisition never completed within 64 polls: not every await point was reached"
+    );
+}
+
+/// A reply slower than the command timeout: the call fails, and the reply,
+/// when it comes, is read by nobody (its connection was dropped). Every later
+/// call gets its own reply.
+#[tokio::test]
+async fn a_reply_after_the_command_timeout_reaches_no_later_call() {
+    let redis = server();
+    let mut raw = raw(&redis).await;
+    let proxy = FaultProxy::start(redis.addr()).await.unwrap();
+    let m = manager_at(&proxy.url()).await; // command timeout 500 ms
+    open_both_lanes(&m, &mut raw).await;
+    // Each chunk is held 400 ms each way: the request reaches Redis, the
+    // reply comes 800 ms after it was sent, 300 ms after the call gave up.
+    proxy.set_mode(FaultMode::Delay(Duration::from_millis(400)));
+    let late = m.lock("late").acquire().await;
+    assert!(late.is_err(), "{late:?}");
+    proxy.set_mode(FaultMode::Pass);
+    for i in 0..20 {
+        let key = format!("after:{i}");
+        let g = m
+            .lock(key.as_str())
+            .wait(Duration::ZERO)
+            .acquire()
+            .await
+            .unwrap_or_else(|e| panic!("cycle {i}: {e}"));
+        assert!(exists(&mut raw, &m.redis_names(key.as_str()).lock).await);
+        g.release()
+            .await
+            .unwrap_or_else(|e| panic!("cycle {i}: {e}"));
+        // Give a late reply time to arrive between cycles.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A cancelled acquisition's clean-up (a release by its owner token) waits
+/// for the reply the acquisition left unread, and then goes on the same
+/// connection: Redis runs it after the acquisition, as on one connection
+/// (on another connection it could overtake the request still on its way,
+/// find nothing to release, and leave the lock taken for its whole lease).
+#[tokio::test]
+async fn a_cancelled_acquisitions_clean_up_follows_it_on_its_connection() {
+    let redis = server();
+    let mut raw = raw(&redis).await;
+    let proxy = FaultProxy::start(redis.addr()).await.unwrap();
+    let m = manager_at(&proxy.url()).await; // command timeout 500 ms
+    open_both_lanes(&m, &mut raw).await;
+    let mut lines = redis::Client::open(redis.url())
+        .unwrap()
+        .get_async_monitor()
+        .await
+        .unwrap()
+        .into_on_message::<String>();
+    // The request takes 100 ms to reach Redis and its reply 100 ms more:
+    // the acquisition is given up with its request on the way.
+    proxy.set_mode(FaultMode::Delay(Duration::from_millis(100)));
+    let given_up = tokio::time::timeout(
+        Duration::from_millis(30),
+        m.lock("k").lease(Duration::from_secs(30)).acquire(),
+    )
+    .await;
+    assert!(given_up.is_err(), "the acquisition was not cut short");
+    let name = m.redis_names("k").lock;
+    let freed = eventually(Duration::from_secs(5), async || {
+        !exists(&mut raw, &name).await
+    })
+    .await;
+    proxy.set_mode(FaultMode::Pass);
+    assert!(freed.is_some(), "the lock was not released by its clean-up");
+    // MONITOR lines: `<time> [<db> <client address>] "COMMAND" ...`.
+    let client_of = |line: &str| line.split(['[', ']']).nth(1).map(str::to_owned);
+    let mut set_from = None;
+    loop {
+        let line = tokio::time::timeout(Duration::from_secs(5), lines.next())
+            .await
+            .expect("MONITOR went quiet")
+            .expect("MONITOR ended");
+        if line.contains("\"SET\"") && line.contains(&name) {
+            set_from = client_of(&line);
+        } else if line.contains("\"EVALSHA\"") && line.contains(&name) {
+            assert!(
+                set_from.is_some(),
+                "the clean-up ran before the acquisition: {line}"
+            );
+            assert_eq!(
+                client_of(&line),
+                set_from,
+                "the clean-up took another connection"
+            );
+            break;
+        }
+    }
+}
+
+/// The server closes the idle direct connection (as Redis's `timeout` or a
+/// load balancer does with idle connections): the next call, once the
+/// connection has been idle for longer than the lane trusts it unchecked
+/// (5 s), finds it closed before sending, and takes the other connection.
+#[tokio::test]
+async fn a_connection_closed_while_idle_fails_no_call() {
+    let redis = server();
+    let mut raw = raw(&redis).await;
+    let m = manager(&redis).await;
+    open_both_lanes(&m, &mut raw).await;
+    let me: i64 = redis::cmd("CLIENT")
+        .arg("ID")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .arg("TYPE")
+        .arg("normal")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    // Client ids grow: the direct connection, opened by the first call, is
+    // younger than the multiplexed one, opened by `build()`.
+    let direct = list
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("id=")?
+                .split(' ')
+                .next()?
+                .parse::<i64>()
+                .ok()
+        })
+        .filter(|id| *id != me)
+        .max()
+        .unwrap();
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(direct)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(killed, 1);
+    // Idle past the lane's 5 s of trust (CHECK_IDLE_AFTER), with a margin.
+    tokio::time::sleep(Duration::from_millis(5_500)).await;
+    let g = m.lock("after-idle").acquire().await.unwrap();
+    g.release().await.unwrap();
+    // The lane opens again.
+    open_both_lanes(&m, &mut raw).await;
+}
