@@ -1,7 +1,7 @@
 //! One Redis server: a multiplexed connection, and beside it the direct lane
 //! (see `direct.rs`) for whichever call finds it idle.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -23,6 +23,13 @@ pub(crate) struct Single {
     conn: Mutex<Conn>,
     /// A second connection, on which a call reads its own reply.
     direct: Arc<DirectLane>,
+    /// Calls in flight on the multiplexed connection. While there are any,
+    /// calls join them there rather than take the direct lane: concurrent
+    /// commands share the connection's writes and the server's reads, which
+    /// a round trip of its own would not (many tasks on distinct keys lost
+    /// about a tenth of their throughput when each took the direct lane
+    /// whenever it was free).
+    shared_in_flight: AtomicUsize,
     conn_config: ConnectionManagerConfig,
     /// For pub/sub connections and the blocking release at runtime shutdown.
     client: redis::Client,
@@ -40,6 +47,22 @@ pub(crate) struct Single {
 struct Conn {
     generation: u64,
     redis: ConnectionManager,
+}
+
+/// Counts a call in flight on the multiplexed connection, until dropped.
+struct InFlight<'a>(&'a AtomicUsize);
+
+impl<'a> InFlight<'a> {
+    fn new(count: &'a AtomicUsize) -> InFlight<'a> {
+        count.fetch_add(1, Ordering::Relaxed);
+        InFlight(count)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// The connection one call goes through (see [`Single::call`]).
@@ -177,6 +200,7 @@ impl Single {
                 generation: 0,
                 redis: conn,
             }),
+            shared_in_flight: AtomicUsize::new(0),
             direct: DirectLane::new(
                 client.get_connection_info(),
                 config.connect_timeout,
@@ -230,9 +254,16 @@ impl Single {
         let gave_up = AtomicBool::new(false);
         let outcome = {
             let call = std::pin::pin!(tokio::time::timeout(timeout, async {
-                let mut lane = match self.direct.take(&gave_up).await {
+                let direct = if self.shared_in_flight.load(Ordering::Relaxed) == 0 {
+                    self.direct.take(&gave_up).await
+                } else {
+                    None
+                };
+                let mut in_flight = None;
+                let mut lane = match direct {
                     Some(direct) => Lane::Direct(direct),
                     None => {
+                        in_flight = Some(InFlight::new(&self.shared_in_flight));
                         let conn = self.connection();
                         shared = Some(conn.generation);
                         Lane::Shared {
@@ -241,7 +272,9 @@ impl Single {
                         }
                     }
                 };
-                op(&mut lane).await
+                let reply = op(&mut lane).await;
+                drop(in_flight);
+                reply
             }));
             let outcome = call.await;
             if outcome.is_err() {
