@@ -17,7 +17,7 @@ use distlock::LockManager;
 use futures_util::StreamExt;
 use redis::aio::MultiplexedConnection;
 
-/// The manager's command connections (not pub/sub), seen from the server:
+/// The manager's command connections (not pub/sub, not MONITOR), seen from the server:
 /// `(user, db)` of each, the caller's own connection left out.
 async fn command_clients(raw: &mut MultiplexedConnection) -> Vec<(String, String)> {
     let me: i64 = redis::cmd("CLIENT")
@@ -39,6 +39,8 @@ async fn command_clients(raw: &mut MultiplexedConnection) -> Vec<(String, String
     list.lines()
         .filter(|line| field(line, "id") != me.to_string())
         .filter(|line| field(line, "sub") == "0" && field(line, "psub") == "0")
+        // Not a MONITOR connection.
+        .filter(|line| !field(line, "flags").contains('O'))
         .map(|line| (field(line, "user"), field(line, "db")))
         .collect()
 }
@@ -141,7 +143,9 @@ async fn a_call_cancelled_mid_reply_leaves_nothing_for_the_next() {
     let m = manager(&redis).await;
     open_both_lanes(&m, &mut raw).await;
     let mut completed_within = None;
-    for polls in 0..64usize {
+    // Each round polls once more; a round trip takes tens of polls or more
+    // on a loaded machine, so the bound is generous.
+    for polls in 0..2_000usize {
         let mut acquire = Box::pin(
             m.lock(format!("cancelled:{polls}"))
                 .lease(Duration::from_millis(300))
@@ -177,7 +181,7 @@ async fn a_call_cancelled_mid_reply_leaves_nothing_for_the_next() {
     }
     assert!(
         completed_within.is_some(),
-        "the acquisition never completed within 64 polls: not every await point was reached"
+        "the acquisition never completed within 2,000 polls: not every await point was reached"
     );
 }
 
@@ -197,6 +201,18 @@ async fn a_reply_after_the_command_timeout_reaches_no_later_call() {
     let late = m.lock("late").acquire().await;
     assert!(late.is_err(), "{late:?}");
     proxy.set_mode(FaultMode::Pass);
+    // The timed-out call closed its connection rather than leave it to a
+    // drain: a drain would hold the next call until the late reply, 800 ms
+    // after the request, 300 ms after the call gave up. The next cycle has
+    // its two round trips only (well under 150 ms on loopback).
+    let start = std::time::Instant::now();
+    let g = m.lock("first-after").acquire().await.unwrap();
+    g.release().await.unwrap();
+    assert!(
+        start.elapsed() < Duration::from_millis(150),
+        "the first call after the timeout waited {:?}",
+        start.elapsed()
+    );
     for i in 0..20 {
         let key = format!("after:{i}");
         let g = m
@@ -214,26 +230,114 @@ async fn a_reply_after_the_command_timeout_reaches_no_later_call() {
     }
 }
 
+/// MONITOR lines: `<time> [<db> <client address>] "COMMAND" ...`.
+fn client_of(line: &str) -> Option<String> {
+    line.split(['[', ']']).nth(1).map(str::to_owned)
+}
+
+/// Waits for the lock `name` to be taken (its request was on its way when
+/// its acquisition was given up) and then freed by the clean-up; returns the
+/// client that sent its `SET` and the one that sent the clean-up's release,
+/// as MONITOR saw them.
+async fn taken_then_cleaned_up(
+    raw: &mut MultiplexedConnection,
+    lines: &mut (impl futures_util::Stream<Item = String> + Unpin),
+    name: &str,
+) -> (Option<String>, Option<String>) {
+    let taken = eventually(Duration::from_secs(5), async || exists(raw, name).await).await;
+    assert!(
+        taken.is_some(),
+        "the given-up acquisition never reached Redis"
+    );
+    // Freed well within its 30 s lease: by the clean-up, not by expiry.
+    let freed = eventually(Duration::from_secs(5), async || !exists(raw, name).await).await;
+    assert!(freed.is_some(), "the lock was not released by its clean-up");
+    let mut set_from = None;
+    loop {
+        let line = tokio::time::timeout(Duration::from_secs(5), lines.next())
+            .await
+            .expect("MONITOR went quiet")
+            .expect("MONITOR ended");
+        if line.contains("\"SET\"") && line.contains(name) {
+            set_from = client_of(&line);
+        } else if line.contains("\"EVALSHA\"") && line.contains(name) {
+            return (set_from, client_of(&line));
+        }
+    }
+}
+
+async fn monitor(
+    redis: &distlock::testing::RedisServer,
+) -> impl futures_util::Stream<Item = String> + Unpin {
+    redis::Client::open(redis.url())
+        .unwrap()
+        .get_async_monitor()
+        .await
+        .unwrap()
+        .into_on_message::<String>()
+}
+
 /// A cancelled acquisition's clean-up (a release by its owner token) waits
-/// for the reply the acquisition left unread, and then goes on the same
-/// connection: Redis runs it after the acquisition, as on one connection
-/// (on another connection it could overtake the request still on its way,
-/// find nothing to release, and leave the lock taken for its whole lease).
-#[tokio::test]
-async fn a_cancelled_acquisitions_clean_up_follows_it_on_its_connection() {
+/// for the reply the acquisition left unread on the direct lane, and then
+/// goes on the same connection: Redis runs it after the acquisition, as on
+/// one connection (on another connection it could overtake the request still
+/// on its way, find nothing to release, and leave the lock taken for its
+/// whole lease). It waits even while another call is in flight on the
+/// multiplexed connection, which would otherwise send it there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_acquisitions_clean_up_follows_it_on_the_direct_lane() {
     let redis = server();
     let mut raw = raw(&redis).await;
     let proxy = FaultProxy::start(redis.addr()).await.unwrap();
     let m = manager_at(&proxy.url()).await; // command timeout 500 ms
     open_both_lanes(&m, &mut raw).await;
-    let mut lines = redis::Client::open(redis.url())
-        .unwrap()
-        .get_async_monitor()
-        .await
-        .unwrap()
-        .into_on_message::<String>();
-    // The request takes 100 ms to reach Redis and its reply 100 ms more:
-    // the acquisition is given up with its request on the way.
+    let mut lines = monitor(&redis).await;
+    // Every request takes 100 ms to reach Redis and its reply 100 ms more.
+    proxy.set_mode(FaultMode::Delay(Duration::from_millis(100)));
+    let on_direct = m.lock("k").lease(Duration::from_secs(30)).acquire();
+    let mut on_direct = Box::pin(on_direct);
+    // Polled once: its request is on its way on the direct lane.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(20), &mut on_direct)
+            .await
+            .is_err()
+    );
+    // Another acquisition meanwhile goes on the multiplexed connection.
+    let other = m.clone();
+    let shared = tokio::spawn(async move { other.lock("other").acquire().await });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    drop(on_direct);
+    let name = m.redis_names("k").lock;
+    let (set_from, release_from) = taken_then_cleaned_up(&mut raw, &mut lines, &name).await;
+    proxy.set_mode(FaultMode::Pass);
+    shared.await.unwrap().unwrap().release().await.unwrap();
+    assert!(
+        set_from.is_some(),
+        "the clean-up ran before the acquisition"
+    );
+    assert_eq!(
+        release_from, set_from,
+        "the clean-up took another connection"
+    );
+}
+
+/// The same on the multiplexed connection: an acquisition given up there
+/// (here the first call of a manager, before its direct lane opened) leaves
+/// its request in redis-rs's buffers or on its way; until a later call is
+/// answered there, calls stay on that connection, so the clean-up does not
+/// take the direct lane meanwhile opened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_acquisitions_clean_up_follows_it_on_the_multiplexed_connection() {
+    let redis = server();
+    let mut raw = raw(&redis).await;
+    let proxy = FaultProxy::start(redis.addr()).await.unwrap();
+    let m = manager_at(&proxy.url()).await;
+    assert_eq!(
+        command_clients(&mut raw).await.len(),
+        1,
+        "the direct lane opened early"
+    );
+    let mut lines = monitor(&redis).await;
     proxy.set_mode(FaultMode::Delay(Duration::from_millis(100)));
     let given_up = tokio::time::timeout(
         Duration::from_millis(30),
@@ -242,35 +346,21 @@ async fn a_cancelled_acquisitions_clean_up_follows_it_on_its_connection() {
     .await;
     assert!(given_up.is_err(), "the acquisition was not cut short");
     let name = m.redis_names("k").lock;
-    let freed = eventually(Duration::from_secs(5), async || {
-        !exists(&mut raw, &name).await
-    })
-    .await;
+    let (set_from, release_from) = taken_then_cleaned_up(&mut raw, &mut lines, &name).await;
     proxy.set_mode(FaultMode::Pass);
-    assert!(freed.is_some(), "the lock was not released by its clean-up");
-    // MONITOR lines: `<time> [<db> <client address>] "COMMAND" ...`.
-    let client_of = |line: &str| line.split(['[', ']']).nth(1).map(str::to_owned);
-    let mut set_from = None;
-    loop {
-        let line = tokio::time::timeout(Duration::from_secs(5), lines.next())
-            .await
-            .expect("MONITOR went quiet")
-            .expect("MONITOR ended");
-        if line.contains("\"SET\"") && line.contains(&name) {
-            set_from = client_of(&line);
-        } else if line.contains("\"EVALSHA\"") && line.contains(&name) {
-            assert!(
-                set_from.is_some(),
-                "the clean-up ran before the acquisition: {line}"
-            );
-            assert_eq!(
-                client_of(&line),
-                set_from,
-                "the clean-up took another connection"
-            );
-            break;
-        }
-    }
+    assert_eq!(
+        command_clients(&mut raw).await.len(),
+        2,
+        "the direct lane never opened"
+    );
+    assert!(
+        set_from.is_some(),
+        "the clean-up ran before the acquisition"
+    );
+    assert_eq!(
+        release_from, set_from,
+        "the clean-up took another connection"
+    );
 }
 
 /// The server closes the idle direct connection (as Redis's `timeout` or a

@@ -6,10 +6,11 @@
 //! general parser: on a free lock's acquire and release (two round trips of
 //! a few microseconds of Redis work each) that hand-over costs the client more
 //! than everything distlock does around it. The direct lane skips it for
-//! whichever call finds it idle, most of all for the one task of a service
-//! that takes locks one at a time; a call that finds it busy (another task
-//! is on it) takes the multiplexed connection, so that concurrent callers
-//! still share one pipelined connection. Both lanes carry the same commands,
+//! whichever call finds it idle while the multiplexed connection has nothing
+//! in flight (`Single::call_within` decides), most of all for the one task of
+//! a service that takes locks one at a time; other calls take the
+//! multiplexed connection, so that concurrent callers still share one
+//! pipelined connection. Both lanes carry the same commands,
 //! and a call is only sent after the reply to the call before it (of the same
 //! hold) arrived, so which lane carries a call changes nothing in what Redis
 //! sees.
@@ -75,8 +76,6 @@ pub(crate) struct DirectLane {
     /// tasks that open and drain it.
     runtime: Option<Handle>,
     connect_timeout: Duration,
-    /// How long a drain waits for the replies it reads.
-    command_timeout: Duration,
 }
 
 #[derive(Default)]
@@ -91,20 +90,27 @@ impl DirectLane {
     /// A lane for the server of `info`, opened by its first call. Without a
     /// lane (every call takes the multiplexed connection): a server reached
     /// by TLS or a Unix socket, or a manager built outside a tokio runtime.
+    ///
+    /// `runtime`: the manager's (see [`DirectLane::runtime`]).
     pub(crate) fn new(
         info: &ConnectionInfo,
         connect_timeout: Duration,
-        command_timeout: Duration,
+        runtime: Option<Handle>,
     ) -> Arc<DirectLane> {
         let plain_tcp = matches!(info.addr(), ConnectionAddr::Tcp(..));
         Arc::new(DirectLane {
             slot: Arc::default(),
             draining: AtomicBool::new(false),
             info: plain_tcp.then(|| info.clone()),
-            runtime: Handle::try_current().ok(),
+            runtime,
             connect_timeout,
-            command_timeout,
         })
+    }
+
+    /// Whether a task is reading the replies a cancelled call left unread:
+    /// a call then waits for the lane whatever else it would have taken.
+    pub(crate) fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
     }
 
     /// The idle connection, for one call; `None` when another call holds it
@@ -112,9 +118,14 @@ impl DirectLane {
     /// opening failed less than [`RECONNECT_AFTER`] ago). Waits while the
     /// replies of a cancelled call are read.
     ///
-    /// `gave_up`: set by the caller's timeout before it drops the call.
+    /// `timeout`: the call's own; it waits for a drain at most half of it
+    /// (then takes the multiplexed connection: a reply that slow means a
+    /// server in trouble, and the call must still have time to run), and a
+    /// drain of its own replies gets all of it. `gave_up`: set by the
+    /// caller's timeout before it drops the call.
     pub(crate) async fn take<'a>(
         self: &'a Arc<Self>,
+        timeout: Duration,
         gave_up: &'a AtomicBool,
     ) -> Option<DirectCall<'a>> {
         let (Some(info), Some(runtime)) = (&self.info, &self.runtime) else {
@@ -122,7 +133,10 @@ impl DirectLane {
         };
         let mut slot = match self.slot.clone().try_lock_owned() {
             Ok(slot) => slot,
-            Err(_) if self.draining.load(Ordering::Acquire) => self.slot.clone().lock_owned().await,
+            Err(_) if self.is_draining() => {
+                let waiting = self.slot.clone().lock_owned();
+                tokio::time::timeout(timeout / 2, waiting).await.ok()?
+            }
             Err(_) => return None,
         };
         if let Some(conn) = slot.idle.take().filter(DirectConnection::usable) {
@@ -130,6 +144,7 @@ impl DirectLane {
                 conn: Some(conn),
                 slot: Some(slot),
                 lane: self,
+                timeout,
                 gave_up,
             });
         }
@@ -165,6 +180,8 @@ pub(crate) struct DirectCall<'a> {
     conn: Option<DirectConnection>,
     slot: Option<OwnedMutexGuard<Slot>>,
     lane: &'a Arc<DirectLane>,
+    /// The call's timeout: how long a drain of its replies may take.
+    timeout: Duration,
     gave_up: &'a AtomicBool,
 }
 
@@ -228,13 +245,15 @@ impl Drop for DirectCall<'_> {
             return;
         };
         self.lane.draining.store(true, Ordering::Release);
-        let lane = self.lane.clone();
-        // Dropped unrun if the runtime is shutting down: the guard below
-        // still ends the drain, and the connection is closed.
+        // Made before the task: a task the runtime refuses (it is shutting
+        // down) is dropped unrun, and this still ends the drain; the
+        // connection is closed with it.
+        let draining = Draining(self.lane.clone());
+        let timeout = self.timeout;
         drop(runtime.spawn(async move {
-            let _draining = Draining(lane.clone());
+            let _draining = draining;
             let mut conn = conn;
-            let drained = tokio::time::timeout(lane.command_timeout, conn.read_owed()).await;
+            let drained = tokio::time::timeout(timeout, conn.read_owed()).await;
             if matches!(drained, Ok(Ok(()))) && conn.input.is_empty() {
                 conn.idle_since = Instant::now();
                 slot.idle = Some(conn);

@@ -46,6 +46,8 @@ pub(crate) struct Sentinel {
     /// suspect: with the sentinels still naming it, it is trusted again.
     answered_while_suspect: std::sync::atomic::AtomicBool,
     config: Config,
+    /// The manager's runtime, on which a new master's direct lane runs.
+    runtime: Option<tokio::runtime::Handle>,
     shown: String,
 }
 
@@ -98,6 +100,7 @@ impl Sentinel {
             suspect: std::sync::atomic::AtomicBool::new(false),
             answered_while_suspect: std::sync::atomic::AtomicBool::new(false),
             config: config.clone(),
+            runtime: tokio::runtime::Handle::try_current().ok(),
             shown,
         })
     }
@@ -141,7 +144,8 @@ impl Sentinel {
         let shown = format!("{host}:{port} (master {:?})", self.master_name);
         let master = super::client_at(&self.sentinels[0], &host, port)
             .map_err(|e| LockError::InvalidConfig(e.to_string()))
-            .and_then(|client| Single::connect_client_lazily(client, shown, &self.config));
+            .and_then(|client| Single::connect_client_lazily(client, shown, &self.config))
+            .map(|master| master.on_runtime(self.runtime.clone()));
         match master {
             Ok(master) => {
                 tracing::info!(target: "distlock::connection",

@@ -23,13 +23,8 @@ pub(crate) struct Single {
     conn: Mutex<Conn>,
     /// A second connection, on which a call reads its own reply.
     direct: Arc<DirectLane>,
-    /// Calls in flight on the multiplexed connection. While there are any,
-    /// calls join them there rather than take the direct lane: concurrent
-    /// commands share the connection's writes and the server's reads, which
-    /// a round trip of its own would not (many tasks on distinct keys lost
-    /// about a tenth of their throughput when each took the direct lane
-    /// whenever it was free).
-    shared_in_flight: AtomicUsize,
+    /// The calls on the multiplexed connection (see [`SharedCalls`]).
+    shared: SharedCalls,
     conn_config: ConnectionManagerConfig,
     /// For pub/sub connections and the blocking release at runtime shutdown.
     client: redis::Client,
@@ -49,19 +44,68 @@ struct Conn {
     redis: ConnectionManager,
 }
 
-/// Counts a call in flight on the multiplexed connection, until dropped.
-struct InFlight<'a>(&'a AtomicUsize);
+/// The calls on the multiplexed connection, for [`Single::call_within`]'s
+/// choice of lane.
+#[derive(Default)]
+struct SharedCalls {
+    /// In flight now. While there are any, calls join them there rather than
+    /// take the direct lane: concurrent commands share the connection's
+    /// writes and the server's reads, which a round trip of its own would not
+    /// (many tasks on distinct keys lost about a tenth of their throughput
+    /// when each took the direct lane whenever it was free).
+    in_flight: AtomicUsize,
+    /// Calls given up before their reply came (cancelled, timed out): their
+    /// request may still be on its way, in redis-rs's buffers or the
+    /// network.
+    given_up: AtomicU64,
+    /// How many of those are known to have reached Redis: a call started
+    /// after them was answered on the same connection, which answers in
+    /// order. Until all have, calls stay on the multiplexed connection, so
+    /// that none overtakes them (a cancelled acquisition's clean-up must
+    /// reach Redis after the acquisition).
+    settled: AtomicU64,
+}
 
-impl<'a> InFlight<'a> {
-    fn new(count: &'a AtomicUsize) -> InFlight<'a> {
-        count.fetch_add(1, Ordering::Relaxed);
-        InFlight(count)
+impl SharedCalls {
+    fn may_go_direct(&self) -> bool {
+        self.in_flight.load(Ordering::Relaxed) == 0
+            && self.settled.load(Ordering::Acquire) >= self.given_up.load(Ordering::Acquire)
+    }
+
+    fn start(&self) -> SharedCall<'_> {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        SharedCall {
+            calls: self,
+            given_up_before: self.given_up.load(Ordering::Acquire),
+            answered: false,
+        }
     }
 }
 
-impl Drop for InFlight<'_> {
+/// One call in flight on the multiplexed connection, until dropped.
+struct SharedCall<'a> {
+    calls: &'a SharedCalls,
+    given_up_before: u64,
+    answered: bool,
+}
+
+impl SharedCall<'_> {
+    /// The call's reply came: every call given up before it started has
+    /// reached Redis.
+    fn answered(mut self) {
+        self.answered = true;
+        self.calls
+            .settled
+            .fetch_max(self.given_up_before, Ordering::AcqRel);
+    }
+}
+
+impl Drop for SharedCall<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        if !self.answered {
+            self.calls.given_up.fetch_add(1, Ordering::AcqRel);
+        }
+        self.calls.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -200,11 +244,11 @@ impl Single {
                 generation: 0,
                 redis: conn,
             }),
-            shared_in_flight: AtomicUsize::new(0),
+            shared: SharedCalls::default(),
             direct: DirectLane::new(
                 client.get_connection_info(),
                 config.connect_timeout,
-                config.command_timeout,
+                tokio::runtime::Handle::try_current().ok(),
             ),
             conn_config,
             client,
@@ -214,6 +258,18 @@ impl Single {
             connect_timeout: config.connect_timeout,
             renewal_round_trips: AtomicU64::new(0),
         }
+    }
+
+    /// The same server, its direct lane opened and drained on `runtime`
+    /// (the manager's), for a `Single` made inside a call (Sentinel following
+    /// a failover), which would otherwise take the caller's runtime.
+    pub(crate) fn on_runtime(mut self, runtime: Option<tokio::runtime::Handle>) -> Single {
+        self.direct = DirectLane::new(
+            self.client.get_connection_info(),
+            self.connect_timeout,
+            runtime,
+        );
+        self
     }
 
     fn connection(&self) -> Conn {
@@ -254,8 +310,8 @@ impl Single {
         let gave_up = AtomicBool::new(false);
         let outcome = {
             let call = std::pin::pin!(tokio::time::timeout(timeout, async {
-                let direct = if self.shared_in_flight.load(Ordering::Relaxed) == 0 {
-                    self.direct.take(&gave_up).await
+                let direct = if self.direct.is_draining() || self.shared.may_go_direct() {
+                    self.direct.take(timeout, &gave_up).await
                 } else {
                     None
                 };
@@ -263,7 +319,7 @@ impl Single {
                 let mut lane = match direct {
                     Some(direct) => Lane::Direct(direct),
                     None => {
-                        in_flight = Some(InFlight::new(&self.shared_in_flight));
+                        in_flight = Some(self.shared.start());
                         let conn = self.connection();
                         shared = Some(conn.generation);
                         Lane::Shared {
@@ -273,7 +329,25 @@ impl Single {
                     }
                 };
                 let reply = op(&mut lane).await;
-                drop(in_flight);
+                match (&reply, &mut lane) {
+                    // A reply of another shape than the call expects (a type
+                    // conversion, an owner token that is not ours) may not be
+                    // its own: the multiplexed connection is retired for it
+                    // (see `call_outcome`), the direct one closed.
+                    (Err(e), Lane::Direct(direct))
+                        if !matches!(e.kind(), redis::ErrorKind::Server(_)) =>
+                    {
+                        direct.out_of_step()
+                    }
+                    _ => {}
+                }
+                let answered = match &reply {
+                    Ok(_) => true,
+                    Err(e) => matches!(e.kind(), redis::ErrorKind::Server(_)),
+                };
+                if let (Some(in_flight), true) = (in_flight, answered) {
+                    in_flight.answered();
+                }
                 reply
             }));
             let outcome = call.await;
