@@ -266,17 +266,6 @@ async fn taken_then_cleaned_up(
     }
 }
 
-async fn monitor(
-    redis: &distlock::testing::RedisServer,
-) -> impl futures_util::Stream<Item = String> + Unpin {
-    redis::Client::open(redis.url())
-        .unwrap()
-        .get_async_monitor()
-        .await
-        .unwrap()
-        .into_on_message::<String>()
-}
-
 /// A cancelled acquisition's clean-up (a release by its owner token) waits
 /// for the reply the acquisition left unread on the direct lane, and then
 /// goes on the same connection: Redis runs it after the acquisition, as on

@@ -81,18 +81,6 @@ fn release_keys(line: &str) -> Option<usize> {
     (words.count() == keys + 1).then_some(keys)
 }
 
-/// The lines MONITOR shows from now on.
-async fn monitor(
-    redis: &distlock::testing::RedisServer,
-) -> impl futures_util::Stream<Item = String> + Unpin {
-    redis::Client::open(redis.url())
-        .unwrap()
-        .get_async_monitor()
-        .await
-        .unwrap()
-        .into_on_message::<String>()
-}
-
 /// Sends the marker `end`, and returns the client commands MONITOR shows
 /// until it, with the number of keys each release script among them declared.
 async fn release_scripts_until(

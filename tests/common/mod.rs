@@ -378,3 +378,15 @@ pub async fn reset_stats(raw: &mut MultiplexedConnection) {
         .await
         .expect("CONFIG RESETSTAT");
 }
+
+/// The lines MONITOR shows from now on.
+pub async fn monitor(
+    redis: &distlock::testing::RedisServer,
+) -> impl futures_util::Stream<Item = String> + Unpin {
+    redis::Client::open(redis.url())
+        .unwrap()
+        .get_async_monitor()
+        .await
+        .unwrap()
+        .into_on_message::<String>()
+}

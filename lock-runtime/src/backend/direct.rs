@@ -152,11 +152,12 @@ impl DirectLane {
             .failed_at
             .is_none_or(|at| at.elapsed() >= RECONNECT_AFTER)
         {
-            let (info, timeout) = (info.clone(), self.connect_timeout);
+            let (info, connect_timeout) = (info.clone(), self.connect_timeout);
             // The slot stays locked while the connection opens: calls take
             // the multiplexed connection meanwhile.
             drop(runtime.spawn(async move {
-                match tokio::time::timeout(timeout, DirectConnection::connect(&info)).await {
+                let connecting = DirectConnection::connect(&info);
+                match tokio::time::timeout(connect_timeout, connecting).await {
                     Ok(Ok(conn)) => slot.idle = Some(conn),
                     Ok(Err(e)) => {
                         tracing::debug!(target: "distlock::connection", error = %e,
@@ -229,9 +230,10 @@ impl Drop for DirectCall<'_> {
         let (Some(conn), Some(mut slot)) = (self.conn.take(), self.slot.take()) else {
             return;
         };
-        // A byte read past the last reply is one nobody asked for.
         let timed_out = conn.owed > 0 && self.gave_up.load(Ordering::Relaxed);
-        if conn.broken || timed_out || (conn.owed == 0 && !conn.input.is_empty()) {
+        // A byte read past the last reply is one nobody asked for.
+        let unasked = conn.owed == 0 && !conn.input.is_empty();
+        if conn.broken || timed_out || unasked {
             return; // closed; the next call opens another
         }
         if conn.owed == 0 {
