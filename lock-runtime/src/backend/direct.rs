@@ -38,7 +38,7 @@ use redis::{
     Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, Pipeline, ProtocolVersion, RedisError,
     RedisFuture, RedisResult, Value,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 use tokio::runtime::Handle;
 use tokio::sync::{Mutex, OwnedMutexGuard};
@@ -46,11 +46,11 @@ use tokio::sync::{Mutex, OwnedMutexGuard};
 /// How long after a failed opening the lane tries again.
 pub(crate) const RECONNECT_AFTER: Duration = Duration::from_secs(1);
 
-/// An idle connection older than this is checked before a call uses it: a
-/// server restart, or a server or proxy that closes idle connections
-/// (Redis's `timeout`, a cloud load balancer), would otherwise fail the call
-/// that finds it closed. The check is a read that finds nothing (one system
-/// call), so a busy lane skips it.
+/// An idle connection older than this is read from before a call uses it
+/// (one system call, so a busy lane skips it): unasked-for bytes, or a close
+/// the runtime has not seen yet, would otherwise fail the call. Closes the
+/// runtime has seen are checked on every call (see
+/// `DirectConnection::usable`).
 const CHECK_IDLE_AFTER: Duration = Duration::from_secs(5);
 
 /// Nesting a reply may have (arrays in arrays); distlock's deepest is 2.
@@ -340,9 +340,26 @@ impl DirectConnection {
         Ok(conn)
     }
 
-    /// Whether an idle connection may carry a call: not closed by the server
-    /// (checked only after [`CHECK_IDLE_AFTER`]), nothing unasked-for on it.
+    /// Whether an idle connection may carry a call: not closed by the server,
+    /// nothing unasked-for on it.
+    ///
+    /// A close the runtime has seen (the peer's FIN or reset, which its I/O
+    /// driver records and never clears) is checked on every call, without a
+    /// system call: after a server restart, the first call to find the
+    /// connection would otherwise fail, and a release that fails leaves the
+    /// lock to its lease. A read that finds nothing (one system call) also
+    /// catches unasked-for bytes; a busy lane skips it, an idle one older
+    /// than [`CHECK_IDLE_AFTER`] makes it.
     fn usable(&self) -> bool {
+        use futures_util::FutureExt;
+        // Ready at once only with readiness already recorded; pending (no
+        // event since the last read found nothing) means nothing came.
+        if let Some(ready) = self.stream.ready(Interest::READABLE).now_or_never() {
+            match ready {
+                Ok(ready) if !ready.is_read_closed() && !ready.is_error() => {}
+                _ => return false,
+            }
+        }
         if self.idle_since.elapsed() < CHECK_IDLE_AFTER {
             return true;
         }
