@@ -236,14 +236,14 @@ fn client_of(line: &str) -> Option<String> {
 }
 
 /// Waits for the lock `name` to be taken (its request was on its way when
-/// its acquisition was given up) and then freed by the clean-up; returns the
-/// client that sent its `SET` and the one that sent the clean-up's release,
-/// as MONITOR saw them.
-async fn taken_then_cleaned_up(
+/// its acquisition was given up) and then freed by the clean-up, and asserts
+/// that, as MONITOR saw them, the clean-up's release came after the `SET` and
+/// from the same client.
+async fn assert_cleaned_up_after_on_the_same_connection(
     raw: &mut MultiplexedConnection,
     lines: &mut (impl futures_util::Stream<Item = String> + Unpin),
     name: &str,
-) -> (Option<String>, Option<String>) {
+) {
     let taken = eventually(Duration::from_secs(5), async || exists(raw, name).await).await;
     assert!(
         taken.is_some(),
@@ -261,7 +261,16 @@ async fn taken_then_cleaned_up(
         if line.contains("\"SET\"") && line.contains(name) {
             set_from = client_of(&line);
         } else if line.contains("\"EVALSHA\"") && line.contains(name) {
-            return (set_from, client_of(&line));
+            let release_from = client_of(&line);
+            assert!(
+                set_from.is_some(),
+                "the clean-up ran before the acquisition"
+            );
+            assert_eq!(
+                release_from, set_from,
+                "the clean-up took another connection"
+            );
+            return;
         }
     }
 }
@@ -297,17 +306,9 @@ async fn a_cancelled_acquisitions_clean_up_follows_it_on_the_direct_lane() {
     tokio::time::sleep(Duration::from_millis(10)).await;
     drop(on_direct);
     let name = m.redis_names("k").lock;
-    let (set_from, release_from) = taken_then_cleaned_up(&mut raw, &mut lines, &name).await;
+    assert_cleaned_up_after_on_the_same_connection(&mut raw, &mut lines, &name).await;
     proxy.set_mode(FaultMode::Pass);
     shared.await.unwrap().unwrap().release().await.unwrap();
-    assert!(
-        set_from.is_some(),
-        "the clean-up ran before the acquisition"
-    );
-    assert_eq!(
-        release_from, set_from,
-        "the clean-up took another connection"
-    );
 }
 
 /// The same on the multiplexed connection: an acquisition given up there
@@ -335,20 +336,12 @@ async fn a_cancelled_acquisitions_clean_up_follows_it_on_the_multiplexed_connect
     .await;
     assert!(given_up.is_err(), "the acquisition was not cut short");
     let name = m.redis_names("k").lock;
-    let (set_from, release_from) = taken_then_cleaned_up(&mut raw, &mut lines, &name).await;
+    assert_cleaned_up_after_on_the_same_connection(&mut raw, &mut lines, &name).await;
     proxy.set_mode(FaultMode::Pass);
     assert_eq!(
         command_clients(&mut raw).await.len(),
         2,
         "the direct lane never opened"
-    );
-    assert!(
-        set_from.is_some(),
-        "the clean-up ran before the acquisition"
-    );
-    assert_eq!(
-        release_from, set_from,
-        "the clean-up took another connection"
     );
 }
 
