@@ -31,8 +31,8 @@ pub(crate) struct Renewals {
     /// acquire's own work).
     wake_at: AtomicU64,
     /// The shortest renewal interval (nanoseconds) of the leases added since the
-    /// task last found nothing to renew; `u64::MAX` for none. An idle task sleeps
-    /// that long rather than for ever: a lease added during the nap is then due
+    /// task last began a nap; `u64::MAX` for none. A task with nothing to renew
+    /// naps that long rather than sleeping for ever: a lease added during the nap is then due
     /// no sooner than the task looks again, so a stream of short acquire/release
     /// cycles does not wake it once per acquire (the release removes the lease
     /// before the task ever sees it).
@@ -128,6 +128,12 @@ impl Renewals {
 }
 
 pub(crate) async fn run(renewals: &Renewals, backend: &Backend, epoch: Instant) {
+    // The end of the current nap (see below). A look during it that finds
+    // nothing held goes back to it rather than sizing a new one: a wake-up
+    // by a lease added and released meanwhile (its notification can also
+    // arrive after the look that saw it) would otherwise find no lease seen
+    // since the last look and sleep until the next acquire wakes it again.
+    let mut nap_until: Option<Instant> = None;
     loop {
         let added = renewals.added.notified();
         // Leases added from here until the store below wake the task (their
@@ -140,10 +146,15 @@ pub(crate) async fn run(renewals: &Renewals, backend: &Backend, epoch: Instant) 
             // during the nap does not wake the task. When none was seen, the
             // manager is idle: sleep until a lease comes.
             let next = next.or_else(|| {
+                let now = Instant::now();
+                if nap_until.is_some_and(|until| until > now) {
+                    return nap_until;
+                }
                 let interval = renewals.recent_interval.swap(u64::MAX, Ordering::Relaxed);
-                (interval != u64::MAX)
-                    .then(|| Instant::now().checked_add(Duration::from_nanos(interval)))
-                    .flatten()
+                nap_until = (interval != u64::MAX)
+                    .then(|| now.checked_add(Duration::from_nanos(interval)))
+                    .flatten();
+                nap_until
             });
             let wake_at = next.map_or(u64::MAX, |at| {
                 u64::try_from(at.saturating_duration_since(epoch).as_nanos()).unwrap_or(u64::MAX)
