@@ -31,10 +31,12 @@ impl DurationKind {
 
 /// The runtime's shortest lease (`distlock::MIN_LEASE`): the holder trusts a
 /// lease for `lease - 1% - 2 ms` and renews it every lease/3, which below 10 ms
-/// cannot happen in time.
+/// cannot happen in time. A proc-macro crate cannot use the runtime's constant
+/// at build time; `tests::limits_are_the_runtimes` keeps the two equal.
 pub(crate) const MIN_LEASE: Duration = Duration::from_millis(10);
 
-/// The runtime's longest lease or wait (`distlock::MAX_DURATION`).
+/// The runtime's longest lease or wait (`distlock::MAX_DURATION`), kept equal
+/// to it by `tests::limits_are_the_runtimes`.
 pub(crate) const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
 
 /// Parses and validates a humantime literal such as `"30s"`, `"1m 30s"` or
@@ -193,5 +195,33 @@ mod tests {
         let e = parse(DurationKind::Wait, "31days").unwrap_err();
         assert!(e.contains("too long"), "{e}");
         assert!(parse(DurationKind::Wait, "30days").is_ok());
+    }
+
+    /// The attribute refuses at compile time exactly what the runtime would
+    /// refuse at run time: a literal the macro accepts must not fail the
+    /// request, and one the runtime accepts must not be a compile error.
+    #[test]
+    fn limits_are_the_runtimes() {
+        assert_eq!(MIN_LEASE, distlock_runtime::MIN_LEASE);
+        assert_eq!(MAX_DURATION, distlock_runtime::MAX_DURATION);
+
+        // And `parse` draws the line at them: the shortest and longest lease
+        // pass, a millisecond beyond either fails.
+        let literal = |d: Duration| format!("{}ms", d.as_millis());
+        let millisecond = Duration::from_millis(1);
+        let shortest = distlock_runtime::MIN_LEASE;
+        let longest = distlock_runtime::MAX_DURATION;
+        assert_eq!(parse(DurationKind::Lease, &literal(shortest)), Ok(shortest));
+        assert!(parse(DurationKind::Lease, &literal(shortest - millisecond)).is_err());
+        for kind in [
+            DurationKind::Lease,
+            DurationKind::Wait,
+            DurationKind::MaxHold,
+            DurationKind::MinHold,
+        ] {
+            assert_eq!(parse(kind, &literal(longest)), Ok(longest), "{kind:?}");
+            let e = parse(kind, &literal(longest + millisecond)).unwrap_err();
+            assert!(e.contains("too long"), "{kind:?}: {e}");
+        }
     }
 }
