@@ -4,8 +4,9 @@
 //! machine, runs a locked function for one key at a time. The lease is renewed
 //! while the body runs, waiters are woken by the release instead of polling,
 //! re-entry from the same call chain is recognised, a lost lease is signalled to
-//! the body, and every acquisition carries a fencing token that storage can use to
-//! reject a stale holder.
+//! the body, and a holder can ask for a fencing token (issued on its first request,
+//! one round trip; or with the acquisition under `eager_fencing`) that storage can use
+//! to reject a stale holder.
 //!
 //! ```
 //! use std::time::Duration;

@@ -4,15 +4,17 @@
 //! Users depend on the `distlock` facade, which re-exports this crate and the
 //! `#[distributed_lock]` macro. This crate is the engine:
 //!
-//! - [`LockManager`] holds one multiplexed connection, one pub/sub subscriber and
-//!   one renewal task;
+//! - [`LockManager`] holds its command connections to Redis, the pub/sub
+//!   subscriber its waiters share (opened at the first wait) and one renewal task;
 //! - [`LockManager::lock`] gives a [`LockRequest`]; its
-//!   [`acquire`](LockRequest::acquire) is one script call (one round trip) when the
-//!   lock is free, and otherwise waits for the holder's release to be published;
+//!   [`acquire`](LockRequest::acquire) is one round trip when the lock is free
+//!   (a plain `SET NX PX`), and otherwise queues and waits for the holder's
+//!   release to hand the lock over;
 //! - [`LockManager::lock_all`] gives a [`MultiLockRequest`] for several keys,
 //!   taken all or nothing in one global order (one round trip on one server);
-//! - the [`LockGuard`] carries the fencing token and the lost-lease signal, renews
-//!   the lease while it lives, and releases on every exit, drop included.
+//! - the [`LockGuard`] carries the lost-lease signal, issues the fencing token
+//!   when asked ([`LockGuard::fencing_token`], one round trip the first time),
+//!   renews the lease while it lives, and releases on every exit, drop included.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -35,8 +37,13 @@
 
 // The layers, top down; each module uses only those below it (ARCHITECTURE.md):
 // events, leader > global > manager > multi > request > guard > core > renewal, waiting >
-// backend (the only one that talks to Redis) > context, lease > telemetry, keys, config,
-// info, error; options (a request's hold options) sits with config.
+// backend > context, lease > telemetry, keys, config, info, error; options (a request's
+// hold options) sits with config. Events and leader are not built on the public API
+// alone: they reach into `core.backend` (pub/sub connections, PUBLISH, CONFIG GET) and
+// the leader into the guard's lease. `backend` sends every command; the pub/sub
+// connections it opens are subscribed and read, as redis-rs `PubSub` values, by
+// waiting, events and leader, and `error` converts redis-rs's errors, until a
+// store-neutral backend boundary replaces those types.
 mod backend;
 mod config;
 mod context;

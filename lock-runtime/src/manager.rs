@@ -14,12 +14,14 @@ use crate::keys::{KeyNames, LockKind};
 use crate::multi::MultiLockRequest;
 use crate::request::LockRequest;
 
-/// Hands out locks on one Redis server or one Redis Cluster.
+/// Hands out locks on one Redis server, a Redis Cluster, the master Sentinel
+/// names, or Redlock's independent masters.
 ///
-/// Cheap to clone (an `Arc`); clones share one connection (one per node in a
-/// cluster), one pub/sub
-/// subscriber (opened on first contention), and one renewal task that renews every
-/// live lock of the manager in pipelined batches. The background tasks stop when the
+/// Cheap to clone (an `Arc`); clones share the command connections (the
+/// repository's `docs/deploying.md`, "Connections", lists them), one pub/sub
+/// subscriber (opened at the first wait, one connection per server it listens
+/// to), and one renewal task that renews every live lock of the manager in
+/// pipelined batches. The background tasks stop when the
 /// last clone and the last guard are dropped.
 ///
 /// Create it inside a tokio runtime with time and I/O enabled (as `#[tokio::main]`
