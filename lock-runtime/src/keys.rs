@@ -1,14 +1,15 @@
 //! Names of the Redis keys and channel behind one lock.
 //!
-//! A lock on user key `K` uses three names that share one Redis Cluster hash tag,
+//! A lock on user key `K` uses names that share one Redis Cluster hash tag,
 //! so that one script may touch them all in cluster mode:
 //!
 //! ```text
 //! <prefix>lock:{<tag>}:<K>    string "<owner><mark><token>:<since>:<holder>" (see
 //!                             scripts/acquire.lua), with the lease as TTL
 //! <prefix>fence:{<tag>}:<K>   last fencing token issued (TTL: lease + retention)
-//! <prefix>wake:{<tag>}:<K>    pub/sub channel; release publishes on it, and a
-//!                             hand-off on `<channel>:<route>` (a manager's tag)
+//! <prefix>wake:{<tag>}:<K>    pub/sub channel; release publishes its wake-up on
+//!                             it (a hand-off goes to the head's manager's
+//!                             `<prefix>handoff:<route>`, see `Core::handoff_channel`)
 //! <prefix>lockq:{<tag>}:<K>   queue of waiters: owner token scored by arrival
 //! <prefix>lockqe:{<tag>}:<K>  each queue entry's queue lease and hand-off
 //!                             details (see scripts/queue_prelude.lua)

@@ -1,7 +1,7 @@
 //! Redis Cluster: one call per lock through redis-rs's cluster client, renewals
 //! pipelined per node, wake-ups over classic pub/sub on any node.
 //!
-//! - A lock's three names share one hash tag (see `keys.rs`), so each script
+//! - A lock's names share one hash tag (see `keys.rs`), so each script
 //!   runs on the master of one slot. redis-rs routes EVALSHA by its first key,
 //!   follows `MOVED` and `ASK`, and retries `TRYAGAIN`/`CLUSTERDOWN` a few times
 //!   with short waits (5-100 ms, not its 1.28 s default). A redirection or
@@ -13,11 +13,17 @@
 //!   round trip per node per tick. A node that answers `MOVED`/`ASK` (a stale
 //!   map) gets its leases renewed one call each after a map refresh.
 //! - Wake-ups: `release.lua` publishes with classic `PUBLISH`, which the cluster
-//!   bus carries to every node, so one RESP2 subscriber connection on any live
+//!   bus carries to every node, so a RESP2 subscriber connection on any live
 //!   node hears every lock's releases, whichever node owns the slot, and slot
-//!   migrations do not move it. redis-rs's sharded pub/sub would save the bus
-//!   fan-out, but in 1.8.1 it loses subscriptions after a node reconnect and a
-//!   slot migration (`shared/scale-out-notes.md` §2.4).
+//!   migrations do not move it. The manager keeps one per master (as the
+//!   cluster was at start-up, see `pubsub_sources`) only to hear each release
+//!   from the master that published it, before the bus relays it.
+//!   Sharded pub/sub (`SSUBSCRIBE`/`SPUBLISH`) would save the bus fan-out (N-1
+//!   messages per publish), but redis-rs 1.8.1 loses shard subscriptions: after
+//!   a node reconnect it re-subscribes all of a node's shard channels in one
+//!   `SSUBSCRIBE`, which the server refuses with `CROSSSLOT` when they are in
+//!   different slots (the error goes nowhere), and a slot migration ends the
+//!   subscription with an `SUNSUBSCRIBE` push that nothing renews.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

@@ -24,10 +24,14 @@
 //!
 //! Why the write-back round: two majorities always share a member, but without
 //! it the largest token of one majority need not be below the largest of the
-//! next (a member whose clock or counter is ahead may be in the first and not the
-//! second; `shared/scale-out-notes.md` §9.4). With it, the shared member's
-//! counter is at least the earlier token when the later majority asks it, so the
-//! later token is larger.
+//! next. Each member issues `last + 1` from its own counter (its clock in
+//! microseconds once the counter is gone), so a member whose counter or clock
+//! is ahead can be in the first majority and not the second: of five members,
+//! A gets tokens from {1, 2, 3} and takes member 2's, the largest; after A's
+//! release B gets tokens from {1, 3, 4}, whose counters are all below it. The
+//! same round follows `issue_token` (fencing on demand). With the round, the
+//! shared member's counter is at least the earlier token when the later
+//! majority asks it, so the later token is larger.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
