@@ -40,10 +40,10 @@
 // backend > context, lease > telemetry, keys, config, info, error; options (a request's
 // hold options) sits with config. Events and leader are not built on the public API
 // alone: they reach into `core.backend` (pub/sub connections, PUBLISH, CONFIG GET) and
-// the leader into the guard's lease. `backend` sends every command; the pub/sub
-// connections it opens are subscribed and read, as redis-rs `PubSub` values, by
-// waiting, events and leader, and `error` converts redis-rs's errors, until a
-// store-neutral backend boundary replaces those types.
+// the leader into the guard's lease. `backend` sends every command but the
+// subscriptions: waiting, events and leader subscribe and read the pub/sub
+// connections it opens, as redis-rs `PubSub` values, and `error` converts
+// redis-rs's errors, until a store-neutral backend boundary replaces those types.
 mod backend;
 mod config;
 mod context;

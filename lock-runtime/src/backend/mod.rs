@@ -1,9 +1,13 @@
-//! The backend boundary: everything that talks to Redis.
+//! The backend boundary: everything that talks to Redis but the pub/sub
+//! subscriptions.
 //!
 //! Above this module, the manager, requests, guards, leases, re-entry and the
 //! waiting queues know only the operations below (acquire, release, renew a
-//! batch, open a pub/sub connection); they never see a connection, a script or
-//! a node. Below it, each backend decides how those operations reach Redis:
+//! batch, open a pub/sub connection); they never see a command connection, a
+//! script or a node. The pub/sub connections are the exception: [`Backend::pubsub`]
+//! hands a redis-rs `PubSub` to `waiting.rs`, `events.rs` and `leader.rs`, which
+//! subscribe and read it themselves, until a store-neutral boundary puts
+//! subscriptions behind this module too. Below it, each backend decides how those operations reach Redis:
 //!
 //! - [`single::Single`]: one server, one multiplexed connection and a direct
 //!   lane beside it for the call that finds it idle ([`direct`]);
