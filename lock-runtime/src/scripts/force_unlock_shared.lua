@@ -94,6 +94,6 @@ if rw_freed then
   redis.call('PUBLISH', ARGV[1], '*' .. ARGV[3])
 end
 if permits_freed > 0 then
-  redis.call('PUBLISH', ARGV[2], '#' .. permits_freed .. ':' .. ARGV[3])
+  redis.call('PUBLISH', ARGV[2], '#' .. string.format('%.0f', permits_freed) .. ':' .. ARGV[3])
 end
 return {freed, ARGV[3]}

@@ -12,17 +12,20 @@
 --         {0, owner}  it was not ours any more (its lease had run out)
 --
 -- A release wakes when fewer permits were free before it than the largest
--- waiting weight recorded (1 without a record: a waiter for one permit was
--- kept out only by a full semaphore), so a waiter for several is woken by
--- the release that frees its last permit even when nobody held a weighted
--- hold; and, as before the record, whenever a weighted hold is in the set
--- (its waiters may not have recorded their weight yet). The wake-up is one message whatever the weight: the owner token for
--- one permit, "#<n>:<owner>" for a weighted hold of n (n: the permits that
--- came free). A manager gives its longest waiter n wake-ups, and a waiter
--- that gets its permits passes the rest on to its next (see waiting.rs).
+-- waiting weight recorded (1 without a record: a waiter for one permit is
+-- kept out only by a full semaphore), so a waiter for several is woken by the
+-- release that frees its last permit, even when every hold is of one permit;
+-- and whenever a weighted hold is in the set (a waiter that has not attempted
+-- since it began to listen has recorded nothing yet). The wake-up is one
+-- message whatever the weight: the owner token for one permit,
+-- "#<n>:<owner>" for a weighted hold of n (n: the permits that came free). A
+-- manager gives its longest waiter n wake-ups, and a waiter that gets its
+-- permits passes the rest on to its next (see waiting.rs).
 --
--- Bound: one PUBLISH per call, whatever the weight; the other work reads the
--- holders set once (permits_held), whose size is the number of live holds.
+-- Bound: one PUBLISH per call, whatever the weight. The rest reads the
+-- holders once (permits_held: as many as there are live holds, each taken by
+-- an acquisition of its own) and removes expired ones (drop_expired: each
+-- holder is removed once).
 local now = now_ms()
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not score or tonumber(score) <= now then
@@ -50,7 +53,7 @@ if wake then
   if freed == 1 then
     redis.call('PUBLISH', ARGV[2], ARGV[1])
   else
-    redis.call('PUBLISH', ARGV[2], '#' .. freed .. ':' .. ARGV[1])
+    redis.call('PUBLISH', ARGV[2], '#' .. string.format('%.0f', freed) .. ':' .. ARGV[1])
   end
 end
 return {1, ARGV[1]}
