@@ -227,8 +227,9 @@ impl Redlock {
             self.give_back(key, keys, owner).await
         };
         // Foreign values on so many members that the others cannot make a
-        // majority: no wait will ever grant it. On fewer, the lock is busy
-        // like any other, and granted once its holder leaves the rest.
+        // majority: no wait will ever grant it. On fewer, those members count
+        // as busy: the caller waits, and gets the lock from the others once
+        // their holder leaves.
         if foreign > self.members.len() - self.quorum {
             return Ok(AcquireReply::Foreign);
         }
