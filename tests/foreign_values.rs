@@ -266,3 +266,68 @@ async fn every_redlock_member_leaves_a_foreign_value_alone() {
         assert_eq!(v.as_deref(), Some("other1"));
     }
 }
+
+/// Under Redlock a foreign value on a minority of members is one busy member
+/// more, not a failure: a contended acquisition gets the lock when its
+/// holder leaves. On a majority, no wait can grant it: the typed error at
+/// once. Either way the foreign values stay as they were (issue: one foreign
+/// member failed every contended acquisition with `ForeignValue`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_value_on_a_redlock_minority_only_delays_a_contended_acquisition() {
+    let servers: Vec<_> = (0..3).map(|_| server()).collect();
+    let redlock = async || {
+        LockManager::redlock_builder(servers.iter().map(|s| s.url()))
+            .build()
+            .await
+            .unwrap()
+    };
+    let (holder, waiter) = (redlock().await, redlock().await);
+    let name = holder.redis_names("foreign:minority").lock;
+    let mut conns = Vec::new();
+    for s in &servers {
+        conns.push(raw(s).await);
+    }
+    write_foreign(&mut conns[0], &name, Shape::Short).await;
+    // Members 1 and 2 make the holder's majority.
+    let held = holder.lock("foreign:minority").acquire().await.unwrap();
+    let release_after = Duration::from_millis(300);
+    let released = tokio::spawn(async move {
+        tokio::time::sleep(release_after).await;
+        held.release().await.unwrap();
+        Instant::now()
+    });
+    let got = waiter
+        .lock("foreign:minority")
+        .wait(Duration::from_secs(3))
+        .acquire()
+        .await;
+    let got_at = Instant::now();
+    let released_at = released.await.unwrap();
+    let guard = got.expect("a foreign value on one member of three must not fail the acquisition");
+    assert!(got_at >= released_at, "granted while the holder held it");
+    guard.release().await.unwrap();
+
+    // A second foreign member leaves no majority to grant: the typed error
+    // at once, not at the end of the 3 s wait.
+    write_foreign(&mut conns[1], &name, Shape::Short).await;
+    let started = Instant::now();
+    let result = waiter
+        .lock("foreign:minority")
+        .wait(Duration::from_secs(3))
+        .acquire()
+        .await
+        .map(drop);
+    assert!(
+        matches!(result, Err(LockError::ForeignValue { ref key }) if key == "foreign:minority"),
+        "{result:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(3));
+    for conn in conns.iter_mut().take(2) {
+        let v: Option<String> = redis::cmd("GET")
+            .arg(&name)
+            .query_async(conn)
+            .await
+            .unwrap();
+        assert_eq!(v.as_deref(), Some("other1"), "a foreign value was changed");
+    }
+}

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use distlock::testing::RedisServer;
-use distlock::{LockError, LockManager};
+use distlock::{Backoff, LockError, LockManager};
+use futures_util::StreamExt;
 use redis::aio::MultiplexedConnection;
 
 crate::on_both!(
@@ -21,6 +22,9 @@ crate::on_both!(
     permit_counts_change_only_on_purpose,
     each_permit_is_renewed_and_learns_when_it_is_lost,
     reentry_keeps_one_permit,
+    a_release_of_any_weight_is_one_message,
+    one_weighted_release_wakes_a_waiter_per_permit,
+    a_waiter_for_several_permits_is_woken_when_they_come_free,
 );
 
 /// Tasks of several managers hammer a semaphore; the number inside never
@@ -429,4 +433,218 @@ async fn weighted_holds_never_exceed_the_permits() {
         m.lock("slots").weight(2).acquire().await,
         Err(LockError::InvalidConfig(_))
     ));
+}
+
+/// A backoff that cannot get a waiter in within 10 s (no jitter, and every
+/// holder's lease is longer): what gets it in sooner is a wake-up.
+fn slow_backoff() -> Backoff {
+    Backoff::new(Duration::from_secs(10), Duration::from_secs(10)).with_jitter(0.0)
+}
+
+/// Spawns a wait of `m` for `weight` of `permits` permits of `key`, on the
+/// slow backoff, that returns its guard and when it got it.
+fn spawn_permit_waiter(
+    m: &LockManager,
+    key: &str,
+    permits: u32,
+    weight: u32,
+) -> tokio::task::JoinHandle<(distlock::LockGuard, Instant)> {
+    let (m, key) = (m.clone(), key.to_owned());
+    tokio::spawn(async move {
+        let g = m
+            .semaphore(key, permits)
+            .weight(weight)
+            .backoff(slow_backoff())
+            .wait(Duration::from_secs(20))
+            .acquire()
+            .await
+            .unwrap();
+        (g, Instant::now())
+    })
+}
+
+/// The semaphore wake-up channel of `key`.
+fn semaphore_channel(m: &LockManager, key: &str) -> String {
+    m.redis_names(key)
+        .channel()
+        .replacen("wake:", "semwake:", 1)
+}
+
+/// Waits (up to 10 s) until someone listens on `channel`.
+async fn await_listener(raw: &mut MultiplexedConnection, channel: &str) {
+    let listening = eventually(Duration::from_secs(10), async || {
+        numsub(raw, channel).await >= 1
+    })
+    .await;
+    assert!(listening.is_some(), "nobody ever subscribed to {channel}");
+}
+
+/// A hold of every permit, however many, is released (and force-unlocked)
+/// at once and wakes its waiter: the release publishes one message, not one
+/// per permit (issue: a loop as long as the weight ran inside Redis; 10
+/// million permits took 2.4 s there, so the release failed with `Backend`
+/// and stalled the server; `u32::MAX`, minutes).
+async fn a_release_of_any_weight_is_one_message(d: Deployment) {
+    let a = d.manager().await;
+    let b = d.manager().await;
+    let mut raw = d.raw_for(&a, "huge").await;
+    for permits in [10_000_000, u32::MAX] {
+        let all = a
+            .semaphore("huge", permits)
+            .weight(permits)
+            .lease(Duration::from_secs(30))
+            .acquire()
+            .await
+            .unwrap();
+        let waiter = spawn_permit_waiter(&b, "huge", permits, 1);
+        await_listener(&mut raw, &semaphore_channel(&a, "huge")).await;
+        let released = Instant::now();
+        all.release().await.expect("a release of every permit");
+        let (one, acquired) = waiter.await.unwrap();
+        // The waiter's timer cannot bring it in within 10 s (see
+        // `slow_backoff`): 5 s leaves a loaded machine room for the wake-up.
+        assert!(
+            acquired.duration_since(released) < Duration::from_secs(5),
+            "woken {:?} after the release of {permits} permits",
+            acquired.duration_since(released)
+        );
+        one.release().await.unwrap();
+
+        // An operator's force-unlock of such a hold: one message too.
+        let all = a
+            .semaphore("huge", permits)
+            .weight(permits)
+            .acquire()
+            .await
+            .unwrap();
+        assert_eq!(b.force_unlock_all("huge").await.unwrap(), 1);
+        // Freed: its holder learns it at its next renewal; nothing to release.
+        drop(all);
+    }
+}
+
+/// A release of 3 permits wakes three waiters of one manager with one
+/// message: the first to get a permit passes the other wake-ups on.
+async fn one_weighted_release_wakes_a_waiter_per_permit(d: Deployment) {
+    let a = d.manager().await;
+    let b = d.manager().await;
+    let key = "three";
+    let mut raw = d.raw_for(&a, key).await;
+    let channel = semaphore_channel(&a, key);
+    let all = a
+        .semaphore(key, 3)
+        .weight(3)
+        .lease(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    let waiters: Vec<_> = (0..3).map(|_| spawn_permit_waiter(&b, key, 3, 1)).collect();
+    await_listener(&mut raw, &channel).await;
+    // What the release publishes, in order, up to a marker published after it
+    // on the same server (one connection's messages on a channel keep their
+    // order).
+    let mut listen = redis::Client::open(raw_url(&d, &a, key))
+        .unwrap()
+        .get_async_pubsub()
+        .await
+        .unwrap();
+    listen.subscribe(&channel).await.unwrap();
+    let released = Instant::now();
+    all.release().await.unwrap();
+    let mut guards = Vec::new();
+    for waiter in waiters {
+        let (g, acquired) = waiter.await.unwrap();
+        // As in `a_release_of_any_weight_is_one_message`: only a wake-up
+        // gets a waiter in within 10 s.
+        assert!(
+            acquired.duration_since(released) < Duration::from_secs(5),
+            "a waiter got its permit {:?} after the release",
+            acquired.duration_since(released)
+        );
+        guards.push(g);
+    }
+    let _: i64 = redis::cmd("PUBLISH")
+        .arg(&channel)
+        .arg("marker")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let mut messages = listen.on_message();
+    let mut published = Vec::new();
+    loop {
+        let payload: String = messages.next().await.unwrap().get_payload().unwrap();
+        if payload == "marker" {
+            break;
+        }
+        published.push(payload);
+    }
+    assert_eq!(published.len(), 1, "{published:?}");
+    assert!(published[0].starts_with("#3:"), "{published:?}");
+    for g in guards {
+        g.release().await.unwrap();
+    }
+}
+
+/// A waiter for 4 of 5 permits, kept out by three holders of one permit
+/// each, is woken by the release that frees its fourth permit (issue: no
+/// wake-up was published, since the semaphore had not been full and no hold
+/// was weighted, so the waiter got its permits on its backoff timer; the
+/// Redisson suite expects them within about 0.2 s of that release).
+async fn a_waiter_for_several_permits_is_woken_when_they_come_free(d: Deployment) {
+    let a = d.manager().await;
+    let b = d.manager().await;
+    let key = "four";
+    let mut raw = d.raw_for(&a, key).await;
+    let mut holds = Vec::new();
+    for _ in 0..3 {
+        holds.push(
+            a.semaphore(key, 5)
+                .lease(Duration::from_secs(30))
+                .acquire()
+                .await
+                .unwrap(),
+        );
+    }
+    let waiter = spawn_permit_waiter(&b, key, 5, 4);
+    // The waiter's weight is recorded by its first attempt as a waiter (after
+    // its subscription is confirmed): from then on a release knows of it.
+    let details = a.redis_names(key).lock.replacen(":lock:", ":semd:", 1);
+    let recorded = eventually(Duration::from_secs(10), async || {
+        let weight: Option<String> = redis::cmd("HGET")
+            .arg(&details)
+            .arg("?")
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        weight.as_deref() == Some("4")
+    })
+    .await;
+    assert!(recorded.is_some(), "the waiter's weight was never recorded");
+    holds.pop().unwrap().release().await.unwrap();
+    assert!(!waiter.is_finished(), "3 permits free are not 4");
+    let released = Instant::now();
+    holds.pop().unwrap().release().await.unwrap();
+    let (four, acquired) = waiter.await.unwrap();
+    // Its timer cannot bring it in within 10 s (see `slow_backoff`); 2 s
+    // leaves a loaded machine room for the wake-up and one attempt.
+    assert!(
+        acquired.duration_since(released) < Duration::from_secs(2),
+        "got its 4 permits {:?} after the release that freed them",
+        acquired.duration_since(released)
+    );
+    four.release().await.unwrap();
+    holds.pop().unwrap().release().await.unwrap();
+}
+
+/// The URL of the server that holds `key`'s names.
+fn raw_url(d: &Deployment, m: &LockManager, key: &str) -> String {
+    match d {
+        Deployment::Single(s) => s.url(),
+        Deployment::Cluster(c) => {
+            let node = c
+                .master_of_key(&m.redis_names(key).lock)
+                .expect("the key's master");
+            c.nodes()[node].url.clone()
+        }
+    }
 }

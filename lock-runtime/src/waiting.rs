@@ -10,7 +10,10 @@
 //! after a reconnect, every waiter of the channel retries once, because a release
 //! may have been published while nobody listened. A wake-up whose payload starts
 //! with `*` (a read-write lock's) wakes every waiter of the channel: several
-//! readers may enter at once, and a writer must not be passed over.
+//! readers may enter at once, and a writer must not be passed over. One whose
+//! payload is `#<n>:...` (a semaphore's release of n permits) gives the
+//! longest waiter n wake-ups, which it passes on as a semaphore waiter passes
+//! on the ones it did not need: one message, however many permits came free.
 //!
 //! The default lock's release hands the lock to the head of its queue in Redis
 //! and publishes `=<owner>:<fencing token>` on the one channel of the head's
@@ -347,9 +350,10 @@ impl Subscriber {
         self.channels().contains_key(channel)
     }
 
-    /// Wakes the longest waiter of `channel` for a release announced with
-    /// `payload` (skipped when another server already announced the same one).
-    fn wake_one(&self, channel: &str, payload: &[u8]) {
+    /// Gives the longest waiter of `channel` `releases` wake-ups for a release
+    /// announced with `payload` (skipped when another server already
+    /// announced the same one).
+    fn wake_front(&self, channel: &str, payload: &[u8], releases: u32) {
         let dedupe = self.dedupe.load(Ordering::Relaxed);
         if let Some(c) = self.channels().get_mut(channel) {
             if dedupe {
@@ -359,7 +363,7 @@ impl Subscriber {
                 c.last_release = payload.to_vec();
             }
             self.delivered.fetch_add(1, Ordering::Relaxed);
-            c.wake_front(1);
+            c.wake_front(releases);
         }
     }
 
@@ -605,7 +609,13 @@ async fn run_source(sub: &Subscriber, backend: &Backend, source: usize) {
                         [b'=', handoff @ ..] => sub.hand_off(handoff),
                         // A waiter queued for one of our holds.
                         [b'!', owner @ ..] => sub.heard_waited_for(owner),
-                        payload => sub.wake_one(msg.get_channel_name(), payload),
+                        // A semaphore's release of several permits.
+                        [b'#', counted @ ..] => sub.wake_front(
+                            msg.get_channel_name(),
+                            counted,
+                            released_permits(counted),
+                        ),
+                        payload => sub.wake_front(msg.get_channel_name(), payload, 1),
                     }
                 }
             }
@@ -687,6 +697,16 @@ async fn sync_channel(
             false
         }
     }
+}
+
+/// The permits a `#<n>:<owner>` wake-up (after its `#`) freed: at least 1, at
+/// most `u32::MAX`, whatever the payload says.
+fn released_permits(counted: &[u8]) -> u32 {
+    let digits = counted.split(|b| *b == b':').next().unwrap_or_default();
+    std::str::from_utf8(digits)
+        .ok()
+        .and_then(|n| n.parse::<u64>().ok())
+        .map_or(1, |n| u32::try_from(n).unwrap_or(u32::MAX).max(1))
 }
 
 /// `<owner>:<token>:<attempt>` (a hand-off message after its `=`).
@@ -785,6 +805,16 @@ mod tests {
             sub.heard_waited_for(format!("{i:032x}").as_bytes());
         }
         assert!(sub.waited_for().pending.len() <= WAITED_FOR_CAPACITY);
+    }
+
+    #[test]
+    fn a_weighted_release_is_read_as_its_permits_and_never_as_none() {
+        assert_eq!(released_permits(b"7:0a1b:7"), 7);
+        assert_eq!(released_permits(b"4294967295:0a1b"), u32::MAX);
+        assert_eq!(released_permits(b"99999999999:0a1b"), u32::MAX);
+        assert_eq!(released_permits(b"0:0a1b"), 1);
+        assert_eq!(released_permits(b"x:0a1b"), 1);
+        assert_eq!(released_permits(b""), 1);
     }
 
     #[test]

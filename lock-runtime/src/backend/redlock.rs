@@ -177,7 +177,7 @@ impl Redlock {
             .await;
         let mut granted = Vec::new();
         let mut busy = 0;
-        let mut foreign = false;
+        let mut foreign = 0;
         let mut remaining: Option<Duration> = None;
         let mut last_error = None;
         for (i, reply) in replies.into_iter().enumerate() {
@@ -185,7 +185,7 @@ impl Redlock {
                 Ok(AcquireReply::Acquired { fencing_token }) => granted.push((i, fencing_token)),
                 Ok(AcquireReply::Foreign) => {
                     busy += 1;
-                    foreign = true;
+                    foreign += 1;
                 }
                 Ok(AcquireReply::Busy { remaining: r }) => {
                     busy += 1;
@@ -230,7 +230,11 @@ impl Redlock {
         } else {
             self.give_back(key, keys, owner).await
         };
-        if foreign {
+        // Foreign values on so many members that the others cannot make a
+        // majority: no wait will ever grant it. On fewer, those members count
+        // as busy: the caller waits, and gets the lock from the others once
+        // their holder leaves.
+        if foreign > self.members.len() - self.quorum {
             return Ok(AcquireReply::Foreign);
         }
         let errors = self.members.len() - granted.len() - busy;

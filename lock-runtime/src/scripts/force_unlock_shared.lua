@@ -10,7 +10,9 @@
 -- ARGV[1]  the read-write lock's wake-up channel
 -- ARGV[2]  the semaphore's wake-up channel
 -- ARGV[3]  a fresh random token, the wake-ups' payload (after a '*' on the
---          read-write lock's channel, which wakes every waiter there)
+--          read-write lock's channel, which wakes every waiter there; after
+--          "#<n>:" on the semaphore's, which gives n wake-ups, n the permits
+--          freed, see permit_release.lua)
 -- ARGV[4]  what to free: 'all' (every hold of both kinds, and the writer's
 --          intent), 'write', 'read' or 'permit' (one holder's)
 -- ARGV[5]  the holder's owner token (a semaphore holder's member: its owner
@@ -18,6 +20,9 @@
 --
 -- Returns {freed, token}  how many holds were freed (0: none matched), and
 --                         ARGV[3] echoed
+--
+-- Bound: at most one PUBLISH per channel, whatever the weights freed; the
+-- other work reads the live holders once each.
 --
 -- The holders are not told here: each learns it at its next renewal. The
 -- fencing counters stay, so later tokens are still larger.
@@ -88,7 +93,7 @@ end
 if rw_freed then
   redis.call('PUBLISH', ARGV[1], '*' .. ARGV[3])
 end
-for _ = 1, permits_freed do
-  redis.call('PUBLISH', ARGV[2], ARGV[3])
+if permits_freed > 0 then
+  redis.call('PUBLISH', ARGV[2], '#' .. string.format('%.0f', permits_freed) .. ':' .. ARGV[3])
 end
 return {freed, ARGV[3]}

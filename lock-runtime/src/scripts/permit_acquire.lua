@@ -6,9 +6,13 @@
 -- KEYS[2]  fencing counter
 -- KEYS[3]  permit count of the holders now in the set (TTL as KEYS[1])
 -- KEYS[4]  holders' details: owner token -> "<token>:<since>:<holder>" (see
---          shared_prelude.lua), TTL as KEYS[1]
--- ARGV[1..4]  owner, lease ms, fence TTL ('0': unfenced), mark (unused: a
---             release wakes a waiter whenever the semaphore was full)
+--          shared_prelude.lua), TTL as KEYS[1]; and field '?': the largest
+--          weight a waiter was refused with (absent: 1), so that a release
+--          wakes it once enough permits may be free (see permit_release.lua).
+--          It goes with the hash, when the last holder leaves.
+-- ARGV[1..4]  owner, lease ms, fence TTL ('0': unfenced), '+' when the caller
+--             waits for a wake-up ('-' otherwise): a refused weighted waiter
+--             records its weight
 -- ARGV[5]  the caller's permit count
 -- ARGV[6]  '1' to replace a different stored count with ARGV[5] (an explicit
 --          resize), '0' to refuse it
@@ -56,6 +60,14 @@ if redis.call('ZSCORE', KEYS[1], ARGV[1])
 end
 if ARGV[6] == '1' then
   redis.call('SET', KEYS[3], ARGV[5], 'KEEPTTL')
+end
+-- Only into the holders' hash while it exists (it has their TTL): refused,
+-- there are holders, so it does.
+if ARGV[4] == '+' and wanted > 1 and redis.call('EXISTS', KEYS[4]) == 1 then
+  local recorded = tonumber(redis.call('HGET', KEYS[4], '?')) or 1
+  if wanted > recorded then
+    redis.call('HSET', KEYS[4], '?', wanted)
+  end
 end
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 return {0, tonumber(first[2]) - now, ARGV[1]}
