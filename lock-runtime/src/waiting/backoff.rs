@@ -1,7 +1,6 @@
 //! The backoff timer: how long a waiter sleeps between attempts when no
 //! wake-up comes (a lost message, a lease that ran out without a release).
 
-use std::cell::Cell;
 use std::time::Duration;
 
 /// A waiter's sleeps, drawn from its [`Backoff`](crate::Backoff): the series
@@ -28,10 +27,12 @@ impl BackoffTimer {
         }
     }
 
-    /// A random sleep in `[0, max]`.
+    /// A random sleep in `[0, max]`, uniform, from the thread's generator:
+    /// jitter needs spread, not secrecy, and no seed, since no test or
+    /// caller replays a series.
     pub(crate) fn jitter(max: Duration) -> Duration {
         let nanos = u64::try_from(max.as_nanos()).unwrap_or(u64::MAX);
-        Duration::from_nanos(random_u64() % nanos.saturating_add(1))
+        Duration::from_nanos(rand::random_range(0..=nanos))
     }
 
     pub(crate) fn next(&mut self, holder_remaining: Option<Duration>) -> Duration {
@@ -46,25 +47,20 @@ impl BackoffTimer {
     }
 }
 
-/// xorshift64*, seeded per thread from the thread's random generator: jitter
-/// needs spread, not secrecy.
-fn random_u64() -> u64 {
-    thread_local! {
-        static STATE: Cell<u64> = Cell::new(rand::random::<u64>() | 1);
-    }
-    STATE.with(|s| {
-        let mut x = s.get();
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        s.set(x);
-        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn jitter_stays_within_its_bound_down_to_zero_and_up_to_the_longest_sleep() {
+        assert_eq!(BackoffTimer::jitter(Duration::ZERO), Duration::ZERO);
+        let ms = Duration::from_millis;
+        let draws: Vec<_> = (0..200).map(|_| BackoffTimer::jitter(ms(5))).collect();
+        assert!(draws.iter().all(|d| *d <= ms(5)), "{draws:?}");
+        assert!(draws.windows(2).any(|w| w[0] != w[1]));
+        // Past u64 nanoseconds the bound is u64::MAX ns, the whole range.
+        assert!(BackoffTimer::jitter(Duration::MAX) <= Duration::from_nanos(u64::MAX));
+    }
 
     #[test]
     fn backoff_is_capped_by_the_holders_remaining_lease() {
