@@ -13,6 +13,7 @@ use distlock::testing::RedisCluster;
 use lock_torture::checker::Faults;
 use lock_torture::clock::{diff_ms, mono_ns, ns};
 use lock_torture::history::{History, Section};
+use lock_torture::process::Worker;
 
 mod support;
 
@@ -89,6 +90,8 @@ struct ClusterLoad {
     /// Progress marks awaited before the fault and after it.
     before: usize,
     after: usize,
+    /// Grants of each key after the fault, at least.
+    granted_after: usize,
 }
 
 impl ClusterLoad {
@@ -111,6 +114,7 @@ impl ClusterLoad {
                 every: 1,
                 before: 1,
                 after: 1,
+                granted_after: 1,
             },
             // Short bodies, for many sections.
             ClusterFault::KillMaster | ClusterFault::MigrateSlot => ClusterLoad {
@@ -121,8 +125,34 @@ impl ClusterLoad {
                 every: 50,
                 before: 2,
                 after: 4,
+                granted_after: 5,
             },
         }
+    }
+}
+
+impl ClusterLoad {
+    /// Four workers of this load on `keys` of the cluster, ready: a 5 s
+    /// wait, 500 ms timeouts.
+    async fn start(&self, setup: &Setup, keys: &[String]) -> Vec<Worker> {
+        let timing = (
+            self.lease,
+            Duration::from_millis(5000),
+            Duration::from_millis(500),
+        );
+        let more: [(&'static str, &dyn ToString); 4] = [
+            ("tasks", &self.tasks),
+            ("body-us", &self.body_us),
+            ("body-step-ms", &self.step_ms),
+            ("progress", &self.every),
+        ];
+        let load_of = |id| timed_load(id, &keys.join(","), timing, &more);
+        ready_all(
+            (0..4)
+                .map(|id| setup.target_worker(id, "run", &load_of(id)))
+                .collect(),
+        )
+        .await
     }
 }
 
@@ -231,31 +261,7 @@ async fn cluster_fault(fault: ClusterFault) {
     let load = ClusterLoad::of(fault);
     let lease = load.lease;
     let keys = setup.keys(6).await;
-    let load_of = |id| {
-        let more: [(&'static str, &dyn ToString); 4] = [
-            ("tasks", &load.tasks),
-            ("body-us", &load.body_us),
-            ("body-step-ms", &load.step_ms),
-            ("progress", &load.every),
-        ];
-        // A 5 s wait, 500 ms timeouts.
-        timed_load(
-            id,
-            &keys.join(","),
-            (
-                lease,
-                Duration::from_millis(5000),
-                Duration::from_millis(500),
-            ),
-            &more,
-        )
-    };
-    let mut workers = ready_all(
-        (0..4)
-            .map(|id| setup.target_worker(id, "run", &load_of(id)))
-            .collect(),
-    )
-    .await;
+    let mut workers = load.start(&setup, &keys).await;
     let limit = Duration::from_secs(30);
     progress_all(&mut workers, load.before, limit).await;
     let victim = victim(&setup, &keys).await;
@@ -278,18 +284,9 @@ async fn cluster_fault(fault: ClusterFault) {
         },
         ..Faults::default()
     };
-    let Verdict {
-        report,
-        stored,
-        leaked,
-    } = judge(&setup, &h, &keys, &faults).await;
+    let (report, stored, leaked) = judge(&setup, &h, &keys, &faults).await;
     // Every key was locked again after the fault, the victim's too.
-    let at_least = if fault == ClusterFault::PauseMaster {
-        1
-    } else {
-        5
-    };
-    assert_every_key_granted_after(&h, &keys, up, at_least, "fault");
+    assert_every_key_granted_after(&h, &keys, up, load.granted_after, "fault");
     let paused = (fault == ClusterFault::PauseMaster)
         .then(|| HoldersOfThePaused::of(&h, &victim, down, lease));
     figures(

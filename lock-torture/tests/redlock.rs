@@ -13,6 +13,7 @@ use distlock::testing::{FaultMode, FaultProxy};
 use lock_torture::checker::Faults;
 use lock_torture::clock::{diff_ms, mono_ns, ns};
 use lock_torture::history::{CallKind, CallResult, History, Outcome};
+use lock_torture::process::Worker;
 
 mod support;
 
@@ -67,11 +68,7 @@ async fn s9r_a_paused_redlock_member_costs_latency_not_safety() {
     tokio::time::sleep(lease + Duration::from_millis(500)).await;
     let drains = stop_all(&mut workers, t).await;
     let h = history_of(&workers);
-    let Verdict {
-        report,
-        stored,
-        leaked,
-    } = judge(&setup, &h, &keys, &Faults::default()).await;
+    let (report, stored, leaked) = judge(&setup, &h, &keys, &Faults::default()).await;
     let seen = WhilePaused::of(&h, &windows);
     figures(
         "s9r_pause_one_of_five",
@@ -262,22 +259,7 @@ async fn redlock_fault(fault: RedlockFault) {
         RedlockFault::MajorityCut => (&"3000000-4000000", &1, 1),
         _ => (&"0-5000", &10, 2),
     };
-    let load = [("progress", every), ("tasks", &4)];
-    let load_of = |id| {
-        let mut all = mixed_load(id, &keys.join(","), lease.as_millis(), &load);
-        // The body range replaces mixed_load's.
-        for arg in all.iter_mut().filter(|(k, _)| *k == "body-us") {
-            arg.1 = body.to_string();
-        }
-        all
-    };
-    let target = ("redlock-urls", urls.join(","));
-    let mut workers = ready_all(
-        (0..4u32)
-            .map(|id| setup.worker_with(id, target.clone(), "run", &load_of(id)))
-            .collect(),
-    )
-    .await;
+    let mut workers = start_behind(&setup, &urls, &keys, lease, (body, every)).await;
     // How long one worker may wait for its next grant. On a Redlock waiters do
     // not queue: each grant goes to whichever task retries first, so a worker
     // holding 4 of the 16 tasks wins one with odds of about 1 in 4. With
@@ -307,11 +289,7 @@ async fn redlock_fault(fault: RedlockFault) {
     };
     // The proxies go first, so that the leak check sees the members directly.
     drop(proxies);
-    let Verdict {
-        report,
-        stored,
-        leaked,
-    } = judge(&setup, &h, &keys, &faults).await;
+    let (report, stored, leaked) = judge(&setup, &h, &keys, &faults).await;
     let mut extra = format!(
         "fault_ms={:.0} restart_overlaps={} secs={:.1}",
         diff_ms(up, down),
@@ -328,6 +306,33 @@ async fn redlock_fault(fault: RedlockFault) {
     figures(name, &report, &stored, name, leaked.len(), &extra);
     report.assert_clean(name);
     assert!(leaked.is_empty(), "locks left in Redis: {leaked:?}");
+}
+
+/// Four workers of the s17r load (4 tasks each, `body` µs, a progress mark
+/// every `every` sections) on the Redlock of `urls`, ready.
+async fn start_behind(
+    setup: &Setup,
+    urls: &[String],
+    keys: &[String],
+    lease: Duration,
+    (body, every): (&dyn ToString, &dyn ToString),
+) -> Vec<Worker> {
+    let load = [("progress", every), ("tasks", &4)];
+    let load_of = |id| {
+        let mut all = mixed_load(id, &keys.join(","), lease.as_millis(), &load);
+        // The body range replaces mixed_load's.
+        for arg in all.iter_mut().filter(|(k, _)| *k == "body-us") {
+            arg.1 = body.to_string();
+        }
+        all
+    };
+    let target = ("redlock-urls", urls.join(","));
+    ready_all(
+        (0..4u32)
+            .map(|id| setup.worker_with(id, target.clone(), "run", &load_of(id)))
+            .collect(),
+    )
+    .await
 }
 
 /// Does `fault` to the members (the first three behind `proxies`); returns

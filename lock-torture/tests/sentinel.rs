@@ -100,11 +100,7 @@ async fn sentinel_failover(replica_ack: Option<&str>) {
         amnesia: vec![(down, up)],
         ..Faults::default()
     };
-    let Verdict {
-        report,
-        stored,
-        leaked,
-    } = judge(&setup, &h, &keys, &faults).await;
+    let (report, stored, leaked) = judge(&setup, &h, &keys, &faults).await;
     assert_every_key_granted_after(&h, &keys, up, 5, "failover");
     figures(
         name,

@@ -124,11 +124,7 @@ async fn s2_a_paused_holder_is_fenced_off() {
         frozen,
         ..Faults::default()
     };
-    let Verdict {
-        report,
-        stored,
-        leaked,
-    } = judge(&setup, &h, &keys, &faults).await;
+    let (report, stored, leaked) = judge(&setup, &h, &keys, &faults).await;
     figures(
         "s2_paused_holder",
         &report,
@@ -364,11 +360,7 @@ async fn s3_redis_restarts_empty_mid_run() {
         amnesia: amnesia.clone(),
         ..Faults::default()
     };
-    let Verdict {
-        report,
-        stored,
-        leaked,
-    } = judge(&setup, &h, &keys, &faults).await;
+    let (report, stored, leaked) = judge(&setup, &h, &keys, &faults).await;
     let (max_acq, _, errors) = assert_calls_bounded(&h, None, wait, cmd_timeout);
     let (mut live_at_restart, mut latest_learning) = (0, 0u64);
     for &(down, up) in &amnesia {
@@ -529,11 +521,7 @@ async fn partition(cut: Cut) {
     let h = history(&[&w1, &w2]);
     let (max_acq, max_rel, errors) =
         assert_calls_bounded(&h, Some(1), Duration::from_millis(5000), cmd_timeout);
-    let Verdict {
-        report,
-        stored,
-        leaked,
-    } = judge(&setup, &h, &keys, &Faults::default()).await;
+    let (report, stored, leaked) = judge(&setup, &h, &keys, &Faults::default()).await;
     figures(
         name,
         &report,
@@ -705,11 +693,7 @@ async fn s5_a_stalled_redis_costs_leases_not_safety() {
     stop_all(&mut workers, limit).await;
     let h = history_of(&workers);
     let (max_acq, max_rel, errors) = assert_calls_bounded(&h, None, wait, cmd_timeout);
-    let Verdict {
-        report,
-        stored,
-        leaked,
-    } = judge(&setup, &h, &keys, &Faults::default()).await;
+    let (report, stored, leaked) = judge(&setup, &h, &keys, &Faults::default()).await;
     for &(t_pause, t_resume) in &pauses {
         assert_stall_survived(&h, &workers, t_pause, t_resume, lease);
     }
@@ -1089,11 +1073,7 @@ async fn s6c_a_reply_lost_with_its_connection_does_not_leave_the_lock_held() {
     let h = history(&[&w1]);
     let (max_acq, max_rel, errors) =
         assert_calls_bounded(&h, None, Duration::from_millis(2000), cmd_timeout);
-    let Verdict {
-        report,
-        stored,
-        leaked,
-    } = judge(&setup, &h, &keys(1), &Faults::default()).await;
+    let (report, stored, leaked) = judge(&setup, &h, &keys(1), &Faults::default()).await;
     figures(
         "s6c_reply_lost_with_connection",
         &report,
@@ -2100,24 +2080,10 @@ async fn s12_a_fair_lock_is_exclusive_and_a_dead_waiter_does_not_block_its_queue
     let t_steady = mono_ns();
     tokio::time::sleep(Duration::from_secs(2) * soak_factor() as u32).await;
     let names = FairNames::of(&setup, &keys).await;
-    // Kill it while its tasks wait in the queues (most of its 32 tasks wait at
-    // any time: 128 tasks share 3 keys).
     let mut conn = setup.lock_conn().await;
-    let pid = workers[doomed as usize].pid();
-    names.await_queued(&mut conn, pid, 16, t).await;
-    let t_kill = mono_ns();
-    workers[doomed as usize].kill9();
-    let queued_at_kill = names.entries_of(&mut conn, pid).await;
-    // The names the leftover check looks at are the ones in use.
-    let (held_at_kill, waiting_at_kill) = names.held_and_waiting(&mut conn).await;
-    // A dead waiter's entry runs out within the queue lease; a lock handed to
-    // it just before holds for the hand-off TTL (the lease), then any waiter's
-    // next attempt hands it on.
-    let bound = QUEUE_LEASE + lease + Duration::from_secs(1);
-    let free_by = t_kill + ns(bound);
-    let entries_gone_at = names
-        .entries_gone(&mut conn, pid, free_by + ns(Duration::from_secs(2)))
-        .await;
+    let kill =
+        WaitersKilled::kill(&names, &mut conn, &mut workers[doomed as usize], lease, t).await;
+    let (t_kill, free_by, bound) = (kill.at, kill.free_by, kill.bound);
     let t_stop = mono_ns();
     let drains = stop_all(&mut workers[..doomed as usize], t).await;
     let mut h = history_of(&workers);
@@ -2128,7 +2094,6 @@ async fn s12_a_fair_lock_is_exclusive_and_a_dead_waiter_does_not_block_its_queue
     let run = FairRun::of(&h, processes, [t_steady, t_kill, free_by, t_stop]);
     let left = names.left(&mut conn).await;
     let leaked = leaked_keys(&setup).await;
-    let entries_gone_ms = entries_gone_at.map_or(f64::NAN, |at| diff_ms(at, t_kill));
     figures(
         "s12_fair",
         &report,
@@ -2140,10 +2105,9 @@ async fn s12_a_fair_lock_is_exclusive_and_a_dead_waiter_does_not_block_its_queue
         ),
         leaked.len() + left.len(),
         &format!(
-            "held_by_killed={} queued_by_killed_at_kill={queued_at_kill} locks_held_at_kill={held_at_kill} \
-             queued_at_kill={waiting_at_kill} killed_entries_gone_ms={entries_gone_ms:.1} \
-             {} unreported_writes={} drain_ms_max={} secs={:.1}",
+            "held_by_killed={} {} {} unreported_writes={} drain_ms_max={} secs={:.1}",
             killed_holds.len(),
+            kill.figures(),
             run.figures(t_kill, bound),
             stored.unreported,
             longest_drain(&drains),
@@ -2165,26 +2129,111 @@ async fn s12_a_fair_lock_is_exclusive_and_a_dead_waiter_does_not_block_its_queue
     assert_eq!(stored.value, (ok + stored.unreported) as u64);
     assert_eq!((stored.rejected, stored.lost_updates), (0, 0));
     run.assert_progress(doomed);
-    assert!(
-        queued_at_kill >= 8,
-        "only {queued_at_kill} of the killed worker's waiters were queued at the kill"
-    );
     // The dead waiters stop holding the queues up within the bound: their
     // entries are gone from Redis, no key waited longer for its next grant,
     // and past the bound the keys move as before (a stall of a lease is a lock
     // handed to a dead waiter expiring).
-    assert!(
-        entries_gone_at.is_some_and(|at| at <= free_by),
-        "the killed worker's queue entries were still in Redis {entries_gone_ms:.1} ms after the kill (bound {bound:?})"
-    );
+    kill.assert_entries_gone();
     run.assert_no_stall(bound, lease);
-    assert!(
-        held_at_kill > 0 && waiting_at_kill > queued_at_kill as i64,
-        "at the kill, {held_at_kill} fair locks held, {waiting_at_kill} waiters queued: the names are wrong"
-    );
+    kill.assert_names_in_use();
     assert!(left.is_empty(), "fair-lock keys left in Redis: {left:?}");
     assert!(leaked.is_empty(), "keys left in Redis: {leaked:?}");
     assert_drained(&workers, &drains);
+}
+
+/// s12's kill of a process while its waiters are queued, and what the queues
+/// showed then and after.
+struct WaitersKilled {
+    /// When it was killed.
+    at: u64,
+    /// The bound by which its waiters stop holding the queues up, and the
+    /// instant it runs out.
+    bound: Duration,
+    free_by: u64,
+    /// Its waiters queued at the kill.
+    queued_at_kill: usize,
+    /// The locks held and the waiters queued in all at the kill.
+    held_at_kill: i64,
+    waiting_at_kill: i64,
+    /// When its queue entries were first seen gone.
+    entries_gone_at: Option<u64>,
+}
+
+impl WaitersKilled {
+    /// Kills `doomed` while its tasks wait in the queues (most of its 32
+    /// tasks wait at any time: 128 tasks share 3 keys), and watches its
+    /// entries until the bound has passed by 2 s.
+    async fn kill(
+        names: &FairNames,
+        conn: &mut MultiplexedConnection,
+        doomed: &mut Worker,
+        lease: Duration,
+        t: Duration,
+    ) -> Self {
+        let pid = doomed.pid();
+        names.await_queued(conn, pid, 16, t).await;
+        let at = mono_ns();
+        doomed.kill9();
+        let queued_at_kill = names.entries_of(conn, pid).await;
+        // The names the leftover check looks at are the ones in use.
+        let (held_at_kill, waiting_at_kill) = names.held_and_waiting(conn).await;
+        // A dead waiter's entry runs out within the queue lease; a lock handed to
+        // it just before holds for the hand-off TTL (the lease), then any waiter's
+        // next attempt hands it on.
+        let bound = QUEUE_LEASE + lease + Duration::from_secs(1);
+        let free_by = at + ns(bound);
+        let entries_gone_at = names
+            .entries_gone(conn, pid, free_by + ns(Duration::from_secs(2)))
+            .await;
+        WaitersKilled {
+            at,
+            bound,
+            free_by,
+            queued_at_kill,
+            held_at_kill,
+            waiting_at_kill,
+            entries_gone_at,
+        }
+    }
+
+    fn entries_gone_ms(&self) -> f64 {
+        self.entries_gone_at
+            .map_or(f64::NAN, |gone| diff_ms(gone, self.at))
+    }
+
+    fn figures(&self) -> String {
+        format!(
+            "queued_by_killed_at_kill={} locks_held_at_kill={} queued_at_kill={} killed_entries_gone_ms={:.1}",
+            self.queued_at_kill,
+            self.held_at_kill,
+            self.waiting_at_kill,
+            self.entries_gone_ms()
+        )
+    }
+
+    /// Its waiters were queued, and their entries gone by the bound.
+    fn assert_entries_gone(&self) {
+        let (queued_at_kill, bound) = (self.queued_at_kill, self.bound);
+        assert!(
+            queued_at_kill >= 8,
+            "only {queued_at_kill} of the killed worker's waiters were queued at the kill"
+        );
+        assert!(
+            self.entries_gone_at.is_some_and(|gone| gone <= self.free_by),
+            "the killed worker's queue entries were still in Redis {:.1} ms after the kill (bound {bound:?})",
+            self.entries_gone_ms()
+        );
+    }
+
+    /// Locks were held and waiters queued at the kill: the names the
+    /// leftover check looks at are the ones in use.
+    fn assert_names_in_use(&self) {
+        let (held_at_kill, waiting_at_kill) = (self.held_at_kill, self.waiting_at_kill);
+        assert!(
+            held_at_kill > 0 && waiting_at_kill > self.queued_at_kill as i64,
+            "at the kill, {held_at_kill} fair locks held, {waiting_at_kill} waiters queued: the names are wrong"
+        );
+    }
 }
 
 /// Every Redis name of the default locks of s12's keys: `lock`, `lockq` and

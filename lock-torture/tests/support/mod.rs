@@ -453,11 +453,7 @@ pub async fn baseline(on: On) {
     )
     .await;
     let h = history_of(&workers);
-    let Verdict {
-        report,
-        stored,
-        leaked,
-    } = judge(&setup, &h, &keys, &Faults::default()).await;
+    let (report, stored, leaked) = judge(&setup, &h, &keys, &Faults::default()).await;
     figures(
         name,
         &report,
@@ -613,11 +609,7 @@ pub async fn killed_holder(on: On) {
     stop_all(&mut survivors, t).await;
     let mut h = history(&[&survivors[0], &survivors[1], &doomed]);
     h.sections.push(killed.section(&k0));
-    let Verdict {
-        report,
-        stored,
-        leaked,
-    } = judge(&setup, &h, &keys, &Faults::default()).await;
+    let (report, stored, leaked) = judge(&setup, &h, &keys, &Faults::default()).await;
     let next_v = first_granted_after(&h, &k0, killed.at);
     let worst_gap = keys
         .iter()

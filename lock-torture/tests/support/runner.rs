@@ -49,22 +49,21 @@ pub fn history_of(workers: &[Worker]) -> History {
     history(&workers.iter().collect::<Vec<_>>())
 }
 
-/// What a run left: the checker's report on its sections, the fenced store's
-/// report (already checked against the clients: no disagreement, no stale
-/// write accepted), and the locks left in the lock target.
-pub struct Verdict {
-    pub report: Report,
-    pub stored: StoreReport,
-    pub leaked: Vec<String>,
-}
-
-/// Judges a run's history against `faults`, its store and its leaks.
-pub async fn judge(setup: &Setup, h: &History, keys: &[String], faults: &Faults) -> Verdict {
-    Verdict {
-        report: check_sections(&h.sections, faults),
-        stored: store_report(setup, h, keys).await,
-        leaked: leaked_locks(setup, keys).await,
-    }
+/// Judges a run's history against `faults`: the checker's report on its
+/// sections, the fenced store's report (already checked against the clients:
+/// no disagreement, no stale write accepted), and the locks left in the lock
+/// target.
+pub async fn judge(
+    setup: &Setup,
+    h: &History,
+    keys: &[String],
+    faults: &Faults,
+) -> (Report, StoreReport, Vec<String>) {
+    (
+        check_sections(&h.sections, faults),
+        store_report(setup, h, keys).await,
+        leaked_locks(setup, keys).await,
+    )
 }
 
 /// The exact counter: every completed section added one, nothing else did
