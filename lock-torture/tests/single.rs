@@ -199,8 +199,7 @@ async fn paused_holder_round(
     w2.send(&format!("release {b}"));
     assert_eq!(w2.expect_event("REL", &b, t).await[0], "ok");
     // Paused for 3 leases in all.
-    let resume_at = t_stop + 3 * ns(lease);
-    tokio::time::sleep(Duration::from_nanos(resume_at.saturating_sub(mono_ns()))).await;
+    sleep_until(t_stop + 3 * ns(lease)).await;
     let t_cont = mono_ns();
     w1.resume();
     let lost = w1.expect_event("LOST", &a, t).await;
@@ -577,8 +576,7 @@ async fn partition_round(
     w2.send(&format!("release {b}"));
     assert_eq!(w2.expect_event("REL", &b, t).await[0], "ok");
     // Heal after two leases.
-    let heal_at = t_cut + 2 * ns(lease);
-    tokio::time::sleep(Duration::from_nanos(heal_at.saturating_sub(mono_ns()))).await;
+    sleep_until(t_cut + 2 * ns(lease)).await;
     proxy.set_mode(distlock::testing::FaultMode::Pass);
     let t_heal = mono_ns();
 
@@ -1378,42 +1376,9 @@ async fn fuzz_case(
     op: fuzz::Op,
 ) -> Result<(), String> {
     use fuzz::Op;
-    let uses_wait = !matches!(op, Op::TryAcquire);
-    let want = expected(&key, lease, uses_wait.then_some(wait));
-    // A free lock is granted at once, whatever the wait; only the contender waits,
-    // and at most 20 ms.
-    // Tokens taken with the acquisition: a short lease may be gone before a
-    // token asked for later could be issued.
-    let req = m
-        .lock(key.clone())
-        .lease(lease)
-        .wait(wait)
-        .eager_fencing(true);
-    let got = match op {
-        Op::TryAcquire => req.try_acquire().await,
-        Op::NoRenew => req.renew(false).acquire().await.map(Some),
-        _ => req.acquire().await.map(Some),
-    };
-    let guard = match (want, got) {
-        (None, Ok(Some(g))) => g,
-        (Some(w), Err(e)) if kind(&e) == w => {
-            let text = e.to_string();
-            if text.len() > 1000 {
-                return Err(format!("a {}-byte error message", text.len()));
-            }
-            return Ok(());
-        }
-        (want, got) => {
-            return Err(format!(
-                "expected {}, got {}",
-                want.unwrap_or("a lock"),
-                match got {
-                    Ok(Some(_)) => "a lock".to_owned(),
-                    Ok(None) => "busy".to_owned(),
-                    Err(e) => format!("{} ({e})", kind(&e)),
-                }
-            ))
-        }
+    let Some(guard) = acquire_as_expected(m, &key, lease, wait, op).await? else {
+        // Refused as expected.
+        return Ok(());
     };
     if guard.key() != key || guard.issued_fencing_token().is_none() {
         return Err(format!(
@@ -1457,6 +1422,54 @@ async fn fuzz_case(
         return Err("the lock is still there after release".into());
     }
     Ok(())
+}
+
+/// The acquisition of a fuzz case: a guard when a lock is expected, `None`
+/// when the expected typed error came (with a message of at most 1000 bytes).
+async fn acquire_as_expected(
+    m: &LockManager,
+    key: &str,
+    lease: Duration,
+    wait: Duration,
+    op: fuzz::Op,
+) -> Result<Option<distlock::LockGuard>, String> {
+    use fuzz::Op;
+    let key = key.to_owned();
+    let uses_wait = !matches!(op, Op::TryAcquire);
+    let want = expected(&key, lease, uses_wait.then_some(wait));
+    // A free lock is granted at once, whatever the wait; only the contender waits,
+    // and at most 20 ms.
+    // Tokens taken with the acquisition: a short lease may be gone before a
+    // token asked for later could be issued.
+    let req = m
+        .lock(key.clone())
+        .lease(lease)
+        .wait(wait)
+        .eager_fencing(true);
+    let got = match op {
+        Op::TryAcquire => req.try_acquire().await,
+        Op::NoRenew => req.renew(false).acquire().await.map(Some),
+        _ => req.acquire().await.map(Some),
+    };
+    match (want, got) {
+        (None, Ok(Some(g))) => Ok(Some(g)),
+        (Some(w), Err(e)) if kind(&e) == w => {
+            let text = e.to_string();
+            if text.len() > 1000 {
+                return Err(format!("a {}-byte error message", text.len()));
+            }
+            Ok(None)
+        }
+        (want, got) => Err(format!(
+            "expected {}, got {}",
+            want.unwrap_or("a lock"),
+            match got {
+                Ok(Some(_)) => "a lock".to_owned(),
+                Ok(None) => "busy".to_owned(),
+                Err(e) => format!("{} ({e})", kind(&e)),
+            }
+        )),
+    }
 }
 
 /// Another owner's attempts on the lock `m` holds on `key`: a `try_acquire`
@@ -1550,22 +1563,8 @@ fn s8_bad_input_is_refused_with_typed_errors_and_stays_in_the_prefix() {
     let _serial = SERIAL.blocking_lock();
     let started = Instant::now();
     let server = RedisServer::spawn().expect("redis-server must be installed");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
     let tap = fuzz::Tap::start(server.addr(), "fuzz:");
-    let (manager, conn) = rt.block_on(async {
-        let m = LockManager::builder(&server.url())
-            .key_prefix("fuzz:")
-            .command_timeout(Duration::from_secs(5))
-            .build()
-            .await
-            .expect("manager");
-        // Patient timeouts: MONITOR slows the server down on 1 MiB keys.
-        (m, store::connect(&server.url()).await.expect("client"))
-    });
+    let (rt, manager, conn) = fuzz_rig(&server);
     let cases = 512 * soak_factor() as u32;
     let mut runner = TestRunner::new(Config {
         cases,
@@ -1633,6 +1632,27 @@ fn s8_bad_input_is_refused_with_typed_errors_and_stays_in_the_prefix() {
     );
     assert!(outside.is_empty(), "keys outside the prefix: {outside:?}");
     assert_eq!(locks_left, 0, "locks left after the fuzz");
+}
+
+/// A runtime for s8, a manager on `server` under the prefix `fuzz:`, and a
+/// plain connection to it.
+fn fuzz_rig(server: &RedisServer) -> (tokio::runtime::Runtime, LockManager, MultiplexedConnection) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let (manager, conn) = rt.block_on(async {
+        let m = LockManager::builder(&server.url())
+            .key_prefix("fuzz:")
+            .command_timeout(Duration::from_secs(5))
+            .build()
+            .await
+            .expect("manager");
+        // Patient timeouts: MONITOR slows the server down on 1 MiB keys.
+        (m, store::connect(&server.url()).await.expect("client"))
+    });
+    (rt, manager, conn)
 }
 
 /// Waits until MONITOR has seen every command the fuzz sent (the marker
@@ -1788,6 +1808,15 @@ async fn names_left(setup: &Setup, key: &str, kinds: &[&str]) -> Vec<String> {
     left
 }
 
+/// `ZCARD` of `name` on the lock server.
+async fn zcard(setup: &Setup, name: &str) -> i64 {
+    redis::cmd("ZCARD")
+        .arg(name)
+        .query_async(&mut setup.lock_conn().await)
+        .await
+        .expect("ZCARD")
+}
+
 /// `EXISTS` of each of `names` on the lock server, in one round trip.
 async fn existing(setup: &Setup, names: &[&str]) -> Vec<i64> {
     let mut pipe = redis::pipe();
@@ -1828,11 +1857,7 @@ async fn s10_a_semaphore_never_admits_more_than_its_permits() {
     let t_run = Duration::from_secs(1) * soak_factor() as u32;
     tokio::time::sleep(t_run).await;
     let sem = name_of_kind(&setup, key, "sem").await;
-    let held_in_redis: i64 = redis::cmd("ZCARD")
-        .arg(&sem)
-        .query_async(&mut setup.lock_conn().await)
-        .await
-        .expect("ZCARD");
+    let held_in_redis = zcard(&setup, &sem).await;
     // Kill it while it holds a permit (an acquisition in its log with no
     // section after it; bodies last 200 ms or more).
     await_holding(&doomed, Kind::Permit, t).await;
@@ -1841,10 +1866,7 @@ async fn s10_a_semaphore_never_admits_more_than_its_permits() {
     // The survivors go on past the killed holds' leases.
     let back_from = t_kill + ns(lease + drift(lease));
     progress_all(&mut survivors, 2, t).await;
-    tokio::time::sleep(Duration::from_nanos(
-        (back_from + ns(Duration::from_secs(1))).saturating_sub(mono_ns()),
-    ))
-    .await;
+    sleep_until(back_from + ns(Duration::from_secs(1))).await;
     stop_all(&mut survivors, t).await;
     let t_end = mono_ns();
     let mut h = history(&[&survivors[0], &survivors[1], &survivors[2], &doomed]);

@@ -604,8 +604,7 @@ pub async fn killed_holder(on: On) {
 
     progress_all(&mut survivors, 3, t).await;
     // Let the killed workers' leases run out before the leak check.
-    let expired = t_kill2 + ns(lease) + 50_000_000;
-    tokio::time::sleep(Duration::from_nanos(expired.saturating_sub(mono_ns()))).await;
+    sleep_until(t_kill2 + ns(lease) + 50_000_000).await;
     stop_all(&mut survivors, t).await;
     let mut h = history(&[&survivors[0], &survivors[1], &doomed]);
     h.sections.push(killed.section(&k0));

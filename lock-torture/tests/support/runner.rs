@@ -7,6 +7,7 @@
 use std::time::Duration;
 
 use lock_torture::checker::{check_sections, Faults, Report, StoreReport};
+use lock_torture::clock::mono_ns;
 use lock_torture::history::{History, Outcome};
 use lock_torture::process::Worker;
 
@@ -158,4 +159,9 @@ pub fn assert_lost_updates_within_amnesia(report: &Report, stored: &StoreReport,
         stored.lost_updates,
         report.amnesia_overlaps.len()
     );
+}
+
+/// Sleeps until the monotonic clock reads `t` (ns); at once if it has.
+pub async fn sleep_until(t: u64) {
+    tokio::time::sleep(Duration::from_nanos(t.saturating_sub(mono_ns()))).await;
 }
