@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use distlock::testing::{DataNodeRole, RedisSentinel};
 use lock_torture::checker::{Faults, Report};
 use lock_torture::clock::{diff_ms, mono_ns};
+use lock_torture::history::History;
 
 mod support;
 
@@ -114,11 +115,8 @@ async fn sentinel_failover(replica_ack: Option<&str>) {
             diff_ms(up, down),
             report.amnesia_overlaps.len(),
             report.amnesia_token_order.len(),
-            cut.as_ref().map_or(0, |cut| h
-                .sections
-                .iter()
-                .filter(|s| s.acquired > cut.frozen && s.acquired < down)
-                .count()),
+            cut.as_ref()
+                .map_or(0, |cut| cut.granted_while_frozen(&h, down)),
             started.elapsed().as_secs_f64()
         ),
     );
@@ -180,6 +178,14 @@ impl ReplicasCut {
         assert_eq!(dropped, 2, "the master dropped both replica links");
         tokio::time::sleep(REPLICAS_FROZEN).await;
         cut
+    }
+
+    /// Sections granted from the freeze to the kill at `down`.
+    fn granted_while_frozen(&self, h: &History, down: u64) -> usize {
+        h.sections
+            .iter()
+            .filter(|s| s.acquired > self.frozen && s.acquired < down)
+            .count()
     }
 
     fn signal(&self, sig: libc::c_int) {

@@ -2120,11 +2120,7 @@ async fn s12_a_fair_lock_is_exclusive_and_a_dead_waiter_does_not_block_its_queue
         "s12_fair",
         &report,
         &stored,
-        &format!(
-            "1xkill-9+{}cancel+{}panic",
-            report.count(Outcome::Cancelled),
-            report.count(Outcome::Panicked)
-        ),
+        &format!("1xkill-9+{}", cancels_and_panics(&report)),
         leaked.len() + left.len(),
         &format!(
             "held_by_killed={} {} {} unreported_writes={} drain_ms_max={} secs={:.1}",

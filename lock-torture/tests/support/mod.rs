@@ -458,11 +458,7 @@ pub async fn baseline(on: On) {
         name,
         &report,
         &stored,
-        &format!(
-            "{}cancel+{}panic",
-            report.count(Outcome::Cancelled),
-            report.count(Outcome::Panicked)
-        ),
+        &cancels_and_panics(&report),
         leaked.len(),
         &format!(
             "drain_ms_max={} secs={:.1}",

@@ -165,3 +165,13 @@ pub fn assert_lost_updates_within_amnesia(report: &Report, stored: &StoreReport,
 pub async fn sleep_until(t: u64) {
     tokio::time::sleep(Duration::from_nanos(t.saturating_sub(mono_ns()))).await;
 }
+
+/// `<n>cancel+<n>panic`: the faults the workers injected into their own
+/// bodies, for the `TORTURE` line.
+pub fn cancels_and_panics(report: &Report) -> String {
+    format!(
+        "{}cancel+{}panic",
+        report.count(Outcome::Cancelled),
+        report.count(Outcome::Panicked)
+    )
+}
