@@ -12,7 +12,7 @@
 //! - [`process`]: starting, signalling and talking to worker processes from tests.
 //!
 //! The worker itself is `src/bin/torture-worker.rs`; the scenarios are in
-//! `tests/faults.rs`.
+//! `tests/`, one file per deployment, sharing `tests/support/`.
 
 pub mod checker;
 pub mod clock;

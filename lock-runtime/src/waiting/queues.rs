@@ -1,0 +1,306 @@
+//! Waiter queues: this manager's waiters on each lock's wake-up channel, in
+//! arrival order, and the wake-ups addressed to them. A wake-up for one
+//! release goes to the longest waiter; a recheck goes to every waiter of the
+//! channel. A waiter keeps its place until it gets the lock or leaves, and
+//! hands on, when it leaves, the release wake-ups it did not use.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::{broadcast, Notify};
+
+/// Every channel this manager's waiters wait on, with its queue.
+pub(crate) struct WaiterQueues {
+    channels: Mutex<HashMap<String, Channel>>,
+    /// Channels whose waiter count went from or to zero, for the task to
+    /// subscribe or unsubscribe (on every server it listens to).
+    changes: broadcast::Sender<String>,
+}
+
+struct Channel {
+    /// This manager's waiters on the channel, in arrival order. Wake-ups go to
+    /// the front: one shared `Notify` would serve waiters in the order they
+    /// last started listening, and a waiter that listens again after a lost
+    /// attempt would go behind later arrivals.
+    queue: VecDeque<Waiter>,
+    /// The payload (the releasing owner token) of the last wake-up taken, when
+    /// wake-ups are de-duplicated.
+    last_release: Vec<u8>,
+    /// Subscribed even with no waiter (see [`WaiterQueues::keep`]).
+    sticky: bool,
+}
+
+/// One registration's place in its channel's queue.
+struct Waiter {
+    id: u64,
+    wake: Arc<WakeSlot>,
+}
+
+/// Wake-ups addressed to one waiter, kept until it takes them, so that one
+/// arriving while the waiter is busy with an attempt (not listening) is not lost.
+#[derive(Default)]
+struct WakeSlot {
+    pending: Mutex<Wake>,
+    notify: Notify,
+}
+
+/// What woke a waiter.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Wake {
+    /// Releases announced to this waiter alone, each a chance for one waiter of
+    /// this manager to get the lock (a semaphore's release frees one permit).
+    pub(crate) releases: u32,
+    /// Every waiter was asked to look again (a read-write lock's release, a
+    /// subscription confirmed, shutdown): nothing to pass on if it leaves.
+    pub(crate) recheck: bool,
+}
+
+impl Wake {
+    fn is_empty(self) -> bool {
+        self.releases == 0 && !self.recheck
+    }
+}
+
+impl WakeSlot {
+    fn pending(&self) -> MutexGuard<'_, Wake> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn add_releases(&self, releases: u32) {
+        let mut pending = self.pending();
+        pending.releases = pending.releases.saturating_add(releases);
+        drop(pending);
+        self.notify.notify_waiters();
+    }
+
+    fn recheck(&self) {
+        self.pending().recheck = true;
+        self.notify.notify_waiters();
+    }
+}
+
+impl Channel {
+    /// Gives `releases` wake-ups to the longest waiter.
+    fn wake_front(&self, releases: u32) {
+        if let Some(front) = self.queue.front() {
+            front.wake.add_releases(releases);
+        }
+    }
+
+    fn wake_all(&self) {
+        for waiter in &self.queue {
+            waiter.wake.recheck();
+        }
+    }
+}
+
+impl WaiterQueues {
+    pub(super) fn new() -> Self {
+        // A subscriber task that falls this far behind resynchronises all channels.
+        let (changes, _) = broadcast::channel(4096);
+        WaiterQueues {
+            channels: Mutex::new(HashMap::new()),
+            changes,
+        }
+    }
+
+    /// The channels whose waiter count went from or to zero, from now on.
+    pub(super) fn changes(&self) -> broadcast::Receiver<String> {
+        self.changes.subscribe()
+    }
+
+    /// Keeps `channel` subscribed from now on, with or without waiters: for
+    /// the manager's hand-off channel, which serves every lock, so that a
+    /// manager pays its subscription once, not once per wait.
+    pub(super) fn keep(&self, channel: &str) {
+        let mut channels = self.channels();
+        match channels.get_mut(channel) {
+            Some(entry) => entry.sticky = true,
+            None => {
+                channels.insert(
+                    channel.to_owned(),
+                    Channel {
+                        queue: VecDeque::new(),
+                        last_release: Vec::new(),
+                        sticky: true,
+                    },
+                );
+                // The task may be gone (manager shutting down).
+                let _ = self.changes.send(channel.to_owned());
+            }
+        }
+    }
+
+    fn channels(&self) -> MutexGuard<'_, HashMap<String, Channel>> {
+        self.channels.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(super) fn register(&self, channel: &str) -> Registration<'_> {
+        let mut channels = self.channels();
+        let entry = channels
+            .entry(channel.to_owned())
+            .or_insert_with(|| Channel {
+                queue: VecDeque::new(),
+                last_release: Vec::new(),
+                sticky: false,
+            });
+        let id = crate::config::next_id();
+        let wake = Arc::new(WakeSlot::default());
+        entry.queue.push_back(Waiter {
+            id,
+            wake: wake.clone(),
+        });
+        if entry.queue.len() == 1 {
+            // The task may be gone (manager shutting down): waiting then falls
+            // back to the backoff alone.
+            let _ = self.changes.send(channel.to_owned());
+        }
+        Registration {
+            queues: self,
+            channel: channel.to_owned(),
+            id,
+            wake,
+            unresolved_releases: AtomicU32::new(0),
+        }
+    }
+
+    /// Whether some acquisition of this manager already waits on `channel`.
+    pub(super) fn has_waiters(&self, channel: &str) -> bool {
+        self.channels().contains_key(channel)
+    }
+
+    /// Gives the longest waiter of `channel` `releases` wake-ups for a
+    /// release announced with `payload` (skipped when another server already
+    /// announced the same one). `dedupe`: several servers announce each
+    /// release. Counts the wake-up in `delivered`.
+    pub(super) fn wake_front(
+        &self,
+        channel: &str,
+        payload: &[u8],
+        releases: u32,
+        dedupe: bool,
+        delivered: &AtomicU64,
+    ) {
+        if let Some(c) = self.channels().get_mut(channel) {
+            if dedupe {
+                if c.last_release == payload {
+                    return;
+                }
+                c.last_release = payload.to_vec();
+            }
+            delivered.fetch_add(1, Ordering::Relaxed);
+            c.wake_front(releases);
+        }
+    }
+
+    pub(super) fn wake_all(&self, channel: &str) {
+        if let Some(c) = self.channels().get(channel) {
+            c.wake_all();
+        }
+    }
+
+    /// Wakes every waiter for good: the manager is shutting down (waiters check
+    /// `Core::is_shut_down` after every wake-up).
+    pub(super) fn wake_everyone(&self) {
+        for channel in self.channels().values() {
+            channel.wake_all();
+        }
+    }
+
+    pub(super) fn is_wanted(&self, channel: &str) -> bool {
+        self.channels().contains_key(channel)
+    }
+
+    pub(super) fn wanted(&self) -> Vec<String> {
+        self.channels().keys().cloned().collect()
+    }
+}
+
+/// A waiter's interest in one lock's wake-ups; ends when dropped.
+pub(crate) struct Registration<'a> {
+    queues: &'a WaiterQueues,
+    channel: String,
+    id: u64,
+    wake: Arc<WakeSlot>,
+    /// Release wake-ups this waiter took whose attempt has not resolved, or
+    /// which its successful attempt did not need; if it leaves now, they go to
+    /// the next waiter.
+    unresolved_releases: AtomicU32,
+}
+
+impl Registration<'_> {
+    /// Waits for wake-ups addressed to this waiter and takes them. Cancel-safe:
+    /// wake-ups that come while nobody waits are kept for the next call.
+    pub(crate) async fn woken(&self) -> Wake {
+        loop {
+            let notified = self.wake.notify.notified();
+            let mut notified = std::pin::pin!(notified);
+            // Listening before looking: a wake-up stored after the look
+            // notifies this listener.
+            notified.as_mut().enable();
+            let wake = std::mem::take(&mut *self.wake.pending());
+            if !wake.is_empty() {
+                return wake;
+            }
+            notified.await;
+        }
+    }
+
+    /// Records how many release wake-ups are to go to the next waiter if this
+    /// one leaves before it sets this again.
+    pub(crate) fn set_unresolved_releases(&self, releases: u32) {
+        self.unresolved_releases.store(releases, Ordering::Relaxed);
+    }
+
+    /// Drops the release wake-ups this waiter holds, taken or heard since,
+    /// once it holds an exclusive lock: every release heard so far came
+    /// before its grant (nobody else can release a lock it holds), so none
+    /// frees the lock for another waiter; its own release will publish. Passed
+    /// on, they would send the next waiter of this manager to attempt while
+    /// the lock is still held: that attempt goes out on the same connections
+    /// as the holder's release, and reaches every member right behind it,
+    /// ahead of other managers' waiters, which hear of the release only from
+    /// its PUBLISH.
+    pub(crate) fn forget_releases(&self) {
+        self.unresolved_releases.store(0, Ordering::Relaxed);
+        self.wake.pending().releases = 0;
+    }
+
+    /// Whether this is the longest-waiting acquisition of this manager for the
+    /// lock. Only it retries on a timer: when a lease runs out without a release
+    /// (a crashed holder, `renew(false)`, a lost lease) nobody publishes, and the
+    /// lock then goes to waiters in arrival order instead of to whichever timer
+    /// fires first.
+    pub(crate) fn is_first_in_line(&self) -> bool {
+        self.queues
+            .channels()
+            .get(&self.channel)
+            .is_some_and(|c| c.queue.front().is_some_and(|w| w.id == self.id))
+    }
+}
+
+impl Drop for Registration<'_> {
+    fn drop(&mut self) {
+        let mut channels = self.queues.channels();
+        if let Some(entry) = channels.get_mut(&self.channel) {
+            entry.queue.retain(|w| w.id != self.id);
+            if entry.queue.is_empty() {
+                if !entry.sticky {
+                    channels.remove(&self.channel);
+                    let _ = self.queues.changes.send(self.channel.clone());
+                }
+            } else {
+                // Releases announced to this waiter that no attempt of it
+                // answered are the next waiter's chance.
+                let releases = self
+                    .unresolved_releases
+                    .load(Ordering::Relaxed)
+                    .saturating_add(self.wake.pending().releases);
+                if releases > 0 {
+                    entry.wake_front(releases);
+                }
+            }
+        }
+    }
+}
