@@ -72,6 +72,11 @@ impl LockGuard {
         self.lease.clone()
     }
 
+    /// The manager's shared state (`LockGuard::into_ticket`, ticket.rs).
+    pub(crate) fn core(&self) -> &Arc<Core> {
+        &self.manager.core
+    }
+
     pub(crate) fn set_hold_span(&mut self, span: tracing::Span) {
         self.hold_span = span;
     }

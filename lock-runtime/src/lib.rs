@@ -34,7 +34,8 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 // The layers, top down; each module uses only those below it (ARCHITECTURE.md):
-// events, leader > global > manager > multi > request > guard > core > renewal, waiting >
+// events, leader, ticket (a hold handed to another process) > global > manager > multi >
+// request > guard > core > renewal, waiting >
 // backend (the only one that talks to Redis) > context, lease > telemetry, keys, config,
 // info, error; options (a request's hold options) sits with config.
 mod backend;
@@ -55,6 +56,7 @@ mod options;
 mod renewal;
 mod request;
 mod telemetry;
+mod ticket;
 mod waiting;
 
 #[cfg(feature = "testing")]
@@ -77,6 +79,7 @@ pub use manager::{
 pub use multi::{MultiLockGuard, MultiLockRequest};
 pub use request::LockRequest;
 pub use telemetry::MAX_METRIC_LABELS;
+pub use ticket::HoldTicket;
 
 /// Support for the code `#[distributed_lock]` generates. Not a public API.
 #[doc(hidden)]
