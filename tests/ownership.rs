@@ -16,6 +16,7 @@ crate::on_both!(
     a_ticket_nobody_resumes_ends_with_its_lease_and_releases_once,
     a_resumed_guard_learns_when_its_hold_is_taken,
     a_guard_shared_by_reentrant_holds_is_not_exported,
+    part_of_a_weighted_hold_is_given_back_and_the_rest_kept,
     a_shrink_below_the_held_count_shows_as_overcommitted,
     force_unlock_hands_a_queued_lock_to_the_head_of_its_queue,
     a_read_locks_is_locked_answers_for_both_sides,
@@ -155,6 +156,54 @@ async fn a_guard_shared_by_reentrant_holds_is_not_exported(d: Deployment) {
     assert!(m.is_locked("job:4").await.unwrap());
     let ticket = guard.into_ticket().unwrap();
     assert!(m.release_ticket(&ticket).await.unwrap());
+}
+
+/// `release_permits` gives back part of a weighted hold at once (another
+/// holder takes them) and keeps the rest in the guard: same fencing token,
+/// still renewed, released with the guard.
+async fn part_of_a_weighted_hold_is_given_back_and_the_rest_kept(d: Deployment) {
+    let m = d.manager().await;
+    let other = d.manager().await;
+    let lease = Duration::from_millis(300);
+    let mut slots = m
+        .semaphore("gpu", 4)
+        .weight(4)
+        .lease(lease)
+        .acquire()
+        .await
+        .unwrap();
+    let token = slots.fencing_token().await.unwrap();
+    let three = || other.semaphore("gpu", 4).weight(3);
+    assert!(three().try_acquire().await.unwrap().is_none());
+
+    slots.release_permits(3).await.unwrap();
+    let counts = m.semaphore("gpu", 4).permit_counts().await.unwrap();
+    assert_eq!((counts.held, counts.available), (1, 3));
+    let taken = three().try_acquire().await.unwrap().expect("3 came free");
+    assert_eq!(slots.fencing_token().await.unwrap(), token);
+    // Three leases: the kept permit would have expired after one without
+    // renewal under its new name (every lease / 3), and the guard's local
+    // deadline (lease - 1% - 2 ms after its last renewal) would have passed.
+    tokio::time::sleep(lease * 3).await;
+    assert!(!slots.is_lost());
+    let counts = m.semaphore("gpu", 4).permit_counts().await.unwrap();
+    assert_eq!(counts.held, 4);
+
+    // Nothing left to give back but the last permit: that is release().
+    for bad in [0, 1, 5] {
+        let err = slots.release_permits(bad).await.unwrap_err();
+        assert!(matches!(err, LockError::InvalidConfig(_)), "{bad}: {err:?}");
+    }
+    assert!(!slots.is_lost(), "refused calls change nothing");
+    let mut lock = m.lock("gpu").acquire().await.unwrap();
+    let err = lock.release_permits(1).await.unwrap_err();
+    assert!(matches!(err, LockError::InvalidConfig(_)), "{err:?}");
+    lock.release().await.unwrap();
+
+    slots.release().await.unwrap();
+    let counts = m.semaphore("gpu", 4).permit_counts().await.unwrap();
+    assert_eq!(counts.held, 3, "the other holder's");
+    taken.release().await.unwrap();
 }
 
 /// A resize below the permits held: `available` stays 0 and `overcommitted`

@@ -34,7 +34,8 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 // The layers, top down; each module uses only those below it (ARCHITECTURE.md):
-// events, leader, ticket (a hold handed to another process) > global > manager > multi >
+// events, leader, ticket (a hold handed to another process), permits (part of a
+// weighted hold given back) > global > manager > multi >
 // request > guard > core > renewal, waiting >
 // backend (the only one that talks to Redis) > context, lease > telemetry, keys, config,
 // info, error; options (a request's hold options) sits with config.
@@ -53,6 +54,7 @@ mod lease;
 mod manager;
 mod multi;
 mod options;
+mod permits;
 mod renewal;
 mod request;
 mod telemetry;
