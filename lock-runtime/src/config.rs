@@ -124,11 +124,13 @@ impl Backoff {
         self.factor
     }
 
-    /// The series value after `value`: `value * factor`, at most `cap`.
+    /// The series value after `value`: `value * factor`, at most `cap` and
+    /// never below `first` (whatever an unchecked factor says).
     pub(crate) fn grow(&self, value: Duration) -> Duration {
         Duration::try_from_secs_f64(value.as_secs_f64() * self.factor)
             .unwrap_or(self.cap)
             .min(self.cap)
+            .max(self.first)
     }
 
     /// The random part of each sleep, from `0.0` (every sleep is the series'
