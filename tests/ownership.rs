@@ -9,7 +9,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use distlock::{HoldKind, HoldTicket, LockError};
+use distlock::{Backoff, HoldKind, HoldTicket, LockError};
 
 crate::on_both!(
     a_hold_handed_over_by_ticket_is_renewed_and_released_by_its_new_guard,
@@ -173,13 +173,51 @@ async fn part_of_a_weighted_hold_is_given_back_and_the_rest_kept(d: Deployment) 
         .await
         .unwrap();
     let token = slots.fencing_token().await.unwrap();
-    let three = || other.semaphore("gpu", 4).weight(3);
-    assert!(three().try_acquire().await.unwrap().is_none());
+    assert!(other
+        .semaphore("gpu", 4)
+        .weight(3)
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
+    // A waiter for 3. Its timer attempts 10 s apart, or when the lease it
+    // last read (300 ms, renewed) would end: the wake-up counter, not the
+    // timing, tells that the give-back published (without the script's
+    // PUBLISH this test fails there).
+    let waiting = {
+        let other = other.clone();
+        let ten_seconds = Duration::from_secs(10);
+        tokio::spawn(async move {
+            other
+                .semaphore("gpu", 4)
+                .weight(3)
+                .backoff(Backoff::new(ten_seconds, ten_seconds).with_jitter(0.0))
+                .wait(Duration::from_secs(20))
+                .acquire()
+                .await
+        })
+    };
+    let channel = m
+        .redis_names("gpu")
+        .channel()
+        .replacen("wake:", "semwake:", 1);
+    let mut raw = d.raw_for(&m, "gpu").await;
+    let listening = eventually(Duration::from_secs(10), async || {
+        numsub(&mut raw, &channel).await >= 1
+    })
+    .await;
+    assert!(listening.is_some(), "the waiter never subscribed");
 
     slots.release_permits(3).await.unwrap();
-    let counts = m.semaphore("gpu", 4).permit_counts().await.unwrap();
-    assert_eq!((counts.held, counts.available), (1, 3));
-    let taken = three().try_acquire().await.unwrap().expect("3 came free");
+    let taken = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiter gets the permits given back")
+        .unwrap()
+        .unwrap();
+    assert!(
+        other.wake_ups_delivered() >= 1,
+        "woken by a wake-up message"
+    );
     assert_eq!(slots.fencing_token().await.unwrap(), token);
     // Three leases: the kept permit would have expired after one without
     // renewal under its new name (every lease / 3), and the guard's local
