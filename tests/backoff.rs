@@ -71,6 +71,36 @@ async fn a_requests_backoff_paces_its_attempts() {
 }
 
 #[tokio::test]
+async fn a_backoffs_growth_factor_sets_how_fast_its_sleeps_grow() {
+    let server = server();
+    let waiter = manager(&server).await;
+    let ms = Duration::from_millis;
+
+    // The same start (50 ms, no jitter) and a cap far above WAIT, so that the
+    // factor alone decides how many naps fit in WAIT (2 s). Attempts as in
+    // `a_requests_backoff_paces_its_attempts`: the first, up to 2 wake-ups,
+    // one after each nap, and one at the deadline.
+    //
+    // Factor 1: every nap is 50 ms, at most 2000 / 50 = 40 naps, so at most
+    // 1 + 2 + 40 + 1 = 44 attempts; a loaded machine stretches naps, so 10 or
+    // more is asked, still above what factor 10 allows.
+    let fixed = Backoff::new(ms(50), ms(10_000))
+        .with_jitter(0.0)
+        .with_factor(1.0);
+    let attempts = attempts_while_waiting(&server, &waiter, "fixed", Some(fixed)).await;
+    assert!((10..=44).contains(&attempts), "{attempts} attempts");
+
+    // Factor 10: naps of 50 ms, 500 ms, then 5 s cut to the deadline, so at
+    // most 3 naps: 1 + 2 + 3 + 1 = 7 attempts. (Doubling would fit 5 naps:
+    // 50 + 100 + 200 + 400 + 800 = 1550 ms, the sixth cut at the deadline.)
+    let steep = Backoff::new(ms(50), ms(10_000))
+        .with_jitter(0.0)
+        .with_factor(10.0);
+    let attempts = attempts_while_waiting(&server, &waiter, "steep", Some(steep)).await;
+    assert!((2..=7).contains(&attempts), "{attempts} attempts");
+}
+
+#[tokio::test]
 async fn the_managers_backoff_is_the_default_and_a_request_overrides_it() {
     let server = server();
     let ms = Duration::from_millis;
@@ -108,6 +138,7 @@ async fn a_bad_backoff_is_refused_before_any_attempt() {
     for bad in [
         Backoff::new(ms(10), ms(20)).with_jitter(-0.1),
         Backoff::new(Duration::ZERO, ms(20)),
+        Backoff::new(ms(10), ms(20)).with_factor(0.5),
     ] {
         let err = m.lock("k").backoff(bad).acquire().await.unwrap_err();
         assert!(

@@ -72,12 +72,17 @@ pub(crate) struct Config {
 /// // Start at 50 ms, double up to 2 s, half of each sleep random.
 /// let backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2)).with_jitter(0.5);
 /// assert_eq!(backoff.cap(), Duration::from_secs(2));
+///
+/// // Grow by half each time instead of doubling: 50, 75, 112.5 ms, ...
+/// let gentle = backoff.with_factor(1.5);
+/// assert_eq!(gentle.factor(), 1.5);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Backoff {
     first: Duration,
     cap: Duration,
     jitter: f64,
+    factor: f64,
 }
 
 impl Default for Backoff {
@@ -86,12 +91,14 @@ impl Default for Backoff {
             first: Duration::from_millis(8),
             cap: Duration::from_secs(1),
             jitter: 1.0,
+            factor: 2.0,
         }
     }
 }
 
 impl Backoff {
-    /// Sleeps that start at `first` and double up to `cap`, with full jitter
+    /// Sleeps that start at `first` and double (see
+    /// [`with_factor`](Self::with_factor)) up to `cap`, with full jitter
     /// (each sleep a random duration up to the series' value). Checked when
     /// used: `first` at least 1 ms, `cap` at least `first` and at most 30 days.
     pub fn new(first: Duration, cap: Duration) -> Backoff {
@@ -99,7 +106,31 @@ impl Backoff {
             first,
             cap,
             jitter: 1.0,
+            factor: 2.0,
         }
+    }
+
+    /// How much each series value grows over the one before (default `2.0`,
+    /// doubling), up to `cap`: `1.0` keeps every sleep at `first` (a fixed
+    /// interval), a larger factor reaches `cap` in fewer attempts. Checked
+    /// when used: finite, from 1.0 to 16.0.
+    pub fn with_factor(mut self, factor: f64) -> Backoff {
+        self.factor = factor;
+        self
+    }
+
+    /// The growth factor of the series.
+    pub fn factor(&self) -> f64 {
+        self.factor
+    }
+
+    /// The series value after `value`: `value * factor`, at most `cap` and
+    /// never below `first` (whatever an unchecked factor says).
+    pub(crate) fn grow(&self, value: Duration) -> Duration {
+        Duration::try_from_secs_f64(value.as_secs_f64() * self.factor)
+            .unwrap_or(self.cap)
+            .min(self.cap)
+            .max(self.first)
     }
 
     /// The random part of each sleep, from `0.0` (every sleep is the series'
@@ -139,6 +170,12 @@ impl Backoff {
             return Err(LockError::InvalidConfig(format!(
                 "{what} has a jitter of {}; it must be between 0.0 and 1.0",
                 self.jitter
+            )));
+        }
+        if !(1.0..=16.0).contains(&self.factor) {
+            return Err(LockError::InvalidConfig(format!(
+                "{what} has a growth factor of {}; it must be between 1.0 and 16.0",
+                self.factor
             )));
         }
         Ok(())
@@ -344,6 +381,36 @@ mod tests {
         // Not a manager's route: a plain 32-digit token.
         assert_eq!(owner_token_routed("0").len(), 32);
         assert_eq!(owner_token_routed("").len(), 32);
+    }
+
+    #[test]
+    fn a_backoff_grows_by_its_factor_up_to_its_cap() {
+        let ms = Duration::from_millis;
+        let tripling = Backoff::new(ms(10), ms(100)).with_factor(3.0);
+        let mut value = tripling.first();
+        let mut series = vec![value];
+        for _ in 0..4 {
+            value = tripling.grow(value);
+            series.push(value);
+        }
+        assert_eq!(series, [ms(10), ms(30), ms(90), ms(100), ms(100)]);
+        // 1.0: a fixed interval; the default doubles.
+        let fixed = Backoff::new(ms(10), ms(100)).with_factor(1.0);
+        assert_eq!(fixed.grow(ms(10)), ms(10));
+        assert_eq!(Backoff::new(ms(10), ms(100)).grow(ms(10)), ms(20));
+        // Past what a Duration holds: the cap.
+        let huge = Backoff::new(ms(10), MAX_DURATION).with_factor(16.0);
+        assert_eq!(huge.grow(Duration::MAX), MAX_DURATION);
+        for bad in [0.5, 0.0, -2.0, 17.0, f64::NAN, f64::INFINITY] {
+            let err = Backoff::new(ms(10), ms(100))
+                .with_factor(bad)
+                .validate("the request's backoff")
+                .unwrap_err();
+            assert!(
+                matches!(&err, LockError::InvalidConfig(m) if m.contains("growth factor")),
+                "{bad}: {err:?}"
+            );
+        }
     }
 
     #[test]

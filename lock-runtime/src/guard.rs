@@ -72,6 +72,17 @@ impl LockGuard {
         self.lease.clone()
     }
 
+    /// The manager's shared state (ticket.rs, permits.rs).
+    pub(crate) fn core(&self) -> &Arc<Core> {
+        &self.manager.core
+    }
+
+    /// Puts `lease` in place of this guard's (`LockGuard::release_permits`,
+    /// whose kept permits are a hold under another owner token).
+    pub(crate) fn replace_lease(&mut self, lease: Arc<Lease>) {
+        self.lease = lease;
+    }
+
     pub(crate) fn set_hold_span(&mut self, span: tracing::Span) {
         self.hold_span = span;
     }

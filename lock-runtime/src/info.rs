@@ -330,6 +330,29 @@ pub struct PermitCounts {
     pub configured: u32,
     /// Permits held now by holders whose lease has not run out.
     pub held: u32,
-    /// `configured - held`, or 0 when a resize left more holders than permits.
+    /// `configured - held`, or 0 when a resize left more holders than permits
+    /// (then [`overcommitted`](Self::overcommitted) says by how many).
     pub available: u32,
+    /// `held - configured` when a resize shrank the count below the permits
+    /// held (current holders keep theirs), else 0: how many permits must come
+    /// back before anyone new enters. At most one of `available` and
+    /// `overcommitted` is above 0; `available as i64 - overcommitted as i64`
+    /// is the signed balance ([`balance`](Self::balance)).
+    pub overcommitted: u32,
+}
+
+impl PermitCounts {
+    /// `configured - held`, signed: below 0 when a resize left more permits
+    /// held than the count in force.
+    ///
+    /// ```
+    /// # fn demo(counts: distlock_runtime::PermitCounts) {
+    /// if counts.balance() < 0 {
+    ///     println!("{} permits over the count; nobody new enters", -counts.balance());
+    /// }
+    /// # }
+    /// ```
+    pub fn balance(&self) -> i64 {
+        i64::from(self.configured) - i64::from(self.held)
+    }
 }

@@ -239,7 +239,7 @@ impl LeaderElection {
                         "campaign failed"
                     );
                     tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(backoff.cap());
+                    delay = backoff.grow(delay);
                     continue;
                 }
             }

@@ -384,6 +384,36 @@ impl Lease {
         self.holds.fetch_sub(1, Ordering::AcqRel) == 1
     }
 
+    /// The same hold under another owner token (a weighted semaphore hold
+    /// renamed to a smaller weight, `LockGuard::release_permits`): the same
+    /// key, lease, fencing token, deadlines and renewal schedule, one hold,
+    /// a new id for the renewal task.
+    pub(crate) fn renamed(&self, id: u64, owner: String) -> Lease {
+        Lease {
+            id,
+            manager_id: self.manager_id,
+            key: self.key.clone(),
+            keys: self.keys.clone(),
+            owner,
+            fencing_token: AtomicU64::new(self.fencing_token()),
+            lease_ms: AtomicU64::new(self.lease_ms()),
+            renew: self.renew,
+            metrics_label: self.metrics_label,
+            waited: self.waited,
+            granted_at: self.granted_at,
+            max_hold_until: self.max_hold_until,
+            min_hold_until: self.min_hold_until,
+            epoch: self.epoch,
+            valid_until: AtomicU64::new(self.valid_until.load(Ordering::Acquire)),
+            next_renewal: AtomicU64::new(self.next_renewal.load(Ordering::Acquire)),
+            state: AtomicU8::new(HELD),
+            holds: AtomicUsize::new(1),
+            lost_notify: Notify::new(),
+            trouble: std::sync::Mutex::new(None),
+            trouble_notify: Notify::new(),
+        }
+    }
+
     pub(crate) fn remaining(&self) -> Duration {
         if self.is_lost() || self.is_released() {
             return Duration::ZERO;

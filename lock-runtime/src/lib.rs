@@ -36,13 +36,14 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 // The layers, top down; each module uses only those below it (ARCHITECTURE.md):
-// events, leader > global > manager > multi > request > guard > core > renewal, waiting >
-// backend > context, lease > telemetry, keys, config, info, error; options (a request's
-// hold options) sits with config. Events and leader are not built on the public API
-// alone: they reach into `core.backend` (pub/sub connections, PUBLISH, CONFIG GET) and
-// the leader into the guard's lease. `backend` sends every command but the
-// subscriptions: waiting, events and leader subscribe and read the pub/sub
-// connections it opens, as redis-rs `PubSub` values, and `error` converts
+// events, leader, ticket (a hold handed to another process), permits (part of a
+// weighted hold given back) > global > manager > multi > request > guard > core >
+// renewal, waiting > backend > context, lease > telemetry, keys, config, info, error;
+// options (a request's hold options) sits with config. Events and leader are not built
+// on the public API alone: they reach into `core.backend` (pub/sub connections,
+// PUBLISH, CONFIG GET) and the leader into the guard's lease. `backend` sends every
+// command but the subscriptions: waiting, events and leader subscribe and read the
+// pub/sub connections it opens, as redis-rs `PubSub` values, and `error` converts
 // redis-rs's errors, until a store-neutral backend boundary replaces those types.
 mod backend;
 mod config;
@@ -59,9 +60,11 @@ mod lease;
 mod manager;
 mod multi;
 mod options;
+mod permits;
 mod renewal;
 mod request;
 mod telemetry;
+mod ticket;
 mod waiting;
 
 #[cfg(feature = "testing")]
@@ -84,6 +87,7 @@ pub use manager::{
 pub use multi::{MultiLockGuard, MultiLockRequest};
 pub use request::LockRequest;
 pub use telemetry::MAX_METRIC_LABELS;
+pub use ticket::HoldTicket;
 
 /// Support for the code `#[distributed_lock]` generates. Not a public API.
 #[doc(hidden)]

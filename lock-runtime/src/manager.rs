@@ -196,7 +196,10 @@ impl LockManager {
     ///   each entry with a queue lease of its own (3 s, refreshed by the
     ///   waiter's attempts every 0.4-0.8 s, so a waiter that died holds up the
     ///   queue at most that long). The release hands the lock straight to the
-    ///   head in the same script and tells the head's manager with one message:
+    ///   head in the same script and tells the head's manager with one message
+    ///   (on that manager's one hand-off channel, subscribed by its first
+    ///   queued waiter and kept for the manager's lifetime: one pub/sub channel
+    ///   per manager however many keys it waited for):
     ///   the new holder needs no round trip of its own. A lost message costs
     ///   one attempt, which finds the lock already its own.
     /// - A lock with a live queue is handed over, never freed, so a newcomer's
@@ -376,8 +379,19 @@ impl LockManager {
     /// unsticking a lock (every kind of hold on the key:
     /// [`force_unlock_all`](Self::force_unlock_all); one reader, permit or
     /// holder: [`force_unlock_hold`](Self::force_unlock_hold)):
-    /// deletes it in Redis (on every member under Redlock) and wakes its
-    /// waiters. Returns whether it was held. The holder learns it at its next
+    /// takes it from its holder in Redis (on every member under Redlock).
+    /// Returns whether it was held.
+    ///
+    /// With nobody queued, the lock is deleted and its waiters woken. With
+    /// waiters queued (the default lock's waiters queue in Redis, but on
+    /// Redlock), it is not left free: the same script hands it to the head of
+    /// the queue, as a release would, so a newcomer cannot overtake the
+    /// queue. The head is whichever entry is live, and a waiter that died
+    /// keeps its entry for up to its queue lease (3 s): a lock handed to it
+    /// is held (its TTL at most that queue lease) until it expires and goes
+    /// to the next. To unstick a lock whose queue is stuck too, call it again
+    /// for each dead waiter (each call frees one hold), or wait out the queue
+    /// lease. One round trip (one per member under Redlock). The holder learns it at its next
     /// renewal (within a third of its lease): its guard reports the lease lost,
     /// `#[distributed_lock]` stops the body as for any loss, and its
     /// `release()` returns [`LockError::Lost`]. The fencing counter is kept, so

@@ -118,11 +118,29 @@ impl LockRequest {
     /// Whether anyone holds this request's kind of lock on its key right now:
     /// for [`lock`](crate::LockManager::lock) the default lock, for
     /// [`read_lock`](crate::LockManager::read_lock) and
-    /// [`write_lock`](crate::LockManager::write_lock) the read-write lock (a
-    /// writer or any reader), for a [`semaphore`](crate::LockManager::semaphore)
+    /// [`write_lock`](crate::LockManager::write_lock) the whole read-write
+    /// lock, either side (`read_lock(k).is_locked()` is true while only a
+    /// writer holds it), for a [`semaphore`](crate::LockManager::semaphore)
     /// any permit. One round trip (a `PTTL` for the default lock, else the script of
     /// [`inspect_all`](crate::LockManager::inspect_all)). A snapshot: take
     /// the lock to act on it.
+    ///
+    /// Per side, read [`inspect_all`](crate::LockManager::inspect_all)
+    /// (one round trip), and free one side's holds with
+    /// [`force_unlock_hold`](crate::LockManager::force_unlock_hold):
+    ///
+    /// ```no_run
+    /// use distlock_runtime::HoldKind;
+    /// # async fn demo(manager: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+    /// let state = manager.inspect_all("catalog").await?;
+    /// let writer = state.holds_of(HoldKind::Write).next();
+    /// let readers = state.holds_of(HoldKind::Read).count();
+    /// if let Some(stuck) = writer {
+    ///     manager.force_unlock_hold(stuck).await?; // the writer only; readers keep theirs
+    /// }
+    /// # let _ = readers;
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// [`LockError::InvalidKey`] for a bad key, [`LockError::ForeignValue`]
@@ -189,6 +207,7 @@ impl LockRequest {
                     configured,
                     held,
                     available: configured.saturating_sub(held),
+                    overcommitted: held.saturating_sub(configured),
                 })
             }
         }
@@ -196,10 +215,35 @@ impl LockRequest {
 
     /// Whether the current call chain holds this request's key on this
     /// manager (for a read or write lock: either side of it), as re-entry
-    /// sees it: inside the guard's [`scope`](LockGuard::scope), a locked
-    /// function, or a task started with
-    /// [`spawn_with_locks`](crate::spawn_with_locks). Local: no round trip.
-    /// A plain `tokio::spawn`ed task is another chain.
+    /// sees it. Local: no round trip.
+    ///
+    /// The *call chain* is not the task (nor, as in Redisson, the thread):
+    /// it is the future running inside the guard's
+    /// [`scope`](LockGuard::scope) or
+    /// [`scope_until_lost`](LockGuard::scope_until_lost), the body of a
+    /// `#[distributed_lock]` function, and tasks started there with
+    /// [`spawn_with_locks`](crate::spawn_with_locks). So right after
+    /// `acquire()` the answer is `false`, in the same task, until the work
+    /// runs inside `guard.scope(..)`; two futures `join!`ed in one task are
+    /// two chains, and a plain `tokio::spawn`ed task is another chain. This
+    /// is the scope in which a second `acquire()` re-enters instead of
+    /// waiting; a task-wide count would let two joined futures both think
+    /// they hold the lock. To ask whether a guard you have still holds its
+    /// lease, use [`LockGuard::is_lost`].
+    ///
+    /// ```no_run
+    /// # async fn demo(manager: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+    /// let guard = manager.lock("order:42").acquire().await?;
+    /// assert!(!manager.lock("order:42").is_held_by_current_chain()); // not in scope yet
+    /// guard
+    ///     .scope(async {
+    ///         assert!(manager.lock("order:42").is_held_by_current_chain());
+    ///         assert_eq!(manager.lock("order:42").hold_count(), 1);
+    ///     })
+    ///     .await;
+    /// guard.release().await
+    /// # }
+    /// ```
     pub fn is_held_by_current_chain(&self) -> bool {
         self.hold_count() > 0
     }
@@ -207,7 +251,10 @@ impl LockRequest {
     /// How many holds share the current call chain's hold of this key: 1 for
     /// the acquisition, one more for each re-entrant guard still alive
     /// (those of `spawn_with_locks` subtasks included); 0 when the chain does
-    /// not hold it. Local: no round trip.
+    /// not hold it, which includes right after `acquire()` outside the
+    /// guard's [`scope`](LockGuard::scope) (the call chain is defined at
+    /// [`is_held_by_current_chain`](Self::is_held_by_current_chain)). Local:
+    /// no round trip.
     pub fn hold_count(&self) -> usize {
         LockContext::find(self.manager.core.id, &self.key, self.kind.family())
             .map_or(0, |lease| lease.hold_count())

@@ -136,3 +136,10 @@ key_call!(
     PermitCounts { keys: &'a RedisNames } -> PermitReply,
     |scripts, conn, c| scripts.permit_counts(conn, c.keys)
 );
+
+key_call!(
+    /// Gives back part of a weighted semaphore hold, keeping the rest under
+    /// `kept_owner`; true when the hold was still `owner`'s.
+    PermitGiveBack { keys: &'a RedisNames, owner: &'a str, kept_owner: &'a str } -> bool,
+    |scripts, conn, c| scripts.permit_give_back(conn, c.keys, c.owner, c.kept_owner)
+);

@@ -43,7 +43,7 @@ pub(crate) mod single;
 
 use calls::{
     ForceUnlock, ForceUnlockShared, Inspect, InspectKey, IsLocked, IssueToken, KeyCall,
-    PermitCounts, Publish, Release,
+    PermitCounts, PermitGiveBack, Publish, Release,
 };
 pub(crate) use scripts::{
     AcquireAllReply, AcquireReply, AcquireSpec, HeldLock, KeyReading, PermitReply, SharedRelease,
@@ -304,6 +304,26 @@ impl Backend {
         keys: &RedisNames,
     ) -> Result<PermitReply, CallError> {
         self.on_key(key, &PermitCounts { keys }).await
+    }
+
+    /// Gives back part of `owner`'s weighted semaphore hold and keeps the
+    /// rest as `kept_owner`'s: one script. Redlock has no semaphores.
+    pub(crate) async fn permit_give_back(
+        &self,
+        key: &str,
+        keys: &RedisNames,
+        owner: &str,
+        kept_owner: &str,
+    ) -> Result<bool, CallError> {
+        self.on_key(
+            key,
+            &PermitGiveBack {
+                keys,
+                owner,
+                kept_owner,
+            },
+        )
+        .await
     }
 
     /// The value of server setting `name` on every server that holds locks

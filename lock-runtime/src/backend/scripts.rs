@@ -629,6 +629,7 @@ pub(crate) struct Scripts {
     read_release: Lua,
     permit_acquire: Lua,
     permit_release: Lua,
+    permit_give_back: Lua,
     shared_renew: Lua,
     issue_token: Lua,
     permit_counts: Lua,
@@ -688,6 +689,7 @@ impl Scripts {
             read_release: with_prelude!("read_release.lua"),
             permit_acquire: with_prelude!("permit_acquire.lua"),
             permit_release: with_prelude!("permit_release.lua"),
+            permit_give_back: with_prelude!("permit_give_back.lua"),
             shared_renew: with_prelude!("shared_renew.lua"),
             issue_token: with_prelude!("issue_token.lua"),
             permit_counts: with_prelude!("permit_counts.lua"),
@@ -1024,6 +1026,25 @@ impl Scripts {
         }
         let cmd = self.release_cmd(keys, owner, keep_ms);
         let reply = self.release_lua(keys.kind).invoke(conn, &cmd).await?;
+        release_reply(reply, owner)
+    }
+
+    /// Gives back part of `owner`'s weighted semaphore hold, keeping the rest
+    /// as `kept_owner`'s (see `permit_give_back.lua`); true when the hold was
+    /// still ours.
+    pub(crate) async fn permit_give_back(
+        &self,
+        conn: &mut impl ConnectionLike,
+        keys: &RedisNames,
+        owner: &str,
+        kept_owner: &str,
+    ) -> RedisResult<bool> {
+        let args_len = owner.len() + kept_owner.len() + keys.channel().len();
+        let mut cmd =
+            self.permit_give_back
+                .call(&[&keys.lock, keys.related(), keys.details()], 3, args_len);
+        cmd.arg(owner).arg(kept_owner).arg(keys.channel());
+        let reply = self.permit_give_back.invoke(conn, &cmd).await?;
         release_reply(reply, owner)
     }
 

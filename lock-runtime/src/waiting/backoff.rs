@@ -40,7 +40,7 @@ impl BackoffTimer {
             .next_value
             .min(holder_remaining.unwrap_or(Duration::MAX))
             .max(Duration::from_millis(1));
-        self.next_value = self.next_value.saturating_mul(2).min(self.policy.cap());
+        self.next_value = self.policy.grow(self.next_value);
         // `jitter` is checked to be within [0, 1] before a timer is made.
         let random_part = value.mul_f64(self.policy.jitter());
         (value - random_part) + Self::jitter(random_part)

@@ -1,0 +1,133 @@
+//! Giving back part of a weighted semaphore hold (`LockGuard::release_permits`).
+
+use std::sync::Arc;
+
+use crate::error::{KeyPreview, LockError};
+use crate::guard::{release_in_background, release_lease_in_background, LockGuard, ReleaseOnDrop};
+use crate::keys::LockKind;
+
+impl LockGuard {
+    /// For a semaphore hold of several permits
+    /// ([`weight`](crate::LockRequest::weight)): gives back `permits` of
+    /// them and keeps the rest in this guard, with the same lease end,
+    /// fencing token and lost signal. One round trip (a script that
+    /// renames the hold to its smaller weight, keeping its lease end, and
+    /// wakes waiters for the permits that came free). The hold's id, as
+    /// [`inspect_all`](crate::LockManager::inspect_all) shows it, changes
+    /// with its weight.
+    ///
+    /// ```no_run
+    /// # async fn demo(manager: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+    /// let mut slots = manager.semaphore("gpu", 8).weight(4).acquire().await?;
+    /// // ... the parallel phase needs 4 ...
+    /// slots.release_permits(3).await?; // ... the rest needs 1: 3 go back now
+    /// slots.release().await
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// [`LockError::InvalidConfig`] when this is not a semaphore hold, when
+    /// `permits` is not from 1 to one less than the hold's weight (give
+    /// back all with [`release`](Self::release)), or when re-entrant
+    /// guards share the hold; [`LockError::Lost`] when the lease was lost
+    /// (or is found lost now); [`LockError::Backend`] when Redis fails. In
+    /// every case the guard still holds what it held, except when the call
+    /// may have run without its reply arriving: then the guard reports its
+    /// lease lost soon (its next renewal finds the old hold gone) and the
+    /// kept permits are given back in the background.
+    pub async fn release_permits(&mut self, permits: u32) -> Result<(), LockError> {
+        let old = self.lease_handle();
+        let LockKind::Permit { .. } = old.keys.kind else {
+            return Err(LockError::InvalidConfig(format!(
+                "release_permits is for semaphores; {} is a {}",
+                KeyPreview(&old.key),
+                old.keys.kind.family()
+            )));
+        };
+        let (base, weight) = match old.owner.rsplit_once(':') {
+            Some((base, weight)) => (base, weight.parse::<u32>().unwrap_or(1)),
+            None => (old.owner.as_str(), 1),
+        };
+        if permits == 0 || permits >= weight {
+            return Err(LockError::InvalidConfig(format!(
+                "release_permits({permits}) of a hold of {weight} permits of semaphore {}; \
+                 it gives back 1 to {} (all of them: release())",
+                KeyPreview(&old.key),
+                weight.saturating_sub(1)
+            )));
+        }
+        if old.hold_count() > 1 {
+            return Err(LockError::InvalidConfig(format!(
+                "release_permits on semaphore {}, whose hold re-entrant guards share: \
+                 release them first",
+                KeyPreview(&old.key)
+            )));
+        }
+        if old.is_lost() {
+            return Err(LockError::Lost {
+                key: old.key.clone(),
+            });
+        }
+        let kept = weight - permits;
+        let rest_owner = if kept == 1 {
+            base.to_owned()
+        } else {
+            format!("{base}:{kept}")
+        };
+        let core = self.core().clone();
+        // Not renewed while renamed: a renewal of the old name after the
+        // rename would report the hold lost.
+        core.renewals.remove(old.id);
+        // Dropped before the reply: the rename may have run. The old name is
+        // renewed again (if the rename ran, that renewal finds it gone and
+        // the guard reports the loss) and the new one given back.
+        let mut in_flight = ReleaseOnDrop::new(|| {
+            core.renewals.insert(old.clone());
+            release_in_background(
+                &core,
+                old.key.clone(),
+                old.keys.clone(),
+                rest_owner.clone(),
+                old.duration(),
+                None,
+            );
+        });
+        let reply = core
+            .backend
+            .permit_give_back(&old.key, &old.keys, &old.owner, &rest_owner)
+            .await;
+        match reply {
+            Ok(true) => in_flight.disarm(),
+            Ok(false) => {
+                in_flight.disarm();
+                core.renewals.insert(old.clone());
+                old.mark_lost("release_permits found the hold gone (its lease had run out)");
+                return Err(LockError::Lost {
+                    key: old.key.clone(),
+                });
+            }
+            Err(e) => {
+                if !e.maybe_executed {
+                    in_flight.disarm();
+                    core.renewals.insert(old.clone());
+                }
+                return Err(e.error);
+            }
+        }
+        drop(in_flight);
+        let kept_lease = Arc::new(old.renamed(crate::config::next_id(), rest_owner));
+        old.drop_hold();
+        old.mark_released();
+        if !core.renewals.insert(kept_lease.clone()) {
+            // Shut down meanwhile: the shutdown released what it knew of.
+            kept_lease.mark_released();
+            release_lease_in_background(&core, &kept_lease);
+            self.replace_lease(kept_lease);
+            return Err(LockError::ShutDown {
+                key: old.key.clone(),
+            });
+        }
+        self.replace_lease(kept_lease);
+        Ok(())
+    }
+}
