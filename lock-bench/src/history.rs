@@ -11,6 +11,10 @@ use std::path::Path;
 
 use serde_json::Value;
 
+/// One row's figures by name, in the file's order; `None` for a figure the
+/// run could not measure (`null`).
+pub type Figures = Vec<(String, Option<f64>)>;
+
 /// One results file, as far as the history needs it.
 #[derive(Debug, Clone)]
 pub struct Record {
@@ -19,9 +23,8 @@ pub struct Record {
     pub quick: bool,
     pub scenario: String,
     pub references: Vec<String>,
-    /// Each row's label and figures, in the file's order; `None` for a
-    /// figure the run could not measure (`null`).
-    pub rows: Vec<(String, Vec<(String, Option<f64>)>)>,
+    /// Each row's label and figures, in the file's order.
+    pub rows: Vec<(String, Figures)>,
 }
 
 impl Record {
