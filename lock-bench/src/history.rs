@@ -119,22 +119,26 @@ impl Record {
     }
 }
 
-/// Every `*.json` file of `dir`, parsed, in no particular order. A directory
-/// that does not exist has no results.
+/// Every `*.json` file of `dir`, parsed, in the order of their names. A
+/// directory that does not exist has no results.
 pub fn load_dir(dir: &Path) -> Result<Vec<Record>, String> {
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(format!("reading {}: {e}", dir.display())),
     };
-    let mut records = Vec::new();
+    let mut paths = Vec::new();
     for entry in entries {
         let path = entry
             .map_err(|e| format!("reading {}: {e}", dir.display()))?
             .path();
-        if path.extension().and_then(|e| e.to_str()) != Some("json") {
-            continue;
+        if path.extension().and_then(|e| e.to_str()) == Some("json") {
+            paths.push(path);
         }
+    }
+    paths.sort();
+    let mut records = Vec::new();
+    for path in paths {
         let text = std::fs::read_to_string(&path)
             .map_err(|e| format!("reading {}: {e}", path.display()))?;
         records.push(Record::parse(&path, &text)?);
@@ -312,14 +316,14 @@ mod tests {
         let write = |name: &str, text: String| {
             std::fs::write(dir.0.join(name), text).expect("writing a sample file")
         };
-        // Written in the reverse of their dates: the history sorts by date.
-        write(
-            "bbbbbbb-uncontended.json",
-            sample("bbbbbbb", "2026-11-27T10:00:00Z", false, "44.0", 40.0),
-        );
+        // Their names sort against their dates: the history sorts by date.
         write(
             "aaaaaaa-uncontended.json",
-            sample("aaaaaaa", "2026-11-26T10:00:00Z", false, "null", 40.0),
+            sample("aaaaaaa", "2026-11-27T10:00:00Z", false, "44.0", 40.0),
+        );
+        write(
+            "bbbbbbb-uncontended.json",
+            sample("bbbbbbb", "2026-11-26T10:00:00Z", false, "null", 40.0),
         );
         // Neither a --quick file nor a file that is not JSON is read.
         write(
@@ -339,7 +343,7 @@ mod tests {
         let (columns, lines) = history(&records, &query);
         assert_eq!(columns, ["same-scripts floor", "rslock"]);
         let commits: Vec<&str> = lines.iter().map(|l| l.commit.as_str()).collect();
-        assert_eq!(commits, ["aaaaaaa", "bbbbbbb"]);
+        assert_eq!(commits, ["bbbbbbb", "aaaaaaa"]);
         // An unmeasured figure has no value and no ratio.
         assert_eq!(lines[0].value, None);
         assert_eq!(lines[0].ratios, [None, None]);
@@ -352,7 +356,7 @@ mod tests {
         assert_eq!(
             last.split_whitespace().collect::<Vec<_>>(),
             [
-                "bbbbbbb",
+                "aaaaaaa",
                 "2026-11-27T10:00:00Z",
                 "distlock",
                 "44.00",
