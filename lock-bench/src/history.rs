@@ -90,14 +90,15 @@ impl Record {
         })
     }
 
-    /// A row by its exact label, else the one row whose label contains `name`.
-    pub fn row(&self, name: &str) -> Option<&[(String, Option<f64>)]> {
-        if let Some((_, figures)) = self.rows.iter().find(|(label, _)| label == name) {
-            return Some(figures);
+    /// A row (label and figures) by its exact label, else the one row whose
+    /// label contains `name`.
+    pub fn row(&self, name: &str) -> Option<&(String, Figures)> {
+        if let Some(row) = self.rows.iter().find(|(label, _)| label == name) {
+            return Some(row);
         }
         let mut matching = self.rows.iter().filter(|(label, _)| label.contains(name));
         match (matching.next(), matching.next()) {
-            (Some((_, figures)), None) => Some(figures),
+            (Some(row), None) => Some(row),
             _ => None,
         }
     }
@@ -113,6 +114,7 @@ impl Record {
 
     fn figure(&self, row: &str, figure: &str) -> Option<f64> {
         self.row(row)?
+            .1
             .iter()
             .find(|(name, _)| name == figure)
             .and_then(|(_, value)| *value)
@@ -190,11 +192,15 @@ pub fn history(records: &[Record], query: &Query) -> (Vec<String>, Vec<Line>) {
     let lines = matching
         .iter()
         .map(|record| {
-            let row = query
+            let wanted = query
                 .row
                 .clone()
                 .or_else(|| record.measured_row().map(str::to_owned))
                 .unwrap_or_default();
+            // The row's own label when `--row` named a part of it.
+            let row = record
+                .row(&wanted)
+                .map_or(wanted, |(label, _)| label.clone());
             let value = record.figure(&row, &query.figure);
             let ratios = columns
                 .iter()
@@ -365,6 +371,16 @@ mod tests {
             ],
             "{table}"
         );
+
+        let by_part = history(
+            &records,
+            &Query {
+                row: Some("peer".to_owned()),
+                ..query.clone()
+            },
+        );
+        assert_eq!(by_part.1[1].row, "rslock 0.10 (peer)");
+        assert_eq!(by_part.1[1].value, Some(50.0));
 
         let quick = history(
             &records,

@@ -96,9 +96,10 @@ fn main() -> ExitCode {
             scenarios.sort_unstable();
             scenarios.dedup();
             println!(
-                "{}: {} results files parse ({} commits; scenarios: {})",
+                "{}: {} results files parse ({} of --quick runs; {} commits; scenarios: {})",
                 dir.display(),
                 records.len(),
+                records.iter().filter(|r| r.quick).count(),
                 commits.len(),
                 if scenarios.is_empty() {
                     "none".to_owned()
