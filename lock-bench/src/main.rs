@@ -6,17 +6,23 @@
 //!
 //! ```text
 //! cargo run --release -p lock-bench -- [--quick] [--backend single|cluster|redlock] [--scenario NAME]...
-//!                                      [--runs N] [--locks N] [--json out.json] [--svg DIR]
+//!                                      [--runs N] [--locks N] [--json [--results-dir DIR]] [--svg DIR]
 //! ```
+//!
+//! `--json` writes one results file per scenario (`src/results.rs`), which
+//! the `bench-history` binary reads back (`src/history.rs`).
 
 mod alloc_count;
 mod charts;
 mod error;
 mod floor;
+#[cfg(test)]
+mod history;
 mod pin;
 mod proxy;
 mod redis_stats;
 mod report;
+mod results;
 mod scenarios;
 
 use std::path::PathBuf;
@@ -34,7 +40,7 @@ static ALLOC: alloc_count::Counting = alloc_count::Counting;
 
 const USAGE: &str = "\
 usage: lock-bench [--quick] [--backend single|cluster|redlock] [--scenario NAME]... [--runs N] [--locks N]
-                  [--json FILE] [--svg DIR]
+                  [--json [--results-dir DIR]] [--svg DIR]
 
   --quick          a few seconds in all (CI); targets are printed, never enforced
   --backend B      single (default): one private redis-server; cluster: a private
@@ -48,7 +54,10 @@ usage: lock-bench [--quick] [--backend single|cluster|redlock] [--scenario NAME]
                    uncontended, many-keys, handoff, fresh-handoff, renewal, memory, macro
   --runs N         run everything N times and print the medians too (default 1)
   --locks N        locks held by renewal and memory (default 100000; 1000 with --quick)
-  --json FILE      write every figure as JSON
+  --json           write each scenario's figures to lock-bench/results/<commit>-<scenario>.json
+                   (<commit>-<scenario>-quick.json with --quick; git ignores those): the medians,
+                   every run's rows, the targets, the command, commit, date, nproc, server version
+  --results-dir D  write the --json files to D instead of lock-bench/results
   --svg DIR        write latency-distribution charts (DIR/<scenario>.svg)
   --profile IMPL[:TASKS[:SECONDS]]
                    measure nothing: cycle IMPL (floor, minimal, distlock,
@@ -89,7 +98,8 @@ struct Args {
     scenarios: Vec<String>,
     runs: usize,
     locks: Option<usize>,
-    json: Option<PathBuf>,
+    json: bool,
+    results_dir: Option<PathBuf>,
     svg: Option<PathBuf>,
     profile: Option<(scenarios::common::Kind, usize, f64)>,
 }
@@ -101,7 +111,8 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>> {
         scenarios: Vec::new(),
         runs: 1,
         locks: None,
-        json: None,
+        json: false,
+        results_dir: None,
         svg: None,
         profile: None,
     };
@@ -145,7 +156,8 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>> {
                     _ => bail!("--locks takes a positive number, not {v:?}"),
                 };
             }
-            "--json" => args.json = Some(value("--json")?.into()),
+            "--json" => args.json = true,
+            "--results-dir" => args.results_dir = Some(value("--results-dir")?.into()),
             "--svg" => args.svg = Some(value("--svg")?.into()),
             "--profile" => {
                 let v = value("--profile")?;
@@ -161,6 +173,9 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>> {
             "-h" | "--help" => return Ok(None),
             other => bail!("unknown argument {other:?}\n{USAGE}"),
         }
+    }
+    if args.results_dir.is_some() && !args.json {
+        bail!("--results-dir is where --json writes; give --json too");
     }
     if args.scenarios.is_empty() {
         args.scenarios = scenarios::ALL.iter().map(|s| (*s).to_owned()).collect();
@@ -258,7 +273,9 @@ async fn connect(url: &str) -> Result<redis::aio::MultiplexedConnection> {
         .map_err(context(&format!("connecting to {url}")))
 }
 
-async fn bench(args: Args) -> Result<()> {
+async fn bench(args: Args, command: String) -> Result<()> {
+    // The tree as it is when the run starts: what the figures were measured on.
+    let commit = args.json.then(results::current_commit);
     let mut members = Vec::new();
     let (servers, env_target, url, addr, mut stats) = match args.backend {
         Backend::Single => {
@@ -373,24 +390,27 @@ async fn bench(args: Args) -> Result<()> {
     }
     let load_end = load_average();
     println!("load average at start {load_start}, at end {load_end}");
-    if let Some(path) = &args.json {
-        let meta = [
-            ("redis_version", version),
-            ("cpus", cpus.to_string()),
-            ("load_average_start", load_start),
-            ("load_average_end", load_end),
-            ("quick", args.quick.to_string()),
-            ("backend", args.backend.name().to_owned()),
-            ("runs", args.runs.to_string()),
-            (
-                "locks",
-                args.locks
-                    .map_or_else(|| "default".to_owned(), |n| n.to_string()),
-            ),
-        ];
-        std::fs::write(path, report::to_json(&meta, &runs, &medians)?)
-            .map_err(context(&format!("writing {}", path.display())))?;
-        println!("wrote {}", path.display());
+    if let Some(commit) = commit {
+        let info = report::RunInfo {
+            commit,
+            date: results::utc_now(),
+            command,
+            backend: args.backend.name(),
+            nproc: cpus,
+            server_version: version,
+            quick: args.quick,
+            runs: args.runs,
+            locks: args.locks,
+            load_average_start: load_start,
+            load_average_end: load_end,
+        };
+        let dir = args
+            .results_dir
+            .clone()
+            .unwrap_or_else(results::default_dir);
+        for path in results::write_all(&dir, &info, &medians, &runs)? {
+            println!("wrote {}", path.display());
+        }
     }
     if let (Some(dir), Some(last)) = (&args.svg, runs.last()) {
         for f in charts::write_all(dir, last)? {
@@ -403,7 +423,9 @@ async fn bench(args: Args) -> Result<()> {
 }
 
 fn main() -> std::process::ExitCode {
-    let args = match parse_args(std::env::args().skip(1)) {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let command = results::command_line(&argv);
+    let args = match parse_args(argv.into_iter()) {
         Ok(Some(args)) => args,
         Ok(None) => {
             println!("{USAGE}");
@@ -424,7 +446,7 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(bench(args)) {
+    match runtime.block_on(bench(args, command)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("lock-bench: {e}");
@@ -448,7 +470,6 @@ mod tests {
             "--scenario",
             "handoff,renewal",
             "--json",
-            "x.json",
             "--locks",
             "5000",
         ])?
@@ -472,12 +493,111 @@ mod tests {
         assert!(parse(&["--locks", "0"]).is_err());
         assert!(parse(&["--scenario", "nope"]).is_err());
         assert!(parse(&["--runs", "0"]).is_err());
-        assert!(parse(&["--json"]).is_err());
+        assert!(a.json);
+        assert_eq!(a.results_dir, None);
+        let Some(d) = parse(&["--json", "--results-dir", "/tmp/r"])? else {
+            bail!("expected arguments");
+        };
+        assert_eq!(d.results_dir, Some(PathBuf::from("/tmp/r")));
+        assert!(parse(&["--results-dir", "/tmp/r"]).is_err());
+        assert!(parse(&["--json", "--results-dir"]).is_err());
         assert!(parse(&["--help"])?.is_none());
         let Some(all) = parse(&[])? else {
             bail!("expected arguments");
         };
         assert_eq!(all.scenarios.len(), scenarios::ALL.len());
+        Ok(())
+    }
+
+    /// What `--json` writes, `bench-history` reads: the medians' rows, the
+    /// run information, one file per scenario, a --quick run under its own name.
+    #[test]
+    fn results_files_are_read_back_by_the_history() -> Result<()> {
+        use report::{Better, Row, ScenarioResult};
+        let scenario = |floor_p50: f64, distlock_p50: f64| ScenarioResult {
+            name: "uncontended",
+            title: "one task".to_owned(),
+            notes: vec!["a note".to_owned()],
+            rows: vec![
+                {
+                    let mut row = Row::new("same-scripts floor");
+                    row.push("p50 us", floor_p50, Better::Lower);
+                    row
+                },
+                {
+                    let mut row = Row::new("distlock");
+                    row.push("p50 us", distlock_p50, Better::Lower).push(
+                        "rt/op",
+                        f64::NAN,
+                        Better::Neutral,
+                    );
+                    row
+                },
+            ],
+            references: 1,
+            targets: Vec::new(),
+        };
+        let runs = vec![vec![scenario(40.0, 42.0)], vec![scenario(40.0, 46.0)]];
+        let medians = report::median_of_runs(&runs);
+        let dir = std::env::temp_dir().join(format!(
+            "lock-bench-results-{}-{:?}",
+            std::process::id(),
+            std::time::SystemTime::now()
+        ));
+        let info = report::RunInfo {
+            commit: "c4d49e1-dirty".to_owned(),
+            date: results::utc_date(1_800_000_000),
+            command: "lock-bench --runs 2 --json".to_owned(),
+            backend: "single",
+            nproc: 2,
+            server_version: "7.0.15".to_owned(),
+            quick: false,
+            runs: 2,
+            locks: None,
+            load_average_start: "0.5 0.5 0.5".to_owned(),
+            load_average_end: "0.6 0.5 0.5".to_owned(),
+        };
+        let written = results::write_all(&dir, &info, &medians, &runs);
+        let quick = report::RunInfo {
+            quick: true,
+            ..info.clone()
+        };
+        let written_quick = results::write_all(&dir, &quick, &medians, &runs);
+        let read = history::load_dir(&dir);
+        let text = std::fs::read_to_string(dir.join("c4d49e1-dirty-uncontended.json"));
+        let _ = std::fs::remove_dir_all(&dir);
+
+        assert_eq!(written?, [dir.join("c4d49e1-dirty-uncontended.json")]);
+        assert_eq!(
+            written_quick?,
+            [dir.join("c4d49e1-dirty-uncontended-quick.json")]
+        );
+        let doc: serde_json::Value = serde_json::from_str(&text?)?;
+        assert_eq!(doc["command"], "lock-bench --runs 2 --json");
+        assert_eq!(doc["server_version"], "7.0.15");
+        assert_eq!(doc["nproc"], 2);
+        assert_eq!(doc["per_run"].as_array().map(Vec::len), Some(2));
+        assert_eq!(doc["per_run"][1][1]["metrics"][0]["value"], 46.0);
+
+        let query = history::Query {
+            scenario: "uncontended".to_owned(),
+            figure: "p50 us".to_owned(),
+            ..history::Query::default()
+        };
+        let records = read?;
+        let (columns, lines) = history::history(&records, &query);
+        assert_eq!(columns, ["same-scripts floor"]);
+        assert_eq!(lines.len(), 1, "the --quick file is not in the history");
+        assert_eq!(lines[0].commit, "c4d49e1-dirty");
+        assert_eq!(lines[0].date, "2027-01-15T08:00:00Z");
+        // The median of 42 and 46, over the floor's 40.
+        assert_eq!(lines[0].value, Some(44.0));
+        assert_eq!(lines[0].ratios, [Some(1.1)]);
+        let unmeasured = history::Query {
+            figure: "rt/op".to_owned(),
+            ..query
+        };
+        assert_eq!(history::history(&records, &unmeasured).1[0].value, None);
         Ok(())
     }
 }

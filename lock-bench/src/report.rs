@@ -1,5 +1,5 @@
 //! Results: rows of metrics, ratios to the floor(s), targets, medians over
-//! runs, the printed tables and the JSON file (serde).
+//! runs, the printed tables and the results files (JSON, serde).
 
 use std::fmt::Write as _;
 
@@ -422,76 +422,89 @@ struct JsonTarget<'a> {
     met: Option<bool>,
 }
 
+/// What a results file records about the invocation that wrote it.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunInfo {
+    /// `git rev-parse --short HEAD` when the bench ran, `-dirty` appended when
+    /// the work tree (the results directory aside) had changes; `unknown`
+    /// outside a git checkout.
+    pub commit: String,
+    /// UTC, `YYYY-MM-DDTHH:MM:SSZ`, when the results were written.
+    pub date: String,
+    /// The invocation, as `lock-bench ARGS...`.
+    pub command: String,
+    pub backend: &'static str,
+    /// CPUs the bench could use (`available_parallelism`).
+    pub nproc: usize,
+    /// `redis_version` of the (first) private server.
+    pub server_version: String,
+    pub quick: bool,
+    pub runs: usize,
+    /// `--locks`, when given.
+    pub locks: Option<usize>,
+    pub load_average_start: String,
+    pub load_average_end: String,
+}
+
+/// One results file: one scenario of one invocation. `rows` and `targets`
+/// are the medians over the runs (with one run, that run); `per_run` holds
+/// every run's rows. Figures that could not be measured (NaN) are `null`.
 #[derive(Serialize)]
-struct JsonScenario<'a> {
+struct ResultsFile<'a> {
+    format: u32,
+    #[serde(flatten)]
+    info: &'a RunInfo,
     scenario: &'a str,
     title: &'a str,
-    /// Labels of the reference rows (the floors), first rows of `rows`.
+    /// Labels of the reference rows (the floors), the first rows of `rows`.
     references: Vec<&'a str>,
     rows: &'a [Row],
     targets: Vec<JsonTarget<'a>>,
     notes: &'a [String],
+    per_run: Vec<&'a [Row]>,
 }
 
-impl<'a> JsonScenario<'a> {
-    fn new(s: &'a ScenarioResult, values: Vec<Option<f64>>) -> JsonScenario<'a> {
-        JsonScenario {
-            scenario: s.name,
-            title: &s.title,
-            references: s
-                .rows
-                .iter()
-                .take(s.references)
-                .map(|r| r.label.as_str())
-                .collect(),
-            rows: &s.rows,
-            targets: s
-                .targets
-                .iter()
-                .zip(values)
-                .map(|(t, v)| JsonTarget {
-                    target: &t.text,
-                    value: v,
-                    met: v.map(|v| t.met(v)),
-                })
-                .collect(),
-            notes: &s.notes,
-        }
-    }
-}
+/// The version of the results files' layout, in each file as `format`.
+pub const RESULTS_FORMAT: u32 = 1;
 
-#[derive(Serialize)]
-struct JsonDoc<'a> {
-    meta: std::collections::BTreeMap<&'a str, &'a str>,
-    runs: Vec<Vec<JsonScenario<'a>>>,
-    median: Vec<JsonScenario<'a>>,
-}
-
-/// The JSON document: every run's scenarios, and the medians (of one run, the
-/// run itself). Figures that could not be measured (NaN) are `null`.
-pub fn to_json(
-    meta: &[(&str, String)],
+/// The results file of one scenario: `median` with its target values (from
+/// [`median_of_runs`]), and the same scenario's result in every run.
+pub fn results_json(
+    info: &RunInfo,
+    median: &ScenarioResult,
+    target_values: &[Option<f64>],
     runs: &[Vec<ScenarioResult>],
-    medians: &[(ScenarioResult, Vec<Option<f64>>)],
 ) -> Result<String> {
-    let doc = JsonDoc {
-        meta: meta.iter().map(|(k, v)| (*k, v.as_str())).collect(),
-        runs: runs
+    let file = ResultsFile {
+        format: RESULTS_FORMAT,
+        info,
+        scenario: median.name,
+        title: &median.title,
+        references: median
+            .rows
             .iter()
-            .map(|run| {
-                run.iter()
-                    .map(|s| {
-                        JsonScenario::new(s, s.targets.iter().map(|t| t.value(&s.rows)).collect())
-                    })
-                    .collect()
+            .take(median.references)
+            .map(|r| r.label.as_str())
+            .collect(),
+        rows: &median.rows,
+        targets: median
+            .targets
+            .iter()
+            .zip(target_values)
+            .map(|(t, v)| JsonTarget {
+                target: &t.text,
+                value: *v,
+                met: v.map(|v| t.met(v)),
             })
             .collect(),
-        median: medians
+        notes: &median.notes,
+        per_run: runs
             .iter()
-            .map(|(s, t)| JsonScenario::new(s, t.clone()))
+            .filter_map(|run| run.iter().find(|s| s.name == median.name))
+            .map(|s| s.rows.as_slice())
             .collect(),
     };
-    let mut text = serde_json::to_string_pretty(&doc)?;
+    let mut text = serde_json::to_string_pretty(&file)?;
     text.push('\n');
     Ok(text)
 }
