@@ -34,13 +34,14 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 // The layers, top down; each module uses only those below it (ARCHITECTURE.md):
-// events, leader > global > manager > multi > request > guard > core > renewal, waiting >
+// events, leader > global > manager > multi, counting > request > guard > core > renewal, waiting >
 // backend (the only one that talks to Redis) > context, lease > telemetry, keys, config,
 // info, error; options (a request's hold options) sits with config.
 mod backend;
 mod config;
 mod context;
 mod core;
+mod counting;
 mod error;
 mod events;
 mod global;
@@ -63,6 +64,7 @@ pub mod testing;
 
 pub use config::Backoff;
 pub use context::spawn_with_locks;
+pub use counting::{CountingPermits, CountingSemaphore};
 pub use error::{BackendError, BackendErrorKind, LockError};
 pub use events::{LockEvent, LockEventKind, LockEvents, LockEventsRequest};
 pub use global::{global, set_global, with_default_manager};
