@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
+use distlock::testing::RedisServer;
 use distlock::{Backoff, LockError, LockManager, LockManagerBuilder};
 
 crate::on_both!(
@@ -511,5 +512,24 @@ async fn a_foreign_value_is_left_alone(d: Deployment) {
             .await
             .unwrap();
         assert_eq!(kept, foreign);
+    }
+}
+
+/// Each Redlock member would keep its own count: refused, naming the key.
+#[tokio::test]
+async fn a_redlock_manager_refuses_counting_semaphores() {
+    let servers: Vec<RedisServer> = (0..3).map(|_| server()).collect();
+    let urls: Vec<String> = servers.iter().map(|s| s.url()).collect();
+    let m = LockManager::redlock_builder(urls).build().await.unwrap();
+    let s = m.counting_semaphore("cs:redlock");
+    for result in [
+        s.try_set_permits(1).await.map(drop),
+        s.try_acquire(1).await.map(drop),
+        s.available_permits().await.map(drop),
+    ] {
+        assert!(
+            matches!(result, Err(LockError::InvalidConfig(ref m)) if m.contains("cs:redlock")),
+            "{result:?}"
+        );
     }
 }

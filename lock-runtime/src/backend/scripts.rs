@@ -1631,4 +1631,24 @@ mod tests {
             assert!(source.contains(part), "{part}");
         }
     }
+
+    #[test]
+    fn counter_replies_are_read_exactly_and_checked() {
+        let reply = |status, count: &str, owner: &str, waiters| {
+            (status, count.to_owned(), owner.to_owned(), waiters)
+        };
+        assert_eq!(
+            read_counter_reply(reply(1, "-9223372036854775808", "me", 2), "me").unwrap(),
+            CounterReply {
+                outcome: CounterOutcome::Done,
+                count: i64::MIN,
+                waiters: 2
+            }
+        );
+        let overflow = read_counter_reply(reply(4, "9223372036854775807", "me", 0), "me");
+        assert_eq!(overflow.unwrap().outcome, CounterOutcome::Overflow);
+        assert!(read_counter_reply(reply(1, "1", "other", 0), "me").is_err());
+        assert!(read_counter_reply(reply(7, "1", "me", 0), "me").is_err());
+        assert!(read_counter_reply(reply(1, "1.5", "me", 0), "me").is_err());
+    }
 }
