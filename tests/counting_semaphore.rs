@@ -190,10 +190,10 @@ async fn bad_counts_are_refused_and_change_nothing(d: Deployment) {
     ));
 }
 
-/// A manager whose waiters' timers would bring them back only after 2.5 s
-/// at the soonest (a backoff from 10 s with half of it jitter, capped by the
-/// registration's renewal at 5 s): a waiter served sooner was woken by the
-/// push.
+/// A manager whose waiters' timers would bring them back only after 5 s (a
+/// backoff from 10 s with half of it jitter naps 5 to 10 s, capped at 5 s
+/// by the registration's renewal, half of its 10 s): a waiter served sooner
+/// was woken by the push.
 async fn slow_timer_manager(d: &Deployment) -> LockManager {
     builder(d)
         .backoff(Backoff::new(Duration::from_secs(10), Duration::from_secs(10)).with_jitter(0.5))
@@ -232,8 +232,8 @@ async fn a_release_wakes_a_waiter_by_push_not_by_its_timer(d: Deployment) {
     s.release(1).await.unwrap();
     let (took, at) = waiter.await.unwrap();
     assert!(took.unwrap());
-    // Its timer's first nap is at least 2.5 s (see slow_timer_manager); the
-    // push comes within round trips. 2 s leaves room for a loaded machine.
+    // Its timer's first nap is 5 s (see slow_timer_manager); the push comes
+    // within round trips. 2 s leaves room for a loaded machine.
     let after = at.saturating_duration_since(released);
     assert!(after < Duration::from_secs(2), "woken after {after:?}");
     let counts = s.counts().await.unwrap();
@@ -469,7 +469,7 @@ async fn shutdown_wakes_a_waiter(d: Deployment) {
         matches!(err, LockError::ShutDown { ref key } if key == "cs:shutdown"),
         "{err:?}"
     );
-    // Woken, not left to its timer (2.5 s at the soonest).
+    // Woken, not left to its timer (5 s, see slow_timer_manager).
     assert!(
         start.elapsed() < Duration::from_secs(2),
         "{:?}",
