@@ -169,6 +169,8 @@ async fn bad_counts_are_refused_and_change_nothing(d: Deployment) {
     invalid(s.release(0).await.unwrap_err()).unwrap();
     invalid(s.try_acquire(i64::MAX as u64 + 1).await.unwrap_err()).unwrap();
     invalid(s.release(u64::MAX).await.unwrap_err()).unwrap();
+    let too_long = s.try_acquire_within(1, distlock::MAX_DURATION + Duration::from_secs(1));
+    assert!(matches!(too_long.await, Err(LockError::InvalidConfig(ref m)) if m.contains("cs:bad")));
     assert_eq!(s.available_permits().await.unwrap(), 3);
     // Past the top or the bottom of the range: refused, count unchanged.
     s.set_permits(i64::MAX - 1).await.unwrap();
@@ -531,5 +533,55 @@ async fn a_redlock_manager_refuses_counting_semaphores() {
             matches!(result, Err(LockError::InvalidConfig(ref m)) if m.contains("cs:redlock")),
             "{result:?}"
         );
+    }
+}
+
+/// Each operation is one script call, one round trip (on a private server,
+/// whose command counts are this test's alone).
+#[tokio::test]
+async fn each_operation_is_one_script_call() {
+    let redis = server();
+    let m = manager(&redis).await;
+    let mut raw = raw(&redis).await;
+    let s = m.counting_semaphore("cs:round-trips");
+    // Loads both scripts (a first call meets NOSCRIPT and loads its script).
+    s.try_set_permits(4).await.unwrap();
+    s.try_acquire(1).await.unwrap();
+    let calls = [
+        "try_set_permits",
+        "try_acquire",
+        "try_acquire_within",
+        "release",
+        "add_permits",
+        "set_permits",
+        "drain_permits",
+        "available_permits",
+        "counts",
+        "delete",
+    ];
+    for call in calls {
+        reset_stats(&mut raw).await;
+        match call {
+            "try_set_permits" => drop(s.try_set_permits(1).await.unwrap()),
+            "try_acquire" => drop(s.try_acquire(1).await.unwrap()),
+            // Available: taken at the first attempt, without waiting.
+            "try_acquire_within" => {
+                assert!(s
+                    .try_acquire_within(1, Duration::from_secs(5))
+                    .await
+                    .unwrap())
+            }
+            "release" => drop(s.release(1).await.unwrap()),
+            "add_permits" => drop(s.add_permits(-1).await.unwrap()),
+            "set_permits" => s.set_permits(3).await.unwrap(),
+            "drain_permits" => drop(s.drain_permits().await.unwrap()),
+            "available_permits" => drop(s.available_permits().await.unwrap()),
+            "counts" => drop(s.counts().await.unwrap()),
+            "delete" => drop(s.delete().await.unwrap()),
+            _ => unreachable!(),
+        }
+        let sent = command_calls(&mut raw).await;
+        assert_eq!(sent.get("evalsha"), Some(&1), "{call}: {sent:?}");
+        assert_eq!(sent.get("script|load"), None, "{call}: {sent:?}");
     }
 }

@@ -165,21 +165,29 @@ impl CountingSemaphore {
     /// own within seconds).
     ///
     /// # Errors
-    /// As [`try_acquire`](Self::try_acquire).
+    /// [`LockError::InvalidConfig`] for a wait above
+    /// [`MAX_DURATION`](crate::MAX_DURATION); otherwise as
+    /// [`try_acquire`](Self::try_acquire).
     pub async fn try_acquire_within(
         &self,
         permits: u64,
         wait: Duration,
     ) -> Result<bool, LockError> {
         let wanted = self.wanted(permits, "acquire")?;
+        crate::config::validate_wait(
+            wait,
+            &format!(
+                "the wait for counting semaphore {}",
+                crate::error::KeyPreview(&self.key)
+            ),
+        )?;
         let core = self.core().clone();
         if core.is_shut_down() {
             return Err(self.shut_down());
         }
         let start = Instant::now();
-        let deadline = start
-            .checked_add(wait)
-            .unwrap_or(start + crate::MAX_DURATION);
+        // At most 30 days ahead (checked above): no overflow.
+        let deadline = start + wait;
         let channel = self.names.channel.as_str();
         // One owner token for the whole acquisition: its entry among the
         // waiters, refreshed by each attempt and removed by the one that
