@@ -515,6 +515,34 @@ async fn a_foreign_value_is_left_alone(d: Deployment) {
             .unwrap();
         assert_eq!(kept, foreign);
     }
+    // Another type, in the counter's name or the waiters'.
+    del(&mut raw, &counter).await;
+    let () = redis::cmd("HSET")
+        .arg(&counter)
+        .arg("f")
+        .arg("1")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let err = s.try_acquire_within(1, Duration::from_secs(1)).await;
+    assert!(
+        matches!(err, Err(LockError::ForeignValue { .. })),
+        "{err:?}"
+    );
+    del(&mut raw, &counter).await;
+    let waiters = counter.replacen("csem:", "csemw:", 1);
+    let () = redis::cmd("SET")
+        .arg(&waiters)
+        .arg("x")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let err = s.release(1).await;
+    assert!(
+        matches!(err, Err(LockError::ForeignValue { .. })),
+        "{err:?}"
+    );
+    assert!(!exists(&mut raw, &counter).await, "nothing written");
 }
 
 /// Each Redlock member would keep its own count: refused, naming the key.

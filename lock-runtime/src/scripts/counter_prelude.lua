@@ -13,7 +13,8 @@
 --
 -- read_counter(name): the counter's string; false when it does not exist;
 -- nil when the name holds another type or a string that is not a canonical
--- decimal integer (a value distlock did not write: left alone).
+-- decimal integer (a value distlock did not write: left alone). Any other
+-- error (an ACL refusal) is raised as the script's error.
 --
 -- is_positive(count): whether a canonical decimal string is above zero.
 --
@@ -31,9 +32,21 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- An error reply other than a wrong type (an ACL refusal, say) is raised as
+-- it is, not taken for a foreign value.
+local function wrong_type(reply)
+  if type(reply) ~= 'table' then
+    return false
+  end
+  if not string.find(tostring(reply.err), 'WRONGTYPE', 1, true) then
+    error(reply)
+  end
+  return true
+end
+
 local function read_counter(name)
   local value = redis.pcall('GET', name)
-  if type(value) == 'table' then
+  if wrong_type(value) then
     return nil
   end
   if value and value ~= '0' and not string.find(value, '^%-?[1-9]%d*$') then
@@ -58,7 +71,7 @@ end
 
 local function live_waiters(set, now)
   local live = redis.pcall('ZCOUNT', set, '(' .. string.format('%.0f', now), '+inf')
-  if type(live) == 'table' then
+  if wrong_type(live) then
     return nil
   end
   return live
