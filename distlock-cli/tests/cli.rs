@@ -207,7 +207,8 @@ async fn inspect_shows_a_held_lock_and_fails_for_a_free_one() {
     assert_eq!(
         json(&out),
         serde_json::json!({"key": "order:8", "holds": [], "waiters": [],
-            "writer_waiting": false, "permits": null})
+            "writer_waiting": false, "permits": null, "counting_permits": null,
+            "counting_waiters": 0})
     );
     guard.release().await.unwrap();
 }
