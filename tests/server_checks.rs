@@ -230,6 +230,63 @@ async fn read_write_locks_and_semaphores_need_the_listed_sorted_set_commands() {
     assert_eq!(refused_commands(&mut raw).await, Vec::<String>::new());
 }
 
+/// What counting semaphores add to the least-privilege ACL
+/// (`distlock::lock_family` lists it): every path of their scripts runs
+/// without a refusal.
+const COUNTING_SEMAPHORES: &str = "+incrby +decrby +zcount +zremrangebyscore";
+
+#[tokio::test]
+async fn counting_semaphores_need_the_listed_commands() {
+    let redis = server();
+    let mut raw = raw(&redis).await;
+    let rules = format!("{} {COUNTING_SEMAPHORES}", least_privilege(&mut raw).await);
+    acl_user(&mut raw, "locker", &rules).await;
+    let a = LockManager::connect(&user_url(&redis, "locker"))
+        .await
+        .unwrap();
+    let b = LockManager::connect(&user_url(&redis, "locker"))
+        .await
+        .unwrap();
+    let s = a.counting_semaphore("c");
+    assert!(s.try_set_permits(0).await.unwrap());
+    let waiter = tokio::spawn(async move {
+        let s = b.counting_semaphore("c");
+        s.try_acquire_within(1, std::time::Duration::from_secs(10))
+            .await
+            .unwrap()
+    });
+    let registered = eventually(std::time::Duration::from_secs(5), async || {
+        s.counts().await.unwrap().waiters == 1
+    })
+    .await;
+    assert!(registered.is_some(), "the waiter registered");
+    s.release(2).await.unwrap();
+    assert!(waiter.await.unwrap());
+    s.add_permits(-1).await.unwrap();
+    s.set_permits(2).await.unwrap();
+    assert_eq!(s.drain_permits().await.unwrap(), 2);
+    assert!(s.delete().await.unwrap());
+    assert_eq!(refused_commands(&mut raw).await, Vec::<String>::new());
+}
+
+/// Without a command the scripts need, the refusal is reported as such,
+/// not taken for a value distlock did not write.
+#[tokio::test]
+async fn a_refused_counting_semaphore_command_is_a_backend_error() {
+    let redis = server();
+    let mut raw = raw(&redis).await;
+    let rules = format!("{} +incrby +decrby", least_privilege(&mut raw).await);
+    acl_user(&mut raw, "locker", &rules).await;
+    let m = LockManager::connect(&user_url(&redis, "locker"))
+        .await
+        .unwrap();
+    let err = m.counting_semaphore("c").try_acquire(1).await.unwrap_err();
+    assert!(
+        matches!(&err, LockError::Backend { key, .. } if key == "c"),
+        "{err:?}"
+    );
+}
+
 /// The default lock's queue needs nothing beyond the least-privilege ACL: a
 /// queued waiter, its refresh and the hand-off run without a refusal.
 #[tokio::test]

@@ -58,15 +58,18 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Lists the holds of every kind (lock, read-write lock's writer and
-    /// readers, semaphore permits) whose key matches PATTERN, as a table.
+    /// readers, semaphore permits) whose key matches PATTERN, as a table,
+    /// then the counting semaphores (which have no holders) with their
+    /// available permits; with `--json`, the holds only.
     List {
         /// Glob on the lock key (Redis SCAN MATCH syntax: `*`, `?`, `[abc]`, `\`).
         #[arg(default_value = "*")]
         pattern: String,
     },
     /// Shows every hold on KEY (the lock, a read-write lock's writer and
-    /// readers, a semaphore's holders) and the lock's queue of waiters; exits
-    /// with 1 when nobody holds or waits.
+    /// readers, a semaphore's holders), the lock's queue of waiters and the
+    /// counting semaphore's permits; exits with 1 when nobody holds or waits
+    /// and there is no counting semaphore.
     Inspect {
         /// The lock key, as the application names it (without the prefix).
         key: String,
@@ -82,6 +85,29 @@ pub enum Command {
         #[arg(long, value_name = "HOLD")]
         hold: Option<String>,
         /// Really force-unlock: the holders lose their leases.
+        #[arg(long)]
+        yes: bool,
+    },
+    /// Shows the counting semaphore KEY's available permits and waiters, or
+    /// changes them (needs `--yes`): `--add N` gives back N permits (the way
+    /// to return permits a crashed process took, since they have no lease;
+    /// negative N removes permits), `--set N` sets the count. Exits with 1
+    /// when it does not exist (and nothing is changed).
+    Permits {
+        /// The counting semaphore's key, as the application names it.
+        key: String,
+        /// Add N permits (negative: remove them).
+        #[arg(
+            long,
+            value_name = "N",
+            allow_negative_numbers = true,
+            conflicts_with = "set"
+        )]
+        add: Option<i64>,
+        /// Set the count to N.
+        #[arg(long, value_name = "N", allow_negative_numbers = true)]
+        set: Option<i64>,
+        /// Really change the count.
         #[arg(long)]
         yes: bool,
     },
@@ -135,6 +161,24 @@ mod tests {
         .unwrap();
         assert_eq!(cli.urls, ["redis://a:1", "redis://b:2", "redis://c:3"]);
         assert!(cli.cluster);
+    }
+
+    #[test]
+    fn permit_changes_take_negative_numbers_one_at_a_time() {
+        let cli =
+            Cli::try_parse_from(["distlock", "permits", "k", "--add", "-3", "--yes"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Permits {
+                add: Some(-3),
+                set: None,
+                yes: true,
+                ..
+            }
+        ));
+        assert!(
+            Cli::try_parse_from(["distlock", "permits", "k", "--add", "1", "--set", "2"]).is_err()
+        );
     }
 
     #[test]

@@ -50,6 +50,7 @@ pub async fn run(cli: &Cli) -> Result<Outcome, CliError> {
         Command::List { pattern } => list(cli, pattern).await,
         Command::Inspect { key } => inspect(cli, key).await,
         Command::Unlock { key, hold, yes } => unlock(cli, key, hold.as_deref(), *yes).await,
+        Command::Permits { key, add, set, yes } => permits(cli, key, *add, *set, *yes).await,
         Command::Watch {
             pattern,
             interval,
@@ -98,7 +99,8 @@ fn print_json(value: &serde_json::Value) {
 
 /// `distlock list [PATTERN]`.
 async fn list(cli: &Cli, pattern: &str) -> Result<Outcome, CliError> {
-    let locks = manager(cli).await?.list(pattern).await?;
+    let manager = manager(cli).await?;
+    let locks = manager.list(pattern).await?;
     if cli.json {
         print_json(&output::locks_json(&locks));
     } else {
@@ -106,6 +108,8 @@ async fn list(cli: &Cli, pattern: &str) -> Result<Outcome, CliError> {
             "{}",
             output::lock_table(&locks, &cli.prefix, pattern, SystemTime::now())
         );
+        let counters = manager.list_counting_semaphores(pattern).await?;
+        print!("{}", output::counter_table(&counters));
     }
     Ok(Outcome::Done)
 }
@@ -113,12 +117,16 @@ async fn list(cli: &Cli, pattern: &str) -> Result<Outcome, CliError> {
 /// `distlock inspect KEY`.
 async fn inspect(cli: &Cli, key: &str) -> Result<Outcome, CliError> {
     let state = manager(cli).await?.inspect_all(key).await?;
+    let anything = state.is_held()
+        || !state.waiters.is_empty()
+        || state.counting_permits.is_some()
+        || state.counting_waiters > 0;
     if cli.json {
         print_json(&output::key_json(&state));
-    } else if state.is_held() || !state.waiters.is_empty() {
+    } else if anything {
         print!("{}", output::key_details(&state, SystemTime::now()));
     }
-    if state.is_held() || !state.waiters.is_empty() {
+    if anything {
         Ok(Outcome::Done)
     } else {
         eprintln!("{key} is not locked");
@@ -174,6 +182,65 @@ async fn unlock(cli: &Cli, key: &str, hold: Option<&str>, yes: bool) -> Result<O
         );
     } else {
         println!("{key} was not locked; nothing done");
+    }
+    Ok(Outcome::Done)
+}
+
+/// `distlock permits KEY [--add N | --set N] [--yes]`.
+async fn permits(
+    cli: &Cli,
+    key: &str,
+    add: Option<i64>,
+    set: Option<i64>,
+    yes: bool,
+) -> Result<Outcome, CliError> {
+    let semaphore = manager(cli).await?.counting_semaphore(key);
+    let before = semaphore.counts().await?;
+    let change = match (add, set) {
+        (Some(n), _) => Some(format!("add {n} permits to")),
+        (None, Some(n)) => Some(format!("set to {n} permits")),
+        (None, None) => None,
+    };
+    let Some(change) = change else {
+        if cli.json {
+            print_json(&output::counter_json(key, &before));
+        } else if before.exists {
+            print!("{}", output::counter_line(key, &before));
+        }
+        if before.exists {
+            return Ok(Outcome::Done);
+        }
+        eprintln!("{key} is not a counting semaphore (no counter)");
+        return Ok(Outcome::Failed);
+    };
+    if !yes {
+        eprintln!(
+            "refusing to {change} counting semaphore {key} without --yes: it has {} available \
+             and {} waiting.",
+            before.available, before.waiters
+        );
+        return Ok(Outcome::Refused);
+    }
+    let available = match (add, set) {
+        (Some(n), _) => semaphore.add_permits(n).await?,
+        (None, Some(n)) => {
+            semaphore.set_permits(n).await?;
+            n
+        }
+        (None, None) => before.available,
+    };
+    if cli.json {
+        print_json(&serde_json::json!({
+            "key": key,
+            "available_before": before.available,
+            "available": available,
+        }));
+    } else {
+        println!(
+            "counting semaphore {key}: {} -> {available} available; waiters were woken if \
+             permits became available",
+            before.available
+        );
     }
     Ok(Outcome::Done)
 }

@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use distlock::{KeyState, LockInfo};
+use distlock::{CountingPermits, KeyState, LockInfo};
 use serde_json::{json, Value};
 
 /// How one server check came out.
@@ -168,6 +168,19 @@ pub fn key_details(state: &KeyState, now: SystemTime) -> String {
     if let Some(permits) = state.permits {
         let _ = writeln!(out, "\npermits:    {permits}");
     }
+    if let Some(available) = state.counting_permits {
+        let _ = writeln!(
+            out,
+            "\ncounting semaphore: {available} available, {} waiting",
+            state.counting_waiters
+        );
+    } else if state.counting_waiters > 0 {
+        let _ = writeln!(
+            out,
+            "\ncounting semaphore: no counter, {} waiting",
+            state.counting_waiters
+        );
+    }
     if state.writer_waiting {
         out.push_str("\na writer waits for the readers to leave\n");
     }
@@ -189,7 +202,9 @@ pub fn key_details(state: &KeyState, now: SystemTime) -> String {
 
 /// Everything on one key as a JSON object: `key`, `holds` (as
 /// [`lock_json`]), `waiters` (`holder`, `hold_id`, `queue_lease_ms`, in
-/// order), `writer_waiting`, `permits` (null unless a semaphore is held).
+/// order), `writer_waiting`, `permits` (null unless a semaphore is held),
+/// `counting_permits` (a counting semaphore's available permits, null
+/// without its counter), `counting_waiters`.
 pub fn key_json(state: &KeyState) -> Value {
     json!({
         "key": state.key,
@@ -201,6 +216,50 @@ pub fn key_json(state: &KeyState) -> Value {
         })).collect::<Vec<_>>(),
         "writer_waiting": state.writer_waiting,
         "permits": state.permits,
+        "counting_permits": state.counting_permits,
+        "counting_waiters": state.counting_waiters,
+    })
+}
+
+/// The counting semaphores as a table (`KEY AVAILABLE WAITERS`) after a
+/// heading; nothing when there are none.
+pub fn counter_table(counters: &[(String, CountingPermits)]) -> String {
+    if counters.is_empty() {
+        return String::new();
+    }
+    let width = counters
+        .iter()
+        .map(|(key, _)| key.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max("COUNTING SEMAPHORE".len());
+    let mut out = format!("\n{:<width$}  AVAILABLE  WAITERS\n", "COUNTING SEMAPHORE");
+    for (key, counts) in counters {
+        let _ = writeln!(
+            out,
+            "{key:<width$}  {:<9}  {}",
+            counts.available, counts.waiters
+        );
+    }
+    out
+}
+
+/// One counting semaphore's counts on one line.
+pub fn counter_line(key: &str, counts: &CountingPermits) -> String {
+    format!(
+        "counting semaphore {key}: {} available, {} waiting\n",
+        counts.available, counts.waiters
+    )
+}
+
+/// One counting semaphore's counts as a JSON object: `key`, `exists`,
+/// `available`, `waiters`.
+pub fn counter_json(key: &str, counts: &CountingPermits) -> Value {
+    json!({
+        "key": key,
+        "exists": counts.exists,
+        "available": counts.available,
+        "waiters": counts.waiters,
     })
 }
 

@@ -207,7 +207,8 @@ async fn inspect_shows_a_held_lock_and_fails_for_a_free_one() {
     assert_eq!(
         json(&out),
         serde_json::json!({"key": "order:8", "holds": [], "waiters": [],
-            "writer_waiting": false, "permits": null})
+            "writer_waiting": false, "permits": null, "counting_permits": null,
+            "counting_waiters": 0})
     );
     guard.release().await.unwrap();
 }
@@ -751,4 +752,78 @@ async fn valkey_urls_work_as_cluster_seeds() {
     let text = stdout(&out);
     assert!(out.status.success(), "{text}");
     assert!(text.contains("ok    cluster: 3 master(s)"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counting_semaphores_are_listed_inspected_and_given_permits_back() {
+    let redis = RedisServer::spawn().unwrap();
+    let url = redis.url();
+    let manager = holder(&url).await;
+    let uploads = manager.counting_semaphore("uploads");
+    let cli = |args: &[&str]| {
+        let mut cmd = distlock();
+        cmd.args(["--url", &url]).args(args);
+        cmd
+    };
+
+    let missing = run(cli(&["permits", "uploads"])).await;
+    assert_eq!(missing.status.code(), Some(1), "{}", stdout(&missing));
+    assert!(stderr(&missing).contains("not a counting semaphore"));
+
+    // Three permits, two of them taken by a process that then crashed.
+    assert!(uploads.try_set_permits(3).await.unwrap());
+    assert!(uploads.try_acquire(2).await.unwrap());
+
+    let read = run(cli(&["permits", "uploads"])).await;
+    assert!(read.status.success(), "{}", stderr(&read));
+    assert_eq!(
+        stdout(&read),
+        "counting semaphore uploads: 1 available, 0 waiting\n"
+    );
+    let read = json(&run(cli(&["--json", "permits", "uploads"])).await);
+    assert_eq!(read["available"], 1);
+    assert_eq!(read["exists"], true);
+
+    let inspected = run(cli(&["inspect", "uploads"])).await;
+    assert!(inspected.status.success(), "{}", stderr(&inspected));
+    assert!(
+        stdout(&inspected).contains("counting semaphore: 1 available, 0 waiting"),
+        "{}",
+        stdout(&inspected)
+    );
+    let inspected = json(&run(cli(&["--json", "inspect", "uploads"])).await);
+    assert_eq!(inspected["counting_permits"], 1);
+    assert_eq!(inspected["holds"], serde_json::json!([]));
+
+    let listed = run(cli(&["list"])).await;
+    assert!(listed.status.success(), "{}", stderr(&listed));
+    let text = stdout(&listed);
+    assert!(text.contains("COUNTING SEMAPHORE"), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["uploads", "1", "0"]),
+        "{text}"
+    );
+
+    // Giving the crashed process's permits back needs --yes.
+    let refused = run(cli(&["permits", "uploads", "--add", "2"])).await;
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(
+        stderr(&refused).contains("without --yes"),
+        "{}",
+        stderr(&refused)
+    );
+    assert_eq!(uploads.available_permits().await.unwrap(), 1);
+    let added = run(cli(&["permits", "uploads", "--add", "2", "--yes"])).await;
+    assert!(added.status.success(), "{}", stderr(&added));
+    assert_eq!(uploads.available_permits().await.unwrap(), 3);
+    let set = json(
+        &run(cli(&[
+            "--json", "permits", "uploads", "--set", "-1", "--yes",
+        ]))
+        .await,
+    );
+    assert_eq!(set["available_before"], 3);
+    assert_eq!(set["available"], -1);
+    assert_eq!(uploads.available_permits().await.unwrap(), -1);
 }

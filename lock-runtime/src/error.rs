@@ -124,6 +124,17 @@ pub enum LockError {
         requested: u32,
     },
 
+    /// A counting semaphore was asked for a count it cannot take: zero
+    /// permits to acquire or release, more than `i64::MAX`, or a change that
+    /// would take its count out of the 64-bit range (nothing was changed).
+    #[error("counting semaphore {}: {reason}", KeyPreview(key))]
+    InvalidPermits {
+        /// The counting semaphore's key.
+        key: String,
+        /// What was wrong with the count.
+        reason: String,
+    },
+
     /// A request made not re-entrant ([`LockRequest::reentrant`], the
     /// attribute's `reentrant = false`) for a key that this call chain
     /// already holds: it fails at once instead of re-entering, and never waits
@@ -217,6 +228,7 @@ impl LockError {
             | LockError::NotReplicated { key, .. }
             | LockError::QuorumFailed { key, .. }
             | LockError::PermitsDiffer { key, .. }
+            | LockError::InvalidPermits { key, .. }
             | LockError::UpgradeRefused { key }
             | LockError::AlreadyHeld { key }
             | LockError::InvalidKey { key, .. }

@@ -198,6 +198,13 @@ pub struct KeyState {
     pub writer_waiting: bool,
     /// The semaphore's permit count, while anyone holds a permit.
     pub permits: Option<u32>,
+    /// The counting semaphore's available permits
+    /// ([`LockManager::counting_semaphore`](crate::LockManager::counting_semaphore)),
+    /// when its counter exists. It has no holders: nothing of it is in
+    /// [`holds`](Self::holds), and [`is_held`](Self::is_held) does not count it.
+    pub counting_permits: Option<i64>,
+    /// Acquisitions waiting for the counting semaphore's permits.
+    pub counting_waiters: u64,
 }
 
 impl KeyState {

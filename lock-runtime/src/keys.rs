@@ -20,7 +20,10 @@
 //! clock in ms), `rwrd` (each reader's token, start and holder, for operators),
 //! `rwi` (a waiting writer's intent), `rwfence` and `rwwake`; a semaphore `sem`
 //! (a sorted set of permit holders, scored the same way), `semd` (each
-//! holder's details), `semp` (its permit count), `semfence` and `semwake`.
+//! holder's details), `semp` (its permit count), `semfence` and `semwake`; a
+//! counting semaphore `csem` (its available permits, a decimal string),
+//! `csemw` (its waiters: owner token scored by the end of the registration,
+//! server clock in ms) and `csemwake` (see [`CounterNames`]).
 //! Every kind's names share the key's hash tag.
 //!
 //! The tag is a hash of `K` written in hex, so braces in `K` cannot move the tag:
@@ -298,6 +301,8 @@ pub(crate) struct KeyNames {
     pub(crate) read_write: RedisNames,
     /// The semaphore's.
     pub(crate) semaphore: RedisNames,
+    /// The counting semaphore's.
+    pub(crate) counter: CounterNames,
 }
 
 impl KeyNames {
@@ -306,8 +311,53 @@ impl KeyNames {
             lock: RedisNames::of(prefix, key, LockKind::Exclusive),
             read_write: RedisNames::of(prefix, key, LockKind::Write),
             semaphore: RedisNames::of(prefix, key, LockKind::Permit { permits: 1 }),
+            counter: CounterNames::of(prefix, key),
         }
     }
+}
+
+/// The Redis names of a counting semaphore
+/// ([`LockManager::counting_semaphore`](crate::LockManager::counting_semaphore)),
+/// which has no holders and no lease, so none of a lock's other names: all
+/// three share the key's hash tag (one script touches them on one cluster
+/// slot).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CounterNames {
+    /// `<prefix>csem:{<tag>}:<key>`: the available permits, a decimal string
+    /// (negative after a shrink below what is taken); no TTL.
+    pub(crate) counter: String,
+    /// `<prefix>csemw:{<tag>}:<key>`: the acquisitions waiting now, owner
+    /// token scored by the end of its registration (server clock, ms), so
+    /// that a change publishes a wake-up only when someone may be waiting.
+    pub(crate) waiters: String,
+    /// `<prefix>csemwake:{<tag>}:<key>`: the pub/sub channel of its
+    /// wake-ups.
+    pub(crate) channel: String,
+}
+
+/// The kind part of a counting semaphore's counter (`<prefix>csem:{..}:<key>`).
+const COUNTER_KIND: &str = "csem";
+
+impl CounterNames {
+    pub(crate) fn of(prefix: &str, key: &str) -> Self {
+        CounterNames {
+            counter: tagged_name(prefix, COUNTER_KIND, key),
+            waiters: tagged_name(prefix, "csemw", key),
+            channel: tagged_name(prefix, "csemwake", key),
+        }
+    }
+}
+
+/// The `SCAN MATCH` pattern for the counting semaphores' counters under
+/// `prefix` whose user key matches the glob `user_pattern`.
+pub(crate) fn counter_scan_pattern(prefix: &str, user_pattern: &str) -> String {
+    name_pattern(prefix, COUNTER_KIND, user_pattern)
+}
+
+/// The user key of counting semaphore counter `name` under `prefix`, when it
+/// is one.
+pub(crate) fn counter_key_of<'a>(prefix: &str, name: &'a str) -> Option<&'a str> {
+    key_of_kind(prefix, name, &[COUNTER_KIND])
 }
 
 /// The `SCAN MATCH` pattern for the lock keys under `prefix` whose user key
@@ -544,6 +594,25 @@ mod tests {
             assert_eq!(early.fencing_counter(), names.fencing_counter());
             assert_eq!(early, names);
         }
+    }
+
+    #[test]
+    fn counting_semaphore_names_share_the_tag_and_map_back() {
+        let names = CounterNames::of("app*1:", "pool:{x}");
+        let tag = cluster_hash_part(&names.counter);
+        for name in [&names.counter, &names.waiters, &names.channel] {
+            assert_eq!(cluster_hash_part(name), tag, "{name}");
+            assert_eq!(held_key_of("app*1:", name), None, "not a hold: {name}");
+        }
+        assert!(names.counter.starts_with("app*1:csem:{"));
+        assert_eq!(counter_key_of("app*1:", &names.counter), Some("pool:{x}"));
+        assert_eq!(counter_key_of("app*1:", &names.waiters), None);
+        assert_eq!(
+            counter_scan_pattern("app*1:", "pool:*"),
+            "app\\*1:csem:{????????????????}:pool:*"
+        );
+        let leased = RedisNames::of("app*1:", "pool:{x}", LockKind::Permit { permits: 1 });
+        assert_ne!(leased.lock, names.counter);
     }
 
     #[test]

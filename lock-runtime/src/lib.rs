@@ -37,7 +37,8 @@
 
 // The layers, top down; each module uses only those below it (ARCHITECTURE.md):
 // events, leader, ticket (a hold handed to another process), permits (part of a
-// weighted hold given back) > global > manager > multi > request > guard > core >
+// weighted hold given back) > global > manager > multi, counting
+// (a counting semaphore's handle) > request > guard > core >
 // renewal, waiting > backend > context, lease > telemetry, keys, config, info, error;
 // options (a request's hold options) sits with config. Events and leader are not built
 // on the public API alone: they reach into `core.backend` (pub/sub connections,
@@ -49,6 +50,7 @@ mod backend;
 mod config;
 mod context;
 mod core;
+mod counting;
 mod error;
 mod events;
 mod global;
@@ -73,6 +75,7 @@ pub mod testing;
 
 pub use config::Backoff;
 pub use context::spawn_with_locks;
+pub use counting::{CountingPermits, CountingSemaphore};
 pub use error::{BackendError, BackendErrorKind, LockError};
 pub use events::{LockEvent, LockEventKind, LockEvents, LockEventsRequest};
 pub use global::{global, set_global, with_default_manager};

@@ -298,6 +298,29 @@ impl LockManager {
         LockRequest::of_kind(self.inner.clone(), key.into(), LockKind::Permit { permits })
     }
 
+    /// The counting semaphore `key`: available permits as a counter in Redis
+    /// that any caller may take from, give to or set, as Redisson's
+    /// `RSemaphore` (see [`CountingSemaphore`](crate::CountingSemaphore)).
+    /// Permits have no lease: a process that crashes after taking permits
+    /// never gives them back. For permits that return when their holder
+    /// dies, use [`semaphore`](Self::semaphore). Its names are its own: the
+    /// leased semaphore and the locks of `key` are independent of it. Local:
+    /// no round trip until an operation.
+    ///
+    /// ```no_run
+    /// # async fn demo(manager: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+    /// let slots = manager.counting_semaphore("render-slots");
+    /// slots.try_set_permits(4).await?;
+    /// if slots.try_acquire(2).await? {
+    ///     // ... render ...
+    ///     slots.release(2).await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn counting_semaphore(&self, key: impl Into<String>) -> crate::CountingSemaphore {
+        crate::counting::CountingSemaphore::new(self.inner.clone(), key.into())
+    }
+
     /// Starts a request for several locks at once, taken all or nothing (see
     /// [`MultiLockRequest`]). The keys are de-duplicated and sorted by their
     /// bytes, one global order for every multi-key acquisition, so that
@@ -508,10 +531,50 @@ impl LockManager {
         Ok(holds)
     }
 
+    /// Every counting semaphore under this manager's key prefix whose key
+    /// matches the glob `pattern` (as [`list`](Self::list)), sorted by key,
+    /// with its counts (counting semaphores have no holders, so `list` does
+    /// not show them). A `SCAN` of the keyspace (on every master of a
+    /// cluster), then one round trip per counter: an operator's tool. A
+    /// counter whose name holds a value distlock did not write is left out.
+    ///
+    /// # Errors
+    /// [`LockError::Backend`] when Redis fails or does not answer in time.
+    pub async fn list_counting_semaphores(
+        &self,
+        pattern: &str,
+    ) -> Result<Vec<(String, crate::CountingPermits)>, LockError> {
+        let core = &self.inner.core;
+        let prefix = &core.config.key_prefix;
+        let names = core
+            .backend
+            .scan_locks(&crate::keys::counter_scan_pattern(prefix, pattern))
+            .await
+            .map_err(|e| e.error)?;
+        let mut keys: Vec<&str> = names
+            .iter()
+            .filter_map(|name| crate::keys::counter_key_of(prefix, name))
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let mut counters = Vec::with_capacity(keys.len());
+        for key in keys {
+            match self.counting_semaphore(key).counts().await {
+                // Deleted since the scan saw it.
+                Ok(counts) if !counts.exists => {}
+                Ok(counts) => counters.push((key.to_owned(), counts)),
+                Err(LockError::ForeignValue { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(counters)
+    }
+
     /// Everything held on `key`, of every kind: the default lock's holder
     /// and its queue of waiters in order, a read-write lock's writer, readers
     /// and waiting writer, a semaphore's holders (each with its lease) and
-    /// permit count. One round trip (one script reads it all; on Redlock,
+    /// permit count, a counting semaphore's available permits and waiters
+    /// (it has no holders). One round trip (one script reads it all; on Redlock,
     /// which has only the default lock and no queue, one per member and the
     /// hold a majority agrees on). A snapshot for operators.
     ///
@@ -595,6 +658,8 @@ impl LockManager {
             waiters,
             writer_waiting: read.writer_waiting,
             permits: read.permit_count,
+            counting_permits: read.counter,
+            counting_waiters: read.counter_waiters,
         }))
     }
 

@@ -11,8 +11,10 @@ use std::future::Future;
 use redis::aio::ConnectionLike;
 use redis::RedisResult;
 
-use super::scripts::{HeldLock, KeyReading, PermitReply, Scripts, SharedRelease};
-use crate::keys::{KeyNames, RedisNames};
+use super::scripts::{
+    CounterOp, CounterReply, HeldLock, KeyReading, PermitReply, Scripts, SharedRelease,
+};
+use crate::keys::{CounterNames, KeyNames, RedisNames};
 
 /// One call on the server that holds a key's names.
 pub(crate) trait KeyCall: Sync {
@@ -142,4 +144,22 @@ key_call!(
     /// `kept_owner`; true when the hold was still `owner`'s.
     PermitGiveBack { keys: &'a RedisNames, owner: &'a str, kept_owner: &'a str } -> bool,
     |scripts, conn, c| scripts.permit_give_back(conn, c.keys, c.owner, c.kept_owner)
+);
+
+key_call!(
+    /// Takes `wanted` permits of a counting semaphore, or records `owner` as
+    /// waiting for `register_ms` (0: not waiting).
+    CounterAcquire {
+        names: &'a CounterNames,
+        owner: &'a str,
+        wanted: i64,
+        register_ms: u64,
+    } -> CounterReply,
+    |scripts, conn, c| scripts.counter_acquire(conn, c.names, c.owner, c.wanted, c.register_ms)
+);
+
+key_call!(
+    /// Changes or reads a counting semaphore.
+    CounterChange { names: &'a CounterNames, owner: &'a str, op: CounterOp } -> CounterReply,
+    |scripts, conn, c| scripts.counter_change(conn, c.names, c.owner, c.op)
 );

@@ -29,7 +29,7 @@ use redis::RedisResult;
 
 use crate::config::{Config, TlsSettings};
 use crate::error::{BackendError, BackendErrorKind, LockError};
-use crate::keys::{KeyNames, RedisNames};
+use crate::keys::{CounterNames, KeyNames, RedisNames};
 use crate::lease::Lease;
 
 pub(crate) mod calls;
@@ -42,11 +42,12 @@ pub(crate) mod sentinel;
 pub(crate) mod single;
 
 use calls::{
-    ForceUnlock, ForceUnlockShared, Inspect, InspectKey, IsLocked, IssueToken, KeyCall,
-    PermitCounts, PermitGiveBack, Publish, Release,
+    CounterAcquire, CounterChange, ForceUnlock, ForceUnlockShared, Inspect, InspectKey, IsLocked,
+    IssueToken, KeyCall, PermitCounts, PermitGiveBack, Publish, Release,
 };
 pub(crate) use scripts::{
-    AcquireAllReply, AcquireReply, AcquireSpec, HeldLock, KeyReading, PermitReply, SharedRelease,
+    AcquireAllReply, AcquireReply, AcquireSpec, CounterOp, CounterOutcome, CounterReply, HeldLock,
+    KeyReading, PermitReply, SharedRelease,
 };
 
 /// Where the manager's Redis is.
@@ -324,6 +325,37 @@ impl Backend {
             },
         )
         .await
+    }
+
+    /// Takes `wanted` permits of the counting semaphore `names` (of `key`), or
+    /// records `owner` as waiting for `register_ms` (0: not waiting). One
+    /// script; Redlock has no counting semaphores (refused by `on_key`).
+    pub(crate) async fn counter_acquire(
+        &self,
+        key: &str,
+        names: &CounterNames,
+        owner: &str,
+        wanted: i64,
+        register_ms: u64,
+    ) -> Result<CounterReply, CallError> {
+        let call = CounterAcquire {
+            names,
+            owner,
+            wanted,
+            register_ms,
+        };
+        self.on_key(key, &call).await
+    }
+
+    /// Changes or reads the counting semaphore `names` (of `key`). One script.
+    pub(crate) async fn counter_change(
+        &self,
+        key: &str,
+        names: &CounterNames,
+        owner: &str,
+        op: CounterOp,
+    ) -> Result<CounterReply, CallError> {
+        self.on_key(key, &CounterChange { names, owner, op }).await
     }
 
     /// The value of server setting `name` on every server that holds locks

@@ -16,7 +16,7 @@ use redis::{Cmd, ErrorKind, RedisError, RedisResult};
 
 use super::is_noscript;
 use crate::config::ReplicaAck;
-use crate::keys::{KeyNames, LockKind, RedisNames};
+use crate::keys::{CounterNames, KeyNames, LockKind, RedisNames};
 
 /// What the acquire script answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -326,6 +326,10 @@ pub(crate) struct KeyReading {
     pub(crate) permit_count: Option<u32>,
     /// The server clock when read, ms.
     pub(crate) now_ms: i64,
+    /// The counting semaphore's available permits, when it exists.
+    pub(crate) counter: Option<i64>,
+    /// The counting semaphore's waiting acquisitions.
+    pub(crate) counter_waiters: u64,
 }
 
 /// Which shared holds an operator frees.
@@ -380,8 +384,8 @@ fn read_key(reply: Vec<redis::Value>) -> RedisResult<Option<KeyReading>> {
     }
     let fields: Vec<redis::Value> = values.collect();
     let Ok(
-        [lock, lock_pttl, queue, writer, writer_pttl, readers, intent_pttl, permits, count, now],
-    ) = <[redis::Value; 10]>::try_from(fields)
+        [lock, lock_pttl, queue, writer, writer_pttl, readers, intent_pttl, permits, count, now, counter, counter_waiters],
+    ) = <[redis::Value; 12]>::try_from(fields)
     else {
         return Err(out_of_sync("an inspect-key reply of the wrong length"));
     };
@@ -408,6 +412,13 @@ fn read_key(reply: Vec<redis::Value>) -> RedisResult<Option<KeyReading>> {
         permit_holders: holders(permits)?,
         permit_count: count.and_then(|c| c.parse().ok()),
         now_ms: redis::from_redis_value(now)?,
+        counter: redis::from_redis_value::<Option<String>>(counter)?
+            .map(|c| c.parse())
+            .transpose()
+            .map_err(|_| out_of_sync("an inspect-key counter that is not an integer"))?,
+        counter_waiters: redis::from_redis_value::<i64>(counter_waiters)?
+            .try_into()
+            .unwrap_or(0),
     }))
 }
 
@@ -635,6 +646,8 @@ pub(crate) struct Scripts {
     permit_counts: Lua,
     inspect_key: Lua,
     force_unlock_shared: Lua,
+    counter_acquire: Lua,
+    counter_change: Lua,
     /// `<prefix>handoff`: a hand-off to a queued waiter is published on
     /// `<handoff_base>:<route of its manager>`, one channel per manager for
     /// all its locks (see `scripts/queue_prelude.lua`).
@@ -658,6 +671,16 @@ macro_rules! with_prelude {
     ($file:literal) => {
         Lua::new(concat!(
             include_str!("../scripts/shared_prelude.lua"),
+            include_str!(concat!("../scripts/", $file))
+        ))
+    };
+}
+
+/// A script of the counting semaphore, after its helpers.
+macro_rules! with_counter_prelude {
+    ($file:literal) => {
+        Lua::new(concat!(
+            include_str!("../scripts/counter_prelude.lua"),
             include_str!(concat!("../scripts/", $file))
         ))
     };
@@ -695,6 +718,8 @@ impl Scripts {
             permit_counts: with_prelude!("permit_counts.lua"),
             inspect_key: with_prelude!("inspect_key.lua"),
             force_unlock_shared: with_prelude!("force_unlock_shared.lua"),
+            counter_acquire: with_counter_prelude!("counter_acquire.lua"),
+            counter_change: with_counter_prelude!("counter_change.lua"),
         }
     }
 
@@ -1179,6 +1204,8 @@ impl Scripts {
                 &sem.lock,
                 sem.details(),
                 sem.related(),
+                &names.counter.counter,
+                &names.counter.waiters,
             ],
             0,
             0,
@@ -1398,6 +1425,126 @@ impl Scripts {
     }
 }
 
+/// What a counting semaphore's script answered (`counter_acquire.lua`,
+/// `counter_change.lua`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CounterReply {
+    pub(crate) outcome: CounterOutcome,
+    /// The count the operation reports (see the scripts' headers): what is
+    /// left, the new count, what was drained.
+    pub(crate) count: i64,
+    /// Acquisitions registered as waiting after the call.
+    pub(crate) waiters: u64,
+}
+
+/// How a counting semaphore's operation came out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CounterOutcome {
+    /// Done (see each operation).
+    Done,
+    /// Not done: too few permits, a counter that exists or does not.
+    NotDone,
+    /// A name holds a value distlock did not write; nothing changed.
+    Foreign,
+    /// The change would leave the 64-bit range; nothing changed.
+    Overflow,
+}
+
+/// One change or reading of a counting semaphore (see `counter_change.lua`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CounterOp {
+    /// Add this many (negative: remove); a release is an add.
+    Add(i64),
+    /// Create the counter at this count unless it exists.
+    TrySet(i64),
+    /// Set the counter to this count.
+    Set(i64),
+    /// Take every available permit.
+    Drain,
+    /// Read the count and the waiters.
+    Read,
+    /// Delete the counter.
+    Delete,
+}
+
+impl CounterOp {
+    fn name_and_amount(self) -> (&'static str, i64) {
+        match self {
+            CounterOp::Add(n) => ("add", n),
+            CounterOp::TrySet(n) => ("try_set", n),
+            CounterOp::Set(n) => ("set", n),
+            CounterOp::Drain => ("drain", 0),
+            CounterOp::Read => ("read", 0),
+            CounterOp::Delete => ("delete", 0),
+        }
+    }
+}
+
+fn read_counter_reply(reply: (i64, String, String, i64), owner: &str) -> RedisResult<CounterReply> {
+    let (status, count, echoed, waiters) = reply;
+    check_owner(&echoed, owner)?;
+    let outcome = match status {
+        1 => CounterOutcome::Done,
+        0 => CounterOutcome::NotDone,
+        3 => CounterOutcome::Foreign,
+        4 => CounterOutcome::Overflow,
+        _ => {
+            return Err(out_of_sync(
+                "a counting semaphore reply with an unknown status",
+            ))
+        }
+    };
+    let count = count
+        .parse()
+        .map_err(|_| out_of_sync("a counting semaphore reply whose count is not an integer"))?;
+    Ok(CounterReply {
+        outcome,
+        count,
+        waiters: u64::try_from(waiters).unwrap_or(0),
+    })
+}
+
+impl Scripts {
+    /// Takes `wanted` permits of the counting semaphore `names` if that
+    /// many are available; otherwise, with `register_ms` above 0, records
+    /// `owner` as waiting for that long (see `counter_acquire.lua`).
+    pub(crate) async fn counter_acquire(
+        &self,
+        conn: &mut impl ConnectionLike,
+        names: &CounterNames,
+        owner: &str,
+        wanted: i64,
+        register_ms: u64,
+    ) -> RedisResult<CounterReply> {
+        let mut cmd =
+            self.counter_acquire
+                .call(&[&names.counter, &names.waiters], 3, owner.len() + 40);
+        cmd.arg(owner).arg(wanted).arg(register_ms);
+        let reply = self.counter_acquire.invoke(conn, &cmd).await?;
+        read_counter_reply(reply, owner)
+    }
+
+    /// Changes or reads the counting semaphore `names` (see
+    /// `counter_change.lua`); `owner` is echoed.
+    pub(crate) async fn counter_change(
+        &self,
+        conn: &mut impl ConnectionLike,
+        names: &CounterNames,
+        owner: &str,
+        op: CounterOp,
+    ) -> RedisResult<CounterReply> {
+        let (name, amount) = op.name_and_amount();
+        let mut cmd = self.counter_change.call(
+            &[&names.counter, &names.waiters],
+            4,
+            owner.len() + names.channel.len() + 32,
+        );
+        cmd.arg(owner).arg(name).arg(amount).arg(&names.channel);
+        let reply = self.counter_change.invoke(conn, &cmd).await?;
+        read_counter_reply(reply, owner)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1504,5 +1651,25 @@ mod tests {
         for part in ["KEYS[2i-1]", "KEYS[2i]", "ARGV[5]", "Returns"] {
             assert!(source.contains(part), "{part}");
         }
+    }
+
+    #[test]
+    fn counter_replies_are_read_exactly_and_checked() {
+        let reply = |status, count: &str, owner: &str, waiters| {
+            (status, count.to_owned(), owner.to_owned(), waiters)
+        };
+        assert_eq!(
+            read_counter_reply(reply(1, "-9223372036854775808", "me", 2), "me").unwrap(),
+            CounterReply {
+                outcome: CounterOutcome::Done,
+                count: i64::MIN,
+                waiters: 2
+            }
+        );
+        let overflow = read_counter_reply(reply(4, "9223372036854775807", "me", 0), "me");
+        assert_eq!(overflow.unwrap().outcome, CounterOutcome::Overflow);
+        assert!(read_counter_reply(reply(1, "1", "other", 0), "me").is_err());
+        assert!(read_counter_reply(reply(7, "1", "me", 0), "me").is_err());
+        assert!(read_counter_reply(reply(1, "1.5", "me", 0), "me").is_err());
     }
 }

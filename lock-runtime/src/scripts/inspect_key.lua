@@ -8,9 +8,11 @@
 -- KEYS[7]  its writer intent (see write_acquire.lua)
 -- KEYS[8]  semaphore holders, KEYS[9] their details, KEYS[10] its permit
 --          count (see permit_acquire.lua)
+-- KEYS[11] counting semaphore's counter, KEYS[12] its waiters (see
+--          counter_acquire.lua)
 --
 -- Returns {1, lock, lock_pttl, queue, writer, writer_pttl, readers,
---          intent_pttl, permits, count, now}
+--          intent_pttl, permits, count, now, counter, counter_waiters}
 --   lock, writer   the stored value, or false when nobody holds it
 --   *_pttl         the name's PTTL (-2: no such key, -1: no TTL)
 --   queue          {owner, entry, ...} in arrival order (entries as
@@ -20,6 +22,9 @@
 --                  ends soonest first
 --   count          the stored permit count, or false
 --   now            the server clock, ms
+--   counter        the counting semaphore's available permits (decimal
+--                  string), or false when it does not exist
+--   counter_waiters  its registrations that have not ended
 --         {3}  a name holds a value of another type than distlock writes
 --              there
 -- Reads only: expired holders are left for the next acquisition to remove.
@@ -54,8 +59,14 @@ local count = string_at(KEYS[10])
 local readers = holders_of(KEYS[5], KEYS[6])
 local permits = holders_of(KEYS[8], KEYS[9])
 local waiting = redis.pcall('ZRANGE', KEYS[2], 0, -1)
+local counter = string_at(KEYS[11])
+if counter and counter ~= '0' and not string.find(counter, '^%-?[1-9]%d*$') then
+  counter = nil
+end
+local counter_waiters = redis.pcall('ZCOUNT', KEYS[12], '(' .. string.format('%.0f', now), '+inf')
 if lock == nil or writer == nil or count == nil or readers == nil or permits == nil
-    or waiting.err or foreign_details(KEYS[6]) or foreign_details(KEYS[9]) then
+    or waiting.err or foreign_details(KEYS[6]) or foreign_details(KEYS[9])
+    or counter == nil or type(counter_waiters) == 'table' then
   return {3}
 end
 local queue = {}
@@ -68,4 +79,4 @@ for _, owner in ipairs(waiting) do
   queue[#queue + 1] = entry
 end
 return {1, lock, redis.call('PTTL', KEYS[1]), queue, writer, redis.call('PTTL', KEYS[4]),
-  readers, redis.call('PTTL', KEYS[7]), permits, count, now}
+  readers, redis.call('PTTL', KEYS[7]), permits, count, now, counter, counter_waiters}
