@@ -57,10 +57,6 @@ mod request;
 mod telemetry;
 mod waiting;
 
-#[cfg(feature = "testing")]
-#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
-pub mod testing;
-
 pub use config::Backoff;
 pub use context::spawn_with_locks;
 pub use error::{BackendError, BackendErrorKind, LockError};

@@ -10,8 +10,8 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use distlock::testing::{ClusterNodeRole, DataNodeRole, RedisCluster, RedisSentinel, RedisServer};
 use distlock::LockManager;
+use distlock_testing::{ClusterNodeRole, DataNodeRole, RedisCluster, RedisSentinel, RedisServer};
 use lock_torture::checker::{check_sections, check_store, Faults, Report, StoreReport};
 use lock_torture::clock::{diff_ms, mono_ns, ms, ns};
 use lock_torture::history::{CallKind, CallResult, History, Outcome};
@@ -1107,7 +1107,7 @@ async fn partition(cut: Cut) {
         Cut::Retransmit => "s4b_partition_retransmit",
     };
     let setup = setup(name);
-    let proxy = distlock::testing::FaultProxy::start(setup.lock().addr())
+    let proxy = distlock_testing::FaultProxy::start(setup.lock().addr())
         .await
         .expect("start the proxy");
     let lease = Duration::from_millis(600);
@@ -1131,8 +1131,8 @@ async fn partition(cut: Cut) {
         w2.send(&format!("acquire {b} k0 {lease_ms} 10000 5"));
         let t_cut = mono_ns();
         proxy.set_mode(match cut {
-            Cut::BlackHole => distlock::testing::FaultMode::BlackHole,
-            Cut::Retransmit => distlock::testing::FaultMode::Delay(2 * lease),
+            Cut::BlackHole => distlock_testing::FaultMode::BlackHole,
+            Cut::Retransmit => distlock_testing::FaultMode::Delay(2 * lease),
         });
 
         let lost = w1.expect_event("LOST", &a, t).await;
@@ -1149,7 +1149,7 @@ async fn partition(cut: Cut) {
         // Heal after two leases.
         let heal_at = t_cut + 2 * ns(lease);
         tokio::time::sleep(Duration::from_nanos(heal_at.saturating_sub(mono_ns()))).await;
-        proxy.set_mode(distlock::testing::FaultMode::Pass);
+        proxy.set_mode(distlock_testing::FaultMode::Pass);
         let t_heal = mono_ns();
 
         assert!(
@@ -1352,14 +1352,14 @@ async fn s5_a_stalled_redis_costs_leases_not_safety() {
 /// proxy, its scripts already loaded (so that the reply a test drops is an
 /// acquire's, not a NOSCRIPT), and a direct connection to the lock server.
 struct LostReplyRig {
-    proxy: distlock::testing::FaultProxy,
+    proxy: distlock_testing::FaultProxy,
     w1: Worker,
     lock_name: String,
     conn: MultiplexedConnection,
 }
 
 async fn lost_reply_rig(setup: &Setup, cmd_timeout: Duration, lease_ms: u128) -> LostReplyRig {
-    let proxy = distlock::testing::FaultProxy::start(setup.lock().addr())
+    let proxy = distlock_testing::FaultProxy::start(setup.lock().addr())
         .await
         .expect("start the proxy");
     let mut w1 = setup.worker(
@@ -1542,7 +1542,7 @@ async fn s6b_lost_replies_under_load_keep_mutual_exclusion() {
     let _serial = SERIAL.lock().await;
     let started = Instant::now();
     let setup = setup("s6b");
-    let proxy = distlock::testing::FaultProxy::start(setup.lock().addr())
+    let proxy = distlock_testing::FaultProxy::start(setup.lock().addr())
         .await
         .expect("start the proxy");
     let cmd_timeout = Duration::from_millis(300);
@@ -1661,10 +1661,10 @@ async fn s6c_a_reply_lost_with_its_connection_does_not_leave_the_lock_held() {
             );
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
-        proxy.set_mode(distlock::testing::FaultMode::Reset);
+        proxy.set_mode(distlock_testing::FaultMode::Reset);
         let acq = w1.expect_event("ACQ", &a, t).await;
         proxy.drop_next_replies(0);
-        proxy.set_mode(distlock::testing::FaultMode::Pass);
+        proxy.set_mode(distlock_testing::FaultMode::Pass);
         assert_eq!(acq[0], "err", "round {r}: {acq:?}");
         let (t_req, t_fail) = (num(&acq, 2), num(&acq, 3));
         assert!(
@@ -3156,7 +3156,7 @@ async fn cluster_fault(fault: ClusterFault) {
             // 1 s with the fencing counter moved and the lock not (a script
             // on both gets TRYAGAIN, a key that moved gets ASK); then the
             // rest, and the slot given to the target (MOVED).
-            let slot = distlock::testing::key_slot(first_lock.as_bytes());
+            let slot = distlock_testing::key_slot(first_lock.as_bytes());
             let to = (0..3).find(|m| *m != victim).expect("another master");
             let mut migration = cluster
                 .begin_migration(slot, to)
@@ -3561,7 +3561,7 @@ async fn s19r_a_lost_redlock_majority_stops_every_holder() {
 }
 
 async fn redlock_fault(fault: RedlockFault) {
-    use distlock::testing::{FaultMode, FaultProxy};
+    use distlock_testing::{FaultMode, FaultProxy};
     let _serial = SERIAL.lock().await;
     let started = Instant::now();
     let name = match fault {

@@ -1,5 +1,5 @@
-//! Test support: private `redis-server` processes (plain, TLS or with a password) and a
-//! fault-injecting TCP proxy.
+//! Test fixtures for distlock (and any redis-rs code): private `redis-server` processes (plain,
+//! TLS or with a password), Redis Cluster and Sentinel setups, and a fault-injecting TCP proxy.
 //!
 //! Every [`RedisServer`] is its own `redis-server` child process on its own loopback port, with
 //! persistence off and a private temporary directory, so tests can run in parallel and kill,
@@ -13,11 +13,17 @@
 //! [`RedisSentinel`] starts a master with replicas watched by three Redis Sentinels, and fails
 //! it over or kills its master.
 //!
-//! This module is only compiled with the `testing` feature and only works on Unix, because it
-//! pauses and kills servers with signals.
+//! Add this crate as a dev-dependency; distlock itself does not depend on it. It only works on
+//! Unix, because it pauses and kills servers with signals.
+//!
+//! Some signatures return redis-rs types, as redis-rs's own `redis-test` does:
+//! [`RedisServer::client`] gives a `redis::aio::MultiplexedConnection`, the `blocking_client`
+//! methods a `redis::Connection`, and [`TestingError::Redis`] carries a `redis::RedisError`.
+//! Use the redis-rs version this crate depends on (the one distlock uses) for those values to
+//! fit your code's.
 //!
 //! ```no_run
-//! use distlock_runtime::testing::{FaultMode, FaultProxy, RedisServer};
+//! use distlock_testing::{FaultMode, FaultProxy, RedisServer};
 //!
 //! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
 //! let mut server = RedisServer::spawn()?;
@@ -47,7 +53,7 @@
 //! authority a client must trust:
 //!
 //! ```no_run
-//! use distlock_runtime::testing::RedisServer;
+//! use distlock_testing::RedisServer;
 //!
 //! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
 //! let mut server = RedisServer::builder()
@@ -70,6 +76,8 @@
 //! # Ok(())
 //! # }
 //! ```
+
+#![deny(missing_docs)]
 
 use std::io;
 use std::path::PathBuf;
