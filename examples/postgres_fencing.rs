@@ -18,21 +18,21 @@
 //! rows, because the row's fence is already B's token. Without the fence, B's
 //! withdrawal would be silently lost.
 //!
-//! The database is a private PostgreSQL instance (initdb + pg_ctl in a temporary
-//! directory, on a free loopback port), never one that is already running; Redis
-//! is REDIS_URL or a private redis-server, as in the other examples.
+//! The database is a private PostgreSQL instance (`distlock_testing::PostgresServer`:
+//! initdb + pg_ctl in a temporary directory, on a free loopback port), never one
+//! that is already running; Redis is REDIS_URL or a private redis-server, as in
+//! the other examples.
 //!
 //! ```sh
 //! cargo run --example postgres_fencing
 //! ```
 
-#[path = "support/postgres.rs"]
-mod postgres;
 mod support;
 
 use std::time::{Duration, Instant};
 
 use distlock::{distributed_lock, LockError, LockManager};
+use distlock_testing::PostgresServer;
 use tokio_postgres::{Client, NoTls};
 
 const ACCOUNT: i32 = 1;
@@ -126,14 +126,14 @@ async fn update_balance(
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (url, _redis) = support::redis_url();
-    let pg = match postgres::Postgres::start() {
+    let pg = match PostgresServer::start() {
         Ok(pg) => pg,
         Err(e) => {
             eprintln!("This example needs the PostgreSQL server binaries: {e}");
             std::process::exit(2);
         }
     };
-    let conninfo = pg.connection_string();
+    let conninfo = pg.url();
     println!(
         "private PostgreSQL on 127.0.0.1:{}, Redis at {url}\n",
         pg.port()

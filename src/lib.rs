@@ -14,7 +14,7 @@
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! # let redis = distlock::testing::RedisServer::spawn()?;
+//! # let redis = distlock_testing::RedisServer::spawn()?;
 //! # let url = redis.url();
 //! // let url = "redis://127.0.0.1:6379";
 //! let manager = LockManager::connect(&url).await?;
@@ -63,7 +63,7 @@
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! # let redis = distlock::testing::RedisServer::spawn()?;
+//! # let redis = distlock_testing::RedisServer::spawn()?;
 //! let locks = LockManager::connect(&redis.url()).await?;
 //! let token = ship(&locks, 42).await.map_err(|e| format!("{e:?}"))?;
 //!
@@ -81,7 +81,8 @@
 //!
 //! In tests, give each test its own Redis and manager with
 //! [`with_default_manager`]: the locked functions it calls without
-//! `manager = ...` use it (the `testing` feature starts private servers):
+//! `manager = ...` use it (the `distlock-testing` crate, a dev-dependency, starts private
+//! servers):
 //!
 //! ```
 //! use distlock::{distributed_lock, LockError, LockManager};
@@ -93,7 +94,7 @@
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let redis = distlock::testing::RedisServer::spawn()?;
+//! let redis = distlock_testing::RedisServer::spawn()?;
 //! let manager = LockManager::connect(&redis.url()).await?;
 //! let ran = distlock::with_default_manager(manager, async { job(7).await }).await?;
 //! assert_eq!(ran, 7);
@@ -105,7 +106,7 @@
 //! | feature | default | what it adds |
 //! |---|---|---|
 //! | `tls` | on | `rediss://` and `valkeys://` URLs through rustls, trusting the system's roots, a CA given to [`LockManagerBuilder::tls_ca_pem`], or none with the redis crate's `#insecure` URL form; a client certificate with [`LockManagerBuilder::tls_client_identity`]. Without it such URLs and certificates fail `build()` with [`LockError::InvalidConfig`] |
-//! | `testing` | off | the `distlock::testing` module: private `redis-server` processes (plain, TLS, with a password, a whole cluster, a Sentinel setup) and a fault-injecting proxy, for your tests (Unix only); turns on `tls` |
+//! | `testing` | off | deprecated, removed in the next release: `distlock::testing`, a re-export of the `distlock-testing` crate (private `redis-server` processes, a cluster, a Sentinel setup, a fault-injecting proxy, for your tests); add `distlock-testing` as a dev-dependency instead |
 //! | `metrics` | off | counters, histograms and a gauge on the [`metrics`](https://docs.rs/metrics) facade crate; names and labels in the repository's `docs/operating.md` |
 //!
 //! Items that need a feature say so on docs.rs.
@@ -124,7 +125,7 @@
 //! ACL users, server checks, shutdown, managed services), `docs/operating.md`
 //! (inspecting and freeing locks, the `distlock` CLI, metrics and spans),
 //! `docs/scaling-out.md` (Redis Cluster, Sentinel, acknowledged replicas, Redlock)
-//! and `docs/testing.md` (the `testing` feature).
+//! and `docs/testing.md` (private servers for your tests, from `distlock-testing`).
 //!
 //! The runtime lives in `distlock-runtime` and the attribute macro in `distlock-macros`;
 //! this crate re-exports both, and is the only one to depend on.
@@ -139,6 +140,16 @@
 #[doc(inline)]
 pub use distlock_macros::distributed_lock;
 pub use distlock_runtime::*;
+
+/// The test fixtures of the [`distlock-testing`](distlock_testing) crate, re-exported: private
+/// `redis-server` processes, Redis Cluster and Sentinel setups, and a fault-injecting proxy.
+///
+/// **Deprecated**: kept for one release, then removed. Add `distlock-testing` as a
+/// dev-dependency and write `distlock_testing::RedisServer` instead of
+/// `distlock::testing::RedisServer`; the items are the same.
+#[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub use distlock_testing as testing;
 
 #[doc = include_str!("semantics.md")]
 pub mod semantics {}

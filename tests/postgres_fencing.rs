@@ -5,13 +5,12 @@
 //! them); the instance lives in a temporary directory on a free loopback port.
 
 mod common;
-#[path = "../examples/support/postgres.rs"]
-mod postgres;
 
 use std::sync::mpsc;
 use std::time::Duration;
 
 use common::*;
+use distlock_testing::PostgresServer;
 use tokio_postgres::{Client, NoTls};
 
 const LEASE: Duration = Duration::from_millis(300);
@@ -48,9 +47,9 @@ async fn read(db: &Client, id: i32) -> (i64, i64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_holders_stale_write_is_rejected_by_postgres() {
-    let pg = postgres::Postgres::start().unwrap_or_else(|e| panic!("{e}"));
+    let pg = PostgresServer::start().unwrap_or_else(|e| panic!("{e}"));
     let redis = server();
-    let db = connect_db(&pg.connection_string()).await;
+    let db = connect_db(&pg.url()).await;
     db.batch_execute(
         "CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL, \
          fence bigint NOT NULL DEFAULT 0);
@@ -64,7 +63,7 @@ async fn a_paused_holders_stale_write_is_rejected_by_postgres() {
     // (the approach of examples/fencing.rs). Renewal stays on, as in real use.
     let (holding_tx, holding_rx) = tokio::sync::oneshot::channel::<u64>();
     let (b_wrote_tx, b_wrote_rx) = mpsc::channel::<()>();
-    let (url, conninfo) = (redis.url(), pg.connection_string());
+    let (url, conninfo) = (redis.url(), pg.url());
     let holder_a = std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()

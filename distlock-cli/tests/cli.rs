@@ -5,8 +5,8 @@ use std::process::Output;
 use std::time::{Duration, Instant};
 
 use assert_cmd::Command;
-use distlock::testing::{RedisCluster, RedisServer};
 use distlock::{LockGuard, LockManager};
+use distlock_testing::{RedisCluster, RedisServer};
 use predicates::prelude::*;
 use serde_json::Value;
 

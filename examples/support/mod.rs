@@ -1,7 +1,7 @@
 //! Shared by the examples: where to find a Redis server.
 #![allow(dead_code)]
 
-use distlock::testing::RedisServer;
+use distlock_testing::RedisServer;
 
 /// The Redis URL to use: `REDIS_URL` when set, otherwise a private redis-server
 /// started from PATH (stopped when the returned handle drops). Exits with a

@@ -28,7 +28,7 @@
 
 use std::time::Instant;
 
-use distlock::testing::RedisServer;
+use distlock_testing::RedisServer;
 use redis::aio::MultiplexedConnection;
 use redis::Value;
 

@@ -28,7 +28,7 @@ mod scenarios;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use distlock::testing::{RedisCluster, RedisServer};
+use distlock_testing::{RedisCluster, RedisServer};
 
 use crate::error::{bail, context, Result};
 use crate::report::ScenarioResult;

@@ -69,10 +69,6 @@ mod telemetry;
 mod ticket;
 mod waiting;
 
-#[cfg(feature = "testing")]
-#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
-pub mod testing;
-
 pub use config::Backoff;
 pub use context::spawn_with_locks;
 pub use counting::{CountingPermits, CountingSemaphore};

@@ -207,7 +207,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_script_rejects_lower_tokens_and_counts() {
-        let server = distlock::testing::RedisServer::spawn().unwrap();
+        let server = distlock_testing::RedisServer::spawn().unwrap();
         let mut conn = connect(&server.url()).await.unwrap();
         let store = FencedStore::default();
         // Tokens near 2^52, as the lock issues them (microseconds since 1970), stay exact.

@@ -9,7 +9,7 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use distlock::testing::RedisCluster;
+use distlock_testing::RedisCluster;
 use lock_torture::checker::Faults;
 use lock_torture::clock::{diff_ms, mono_ns, ns};
 use lock_torture::history::{History, Section};
@@ -218,7 +218,7 @@ async fn strike(
             // 1 s with the fencing counter moved and the lock not (a script
             // on both gets TRYAGAIN, a key that moved gets ASK); then the
             // rest, and the slot given to the target (MOVED).
-            let slot = distlock::testing::key_slot(victim.first_lock.as_bytes());
+            let slot = distlock_testing::key_slot(victim.first_lock.as_bytes());
             let to = (0..3)
                 .find(|m| *m != victim.master)
                 .expect("another master");

@@ -8,8 +8,8 @@
 
 use std::time::{Duration, Instant};
 
-use distlock::testing::RedisServer;
-use distlock::testing::{FaultMode, FaultProxy};
+use distlock_testing::RedisServer;
+use distlock_testing::{FaultMode, FaultProxy};
 use lock_torture::checker::Faults;
 use lock_torture::clock::{diff_ms, mono_ns, ns};
 use lock_torture::history::{CallKind, CallResult, History, Outcome};

@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use distlock::testing::{DataNodeRole, RedisSentinel};
+use distlock_testing::{DataNodeRole, RedisSentinel};
 use lock_torture::checker::{Faults, Report};
 use lock_torture::clock::{diff_ms, mono_ns};
 use lock_torture::history::History;

@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use distlock::testing::RedisServer;
+use distlock_testing::RedisServer;
 use distlock::LockManager;
 use lock_torture::checker::{check_sections, Faults};
 use lock_torture::clock::{diff_ms, mono_ns, ms, ns};
@@ -493,7 +493,7 @@ async fn partition(cut: Cut) {
         Cut::Retransmit => "s4b_partition_retransmit",
     };
     let setup = setup(name);
-    let proxy = distlock::testing::FaultProxy::start(setup.lock().addr())
+    let proxy = distlock_testing::FaultProxy::start(setup.lock().addr())
         .await
         .expect("start the proxy");
     let lease = Duration::from_millis(600);
@@ -547,7 +547,7 @@ async fn partition_round(
     r: usize,
     cut: Cut,
     name: &str,
-    proxy: &distlock::testing::FaultProxy,
+    proxy: &distlock_testing::FaultProxy,
     (w1, w2): (&mut Worker, &mut Worker),
     lease: Duration,
 ) -> i64 {
@@ -560,8 +560,8 @@ async fn partition_round(
     w2.send(&format!("acquire {b} k0 {lease_ms} 10000 5"));
     let t_cut = mono_ns();
     proxy.set_mode(match cut {
-        Cut::BlackHole => distlock::testing::FaultMode::BlackHole,
-        Cut::Retransmit => distlock::testing::FaultMode::Delay(2 * lease),
+        Cut::BlackHole => distlock_testing::FaultMode::BlackHole,
+        Cut::Retransmit => distlock_testing::FaultMode::Delay(2 * lease),
     });
 
     let lost = w1.expect_event("LOST", &a, t).await;
@@ -577,7 +577,7 @@ async fn partition_round(
     assert_eq!(w2.expect_event("REL", &b, t).await[0], "ok");
     // Heal after two leases.
     sleep_until(t_cut + 2 * ns(lease)).await;
-    proxy.set_mode(distlock::testing::FaultMode::Pass);
+    proxy.set_mode(distlock_testing::FaultMode::Pass);
     let t_heal = mono_ns();
 
     assert!(
@@ -756,14 +756,14 @@ fn assert_stall_survived(
 /// proxy, its scripts already loaded (so that the reply a test drops is an
 /// acquire's, not a NOSCRIPT), and a direct connection to the lock server.
 struct LostReplyRig {
-    proxy: distlock::testing::FaultProxy,
+    proxy: distlock_testing::FaultProxy,
     w1: Worker,
     lock_name: String,
     conn: MultiplexedConnection,
 }
 
 async fn lost_reply_rig(setup: &Setup, cmd_timeout: Duration, lease_ms: u128) -> LostReplyRig {
-    let proxy = distlock::testing::FaultProxy::start(setup.lock().addr())
+    let proxy = distlock_testing::FaultProxy::start(setup.lock().addr())
         .await
         .expect("start the proxy");
     let mut w1 = setup.worker(
@@ -946,7 +946,7 @@ async fn s6b_lost_replies_under_load_keep_mutual_exclusion() {
     let _serial = SERIAL.lock().await;
     let started = Instant::now();
     let setup = setup("s6b");
-    let proxy = distlock::testing::FaultProxy::start(setup.lock().addr())
+    let proxy = distlock_testing::FaultProxy::start(setup.lock().addr())
         .await
         .expect("start the proxy");
     let cmd_timeout = Duration::from_millis(300);
@@ -1046,10 +1046,10 @@ async fn s6c_a_reply_lost_with_its_connection_does_not_leave_the_lock_held() {
         // The server ran the acquire (its reply is being dropped): now the
         // connection dies.
         await_exists(&mut conn, &lock_name, r).await;
-        proxy.set_mode(distlock::testing::FaultMode::Reset);
+        proxy.set_mode(distlock_testing::FaultMode::Reset);
         let acq = w1.expect_event("ACQ", &a, t).await;
         proxy.drop_next_replies(0);
-        proxy.set_mode(distlock::testing::FaultMode::Pass);
+        proxy.set_mode(distlock_testing::FaultMode::Pass);
         assert_eq!(acq[0], "err", "round {r}: {acq:?}");
         let (t_req, t_fail) = (num(&acq, 2), num(&acq, 3));
         assert!(

@@ -1,10 +1,10 @@
-//! The `testing` feature as a user sees it: a private server, a manager, a locked function.
+//! distlock-testing as a user sees it: a private server, a manager, a locked function.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use distlock::testing::RedisServer;
 use distlock::LockManager;
 use distlock_external_user::run_job;
+use distlock_testing::RedisServer;
 
 #[tokio::test]
 async fn locked_function_runs_against_a_private_server() -> Result<(), Box<dyn std::error::Error>> {

@@ -1,5 +1,6 @@
-//! Test support: private `redis-server` processes (plain, TLS or with a password) and a
-//! fault-injecting TCP proxy.
+//! Test fixtures for distlock (and any redis-rs code): private `redis-server` processes (plain,
+//! TLS or with a password), Redis Cluster and Sentinel setups, PostgreSQL, and a fault-injecting
+//! TCP proxy.
 //!
 //! Every [`RedisServer`] is its own `redis-server` child process on its own loopback port, with
 //! persistence off and a private temporary directory, so tests can run in parallel and kill,
@@ -11,13 +12,20 @@
 //! (3 masters by default, optionally with replicas, optionally TLS-only with one certificate
 //! authority for every node) and kills, pauses or reshards it.
 //! [`RedisSentinel`] starts a master with replicas watched by three Redis Sentinels, and fails
-//! it over or kills its master.
+//! it over or kills its master. [`PostgresServer`] starts a private PostgreSQL, and crashes,
+//! pauses or cuts the connections of it.
 //!
-//! This module is only compiled with the `testing` feature and only works on Unix, because it
-//! pauses and kills servers with signals.
+//! Add this crate as a dev-dependency; distlock itself does not depend on it. It only works on
+//! Unix, because it pauses and kills servers with signals.
+//!
+//! Some signatures return redis-rs types, as redis-rs's own `redis-test` does:
+//! [`RedisServer::client`] gives a `redis::aio::MultiplexedConnection`, the `blocking_client`
+//! methods a `redis::Connection`, and [`TestingError::Redis`] carries a `redis::RedisError`.
+//! Use the redis-rs version this crate depends on (the one distlock uses) for those values to
+//! fit your code's.
 //!
 //! ```no_run
-//! use distlock_runtime::testing::{FaultMode, FaultProxy, RedisServer};
+//! use distlock_testing::{FaultMode, FaultProxy, RedisServer};
 //!
 //! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
 //! let mut server = RedisServer::spawn()?;
@@ -47,7 +55,7 @@
 //! authority a client must trust:
 //!
 //! ```no_run
-//! use distlock_runtime::testing::RedisServer;
+//! use distlock_testing::RedisServer;
 //!
 //! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
 //! let mut server = RedisServer::builder()
@@ -71,12 +79,15 @@
 //! # }
 //! ```
 
+#![deny(missing_docs)]
+
 use std::io;
 use std::path::PathBuf;
 use std::process::ExitStatus;
 use std::time::Duration;
 
 mod cluster;
+mod postgres;
 mod proxy;
 mod sentinel;
 mod server;
@@ -86,11 +97,12 @@ pub use cluster::{
     key_slot, ClusterMigration, ClusterNode, ClusterNodeRole, RedisCluster, RedisClusterBuilder,
     CLUSTER_SLOTS,
 };
+pub use postgres::{PostgresServer, PostgresServerBuilder};
 pub use proxy::{FaultMode, FaultProxy};
 pub use sentinel::{DataNodeRole, RedisSentinel, RedisSentinelBuilder, SentinelDataNode};
 pub use server::{RedisServer, RedisServerBuilder};
 
-/// Errors of [`RedisServer`], [`RedisCluster`] and [`RedisSentinel`].
+/// Errors of [`RedisServer`], [`RedisCluster`], [`RedisSentinel`] and [`PostgresServer`].
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum TestingError {
@@ -211,6 +223,17 @@ pub enum TestingError {
     /// ask).
     #[error("redis sentinel: {0}")]
     Sentinel(String),
+    /// The PostgreSQL server binaries could not be found.
+    #[error(
+        "PostgreSQL server binaries (initdb, pg_ctl, psql) not found: looked in `pg_config \
+         --bindir`, /usr/lib/postgresql/*/bin and PATH; install them (Debian/Ubuntu: `apt-get \
+         install postgresql`, macOS: `brew install postgresql`)"
+    )]
+    PostgresNotFound,
+    /// A [`PostgresServer`] tool (`initdb`, `pg_ctl`, `psql`) failed, with its output (and the
+    /// server's log when starting), or the server is not running.
+    #[error("private PostgreSQL: {0}")]
+    Postgres(String),
 }
 
 const NOT_FOUND_HELP: &str = "redis-server was not found on PATH; install it (Debian/Ubuntu: \

@@ -29,9 +29,9 @@ const POLL_INTERVAL: Duration = Duration::from_millis(20);
 /// name, extra `redis-server` arguments for the data nodes.
 ///
 /// ```no_run
-/// use distlock_runtime::testing::RedisSentinel;
+/// use distlock_testing::RedisSentinel;
 ///
-/// # fn example() -> Result<(), distlock_runtime::testing::TestingError> {
+/// # fn example() -> Result<(), distlock_testing::TestingError> {
 /// let sentinel = RedisSentinel::builder()
 ///     .replicas(2)
 ///     .master_name("locks")
@@ -236,7 +236,7 @@ enum Blame {
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use distlock_runtime::testing::RedisSentinel;
+/// use distlock_testing::RedisSentinel;
 ///
 /// # fn example() -> Result<(), Box<dyn std::error::Error>> {
 /// let mut sentinel = RedisSentinel::spawn()?;
@@ -733,7 +733,7 @@ fn pairs(flat: Vec<String>) -> HashMap<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::test_support::{process_exists, TestResult};
+    use crate::test_support::{process_exists, TestResult};
 
     fn port_of(url: &str) -> Result<u16, Box<dyn std::error::Error>> {
         Ok(url.rsplit(':').next().ok_or("no port")?.parse()?)

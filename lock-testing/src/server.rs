@@ -54,9 +54,9 @@ const USERINFO: &AsciiSet = &NON_ALPHANUMERIC
 /// Configures and starts a [`RedisServer`]: TLS, a password, extra `redis-server` arguments.
 ///
 /// ```no_run
-/// use distlock_runtime::testing::RedisServer;
+/// use distlock_testing::RedisServer;
 ///
-/// # fn example() -> Result<(), distlock_runtime::testing::TestingError> {
+/// # fn example() -> Result<(), distlock_testing::TestingError> {
 /// let server = RedisServer::builder()
 ///     .tls(true)
 ///     .password("s3cret")
@@ -860,7 +860,7 @@ pub(super) fn pick_port() -> io::Result<u16> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::test_support::{ping, process_exists, TestResult};
+    use crate::test_support::{ping, process_exists, TestResult};
     use tokio::time::timeout;
 
     #[tokio::test]

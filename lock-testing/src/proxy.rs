@@ -305,8 +305,8 @@ fn reset(stream: TcpStream) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::test_support::{patient_client, ping, TestResult};
-    use crate::testing::RedisServer;
+    use crate::test_support::{patient_client, ping, TestResult};
+    use crate::RedisServer;
     use std::time::Instant;
     use tokio::time::timeout;
 

@@ -42,22 +42,35 @@ const POLL_INTERVAL: Duration = Duration::from_millis(20);
 /// hash tag (the part between the first `{` and the next `}`, if not empty), modulo 16384.
 ///
 /// ```
-/// use distlock_runtime::testing::key_slot;
+/// use distlock_testing::key_slot;
 ///
 /// assert_eq!(key_slot(b"foo"), 12182);
 /// assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"user1000"));
 /// ```
+//
+// Computed here rather than taken from distlock-runtime (which keeps its own private): the
+// fixtures do not depend on the runtime, and a test that compares the slots of the runtime's
+// key names with this one checks them against the specification, not against themselves.
 pub fn key_slot(key: &[u8]) -> u16 {
-    crate::backend::cluster::slot_of(key)
+    let hashed = key
+        .iter()
+        .position(|b| *b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            let close = rest.iter().position(|b| *b == b'}')?;
+            (close > 0).then(|| &rest[..close])
+        })
+        .unwrap_or(key);
+    crc16::State::<crc16::XMODEM>::calculate(hashed) % CLUSTER_SLOTS
 }
 
 /// Configures and starts a [`RedisCluster`]: how many masters, how many replicas each, TLS,
 /// extra `redis-server` arguments.
 ///
 /// ```no_run
-/// use distlock_runtime::testing::RedisCluster;
+/// use distlock_testing::RedisCluster;
 ///
-/// # fn example() -> Result<(), distlock_runtime::testing::TestingError> {
+/// # fn example() -> Result<(), distlock_testing::TestingError> {
 /// let cluster = RedisCluster::builder()
 ///     .masters(3)
 ///     .replicas_per_master(1)
@@ -314,7 +327,7 @@ impl Node {
 /// [`cluster_connection`](Self::cluster_connection) gives tests a redis-rs cluster client.
 ///
 /// ```no_run
-/// use distlock_runtime::testing::RedisCluster;
+/// use distlock_testing::RedisCluster;
 ///
 /// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
 /// let mut cluster = RedisCluster::builder().replicas_per_master(1).spawn()?;
@@ -323,7 +336,7 @@ impl Node {
 ///
 /// // Move the key's slot to another master, as a reshard would.
 /// let owner = cluster.master_of_key("k")?;
-/// cluster.migrate_slot(distlock_runtime::testing::key_slot(b"k"), (owner + 1) % 3)?;
+/// cluster.migrate_slot(distlock_testing::key_slot(b"k"), (owner + 1) % 3)?;
 ///
 /// // Crash a master and wait until its replica took over.
 /// cluster.kill(0)?;
@@ -1000,7 +1013,7 @@ impl ClusterMigration<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::test_support::{process_exists, TestResult};
+    use crate::test_support::{process_exists, TestResult};
 
     /// A key whose slot master `master` owns, found by trying `prefix:0`, `prefix:1`, ...
     fn key_of(cluster: &RedisCluster, master: usize, prefix: &str) -> Result<String, TestingError> {
