@@ -34,7 +34,8 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 // The layers, top down; each module uses only those below it (ARCHITECTURE.md):
-// events, leader > global > manager > multi > request > guard > core > renewal, waiting >
+// events, leader > global > manager > multi > request > guard > release (giving leases
+// back, at once or in the background) > core > renewal, waiting >
 // backend (the only one that talks to Redis) > context, lease > telemetry, keys, config,
 // info, error; options (a request's hold options) sits with config.
 mod backend;
@@ -52,6 +53,7 @@ mod lease;
 mod manager;
 mod multi;
 mod options;
+mod release;
 mod renewal;
 mod request;
 mod telemetry;
