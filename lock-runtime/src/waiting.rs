@@ -232,6 +232,7 @@ impl Subscriber {
 
     /// How many `!` notices (a waiter queued for one of this manager's holds)
     /// the manager has heard.
+    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn waited_for_heard(&self) -> u64 {
         self.waited_for_heard.load(Ordering::Relaxed)
     }
@@ -378,6 +379,7 @@ impl Subscriber {
     }
 
     /// How many wake-up messages woke a waiter so far.
+    #[cfg(feature = "testing")]
     pub(crate) fn delivered(&self) -> u64 {
         self.delivered.load(Ordering::Relaxed)
     }

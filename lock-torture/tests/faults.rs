@@ -2761,7 +2761,7 @@ async fn fair_entries_of(conn: &mut MultiplexedConnection, queues: &[String], pi
     n
 }
 
-/// Scenario 12: a fair lock on 3 keys, 4 processes x 32 tasks, 10 % of the
+/// Scenario 12: the default lock (fair: its waiters queue) on 3 keys, 4 processes x 32 tasks, 10 % of the
 /// bodies cancelled and 5 % panicking; one process is killed with SIGKILL while
 /// its tasks wait in the queues. No overlap, tokens increase, exact counter; the
 /// dead waiters' entries hold the queues up no longer than their queue lease
@@ -2787,12 +2787,7 @@ async fn s12_a_fair_lock_is_exclusive_and_a_dead_waiter_does_not_block_its_queue
                 id,
                 &setup.lock().url(),
                 "run",
-                &mixed_load(
-                    id,
-                    &keys.join(","),
-                    lease.as_millis(),
-                    &[("kind", &"fair"), ("progress", &20)],
-                ),
+                &mixed_load(id, &keys.join(","), lease.as_millis(), &[("progress", &20)]),
             )
         })
         .collect();
