@@ -35,8 +35,7 @@ impl LockManager {
     /// with [`lock_events(true)`](crate::LockManagerBuilder::lock_events)
     /// (force-unlocks by any manager); they cover the default lock
     /// ([`lock`](Self::lock), [`lock_all`](Self::lock_all), leader
-    /// elections), not read-write locks or
-    /// semaphores. Expiry needs Redis's keyspace notifications (see
+    /// elections), not read-write locks or semaphores. Expiry needs Redis's keyspace notifications (see
     /// [`expiry`](LockEventsRequest::expiry)). Not available on Redlock.
     ///
     /// ```no_run
