@@ -1,5 +1,5 @@
-//! The default lock's queue (`fair_lock` is the same lock): waiters of several managers (each with its own connections, as
-//! separate processes would have) are served in arrival order, through a
+//! The default lock's queue: waiters of several managers (each with its own
+//! connections, as separate processes would have) are served in arrival order, through a
 //! direct hand-off at release; dead and cancelled waiters do not hold up the
 //! queue; the hand-off costs the new holder no round trip; and the same on a
 //! Redis Cluster.
@@ -72,7 +72,7 @@ async fn queue_waiters(
         let served = served.clone();
         tasks.push(tokio::spawn(async move {
             let guard = m
-                .fair_lock(&owned_key)
+                .lock(&owned_key)
                 .wait(Duration::from_secs(30))
                 .acquire()
                 .await
@@ -103,7 +103,7 @@ async fn waiters_of_four_managers_are_served_in_arrival_order() {
     let mut conns = vec![raw(&redis).await];
     let holder = manager(&redis).await;
 
-    let guard = holder.fair_lock("turns").acquire().await.unwrap();
+    let guard = holder.lock("turns").acquire().await.unwrap();
     let first_token = guard.fencing_token().await.unwrap();
     let served = Arc::new(Mutex::new(Vec::new()));
     let tasks = queue_waiters(&ms, &mut conns, "turns", 8, &served).await;
@@ -131,7 +131,7 @@ async fn arrival_order_holds_when_the_holders_lease_runs_out() {
     let holder = manager(&redis).await;
 
     let guard = holder
-        .fair_lock("expiring")
+        .lock("expiring")
         .lease(Duration::from_secs(1))
         .renew(false)
         .acquire()
@@ -158,7 +158,7 @@ async fn a_dead_waiter_holds_up_the_queue_at_most_its_queue_lease() {
     let holder = manager(&redis).await;
     let live = manager(&redis).await;
     let mut conns = vec![raw(&redis).await];
-    let guard = holder.fair_lock("dead").acquire().await.unwrap();
+    let guard = holder.lock("dead").acquire().await.unwrap();
 
     let lock = fair_name(&mut conns[0], "lock", "dead").await.unwrap();
     let queue = lock.replacen("distlock:lock:", "distlock:lockq:", 1);
@@ -180,7 +180,7 @@ async fn a_dead_waiter_holds_up_the_queue_at_most_its_queue_lease() {
 
     let waiter = tokio::spawn(async move {
         let g = live
-            .fair_lock("dead")
+            .lock("dead")
             .wait(Duration::from_secs(10))
             .acquire()
             .await
@@ -215,7 +215,7 @@ async fn a_waiter_whose_runtime_dies_holds_up_the_queue_at_most_its_queue_lease(
     let holder = manager(&redis).await;
     let live = manager(&redis).await;
     let mut conns = vec![raw(&redis).await];
-    let guard = holder.fair_lock("killed").acquire().await.unwrap();
+    let guard = holder.lock("killed").acquire().await.unwrap();
 
     let url = redis.url();
     std::thread::spawn(move || {
@@ -227,7 +227,7 @@ async fn a_waiter_whose_runtime_dies_holds_up_the_queue_at_most_its_queue_lease(
             let m = manager_at(&url).await;
             tokio::spawn(async move {
                 let _ = m
-                    .fair_lock("killed")
+                    .lock("killed")
                     .wait(Duration::from_secs(60))
                     .acquire()
                     .await;
@@ -249,7 +249,7 @@ async fn a_waiter_whose_runtime_dies_holds_up_the_queue_at_most_its_queue_lease(
 
     let waiter = tokio::spawn(async move {
         let g = live
-            .fair_lock("killed")
+            .lock("killed")
             .wait(Duration::from_secs(15))
             .acquire()
             .await
@@ -274,14 +274,14 @@ async fn a_cancelled_waiter_withdraws_and_the_next_gets_the_lock_directly() {
     let redis = server();
     let ms = managers(&redis, 3).await;
     let mut conns = vec![raw(&redis).await];
-    let guard = ms[0].fair_lock("cancel").acquire().await.unwrap();
+    let guard = ms[0].lock("cancel").acquire().await.unwrap();
 
     // Dropped while queued: the acquire future is aborted.
     let cancelled = {
         let m = ms[1].clone();
         tokio::spawn(async move {
             let _ = m
-                .fair_lock("cancel")
+                .lock("cancel")
                 .wait(Duration::from_secs(30))
                 .acquire()
                 .await;
@@ -294,9 +294,7 @@ async fn a_cancelled_waiter_withdraws_and_the_next_gets_the_lock_directly() {
         tokio::spawn(async move {
             tokio::time::timeout(
                 Duration::from_millis(600),
-                m.fair_lock("cancel")
-                    .wait(Duration::from_secs(30))
-                    .acquire(),
+                m.lock("cancel").wait(Duration::from_secs(30)).acquire(),
             )
             .await
             .is_err()
@@ -307,7 +305,7 @@ async fn a_cancelled_waiter_withdraws_and_the_next_gets_the_lock_directly() {
         let m = ms[2].clone();
         tokio::spawn(async move {
             let g = m
-                .fair_lock("cancel")
+                .lock("cancel")
                 .wait(Duration::from_secs(30))
                 .acquire()
                 .await
@@ -333,9 +331,9 @@ async fn a_cancelled_waiter_withdraws_and_the_next_gets_the_lock_directly() {
     );
 
     // A fair waiter whose own `wait` runs out withdraws too.
-    let g = ms[0].fair_lock("cancel").acquire().await.unwrap();
+    let g = ms[0].lock("cancel").acquire().await.unwrap();
     let err = ms[1]
-        .fair_lock("cancel")
+        .lock("cancel")
         .wait(Duration::from_millis(300))
         .acquire()
         .await
@@ -361,12 +359,7 @@ async fn the_handoff_costs_the_new_holder_no_round_trip() {
     for round in 0..3 {
         let key = format!("cost:{round}");
         // Eager tokens: the hand-off itself issues the new holder's token.
-        let guard = a
-            .fair_lock(&key)
-            .eager_fencing(true)
-            .acquire()
-            .await
-            .unwrap();
+        let guard = a.lock(&key).eager_fencing(true).acquire().await.unwrap();
         let (got_tx, got_rx) = tokio::sync::oneshot::channel();
         let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
         let waiter = {
@@ -374,7 +367,7 @@ async fn the_handoff_costs_the_new_holder_no_round_trip() {
             let key = key.clone();
             tokio::spawn(async move {
                 let g = b
-                    .fair_lock(&key)
+                    .lock(&key)
                     .eager_fencing(true)
                     .wait(Duration::from_secs(10))
                     .acquire()
@@ -475,12 +468,12 @@ async fn a_short_lease_handed_off_long_after_the_last_attempt_is_not_lost() {
     let lease = Duration::from_millis(300);
     for round in 0..4u64 {
         let key = format!("short:{round}");
-        let held = a.fair_lock(&key).lease(lease).acquire().await.unwrap();
+        let held = a.lock(&key).lease(lease).acquire().await.unwrap();
         let waiter = {
             let b = b.clone();
             tokio::spawn(async move {
                 let g = b
-                    .fair_lock(&key)
+                    .lock(&key)
                     .lease(lease)
                     .wait(Duration::from_secs(10))
                     .acquire()
@@ -515,14 +508,14 @@ async fn a_lost_handoff_message_is_made_up_for_by_the_next_attempt() {
     let waiter_manager = manager(&redis).await;
     let mut conns = vec![raw(&redis).await];
     let guard = holder
-        .fair_lock("lost-msg")
+        .lock("lost-msg")
         .renew(false)
         .acquire()
         .await
         .unwrap();
     let waiter = tokio::spawn(async move {
         waiter_manager
-            .fair_lock("lost-msg")
+            .lock("lost-msg")
             .wait(Duration::from_secs(10))
             .acquire()
             .await
@@ -563,30 +556,6 @@ async fn a_lost_handoff_message_is_made_up_for_by_the_next_attempt() {
     assert_eq!(fair_name(&mut conns[0], "lock", "lost-msg").await, None);
 }
 
-/// `fair_lock` is the default lock under another name: the two exclude each
-/// other and re-enter each other.
-#[tokio::test]
-async fn fair_lock_is_the_default_lock() {
-    let redis = server();
-    let a = manager(&redis).await;
-    let b = manager(&redis).await;
-    let outer = a.fair_lock("own").acquire().await.unwrap();
-    assert!(b.lock("own").try_acquire().await.unwrap().is_none());
-    assert!(b.fair_lock("own").try_acquire().await.unwrap().is_none());
-    let token = outer.fencing_token().await.unwrap();
-    outer
-        .scope(async {
-            let inner = a.lock("own").acquire().await.unwrap();
-            assert_eq!(inner.fencing_token().await.unwrap(), token, "re-entered");
-            inner.release().await.unwrap();
-        })
-        .await;
-    outer.release().await.unwrap();
-    let again = b.lock("own").try_acquire().await.unwrap().expect("free");
-    assert!(again.fencing_token().await.unwrap() > token);
-    again.release().await.unwrap();
-}
-
 /// On Redlock the default lock's waiters do not queue (a queue on each
 /// independent member could hand the lock to different waiters): a release
 /// wakes a waiter, which takes the lock by a majority; no queue key is written.
@@ -600,7 +569,7 @@ async fn on_redlock_waiters_do_not_queue() {
             .unwrap()
     };
     let (a, b) = (m().await, m().await);
-    let held = a.fair_lock("k").acquire().await.unwrap();
+    let held = a.lock("k").acquire().await.unwrap();
     let waiter = tokio::spawn(async move {
         let g = b
             .lock("k")
@@ -665,7 +634,7 @@ async fn arrival_order_holds_on_a_cluster() {
         );
     }
     let key = format!("fair-cluster:{}", std::process::id());
-    let guard = ms[0].fair_lock(&key).acquire().await.unwrap();
+    let guard = ms[0].lock(&key).acquire().await.unwrap();
     let served = Arc::new(Mutex::new(Vec::new()));
     let tasks = queue_waiters(&ms, &mut conns, &key, 6, &served).await;
     guard.release().await.unwrap();
@@ -675,48 +644,41 @@ async fn arrival_order_holds_on_a_cluster() {
     assert_eq!(*served.lock().unwrap(), (0..6).collect::<Vec<_>>());
 }
 
-#[distributed_lock(key = "macro:{id}", fair = true, wait = "10s", manager = m, guard = held)]
-async fn fair_body(m: &LockManager, id: u64) -> Result<u64, LockError> {
+#[distributed_lock(key = "macro:{id}", wait = "10s", manager = m, guard = held)]
+async fn queued_body(m: &LockManager, id: u64) -> Result<u64, LockError> {
     let _: &LockGuard = held;
-    // The fair lock of the key is held; the exclusive lock of it is free.
-    let plain = m.lock(format!("macro:{id}")).try_acquire().await?;
-    plain.expect("another lock").release().await?;
+    // Inside the body the key is held by this call chain: re-entered.
+    let inner = m.lock(format!("macro:{id}")).try_acquire().await?;
+    inner.expect("re-entered").release().await?;
     Ok(held.fencing_token().await.unwrap())
 }
 
 #[tokio::test]
-async fn the_macro_takes_a_fair_lock_with_fair_true() {
+async fn the_macro_waits_in_the_queue() {
     let redis = server();
     let m = manager(&redis).await;
     let mut conns = vec![raw(&redis).await];
-    let outer = m.fair_lock("macro:7").acquire().await.unwrap();
+    let outer = m.lock("macro:7").acquire().await.unwrap();
     let task = {
         let m = manager(&redis).await;
-        tokio::spawn(async move { fair_body(&m, 7).await.unwrap() })
+        tokio::spawn(async move { queued_body(&m, 7).await.unwrap() })
     };
-    // The macro's call waits in the fair lock's queue.
+    // The macro's call waits in the lock's queue.
     wait_for_queue(&mut conns, "macro:7", 1).await;
     let token = outer.fencing_token().await.unwrap();
     outer.release().await.unwrap();
     assert_eq!(task.await.unwrap(), token + 1);
 }
 
-/// Uncontended, the fair lock is the plain lock: `SET NX PX`, then one
-/// release script (`GET`, `DEL`), no publish, no subscription: 4 commands a
-/// cycle, counted here for 100 cycles of each name.
+/// Uncontended, the default lock costs no more for its queue: `SET NX PX`,
+/// then one release script (`GET`, `DEL`), no publish, no subscription: 4
+/// commands a cycle, counted here for 100 cycles.
 #[tokio::test]
-async fn an_uncontended_fair_cycle_is_four_commands() {
+async fn an_uncontended_cycle_is_four_commands() {
     let redis = distlock::testing::RedisServer::spawn().unwrap();
     let m = LockManager::connect(&redis.url()).await.unwrap();
     let mut raw = redis.client().await.unwrap();
     // Load the scripts first: a first call meets NOSCRIPT.
-    m.fair_lock("u")
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
     m.lock("u")
         .acquire()
         .await
@@ -734,31 +696,13 @@ async fn an_uncontended_fair_cycle_is_four_commands() {
             .await
             .unwrap();
     }
-    let plain = command_calls(&mut raw).await;
-    reset_stats(&mut raw).await;
-    for _ in 0..100 {
-        m.fair_lock("u")
-            .acquire()
-            .await
-            .unwrap()
-            .release()
-            .await
-            .unwrap();
-    }
-    let fair = command_calls(&mut raw).await;
-    assert_eq!(plain.get("evalsha"), Some(&100), "{plain:#?}");
-    assert_eq!(fair.get("evalsha"), Some(&100), "{fair:#?}");
-    assert_eq!(fair.get("publish"), None, "{fair:#?}");
-    let total = |calls: &std::collections::BTreeMap<String, u64>| calls.values().sum::<u64>() / 100;
-    eprintln!(
-        "commands per cycle: plain {}, fair {} ({fair:?})",
-        total(&plain),
-        total(&fair)
-    );
-    assert_eq!(total(&plain), 4, "{plain:#?}");
-    assert_eq!(total(&fair), 4, "{fair:#?}");
+    let calls = command_calls(&mut raw).await;
+    assert_eq!(calls.get("evalsha"), Some(&100), "{calls:#?}");
+    assert_eq!(calls.get("publish"), None, "{calls:#?}");
+    let per_cycle = calls.values().sum::<u64>() / 100;
+    assert_eq!(per_cycle, 4, "{calls:#?}");
     assert_eq!(
-        fair.get("subscribe"),
+        calls.get("subscribe"),
         None,
         "a free lock needs no subscription"
     );

@@ -301,9 +301,9 @@ async fn queued_waiters_need_nothing_more() {
     let b = LockManager::connect(&user_url(&redis, "locker"))
         .await
         .unwrap();
-    let held = a.fair_lock("f").acquire().await.unwrap();
+    let held = a.lock("f").acquire().await.unwrap();
     let waiter = tokio::spawn(async move {
-        let g = b.fair_lock("f").acquire().await.unwrap();
+        let g = b.lock("f").acquire().await.unwrap();
         g.release().await.unwrap();
     });
     // Past one refresh of the waiter's queue entry.

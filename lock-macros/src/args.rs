@@ -103,13 +103,6 @@ pub(crate) const OPTIONS: &[OptionSpec] = &[
         default: "none (one holder)",
     },
     OptionSpec {
-        name: "fair",
-        aliases: &["fairness", "fifo", "queued"],
-        example: "fair = true",
-        value: "`true` / `false`: accepted; the lock is always fair",
-        default: "`false`",
-    },
-    OptionSpec {
         name: "manager",
         aliases: &["client"],
         example: "manager = self.locks",
@@ -211,7 +204,7 @@ pub(crate) struct KeyElem {
 /// The `key` option.
 pub(crate) enum Key {
     /// `key = "order:{id}"`: one lock, taken with `LockManager::lock` (or
-    /// `read_lock`/`write_lock`/`semaphore`/`fair_lock`).
+    /// `read_lock`/`write_lock`/`semaphore`).
     Single(KeyTemplate),
     /// `key = [..]` or `key = "sku:{sku}" for sku in skus`: exclusive locks on
     /// every key, taken together with `LockManager::lock_all`.
@@ -286,8 +279,6 @@ pub(crate) struct Options {
     pub(crate) reentrant: Option<syn::LitBool>,
     pub(crate) mode: Mode,
     pub(crate) permits: Option<PermitsArg>,
-    /// `fair = true` takes a fair lock; `fair = false` is the default lock.
-    pub(crate) fair: Option<syn::LitBool>,
     pub(crate) manager: Option<Expr>,
     pub(crate) guard: Option<Ident>,
     pub(crate) on_lost: OnLost,
@@ -365,15 +356,6 @@ impl Options {
                     )),
                 },
                 "permits" => opts.permits = permits_arg(value, errors),
-                "fair" => match &value {
-                    Expr::Lit(ExprLit {
-                        lit: Lit::Bool(b), ..
-                    }) => opts.fair = Some(b.clone()),
-                    _ => errors.push(syn::Error::new_spanned(
-                        &value,
-                        "`fair` takes `true` or `false`, e.g. `fair = true`",
-                    )),
-                },
                 "lease" => opts.lease = duration_arg(DurationKind::Lease, value, errors),
                 "wait" => opts.wait = duration_arg(DurationKind::Wait, value, errors),
                 "max_hold" => {
@@ -754,7 +736,6 @@ fn permits_arg(value: Expr, errors: &mut Errors) -> Option<PermitsArg> {
 }
 
 const SEMAPHORE: &str = "`permits` takes a semaphore (`LockManager::semaphore`)";
-const FAIR: &str = "`fair` a fair lock (`LockManager::fair_lock`)";
 const LIST: &str = "a key list takes exclusive locks on all its keys together \
                     (`LockManager::lock_all`)";
 
@@ -766,19 +747,12 @@ const CONFLICTS: &[(&str, &str, &[&str])] = &[
         "permits",
         &[SEMAPHORE, ", which has no read or write mode"],
     ),
-    (
-        "mode",
-        "fair",
-        &["`mode` takes an exclusive or a read/write lock, ", FAIR],
-    ),
-    ("permits", "fair", &[SEMAPHORE, ", ", FAIR]),
     ("key", "mode", &[LIST, "; `mode` applies to a single key"]),
     (
         "key",
         "permits",
         &[LIST, "; `permits` applies to a single key"],
     ),
-    ("key", "fair", &[LIST, "; `fair` applies to a single key"]),
 ];
 
 /// Options that choose different kinds of lock ([`CONFLICTS`]): given
@@ -1262,58 +1236,41 @@ mod tests {
     }
 
     #[test]
-    fn fair() {
-        let (o, e) = parse(quote! { key = "k", fair = true });
-        assert!(e.is_empty(), "{e:?}");
-        assert!(o.fair.unwrap().value);
-        let (o, e) = parse(quote! { key = "k", fair = false });
-        assert!(e.is_empty(), "{e:?}");
-        assert!(!o.fair.unwrap().value);
-        for tokens in [quote!("yes"), quote!(1), quote!(yes)] {
-            let (_, e) = parse(quote! { key = "k", fair = #tokens });
-            assert_eq!(e.len(), 1, "{e:?}");
-            assert!(e[0].starts_with("`fair` takes `true` or `false`"), "{e:?}");
-        }
-        let (_, e) = parse(quote! { key = "k", fair });
-        assert!(e[0].contains("e.g. `fair = true`"), "{e:?}");
-        assert_eq!(
-            unknown_option_message("fifo"),
-            "unknown option `fifo`; did you mean `fair`?"
+    fn fair_is_no_option() {
+        // The default lock is fair; distlock never had a `fair` option in a
+        // release. No option is near enough to suggest, so the list is given.
+        let (_, e) = parse(quote! { key = "k", fair = true });
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(
+            e[0].starts_with("unknown option `fair`; the options are: `key`"),
+            "{e:?}"
         );
     }
 
     #[test]
     fn conflicts_on_the_later_option() {
-        let (_, e) = parse(quote! { key = "k", mode = "read", permits = 2, fair = true });
-        assert_eq!(e.len(), 3, "{e:?}");
+        let (_, e) = parse(quote! { key = "k", mode = "read", permits = 2 });
+        assert_eq!(e.len(), 1, "{e:?}");
         assert!(
             e[0].starts_with("`mode` and `permits` cannot be combined"),
             "{e:?}"
         );
+
+        let (_, e) = parse(quote! { mode = "read", permits = 2, key = ["a", "b"] });
+        assert_eq!(e.len(), 3, "{e:?}");
         assert!(
-            e[1].starts_with("`mode` and `fair` cannot be combined"),
+            e[1].starts_with("a key list and `mode` cannot be combined"),
             "{e:?}"
         );
         assert!(
-            e[2].starts_with("`permits` and `fair` cannot be combined"),
+            e[2].starts_with("a key list and `permits` cannot be combined"),
             "{e:?}"
         );
 
-        let (_, e) = parse(quote! { mode = "read", fair = false, permits = 2, key = ["a", "b"] });
-        assert_eq!(e.len(), 6, "{e:?}");
-        assert!(
-            e[3].starts_with("a key list and `mode` cannot be combined"),
-            "{e:?}"
-        );
-        assert!(
-            e[5].starts_with("a key list and `fair` cannot be combined"),
-            "{e:?}"
-        );
-
-        let (_, e) = parse(quote! { key = "s:{s}" for s in ss, fair = true });
+        let (_, e) = parse(quote! { key = "s:{s}" for s in ss, mode = "write" });
         assert_eq!(e.len(), 1, "{e:?}");
         assert!(
-            e[0].starts_with("a key list and `fair` cannot be combined"),
+            e[0].starts_with("a key list and `mode` cannot be combined"),
             "{e:?}"
         );
 
@@ -1321,11 +1278,7 @@ mod tests {
         let (_, e) = parse(quote! { key = ["a"], permits = 0 });
         assert_eq!(e.len(), 2, "{e:?}");
         // A single key combines with any one of them.
-        for extra in [
-            quote!(mode = "write"),
-            quote!(permits = 2),
-            quote!(fair = true),
-        ] {
+        for extra in [quote!(mode = "write"), quote!(permits = 2)] {
             let (_, e) = parse(quote! { key = "k", #extra });
             assert!(e.is_empty(), "{e:?}");
         }

@@ -170,9 +170,8 @@ fn generate(func: &mut ItemFn, shape: &Shape, opts: &Options) -> TokenStream {
     let (mut builder, request_ty, guard_ty) = match key {
         Key::Single(k) => {
             let key = key_tokens(&k.lit, &k.template, &params, &[]);
-            let fair = opts.fair.as_ref().is_some_and(|b| b.value);
-            let request = match (&opts.permits, opts.mode, fair) {
-                (Some(permits), _, _) => {
+            let request = match (&opts.permits, opts.mode) {
+                (Some(permits), _) => {
                     let permits = match permits {
                         PermitsArg::Literal { value, span } => {
                             let mut lit = Literal::u32_suffixed(*value);
@@ -189,16 +188,13 @@ fn generate(func: &mut ItemFn, shape: &Shape, opts: &Options) -> TokenStream {
                     };
                     quote_spanned!(ms=> #krate::LockManager::semaphore(#manager, #key, #permits))
                 }
-                (None, Mode::Read, _) => {
+                (None, Mode::Read) => {
                     quote_spanned!(ms=> #krate::LockManager::read_lock(#manager, #key))
                 }
-                (None, Mode::Write, _) => {
+                (None, Mode::Write) => {
                     quote_spanned!(ms=> #krate::LockManager::write_lock(#manager, #key))
                 }
-                (None, Mode::Exclusive, true) => {
-                    quote_spanned!(ms=> #krate::LockManager::fair_lock(#manager, #key))
-                }
-                (None, Mode::Exclusive, false) => {
+                (None, Mode::Exclusive) => {
                     quote_spanned!(ms=> #krate::LockManager::lock(#manager, #key))
                 }
             };
@@ -590,8 +586,8 @@ mod tests {
     }
 
     /// Expansions of the single-key forms, captured before the lock family
-    /// (key lists, `mode`, `permits`, `fair`) was added: they must not change,
-    /// nor with `mode = "exclusive"` or `fair = false`, which mean the default.
+    /// (key lists, `mode`, `permits`) was added: they must not change, nor
+    /// with `mode = "exclusive"`, which means the default.
     /// After an intended change, `UPDATE_EXPECT=1 cargo test -p distlock-macros`
     /// rewrites the files under `src/snapshots/`, and the diff shows the change.
     fn golden() -> [expect_test::ExpectFile; 3] {
@@ -644,11 +640,7 @@ mod tests {
 
     #[test]
     fn single_key_expansion_is_unchanged() {
-        for extra in [
-            quote!(),
-            quote!(, mode = "exclusive"),
-            quote!(, fair = false),
-        ] {
+        for extra in [quote!(), quote!(, mode = "exclusive")] {
             for ((args, item), golden) in golden_cases(extra).into_iter().zip(golden()) {
                 golden.assert_eq(&pretty(expand(args, item)));
             }
@@ -726,7 +718,6 @@ mod tests {
         for (extra, call) in [
             (quote!(mode = "read"), ":: distlock :: LockManager :: read_lock (distlock_manager , :: std :: format ! (\"k:{}\" , id))"),
             (quote!(mode = "write"), ":: distlock :: LockManager :: write_lock (distlock_manager , :: std :: format ! (\"k:{}\" , id))"),
-            (quote!(fair = true), ":: distlock :: LockManager :: fair_lock (distlock_manager , :: std :: format ! (\"k:{}\" , id))"),
             (quote!(permits = 3), ":: distlock :: LockManager :: semaphore (distlock_manager , :: std :: format ! (\"k:{}\" , id) , 3u32)"),
             (quote!(permits = 0x10), ":: distlock :: LockManager :: semaphore (distlock_manager , :: std :: format ! (\"k:{}\" , id) , 16u32)"),
             (quote!(permits = n), ":: distlock :: LockManager :: semaphore (distlock_manager , :: std :: format ! (\"k:{}\" , id) , distlock_permits)"),

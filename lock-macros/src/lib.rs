@@ -99,9 +99,8 @@
 //! The lock family only changes the request and the guard's type. `mode =
 //! "read"` / `"write"` call `LockManager::read_lock` / `write_lock`, `permits
 //! = N` calls `LockManager::semaphore(manager, key, N)` (an expression is
-//! bound to a `let distlock_permits: u32` first) and `fair = true` calls
-//! `LockManager::fair_lock`; all give the ordinary `LockRequest` and
-//! `LockGuard`. A key list (`key = ["order:{id}", "sku:{sku}" for sku in
+//! bound to a `let distlock_permits: u32` first); both give the ordinary
+//! `LockRequest` and `LockGuard`. A key list (`key = ["order:{id}", "sku:{sku}" for sku in
 //! skus]`, or a lone `key = "sku:{sku}" for sku in skus`) builds a
 //! `Vec<String>` of the keys in the order written, a `for` element pushing one
 //! key per item of `IntoIterator::into_iter(&(EXPR))`, and calls

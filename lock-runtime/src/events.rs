@@ -34,9 +34,8 @@ impl LockManager {
     /// Events are published by the managers that take the locks when built
     /// with [`lock_events(true)`](crate::LockManagerBuilder::lock_events)
     /// (force-unlocks by any manager); they cover the default lock
-    /// ([`lock`](Self::lock), [`fair_lock`](Self::fair_lock),
-    /// [`lock_all`](Self::lock_all), leader elections), not read-write locks or
-    /// semaphores. Expiry needs Redis's keyspace notifications (see
+    /// ([`lock`](Self::lock), [`lock_all`](Self::lock_all), leader
+    /// elections), not read-write locks or semaphores. Expiry needs Redis's keyspace notifications (see
     /// [`expiry`](LockEventsRequest::expiry)). Not available on Redlock.
     ///
     /// ```no_run

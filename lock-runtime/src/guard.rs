@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use crate::backend::Renewal;
 use crate::core::{Core, ManagerInner};
-use crate::error::{BackendError, BackendErrorKind, KeyPreview, LockError};
-use crate::keys::RedisNames;
+use crate::error::{BackendError, BackendErrorKind, LockError};
 use crate::lease::{Lease, NewLease};
+use crate::release::{drop_holds, release_holds, release_lease_in_background};
 
 /// A held lock. Dropping it releases the lock in the background; [`release`]
 /// releases it and reports how that went.
@@ -265,155 +265,18 @@ impl LockGuard {
     /// which case the release is retried in the background until the lease ends.
     pub async fn release(mut self) -> Result<(), LockError> {
         self.released = true;
-        let lease = self.lease.clone();
-        if !lease.drop_hold() {
-            return if lease.is_lost() {
-                Err(self.lost_error())
-            } else {
-                Ok(())
-            };
-        }
-        let core = &self.manager.core;
-        let was_lost = lease.mark_released();
-        core.renewals.remove(lease.id);
-        if core.is_shut_down() {
-            // The shutdown released the lock already (or its lease will).
-            return Err(self.lost_error());
-        }
-        crate::telemetry::released(lease.metrics_label, || lease.granted_at.elapsed());
-        // From here on nobody else will release: if this future is dropped before
-        // the reply, the queued script may never be sent (or a NOSCRIPT retry may
-        // be cut short), so hand the release to the background.
-        let mut pending = ReleaseOnDrop::new(|| release_lease_in_background(core, &lease));
-        let started = Instant::now();
-        let reply = core
-            .backend
-            .release(
-                &lease.key,
-                &lease.keys,
-                &lease.owner,
-                lease.keep_ms(),
-                free_first(core, &lease),
-            )
-            .await;
-        pending.disarm();
-        match reply {
-            Ok(true) if !was_lost => {
-                tracing::debug!(target: "distlock::release",
-                    key = %KeyPreview(&lease.key),
-                    took_us = started.elapsed().as_micros() as u64,
-                    "released"
-                );
-                Ok(())
-            }
-            Ok(deleted) => {
-                if !was_lost {
-                    tracing::warn!(target: "distlock::release",
-                        key = %KeyPreview(&lease.key),
-                        fencing_token = lease.fencing_token(),
-                        "lease lost: at release the lock was no longer ours"
-                    );
-                }
-                tracing::debug!(target: "distlock::release", deleted, "released a lost lease");
-                Err(self.lost_error())
-            }
-            Err(e) => {
-                tracing::warn!(target: "distlock::release",
-                    key = %KeyPreview(&lease.key),
-                    error = %e.error,
-                    "release failed; retrying in the background"
-                );
-                release_lease_in_background(core, &lease);
-                Err(e.error)
-            }
-        }
+        release_holds(&self.manager.core, std::slice::from_ref(&self.lease)).await
     }
-}
-
-/// Runs its release if dropped while armed: the one "release in the
-/// background if this is dropped" of the crate (the pattern of sqlx's
-/// `DecrementSizeGuard`). Every path that sends a command whose effect it may
-/// not learn (an acquisition or a release in flight, whose future may be
-/// dropped or whose reply may be lost; a queue entry to withdraw) holds one,
-/// and disarms it once the outcome is known. The release is a closure, so
-/// that an armed guard costs nothing until it fires.
-#[must_use = "dropped at once, the guard releases at once"]
-pub(crate) struct ReleaseOnDrop<F: FnOnce()> {
-    release: Option<F>,
-}
-
-impl<F: FnOnce()> ReleaseOnDrop<F> {
-    pub(crate) fn new(release: F) -> Self {
-        ReleaseOnDrop {
-            release: Some(release),
-        }
-    }
-
-    /// The outcome is known: nothing to release on drop.
-    pub(crate) fn disarm(&mut self) {
-        self.release = None;
-    }
-}
-
-impl<F: FnOnce()> Drop for ReleaseOnDrop<F> {
-    fn drop(&mut self) {
-        if let Some(release) = self.release.take() {
-            release();
-        }
-    }
-}
-
-/// Whether `release()` of `lease` tries the script that declares the lock's
-/// key alone first (see `Backend::release`): not when the hold waited for the
-/// lock, nor when another acquisition of this manager is queued for it, nor
-/// when a waiter of another manager told this one that it queued (its notice
-/// on the hand-off channel, see `acquire.lua`); then someone most likely
-/// waits, and the full release hands the lock over in one round trip. (A
-/// release in the background never does.)
-fn free_first(core: &Core, lease: &Lease) -> bool {
-    // Asked first, so that the notice is forgotten whatever the answer.
-    let told = core.subscriber.take_waited_for(&lease.owner);
-    !told && !lease.waited && !core.subscriber.has_queued(&lease.keys.lock)
-}
-
-/// [`release_in_background`] of a granted lease (keeping a `min_hold`).
-pub(crate) fn release_lease_in_background(core: &Arc<Core>, lease: &Lease) {
-    release_in_background(
-        core,
-        lease.key.clone(),
-        lease.keys.clone(),
-        lease.owner.clone(),
-        lease.duration(),
-        lease.min_hold_until,
-    );
 }
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        if self.released || !self.lease.drop_hold() {
-            return;
+        if !self.released {
+            drop_holds(&self.manager.core, std::slice::from_ref(&self.lease));
         }
-        let core = &self.manager.core;
-        self.lease.mark_released();
-        core.renewals.remove(self.lease.id);
-        if core.is_shut_down() {
-            return;
-        }
-        crate::telemetry::released(self.lease.metrics_label, || self.lease.granted_at.elapsed());
-        release_lease_in_background(core, &self.lease);
     }
 }
 
-/// Deletes the lock if `owner` still holds it, from a task of its own, retrying
-/// until it succeeds or the lease has run out anyway. Never blocks. Until
-/// `keep_until` (a `min_hold`), it keeps the lock until then instead.
-///
-/// If the runtime shuts down before the task has finished (a guard dropped as
-/// `#[tokio::main]` returns), the task is dropped unfinished and releases over a
-/// blocking connection instead, bounded by the connect and command timeouts,
-/// so that the next run of the program does not wait out the lease. When the
-/// runtime is already gone, `spawn` drops the task at once: then nothing blocks
-/// and the lease frees the lock.
 /// Turns a lock just taken in Redis into a held lease, the one grant step of
 /// every acquisition (single-key and multi-key): registered with the renewal
 /// task and counted as acquired. A lock `handed_off` by a release got that
@@ -426,7 +289,7 @@ pub(crate) fn grant(
     started: Instant,
     handed_off: Option<Duration>,
 ) -> Result<Arc<Lease>, LockError> {
-    let (sent_at, metrics_label) = (new.sent_at, new.metrics_label);
+    let (sent_at, metrics_label) = (new.sent_at, new.hold.metrics_label);
     let lease = Arc::new(Lease::new(new));
     if let Some(ttl) = handed_off {
         lease.handed_off(sent_at, ttl);
@@ -434,120 +297,13 @@ pub(crate) fn grant(
     if !core.renewals.insert(lease.clone()) {
         lease.mark_released();
         // The holder never had it: no min_hold to keep.
-        release_in_background(
-            core,
-            lease.key.clone(),
-            lease.keys.clone(),
-            lease.owner.clone(),
-            lease.duration(),
-            None,
-        );
+        release_lease_in_background(core, &lease, None);
         return Err(LockError::ShutDown {
             key: lease.key.clone(),
         });
     }
     crate::telemetry::acquired(metrics_label, || started.elapsed());
     Ok(lease)
-}
-
-pub(crate) fn release_in_background(
-    core: &Arc<Core>,
-    key: String,
-    keys: RedisNames,
-    owner: String,
-    lease: Duration,
-    keep_until: Option<Instant>,
-) {
-    let release = BackgroundRelease {
-        core: core.clone(),
-        key,
-        keys,
-        owner,
-        lease,
-        keep_until,
-        unfinished: true,
-    };
-    SPAWNING.with(|s| s.set(true));
-    drop(core.runtime.spawn(release.run()));
-    SPAWNING.with(|s| s.set(false));
-}
-
-thread_local! {
-    /// Set while `release_in_background` calls `spawn`: a task dropped then was
-    /// refused by a runtime that is gone, inside a guard's `Drop`, which must not block.
-    static SPAWNING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-struct BackgroundRelease {
-    core: Arc<Core>,
-    key: String,
-    keys: RedisNames,
-    owner: String,
-    lease: Duration,
-    keep_until: Option<Instant>,
-    unfinished: bool,
-}
-
-impl BackgroundRelease {
-    async fn run(mut self) {
-        let give_up = Instant::now() + self.lease;
-        let retry_cap = (self.lease / 3).max(Duration::from_millis(5));
-        let mut delay = Duration::from_millis(5);
-        loop {
-            let result = self
-                .core
-                .backend
-                .release(
-                    &self.key,
-                    &self.keys,
-                    &self.owner,
-                    crate::lease::keep_ms(self.keep_until),
-                    // The full release at once: a background release follows a
-                    // drop or a release cancelled half way (whose one-key
-                    // attempt may have run), so it is one script whatever it
-                    // finds.
-                    false,
-                )
-                .await;
-            match result {
-                Ok(deleted) => {
-                    tracing::debug!(target: "distlock::release", key = %KeyPreview(&self.key), deleted, "released in the background");
-                    break;
-                }
-                Err(e) if Instant::now() + delay < give_up => {
-                    tracing::debug!(target: "distlock::release", key = %KeyPreview(&self.key), error = %e.error, "background release failed; retrying");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(retry_cap);
-                }
-                Err(e) => {
-                    tracing::warn!(target: "distlock::release",
-                        key = %KeyPreview(&self.key),
-                        error = %e.error,
-                        "could not release; the lease will free the lock"
-                    );
-                    break;
-                }
-            }
-        }
-        self.unfinished = false;
-    }
-
-    fn release_blocking(&self) {
-        let result = self.core.backend.release_blocking(
-            &self.keys,
-            &self.owner,
-            crate::lease::keep_ms(self.keep_until),
-        );
-        tracing::debug!(target: "distlock::release", key = %KeyPreview(&self.key), ok = result.is_ok(), "released at runtime shutdown");
-    }
-}
-
-impl Drop for BackgroundRelease {
-    fn drop(&mut self) {
-        if self.unfinished && !SPAWNING.with(|s| s.get()) {
-            self.release_blocking();
-        }
-    }
 }
 
 /// The fencing token of `lease`, issued now if it has none (see

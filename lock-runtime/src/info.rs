@@ -19,7 +19,7 @@ pub(crate) const MAX_HOLDER_BYTES: usize = 256;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum HoldKind {
-    /// The default lock: `lock`, `fair_lock`, or one key of a `lock_all`
+    /// The default lock: `lock`, or one key of a `lock_all`
     /// hold (whose keys share one
     /// [`acquisition_id`](LockInfo::acquisition_id)).
     Lock,

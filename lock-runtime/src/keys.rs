@@ -70,7 +70,7 @@ impl LockKind {
 /// on, and how messages name the kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum LockFamily {
-    /// The default lock (`lock`, `fair_lock`, `lock_all`).
+    /// The default lock (`lock`, `lock_all`).
     Lock,
     /// A read-write lock: its read and write holds.
     ReadWrite,

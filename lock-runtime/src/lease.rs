@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 use crate::keys::RedisNames;
+use crate::options::Hold;
 
 const HELD: u8 = 0;
 const LOST: u8 = 1;
@@ -122,11 +123,9 @@ pub(crate) struct NewLease {
     pub(crate) keys: RedisNames,
     pub(crate) owner: String,
     pub(crate) fencing_token: u64,
-    pub(crate) lease: Duration,
-    pub(crate) renew: bool,
-    pub(crate) max_hold: Option<Duration>,
-    pub(crate) min_hold: Option<Duration>,
-    pub(crate) metrics_label: Option<&'static str>,
+    /// The request's options: the lease, renewal, `max_hold`, `min_hold` and
+    /// metrics label of this hold.
+    pub(crate) hold: Hold,
     pub(crate) epoch: Instant,
     /// When the acquire that set the lease in Redis was sent.
     pub(crate) sent_at: Instant,
@@ -147,13 +146,13 @@ impl Lease {
             keys: n.keys,
             owner: n.owner,
             fencing_token: AtomicU64::new(n.fencing_token),
-            lease_ms: AtomicU64::new(u64::try_from(n.lease.as_millis()).unwrap_or(u64::MAX)),
-            renew: n.renew,
-            metrics_label: n.metrics_label,
+            lease_ms: AtomicU64::new(u64::try_from(n.hold.lease.as_millis()).unwrap_or(u64::MAX)),
+            renew: n.hold.renew,
+            metrics_label: n.hold.metrics_label,
             waited: n.waited,
             granted_at: n.sent_at,
-            max_hold_until: n.max_hold.and_then(|d| n.sent_at.checked_add(d)),
-            min_hold_until: n.min_hold.and_then(|d| n.acquired_at.checked_add(d)),
+            max_hold_until: n.hold.max_hold.and_then(|d| n.sent_at.checked_add(d)),
+            min_hold_until: n.hold.min_hold.and_then(|d| n.acquired_at.checked_add(d)),
             epoch: n.epoch,
             valid_until: AtomicU64::new(0),
             next_renewal: AtomicU64::new(0),
@@ -237,7 +236,7 @@ impl Lease {
         );
     }
 
-    /// Records a fair lock handed to this holder by another's release, which
+    /// Records a lock handed to this holder by another's release, which
     /// set its TTL to `ttl` (at most the queue lease) at some time after
     /// `sent_at` (the holder's last attempt before the hand-off): the holder
     /// trusts it until `sent_at + ttl - drift`, and renews it a third of `ttl`

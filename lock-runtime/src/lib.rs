@@ -38,9 +38,10 @@
 // The layers, top down; each module uses only those below it (ARCHITECTURE.md):
 // events, leader, ticket (a hold handed to another process), permits (part of a
 // weighted hold given back) > global > manager > multi, counting
-// (a counting semaphore's handle) > request > guard > core >
+// (a counting semaphore's handle) > request > guard > release (giving leases
+// back, at once or in the background) > core >
 // renewal, waiting > backend > context, lease > telemetry, keys, config, info, error;
-// options (a request's hold options) sits with config. Events and leader are not built
+// options (a request's hold options) sits with config, under lease. Events and leader are not built
 // on the public API alone: they reach into `core.backend` (pub/sub connections,
 // PUBLISH, CONFIG GET) and the leader into the guard's lease. `backend` sends every
 // command but the subscriptions: waiting, events and leader subscribe and read the
@@ -63,6 +64,7 @@ mod manager;
 mod multi;
 mod options;
 mod permits;
+mod release;
 mod renewal;
 mod request;
 mod telemetry;

@@ -360,14 +360,6 @@ impl LockManager {
         )
     }
 
-    /// The same lock as [`lock`](Self::lock), under the name users of other
-    /// libraries look for: the default lock is already fair (waiters from every
-    /// process are served in arrival order). Kept so that code written for
-    /// distlock 0.1's separate fair lock reads as it did; it is not another lock.
-    pub fn fair_lock(&self, key: impl Into<String>) -> LockRequest {
-        self.lock(key)
-    }
-
     /// Whether the current call chain holds the default lock of `key` on this
     /// manager: `self.lock(key).is_held_by_current_chain()` (see
     /// [`LockRequest::is_held_by_current_chain`], which also answers for read
@@ -781,10 +773,15 @@ impl LockManager {
     pub fn held_count(&self) -> usize {
         self.inner.core.renewals.live_count()
     }
+}
 
+/// Counters for tests that check what a manager's background work costs.
+/// Not a stable API.
+#[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+impl LockManager {
     /// How often the renewal task has woken up since the manager was built: for
     /// tests that check an acquire/release cycle does not wake it. Not a stable API.
-    #[doc(hidden)]
     pub fn renewal_task_wakeups(&self) -> u64 {
         self.inner.core.renewals.wakeups()
     }
@@ -792,14 +789,12 @@ impl LockManager {
     /// How many release messages have woken one of this manager's waiters (a
     /// Redlock release heard from several members counts once): for tests.
     /// Not a stable API.
-    #[doc(hidden)]
     pub fn wake_ups_delivered(&self) -> u64 {
         self.inner.core.subscriber.delivered()
     }
 
     /// How many notices "a waiter queued for one of your holds" this manager
     /// has heard on its hand-off channel: for tests. Not a stable API.
-    #[doc(hidden)]
     pub fn waited_for_notices_heard(&self) -> u64 {
         self.inner.core.subscriber.waited_for_heard()
     }
@@ -807,7 +802,6 @@ impl LockManager {
     /// How many round trips renewals have taken since the manager was built
     /// (pipelines and single calls): for tests that check renewal costs one
     /// round trip per server per tick. Not a stable API.
-    #[doc(hidden)]
     pub fn renewal_round_trips(&self) -> u64 {
         self.inner.core.backend.renewal_round_trips()
     }

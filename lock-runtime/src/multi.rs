@@ -27,10 +27,11 @@ use crate::config::{self, owner_token, Backoff};
 use crate::context::LockContext;
 use crate::core::{Core, ManagerInner};
 use crate::error::{KeyPreview, LockError};
-use crate::guard::{grant, release_in_background, release_lease_in_background, ReleaseOnDrop};
+use crate::guard::grant;
 use crate::keys::{self, LockKind, RedisNames};
 use crate::lease::{Lease, NewLease};
 use crate::options::{Hold, HoldOptions, Patience};
+use crate::release::{drop_holds, release_holds, release_in_background, ReleaseOnDrop};
 use crate::request::{reenter, LockRequest};
 use crate::telemetry;
 
@@ -389,11 +390,7 @@ async fn one_script(
                     keys,
                     owner: owner.clone(),
                     fencing_token,
-                    lease: options.lease,
-                    renew: options.renew,
-                    max_hold: options.max_hold,
-                    min_hold: options.min_hold,
-                    metrics_label: options.metrics_label,
+                    hold: options,
                     epoch: core.epoch,
                     sent_at,
                     acquired_at,
@@ -660,7 +657,8 @@ impl MultiLockGuard {
     }
 
     /// Releases every lock: one round trip per server (a pipeline of release
-    /// scripts), each lock deleted if it is still ours and its waiters woken
+    /// scripts; with one lock left to release, the release of a
+    /// [`LockGuard`](crate::LockGuard::release)), each lock deleted if it is still ours and its waiters woken
     /// (or kept until its `min_hold` has passed). Re-entrant holds only give
     /// back their count; a lock goes when the last hold of the call chain is
     /// released.
@@ -672,84 +670,7 @@ impl MultiLockGuard {
     /// the leases end.
     pub async fn release(mut self) -> Result<(), LockError> {
         self.released = true;
-        let core = self.manager.core.clone();
-        let mut lost: Option<String> = None;
-        let mut last = Vec::with_capacity(self.leases.len());
-        for lease in &self.leases {
-            if !lease.drop_hold() {
-                if lease.is_lost() {
-                    lost.get_or_insert_with(|| lease.key.clone());
-                }
-                continue;
-            }
-            if lease.mark_released() {
-                lost.get_or_insert_with(|| lease.key.clone());
-            }
-            core.renewals.remove(lease.id);
-            last.push(lease.clone());
-        }
-        if last.is_empty() {
-            return lost.map_or(Ok(()), |key| Err(LockError::Lost { key }));
-        }
-        if core.is_shut_down() {
-            // The shutdown released the locks already (or their leases will).
-            let key = last.first().map(|l| l.key.clone()).unwrap_or_default();
-            return Err(LockError::Lost { key });
-        }
-        for lease in &last {
-            telemetry::released(lease.metrics_label, || lease.granted_at.elapsed());
-        }
-        // From here on nobody else will release: if this future is dropped
-        // before the reply, hand the releases to the background.
-        let mut pending = ReleaseOnDrop::new(|| release_each_in_background(&core, &last));
-        let locks: Vec<(&RedisNames, &str, u64)> = last
-            .iter()
-            .map(|l| (&l.keys, l.owner.as_str(), l.keep_ms()))
-            .collect();
-        let started = Instant::now();
-        let reply = core.backend.release_many(&locks).await;
-        pending.disarm();
-        match reply {
-            Ok(ours) => {
-                for (lease, ours) in last.iter().zip(ours) {
-                    if !ours {
-                        tracing::warn!(target: "distlock::release",
-                            key = %KeyPreview(&lease.key),
-                            fencing_token = lease.fencing_token(),
-                            "lease lost: at release the lock was no longer ours"
-                        );
-                        lost.get_or_insert_with(|| lease.key.clone());
-                    }
-                }
-                tracing::debug!(target: "distlock::release",
-                    locks = last.len(),
-                    took_us = started.elapsed().as_micros() as u64,
-                    "released all"
-                );
-                lost.map_or(Ok(()), |key| Err(LockError::Lost { key }))
-            }
-            Err(e) => {
-                tracing::warn!(target: "distlock::release",
-                    locks = last.len(),
-                    error = %e.error,
-                    "release failed; retrying in the background"
-                );
-                release_each_in_background(&core, &last);
-                Err(match e.error {
-                    LockError::Backend { source, .. } => LockError::Backend {
-                        key: last.first().map(|l| l.key.clone()).unwrap_or_default(),
-                        source,
-                    },
-                    other => other,
-                })
-            }
-        }
-    }
-}
-
-fn release_each_in_background(core: &Arc<Core>, leases: &[Arc<Lease>]) {
-    for lease in leases {
-        release_lease_in_background(core, lease);
+        release_holds(&self.manager.core, &self.leases).await
     }
 }
 
@@ -758,25 +679,8 @@ impl Drop for MultiLockGuard {
     /// task of its own (as a [`LockGuard`](crate::LockGuard)'s drop does);
     /// never blocks.
     fn drop(&mut self) {
-        if self.released {
-            return;
+        if !self.released {
+            drop_holds(&self.manager.core, &self.leases);
         }
-        let core = &self.manager.core;
-        let mut last = Vec::new();
-        for lease in &self.leases {
-            if !lease.drop_hold() {
-                continue;
-            }
-            lease.mark_released();
-            core.renewals.remove(lease.id);
-            last.push(lease.clone());
-        }
-        if core.is_shut_down() {
-            return;
-        }
-        for lease in &last {
-            telemetry::released(lease.metrics_label, || lease.granted_at.elapsed());
-        }
-        release_each_in_background(core, &last);
     }
 }

@@ -3,8 +3,9 @@
 use std::sync::Arc;
 
 use crate::error::{KeyPreview, LockError};
-use crate::guard::{release_in_background, release_lease_in_background, LockGuard, ReleaseOnDrop};
+use crate::guard::LockGuard;
 use crate::keys::LockKind;
+use crate::release::{release_in_background, release_lease_in_background, ReleaseOnDrop};
 
 impl LockGuard {
     /// For a semaphore hold of several permits
@@ -121,7 +122,7 @@ impl LockGuard {
         if !core.renewals.insert(kept_lease.clone()) {
             // Shut down meanwhile: the shutdown released what it knew of.
             kept_lease.mark_released();
-            release_lease_in_background(&core, &kept_lease);
+            release_lease_in_background(&core, &kept_lease, kept_lease.min_hold_until);
             self.replace_lease(kept_lease);
             return Err(LockError::ShutDown {
                 key: old.key.clone(),

@@ -97,6 +97,7 @@ impl Renewals {
     }
 
     /// How often the renewal task has woken up so far.
+    #[cfg(feature = "testing")]
     pub(crate) fn wakeups(&self) -> u64 {
         self.wakeups.load(Ordering::Relaxed)
     }

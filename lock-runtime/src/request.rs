@@ -10,10 +10,11 @@ use crate::config::{self, owner_token, Backoff};
 use crate::context::LockContext;
 use crate::core::{Core, ManagerInner};
 use crate::error::{KeyPreview, LockError};
-use crate::guard::{release_in_background, LockGuard, ReleaseOnDrop};
+use crate::guard::LockGuard;
 use crate::keys::{self, LockKind, RedisNames};
 use crate::lease::{Lease, NewLease};
 use crate::options::{Hold, HoldOptions, Patience};
+use crate::release::{release_in_background, ReleaseOnDrop};
 use crate::telemetry;
 use crate::waiting::BackoffTimer;
 
@@ -454,23 +455,13 @@ impl LockRequest {
         }
         keys::validate_key(&key)?;
         let core = manager.core.clone();
-        let Hold {
-            lease,
-            wait,
-            renew,
-            max_hold,
-            min_hold,
-            metrics_label,
-            eager_fencing,
-            backoff,
-            reentrant,
-        } = options.resolve(&core.config, patience)?;
+        let mut hold = options.resolve(&core.config, patience)?;
 
         if core.is_shut_down() {
             return Err(LockError::ShutDown { key });
         }
         if let Some(held) = LockContext::find(core.id, &key, kind.family()) {
-            if !reentrant {
+            if !hold.reentrant {
                 return Err(LockError::AlreadyHeld { key });
             }
             if kind == LockKind::Write && held.keys.kind == LockKind::Read {
@@ -487,19 +478,17 @@ impl LockRequest {
         let span = tracing::debug_span!(target: "distlock::acquire",
             "distlock.acquire",
             key = %KeyPreview(&key),
-            lease_ms = lease.as_millis() as u64,
-            wait_ms = wait.as_millis() as u64,
+            lease_ms = hold.lease.as_millis() as u64,
+            wait_ms = hold.wait.as_millis() as u64,
         );
         // A shared hold (reader, permit) lives in a sorted set, which has no
         // place to record a token issued later: it takes its token at once.
-        let eager_fencing =
-            matches!(kind, LockKind::Read | LockKind::Permit { .. }) || eager_fencing;
+        hold.eager_fencing |= matches!(kind, LockKind::Read | LockKind::Permit { .. });
         let started = Instant::now();
         let acquired = Acquisition {
             core: &core,
             keys: core.keys_of(&key, kind),
             resize_permits,
-            eager_fencing,
             queue: kind == LockKind::Exclusive && !redlock,
             // A weighted hold's token says how many permits it stands for
             // (see `weight_of` in shared_prelude.lua).
@@ -514,19 +503,14 @@ impl LockRequest {
                 (None, weight) => format!("{}:{weight}", owner_token()),
             },
             key,
-            lease,
-            backoff,
-            renew,
-            max_hold,
-            min_hold,
-            metrics_label,
+            hold,
             started,
             attempts: 0,
             waiting: false,
             last_sent: started,
             recent_attempts: std::collections::VecDeque::new(),
         }
-        .run(manager.clone(), patience, wait)
+        .run(manager.clone(), patience)
         .instrument(span)
         .await;
         Ok(acquired?.map(|mut guard| {
@@ -563,8 +547,6 @@ struct Acquisition<'a> {
     core: &'a Arc<Core>,
     keys: RedisNames,
     resize_permits: bool,
-    /// The fencing token is issued inside the acquisition.
-    eager_fencing: bool,
     /// Waiters queue in Redis and are handed the lock (the default lock, but
     /// on Redlock).
     queue: bool,
@@ -572,12 +554,9 @@ struct Acquisition<'a> {
     /// whose earlier reply was lost finds the lock already ours.
     owner: String,
     key: String,
-    lease: Duration,
-    backoff: Backoff,
-    renew: bool,
-    max_hold: Option<Duration>,
-    min_hold: Option<Duration>,
-    metrics_label: Option<&'static str>,
+    /// The request's options, checked and completed (for a shared hold, with
+    /// eager fencing).
+    hold: Hold,
     started: Instant,
     attempts: u32,
     /// Listening for this lock's wake-ups: attempts mark the lock as waited for
@@ -595,8 +574,8 @@ impl Acquisition<'_> {
         mut self,
         manager: Arc<ManagerInner>,
         patience: Patience,
-        wait: Duration,
     ) -> Result<Option<LockGuard>, LockError> {
+        let wait = self.hold.wait;
         if self.queue {
             // The default lock. Inline here rather than in a function of its
             // own: each async fn taking `self` by value keeps a copy of it in
@@ -610,7 +589,7 @@ impl Acquisition<'_> {
                         sent_at,
                     } => self.grant(manager, fencing_token, sent_at, None).map(Some),
                     Attempt::Busy(_) if patience == Patience::Once => {
-                        telemetry::busy(self.metrics_label);
+                        telemetry::busy(self.hold.metrics_label);
                         Ok(None)
                     }
                     Attempt::Busy(_) => Err(self.timeout()),
@@ -653,7 +632,7 @@ impl Acquisition<'_> {
                 Attempt::Busy(remaining) => remaining,
             };
             if patience == Patience::Once {
-                telemetry::busy(self.metrics_label);
+                telemetry::busy(self.hold.metrics_label);
                 return Ok(None);
             }
             if wait.is_zero() {
@@ -676,12 +655,12 @@ impl Acquisition<'_> {
     ) -> Result<Option<LockGuard>, LockError> {
         let core = self.core.clone();
         let registration = core.subscriber.register(self.keys.channel());
-        let _counted = telemetry::waiting(self.metrics_label);
+        let _counted = telemetry::waiting(self.hold.metrics_label);
         self.waiting = true;
         // A waiting writer announces itself to keep new readers out; if it
         // leaves without the lock, it takes the announcement back.
         let mut withdraw = (self.keys.kind == LockKind::Write).then(|| self.withdraw_on_drop());
-        let mut backoff = BackoffTimer::new(self.backoff);
+        let mut backoff = BackoffTimer::new(self.hold.backoff);
         // Registered from here on: a release from now on wakes this waiter or
         // another of this manager (who then holds the lock), and a new
         // subscription wakes every waiter once it is confirmed, for a release
@@ -763,7 +742,7 @@ impl Acquisition<'_> {
         let channel = &core.handoff_channel;
         core.subscriber.keep(channel);
         let registration = core.subscriber.register(channel);
-        let _counted = telemetry::waiting(self.metrics_label);
+        let _counted = telemetry::waiting(self.hold.metrics_label);
         let _queued = core.subscriber.queue_here(&self.keys.lock);
         let handoff = core.subscriber.expect_handoff(&self.owner);
         self.waiting = true;
@@ -864,10 +843,10 @@ impl Acquisition<'_> {
     /// at most the queue lease when the holder renews (its first renewal
     /// brings it up to the lease), the lease when it does not.
     fn handoff_ttl(&self) -> Duration {
-        if self.renew {
-            self.lease.min(QUEUE_LEASE)
+        if self.hold.renew {
+            self.hold.lease.min(QUEUE_LEASE)
         } else {
-            self.lease
+            self.hold.lease
         }
     }
 
@@ -885,7 +864,7 @@ impl Acquisition<'_> {
             }
             self.recent_attempts.push_back((self.attempts, sent_at));
         }
-        let lease_ms = u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX);
+        let lease_ms = u64::try_from(self.hold.lease.as_millis()).unwrap_or(u64::MAX);
         let retention_ms =
             u64::try_from(self.core.config.fence_retention.as_millis()).unwrap_or(u64::MAX);
         // If this future is dropped while the script is in flight, the server
@@ -900,7 +879,7 @@ impl Acquisition<'_> {
                 self.key.clone(),
                 self.keys.clone(),
                 self.owner.clone(),
-                self.lease,
+                self.hold.lease,
                 None,
             );
         });
@@ -914,6 +893,7 @@ impl Acquisition<'_> {
                 lease_ms,
                 &AcquireSpec {
                     fence_ttl_ms: self
+                        .hold
                         .eager_fencing
                         .then(|| lease_ms.saturating_add(retention_ms)),
                     waiting: self.waiting,
@@ -981,7 +961,7 @@ impl Acquisition<'_> {
             self.key.clone(),
             self.keys.clone(),
             self.owner.clone(),
-            self.lease,
+            self.hold.lease,
         );
         ReleaseOnDrop::new(move || release_in_background(&core, key, keys, owner, lease, None))
     }
@@ -1000,22 +980,13 @@ impl Acquisition<'_> {
         let Acquisition {
             core,
             keys,
-            resize_permits: _,
-            eager_fencing: _,
-            queue: _,
             owner,
             key,
-            lease,
-            backoff: _,
-            renew,
-            max_hold,
-            min_hold,
-            metrics_label,
+            hold,
             started,
             attempts,
             waiting,
-            last_sent: _,
-            recent_attempts: _,
+            ..
         } = self;
         let new = NewLease {
             id: config::next_id(),
@@ -1024,11 +995,7 @@ impl Acquisition<'_> {
             keys,
             owner,
             fencing_token,
-            lease,
-            renew,
-            max_hold,
-            min_hold,
-            metrics_label,
+            hold,
             epoch: core.epoch,
             sent_at,
             acquired_at: Instant::now(),
@@ -1046,7 +1013,7 @@ impl Acquisition<'_> {
 
     fn timeout(&self) -> LockError {
         let waited = self.started.elapsed();
-        telemetry::timed_out(self.metrics_label);
+        telemetry::timed_out(self.hold.metrics_label);
         tracing::debug!(target: "distlock::acquire",
             waited_ms = waited.as_millis() as u64,
             attempts = self.attempts,

@@ -16,6 +16,7 @@ use crate::guard::LockGuard;
 use crate::keys::{self, LockKind};
 use crate::lease::{Lease, NewLease};
 use crate::manager::LockManager;
+use crate::options::Hold;
 
 /// What a secret string starts with: the format's version, so that a later
 /// format can still read (or plainly refuse) this one.
@@ -250,11 +251,19 @@ impl LockManager {
             keys: core.keys_of(&ticket.key, ticket.kind),
             owner: ticket.owner.clone(),
             fencing_token: ticket.fencing_token,
-            lease: ticket.lease,
-            renew: ticket.renew,
-            max_hold: None,
-            min_hold: None,
-            metrics_label: None,
+            // The options a ticket carries; the rest (`max_hold`, `min_hold`,
+            // the metrics label) stayed with the guard it came from.
+            hold: Hold {
+                lease: ticket.lease,
+                wait: Duration::ZERO,
+                renew: ticket.renew,
+                max_hold: None,
+                min_hold: None,
+                metrics_label: None,
+                eager_fencing: false,
+                backoff: core.config.backoff,
+                reentrant: true,
+            },
             epoch: core.epoch,
             sent_at,
             acquired_at: Instant::now(),

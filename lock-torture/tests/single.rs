@@ -10,8 +10,8 @@
 
 use std::time::{Duration, Instant};
 
-use distlock_testing::RedisServer;
 use distlock::LockManager;
+use distlock_testing::RedisServer;
 use lock_torture::checker::{check_sections, Faults};
 use lock_torture::clock::{diff_ms, mono_ns, ms, ns};
 use lock_torture::history::{History, Outcome};
@@ -2069,7 +2069,7 @@ async fn s11_read_write_lock_writers_exclude_everyone_and_do_not_starve() {
     assert_drained(&workers, &drains);
 }
 
-/// Scenario 12: a fair lock on 3 keys, 4 processes x 32 tasks, 10 % of the
+/// Scenario 12: the default lock (fair: its waiters queue) on 3 keys, 4 processes x 32 tasks, 10 % of the
 /// bodies cancelled and 5 % panicking; one process is killed with SIGKILL while
 /// its tasks wait in the queues. No overlap, tokens increase, exact counter; the
 /// dead waiters' entries hold the queues up no longer than their queue lease
@@ -2089,7 +2089,7 @@ async fn s12_a_fair_lock_is_exclusive_and_a_dead_waiter_does_not_block_its_queue
     let processes = 4u32;
     let doomed = processes - 1;
     let url = setup.lock().url();
-    let more: [(&'static str, &dyn ToString); 2] = [("kind", &"fair"), ("progress", &20)];
+    let more: [(&'static str, &dyn ToString); 1] = [("progress", &20)];
     let load_of = |id| mixed_load(id, &keys.join(","), lease.as_millis(), &more);
     let mut workers = ready_all(
         (0..processes)

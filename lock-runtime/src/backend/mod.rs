@@ -469,6 +469,7 @@ impl Backend {
 
     /// How many round trips renewals have taken so far (pipelines and single
     /// calls), for tests that count them per tick.
+    #[cfg(feature = "testing")]
     pub(crate) fn renewal_round_trips(&self) -> u64 {
         match self {
             Backend::Single(b) => b

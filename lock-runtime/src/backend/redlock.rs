@@ -33,7 +33,6 @@
 //! shared member's counter is at least the earlier token when the later
 //! majority asks it, so the later token is larger.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -643,10 +642,14 @@ impl Redlock {
         }
     }
 
+    #[cfg(feature = "testing")]
     pub(crate) fn renewal_round_trips(&self) -> u64 {
         self.members
             .iter()
-            .map(|m| m.renewal_round_trips.load(Ordering::Relaxed))
+            .map(|m| {
+                m.renewal_round_trips
+                    .load(std::sync::atomic::Ordering::Relaxed)
+            })
             .sum()
     }
 }

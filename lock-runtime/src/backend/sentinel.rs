@@ -341,6 +341,7 @@ impl Sentinel {
         self.current().pubsub().await
     }
 
+    #[cfg(feature = "testing")]
     pub(crate) fn renewal_round_trips(&self) -> u64 {
         self.current()
             .renewal_round_trips

@@ -65,6 +65,7 @@ impl Subscriber {
 
     /// How many `!` notices (a waiter queued for one of this manager's holds)
     /// the manager has heard.
+    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn waited_for_heard(&self) -> u64 {
         self.waited_for.waited_for_heard()
     }
@@ -112,6 +113,7 @@ impl Subscriber {
     }
 
     /// How many wake-up messages woke a waiter so far.
+    #[cfg(feature = "testing")]
     pub(crate) fn delivered(&self) -> u64 {
         self.delivered.load(Ordering::Relaxed)
     }

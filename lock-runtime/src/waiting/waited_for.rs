@@ -76,6 +76,7 @@ impl WaitedForNotices {
 
     /// How many `!` notices (a waiter queued for one of this manager's holds)
     /// the manager has heard.
+    #[cfg(any(test, feature = "testing"))]
     pub(super) fn waited_for_heard(&self) -> u64 {
         self.waited_for_heard.load(Ordering::Relaxed)
     }

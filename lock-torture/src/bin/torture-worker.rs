@@ -38,8 +38,7 @@
 //! runs on to within N ms (0, the default: two sleeps, half the body each).
 //! Prints `PROGRESS n` every `--progress` sections and
 //! `DONE n` at the end. `--kind` selects what the tasks take: `lock` (the
-//! default, `manager.lock`), `fair` (`manager.fair_lock`: exclusive, logged as a
-//! lock), `semaphore` (`manager.semaphore(key, --permits)`) or `rw`
+//! default, `manager.lock`), `semaphore` (`manager.semaphore(key, --permits)`) or `rw`
 //! (`manager.write_lock` for `--write-pct` % of the sections, else
 //! `manager.read_lock`); readers and permit holders read the counter but never
 //! write it, and their sections are logged with their kind.
@@ -498,7 +497,7 @@ struct RunConfig {
     /// Run the body under `guard.scope` instead of `scope_until_lost`: a client that
     /// ignores a lost lease (for the checker's negative control).
     ignore_loss: bool,
-    /// What the tasks take: `lock`, `fair` (the fair lock), `semaphore`
+    /// What the tasks take: `lock`, `semaphore`
     /// (`permits` permits), or `rw` (`write_pct` % of the sections write locks,
     /// the others read locks).
     kind: RunKind,
@@ -507,7 +506,6 @@ struct RunConfig {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum RunKind {
     Lock,
-    Fair,
     Semaphore { permits: u32 },
     ReadWrite { write_pct: u64 },
 }
@@ -556,16 +554,13 @@ async fn run(ctx: Arc<Ctx>, args: &Args, mut commands: mpsc::UnboundedReceiver<S
         ignore_loss: args.get::<u8>("ignore-loss", 0) == 1,
         kind: match args.get("kind", "lock".to_owned()).as_str() {
             "lock" => RunKind::Lock,
-            "fair" => RunKind::Fair,
             "semaphore" => RunKind::Semaphore {
                 permits: args.get("permits", 1),
             },
             "rw" => RunKind::ReadWrite {
                 write_pct: args.get("write-pct", 20),
             },
-            other => fatal(&format!(
-                "unknown --kind={other}: lock, fair, semaphore or rw"
-            )),
+            other => fatal(&format!("unknown --kind={other}: lock, semaphore or rw")),
         },
     });
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -627,7 +622,7 @@ async fn task_loop(
         let body = Duration::from_micros(rng.u64(cfg.body_us.0..=cfg.body_us.1.max(cfg.body_us.0)));
         let cancel = body >= Duration::from_millis(1) && rng.u64(..100) < cfg.cancel_pct;
         let hold = match cfg.kind {
-            RunKind::Lock | RunKind::Fair => Kind::Lock,
+            RunKind::Lock => Kind::Lock,
             RunKind::Semaphore { .. } => Kind::Permit,
             RunKind::ReadWrite { write_pct } => {
                 if rng.u64(..100) < write_pct {
@@ -713,7 +708,6 @@ async fn attempt(
     lock(&slot).kind = plan.hold;
     let request = match cfg.kind {
         RunKind::Lock => ctx.manager.lock(plan.key.clone()),
-        RunKind::Fair => ctx.manager.fair_lock(plan.key.clone()),
         RunKind::Semaphore { permits } => ctx.manager.semaphore(plan.key.clone(), permits),
         RunKind::ReadWrite { .. } if plan.hold == Kind::Write => {
             ctx.manager.write_lock(plan.key.clone())

@@ -10,8 +10,8 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use distlock_testing::{ClusterNodeRole, RedisCluster, RedisSentinel, RedisServer};
 use distlock::LockManager;
+use distlock_testing::{ClusterNodeRole, RedisCluster, RedisSentinel, RedisServer};
 use lock_torture::checker::{check_store, Faults, Report, StoreReport};
 use lock_torture::clock::{diff_ms, mono_ns, ms, ns};
 use lock_torture::history::{CallKind, CallResult, History, Outcome};

@@ -16,16 +16,6 @@ async fn mode_permits() -> Result<(), AppError> {
     Ok(())
 }
 
-#[distributed_lock(key = "k", fair = true, mode = "write")]
-async fn fair_mode() -> Result<(), AppError> {
-    Ok(())
-}
-
-#[distributed_lock(key = "k", permits = 2, fair = false)]
-async fn permits_fair() -> Result<(), AppError> {
-    Ok(())
-}
-
 // Key lists take exclusive locks only; the list may come first or last.
 #[distributed_lock(key = ["a", "b"], mode = "read")]
 async fn list_mode() -> Result<(), AppError> {
@@ -37,14 +27,13 @@ async fn permits_list() -> Result<(), AppError> {
     Ok(())
 }
 
-#[distributed_lock(key = "s:{s}" for s in ss, fair = true)]
-async fn for_fair(ss: Vec<u8>) -> Result<(), AppError> {
+#[distributed_lock(key = "s:{s}" for s in ss, mode = "write")]
+async fn for_mode(ss: Vec<u8>) -> Result<(), AppError> {
     let _ = ss;
     Ok(())
 }
 
-#[rustfmt::skip]
-#[distributed_lock(key = ["a"], mode = "exclusive", permits = 0, fair = true)]
+#[distributed_lock(key = ["a"], mode = "exclusive", permits = 0)]
 async fn all_at_once() -> Result<(), AppError> {
     Ok(())
 }

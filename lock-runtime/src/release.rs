@@ -1,0 +1,363 @@
+//! Giving locks back: the one release of a guard's leases (a `LockGuard`'s one,
+//! a `MultiLockGuard`'s several), at once or from a background task.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::core::Core;
+use crate::error::{KeyPreview, LockError};
+use crate::keys::RedisNames;
+use crate::lease::Lease;
+
+/// Gives back one hold of each of `leases` (a guard's) and releases in Redis
+/// the locks whose last hold this was: one round trip, `release.lua` for one
+/// lock (after `release_free.lua` when [`free_first`]), a pipeline of release
+/// scripts per server for several. Re-entrant holds only give back their
+/// count.
+///
+/// `Err(LockError::Lost)` names the first key whose lease had been lost or
+/// was found no longer ours (the others are released all the same);
+/// `Err(LockError::Backend)` names the first lock to release when Redis
+/// failed, and the releases go on in the background until the leases end.
+pub(crate) async fn release_holds(
+    core: &Arc<Core>,
+    leases: &[Arc<Lease>],
+) -> Result<(), LockError> {
+    let Ended {
+        last,
+        mut lost,
+        shut_down,
+    } = end_holds(core, leases);
+    let Some(first) = last.first() else {
+        return lost.map_or(Ok(()), |key| Err(LockError::Lost { key }));
+    };
+    let first_key = first.lease.key.clone();
+    if shut_down {
+        // The shutdown released the locks already (or their leases will).
+        return Err(LockError::Lost { key: first_key });
+    }
+    // From here on nobody else will release: if this future is dropped before
+    // the reply, the queued scripts may never be sent (or a NOSCRIPT retry may
+    // be cut short), so hand the releases to the background.
+    let mut pending = ReleaseOnDrop::new(|| release_each_in_background(core, &last));
+    let started = Instant::now();
+    let mut judge = |hold: &LastHold, ours: bool| {
+        if ours {
+            return;
+        }
+        if !hold.was_lost {
+            tracing::warn!(target: "distlock::release",
+                key = %KeyPreview(&hold.lease.key),
+                fencing_token = hold.lease.fencing_token(),
+                "lease lost: at release the lock was no longer ours"
+            );
+        }
+        lost.get_or_insert_with(|| hold.lease.key.clone());
+    };
+    let reply = match last.as_slice() {
+        [hold] => {
+            let lease = &hold.lease;
+            core.backend
+                .release(
+                    &lease.key,
+                    &lease.keys,
+                    &lease.owner,
+                    lease.keep_ms(),
+                    free_first(core, lease),
+                )
+                .await
+                .map(|ours| judge(hold, ours))
+        }
+        _ => {
+            let locks: Vec<(&RedisNames, &str, u64)> = last
+                .iter()
+                .map(|hold| {
+                    (
+                        &hold.lease.keys,
+                        hold.lease.owner.as_str(),
+                        hold.lease.keep_ms(),
+                    )
+                })
+                .collect();
+            core.backend.release_many(&locks).await.map(|ours| {
+                for (hold, ours) in last.iter().zip(ours) {
+                    judge(hold, ours);
+                }
+            })
+        }
+    };
+    pending.disarm();
+    match reply {
+        Ok(()) => {
+            tracing::debug!(target: "distlock::release",
+                key = %KeyPreview(&first_key),
+                locks = last.len(),
+                lost = lost.is_some(),
+                took_us = started.elapsed().as_micros() as u64,
+                "released"
+            );
+            lost.map_or(Ok(()), |key| Err(LockError::Lost { key }))
+        }
+        Err(e) => {
+            tracing::warn!(target: "distlock::release",
+                key = %KeyPreview(&first_key),
+                locks = last.len(),
+                error = %e.error,
+                "release failed; retrying in the background"
+            );
+            release_each_in_background(core, &last);
+            Err(match e.error {
+                LockError::Backend { source, .. } => LockError::Backend {
+                    key: first_key,
+                    source,
+                },
+                other => other,
+            })
+        }
+    }
+}
+
+/// What a guard's `Drop` does: gives back one hold of each of `leases`, and
+/// releases the locks whose last hold this was, each from a background task of
+/// its own. Never blocks.
+pub(crate) fn drop_holds(core: &Arc<Core>, leases: &[Arc<Lease>]) {
+    let ended = end_holds(core, leases);
+    if !ended.shut_down {
+        release_each_in_background(core, &ended.last);
+    }
+}
+
+/// A lease whose last hold a guard gave back.
+struct LastHold {
+    lease: Arc<Lease>,
+    /// It had been lost before (and said so then).
+    was_lost: bool,
+}
+
+/// What giving back a guard's holds leaves to do.
+struct Ended {
+    /// The leases whose last hold went: released locally, their locks still
+    /// held in Redis.
+    last: Vec<LastHold>,
+    /// The first key whose lease was found lost.
+    lost: Option<String>,
+    /// The manager was shut down, whose shutdown released the locks.
+    shut_down: bool,
+}
+
+/// The local part of a release, the same for `release()` and `Drop`: one hold
+/// of each lease given back; a lease whose last hold this was is marked
+/// released, leaves the renewal task and, unless the manager was shut down,
+/// counts as released.
+fn end_holds(core: &Core, leases: &[Arc<Lease>]) -> Ended {
+    let mut ended = Ended {
+        last: Vec::with_capacity(leases.len()),
+        lost: None,
+        shut_down: false,
+    };
+    for lease in leases {
+        let was_lost = if lease.drop_hold() {
+            let was_lost = lease.mark_released();
+            core.renewals.remove(lease.id);
+            ended.last.push(LastHold {
+                lease: lease.clone(),
+                was_lost,
+            });
+            was_lost
+        } else {
+            lease.is_lost()
+        };
+        if was_lost {
+            ended.lost.get_or_insert_with(|| lease.key.clone());
+        }
+    }
+    if ended.last.is_empty() {
+        return ended;
+    }
+    ended.shut_down = core.is_shut_down();
+    if !ended.shut_down {
+        for LastHold { lease, .. } in &ended.last {
+            crate::telemetry::released(lease.metrics_label, || lease.granted_at.elapsed());
+        }
+    }
+    ended
+}
+
+fn release_each_in_background(core: &Arc<Core>, last: &[LastHold]) {
+    for LastHold { lease, .. } in last {
+        release_lease_in_background(core, lease, lease.min_hold_until);
+    }
+}
+
+/// Runs its release if dropped while armed: the one "release in the
+/// background if this is dropped" of the crate (the pattern of sqlx's
+/// `DecrementSizeGuard`). Every path that sends a command whose effect it may
+/// not learn (an acquisition or a release in flight, whose future may be
+/// dropped or whose reply may be lost; a queue entry to withdraw) holds one,
+/// and disarms it once the outcome is known. The release is a closure, so
+/// that an armed guard costs nothing until it fires.
+#[must_use = "dropped at once, the guard releases at once"]
+pub(crate) struct ReleaseOnDrop<F: FnOnce()> {
+    release: Option<F>,
+}
+
+impl<F: FnOnce()> ReleaseOnDrop<F> {
+    pub(crate) fn new(release: F) -> Self {
+        ReleaseOnDrop {
+            release: Some(release),
+        }
+    }
+
+    /// The outcome is known: nothing to release on drop.
+    pub(crate) fn disarm(&mut self) {
+        self.release = None;
+    }
+}
+
+impl<F: FnOnce()> Drop for ReleaseOnDrop<F> {
+    fn drop(&mut self) {
+        if let Some(release) = self.release.take() {
+            release();
+        }
+    }
+}
+
+/// Whether the release of `lease` alone tries the script that declares the
+/// lock's key alone first (see `Backend::release`): not when the hold waited
+/// for the lock, nor when another acquisition of this manager is queued for
+/// it, nor when a waiter of another manager told this one that it queued (its
+/// notice on the hand-off channel, see `acquire.lua`); then someone most
+/// likely waits, and the full release hands the lock over in one round trip.
+/// (A release in the background never does.)
+fn free_first(core: &Core, lease: &Lease) -> bool {
+    // Asked first, so that the notice is forgotten whatever the answer.
+    let told = core.subscriber.take_waited_for(&lease.owner);
+    !told && !lease.waited && !core.subscriber.has_queued(&lease.keys.lock)
+}
+
+/// [`release_in_background`] of a granted lease, keeping the lock until
+/// `keep_until` (its `min_hold`, if the holder had it).
+pub(crate) fn release_lease_in_background(
+    core: &Arc<Core>,
+    lease: &Lease,
+    keep_until: Option<Instant>,
+) {
+    release_in_background(
+        core,
+        lease.key.clone(),
+        lease.keys.clone(),
+        lease.owner.clone(),
+        lease.duration(),
+        keep_until,
+    );
+}
+
+/// Deletes the lock if `owner` still holds it, from a task of its own, retrying
+/// until it succeeds or the lease has run out anyway. Never blocks. Until
+/// `keep_until` (a `min_hold`), it keeps the lock until then instead.
+///
+/// If the runtime shuts down before the task has finished (a guard dropped as
+/// `#[tokio::main]` returns), the task is dropped unfinished and releases over a
+/// blocking connection instead, bounded by the connect and command timeouts,
+/// so that the next run of the program does not wait out the lease. When the
+/// runtime is already gone, `spawn` drops the task at once: then nothing blocks
+/// and the lease frees the lock.
+pub(crate) fn release_in_background(
+    core: &Arc<Core>,
+    key: String,
+    keys: RedisNames,
+    owner: String,
+    lease: Duration,
+    keep_until: Option<Instant>,
+) {
+    let release = BackgroundRelease {
+        core: core.clone(),
+        key,
+        keys,
+        owner,
+        lease,
+        keep_until,
+        unfinished: true,
+    };
+    SPAWNING.with(|s| s.set(true));
+    drop(core.runtime.spawn(release.run()));
+    SPAWNING.with(|s| s.set(false));
+}
+
+thread_local! {
+    /// Set while `release_in_background` calls `spawn`: a task dropped then was
+    /// refused by a runtime that is gone, inside a guard's `Drop`, which must not block.
+    static SPAWNING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+struct BackgroundRelease {
+    core: Arc<Core>,
+    key: String,
+    keys: RedisNames,
+    owner: String,
+    lease: Duration,
+    keep_until: Option<Instant>,
+    unfinished: bool,
+}
+
+impl BackgroundRelease {
+    async fn run(mut self) {
+        let give_up = Instant::now() + self.lease;
+        let retry_cap = (self.lease / 3).max(Duration::from_millis(5));
+        let mut delay = Duration::from_millis(5);
+        loop {
+            let result = self
+                .core
+                .backend
+                .release(
+                    &self.key,
+                    &self.keys,
+                    &self.owner,
+                    crate::lease::keep_ms(self.keep_until),
+                    // The full release at once: a background release follows a
+                    // drop or a release cancelled half way (whose one-key
+                    // attempt may have run), so it is one script whatever it
+                    // finds.
+                    false,
+                )
+                .await;
+            match result {
+                Ok(deleted) => {
+                    tracing::debug!(target: "distlock::release", key = %KeyPreview(&self.key), deleted, "released in the background");
+                    break;
+                }
+                Err(e) if Instant::now() + delay < give_up => {
+                    tracing::debug!(target: "distlock::release", key = %KeyPreview(&self.key), error = %e.error, "background release failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(retry_cap);
+                }
+                Err(e) => {
+                    tracing::warn!(target: "distlock::release",
+                        key = %KeyPreview(&self.key),
+                        error = %e.error,
+                        "could not release; the lease will free the lock"
+                    );
+                    break;
+                }
+            }
+        }
+        self.unfinished = false;
+    }
+
+    fn release_blocking(&self) {
+        let result = self.core.backend.release_blocking(
+            &self.keys,
+            &self.owner,
+            crate::lease::keep_ms(self.keep_until),
+        );
+        tracing::debug!(target: "distlock::release", key = %KeyPreview(&self.key), ok = result.is_ok(), "released at runtime shutdown");
+    }
+}
+
+impl Drop for BackgroundRelease {
+    fn drop(&mut self) {
+        if self.unfinished && !SPAWNING.with(|s| s.get()) {
+            self.release_blocking();
+        }
+    }
+}
