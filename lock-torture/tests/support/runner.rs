@@ -2,14 +2,17 @@
 //! injects between them. Start the workers and await their `READY`; await
 //! their progress; stop them (or let them finish their sections) and collect
 //! their `DRAINED` figures; judge the history (the checker), the fenced store
-//! and what is left in the lock target.
+//! and what is left in the lock target; print the figures ([`torture_line`],
+//! which also keeps them as data when `TORTURE_RESULTS` asks for it).
 
+use std::sync::Mutex;
 use std::time::Duration;
 
 use lock_torture::checker::{check_sections, Faults, Report, StoreReport};
 use lock_torture::clock::mono_ns;
 use lock_torture::history::{History, Outcome};
 use lock_torture::process::Worker;
+use lock_torture::results::{self, RunInfo};
 
 use super::{finish, history, leaked_locks, progress, ready, store_report, Setup};
 
@@ -174,4 +177,38 @@ pub fn cancels_and_panics(report: &Report) -> String {
         report.count(Outcome::Cancelled),
         report.count(Outcome::Panicked)
     )
+}
+
+/// The per-round lines printed so far, (scenario, round, figures), until
+/// their scenario's own line writes them into its results file.
+static ROUNDS: Mutex<Vec<(String, usize, String)>> = Mutex::new(Vec::new());
+
+/// Prints a scenario's figures as its `TORTURE` line: `TORTURE <scenario>:
+/// <figures>`, or `TORTURE <scenario> round <r>: <figures>` for one round of
+/// it (`figures` are `key=value` fields). When `TORTURE_RESULTS` asks for
+/// results files (`lock_torture::results`), the scenario's own line writes
+/// `<commit>-<scenario>.json` with its figures and its rounds' lines printed
+/// before it. The file is written when the line is printed, before the
+/// scenario's assertions: a scenario that fails after it leaves the file of a
+/// failed run (its test output says so).
+pub fn torture_line(scenario: &str, round: Option<usize>, figures: &str) {
+    let mut rounds = ROUNDS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(r) = round {
+        println!("TORTURE {scenario} round {r}: {figures}");
+        rounds.push((scenario.to_owned(), r, figures.to_owned()));
+        return;
+    }
+    println!("TORTURE {scenario}: {figures}");
+    let (own, others) = rounds.drain(..).partition(|(s, _, _)| s == scenario);
+    *rounds = others;
+    let own: Vec<(usize, String)> = own.into_iter().map(|(_, r, f)| (r, f)).collect();
+    if let Some(dir) = results::dir_from_env() {
+        match results::write(&dir, &RunInfo::current(), scenario, figures, &own) {
+            Ok(path) => println!("torture: results written to {}", path.display()),
+            Err(e) => panic!(
+                "writing the results of {scenario} into {}: {e}",
+                dir.display()
+            ),
+        }
+    }
 }
