@@ -28,7 +28,9 @@ pub const WORKER: &str = env!("CARGO_BIN_EXE_torture-worker");
 pub const PREFIX: &str = "torture:";
 
 /// One scenario at a time: they measure time, and the machine has 2 cores.
-pub static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+/// Every scenario holds it throughout (`let _serial = SERIAL.lock().await;`
+/// first): its guard writes the scenario's results files at the end.
+pub static SERIAL: Serial = Serial::new();
 
 /// The servers and scratch directory of one scenario. The lock server is the one
 /// faults are injected into; the fenced store lives on a server of its own.
