@@ -20,7 +20,8 @@ use serde_json::{json, Value};
 
 /// The environment variable that asks for results files: `1` for the
 /// committed directory, `lock-torture/results`; any other value but `0` or
-/// empty is the directory to write to.
+/// empty is the directory to write to (relative to `lock-torture/`, the
+/// directory cargo runs the tests in).
 pub const RESULTS_ENV: &str = "TORTURE_RESULTS";
 
 /// The version of the files' layout.
