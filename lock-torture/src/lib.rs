@@ -10,6 +10,8 @@
 //! - [`store`]: the fenced store, a Redis hash written by a Lua script that rejects
 //!   writes carrying a token lower than the highest it has seen.
 //! - [`process`]: starting, signalling and talking to worker processes from tests.
+//! - [`results`]: runs as data: a scenario's figures written as a JSON file when
+//!   `TORTURE_RESULTS` asks for it, and read back by `torture-history`.
 //!
 //! The worker itself is `src/bin/torture-worker.rs`; the scenarios are in
 //! `tests/`, one file per deployment, sharing `tests/support/`.
@@ -18,6 +20,7 @@ pub mod checker;
 pub mod clock;
 pub mod history;
 pub mod process;
+pub mod results;
 pub mod store;
 
 /// Multiplier of run sizes: 20 when `DISTLOCK_SOAK=1`, else 1.

@@ -2,7 +2,8 @@
 //! holder as on one server, then a master killed, a slot migrated and a master
 //! paused under load.
 //!
-//! Each test prints a `TORTURE ...` line with its figures (run with `--nocapture`);
+//! Each test prints a `TORTURE ...` line with its figures (run with `--nocapture`),
+//! kept as a results file when `TORTURE_RESULTS` is set (`support::torture_line`);
 //! `DISTLOCK_SOAK=1` multiplies the sizes by 20. The tests take a process-wide lock
 //! so they run one at a time: they measure time, and the machine has 2 cores.
 

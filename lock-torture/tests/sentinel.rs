@@ -1,7 +1,8 @@
 //! The torture scenarios on a master with replicas watched by sentinels: the
 //! master killed under load and failed over, with and without `replica_ack`.
 //!
-//! Each test prints a `TORTURE ...` line with its figures (run with `--nocapture`);
+//! Each test prints a `TORTURE ...` line with its figures (run with `--nocapture`),
+//! kept as a results file when `TORTURE_RESULTS` is set (`support::torture_line`);
 //! `DISTLOCK_SOAK=1` multiplies the sizes by 20. The tests take a process-wide lock
 //! so they run one at a time: they measure time, and the machine has 2 cores.
 

@@ -4,7 +4,8 @@
 //! history checker judges the logs afterwards. The lock family's scenarios
 //! (semaphore, read-write lock, fair lock) run here too.
 //!
-//! Each test prints a `TORTURE ...` line with its figures (run with `--nocapture`);
+//! Each test prints a `TORTURE ...` line with its figures (run with `--nocapture`),
+//! kept as a results file when `TORTURE_RESULTS` is set (`support::torture_line`);
 //! `DISTLOCK_SOAK=1` multiplies the sizes by 20. The tests take a process-wide lock
 //! so they run one at a time: they measure time, and the machine has 2 cores.
 
@@ -607,16 +608,20 @@ async fn partition_round(
     );
     assert_eq!(rel[0], "failed", "release while cut off: {rel:?}");
     assert_eq!(acq_p[0], "err", "acquire while cut off: {acq_p:?}");
-    println!(
-        "TORTURE {name} round {r}: loss_vs_deadline_ms={:+.1} deadline_after_cut_ms={:.1} \
-         other_granted_after_deadline_ms={:.1} other_granted_after_cut_ms={:.1} \
-         release_while_cut_ms={:.1} acquire_while_cut_ms={:.1}",
-        diff_ms(t_lost, deadline),
-        diff_ms(deadline, t_cut),
-        diff_ms(t2, deadline),
-        diff_ms(t2, t_cut),
-        diff_ms(num(&rel, 2), num(&rel, 1)),
-        diff_ms(num(&acq_p, 3), num(&acq_p, 2)),
+    torture_line(
+        name,
+        Some(r),
+        &format!(
+            "loss_vs_deadline_ms={:+.1} deadline_after_cut_ms={:.1} \
+             other_granted_after_deadline_ms={:.1} other_granted_after_cut_ms={:.1} \
+             release_while_cut_ms={:.1} acquire_while_cut_ms={:.1}",
+            diff_ms(t_lost, deadline),
+            diff_ms(deadline, t_cut),
+            diff_ms(t2, deadline),
+            diff_ms(t2, t_cut),
+            diff_ms(num(&rel, 2), num(&rel, 1)),
+            diff_ms(num(&acq_p, 3), num(&acq_p, 2)),
+        ),
     );
 
     // Recovery: after the heal, the cut-off worker takes and releases a lock
@@ -635,9 +640,13 @@ async fn assert_recovers_after_the_heal(
     t_heal: u64,
 ) {
     match recovers(w1, &format!("c{r}"), lease_ms, Duration::from_secs(5)).await {
-    Ok(failed) => println!(
-        "TORTURE {name} round {r}: recovered {:.1} ms after the heal, {failed} attempts failed first",
-        diff_ms(mono_ns(), t_heal)
+    Ok(failed) => torture_line(
+        name,
+        Some(r),
+        &format!(
+            "recovered_after_heal_ms={:.1} attempts_failed_first={failed}",
+            diff_ms(mono_ns(), t_heal)
+        ),
     ),
     Err(errors) => panic!(
         "round {r}: the cut-off worker did not recover within 5 s of the heal; {} attempts failed:\n{}",
@@ -904,10 +913,14 @@ async fn s6a_a_lost_acquire_reply_does_not_leave_the_lock_held() {
         let (freed, was_held) = gone_within(&mut conn, &lock_name, t_fail, interval, r).await;
         seen_held += usize::from(was_held);
         worst_held = worst_held.max(freed.saturating_sub(t_fail));
-        println!(
-            "TORTURE s6a round {r}: acquire_failed_after_ms={:.1} lock_gone_after_failure_ms={:.1}",
-            diff_ms(t_fail, t_req),
-            diff_ms(freed, t_fail)
+        torture_line(
+            "s6a_lost_acquire_reply",
+            Some(r),
+            &format!(
+                "acquire_failed_after_ms={:.1} lock_gone_after_failure_ms={:.1}",
+                diff_ms(t_fail, t_req),
+                diff_ms(freed, t_fail)
+            ),
         );
         // The client works again.
         assert_recovers(&mut w1, r, lease_ms).await;
@@ -1059,10 +1072,14 @@ async fn s6c_a_reply_lost_with_its_connection_does_not_leave_the_lock_held() {
         );
         let (freed, _) = gone_within(&mut conn, &lock_name, t_fail, interval, r).await;
         worst_held = worst_held.max(freed.saturating_sub(t_fail));
-        println!(
-            "TORTURE s6c round {r}: acquire_failed_after_ms={:.1} lock_gone_after_failure_ms={:.1}",
-            diff_ms(t_fail, t_req),
-            diff_ms(freed, t_fail)
+        torture_line(
+            "s6c_reply_lost_with_connection",
+            Some(r),
+            &format!(
+                "acquire_failed_after_ms={:.1} lock_gone_after_failure_ms={:.1}",
+                diff_ms(t_fail, t_req),
+                diff_ms(freed, t_fail)
+            ),
         );
         assert_recovers(&mut w1, r, lease_ms).await;
     }
@@ -1606,14 +1623,18 @@ fn s8_bad_input_is_refused_with_typed_errors_and_stays_in_the_prefix() {
     // Prefixes: braces are refused, anything else works and is used as is.
     let prefix_cases = 32 * soak_factor() as u32;
     prefixes_are_used_as_is(&rt, &conn, &server.url(), prefix_cases);
-    println!(
-        "TORTURE s8_fuzz: cases={cases} prefix_cases={prefix_cases} commands_seen={} names_checked={} \
+    torture_line(
+        "s8_fuzz",
+        None,
+        &format!(
+            "cases={cases} prefix_cases={prefix_cases} commands_seen={} names_checked={} \
          outside_prefix={} keys_left={} locks_left={locks_left} secs={:.1}",
-        seen.commands,
-        seen.names_checked,
-        seen.violations.len() + outside.len(),
-        keys_left.len(),
-        started.elapsed().as_secs_f64()
+            seen.commands,
+            seen.names_checked,
+            seen.violations.len() + outside.len(),
+            keys_left.len(),
+            started.elapsed().as_secs_f64()
+        ),
     );
     assert!(seen.marker, "MONITOR did not see the end of the fuzz");
     assert!(
@@ -1878,8 +1899,11 @@ async fn s10_a_semaphore_never_admits_more_than_its_permits() {
     let semp = name_of_kind(&setup, key, "semp").await;
     let exists = existing(&setup, &[&sem, &semp]).await;
     let leaked = leaked_keys(&setup).await;
-    println!(
-        "TORTURE s10_semaphore: sections={} permits={permits} faults=1xkill-9+{}cancel+{}panic max_concurrent={} \
+    torture_line(
+        "s10_semaphore",
+        None,
+        &format!(
+            "sections={} permits={permits} faults=1xkill-9+{}cancel+{}panic max_concurrent={} \
          excess_grants={} duplicate_tokens={} lost={} ok={} cancelled={} panicked={} held_by_killed={} \
          permits_held_at_kill={held_in_redis} full_again_after_kill_ms={:.1} sections_after_kill={after_kill} \
          leaked_keys={} secs={:.1}",
@@ -1897,6 +1921,7 @@ async fn s10_a_semaphore_never_admits_more_than_its_permits() {
         diff_ms(back_at, t_kill),
         leaked.len(),
         started.elapsed().as_secs_f64()
+        ),
     );
     report.assert_clean("semaphore");
     assert_eq!(
@@ -2027,8 +2052,11 @@ async fn s11_read_write_lock_writers_exclude_everyone_and_do_not_starve() {
     let left = names_left(&setup, &key, &["rw", "rwr", "rwi"]).await;
     let leaked = leaked_keys(&setup).await;
     let writes_ok: usize = report.writes_ok_by_worker.values().sum();
-    println!(
-        "TORTURE s11_read_write: sections={} readers={} writers={} faults={}cancel+{}panic writer_overlaps={} \
+    torture_line(
+        "s11_read_write",
+        None,
+        &format!(
+            "sections={} readers={} writers={} faults={}cancel+{}panic writer_overlaps={} \
          token_order_violations={} max_readers={} writes_ok_by_worker={:?} lost={} counter={} writes_accepted={} \
          lost_updates={} stale_writes_accepted={} leaked_keys={} drain_ms_max={} secs={:.1}",
         report.sections,
@@ -2048,6 +2076,7 @@ async fn s11_read_write_lock_writers_exclude_everyone_and_do_not_starve() {
         leaked.len(),
         longest_drain(&drains),
         started.elapsed().as_secs_f64()
+        ),
     );
     assert_eq!(report.sections as u64, total, "every ticket is one section");
     report.assert_clean("read-write");

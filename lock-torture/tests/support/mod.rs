@@ -28,7 +28,9 @@ pub const WORKER: &str = env!("CARGO_BIN_EXE_torture-worker");
 pub const PREFIX: &str = "torture:";
 
 /// One scenario at a time: they measure time, and the machine has 2 cores.
-pub static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+/// Every scenario holds it throughout (`let _serial = SERIAL.lock().await;`
+/// first): its guard writes the scenario's results files at the end.
+pub static SERIAL: Serial = Serial::new();
 
 /// The servers and scratch directory of one scenario. The lock server is the one
 /// faults are injected into; the fenced store lives on a server of its own.
@@ -391,27 +393,34 @@ pub fn keys(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("k{i}")).collect()
 }
 
+/// Prints the figures every lock scenario has (the checker's and the store's
+/// reports, the faults, the leaks) and the scenario's own, `extra`, as its
+/// `TORTURE` line ([`torture_line`]).
 pub fn figures(name: &str, r: &Report, s: &StoreReport, faults: &str, leaked: usize, extra: &str) {
-    println!(
-        "TORTURE {name}: sections={} faults={faults} overlaps={} amnesia_overlaps={} frozen_overlaps={} \
-         stale_writes_accepted={} leaked_locks={leaked} lost={} ok={} cancelled={} panicked={} \
-         lost_outcome={} writes_accepted={} writes_rejected={} lost_updates={} zombies_rejected={} \
-         zombies_accepted={} {extra}",
-        r.sections,
-        r.overlaps.len(),
-        r.amnesia_overlaps.len(),
-        r.frozen_overlaps.len(),
-        s.stale_accepted + s.zombies_accepted,
-        r.lost,
-        r.count(Outcome::Ok),
-        r.count(Outcome::Cancelled),
-        r.count(Outcome::Panicked),
-        r.count(Outcome::Lost),
-        s.accepted,
-        s.rejected,
-        s.lost_updates,
-        s.zombies_rejected,
-        s.zombies_accepted,
+    torture_line(
+        name,
+        None,
+        &format!(
+            "sections={} faults={faults} overlaps={} amnesia_overlaps={} frozen_overlaps={} \
+             stale_writes_accepted={} leaked_locks={leaked} lost={} ok={} cancelled={} panicked={} \
+             lost_outcome={} writes_accepted={} writes_rejected={} lost_updates={} zombies_rejected={} \
+             zombies_accepted={} {extra}",
+            r.sections,
+            r.overlaps.len(),
+            r.amnesia_overlaps.len(),
+            r.frozen_overlaps.len(),
+            s.stale_accepted + s.zombies_accepted,
+            r.lost,
+            r.count(Outcome::Ok),
+            r.count(Outcome::Cancelled),
+            r.count(Outcome::Panicked),
+            r.count(Outcome::Lost),
+            s.accepted,
+            s.rejected,
+            s.lost_updates,
+            s.zombies_rejected,
+            s.zombies_accepted,
+        ),
     );
 }
 

@@ -2,14 +2,17 @@
 //! injects between them. Start the workers and await their `READY`; await
 //! their progress; stop them (or let them finish their sections) and collect
 //! their `DRAINED` figures; judge the history (the checker), the fenced store
-//! and what is left in the lock target.
+//! and what is left in the lock target; print the figures ([`torture_line`],
+//! which also keeps them as data when `TORTURE_RESULTS` asks for it).
 
+use std::sync::Mutex;
 use std::time::Duration;
 
 use lock_torture::checker::{check_sections, Faults, Report, StoreReport};
 use lock_torture::clock::mono_ns;
 use lock_torture::history::{History, Outcome};
 use lock_torture::process::Worker;
+use lock_torture::results::{self, RunInfo};
 
 use super::{finish, history, leaked_locks, progress, ready, store_report, Setup};
 
@@ -174,4 +177,105 @@ pub fn cancels_and_panics(report: &Report) -> String {
         report.count(Outcome::Cancelled),
         report.count(Outcome::Panicked)
     )
+}
+
+/// One scenario at a time: they measure time, and the machine has 2 cores.
+/// Its guard ([`Scenario`]) also writes the results files of the scenario it
+/// guarded, once the scenario has ended without a panic.
+pub struct Serial(tokio::sync::Mutex<()>);
+
+impl Serial {
+    pub const fn new() -> Serial {
+        Serial(tokio::sync::Mutex::const_new(()))
+    }
+
+    /// Waits for the scenario before to end.
+    pub async fn lock(&'static self) -> Scenario {
+        Scenario {
+            _serial: self.0.lock().await,
+        }
+    }
+
+    /// [`Serial::lock`] outside a runtime (a plain `#[test]`).
+    pub fn blocking_lock(&'static self) -> Scenario {
+        Scenario {
+            _serial: self.0.blocking_lock(),
+        }
+    }
+}
+
+/// A running scenario: when it is dropped at the end of the scenario's test,
+/// the figures it printed ([`torture_line`]) are written as results files if
+/// `TORTURE_RESULTS` asks for them and the test did not panic (a failed
+/// scenario's figures are no run to keep).
+pub struct Scenario {
+    _serial: tokio::sync::MutexGuard<'static, ()>,
+}
+
+impl Drop for Scenario {
+    fn drop(&mut self) {
+        let printed = std::mem::take(&mut *PRINTED.lock().unwrap_or_else(|e| e.into_inner()));
+        let Some(dir) = results::dir_from_env() else {
+            return;
+        };
+        if std::thread::panicking() {
+            for p in &printed {
+                println!(
+                    "torture: no results file for {}: the scenario failed",
+                    p.scenario
+                );
+            }
+            return;
+        }
+        let info = RunInfo::current();
+        for p in printed.iter().filter(|p| p.figures.is_some()) {
+            let figures = p.figures.as_deref().unwrap_or_default();
+            match results::write(&dir, &info, &p.scenario, figures, &p.rounds) {
+                Ok(path) => println!("torture: results written to {}", path.display()),
+                // A test that asked for its results and cannot have them fails.
+                Err(e) => panic!(
+                    "writing the results of {} into {}: {e}",
+                    p.scenario,
+                    dir.display()
+                ),
+            }
+        }
+    }
+}
+
+/// What one scenario printed so far: its rounds' lines and its own.
+struct Printed {
+    scenario: String,
+    rounds: Vec<(usize, String)>,
+    figures: Option<String>,
+}
+
+/// The figures printed since the running [`Scenario`] began.
+static PRINTED: Mutex<Vec<Printed>> = Mutex::new(Vec::new());
+
+/// Prints a scenario's figures as its `TORTURE` line: `TORTURE <scenario>:
+/// <figures>`, or `TORTURE <scenario> round <r>: <figures>` for one round of
+/// it (`figures` are `key=value` fields), and keeps them for the results file
+/// the [`Scenario`] guard writes at the end (`lock_torture::results`).
+pub fn torture_line(scenario: &str, round: Option<usize>, figures: &str) {
+    match round {
+        Some(r) => println!("TORTURE {scenario} round {r}: {figures}"),
+        None => println!("TORTURE {scenario}: {figures}"),
+    }
+    let mut printed = PRINTED.lock().unwrap_or_else(|e| e.into_inner());
+    let index = match printed.iter().position(|p| p.scenario == scenario) {
+        Some(index) => index,
+        None => {
+            printed.push(Printed {
+                scenario: scenario.to_owned(),
+                rounds: Vec::new(),
+                figures: None,
+            });
+            printed.len() - 1
+        }
+    };
+    match round {
+        Some(r) => printed[index].rounds.push((r, figures.to_owned())),
+        None => printed[index].figures = Some(figures.to_owned()),
+    }
 }
