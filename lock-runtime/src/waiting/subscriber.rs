@@ -65,7 +65,7 @@ impl Subscriber {
 
     /// How many `!` notices (a waiter queued for one of this manager's holds)
     /// the manager has heard.
-    #[cfg(any(test, feature = "testing"))]
+    #[cfg(feature = "testing")]
     pub(crate) fn waited_for_heard(&self) -> u64 {
         self.waited_for.waited_for_heard()
     }
