@@ -6,8 +6,9 @@
 //! On overflow the buffer either keeps the oldest items and counts the ones it
 //! dropped ([`Sender::push_or_skip`], which the reader then learns as
 //! [`Popped::Skipped`] in their place), or drops everything buffered for the
-//! newest item ([`Sender::push_or_replace`], for items that each carry the
-//! whole state, so that a slow reader catches up with the current one).
+//! newest item and keeps only the newest until the reader takes it
+//! ([`Sender::push_or_replace`], for items that each carry the whole state,
+//! so that a slow reader catches up with the current one at once).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -21,6 +22,7 @@ pub(crate) fn bounded<T>(capacity: usize) -> (Sender<T>, Receiver<T>) {
             skipped: 0,
             capacity: capacity.max(1),
             senders: 1,
+            coalescing: false,
             receiver_gone: false,
             waker: None,
         }),
@@ -52,6 +54,9 @@ struct State<T> {
     skipped: u64,
     capacity: usize,
     senders: usize,
+    /// The buffer overflowed under `push_or_replace` and the reader has not
+    /// read since: it holds only the newest item.
+    coalescing: bool,
     receiver_gone: bool,
     waker: Option<Waker>,
 }
@@ -91,15 +96,17 @@ impl<T> Sender<T> {
     }
 
     /// Queues `item`; when the buffer is full, drops everything buffered
-    /// first, so the reader's next item is this one.
+    /// first, and until the reader reads, each later item replaces this one:
+    /// the reader's next item is the newest.
     pub(crate) fn push_or_replace(&self, item: T) -> Result<(), Closed> {
         let mut state = self.shared.state();
         if state.receiver_gone {
             return Err(Closed);
         }
-        if state.queue.len() >= state.capacity {
+        if state.coalescing || state.queue.len() >= state.capacity {
             state.queue.clear();
             state.skipped = 0;
+            state.coalescing = true;
         }
         state.queue.push_back((0, item));
         state.wake();
@@ -155,6 +162,7 @@ impl<T> Receiver<T> {
             }
         }
         if let Some((_, item)) = state.queue.pop_front() {
+            state.coalescing = false;
             return Poll::Ready(Some(Popped::Item(item)));
         }
         if state.skipped > 0 {
@@ -218,15 +226,20 @@ mod tests {
     }
 
     #[test]
-    fn a_full_buffer_replaced_by_the_newest_item() {
+    fn a_full_buffer_is_replaced_by_the_newest_item_until_the_reader_reads() {
         let (sender, mut receiver) = bounded(3);
         for item in 0..10 {
             sender.push_or_replace(item).unwrap();
             assert!(receiver.len() <= 3);
         }
-        // 0, 1, 2 filled it; 3 replaced them; 4, 5 joined; 6 replaced them ...
+        // 0, 1, 2 filled it; 3 replaced them; each later one replaced the last.
         assert_eq!(pop(&mut receiver), Poll::Ready(Some(Popped::Item(9))));
         assert_eq!(pop(&mut receiver), Poll::Pending);
+        // Read: items queue again.
+        sender.push_or_replace(10).unwrap();
+        sender.push_or_replace(11).unwrap();
+        assert_eq!(pop(&mut receiver), Poll::Ready(Some(Popped::Item(10))));
+        assert_eq!(pop(&mut receiver), Poll::Ready(Some(Popped::Item(11))));
     }
 
     #[test]
