@@ -392,9 +392,11 @@ async fn a_watcher_that_stopped_reading_gets_the_current_term_not_the_backlog(d:
     assert_eq!(next(&mut slow).await, None);
     assert_eq!(next(&mut keeping_up).await, None);
 
-    // Twice as many changes (a term and its resignation each) as the watch
-    // holds for its reader, then a term that goes on.
-    let terms = distlock::LEADER_WATCH_CAPACITY;
+    // More changes (a term and its resignation each) than the watch holds for
+    // its reader, by a count that is not a multiple of it (a buffer that only
+    // restarted at each overflow would still hold a backlog), then a term
+    // that goes on.
+    let terms = distlock::LEADER_WATCH_CAPACITY + distlock::LEADER_WATCH_CAPACITY / 4;
     let mut first_epoch = None;
     for _ in 0..terms {
         let leadership = a.leader(&name).lease(LEASE).campaign().await.unwrap();

@@ -74,9 +74,9 @@ impl LockManager {
 }
 
 /// How many events a [`LockEvents`] stream buffers for its reader unless
-/// [`LockEventsRequest::capacity`] says otherwise. An event takes about a
-/// hundred bytes plus its key and holder, so a full buffer is some hundreds
-/// of kilobytes at most.
+/// [`LockEventsRequest::capacity`] says otherwise. A buffered event takes
+/// about a hundred bytes plus its key and holder: with those some tens of
+/// bytes long, a full buffer is a few hundred kilobytes.
 pub const DEFAULT_EVENTS_CAPACITY: usize = 1024;
 
 /// A subscription to lock events, from [`LockManager::events`]; await it.
