@@ -2,14 +2,16 @@
 //! releases, hand-overs, force-unlocks, losses and expiries of the locks whose
 //! key matches its pattern, and only those, in the order they happened; with
 //! keyspace notifications off, a subscription that wants expiry is refused
-//! with the command that turns them on. On one server and on the cluster.
+//! with the command that turns them on; a stream its reader stopped reading
+//! holds at most its capacity and then says how many events it dropped. On
+//! one server and on the cluster.
 
 mod common;
 
 use std::time::Duration;
 
 use common::Deployment;
-use distlock::{LockError, LockEvent, LockEventKind, LockEvents, LockManager};
+use distlock::{EventsSkipped, LockError, LockEvent, LockEventKind, LockEvents, LockManager};
 use futures_util::StreamExt;
 
 async fn publisher(d: &Deployment, holder: &str) -> LockManager {
@@ -49,13 +51,18 @@ async fn notify_expiry(d: &Deployment) {
     }
 }
 
-/// The next event, failing the test after 5 s (events follow their cause
+/// The next item, failing the test after 5 s (events follow their cause
 /// within milliseconds on loopback; an expiry within its lease).
-async fn next(events: &mut LockEvents) -> LockEvent {
+async fn next_item(events: &mut LockEvents) -> Result<LockEvent, EventsSkipped> {
     tokio::time::timeout(Duration::from_secs(5), events.next())
         .await
         .expect("an event within 5 s")
         .expect("the stream goes on")
+}
+
+/// The next event, which must not be a skip notice.
+async fn next(events: &mut LockEvents) -> LockEvent {
+    next_item(events).await.expect("no events skipped")
 }
 
 async fn kind_of(events: &mut LockEvents, key: &str) -> LockEventKind {
@@ -307,3 +314,95 @@ async fn lock_events_are_refused_on_redlock() {
         .await;
     assert!(matches!(refused, Err(LockError::InvalidConfig(_))));
 }
+
+/// The slow reader's buffer in `a_reader_that_stops_reading_gets_at_most_the_capacity_then_the_count_skipped`.
+const SLOW_CAPACITY: usize = 8;
+
+async fn a_reader_that_stops_reading_gets_at_most_the_capacity_then_the_count_skipped(
+    d: Deployment,
+) {
+    let on = match d {
+        Deployment::Single(_) => "single",
+        Deployment::Cluster(_) => "cluster",
+    };
+    let a = publisher(&d, "a").await;
+    let observer = d.manager().await;
+    let pattern = format!("slow-{on}:*");
+    let mut slow = observer
+        .events(&pattern)
+        .expiry(false)
+        .capacity(SLOW_CAPACITY)
+        .await
+        .unwrap();
+    // Read as they come: tells when the events have been published and heard.
+    let mut keeping_up = observer.events(&pattern).expiry(false).await.unwrap();
+
+    // Each round is one acquisition and one release nobody waits for: two
+    // events, far more in all than the slow stream's capacity.
+    const ROUNDS: usize = 100;
+    const EVENTS: u64 = 2 * ROUNDS as u64;
+    let key = format!("slow-{on}:1");
+    for _ in 0..ROUNDS {
+        a.lock(&key)
+            .acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    for _ in 0..EVENTS {
+        next(&mut keeping_up).await;
+    }
+
+    // The slow reader comes back: the buffered events first (never more than
+    // the capacity), then how many were dropped; events and counts add up to
+    // every event published.
+    let mut read = Vec::new();
+    let mut accounted = 0;
+    while accounted < EVENTS {
+        let item = next_item(&mut slow).await;
+        accounted += match &item {
+            Ok(_) => 1,
+            Err(skipped) => skipped.count,
+        };
+        read.push(item);
+    }
+    assert_eq!(accounted, EVENTS, "{read:?}");
+    let first_skip = read
+        .iter()
+        .position(Result::is_err)
+        .expect("the reader is told it skipped events");
+    assert!(
+        first_skip <= SLOW_CAPACITY,
+        "{first_skip} events were buffered for a capacity of {SLOW_CAPACITY}"
+    );
+    // The events kept are the oldest, in order: acquired, released, ...
+    for (n, event) in read[..first_skip].iter().enumerate() {
+        let event = event.as_ref().unwrap();
+        assert_eq!(event.key, key);
+        match (n % 2, &event.kind) {
+            (0, LockEventKind::Acquired { .. }) | (1, LockEventKind::Released { .. }) => {}
+            _ => panic!("event {n}: {event:?}"),
+        }
+    }
+
+    // The stream goes on as before once its reader keeps up.
+    a.lock(&key)
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    assert!(matches!(
+        next(&mut slow).await.kind,
+        LockEventKind::Acquired { .. }
+    ));
+    assert!(matches!(
+        next(&mut slow).await.kind,
+        LockEventKind::Released { .. }
+    ));
+}
+
+on_both!(a_reader_that_stops_reading_gets_at_most_the_capacity_then_the_count_skipped);

@@ -1,8 +1,9 @@
 //! Leader election (`LockManager::leader`): one leader at a time, epochs that
 //! grow with every term, a resignation handed over within one message, a
 //! killed or paused leader replaced within its lease, and a watch that sees
-//! every term once and in order, also after its subscription was cut. Each
-//! test runs on one server and on the process-wide cluster (`on_both!`).
+//! every term once and in order, also after its subscription was cut, and
+//! that gives a watcher who stopped reading the current term, not a backlog.
+//! Each test runs on one server and on the process-wide cluster (`on_both!`).
 //!
 //! The crash and pause tests run the leader in a worker process: this test
 //! binary itself, started again with `DISTLOCK_LEADER_WORKER` set, running
@@ -378,7 +379,63 @@ on_both!(
     lost_completes_within_a_renewal_of_a_force_unlock_and_since_is_the_campaign,
     a_killed_leader_is_replaced_within_its_lease,
     a_paused_leader_learns_its_term_ended_and_its_epoch_is_refused,
+    a_watcher_that_stopped_reading_gets_the_current_term_not_the_backlog,
 );
+
+async fn a_watcher_that_stopped_reading_gets_the_current_term_not_the_backlog(d: Deployment) {
+    let name = election("slow-watch", &d);
+    let a = candidate(&d, "a").await;
+    let observer = candidate(&d, "observer").await;
+    let mut slow = observer.leader(&name).watch();
+    // Read as it comes: tells when the last change has been announced.
+    let mut keeping_up = observer.leader(&name).watch();
+    assert_eq!(next(&mut slow).await, None);
+    assert_eq!(next(&mut keeping_up).await, None);
+
+    // More changes (a term and its resignation each) than the watch holds for
+    // its reader, by a count that is not a multiple of it (a buffer that only
+    // restarted at each overflow would still hold a backlog), then a term
+    // that goes on.
+    let terms = distlock::LEADER_WATCH_CAPACITY + distlock::LEADER_WATCH_CAPACITY / 4;
+    let mut first_epoch = None;
+    for _ in 0..terms {
+        let leadership = a.leader(&name).lease(LEASE).campaign().await.unwrap();
+        first_epoch.get_or_insert(leadership.epoch());
+        leadership.resign().await.unwrap();
+    }
+    let current = a.leader(&name).lease(LEASE).campaign().await.unwrap();
+    loop {
+        let change = next(&mut keeping_up).await;
+        if change.is_some_and(|info| info.epoch == current.epoch()) {
+            break;
+        }
+    }
+
+    // The slow watcher reads again: the current term comes at once. The watch
+    // hears the announcements on its own subscription, a moment apart from
+    // the watcher above; at most the two announced last (the last resignation
+    // and the current term) may still be on their way, so the current term
+    // is at most the third report, after the newest state the watch held.
+    let mut reports = Vec::new();
+    loop {
+        let change = next(&mut slow).await;
+        reports.push(change.clone());
+        if change.is_some_and(|info| info.epoch == current.epoch()) {
+            break;
+        }
+    }
+    assert!(reports.len() <= 3, "a backlog: {reports:?}");
+    assert_ne!(
+        reports[0].as_ref().map(|info| info.epoch),
+        first_epoch,
+        "the oldest missed term"
+    );
+    assert_eq!(reports.last().unwrap().as_ref().unwrap().holder, "a");
+
+    // It reports each change again once its reader keeps up.
+    current.resign().await.unwrap();
+    assert_eq!(next(&mut slow).await, None);
+}
 
 /// The watch's subscription is down (its connections reset by a proxy, so it
 /// cannot come back) while a new term starts and is announced to nobody; once

@@ -9,6 +9,10 @@
 //! finds the lock gone publishes `lost` afterwards. An expiry is Redis's own
 //! `expired` keyspace notification of the lock's name, which needs
 //! `notify-keyspace-events` to include `K` and `x` (or `A`).
+//!
+//! Each stream buffers at most its capacity of events for its reader; when the
+//! reader falls behind, the newer events are dropped and counted, so the
+//! subscription's task never waits on the reader and the buffer never grows.
 
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
@@ -17,9 +21,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::StreamExt;
 use redis::aio::PubSub;
-use tokio::sync::mpsc;
 
 use crate::backend::Backend;
+use crate::buffer::{self, Popped};
 use crate::error::{KeyPreview, LockError};
 use crate::keys;
 use crate::LockManager;
@@ -30,6 +34,15 @@ impl LockManager {
     /// escapes): acquired, released, handed over, force-unlocked, expired and
     /// lost. Await the request (or call
     /// [`subscribe`](LockEventsRequest::subscribe)) to get the stream.
+    ///
+    /// The stream buffers up to [`DEFAULT_EVENTS_CAPACITY`] events (see
+    /// [`capacity`](LockEventsRequest::capacity)) for a reader that is
+    /// behind. Once that is full, newer events are dropped rather than
+    /// queued, and the reader, having read the buffered ones, gets one
+    /// `Err(`[`EventsSkipped`]`)` telling how many it missed there before the
+    /// events that came after (as tokio's `broadcast` reports lag). A reader
+    /// that needs the state after a skip reads it ([`inspect`](Self::inspect),
+    /// [`list`](Self::list)).
     ///
     /// Events are published by the managers that take the locks when built
     /// with [`lock_events(true)`](crate::LockManagerBuilder::lock_events)
@@ -43,7 +56,10 @@ impl LockManager {
     /// use futures_util::StreamExt;
     /// let mut events = manager.events("order:*").await?;
     /// while let Some(event) = events.next().await {
-    ///     println!("{}: {:?}", event.key, event.kind);
+    ///     match event {
+    ///         Ok(event) => println!("{}: {:?}", event.key, event.kind),
+    ///         Err(skipped) => println!("fell behind: {} events missed", skipped.count),
+    ///     }
     /// }
     /// # Ok(()) }
     /// ```
@@ -52,9 +68,16 @@ impl LockManager {
             manager: self.clone(),
             pattern: pattern.into(),
             expiry: true,
+            capacity: DEFAULT_EVENTS_CAPACITY,
         }
     }
 }
+
+/// How many events a [`LockEvents`] stream buffers for its reader unless
+/// [`LockEventsRequest::capacity`] says otherwise. A buffered event takes
+/// about a hundred bytes plus its key and holder: with those some tens of
+/// bytes long, a full buffer is a few hundred kilobytes.
+pub const DEFAULT_EVENTS_CAPACITY: usize = 1024;
 
 /// A subscription to lock events, from [`LockManager::events`]; await it.
 #[derive(Debug, Clone)]
@@ -63,6 +86,7 @@ pub struct LockEventsRequest {
     manager: LockManager,
     pattern: String,
     expiry: bool,
+    capacity: usize,
 }
 
 impl LockEventsRequest {
@@ -75,6 +99,14 @@ impl LockEventsRequest {
     /// server setting.
     pub fn expiry(mut self, include: bool) -> Self {
         self.expiry = include;
+        self
+    }
+
+    /// How many events the stream holds for a reader that is behind (default
+    /// [`DEFAULT_EVENTS_CAPACITY`]; 0 is taken as 1). Past it, events are
+    /// dropped and the reader is told how many ([`EventsSkipped`]).
+    pub fn capacity(mut self, events: usize) -> Self {
+        self.capacity = events;
         self
     }
 
@@ -110,7 +142,7 @@ impl LockEventsRequest {
         } else {
             None
         };
-        let (sender, receiver) = mpsc::unbounded_channel();
+        let (sender, receiver) = buffer::bounded(self.capacity);
         let mut listeners = Vec::new();
         // Published events: classic PUBLISH reaches every node of a cluster,
         // so one subscription hears them all. Expiry notifications stay on the
@@ -207,20 +239,46 @@ pub enum LockEventKind {
     },
 }
 
-/// The stream from [`LockManager::events`]. A subscription that breaks is
-/// made again (with a bounded backoff); events published meanwhile are
-/// missed. Dropping the stream unsubscribes.
-#[derive(Debug)]
+/// The reader of a [`LockEvents`] stream fell behind: its buffer was full,
+/// and this many events that followed the ones read before were dropped.
+/// The events after it are those heard once there was room again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the lock events stream dropped {count} events: its reader fell behind")]
+#[non_exhaustive]
+pub struct EventsSkipped {
+    /// How many events were dropped.
+    pub count: u64,
+}
+
+/// The stream from [`LockManager::events`]: `Ok` for each event, and
+/// `Err(`[`EventsSkipped`]`)` where events were dropped because the reader
+/// had fallen a full buffer behind (see [`LockManager::events`]). A
+/// subscription that breaks is made again (with a bounded backoff); events
+/// published meanwhile are missed, unannounced. Dropping the stream
+/// unsubscribes.
 pub struct LockEvents {
-    events: mpsc::UnboundedReceiver<LockEvent>,
+    events: buffer::Receiver<LockEvent>,
     listeners: Vec<tokio::task::JoinHandle<()>>,
 }
 
-impl futures_util::Stream for LockEvents {
-    type Item = LockEvent;
+impl std::fmt::Debug for LockEvents {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockEvents")
+            .field("listeners", &self.listeners.len())
+            .finish_non_exhaustive()
+    }
+}
 
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<LockEvent>> {
-        self.events.poll_recv(cx)
+impl futures_util::Stream for LockEvents {
+    type Item = Result<LockEvent, EventsSkipped>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.events.poll_pop(cx).map(|popped| {
+            popped.map(|popped| match popped {
+                Popped::Item(event) => Ok(event),
+                Popped::Skipped(count) => Err(EventsSkipped { count }),
+            })
+        })
     }
 }
 
@@ -294,7 +352,7 @@ async fn listen(
     source: usize,
     patterns: Vec<String>,
     mut pubsub: PubSub,
-    events: mpsc::UnboundedSender<LockEvent>,
+    events: buffer::Sender<LockEvent>,
 ) {
     let prefix = manager.inner.core.config.key_prefix.clone();
     let mut delay = Duration::from_millis(50);
@@ -306,7 +364,8 @@ async fn listen(
                     continue;
                 };
                 if let Some(event) = parse(&prefix, message.get_channel_name(), &payload) {
-                    if events.send(event).is_err() {
+                    // Never waits: a full buffer drops the event and counts it.
+                    if events.push_or_skip(event).is_err() {
                         return;
                     }
                 }

@@ -14,6 +14,11 @@
 //! resignation sends no message of ours: with Redis's keyspace notifications
 //! of expired keys on, the lock's expiry is one (and the watch reads it then);
 //! without, the watch reads the lock when the lease it last saw runs out.
+//!
+//! Both buffers of a watch are bounded: the messages its subscriptions hear
+//! (past the bound, the watch reads the lock instead of the messages it
+//! dropped) and the changes waiting for its reader (past
+//! [`LEADER_WATCH_CAPACITY`], the newest replaces them all).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -23,8 +28,8 @@ use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::StreamExt;
-use tokio::sync::mpsc;
 
+use crate::buffer::{self, Popped};
 use crate::config::{self, Backoff};
 use crate::error::{KeyPreview, LockError};
 use crate::lease::Lease;
@@ -33,6 +38,16 @@ use crate::{LockGuard, LockManager, LockRequest};
 /// The prefix of a leader election's lock key: `manager.leader("scheduler")`
 /// holds lock `leader:scheduler`, which `inspect`, `list` and the CLI show.
 pub const LEADER_KEY_PREFIX: &str = "leader:";
+
+/// How many changes a [`LeaderWatch`] holds for a reader that is behind. One
+/// more, and they are all dropped for the newest: a watcher that fell that
+/// far behind gets the current state next, not a backlog of old terms.
+pub const LEADER_WATCH_CAPACITY: usize = 64;
+
+/// How many messages a watch's subscriptions hold for its task while it reads
+/// the lock. Past it they are dropped and the task reads the lock again, which
+/// tells the current state that the dropped messages led to.
+const HEARD_CAPACITY: usize = 64;
 
 impl LockManager {
     /// A leader election named `name`: among every process that campaigns for
@@ -276,8 +291,15 @@ impl LeaderElection {
     /// period while a leader holds). A term
     /// that began and ended entirely while the subscription was down is
     /// missed; the epochs it reports show the gap. Dropping the stream ends it.
+    ///
+    /// A reader that keeps up sees every change. Changes wait for a reader
+    /// that is behind up to [`LEADER_WATCH_CAPACITY`]; one more, and the
+    /// waiting ones are dropped for the newest, so a watcher that stopped
+    /// reading while the lead changed many times gets the current state when
+    /// it reads again (its epoch shows how many terms it missed), not the
+    /// backlog.
     pub fn watch(&self) -> LeaderWatch {
-        let (changes, receiver) = mpsc::unbounded_channel();
+        let (changes, receiver) = buffer::bounded(LEADER_WATCH_CAPACITY);
         let task = tokio::spawn(watch(self.clone(), changes));
         LeaderWatch {
             changes: receiver,
@@ -434,18 +456,35 @@ impl Announcement {
 }
 
 /// The stream from [`LeaderElection::watch`]: `Option<LeaderInfo>` for each
-/// change. Ends only when the manager's runtime does.
-#[derive(Debug)]
+/// change (after a reader fell [`LEADER_WATCH_CAPACITY`] changes behind, the
+/// newest for all those it missed). Ends only when the manager's runtime does.
 pub struct LeaderWatch {
-    changes: mpsc::UnboundedReceiver<Option<LeaderInfo>>,
+    changes: buffer::Receiver<Option<LeaderInfo>>,
     task: tokio::task::AbortHandle,
+}
+
+impl std::fmt::Debug for LeaderWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaderWatch")
+            .field("task", &self.task)
+            .finish_non_exhaustive()
+    }
 }
 
 impl futures_util::Stream for LeaderWatch {
     type Item = Option<LeaderInfo>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.changes.poll_recv(cx)
+        loop {
+            return match self.changes.poll_pop(cx) {
+                Poll::Ready(Some(Popped::Item(change))) => Poll::Ready(Some(change)),
+                // The watch replaces on overflow and counts nothing, so this
+                // is not reached; were it, the next change is the newer state.
+                Poll::Ready(Some(Popped::Skipped(_))) => continue,
+                Poll::Ready(None) => Poll::Ready(None),
+                Poll::Pending => Poll::Pending,
+            };
+        }
     }
 }
 
@@ -506,7 +545,7 @@ impl Reported {
     }
 }
 
-async fn watch(election: LeaderElection, changes: mpsc::UnboundedSender<Option<LeaderInfo>>) {
+async fn watch(election: LeaderElection, changes: buffer::Sender<Option<LeaderInfo>>) {
     let core = election.manager.inner.core.clone();
     let channel = election.channel();
     // With keyspace notifications of expired keys on, the end of a term
@@ -518,7 +557,7 @@ async fn watch(election: LeaderElection, changes: mpsc::UnboundedSender<Option<L
             crate::keys::escape_glob(&core.keys(&election.lock_key()).lock)
         )
     });
-    let (heard_tx, mut heard) = mpsc::unbounded_channel();
+    let (heard_tx, mut heard) = buffer::bounded(HEARD_CAPACITY);
     let sources = core.backend.pubsub_sources();
     let listeners: Vec<_> = (0..sources)
         .map(|source| {
@@ -560,7 +599,7 @@ async fn watch(election: LeaderElection, changes: mpsc::UnboundedSender<Option<L
                     });
                     let now = held.map(|info| LeaderInfo::from_lock(&info));
                     if let Some(change) = reported.change(now) {
-                        if changes.send(change).is_err() {
+                        if changes.push_or_replace(change).is_err() {
                             return;
                         }
                     }
@@ -580,13 +619,16 @@ async fn watch(election: LeaderElection, changes: mpsc::UnboundedSender<Option<L
                 None => std::future::pending().await,
             }
         };
+        // A reader that drops the stream aborts this task.
         tokio::select! {
-            () = changes.closed() => return,
             () = expiry => read_now = true,
-            event = heard.recv() => match event {
+            event = heard.pop() => match event {
                 None => return,
-                Some(Heard::Subscribed | Heard::Expired) => read_now = true,
-                Some(Heard::Message(message)) => {
+                // Messages were dropped while this task was reading the
+                // lock: reading it again tells where they led.
+                Some(Popped::Skipped(_)) => read_now = true,
+                Some(Popped::Item(Heard::Subscribed | Heard::Expired)) => read_now = true,
+                Some(Popped::Item(Heard::Message(message))) => {
                     let change = match Announcement::decode(&message) {
                         Some(Announcement::Term { info, lease_ms }) => {
                             let change = reported.change(Some(info));
@@ -609,7 +651,7 @@ async fn watch(election: LeaderElection, changes: mpsc::UnboundedSender<Option<L
                         None => None,
                     };
                     if let Some(change) = change {
-                        if changes.send(change).is_err() {
+                        if changes.push_or_replace(change).is_err() {
                             return;
                         }
                     }
@@ -636,7 +678,7 @@ async fn listen(
     source: usize,
     channel: String,
     expiry: Option<String>,
-    heard: mpsc::UnboundedSender<Heard>,
+    heard: buffer::Sender<Heard>,
 ) {
     let core = manager.inner.core.clone();
     let timeout = core.config.connect_timeout;
@@ -653,7 +695,7 @@ async fn listen(
         match tokio::time::timeout(timeout, subscribed).await {
             Ok(Ok(pubsub)) => {
                 delay = Duration::from_millis(50);
-                if heard.send(Heard::Subscribed).is_err() {
+                if heard.push_or_skip(Heard::Subscribed).is_err() {
                     return;
                 }
                 let mut messages = pubsub.into_on_message();
@@ -669,7 +711,7 @@ async fn listen(
                     } else {
                         Heard::Message(text)
                     };
-                    if heard.send(event).is_err() {
+                    if heard.push_or_skip(event).is_err() {
                         return;
                     }
                 }

@@ -40,7 +40,8 @@
 // weighted hold given back) > global > manager > multi, counting
 // (a counting semaphore's handle) > request > guard > release (giving leases
 // back, at once or in the background) > core >
-// renewal, waiting > backend > context, lease > telemetry, keys, config, info, error;
+// renewal, waiting > backend > context, lease > telemetry, keys, config, info, error,
+// buffer (the bounded buffer behind the events and leader streams);
 // options (a request's hold options) sits with config, under lease. Events and leader are not built
 // on the public API alone: they reach into `core.backend` (pub/sub connections,
 // PUBLISH, CONFIG GET) and the leader into the guard's lease. `backend` sends every
@@ -48,6 +49,7 @@
 // pub/sub connections it opens, as redis-rs `PubSub` values, and `error` converts
 // redis-rs's errors, until a store-neutral backend boundary replaces those types.
 mod backend;
+mod buffer;
 mod config;
 mod context;
 mod core;
@@ -75,12 +77,16 @@ pub use config::Backoff;
 pub use context::spawn_with_locks;
 pub use counting::{CountingPermits, CountingSemaphore};
 pub use error::{BackendError, BackendErrorKind, LockError};
-pub use events::{LockEvent, LockEventKind, LockEvents, LockEventsRequest};
+pub use events::{
+    EventsSkipped, LockEvent, LockEventKind, LockEvents, LockEventsRequest, DEFAULT_EVENTS_CAPACITY,
+};
 pub use global::{global, set_global, with_default_manager};
 pub use guard::LockGuard;
 pub use info::{HoldKind, KeyState, LockInfo, PermitCounts, WaiterInfo};
 pub use keys::RedisNames;
-pub use leader::{LeaderElection, LeaderInfo, LeaderWatch, Leadership, LEADER_KEY_PREFIX};
+pub use leader::{
+    LeaderElection, LeaderInfo, LeaderWatch, Leadership, LEADER_KEY_PREFIX, LEADER_WATCH_CAPACITY,
+};
 pub use lease::RenewalTrouble;
 pub use manager::{
     LockManager, LockManagerBuilder, DEFAULT_FENCE_RETENTION, MAX_DURATION, MIN_LEASE,
