@@ -66,6 +66,10 @@ pub(crate) struct AcquireSpec<'a> {
     /// For a semaphore: replace the permit count its holders use with this
     /// request's (an explicit resize) rather than refuse a different one.
     pub(crate) resize_permits: bool,
+    /// For a semaphore: the most permits a waiter of the caller's manager
+    /// waits for (the caller's own included; 1 when it does not wait), for
+    /// the script to record (see `scripts/permit_acquire.lua`).
+    pub(crate) largest_waiting_weight: u32,
     /// For the default lock: a waiting caller queues up in Redis (false on a
     /// Redlock member: it only marks the lock, see `scripts/acquire.lua`).
     pub(crate) queue: bool,
@@ -94,6 +98,7 @@ impl<'a> AcquireSpec<'a> {
             since_ms: crate::info::now_ms(),
             holder,
             resize_permits: false,
+            largest_waiting_weight: 1,
             queue: false,
             queue_lease_ms: 0,
             handoff_ttl_ms: 0,
@@ -920,7 +925,7 @@ impl Scripts {
                     keys.related(),
                     keys.details(),
                 ],
-                8,
+                9,
                 args_len,
             ),
         };
@@ -947,7 +952,8 @@ impl Scripts {
                 cmd.arg(permits)
                     .arg(if spec.resize_permits { "1" } else { "0" })
                     .arg(spec.since_ms)
-                    .arg(spec.holder);
+                    .arg(spec.holder)
+                    .arg(spec.largest_waiting_weight);
             }
         }
         cmd
