@@ -21,6 +21,7 @@ crate::on_both!(
     force_unlock_hands_a_queued_lock_to_the_head_of_its_queue,
     a_read_locks_is_locked_answers_for_both_sides,
     the_current_chain_is_the_guards_scope_not_the_task,
+    giving_back_any_number_of_permits_is_one_message,
 );
 
 /// An HTTP handler takes a lock of each kind and hands it, as a secret
@@ -365,4 +366,25 @@ async fn the_current_chain_is_the_guards_scope_not_the_task(d: Deployment) {
         .await;
     assert_eq!(m.lock("chain").hold_count(), 0);
     guard.release().await.unwrap();
+}
+
+/// Giving back any number of permits publishes one message (issue: the
+/// give-back script published once per permit given back, a loop as long as
+/// the caller's number inside Redis; `u32::MAX - 1` of them would have stalled
+/// the server for hours).
+async fn giving_back_any_number_of_permits_is_one_message(d: Deployment) {
+    let m = d.manager().await;
+    let mut all = m
+        .semaphore("vast", u32::MAX)
+        .weight(u32::MAX)
+        .lease(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    all.release_permits(u32::MAX - 1)
+        .await
+        .expect("given back within the command timeout");
+    let counts = m.semaphore("vast", u32::MAX).permit_counts().await.unwrap();
+    assert_eq!(counts.held, 1);
+    all.release().await.unwrap();
 }
