@@ -646,6 +646,7 @@ pub(crate) struct Scripts {
     permit_acquire: Lua,
     permit_release: Lua,
     permit_give_back: Lua,
+    permit_split: Lua,
     shared_renew: Lua,
     issue_token: Lua,
     permit_counts: Lua,
@@ -718,6 +719,7 @@ impl Scripts {
             permit_acquire: with_prelude!("permit_acquire.lua"),
             permit_release: with_prelude!("permit_release.lua"),
             permit_give_back: with_prelude!("permit_give_back.lua"),
+            permit_split: with_prelude!("permit_split.lua"),
             shared_renew: with_prelude!("shared_renew.lua"),
             issue_token: with_prelude!("issue_token.lua"),
             permit_counts: with_prelude!("permit_counts.lua"),
@@ -1076,6 +1078,27 @@ impl Scripts {
                 .call(&[&keys.lock, keys.related(), keys.details()], 3, args_len);
         cmd.arg(owner).arg(kept_owner).arg(keys.channel());
         let reply = self.permit_give_back.invoke(conn, &cmd).await?;
+        release_reply(reply, owner)
+    }
+
+    /// Splits `owner`'s weighted semaphore hold into one hold per permit,
+    /// under `permit_owners` (see `permit_split.lua`); true when the hold
+    /// was still ours.
+    pub(crate) async fn permit_split(
+        &self,
+        conn: &mut impl ConnectionLike,
+        keys: &RedisNames,
+        owner: &str,
+        permit_owners: &[String],
+    ) -> RedisResult<bool> {
+        let args_len = owner.len() + permit_owners.iter().map(String::len).sum::<usize>();
+        let mut cmd = self.permit_split.call(
+            &[&keys.lock, keys.related(), keys.details()],
+            1 + permit_owners.len(),
+            args_len,
+        );
+        cmd.arg(owner).arg(permit_owners);
+        let reply = self.permit_split.invoke(conn, &cmd).await?;
         release_reply(reply, owner)
     }
 
