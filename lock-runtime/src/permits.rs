@@ -143,7 +143,7 @@ impl LockGuard {
     /// For a semaphore hold of several permits
     /// ([`weight`](crate::LockRequest::weight)): splits it into one hold per
     /// permit, each with an id (owner token) of its own, its own lease
-    /// (renewed on its own, ending with the same lease end for now), lost
+    /// (renewed on its own from the hold's lease end), lost
     /// signal and release, and the hold's fencing token. This guard keeps one
     /// permit; the others come back as new guards. Acting on one permit by id
     /// is then acting on its guard: [`release`](Self::release) gives back that
