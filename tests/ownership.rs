@@ -9,7 +9,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use distlock::{Backoff, HoldKind, HoldTicket, LockError};
+use distlock::{Backoff, HoldKind, HoldTicket, LockError, MAX_SPLIT_PERMITS};
 
 crate::on_both!(
     a_hold_handed_over_by_ticket_is_renewed_and_released_by_its_new_guard,
@@ -21,6 +21,8 @@ crate::on_both!(
     force_unlock_hands_a_queued_lock_to_the_head_of_its_queue,
     a_read_locks_is_locked_answers_for_both_sides,
     the_current_chain_is_the_guards_scope_not_the_task,
+    giving_back_any_number_of_permits_is_one_message,
+    a_weighted_hold_split_into_single_permits_is_acted_on_by_permit,
 );
 
 /// An HTTP handler takes a lock of each kind and hands it, as a secret
@@ -365,4 +367,116 @@ async fn the_current_chain_is_the_guards_scope_not_the_task(d: Deployment) {
         .await;
     assert_eq!(m.lock("chain").hold_count(), 0);
     guard.release().await.unwrap();
+}
+
+/// Giving back any number of permits publishes one message (issue: the
+/// give-back script published once per permit given back, a loop as long as
+/// the caller's number inside Redis; `u32::MAX - 1` of them would have stalled
+/// the server for hours).
+async fn giving_back_any_number_of_permits_is_one_message(d: Deployment) {
+    let m = d.manager().await;
+    let mut all = m
+        .semaphore("vast", u32::MAX)
+        .weight(u32::MAX)
+        .lease(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    all.release_permits(u32::MAX - 1)
+        .await
+        .expect("given back within the command timeout");
+    let counts = m.semaphore("vast", u32::MAX).permit_counts().await.unwrap();
+    assert_eq!(counts.held, 1);
+    all.release().await.unwrap();
+}
+
+/// `split_permits` turns a hold of 3 permits into 3 holds of 1, each with an
+/// id of its own (as `inspect_all` shows), the hold's fencing token, its own
+/// renewal and release: one given back lets another holder in while the
+/// other two stay, one handed over by ticket is released by its new guard.
+async fn a_weighted_hold_split_into_single_permits_is_acted_on_by_permit(d: Deployment) {
+    let m = d.manager().await;
+    let other = d.manager().await;
+    let key = "split";
+    let lease = Duration::from_millis(300);
+    let mut first = m
+        .semaphore(key, 4)
+        .weight(3)
+        .lease(lease)
+        .acquire()
+        .await
+        .unwrap();
+    let token = first.fencing_token().await.unwrap();
+    let mut rest = first.split_permits().await.unwrap();
+    assert_eq!(rest.len(), 2);
+    let state = m.inspect_all(key).await.unwrap();
+    let mut ids: Vec<&str> = state.holds.iter().map(|h| h.hold_id.as_str()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), 3, "{state:#?}");
+    assert!(
+        state.holds.iter().all(|h| h.fencing_token == token),
+        "{state:#?}"
+    );
+    assert_eq!(m.semaphore(key, 4).permit_counts().await.unwrap().held, 3);
+    for g in std::iter::once(&first).chain(&rest) {
+        assert_eq!(g.fencing_token().await.unwrap(), token);
+    }
+
+    // Each is renewed on its own: three leases would have ended the permits
+    // of a hold nobody renewed (every lease / 3), and each guard's local
+    // deadline (lease - 1% - 2 ms after its last renewal) would have passed.
+    tokio::time::sleep(lease * 3).await;
+    assert!(!first.is_lost() && rest.iter().all(|g| !g.is_lost()));
+    assert_eq!(m.semaphore(key, 4).permit_counts().await.unwrap().held, 3);
+
+    // One permit's lease, by its guard: lengthened alone.
+    rest[0].extend(Duration::from_secs(30)).await.unwrap();
+    let state = m.inspect_all(key).await.unwrap();
+    let long = |h: &&distlock::LockInfo| h.ttl.is_some_and(|t| t > lease * 2);
+    assert_eq!(state.holds.iter().filter(long).count(), 1, "{state:#?}");
+
+    // One permit, by its guard: given back, and another holder gets it.
+    assert!(other
+        .semaphore(key, 4)
+        .weight(2)
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
+    rest.pop().unwrap().release().await.unwrap();
+    let two = other
+        .semaphore(key, 4)
+        .weight(2)
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("the permit given back and the free one");
+    assert_eq!(m.semaphore(key, 4).permit_counts().await.unwrap().held, 4);
+
+    // Another, handed to the other manager by ticket and released there.
+    let ticket = rest.pop().unwrap().into_ticket().unwrap();
+    let resumed = other.resume(&ticket).await.unwrap();
+    assert_eq!(resumed.fencing_token().await.unwrap(), token);
+    resumed.release().await.unwrap();
+    assert_eq!(m.semaphore(key, 4).permit_counts().await.unwrap().held, 3);
+
+    // A single permit, or more than the limit, is not split.
+    let err = first.split_permits().await.unwrap_err();
+    assert!(matches!(err, LockError::InvalidConfig(_)), "{err:?}");
+    assert!(!first.is_lost(), "a refused split changes nothing");
+    first.release().await.unwrap();
+    let mut many = m
+        .semaphore("split:many", MAX_SPLIT_PERMITS + 1)
+        .weight(MAX_SPLIT_PERMITS + 1)
+        .acquire()
+        .await
+        .unwrap();
+    let err = many.split_permits().await.unwrap_err();
+    assert!(matches!(err, LockError::InvalidConfig(_)), "{err:?}");
+    let most = MAX_SPLIT_PERMITS.to_string();
+    assert!(err.to_string().contains(&most), "{err}");
+    many.release().await.unwrap();
+    two.release().await.unwrap();
+    assert_eq!(m.semaphore(key, 4).permit_counts().await.unwrap().held, 0);
 }

@@ -25,6 +25,7 @@ crate::on_both!(
     a_release_of_any_weight_is_one_message,
     one_weighted_release_wakes_a_waiter_per_permit,
     a_waiter_for_several_permits_is_woken_when_they_come_free,
+    a_weighted_waiter_behind_another_is_woken_when_its_permits_come_free,
 );
 
 /// Tasks of several managers hammer a semaphore; the number inside never
@@ -633,6 +634,74 @@ async fn a_waiter_for_several_permits_is_woken_when_they_come_free(d: Deployment
         acquired.duration_since(released)
     );
     four.release().await.unwrap();
+    holds.pop().unwrap().release().await.unwrap();
+}
+
+/// A waiter for 3 of 5 permits queued behind a waiter for 1 of the same
+/// manager makes no attempt of its own until it is first in line, so its
+/// weight reaches Redis with the attempts of the waiter ahead: once that one
+/// gets in, the single-permit releases that free the other's permits wake it
+/// (issue: nothing recorded its weight, and with every hold of one permit and
+/// the semaphore not full no release published, so it got in on its backoff
+/// timer).
+async fn a_weighted_waiter_behind_another_is_woken_when_its_permits_come_free(d: Deployment) {
+    let a = d.manager().await;
+    let b = d.manager().await;
+    let key = "behind";
+    let mut raw = d.raw_for(&a, key).await;
+    // A hold of 2 permits that ends on its own (a crashed holder): nobody
+    // publishes when it goes.
+    const EXPIRING: Duration = Duration::from_secs(3);
+    let expiring = a
+        .semaphore(key, 5)
+        .weight(2)
+        .lease(EXPIRING)
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    let mut holds = Vec::new();
+    for _ in 0..3 {
+        holds.push(
+            a.semaphore(key, 5)
+                .lease(Duration::from_secs(30))
+                .acquire()
+                .await
+                .unwrap(),
+        );
+    }
+    // Full. The waiter for 1 is refused and queues first; the waiter for 3,
+    // of the same manager, queues behind it without an attempt (it makes no
+    // round trip before it registers).
+    let one = spawn_permit_waiter(&b, key, 5, 1);
+    await_listener(&mut raw, &semaphore_channel(&a, key)).await;
+    let registered = Instant::now();
+    let three = spawn_permit_waiter(&b, key, 5, 3);
+    // The first in line retries when the first lease ends: it finds the 2
+    // permits free, takes 1 and leaves 1 free, with no hold of more than one
+    // permit left.
+    let (one, _) = one.await.unwrap();
+    drop(expiring);
+    assert!(!three.is_finished(), "1 permit free is not 3");
+    holds.pop().unwrap().release().await.unwrap();
+    let released = Instant::now();
+    holds.pop().unwrap().release().await.unwrap();
+    let (three, acquired) = three.await.unwrap();
+    // Its timer (see `slow_backoff`: 10 s, no jitter) first fires 10 s after
+    // it registered; the releases come about `EXPIRING` (3 s) after that, so
+    // a grant within 2 s of the release that freed the third permit (room for
+    // a loaded machine's wake-up and one attempt) is a wake-up's doing.
+    assert!(
+        released.duration_since(registered) + Duration::from_secs(2) < Duration::from_secs(10),
+        "the releases came too late to tell a wake-up from the timer"
+    );
+    assert!(
+        acquired.duration_since(released) < Duration::from_secs(2),
+        "got its 3 permits {:?} after the release that freed them",
+        acquired.duration_since(released)
+    );
+    three.release().await.unwrap();
+    one.release().await.unwrap();
     holds.pop().unwrap().release().await.unwrap();
 }
 

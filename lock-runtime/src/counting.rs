@@ -209,7 +209,7 @@ impl CountingSemaphore {
                 return Ok(false);
             }
         }
-        let registration = core.subscriber.register(channel);
+        let registration = core.subscriber.register(channel, 1);
         let mut backoff = BackoffTimer::new(core.config.backoff);
         loop {
             if !attempt_now {

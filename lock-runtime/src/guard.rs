@@ -72,6 +72,11 @@ impl LockGuard {
         self.lease.clone()
     }
 
+    /// The manager, for guards made from this one's hold (permits.rs).
+    pub(crate) fn manager(&self) -> &Arc<ManagerInner> {
+        &self.manager
+    }
+
     /// The manager's shared state (ticket.rs, permits.rs).
     pub(crate) fn core(&self) -> &Arc<Core> {
         &self.manager.core

@@ -91,7 +91,8 @@ pub use lease::RenewalTrouble;
 pub use manager::{
     LockManager, LockManagerBuilder, DEFAULT_FENCE_RETENTION, MAX_DURATION, MIN_LEASE,
 };
-pub use multi::{MultiLockGuard, MultiLockRequest};
+pub use multi::{MultiLockGuard, MultiLockRequest, MAX_LOCK_ALL_KEYS};
+pub use permits::MAX_SPLIT_PERMITS;
 pub use request::LockRequest;
 pub use telemetry::MAX_METRIC_LABELS;
 pub use ticket::HoldTicket;

@@ -330,7 +330,9 @@ impl LockManager {
     ///
     /// Uncontended, it costs one round trip on one server (a script takes every
     /// lock), and one per key in a Redis Cluster (the locks live in distinct
-    /// slots) or under Redlock.
+    /// slots) or under Redlock. At most [`MAX_LOCK_ALL_KEYS`](crate::MAX_LOCK_ALL_KEYS)
+    /// distinct keys: more fail with [`LockError::InvalidConfig`] before any
+    /// Redis call.
     ///
     /// ```no_run
     /// use std::time::Duration;

@@ -13,6 +13,11 @@
 //! the next: ordered locking cannot deadlock. In a cluster (locks in distinct
 //! slots) and under Redlock the locks are always taken that way, one round
 //! trip per key when uncontended.
+//!
+//! A multi-key lock takes at most [`MAX_LOCK_ALL_KEYS`] keys: the one-script
+//! path runs inside Redis, which serves no one else meanwhile, for a time that
+//! grows with the number of keys, so that number is capped here rather than
+//! left to the caller.
 
 use std::future::{poll_fn, Future};
 use std::pin::{pin, Pin};
@@ -34,6 +39,16 @@ use crate::options::{Hold, HoldOptions, Patience};
 use crate::release::{drop_holds, release_holds, release_in_background, ReleaseOnDrop};
 use crate::request::{reenter, LockRequest};
 use crate::telemetry;
+
+/// The most distinct keys one [`LockManager::lock_all`](crate::LockManager::lock_all)
+/// may lock; a request for more fails with [`LockError::InvalidConfig`] before
+/// any Redis call.
+///
+/// On one server every key is taken by a single script, and Redis runs nothing
+/// else until it returns: the cap keeps that script to about a millisecond or
+/// two on an ordinary server. Lock more keys by grouping them under fewer lock
+/// names (one lock per account rather than per row, say).
+pub const MAX_LOCK_ALL_KEYS: usize = 128;
 
 /// Several locks about to be acquired together, all or nothing; from
 /// [`LockManager::lock_all`](crate::LockManager::lock_all).
@@ -156,7 +171,8 @@ impl MultiLockRequest {
     /// # Errors
     /// [`LockError::Timeout`] (naming the key waited for) once `wait` has
     /// passed, [`LockError::InvalidKey`] / [`LockError::InvalidConfig`] for bad
-    /// input, [`LockError::Lost`] when re-entering a hold whose lease was lost,
+    /// input (`InvalidConfig` for more than [`MAX_LOCK_ALL_KEYS`] distinct
+    /// keys, before any Redis call), [`LockError::Lost`] when re-entering a hold whose lease was lost,
     /// [`LockError::Backend`] when Redis fails or does not answer in time.
     pub async fn acquire(self) -> Result<MultiLockGuard, LockError> {
         let key = self.keys.first().cloned().unwrap_or_default();
@@ -182,6 +198,7 @@ impl MultiLockRequest {
             keys,
             options,
         } = self;
+        check_key_count(&keys)?;
         for key in &keys {
             keys::validate_key(key)?;
         }
@@ -429,6 +446,18 @@ async fn one_script(
             OneScript::Done(Err(e.error))
         }
     }
+}
+
+/// Refuses more than [`MAX_LOCK_ALL_KEYS`] distinct keys.
+fn check_key_count(keys: &[String]) -> Result<(), LockError> {
+    if keys.len() <= MAX_LOCK_ALL_KEYS {
+        return Ok(());
+    }
+    Err(LockError::InvalidConfig(format!(
+        "lock_all of {} distinct keys (the first {}): at most {MAX_LOCK_ALL_KEYS} per call",
+        keys.len(),
+        KeyPreview(&keys[0]),
+    )))
 }
 
 /// The ordered path: each lock with the ordinary acquisition, in lock order.

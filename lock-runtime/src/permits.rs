@@ -1,11 +1,19 @@
-//! Giving back part of a weighted semaphore hold (`LockGuard::release_permits`).
+//! Giving back part of a weighted semaphore hold (`LockGuard::release_permits`),
+//! and splitting one into a hold per permit (`LockGuard::split_permits`).
 
 use std::sync::Arc;
 
 use crate::error::{KeyPreview, LockError};
 use crate::guard::LockGuard;
 use crate::keys::LockKind;
+use crate::lease::Lease;
 use crate::release::{release_in_background, release_lease_in_background, ReleaseOnDrop};
+
+/// The most permits a hold may have for [`LockGuard::split_permits`]: the
+/// split is one script that writes two entries per permit, and Redis serves
+/// no one else while it runs, so the number is capped here rather than left
+/// to the hold's weight.
+pub const MAX_SPLIT_PERMITS: u32 = 128;
 
 impl LockGuard {
     /// For a semaphore hold of several permits
@@ -130,5 +138,154 @@ impl LockGuard {
         }
         self.replace_lease(kept_lease);
         Ok(())
+    }
+
+    /// For a semaphore hold of several permits
+    /// ([`weight`](crate::LockRequest::weight)): splits it into one hold per
+    /// permit, each with an id (owner token) of its own, its own lease
+    /// (renewed on its own from the hold's lease end), lost
+    /// signal and release, and the hold's fencing token. This guard keeps one
+    /// permit; the others come back as new guards. Acting on one permit by id
+    /// is then acting on its guard: [`release`](Self::release) gives back that
+    /// permit alone (and wakes a waiter), [`extend`](Self::extend) lengthens
+    /// its lease alone, [`into_ticket`](Self::into_ticket) hands it to another
+    /// process. One round trip (a script that replaces the hold with a hold
+    /// per permit; nobody is woken, as the permits held stay the same).
+    ///
+    /// ```no_run
+    /// # async fn demo(manager: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+    /// let mut first = manager.semaphore("gpu", 8).weight(3).acquire().await?;
+    /// let others = first.split_permits().await?; // 3 guards of 1 permit in all
+    /// for permit in others {
+    ///     // ... each hands its permit to a worker, which releases it when done ...
+    ///     permit.release().await?;
+    /// }
+    /// first.release().await
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// [`LockError::InvalidConfig`] when this is not a semaphore hold, when it
+    /// is of one permit or of more than [`MAX_SPLIT_PERMITS`], or when
+    /// re-entrant guards share the hold; [`LockError::Lost`] when the lease
+    /// was lost (or is found lost now); [`LockError::Backend`] when Redis
+    /// fails; [`LockError::ShutDown`] when the manager was shut down
+    /// meanwhile (the permits are then given back). But for the last, the
+    /// guard still holds what it held, except when the call may have run
+    /// without its reply arriving: then the guard reports its lease lost
+    /// soon (its next renewal finds the old hold gone) and the single
+    /// permits are given back in the background.
+    pub async fn split_permits(&mut self) -> Result<Vec<LockGuard>, LockError> {
+        let old = self.lease_handle();
+        let LockKind::Permit { .. } = old.keys.kind else {
+            return Err(LockError::InvalidConfig(format!(
+                "split_permits is for semaphores; {} is a {}",
+                KeyPreview(&old.key),
+                old.keys.kind.family()
+            )));
+        };
+        let weight = match old.owner.rsplit_once(':') {
+            Some((_, weight)) => weight.parse::<u32>().unwrap_or(1),
+            None => 1,
+        };
+        if !(2..=MAX_SPLIT_PERMITS).contains(&weight) {
+            return Err(LockError::InvalidConfig(format!(
+                "split_permits of a hold of {weight} permits of semaphore {}; \
+                 it splits holds of 2 to {MAX_SPLIT_PERMITS}",
+                KeyPreview(&old.key)
+            )));
+        }
+        if old.hold_count() > 1 {
+            return Err(LockError::InvalidConfig(format!(
+                "split_permits on semaphore {}, whose hold re-entrant guards share: \
+                 release them first",
+                KeyPreview(&old.key)
+            )));
+        }
+        if old.is_lost() {
+            return Err(LockError::Lost {
+                key: old.key.clone(),
+            });
+        }
+        // The permits' tokens open with the hold's acquisition id, so that
+        // operators see which holds went together.
+        let acquisition = old
+            .owner
+            .get(..crate::info::ACQUISITION_ID_LEN)
+            .unwrap_or(&old.owner);
+        let permit_owners: Vec<String> = (0..weight)
+            .map(|_| crate::config::owner_token_of(acquisition))
+            .collect();
+        let core = self.core().clone();
+        // Not renewed while split: a renewal of the old name after the split
+        // would report the hold lost.
+        core.renewals.remove(old.id);
+        // Dropped before the reply: the split may have run. The old name is
+        // renewed again (if the split ran, that renewal finds it gone and the
+        // guard reports the loss) and the single permits given back.
+        let mut in_flight = ReleaseOnDrop::new(|| {
+            core.renewals.insert(old.clone());
+            for owner in &permit_owners {
+                release_in_background(
+                    &core,
+                    old.key.clone(),
+                    old.keys.clone(),
+                    owner.clone(),
+                    old.duration(),
+                    None,
+                );
+            }
+        });
+        let reply = core
+            .backend
+            .permit_split(&old.key, &old.keys, &old.owner, &permit_owners)
+            .await;
+        match reply {
+            Ok(true) => in_flight.disarm(),
+            Ok(false) => {
+                in_flight.disarm();
+                core.renewals.insert(old.clone());
+                old.mark_lost("split_permits found the hold gone (its lease had run out)");
+                return Err(LockError::Lost {
+                    key: old.key.clone(),
+                });
+            }
+            Err(e) => {
+                if !e.maybe_executed {
+                    in_flight.disarm();
+                    core.renewals.insert(old.clone());
+                }
+                return Err(e.error);
+            }
+        }
+        drop(in_flight);
+        let leases: Vec<Arc<Lease>> = permit_owners
+            .iter()
+            .map(|owner| Arc::new(old.renamed(crate::config::next_id(), owner.clone())))
+            .collect();
+        old.drop_hold();
+        old.mark_released();
+        let mut shut_down = false;
+        for lease in &leases {
+            if !core.renewals.insert(lease.clone()) {
+                // Shut down meanwhile: the shutdown released what it knew of.
+                lease.mark_released();
+                release_lease_in_background(&core, lease, lease.min_hold_until);
+                shut_down = true;
+            }
+        }
+        let mut leases = leases.into_iter();
+        if let Some(kept) = leases.next() {
+            self.replace_lease(kept);
+        }
+        if shut_down {
+            return Err(LockError::ShutDown {
+                key: old.key.clone(),
+            });
+        }
+        let manager = self.manager().clone();
+        Ok(leases
+            .map(|lease| LockGuard::new(manager.clone(), lease))
+            .collect())
     }
 }

@@ -489,6 +489,7 @@ impl LockRequest {
             core: &core,
             keys: core.keys_of(&key, kind),
             resize_permits,
+            weight,
             queue: kind == LockKind::Exclusive && !redlock,
             // A weighted hold's token says how many permits it stands for
             // (see `weight_of` in shared_prelude.lua).
@@ -547,6 +548,8 @@ struct Acquisition<'a> {
     core: &'a Arc<Core>,
     keys: RedisNames,
     resize_permits: bool,
+    /// The permits it takes (1 but for a weighted semaphore hold).
+    weight: u32,
     /// Waiters queue in Redis and are handed the lock (the default lock, but
     /// on Redlock).
     queue: bool,
@@ -654,7 +657,7 @@ impl Acquisition<'_> {
         mut remaining: Option<Duration>,
     ) -> Result<Option<LockGuard>, LockError> {
         let core = self.core.clone();
-        let registration = core.subscriber.register(self.keys.channel());
+        let registration = core.subscriber.register(self.keys.channel(), self.weight);
         let _counted = telemetry::waiting(self.hold.metrics_label);
         self.waiting = true;
         // A waiting writer announces itself to keep new readers out; if it
@@ -741,7 +744,7 @@ impl Acquisition<'_> {
         // every waiter makes once it is (it finds the lock already ours).
         let channel = &core.handoff_channel;
         core.subscriber.keep(channel);
-        let registration = core.subscriber.register(channel);
+        let registration = core.subscriber.register(channel, 1);
         let _counted = telemetry::waiting(self.hold.metrics_label);
         let _queued = core.subscriber.queue_here(&self.keys.lock);
         let handoff = core.subscriber.expect_handoff(&self.owner);
@@ -901,6 +904,13 @@ impl Acquisition<'_> {
                     since_ms: crate::info::now_ms(),
                     holder: &self.core.config.holder,
                     resize_permits: self.resize_permits,
+                    largest_waiting_weight: if self.waiting {
+                        self.core
+                            .subscriber
+                            .largest_waiting_weight(self.keys.channel())
+                    } else {
+                        1
+                    },
                     queue_lease_ms: u64::try_from(QUEUE_LEASE.as_millis()).unwrap_or(u64::MAX),
                     handoff_ttl_ms: u64::try_from(self.handoff_ttl().as_millis())
                         .unwrap_or(u64::MAX),

@@ -147,6 +147,13 @@ key_call!(
 );
 
 key_call!(
+    /// Splits a weighted semaphore hold into one hold per permit, under
+    /// `permit_owners`; true when the hold was still `owner`'s.
+    PermitSplit { keys: &'a RedisNames, owner: &'a str, permit_owners: &'a [String] } -> bool,
+    |scripts, conn, c| scripts.permit_split(conn, c.keys, c.owner, c.permit_owners)
+);
+
+key_call!(
     /// Takes `wanted` permits of a counting semaphore, or records `owner` as
     /// waiting for `register_ms` (0: not waiting).
     CounterAcquire {

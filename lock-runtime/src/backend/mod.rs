@@ -43,7 +43,7 @@ pub(crate) mod single;
 
 use calls::{
     CounterAcquire, CounterChange, ForceUnlock, ForceUnlockShared, Inspect, InspectKey, IsLocked,
-    IssueToken, KeyCall, PermitCounts, PermitGiveBack, Publish, Release,
+    IssueToken, KeyCall, PermitCounts, PermitGiveBack, PermitSplit, Publish, Release,
 };
 pub(crate) use scripts::{
     AcquireAllReply, AcquireReply, AcquireSpec, CounterOp, CounterOutcome, CounterReply, HeldLock,
@@ -322,6 +322,26 @@ impl Backend {
                 keys,
                 owner,
                 kept_owner,
+            },
+        )
+        .await
+    }
+
+    /// Splits `owner`'s weighted semaphore hold into one hold per permit,
+    /// under `permit_owners`: one script. Redlock has no semaphores.
+    pub(crate) async fn permit_split(
+        &self,
+        key: &str,
+        keys: &RedisNames,
+        owner: &str,
+        permit_owners: &[String],
+    ) -> Result<bool, CallError> {
+        self.on_key(
+            key,
+            &PermitSplit {
+                keys,
+                owner,
+                permit_owners,
             },
         )
         .await

@@ -66,6 +66,10 @@ pub(crate) struct AcquireSpec<'a> {
     /// For a semaphore: replace the permit count its holders use with this
     /// request's (an explicit resize) rather than refuse a different one.
     pub(crate) resize_permits: bool,
+    /// For a semaphore: the most permits a waiter of the caller's manager
+    /// waits for (the caller's own included; 1 when it does not wait), for
+    /// the script to record (see `scripts/permit_acquire.lua`).
+    pub(crate) largest_waiting_weight: u32,
     /// For the default lock: a waiting caller queues up in Redis (false on a
     /// Redlock member: it only marks the lock, see `scripts/acquire.lua`).
     pub(crate) queue: bool,
@@ -94,6 +98,7 @@ impl<'a> AcquireSpec<'a> {
             since_ms: crate::info::now_ms(),
             holder,
             resize_permits: false,
+            largest_waiting_weight: 1,
             queue: false,
             queue_lease_ms: 0,
             handoff_ttl_ms: 0,
@@ -641,6 +646,7 @@ pub(crate) struct Scripts {
     permit_acquire: Lua,
     permit_release: Lua,
     permit_give_back: Lua,
+    permit_split: Lua,
     shared_renew: Lua,
     issue_token: Lua,
     permit_counts: Lua,
@@ -713,6 +719,7 @@ impl Scripts {
             permit_acquire: with_prelude!("permit_acquire.lua"),
             permit_release: with_prelude!("permit_release.lua"),
             permit_give_back: with_prelude!("permit_give_back.lua"),
+            permit_split: with_prelude!("permit_split.lua"),
             shared_renew: with_prelude!("shared_renew.lua"),
             issue_token: with_prelude!("issue_token.lua"),
             permit_counts: with_prelude!("permit_counts.lua"),
@@ -920,7 +927,7 @@ impl Scripts {
                     keys.related(),
                     keys.details(),
                 ],
-                8,
+                9,
                 args_len,
             ),
         };
@@ -947,7 +954,8 @@ impl Scripts {
                 cmd.arg(permits)
                     .arg(if spec.resize_permits { "1" } else { "0" })
                     .arg(spec.since_ms)
-                    .arg(spec.holder);
+                    .arg(spec.holder)
+                    .arg(spec.largest_waiting_weight);
             }
         }
         cmd
@@ -1070,6 +1078,27 @@ impl Scripts {
                 .call(&[&keys.lock, keys.related(), keys.details()], 3, args_len);
         cmd.arg(owner).arg(kept_owner).arg(keys.channel());
         let reply = self.permit_give_back.invoke(conn, &cmd).await?;
+        release_reply(reply, owner)
+    }
+
+    /// Splits `owner`'s weighted semaphore hold into one hold per permit,
+    /// under `permit_owners` (see `permit_split.lua`); true when the hold
+    /// was still ours.
+    pub(crate) async fn permit_split(
+        &self,
+        conn: &mut impl ConnectionLike,
+        keys: &RedisNames,
+        owner: &str,
+        permit_owners: &[String],
+    ) -> RedisResult<bool> {
+        let args_len = owner.len() + permit_owners.iter().map(String::len).sum::<usize>();
+        let mut cmd = self.permit_split.call(
+            &[&keys.lock, keys.related(), keys.details()],
+            1 + permit_owners.len(),
+            args_len,
+        );
+        cmd.arg(owner).arg(permit_owners);
+        let reply = self.permit_split.invoke(conn, &cmd).await?;
         release_reply(reply, owner)
     }
 

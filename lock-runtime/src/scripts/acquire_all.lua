@@ -6,6 +6,9 @@
 -- and, if one is held by another owner, takes none (nothing is written, so
 -- there is nothing to undo and no fencing token is spent).
 --
+-- Loops twice over the locks it was sent; the client sends at most
+-- MAX_LOCK_ALL_KEYS (multi.rs) of them, which bounds its time.
+--
 -- Only for keys on one server: in Redis Cluster every key of a script must hash
 -- to one slot, and distinct locks do not (the manager takes them one by one there).
 --

@@ -7,9 +7,10 @@
 -- KEYS[3]  permit count of the holders now in the set (TTL as KEYS[1])
 -- KEYS[4]  holders' details: owner token -> "<token>:<since>:<holder>" (see
 --          shared_prelude.lua), TTL as KEYS[1]; and field '?': the largest
---          weight a waiter was refused with (absent: 1), so that a release
---          wakes it once enough permits may be free (see permit_release.lua).
---          It goes with the hash, when the last holder leaves.
+--          weight a waiter was refused with or waits for (absent: 1), so that
+--          a release wakes it once enough permits may be free (see
+--          permit_release.lua). It goes with the hash, when the last holder
+--          leaves.
 -- ARGV[1..4]  owner, lease ms, fence TTL ('0': unfenced), '+' when the caller
 --             waits for a wake-up ('-' otherwise): a refused weighted waiter
 --             records its weight
@@ -17,6 +18,11 @@
 -- ARGV[6]  '1' to replace a different stored count with ARGV[5] (an explicit
 --          resize), '0' to refuse it
 -- ARGV[7..8]  since ms, holder (as acquire.lua), for the details
+-- ARGV[9]  (when ARGV[4] is '+') the most permits a waiter of the caller's
+--          manager waits for, the caller's own included: recorded in '?'
+--          whether or not the caller gets in, since the manager's other
+--          waiters make no attempt until they are first in its line, and a
+--          release must wake them once enough permits may be free. Absent: 1
 --
 -- Returns {1, token, owner}   a permit is ours (a retry of ours keeps it and
 --                             gets a fresh token)
@@ -31,6 +37,17 @@
 -- The count lives as long as the holders: with nobody holding, the next caller's
 -- count stands. A resize changes nobody's hold: with fewer permits than
 -- holders, nobody new enters until enough have left.
+-- Raises '?' to `weight`; only into the holders' hash while it exists (it
+-- has their TTL).
+local function record_waiting(weight)
+  if ARGV[4] == '+' and weight > 1 and redis.call('EXISTS', KEYS[4]) == 1 then
+    local recorded = tonumber(redis.call('HGET', KEYS[4], '?')) or 1
+    if weight > recorded then
+      redis.call('HSET', KEYS[4], '?', weight)
+    end
+  end
+end
+
 local now = now_ms()
 if type(redis.pcall('ZSCORE', KEYS[1], ARGV[1])) == 'table'
     or foreign_details(KEYS[4]) then
@@ -48,6 +65,7 @@ end
 -- Each holder stands for one permit or more, so ZCARD alone can rule a
 -- request out; the exact sum reads every holder.
 local wanted = weight_of(ARGV[1])
+local waiting = math.max(wanted, tonumber(ARGV[9]) or 1)
 if redis.call('ZSCORE', KEYS[1], ARGV[1])
     or (holders + wanted <= tonumber(ARGV[5])
       and permits_held(KEYS[1]) + wanted <= tonumber(ARGV[5])) then
@@ -56,18 +74,12 @@ if redis.call('ZSCORE', KEYS[1], ARGV[1])
   describe(KEYS[4], ARGV[1], token, ARGV[7], ARGV[8])
   redis.call('SET', KEYS[3], ARGV[5])
   push_expiry(KEYS[1], KEYS[3], KEYS[4])
+  record_waiting(waiting)
   return {1, token, ARGV[1]}
 end
 if ARGV[6] == '1' then
   redis.call('SET', KEYS[3], ARGV[5], 'KEEPTTL')
 end
--- Only into the holders' hash while it exists (it has their TTL): refused,
--- there are holders, so it does.
-if ARGV[4] == '+' and wanted > 1 and redis.call('EXISTS', KEYS[4]) == 1 then
-  local recorded = tonumber(redis.call('HGET', KEYS[4], '?')) or 1
-  if wanted > recorded then
-    redis.call('HSET', KEYS[4], '?', wanted)
-  end
-end
+record_waiting(waiting)
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 return {0, tonumber(first[2]) - now, ARGV[1]}

@@ -15,10 +15,14 @@
 --                       hold's lease end
 --         {0, ARGV[1]}  the hold was not ours any more (its lease had run out)
 --
--- A wake-up per permit that came free, whether or not the semaphore was full:
--- the hold is weighted, so a waiter for several permits may have been kept out
--- with permits to spare (as in permit_release.lua). The payload is the old
--- owner token.
+-- One wake-up message, whether or not the semaphore was full: the hold is
+-- weighted, so a waiter for several permits may have been kept out with
+-- permits to spare (as in permit_release.lua). As there, the payload is the old
+-- owner token for one permit given back, "#<n>:<old owner token>" for n: a
+-- manager gives its longest waiter n wake-ups.
+--
+-- Bound: one PUBLISH whatever the number of permits given back (a caller's
+-- number); the rest as permit_release.lua.
 local now = now_ms()
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not score or tonumber(score) <= now then
@@ -35,7 +39,10 @@ if details then
 end
 drop_expired(KEYS[1], KEYS[3], now)
 push_expiry(KEYS[1], KEYS[2], KEYS[3])
-for _ = 1, weight_of(ARGV[1]) - weight_of(ARGV[2]) do
+local freed = weight_of(ARGV[1]) - weight_of(ARGV[2])
+if freed == 1 then
   redis.call('PUBLISH', ARGV[3], ARGV[1])
+else
+  redis.call('PUBLISH', ARGV[3], '#' .. string.format('%.0f', freed) .. ':' .. ARGV[1])
 end
 return {1, ARGV[1]}

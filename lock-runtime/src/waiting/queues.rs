@@ -35,6 +35,8 @@ struct Channel {
 struct Waiter {
     id: u64,
     wake: Arc<WakeSlot>,
+    /// The permits it waits for (1 but for a weighted semaphore waiter).
+    weight: u32,
 }
 
 /// Wake-ups addressed to one waiter, kept until it takes them, so that one
@@ -136,7 +138,7 @@ impl WaiterQueues {
         self.channels.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(super) fn register(&self, channel: &str) -> Registration<'_> {
+    pub(super) fn register(&self, channel: &str, weight: u32) -> Registration<'_> {
         let mut channels = self.channels();
         let entry = channels
             .entry(channel.to_owned())
@@ -150,6 +152,7 @@ impl WaiterQueues {
         entry.queue.push_back(Waiter {
             id,
             wake: wake.clone(),
+            weight,
         });
         if entry.queue.len() == 1 {
             // The task may be gone (manager shutting down): waiting then falls
@@ -163,6 +166,15 @@ impl WaiterQueues {
             wake,
             unresolved_releases: AtomicU32::new(0),
         }
+    }
+
+    /// The most permits any waiter of this manager on `channel` waits for
+    /// (1 with none).
+    pub(super) fn largest_weight(&self, channel: &str) -> u32 {
+        self.channels()
+            .get(channel)
+            .and_then(|c| c.queue.iter().map(|w| w.weight).max())
+            .unwrap_or(1)
     }
 
     /// Whether some acquisition of this manager already waits on `channel`.

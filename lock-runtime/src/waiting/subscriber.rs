@@ -95,10 +95,19 @@ impl Subscriber {
         self.handoffs.expect_handoff(owner)
     }
 
-    /// Places a waiter at the back of `channel`'s queue until the returned
+    /// Places a waiter for `weight` permits (1 but for a weighted semaphore
+    /// waiter) at the back of `channel`'s queue until the returned
     /// registration is dropped; the first waiter of a channel subscribes.
-    pub(crate) fn register(&self, channel: &str) -> Registration<'_> {
-        self.queues.register(channel)
+    pub(crate) fn register(&self, channel: &str, weight: u32) -> Registration<'_> {
+        self.queues.register(channel, weight)
+    }
+
+    /// The most permits a waiter of this manager on `channel` waits for (1
+    /// with none). A semaphore attempt records it in Redis, so that a release
+    /// wakes the manager when that many may be free, even for a waiter that
+    /// has not attempted yet (it waits behind others; see `permit_acquire.lua`).
+    pub(crate) fn largest_waiting_weight(&self, channel: &str) -> u32 {
+        self.queues.largest_weight(channel)
     }
 
     /// Whether some acquisition of this manager already waits on `channel`.
