@@ -1,8 +1,11 @@
 //! Giving back part of a weighted semaphore hold (`LockGuard::release_permits`),
 //! and splitting one into a hold per permit (`LockGuard::split_permits`).
 
+use std::future::Future;
 use std::sync::Arc;
 
+use crate::backend::CallError;
+use crate::core::Core;
 use crate::error::{KeyPreview, LockError};
 use crate::guard::LockGuard;
 use crate::keys::LockKind;
@@ -46,17 +49,7 @@ impl LockGuard {
     /// kept permits are given back in the background.
     pub async fn release_permits(&mut self, permits: u32) -> Result<(), LockError> {
         let old = self.lease_handle();
-        let LockKind::Permit { .. } = old.keys.kind else {
-            return Err(LockError::InvalidConfig(format!(
-                "release_permits is for semaphores; {} is a {}",
-                KeyPreview(&old.key),
-                old.keys.kind.family()
-            )));
-        };
-        let (base, weight) = match old.owner.rsplit_once(':') {
-            Some((base, weight)) => (base, weight.parse::<u32>().unwrap_or(1)),
-            None => (old.owner.as_str(), 1),
-        };
+        let (base, weight) = weighted_hold(&old, "release_permits")?;
         if permits == 0 || permits >= weight {
             return Err(LockError::InvalidConfig(format!(
                 "release_permits({permits}) of a hold of {weight} permits of semaphore {}; \
@@ -65,18 +58,7 @@ impl LockGuard {
                 weight.saturating_sub(1)
             )));
         }
-        if old.hold_count() > 1 {
-            return Err(LockError::InvalidConfig(format!(
-                "release_permits on semaphore {}, whose hold re-entrant guards share: \
-                 release them first",
-                KeyPreview(&old.key)
-            )));
-        }
-        if old.is_lost() {
-            return Err(LockError::Lost {
-                key: old.key.clone(),
-            });
-        }
+        renamable(&old, "release_permits")?;
         let kept = weight - permits;
         let rest_owner = if kept == 1 {
             base.to_owned()
@@ -84,46 +66,16 @@ impl LockGuard {
             format!("{base}:{kept}")
         };
         let core = self.core().clone();
-        // Not renewed while renamed: a renewal of the old name after the
-        // rename would report the hold lost.
-        core.renewals.remove(old.id);
-        // Dropped before the reply: the rename may have run. The old name is
-        // renewed again (if the rename ran, that renewal finds it gone and
-        // the guard reports the loss) and the new one given back.
-        let mut in_flight = ReleaseOnDrop::new(|| {
-            core.renewals.insert(old.clone());
-            release_in_background(
-                &core,
-                old.key.clone(),
-                old.keys.clone(),
-                rest_owner.clone(),
-                old.duration(),
-                None,
-            );
-        });
-        let reply = core
-            .backend
-            .permit_give_back(&old.key, &old.keys, &old.owner, &rest_owner)
-            .await;
-        match reply {
-            Ok(true) => in_flight.disarm(),
-            Ok(false) => {
-                in_flight.disarm();
-                core.renewals.insert(old.clone());
-                old.mark_lost("release_permits found the hold gone (its lease had run out)");
-                return Err(LockError::Lost {
-                    key: old.key.clone(),
-                });
-            }
-            Err(e) => {
-                if !e.maybe_executed {
-                    in_flight.disarm();
-                    core.renewals.insert(old.clone());
-                }
-                return Err(e.error);
-            }
-        }
-        drop(in_flight);
+        let rest = std::slice::from_ref(&rest_owner);
+        rename_hold(
+            &core,
+            &old,
+            rest,
+            "release_permits found the hold gone (its lease had run out)",
+            core.backend
+                .permit_give_back(&old.key, &old.keys, &old.owner, &rest_owner),
+        )
+        .await?;
         let kept_lease = Arc::new(old.renamed(crate::config::next_id(), rest_owner));
         old.drop_hold();
         old.mark_released();
@@ -177,17 +129,7 @@ impl LockGuard {
     /// permits are given back in the background.
     pub async fn split_permits(&mut self) -> Result<Vec<LockGuard>, LockError> {
         let old = self.lease_handle();
-        let LockKind::Permit { .. } = old.keys.kind else {
-            return Err(LockError::InvalidConfig(format!(
-                "split_permits is for semaphores; {} is a {}",
-                KeyPreview(&old.key),
-                old.keys.kind.family()
-            )));
-        };
-        let weight = match old.owner.rsplit_once(':') {
-            Some((_, weight)) => weight.parse::<u32>().unwrap_or(1),
-            None => 1,
-        };
+        let (_, weight) = weighted_hold(&old, "split_permits")?;
         if !(2..=MAX_SPLIT_PERMITS).contains(&weight) {
             return Err(LockError::InvalidConfig(format!(
                 "split_permits of a hold of {weight} permits of semaphore {}; \
@@ -195,18 +137,7 @@ impl LockGuard {
                 KeyPreview(&old.key)
             )));
         }
-        if old.hold_count() > 1 {
-            return Err(LockError::InvalidConfig(format!(
-                "split_permits on semaphore {}, whose hold re-entrant guards share: \
-                 release them first",
-                KeyPreview(&old.key)
-            )));
-        }
-        if old.is_lost() {
-            return Err(LockError::Lost {
-                key: old.key.clone(),
-            });
-        }
+        renamable(&old, "split_permits")?;
         // The permits' tokens open with the hold's acquisition id, so that
         // operators see which holds went together.
         let acquisition = old
@@ -217,48 +148,15 @@ impl LockGuard {
             .map(|_| crate::config::owner_token_of(acquisition))
             .collect();
         let core = self.core().clone();
-        // Not renewed while split: a renewal of the old name after the split
-        // would report the hold lost.
-        core.renewals.remove(old.id);
-        // Dropped before the reply: the split may have run. The old name is
-        // renewed again (if the split ran, that renewal finds it gone and the
-        // guard reports the loss) and the single permits given back.
-        let mut in_flight = ReleaseOnDrop::new(|| {
-            core.renewals.insert(old.clone());
-            for owner in &permit_owners {
-                release_in_background(
-                    &core,
-                    old.key.clone(),
-                    old.keys.clone(),
-                    owner.clone(),
-                    old.duration(),
-                    None,
-                );
-            }
-        });
-        let reply = core
-            .backend
-            .permit_split(&old.key, &old.keys, &old.owner, &permit_owners)
-            .await;
-        match reply {
-            Ok(true) => in_flight.disarm(),
-            Ok(false) => {
-                in_flight.disarm();
-                core.renewals.insert(old.clone());
-                old.mark_lost("split_permits found the hold gone (its lease had run out)");
-                return Err(LockError::Lost {
-                    key: old.key.clone(),
-                });
-            }
-            Err(e) => {
-                if !e.maybe_executed {
-                    in_flight.disarm();
-                    core.renewals.insert(old.clone());
-                }
-                return Err(e.error);
-            }
-        }
-        drop(in_flight);
+        rename_hold(
+            &core,
+            &old,
+            &permit_owners,
+            "split_permits found the hold gone (its lease had run out)",
+            core.backend
+                .permit_split(&old.key, &old.keys, &old.owner, &permit_owners),
+        )
+        .await?;
         let leases: Vec<Arc<Lease>> = permit_owners
             .iter()
             .map(|owner| Arc::new(old.renamed(crate::config::next_id(), owner.clone())))
@@ -287,5 +185,94 @@ impl LockGuard {
         Ok(leases
             .map(|lease| LockGuard::new(manager.clone(), lease))
             .collect())
+    }
+}
+
+/// The owner token's base and the weight of `old`, a semaphore hold (owner
+/// tokens of weighted holds end in `:<weight>`); `method` names the caller in
+/// the error for any other kind of lock.
+fn weighted_hold<'a>(old: &'a Lease, method: &str) -> Result<(&'a str, u32), LockError> {
+    let LockKind::Permit { .. } = old.keys.kind else {
+        return Err(LockError::InvalidConfig(format!(
+            "{method} is for semaphores; {} is a {}",
+            KeyPreview(&old.key),
+            old.keys.kind.family()
+        )));
+    };
+    Ok(match old.owner.rsplit_once(':') {
+        Some((base, weight)) => (base, weight.parse::<u32>().unwrap_or(1)),
+        None => (old.owner.as_str(), 1),
+    })
+}
+
+/// Whether `old` may be renamed in Redis: one guard holds it (re-entrant
+/// guards sharing it would be left with a name that is gone) and it is not
+/// lost.
+fn renamable(old: &Lease, method: &str) -> Result<(), LockError> {
+    if old.hold_count() > 1 {
+        return Err(LockError::InvalidConfig(format!(
+            "{method} on semaphore {}, whose hold re-entrant guards share: \
+             release them first",
+            KeyPreview(&old.key)
+        )));
+    }
+    if old.is_lost() {
+        return Err(LockError::Lost {
+            key: old.key.clone(),
+        });
+    }
+    Ok(())
+}
+
+/// Runs `rename`, the one script that replaces the hold `old` in Redis by
+/// holds named `new_owners` (same lease end), with `old` out of the renewal
+/// task meanwhile: a renewal of the old name after the rename would report
+/// the hold lost. `Ok(())`: the old name is gone and the caller makes leases
+/// of the new ones. A reply that the hold was gone marks `old` lost
+/// (`gone`, the reason). A call that fails before it could run renews `old`
+/// again; one dropped or failed after it may have run renews `old` again
+/// too (if the rename ran, that renewal finds it gone and the guard reports
+/// the loss) and gives the new names back in the background.
+async fn rename_hold(
+    core: &Arc<Core>,
+    old: &Arc<Lease>,
+    new_owners: &[String],
+    gone: &str,
+    rename: impl Future<Output = Result<bool, CallError>>,
+) -> Result<(), LockError> {
+    core.renewals.remove(old.id);
+    let mut in_flight = ReleaseOnDrop::new(|| {
+        core.renewals.insert(old.clone());
+        for owner in new_owners {
+            release_in_background(
+                core,
+                old.key.clone(),
+                old.keys.clone(),
+                owner.clone(),
+                old.duration(),
+                None,
+            );
+        }
+    });
+    match rename.await {
+        Ok(true) => {
+            in_flight.disarm();
+            Ok(())
+        }
+        Ok(false) => {
+            in_flight.disarm();
+            core.renewals.insert(old.clone());
+            old.mark_lost(gone);
+            Err(LockError::Lost {
+                key: old.key.clone(),
+            })
+        }
+        Err(e) => {
+            if !e.maybe_executed {
+                in_flight.disarm();
+                core.renewals.insert(old.clone());
+            }
+            Err(e.error)
+        }
     }
 }

@@ -27,10 +27,8 @@
 -- an acquisition of its own) and removes expired ones (drop_expired: each
 -- holder is removed once).
 local now = now_ms()
-local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if not score or tonumber(score) <= now then
-  drop_expired(KEYS[1], KEYS[3], now)
-  push_expiry(KEYS[1], KEYS[2], KEYS[3])
+local score = live_hold(KEYS[1], KEYS[2], KEYS[3], ARGV[1], now)
+if not score then
   return {0, ARGV[1]}
 end
 local keep_ms = tonumber(ARGV[3]) or 0

@@ -19,10 +19,8 @@
 -- MAX_SPLIT_PERMITS (permits.rs) tokens; drop_expired and push_expiry as in
 -- permit_release.lua.
 local now = now_ms()
-local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if not score or tonumber(score) <= now then
-  drop_expired(KEYS[1], KEYS[3], now)
-  push_expiry(KEYS[1], KEYS[2], KEYS[3])
+local score = live_hold(KEYS[1], KEYS[2], KEYS[3], ARGV[1], now)
+if not score then
   return {0, ARGV[1]}
 end
 if #ARGV - 1 ~= weight_of(ARGV[1]) then

@@ -131,3 +131,17 @@ local function permits_held(set)
   end
   return held
 end
+
+-- The lease end of the hold `member` of a semaphore's holders `set`, or nil
+-- when it is gone or its lease ran out; then the expired holders are dropped
+-- and the names' expiry set again (`count`: the permit count, `details`: the
+-- holders' details), as every release of a hold that is not ours does.
+local function live_hold(set, count, details, member, now)
+  local score = redis.call('ZSCORE', set, member)
+  if not score or tonumber(score) <= now then
+    drop_expired(set, details, now)
+    push_expiry(set, count, details)
+    return nil
+  end
+  return score
+end
