@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::error::{context, Result};
 use crate::report::{self, RunInfo, ScenarioResult};
@@ -48,32 +48,10 @@ pub fn current_commit() -> String {
     }
 }
 
-/// `YYYY-MM-DDTHH:MM:SSZ` of a time in seconds since the Unix epoch (UTC).
+/// `YYYY-MM-DDTHH:MM:SSZ` of a time in seconds since the Unix epoch (UTC,
+/// RFC 3339 by `humantime`).
 pub fn utc_date(unix_seconds: u64) -> String {
-    let days = (unix_seconds / 86_400) as i64;
-    let secs = unix_seconds % 86_400;
-    // Days since 1970-01-01 to the proleptic Gregorian date (H. Hinnant's
-    // `civil_from_days`), in eras of 400 years from 0000-03-01.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let day_of_era = z.rem_euclid(146_097);
-    let year_of_era =
-        (day_of_era - day_of_era / 1_460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
-    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
-    let month_from_march = (5 * day_of_year + 2) / 153;
-    let day = day_of_year - (153 * month_from_march + 2) / 5 + 1;
-    let month = if month_from_march < 10 {
-        month_from_march + 3
-    } else {
-        month_from_march - 9
-    };
-    let year = year_of_era + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        secs / 3600,
-        secs / 60 % 60,
-        secs % 60
-    )
+    humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_secs(unix_seconds)).to_string()
 }
 
 /// Now, as [`utc_date`].
