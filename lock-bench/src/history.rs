@@ -124,28 +124,10 @@ impl Record {
 /// Every `*.json` file of `dir`, parsed, in the order of their names. A
 /// directory that does not exist has no results.
 pub fn load_dir(dir: &Path) -> Result<Vec<Record>, String> {
-    let entries = match std::fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(format!("reading {}: {e}", dir.display())),
-    };
-    let mut paths = Vec::new();
-    for entry in entries {
-        let path = entry
-            .map_err(|e| format!("reading {}: {e}", dir.display()))?
-            .path();
-        if path.extension().and_then(|e| e.to_str()) == Some("json") {
-            paths.push(path);
-        }
-    }
-    paths.sort();
-    let mut records = Vec::new();
-    for path in paths {
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| format!("reading {}: {e}", path.display()))?;
-        records.push(Record::parse(&path, &text)?);
-    }
-    Ok(records)
+    lock_results::json_files(dir)?
+        .iter()
+        .map(|(path, text)| Record::parse(path, text))
+        .collect()
 }
 
 /// What to print the history of.

@@ -546,7 +546,7 @@ mod tests {
         ));
         let info = report::RunInfo {
             commit: "c4d49e1-dirty".to_owned(),
-            date: results::utc_date(1_800_000_000),
+            date: lock_results::utc_date(1_800_000_000),
             command: "lock-bench --runs 2 --json".to_owned(),
             backend: "single",
             nproc: 2,

@@ -5,8 +5,6 @@
 //! figures; `bench-history` reads them back (`src/history.rs`).
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::error::{context, Result};
 use crate::report::{self, RunInfo, ScenarioResult};
@@ -17,51 +15,13 @@ pub fn default_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("results")
 }
 
-/// The commit the bench runs at: `git rev-parse --short HEAD`, with `-dirty`
-/// when the work tree has changes other than in `lock-bench/results` (the
-/// files of an earlier run would otherwise mark every later run dirty);
-/// `unknown` when git cannot tell.
+/// The commit of this checkout, `-dirty` when it has changes outside
+/// `lock-bench/results` (see [`lock_results::current_commit`]).
 pub fn current_commit() -> String {
-    let repo = env!("CARGO_MANIFEST_DIR");
-    let git = |args: &[&str]| {
-        Command::new("git")
-            .arg("-C")
-            .arg(repo)
-            .args(args)
-            .output()
-            .ok()
-            .filter(|out| out.status.success())
-            .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_owned())
-    };
-    let Some(commit) = git(&["rev-parse", "--short", "HEAD"]).filter(|c| !c.is_empty()) else {
-        return "unknown".to_owned();
-    };
-    match git(&[
-        "status",
-        "--porcelain",
-        "--",
-        ":/",
-        ":(top,exclude)lock-bench/results",
-    ]) {
-        Some(changes) if changes.is_empty() => commit,
-        _ => format!("{commit}-dirty"),
-    }
+    lock_results::current_commit(Path::new(env!("CARGO_MANIFEST_DIR")), "lock-bench/results")
 }
 
-/// `YYYY-MM-DDTHH:MM:SSZ` of a time in seconds since the Unix epoch (UTC,
-/// RFC 3339 by `humantime`).
-pub fn utc_date(unix_seconds: u64) -> String {
-    humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_secs(unix_seconds)).to_string()
-}
-
-/// Now, as [`utc_date`].
-pub fn utc_now() -> String {
-    utc_date(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
-    )
-}
+pub use lock_results::utc_now;
 
 /// The invocation as one line: `lock-bench` and the arguments, an argument
 /// with a space or a quote in single quotes.
@@ -106,16 +66,6 @@ pub fn write_all(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn dates_are_utc_calendar_dates() {
-        assert_eq!(utc_date(0), "1970-01-01T00:00:00Z");
-        // 2000-02-29 (a leap day of a century year divisible by 400) 12:34:56.
-        assert_eq!(utc_date(951_827_696), "2000-02-29T12:34:56Z");
-        assert_eq!(utc_date(951_868_799 + 1), "2000-03-01T00:00:00Z");
-        // The last second of 2026-12-31.
-        assert_eq!(utc_date(1_798_761_599), "2026-12-31T23:59:59Z");
-    }
 
     #[test]
     fn command_lines_quote_what_a_shell_would_split() {

@@ -14,7 +14,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
 
@@ -101,7 +100,7 @@ fn figures_json(figures: &str) -> Value {
 pub struct RunInfo {
     /// [`current_commit`].
     pub commit: String,
-    /// UTC, [`utc_date`]'s format.
+    /// UTC, RFC 3339 ([`lock_results::utc_date`]).
     pub date: String,
     /// The test binary (its name without cargo's hash) and its arguments.
     pub command: String,
@@ -174,51 +173,16 @@ pub fn server_version() -> String {
     }
 }
 
-/// The commit the tests run at: `git rev-parse --short HEAD`, with `-dirty`
-/// when the work tree has changes other than in `lock-torture/results` (the
-/// files of an earlier scenario would otherwise mark every later one dirty);
-/// `unknown` when git cannot tell.
+/// The commit of this checkout, `-dirty` when it has changes outside
+/// `lock-torture/results` (see [`lock_results::current_commit`]).
 pub fn current_commit() -> String {
-    let repo = env!("CARGO_MANIFEST_DIR");
-    let git = |args: &[&str]| {
-        Command::new("git")
-            .arg("-C")
-            .arg(repo)
-            .args(args)
-            .output()
-            .ok()
-            .filter(|out| out.status.success())
-            .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_owned())
-    };
-    let Some(commit) = git(&["rev-parse", "--short", "HEAD"]).filter(|c| !c.is_empty()) else {
-        return "unknown".to_owned();
-    };
-    match git(&[
-        "status",
-        "--porcelain",
-        "--",
-        ":/",
-        ":(top,exclude)lock-torture/results",
-    ]) {
-        Some(changes) if changes.is_empty() => commit,
-        _ => format!("{commit}-dirty"),
-    }
-}
-
-/// `YYYY-MM-DDTHH:MM:SSZ` of a time in seconds since the Unix epoch (UTC,
-/// RFC 3339 by `humantime`); the same as lock-bench's.
-pub fn utc_date(unix_seconds: u64) -> String {
-    humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_secs(unix_seconds)).to_string()
-}
-
-/// Now, as [`utc_date`].
-pub fn utc_now() -> String {
-    utc_date(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
+    lock_results::current_commit(
+        Path::new(env!("CARGO_MANIFEST_DIR")),
+        "lock-torture/results",
     )
 }
+
+pub use lock_results::utc_now;
 
 /// The file name of one scenario's results.
 pub fn file_name(commit: &str, scenario: &str) -> String {
@@ -346,28 +310,10 @@ impl Record {
 /// Every `*.json` file of `dir`, parsed, in the order of their names. A
 /// directory that does not exist has no results.
 pub fn load_dir(dir: &Path) -> Result<Vec<Record>, String> {
-    let entries = match std::fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(format!("reading {}: {e}", dir.display())),
-    };
-    let mut paths = Vec::new();
-    for entry in entries {
-        let path = entry
-            .map_err(|e| format!("reading {}: {e}", dir.display()))?
-            .path();
-        if path.extension().and_then(|e| e.to_str()) == Some("json") {
-            paths.push(path);
-        }
-    }
-    paths.sort();
-    let mut records = Vec::new();
-    for path in paths {
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| format!("reading {}: {e}", path.display()))?;
-        records.push(Record::parse(&path, &text)?);
-    }
-    Ok(records)
+    lock_results::json_files(dir)?
+        .iter()
+        .map(|(path, text)| Record::parse(path, text))
+        .collect()
 }
 
 /// The history of `figure` of `scenario`: one line per file, sorted by date
@@ -420,6 +366,7 @@ pub fn history(records: &[Record], scenario: &str, figure: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::SystemTime;
 
     fn info(commit: &str, date: &str, soak_factor: u64) -> RunInfo {
         RunInfo {
@@ -600,12 +547,5 @@ mod tests {
             test_command(["/x/redlock-tests"].map(str::to_owned).into_iter()),
             "redlock-tests"
         );
-    }
-
-    #[test]
-    fn dates_are_utc_calendar_dates() {
-        assert_eq!(utc_date(0), "1970-01-01T00:00:00Z");
-        assert_eq!(utc_date(951_827_696), "2000-02-29T12:34:56Z");
-        assert_eq!(utc_date(1_798_761_599), "2026-12-31T23:59:59Z");
     }
 }
