@@ -19,12 +19,9 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use futures_util::StreamExt;
-use redis::aio::PubSub;
-
-use crate::backend::Backend;
+use crate::backend::{Backend, MessageConnection};
 use crate::buffer::{self, Popped};
-use crate::error::{KeyPreview, LockError};
+use crate::error::{BackendError, BackendErrorKind, KeyPreview, LockError};
 use crate::keys;
 use crate::LockManager;
 
@@ -147,7 +144,7 @@ impl LockEventsRequest {
         // Published events: classic PUBLISH reaches every node of a cluster,
         // so one subscription hears them all. Expiry notifications stay on the
         // node that holds the key: one subscription per server.
-        for source in 0..core.backend.pubsub_sources() {
+        for source in 0..core.backend.message_sources() {
             let patterns: Vec<String> = (source == 0)
                 .then(|| published.clone())
                 .into_iter()
@@ -156,14 +153,17 @@ impl LockEventsRequest {
             if patterns.is_empty() {
                 continue;
             }
-            let pubsub = connect(&self.manager, source, &patterns)
+            let conn = connect(&self.manager, source, &patterns)
                 .await
-                .map_err(|e| LockError::backend(&self.pattern, e))?;
+                .map_err(|source| LockError::Backend {
+                    key: self.pattern.clone(),
+                    source,
+                })?;
             listeners.push(tokio::spawn(listen(
                 self.manager.clone(),
                 source,
                 patterns,
-                pubsub,
+                conn,
                 sender.clone(),
             )));
         }
@@ -328,21 +328,21 @@ async fn connect(
     manager: &LockManager,
     source: usize,
     patterns: &[String],
-) -> redis::RedisResult<PubSub> {
+) -> Result<MessageConnection, BackendError> {
     let core = &manager.inner.core;
     let subscribe = async {
-        let mut pubsub = core.backend.pubsub(source).await?;
+        let mut conn = core.backend.messages(source).await?;
         for pattern in patterns {
-            pubsub.psubscribe(pattern).await?;
+            conn.psubscribe(pattern).await?;
         }
-        Ok(pubsub)
+        Ok(conn)
     };
     match tokio::time::timeout(core.config.connect_timeout, subscribe).await {
         Ok(result) => result,
-        Err(_) => Err(redis::RedisError::from((
-            redis::ErrorKind::Io,
+        Err(_) => Err(BackendError::new(
+            BackendErrorKind::Timeout,
             "subscribing to lock events timed out",
-        ))),
+        )),
     }
 }
 
@@ -351,19 +351,18 @@ async fn listen(
     manager: LockManager,
     source: usize,
     patterns: Vec<String>,
-    mut pubsub: PubSub,
+    mut conn: MessageConnection,
     events: buffer::Sender<LockEvent>,
 ) {
     let prefix = manager.inner.core.config.key_prefix.clone();
     let mut delay = Duration::from_millis(50);
     loop {
         {
-            let mut messages = pubsub.on_message();
-            while let Some(message) = messages.next().await {
-                let Ok(payload) = message.get_payload::<String>() else {
+            while let Some(message) = conn.next().await {
+                let Ok(payload) = std::str::from_utf8(&message.payload) else {
                     continue;
                 };
-                if let Some(event) = parse(&prefix, message.get_channel_name(), &payload) {
+                if let Some(event) = parse(&prefix, &message.channel, payload) {
                     // Never waits: a full buffer drops the event and counts it.
                     if events.push_or_skip(event).is_err() {
                         return;
@@ -372,13 +371,13 @@ async fn listen(
             }
         }
         tracing::debug!(target: "distlock::events", source, "events subscription closed; reconnecting");
-        pubsub = loop {
+        conn = loop {
             if events.is_closed() {
                 return;
             }
             tokio::time::sleep(delay).await;
             match connect(&manager, source, &patterns).await {
-                Ok(pubsub) => break pubsub,
+                Ok(conn) => break conn,
                 Err(e) => {
                     tracing::debug!(target: "distlock::events", source, error = %e,
                         "could not subscribe to lock events");

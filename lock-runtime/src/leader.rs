@@ -27,8 +27,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use futures_util::StreamExt;
-
 use crate::buffer::{self, Popped};
 use crate::config::{self, Backoff};
 use crate::error::{KeyPreview, LockError};
@@ -558,7 +556,7 @@ async fn watch(election: LeaderElection, changes: buffer::Sender<Option<LeaderIn
         )
     });
     let (heard_tx, mut heard) = buffer::bounded(HEARD_CAPACITY);
-    let sources = core.backend.pubsub_sources();
+    let sources = core.backend.message_sources();
     let listeners: Vec<_> = (0..sources)
         .map(|source| {
             tokio::spawn(listen(
@@ -685,25 +683,24 @@ async fn listen(
     let mut delay = Duration::from_millis(50);
     loop {
         let subscribed = async {
-            let mut pubsub = core.backend.pubsub(source).await?;
-            pubsub.subscribe(&channel).await?;
+            let mut conn = core.backend.messages(source).await?;
+            conn.subscribe(&channel).await?;
             if let Some(expiry) = &expiry {
-                pubsub.psubscribe(expiry).await?;
+                conn.psubscribe(expiry).await?;
             }
-            Ok::<_, redis::RedisError>(pubsub)
+            Ok::<_, crate::error::BackendError>(conn)
         };
         match tokio::time::timeout(timeout, subscribed).await {
-            Ok(Ok(pubsub)) => {
+            Ok(Ok(mut conn)) => {
                 delay = Duration::from_millis(50);
                 if heard.push_or_skip(Heard::Subscribed).is_err() {
                     return;
                 }
-                let mut messages = pubsub.into_on_message();
-                while let Some(message) = messages.next().await {
-                    let Ok(text) = message.get_payload::<String>() else {
+                while let Some(message) = conn.next().await {
+                    let Ok(text) = String::from_utf8(message.payload) else {
                         continue;
                     };
-                    let event = if message.get_channel_name().starts_with("__keyspace@") {
+                    let event = if message.channel.starts_with("__keyspace@") {
                         if text != "expired" {
                             continue;
                         }

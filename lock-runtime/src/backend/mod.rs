@@ -3,11 +3,9 @@
 //!
 //! Above this module, the manager, requests, guards, leases, re-entry and the
 //! waiting queues know only the operations below (acquire, release, renew a
-//! batch, open a pub/sub connection); they never see a command connection, a
-//! script or a node. The pub/sub connections are the exception: [`Backend::pubsub`]
-//! hands a redis-rs `PubSub` to `waiting.rs`, `events.rs` and `leader.rs`, which
-//! subscribe and read it themselves, until a store-neutral boundary puts
-//! subscriptions behind this module too. Below it, each backend decides how those operations reach Redis:
+//! batch, open a listening connection); they never see a command connection, a
+//! script or a node. What the store pushes arrives through one
+//! [`MessageConnection`] per source ([`messages`]), whatever the store. Below it, each backend decides how those operations reach Redis:
 //!
 //! - [`single::Single`]: one server, one multiplexed connection and a direct
 //!   lane beside it for the call that finds it idle ([`direct`]);
@@ -36,6 +34,7 @@ pub(crate) mod calls;
 pub(crate) mod check;
 pub(crate) mod cluster;
 pub(crate) mod direct;
+pub(crate) mod messages;
 pub(crate) mod redlock;
 pub(crate) mod scripts;
 pub(crate) mod sentinel;
@@ -45,6 +44,7 @@ use calls::{
     CounterAcquire, CounterChange, ForceUnlock, ForceUnlockShared, Inspect, InspectKey, IsLocked,
     IssueToken, KeyCall, PermitCounts, PermitGiveBack, PermitSplit, Publish, Release,
 };
+pub(crate) use messages::MessageConnection;
 pub(crate) use scripts::{
     AcquireAllReply, AcquireReply, AcquireSpec, CounterOp, CounterOutcome, CounterReply, HeldLock,
     KeyReading, PermitReply, SharedRelease,
@@ -503,8 +503,10 @@ impl Backend {
         }
     }
 
-    /// How many servers publish wake-ups, each needing a subscriber connection.
-    pub(crate) fn pubsub_sources(&self) -> usize {
+    /// How many sources push messages (wake-ups, hand-offs, events), each
+    /// needing a listening connection of its own: a Redis server, every master
+    /// of a cluster, every Redlock member.
+    pub(crate) fn message_sources(&self) -> usize {
         match self {
             Backend::Single(_) => 1,
             Backend::Cluster(b) => b.pubsub_sources(),
@@ -513,21 +515,26 @@ impl Backend {
         }
     }
 
-    /// Opens a pub/sub connection to wake-up source `source` (below
-    /// [`pubsub_sources`](Self::pubsub_sources)).
-    pub(crate) async fn pubsub(&self, source: usize) -> RedisResult<redis::aio::PubSub> {
-        match self {
+    /// Opens a listening connection to message source `source` (below
+    /// [`message_sources`](Self::message_sources)).
+    pub(crate) async fn messages(&self, source: usize) -> Result<MessageConnection, BackendError> {
+        let pubsub = match self {
             Backend::Single(b) => b.pubsub().await,
             Backend::Cluster(b) => b.pubsub(source).await,
             Backend::Sentinel(b) => b.pubsub().await,
             Backend::Redlock(b) => match b.members().get(source) {
                 Some(member) => member.pubsub().await,
-                None => Err(redis::RedisError::from((
-                    redis::ErrorKind::Client,
-                    "no such Redlock member",
-                ))),
+                None => {
+                    return Err(BackendError::new(
+                        BackendErrorKind::Other,
+                        format!("no Redlock member {source}"),
+                    ))
+                }
             },
-        }
+        };
+        pubsub
+            .map(MessageConnection::redis)
+            .map_err(BackendError::from_redis)
     }
 }
 

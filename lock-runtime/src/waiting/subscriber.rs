@@ -9,15 +9,13 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use futures_util::StreamExt;
-use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::broadcast;
 
 use super::handoff::{Handoff, Handoffs};
 use super::queued::{QueuedCounts, QueuedHere};
 use super::queues::{Registration, WaiterQueues};
 use super::waited_for::WaitedForNotices;
-use crate::backend::Backend;
+use crate::backend::{Backend, MessageConnection};
 
 /// What a manager's waiters share: the parts of waiting, and the task's
 /// settings.
@@ -137,7 +135,7 @@ impl Subscriber {
 /// Redlock member, each publishing every release. Where several connections
 /// hear one release, it wakes one waiter (de-duplicated by its payload).
 pub(crate) async fn run_subscriber(sub: &Subscriber, backend: &Backend) {
-    let sources = backend.pubsub_sources();
+    let sources = backend.message_sources();
     sub.dedupe.store(sources > 1, Ordering::Relaxed);
     futures_util::future::join_all((0..sources).map(|source| run_source(sub, backend, source)))
         .await;
@@ -156,7 +154,7 @@ async fn run_source(sub: &Subscriber, backend: &Backend, source: usize) {
         {
             return;
         }
-        let Some((mut sink, mut stream)) = connect(sub, backend, source).await else {
+        let Some(mut conn) = connect(sub, backend, source).await else {
             tokio::time::sleep(reconnect_delay).await;
             reconnect_delay = (reconnect_delay * 2).min(Duration::from_secs(2));
             continue;
@@ -165,16 +163,16 @@ async fn run_source(sub: &Subscriber, backend: &Backend, source: usize) {
         let mut subscribed = HashSet::new();
         // On failure, reconnect and subscribe everything again rather than go on
         // with channels left out.
-        if !sync_all(sub, &mut sink, &mut subscribed).await {
+        if !sync_all(sub, &mut conn, &mut subscribed).await {
             continue;
         }
         loop {
             tokio::select! {
                 change = changes.recv() => {
                     let synced = match change {
-                        Ok(channel) => sync_channel(sub, &mut sink, &mut subscribed, channel).await,
+                        Ok(channel) => sync_channel(sub, &mut conn, &mut subscribed, channel).await,
                         Err(broadcast::error::RecvError::Lagged(_)) => {
-                            sync_all(sub, &mut sink, &mut subscribed).await
+                            sync_all(sub, &mut conn, &mut subscribed).await
                         }
                         Err(broadcast::error::RecvError::Closed) => return,
                     };
@@ -182,16 +180,16 @@ async fn run_source(sub: &Subscriber, backend: &Backend, source: usize) {
                         break;
                     }
                 }
-                msg = stream.next() => {
+                msg = conn.next() => {
                     let Some(msg) = msg else {
                         tracing::debug!(target: "distlock::waiting", source, "pub/sub connection closed; reconnecting");
                         break;
                     };
-                    match msg.get_payload_bytes() {
+                    match msg.payload.as_slice() {
                         // A read-write lock's release: every waiter retries.
                         [b'*', ..] => {
                             sub.delivered.fetch_add(1, Ordering::Relaxed);
-                            sub.queues.wake_all(msg.get_channel_name());
+                            sub.queues.wake_all(&msg.channel);
                         }
                         // A hand-off: only its new holder hears it.
                         [b'=', handoff @ ..] => sub.handoffs.hand_off(handoff, &sub.delivered),
@@ -199,14 +197,14 @@ async fn run_source(sub: &Subscriber, backend: &Backend, source: usize) {
                         [b'!', owner @ ..] => sub.waited_for.heard_waited_for(owner),
                         // A semaphore's release of several permits.
                         [b'#', counted @ ..] => sub.queues.wake_front(
-                            msg.get_channel_name(),
+                            &msg.channel,
                             counted,
                             released_permits(counted),
                             sub.dedupe.load(Ordering::Relaxed),
                             &sub.delivered,
                         ),
                         payload => sub.queues.wake_front(
-                            msg.get_channel_name(),
+                            &msg.channel,
                             payload,
                             1,
                             sub.dedupe.load(Ordering::Relaxed),
@@ -223,7 +221,7 @@ async fn run_source(sub: &Subscriber, backend: &Backend, source: usize) {
 /// Subscribes to every channel with waiters and unsubscribes from the others.
 async fn sync_all(
     sub: &Subscriber,
-    sink: &mut PubSubSink,
+    conn: &mut MessageConnection,
     subscribed: &mut HashSet<String>,
 ) -> bool {
     let mut channels = sub.queues.wanted();
@@ -231,20 +229,16 @@ async fn sync_all(
     channels.sort();
     channels.dedup();
     for channel in channels {
-        if !sync_channel(sub, sink, subscribed, channel).await {
+        if !sync_channel(sub, conn, subscribed, channel).await {
             return false;
         }
     }
     true
 }
 
-async fn connect(
-    sub: &Subscriber,
-    backend: &Backend,
-    source: usize,
-) -> Option<(PubSubSink, PubSubStream)> {
-    match tokio::time::timeout(sub.connect_timeout, backend.pubsub(source)).await {
-        Ok(Ok(pubsub)) => Some(pubsub.split()),
+async fn connect(sub: &Subscriber, backend: &Backend, source: usize) -> Option<MessageConnection> {
+    match tokio::time::timeout(sub.connect_timeout, backend.messages(source)).await {
+        Ok(Ok(conn)) => Some(conn),
         Ok(Err(e)) => {
             tracing::debug!(target: "distlock::waiting", error = %e, "pub/sub connection failed");
             None
@@ -260,7 +254,7 @@ async fn connect(
 /// Returns false when the connection failed.
 async fn sync_channel(
     sub: &Subscriber,
-    sink: &mut PubSubSink,
+    conn: &mut MessageConnection,
     subscribed: &mut HashSet<String>,
     channel: String,
 ) -> bool {
@@ -269,9 +263,9 @@ async fn sync_channel(
         return true;
     }
     let result = if wanted {
-        tokio::time::timeout(sub.command_timeout, sink.subscribe(&channel)).await
+        tokio::time::timeout(sub.command_timeout, conn.subscribe(&channel)).await
     } else {
-        tokio::time::timeout(sub.command_timeout, sink.unsubscribe(&channel)).await
+        tokio::time::timeout(sub.command_timeout, conn.unsubscribe(&channel)).await
     };
     match result {
         Ok(Ok(())) => {

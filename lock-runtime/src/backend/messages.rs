@@ -1,0 +1,95 @@
+//! The message source: the one way the layers above the backend hear what
+//! the store pushes (wake-ups, hand-offs, lock events, leader announcements).
+//!
+//! A [`MessageConnection`] is one listening connection to one source (see
+//! [`Backend::message_sources`](super::Backend::message_sources)): it
+//! subscribes to exact channel names and, where the store can, to patterns,
+//! and yields [`Message`]s. It says nothing of Redis or of any other store:
+//! each store is one variant here, and the subscriber that owns the
+//! connections (`waiting/subscriber.rs`) never sees which. A connection that
+//! breaks ends its stream (`next` gives `None`); whoever owns it opens another
+//! and subscribes again, and must assume that messages were lost meanwhile.
+
+use futures_util::StreamExt;
+use redis::aio::{PubSubSink, PubSubStream};
+
+use crate::error::BackendError;
+
+/// One message heard on a subscription.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Message {
+    /// The channel it was published on.
+    pub(crate) channel: String,
+    /// The pattern subscription that matched it, if it came through one.
+    pub(crate) pattern: Option<String>,
+    /// What was published.
+    pub(crate) payload: Vec<u8>,
+}
+
+/// One listening connection to one message source.
+pub(crate) enum MessageConnection {
+    /// A Redis pub/sub connection: its command half and its message half, so
+    /// that waiting for a message never holds up a subscription change.
+    Redis {
+        sink: PubSubSink,
+        stream: PubSubStream,
+    },
+}
+
+impl MessageConnection {
+    /// Wraps a Redis pub/sub connection.
+    pub(crate) fn redis(pubsub: redis::aio::PubSub) -> Self {
+        let (sink, stream) = pubsub.split();
+        MessageConnection::Redis { sink, stream }
+    }
+
+    /// Subscribes to the exact channel `channel`; once this returns, every
+    /// message published on it reaches [`next`](Self::next).
+    pub(crate) async fn subscribe(&mut self, channel: &str) -> Result<(), BackendError> {
+        match self {
+            MessageConnection::Redis { sink, .. } => sink
+                .subscribe(channel)
+                .await
+                .map_err(BackendError::from_redis),
+        }
+    }
+
+    /// Stops hearing `channel`.
+    pub(crate) async fn unsubscribe(&mut self, channel: &str) -> Result<(), BackendError> {
+        match self {
+            MessageConnection::Redis { sink, .. } => sink
+                .unsubscribe(channel)
+                .await
+                .map_err(BackendError::from_redis),
+        }
+    }
+
+    /// Subscribes to every channel matching the glob `pattern`.
+    pub(crate) async fn psubscribe(&mut self, pattern: &str) -> Result<(), BackendError> {
+        match self {
+            MessageConnection::Redis { sink, .. } => sink
+                .psubscribe(pattern)
+                .await
+                .map_err(BackendError::from_redis),
+        }
+    }
+
+    /// The next message; `None` once the connection has closed. Cancel-safe:
+    /// a message is never lost by dropping this future.
+    pub(crate) async fn next(&mut self) -> Option<Message> {
+        match self {
+            MessageConnection::Redis { stream, .. } => {
+                let msg = stream.next().await?;
+                Some(Message {
+                    channel: msg.get_channel_name().to_owned(),
+                    pattern: if msg.from_pattern() {
+                        msg.get_pattern::<String>().ok()
+                    } else {
+                        None
+                    },
+                    payload: msg.get_payload_bytes().to_vec(),
+                })
+            }
+        }
+    }
+}
