@@ -26,6 +26,33 @@ pub(crate) struct Message {
     pub(crate) payload: Vec<u8>,
 }
 
+impl Message {
+    /// What the store itself tells of a key here, when this is such a notice
+    /// rather than a message distlock published: on Redis, a keyspace
+    /// notification (see [`Backend::expiry_pattern`](super::Backend::expiry_pattern)).
+    pub(crate) fn key_notice(&self) -> Option<KeyNotice<'_>> {
+        let name = self
+            .channel
+            .strip_prefix("__keyspace@")
+            .and_then(|rest| rest.split_once("__:"))
+            .map(|(_, name)| name)?;
+        Some(if self.payload == b"expired" {
+            KeyNotice::Expired(name)
+        } else {
+            KeyNotice::Other
+        })
+    }
+}
+
+/// A store's own notice of something that happened to a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KeyNotice<'a> {
+    /// The key (its full stored name) expired.
+    Expired(&'a str),
+    /// Anything else done to a key, which distlock does not report.
+    Other,
+}
+
 /// One listening connection to one message source.
 pub(crate) enum MessageConnection {
     /// A Redis pub/sub connection: its command half and its message half, so
@@ -69,6 +96,16 @@ impl MessageConnection {
         match self {
             MessageConnection::Redis { sink, .. } => sink
                 .psubscribe(pattern)
+                .await
+                .map_err(BackendError::from_redis),
+        }
+    }
+
+    /// Stops hearing the channels matching `pattern`.
+    pub(crate) async fn punsubscribe(&mut self, pattern: &str) -> Result<(), BackendError> {
+        match self {
+            MessageConnection::Redis { sink, .. } => sink
+                .punsubscribe(pattern)
                 .await
                 .map_err(BackendError::from_redis),
         }

@@ -38,10 +38,12 @@
 
 mod backoff;
 mod handoff;
+mod interests;
 mod queued;
 mod queues;
 mod subscriber;
 mod waited_for;
 
 pub(crate) use backoff::BackoffTimer;
+pub(crate) use interests::{Interest, Sink, Topic};
 pub(crate) use subscriber::{run_subscriber, Subscriber};
