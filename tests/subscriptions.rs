@@ -130,7 +130,10 @@ async fn one_connection_for_waiters_events_and_the_watch(d: Deployment) {
     // A waiter waiting (two, one served after the kill, one kept waiting
     // through the end), an events stream and a watch at once.
     let holder = m.lock(&key).acquire().await.unwrap();
-    let waiters = vec![common::spawn_waiter(&m, &key), common::spawn_waiter(&m, &key)];
+    let waiters = vec![
+        common::spawn_waiter(&m, &key),
+        common::spawn_waiter(&m, &key),
+    ];
     common::await_waiter(&m, &key).await;
     let mut events = m.events(format!("sub-{on}:*")).await.unwrap();
     let mut watch = election.watch();
@@ -191,7 +194,13 @@ async fn one_connection_for_waiters_events_and_the_watch(d: Deployment) {
     .unwrap_or_else(|_| panic!("{notices} of {} skip notices", masters + 1));
     // Every subscription is back: later events arrive.
     let later = format!("sub-{on}:later");
-    m.lock(&later).acquire().await.unwrap().release().await.unwrap();
+    m.lock(&later)
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
     assert!(matches!(
         next_of(&mut events, &later).await,
         LockEventKind::Acquired { .. }
@@ -203,10 +212,12 @@ async fn one_connection_for_waiters_events_and_the_watch(d: Deployment) {
 
     // The waiter is served.
     holder.release().await.unwrap();
-    let (served, _, mut waiting) =
-        tokio::time::timeout(Duration::from_secs(5), futures_util::future::select_all(waiters))
-            .await
-            .expect("a waiter served within 5 s of the release");
+    let (served, _, mut waiting) = tokio::time::timeout(
+        Duration::from_secs(5),
+        futures_util::future::select_all(waiters),
+    )
+    .await
+    .expect("a waiter served within 5 s of the release");
     let served = served.unwrap().unwrap();
     let waiting = waiting.pop().expect("the other waiter");
     // Still one connection per source after the reconnect.
@@ -232,7 +243,11 @@ async fn one_connection_for_waiters_events_and_the_watch(d: Deployment) {
         .expect("patterns and the leader channel unsubscribed");
         // The lock's channel or the manager's hand-off channel, where its
         // queued waiters listen.
-        assert_eq!(common::numsub(raw, &channel).await, 1, "the waiter's channel");
+        assert_eq!(
+            common::numsub(raw, &channel).await,
+            1,
+            "the waiter's channel"
+        );
     }
     served.release().await.unwrap();
     let last = tokio::time::timeout(Duration::from_secs(5), waiting)

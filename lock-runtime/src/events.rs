@@ -145,14 +145,15 @@ impl LockEventsRequest {
         // Published events: classic PUBLISH reaches every node of a cluster,
         // so the first source hears them all. Expiry notices stay on the
         // server that holds the key: every source.
-        let mut interests = vec![core.subscriber.listen(
-            Topic::Pattern(published),
-            sources,
-            true,
-            sink.clone(),
-        )];
+        let mut interests =
+            vec![core
+                .subscriber
+                .listen(Topic::Pattern(published), sources, true, sink.clone())];
         if let Some(expiry) = expiry {
-            interests.push(core.subscriber.listen(Topic::Pattern(expiry), sources, false, sink));
+            interests.push(
+                core.subscriber
+                    .listen(Topic::Pattern(expiry), sources, false, sink),
+            );
         }
         // The manager's subscriber connects (or reconnects) within its
         // connect timeout and subscribes within its command timeout.
@@ -412,7 +413,10 @@ mod tests {
         assert_eq!(
             parse(
                 "p:",
-                &message("p:events:order:1", "acquired 7 1700000000123 web-1 pid 7 api")
+                &message(
+                    "p:events:order:1",
+                    "acquired 7 1700000000123 web-1 pid 7 api"
+                )
             ),
             Some(LockEvent {
                 key: "order:1".into(),
@@ -437,7 +441,10 @@ mod tests {
             parse("p:", &message(&format!("__keyspace@0__:{name}"), "expired")).map(|e| e.kind),
             Some(LockEventKind::Expired)
         );
-        assert_eq!(parse("p:", &message(&format!("__keyspace@0__:{name}"), "set")), None);
+        assert_eq!(
+            parse("p:", &message(&format!("__keyspace@0__:{name}"), "set")),
+            None
+        );
         assert_eq!(parse("p:", &message("p:events:k", "nonsense 1")), None);
         assert_eq!(parse("p:", &message("other:events:k", "released 1")), None);
     }

@@ -552,8 +552,9 @@ async fn watch(election: LeaderElection, changes: buffer::Sender<Option<LeaderIn
     // nobody announced is a message too; without, the watch reads the lock
     // when the lease it last saw ends.
     let expiry = if core.backend.notifies_expiry().await {
-        core.backend
-            .expiry_pattern(&crate::keys::escape_glob(&core.keys(&election.lock_key()).lock))
+        core.backend.expiry_pattern(&crate::keys::escape_glob(
+            &core.keys(&election.lock_key()).lock,
+        ))
     } else {
         None
     };
@@ -562,9 +563,10 @@ async fn watch(election: LeaderElection, changes: buffer::Sender<Option<LeaderIn
     let sources = core.backend.message_sources();
     // Every source: a term's announcement reaches each (a Redlock publishes
     // on every member), so the watch hears it while any one is up.
-    let mut interests = vec![core
-        .subscriber
-        .listen(Topic::Channel(channel), sources, false, sink.clone())];
+    let mut interests =
+        vec![core
+            .subscriber
+            .listen(Topic::Channel(channel), sources, false, sink.clone())];
     if let Some(expiry) = &expiry {
         interests.push(core.subscriber.listen(
             Topic::Pattern(expiry.clone()),

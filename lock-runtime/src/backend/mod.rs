@@ -1,11 +1,18 @@
-//! The backend boundary: everything that talks to Redis but the pub/sub
-//! subscriptions.
+//! The backend boundary: everything that talks to the store.
 //!
-//! Above this module, the manager, requests, guards, leases, re-entry and the
-//! waiting queues know only the operations below (acquire, release, renew a
-//! batch, open a listening connection); they never see a command connection, a
-//! script or a node. What the store pushes arrives through one
-//! [`MessageConnection`] per source ([`messages`]), whatever the store. Below it, each backend decides how those operations reach Redis:
+//! Above this module, the manager, requests, guards, leases, re-entry, the
+//! waiting queues, lock events and leader elections know only the operations
+//! below (acquire, release, renew a batch, issue a token, inspect,
+//! force-unlock, scan, publish, and whether and how the store tells of
+//! expiries); they never see a command connection, a script, a node or a
+//! client library's type. What the store pushes arrives through one
+//! [`MessageConnection`] per source ([`messages`]): exact channels, patterns
+//! where the store has them, a stream of [`Message`]s that ends when the
+//! connection breaks. The manager's subscriber (`waiting/subscriber.rs`)
+//! owns those connections for waiters, events and watches alike. The
+//! client's errors become [`LockError`] and
+//! [`BackendError`](crate::error::BackendError) here ([`redis_errors`]).
+//! Below it, each backend decides how those operations reach Redis:
 //!
 //! - [`single::Single`]: one server, one multiplexed connection and a direct
 //!   lane beside it for the call that finds it idle ([`direct`]);

@@ -297,7 +297,10 @@ impl Drop for Registration<'_> {
             if entry.queue.is_empty() {
                 if !entry.sticky {
                     channels.remove(&self.channel);
-                    let _ = self.queues.changes.send(Topic::Channel(self.channel.clone()));
+                    let _ = self
+                        .queues
+                        .changes
+                        .send(Topic::Channel(self.channel.clone()));
                 }
             } else {
                 // Releases announced to this waiter that no attempt of it

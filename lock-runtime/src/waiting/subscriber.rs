@@ -1,8 +1,16 @@
-//! The subscriber: the manager's one pub/sub listener. It keeps its
-//! subscriptions equal to the channels that have waiters, and hands each
-//! message to the part it is for: a wake-up to the [waiter queues](super::queues),
-//! a hand-off to [its waiter](super::handoff), a `!` notice to the
-//! [waited-for notices](super::waited_for). It also keeps the manager's
+//! The subscriber: the manager's one listener, the single owner of its
+//! listening connections (one per message source). It keeps its
+//! subscriptions equal to the channels that have waiters and the topics of
+//! the [interests](super::interests) (lock events streams, leader watches),
+//! subscribing a topic when the first waiter or interest wants it and
+//! unsubscribing it when the last one goes, and hands each message to the
+//! part it is for: a wake-up to the [waiter queues](super::queues), a
+//! hand-off to [its waiter](super::handoff), a `!` notice to the
+//! [waited-for notices](super::waited_for), a message on an interest's topic
+//! to each interest in it (a pattern's message to interests alone, so a
+//! wake-up pays no lock for them). After a reconnect it subscribes
+//! everything again, wakes every waiter to retry, and tells each interest
+//! that messages may have been lost. It also keeps the manager's
 //! [queued counts](super::queued).
 
 use std::collections::HashSet;
@@ -209,10 +217,10 @@ async fn run_source(sub: &Subscriber, backend: &Backend, source: usize) {
         let mut subscribed = Subscribed::default();
         // On failure, reconnect and subscribe everything again rather than go on
         // with topics left out.
-        if sync_all(sub, &mut conn, &mut subscribed, source).await {
-            if serve(sub, &mut conn, &mut subscribed, &mut changes, source).await {
-                return;
-            }
+        if sync_all(sub, &mut conn, &mut subscribed, source).await
+            && serve(sub, &mut conn, &mut subscribed, &mut changes, source).await
+        {
+            return;
         }
         // Waiters fall back to their backoff until the subscriptions are back;
         // interests hear, once subscribed again, that they may have lost
@@ -341,17 +349,15 @@ async fn sync_topic(
     source: usize,
 ) -> bool {
     let for_interests = sub.interests.wants(&topic, source);
-    let wanted = for_interests
-        || matches!(&topic, Topic::Channel(channel) if sub.queues.is_wanted(channel));
+    let wanted =
+        for_interests || matches!(&topic, Topic::Channel(channel) if sub.queues.is_wanted(channel));
     if wanted != subscribed.topics.contains(&topic) {
         let timeout = sub.command_timeout;
         let result = match (&topic, wanted) {
             (Topic::Channel(c), true) => tokio::time::timeout(timeout, conn.subscribe(c)).await,
             (Topic::Channel(c), false) => tokio::time::timeout(timeout, conn.unsubscribe(c)).await,
             (Topic::Pattern(p), true) => tokio::time::timeout(timeout, conn.psubscribe(p)).await,
-            (Topic::Pattern(p), false) => {
-                tokio::time::timeout(timeout, conn.punsubscribe(p)).await
-            }
+            (Topic::Pattern(p), false) => tokio::time::timeout(timeout, conn.punsubscribe(p)).await,
         };
         match result {
             Ok(Ok(())) => {}
