@@ -91,6 +91,15 @@ impl MessageConnection {
         }
     }
 
+    /// Whether this connection takes patterns
+    /// ([`psubscribe`](Self::psubscribe)); where it does not, a pattern is
+    /// never subscribed and whoever wants one never hears it confirmed.
+    pub(crate) fn takes_patterns(&self) -> bool {
+        match self {
+            MessageConnection::Redis { .. } => true,
+        }
+    }
+
     /// Subscribes to every channel matching the glob `pattern`.
     pub(crate) async fn psubscribe(&mut self, pattern: &str) -> Result<(), BackendError> {
         match self {

@@ -348,6 +348,12 @@ async fn sync_topic(
     topic: Topic,
     source: usize,
 ) -> bool {
+    if matches!(topic, Topic::Pattern(_)) && !conn.takes_patterns() {
+        // A store without patterns: the interest stays unconfirmed (its
+        // subscription fails in time) rather than the connection failing
+        // over and over, which would also cost the waiters their wake-ups.
+        return true;
+    }
     let for_interests = sub.interests.wants(&topic, source);
     let wanted =
         for_interests || matches!(&topic, Topic::Channel(channel) if sub.queues.is_wanted(channel));
