@@ -260,3 +260,71 @@ async fn one_connection_for_waiters_events_and_the_watch(d: Deployment) {
 }
 
 on_both!(one_connection_for_waiters_events_and_the_watch);
+
+async fn pubsub_client_ids(conn: &mut MultiplexedConnection) -> Vec<String> {
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(conn)
+        .await
+        .expect("CLIENT LIST");
+    list.lines()
+        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .collect()
+}
+
+/// A server that refuses an events stream's pattern (an ACL without
+/// PSUBSCRIBE) fails that stream at once with the server's refusal, and
+/// costs the waiters that share the connection nothing: the connection is
+/// not re-made, and a waiter is still woken by its release.
+#[tokio::test]
+async fn a_refused_pattern_fails_its_stream_and_not_the_waiters_connection() {
+    let redis = common::server();
+    let mut raw = common::raw(&redis).await;
+    let () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("nopattern")
+        .arg("reset")
+        .arg("on")
+        .arg(">pw")
+        .arg("~*")
+        .arg("&*")
+        .arg("+@all")
+        .arg("-psubscribe")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let m = LockManager::builder(&format!("redis://nopattern:pw@{}", redis.addr()))
+        .lock_events(true)
+        .build()
+        .await
+        .unwrap();
+    let holder = m.lock("k").acquire().await.unwrap();
+    let waiter = common::spawn_waiter(&m, "k");
+    common::await_waiter(&m, "k").await;
+    let before = pubsub_client_ids(&mut raw).await;
+    assert_eq!(before.len(), 1, "{before:?}");
+
+    let refused = m.events("k*").expiry(false).await.unwrap_err();
+    match &refused {
+        distlock::LockError::Backend { source, .. } => {
+            assert_eq!(source.code(), Some("NOPERM"), "{refused}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        pubsub_client_ids(&mut raw).await,
+        before,
+        "the same connection"
+    );
+    holder.release().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter served within 5 s of the release")
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}

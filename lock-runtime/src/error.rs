@@ -330,6 +330,16 @@ impl BackendError {
         }
     }
 
+    /// The same failure without its source, for a second reader of it.
+    pub(crate) fn summary(&self) -> Self {
+        BackendError {
+            kind: self.kind,
+            code: self.code.clone(),
+            message: self.message.clone(),
+            source: None,
+        }
+    }
+
     /// A failure the store's client reported: `code` is the server's error
     /// code when it sent one, `source` the client's own error.
     pub(crate) fn from_client(

@@ -115,9 +115,10 @@ impl LockEventsRequest {
     ///
     /// # Errors
     /// [`LockError::ExpiryNotifications`] as above; [`LockError::InvalidConfig`]
-    /// on a Redlock manager; [`LockError::Backend`] when Redis fails, or
-    /// when the manager's listening connection cannot be made and subscribed
-    /// within its connect timeout plus its command timeout.
+    /// on a Redlock manager; [`LockError::Backend`] when Redis fails or
+    /// refuses the subscription, or when the manager's listening connection
+    /// cannot be made and subscribed within its connect timeout plus its
+    /// command timeout.
     pub async fn subscribe(self) -> Result<LockEvents, LockError> {
         let core = self.manager.inner.core.clone();
         if matches!(core.backend, Backend::Redlock(_)) {
@@ -158,14 +159,20 @@ impl LockEventsRequest {
         // The manager's subscriber connects (or reconnects) within its
         // connect timeout and subscribes within its command timeout.
         let limit = core.config.connect_timeout + core.config.command_timeout;
-        let subscribed = futures_util::future::join_all(interests.iter().map(|i| i.subscribed()));
-        if tokio::time::timeout(limit, subscribed).await.is_err() {
+        let subscribed =
+            futures_util::future::try_join_all(interests.iter().map(|i| i.subscribed()));
+        let failure = match tokio::time::timeout(limit, subscribed).await {
+            Ok(Ok(_)) => None,
+            Ok(Err(failure)) => Some(failure),
+            Err(_) => Some(BackendError::new(
+                BackendErrorKind::Timeout,
+                format!("subscribing to lock events took longer than {limit:?}"),
+            )),
+        };
+        if let Some(source) = failure {
             return Err(LockError::Backend {
                 key: self.pattern.clone(),
-                source: BackendError::new(
-                    BackendErrorKind::Timeout,
-                    format!("subscribing to lock events took longer than {limit:?}"),
-                ),
+                source,
             });
         }
         Ok(LockEvents {

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use tokio::sync::{broadcast, Notify};
 
 use crate::backend::Message;
+use crate::error::BackendError;
 
 /// What a listening connection subscribes to.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -55,6 +56,9 @@ struct Entry {
     confirmed: Vec<bool>,
     /// Per source: was confirmed on a connection that broke since.
     lost: Vec<bool>,
+    /// Why the topic could not be subscribed on some source since it was
+    /// last confirmed, for [`Interest::subscribed`].
+    failure: Option<BackendError>,
 }
 
 impl Interests {
@@ -88,6 +92,7 @@ impl Interests {
             wanted,
             confirmed: vec![false; sources],
             lost: vec![false; sources],
+            failure: None,
         });
         // The task may be gone (manager shutting down): the interest then
         // never confirms.
@@ -131,6 +136,7 @@ impl Interests {
             }
             if let Some(confirmed @ false) = entry.confirmed.get_mut(source) {
                 *confirmed = true;
+                entry.failure = None;
                 let after_loss = std::mem::take(&mut entry.lost[source]);
                 entry.sink.subscribed(after_loss);
                 told = true;
@@ -149,6 +155,25 @@ impl Interests {
                 *confirmed = false;
                 entry.lost[source] = true;
             }
+        }
+    }
+
+    /// `source` could not be reached (`topic: None`), or refused `topic`
+    /// (an ACL without the subscription's permission): each interest in it
+    /// that is not subscribed there yet learns why.
+    pub(super) fn failed(&self, topic: Option<&Topic>, source: usize, error: &BackendError) {
+        let mut told = false;
+        for entry in self.entries().iter_mut() {
+            let concerned = topic.is_none_or(|t| entry.topic == *t)
+                && entry.wanted.get(source) == Some(&true)
+                && entry.confirmed.get(source) == Some(&false);
+            if concerned {
+                entry.failure = Some(error.summary());
+                told = true;
+            }
+        }
+        if told {
+            self.confirmed.notify_waiters();
         }
     }
 
@@ -177,22 +202,32 @@ pub(crate) struct Interest {
 impl Interest {
     /// Completes once the topic is subscribed on every source the interest
     /// wants: from then on, every message published there reaches its sink.
-    pub(crate) async fn subscribed(&self) {
+    /// Fails with the first reason the subscriber gives why it could not
+    /// subscribe it (it goes on trying while the interest lives).
+    pub(crate) async fn subscribed(&self) -> Result<(), BackendError> {
         loop {
             let notified = self.interests.confirmed.notified();
             let mut notified = std::pin::pin!(notified);
             // Listening before looking: a confirmation after the look
             // notifies this listener.
             notified.as_mut().enable();
-            let done = self.interests.entries().iter().any(|e| {
-                e.id == self.id
-                    && e.wanted
-                        .iter()
-                        .zip(&e.confirmed)
-                        .all(|(wanted, confirmed)| !wanted || *confirmed)
-            });
-            if done {
-                return;
+            if let Some(entry) = self
+                .interests
+                .entries()
+                .iter_mut()
+                .find(|e| e.id == self.id)
+            {
+                if let Some(failure) = entry.failure.take() {
+                    return Err(failure);
+                }
+                let done = entry
+                    .wanted
+                    .iter()
+                    .zip(&entry.confirmed)
+                    .all(|(wanted, confirmed)| !wanted || *confirmed);
+                if done {
+                    return Ok(());
+                }
             }
             notified.await;
         }

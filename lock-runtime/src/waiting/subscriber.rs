@@ -26,6 +26,7 @@ use super::queued::{QueuedCounts, QueuedHere};
 use super::queues::{Registration, WaiterQueues};
 use super::waited_for::WaitedForNotices;
 use crate::backend::{Backend, MessageConnection};
+use crate::error::{BackendError, BackendErrorKind};
 
 /// What a manager's waiters share: the parts of waiting, and the task's
 /// settings.
@@ -325,17 +326,20 @@ async fn sync_all(
 }
 
 async fn connect(sub: &Subscriber, backend: &Backend, source: usize) -> Option<MessageConnection> {
-    match tokio::time::timeout(sub.connect_timeout, backend.messages(source)).await {
-        Ok(Ok(conn)) => Some(conn),
-        Ok(Err(e)) => {
-            tracing::debug!(target: "distlock::waiting", error = %e, "listening connection failed");
-            None
-        }
-        Err(_) => {
-            tracing::debug!(target: "distlock::waiting", "listening connection timed out");
-            None
-        }
-    }
+    let error = match tokio::time::timeout(sub.connect_timeout, backend.messages(source)).await {
+        Ok(Ok(conn)) => return Some(conn),
+        Ok(Err(e)) => e,
+        Err(_) => BackendError::new(
+            BackendErrorKind::Timeout,
+            format!(
+                "no listening connection within the connect timeout of {:?}",
+                sub.connect_timeout
+            ),
+        ),
+    };
+    tracing::debug!(target: "distlock::waiting", source, error = %error, "listening connection failed");
+    sub.interests.failed(None, source, &error);
+    None
 }
 
 /// Subscribes to or unsubscribes from `topic` to match whether a waiter or an
@@ -367,6 +371,18 @@ async fn sync_topic(
         };
         match result {
             Ok(Ok(())) => {}
+            // The server refused an interest's topic (an ACL without the
+            // permission) and the connection is fine: the interest learns
+            // why, and the waiters keep their connection.
+            Ok(Err(e))
+                if wanted
+                    && for_interests
+                    && matches!(e.kind(), BackendErrorKind::Auth | BackendErrorKind::Server) =>
+            {
+                tracing::debug!(target: "distlock::waiting", error = %e, "subscription refused");
+                sub.interests.failed(Some(&topic), source, &e);
+                return true;
+            }
             Ok(Err(e)) => {
                 tracing::debug!(target: "distlock::waiting", error = %e, "subscription change failed; reconnecting");
                 return false;
