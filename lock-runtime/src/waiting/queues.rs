@@ -221,6 +221,11 @@ impl WaiterQueues {
         self.channels().contains_key(channel)
     }
 
+    /// Whether any channel has waiters (or is kept).
+    pub(super) fn any_wanted(&self) -> bool {
+        !self.channels().is_empty()
+    }
+
     pub(super) fn wanted(&self) -> Vec<String> {
         self.channels().keys().cloned().collect()
     }

@@ -159,7 +159,7 @@ impl Subscriber {
 
     /// Whether a waiter or an interest wants anything on `source`.
     fn wants_any(&self, source: usize) -> bool {
-        !self.queues.wanted().is_empty() || self.interests.wants_any(source)
+        self.queues.any_wanted() || self.interests.wants_any(source)
     }
 
     /// How many wake-up messages woke a waiter so far.
