@@ -114,6 +114,7 @@ impl<T> Sender<T> {
     }
 
     /// Whether the reader is gone.
+    #[cfg(test)]
     pub(crate) fn is_closed(&self) -> bool {
         self.shared.state().receiver_gone
     }

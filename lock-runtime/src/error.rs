@@ -256,13 +256,6 @@ impl LockError {
         )
     }
 
-    pub(crate) fn backend(key: &str, source: redis::RedisError) -> Self {
-        LockError::Backend {
-            key: key.to_owned(),
-            source: BackendError::from_redis(source),
-        }
-    }
-
     pub(crate) fn command_timeout(key: &str, timeout: Duration) -> Self {
         LockError::Backend {
             key: key.to_owned(),
@@ -270,13 +263,6 @@ impl LockError {
                 BackendErrorKind::Timeout,
                 format!("no reply within the command timeout of {timeout:?}"),
             ),
-        }
-    }
-
-    pub(crate) fn connect(url: String, source: redis::RedisError) -> Self {
-        LockError::Connect {
-            url,
-            source: BackendError::from_redis(source),
         }
     }
 }
@@ -345,36 +331,28 @@ impl BackendError {
         }
     }
 
-    pub(crate) fn from_redis(e: redis::RedisError) -> Self {
-        const AUTH_CODES: [&str; 3] = ["NOPERM", "WRONGPASS", "NOAUTH"];
-        let code = e.code().map(str::to_owned);
-        let kind = if e.is_timeout() {
-            BackendErrorKind::Timeout
-        } else if e.kind() == redis::ErrorKind::AuthenticationFailed
-            || code.as_deref().is_some_and(|c| AUTH_CODES.contains(&c))
-        {
-            BackendErrorKind::Auth
-        } else if e.is_io_error()
-            || e.is_connection_dropped()
-            || e.is_connection_refusal()
-            || e.kind() == redis::ErrorKind::ClusterConnectionNotFound
-        {
-            BackendErrorKind::Connection
-        } else if code.is_some() {
-            BackendErrorKind::Server
-        } else if matches!(
-            e.kind(),
-            redis::ErrorKind::Parse | redis::ErrorKind::UnexpectedReturnType
-        ) {
-            BackendErrorKind::Protocol
-        } else {
-            BackendErrorKind::Other
-        };
+    /// The same failure without its source, for a second reader of it.
+    pub(crate) fn summary(&self) -> Self {
+        BackendError {
+            kind: self.kind,
+            code: self.code.clone(),
+            message: self.message.clone(),
+            source: None,
+        }
+    }
+
+    /// A failure the store's client reported: `code` is the server's error
+    /// code when it sent one, `source` the client's own error.
+    pub(crate) fn from_client(
+        kind: BackendErrorKind,
+        code: Option<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
         BackendError {
             kind,
             code,
-            message: e.to_string(),
-            source: Some(Box::new(e)),
+            message: source.to_string(),
+            source: Some(Box::new(source)),
         }
     }
 }

@@ -19,10 +19,13 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::backend::{Backend, MessageConnection};
+use std::sync::Arc;
+
+use crate::backend::{Backend, KeyNotice, Message};
 use crate::buffer::{self, Popped};
 use crate::error::{BackendError, BackendErrorKind, KeyPreview, LockError};
 use crate::keys;
+use crate::waiting::{Interest, Sink, Topic};
 use crate::LockManager;
 
 impl LockManager {
@@ -112,8 +115,10 @@ impl LockEventsRequest {
     ///
     /// # Errors
     /// [`LockError::ExpiryNotifications`] as above; [`LockError::InvalidConfig`]
-    /// on a Redlock manager; [`LockError::Connect`] / [`LockError::Backend`]
-    /// when Redis cannot be reached or fails.
+    /// on a Redlock manager; [`LockError::Backend`] when Redis fails or
+    /// refuses the subscription, or when the manager's listening connection
+    /// cannot be made and subscribed within its connect timeout plus its
+    /// command timeout.
     pub async fn subscribe(self) -> Result<LockEvents, LockError> {
         let core = self.manager.inner.core.clone();
         if matches!(core.backend, Backend::Redlock(_)) {
@@ -129,48 +134,81 @@ impl LockEventsRequest {
             self.pattern
         );
         let expiry = if self.expiry {
-            check_expiry_notifications(&core.backend, &self.pattern).await?;
-            // The lock's name on any database (the URL chooses it; a cluster
-            // has only 0).
-            Some(format!(
-                "__keyspace@*__:{}",
-                keys::lock_scan_pattern(&prefix, &self.pattern)
-            ))
+            core.backend.ensure_expiry_notices(&self.pattern).await?;
+            core.backend
+                .expiry_pattern(&keys::lock_scan_pattern(&prefix, &self.pattern))
         } else {
             None
         };
-        let (sender, receiver) = buffer::bounded(self.capacity);
-        let mut listeners = Vec::new();
+        let (events, receiver) = buffer::bounded(self.capacity);
+        let sink: Arc<dyn Sink> = Arc::new(EventSink { prefix, events });
+        let sources = core.backend.message_sources();
         // Published events: classic PUBLISH reaches every node of a cluster,
-        // so one subscription hears them all. Expiry notifications stay on the
-        // node that holds the key: one subscription per server.
-        for source in 0..core.backend.message_sources() {
-            let patterns: Vec<String> = (source == 0)
-                .then(|| published.clone())
-                .into_iter()
-                .chain(expiry.clone())
-                .collect();
-            if patterns.is_empty() {
-                continue;
-            }
-            let conn = connect(&self.manager, source, &patterns)
-                .await
-                .map_err(|source| LockError::Backend {
-                    key: self.pattern.clone(),
-                    source,
-                })?;
-            listeners.push(tokio::spawn(listen(
-                self.manager.clone(),
+        // so the first source hears them all. Expiry notices stay on the
+        // server that holds the key: every source.
+        let mut interests =
+            vec![core
+                .subscriber
+                .listen(Topic::Pattern(published), sources, true, sink.clone())];
+        if let Some(expiry) = expiry {
+            interests.push(
+                core.subscriber
+                    .listen(Topic::Pattern(expiry), sources, false, sink),
+            );
+        }
+        // The manager's subscriber connects (or reconnects) within its
+        // connect timeout and subscribes within its command timeout.
+        let limit = core.config.connect_timeout + core.config.command_timeout;
+        let subscribed =
+            futures_util::future::try_join_all(interests.iter().map(|i| i.subscribed()));
+        let failure = match tokio::time::timeout(limit, subscribed).await {
+            Ok(Ok(_)) => None,
+            Ok(Err(failure)) => Some(failure),
+            Err(_) => Some(BackendError::new(
+                BackendErrorKind::Timeout,
+                format!("subscribing to lock events took longer than {limit:?}"),
+            )),
+        };
+        if let Some(source) = failure {
+            return Err(LockError::Backend {
+                key: self.pattern.clone(),
                 source,
-                patterns,
-                conn,
-                sender.clone(),
-            )));
+            });
         }
         Ok(LockEvents {
             events: receiver,
-            listeners,
+            _interests: interests,
         })
+    }
+}
+
+/// What a lock events stream's buffer holds.
+enum Heard {
+    Event(LockEvent),
+    /// The subscription broke and was made again: events may have been
+    /// missed meanwhile.
+    Resubscribed,
+}
+
+/// Turns the messages the subscriber routes to a stream into its events.
+struct EventSink {
+    prefix: String,
+    events: buffer::Sender<Heard>,
+}
+
+impl Sink for EventSink {
+    fn heard(&self, message: &Message) {
+        if let Some(event) = parse(&self.prefix, message) {
+            // Never waits: a full buffer drops the event and counts it. A
+            // reader that is gone unregisters when its stream drops.
+            let _ = self.events.push_or_skip(Heard::Event(event));
+        }
+    }
+
+    fn subscribed(&self, after_loss: bool) {
+        if after_loss {
+            let _ = self.events.push_or_skip(Heard::Resubscribed);
+        }
     }
 }
 
@@ -239,32 +277,47 @@ pub enum LockEventKind {
     },
 }
 
-/// The reader of a [`LockEvents`] stream fell behind: its buffer was full,
-/// and this many events that followed the ones read before were dropped.
-/// The events after it are those heard once there was room again.
+/// A [`LockEvents`] stream missed events here. Either its reader fell
+/// behind: its buffer was full, and `count` events that followed the ones
+/// read before were dropped, the events after it being those heard once
+/// there was room again. Or (`count` 0) the manager's listening connection
+/// broke and was made again: events published meanwhile were missed, how
+/// many is unknown. A reader that needs the state after a skip reads it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("the lock events stream dropped {count} events: its reader fell behind")]
+#[error("{}", skipped_message(*count))]
 #[non_exhaustive]
 pub struct EventsSkipped {
-    /// How many events were dropped.
+    /// How many events were dropped; 0 when unknown (the subscription was
+    /// made again after its connection broke).
     pub count: u64,
+}
+
+fn skipped_message(count: u64) -> String {
+    if count == 0 {
+        "the lock events stream missed events while its subscription was down".to_owned()
+    } else {
+        format!("the lock events stream dropped {count} events: its reader fell behind")
+    }
 }
 
 /// The stream from [`LockManager::events`]: `Ok` for each event, and
 /// `Err(`[`EventsSkipped`]`)` where events were dropped because the reader
-/// had fallen a full buffer behind (see [`LockManager::events`]). A
-/// subscription that breaks is made again (with a bounded backoff); events
-/// published meanwhile are missed, unannounced. Dropping the stream
-/// unsubscribes.
+/// had fallen a full buffer behind (see [`LockManager::events`]). The
+/// stream shares the manager's listening connection (one per server it
+/// listens to) with its waiters and leader watches; when that connection
+/// breaks it is made again (with a bounded backoff), and the stream then
+/// says `Err(EventsSkipped { count: 0 })`: events published meanwhile were
+/// missed, how many is unknown. Dropping the stream unsubscribes.
 pub struct LockEvents {
-    events: buffer::Receiver<LockEvent>,
-    listeners: Vec<tokio::task::JoinHandle<()>>,
+    events: buffer::Receiver<Heard>,
+    /// Unregistered (and unsubscribed, unless shared) when dropped.
+    _interests: Vec<Interest>,
 }
 
 impl std::fmt::Debug for LockEvents {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LockEvents")
-            .field("listeners", &self.listeners.len())
+            .field("subscriptions", &self._interests.len())
             .finish_non_exhaustive()
     }
 }
@@ -275,134 +328,29 @@ impl futures_util::Stream for LockEvents {
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         self.events.poll_pop(cx).map(|popped| {
             popped.map(|popped| match popped {
-                Popped::Item(event) => Ok(event),
+                Popped::Item(Heard::Event(event)) => Ok(event),
+                Popped::Item(Heard::Resubscribed) => Err(EventsSkipped { count: 0 }),
                 Popped::Skipped(count) => Err(EventsSkipped { count }),
             })
         })
     }
 }
 
-impl Drop for LockEvents {
-    fn drop(&mut self) {
-        for listener in &self.listeners {
-            listener.abort();
-        }
-    }
-}
-
-/// Fails unless every server notifies expired keys (`K` and `x`, or `A` for
-/// `x`, in `notify-keyspace-events`).
-async fn check_expiry_notifications(backend: &Backend, pattern: &str) -> Result<(), LockError> {
-    let settings = match backend.config_get("notify-keyspace-events").await {
-        Ok(settings) => settings,
-        Err(e) => {
-            tracing::debug!(target: "distlock::events", error = %e.error,
-                "could not read notify-keyspace-events");
-            vec![None]
-        }
-    };
-    for setting in settings {
-        let flags = setting.clone().unwrap_or_default();
-        let keyspace = flags.contains('K');
-        let expired = flags.contains('x') || flags.contains('A');
-        if !(keyspace && expired) {
-            let mut wanted = flags.clone();
-            for flag in ['K', 'x'] {
-                // `A` stands for every event class, `x` included.
-                let set = wanted.contains(flag) || (flag == 'x' && wanted.contains('A'));
-                if !set {
-                    wanted.push(flag);
-                }
-            }
-            return Err(LockError::ExpiryNotifications {
-                pattern: pattern.to_owned(),
-                setting: setting.unwrap_or_else(|| "?".to_owned()),
-                config_set: format!("CONFIG SET notify-keyspace-events {wanted}"),
+/// The event `message` tells, if it is one.
+fn parse(prefix: &str, message: &Message) -> Option<LockEvent> {
+    match message.key_notice() {
+        Some(KeyNotice::Expired(name)) => {
+            return Some(LockEvent {
+                key: keys::user_key_of(prefix, name)?.to_owned(),
+                kind: LockEventKind::Expired,
             });
         }
+        Some(KeyNotice::Other) => return None,
+        None => {}
     }
-    Ok(())
-}
-
-async fn connect(
-    manager: &LockManager,
-    source: usize,
-    patterns: &[String],
-) -> Result<MessageConnection, BackendError> {
-    let core = &manager.inner.core;
-    let subscribe = async {
-        let mut conn = core.backend.messages(source).await?;
-        for pattern in patterns {
-            conn.psubscribe(pattern).await?;
-        }
-        Ok(conn)
-    };
-    match tokio::time::timeout(core.config.connect_timeout, subscribe).await {
-        Ok(result) => result,
-        Err(_) => Err(BackendError::new(
-            BackendErrorKind::Timeout,
-            "subscribing to lock events timed out",
-        )),
-    }
-}
-
-/// Forwards the events heard on one subscription, re-made when it breaks.
-async fn listen(
-    manager: LockManager,
-    source: usize,
-    patterns: Vec<String>,
-    mut conn: MessageConnection,
-    events: buffer::Sender<LockEvent>,
-) {
-    let prefix = manager.inner.core.config.key_prefix.clone();
-    let mut delay = Duration::from_millis(50);
-    loop {
-        {
-            while let Some(message) = conn.next().await {
-                let Ok(payload) = std::str::from_utf8(&message.payload) else {
-                    continue;
-                };
-                if let Some(event) = parse(&prefix, &message.channel, payload) {
-                    // Never waits: a full buffer drops the event and counts it.
-                    if events.push_or_skip(event).is_err() {
-                        return;
-                    }
-                }
-            }
-        }
-        tracing::debug!(target: "distlock::events", source, "events subscription closed; reconnecting");
-        conn = loop {
-            if events.is_closed() {
-                return;
-            }
-            tokio::time::sleep(delay).await;
-            match connect(&manager, source, &patterns).await {
-                Ok(conn) => break conn,
-                Err(e) => {
-                    tracing::debug!(target: "distlock::events", source, error = %e,
-                        "could not subscribe to lock events");
-                    delay = (delay * 2).min(Duration::from_secs(2));
-                }
-            }
-        };
-        delay = Duration::from_millis(50);
-    }
-}
-
-/// The event a message on `channel` tells, if it is one.
-fn parse(prefix: &str, channel: &str, payload: &str) -> Option<LockEvent> {
-    if let Some(name) = channel
-        .strip_prefix("__keyspace@")
-        .and_then(|rest| rest.split_once("__:"))
-        .map(|(_, name)| name)
-    {
-        let key = keys::user_key_of(prefix, name)?;
-        return (payload == "expired").then(|| LockEvent {
-            key: key.to_owned(),
-            kind: LockEventKind::Expired,
-        });
-    }
-    let key = channel
+    let payload = std::str::from_utf8(&message.payload).ok()?;
+    let key = message
+        .channel
         .strip_prefix(prefix)?
         .strip_prefix(keys::EVENTS_INFIX)?;
     let mut parts = payload.splitn(4, ' ');
@@ -458,14 +406,24 @@ fn parse(prefix: &str, channel: &str, payload: &str) -> Option<LockEvent> {
 mod tests {
     use super::*;
 
+    fn message(channel: &str, payload: &str) -> Message {
+        Message {
+            channel: channel.to_owned(),
+            pattern: None,
+            payload: payload.as_bytes().to_vec(),
+        }
+    }
+
     #[test]
     fn messages_are_read_as_events() {
         let at = UNIX_EPOCH + Duration::from_millis(1_700_000_000_123);
         assert_eq!(
             parse(
                 "p:",
-                "p:events:order:1",
-                "acquired 7 1700000000123 web-1 pid 7 api"
+                &message(
+                    "p:events:order:1",
+                    "acquired 7 1700000000123 web-1 pid 7 api"
+                )
             ),
             Some(LockEvent {
                 key: "order:1".into(),
@@ -477,7 +435,7 @@ mod tests {
             })
         );
         assert_eq!(
-            parse("p:", "p:events:a b", "released 0").map(|e| (e.key, e.kind)),
+            parse("p:", &message("p:events:a b", "released 0")).map(|e| (e.key, e.kind)),
             Some((
                 "a b".into(),
                 LockEventKind::Released {
@@ -487,12 +445,15 @@ mod tests {
         );
         let name = keys::RedisNames::new("p:", "order:1").lock;
         assert_eq!(
-            parse("p:", &format!("__keyspace@0__:{name}"), "expired").map(|e| e.kind),
+            parse("p:", &message(&format!("__keyspace@0__:{name}"), "expired")).map(|e| e.kind),
             Some(LockEventKind::Expired)
         );
-        assert_eq!(parse("p:", &format!("__keyspace@0__:{name}"), "set"), None);
-        assert_eq!(parse("p:", "p:events:k", "nonsense 1"), None);
-        assert_eq!(parse("p:", "other:events:k", "released 1"), None);
+        assert_eq!(
+            parse("p:", &message(&format!("__keyspace@0__:{name}"), "set")),
+            None
+        );
+        assert_eq!(parse("p:", &message("p:events:k", "nonsense 1")), None);
+        assert_eq!(parse("p:", &message("other:events:k", "released 1")), None);
     }
 
     #[test]

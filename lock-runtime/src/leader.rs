@@ -27,10 +27,12 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::backend::{KeyNotice, Message};
 use crate::buffer::{self, Popped};
 use crate::config::{self, Backoff};
 use crate::error::{KeyPreview, LockError};
 use crate::lease::Lease;
+use crate::waiting::{Sink, Topic};
 use crate::{LockGuard, LockManager, LockRequest};
 
 /// The prefix of a leader election's lock key: `manager.leader("scheduler")`
@@ -549,28 +551,33 @@ async fn watch(election: LeaderElection, changes: buffer::Sender<Option<LeaderIn
     // With keyspace notifications of expired keys on, the end of a term
     // nobody announced is a message too; without, the watch reads the lock
     // when the lease it last saw ends.
-    let expiry = core.backend.notifies_expiry().await.then(|| {
-        format!(
-            "__keyspace@*__:{}",
-            crate::keys::escape_glob(&core.keys(&election.lock_key()).lock)
-        )
-    });
+    let expiry = if core.backend.notifies_expiry().await {
+        core.backend.expiry_pattern(&crate::keys::escape_glob(
+            &core.keys(&election.lock_key()).lock,
+        ))
+    } else {
+        None
+    };
     let (heard_tx, mut heard) = buffer::bounded(HEARD_CAPACITY);
+    let sink: Arc<dyn Sink> = Arc::new(WatchSink { heard: heard_tx });
     let sources = core.backend.message_sources();
-    let listeners: Vec<_> = (0..sources)
-        .map(|source| {
-            tokio::spawn(listen(
-                election.manager.clone(),
-                source,
-                channel.clone(),
-                expiry.clone(),
-                heard_tx.clone(),
-            ))
-        })
-        .collect();
+    // Every source: a term's announcement reaches each (a Redlock publishes
+    // on every member), so the watch hears it while any one is up.
+    let mut interests =
+        vec![core
+            .subscriber
+            .listen(Topic::Channel(channel), sources, false, sink.clone())];
+    if let Some(expiry) = &expiry {
+        interests.push(core.subscriber.listen(
+            Topic::Pattern(expiry.clone()),
+            sources,
+            false,
+            sink,
+        ));
+    }
     let lease_timer = expiry.is_none();
-    let _stop_listeners = AbortOnDrop(listeners);
-    drop(heard_tx);
+    // Unregistered when the watch's task ends (its stream was dropped).
+    let _interests = interests;
 
     let mut reported = Reported {
         epoch: None,
@@ -659,73 +666,29 @@ async fn watch(election: LeaderElection, changes: buffer::Sender<Option<LeaderIn
     }
 }
 
-struct AbortOnDrop(Vec<tokio::task::JoinHandle<()>>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        for task in &self.0 {
-            task.abort();
-        }
-    }
+/// Hands a watch's task what the subscriber hears for it.
+struct WatchSink {
+    heard: buffer::Sender<Heard>,
 }
 
-/// Keeps one subscription to `channel` on pub/sub source `source`, forwarding
-/// its messages, and reconnecting (with a bounded backoff) when it breaks.
-async fn listen(
-    manager: LockManager,
-    source: usize,
-    channel: String,
-    expiry: Option<String>,
-    heard: buffer::Sender<Heard>,
-) {
-    let core = manager.inner.core.clone();
-    let timeout = core.config.connect_timeout;
-    let mut delay = Duration::from_millis(50);
-    loop {
-        let subscribed = async {
-            let mut conn = core.backend.messages(source).await?;
-            conn.subscribe(&channel).await?;
-            if let Some(expiry) = &expiry {
-                conn.psubscribe(expiry).await?;
-            }
-            Ok::<_, crate::error::BackendError>(conn)
+impl Sink for WatchSink {
+    fn heard(&self, message: &Message) {
+        let heard = match message.key_notice() {
+            Some(KeyNotice::Expired(_)) => Heard::Expired,
+            Some(KeyNotice::Other) => return,
+            None => match std::str::from_utf8(&message.payload) {
+                Ok(text) => Heard::Message(text.to_owned()),
+                Err(_) => return,
+            },
         };
-        match tokio::time::timeout(timeout, subscribed).await {
-            Ok(Ok(mut conn)) => {
-                delay = Duration::from_millis(50);
-                if heard.push_or_skip(Heard::Subscribed).is_err() {
-                    return;
-                }
-                while let Some(message) = conn.next().await {
-                    let Ok(text) = String::from_utf8(message.payload) else {
-                        continue;
-                    };
-                    let event = if message.channel.starts_with("__keyspace@") {
-                        if text != "expired" {
-                            continue;
-                        }
-                        Heard::Expired
-                    } else {
-                        Heard::Message(text)
-                    };
-                    if heard.push_or_skip(event).is_err() {
-                        return;
-                    }
-                }
-                tracing::debug!(target: "distlock::leader", source, "watch subscription closed; reconnecting");
-            }
-            Ok(Err(e)) => {
-                tracing::debug!(target: "distlock::leader", source, error = %e, "watch could not subscribe");
-            }
-            Err(_) => {
-                tracing::debug!(target: "distlock::leader", source, "watch subscription timed out");
-            }
-        }
-        if heard.is_closed() {
-            return;
-        }
-        tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(Duration::from_secs(2));
+        // Never waits: past the bound, the task reads the lock instead.
+        let _ = self.heard.push_or_skip(heard);
+    }
+
+    fn subscribed(&self, _after_loss: bool) {
+        // Subscribed, or subscribed again after a reconnect: either way the
+        // task reads the lock, which tells what it may have missed.
+        let _ = self.heard.push_or_skip(Heard::Subscribed);
     }
 }
 

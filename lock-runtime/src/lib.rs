@@ -4,8 +4,9 @@
 //! Users depend on the `distlock` facade, which re-exports this crate and the
 //! `#[distributed_lock]` macro. This crate is the engine:
 //!
-//! - [`LockManager`] holds its command connections to Redis, the pub/sub
-//!   subscriber its waiters share (opened at the first wait) and one renewal task;
+//! - [`LockManager`] holds its command connections to Redis, the subscriber
+//!   its waiters, lock events and leader watches share (one listening
+//!   connection per server, opened at the first need) and one renewal task;
 //! - [`LockManager::lock`] gives a [`LockRequest`]; its
 //!   [`acquire`](LockRequest::acquire) is one round trip when the lock is free
 //!   (a plain `SET NX PX`), and otherwise queues and waits for the holder's
@@ -43,11 +44,14 @@
 // renewal, waiting > backend > context, lease > telemetry, keys, config, info, error,
 // buffer (the bounded buffer behind the events and leader streams);
 // options (a request's hold options) sits with config, under lease. Events and leader are not built
-// on the public API alone: they reach into `core.backend` (pub/sub connections,
-// PUBLISH, CONFIG GET) and the leader into the guard's lease. `backend` sends every
-// command but the subscriptions: waiting, events and leader subscribe and read the
-// pub/sub connections it opens, as redis-rs `PubSub` values, and `error` converts
-// redis-rs's errors, until a store-neutral backend boundary replaces those types.
+// on the public API alone: they reach into `core.backend` (PUBLISH, whether the
+// store tells of expiries) and register their channels and patterns with the
+// waiting subscriber, which owns the manager's listening connections (one per
+// source) for waiters, events and watches alike; the leader also reaches into
+// the guard's lease. `backend` is the boundary: every call to the store and
+// every listening connection go through it, and no module above it names a
+// client library's type (redis-rs's errors become `LockError` in
+// `backend/redis_errors.rs`).
 mod backend;
 mod buffer;
 mod config;

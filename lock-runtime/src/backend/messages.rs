@@ -26,6 +26,33 @@ pub(crate) struct Message {
     pub(crate) payload: Vec<u8>,
 }
 
+impl Message {
+    /// What the store itself tells of a key here, when this is such a notice
+    /// rather than a message distlock published: on Redis, a keyspace
+    /// notification (see [`Backend::expiry_pattern`](super::Backend::expiry_pattern)).
+    pub(crate) fn key_notice(&self) -> Option<KeyNotice<'_>> {
+        let name = self
+            .channel
+            .strip_prefix("__keyspace@")
+            .and_then(|rest| rest.split_once("__:"))
+            .map(|(_, name)| name)?;
+        Some(if self.payload == b"expired" {
+            KeyNotice::Expired(name)
+        } else {
+            KeyNotice::Other
+        })
+    }
+}
+
+/// A store's own notice of something that happened to a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KeyNotice<'a> {
+    /// The key (its full stored name) expired.
+    Expired(&'a str),
+    /// Anything else done to a key, which distlock does not report.
+    Other,
+}
+
 /// One listening connection to one message source.
 pub(crate) enum MessageConnection {
     /// A Redis pub/sub connection: its command half and its message half, so
@@ -64,11 +91,30 @@ impl MessageConnection {
         }
     }
 
+    /// Whether this connection takes patterns
+    /// ([`psubscribe`](Self::psubscribe)); where it does not, a pattern is
+    /// never subscribed and whoever wants one never hears it confirmed.
+    pub(crate) fn takes_patterns(&self) -> bool {
+        match self {
+            MessageConnection::Redis { .. } => true,
+        }
+    }
+
     /// Subscribes to every channel matching the glob `pattern`.
     pub(crate) async fn psubscribe(&mut self, pattern: &str) -> Result<(), BackendError> {
         match self {
             MessageConnection::Redis { sink, .. } => sink
                 .psubscribe(pattern)
+                .await
+                .map_err(BackendError::from_redis),
+        }
+    }
+
+    /// Stops hearing the channels matching `pattern`.
+    pub(crate) async fn punsubscribe(&mut self, pattern: &str) -> Result<(), BackendError> {
+        match self {
+            MessageConnection::Redis { sink, .. } => sink
+                .punsubscribe(pattern)
                 .await
                 .map_err(BackendError::from_redis),
         }

@@ -1,11 +1,18 @@
-//! The backend boundary: everything that talks to Redis but the pub/sub
-//! subscriptions.
+//! The backend boundary: everything that talks to the store.
 //!
-//! Above this module, the manager, requests, guards, leases, re-entry and the
-//! waiting queues know only the operations below (acquire, release, renew a
-//! batch, open a listening connection); they never see a command connection, a
-//! script or a node. What the store pushes arrives through one
-//! [`MessageConnection`] per source ([`messages`]), whatever the store. Below it, each backend decides how those operations reach Redis:
+//! Above this module, the manager, requests, guards, leases, re-entry, the
+//! waiting queues, lock events and leader elections know only the operations
+//! below (acquire, release, renew a batch, issue a token, inspect,
+//! force-unlock, scan, publish, and whether and how the store tells of
+//! expiries); they never see a command connection, a script, a node or a
+//! client library's type. What the store pushes arrives through one
+//! [`MessageConnection`] per source ([`messages`]): exact channels, patterns
+//! where the store has them, a stream of [`Message`]s that ends when the
+//! connection breaks. The manager's subscriber (`waiting/subscriber.rs`)
+//! owns those connections for waiters, events and watches alike. The
+//! client's errors become [`LockError`] and
+//! [`BackendError`](crate::error::BackendError) here ([`redis_errors`]).
+//! Below it, each backend decides how those operations reach Redis:
 //!
 //! - [`single::Single`]: one server, one multiplexed connection and a direct
 //!   lane beside it for the call that finds it idle ([`direct`]);
@@ -35,6 +42,7 @@ pub(crate) mod check;
 pub(crate) mod cluster;
 pub(crate) mod direct;
 pub(crate) mod messages;
+pub(crate) mod redis_errors;
 pub(crate) mod redlock;
 pub(crate) mod scripts;
 pub(crate) mod sentinel;
@@ -44,7 +52,7 @@ use calls::{
     CounterAcquire, CounterChange, ForceUnlock, ForceUnlockShared, Inspect, InspectKey, IsLocked,
     IssueToken, KeyCall, PermitCounts, PermitGiveBack, PermitSplit, Publish, Release,
 };
-pub(crate) use messages::MessageConnection;
+pub(crate) use messages::{KeyNotice, Message, MessageConnection};
 pub(crate) use scripts::{
     AcquireAllReply, AcquireReply, AcquireSpec, CounterOp, CounterOutcome, CounterReply, HeldLock,
     KeyReading, PermitReply, SharedRelease,
@@ -380,7 +388,7 @@ impl Backend {
 
     /// The value of server setting `name` on every server that holds locks
     /// (`None` where the server has no such setting).
-    pub(crate) async fn config_get(&self, name: &str) -> Result<Vec<Option<String>>, CallError> {
+    async fn config_get(&self, name: &str) -> Result<Vec<Option<String>>, CallError> {
         match self {
             Backend::Single(b) => b.config_get(name).await.map(|v| vec![v]),
             Backend::Sentinel(b) => b.config_get(name).await.map(|v| vec![v]),
@@ -395,17 +403,59 @@ impl Backend {
         }
     }
 
-    /// Whether every server that holds locks notifies expired keys
-    /// (`notify-keyspace-events` with `K` and `x`, or `A` for `x`); false
-    /// when a setting cannot be read.
+    /// Whether the store tells of each lock's expiry as a message (Redis:
+    /// every server that holds locks has `notify-keyspace-events` with `K`
+    /// and `x`, or `A` for `x`); false when a setting cannot be read.
     pub(crate) async fn notifies_expiry(&self) -> bool {
-        match self.config_get("notify-keyspace-events").await {
-            Ok(settings) => settings.iter().all(|flags| {
-                let flags = flags.as_deref().unwrap_or("");
-                flags.contains('K') && (flags.contains('x') || flags.contains('A'))
-            }),
+        match self.config_get(KEYSPACE_EVENTS).await {
+            Ok(settings) => settings
+                .iter()
+                .all(|flags| notifies_expired_keys(flags.as_deref().unwrap_or(""))),
             Err(_) => false,
         }
+    }
+
+    /// Fails with [`LockError::ExpiryNotifications`] (for the lock events
+    /// of `pattern`) unless the store tells of each lock's expiry as a
+    /// message, naming what turns that on. A setting that cannot be read
+    /// counts as off.
+    pub(crate) async fn ensure_expiry_notices(&self, pattern: &str) -> Result<(), LockError> {
+        let settings = match self.config_get(KEYSPACE_EVENTS).await {
+            Ok(settings) => settings,
+            Err(e) => {
+                tracing::debug!(target: "distlock::events", error = %e.error,
+                    "could not read notify-keyspace-events");
+                vec![None]
+            }
+        };
+        for setting in settings {
+            let flags = setting.clone().unwrap_or_default();
+            if !notifies_expired_keys(&flags) {
+                let mut wanted = flags.clone();
+                for flag in ['K', 'x'] {
+                    // `A` stands for every event class, `x` included.
+                    let set = wanted.contains(flag) || (flag == 'x' && wanted.contains('A'));
+                    if !set {
+                        wanted.push(flag);
+                    }
+                }
+                return Err(LockError::ExpiryNotifications {
+                    pattern: pattern.to_owned(),
+                    setting: setting.unwrap_or_else(|| "?".to_owned()),
+                    config_set: format!("CONFIG SET {KEYSPACE_EVENTS} {wanted}"),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The pattern whose messages are the store's notices of the keys whose
+    /// stored names match the glob `names` (read them with
+    /// [`Message::key_notice`]), on every source, or `None` where the store
+    /// has no such notices. Redis: the keyspace notifications of those names
+    /// on any database (the URL chooses it; a cluster has only 0).
+    pub(crate) fn expiry_pattern(&self, names: &str) -> Option<String> {
+        Some(format!("__keyspace@*__:{names}"))
     }
 
     /// Publishes `payload` on `channel` where this backend's subscribers
@@ -462,18 +512,20 @@ impl Backend {
 
     /// Releases over a blocking connection of its own, bounded by the connect
     /// and command timeouts: for the moment a tokio runtime shuts down.
+    /// Whether the lock was still ours.
     pub(crate) fn release_blocking(
         &self,
         keys: &RedisNames,
         owner: &str,
         keep_ms: u64,
-    ) -> RedisResult<bool> {
-        match self {
+    ) -> Result<bool, LockError> {
+        let released = match self {
             Backend::Single(b) => b.release_blocking(keys, owner, keep_ms),
             Backend::Cluster(b) => b.release_blocking(keys, owner, keep_ms),
             Backend::Redlock(b) => b.release_blocking(keys, owner, keep_ms),
             Backend::Sentinel(b) => b.release_blocking(keys, owner, keep_ms),
-        }
+        };
+        released.map_err(|e| LockError::backend(&keys.lock, e))
     }
 
     /// Renews a batch of leases: one round trip per server; one outcome per
@@ -536,6 +588,14 @@ impl Backend {
             .map(MessageConnection::redis)
             .map_err(BackendError::from_redis)
     }
+}
+
+/// The Redis setting that turns keyspace notifications on.
+const KEYSPACE_EVENTS: &str = "notify-keyspace-events";
+
+/// Whether `notify-keyspace-events` set to `flags` notifies expired keys.
+fn notifies_expired_keys(flags: &str) -> bool {
+    flags.contains('K') && (flags.contains('x') || flags.contains('A'))
 }
 
 /// Runs `fut` under `timeout`, naming `key` in the error. A server error reply

@@ -1,8 +1,13 @@
-//! Waiting for a busy lock: one shared pub/sub subscriber per manager, and the
-//! jittered backoff that covers for a lost wake-up. One job a file:
+//! Waiting for a busy lock: one shared subscriber per manager, and the
+//! jittered backoff that covers for a lost wake-up. The subscriber also
+//! serves the manager's lock events streams and leader watches, so that a
+//! manager holds one listening connection per source whatever listens. One
+//! job a file:
 //!
-//! - `subscriber`: the pub/sub listener, which hands each message to the part
-//!   it is for, and the face the rest of the runtime calls;
+//! - `subscriber`: the listener, which hands each message to the part it is
+//!   for, and the face the rest of the runtime calls;
+//! - `interests`: what events streams and leader watches listen to (a
+//!   channel or a pattern) and the bounded sinks their messages go to;
 //! - `queues`: the waiter queues, one a channel, and the wake-ups addressed to
 //!   each waiter;
 //! - `handoff`: hand-offs routed to the one queued waiter each is for;
@@ -38,10 +43,12 @@
 
 mod backoff;
 mod handoff;
+mod interests;
 mod queued;
 mod queues;
 mod subscriber;
 mod waited_for;
 
 pub(crate) use backoff::BackoffTimer;
+pub(crate) use interests::{Interest, Sink, Topic};
 pub(crate) use subscriber::{run_subscriber, Subscriber};

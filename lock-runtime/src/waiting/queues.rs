@@ -10,12 +10,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::{broadcast, Notify};
 
+use super::interests::Topic;
+
 /// Every channel this manager's waiters wait on, with its queue.
 pub(crate) struct WaiterQueues {
     channels: Mutex<HashMap<String, Channel>>,
     /// Channels whose waiter count went from or to zero, for the task to
     /// subscribe or unsubscribe (on every server it listens to).
-    changes: broadcast::Sender<String>,
+    changes: broadcast::Sender<Topic>,
 }
 
 struct Channel {
@@ -98,18 +100,13 @@ impl Channel {
 }
 
 impl WaiterQueues {
-    pub(super) fn new() -> Self {
-        // A subscriber task that falls this far behind resynchronises all channels.
-        let (changes, _) = broadcast::channel(4096);
+    /// Queues that tell `changes` (the subscriber's feed) of the channels
+    /// whose waiter count went from or to zero.
+    pub(super) fn new(changes: broadcast::Sender<Topic>) -> Self {
         WaiterQueues {
             channels: Mutex::new(HashMap::new()),
             changes,
         }
-    }
-
-    /// The channels whose waiter count went from or to zero, from now on.
-    pub(super) fn changes(&self) -> broadcast::Receiver<String> {
-        self.changes.subscribe()
     }
 
     /// Keeps `channel` subscribed from now on, with or without waiters: for
@@ -129,7 +126,7 @@ impl WaiterQueues {
                     },
                 );
                 // The task may be gone (manager shutting down).
-                let _ = self.changes.send(channel.to_owned());
+                let _ = self.changes.send(Topic::Channel(channel.to_owned()));
             }
         }
     }
@@ -157,7 +154,7 @@ impl WaiterQueues {
         if entry.queue.len() == 1 {
             // The task may be gone (manager shutting down): waiting then falls
             // back to the backoff alone.
-            let _ = self.changes.send(channel.to_owned());
+            let _ = self.changes.send(Topic::Channel(channel.to_owned()));
         }
         Registration {
             queues: self,
@@ -222,6 +219,11 @@ impl WaiterQueues {
 
     pub(super) fn is_wanted(&self, channel: &str) -> bool {
         self.channels().contains_key(channel)
+    }
+
+    /// Whether any channel has waiters (or is kept).
+    pub(super) fn any_wanted(&self) -> bool {
+        !self.channels().is_empty()
     }
 
     pub(super) fn wanted(&self) -> Vec<String> {
@@ -300,7 +302,10 @@ impl Drop for Registration<'_> {
             if entry.queue.is_empty() {
                 if !entry.sticky {
                     channels.remove(&self.channel);
-                    let _ = self.queues.changes.send(self.channel.clone());
+                    let _ = self
+                        .queues
+                        .changes
+                        .send(Topic::Channel(self.channel.clone()));
                 }
             } else {
                 // Releases announced to this waiter that no attempt of it

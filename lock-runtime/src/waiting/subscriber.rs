@@ -1,21 +1,32 @@
-//! The subscriber: the manager's one pub/sub listener. It keeps its
-//! subscriptions equal to the channels that have waiters, and hands each
-//! message to the part it is for: a wake-up to the [waiter queues](super::queues),
-//! a hand-off to [its waiter](super::handoff), a `!` notice to the
-//! [waited-for notices](super::waited_for). It also keeps the manager's
+//! The subscriber: the manager's one listener, the single owner of its
+//! listening connections (one per message source). It keeps its
+//! subscriptions equal to the channels that have waiters and the topics of
+//! the [interests](super::interests) (lock events streams, leader watches),
+//! subscribing a topic when the first waiter or interest wants it and
+//! unsubscribing it when the last one goes, and hands each message to the
+//! part it is for: a wake-up to the [waiter queues](super::queues), a
+//! hand-off to [its waiter](super::handoff), a `!` notice to the
+//! [waited-for notices](super::waited_for), a message on an interest's topic
+//! to each interest in it (a pattern's message to interests alone, so a
+//! wake-up pays no lock for them). After a reconnect it subscribes
+//! everything again, wakes every waiter to retry, and tells each interest
+//! that messages may have been lost. It also keeps the manager's
 //! [queued counts](super::queued).
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::broadcast;
 
 use super::handoff::{Handoff, Handoffs};
+use super::interests::{Interest, Interests, Sink, Topic};
 use super::queued::{QueuedCounts, QueuedHere};
 use super::queues::{Registration, WaiterQueues};
 use super::waited_for::WaitedForNotices;
 use crate::backend::{Backend, MessageConnection};
+use crate::error::{BackendError, BackendErrorKind};
 
 /// What a manager's waiters share: the parts of waiting, and the task's
 /// settings.
@@ -38,14 +49,23 @@ pub(crate) struct Subscriber {
     /// The `!<owner>` notices heard on the hand-off channel: which of this
     /// manager's holds a waiter queued for since they were taken.
     waited_for: WaitedForNotices,
+    /// What the lock events streams and leader watches listen to.
+    interests: Arc<Interests>,
+    /// Topics that may need a subscription change, for the task of every
+    /// source.
+    changes: broadcast::Sender<Topic>,
 }
 
 impl Subscriber {
     pub(crate) fn new(connect_timeout: Duration, command_timeout: Duration) -> Self {
+        // A task that falls this far behind resynchronises every topic.
+        let (changes, _) = broadcast::channel(4096);
         Subscriber {
             connect_timeout,
             command_timeout,
-            queues: WaiterQueues::new(),
+            queues: WaiterQueues::new(changes.clone()),
+            interests: Interests::new(changes.clone()),
+            changes,
             dedupe: AtomicBool::new(false),
             delivered: AtomicU64::new(0),
             handoffs: Handoffs::default(),
@@ -119,6 +139,29 @@ impl Subscriber {
         self.queues.wake_everyone();
     }
 
+    /// Makes the messages on `topic` reach `sink` until the returned interest
+    /// is dropped: on the first source alone, or on each of `sources` (the
+    /// backend's [`message_sources`](Backend::message_sources)). The
+    /// subscriber subscribes the topic if nothing else wants it yet; await
+    /// [`Interest::subscribed`] before relying on hearing it.
+    pub(crate) fn listen(
+        &self,
+        topic: Topic,
+        sources: usize,
+        first_only: bool,
+        sink: Arc<dyn Sink>,
+    ) -> Interest {
+        let wanted = (0..sources.max(1))
+            .map(|source| !first_only || source == 0)
+            .collect();
+        self.interests.register(topic, wanted, sink)
+    }
+
+    /// Whether a waiter or an interest wants anything on `source`.
+    fn wants_any(&self, source: usize) -> bool {
+        self.queues.any_wanted() || self.interests.wants_any(source)
+    }
+
     /// How many wake-up messages woke a waiter so far.
     #[cfg(feature = "testing")]
     pub(crate) fn delivered(&self) -> u64 {
@@ -127,8 +170,10 @@ impl Subscriber {
 }
 
 /// The subscriber task: keeps the subscriptions equal to the channels that have
-/// waiters, and turns messages into wake-ups. Connects on first need, and
-/// reconnects (re-subscribing channel by channel) after the connection breaks.
+/// waiters and the topics of the interests, and turns messages into wake-ups
+/// and into what each interest hears. Connects on first need, and reconnects
+/// (re-subscribing topic by topic, and telling each interest that messages
+/// may have been lost) after the connection breaks.
 /// The backend says where to listen: one server; every master of a cluster
 /// (release publishes with classic PUBLISH, which the cluster bus carries to
 /// every node, but later than the master that published it delivers it); every
@@ -141,18 +186,28 @@ pub(crate) async fn run_subscriber(sub: &Subscriber, backend: &Backend) {
         .await;
 }
 
+/// What one connection is subscribed to.
+#[derive(Default)]
+struct Subscribed {
+    topics: HashSet<Topic>,
+    /// The subscribed channels some interest wants (besides waiters, maybe):
+    /// a message on one of these is routed to the interests. Looked up by the
+    /// task alone, so a wake-up pays no lock for it.
+    interest_channels: HashSet<String>,
+}
+
 async fn run_source(sub: &Subscriber, backend: &Backend, source: usize) {
-    let mut changes = sub.queues.changes();
+    let mut changes = sub.changes.subscribe();
     let mut reconnect_delay = Duration::from_millis(50);
     loop {
-        // Wait until some channel has waiters.
-        if sub.queues.wanted().is_empty()
-            && matches!(
+        // Wait until something is wanted on this source.
+        while !sub.wants_any(source) {
+            if matches!(
                 changes.recv().await,
                 Err(broadcast::error::RecvError::Closed)
-            )
-        {
-            return;
+            ) {
+                return;
+            }
         }
         let Some(mut conn) = connect(sub, backend, source).await else {
             tokio::time::sleep(reconnect_delay).await;
@@ -160,76 +215,110 @@ async fn run_source(sub: &Subscriber, backend: &Backend, source: usize) {
             continue;
         };
         reconnect_delay = Duration::from_millis(50);
-        let mut subscribed = HashSet::new();
+        let mut subscribed = Subscribed::default();
         // On failure, reconnect and subscribe everything again rather than go on
-        // with channels left out.
-        if !sync_all(sub, &mut conn, &mut subscribed).await {
-            continue;
+        // with topics left out.
+        if sync_all(sub, &mut conn, &mut subscribed, source).await
+            && serve(sub, &mut conn, &mut subscribed, &mut changes, source).await
+        {
+            return;
         }
-        loop {
-            tokio::select! {
-                change = changes.recv() => {
-                    let synced = match change {
-                        Ok(channel) => sync_channel(sub, &mut conn, &mut subscribed, channel).await,
-                        Err(broadcast::error::RecvError::Lagged(_)) => {
-                            sync_all(sub, &mut conn, &mut subscribed).await
-                        }
-                        Err(broadcast::error::RecvError::Closed) => return,
-                    };
-                    if !synced {
-                        break;
-                    }
-                }
-                msg = conn.next() => {
-                    let Some(msg) = msg else {
-                        tracing::debug!(target: "distlock::waiting", source, "pub/sub connection closed; reconnecting");
-                        break;
-                    };
-                    match msg.payload.as_slice() {
-                        // A read-write lock's release: every waiter retries.
-                        [b'*', ..] => {
-                            sub.delivered.fetch_add(1, Ordering::Relaxed);
-                            sub.queues.wake_all(&msg.channel);
-                        }
-                        // A hand-off: only its new holder hears it.
-                        [b'=', handoff @ ..] => sub.handoffs.hand_off(handoff, &sub.delivered),
-                        // A waiter queued for one of our holds.
-                        [b'!', owner @ ..] => sub.waited_for.heard_waited_for(owner),
-                        // A semaphore's release of several permits.
-                        [b'#', counted @ ..] => sub.queues.wake_front(
-                            &msg.channel,
-                            counted,
-                            released_permits(counted),
-                            sub.dedupe.load(Ordering::Relaxed),
-                            &sub.delivered,
-                        ),
-                        payload => sub.queues.wake_front(
-                            &msg.channel,
-                            payload,
-                            1,
-                            sub.dedupe.load(Ordering::Relaxed),
-                            &sub.delivered,
-                        ),
-                    }
-                }
-            }
-        }
-        // Waiters fall back to their backoff until the subscriptions are back.
+        // Waiters fall back to their backoff until the subscriptions are back;
+        // interests hear, once subscribed again, that they may have lost
+        // messages.
+        sub.interests.disconnected(source);
     }
 }
 
-/// Subscribes to every channel with waiters and unsubscribes from the others.
+/// Serves one connection until it breaks (false) or the manager is gone
+/// (true).
+async fn serve(
+    sub: &Subscriber,
+    conn: &mut MessageConnection,
+    subscribed: &mut Subscribed,
+    changes: &mut broadcast::Receiver<Topic>,
+    source: usize,
+) -> bool {
+    loop {
+        tokio::select! {
+            change = changes.recv() => {
+                let synced = match change {
+                    Ok(topic) => sync_topic(sub, conn, subscribed, topic, source).await,
+                    Err(broadcast::error::RecvError::Lagged(_)) => {
+                        sync_all(sub, conn, subscribed, source).await
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return true,
+                };
+                if !synced {
+                    return false;
+                }
+            }
+            msg = conn.next() => {
+                let Some(msg) = msg else {
+                    tracing::debug!(target: "distlock::waiting", source, "listening connection closed; reconnecting");
+                    return false;
+                };
+                // Waiters subscribe exact channels only: a pattern's message
+                // is an interest's alone.
+                if let Some(pattern) = &msg.pattern {
+                    sub.interests.route(true, pattern, source, &msg);
+                    continue;
+                }
+                if !subscribed.interest_channels.is_empty()
+                    && subscribed.interest_channels.contains(msg.channel.as_str())
+                {
+                    sub.interests.route(false, &msg.channel, source, &msg);
+                }
+                match msg.payload.as_slice() {
+                    // A read-write lock's release: every waiter retries.
+                    [b'*', ..] => {
+                        sub.delivered.fetch_add(1, Ordering::Relaxed);
+                        sub.queues.wake_all(&msg.channel);
+                    }
+                    // A hand-off: only its new holder hears it.
+                    [b'=', handoff @ ..] => sub.handoffs.hand_off(handoff, &sub.delivered),
+                    // A waiter queued for one of our holds.
+                    [b'!', owner @ ..] => sub.waited_for.heard_waited_for(owner),
+                    // A semaphore's release of several permits.
+                    [b'#', counted @ ..] => sub.queues.wake_front(
+                        &msg.channel,
+                        counted,
+                        released_permits(counted),
+                        sub.dedupe.load(Ordering::Relaxed),
+                        &sub.delivered,
+                    ),
+                    payload => sub.queues.wake_front(
+                        &msg.channel,
+                        payload,
+                        1,
+                        sub.dedupe.load(Ordering::Relaxed),
+                        &sub.delivered,
+                    ),
+                }
+            }
+        }
+    }
+}
+
+/// Subscribes to every wanted topic and unsubscribes from the others.
 async fn sync_all(
     sub: &Subscriber,
     conn: &mut MessageConnection,
-    subscribed: &mut HashSet<String>,
+    subscribed: &mut Subscribed,
+    source: usize,
 ) -> bool {
-    let mut channels = sub.queues.wanted();
-    channels.extend(subscribed.iter().cloned());
-    channels.sort();
-    channels.dedup();
-    for channel in channels {
-        if !sync_channel(sub, conn, subscribed, channel).await {
+    let mut topics: Vec<Topic> = sub
+        .queues
+        .wanted()
+        .into_iter()
+        .map(Topic::Channel)
+        .collect();
+    topics.extend(sub.interests.topics(source));
+    topics.extend(subscribed.topics.iter().cloned());
+    topics.sort();
+    topics.dedup();
+    for topic in topics {
+        if !sync_topic(sub, conn, subscribed, topic, source).await {
             return false;
         }
     }
@@ -237,56 +326,93 @@ async fn sync_all(
 }
 
 async fn connect(sub: &Subscriber, backend: &Backend, source: usize) -> Option<MessageConnection> {
-    match tokio::time::timeout(sub.connect_timeout, backend.messages(source)).await {
-        Ok(Ok(conn)) => Some(conn),
-        Ok(Err(e)) => {
-            tracing::debug!(target: "distlock::waiting", error = %e, "pub/sub connection failed");
-            None
-        }
-        Err(_) => {
-            tracing::debug!(target: "distlock::waiting", "pub/sub connection timed out");
-            None
-        }
-    }
+    let error = match tokio::time::timeout(sub.connect_timeout, backend.messages(source)).await {
+        Ok(Ok(conn)) => return Some(conn),
+        Ok(Err(e)) => e,
+        Err(_) => BackendError::new(
+            BackendErrorKind::Timeout,
+            format!(
+                "no listening connection within the connect timeout of {:?}",
+                sub.connect_timeout
+            ),
+        ),
+    };
+    tracing::debug!(target: "distlock::waiting", source, error = %error, "listening connection failed");
+    sub.interests.failed(None, source, &error);
+    None
 }
 
-/// Subscribes to or unsubscribes from `channel` to match whether it has waiters.
-/// Returns false when the connection failed.
-async fn sync_channel(
+/// Subscribes to or unsubscribes from `topic` to match whether a waiter or an
+/// interest wants it on `source`, and confirms it to the interests that wait
+/// for it. Returns false when the connection failed.
+async fn sync_topic(
     sub: &Subscriber,
     conn: &mut MessageConnection,
-    subscribed: &mut HashSet<String>,
-    channel: String,
+    subscribed: &mut Subscribed,
+    topic: Topic,
+    source: usize,
 ) -> bool {
-    let wanted = sub.queues.is_wanted(&channel);
-    if wanted == subscribed.contains(&channel) {
+    if matches!(topic, Topic::Pattern(_)) && !conn.takes_patterns() {
+        // A store without patterns: the interest stays unconfirmed (its
+        // subscription fails in time) rather than the connection failing
+        // over and over, which would also cost the waiters their wake-ups.
         return true;
     }
-    let result = if wanted {
-        tokio::time::timeout(sub.command_timeout, conn.subscribe(&channel)).await
-    } else {
-        tokio::time::timeout(sub.command_timeout, conn.unsubscribe(&channel)).await
-    };
-    match result {
-        Ok(Ok(())) => {
-            if wanted {
-                subscribed.insert(channel.clone());
-                // A release may have been published before we listened.
-                sub.queues.wake_all(&channel);
-            } else {
-                subscribed.remove(&channel);
+    let for_interests = sub.interests.wants(&topic, source);
+    let wanted =
+        for_interests || matches!(&topic, Topic::Channel(channel) if sub.queues.is_wanted(channel));
+    if wanted != subscribed.topics.contains(&topic) {
+        let timeout = sub.command_timeout;
+        let result = match (&topic, wanted) {
+            (Topic::Channel(c), true) => tokio::time::timeout(timeout, conn.subscribe(c)).await,
+            (Topic::Channel(c), false) => tokio::time::timeout(timeout, conn.unsubscribe(c)).await,
+            (Topic::Pattern(p), true) => tokio::time::timeout(timeout, conn.psubscribe(p)).await,
+            (Topic::Pattern(p), false) => tokio::time::timeout(timeout, conn.punsubscribe(p)).await,
+        };
+        match result {
+            Ok(Ok(())) => {}
+            // The server refused an interest's topic (an ACL without the
+            // permission) and the connection is fine: the interest learns
+            // why, and the waiters keep their connection.
+            Ok(Err(e))
+                if wanted
+                    && for_interests
+                    && matches!(e.kind(), BackendErrorKind::Auth | BackendErrorKind::Server) =>
+            {
+                tracing::debug!(target: "distlock::waiting", error = %e, "subscription refused");
+                sub.interests.failed(Some(&topic), source, &e);
+                return true;
             }
-            true
+            Ok(Err(e)) => {
+                tracing::debug!(target: "distlock::waiting", error = %e, "subscription change failed; reconnecting");
+                return false;
+            }
+            Err(_) => {
+                tracing::debug!(target: "distlock::waiting", "subscription change timed out; reconnecting");
+                return false;
+            }
         }
-        Ok(Err(e)) => {
-            tracing::debug!(target: "distlock::waiting", error = %e, "pub/sub command failed; reconnecting");
-            false
-        }
-        Err(_) => {
-            tracing::debug!(target: "distlock::waiting", "pub/sub command timed out; reconnecting");
-            false
+        if wanted {
+            subscribed.topics.insert(topic.clone());
+            if let Topic::Channel(channel) = &topic {
+                // A release may have been published before we listened.
+                sub.queues.wake_all(channel);
+            }
+        } else {
+            subscribed.topics.remove(&topic);
         }
     }
+    if let Topic::Channel(channel) = &topic {
+        if for_interests {
+            subscribed.interest_channels.insert(channel.clone());
+        } else {
+            subscribed.interest_channels.remove(channel);
+        }
+    }
+    if for_interests {
+        sub.interests.confirm(&topic, source);
+    }
+    true
 }
 
 /// The permits a `#<n>:<owner>` wake-up (after its `#`) freed: at least 1, at

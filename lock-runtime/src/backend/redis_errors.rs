@@ -1,0 +1,54 @@
+//! redis-rs's errors as distlock's: the one place that reads a
+//! `redis::RedisError`, so that [`BackendError`] and [`LockError`] name no
+//! client type and a second store brings its own conversions beside these.
+
+use crate::error::{BackendError, BackendErrorKind, LockError};
+
+impl BackendError {
+    /// A redis-rs error, classified by what a caller can do about it.
+    pub(crate) fn from_redis(e: redis::RedisError) -> Self {
+        const AUTH_CODES: [&str; 3] = ["NOPERM", "WRONGPASS", "NOAUTH"];
+        let code = e.code().map(str::to_owned);
+        let kind = if e.is_timeout() {
+            BackendErrorKind::Timeout
+        } else if e.kind() == redis::ErrorKind::AuthenticationFailed
+            || code.as_deref().is_some_and(|c| AUTH_CODES.contains(&c))
+        {
+            BackendErrorKind::Auth
+        } else if e.is_io_error()
+            || e.is_connection_dropped()
+            || e.is_connection_refusal()
+            || e.kind() == redis::ErrorKind::ClusterConnectionNotFound
+        {
+            BackendErrorKind::Connection
+        } else if code.is_some() {
+            BackendErrorKind::Server
+        } else if matches!(
+            e.kind(),
+            redis::ErrorKind::Parse | redis::ErrorKind::UnexpectedReturnType
+        ) {
+            BackendErrorKind::Protocol
+        } else {
+            BackendErrorKind::Other
+        };
+        BackendError::from_client(kind, code, e)
+    }
+}
+
+impl LockError {
+    /// Redis failed on the call for lock `key`.
+    pub(crate) fn backend(key: &str, source: redis::RedisError) -> Self {
+        LockError::Backend {
+            key: key.to_owned(),
+            source: BackendError::from_redis(source),
+        }
+    }
+
+    /// Redis at `url` (as shown, without credentials) could not be reached.
+    pub(crate) fn connect(url: String, source: redis::RedisError) -> Self {
+        LockError::Connect {
+            url,
+            source: BackendError::from_redis(source),
+        }
+    }
+}
