@@ -105,11 +105,19 @@ async fn waiters_of_three_managers_are_served_in_arrival_order_by_hand_off() {
             "waiter {i} never queued"
         );
     }
+    let delivered_before: u64 = managers.iter().map(|m| m.wake_ups_delivered()).sum();
     holder.release().await.unwrap();
     for task in tasks {
         task.await.unwrap();
     }
     assert_eq!(*served.lock().unwrap(), vec![0, 1, 2, 3, 4, 5]);
+    // Each of the 6 grants was a hand-off message to its waiter's manager.
+    let delivered: u64 = managers.iter().map(|m| m.wake_ups_delivered()).sum();
+    assert!(
+        delivered - delivered_before >= 6,
+        "{} hand-offs heard for 6 grants",
+        delivered - delivered_before
+    );
     // Every grant after the first came by hand-off: the queue is empty and
     // no waiter is left behind.
     assert_eq!(queued(&db).await, 0);
@@ -473,6 +481,15 @@ async fn the_sweep_keeps_the_tables_bounded() {
         .await
         .unwrap();
     let db = sql_client(&pg).await;
+    // 1500 queue entries of waiters that died (their queue lease ran out):
+    // more than one sweep statement deletes, so the sweep goes on at once.
+    db.batch_execute(
+        "INSERT INTO distlock.waiters SELECT 'dead:' || g, 'owner', g, \
+         clock_timestamp() - interval '1 second', 1000, false, '', '', 1, '' \
+         FROM generate_series(1, 1500) g",
+    )
+    .await
+    .unwrap();
     // 200 locks whose holders never release them (their leases run out)
     // and 200 released ones.
     for i in 0..200 {
@@ -553,4 +570,61 @@ async fn the_schema_is_versioned_and_its_creation_optional() {
         }
         other => panic!("expected ServerCheck, got {:?}", other.map(drop)),
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_urls_are_refused_until_tls_is_built() {
+    let pg = server();
+    let url = format!("{}&sslmode=require", pg.url());
+    match LockManager::builder(&url).build().await {
+        Err(LockError::InvalidConfig(message)) => {
+            assert!(message.contains("TLS for PostgreSQL is not built yet"), "{message}")
+        }
+        other => panic!("expected InvalidConfig, got {:?}", other.map(drop)),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_waiter_leaves_the_queue_and_the_next_is_served() {
+    let pg = server();
+    let m = manager(&pg).await;
+    let other = manager(&pg).await;
+    let db = sql_client(&pg).await;
+    let holder = m.lock("cancel").acquire().await.unwrap();
+    let first = {
+        let other = other.clone();
+        tokio::spawn(async move {
+            other
+                .lock("cancel")
+                .wait(Duration::from_secs(30))
+                .acquire()
+                .await
+                .map(drop)
+        })
+    };
+    assert!(eventually(Duration::from_secs(10), async || queued(&db).await == 1)
+        .await
+        .is_some());
+    let second = tokio::spawn(async move {
+        other
+            .lock("cancel")
+            .wait(Duration::from_secs(30))
+            .acquire()
+            .await
+            .map(drop)
+    });
+    assert!(eventually(Duration::from_secs(10), async || queued(&db).await == 2)
+        .await
+        .is_some());
+    // The head gives up: its entry goes, so the release hands to the second.
+    first.abort();
+    assert!(eventually(Duration::from_secs(10), async || queued(&db).await == 1)
+        .await
+        .is_some());
+    holder.release().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), second)
+        .await
+        .expect("the second waiter is served")
+        .unwrap()
+        .unwrap();
 }

@@ -1050,3 +1050,20 @@ fn is_postgres_url(url: &str) -> bool {
     let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
     scheme.eq_ignore_ascii_case("postgres") || scheme.eq_ignore_ascii_case("postgresql")
 }
+
+#[cfg(all(test, not(feature = "postgres")))]
+mod postgres_url_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_postgres_url_without_the_feature_names_it() {
+        for url in ["postgres://u@127.0.0.1:1/db", "PostgreSQL://u@127.0.0.1:1/db"] {
+            match LockManager::builder(url).build().await {
+                Err(LockError::InvalidConfig(message)) => {
+                    assert!(message.contains("`postgres` feature"), "{message}")
+                }
+                other => panic!("{url}: expected InvalidConfig, got {:?}", other.map(drop)),
+            }
+        }
+    }
+}

@@ -36,7 +36,7 @@ pub(crate) enum MessageConnection {
     },
     /// A PostgreSQL LISTEN connection (exact channel names only).
     #[cfg(feature = "postgres")]
-    Postgres(super::postgres::listener::Listener),
+    Postgres(Box<super::postgres::listener::Listener>),
 }
 
 impl MessageConnection {

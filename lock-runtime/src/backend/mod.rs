@@ -633,7 +633,12 @@ impl Backend {
                 }
             },
             #[cfg(feature = "postgres")]
-            Backend::Postgres(b) => return b.listener().await.map(MessageConnection::Postgres),
+            Backend::Postgres(b) => {
+                return b
+                    .listener()
+                    .await
+                    .map(|l| MessageConnection::Postgres(Box::new(l)))
+            }
         };
         pubsub
             .map(MessageConnection::redis)

@@ -229,7 +229,7 @@ impl Drop for Postgres {
     }
 }
 
-fn param<'a>(value: &'a (dyn ToSql + Sync), ty: Type) -> (&'a (dyn ToSql + Sync), Type) {
+fn param(value: &(dyn ToSql + Sync), ty: Type) -> (&(dyn ToSql + Sync), Type) {
     (value, ty)
 }
 
