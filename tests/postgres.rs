@@ -705,3 +705,17 @@ fn a_hold_dropped_as_the_runtime_ends_is_released() {
         );
     });
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn managers_starting_together_create_the_schema_once() {
+    let pg = server();
+    let url = pg.url();
+    let builds = (0..4).map(|_| LockManager::builder(&url).build());
+    for built in futures_util::future::join_all(builds).await {
+        built.expect("every manager starts");
+    }
+    assert_eq!(
+        pg.psql("SELECT version FROM distlock.version").unwrap(),
+        "1"
+    );
+}
