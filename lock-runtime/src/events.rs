@@ -121,6 +121,8 @@ impl LockEventsRequest {
     /// command timeout.
     pub async fn subscribe(self) -> Result<LockEvents, LockError> {
         let core = self.manager.inner.core.clone();
+        core.backend
+            .refuse_unless_redis(&self.pattern, "lock events")?;
         if matches!(core.backend, Backend::Redlock(_)) {
             return Err(LockError::InvalidConfig(
                 "lock events are not available on a Redlock manager".to_owned(),

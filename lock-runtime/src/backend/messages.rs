@@ -61,6 +61,9 @@ pub(crate) enum MessageConnection {
         sink: PubSubSink,
         stream: PubSubStream,
     },
+    /// A PostgreSQL LISTEN connection (exact channel names only).
+    #[cfg(feature = "postgres")]
+    Postgres(Box<super::postgres::listener::Listener>),
 }
 
 impl MessageConnection {
@@ -78,6 +81,8 @@ impl MessageConnection {
                 .subscribe(channel)
                 .await
                 .map_err(BackendError::from_redis),
+            #[cfg(feature = "postgres")]
+            MessageConnection::Postgres(listener) => listener.subscribe(channel).await,
         }
     }
 
@@ -88,6 +93,8 @@ impl MessageConnection {
                 .unsubscribe(channel)
                 .await
                 .map_err(BackendError::from_redis),
+            #[cfg(feature = "postgres")]
+            MessageConnection::Postgres(listener) => listener.unsubscribe(channel).await,
         }
     }
 
@@ -97,6 +104,8 @@ impl MessageConnection {
     pub(crate) fn takes_patterns(&self) -> bool {
         match self {
             MessageConnection::Redis { .. } => true,
+            #[cfg(feature = "postgres")]
+            MessageConnection::Postgres(_) => false,
         }
     }
 
@@ -107,6 +116,12 @@ impl MessageConnection {
                 .psubscribe(pattern)
                 .await
                 .map_err(BackendError::from_redis),
+            // LISTEN takes exact names only.
+            #[cfg(feature = "postgres")]
+            MessageConnection::Postgres(_) => Err(BackendError::new(
+                crate::error::BackendErrorKind::Other,
+                format!("PostgreSQL's LISTEN takes no patterns (asked for {pattern:?})"),
+            )),
         }
     }
 
@@ -117,6 +132,9 @@ impl MessageConnection {
                 .punsubscribe(pattern)
                 .await
                 .map_err(BackendError::from_redis),
+            // Never subscribed (see `takes_patterns`): nothing to stop.
+            #[cfg(feature = "postgres")]
+            MessageConnection::Postgres(_) => Ok(()),
         }
     }
 
@@ -136,6 +154,8 @@ impl MessageConnection {
                     payload: msg.get_payload_bytes().to_vec(),
                 })
             }
+            #[cfg(feature = "postgres")]
+            MessageConnection::Postgres(listener) => listener.next().await,
         }
     }
 }
