@@ -380,7 +380,9 @@ async fn the_handoff_costs_the_new_holder_no_round_trip() {
         };
         wait_for_queue(&mut conns, &key, 1).await;
         // Subscribed too: the waiter's manager listens on its own hand-off
-        // channel, `<prefix>handoff:<route>`, for all its locks.
+        // channel, `<prefix>handoff:<route>`, for all its locks; so does the
+        // holder's (for the notices of its waiters), and nothing else does.
+        let channel = a.redis_names(&key).channel().to_owned();
         let subscribed = eventually(Duration::from_secs(5), async || {
             let listened: Vec<String> = redis::cmd("PUBSUB")
                 .arg("CHANNELS")
@@ -388,7 +390,7 @@ async fn the_handoff_costs_the_new_holder_no_round_trip() {
                 .query_async(&mut conns[0])
                 .await
                 .expect("PUBSUB CHANNELS");
-            listened.len() == 1 && numsub(&mut conns[0], &listened[0]).await == 1
+            listened.len() == 2 && numsub(&mut conns[0], &channel).await == 1
         })
         .await;
         assert!(subscribed.is_some());
