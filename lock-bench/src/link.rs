@@ -49,7 +49,11 @@ pub async fn ping_p50(env: &Env) -> Result<f64> {
         let sent = Instant::now();
         let _: String = redis::cmd("PING").query_async(&mut conn).await?;
         if i >= 5 {
-            h.record(u64::try_from(sent.elapsed().as_nanos()).unwrap_or(u64::MAX).max(1))?;
+            h.record(
+                u64::try_from(sent.elapsed().as_nanos())
+                    .unwrap_or(u64::MAX)
+                    .max(1),
+            )?;
         }
     }
     Ok(us(h.value_at_quantile(0.5)))

@@ -190,7 +190,9 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>> {
                 let v = value("--link-delay")?;
                 args.link_delay = match parse_duration(&v) {
                     Some(d) => Some(d),
-                    None => bail!("--link-delay takes a duration such as 100us, 1ms or 0, not {v:?}"),
+                    None => {
+                        bail!("--link-delay takes a duration such as 100us, 1ms or 0, not {v:?}")
+                    }
                 };
             }
             "--direct-lane" => {
@@ -221,7 +223,11 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>> {
 fn variant(link_delay: Option<std::time::Duration>, direct_lane: bool) -> Option<String> {
     let mut parts = Vec::new();
     if let Some(delay) = link_delay {
-        parts.push(format!("link-{delay:?}").replace('µ', "u").replace('.', "_"));
+        parts.push(
+            format!("link-{delay:?}")
+                .replace('µ', "u")
+                .replace('.', "_"),
+        );
     }
     if !direct_lane {
         parts.push("lane-off".to_owned());
@@ -243,7 +249,8 @@ fn parse_duration(text: &str) -> Option<std::time::Duration> {
         "s" => number,
         _ => return None,
     };
-    (seconds.is_finite() && seconds >= 0.0 && seconds < 10.0)
+    (0.0..10.0)
+        .contains(&seconds)
         .then(|| std::time::Duration::from_secs_f64(seconds))
 }
 
@@ -407,11 +414,7 @@ async fn bench(args: Args, command: String) -> Result<()> {
         None => None,
     };
     let (env_target, url, addr) = match &link {
-        Some(proxy) => (
-            Target::Single(proxy.url()),
-            proxy.url(),
-            proxy.local_addr(),
-        ),
+        Some(proxy) => (Target::Single(proxy.url()), proxy.url(), proxy.local_addr()),
         None => (env_target, url, addr),
     };
     scenarios::common::set_direct_lane(args.direct_lane);
@@ -439,10 +442,16 @@ async fn bench(args: Args, command: String) -> Result<()> {
         "lock-bench: redis {version} {at}, {cpus} CPUs, load average {load_start}{}{}{}",
         if args.quick { ", --quick" } else { "" },
         match args.link_delay {
-            Some(d) => format!(", through a link of {d:?} each way (distlock-testing's fault proxy), unpinned"),
+            Some(d) => format!(
+                ", through a link of {d:?} each way (distlock-testing's fault proxy), unpinned"
+            ),
             None => String::new(),
         },
-        if args.direct_lane { "" } else { ", direct lane off" },
+        if args.direct_lane {
+            ""
+        } else {
+            ", direct lane off"
+        },
     );
     println!(
         "ratios in parentheses are to the floor row(s) named under each title, of the same run; lower is better for latencies\n"
@@ -596,6 +605,29 @@ mod tests {
         assert!(parse(&["--results-dir", "/tmp/r"]).is_err());
         assert!(parse(&["--json", "--results-dir"]).is_err());
         assert!(parse(&["--help"])?.is_none());
+        let Some(l) = parse(&["--link-delay", "100us", "--direct-lane", "off"])? else {
+            bail!("expected arguments");
+        };
+        assert_eq!(l.link_delay, Some(std::time::Duration::from_micros(100)));
+        assert!(!l.direct_lane);
+        assert!(a.direct_lane && a.link_delay.is_none());
+        assert_eq!(
+            variant(l.link_delay, l.direct_lane).as_deref(),
+            Some("link-100us-lane-off")
+        );
+        assert_eq!(
+            variant(Some(std::time::Duration::from_millis(1)), true).as_deref(),
+            Some("link-1ms")
+        );
+        assert_eq!(variant(None, true), None);
+        assert_eq!(
+            parse_duration("1.5ms"),
+            Some(std::time::Duration::from_micros(1500))
+        );
+        assert_eq!(parse_duration("0"), Some(std::time::Duration::ZERO));
+        assert!(parse(&["--link-delay", "1 ms"]).is_err());
+        assert!(parse(&["--link-delay", "1ms", "--backend", "cluster"]).is_err());
+        assert!(parse(&["--direct-lane", "maybe"]).is_err());
         let Some(all) = parse(&[])? else {
             bail!("expected arguments");
         };

@@ -52,7 +52,10 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
     env.flush().await?;
     let (rounds, warmup) = if env.quick {
         (40, 5)
-    } else if env.link_delay.is_some_and(|d| d >= Duration::from_micros(500)) {
+    } else if env
+        .link_delay
+        .is_some_and(|d| d >= Duration::from_micros(500))
+    {
         (300, 20)
     } else {
         (1_000, 50)
@@ -92,8 +95,14 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
     let mut rng = fastrand::Rng::with_seed(11);
     let started = Instant::now();
     for round in 0..warmup + rounds {
-        let f = floor_round(&holder, &waiter, &format!("bench:parked:f{round}"), ahead, &mut rng)
-            .await?;
+        let f = floor_round(
+            &holder,
+            &waiter,
+            &format!("bench:parked:f{round}"),
+            ahead,
+            &mut rng,
+        )
+        .await?;
         let n = distlock_round(&a, &b, &format!("bench:parked:a{round}"), ahead).await?;
         let w = distlock_round(&c, &b, &format!("bench:parked:c{round}"), ahead).await?;
         if round >= warmup {
@@ -122,9 +131,15 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
         row
     };
     let (text, bound) = if env.link_delay.is_some() {
-        ("distlock parked hand-off p50 <= 0.60x floor (through the link)", 0.60)
+        (
+            "distlock parked hand-off p50 <= 0.60x floor (through the link)",
+            0.60,
+        )
     } else {
-        ("distlock parked hand-off p50 <= 0.90x floor (loopback)", 0.90)
+        (
+            "distlock parked hand-off p50 <= 0.90x floor (loopback)",
+            0.90,
+        )
     };
     Ok(ScenarioResult {
         name: "parked-handoff",
