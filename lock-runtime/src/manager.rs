@@ -19,8 +19,8 @@ use crate::request::LockRequest;
 ///
 /// Cheap to clone (an `Arc`); clones share the command connections (the
 /// repository's `docs/deploying.md`, "Connections", lists them), one pub/sub
-/// subscriber (opened at the first wait, one connection per server it listens
-/// to), and one renewal task that renews every live lock of the manager in
+/// subscriber (opened in the background of the first acquisition of a default
+/// lock, or the first wait, one connection per server it listens to), and one renewal task that renews every live lock of the manager in
 /// pipelined batches. The background tasks stop when the
 /// last clone and the last guard are dropped.
 ///
