@@ -338,6 +338,14 @@ async fn a_cancelled_acquisitions_clean_up_follows_it_on_the_multiplexed_connect
     let name = m.redis_names("k").lock;
     assert_cleaned_up_after_on_the_same_connection(&mut raw, &mut lines, &name).await;
     proxy.set_mode(FaultMode::Pass);
+    // The first acquisition also had the manager listen on its hand-off
+    // channel, on a connection of its own that counts as a command client
+    // until it has subscribed.
+    let listening = eventually(Duration::from_secs(5), async || {
+        !pubsub_channels(&mut raw).await.is_empty()
+    })
+    .await;
+    assert!(listening.is_some(), "the hand-off channel never subscribed");
     assert_eq!(
         command_clients(&mut raw).await.len(),
         2,
@@ -399,4 +407,35 @@ async fn a_connection_closed_while_idle_fails_no_call() {
     g.release().await.unwrap();
     // The lane opens again.
     open_both_lanes(&m, &mut raw).await;
+}
+
+/// `direct_lane(false)`: every call goes through the multiplexed connection,
+/// and the second connection is never opened. The lane opens on the first
+/// call that takes it (in the background), and with the option off no call
+/// takes it, so nothing can open it later either; the same cycles with the
+/// option on open it (the control).
+#[tokio::test]
+async fn with_the_direct_lane_off_no_second_connection_is_opened() {
+    let redis = server();
+    let mut raw = raw(&redis).await;
+    let off = LockManager::builder(&redis.url())
+        .direct_lane(false)
+        .build()
+        .await
+        .unwrap();
+    for i in 0..50 {
+        let g = off.lock(format!("k{i}")).acquire().await.unwrap();
+        assert!(off.lock(format!("k{i}")).is_locked().await.unwrap());
+        g.release().await.unwrap();
+    }
+    assert_eq!(command_clients(&mut raw).await.len(), 1);
+    drop(off);
+    let gone = eventually(Duration::from_secs(5), async || {
+        command_clients(&mut raw).await.is_empty()
+    })
+    .await;
+    assert!(gone.is_some(), "the manager's connection outlived it");
+
+    let on = manager(&redis).await;
+    open_both_lanes(&on, &mut raw).await;
 }

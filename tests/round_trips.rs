@@ -37,14 +37,12 @@ async fn client_commands_until(
 async fn an_uncontended_cycle_is_two_round_trips() {
     let redis = server();
     let m = manager(&redis).await;
-    // Warm-up: the first use loads the scripts (NOSCRIPT, SCRIPT LOAD).
-    m.lock("warm-up")
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    // Warm-up: the first use loads the scripts (NOSCRIPT, SCRIPT LOAD), and
+    // the first acquisition has the subscriber listen on the manager's
+    // hand-off channel, on its own connection, in the background.
+    let warm_up = m.lock("warm-up").acquire().await.unwrap();
+    await_holder_listening(&mut raw(&redis).await, &m, "warm-up").await;
+    warm_up.release().await.unwrap();
 
     let mut lines = monitor(&redis).await;
     for i in 0..100 {
@@ -104,29 +102,124 @@ async fn mark(redis: &distlock::testing::RedisServer, marker: &str) {
         .unwrap();
 }
 
-/// A hold that did not wait releases by the script that declares the lock's
-/// key alone; when someone queued meanwhile, that script declines and the full
-/// release (four keys) hands the lock over: one round trip more. A hold that
-/// waited (here: the one handed the lock) goes straight to the full release.
+/// A hold whose manager never waited (most holders of a service: a request
+/// handler, a scheduler replica) hands the lock to a waiter of another
+/// manager in one round trip: its first acquisition had the manager listen on
+/// its hand-off channel (in the background), so it hears the `!<owner>`
+/// notice of the first waiter that queues, and its release is the full
+/// release at once (four keys), which hands the lock over. The waiter then
+/// holds without sending anything: the hand-off's message is its answer.
 #[tokio::test]
-async fn a_release_tries_the_one_key_script_only_for_a_hold_that_did_not_wait() {
+async fn a_holder_that_never_waited_hands_over_in_one_round_trip() {
     let redis = server();
     let holder = manager(&redis).await;
     let waiter = manager(&redis).await;
+    let mut raw = raw(&redis).await;
     let g = holder.lock("h").acquire().await.unwrap();
-    let waiting = spawn_waiter(&waiter, "h");
-    await_waiter(&holder, "h").await;
+    await_holder_listening(&mut raw, &holder, "h").await;
 
+    let waiting = spawn_waiter(&waiter, "h");
+    await_queued(&holder, "h").await;
+    eventually(Duration::from_secs(5), async || {
+        holder.waited_for_notices_heard() == 1
+    })
+    .await
+    .expect("the holder's manager hears that a waiter queued");
+
+    let mut lines = monitor(&redis).await;
+    g.release().await.unwrap();
+    let handed = waiting.await.unwrap().unwrap();
+    let (keys, commands) = release_scripts_until(&redis, &mut lines, "end-of-release").await;
+    assert_eq!(keys, [4], "{commands:#?}");
+    // The new holder's first renewal may come right after (a hand-off's
+    // TTL is the queue lease, 3 s, which it brings up to its lease at once),
+    // and nothing else: no attempt of the waiter's.
+    let others: Vec<_> = commands.iter().filter(|l| !is_renewal(l)).collect();
+    assert_eq!(others.len(), 1, "the release alone: {commands:#?}");
+    handed.release().await.unwrap();
+    assert!(!holder.lock("h").is_locked().await.unwrap());
+}
+
+/// Whether a MONITOR line is a renewal script: one key, then the owner token
+/// and the lease in milliseconds.
+fn is_renewal(line: &str) -> bool {
+    let words: Vec<&str> = line
+        .split(" \"")
+        .skip_while(|w| !w.starts_with("EVALSHA"))
+        .map(|w| w.trim_end_matches('"'))
+        .collect();
+    words.len() == 6 && words[2] == "1" && words[5].parse::<u64>().is_ok()
+}
+
+/// Waits (up to 5 s) until a waiter is queued for the default lock `key`, as
+/// `m` reads its queue.
+async fn await_queued(m: &distlock::LockManager, key: &str) {
+    eventually(Duration::from_secs(5), async || {
+        m.inspect_all(key).await.unwrap().waiters.len() == 1
+    })
+    .await
+    .expect("the waiter queued");
+}
+
+/// A notice the holder's manager did not hear (it was published before the
+/// manager listened, or while its pub/sub connection was down) costs the
+/// release one round trip, never the hand-off: the one-key release declines
+/// (someone queued) and the full release (four keys) hands the lock over.
+/// Here the holder's user loses the right to subscribe, which closes its
+/// manager's pub/sub connection, so that it cannot hear the notice.
+#[tokio::test]
+async fn an_unheard_notice_costs_the_release_one_round_trip_and_the_lock_is_still_handed_over() {
+    let redis = server();
+    let mut raw = raw(&redis).await;
+    let waiter = manager(&redis).await;
+    // The waiter's route: the last 8 digits of its manager's owner tokens.
+    let probe = waiter.lock("probe").acquire().await.unwrap();
+    let waiter_id = waiter.inspect("probe").await.unwrap().unwrap().hold_id;
+    let waiter_route = waiter_id[waiter_id.len() - 8..].to_owned();
+    probe.release().await.unwrap();
+
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "holder", "on", ">pw", "~*", "&*", "+@all"])
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let url = redis.url().replacen("redis://", "redis://holder:pw@", 1);
+    let holder = manager_at(&url).await;
+    let g = holder.lock("h").acquire().await.unwrap();
+    let holder_id = holder.inspect("h").await.unwrap().unwrap().hold_id;
+    let holder_channel = format!("distlock:handoff:{}", &holder_id[holder_id.len() - 8..]);
+    await_handoff_listener(&mut raw, &holder_id).await;
+    // May publish on the waiter's hand-off channel (the release hands over
+    // there), no longer subscribe: the server closes the holder's pub/sub
+    // connection, and its reconnections cannot subscribe.
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("holder")
+        .arg("resetchannels")
+        .arg(format!("&distlock:handoff:{waiter_route}"))
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(5), async || {
+        subscribers(&mut raw, &holder_channel).await == 0
+    })
+    .await
+    .expect("the holder's manager no longer listens");
+
+    let waiting = spawn_waiter(&waiter, "h");
+    await_queued(&holder, "h").await;
     let mut lines = monitor(&redis).await;
     g.release().await.unwrap();
     let handed = waiting.await.unwrap().unwrap();
     let (keys, first) = release_scripts_until(&redis, &mut lines, "end-of-first-release").await;
     assert_eq!(keys, [1, 4], "{first:#?}");
+    assert_eq!(holder.waited_for_notices_heard(), 0);
 
+    // A hold that waited goes straight to the full release.
     handed.release().await.unwrap();
     let (keys, second) = release_scripts_until(&redis, &mut lines, "end-of-second-release").await;
     assert_eq!(keys, [4], "{second:#?}");
-    assert!(!holder.lock("h").is_locked().await.unwrap());
+    assert!(!waiter.lock("h").is_locked().await.unwrap());
 }
 
 /// A manager whose hand-off channel is subscribed (it has waited before, as
@@ -180,6 +273,7 @@ async fn a_hold_with_a_token_releases_by_the_one_key_script() {
     let m = manager(&redis).await;
     let warm_up = m.lock("warm-up").acquire().await.unwrap();
     warm_up.fencing_token().await.unwrap();
+    await_holder_listening(&mut raw(&redis).await, &m, "warm-up").await;
     warm_up.release().await.unwrap();
 
     let mut lines = monitor(&redis).await;
@@ -203,6 +297,7 @@ async fn reentry_costs_no_round_trip() {
     let redis = server();
     let m = manager(&redis).await;
     let outer = m.lock("k").acquire().await.unwrap();
+    await_holder_listening(&mut raw(&redis).await, &m, "k").await;
 
     let mut lines = monitor(&redis).await;
     outer
@@ -227,14 +322,10 @@ async fn reentry_costs_no_round_trip() {
 async fn an_uncontended_cycle_is_four_redis_commands() {
     let redis = server();
     let m = manager(&redis).await;
-    m.lock("k")
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
     let mut raw = raw(&redis).await;
+    let warm_up = m.lock("k").acquire().await.unwrap();
+    await_holder_listening(&mut raw, &m, "k").await;
+    warm_up.release().await.unwrap();
     reset_stats(&mut raw).await;
     for _ in 0..100 {
         let g = m
@@ -251,4 +342,51 @@ async fn an_uncontended_cycle_is_four_redis_commands() {
     assert_eq!(calls.get("evalsha"), Some(&100), "{calls:#?}");
     assert_eq!(calls.get("publish"), None, "{calls:#?}");
     assert_eq!(calls.get("time"), None, "{calls:#?}");
+}
+
+/// Nothing on the acquire path waits for the hand-off channel's
+/// subscription: with a user that may not subscribe there (the subscription
+/// never comes), a fresh manager's first cycle and the next ones take their
+/// two round trips as ever.
+#[tokio::test]
+async fn a_cycle_never_waits_for_the_handoff_subscription() {
+    let redis = server();
+    let mut raw = raw(&redis).await;
+    // Every channel to publish on; SUBSCRIBE only to locks' wake-up
+    // channels (a selector), which the build checks.
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            "nosub",
+            "on",
+            ">pw",
+            "~*",
+            "&*",
+            "+@all",
+            "-subscribe",
+            "(+subscribe ~* &distlock:wake:*)",
+        ])
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let url = redis.url().replacen("redis://", "redis://nosub:pw@", 1);
+    let m = manager_at(&url).await;
+    for i in 0..10 {
+        // Each bounded by the command timeout (500 ms), far below the 5 s
+        // allowed here: a cycle that waited for a subscription that never
+        // comes would not finish at all.
+        tokio::time::timeout(Duration::from_secs(5), async {
+            let g = m.lock(format!("k{i}")).acquire().await.unwrap();
+            g.release().await.unwrap();
+        })
+        .await
+        .expect("the cycle finishes");
+    }
+    let listened: Vec<String> = redis::cmd("PUBSUB")
+        .arg("CHANNELS")
+        .arg("distlock:handoff:*")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert!(listened.is_empty(), "{listened:?}");
 }

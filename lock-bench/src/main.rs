@@ -18,6 +18,7 @@ mod error;
 mod floor;
 #[cfg(test)]
 mod history;
+mod link;
 mod pin;
 mod proxy;
 mod redis_stats;
@@ -40,7 +41,7 @@ static ALLOC: alloc_count::Counting = alloc_count::Counting;
 
 const USAGE: &str = "\
 usage: lock-bench [--quick] [--backend single|cluster|redlock] [--scenario NAME]... [--runs N] [--locks N]
-                  [--json [--results-dir DIR]] [--svg DIR]
+                  [--link-delay DURATION] [--direct-lane on|off] [--json [--results-dir DIR]] [--svg DIR]
 
   --quick          a few seconds in all (CI); targets are printed, never enforced
   --backend B      single (default): one private redis-server; cluster: a private
@@ -51,7 +52,16 @@ usage: lock-bench [--quick] [--backend single|cluster|redlock] [--scenario NAME]
                    redlock_builder beside distlock (builder) on one of them, interleaved;
                    no floor, no rslock; runs uncontended and handoff only
   --scenario NAME  run only NAME (repeatable, or comma-separated):
-                   uncontended, many-keys, handoff, fresh-handoff, renewal, memory, macro
+                   uncontended, many-keys, handoff, fresh-handoff, parked-handoff, renewal,
+                   memory, macro
+  --link-delay D   every client (distlock, rslock, the floors) reaches the server through
+                   distlock-testing's fault proxy holding each chunk D in each direction
+                   (e.g. 100us, 1ms; 0 = the proxy alone); nothing is pinned to a CPU, and
+                   each scenario's p50s are also given in round trips (p50 / the p50 of
+                   PING through the same link, measured after the scenario); single only
+  --direct-lane on|off
+                   whether distlock's managers may take the direct lane (default on), for
+                   the lane's A/B
   --runs N         run everything N times and print the medians too (default 1)
   --locks N        locks held by renewal and memory (default 100000; 1000 with --quick)
   --json           write each scenario's figures to lock-bench/results/<commit>-<scenario>.json
@@ -102,6 +112,10 @@ struct Args {
     results_dir: Option<PathBuf>,
     svg: Option<PathBuf>,
     profile: Option<(scenarios::common::Kind, usize, f64)>,
+    /// `--link-delay`: each direction's delay through the proxy.
+    link_delay: Option<std::time::Duration>,
+    /// `--direct-lane`.
+    direct_lane: bool,
 }
 
 fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>> {
@@ -115,6 +129,8 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>> {
         results_dir: None,
         svg: None,
         profile: None,
+        link_delay: None,
+        direct_lane: true,
     };
     while let Some(arg) = it.next() {
         let mut value = |name: &str| match it.next() {
@@ -170,9 +186,28 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>> {
                     _ => bail!("--profile takes IMPL[:TASKS[:SECONDS]], not {v:?}"),
                 }
             }
+            "--link-delay" => {
+                let v = value("--link-delay")?;
+                args.link_delay = match parse_duration(&v) {
+                    Some(d) => Some(d),
+                    None => {
+                        bail!("--link-delay takes a duration such as 100us, 1ms or 0, not {v:?}")
+                    }
+                };
+            }
+            "--direct-lane" => {
+                args.direct_lane = match value("--direct-lane")?.as_str() {
+                    "on" => true,
+                    "off" => false,
+                    other => bail!("--direct-lane takes on or off, not {other:?}"),
+                }
+            }
             "-h" | "--help" => return Ok(None),
             other => bail!("unknown argument {other:?}\n{USAGE}"),
         }
+    }
+    if args.link_delay.is_some() && args.backend != Backend::Single {
+        bail!("--link-delay runs on --backend single only (a cluster's nodes announce their own addresses, past any proxy)");
     }
     if args.results_dir.is_some() && !args.json {
         bail!("--results-dir is where --json writes; give --json too");
@@ -181,6 +216,42 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>> {
         args.scenarios = scenarios::ALL.iter().map(|s| (*s).to_owned()).collect();
     }
     Ok(Some(args))
+}
+
+/// The results files' variant of a run (see `RunInfo::variant`): the link's
+/// delay (`link-100us`, `link-1ms`), the direct lane off (`lane-off`).
+fn variant(link_delay: Option<std::time::Duration>, direct_lane: bool) -> Option<String> {
+    let mut parts = Vec::new();
+    if let Some(delay) = link_delay {
+        parts.push(
+            format!("link-{delay:?}")
+                .replace('µ', "u")
+                .replace('.', "_"),
+        );
+    }
+    if !direct_lane {
+        parts.push("lane-off".to_owned());
+    }
+    (!parts.is_empty()).then(|| parts.join("-"))
+}
+
+/// `100us`, `250µs`, `1ms`, `1.5ms`, `2s`, or `0`.
+fn parse_duration(text: &str) -> Option<std::time::Duration> {
+    if text == "0" {
+        return Some(std::time::Duration::ZERO);
+    }
+    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
+    let (number, unit) = text.split_at(split);
+    let number: f64 = number.parse().ok()?;
+    let seconds = match unit {
+        "us" | "µs" => number / 1e6,
+        "ms" => number / 1e3,
+        "s" => number,
+        _ => return None,
+    };
+    (0.0..10.0)
+        .contains(&seconds)
+        .then(|| std::time::Duration::from_secs_f64(seconds))
 }
 
 fn load_average() -> String {
@@ -219,11 +290,18 @@ async fn run_once(env: &Env, names: &[String]) -> Result<Vec<ScenarioResult>> {
             "many-keys" => scenarios::many_keys::run(env).await?,
             "handoff" => vec![scenarios::handoff::run(env).await?],
             "fresh-handoff" => vec![scenarios::fresh_handoff::run(env).await?],
+            "parked-handoff" => vec![scenarios::parked_handoff::run(env).await?],
             "renewal" => vec![scenarios::renewal::run(env).await?],
             "memory" => vec![scenarios::memory::run(env).await?],
             "macro" => vec![scenarios::macro_cycle::run(env).await?],
             other => bail!("unknown scenario {other:?}"),
         };
+        if let Some(delay) = env.link_delay {
+            let rtt = link::ping_p50(env).await?;
+            for r in &mut got {
+                link::in_round_trips(r, delay, rtt);
+            }
+        }
         for r in &got {
             println!("{}", r.render());
         }
@@ -329,6 +407,17 @@ async fn bench(args: Args, command: String) -> Result<()> {
             )
         }
     };
+    // `--link-delay`: every client goes through the proxy; `stats` stays
+    // direct (INFO only, never measured).
+    let link = match args.link_delay {
+        Some(delay) => Some(link::start(addr, delay).await?),
+        None => None,
+    };
+    let (env_target, url, addr) = match &link {
+        Some(proxy) => (Target::Single(proxy.url()), proxy.url(), proxy.local_addr()),
+        None => (env_target, url, addr),
+    };
+    scenarios::common::set_direct_lane(args.direct_lane);
     let version: String = redis::cmd("INFO")
         .arg("server")
         .query_async::<String>(&mut stats[0])
@@ -344,13 +433,25 @@ async fn bench(args: Args, command: String) -> Result<()> {
         quick: args.quick,
         locks: args.locks,
         members,
+        link_delay: args.link_delay,
     };
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     let load_start = load_average();
     let at = servers.describe();
     println!(
-        "lock-bench: redis {version} {at}, {cpus} CPUs, load average {load_start}{}",
-        if args.quick { ", --quick" } else { "" }
+        "lock-bench: redis {version} {at}, {cpus} CPUs, load average {load_start}{}{}{}",
+        if args.quick { ", --quick" } else { "" },
+        match args.link_delay {
+            Some(d) => format!(
+                ", through a link of {d:?} each way (distlock-testing's fault proxy), unpinned"
+            ),
+            None => String::new(),
+        },
+        if args.direct_lane {
+            ""
+        } else {
+            ", direct lane off"
+        },
     );
     println!(
         "ratios in parentheses are to the floor row(s) named under each title, of the same run; lower is better for latencies\n"
@@ -403,6 +504,7 @@ async fn bench(args: Args, command: String) -> Result<()> {
             locks: args.locks,
             load_average_start: load_start,
             load_average_end: load_end,
+            variant: variant(args.link_delay, args.direct_lane),
         };
         let dir = args
             .results_dir
@@ -418,6 +520,7 @@ async fn bench(args: Args, command: String) -> Result<()> {
         }
     }
     drop(env);
+    drop(link);
     drop(servers);
     Ok(())
 }
@@ -502,6 +605,29 @@ mod tests {
         assert!(parse(&["--results-dir", "/tmp/r"]).is_err());
         assert!(parse(&["--json", "--results-dir"]).is_err());
         assert!(parse(&["--help"])?.is_none());
+        let Some(l) = parse(&["--link-delay", "100us", "--direct-lane", "off"])? else {
+            bail!("expected arguments");
+        };
+        assert_eq!(l.link_delay, Some(std::time::Duration::from_micros(100)));
+        assert!(!l.direct_lane);
+        assert!(a.direct_lane && a.link_delay.is_none());
+        assert_eq!(
+            variant(l.link_delay, l.direct_lane).as_deref(),
+            Some("link-100us-lane-off")
+        );
+        assert_eq!(
+            variant(Some(std::time::Duration::from_millis(1)), true).as_deref(),
+            Some("link-1ms")
+        );
+        assert_eq!(variant(None, true), None);
+        assert_eq!(
+            parse_duration("1.5ms"),
+            Some(std::time::Duration::from_micros(1500))
+        );
+        assert_eq!(parse_duration("0"), Some(std::time::Duration::ZERO));
+        assert!(parse(&["--link-delay", "1 ms"]).is_err());
+        assert!(parse(&["--link-delay", "1ms", "--backend", "cluster"]).is_err());
+        assert!(parse(&["--direct-lane", "maybe"]).is_err());
         let Some(all) = parse(&[])? else {
             bail!("expected arguments");
         };
@@ -556,6 +682,7 @@ mod tests {
             locks: None,
             load_average_start: "0.5 0.5 0.5".to_owned(),
             load_average_end: "0.6 0.5 0.5".to_owned(),
+            variant: None,
         };
         let written = results::write_all(&dir, &info, &medians, &runs);
         let quick = report::RunInfo {

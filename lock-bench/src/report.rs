@@ -444,6 +444,21 @@ pub struct RunInfo {
     pub locks: Option<usize>,
     pub load_average_start: String,
     pub load_average_end: String,
+    /// What sets the run apart from a plain one (`link-1ms`, `lane-off`,
+    /// joined by `-`), appended to each scenario's name in its file and its
+    /// name there, so that the history never mixes it with plain runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub variant: Option<String>,
+}
+
+impl RunInfo {
+    /// `scenario` as this run's files name it (with [`RunInfo::variant`]).
+    pub fn scenario_name(&self, scenario: &str) -> String {
+        match &self.variant {
+            Some(variant) => format!("{scenario}-{variant}"),
+            None => scenario.to_owned(),
+        }
+    }
 }
 
 /// One results file: one scenario of one invocation. `rows` and `targets`
@@ -475,10 +490,11 @@ pub fn results_json(
     target_values: &[Option<f64>],
     runs: &[Vec<ScenarioResult>],
 ) -> Result<String> {
+    let scenario = info.scenario_name(median.name);
     let file = ResultsFile {
         format: RESULTS_FORMAT,
         info,
-        scenario: median.name,
+        scenario: &scenario,
         title: &median.title,
         references: median
             .rows

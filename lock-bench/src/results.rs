@@ -55,7 +55,11 @@ pub fn write_all(
     std::fs::create_dir_all(dir).map_err(context(&format!("creating {}", dir.display())))?;
     let mut written = Vec::new();
     for (median, target_values) in medians {
-        let path = dir.join(file_name(&info.commit, median.name, info.quick));
+        let path = dir.join(file_name(
+            &info.commit,
+            &info.scenario_name(median.name),
+            info.quick,
+        ));
         let text = report::results_json(info, median, target_values, runs)?;
         std::fs::write(&path, text).map_err(context(&format!("writing {}", path.display())))?;
         written.push(path);

@@ -33,6 +33,10 @@ pub(crate) struct Config {
     pub(crate) fence_retention: Duration,
     /// Refuse to build when `maxmemory-policy` may evict lock keys (else: warn).
     pub(crate) reject_evicting_policy: bool,
+    /// Calls that find the shared connection idle may take the direct lane
+    /// (`backend/direct.rs`), a second connection per server; off, every call
+    /// goes through the multiplexed connection.
+    pub(crate) direct_lane: bool,
     /// Count an acquisition only once this many replicas confirmed it.
     pub(crate) replica_ack: Option<ReplicaAck>,
     /// Who holds this manager's locks, as operators see it (`LockInfo::holder`).
@@ -232,6 +236,7 @@ impl Default for Config {
             connect_timeout: Duration::from_secs(2),
             fence_retention: DEFAULT_FENCE_RETENTION,
             reject_evicting_policy: false,
+            direct_lane: true,
             replica_ack: None,
             holder: crate::info::default_holder(),
             eager_fencing: false,

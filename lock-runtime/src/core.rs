@@ -29,6 +29,10 @@ pub(crate) struct Core {
     /// `<prefix>handoff:<route>`: one channel for the hand-offs of all this
     /// manager's locks, so that a first wait on a key subscribes to nothing.
     pub(crate) handoff_channel: String,
+    /// Set once the subscriber was asked to keep [`Core::handoff_channel`]
+    /// (see [`Core::listen_for_waiters`]), so that later acquisitions pay
+    /// one load, not a lock of the waiter queues.
+    handoff_kept: AtomicBool,
     pub(crate) runtime: tokio::runtime::Handle,
     /// Origin of the lease clocks (`Instant`s stored as nanoseconds after it).
     pub(crate) epoch: Instant,
@@ -47,6 +51,7 @@ impl Core {
                 crate::backend::scripts::handoff_base(&config.key_prefix)
             ),
             handoff_route,
+            handoff_kept: AtomicBool::new(false),
             config,
             backend,
             renewals: Renewals::default(),
@@ -58,6 +63,23 @@ impl Core {
 
     pub(crate) fn is_shut_down(&self) -> bool {
         self.shut_down.load(Ordering::Acquire)
+    }
+
+    /// Has the subscriber keep this manager's hand-off channel subscribed
+    /// from now on, subscribing in its own task: nothing here waits for it.
+    /// Called by every acquisition of the default lock (the first one asks,
+    /// the others find it asked), so that a holder whose manager never waited
+    /// still hears the `!<owner>` notice of the first waiter that queues for
+    /// its hold, and releases it by the full release at once (one round trip,
+    /// see `release::free_first`) instead of trying the one-key release
+    /// first. A notice published before the subscription is live is not
+    /// heard: that release takes the two steps, as before.
+    pub(crate) fn listen_for_waiters(&self) {
+        if !self.handoff_kept.load(Ordering::Relaxed)
+            && !self.handoff_kept.swap(true, Ordering::Relaxed)
+        {
+            self.subscriber.keep(&self.handoff_channel);
+        }
     }
 
     pub(crate) fn keys(&self, key: &str) -> RedisNames {

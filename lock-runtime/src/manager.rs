@@ -20,8 +20,9 @@ use crate::request::LockRequest;
 /// Cheap to clone (an `Arc`); clones share the command connections (the
 /// repository's `docs/deploying.md`, "Connections", lists them), one pub/sub
 /// subscriber that its waiters, [`events`](Self::events) streams and leader
-/// [`watch`](crate::LeaderElection::watch)es share (opened at the first need,
-/// one connection per server it listens to), and one renewal task that renews every live lock of the manager in
+/// [`watch`](crate::LeaderElection::watch)es share (opened at the first need, in
+/// the background of the first acquisition of a default lock at the latest, one
+/// connection per server it listens to), and one renewal task that renews every live lock of the manager in
 /// pipelined batches. The background tasks stop when the
 /// last clone and the last guard are dropped.
 ///
@@ -1005,6 +1006,18 @@ impl LockManagerBuilder {
     #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub fn postgres_sweep_interval(mut self, interval: Duration) -> Self {
         self.config.postgres.sweep_interval = interval.max(Duration::from_millis(10));
+        self
+    }
+
+    /// Whether a call that finds the manager's connection to a server idle
+    /// may take the direct lane: a second plain-TCP connection per server on
+    /// which the call writes its command and reads its own reply, without
+    /// redis-rs's connection task (on by default; TLS connections never have
+    /// one). Off, every call goes through the multiplexed connection and no
+    /// second connection is opened. For measuring what the lane gains; it
+    /// changes no behaviour but latency.
+    pub fn direct_lane(mut self, enabled: bool) -> Self {
+        self.config.direct_lane = enabled;
         self
     }
 

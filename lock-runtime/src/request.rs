@@ -589,6 +589,7 @@ impl Acquisition<'_> {
             // The default lock. Inline here rather than in a function of its
             // own: each async fn taking `self` by value keeps a copy of it in
             // its future, which every acquisition moves.
+            self.core.listen_for_waiters();
             let deadline = self.started + wait;
             if patience == Patience::Once || wait.is_zero() {
                 // Without waiting: nothing is queued.
@@ -745,11 +746,11 @@ impl Acquisition<'_> {
     ) -> Result<Option<LockGuard>, LockError> {
         let core = self.core.clone();
         // Listening before the first attempt queues us up: the manager's one
-        // hand-off channel, subscribed once and kept. A hand-off published
-        // before the subscription is confirmed is made up for by the attempt
-        // every waiter makes once it is (it finds the lock already ours).
+        // hand-off channel, which `run` asked the subscriber to keep. A
+        // hand-off published before the subscription is confirmed is made up
+        // for by the attempt every waiter makes once it is (it finds the lock
+        // already ours).
         let channel = &core.handoff_channel;
-        core.subscriber.keep(channel);
         let registration = core.subscriber.register(channel, 1);
         let _counted = telemetry::waiting(self.hold.metrics_label);
         let _queued = core.subscriber.queue_here(&self.keys.lock);

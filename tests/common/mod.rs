@@ -55,30 +55,68 @@ pub async fn del(conn: &mut MultiplexedConnection, key: &str) {
 }
 
 /// How many connections subscribe to `channel` or, for a default lock's
-/// channel (`<prefix>wake:{tag}:<key>`), to a manager's hand-off channel under
-/// the same prefix (`<prefix>handoff:<route>`), where that manager's queued
-/// waiters of every lock listen.
+/// channel (`<prefix>wake:{tag}:<key>`), to the hand-off channels
+/// (`<prefix>handoff:<route>`) of the managers queued for that lock (the
+/// routes their queue entries name), where those managers' queued waiters of
+/// every lock listen. Managers that only hold locks listen on their hand-off
+/// channels too (for the notices of their waiters); they do not count here.
 pub async fn numsub(conn: &mut MultiplexedConnection, channel: &str) -> i64 {
     let handoffs: Vec<String> = match channel.split_once("wake:{") {
-        Some((prefix, _)) => redis::cmd("PUBSUB")
-            .arg("CHANNELS")
-            .arg(format!("{}handoff:*", glob_escape(prefix)))
-            .query_async(conn)
-            .await
-            .expect("PUBSUB CHANNELS"),
+        Some((prefix, _)) => {
+            let entries: Vec<String> = redis::cmd("HVALS")
+                .arg(channel.replacen("wake:{", "lockqe:{", 1))
+                .query_async(&mut *conn)
+                .await
+                .expect("HVALS");
+            let mut routes: Vec<String> = entries
+                .iter()
+                .filter_map(|entry| entry.split(':').nth(3))
+                .map(|route| format!("{prefix}handoff:{route}"))
+                .collect();
+            routes.sort();
+            routes.dedup();
+            routes
+        }
         None => Vec::new(),
     };
     let mut total = 0;
     for name in std::iter::once(channel.to_owned()).chain(handoffs) {
-        let (_, n): (String, i64) = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg(&name)
-            .query_async(&mut *conn)
-            .await
-            .expect("PUBSUB NUMSUB");
-        total += n;
+        total += subscribers(conn, &name).await;
     }
     total
+}
+
+/// `PUBSUB NUMSUB` of one channel.
+pub async fn subscribers(conn: &mut MultiplexedConnection, channel: &str) -> i64 {
+    let (_, n): (String, i64) = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(channel)
+        .query_async(&mut *conn)
+        .await
+        .expect("PUBSUB NUMSUB");
+    n
+}
+
+/// Waits (up to 5 s) until the manager whose hold or queue entry has the
+/// owner token `hold_id` listens on its hand-off channel (under the default
+/// prefix; the token's last 8 digits are the manager's route), which it
+/// subscribes in the background of its first default-lock acquisition.
+pub async fn await_handoff_listener(conn: &mut MultiplexedConnection, hold_id: &str) {
+    let channel = format!("distlock:handoff:{}", &hold_id[hold_id.len() - 8..]);
+    let listening = eventually(Duration::from_secs(5), async || {
+        subscribers(conn, &channel).await == 1
+    })
+    .await;
+    assert!(listening.is_some(), "nobody listens on {channel}");
+}
+
+/// Waits until the holder of the default lock `key` (as `m` reads it) listens
+/// on its manager's hand-off channel: after it, that manager sends nothing
+/// more on its own (a test counting commands from there on counts only what
+/// it asks for).
+pub async fn await_holder_listening(conn: &mut MultiplexedConnection, m: &LockManager, key: &str) {
+    let hold_id = m.inspect(key).await.unwrap().expect("held").hold_id;
+    await_handoff_listener(conn, &hold_id).await;
 }
 
 /// `text` as a Redis glob pattern that matches only itself.

@@ -37,6 +37,10 @@ pub struct Env {
     /// `--backend redlock`: every member's address (the first is `addr`, where
     /// the single-node rows run); empty otherwise.
     pub members: Vec<SocketAddr>,
+    /// `--link-delay`: every client reaches the server through a proxy that
+    /// holds each chunk this long in each direction (`url`, `addr` and
+    /// `target` are the proxy's); `None` on plain loopback.
+    pub link_delay: Option<Duration>,
 }
 
 impl Env {
@@ -314,6 +318,20 @@ pub fn owner_token(rng: &mut fastrand::Rng) -> String {
     format!("{:016x}{:016x}", rng.u64(..), rng.u64(..))
 }
 
+/// `--direct-lane on|off`: whether the bench's managers may take the direct
+/// lane (`LockManagerBuilder::direct_lane`); on by default, as in the library.
+static DIRECT_LANE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Sets `--direct-lane` for every manager the bench builds from now on.
+pub fn set_direct_lane(enabled: bool) {
+    DIRECT_LANE.store(enabled, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// `--direct-lane`: whether the bench's managers may take the direct lane.
+pub fn direct_lane() -> bool {
+    DIRECT_LANE.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 pub async fn manager(target: &Target) -> Result<LockManager> {
     manager_with(target, false).await
 }
@@ -328,6 +346,7 @@ pub async fn manager_with(target: &Target, eager: bool) -> Result<LockManager> {
     Ok(builder
         .default_lease(LEASE)
         .eager_fencing(eager)
+        .direct_lane(direct_lane())
         .build()
         .await?)
 }
@@ -356,8 +375,9 @@ impl Interleaved {
 }
 
 /// Runs `cycles` cycles of each cycler in blocks of `block`, rotating the
-/// order every round, after `warmup` cycles each. With `one_cpu`, the bench and
-/// the servers run on one CPU meanwhile (see `pin.rs`); Redlock's five members
+/// order every round, after `warmup` cycles each. With `one_cpu` (and no
+/// `--link-delay`), the bench and the servers run on one CPU meanwhile (see
+/// `pin.rs`); Redlock's five members
 /// are left on every CPU, as its rows have always been measured.
 pub async fn run_interleaved(
     env: &Env,
@@ -369,7 +389,9 @@ pub async fn run_interleaved(
 ) -> Result<Interleaved> {
     let n = cyclers.len();
     let mut slots: Vec<Option<Cycler>> = cyclers.into_iter().map(Some).collect();
-    let pinned = if one_cpu {
+    // Through `--link-delay` nothing is pinned: the link's proxy runs in
+    // this process, and a link is the cross-core, cross-host case itself.
+    let pinned = if one_cpu && env.link_delay.is_none() {
         Some(crate::pin::OneCpu::pin(&env.server_pids().await?))
     } else {
         None

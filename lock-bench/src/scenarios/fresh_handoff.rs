@@ -46,8 +46,8 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
         .await?;
     let managers = [manager(&env.target).await?, manager(&env.target).await?];
     // Each manager waits once before the measurement: its hand-off channel,
-    // subscribed at its first wait and kept, is then in place, as in a
-    // service that has run for a while.
+    // subscribed in the background of its first acquisition and kept, is
+    // then surely in place, as in a service that has run for a while.
     distlock_round(&managers, "bench:fresh:warm-a").await?;
     distlock_round(
         &[managers[1].clone(), managers[0].clone()],

@@ -94,6 +94,7 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
         .unwrap_or(if env.quick { 1_000 } else { 100_000 })
         .max(1);
     let manager = LockManager::builder(&env.url)
+        .direct_lane(crate::scenarios::common::direct_lane())
         .default_lease(LEASE)
         .build()
         .await?;

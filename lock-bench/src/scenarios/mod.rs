@@ -8,6 +8,7 @@ pub mod handoff;
 pub mod macro_cycle;
 pub mod many_keys;
 pub mod memory;
+pub mod parked_handoff;
 pub mod renewal;
 pub mod uncontended;
 
@@ -17,6 +18,7 @@ pub const ALL: &[&str] = &[
     "many-keys",
     "handoff",
     "fresh-handoff",
+    "parked-handoff",
     "renewal",
     "memory",
     "macro",

@@ -169,6 +169,7 @@ async fn release_floor(floor: &Floor, locks: &Arc<Vec<(Names, String)>>) -> Resu
 async fn distlock_row(env: &Env, p: &Params) -> Result<Row> {
     let proxy = CountingProxy::start(env.addr).await?;
     let manager = LockManager::builder(&proxy.url())
+        .direct_lane(crate::scenarios::common::direct_lane())
         .default_lease(p.lease)
         .build()
         .await?;

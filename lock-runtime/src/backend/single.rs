@@ -23,6 +23,9 @@ pub(crate) struct Single {
     conn: Mutex<Conn>,
     /// A second connection, on which a call reads its own reply.
     direct: Arc<DirectLane>,
+    /// Calls may take [`Single::direct`] (`Config::direct_lane`); when not,
+    /// it is never opened.
+    direct_enabled: bool,
     /// The calls on the multiplexed connection (see [`SharedCalls`]).
     shared: SharedCalls,
     conn_config: ConnectionManagerConfig,
@@ -245,6 +248,7 @@ impl Single {
                 redis: conn,
             }),
             shared: SharedCalls::default(),
+            direct_enabled: config.direct_lane,
             direct: DirectLane::new(
                 client.get_connection_info(),
                 config.connect_timeout,
@@ -310,7 +314,9 @@ impl Single {
         let gave_up = AtomicBool::new(false);
         let outcome = {
             let call = std::pin::pin!(tokio::time::timeout(timeout, async {
-                let direct = if self.direct.is_draining() || self.shared.may_go_direct() {
+                let direct = if self.direct_enabled
+                    && (self.direct.is_draining() || self.shared.may_go_direct())
+                {
                     self.direct.take(timeout, &gave_up).await
                 } else {
                     None

@@ -111,9 +111,11 @@ if ARGV[4] == '+' then
     -- The first waiter of a hold tells the holder's manager, on its hand-off
     -- channel (the route that ends the holder's owner token, see
     -- config::owner_token_routed), so that the holder's release hands the
-    -- lock over at once instead of first trying release_free.lua. A manager
-    -- that never waited is not subscribed there: its release takes the two
-    -- steps. One message per contended hold; none for a free one.
+    -- lock over at once instead of first trying release_free.lua. Every
+    -- manager listens there from its first acquisition of a default lock on
+    -- (subscribed in the background); a notice it does not hear (sent
+    -- before that subscription is live) leaves its release the two steps.
+    -- One message per contended hold; none for a free one.
     redis.call('PUBLISH', ARGV[10] .. ':' .. string.sub(held, 25, 32), '!' .. string.sub(held, 1, 32))
   end
 end

@@ -18,7 +18,9 @@
 -- the server about 1.2 us per call of a 4-5 us acquire + release cycle. The
 -- client sends this script first only for a hold that did not wait for the
 -- lock (a waiter that got it usually has others behind it), so a hand-off
--- pays its extra round trip only when waiters came after a free acquisition.
+-- pays its extra round trip only when waiters came after a free acquisition
+-- and the holder's manager did not hear the first one's notice (see
+-- acquire.lua).
 -- One test that the value starts with the claim tells both that the lock is
 -- ours and that nobody marked it. A plain find anchored at the start makes
 -- no string, where taking the value's prefix with string.sub makes (hashes,

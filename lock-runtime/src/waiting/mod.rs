@@ -37,9 +37,11 @@
 //! [`Subscriber::expect_handoff`]), which then holds the lock without another
 //! round trip. Other waiters are not woken. The first waiter that queues for
 //! a hold of the manager's also sends `!<owner>` there, so that the hold's
-//! release hands the lock over at once (see `guard::free_first`). That
-//! channel, once a waiter of the manager used it, stays subscribed ([`Subscriber::keep`]), so a wait on a
-//! key the manager never waited for subscribes to nothing.
+//! release hands the lock over at once (see `release::free_first`). That
+//! channel is subscribed from the manager's first acquisition of a default
+//! lock on (`Core::listen_for_waiters`, [`Subscriber::keep`]), in the
+//! background, so that a manager that only holds hears its waiters too, and
+//! a wait on a key the manager never waited for subscribes to nothing.
 
 mod backoff;
 mod handoff;

@@ -1,0 +1,236 @@
+//! Scenario `parked-handoff`: a hand-off as a service meets it. The holder's
+//! manager only ever holds (a request handler, a scheduler replica: it has
+//! never waited); the waiter is another manager's acquisition, parked in a
+//! task of its own for [`ahead`] before the release; nothing is pinned to a
+//! CPU, so the message and the wake-ups cross cores as they do in production.
+//! Hand-off latency runs from the moment the holder starts its release to the
+//! moment the waiter holds the lock.
+//!
+//! * **floor**: the least a waiter that listens can do, also parked in a
+//!   task of its own: subscribed in advance (a pattern over every key's
+//!   wake-up channel), `SET NX` busy, marks the lock with distlock's acquire
+//!   script, and takes it with `SET NX` once the release's message arrives.
+//!   Release script with `PUBLISH`, the message, one acquire round trip.
+//! * **distlock**: holder A (its manager never waited), waiter B (another
+//!   manager); B queues and the release hands it the lock by its message: no
+//!   acquire round trip, so it should be below the floor by about one.
+//! * **distlock, holder's manager waited before**: the same with a holder
+//!   whose manager waited once before the measurement: the two rows should
+//!   match (each holder's manager hears its waiter's notice and releases in
+//!   one round trip).
+//!
+//! The three alternate round by round, so that a change of machine load hits
+//! them alike. Through `--link-delay`, [`ahead`] grows with the link, so
+//! that the waiter has queued (two round trips) and its notice has reached
+//! the holder before the release.
+
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+
+use crate::error::{bail, Result};
+use crate::floor::{Attempt, Floor, Names};
+use crate::report::{new_histogram, us, Better, Check, Row, ScenarioResult, Target};
+use crate::scenarios::common::{manager, owner_token, Env, LEASE, LEASE_MS};
+
+/// Longest a waiter may take; a round that takes longer is an error.
+const ROUND_LIMIT: Duration = Duration::from_secs(5);
+
+const FLOOR_LABEL: &str = "floor (release + parked waiter's SET NX)";
+pub const DISTLOCK_LABEL: &str = "distlock (holder's manager never waited)";
+const WAITED_LABEL: &str = "distlock (holder's manager waited before)";
+
+/// How long before the release the waiter starts to wait: 5 ms on loopback
+/// (parked: its task sleeps, its thread may too), plus 40 one-way delays of
+/// the link, so that through a link the waiter's two round trips (its first
+/// try and its queueing) and its notice's way to the holder are over.
+pub fn ahead(env: &Env) -> Duration {
+    Duration::from_millis(5) + env.link_delay.unwrap_or_default() * 40
+}
+
+pub async fn run(env: &Env) -> Result<ScenarioResult> {
+    env.flush().await?;
+    let (rounds, warmup) = if env.quick {
+        (40, 5)
+    } else if env
+        .link_delay
+        .is_some_and(|d| d >= Duration::from_micros(500))
+    {
+        (300, 20)
+    } else {
+        (1_000, 50)
+    };
+    let ahead = ahead(env);
+
+    let holder = Floor::connect(&env.target).await?;
+    let waiter = Floor::connect(&env.target).await?;
+    let _subscription = waiter
+        .subscribe(&env.url, &[], Some("floor:wake:*"))
+        .await?;
+    // A only ever holds; B only ever waits; C waits once (for B) before the
+    // measurement, then only holds.
+    let a = manager(&env.target).await?;
+    let b = manager(&env.target).await?;
+    let c = manager(&env.target).await?;
+    let warm = b.lock("bench:parked:warm").lease(LEASE).acquire().await?;
+    let c_waits = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            c.lock("bench:parked:warm")
+                .lease(LEASE)
+                .acquire()
+                .await?
+                .release()
+                .await?;
+            Ok::<_, crate::error::BoxError>(())
+        })
+    };
+    tokio::time::sleep(ahead).await;
+    warm.release().await?;
+    tokio::time::timeout(ROUND_LIMIT, c_waits).await???;
+
+    let mut floor = new_histogram()?;
+    let mut never = new_histogram()?;
+    let mut waited = new_histogram()?;
+    let mut rng = fastrand::Rng::with_seed(11);
+    let started = Instant::now();
+    for round in 0..warmup + rounds {
+        let f = floor_round(
+            &holder,
+            &waiter,
+            &format!("bench:parked:f{round}"),
+            ahead,
+            &mut rng,
+        )
+        .await?;
+        let n = distlock_round(&a, &b, &format!("bench:parked:a{round}"), ahead).await?;
+        let w = distlock_round(&c, &b, &format!("bench:parked:c{round}"), ahead).await?;
+        if round >= warmup {
+            record(&mut floor, f)?;
+            record(&mut never, n)?;
+            record(&mut waited, w)?;
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    env.flush().await?;
+
+    let row = |label: &str, h: &Histogram<u64>| {
+        let mut row = Row::new(label);
+        row.push(
+            "handoff p50 us",
+            us(h.value_at_quantile(0.5)),
+            Better::Lower,
+        )
+        .push(
+            "handoff p99 us",
+            us(h.value_at_quantile(0.99)),
+            Better::Lower,
+        )
+        .push("handoffs", h.len() as f64, Better::Neutral);
+        row.histogram = Some(h.clone());
+        row
+    };
+    let (text, bound) = if env.link_delay.is_some() {
+        (
+            "distlock parked hand-off p50 <= 0.60x floor (through the link)",
+            0.60,
+        )
+    } else {
+        (
+            "distlock parked hand-off p50 <= 0.90x floor (loopback)",
+            0.90,
+        )
+    };
+    Ok(ScenarioResult {
+        name: "parked-handoff",
+        title: format!(
+            "a hand-off to a parked waiter of another manager, unpinned: the waiter starts {} ms before the release; {rounds} rounds each (after {warmup} warm-up), the three rows alternating, {seconds:.1} s",
+            ahead.as_secs_f64() * 1e3
+        ),
+        notes: vec![
+            "hand-off: from the start of the holder's release to the waiter holding the lock; nothing pinned to a CPU".to_owned(),
+            "floor: the waiter in a task of its own, subscribed in advance (a pattern over every key's wake-up channel), SET NX busy, marks the lock with distlock's acquire script, and takes it with SET NX when the release's message arrives".to_owned(),
+            "distlock: the holder's manager never waited (it hears its waiter's notice on the hand-off channel it listens on since its first acquisition); the waiter, another manager's, queues and is handed the lock by the release's message".to_owned(),
+        ],
+        rows: vec![
+            row(FLOOR_LABEL, &floor),
+            row(DISTLOCK_LABEL, &never),
+            row(WAITED_LABEL, &waited),
+        ],
+        references: 1,
+        targets: vec![
+            Target::ratio(text, DISTLOCK_LABEL, "handoff p50 us", FLOOR_LABEL, Check::AtMost(bound)),
+            Target::ratio(
+                "never waited vs waited before: p50 within 10%",
+                DISTLOCK_LABEL,
+                "handoff p50 us",
+                WAITED_LABEL,
+                Check::AtMost(1.10),
+            ),
+        ],
+    })
+}
+
+fn record(h: &mut Histogram<u64>, d: Duration) -> Result<()> {
+    h.record(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX).max(1))?;
+    Ok(())
+}
+
+/// One floor round on `key`; the hand-off latency.
+async fn floor_round(
+    holder: &Floor,
+    waiter: &Floor,
+    key: &str,
+    ahead: Duration,
+    rng: &mut fastrand::Rng,
+) -> Result<Duration> {
+    let names = Names::new("floor:", key);
+    let (a, b) = (owner_token(rng), owner_token(rng));
+    if !matches!(
+        holder.try_acquire(&names, &a, LEASE_MS, false).await?,
+        Attempt::Acquired
+    ) {
+        bail!("parked-handoff floor: the new key {key} was busy");
+    }
+    let waiting = {
+        let (waiter, names) = (waiter.clone(), names.clone());
+        tokio::spawn(async move {
+            waiter.acquire_by_set_nx(&names, &b, LEASE_MS).await?;
+            let held = Instant::now();
+            waiter.release(&names, &b).await?;
+            Ok::<_, crate::error::BoxError>(held)
+        })
+    };
+    tokio::time::sleep(ahead).await;
+    let released = Instant::now();
+    if !holder.release(&names, &a).await? {
+        bail!("parked-handoff floor: the release of {key} found it gone");
+    }
+    let held = tokio::time::timeout(ROUND_LIMIT, waiting).await???;
+    Ok(held.saturating_duration_since(released))
+}
+
+/// One distlock round on `key`: `holder` holds, `waiter` waits in a task of
+/// its own.
+async fn distlock_round(
+    holder: &distlock::LockManager,
+    waiter: &distlock::LockManager,
+    key: &str,
+    ahead: Duration,
+) -> Result<Duration> {
+    let guard = holder.lock(key).lease(LEASE).acquire().await?;
+    let waiting = {
+        let (m, key) = (waiter.clone(), key.to_owned());
+        tokio::spawn(async move {
+            let g = m.lock(key).lease(LEASE).acquire().await?;
+            let held = Instant::now();
+            g.release().await?;
+            Ok::<_, crate::error::BoxError>(held)
+        })
+    };
+    tokio::time::sleep(ahead).await;
+    let released = Instant::now();
+    guard.release().await?;
+    let held = tokio::time::timeout(ROUND_LIMIT, waiting).await???;
+    Ok(held.saturating_duration_since(released))
+}
