@@ -108,6 +108,7 @@
 //! | `tls` | on | `rediss://` and `valkeys://` URLs through rustls, trusting the system's roots, a CA given to [`LockManagerBuilder::tls_ca_pem`], or none with the redis crate's `#insecure` URL form; a client certificate with [`LockManagerBuilder::tls_client_identity`]. Without it such URLs and certificates fail `build()` with [`LockError::InvalidConfig`] |
 //! | `testing` | off | deprecated, removed in the next release: `distlock::testing`, a re-export of the `distlock-testing` crate (private `redis-server` processes, a cluster, a Sentinel setup, a fault-injecting proxy, for your tests); add `distlock-testing` as a dev-dependency instead |
 //! | `metrics` | off | counters, histograms and a gauge on the [`metrics`](https://docs.rs/metrics) facade crate; names and labels in the repository's `docs/operating.md` |
+//! | `postgres` | off | the PostgreSQL store for the default lock: `postgres://` and `postgresql://` URLs for [`LockManager::builder`] (tokio-postgres); setup, schema, privileges and guarantees in the repository's `docs/postgres.md`. Without it such URLs fail `build()` with [`LockError::InvalidConfig`] |
 //!
 //! Items that need a feature say so on docs.rs.
 //!
@@ -124,8 +125,10 @@
 //! The repository's guides cover the rest: `docs/deploying.md` (TLS, passwords and
 //! ACL users, server checks, shutdown, managed services), `docs/operating.md`
 //! (inspecting and freeing locks, the `distlock` CLI, metrics and spans),
-//! `docs/scaling-out.md` (Redis Cluster, Sentinel, acknowledged replicas, Redlock)
-//! and `docs/testing.md` (private servers for your tests, from `distlock-testing`).
+//! `docs/scaling-out.md` (Redis Cluster, Sentinel, acknowledged replicas, Redlock),
+//! `docs/postgres.md` (the default lock on PostgreSQL: setup, schema, privileges,
+//! guarantees by deployment) and `docs/testing.md` (private servers for your tests,
+//! from `distlock-testing`).
 //!
 //! The runtime lives in `distlock-runtime` and the attribute macro in `distlock-macros`;
 //! this crate re-exports both, and is the only one to depend on.
@@ -171,6 +174,10 @@ pub struct DeployingGuide;
 #[cfg(doctest)]
 #[doc = include_str!("../docs/operating.md")]
 pub struct OperatingGuide;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/postgres.md")]
+pub struct PostgresGuide;
 
 #[cfg(doctest)]
 #[doc = include_str!("../docs/scaling-out.md")]
