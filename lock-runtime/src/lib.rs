@@ -77,6 +77,11 @@ mod waiting;
 /// `distlock schema`); see [`LockManagerBuilder::postgres_schema`].
 #[cfg(feature = "postgres")]
 pub use backend::postgres::schema_sql as postgres_schema_sql;
+/// The version of distlock's PostgreSQL schema that this library reads and
+/// writes (the row of `<schema>.version`), for tools that compare it with a
+/// database's.
+#[cfg(feature = "postgres")]
+pub use backend::postgres::SCHEMA_VERSION as POSTGRES_SCHEMA_VERSION;
 pub use config::Backoff;
 pub use context::spawn_with_locks;
 pub use counting::{CountingPermits, CountingSemaphore};
