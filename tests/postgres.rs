@@ -578,10 +578,7 @@ async fn tls_urls_are_refused_until_tls_is_built() {
     let url = format!("{}&sslmode=require", pg.url());
     match LockManager::builder(&url).build().await {
         Err(LockError::InvalidConfig(message)) => {
-            assert!(
-                message.contains("TLS for PostgreSQL is not built yet"),
-                "{message}"
-            )
+            assert!(message.contains("TLS for PostgreSQL is not built yet"), "{message}")
         }
         other => panic!("expected InvalidConfig, got {:?}", other.map(drop)),
     }
@@ -605,11 +602,9 @@ async fn a_cancelled_waiter_leaves_the_queue_and_the_next_is_served() {
                 .map(drop)
         })
     };
-    assert!(
-        eventually(Duration::from_secs(10), async || queued(&db).await == 1)
-            .await
-            .is_some()
-    );
+    assert!(eventually(Duration::from_secs(10), async || queued(&db).await == 1)
+        .await
+        .is_some());
     let second = tokio::spawn(async move {
         other
             .lock("cancel")
@@ -618,18 +613,14 @@ async fn a_cancelled_waiter_leaves_the_queue_and_the_next_is_served() {
             .await
             .map(drop)
     });
-    assert!(
-        eventually(Duration::from_secs(10), async || queued(&db).await == 2)
-            .await
-            .is_some()
-    );
+    assert!(eventually(Duration::from_secs(10), async || queued(&db).await == 2)
+        .await
+        .is_some());
     // The head gives up: its entry goes, so the release hands to the second.
     first.abort();
-    assert!(
-        eventually(Duration::from_secs(10), async || queued(&db).await == 1)
-            .await
-            .is_some()
-    );
+    assert!(eventually(Duration::from_secs(10), async || queued(&db).await == 1)
+        .await
+        .is_some());
     holder.release().await.unwrap();
     tokio::time::timeout(Duration::from_secs(10), second)
         .await
