@@ -1057,7 +1057,10 @@ mod postgres_url_tests {
 
     #[tokio::test]
     async fn a_postgres_url_without_the_feature_names_it() {
-        for url in ["postgres://u@127.0.0.1:1/db", "PostgreSQL://u@127.0.0.1:1/db"] {
+        for url in [
+            "postgres://u@127.0.0.1:1/db",
+            "PostgreSQL://u@127.0.0.1:1/db",
+        ] {
             match LockManager::builder(url).build().await {
                 Err(LockError::InvalidConfig(message)) => {
                     assert!(message.contains("`postgres` feature"), "{message}")

@@ -801,7 +801,14 @@ impl Inner {
                  not to create it: have a DBA run the SQL of `distlock schema`"
             )));
         }
-        let sql = schema_sql(schema)?;
+        // One query string runs as one implicit transaction: under the
+        // advisory lock, managers that start together create the schema
+        // once (concurrent CREATE ... IF NOT EXISTS can fail on catalog
+        // uniqueness), and a failure leaves nothing half made.
+        let sql = format!(
+            "SELECT pg_advisory_xact_lock(1684826880, 0);\n{}",
+            schema_sql(schema)?
+        );
         let created = tokio::time::timeout(
             self.command_timeout.max(Duration::from_secs(10)),
             client.batch_execute(&sql),
