@@ -17,11 +17,11 @@ use crate::output::{human_duration, redact, CheckResult, Status};
 /// it is not coming.
 const TIMEOUT: Duration = Duration::from_secs(2);
 
-/// The oldest server distlock's schema runs on: its functions call
-/// `hashtextextended`, new in PostgreSQL 11.
-const MIN_VERSION_NUM: i32 = 110_000;
-/// The oldest server recommended (11 is past its end of life; the library is
-/// tested on 15).
+/// The oldest server distlock's schema runs on: it uses `INSERT ... ON
+/// CONFLICT` and `CREATE ... IF NOT EXISTS`, new in PostgreSQL 9.5.
+const MIN_VERSION_NUM: i32 = 90_500;
+/// The oldest server recommended: older ones are past their end of life,
+/// and the library is tested on 15.
 const RECOMMENDED_VERSION_NUM: i32 = 120_000;
 
 /// How long a manager's data connection can sit idle while the manager
@@ -210,7 +210,7 @@ fn version(s: &Settings) -> (&'static str, Status, String) {
     let (status, detail) = if s.version_num < MIN_VERSION_NUM {
         (
             Status::Fail,
-            format!("{name}: distlock needs 11 or newer (its functions call hashtextextended)"),
+            format!("{name}: distlock needs 9.5 or newer (INSERT ... ON CONFLICT)"),
         )
     } else if s.in_recovery {
         (
@@ -220,7 +220,7 @@ fn version(s: &Settings) -> (&'static str, Status, String) {
     } else if s.version_num < RECOMMENDED_VERSION_NUM {
         (
             Status::Warn,
-            format!("{name}: works, but 12 or newer is recommended (tested on 15)"),
+            format!("{name}: works, but 12 or newer is recommended (distlock is tested on 15)"),
         )
     } else {
         (Status::Ok, format!("{name}, primary"))
@@ -324,13 +324,15 @@ async fn schema_check(
     });
     let found = match found {
         Ok(Some(found)) => found,
-        Ok(None) => return (
-            CHECK,
-            Status::Fail,
-            format!(
+        Ok(None) => {
+            return (
+                CHECK,
+                Status::Fail,
+                format!(
                 "{schema}.version has no row: the schema is half made; run `distlock schema`'s SQL"
             ),
-        ),
+            )
+        }
         Err(e) => {
             return (
                 CHECK,
@@ -646,7 +648,8 @@ mod tests {
             })
             .1
         };
-        assert_eq!(status(100_023, false), Status::Fail);
+        assert_eq!(status(90_424, false), Status::Fail);
+        assert_eq!(status(100_023, false), Status::Warn);
         assert_eq!(status(110_022, false), Status::Warn);
         assert_eq!(status(150_008, false), Status::Ok);
         assert_eq!(status(150_008, true), Status::Fail);
