@@ -454,3 +454,25 @@ async fn check_warns_about_durability_and_idle_timeouts() {
         "{idle}"
     );
 }
+
+#[test]
+fn an_unreachable_postgres_url_fails_fast_without_the_password() {
+    // Nothing listens on port 1: refused at once. The bound is the CLI's
+    // 2 s connect timeout plus start-up, with room for a loaded machine.
+    let url = "postgresql://app:secret@127.0.0.1:1/app";
+    for args in [&["list"][..], &["check"][..]] {
+        let started = std::time::Instant::now();
+        let out = distlock().args(["--url", url]).args(args).output().unwrap();
+        assert!(started.elapsed() < Duration::from_secs(10));
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let said = format!("{}{}", stdout(&out), stderr(&out));
+        assert!(!said.contains("secret"), "{said}");
+        assert!(said.contains("127.0.0.1:1"), "{said}");
+    }
+    let check = distlock().args(["--url", url, "check"]).output().unwrap();
+    assert!(
+        stdout(&check).starts_with("fail  connect: cannot connect to PostgreSQL at"),
+        "{}",
+        stdout(&check)
+    );
+}
