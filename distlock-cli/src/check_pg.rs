@@ -157,12 +157,20 @@ async fn connect(url: &str) -> Result<(Client, mpsc::UnboundedReceiver<Notificat
     Ok((client, rx))
 }
 
-/// A database error's code and message, or the error.
+/// A database error's message and code, or the error with its causes
+/// (tokio-postgres's own text, "error connecting to server", leaves out
+/// why).
 fn message(e: &tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(db) => format!("{} ({})", db.message(), db.code().code()),
-        None => e.to_string(),
+    if let Some(db) = e.as_db_error() {
+        return format!("{} ({})", db.message(), db.code().code());
     }
+    let mut text = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        text.push_str(&format!(": {c}"));
+        cause = c.source();
+    }
+    text
 }
 
 /// Runs `sql` within the timeout.
