@@ -719,3 +719,42 @@ async fn managers_starting_together_create_the_schema_once() {
         "1"
     );
 }
+
+#[distributed_lock(key = "default:{id}", lease = "10s")]
+async fn on_the_default_manager(id: u32) -> Result<u64, LockError> {
+    Ok(u64::from(id))
+}
+
+/// The macro without `manager = ...` builds its manager from `DISTLOCK_URL`,
+/// whatever the store. (The only test of this binary that reads the
+/// environment's manager, so setting the variable disturbs no other.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_manager_comes_from_a_postgres_url() {
+    let pg = server();
+    std::env::set_var("DISTLOCK_URL", pg.url());
+    assert_eq!(on_the_default_manager(5).await.unwrap(), 5);
+    // It used this server: its build created the schema here (nothing else
+    // in this test builds a manager).
+    assert_eq!(
+        pg.psql("SELECT version FROM distlock.version").unwrap(),
+        "1"
+    );
+}
+
+/// A hold moves to another manager by ticket: the resumed guard renews and
+/// releases it, as on Redis (the ticket names the row's owner).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_ticket_is_resumed_by_another_manager() {
+    let pg = server();
+    let m = manager(&pg).await;
+    let other = manager(&pg).await;
+    let guard = m.lock("ticketed").acquire().await.unwrap();
+    let token = guard.fencing_token().await.unwrap();
+    let secret = guard.into_ticket().ok().unwrap().to_secret_string();
+    let ticket = distlock::HoldTicket::from_secret_string(&secret).unwrap();
+    let resumed = other.resume(&ticket).await.unwrap();
+    assert_eq!(resumed.fencing_token().await.unwrap(), token);
+    assert!(m.lock("ticketed").try_acquire().await.unwrap().is_none());
+    resumed.release().await.unwrap();
+    assert!(!m.is_locked("ticketed").await.unwrap());
+}

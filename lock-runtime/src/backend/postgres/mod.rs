@@ -241,7 +241,10 @@ fn ms(value: u64) -> i64 {
 /// transaction rolled back.
 fn db_error(e: &tokio_postgres::Error) -> Option<BackendError> {
     let db = e.as_db_error()?;
-    let kind = if db.code() == &tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE {
+    // 42501: a missing privilege; class 28: a refused login or password.
+    let kind = if db.code() == &tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE
+        || db.code().code().starts_with("28")
+    {
         BackendErrorKind::Auth
     } else {
         BackendErrorKind::Server
