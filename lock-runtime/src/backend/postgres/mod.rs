@@ -33,7 +33,7 @@ use crate::keys::{KeyNames, RedisNames};
 use crate::lease::Lease;
 
 /// The schema's version this library writes and reads.
-pub(crate) const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 1;
 
 /// The store's name in errors.
 pub(crate) const STORE: &str = "PostgreSQL";
