@@ -55,8 +55,8 @@ usage: lock-bench [--quick] [--backend single|cluster|redlock] [--scenario NAME]
                    uncontended, many-keys, handoff, fresh-handoff, parked-handoff, renewal,
                    memory, macro
   --link-delay D   every client (distlock, rslock, the floors) reaches the server through
-                   distlock-testing's fault proxy holding each chunk D in each direction
-                   (e.g. 100us, 1ms; 0 = the proxy alone); nothing is pinned to a CPU, and
+                   a delay line holding each chunk D in each direction (e.g. 100us, 1ms;
+                   0 = the relay alone); nothing is pinned to a CPU, and
                    each scenario's p50s are also given in round trips (p50 / the p50 of
                    PING through the same link, measured after the scenario); single only
   --direct-lane on|off
@@ -458,9 +458,7 @@ async fn bench(args: Args, command: String) -> Result<()> {
         "lock-bench: redis {version} {at}, {cpus} CPUs, load average {load_start}{}{}{}{}",
         if args.quick { ", --quick" } else { "" },
         match args.link_delay {
-            Some(d) => format!(
-                ", through a link of {d:?} each way (distlock-testing's fault proxy), unpinned"
-            ),
+            Some(d) => format!(", through a link of {d:?} each way (a delay line), unpinned"),
             None => String::new(),
         },
         if args.direct_lane {
