@@ -535,7 +535,6 @@ async fn bench(args: Args, command: String) -> Result<()> {
         }
     }
     drop(env);
-    drop(link);
     drop(servers);
     Ok(())
 }
