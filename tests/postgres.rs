@@ -628,3 +628,27 @@ async fn a_cancelled_waiter_leaves_the_queue_and_the_next_is_served() {
         .unwrap()
         .unwrap();
 }
+
+/// Several processes starting at once on a fresh database (replicas of one
+/// deployment) each find the schema missing and create it: every build must
+/// succeed. Without serializing the creation, two `CREATE SCHEMA IF NOT
+/// EXISTS` (or `CREATE TABLE`, `CREATE OR REPLACE FUNCTION`) race and the
+/// loser fails on a unique catalog index (23505), so a worker of the torture
+/// suite's PostgreSQL scenario failed to start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn managers_built_at_once_on_a_fresh_database_all_succeed() {
+    let pg = server();
+    let url = pg.url();
+    let builds: Vec<_> = (0..8)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { LockManager::builder(&url).build().await })
+        })
+        .collect();
+    for (i, b) in builds.into_iter().enumerate() {
+        let built = b.await.expect("the build task");
+        assert!(built.is_ok(), "build {i} failed: {:?}", built.err());
+    }
+    let db = sql_client(&pg).await;
+    assert_eq!(count(&db, "SELECT count(*) FROM distlock.version").await, 1);
+}

@@ -10,6 +10,15 @@
 -- real time, never now(), which is the start of the transaction. Every
 -- function runs in its own short transaction on distlock's own connections.
 
+-- Serializes concurrent creations: processes starting at once on a fresh
+-- database each find the schema missing, and two CREATE ... IF NOT EXISTS (or
+-- CREATE OR REPLACE FUNCTION) racing make the loser fail on a unique catalog
+-- index (23505). `build()` sends this whole text as one simple query, which
+-- runs as one transaction, so the lock is held until every object exists and
+-- the next creator finds them. (Run statement by statement, as `psql -f`
+-- does, it is released at once and harmless.)
+SELECT pg_advisory_xact_lock(hashtextextended('distlock schema __SCHEMA__', 0));
+
 CREATE SCHEMA IF NOT EXISTS __SCHEMA__;
 
 -- One row: the schema version, so that a later release can migrate and an
