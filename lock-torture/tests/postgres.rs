@@ -15,15 +15,15 @@ use std::time::{Duration, Instant};
 
 use distlock_testing::PostgresServer;
 use lock_torture::checker::{check_sections, check_store, Faults, StoreReport};
-use lock_torture::clock::{mono_ns, ns};
+use lock_torture::clock::{diff_ms, mono_ns, ns};
 use lock_torture::history::{History, Kind, Outcome, Release, Section, Write};
 use lock_torture::process::{num, RunDir, Worker};
 use lock_torture::soak_factor;
 use lock_torture::store::PgStore;
 
 use support::{
-    args, assert_every_key_granted_after, figures, finish, history, keys, progress, progress_all,
-    ready, sleep_until, stop_all, PREFIX, QUEUE_LEASE, SERIAL, SLACK, WORKER,
+    args, assert_every_key_granted_after, drift, figures, finish, history, keys, progress,
+    progress_all, ready, sleep_until, stop_all, PREFIX, QUEUE_LEASE, SERIAL, SLACK, WORKER,
 };
 
 /// The application names the PostgreSQL backend gives its data and listening
@@ -251,6 +251,8 @@ async fn p1_postgres_faults() {
     let rounds = soak_factor() as usize;
     let mut faults = Faults::default();
     let mut killed_sections = Vec::new();
+    // (SIGSTOP, the frozen holder's last known deadline) of each round.
+    let mut frozen_holds = Vec::new();
     let (mut data_killed, mut listen_killed, mut worst_restart_ms) = (0, 0, 0u64);
     let mut t_last_fault = 0;
     for r in 0..rounds {
@@ -298,8 +300,31 @@ async fn p1_postgres_faults() {
         let t_cont = mono_ns();
         frozen.resume();
         faults.frozen.push((frozen.id, t_stop, t_cont));
-        frozen.expect_event("LOST", &a, t).await;
-        frozen.expect_event("REL", &a, t).await;
+        let lost = frozen.expect_event("LOST", &a, t).await;
+        let (t_lost, last_active) = (num(&lost, 0), num(&lost, 1));
+        let (deadline, prev_active) = (num(&lost, 2), num(&lost, 3));
+        // The body is never polled again once the loss is known: only a poll
+        // that had begun when SIGSTOP froze the process may end after SIGCONT
+        // (the checker excuses the overlaps of that one poll, `frozen`).
+        assert!(
+            last_active <= t_stop || prev_active <= t_stop,
+            "round {r}: the frozen holder's body was polled twice after SIGCONT \
+             (polls ended {:.1} and {:.1} ms after SIGSTOP)",
+            diff_ms(prev_active, t_stop),
+            diff_ms(last_active, t_stop)
+        );
+        // The loss is known at resume: its deadline passed during the pause.
+        assert!(
+            t_lost >= t_cont && t_lost - t_cont <= ns(SLACK),
+            "round {r}: loss seen {:.1} ms after SIGCONT",
+            diff_ms(t_lost, t_cont)
+        );
+        frozen_holds.push((t_stop, deadline));
+        let rel = frozen.expect_event("REL", &a, t).await;
+        assert_eq!(
+            rel[0], "lost",
+            "round {r}: the frozen holder's release: {rel:?}"
+        );
         progress_all(&mut survivors, 1, t).await;
         frozen.send(&format!("zombie {a}"));
         let zombie = frozen.expect_event("ZOMBIE", &a, t).await;
@@ -390,6 +415,22 @@ async fn p1_postgres_faults() {
         "rows left in distlock's tables: {leaked:?}"
     );
     assert_every_key_granted_after(&h, &keys, t_last_fault, 1, "last kill");
+    // Nobody took k0 from the frozen holder before its deadline (+ the
+    // runtime's drift allowance, less 1 ms for the clocks' reading order).
+    for (t_stop, deadline) in frozen_holds {
+        let next = h
+            .sections
+            .iter()
+            .filter(|s| s.key == "k0" && s.worker != frozen.id && s.acquired > t_stop)
+            .map(|s| s.acquired)
+            .min()
+            .expect("k0 was taken during the freeze");
+        assert!(
+            next > deadline + ns(drift(lease)) - 1_000_000,
+            "k0 was taken {:.1} ms after the frozen holder's deadline",
+            diff_ms(next, deadline)
+        );
+    }
     support::assert_drained(&survivors, &drains);
 }
 
