@@ -666,7 +666,13 @@ async fn a_hold_across_an_immediate_restart_is_kept() {
     let m = manager(&pg).await;
     let other = manager(&pg).await;
     // Both connections of the managers cut once before, as in p1.
-    m.lock("warm").acquire().await.unwrap().release().await.unwrap();
+    m.lock("warm")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
     pg.kill_backends_named("distlock").unwrap();
     pg.kill_backends_named("distlock-listen").unwrap();
     // Granted by a hand-off, as in p1 where the lock was contended.
@@ -681,9 +687,11 @@ async fn a_hold_across_an_immediate_restart_is_kept() {
         (m, guard)
     });
     let db = sql_client(&pg).await;
-    assert!(eventually(Duration::from_secs(10), async || queued(&db).await == 1)
-        .await
-        .is_some());
+    assert!(
+        eventually(Duration::from_secs(10), async || queued(&db).await == 1)
+            .await
+            .is_some()
+    );
     first.release().await.unwrap();
     let (_m, guard) = waiting.await.unwrap();
     let guard = guard.unwrap();
@@ -709,6 +717,12 @@ async fn a_hold_across_an_immediate_restart_is_kept() {
     })
     .await;
     assert!(renewed.is_some(), "no renewal after the restart");
-    assert!(!guard.is_lost(), "the hold was reported lost after the restart");
-    guard.release().await.expect("the release after the restart");
+    assert!(
+        !guard.is_lost(),
+        "the hold was reported lost after the restart"
+    );
+    guard
+        .release()
+        .await
+        .expect("the release after the restart");
 }
