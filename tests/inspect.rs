@@ -206,3 +206,23 @@ async fn on_a_redlock() {
     let operator = LockManager::redlock_builder(urls).build().await.unwrap();
     holds_are_seen_from_outside(&holder, &operator).await;
 }
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres() {
+    let d = Deployment::postgres();
+    let holder = d
+        .builder()
+        .holder("web-1 checkout worker")
+        .build()
+        .await
+        .unwrap();
+    holds_are_seen_from_outside(&holder, &d.manager().await).await;
+
+    // Another prefix's locks are not listed.
+    let other = d.builder().key_prefix("other:").build().await.unwrap();
+    let _held = other.lock("order:1").acquire().await.unwrap();
+    let m = d.manager().await;
+    assert!(m.list("*").await.unwrap().is_empty());
+    assert_eq!(other.list("*").await.unwrap().len(), 1);
+}
