@@ -578,7 +578,10 @@ async fn tls_urls_are_refused_until_tls_is_built() {
     let url = format!("{}&sslmode=require", pg.url());
     match LockManager::builder(&url).build().await {
         Err(LockError::InvalidConfig(message)) => {
-            assert!(message.contains("TLS for PostgreSQL is not built yet"), "{message}")
+            assert!(
+                message.contains("TLS for PostgreSQL is not built yet"),
+                "{message}"
+            )
         }
         other => panic!("expected InvalidConfig, got {:?}", other.map(drop)),
     }
@@ -602,9 +605,11 @@ async fn a_cancelled_waiter_leaves_the_queue_and_the_next_is_served() {
                 .map(drop)
         })
     };
-    assert!(eventually(Duration::from_secs(10), async || queued(&db).await == 1)
-        .await
-        .is_some());
+    assert!(
+        eventually(Duration::from_secs(10), async || queued(&db).await == 1)
+            .await
+            .is_some()
+    );
     let second = tokio::spawn(async move {
         other
             .lock("cancel")
@@ -613,18 +618,125 @@ async fn a_cancelled_waiter_leaves_the_queue_and_the_next_is_served() {
             .await
             .map(drop)
     });
-    assert!(eventually(Duration::from_secs(10), async || queued(&db).await == 2)
-        .await
-        .is_some());
+    assert!(
+        eventually(Duration::from_secs(10), async || queued(&db).await == 2)
+            .await
+            .is_some()
+    );
     // The head gives up: its entry goes, so the release hands to the second.
     first.abort();
-    assert!(eventually(Duration::from_secs(10), async || queued(&db).await == 1)
-        .await
-        .is_some());
+    assert!(
+        eventually(Duration::from_secs(10), async || queued(&db).await == 1)
+            .await
+            .is_some()
+    );
     holder.release().await.unwrap();
     tokio::time::timeout(Duration::from_secs(10), second)
         .await
         .expect("the second waiter is served")
         .unwrap()
         .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_whose_backend_is_paused_past_its_lease_is_told_before_the_next_grant() {
+    let pg = server();
+    // Its own application name, to find its data connection's backend.
+    let m = LockManager::builder(&format!("{}&application_name=paused-holder", pg.url()))
+        .default_lease(Duration::from_millis(1000))
+        .command_timeout(Duration::from_millis(200))
+        .build()
+        .await
+        .unwrap();
+    let other = manager(&pg).await;
+    let guard = m.lock("paused").acquire().await.unwrap();
+    let token = guard.fencing_token().await.unwrap();
+    let pids = pg.backend_pids("paused-holder").unwrap();
+    assert_eq!(pids.len(), 1, "one data connection");
+    pg.pause_backend(pids[0]).unwrap();
+    let next = other
+        .lock("paused")
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await
+        .unwrap();
+    // The row expires on the server's clock at least a lease after the
+    // holder's last renewal was sent, and the holder's local deadline is a
+    // lease after it sent that renewal: so once another manager is granted
+    // the lock, the holder's lease is already lost locally.
+    assert!(guard.is_lost(), "a grant overlapped a hold not yet lost");
+    assert!(next.fencing_token().await.unwrap() > token);
+    pg.resume_backend(pids[0]).unwrap();
+    assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
+    next.release().await.unwrap();
+}
+
+/// A guard dropped as its runtime ends is released over a connection of its
+/// own (a thread with its own runtime), not left to its lease.
+#[test]
+fn a_hold_dropped_as_the_runtime_ends_is_released() {
+    let pg = server();
+    let url = pg.url();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let m = LockManager::connect(&url).await.unwrap();
+        let _g = m
+            .lock("job")
+            .lease(Duration::from_secs(30))
+            .acquire()
+            .await
+            .unwrap();
+        // `_g` dropped here, inside the runtime: Drop spawns the release,
+        // which never runs there; the runtime's end releases it instead.
+    });
+    drop(rt);
+    let check = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    check.block_on(async {
+        let m = LockManager::connect(&url).await.unwrap();
+        assert!(
+            !m.is_locked("job").await.unwrap(),
+            "a lease of 30 s would still hold the lock"
+        );
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn managers_starting_together_create_the_schema_once() {
+    let pg = server();
+    let url = pg.url();
+    let builds = (0..4).map(|_| LockManager::builder(&url).build());
+    for built in futures_util::future::join_all(builds).await {
+        built.expect("every manager starts");
+    }
+    assert_eq!(
+        pg.psql("SELECT version FROM distlock.version").unwrap(),
+        "1"
+    );
+}
+
+#[distributed_lock(key = "default:{id}", lease = "10s")]
+async fn on_the_default_manager(id: u32) -> Result<u64, LockError> {
+    Ok(u64::from(id))
+}
+
+/// The macro without `manager = ...` builds its manager from `DISTLOCK_URL`,
+/// whatever the store. (The only test of this binary that reads the
+/// environment's manager, so setting the variable disturbs no other.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_manager_comes_from_a_postgres_url() {
+    let pg = server();
+    std::env::set_var("DISTLOCK_URL", pg.url());
+    assert_eq!(on_the_default_manager(5).await.unwrap(), 5);
+    // It used this server: its build created the schema here (nothing else
+    // in this test builds a manager).
+    assert_eq!(
+        pg.psql("SELECT version FROM distlock.version").unwrap(),
+        "1"
+    );
 }

@@ -56,10 +56,11 @@ pub enum LockError {
     InvalidConfig(String),
 
     /// No manager was given to a locked function, none was set with
-    /// `distlock::set_global`, and neither `DISTLOCK_REDIS_URL` nor `REDIS_URL` is set.
+    /// `distlock::set_global`, and none of `DISTLOCK_URL`, `DISTLOCK_REDIS_URL`
+    /// and `REDIS_URL` is set.
     #[error(
         "no lock manager configured: pass `manager = ...`, call `distlock::set_global`, \
-         or set DISTLOCK_REDIS_URL or REDIS_URL"
+         or set DISTLOCK_URL (or DISTLOCK_REDIS_URL or REDIS_URL)"
     )]
     NotConfigured,
 

@@ -980,6 +980,7 @@ impl LockManagerBuilder {
     /// (default `distlock`; lower-case letters, digits and `_`). Ignored on
     /// Redis.
     #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub fn postgres_schema(mut self, schema: impl Into<String>) -> Self {
         self.config.postgres.schema = schema.into();
         self
@@ -990,6 +991,7 @@ impl LockManagerBuilder {
     /// [`LockError::ServerCheck`]; a DBA creates it with the SQL of
     /// [`postgres_schema_sql`](crate::postgres_schema_sql). Ignored on Redis.
     #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub fn create_postgres_schema(mut self, create: bool) -> Self {
         self.config.postgres.create_schema = create;
         self
@@ -999,6 +1001,7 @@ impl LockManagerBuilder {
     /// dead waiters, at most 1000 of each per statement (default 10 s).
     /// Ignored on Redis.
     #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub fn postgres_sweep_interval(mut self, interval: Duration) -> Self {
         self.config.postgres.sweep_interval = interval.max(Duration::from_millis(10));
         self
@@ -1057,7 +1060,10 @@ mod postgres_url_tests {
 
     #[tokio::test]
     async fn a_postgres_url_without_the_feature_names_it() {
-        for url in ["postgres://u@127.0.0.1:1/db", "PostgreSQL://u@127.0.0.1:1/db"] {
+        for url in [
+            "postgres://u@127.0.0.1:1/db",
+            "PostgreSQL://u@127.0.0.1:1/db",
+        ] {
             match LockManager::builder(url).build().await {
                 Err(LockError::InvalidConfig(message)) => {
                     assert!(message.contains("`postgres` feature"), "{message}")

@@ -241,7 +241,10 @@ fn ms(value: u64) -> i64 {
 /// transaction rolled back.
 fn db_error(e: &tokio_postgres::Error) -> Option<BackendError> {
     let db = e.as_db_error()?;
-    let kind = if db.code() == &tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE {
+    // 42501: a missing privilege; class 28: a refused login or password.
+    let kind = if db.code() == &tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE
+        || db.code().code().starts_with("28")
+    {
         BackendErrorKind::Auth
     } else {
         BackendErrorKind::Server
@@ -801,7 +804,14 @@ impl Inner {
                  not to create it: have a DBA run the SQL of `distlock schema`"
             )));
         }
-        let sql = schema_sql(schema)?;
+        // One query string runs as one implicit transaction: under the
+        // advisory lock, managers that start together create the schema
+        // once (concurrent CREATE ... IF NOT EXISTS can fail on catalog
+        // uniqueness), and a failure leaves nothing half made.
+        let sql = format!(
+            "SELECT pg_advisory_xact_lock(1684826880, 0);\n{}",
+            schema_sql(schema)?
+        );
         let created = tokio::time::timeout(
             self.command_timeout.max(Duration::from_secs(10)),
             client.batch_execute(&sql),

@@ -9,6 +9,15 @@
 -- Time is the server's: every expiry is compared with clock_timestamp(), the
 -- real time, never now(), which is the start of the transaction. Every
 -- function runs in its own short transaction on distlock's own connections.
+--
+-- The functions that change one lock (acquire, release, force_unlock) first
+-- take a transaction-scoped advisory lock on the key (class 1684826880,
+-- "dlk\0", and hashtext of the lock's name; the two-int4 form, apart from
+-- the one-bigint keys most applications use): it serializes the lock's row
+-- and its queue for the function's few milliseconds, also while the lock
+-- has no row, and is gone at commit. A lock is never held by an advisory
+-- lock. The client runs this file in one transaction under the same class's
+-- key 0, so that managers starting together create the schema once.
 
 CREATE SCHEMA IF NOT EXISTS __SCHEMA__;
 
@@ -119,7 +128,7 @@ DECLARE
   v_now timestamptz;
   v_head text;
 BEGIN
-  PERFORM pg_advisory_xact_lock(hashtextextended(p_name, 7));
+  PERFORM pg_advisory_xact_lock(1684826880, hashtext(p_name));
   v_now := clock_timestamp();
   SELECT * INTO r FROM __SCHEMA__.locks WHERE name = p_name FOR UPDATE;
   IF FOUND AND r.expires_at > v_now THEN
@@ -185,7 +194,7 @@ DECLARE
   v_now timestamptz;
   v_held boolean;
 BEGIN
-  PERFORM pg_advisory_xact_lock(hashtextextended(p_name, 7));
+  PERFORM pg_advisory_xact_lock(1684826880, hashtext(p_name));
   v_now := clock_timestamp();
   SELECT * INTO r FROM __SCHEMA__.locks WHERE name = p_name FOR UPDATE;
   v_held := FOUND AND r.expires_at > v_now;
@@ -219,7 +228,7 @@ DECLARE
   r __SCHEMA__.locks%ROWTYPE;
   v_now timestamptz;
 BEGIN
-  PERFORM pg_advisory_xact_lock(hashtextextended(p_name, 7));
+  PERFORM pg_advisory_xact_lock(1684826880, hashtext(p_name));
   v_now := clock_timestamp();
   SELECT * INTO r FROM __SCHEMA__.locks WHERE name = p_name FOR UPDATE;
   IF NOT FOUND OR r.expires_at <= v_now OR (p_only <> '' AND r.owner <> p_only) THEN
