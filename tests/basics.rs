@@ -340,7 +340,12 @@ async fn a_hold_is_seen_and_a_release_frees_it(d: Deployment) {
 async fn a_try_is_one_attempt(d: Deployment) {
     let a = d.manager().await;
     let b = d.manager().await;
-    let held = a.lock("try").try_acquire().await.unwrap().expect("free lock");
+    let held = a
+        .lock("try")
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("free lock");
     let start = std::time::Instant::now();
     assert!(b.lock("try").try_acquire().await.unwrap().is_none());
     // One round trip, not a wait (which would take the default wait).
@@ -445,7 +450,12 @@ async fn any_utf8_key_is_its_own_lock(d: Deployment) {
         assert_eq!(g.key(), key);
         let info = other.inspect(key).await.unwrap();
         assert_eq!(info.map(|i| i.key), Some(key.clone()), "{key:?}");
-        assert!(other.lock(key.as_str()).try_acquire().await.unwrap().is_none());
+        assert!(other
+            .lock(key.as_str())
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_none());
         g.release().await.unwrap();
         assert!(!other.is_locked(key).await.unwrap(), "{key:?}");
     }
@@ -462,7 +472,11 @@ async fn bad_input_is_a_typed_error_on_every_store(d: Deployment) {
         m.lock("").acquire().await,
         Err(LockError::InvalidKey { .. })
     ));
-    for lease in [Duration::ZERO, Duration::from_millis(2), Duration::from_secs(u64::MAX)] {
+    for lease in [
+        Duration::ZERO,
+        Duration::from_millis(2),
+        Duration::from_secs(u64::MAX),
+    ] {
         assert!(matches!(
             m.lock("k").lease(lease).acquire().await,
             Err(LockError::InvalidConfig(_))
@@ -485,12 +499,23 @@ async fn bad_input_is_a_typed_error_on_every_store(d: Deployment) {
 /// each sees only its own.
 async fn key_prefixes_are_separate_namespaces(d: Deployment) {
     // Prefixes of this test's own: the cluster is shared by the binary's tests.
-    let app = d.builder().key_prefix("myapp:locks:").build().await.unwrap();
+    let app = d
+        .builder()
+        .key_prefix("myapp:locks:")
+        .build()
+        .await
+        .unwrap();
     let plain = d.builder().key_prefix("other:").build().await.unwrap();
     let g = app.lock("a").acquire().await.unwrap();
     assert!(app.is_locked("a").await.unwrap());
     assert!(!plain.is_locked("a").await.unwrap());
-    let keys: Vec<String> = app.list("*").await.unwrap().into_iter().map(|i| i.key).collect();
+    let keys: Vec<String> = app
+        .list("*")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| i.key)
+        .collect();
     assert_eq!(keys, ["a"]);
     assert!(plain.list("*").await.unwrap().is_empty());
     let h = plain.lock("a").try_acquire().await.unwrap();
