@@ -226,3 +226,23 @@ async fn on_postgres() {
     assert!(m.list("*").await.unwrap().is_empty());
     assert_eq!(other.list("*").await.unwrap().len(), 1);
 }
+
+/// The default holder description names host, pid and program, and an
+/// over-long one is refused, on every store.
+async fn the_default_holder_on_every_store(d: Deployment) {
+    let m = d.manager().await;
+    let _g = m.lock("holder").acquire().await.unwrap();
+    let info = m.inspect("holder").await.unwrap().unwrap();
+    let program = std::env::current_exe().unwrap();
+    let program = program.file_name().unwrap().to_string_lossy();
+    assert!(
+        info.holder
+            .ends_with(&format!(" pid {} {program}", std::process::id())),
+        "{}",
+        info.holder
+    );
+    let too_long = d.builder().holder("x".repeat(257)).build().await;
+    assert!(matches!(too_long, Err(LockError::InvalidConfig(_))));
+}
+
+on_stores!(the_default_holder_on_every_store);
