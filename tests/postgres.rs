@@ -740,3 +740,21 @@ async fn the_default_manager_comes_from_a_postgres_url() {
         "1"
     );
 }
+
+/// A hold moves to another manager by ticket: the resumed guard renews and
+/// releases it, as on Redis (the ticket names the row's owner).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_ticket_is_resumed_by_another_manager() {
+    let pg = server();
+    let m = manager(&pg).await;
+    let other = manager(&pg).await;
+    let guard = m.lock("ticketed").acquire().await.unwrap();
+    let token = guard.fencing_token().await.unwrap();
+    let secret = guard.into_ticket().ok().unwrap().to_secret_string();
+    let ticket = distlock::HoldTicket::from_secret_string(&secret).unwrap();
+    let resumed = other.resume(&ticket).await.unwrap();
+    assert_eq!(resumed.fencing_token().await.unwrap(), token);
+    assert!(m.lock("ticketed").try_acquire().await.unwrap().is_none());
+    resumed.release().await.unwrap();
+    assert!(!m.is_locked("ticketed").await.unwrap());
+}
