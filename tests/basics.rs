@@ -440,10 +440,18 @@ async fn any_utf8_key_is_its_own_lock(d: Deployment) {
         "x".repeat(10 * 1024),
     ];
     for key in &keys {
-        // PostgreSQL's text holds no NUL: such a key fails there with a
-        // backend error (SQLSTATE 22021) rather than a typed `InvalidKey`;
-        // reported, left out until the backend refuses it before sending.
+        // PostgreSQL's text holds no NUL: there such a key is refused with a
+        // typed error, and nothing is left behind.
         if d.is_postgres() && key.contains('\0') {
+            let refused = m.lock(key.as_str()).acquire().await;
+            assert!(
+                matches!(refused, Err(LockError::InvalidKey { .. })),
+                "{refused:?}"
+            );
+            assert!(matches!(
+                other.inspect(key).await,
+                Err(LockError::InvalidKey { .. })
+            ));
             continue;
         }
         let g = m.lock(key.as_str()).acquire().await.unwrap();
