@@ -262,6 +262,9 @@ pub enum Deployment {
 /// (a static), so a watchdog stops it when this process is gone, however it
 /// ends (`pg_ctl` detaches the server, so it would outlive the process).
 #[cfg(feature = "postgres")]
+// The watchdog must outlive this process, so it is never waited for (init
+// reaps it).
+#[allow(clippy::zombie_processes)]
 pub fn postgres_server() -> &'static distlock_testing::PostgresServer {
     static SHARED: std::sync::OnceLock<distlock_testing::PostgresServer> =
         std::sync::OnceLock::new();
