@@ -149,24 +149,6 @@ async fn a_token_asked_for_after_the_lock_was_lost_is_refused() {
     ));
 }
 
-/// An eager request takes its token inside the acquire: no round trip later.
-#[tokio::test]
-async fn an_eager_request_has_its_token_at_once() {
-    let redis = server();
-    let m = manager_for(&redis.url()).await;
-    let g = m.lock("e").eager_fencing(true).acquire().await.unwrap();
-    let token = g.issued_fencing_token().expect("issued at acquisition");
-    let eager = LockManager::builder(&redis.url())
-        .eager_fencing(true)
-        .build()
-        .await
-        .unwrap();
-    g.release().await.unwrap();
-    let g2 = eager.lock("e").acquire().await.unwrap();
-    assert!(g2.issued_fencing_token().unwrap() > token);
-    g2.release().await.unwrap();
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_cluster() {
     let cluster = RedisCluster::process_wide().unwrap();

@@ -136,27 +136,6 @@ async fn on_one_server() {
     assert!(err.to_string().contains("did not write"), "{err}");
 }
 
-#[tokio::test]
-async fn the_default_holder_names_host_pid_and_program() {
-    let redis = server();
-    let m = manager(&redis).await;
-    let _g = m.lock("k").acquire().await.unwrap();
-    let info = m.inspect("k").await.unwrap().unwrap();
-    let program = std::env::current_exe().unwrap();
-    let program = program.file_name().unwrap().to_string_lossy();
-    assert!(
-        info.holder
-            .ends_with(&format!(" pid {} {program}", std::process::id())),
-        "{}",
-        info.holder
-    );
-    let too_long = LockManager::builder(&redis.url())
-        .holder("x".repeat(257))
-        .build()
-        .await;
-    assert!(matches!(too_long, Err(LockError::InvalidConfig(_))));
-}
-
 /// A lock key written by distlock 0.1 (a hash) is refused as a value distlock
 /// (this version) did not write, not shared: mixed versions during a rolling
 /// upgrade cannot both hold one lock.

@@ -23,61 +23,6 @@ async fn freed_within(
     start.elapsed()
 }
 
-#[tokio::test]
-async fn dropping_a_guard_releases_in_the_background() {
-    let redis = server();
-    let a = manager(&redis).await;
-    let g = a
-        .lock("k")
-        .lease(Duration::from_secs(30))
-        .acquire()
-        .await
-        .unwrap();
-    drop(g);
-    assert!(freed_within(&redis, "k", Duration::from_secs(1)).await < Duration::from_secs(1));
-}
-
-#[tokio::test]
-async fn a_panicking_holder_releases() {
-    let redis = server();
-    let a = manager(&redis).await;
-    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
-    let task = tokio::spawn(async move {
-        let _g = a
-            .lock("k")
-            .lease(Duration::from_secs(30))
-            .acquire()
-            .await
-            .unwrap();
-        held_tx.send(()).unwrap();
-        panic!("the body failed");
-    });
-    held_rx.await.unwrap();
-    assert!(task.await.unwrap_err().is_panic());
-    freed_within(&redis, "k", Duration::from_secs(1)).await;
-}
-
-#[tokio::test]
-async fn an_aborted_holder_releases() {
-    let redis = server();
-    let a = manager(&redis).await;
-    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
-    let task = tokio::spawn(async move {
-        let g = a
-            .lock("k")
-            .lease(Duration::from_secs(30))
-            .acquire()
-            .await
-            .unwrap();
-        held_tx.send(()).unwrap();
-        g.scope(std::future::pending::<()>()).await;
-    });
-    held_rx.await.unwrap();
-    task.abort();
-    assert!(task.await.unwrap_err().is_cancelled());
-    freed_within(&redis, "k", Duration::from_secs(1)).await;
-}
-
 /// An acquire cancelled while its script is in flight must not leave the lock
 /// held in its name for the whole lease.
 #[tokio::test]
