@@ -308,8 +308,8 @@ impl Deployment {
     }
 
     /// A deployment on the process-wide PostgreSQL, in a schema of its own,
-    /// created here (by `psql`, before any manager): managers that `build()`
-    /// at once on a database without the schema could race to create it.
+    /// created here (by `psql`, before any manager), so that no manager's
+    /// `build()` spends its timeouts creating it while other tests run.
     #[cfg(feature = "postgres")]
     pub fn postgres() -> Self {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
