@@ -699,6 +699,19 @@ impl Inner {
         sql: &str,
         params: &[(&(dyn ToSql + Sync), Type)],
     ) -> Result<Vec<Row>, CallError> {
+        // PostgreSQL's text cannot hold NUL (the statement would fail with
+        // SQLSTATE 22021 as a server error): a typed refusal instead, before
+        // anything is sent. Redis keys may hold it, so the check is this
+        // store's, not `validate_key`'s.
+        if key.contains('\0') {
+            return Err(CallError {
+                error: LockError::InvalidKey {
+                    key: key.to_owned(),
+                    reason: "PostgreSQL text cannot hold a NUL character".to_owned(),
+                },
+                maybe_executed: false,
+            });
+        }
         let client = self.client().await.map_err(|mut e| {
             if let LockError::Backend { key: k, .. } = &mut e.error {
                 key.clone_into(k);
