@@ -439,8 +439,12 @@ pub struct RunInfo {
     pub backend: &'static str,
     /// CPUs the bench could use (`available_parallelism`).
     pub nproc: usize,
-    /// `redis_version` of the (first) private server.
+    /// `redis_version` of the (first) private server; PostgreSQL's `server_version`.
     pub server_version: String,
+    /// PostgreSQL: the settings that bound a commit (`synchronous_commit`, `fsync`,
+    /// `wal_sync_method`, where the data directory is); absent for Redis.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_settings: Option<String>,
     pub quick: bool,
     pub runs: usize,
     /// `--locks`, when given.
