@@ -22,6 +22,7 @@
 pub mod handoff;
 pub mod lease;
 pub mod many_keys;
+pub mod proxy;
 pub mod renewal;
 pub mod uncontended;
 
@@ -48,6 +49,8 @@ pub const SLOT_NOTE: &str = "distlock's row is a slot: empty until distlock_runt
 pub struct PgEnv {
     /// The private server's URL (`postgresql://postgres@127.0.0.1:PORT/postgres?...`).
     pub url: String,
+    /// Where the server listens (127.0.0.1), for the round-trip counting proxy.
+    pub port: u16,
     pub quick: bool,
     /// `--locks N`: held by `renewal` (10,000 by default; 1,000 with `--quick`).
     pub locks: Option<usize>,
@@ -94,6 +97,7 @@ pub async fn start(quick: bool, locks: Option<usize>) -> Result<(PostgresServer,
         .map_err(context("reading the postmaster's pid"))?;
     let env = PgEnv {
         url: server.url(),
+        port: server.port(),
         quick,
         locks,
         postmaster,
@@ -182,6 +186,14 @@ pub fn server_pids(postmaster: u32) -> Vec<u32> {
         }
     }
     pids
+}
+
+/// A round-trip counting proxy in front of the server, and the URL through it.
+pub async fn counting_proxy(env: &PgEnv) -> Result<(proxy::PgCountingProxy, String)> {
+    let p = proxy::PgCountingProxy::start(std::net::SocketAddr::from(([127, 0, 0, 1], env.port)))
+        .await?;
+    let url = p.url(&env.url, env.port);
+    Ok((p, url))
 }
 
 /// The distlock slot's row: every figure of `like` unmeasured (`-` in the table,
