@@ -1,5 +1,5 @@
 //! A locked function without `manager = ...`: the global manager, else one from
-//! DISTLOCK_REDIS_URL / REDIS_URL, else `LockError::NotConfigured`. One test in
+//! DISTLOCK_URL / DISTLOCK_REDIS_URL / REDIS_URL (the first set), else `LockError::NotConfigured`. One test in
 //! its own binary, because it changes process-wide state (env, global manager).
 
 mod common;
@@ -17,6 +17,7 @@ async fn job() -> Result<u64, LockError> {
 #[tokio::test]
 async fn default_manager_comes_from_the_environment_or_is_not_configured() {
     // Env changes are safe here: this binary runs one test, on this thread.
+    std::env::remove_var("DISTLOCK_URL");
     std::env::remove_var("DISTLOCK_REDIS_URL");
     std::env::remove_var("REDIS_URL");
     assert!(matches!(job().await, Err(LockError::NotConfigured)));
@@ -27,7 +28,10 @@ async fn default_manager_comes_from_the_environment_or_is_not_configured() {
     );
 
     let redis = server();
-    std::env::set_var("DISTLOCK_REDIS_URL", redis.url());
+    // DISTLOCK_URL comes first: the Redis-only variable names a port where
+    // nothing listens, which would fail the build if it were used.
+    std::env::set_var("DISTLOCK_URL", redis.url());
+    std::env::set_var("DISTLOCK_REDIS_URL", "redis://127.0.0.1:1");
     assert_eq!(job().await.unwrap(), 7);
     // It used that server: the fencing counter of "job" is there.
     let mut raw = raw(&redis).await;

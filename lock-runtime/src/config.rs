@@ -45,6 +45,33 @@ pub(crate) struct Config {
     /// Publish the default lock's events (acquired, released, handed over,
     /// lost) for `LockManager::events`.
     pub(crate) lock_events: bool,
+    /// The PostgreSQL store's settings (unused on Redis).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) postgres: PostgresSettings,
+}
+
+/// Settings of the PostgreSQL store.
+#[derive(Debug, Clone)]
+pub(crate) struct PostgresSettings {
+    /// The schema that holds distlock's tables and functions.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) schema: String,
+    /// Create the schema in `build()` when it is missing.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) create_schema: bool,
+    /// How often the manager deletes dead rows (expired locks, dead waiters).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) sweep_interval: Duration,
+}
+
+impl Default for PostgresSettings {
+    fn default() -> Self {
+        PostgresSettings {
+            schema: "distlock".to_owned(),
+            create_schema: true,
+            sweep_interval: Duration::from_secs(10),
+        }
+    }
 }
 
 /// How a waiting acquisition paces its attempts when no message brings it the
@@ -210,6 +237,7 @@ impl Default for Config {
             eager_fencing: false,
             backoff: Backoff::default(),
             lock_events: false,
+            postgres: PostgresSettings::default(),
         }
     }
 }

@@ -56,10 +56,11 @@ pub enum LockError {
     InvalidConfig(String),
 
     /// No manager was given to a locked function, none was set with
-    /// `distlock::set_global`, and neither `DISTLOCK_REDIS_URL` nor `REDIS_URL` is set.
+    /// `distlock::set_global`, and none of `DISTLOCK_URL`, `DISTLOCK_REDIS_URL`
+    /// and `REDIS_URL` is set.
     #[error(
         "no lock manager configured: pass `manager = ...`, call `distlock::set_global`, \
-         or set DISTLOCK_REDIS_URL or REDIS_URL"
+         or set DISTLOCK_URL (or DISTLOCK_REDIS_URL or REDIS_URL)"
     )]
     NotConfigured,
 
@@ -215,6 +216,19 @@ pub enum LockError {
         /// already set.
         config_set: String,
     },
+
+    /// The primitive or option asked for exists on Redis but not yet on the
+    /// manager's store (for example a semaphore on PostgreSQL): refused
+    /// before anything is written.
+    #[error("{feature} is not available on {store} yet (key {})", KeyPreview(key))]
+    Unsupported {
+        /// The lock key (empty when no key is involved).
+        key: String,
+        /// What was asked for: "a semaphore", "lock events", ...
+        feature: String,
+        /// The store that lacks it: "PostgreSQL".
+        store: &'static str,
+    },
 }
 
 impl LockError {
@@ -232,6 +246,7 @@ impl LockError {
             | LockError::UpgradeRefused { key }
             | LockError::AlreadyHeld { key }
             | LockError::InvalidKey { key, .. }
+            | LockError::Unsupported { key, .. }
             | LockError::Backend { key, .. } => Some(key),
             LockError::InvalidConfig(_)
             | LockError::NotConfigured
@@ -342,6 +357,13 @@ impl BackendError {
             message: message.into(),
             source: None,
         }
+    }
+
+    /// This error with the server's error code (a SQLSTATE on PostgreSQL).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn with_code(mut self, code: &str) -> Self {
+        self.code = Some(code.to_owned());
+        self
     }
 
     pub(crate) fn from_redis(e: redis::RedisError) -> Self {

@@ -116,6 +116,8 @@ impl LockEventsRequest {
     /// when Redis cannot be reached or fails.
     pub async fn subscribe(self) -> Result<LockEvents, LockError> {
         let core = self.manager.inner.core.clone();
+        core.backend
+            .refuse_unless_redis(&self.pattern, "lock events")?;
         if matches!(core.backend, Backend::Redlock(_)) {
             return Err(LockError::InvalidConfig(
                 "lock events are not available on a Redlock manager".to_owned(),

@@ -1,8 +1,9 @@
 //! The default manager used by `#[distributed_lock]` without `manager = ...`.
 //!
 //! In order: the manager of the current call chain's [`with_default_manager`]
-//! scope, the one set with [`set_global`], or one built on first use from
-//! `DISTLOCK_REDIS_URL` or `REDIS_URL`.
+//! scope, the one set with [`set_global`], or one built on first use from the
+//! first of `DISTLOCK_URL` (any store's URL: `redis://`, `postgres://`, ...),
+//! `DISTLOCK_REDIS_URL` and `REDIS_URL` that is set.
 //!
 //! The manager built from the environment runs its background work (renewal,
 //! wake-ups, the connection's own tasks) on a small runtime of its own, not on
@@ -89,7 +90,8 @@ pub async fn default_manager() -> Result<LockManager, LockError> {
     }
     FROM_ENV
         .get_or_try_init(|| async {
-            let url = std::env::var("DISTLOCK_REDIS_URL")
+            let url = std::env::var("DISTLOCK_URL")
+                .or_else(|_| std::env::var("DISTLOCK_REDIS_URL"))
                 .or_else(|_| std::env::var("REDIS_URL"))
                 .map_err(|_| LockError::NotConfigured)?;
             let runtime = background_runtime()?;

@@ -146,6 +146,9 @@ impl LeaderElection {
     /// (inside the term's scope), [`LockError::ShutDown`] once the manager shut
     /// down, [`LockError::Backend`] when Redis fails or does not answer in time.
     pub async fn campaign(&self) -> Result<Leadership, LockError> {
+        let core = &self.manager.inner.core;
+        core.backend
+            .refuse_unless_redis(&self.lock_key(), "leader election")?;
         let guard = loop {
             match self.request().acquire().await {
                 Ok(guard) => break guard,
@@ -244,6 +247,7 @@ impl LeaderElection {
                     e @ (LockError::InvalidKey { .. }
                     | LockError::InvalidConfig(_)
                     | LockError::AlreadyHeld { .. }
+                    | LockError::Unsupported { .. }
                     | LockError::ShutDown { .. }),
                 ) => return Err(e),
                 Err(e) => {

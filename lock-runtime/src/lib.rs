@@ -73,6 +73,11 @@ mod telemetry;
 mod ticket;
 mod waiting;
 
+/// The SQL that creates distlock's PostgreSQL schema (for a DBA, or
+/// `distlock schema`); see [`LockManagerBuilder::postgres_schema`].
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub use backend::postgres::schema_sql as postgres_schema_sql;
 pub use config::Backoff;
 pub use context::spawn_with_locks;
 pub use counting::{CountingPermits, CountingSemaphore};

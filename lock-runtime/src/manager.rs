@@ -66,7 +66,16 @@ impl LockManager {
     /// against the system's roots, or the CA given to
     /// [`tls_ca_pem`](LockManagerBuilder::tls_ca_pem); `rediss://host:port/#insecure`
     /// skips the check (for trying things out only).
+    ///
+    /// A `postgres://` or `postgresql://` URL chooses the PostgreSQL store
+    /// instead (the `postgres` feature, off by default): the default lock
+    /// only, on a lease table that `build()` creates when missing (see
+    /// [`postgres_schema`](LockManagerBuilder::postgres_schema)).
     pub fn builder(url: &str) -> LockManagerBuilder {
+        #[cfg(feature = "postgres")]
+        if is_postgres_url(url) {
+            return LockManagerBuilder::for_target(Target::Postgres(url.to_owned()));
+        }
         LockManagerBuilder::for_target(Target::Single(url.to_owned()))
     }
 
@@ -967,6 +976,37 @@ impl LockManagerBuilder {
         self
     }
 
+    /// The PostgreSQL schema that holds distlock's tables and functions
+    /// (default `distlock`; lower-case letters, digits and `_`). Ignored on
+    /// Redis.
+    #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+    pub fn postgres_schema(mut self, schema: impl Into<String>) -> Self {
+        self.config.postgres.schema = schema.into();
+        self
+    }
+
+    /// Whether [`build`](Self::build) creates the PostgreSQL schema when it is
+    /// missing (default true). Off, a missing schema fails the build with
+    /// [`LockError::ServerCheck`]; a DBA creates it with the SQL of
+    /// [`postgres_schema_sql`](crate::postgres_schema_sql). Ignored on Redis.
+    #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+    pub fn create_postgres_schema(mut self, create: bool) -> Self {
+        self.config.postgres.create_schema = create;
+        self
+    }
+
+    /// How often a PostgreSQL manager deletes the rows of expired locks and
+    /// dead waiters, at most 1000 of each per statement (default 10 s).
+    /// Ignored on Redis.
+    #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+    pub fn postgres_sweep_interval(mut self, interval: Duration) -> Self {
+        self.config.postgres.sweep_interval = interval.max(Duration::from_millis(10));
+        self
+    }
+
     /// Checks the settings, connects, checks the server, and starts the
     /// background tasks on the current tokio runtime.
     ///
@@ -989,6 +1029,14 @@ impl LockManagerBuilder {
             tls,
         } = self;
         config.validate()?;
+        if let Target::Single(url) = &target {
+            if is_postgres_url(url) {
+                return Err(LockError::InvalidConfig(
+                    "a postgres:// URL needs distlock's `postgres` feature (off by default)"
+                        .to_owned(),
+                ));
+            }
+        }
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
             LockError::InvalidConfig("LockManager must be built inside a tokio runtime".to_owned())
         })?;
@@ -996,5 +1044,32 @@ impl LockManagerBuilder {
         Ok(LockManager {
             inner: Arc::new(ManagerInner::start(Core::new(config, backend, runtime))),
         })
+    }
+}
+
+/// Whether `url` names a PostgreSQL server (`postgres://`, `postgresql://`,
+/// in any case).
+fn is_postgres_url(url: &str) -> bool {
+    let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
+    scheme.eq_ignore_ascii_case("postgres") || scheme.eq_ignore_ascii_case("postgresql")
+}
+
+#[cfg(all(test, not(feature = "postgres")))]
+mod postgres_url_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_postgres_url_without_the_feature_names_it() {
+        for url in [
+            "postgres://u@127.0.0.1:1/db",
+            "PostgreSQL://u@127.0.0.1:1/db",
+        ] {
+            match LockManager::builder(url).build().await {
+                Err(LockError::InvalidConfig(message)) => {
+                    assert!(message.contains("`postgres` feature"), "{message}")
+                }
+                other => panic!("{url}: expected InvalidConfig, got {:?}", other.map(drop)),
+            }
+        }
     }
 }

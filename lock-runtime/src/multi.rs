@@ -198,6 +198,12 @@ impl MultiLockRequest {
             keys,
             options,
         } = self;
+        if let Some(first) = keys.first() {
+            manager
+                .core
+                .backend
+                .refuse_unless_redis(first, "lock_all (several keys at once)")?;
+        }
         check_key_count(&keys)?;
         for key in &keys {
             keys::validate_key(key)?;

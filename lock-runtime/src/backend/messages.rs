@@ -34,6 +34,9 @@ pub(crate) enum MessageConnection {
         sink: PubSubSink,
         stream: PubSubStream,
     },
+    /// A PostgreSQL LISTEN connection (exact channel names only).
+    #[cfg(feature = "postgres")]
+    Postgres(Box<super::postgres::listener::Listener>),
 }
 
 impl MessageConnection {
@@ -51,6 +54,8 @@ impl MessageConnection {
                 .subscribe(channel)
                 .await
                 .map_err(BackendError::from_redis),
+            #[cfg(feature = "postgres")]
+            MessageConnection::Postgres(listener) => listener.subscribe(channel).await,
         }
     }
 
@@ -61,6 +66,8 @@ impl MessageConnection {
                 .unsubscribe(channel)
                 .await
                 .map_err(BackendError::from_redis),
+            #[cfg(feature = "postgres")]
+            MessageConnection::Postgres(listener) => listener.unsubscribe(channel).await,
         }
     }
 
@@ -71,6 +78,12 @@ impl MessageConnection {
                 .psubscribe(pattern)
                 .await
                 .map_err(BackendError::from_redis),
+            // LISTEN takes exact names only.
+            #[cfg(feature = "postgres")]
+            MessageConnection::Postgres(_) => Err(BackendError::new(
+                crate::error::BackendErrorKind::Other,
+                format!("PostgreSQL's LISTEN takes no patterns (asked for {pattern:?})"),
+            )),
         }
     }
 
@@ -90,6 +103,8 @@ impl MessageConnection {
                     payload: msg.get_payload_bytes().to_vec(),
                 })
             }
+            #[cfg(feature = "postgres")]
+            MessageConnection::Postgres(listener) => listener.next().await,
         }
     }
 }

@@ -35,6 +35,8 @@ pub(crate) mod check;
 pub(crate) mod cluster;
 pub(crate) mod direct;
 pub(crate) mod messages;
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres;
 pub(crate) mod redlock;
 pub(crate) mod scripts;
 pub(crate) mod sentinel;
@@ -61,6 +63,9 @@ pub(crate) enum Target {
     Redlock(Vec<String>),
     /// Sentinels, and the name of the master they watch.
     Sentinel(Vec<String>, String),
+    /// A PostgreSQL server (a `postgres://` or `postgresql://` URL).
+    #[cfg(feature = "postgres")]
+    Postgres(String),
 }
 
 pub(crate) enum Backend {
@@ -68,6 +73,8 @@ pub(crate) enum Backend {
     Cluster(cluster::Cluster),
     Redlock(redlock::Redlock),
     Sentinel(sentinel::Sentinel),
+    #[cfg(feature = "postgres")]
+    Postgres(postgres::Postgres),
 }
 
 /// A failed Redis call, and whether the server may have executed it anyway (its
@@ -120,6 +127,44 @@ impl Backend {
             Target::Sentinel(urls, name) => Ok(Backend::Sentinel(
                 sentinel::Sentinel::connect(urls, name, config, tls).await?,
             )),
+            #[cfg(feature = "postgres")]
+            Target::Postgres(_) if config.replica_ack.is_some() => Err(LockError::InvalidConfig(
+                "replica_ack does not apply to PostgreSQL: use synchronous replication".to_owned(),
+            )),
+            #[cfg(feature = "postgres")]
+            Target::Postgres(_) if config.lock_events => Err(LockError::Unsupported {
+                key: String::new(),
+                feature: "lock_events".to_owned(),
+                store: postgres::STORE,
+            }),
+            #[cfg(feature = "postgres")]
+            Target::Postgres(_) if tls.ca_pem.is_some() || tls.client_identity.is_some() => {
+                Err(LockError::InvalidConfig(
+                    "TLS for PostgreSQL is not built yet in distlock".to_owned(),
+                ))
+            }
+            #[cfg(feature = "postgres")]
+            Target::Postgres(url) => Ok(Backend::Postgres(
+                postgres::Postgres::connect(url, config).await?,
+            )),
+        }
+    }
+
+    /// Refuses `feature` (a primitive or option other than the default
+    /// lock) on a store that does not have it yet, before anything is
+    /// written: [`LockError::Unsupported`].
+    pub(crate) fn refuse_unless_redis(&self, key: &str, feature: &str) -> Result<(), LockError> {
+        match self {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(_) => Err(LockError::Unsupported {
+                key: key.to_owned(),
+                feature: feature.to_owned(),
+                store: postgres::STORE,
+            }),
+            _ => {
+                let _ = (key, feature);
+                Ok(())
+            }
         }
     }
 
@@ -139,6 +184,8 @@ impl Backend {
             Backend::Cluster(b) => b.acquire(key, keys, owner, lease_ms, spec).await,
             Backend::Redlock(b) => b.acquire(key, keys, owner, lease_ms, spec).await,
             Backend::Sentinel(b) => b.acquire(key, keys, owner, lease_ms, spec).await,
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(b) => b.acquire(key, keys, owner, lease_ms, spec).await,
         }
     }
 
@@ -161,6 +208,8 @@ impl Backend {
             Backend::Single(b) => b.acquire_all(key, locks, owner, lease_ms, spec).await,
             Backend::Sentinel(b) => b.acquire_all(key, locks, owner, lease_ms, spec).await,
             Backend::Cluster(_) | Backend::Redlock(_) => None,
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(_) => None,
         }
     }
 
@@ -178,6 +227,17 @@ impl Backend {
                     "not available on a Redlock manager (key {})",
                     crate::error::KeyPreview(key)
                 )),
+                maybe_executed: false,
+            }),
+            // Only the default lock lives on PostgreSQL, and its operations
+            // have arms of their own; requests refuse the other kinds first.
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(_) => Err(CallError {
+                error: LockError::Unsupported {
+                    key: key.to_owned(),
+                    feature: "this operation".to_owned(),
+                    store: postgres::STORE,
+                },
                 maybe_executed: false,
             }),
         }
@@ -201,6 +261,8 @@ impl Backend {
             // Redlock: one script per member, so that the members' wake-ups go
             // out together and the waiters' managers hear them as one.
             Backend::Redlock(b) => b.release(key, keys, owner, keep_ms).await,
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(b) => b.release(key, keys, owner, keep_ms).await,
             _ => {
                 let release = Release {
                     keys,
@@ -225,6 +287,8 @@ impl Backend {
     ) -> Result<Option<u64>, CallError> {
         match self {
             Backend::Redlock(b) => b.issue_token(key, keys, owner, fence_ttl_ms).await,
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(b) => b.issue_token(key, keys, owner).await,
             _ => {
                 let issue = IssueToken {
                     keys,
@@ -248,6 +312,8 @@ impl Backend {
     ) -> Result<bool, CallError> {
         match self {
             Backend::Redlock(b) => b.force_unlock(key, keys, token, only).await,
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(b) => b.force_unlock(key, keys, token, only).await,
             _ => self.on_key(key, &ForceUnlock { keys, token, only }).await,
         }
     }
@@ -266,6 +332,8 @@ impl Backend {
                 lock: b.inspect(key, &names.lock).await?,
                 ..KeyReading::default()
             })),
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(b) => b.inspect_key(key, names).await,
             _ => self.on_key(key, &InspectKey { names }).await,
         }
     }
@@ -282,6 +350,8 @@ impl Backend {
     ) -> Result<u64, CallError> {
         match self {
             Backend::Redlock(_) => Ok(0),
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(_) => Ok(0),
             _ => {
                 let force = ForceUnlockShared { names, what, token };
                 self.on_key(key, &force).await
@@ -293,6 +363,8 @@ impl Backend {
     pub(crate) async fn is_locked(&self, key: &str, keys: &RedisNames) -> Result<bool, CallError> {
         match self {
             Backend::Redlock(b) => b.is_locked(key, keys).await,
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(b) => b.is_locked(key, keys).await,
             _ => self.on_key(key, &IsLocked { keys }).await,
         }
     }
@@ -358,6 +430,11 @@ impl Backend {
         wanted: i64,
         register_ms: u64,
     ) -> Result<CounterReply, CallError> {
+        self.refuse_unless_redis(key, "a counting semaphore")
+            .map_err(|error| CallError {
+                error,
+                maybe_executed: false,
+            })?;
         let call = CounterAcquire {
             names,
             owner,
@@ -375,6 +452,11 @@ impl Backend {
         owner: &str,
         op: CounterOp,
     ) -> Result<CounterReply, CallError> {
+        self.refuse_unless_redis(key, "a counting semaphore")
+            .map_err(|error| CallError {
+                error,
+                maybe_executed: false,
+            })?;
         self.on_key(key, &CounterChange { names, owner, op }).await
     }
 
@@ -392,6 +474,9 @@ impl Backend {
                 }
                 Ok(values)
             }
+            // No Redis setting exists on PostgreSQL.
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(_) => Ok(vec![None]),
         }
     }
 
@@ -418,6 +503,8 @@ impl Backend {
     ) -> Result<(), CallError> {
         match self {
             Backend::Redlock(b) => b.publish(key, channel, payload).await,
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(b) => b.publish(key, channel, payload).await,
             _ => self.on_key(key, &Publish { channel, payload }).await,
         }
     }
@@ -430,6 +517,8 @@ impl Backend {
     ) -> Result<Option<HeldLock>, CallError> {
         match self {
             Backend::Redlock(b) => b.inspect(key, keys).await,
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(b) => b.inspect(key, keys).await,
             _ => self.on_key(key, &Inspect { keys }).await,
         }
     }
@@ -442,6 +531,8 @@ impl Backend {
             Backend::Cluster(b) => b.scan_locks(pattern).await,
             Backend::Redlock(b) => b.scan_locks(pattern).await,
             Backend::Sentinel(b) => b.scan_locks(pattern).await,
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(b) => b.scan_locks(pattern).await,
         }
     }
 
@@ -457,6 +548,8 @@ impl Backend {
             Backend::Cluster(b) => b.release_many(locks).await,
             Backend::Redlock(b) => b.release_many(locks).await,
             Backend::Sentinel(b) => b.release_many(locks).await,
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(b) => b.release_many(locks).await,
         }
     }
 
@@ -473,6 +566,8 @@ impl Backend {
             Backend::Cluster(b) => b.release_blocking(keys, owner, keep_ms),
             Backend::Redlock(b) => b.release_blocking(keys, owner, keep_ms),
             Backend::Sentinel(b) => b.release_blocking(keys, owner, keep_ms),
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(b) => b.release_blocking(keys, owner, keep_ms),
         }
     }
 
@@ -484,6 +579,8 @@ impl Backend {
             Backend::Cluster(b) => b.renew(batch).await,
             Backend::Redlock(b) => b.renew(batch).await,
             Backend::Sentinel(b) => b.renew(batch).await,
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(b) => b.renew(batch).await,
         }
     }
 
@@ -500,6 +597,8 @@ impl Backend {
                 .load(std::sync::atomic::Ordering::Relaxed),
             Backend::Redlock(b) => b.renewal_round_trips(),
             Backend::Sentinel(b) => b.renewal_round_trips(),
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(b) => b.renewal_round_trips(),
         }
     }
 
@@ -512,6 +611,8 @@ impl Backend {
             Backend::Cluster(b) => b.pubsub_sources(),
             Backend::Redlock(b) => b.members().len(),
             Backend::Sentinel(_) => 1,
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(_) => 1,
         }
     }
 
@@ -531,6 +632,13 @@ impl Backend {
                     ))
                 }
             },
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(b) => {
+                return b
+                    .listener()
+                    .await
+                    .map(|l| MessageConnection::Postgres(Box::new(l)))
+            }
         };
         pubsub
             .map(MessageConnection::redis)

@@ -1,0 +1,942 @@
+//! PostgreSQL as the store of the default lock: a lease table, a FIFO queue
+//! table and one fencing sequence (`schema.sql`), every operation one
+//! statement (most of them one function call) on one pipelined connection,
+//! and wake-ups and hand-offs by LISTEN/NOTIFY ([`listener`]).
+//!
+//! The protocol is the Redis one, kept so that the waiting layer above is the
+//! same: a waiter queues up in its attempt, a release hands the lock to the
+//! head of the queue and notifies `=<owner>:<token>:<attempt>` on the head's
+//! manager's hand-off channel, the first waiter of a hold notifies
+//! `!<holder>` on the holder's manager's. Logical channel names are mapped to
+//! PostgreSQL identifiers by [`channel_ident`], the one mapping that the SQL
+//! call sites (which pass identifiers as parameters) and the listener share.
+//!
+//! Expiry is the server's clock (`clock_timestamp()`), and distlock's
+//! statements run on its own connections, never in a user's transaction.
+//! Only the default lock is served: the other primitives are refused with
+//! [`LockError::Unsupported`] before anything is written.
+
+pub(crate) mod listener;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Client, NoTls, Row};
+
+use super::{CallError, Renewal};
+use crate::backend::scripts::{handoff_base, AcquireReply, AcquireSpec, HeldLock, KeyReading};
+use crate::config::Config;
+use crate::error::{BackendError, BackendErrorKind, LockError};
+use crate::keys::{KeyNames, RedisNames};
+use crate::lease::Lease;
+
+/// The schema's version this library writes and reads.
+pub(crate) const SCHEMA_VERSION: i32 = 1;
+
+/// The store's name in errors.
+pub(crate) const STORE: &str = "PostgreSQL";
+
+const SCHEMA_SQL: &str = include_str!("schema.sql");
+
+/// Most rows of each table one sweep deletes (see `sweep` in `schema.sql`).
+const SWEEP_LIMIT: i32 = 1000;
+
+/// The application name of the data connection, for operators (and tests)
+/// that look for distlock's sessions in `pg_stat_activity`.
+pub(crate) const DATA_APPLICATION: &str = "distlock";
+/// The application name of the listening connection.
+pub(crate) const LISTEN_APPLICATION: &str = "distlock-listen";
+
+/// The SQL that creates distlock's schema `schema` (tables, sequences,
+/// functions, version row): what `build()` runs when the schema is missing,
+/// for a DBA to run by hand where distlock's role may not create it.
+///
+/// # Errors
+/// [`LockError::InvalidConfig`] when `schema` is not a plain lower-case
+/// identifier.
+pub fn schema_sql(schema: &str) -> Result<String, LockError> {
+    validate_schema(schema)?;
+    Ok(SCHEMA_SQL.replace("__SCHEMA__", schema))
+}
+
+/// A schema name goes into SQL text, so it must be a plain identifier:
+/// lower-case letters, digits and `_`, not starting with a digit, at most 63
+/// bytes.
+pub(crate) fn validate_schema(schema: &str) -> Result<(), LockError> {
+    let ok = !schema.is_empty()
+        && schema.len() <= 63
+        && schema
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        && !schema.as_bytes()[0].is_ascii_digit();
+    if ok {
+        Ok(())
+    } else {
+        Err(LockError::InvalidConfig(format!(
+            "PostgreSQL schema name {schema:?}: use lower-case letters, digits and _ \
+             (not first), at most 63 bytes"
+        )))
+    }
+}
+
+/// The PostgreSQL channel identifier of the logical channel `logical`.
+/// Channel names are identifiers of at most 63 bytes (longer ones are cut
+/// silently) and LISTEN takes no patterns, so each logical name (which may be
+/// long and hold any byte) maps to `distlock_` and 32 hex digits of a fixed
+/// hash: the same in every process and version, since managers of different
+/// processes must agree. Two FNV-1a 64-bit hashes with different bases; a
+/// collision would only deliver a message to a second logical channel too,
+/// whose readers check the owner token it names.
+pub(crate) fn channel_ident(logical: &str) -> String {
+    fn fnv1a(basis: u64, bytes: &[u8]) -> u64 {
+        bytes.iter().fold(basis, |hash, &b| {
+            (hash ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        })
+    }
+    let a = fnv1a(0xcbf2_9ce4_8422_2325, logical.as_bytes());
+    let b = fnv1a(0x6c62_272e_07bb_0142, logical.as_bytes());
+    format!("distlock_{a:016x}{b:016x}")
+}
+
+/// Translates a Redis glob pattern (`*`, `?`, `[..]` with `^`/`!` and
+/// ranges, `\` escapes) into an anchored PostgreSQL regular expression.
+/// A regular expression rather than LIKE: LIKE has no character classes.
+pub(crate) fn glob_to_regex(glob: &str) -> String {
+    let mut out = String::with_capacity(glob.len() * 2 + 2);
+    out.push('^');
+    let mut chars = glob.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '*' => out.push_str(".*"),
+            '?' => out.push('.'),
+            '\\' => match chars.next() {
+                Some(escaped) => push_literal(&mut out, escaped),
+                None => push_literal(&mut out, '\\'),
+            },
+            '[' => {
+                let mut class = String::from("[");
+                if matches!(chars.peek(), Some('^') | Some('!')) {
+                    chars.next();
+                    class.push('^');
+                }
+                let mut closed = false;
+                while let Some(k) = chars.next() {
+                    match k {
+                        ']' => {
+                            closed = true;
+                            break;
+                        }
+                        '\\' => {
+                            if let Some(escaped) = chars.next() {
+                                push_class_literal(&mut class, escaped);
+                            }
+                        }
+                        '-' => class.push('-'),
+                        other => push_class_literal(&mut class, other),
+                    }
+                }
+                if closed && class.len() > 1 && class != "[^" {
+                    class.push(']');
+                    out.push_str(&class);
+                } else {
+                    // An unclosed or empty class matches nothing in Redis;
+                    // here it matches nothing either.
+                    out.push_str("[^\\s\\S]");
+                }
+            }
+            other => push_literal(&mut out, other),
+        }
+    }
+    out.push('$');
+    out
+}
+
+fn push_literal(out: &mut String, c: char) {
+    if c.is_ascii_punctuation() {
+        out.push('\\');
+    }
+    out.push(c);
+}
+
+fn push_class_literal(out: &mut String, c: char) {
+    if matches!(c, ']' | '\\' | '^' | '-' | '[') {
+        out.push('\\');
+    }
+    out.push(c);
+}
+
+/// The statements, with the schema's name in them.
+struct Sql {
+    acquire: String,
+    release: String,
+    renew: String,
+    issue_token: String,
+    force_unlock: String,
+    inspect: String,
+    scan: String,
+    sweep: String,
+    version: String,
+}
+
+impl Sql {
+    fn new(schema: &str) -> Sql {
+        Sql {
+            acquire: format!(
+                "SELECT o_status, o_token, o_remaining_ms FROM {schema}.acquire(\
+                 $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
+            ),
+            release: format!("SELECT {schema}.release($1, $2, $3, $4)"),
+            renew: format!("SELECT i, renewed FROM {schema}.renew($1, $2, $3)"),
+            issue_token: format!("SELECT {schema}.issue_token($1, $2)"),
+            force_unlock: format!("SELECT {schema}.force_unlock($1, $2, $3, $4)"),
+            inspect: format!(
+                "SELECT value, pttl, queue_owners, queue_entries, now_ms FROM {schema}.inspect($1)"
+            ),
+            scan: format!("SELECT {schema}.scan($1)"),
+            sweep: format!("SELECT {schema}.sweep($1)"),
+            version: format!("SELECT version FROM {schema}.version"),
+        }
+    }
+}
+
+/// What the backend and its sweeper task share.
+struct Inner {
+    pg: tokio_postgres::Config,
+    shown_url: String,
+    prefix: String,
+    sql: Sql,
+    command_timeout: Duration,
+    connect_timeout: Duration,
+    /// The data connection; `None` or closed: the next call connects.
+    client: Mutex<Option<Arc<Client>>>,
+    /// One reconnection at a time.
+    connecting: tokio::sync::Mutex<()>,
+    renewal_round_trips: AtomicU64,
+}
+
+/// The PostgreSQL backend: one pipelined data connection, reconnected after
+/// it breaks, and a periodic bounded sweep of dead rows.
+pub(crate) struct Postgres {
+    inner: Arc<Inner>,
+    sweeper: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        self.sweeper.abort();
+    }
+}
+
+fn param(value: &(dyn ToSql + Sync), ty: Type) -> (&(dyn ToSql + Sync), Type) {
+    (value, ty)
+}
+
+fn ms(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+/// A database error: the statement ran and failed, or never ran, and its
+/// transaction rolled back.
+fn db_error(e: &tokio_postgres::Error) -> Option<BackendError> {
+    let db = e.as_db_error()?;
+    // 42501: a missing privilege; class 28: a refused login or password.
+    let kind = if db.code() == &tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE
+        || db.code().code().starts_with("28")
+    {
+        BackendErrorKind::Auth
+    } else {
+        BackendErrorKind::Server
+    };
+    Some(
+        BackendError::new(kind, format!("{}: {}", db.code().code(), db.message()))
+            .with_code(db.code().code()),
+    )
+}
+
+impl Postgres {
+    /// Connects to `url`, checks (and unless told not to, creates) the
+    /// schema, and starts the sweeper.
+    pub(crate) async fn connect(url: &str, config: &Config) -> Result<Postgres, LockError> {
+        let schema = &config.postgres.schema;
+        validate_schema(schema)?;
+        let mut pg: tokio_postgres::Config = url
+            .parse()
+            .map_err(|e| LockError::InvalidConfig(format!("PostgreSQL URL {}: {e}", shown(url))))?;
+        if pg.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
+            return Err(LockError::InvalidConfig(
+                "sslmode=require: TLS for PostgreSQL is not built yet in distlock; \
+                 connect without TLS (sslmode=disable or prefer) or through a TLS tunnel"
+                    .to_owned(),
+            ));
+        }
+        if pg.get_application_name().is_none() {
+            pg.application_name(DATA_APPLICATION);
+        }
+        pg.connect_timeout(config.connect_timeout);
+        let inner = Arc::new(Inner {
+            shown_url: shown(url),
+            pg,
+            prefix: config.key_prefix.clone(),
+            sql: Sql::new(schema),
+            command_timeout: config.command_timeout,
+            connect_timeout: config.connect_timeout,
+            client: Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(()),
+            renewal_round_trips: AtomicU64::new(0),
+        });
+        let client = inner.client().await.map_err(|e| LockError::Connect {
+            url: inner.shown_url.clone(),
+            source: match e.error {
+                LockError::Backend { source, .. } => source,
+                other => BackendError::new(BackendErrorKind::Other, other.to_string()),
+            },
+        })?;
+        inner
+            .check_schema(&client, schema, config.postgres.create_schema)
+            .await?;
+        let sweeper = tokio::spawn(sweep_periodically(
+            Arc::downgrade(&inner),
+            config.postgres.sweep_interval,
+        ));
+        Ok(Postgres { inner, sweeper })
+    }
+
+    /// The listening connection (see [`listener`]).
+    pub(crate) async fn listener(&self) -> Result<listener::Listener, BackendError> {
+        let mut pg = self.inner.pg.clone();
+        pg.application_name(LISTEN_APPLICATION);
+        listener::Listener::connect(pg, self.inner.connect_timeout).await
+    }
+
+    /// See `Backend::acquire`: one function call.
+    pub(crate) async fn acquire(
+        &self,
+        key: &str,
+        keys: &RedisNames,
+        owner: &str,
+        lease_ms: u64,
+        spec: &AcquireSpec<'_>,
+    ) -> Result<AcquireReply, CallError> {
+        let inner = &self.inner;
+        let base = handoff_base(&inner.prefix);
+        // The channel of the holder's manager: the route that ends its owner
+        // token (see `config::owner_token_routed`).
+        let holder_route = owner.get(24..32).unwrap_or(spec.handoff_route);
+        let holder_channel = channel_ident(&format!("{base}:{holder_route}"));
+        let waiter_channel = channel_ident(&format!("{base}:{}", spec.handoff_route));
+        // Only the waiter's own channel goes into its queue entry; the
+        // holder's is the lock row's, written when the grant is ours.
+        let handoff = if spec.waiting {
+            &waiter_channel
+        } else {
+            &holder_channel
+        };
+        let fence = spec.fence_ttl_ms.is_some();
+        let (lease, since, queue_lease, handoff_ttl, attempt) = (
+            ms(lease_ms),
+            ms(spec.since_ms),
+            ms(spec.queue_lease_ms),
+            ms(spec.handoff_ttl_ms),
+            i64::from(spec.attempt),
+        );
+        let row = inner
+            .one(
+                key,
+                &inner.sql.acquire,
+                &[
+                    param(&keys.lock, Type::TEXT),
+                    param(&owner, Type::TEXT),
+                    param(&lease, Type::INT8),
+                    param(&fence, Type::BOOL),
+                    param(&spec.waiting, Type::BOOL),
+                    param(&since, Type::INT8),
+                    param(&spec.holder, Type::TEXT),
+                    param(&queue_lease, Type::INT8),
+                    param(&handoff_ttl, Type::INT8),
+                    param(&spec.handoff_route, Type::TEXT),
+                    param(handoff, Type::TEXT),
+                    param(&attempt, Type::INT8),
+                ],
+            )
+            .await?;
+        let status: i32 = get(key, &row, 0)?;
+        let token: i64 = get(key, &row, 1)?;
+        let remaining: i64 = get(key, &row, 2)?;
+        Ok(match status {
+            1 => AcquireReply::Acquired {
+                fencing_token: u64::try_from(token).unwrap_or(0),
+            },
+            _ => AcquireReply::Busy {
+                remaining: Some(Duration::from_millis(u64::try_from(remaining).unwrap_or(0))),
+            },
+        })
+    }
+
+    /// See `Backend::release`: one function call.
+    pub(crate) async fn release(
+        &self,
+        key: &str,
+        keys: &RedisNames,
+        owner: &str,
+        keep_ms: u64,
+    ) -> Result<bool, CallError> {
+        let inner = &self.inner;
+        let wake = channel_ident(keys.channel());
+        let keep = ms(keep_ms);
+        let row = inner
+            .one(
+                key,
+                &inner.sql.release,
+                &[
+                    param(&keys.lock, Type::TEXT),
+                    param(&owner, Type::TEXT),
+                    param(&keep, Type::INT8),
+                    param(&wake, Type::TEXT),
+                ],
+            )
+            .await?;
+        get(key, &row, 0)
+    }
+
+    /// See `Backend::issue_token`: one statement.
+    pub(crate) async fn issue_token(
+        &self,
+        key: &str,
+        keys: &RedisNames,
+        owner: &str,
+    ) -> Result<Option<u64>, CallError> {
+        let inner = &self.inner;
+        let row = inner
+            .one(
+                key,
+                &inner.sql.issue_token,
+                &[param(&keys.lock, Type::TEXT), param(&owner, Type::TEXT)],
+            )
+            .await?;
+        let token: Option<i64> = get(key, &row, 0)?;
+        Ok(token.map(|t| u64::try_from(t).unwrap_or(0)))
+    }
+
+    /// See `Backend::force_unlock`: one function call.
+    pub(crate) async fn force_unlock(
+        &self,
+        key: &str,
+        keys: &RedisNames,
+        token: &str,
+        only: &str,
+    ) -> Result<bool, CallError> {
+        let inner = &self.inner;
+        let wake = channel_ident(keys.channel());
+        let row = inner
+            .one(
+                key,
+                &inner.sql.force_unlock,
+                &[
+                    param(&keys.lock, Type::TEXT),
+                    param(&only, Type::TEXT),
+                    param(&wake, Type::TEXT),
+                    param(&token, Type::TEXT),
+                ],
+            )
+            .await?;
+        get(key, &row, 0)
+    }
+
+    async fn read(&self, key: &str, keys: &RedisNames) -> Result<KeyReading, CallError> {
+        let inner = &self.inner;
+        let row = inner
+            .one(key, &inner.sql.inspect, &[param(&keys.lock, Type::TEXT)])
+            .await?;
+        let value: Option<String> = get(key, &row, 0)?;
+        let pttl: Option<i64> = get(key, &row, 1)?;
+        let owners: Vec<String> = get(key, &row, 2)?;
+        let entries: Vec<String> = get(key, &row, 3)?;
+        let now_ms: i64 = get(key, &row, 4)?;
+        Ok(KeyReading {
+            lock: value.map(|value| HeldLock {
+                value,
+                pttl: pttl.unwrap_or(-1).max(1),
+            }),
+            queue: owners
+                .into_iter()
+                .zip(entries.into_iter().map(Some))
+                .collect(),
+            now_ms,
+            ..KeyReading::default()
+        })
+    }
+
+    /// See `Backend::inspect`.
+    pub(crate) async fn inspect(
+        &self,
+        key: &str,
+        keys: &RedisNames,
+    ) -> Result<Option<HeldLock>, CallError> {
+        Ok(self.read(key, keys).await?.lock)
+    }
+
+    /// See `Backend::inspect_key`: the default lock and its queue (the
+    /// other kinds do not exist on PostgreSQL).
+    pub(crate) async fn inspect_key(
+        &self,
+        key: &str,
+        names: &KeyNames,
+    ) -> Result<Option<KeyReading>, CallError> {
+        self.read(key, &names.lock).await.map(Some)
+    }
+
+    /// See `Backend::is_locked`.
+    pub(crate) async fn is_locked(&self, key: &str, keys: &RedisNames) -> Result<bool, CallError> {
+        Ok(self.read(key, keys).await?.lock.is_some())
+    }
+
+    /// See `Backend::publish`: `pg_notify` on the channel's identifier.
+    pub(crate) async fn publish(
+        &self,
+        key: &str,
+        channel: &str,
+        payload: &str,
+    ) -> Result<(), CallError> {
+        let ident = channel_ident(channel);
+        self.inner
+            .one(
+                key,
+                "SELECT pg_notify($1, $2)::text",
+                &[param(&ident, Type::TEXT), param(&payload, Type::TEXT)],
+            )
+            .await
+            .map(drop)
+    }
+
+    /// See `Backend::scan_locks`.
+    pub(crate) async fn scan_locks(&self, pattern: &str) -> Result<Vec<String>, CallError> {
+        let regex = glob_to_regex(pattern);
+        let inner = &self.inner;
+        let rows = inner
+            .query("", &inner.sql.scan, &[param(&regex, Type::TEXT)])
+            .await?;
+        rows.iter().map(|row| get("", row, 0)).collect()
+    }
+
+    /// See `Backend::release_many`: the releases pipelined on the data
+    /// connection, each its own transaction (so that two managers releasing
+    /// the same locks in different orders cannot deadlock).
+    pub(crate) async fn release_many(
+        &self,
+        locks: &[(&RedisNames, &str, u64)],
+    ) -> Result<Vec<bool>, CallError> {
+        let releases = locks.iter().map(|(keys, owner, keep_ms)| {
+            let key = crate::keys::user_key_of(&self.inner.prefix, &keys.lock).unwrap_or("");
+            self.release(key, keys, owner, *keep_ms)
+        });
+        futures_util::future::join_all(releases)
+            .await
+            .into_iter()
+            .collect()
+    }
+
+    /// See `Backend::release_blocking`: a connection of its own, on a thread
+    /// of its own with its own runtime (the caller's runtime is shutting
+    /// down), bounded by the connect and command timeouts.
+    pub(crate) fn release_blocking(
+        &self,
+        keys: &RedisNames,
+        owner: &str,
+        keep_ms: u64,
+    ) -> redis::RedisResult<bool> {
+        let failed =
+            |what: String| redis::RedisError::from((redis::ErrorKind::Client, "PostgreSQL", what));
+        let pg = self.inner.pg.clone();
+        let sql = self.inner.sql.release.clone();
+        let bound = self.inner.connect_timeout + self.inner.command_timeout;
+        let (name, owner) = (keys.lock.clone(), owner.to_owned());
+        let wake = channel_ident(keys.channel());
+        let keep = ms(keep_ms);
+        let thread = std::thread::Builder::new()
+            .name("distlock-pg-release".to_owned())
+            .spawn(move || -> Result<bool, String> {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| e.to_string())?;
+                runtime.block_on(async move {
+                    let release = async {
+                        let (client, connection) =
+                            pg.connect(NoTls).await.map_err(|e| e.to_string())?;
+                        tokio::spawn(connection);
+                        let row = client
+                            .query_typed(
+                                &sql,
+                                &[
+                                    param(&name, Type::TEXT),
+                                    param(&owner, Type::TEXT),
+                                    param(&keep, Type::INT8),
+                                    param(&wake, Type::TEXT),
+                                ],
+                            )
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        row.first()
+                            .and_then(|row| row.try_get::<_, bool>(0).ok())
+                            .ok_or_else(|| "a release reply without a row".to_owned())
+                    };
+                    tokio::time::timeout(bound, release)
+                        .await
+                        .map_err(|_| format!("no reply within {bound:?}"))?
+                })
+            })
+            .map_err(|e| failed(e.to_string()))?;
+        thread
+            .join()
+            .map_err(|_| failed("the release thread failed".to_owned()))?
+            .map_err(failed)
+    }
+
+    /// See `Backend::renew`: the whole batch in one statement.
+    pub(crate) async fn renew(&self, batch: &[Arc<Lease>]) -> Vec<Renewal> {
+        let inner = &self.inner;
+        let names: Vec<&str> = batch.iter().map(|l| l.keys.lock.as_str()).collect();
+        let owners: Vec<&str> = batch.iter().map(|l| l.owner.as_str()).collect();
+        let leases: Vec<i64> = batch.iter().map(|l| ms(l.lease_ms())).collect();
+        let sent_at = Instant::now();
+        inner.renewal_round_trips.fetch_add(1, Ordering::Relaxed);
+        let rows = inner
+            .query(
+                "",
+                &inner.sql.renew,
+                &[
+                    param(&names, Type::TEXT_ARRAY),
+                    param(&owners, Type::TEXT_ARRAY),
+                    param(&leases, Type::INT8_ARRAY),
+                ],
+            )
+            .await;
+        let failed = |why: String| batch.iter().map(|_| Renewal::Failed(why.clone())).collect();
+        let rows = match rows {
+            Ok(rows) if rows.len() == batch.len() => rows,
+            Ok(rows) => {
+                return failed(format!(
+                    "{} renewal replies for {} leases",
+                    rows.len(),
+                    batch.len()
+                ))
+            }
+            Err(e) => return failed(e.error.to_string()),
+        };
+        rows.iter()
+            .map(|row| match row.try_get::<_, bool>(1) {
+                Ok(true) => Renewal::Renewed { sent_at },
+                Ok(false) => Renewal::NotOurs,
+                Err(e) => Renewal::Failed(e.to_string()),
+            })
+            .collect()
+    }
+
+    /// Round trips spent on renewals.
+    #[cfg(feature = "testing")]
+    pub(crate) fn renewal_round_trips(&self) -> u64 {
+        self.inner.renewal_round_trips.load(Ordering::Relaxed)
+    }
+}
+
+impl Inner {
+    /// The data connection, connecting it when there is none or it closed.
+    async fn client(&self) -> Result<Arc<Client>, CallError> {
+        if let Some(client) = self.open_client() {
+            return Ok(client);
+        }
+        let _one = self.connecting.lock().await;
+        if let Some(client) = self.open_client() {
+            return Ok(client);
+        }
+        let connect = tokio::time::timeout(self.connect_timeout, self.pg.connect(NoTls)).await;
+        let not_sent = |source: BackendError| CallError {
+            error: LockError::Backend {
+                key: String::new(),
+                source,
+            },
+            maybe_executed: false,
+        };
+        let (client, connection) = match connect {
+            Ok(Ok(pair)) => pair,
+            Ok(Err(e)) => {
+                return Err(not_sent(db_error(&e).unwrap_or_else(|| {
+                    BackendError::new(BackendErrorKind::Connection, e.to_string())
+                })))
+            }
+            Err(_) => {
+                return Err(not_sent(BackendError::new(
+                    BackendErrorKind::Timeout,
+                    format!("no connection within {:?}", self.connect_timeout),
+                )))
+            }
+        };
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(target: "distlock::postgres", error = %e, "data connection closed");
+            }
+        });
+        let client = Arc::new(client);
+        *self.client.lock().unwrap_or_else(|e| e.into_inner()) = Some(client.clone());
+        Ok(client)
+    }
+
+    fn open_client(&self) -> Option<Arc<Client>> {
+        let slot = self.client.lock().unwrap_or_else(|e| e.into_inner());
+        slot.as_ref().filter(|c| !c.is_closed()).cloned()
+    }
+
+    /// Runs `sql` with `params`, bounded by the command timeout. A reply lost
+    /// to a broken connection or the timeout may come after the server ran
+    /// the statement: `maybe_executed`.
+    async fn query(
+        &self,
+        key: &str,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<Vec<Row>, CallError> {
+        let client = self.client().await.map_err(|mut e| {
+            if let LockError::Backend { key: k, .. } = &mut e.error {
+                key.clone_into(k);
+            }
+            e
+        })?;
+        let outcome =
+            tokio::time::timeout(self.command_timeout, client.query_typed(sql, params)).await;
+        match outcome {
+            Ok(Ok(rows)) => Ok(rows),
+            Ok(Err(e)) => {
+                if let Some(source) = db_error(&e) {
+                    return Err(CallError {
+                        error: LockError::Backend {
+                            key: key.to_owned(),
+                            source,
+                        },
+                        maybe_executed: false,
+                    });
+                }
+                // The connection broke: the next call connects again.
+                let mut slot = self.client.lock().unwrap_or_else(|e| e.into_inner());
+                if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, &client)) {
+                    *slot = None;
+                }
+                Err(CallError {
+                    error: LockError::Backend {
+                        key: key.to_owned(),
+                        source: BackendError::new(BackendErrorKind::Connection, e.to_string()),
+                    },
+                    maybe_executed: true,
+                })
+            }
+            Err(_) => Err(CallError {
+                error: LockError::command_timeout(key, self.command_timeout),
+                maybe_executed: true,
+            }),
+        }
+    }
+
+    /// [`query`](Self::query) for a statement that answers one row.
+    async fn one(
+        &self,
+        key: &str,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<Row, CallError> {
+        let mut rows = self.query(key, sql, params).await?;
+        if rows.len() != 1 {
+            return Err(protocol(
+                key,
+                format!("{} rows where one was expected", rows.len()),
+            ));
+        }
+        Ok(rows.swap_remove(0))
+    }
+
+    /// Reads the schema's version; creates the schema when it is missing
+    /// and `create` allows.
+    async fn check_schema(
+        &self,
+        client: &Client,
+        schema: &str,
+        create: bool,
+    ) -> Result<(), LockError> {
+        let refused = |reason: String| LockError::ServerCheck {
+            url: self.shown_url.clone(),
+            reason,
+        };
+        let version = tokio::time::timeout(
+            self.command_timeout,
+            client.query_typed(&self.sql.version, &[]),
+        )
+        .await
+        .map_err(|_| LockError::command_timeout("", self.command_timeout))?;
+        let missing = match &version {
+            Ok(rows) => rows.is_empty(),
+            Err(e) => {
+                let code = e.code();
+                code == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE)
+                    || code == Some(&tokio_postgres::error::SqlState::INVALID_SCHEMA_NAME)
+            }
+        };
+        if !missing {
+            let rows = version.map_err(|e| {
+                refused(format!("cannot read {schema}.version: {}", pg_message(&e)))
+            })?;
+            let found: i32 = rows
+                .first()
+                .and_then(|row| row.try_get(0).ok())
+                .unwrap_or_default();
+            if found > SCHEMA_VERSION {
+                return Err(refused(format!(
+                    "schema {schema} is at version {found}, newer than this distlock's \
+                     {SCHEMA_VERSION}: upgrade distlock"
+                )));
+            }
+            if found == SCHEMA_VERSION {
+                return Ok(());
+            }
+        }
+        if !create {
+            return Err(refused(format!(
+                "schema {schema} (version {SCHEMA_VERSION}) is missing and the builder was told \
+                 not to create it: have a DBA run the SQL of `distlock schema`"
+            )));
+        }
+        // One query string runs as one implicit transaction: under the
+        // advisory lock, managers that start together create the schema
+        // once (concurrent CREATE ... IF NOT EXISTS can fail on catalog
+        // uniqueness), and a failure leaves nothing half made.
+        let sql = format!(
+            "SELECT pg_advisory_xact_lock(1684826880, 0);\n{}",
+            schema_sql(schema)?
+        );
+        let created = tokio::time::timeout(
+            self.command_timeout.max(Duration::from_secs(10)),
+            client.batch_execute(&sql),
+        )
+        .await
+        .map_err(|_| LockError::command_timeout("", self.command_timeout))?;
+        created.map_err(|e| {
+            if e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) {
+                refused(format!(
+                    "the role may not create distlock's schema {schema} ({}): have a DBA run \
+                     the SQL of `distlock schema` once, or grant CREATE on the database",
+                    pg_message(&e)
+                ))
+            } else {
+                refused(format!(
+                    "creating schema {schema} failed: {}",
+                    pg_message(&e)
+                ))
+            }
+        })
+    }
+}
+
+fn pg_message(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{}: {}", db.code().code(), db.message()),
+        None => e.to_string(),
+    }
+}
+
+fn protocol(key: &str, message: String) -> CallError {
+    CallError {
+        error: LockError::Backend {
+            key: key.to_owned(),
+            source: BackendError::new(BackendErrorKind::Protocol, message),
+        },
+        maybe_executed: false,
+    }
+}
+
+fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
+    key: &str,
+    row: &'a Row,
+    column: usize,
+) -> Result<T, CallError> {
+    row.try_get(column)
+        .map_err(|e| protocol(key, format!("column {column}: {e}")))
+}
+
+/// `url` without its password.
+fn shown(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, path) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
+    match authority.rsplit_once('@') {
+        Some((user, host)) => {
+            let user = user.split(':').next().unwrap_or("");
+            format!("{scheme}://{user}:***@{host}{path}")
+        }
+        None => url.to_owned(),
+    }
+}
+
+/// Deletes dead rows every `interval` while the backend lives, a bounded
+/// number per run (see `sweep` in `schema.sql`); runs again at once while a
+/// run deletes its limit.
+async fn sweep_periodically(inner: Weak<Inner>, interval: Duration) {
+    loop {
+        tokio::time::sleep(interval).await;
+        loop {
+            let Some(inner) = inner.upgrade() else {
+                return;
+            };
+            let limit = SWEEP_LIMIT;
+            let swept = inner
+                .one("", &inner.sql.sweep, &[param(&limit, Type::INT4)])
+                .await
+                .and_then(|row| get::<i64>("", &row, 0));
+            match swept {
+                Ok(n) if n >= i64::from(SWEEP_LIMIT) => continue,
+                Ok(_) => break,
+                Err(e) => {
+                    tracing::debug!(target: "distlock::postgres", error = %e.error, "sweep failed");
+                    break;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn channel_idents_are_short_stable_identifiers() {
+        let ident = channel_ident("distlock:handoff:0123abcd");
+        assert_eq!(ident.len(), "distlock_".len() + 32);
+        assert!(ident
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'));
+        assert_eq!(ident, channel_ident("distlock:handoff:0123abcd"));
+        assert_ne!(ident, channel_ident("distlock:handoff:0123abce"));
+        assert!(channel_ident(&"x".repeat(10_000)).len() <= 63);
+    }
+
+    #[test]
+    fn globs_become_anchored_regexes() {
+        assert_eq!(glob_to_regex("a*b?"), "^a.*b.$");
+        assert_eq!(glob_to_regex("a.b"), "^a\\.b$");
+        assert_eq!(glob_to_regex("\\*x"), "^\\*x$");
+        assert_eq!(glob_to_regex("[^ab]"), "^[^ab]$");
+        assert_eq!(glob_to_regex("[a-c]"), "^[a-c]$");
+    }
+
+    #[test]
+    fn urls_and_schema_names() {
+        assert_eq!(
+            shown("postgres://u:secret@h:1/db"),
+            "postgres://u:***@h:1/db"
+        );
+        assert!(validate_schema("distlock").is_ok());
+        assert!(validate_schema("Distlock").is_err());
+        assert!(validate_schema("a;drop").is_err());
+        assert!(validate_schema("1a").is_err());
+    }
+}

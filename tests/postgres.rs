@@ -1,0 +1,760 @@
+//! The default lock on PostgreSQL (`postgres://` URLs, the `postgres`
+//! feature): the same contract as on Redis, on a private server per test
+//! (`distlock_testing::PostgresServer`, a free loopback port).
+//!
+//! Run with `cargo test -p distlock --features postgres --test postgres`.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use distlock::{distributed_lock, LockError, LockManager};
+use distlock_testing::PostgresServer;
+use tokio_postgres::{Client, NoTls};
+
+fn server() -> PostgresServer {
+    PostgresServer::start().expect("a private PostgreSQL (initdb, pg_ctl)")
+}
+
+async fn manager(pg: &PostgresServer) -> LockManager {
+    LockManager::builder(&pg.url())
+        .build()
+        .await
+        .expect("a manager on PostgreSQL")
+}
+
+async fn sql_client(pg: &PostgresServer) -> Client {
+    let (client, connection) = tokio_postgres::connect(&pg.url(), NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    client
+}
+
+/// Polls `f` every 10 ms until it holds or `limit` passes; how long it took.
+async fn eventually(limit: Duration, mut f: impl AsyncFnMut() -> bool) -> Option<Duration> {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if f().await {
+            return Some(start.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    None
+}
+
+async fn count(db: &Client, sql: &str) -> i64 {
+    db.query_one(sql, &[]).await.expect(sql).get(0)
+}
+
+async fn queued(db: &Client) -> i64 {
+    count(db, "SELECT count(*) FROM distlock.waiters").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_release_try_and_reentry() {
+    let pg = server();
+    let m = manager(&pg).await;
+    let other = manager(&pg).await;
+
+    let guard = m.lock("job").acquire().await.unwrap();
+    assert!(m.is_locked("job").await.unwrap());
+    assert!(other.lock("job").try_acquire().await.unwrap().is_none());
+    // Re-entry along the call chain: the same manager and task take it again.
+    let again = guard.scope(m.lock("job").acquire()).await.unwrap();
+    drop(again);
+    assert!(other.lock("job").try_acquire().await.unwrap().is_none());
+    guard.release().await.unwrap();
+    assert!(!m.is_locked("job").await.unwrap());
+    let taken = other.lock("job").try_acquire().await.unwrap();
+    assert!(
+        taken.is_some(),
+        "a released lock is free for another manager"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_of_three_managers_are_served_in_arrival_order_by_hand_off() {
+    let pg = server();
+    let managers = [manager(&pg).await, manager(&pg).await, manager(&pg).await];
+    let db = sql_client(&pg).await;
+    let holder = managers[0].lock("fifo").acquire().await.unwrap();
+    let served = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..6usize {
+        let m = managers[i % 3].clone();
+        let served = served.clone();
+        tasks.push(tokio::spawn(async move {
+            let guard = m
+                .lock("fifo")
+                .wait(Duration::from_secs(30))
+                .acquire()
+                .await
+                .unwrap();
+            served.lock().unwrap().push(i);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            guard.release().await.unwrap();
+        }));
+        // Each waiter is queued before the next starts: arrival order is i.
+        let want = i as i64 + 1;
+        assert!(
+            eventually(Duration::from_secs(10), async || queued(&db).await == want)
+                .await
+                .is_some(),
+            "waiter {i} never queued"
+        );
+    }
+    let delivered_before: u64 = managers.iter().map(|m| m.wake_ups_delivered()).sum();
+    holder.release().await.unwrap();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(*served.lock().unwrap(), vec![0, 1, 2, 3, 4, 5]);
+    // Each of the 6 grants was a hand-off message to its waiter's manager.
+    let delivered: u64 = managers.iter().map(|m| m.wake_ups_delivered()).sum();
+    assert!(
+        delivered - delivered_before >= 6,
+        "{} hand-offs heard for 6 grants",
+        delivered - delivered_before
+    );
+    // Every grant after the first came by hand-off: the queue is empty and
+    // no waiter is left behind.
+    assert_eq!(queued(&db).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_grow_across_deletion_and_restart() {
+    let mut pg = server();
+    let m = manager(&pg).await;
+    let mut last = 0;
+    for _ in 0..3 {
+        let guard = m.lock("fenced").acquire().await.unwrap();
+        let token = guard.fencing_token().await.unwrap();
+        assert!(token > last, "token {token} after {last}");
+        // Asking again reads the same token.
+        assert_eq!(guard.fencing_token().await.unwrap(), token);
+        last = token;
+        guard.release().await.unwrap();
+    }
+    // Eager fencing: the token comes with the grant.
+    let guard = m
+        .lock("fenced")
+        .eager_fencing(true)
+        .acquire()
+        .await
+        .unwrap();
+    let eager = guard.issued_fencing_token().expect("an eager token");
+    assert!(eager > last);
+    last = eager;
+    guard.release().await.unwrap();
+    drop(m);
+
+    pg.restart_immediate().expect("restart -m immediate");
+    let m = manager(&pg).await;
+    let guard = m.lock("fenced").acquire().await.unwrap();
+    let token = guard.fencing_token().await.unwrap();
+    assert!(
+        token > last,
+        "after a crash restart, token {token} after {last}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_list_and_force_unlock() {
+    let pg = server();
+    let m = LockManager::builder(&pg.url())
+        .holder("worker-7")
+        .build()
+        .await
+        .unwrap();
+    let guard = m
+        .lock("orders:1")
+        .lease(Duration::from_secs(20))
+        .acquire()
+        .await
+        .unwrap();
+    let token = guard.fencing_token().await.unwrap();
+    let info = m.inspect("orders:1").await.unwrap().expect("held");
+    assert_eq!(info.key, "orders:1");
+    assert_eq!(info.holder, "worker-7");
+    assert_eq!(info.fencing_token, token);
+    let ttl = info.ttl.expect("a lease");
+    assert!(ttl <= Duration::from_secs(20) && ttl > Duration::from_secs(10));
+    m.lock("orders:2")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let _other = m.lock("other:1").acquire().await.unwrap();
+    let listed: Vec<String> = m
+        .list("orders:*")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| i.key)
+        .collect();
+    assert_eq!(listed, vec!["orders:1".to_owned()]);
+    assert!(m.force_unlock("orders:1").await.unwrap());
+    assert!(!m.is_locked("orders:1").await.unwrap());
+    assert!(!m.force_unlock("orders:1").await.unwrap());
+    // The holder finds out at its next renewal; its release says so.
+    assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_primitives_give_a_typed_error() {
+    let pg = server();
+    let m = manager(&pg).await;
+    let unsupported = |r: Result<(), LockError>| match r {
+        Err(LockError::Unsupported { store, .. }) => assert_eq!(store, "PostgreSQL"),
+        other => panic!("expected Unsupported, got {other:?}"),
+    };
+    unsupported(m.semaphore("s", 2).acquire().await.map(drop));
+    unsupported(m.read_lock("rw").acquire().await.map(drop));
+    unsupported(m.write_lock("rw").acquire().await.map(drop));
+    unsupported(m.lock_all(["a", "b"]).acquire().await.map(drop));
+    unsupported(m.counting_semaphore("c").try_acquire(1).await.map(drop));
+    unsupported(m.leader("l").campaign().await.map(drop));
+    unsupported(m.events("x:*").subscribe().await.map(drop));
+    let events = LockManager::builder(&pg.url())
+        .lock_events(true)
+        .build()
+        .await;
+    unsupported(events.map(drop));
+    let message = m.semaphore("s", 2).acquire().await.unwrap_err().to_string();
+    assert!(
+        message.contains("not available on PostgreSQL yet"),
+        "{message}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncontended_cycle_is_two_statements() {
+    let pg = PostgresServer::builder()
+        .setting("log_statement", "all")
+        .start()
+        .unwrap();
+    // No sweep statement may fall between the two counts.
+    let m = LockManager::builder(&pg.url())
+        .postgres_sweep_interval(Duration::from_secs(3600))
+        .build()
+        .await
+        .unwrap();
+    // Warm up (the manager's first statements, the schema check).
+    m.lock("warm")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let statements = || {
+        std::fs::read_to_string(pg.log_path())
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains("statement: ") || l.contains("execute <unnamed>"))
+            .filter(|l| l.contains("distlock."))
+            .count()
+    };
+    let before = statements();
+    let guard = m.lock("cycle").acquire().await.unwrap();
+    guard.release().await.unwrap();
+    // The log is written by the server process before it answers, so both
+    // statements are in it once release() returned.
+    let after = statements();
+    assert_eq!(
+        after - before,
+        2,
+        "statements of one acquire + release cycle"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewing_many_leases_is_one_statement_per_batch() {
+    let pg = server();
+    let m = LockManager::builder(&pg.url())
+        .default_lease(Duration::from_millis(600))
+        .build()
+        .await
+        .unwrap();
+    let acquires = (0..50).map(|i| {
+        let m = m.clone();
+        async move { m.lock(format!("many:{i}")).acquire().await.unwrap() }
+    });
+    let guards = futures_util::future::join_all(acquires).await;
+    let trips_before = m.renewal_round_trips();
+    let ticks_before = m.renewal_task_wakeups();
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(2) {
+        assert!(guards.iter().all(|g| !g.is_lost()), "a lease was lost");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let trips = m.renewal_round_trips() - trips_before;
+    let ticks = m.renewal_task_wakeups() - ticks_before;
+    // A tick every lease / 3 = 200 ms: about 10 in 2 s. Each tick renews
+    // every lease due in one statement, so round trips never exceed ticks;
+    // one statement per lease would be about 50 per tick. (+1: a tick in
+    // flight at the window's start counts its wake-up before the window and
+    // its round trip inside it.)
+    assert!(trips >= 4, "{trips} renewal round trips in 2 s");
+    assert!(trips <= ticks + 1, "{trips} round trips in {ticks} ticks");
+    for g in &guards {
+        assert!(!g.is_lost(), "a renewed lease was lost");
+    }
+    for g in guards {
+        g.release().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_taken_over_after_expiry_fires_the_lost_signal() {
+    let pg = server();
+    let m = manager(&pg).await;
+    let db = sql_client(&pg).await;
+    let guard = m.lock("stolen").acquire().await.unwrap();
+    // Another owner takes the row, as if our lease had run out unrenewed.
+    db.execute(
+        "UPDATE distlock.locks SET owner = 'someone-else' WHERE name LIKE '%:stolen'",
+        &[],
+    )
+    .await
+    .unwrap();
+    tokio::time::timeout(Duration::from_secs(30), guard.lost())
+        .await
+        .expect("the lost signal within a renewal period");
+    assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_min_hold_and_max_hold() {
+    let pg = server();
+    let m = manager(&pg).await;
+    let other = manager(&pg).await;
+    let guard = m
+        .lock("ext")
+        .lease(Duration::from_secs(5))
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    guard.extend(Duration::from_secs(60)).await.unwrap();
+    let ttl = m.inspect("ext").await.unwrap().unwrap().ttl.unwrap();
+    assert!(ttl > Duration::from_secs(30), "extended ttl {ttl:?}");
+    guard.release().await.unwrap();
+
+    // min_hold: a release before it keeps the lock the rest of it.
+    let guard = m
+        .lock("minhold")
+        .min_hold(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    guard.release().await.unwrap();
+    assert!(other.lock("minhold").try_acquire().await.unwrap().is_none());
+    let ttl = m.inspect("minhold").await.unwrap().unwrap().ttl.unwrap();
+    assert!(ttl > Duration::from_secs(20) && ttl <= Duration::from_secs(30));
+
+    // max_hold: the hold is lost once it passes, renewal or not.
+    let guard = m
+        .lock("maxhold")
+        .lease(Duration::from_secs(1))
+        .max_hold(Duration::from_millis(1500))
+        .acquire()
+        .await
+        .unwrap();
+    let start = Instant::now();
+    tokio::time::timeout(Duration::from_secs(10), guard.lost())
+        .await
+        .expect("lost at max_hold");
+    assert!(start.elapsed() >= Duration::from_millis(1400));
+}
+
+#[distributed_lock(key = "macro:{id}", lease = "10s", manager = mgr)]
+async fn locked_body(
+    mgr: &LockManager,
+    id: u32,
+    seen: Arc<Mutex<Vec<u32>>>,
+) -> Result<(), LockError> {
+    assert!(mgr.is_held_by_current_chain(&format!("macro:{id}")));
+    seen.lock().unwrap().push(id);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_macro_locks_on_postgres() {
+    let pg = server();
+    let m = manager(&pg).await;
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    locked_body(&m, 3, seen.clone()).await.unwrap();
+    assert_eq!(*seen.lock().unwrap(), vec![3]);
+    assert!(!m.is_locked("macro:3").await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminating_the_data_connection_while_holding_keeps_the_lease() {
+    let pg = server();
+    let m = LockManager::builder(&pg.url())
+        .default_lease(Duration::from_millis(900))
+        .build()
+        .await
+        .unwrap();
+    let guard = m.lock("kept").acquire().await.unwrap();
+    let before = m.renewal_round_trips();
+    let pids = pg.backend_pids("distlock").unwrap();
+    assert!(!pids.is_empty());
+    for pid in pids {
+        pg.kill_backend(pid).unwrap();
+    }
+    // Renewals every 300 ms go on over a new connection: wait for 4 of them
+    // after the kill (the first may fail on the dead connection).
+    assert!(eventually(Duration::from_secs(10), async || {
+        m.renewal_round_trips() >= before + 4
+    })
+    .await
+    .is_some());
+    assert!(!guard.is_lost(), "the lease survived a terminated backend");
+    assert!(m.is_locked("kept").await.unwrap());
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminating_the_listening_connection_still_serves_the_waiter() {
+    let pg = server();
+    let m = manager(&pg).await;
+    let other = manager(&pg).await;
+    let db = sql_client(&pg).await;
+    let holder = m.lock("served").acquire().await.unwrap();
+    let waiter = tokio::spawn(async move {
+        other
+            .lock("served")
+            .wait(Duration::from_secs(30))
+            .acquire()
+            .await
+            .map(drop)
+    });
+    assert!(
+        eventually(Duration::from_secs(10), async || queued(&db).await == 1)
+            .await
+            .is_some()
+    );
+    for pid in pg.backend_pids("distlock-listen").unwrap() {
+        pg.kill_backend(pid).unwrap();
+    }
+    holder.release().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(15), waiter)
+        .await
+        .expect("the waiter is served after the listener died")
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_users_open_transaction_changes_no_grant() {
+    let pg = server();
+    let m = manager(&pg).await;
+    let other = manager(&pg).await;
+    let user = sql_client(&pg).await;
+    user.batch_execute(
+        "CREATE TABLE accounts (id int PRIMARY KEY); INSERT INTO accounts VALUES (1)",
+    )
+    .await
+    .unwrap();
+    user.batch_execute("BEGIN; SELECT * FROM accounts WHERE id = 1 FOR UPDATE")
+        .await
+        .unwrap();
+    let guard = m.lock("tx").acquire().await.unwrap();
+    assert!(other.lock("tx").try_acquire().await.unwrap().is_none());
+    guard.release().await.unwrap();
+    assert!(other.lock("tx").try_acquire().await.unwrap().is_some());
+    user.batch_execute("ROLLBACK").await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweep_keeps_the_tables_bounded() {
+    let pg = server();
+    let m = LockManager::builder(&pg.url())
+        .postgres_sweep_interval(Duration::from_millis(100))
+        .build()
+        .await
+        .unwrap();
+    let db = sql_client(&pg).await;
+    // 1500 queue entries of waiters that died (their queue lease ran out):
+    // more than one sweep statement deletes, so the sweep goes on at once.
+    db.batch_execute(
+        "INSERT INTO distlock.waiters SELECT 'dead:' || g, 'owner', g, \
+         clock_timestamp() - interval '1 second', 1000, false, '', '', 1, '' \
+         FROM generate_series(1, 1500) g",
+    )
+    .await
+    .unwrap();
+    // 200 locks whose holders never release them (their leases run out)
+    // and 200 released ones.
+    for i in 0..200 {
+        let g = m
+            .lock(format!("expired:{i}"))
+            .lease(Duration::from_millis(50))
+            .renew(false)
+            .acquire()
+            .await
+            .unwrap();
+        std::mem::forget(g);
+        m.lock(format!("cycled:{i}"))
+            .acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    let rows = async || {
+        count(&db, "SELECT count(*) FROM distlock.locks").await
+            + count(&db, "SELECT count(*) FROM distlock.waiters").await
+    };
+    assert!(
+        eventually(Duration::from_secs(10), async || rows().await == 0)
+            .await
+            .is_some(),
+        "rows left: {}",
+        rows().await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_schema_is_versioned_and_its_creation_optional() {
+    let pg = server();
+    // Not created, and told not to create it: a typed error naming the fix.
+    let refused = LockManager::builder(&pg.url())
+        .create_postgres_schema(false)
+        .build()
+        .await;
+    match refused {
+        Err(LockError::ServerCheck { reason, .. }) => {
+            assert!(reason.contains("distlock schema"), "{reason}")
+        }
+        other => panic!("expected ServerCheck, got {:?}", other.map(drop)),
+    }
+    // Created by a DBA with the public SQL, in a schema of another name.
+    pg.psql(&distlock::postgres_schema_sql("locks_here").unwrap())
+        .unwrap();
+    let m = LockManager::builder(&pg.url())
+        .postgres_schema("locks_here")
+        .create_postgres_schema(false)
+        .build()
+        .await
+        .unwrap();
+    m.lock("k")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    // A newer schema than the library knows is refused.
+    pg.psql("UPDATE locks_here.version SET version = 99")
+        .unwrap();
+    let newer = LockManager::builder(&pg.url())
+        .postgres_schema("locks_here")
+        .build()
+        .await;
+    assert!(matches!(newer, Err(LockError::ServerCheck { .. })));
+    // A role without CREATE: the error says what is missing.
+    pg.psql("CREATE ROLE weak LOGIN; REVOKE CREATE ON DATABASE postgres FROM PUBLIC; REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+        .unwrap();
+    let weak_url = pg.url().replace("postgres@", "weak@");
+    match LockManager::builder(&weak_url).build().await {
+        Err(LockError::ServerCheck { reason, .. }) => {
+            assert!(reason.contains("may not create"), "{reason}")
+        }
+        other => panic!("expected ServerCheck, got {:?}", other.map(drop)),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_urls_are_refused_until_tls_is_built() {
+    let pg = server();
+    let url = format!("{}&sslmode=require", pg.url());
+    match LockManager::builder(&url).build().await {
+        Err(LockError::InvalidConfig(message)) => {
+            assert!(
+                message.contains("TLS for PostgreSQL is not built yet"),
+                "{message}"
+            )
+        }
+        other => panic!("expected InvalidConfig, got {:?}", other.map(drop)),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_waiter_leaves_the_queue_and_the_next_is_served() {
+    let pg = server();
+    let m = manager(&pg).await;
+    let other = manager(&pg).await;
+    let db = sql_client(&pg).await;
+    let holder = m.lock("cancel").acquire().await.unwrap();
+    let first = {
+        let other = other.clone();
+        tokio::spawn(async move {
+            other
+                .lock("cancel")
+                .wait(Duration::from_secs(30))
+                .acquire()
+                .await
+                .map(drop)
+        })
+    };
+    assert!(
+        eventually(Duration::from_secs(10), async || queued(&db).await == 1)
+            .await
+            .is_some()
+    );
+    let second = tokio::spawn(async move {
+        other
+            .lock("cancel")
+            .wait(Duration::from_secs(30))
+            .acquire()
+            .await
+            .map(drop)
+    });
+    assert!(
+        eventually(Duration::from_secs(10), async || queued(&db).await == 2)
+            .await
+            .is_some()
+    );
+    // The head gives up: its entry goes, so the release hands to the second.
+    first.abort();
+    assert!(
+        eventually(Duration::from_secs(10), async || queued(&db).await == 1)
+            .await
+            .is_some()
+    );
+    holder.release().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), second)
+        .await
+        .expect("the second waiter is served")
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_whose_backend_is_paused_past_its_lease_is_told_before_the_next_grant() {
+    let pg = server();
+    // Its own application name, to find its data connection's backend.
+    let m = LockManager::builder(&format!("{}&application_name=paused-holder", pg.url()))
+        .default_lease(Duration::from_millis(1000))
+        .command_timeout(Duration::from_millis(200))
+        .build()
+        .await
+        .unwrap();
+    let other = manager(&pg).await;
+    let guard = m.lock("paused").acquire().await.unwrap();
+    let token = guard.fencing_token().await.unwrap();
+    let pids = pg.backend_pids("paused-holder").unwrap();
+    assert_eq!(pids.len(), 1, "one data connection");
+    pg.pause_backend(pids[0]).unwrap();
+    let next = other
+        .lock("paused")
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await
+        .unwrap();
+    // The row expires on the server's clock at least a lease after the
+    // holder's last renewal was sent, and the holder's local deadline is a
+    // lease after it sent that renewal: so once another manager is granted
+    // the lock, the holder's lease is already lost locally.
+    assert!(guard.is_lost(), "a grant overlapped a hold not yet lost");
+    assert!(next.fencing_token().await.unwrap() > token);
+    pg.resume_backend(pids[0]).unwrap();
+    assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
+    next.release().await.unwrap();
+}
+
+/// A guard dropped as its runtime ends is released over a connection of its
+/// own (a thread with its own runtime), not left to its lease.
+#[test]
+fn a_hold_dropped_as_the_runtime_ends_is_released() {
+    let pg = server();
+    let url = pg.url();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let m = LockManager::connect(&url).await.unwrap();
+        let _g = m
+            .lock("job")
+            .lease(Duration::from_secs(30))
+            .acquire()
+            .await
+            .unwrap();
+        // `_g` dropped here, inside the runtime: Drop spawns the release,
+        // which never runs there; the runtime's end releases it instead.
+    });
+    drop(rt);
+    let check = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    check.block_on(async {
+        let m = LockManager::connect(&url).await.unwrap();
+        assert!(
+            !m.is_locked("job").await.unwrap(),
+            "a lease of 30 s would still hold the lock"
+        );
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn managers_starting_together_create_the_schema_once() {
+    let pg = server();
+    let url = pg.url();
+    let builds = (0..4).map(|_| LockManager::builder(&url).build());
+    for built in futures_util::future::join_all(builds).await {
+        built.expect("every manager starts");
+    }
+    assert_eq!(
+        pg.psql("SELECT version FROM distlock.version").unwrap(),
+        "1"
+    );
+}
+
+#[distributed_lock(key = "default:{id}", lease = "10s")]
+async fn on_the_default_manager(id: u32) -> Result<u64, LockError> {
+    Ok(u64::from(id))
+}
+
+/// The macro without `manager = ...` builds its manager from `DISTLOCK_URL`,
+/// whatever the store. (The only test of this binary that reads the
+/// environment's manager, so setting the variable disturbs no other.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_manager_comes_from_a_postgres_url() {
+    let pg = server();
+    std::env::set_var("DISTLOCK_URL", pg.url());
+    assert_eq!(on_the_default_manager(5).await.unwrap(), 5);
+    // It used this server: its build created the schema here (nothing else
+    // in this test builds a manager).
+    assert_eq!(
+        pg.psql("SELECT version FROM distlock.version").unwrap(),
+        "1"
+    );
+}
+
+/// A hold moves to another manager by ticket: the resumed guard renews and
+/// releases it, as on Redis (the ticket names the row's owner).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_ticket_is_resumed_by_another_manager() {
+    let pg = server();
+    let m = manager(&pg).await;
+    let other = manager(&pg).await;
+    let guard = m.lock("ticketed").acquire().await.unwrap();
+    let token = guard.fencing_token().await.unwrap();
+    let secret = guard.into_ticket().ok().unwrap().to_secret_string();
+    let ticket = distlock::HoldTicket::from_secret_string(&secret).unwrap();
+    let resumed = other.resume(&ticket).await.unwrap();
+    assert_eq!(resumed.fencing_token().await.unwrap(), token);
+    assert!(m.lock("ticketed").try_acquire().await.unwrap().is_none());
+    resumed.release().await.unwrap();
+    assert!(!m.is_locked("ticketed").await.unwrap());
+}
