@@ -27,7 +27,7 @@ use tokio::sync::mpsc;
 use tokio_postgres::{Client, Notification};
 
 use super::lease::LeaseSql;
-use super::{connect, listen, server_note, slot_row, sqlx_connect, PgEnv, LEASE_SECS, SLOT_NOTE};
+use super::{connect, listen, server_note, sqlx_connect, PgEnv, LEASE_SECS};
 use crate::error::{bail, BoxError, Result};
 use crate::report::{new_histogram, us, Better, Check, Row, ScenarioResult, Target};
 use crate::scenarios::common::nanos;
@@ -36,8 +36,8 @@ const FLOOR_2: &str = "NOTIFY hand-off floor (2 clients alternating)";
 const FLOOR_4: &str = "NOTIFY hand-off floor (4 clients alternating)";
 const SQLX_2: &str = "sqlx 0.8 PgAdvisoryLock (2 connections)";
 const SQLX_4: &str = "sqlx 0.8 PgAdvisoryLock (4 connections)";
-const DISTLOCK_2: &str = "distlock (slot: Backend::Postgres, 2 managers)";
-const DISTLOCK_4: &str = "distlock (slot: Backend::Postgres, 4 managers)";
+const DISTLOCK_2: &str = "distlock (2 managers)";
+const DISTLOCK_4: &str = "distlock (4 managers)";
 
 /// One contender's figures in one slice.
 struct Stats {
@@ -241,9 +241,64 @@ impl SqlxGroup {
     }
 }
 
+/// distlock's contenders: a manager each (as processes of a service would be),
+/// one task per manager, one key.
+struct DistlockGroup {
+    key: Arc<String>,
+    managers: Vec<distlock::LockManager>,
+}
+
+impl DistlockGroup {
+    async fn new(env: &PgEnv, size: usize) -> Result<DistlockGroup> {
+        let mut managers = Vec::new();
+        for _ in 0..size {
+            managers.push(super::distlock_manager(&env.url).await?);
+        }
+        Ok(DistlockGroup {
+            key: Arc::new(format!("bench:handoff:distlock:{size}")),
+            managers,
+        })
+    }
+
+    async fn slice(self, length: Duration) -> Result<(DistlockGroup, Vec<Stats>)> {
+        let deadline = Instant::now() + length;
+        let last: Arc<Mutex<Option<(Instant, usize)>>> = Arc::new(Mutex::new(None));
+        let mut tasks = Vec::new();
+        for (me, manager) in self.managers.iter().cloned().enumerate() {
+            let (key, last) = (self.key.clone(), last.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut s = Stats::new()?;
+                while Instant::now() < deadline {
+                    let asked = Instant::now();
+                    let guard = manager.lock(key.as_str()).acquire().await?;
+                    let held = Instant::now();
+                    if held < deadline {
+                        s.acquired += 1;
+                        s.waits.saturating_record(nanos(held - asked));
+                        match last.lock().map_err(|_| "poisoned")?.take() {
+                            Some((_, who)) if who == me => s.regrabs += 1,
+                            Some((at, _)) => s.handoffs.saturating_record(nanos(held - at)),
+                            None => {}
+                        }
+                    }
+                    *last.lock().map_err(|_| "poisoned")? = Some((Instant::now(), me));
+                    guard.release().await?;
+                }
+                Ok::<_, BoxError>(s)
+            }));
+        }
+        let mut stats = Vec::new();
+        for t in tasks {
+            stats.push(t.await??);
+        }
+        Ok((self, stats))
+    }
+}
+
 enum Contenders {
     Ring(Ring),
     Sqlx(SqlxGroup),
+    Distlock(DistlockGroup),
 }
 
 impl Contenders {
@@ -256,6 +311,10 @@ impl Contenders {
             Contenders::Sqlx(g) => {
                 let (g, s) = g.slice(length).await?;
                 (Contenders::Sqlx(g), s)
+            }
+            Contenders::Distlock(g) => {
+                let (g, s) = g.slice(length).await?;
+                (Contenders::Distlock(g), s)
             }
         })
     }
@@ -324,15 +383,15 @@ pub async fn run(env: &PgEnv) -> Result<ScenarioResult> {
     } else {
         (3, Duration::from_secs(1), Some(Duration::from_millis(300)))
     };
-    let labels = [FLOOR_2, FLOOR_4, SQLX_2, SQLX_4];
+    let labels = [FLOOR_2, FLOOR_4, SQLX_2, SQLX_4, DISTLOCK_2, DISTLOCK_4];
     let mut groups = vec![
         Some(Contenders::Ring(Ring::new(env, 2).await?)),
         Some(Contenders::Ring(Ring::new(env, 4).await?)),
         Some(Contenders::Sqlx(SqlxGroup::new(env, 2).await?)),
         Some(Contenders::Sqlx(SqlxGroup::new(env, 4).await?)),
+        Some(Contenders::Distlock(DistlockGroup::new(env, 2).await?)),
+        Some(Contenders::Distlock(DistlockGroup::new(env, 4).await?)),
     ];
-    // SLOT(distlock): distlock's contenders (2 and 4 LockManager::builder(&env.url)
-    // managers, tasks looping lock(key).acquire() / release()) join the slices here.
     let n = labels.len();
     let mut totals: Vec<Totals> = (0..n)
         .map(|_| {
@@ -376,9 +435,7 @@ pub async fn run(env: &PgEnv) -> Result<ScenarioResult> {
             groups[i] = Some(c);
         }
     }
-    let mut rows: Vec<Row> = labels.iter().zip(&totals).map(|(l, t)| row(l, t)).collect();
-    rows.push(slot_row(DISTLOCK_2, &rows[0]));
-    rows.push(slot_row(DISTLOCK_4, &rows[0]));
+    let rows: Vec<Row> = labels.iter().zip(&totals).map(|(l, t)| row(l, t)).collect();
     let mut targets = Vec::new();
     for (distlock, floor) in [(DISTLOCK_2, FLOOR_2), (DISTLOCK_4, FLOOR_4)] {
         targets.push(Target::ratio(
@@ -411,7 +468,7 @@ pub async fn run(env: &PgEnv) -> Result<ScenarioResult> {
             server_note(env),
             "hand-off: from the start of the holder's release to another contender holding; the floors' releases and acquires are each a commit".to_owned(),
             "each row's ratios are to both floors; compare a row with the floor of its own size".to_owned(),
-            SLOT_NOTE.to_owned(),
+            "sqlx and distlock: one task per connection (manager); a hold taken again by the task that released it is a re-grab".to_owned(),
         ],
         rows,
         references: 2,
