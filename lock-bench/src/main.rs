@@ -2,10 +2,11 @@
 //! redis-rs, and a minimal `SET NX PX` lock) and a peer (rslock), on a private
 //! redis-server, or (`--backend cluster`) on a private 3-master Redis Cluster,
 //! or (`--backend redlock`) distlock on a Redlock of 5 private redis-servers
-//! beside distlock on one of them.
+//! beside distlock on one of them, or (`--backend postgres`) floors by hand and
+//! sqlx's `PgAdvisoryLock` on a private PostgreSQL (`src/postgres/`).
 //!
 //! ```text
-//! cargo run --release -p lock-bench -- [--quick] [--backend single|cluster|redlock] [--scenario NAME]...
+//! cargo run --release -p lock-bench -- [--quick] [--backend single|cluster|redlock|postgres] [--scenario NAME]...
 //!                                      [--runs N] [--locks N] [--json [--results-dir DIR]] [--svg DIR]
 //! ```
 //!
@@ -20,6 +21,7 @@ mod floor;
 mod history;
 mod link;
 mod pin;
+mod postgres;
 mod proxy;
 mod redis_stats;
 mod report;
@@ -40,7 +42,7 @@ use crate::scenarios::common::{Env, Target};
 static ALLOC: alloc_count::Counting = alloc_count::Counting;
 
 const USAGE: &str = "\
-usage: lock-bench [--quick] [--backend single|cluster|redlock] [--scenario NAME]... [--runs N] [--locks N]
+usage: lock-bench [--quick] [--backend single|cluster|redlock|postgres] [--scenario NAME]... [--runs N] [--locks N]
                   [--link-delay DURATION] [--direct-lane on|off] [--no-pin] [--json [--results-dir DIR]] [--svg DIR]
 
   --quick          a few seconds in all (CI); targets are printed, never enforced
@@ -50,7 +52,10 @@ usage: lock-bench [--quick] [--backend single|cluster|redlock] [--scenario NAME]
                    ClusterConnection); runs uncontended, many-keys and handoff only;
                    redlock: 5 private redis-servers, distlock built with
                    redlock_builder beside distlock (builder) on one of them, interleaved;
-                   no floor, no rslock; runs uncontended and handoff only
+                   no floor, no rslock; runs uncontended and handoff only;
+                   postgres: a private PostgreSQL (fsync on), the advisory, lease-row
+                   and NOTIFY hand-off floors by hand and sqlx's PgAdvisoryLock;
+                   runs uncontended, many-keys, handoff and renewal only
   --scenario NAME  run only NAME (repeatable, or comma-separated):
                    uncontended, many-keys, handoff, fresh-handoff, parked-handoff, renewal,
                    memory, macro
@@ -65,7 +70,8 @@ usage: lock-bench [--quick] [--backend single|cluster|redlock] [--scenario NAME]
   --no-pin         run the latency scenarios on every CPU (they are confined to one by
                    default; through --link-delay they never are)
   --runs N         run everything N times and print the medians too (default 1)
-  --locks N        locks held by renewal and memory (default 100000; 1000 with --quick)
+  --locks N        locks held by renewal and memory (default 100000; 1000 with --quick;
+                   postgres: 10000)
   --json           write each scenario's figures to lock-bench/results/<commit>-<scenario>.json
                    (<commit>-<scenario>-quick.json with --quick; git ignores those): the medians,
                    every run's rows, the targets, the command, commit, date, nproc, server version
@@ -82,6 +88,7 @@ enum Backend {
     Single,
     Cluster,
     Redlock,
+    Postgres,
 }
 
 impl Backend {
@@ -90,6 +97,7 @@ impl Backend {
             Backend::Single => "single",
             Backend::Cluster => "cluster",
             Backend::Redlock => "redlock",
+            Backend::Postgres => "postgres",
         }
     }
 }
@@ -149,7 +157,10 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>> {
                     "single" => Backend::Single,
                     "cluster" => Backend::Cluster,
                     "redlock" => Backend::Redlock,
-                    other => bail!("--backend takes single, cluster or redlock, not {other:?}"),
+                    "postgres" => Backend::Postgres,
+                    other => {
+                        bail!("--backend takes single, cluster, redlock or postgres, not {other:?}")
+                    }
                 }
             }
             "--scenario" => {
@@ -269,6 +280,7 @@ fn parse_duration(text: &str) -> Option<std::time::Duration> {
         .then(|| std::time::Duration::from_secs_f64(seconds))
 }
 
+/// The load averages, as `/proc/loadavg` gives them.
 fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .ok()
@@ -367,6 +379,9 @@ async fn connect(url: &str) -> Result<redis::aio::MultiplexedConnection> {
 }
 
 async fn bench(args: Args, command: String) -> Result<()> {
+    if args.backend == Backend::Postgres {
+        return bench_postgres(args, command).await;
+    }
     // The tree as it is when the run starts: what the figures were measured on.
     let commit = args.json.then(results::current_commit);
     let mut members = Vec::new();
@@ -401,6 +416,7 @@ async fn bench(args: Args, command: String) -> Result<()> {
                 stats,
             )
         }
+        Backend::Postgres => bail!("the PostgreSQL pass runs in bench_postgres"),
         Backend::Redlock => {
             let mut servers = Vec::new();
             let mut stats = Vec::new();
@@ -497,7 +513,71 @@ async fn bench(args: Args, command: String) -> Result<()> {
         }
         runs.push(run_once(&env, &args.scenarios).await?);
     }
-    let medians = report::median_of_runs(&runs);
+    let server = ServerInfo {
+        version,
+        settings: None,
+    };
+    finish(&args, command, commit, server, load_start, &runs)?;
+    drop(env);
+    drop(servers);
+    Ok(())
+}
+
+/// What the results files say of the server measured on.
+struct ServerInfo {
+    version: String,
+    /// Settings that bound the figures (PostgreSQL: `synchronous_commit`, `fsync`).
+    settings: Option<String>,
+}
+
+/// `--backend postgres`: a private PostgreSQL, the pass of `src/postgres/`.
+async fn bench_postgres(args: Args, command: String) -> Result<()> {
+    let commit = args.json.then(results::current_commit);
+    if args.profile.is_some() {
+        bail!("--profile measures the Redis implementations only");
+    }
+    let (server, env) = postgres::start(args.quick, args.locks).await?;
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let load_start = load_average();
+    println!(
+        "lock-bench: PostgreSQL {} at {} (private), {}, {cpus} CPUs, load average {load_start}{}",
+        env.version,
+        server.url(),
+        env.settings,
+        if args.quick { ", --quick" } else { "" }
+    );
+    println!(
+        "ratios in parentheses are to the floor row(s) named under each title, of the same run; lower is better for latencies\n"
+    );
+    let mut runs = Vec::new();
+    for run in 0..args.runs {
+        if args.runs > 1 {
+            println!("######## run {} of {}\n", run + 1, args.runs);
+        }
+        runs.push(postgres::run_once(&env, &args.scenarios).await?);
+    }
+    let info = ServerInfo {
+        version: env.version.clone(),
+        settings: Some(env.settings.clone()),
+    };
+    finish(&args, command, commit, info, load_start, &runs)?;
+    drop(env);
+    drop(server);
+    Ok(())
+}
+
+/// The medians of `--runs N`, the results files and the charts: the same for
+/// every backend.
+fn finish(
+    args: &Args,
+    command: String,
+    commit: Option<String>,
+    server: ServerInfo,
+    load_start: String,
+    runs: &[Vec<ScenarioResult>],
+) -> Result<()> {
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let medians = report::median_of_runs(runs);
     if args.runs > 1 {
         println!("######## medians of {} runs\n", args.runs);
         for (m, targets) in &medians {
@@ -513,7 +593,8 @@ async fn bench(args: Args, command: String) -> Result<()> {
             command,
             backend: args.backend.name(),
             nproc: cpus,
-            server_version: version,
+            server_version: server.version,
+            server_settings: server.settings,
             quick: args.quick,
             runs: args.runs,
             locks: args.locks,
@@ -525,7 +606,7 @@ async fn bench(args: Args, command: String) -> Result<()> {
             .results_dir
             .clone()
             .unwrap_or_else(results::default_dir);
-        for path in results::write_all(&dir, &info, &medians, &runs)? {
+        for path in results::write_all(&dir, &info, &medians, runs)? {
             println!("wrote {}", path.display());
         }
     }
@@ -534,9 +615,13 @@ async fn bench(args: Args, command: String) -> Result<()> {
             println!("wrote {f}");
         }
     }
-    drop(env);
-    drop(servers);
     Ok(())
+}
+
+/// `<target dir>/tmp`, from the bench's own path (`<target dir>/<profile>/lock-bench`).
+fn target_tmp_dir() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    Some(exe.parent()?.parent()?.join("tmp"))
 }
 
 fn main() -> std::process::ExitCode {
@@ -553,6 +638,16 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
+    if args.backend == Backend::Postgres {
+        // The server's data directory goes under TMPDIR: on the target directory's
+        // disk, where commits' WAL flushes cost what they cost on a real disk (a
+        // tmpfs /tmp would make them free). Set before any thread exists.
+        if let Some(dir) = target_tmp_dir() {
+            if std::fs::create_dir_all(&dir).is_ok() {
+                std::env::set_var("TMPDIR", &dir);
+            }
+        }
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -606,6 +701,10 @@ mod tests {
             bail!("expected arguments");
         };
         assert_eq!(r.backend, Backend::Redlock);
+        let Some(p) = parse(&["--backend", "postgres", "--quick"])? else {
+            bail!("expected arguments");
+        };
+        assert_eq!(p.backend, Backend::Postgres);
         assert!(parse(&["--backend", "sentinel"]).is_err());
         assert!(parse(&["--locks", "0"]).is_err());
         assert!(parse(&["--scenario", "nope"]).is_err());
@@ -696,6 +795,7 @@ mod tests {
             backend: "single",
             nproc: 2,
             server_version: "7.0.15".to_owned(),
+            server_settings: None,
             quick: false,
             runs: 2,
             locks: None,

@@ -178,11 +178,14 @@ impl Target {
                 .find(|r| r.label == label)
                 .and_then(|r| r.get(metric))
         };
-        let v = find(&self.row, self.metric)?;
+        // An unmeasured figure (NaN: a slot, a count that could not be taken) is
+        // no value: the target prints `n/a`, neither met nor missed.
+        let v = find(&self.row, self.metric).filter(|v| !v.is_nan())?;
         match &self.over_row {
             None => Some(v),
             Some(other) => {
-                let o = find(other, self.over_metric.unwrap_or(self.metric))?;
+                let o =
+                    find(other, self.over_metric.unwrap_or(self.metric)).filter(|o| !o.is_nan())?;
                 Some(if self.inverted { o / v } else { v / o })
             }
         }
@@ -436,8 +439,12 @@ pub struct RunInfo {
     pub backend: &'static str,
     /// CPUs the bench could use (`available_parallelism`).
     pub nproc: usize,
-    /// `redis_version` of the (first) private server.
+    /// `redis_version` of the (first) private server; PostgreSQL's `server_version`.
     pub server_version: String,
+    /// PostgreSQL: the settings that bound a commit (`synchronous_commit`, `fsync`,
+    /// `wal_sync_method`, where the data directory is); absent for Redis.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_settings: Option<String>,
     pub quick: bool,
     pub runs: usize,
     /// `--locks`, when given.
@@ -523,4 +530,36 @@ pub fn results_json(
     let mut text = serde_json::to_string_pretty(&file)?;
     text.push('\n');
     Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A slot row (every figure NaN) gives its targets no value: printed `n/a`,
+    /// neither met nor missed, and left out of the medians.
+    #[test]
+    fn unmeasured_figures_have_no_target_value() {
+        let mut floor = Row::new("floor");
+        floor.push("p50 us", 100.0, Better::Lower);
+        let mut slot = Row::new("slot");
+        slot.push("p50 us", f64::NAN, Better::Lower);
+        let mut measured = Row::new("measured");
+        measured.push("p50 us", 105.0, Better::Lower);
+        let over = |row: &str| Target::ratio("t", row, "p50 us", "floor", Check::AtMost(1.1));
+        let rows = [floor, slot, measured];
+        assert_eq!(over("slot").value(&rows), None);
+        assert_eq!(over("measured").value(&rows), Some(1.05));
+        let result = ScenarioResult {
+            name: "uncontended-postgres",
+            title: "t".to_owned(),
+            notes: Vec::new(),
+            rows: rows.to_vec(),
+            references: 1,
+            targets: vec![over("slot")],
+        };
+        let text = result.render();
+        assert!(text.contains("n/a"), "{text}");
+        assert!(!text.contains("MISSED"), "{text}");
+    }
 }

@@ -1,0 +1,258 @@
+//! The PostgreSQL pass (`--backend postgres`): floors by hand on tokio-postgres and
+//! sqlx's `PgAdvisoryLock` (the peer a Rust user picks today), on a private
+//! PostgreSQL the bench starts itself (fsync on, the data directory on the disk
+//! under the target directory, a free port: never the shared 5432).
+//!
+//! * **advisory floor**: `pg_try_advisory_lock` + `pg_advisory_unlock`, prepared,
+//!   on one connection: two statements and no commit's WAL flush, the least a lock
+//!   on PostgreSQL can cost (no lease, no token, no wake-up; held by the session).
+//! * **lease-row floor**: distlock's protocol by hand ([`lease::LeaseSql`]): an
+//!   upsert that takes a free or expired row and returns a token from a sequence,
+//!   then an update that frees it: two commits, each a WAL flush.
+//! * **NOTIFY hand-off floor**: clients on the lease row, strictly alternating; the
+//!   holder frees the row and notifies the next client's channel in one statement,
+//!   the next client (its own task and LISTEN connection, parked) takes the row
+//!   with its own statement.
+//! * **sqlx `PgAdvisoryLock`**: `acquire` (a blocking `pg_advisory_lock`) and
+//!   `release_now` per cycle, on its own `PgConnection`.
+//! * **distlock**: `LockManager::builder("postgres://...")` (the `postgres`
+//!   feature), acquire + release per cycle; in `renewal` still a slot (a row of
+//!   `-`, `SLOT(distlock)` in the code).
+
+pub mod handoff;
+pub mod lease;
+pub mod many_keys;
+pub mod proxy;
+pub mod renewal;
+pub mod uncontended;
+
+use std::time::Instant;
+
+use distlock_testing::PostgresServer;
+use tokio::sync::mpsc;
+use tokio_postgres::{AsyncMessage, Client, NoTls, Notification};
+
+use crate::error::{bail, context, Result};
+use crate::report::{Better, Row, ScenarioResult};
+
+/// The scenarios the PostgreSQL pass runs; the others are skipped with a note.
+pub const SCENARIOS: &[&str] = &["uncontended", "many-keys", "handoff", "renewal"];
+
+/// Lease of every hold that is not renewed: never ends during a cycle.
+pub const LEASE_SECS: f64 = 30.0;
+
+/// The note of a distlock slot (a row not measured yet).
+pub const SLOT_NOTE: &str = "distlock's row is a slot, not measured yet: distlock renews its holds in the background, and timing its batches needs a view of its renewal ticks (see lock-bench/README.md)";
+
+/// What every scenario of the pass needs.
+pub struct PgEnv {
+    /// The private server's URL (`postgresql://postgres@127.0.0.1:PORT/postgres?...`).
+    pub url: String,
+    /// Where the server listens (127.0.0.1), for the round-trip counting proxy.
+    pub port: u16,
+    pub quick: bool,
+    /// `--locks N`: held by `renewal` (10,000 by default; 1,000 with `--quick`).
+    pub locks: Option<usize>,
+    /// The server's processes at the start: the postmaster and its children.
+    pub postmaster: u32,
+    /// `server_version`, and the settings that bound a cycle, as printed.
+    pub version: String,
+    pub settings: String,
+}
+
+/// Starts the private server (fsync on, the default) with its data directory under
+/// `TMPDIR` (which `main` points at the target directory), creates the lease table.
+pub async fn start(quick: bool, locks: Option<usize>) -> Result<(PostgresServer, PgEnv)> {
+    let server = tokio::task::spawn_blocking(|| {
+        PostgresServer::builder()
+            // The hand-off and many-keys rows open a connection per task.
+            .setting("max_connections", "200")
+            .start()
+    })
+    .await?
+    .map_err(context("starting a private PostgreSQL"))?;
+    let client = connect(&server.url(), "lock-bench-setup").await?;
+    client
+        .batch_execute(lease::SCHEMA)
+        .await
+        .map_err(context("creating the lease-row floor's table"))?;
+    let show = |name: &'static str| {
+        let client = &client;
+        async move {
+            let row = client.query_one(&format!("SHOW {name}"), &[]).await?;
+            Ok::<String, crate::error::BoxError>(row.get(0))
+        }
+    };
+    let version = show("server_version").await?;
+    let settings = format!(
+        "synchronous_commit={} fsync={} wal_sync_method={} data_directory on {}",
+        show("synchronous_commit").await?,
+        show("fsync").await?,
+        show("wal_sync_method").await?,
+        std::env::temp_dir().display(),
+    );
+    let postmaster = server
+        .postmaster_pid()
+        .map_err(context("reading the postmaster's pid"))?;
+    let env = PgEnv {
+        url: server.url(),
+        port: server.port(),
+        quick,
+        locks,
+        postmaster,
+        version,
+        settings,
+    };
+    Ok((server, env))
+}
+
+/// A connection, its driver spawned; `name` shows in `pg_stat_activity`.
+pub async fn connect(url: &str, name: &str) -> Result<Client> {
+    let url = with_name(url, name);
+    let (client, connection) = tokio_postgres::connect(&url, NoTls)
+        .await
+        .map_err(context(&format!("connecting to {url}")))?;
+    tokio::spawn(async move {
+        // Its error is the client's next error.
+        let _ = connection.await;
+    });
+    Ok(client)
+}
+
+/// A connection that listens on `channel`, and its notifications: the connection's
+/// driver forwards each to the channel's receiver, which a waiter parks on.
+pub async fn listen(
+    url: &str,
+    name: &str,
+    channel: &str,
+) -> Result<(Client, mpsc::UnboundedReceiver<Notification>)> {
+    let url = with_name(url, name);
+    let (client, mut connection) = tokio_postgres::connect(&url, NoTls)
+        .await
+        .map_err(context(&format!("connecting to {url}")))?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(Ok(message)) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+            if let AsyncMessage::Notification(n) = message {
+                if tx.send(n).is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    client.batch_execute(&format!("LISTEN {channel}")).await?;
+    Ok((client, rx))
+}
+
+/// A distlock manager on the server (its data and listening connections).
+pub async fn distlock_manager(url: &str) -> Result<distlock::LockManager> {
+    distlock::LockManager::builder(url)
+        .default_lease(std::time::Duration::from_secs_f64(LEASE_SECS))
+        .build()
+        .await
+        .map_err(context(&format!("building a distlock manager on {url}")))
+}
+
+/// A sqlx connection for the peer.
+pub async fn sqlx_connect(url: &str, name: &str) -> Result<sqlx::PgConnection> {
+    use sqlx::Connection as _;
+    let url = with_name(url, name);
+    sqlx::PgConnection::connect(&url)
+        .await
+        .map_err(context(&format!("sqlx connecting to {url}")))
+}
+
+fn with_name(url: &str, name: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}application_name={name}")
+}
+
+/// The postmaster and every process it started (backends, WAL writer,
+/// checkpointer...), for `pin.rs`: new backends inherit the postmaster's CPU set.
+pub fn server_pids(postmaster: u32) -> Vec<u32> {
+    let mut pids = vec![postmaster];
+    if let Ok(entries) = std::fs::read_dir("/proc") {
+        for entry in entries.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
+            // The parent is the second field after the name, which is in parentheses.
+            let parent = stat
+                .rfind(')')
+                .and_then(|i| stat[i + 1..].split_whitespace().nth(1))
+                .and_then(|p| p.parse::<u32>().ok());
+            if parent == Some(postmaster) {
+                pids.push(pid);
+            }
+        }
+    }
+    pids
+}
+
+/// A round-trip counting proxy in front of the server, and the URL through it.
+pub async fn counting_proxy(env: &PgEnv) -> Result<(proxy::PgCountingProxy, String)> {
+    let p = proxy::PgCountingProxy::start(std::net::SocketAddr::from(([127, 0, 0, 1], env.port)))
+        .await?;
+    let url = p.url(&env.url, env.port);
+    Ok((p, url))
+}
+
+/// The distlock slot's row: every figure of `like` unmeasured (`-` in the table,
+/// `null` in the results file).
+// SLOT(distlock): replace each call by distlock's measured row once
+// `LockManager::builder("postgres://...")` exists.
+pub fn slot_row(label: &str, like: &Row) -> Row {
+    let mut row = Row::new(label);
+    for m in &like.metrics {
+        row.push(m.name, f64::NAN, Better::Neutral);
+    }
+    row
+}
+
+/// Runs the pass's scenarios among `names`, in the usual order.
+pub async fn run_once(env: &PgEnv, names: &[String]) -> Result<Vec<ScenarioResult>> {
+    let mut results = Vec::new();
+    for name in crate::scenarios::ALL {
+        if !names.iter().any(|n| n == name) {
+            continue;
+        }
+        if !SCENARIOS.contains(name) {
+            println!(
+                "== {name}: skipped under --backend postgres (the PostgreSQL pass runs only {})\n",
+                SCENARIOS.join(", ")
+            );
+            continue;
+        }
+        let started = Instant::now();
+        let got = match *name {
+            "uncontended" => uncontended::run(env).await?,
+            "many-keys" => many_keys::run(env).await?,
+            "handoff" => handoff::run(env).await?,
+            "renewal" => renewal::run(env).await?,
+            other => bail!("unknown scenario {other:?}"),
+        };
+        println!("{}", got.render());
+        println!(
+            "  ({name} took {:.1} s; load average now {})\n",
+            started.elapsed().as_secs_f64(),
+            crate::load_average()
+        );
+        results.push(got);
+    }
+    Ok(results)
+}
+
+/// The note every table of the pass carries: what the server was.
+pub fn server_note(env: &PgEnv) -> String {
+    format!(
+        "PostgreSQL {} (private), {}; each cycle of a lease row is two commits, each a WAL flush",
+        env.version, env.settings
+    )
+}

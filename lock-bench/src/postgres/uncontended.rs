@@ -1,0 +1,304 @@
+//! `uncontended-postgres`: one task, acquire + release of one key, each
+//! implementation on its own connection; 20,000 cycles each in interleaved blocks
+//! of 1,000, the bench and the server's processes on one CPU (see `pin.rs`).
+
+use std::time::Instant;
+
+use hdrhistogram::Histogram;
+use sqlx::postgres::PgAdvisoryLock;
+use tokio_postgres::{Client, Statement};
+
+use super::lease::LeaseSql;
+use super::{connect, server_note, sqlx_connect, PgEnv, LEASE_SECS};
+use crate::error::{bail, Result};
+use crate::report::{new_histogram, us, Better, Check, Row, ScenarioResult, Target};
+use crate::scenarios::common::nanos;
+
+pub const ADVISORY_FLOOR: &str = "advisory floor (pg_try_advisory_lock + unlock)";
+pub const LEASE_FLOOR: &str = "lease-row floor (upsert + free, by hand)";
+pub const SQLX: &str = "sqlx 0.8 PgAdvisoryLock";
+pub const DISTLOCK: &str = "distlock (LockManager::builder(\"postgres://...\"))";
+const KEY: &str = "bench:uncontended";
+
+/// One implementation's cycle on its own connection, and the backend serving it
+/// (for its CPU time).
+pub enum PgCycler {
+    Advisory {
+        client: Client,
+        lock: Statement,
+        unlock: Statement,
+        key: i64,
+    },
+    Lease {
+        client: Client,
+        sql: LeaseSql,
+        key: String,
+        owner: String,
+    },
+    Sqlx {
+        conn: sqlx::PgConnection,
+        lock: PgAdvisoryLock,
+    },
+    Distlock {
+        manager: distlock::LockManager,
+    },
+}
+
+impl PgCycler {
+    pub async fn advisory(url: &str, key: i64) -> Result<(PgCycler, u32)> {
+        let client = connect(url, "lock-bench-advisory").await?;
+        let lock = client.prepare("SELECT pg_try_advisory_lock($1)").await?;
+        let unlock = client.prepare("SELECT pg_advisory_unlock($1)").await?;
+        let pid = backend_pid(&client).await?;
+        Ok((
+            PgCycler::Advisory {
+                client,
+                lock,
+                unlock,
+                key,
+            },
+            pid,
+        ))
+    }
+
+    pub async fn lease(url: &str, key: &str, owner: &str) -> Result<(PgCycler, u32)> {
+        let client = connect(url, "lock-bench-lease").await?;
+        let sql = LeaseSql::prepare(&client).await?;
+        let pid = backend_pid(&client).await?;
+        Ok((
+            PgCycler::Lease {
+                client,
+                sql,
+                key: key.to_owned(),
+                owner: owner.to_owned(),
+            },
+            pid,
+        ))
+    }
+
+    pub async fn sqlx(url: &str, key: &str) -> Result<(PgCycler, u32)> {
+        let mut conn = sqlx_connect(url, "lock-bench-sqlx").await?;
+        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut conn)
+            .await?;
+        Ok((
+            PgCycler::Sqlx {
+                conn,
+                lock: PgAdvisoryLock::new(key),
+            },
+            u32::try_from(pid)?,
+        ))
+    }
+
+    /// distlock has no connection of its own to name: its backend's CPU is not
+    /// measured (pid 0 reads as unmeasured).
+    pub async fn distlock(url: &str) -> Result<(PgCycler, u32)> {
+        Ok((
+            PgCycler::Distlock {
+                manager: super::distlock_manager(url).await?,
+            },
+            0,
+        ))
+    }
+
+    /// Acquire + release; `false` when the try found the lock held (the floors
+    /// only: sqlx's `acquire` waits).
+    pub async fn cycle(&mut self) -> Result<bool> {
+        match self {
+            PgCycler::Advisory {
+                client,
+                lock,
+                unlock,
+                key,
+            } => {
+                let got: bool = client.query_one(&*lock, &[&*key]).await?.get(0);
+                if got {
+                    let freed: bool = client.query_one(&*unlock, &[&*key]).await?.get(0);
+                    if !freed {
+                        bail!("pg_advisory_unlock found the lock not held");
+                    }
+                }
+                Ok(got)
+            }
+            PgCycler::Lease {
+                client,
+                sql,
+                key,
+                owner,
+            } => match sql.acquire(client, key, owner, LEASE_SECS).await? {
+                Some(token) => {
+                    if !sql.release(client, key, owner, token).await? {
+                        bail!("the lease-row floor lost a hold it had just taken");
+                    }
+                    Ok(true)
+                }
+                None => Ok(false),
+            },
+            PgCycler::Sqlx { conn, lock } => {
+                let guard = lock.acquire(&mut *conn).await?;
+                guard.release_now().await?;
+                Ok(true)
+            }
+            PgCycler::Distlock { manager } => {
+                manager.lock(KEY).acquire().await?.release().await?;
+                Ok(true)
+            }
+        }
+    }
+}
+
+pub async fn backend_pid(client: &Client) -> Result<u32> {
+    let pid: i32 = client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await?
+        .get(0);
+    Ok(u32::try_from(pid)?)
+}
+
+/// CPU seconds (user + system) the process `pid` has used: a backend's own work.
+pub fn process_cpu_seconds(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return f64::NAN;
+    };
+    let Some(after) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+        return f64::NAN;
+    };
+    // After the name: state is field 3 of the line; utime and stime are fields 14 and 15.
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok());
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    match (ticks(11), ticks(12)) {
+        (Some(u), Some(s)) if hz > 0.0 => (u + s) / hz,
+        _ => f64::NAN,
+    }
+}
+
+pub async fn run(env: &PgEnv) -> Result<ScenarioResult> {
+    // --quick: a lease-row cycle is two WAL flushes, several ms each on a busy
+    // disk, and CI wants each pass under 10 s.
+    let (warmup, cycles, block): (u64, u64, u64) = if env.quick {
+        (20, 300, 100)
+    } else {
+        (1_000, 20_000, 1_000)
+    };
+    let mut cyclers = vec![
+        PgCycler::advisory(&env.url, 1).await?,
+        PgCycler::lease(&env.url, KEY, "uncontended-owner").await?,
+        PgCycler::sqlx(&env.url, KEY).await?,
+        PgCycler::distlock(&env.url).await?,
+    ];
+    let labels = [ADVISORY_FLOOR, LEASE_FLOOR, SQLX, DISTLOCK];
+    let n = cyclers.len();
+    let pinned = crate::pin::OneCpu::pin(&super::server_pids(env.postmaster));
+    let mut hist: Vec<Histogram<u64>> = (0..n).map(|_| new_histogram()).collect::<Result<_>>()?;
+    let mut seconds = vec![0.0; n];
+    let mut server_cpu = vec![0.0; n];
+    let mut ops = vec![0u64; n];
+    let mut busy = vec![0u64; n];
+    for (c, _) in &mut cyclers {
+        for _ in 0..warmup {
+            c.cycle().await?;
+        }
+    }
+    let mut slots: Vec<Option<(PgCycler, u32)>> = cyclers.into_iter().map(Some).collect();
+    let rounds = cycles.div_ceil(block);
+    for round in 0..rounds {
+        let this_block = block.min(cycles - round * block);
+        for k in 0..n {
+            let i = (k + round as usize) % n;
+            let Some((mut c, pid)) = slots[i].take() else {
+                bail!("a cycler was lost by an earlier failure");
+            };
+            let cpu_before = process_cpu_seconds(pid);
+            // In a task of its own, as application code runs.
+            let task = tokio::spawn(async move {
+                let mut h = new_histogram()?;
+                let mut busy = 0u64;
+                let started = Instant::now();
+                for _ in 0..this_block {
+                    let t = Instant::now();
+                    if !c.cycle().await? {
+                        busy += 1;
+                    }
+                    h.saturating_record(nanos(t.elapsed()));
+                }
+                Ok::<_, crate::error::BoxError>((c, h, busy, started.elapsed().as_secs_f64()))
+            });
+            let (c, h, b, s) = task.await??;
+            server_cpu[i] += process_cpu_seconds(pid) - cpu_before;
+            hist[i].add(h)?;
+            seconds[i] += s;
+            ops[i] += this_block;
+            busy[i] += b;
+            slots[i] = Some((c, pid));
+        }
+    }
+    let cpu_note = match &pinned {
+        Ok(p) => format!("measured with the bench's threads and every PostgreSQL process on CPU {} alone (see lock-bench/README.md, \"One CPU for the latency scenarios\")", p.cpu),
+        Err(e) => format!("NOT confined to one CPU ({e}): on a VM the latencies may be bimodal"),
+    };
+    drop(pinned);
+    // Round trips per cycle, in a pass of their own through a counting proxy (which
+    // would add its own hops to the timed cycles).
+    let rt_cycles = if env.quick { 20 } else { 200 };
+    let (proxy, proxied) = super::counting_proxy(env).await?;
+    let mut round_trips = Vec::new();
+    for i in 0..n {
+        let (mut c, _) = match i {
+            0 => PgCycler::advisory(&proxied, 2).await?,
+            1 => PgCycler::lease(&proxied, KEY, "uncontended-rt-owner").await?,
+            2 => PgCycler::sqlx(&proxied, KEY).await?,
+            _ => PgCycler::distlock(&proxied).await?,
+        };
+        for _ in 0..20 {
+            c.cycle().await?;
+        }
+        let before = proxy.round_trips();
+        for _ in 0..rt_cycles {
+            c.cycle().await?;
+        }
+        round_trips.push((proxy.round_trips() - before) as f64 / rt_cycles as f64);
+    }
+    let mut rows = Vec::new();
+    for i in 0..n {
+        let h = &hist[i];
+        let mut row = Row::new(labels[i]);
+        let per_op = |x: f64| x / ops[i].max(1) as f64;
+        row.push("ops/s", ops[i] as f64 / seconds[i], Better::Higher)
+            .push("p50 us", us(h.value_at_quantile(0.50)), Better::Lower)
+            .push("p99 us", us(h.value_at_quantile(0.99)), Better::Lower)
+            .push("p999 us", us(h.value_at_quantile(0.999)), Better::Lower)
+            .push("rt/op", round_trips[i], Better::Neutral)
+            .push(
+                "backend cpu us/op",
+                per_op(server_cpu[i] * 1e6),
+                Better::Lower,
+            )
+            .push("busy %", per_op(busy[i] as f64) * 100.0, Better::Neutral);
+        row.histogram = Some(hist[i].clone());
+        rows.push(row);
+    }
+    Ok(ScenarioResult {
+        name: "uncontended-postgres",
+        title: format!(
+            "one task, acquire + release of one key, {cycles} cycles per implementation in interleaved blocks of {block}"
+        ),
+        notes: vec![
+            server_note(env),
+            cpu_note,
+            "backend cpu: utime + stime of the connection's backend process (clock ticks: coarse at --quick sizes); the WAL writer's and the kernel's flush work are not in it".to_owned(),
+            "sqlx's acquire is a blocking pg_advisory_lock, its release pg_advisory_unlock: the advisory floor's two statements, unprepared by the caller but cached by sqlx; it is the third reference, so distlock's ratio to it is in its row".to_owned(),
+            "distlock: backend cpu not measured (its connections are its own)".to_owned(),
+        ],
+        rows,
+        references: 3,
+        targets: vec![Target::ratio(
+            "distlock p50 <= 1.10x the lease-row floor",
+            DISTLOCK,
+            "p50 us",
+            LEASE_FLOOR,
+            Check::AtMost(1.10),
+        )],
+    })
+}
