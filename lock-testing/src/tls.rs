@@ -38,6 +38,7 @@ impl TlsCa {
 }
 
 /// The PEM files of a TLS server, and the CA certificate in memory for clients.
+#[derive(Debug)]
 pub(super) struct TlsFiles {
     ca_pem: Vec<u8>,
     ca_path: PathBuf,
