@@ -239,3 +239,30 @@ fn a_hold_dropped_as_the_runtime_ends_is_released_over_tls() {
         assert!(!m.is_locked("job").await.unwrap());
     });
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_asks_for_a_client_certificate_gets_the_builders() {
+    let pg = PostgresServer::builder()
+        .tls_client_certificates(true)
+        .start()
+        .expect("a private PostgreSQL with TLS and client certificates");
+    let (cert, key) = pg.client_identity().expect("a client certificate");
+    let m = LockManager::builder(&require(&pg))
+        .tls_ca_pem(ca(&pg))
+        .tls_client_identity(cert.to_vec(), key.to_vec())
+        .build()
+        .await
+        .expect("a manager presenting the client certificate");
+    let guard = m.lock("job").acquire().await.unwrap();
+    let seen = sessions(&pg);
+    assert!(seen.contains(&"distlock|true".to_owned()), "{seen:?}");
+    guard.release().await.unwrap();
+    // Without one, the server refuses the session.
+    match build_error(&require(&pg), Some(ca(&pg))).await {
+        LockError::Connect { source, .. } => {
+            let message = source.to_string();
+            assert!(message.contains("certificate"), "{message}");
+        }
+        other => panic!("expected Connect, got {other:?}"),
+    }
+}

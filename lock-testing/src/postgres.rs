@@ -13,7 +13,7 @@ use nix::unistd::{Gid, Uid, User};
 use tempfile::TempDir;
 
 use super::server::pick_port;
-use super::tls::TlsFiles;
+use super::tls::{make_client_identity, TlsCa, TlsFiles};
 use super::TestingError;
 
 /// How long `pg_ctl start` and `pg_ctl restart` may wait for the server to accept connections.
@@ -55,6 +55,7 @@ const UNPRIVILEGED_USERS: [&str; 2] = ["postgres", "nobody"];
 pub struct PostgresServerBuilder {
     fsync: bool,
     tls: bool,
+    client_certificates: bool,
     settings: Vec<(String, String)>,
 }
 
@@ -63,6 +64,7 @@ impl Default for PostgresServerBuilder {
         PostgresServerBuilder {
             fsync: true,
             tls: false,
+            client_certificates: false,
             settings: Vec::new(),
         }
     }
@@ -87,6 +89,16 @@ impl PostgresServerBuilder {
     /// [`url`](PostgresServer::url) does not say it). Client certificates are not asked for.
     pub fn tls(mut self, tls: bool) -> PostgresServerBuilder {
         self.tls = tls;
+        self
+    }
+
+    /// Whether TCP clients must also present a certificate signed by the server's CA (default
+    /// `false`; `true` turns [`tls`](Self::tls) on): `clientcert=verify-ca` on the `hostssl`
+    /// lines. [`PostgresServer::client_identity`] is such a certificate, which
+    /// [`psql`](PostgresServer::psql) presents.
+    pub fn tls_client_certificates(mut self, on: bool) -> PostgresServerBuilder {
+        self.client_certificates = on;
+        self.tls |= on;
         self
     }
 
@@ -144,7 +156,11 @@ impl PostgresServerBuilder {
             .arg("--no-sync");
         run(&mut initdb, run_as, dir.path(), "initdb")?;
         let tls = if self.tls {
-            Some(write_tls_files(dir.path(), run_as)?)
+            Some(write_tls_files(
+                dir.path(),
+                run_as,
+                self.client_certificates,
+            )?)
         } else {
             None
         };
@@ -223,7 +239,7 @@ pub struct PostgresServer {
     log: PathBuf,
     port: u16,
     run_as: Option<(Uid, Gid)>,
-    tls: Option<TlsFiles>,
+    tls: Option<ServerTls>,
     dir_path: PathBuf,
     // Dropped (the directory removed) after `Drop::drop` stopped the server; `None` only
     // while `start` still tries ports.
@@ -269,13 +285,21 @@ impl PostgresServer {
     /// The PEM certificate of the authority that signed a TLS server's certificate, for
     /// clients to trust; `None` for a server without TLS.
     pub fn ca_cert_pem(&self) -> Option<&[u8]> {
-        self.tls.as_ref().map(TlsFiles::ca_pem)
+        self.tls.as_ref().map(|t| t.files.ca_pem())
+    }
+
+    /// A client certificate signed by the server's CA for the user `postgres`, and its key
+    /// (PEMs), when the server asks for one
+    /// ([`tls_client_certificates`](PostgresServerBuilder::tls_client_certificates)).
+    pub fn client_identity(&self) -> Option<(&[u8], &[u8])> {
+        let client = self.tls.as_ref()?.client.as_ref()?;
+        Some((&client.cert_pem, &client.key_pem))
     }
 
     /// The file holding [`ca_cert_pem`](Self::ca_cert_pem) (libpq's `sslrootcert`), in the
     /// server's temporary directory; `None` for a server without TLS.
     pub fn ca_cert_path(&self) -> Option<&Path> {
-        self.tls.as_ref().map(TlsFiles::ca_path)
+        self.tls.as_ref().map(|t| t.files.ca_path())
     }
 
     /// The server's log file (`pg_ctl -l`), for a failing test to show.
@@ -304,7 +328,11 @@ impl PostgresServer {
         if let Some(tls) = &self.tls {
             // Verified as a careful client would, rather than libpq's unverified `prefer`.
             psql.env("PGSSLMODE", "verify-full")
-                .env("PGSSLROOTCERT", tls.ca_path());
+                .env("PGSSLROOTCERT", tls.files.ca_path());
+            if let Some(client) = &tls.client {
+                psql.env("PGSSLCERT", &client.cert_path)
+                    .env("PGSSLKEY", &client.key_path);
+            }
         }
         // psql is a client: it runs as whoever we are, root included.
         let stdout = run(&mut psql, None, &self.dir_path, "psql")?;
@@ -551,7 +579,7 @@ fn write_settings(
     data: &Path,
     socket_dir: &Path,
     builder: &PostgresServerBuilder,
-    tls: Option<&TlsFiles>,
+    tls: Option<&ServerTls>,
 ) -> Result<(), TestingError> {
     let mut conf = String::from("\n# distlock-testing\n");
     let mut setting = |name: &str, value: &str| {
@@ -566,8 +594,14 @@ fn write_settings(
     }
     if let Some(tls) = tls {
         setting("ssl", "on");
-        setting("ssl_cert_file", &tls.cert_path().display().to_string());
-        setting("ssl_key_file", &tls.key_path().display().to_string());
+        setting(
+            "ssl_cert_file",
+            &tls.files.cert_path().display().to_string(),
+        );
+        setting("ssl_key_file", &tls.files.key_path().display().to_string());
+        if tls.client.is_some() {
+            setting("ssl_ca_file", &tls.files.ca_path().display().to_string());
+        }
     }
     for (name, value) in &builder.settings {
         setting(name, value);
@@ -575,14 +609,21 @@ fn write_settings(
     let path = data.join("postgresql.conf");
     let mut file = std::fs::OpenOptions::new().append(true).open(&path)?;
     io::Write::write_all(&mut file, conf.as_bytes())?;
-    if tls.is_some() {
+    if let Some(tls) = tls {
         // Replaces initdb's `host` lines: over TCP, only TLS sessions find an entry.
+        let option = if tls.client.is_some() {
+            " clientcert=verify-ca"
+        } else {
+            ""
+        };
         std::fs::write(
             data.join("pg_hba.conf"),
-            "# distlock-testing: TLS only over TCP\n\
-             local all all trust\n\
-             hostssl all all 127.0.0.1/32 trust\n\
-             hostssl all all ::1/128 trust\n",
+            format!(
+                "# distlock-testing: TLS only over TCP\n\
+                 local all all trust\n\
+                 hostssl all all 127.0.0.1/32 trust{option}\n\
+                 hostssl all all ::1/128 trust{option}\n"
+            ),
         )?;
     }
     Ok(())
@@ -591,16 +632,60 @@ fn write_settings(
 /// Makes a CA and a server certificate (`TlsFiles`) in `dir`, the server's files readable by
 /// their owner only and owned by the user the server runs as: PostgreSQL refuses a key file
 /// that others can read, or that is neither its user's nor root's.
-fn write_tls_files(dir: &Path, run_as: Option<(Uid, Gid)>) -> Result<TlsFiles, TestingError> {
+fn write_tls_files(
+    dir: &Path,
+    run_as: Option<(Uid, Gid)>,
+    client_certificates: bool,
+) -> Result<ServerTls, TestingError> {
     use std::os::unix::fs::PermissionsExt as _;
-    let files = TlsFiles::create(dir)?;
+    let ca = TlsCa::new()?;
+    let files = TlsFiles::create_signed_by(dir, &ca)?;
     for path in [files.cert_path(), files.key_path()] {
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
         if let Some((uid, gid)) = run_as {
             std::os::unix::fs::chown(path, Some(uid.as_raw()), Some(gid.as_raw()))?;
         }
     }
-    Ok(files)
+    let client = if client_certificates {
+        let (cert_pem, key_pem) = make_client_identity(&ca, "postgres")?;
+        // psql's (run as us): libpq too refuses a key file that others can read.
+        let (cert_path, key_path) = (dir.join("client.crt"), dir.join("client.key"));
+        std::fs::write(&cert_path, &cert_pem)?;
+        std::fs::write(&key_path, &key_pem)?;
+        std::fs::set_permissions(&key_path, std::fs::Permissions::from_mode(0o600))?;
+        Some(ClientFiles {
+            cert_pem: cert_pem.into_bytes(),
+            key_pem: key_pem.into_bytes(),
+            cert_path,
+            key_path,
+        })
+    } else {
+        None
+    };
+    Ok(ServerTls { files, client })
+}
+
+/// A TLS server's certificate files, and the client certificate it asks for, if any.
+#[derive(Debug)]
+struct ServerTls {
+    files: TlsFiles,
+    client: Option<ClientFiles>,
+}
+
+/// A client certificate and key, in memory and as files for `psql`.
+struct ClientFiles {
+    cert_pem: Vec<u8>,
+    key_pem: Vec<u8>,
+    cert_path: PathBuf,
+    key_path: PathBuf,
+}
+
+impl std::fmt::Debug for ClientFiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientFiles")
+            .field("cert_path", &self.cert_path)
+            .finish_non_exhaustive()
+    }
 }
 
 /// `value` as an SQL (and `postgresql.conf`) string literal.
@@ -838,7 +923,7 @@ mod tests {
         let ca = pg.ca_cert_pem().ok_or("no CA")?;
         assert!(ca.starts_with(b"-----BEGIN CERTIFICATE-----"));
         assert_eq!(std::fs::read(pg.ca_cert_path().ok_or("no CA file")?)?, ca);
-        let tls = pg.tls.as_ref().ok_or("no TLS files")?;
+        let tls = &pg.tls.as_ref().ok_or("no TLS files")?.files;
         for file in [tls.cert_path(), tls.key_path()] {
             assert_eq!(std::fs::metadata(file)?.permissions().mode() & 0o777, 0o600);
         }
