@@ -70,7 +70,7 @@ impl MakeRustls {
             .with_safe_default_protocol_versions()
             .map_err(|e| invalid(e.to_string()))?
             .with_root_certificates(roots);
-        let config = match &tls.client_identity {
+        let mut config = match &tls.client_identity {
             None => builder.with_no_client_auth(),
             Some((cert_pem, key_pem)) => {
                 let chain = CertificateDer::pem_slice_iter(cert_pem)
@@ -83,6 +83,9 @@ impl MakeRustls {
                     .map_err(|e| invalid(format!("the client certificate: {e}")))?
             }
         };
+        // PostgreSQL 17's direct TLS (`sslnegotiation=direct`) requires this
+        // ALPN name; older servers ignore it.
+        config.alpn_protocols = vec![b"postgresql".to_vec()];
         Ok(MakeRustls {
             config: Arc::new(config),
         })
