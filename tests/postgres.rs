@@ -572,18 +572,23 @@ async fn the_schema_is_versioned_and_its_creation_optional() {
     }
 }
 
+/// `sslmode=require` against a server without TLS: refused, naming TLS (the
+/// TLS cases are in `postgres_tls.rs`); without the `tls` feature, refused
+/// before connecting, naming the feature.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tls_urls_are_refused_until_tls_is_built() {
+async fn sslmode_require_on_a_server_without_tls_is_refused() {
     let pg = server();
     let url = format!("{}&sslmode=require", pg.url());
     match LockManager::builder(&url).build().await {
-        Err(LockError::InvalidConfig(message)) => {
-            assert!(
-                message.contains("TLS for PostgreSQL is not built yet"),
-                "{message}"
-            )
+        #[cfg(feature = "tls")]
+        Err(LockError::Connect { source, .. }) => {
+            assert!(source.to_string().contains("TLS"), "{source}")
         }
-        other => panic!("expected InvalidConfig, got {:?}", other.map(drop)),
+        #[cfg(not(feature = "tls"))]
+        Err(LockError::InvalidConfig(message)) => {
+            assert!(message.contains("`tls` feature"), "{message}")
+        }
+        other => panic!("expected a refusal, got {:?}", other.map(drop)),
     }
 }
 

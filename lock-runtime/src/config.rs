@@ -289,7 +289,8 @@ impl Config {
     }
 }
 
-/// Certificates for `rediss://` beyond the system's trust store.
+/// Certificates for `rediss://` and PostgreSQL's TLS beyond the system's trust
+/// store.
 #[derive(Clone, Default)]
 pub(crate) struct TlsSettings {
     pub(crate) ca_pem: Option<Vec<u8>>,

@@ -73,6 +73,11 @@ impl LockManager {
     /// instead (the `postgres` feature, off by default): the default lock
     /// only, on a lease table that `build()` creates when missing (see
     /// [`postgres_schema`](LockManagerBuilder::postgres_schema)).
+    /// `?sslmode=require` (or libpq's `verify-ca`, `verify-full`) connects to
+    /// PostgreSQL over TLS (with the `tls` feature too), always checking the
+    /// server's certificate and name against the system's roots or
+    /// [`tls_ca_pem`](LockManagerBuilder::tls_ca_pem); without `sslmode`
+    /// (libpq's `prefer`) TLS is used only when certificates are given.
     pub fn builder(url: &str) -> LockManagerBuilder {
         #[cfg(feature = "postgres")]
         if is_postgres_url(url) {
@@ -886,15 +891,17 @@ impl LockManagerBuilder {
         self
     }
 
-    /// Trusts this CA (PEM) for `rediss://` instead of the system's roots: for
-    /// managed Redis with a private CA, and self-signed test servers.
+    /// Trusts this CA (PEM) for `rediss://` and PostgreSQL's TLS instead of the
+    /// system's roots: for managed Redis or PostgreSQL with a private CA, and
+    /// self-signed test servers.
     pub fn tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.tls.ca_pem = Some(pem.into());
         self
     }
 
     /// A client certificate and its private key (both PEM), for servers that
-    /// require mutual TLS (`tls-auth-clients yes`).
+    /// require mutual TLS (`tls-auth-clients yes`; on PostgreSQL, `clientcert`
+    /// or `cert` authentication in `pg_hba.conf`).
     pub fn tls_client_identity(
         mut self,
         certificate_pem: impl Into<Vec<u8>>,

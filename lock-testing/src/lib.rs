@@ -12,8 +12,9 @@
 //! (3 masters by default, optionally with replicas, optionally TLS-only with one certificate
 //! authority for every node) and kills, pauses or reshards it.
 //! [`RedisSentinel`] starts a master with replicas watched by three Redis Sentinels, and fails
-//! it over or kills its master. [`PostgresServer`] starts a private PostgreSQL, and crashes,
-//! pauses or cuts the connections of it.
+//! it over or kills its master. [`PostgresServer`] starts a private PostgreSQL (plain, or
+//! TLS-only with [`PostgresServerBuilder::tls`]), and crashes, pauses or cuts the connections
+//! of it.
 //!
 //! Add this crate as a dev-dependency; distlock itself does not depend on it. It only works on
 //! Unix, because it pauses and kills servers with signals.

@@ -13,6 +13,7 @@ use nix::unistd::{Gid, Uid, User};
 use tempfile::TempDir;
 
 use super::server::pick_port;
+use super::tls::{make_client_identity, TlsCa, TlsFiles};
 use super::TestingError;
 
 /// How long `pg_ctl start` and `pg_ctl restart` may wait for the server to accept connections.
@@ -53,6 +54,8 @@ const UNPRIVILEGED_USERS: [&str; 2] = ["postgres", "nobody"];
 #[must_use = "a builder does nothing until start() is called"]
 pub struct PostgresServerBuilder {
     fsync: bool,
+    tls: bool,
+    client_certificates: bool,
     settings: Vec<(String, String)>,
 }
 
@@ -60,6 +63,8 @@ impl Default for PostgresServerBuilder {
     fn default() -> PostgresServerBuilder {
         PostgresServerBuilder {
             fsync: true,
+            tls: false,
+            client_certificates: false,
             settings: Vec::new(),
         }
     }
@@ -71,6 +76,29 @@ impl PostgresServerBuilder {
     /// ([`PostgresServer::restart_immediate`]) may then lose commits a client saw.
     pub fn fsync(mut self, on: bool) -> PostgresServerBuilder {
         self.fsync = on;
+        self
+    }
+
+    /// Whether TCP connections must use TLS (default `false`).
+    ///
+    /// A TLS server gets a certificate authority of its own, made at start, and a
+    /// certificate signed by it for `localhost` and `127.0.0.1` (`ssl = on`), and its
+    /// `pg_hba.conf` admits TCP clients by `hostssl` lines only, so that a client that does
+    /// not speak TLS is refused (`no pg_hba.conf entry ... no encryption`). Clients must
+    /// trust [`PostgresServer::ca_cert_pem`] and ask for TLS (`sslmode=require` or stricter;
+    /// [`url`](PostgresServer::url) does not say it). Client certificates are not asked for.
+    pub fn tls(mut self, tls: bool) -> PostgresServerBuilder {
+        self.tls = tls;
+        self
+    }
+
+    /// Whether TCP clients must also present a certificate signed by the server's CA (default
+    /// `false`; `true` turns [`tls`](Self::tls) on): `clientcert=verify-ca` on the `hostssl`
+    /// lines. [`PostgresServer::client_identity`] is such a certificate, which
+    /// [`psql`](PostgresServer::psql) presents.
+    pub fn tls_client_certificates(mut self, on: bool) -> PostgresServerBuilder {
+        self.client_certificates = on;
+        self.tls |= on;
         self
     }
 
@@ -127,7 +155,16 @@ impl PostgresServerBuilder {
             // would only cost time. The server's own fsync setting is separate.
             .arg("--no-sync");
         run(&mut initdb, run_as, dir.path(), "initdb")?;
-        write_settings(&data, dir.path(), &self)?;
+        let tls = if self.tls {
+            Some(write_tls_files(
+                dir.path(),
+                run_as,
+                self.client_certificates,
+            )?)
+        } else {
+            None
+        };
+        write_settings(&data, dir.path(), &self, tls.as_ref())?;
 
         let mut server = PostgresServer {
             bin,
@@ -135,6 +172,7 @@ impl PostgresServerBuilder {
             log,
             port: 0,
             run_as,
+            tls,
             dir_path: dir.path().to_path_buf(),
             dir: None,
         };
@@ -201,6 +239,7 @@ pub struct PostgresServer {
     log: PathBuf,
     port: u16,
     run_as: Option<(Uid, Gid)>,
+    tls: Option<ServerTls>,
     dir_path: PathBuf,
     // Dropped (the directory removed) after `Drop::drop` stopped the server; `None` only
     // while `start` still tries ports.
@@ -238,6 +277,31 @@ impl PostgresServer {
         )
     }
 
+    /// Whether TCP clients must speak TLS (see [`PostgresServerBuilder::tls`]).
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// The PEM certificate of the authority that signed a TLS server's certificate, for
+    /// clients to trust; `None` for a server without TLS.
+    pub fn ca_cert_pem(&self) -> Option<&[u8]> {
+        self.tls.as_ref().map(|t| t.files.ca_pem())
+    }
+
+    /// A client certificate signed by the server's CA for the user `postgres`, and its key
+    /// (PEMs), when the server asks for one
+    /// ([`tls_client_certificates`](PostgresServerBuilder::tls_client_certificates)).
+    pub fn client_identity(&self) -> Option<(&[u8], &[u8])> {
+        let client = self.tls.as_ref()?.client.as_ref()?;
+        Some((&client.cert_pem, &client.key_pem))
+    }
+
+    /// The file holding [`ca_cert_pem`](Self::ca_cert_pem) (libpq's `sslrootcert`), in the
+    /// server's temporary directory; `None` for a server without TLS.
+    pub fn ca_cert_path(&self) -> Option<&Path> {
+        self.tls.as_ref().map(|t| t.files.ca_path())
+    }
+
     /// The server's log file (`pg_ctl -l`), for a failing test to show.
     pub fn log_path(&self) -> &Path {
         &self.log
@@ -261,6 +325,15 @@ impl PostgresServer {
             .arg(sql)
             .env("PGCONNECT_TIMEOUT", CONNECT_TIMEOUT_SECS.to_string())
             .env("PGAPPNAME", "distlock-testing");
+        if let Some(tls) = &self.tls {
+            // Verified as a careful client would, rather than libpq's unverified `prefer`.
+            psql.env("PGSSLMODE", "verify-full")
+                .env("PGSSLROOTCERT", tls.files.ca_path());
+            if let Some(client) = &tls.client {
+                psql.env("PGSSLCERT", &client.cert_path)
+                    .env("PGSSLKEY", &client.key_path);
+            }
+        }
         // psql is a client: it runs as whoever we are, root included.
         let stdout = run(&mut psql, None, &self.dir_path, "psql")?;
         Ok(stdout.trim().to_owned())
@@ -506,6 +579,7 @@ fn write_settings(
     data: &Path,
     socket_dir: &Path,
     builder: &PostgresServerBuilder,
+    tls: Option<&ServerTls>,
 ) -> Result<(), TestingError> {
     let mut conf = String::from("\n# distlock-testing\n");
     let mut setting = |name: &str, value: &str| {
@@ -518,13 +592,100 @@ fn write_settings(
         setting("synchronous_commit", "off");
         setting("full_page_writes", "off");
     }
+    if let Some(tls) = tls {
+        setting("ssl", "on");
+        setting(
+            "ssl_cert_file",
+            &tls.files.cert_path().display().to_string(),
+        );
+        setting("ssl_key_file", &tls.files.key_path().display().to_string());
+        if tls.client.is_some() {
+            setting("ssl_ca_file", &tls.files.ca_path().display().to_string());
+        }
+    }
     for (name, value) in &builder.settings {
         setting(name, value);
     }
     let path = data.join("postgresql.conf");
     let mut file = std::fs::OpenOptions::new().append(true).open(&path)?;
     io::Write::write_all(&mut file, conf.as_bytes())?;
+    if let Some(tls) = tls {
+        // Replaces initdb's `host` lines: over TCP, only TLS sessions find an entry.
+        let option = if tls.client.is_some() {
+            " clientcert=verify-ca"
+        } else {
+            ""
+        };
+        std::fs::write(
+            data.join("pg_hba.conf"),
+            format!(
+                "# distlock-testing: TLS only over TCP\n\
+                 local all all trust\n\
+                 hostssl all all 127.0.0.1/32 trust{option}\n\
+                 hostssl all all ::1/128 trust{option}\n"
+            ),
+        )?;
+    }
     Ok(())
+}
+
+/// Makes a CA and a server certificate (`TlsFiles`) in `dir`, the server's files readable by
+/// their owner only and owned by the user the server runs as: PostgreSQL refuses a key file
+/// that others can read, or that is neither its user's nor root's.
+fn write_tls_files(
+    dir: &Path,
+    run_as: Option<(Uid, Gid)>,
+    client_certificates: bool,
+) -> Result<ServerTls, TestingError> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let ca = TlsCa::new()?;
+    let files = TlsFiles::create_signed_by(dir, &ca)?;
+    for path in [files.cert_path(), files.key_path()] {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        if let Some((uid, gid)) = run_as {
+            std::os::unix::fs::chown(path, Some(uid.as_raw()), Some(gid.as_raw()))?;
+        }
+    }
+    let client = if client_certificates {
+        let (cert_pem, key_pem) = make_client_identity(&ca, "postgres")?;
+        // psql's (run as us): libpq too refuses a key file that others can read.
+        let (cert_path, key_path) = (dir.join("client.crt"), dir.join("client.key"));
+        std::fs::write(&cert_path, &cert_pem)?;
+        std::fs::write(&key_path, &key_pem)?;
+        std::fs::set_permissions(&key_path, std::fs::Permissions::from_mode(0o600))?;
+        Some(ClientFiles {
+            cert_pem: cert_pem.into_bytes(),
+            key_pem: key_pem.into_bytes(),
+            cert_path,
+            key_path,
+        })
+    } else {
+        None
+    };
+    Ok(ServerTls { files, client })
+}
+
+/// A TLS server's certificate files, and the client certificate it asks for, if any.
+#[derive(Debug)]
+struct ServerTls {
+    files: TlsFiles,
+    client: Option<ClientFiles>,
+}
+
+/// A client certificate and key, in memory and as files for `psql`.
+struct ClientFiles {
+    cert_pem: Vec<u8>,
+    key_pem: Vec<u8>,
+    cert_path: PathBuf,
+    key_path: PathBuf,
+}
+
+impl std::fmt::Debug for ClientFiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientFiles")
+            .field("cert_path", &self.cert_path)
+            .finish_non_exhaustive()
+    }
 }
 
 /// `value` as an SQL (and `postgresql.conf`) string literal.
@@ -752,6 +913,49 @@ mod tests {
     /// whoever adopted it reaps it, maybe later or never).
     fn has_exited(pid: u32) -> bool {
         matches!(process_state(pid), None | Some('Z'))
+    }
+
+    #[test]
+    fn a_tls_server_admits_tcp_clients_over_tls_only() -> TestResult {
+        use std::os::unix::fs::PermissionsExt as _;
+        let pg = PostgresServer::builder().tls(true).start()?;
+        assert!(pg.is_tls());
+        let ca = pg.ca_cert_pem().ok_or("no CA")?;
+        assert!(ca.starts_with(b"-----BEGIN CERTIFICATE-----"));
+        assert_eq!(std::fs::read(pg.ca_cert_path().ok_or("no CA file")?)?, ca);
+        let tls = &pg.tls.as_ref().ok_or("no TLS files")?.files;
+        for file in [tls.cert_path(), tls.key_path()] {
+            assert_eq!(std::fs::metadata(file)?.permissions().mode() & 0o777, 0o600);
+        }
+        // psql verifies the server against the CA (verify-full) and is served over TLS.
+        assert_eq!(
+            pg.psql("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")?,
+            "t"
+        );
+        // Without TLS, TCP finds no pg_hba.conf entry.
+        let plain = Command::new(pg.bin.join("psql"))
+            .args([
+                "-X",
+                "-At",
+                "-h",
+                "127.0.0.1",
+                "-U",
+                "postgres",
+                "-d",
+                "postgres",
+            ])
+            .arg("-p")
+            .arg(pg.port().to_string())
+            .args(["-c", "SELECT 1"])
+            .env("PGSSLMODE", "disable")
+            .env("PGCONNECT_TIMEOUT", "5")
+            .output()?;
+        assert!(!plain.status.success());
+        let stderr = String::from_utf8_lossy(&plain.stderr);
+        assert!(stderr.contains("no encryption"), "{stderr}");
+        // A server without TLS says so.
+        assert_eq!(PostgresServer::start()?.ca_cert_pem(), None);
+        Ok(())
     }
 
     #[test]

@@ -38,6 +38,7 @@ impl TlsCa {
 }
 
 /// The PEM files of a TLS server, and the CA certificate in memory for clients.
+#[derive(Debug)]
 pub(super) struct TlsFiles {
     ca_pem: Vec<u8>,
     ca_path: PathBuf,
@@ -106,6 +107,24 @@ fn make_ca() -> Result<TlsCa, rcgen::Error> {
         pem: ca_cert.pem().into_bytes(),
         issuer: Issuer::new(ca_params, ca_key),
     })
+}
+
+/// A client certificate for `user` (its common name) signed by `ca`, and its key, as PEMs:
+/// for servers that ask clients for one (PostgreSQL's `clientcert`).
+pub(super) fn make_client_identity(
+    ca: &TlsCa,
+    user: &str,
+) -> Result<(String, String), TestingError> {
+    let make = || -> Result<(String, String), rcgen::Error> {
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params.distinguished_name.push(DnType::CommonName, user);
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let cert = params.signed_by(&key, &ca.issuer)?;
+        Ok((cert.pem(), key.serialize_pem()))
+    };
+    make().map_err(certificate_error)
 }
 
 /// Returns the PEMs of a server certificate signed by `ca` and of the server's key.

@@ -146,14 +146,8 @@ impl Backend {
                 store: postgres::STORE,
             }),
             #[cfg(feature = "postgres")]
-            Target::Postgres(_) if tls.ca_pem.is_some() || tls.client_identity.is_some() => {
-                Err(LockError::InvalidConfig(
-                    "TLS for PostgreSQL is not built yet in distlock".to_owned(),
-                ))
-            }
-            #[cfg(feature = "postgres")]
             Target::Postgres(url) => Ok(Backend::Postgres(
-                postgres::Postgres::connect(url, config).await?,
+                postgres::Postgres::connect(url, config, tls).await?,
             )),
         }
     }

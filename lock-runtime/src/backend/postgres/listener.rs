@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
-use tokio_postgres::{AsyncMessage, Client, NoTls, Notification};
+use tokio_postgres::{AsyncMessage, Client, Notification};
 
 use super::channel_ident;
 use crate::backend::messages::Message;
@@ -43,13 +43,14 @@ fn broken(e: tokio_postgres::Error) -> BackendError {
 }
 
 impl Listener {
-    /// Connects with `pg` within `timeout` and starts the task that drives
-    /// the connection.
+    /// Connects with `pg` through `connector` within `timeout` and starts
+    /// the task that drives the connection.
     pub(crate) async fn connect(
+        connector: &super::Connector,
         pg: tokio_postgres::Config,
         timeout: Duration,
     ) -> Result<Listener, BackendError> {
-        let (client, mut connection) = tokio::time::timeout(timeout, pg.connect(NoTls))
+        let (client, mut messages) = tokio::time::timeout(timeout, connector.connect(&pg))
             .await
             .map_err(|_| {
                 BackendError::new(
@@ -60,7 +61,6 @@ impl Listener {
             .map_err(broken)?;
         let (tx, notifications) = mpsc::unbounded_channel();
         let driver = tokio::spawn(async move {
-            let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
             while let Some(message) = messages.next().await {
                 match message {
                     Ok(AsyncMessage::Notification(n)) => {

@@ -17,17 +17,22 @@
 //! [`LockError::Unsupported`] before anything is written.
 
 pub(crate) mod listener;
+#[cfg(feature = "tls")]
+mod tls;
 
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
+use futures_util::{Stream, StreamExt as _};
+use tokio_postgres::config::SslMode;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{Client, NoTls, Row};
+use tokio_postgres::{AsyncMessage, Client, NoTls, Row};
 
 use super::{CallError, Renewal};
 use crate::backend::scripts::{handoff_base, AcquireReply, AcquireSpec, HeldLock, KeyReading};
-use crate::config::Config;
+use crate::config::{Config, TlsSettings};
 use crate::error::{BackendError, BackendErrorKind, LockError};
 use crate::keys::{KeyNames, RedisNames};
 use crate::lease::Lease;
@@ -201,9 +206,104 @@ impl Sql {
     }
 }
 
+/// What a connection's driver yields: notifications and notices until it
+/// closes (with an error, or `None`).
+pub(crate) type Messages =
+    Pin<Box<dyn Stream<Item = Result<AsyncMessage, tokio_postgres::Error>> + Send>>;
+
+/// How a manager opens its connections: without TLS, or over rustls.
+#[derive(Clone, Debug)]
+pub(crate) enum Connector {
+    Plain,
+    #[cfg(feature = "tls")]
+    Tls(tls::MakeRustls),
+}
+
+impl Connector {
+    /// Chooses from the URL's `sslmode` and the builder's certificates. TLS
+    /// is used when the URL requires it or certificates were given; with
+    /// `sslmode=prefer` (the default) and none given, a connection stays
+    /// plain as before, since libpq's `prefer` does not verify the server
+    /// and distlock only speaks TLS verified: a server with a self-signed
+    /// certificate (Debian's default) keeps working.
+    fn choose(pg: &tokio_postgres::Config, tls: &TlsSettings) -> Result<Connector, LockError> {
+        let certificates = tls.ca_pem.is_some() || tls.client_identity.is_some();
+        match pg.get_ssl_mode() {
+            SslMode::Disable if certificates => Err(LockError::InvalidConfig(
+                "TLS certificates were given to the builder, but the PostgreSQL URL says \
+                 sslmode=disable"
+                    .to_owned(),
+            )),
+            SslMode::Disable => Ok(Connector::Plain),
+            SslMode::Prefer if !certificates => Ok(Connector::Plain),
+            _ => Connector::tls(tls),
+        }
+    }
+
+    #[cfg(feature = "tls")]
+    fn tls(tls: &TlsSettings) -> Result<Connector, LockError> {
+        Ok(Connector::Tls(tls::MakeRustls::new(tls)?))
+    }
+
+    #[cfg(not(feature = "tls"))]
+    fn tls(_: &TlsSettings) -> Result<Connector, LockError> {
+        Err(LockError::InvalidConfig(
+            "TLS to PostgreSQL (sslmode=require, or certificates given to the builder) needs \
+             distlock's `tls` feature (on by default; turned off here)"
+                .to_owned(),
+        ))
+    }
+
+    /// Opens a connection with `pg`; its driver is the returned stream,
+    /// which whoever holds it must poll for the client to make progress.
+    pub(crate) async fn connect(
+        &self,
+        pg: &tokio_postgres::Config,
+    ) -> Result<(Client, Messages), tokio_postgres::Error> {
+        match self {
+            Connector::Plain => {
+                let (client, mut connection) = pg.connect(NoTls).await?;
+                let messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+                Ok((client, Box::pin(messages)))
+            }
+            #[cfg(feature = "tls")]
+            Connector::Tls(make) => {
+                let (client, mut connection) = pg.connect(make.clone()).await?;
+                let messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+                Ok((client, Box::pin(messages)))
+            }
+        }
+    }
+}
+
+/// Drives a data connection until it closes, dropping its notices (a data
+/// connection listens on nothing).
+async fn drive(mut messages: Messages) {
+    while let Some(message) = messages.next().await {
+        if let Err(e) = message {
+            tracing::debug!(target: "distlock::postgres", error = %pg_message(&e),
+                "data connection closed");
+            return;
+        }
+    }
+}
+
+/// `url` parsed, with libpq's `sslmode=verify-ca` and `verify-full` read as
+/// `require` (which tokio-postgres knows): distlock verifies the server's
+/// certificate and name under all three.
+fn parse_url(url: &str) -> Result<tokio_postgres::Config, LockError> {
+    let mut text = url.to_owned();
+    for mode in ["sslmode=verify-full", "sslmode=verify-ca"] {
+        text = text.replace(mode, "sslmode=require");
+    }
+    text.parse()
+        .map_err(|e| LockError::InvalidConfig(format!("PostgreSQL URL {}: {e}", shown(url))))
+}
+
 /// What the backend and its sweeper task share.
 struct Inner {
     pg: tokio_postgres::Config,
+    connector: Connector,
     shown_url: String,
     prefix: String,
     sql: Sql,
@@ -258,19 +358,15 @@ fn db_error(e: &tokio_postgres::Error) -> Option<BackendError> {
 impl Postgres {
     /// Connects to `url`, checks (and unless told not to, creates) the
     /// schema, and starts the sweeper.
-    pub(crate) async fn connect(url: &str, config: &Config) -> Result<Postgres, LockError> {
+    pub(crate) async fn connect(
+        url: &str,
+        config: &Config,
+        tls: &TlsSettings,
+    ) -> Result<Postgres, LockError> {
         let schema = &config.postgres.schema;
         validate_schema(schema)?;
-        let mut pg: tokio_postgres::Config = url
-            .parse()
-            .map_err(|e| LockError::InvalidConfig(format!("PostgreSQL URL {}: {e}", shown(url))))?;
-        if pg.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
-            return Err(LockError::InvalidConfig(
-                "sslmode=require: TLS for PostgreSQL is not built yet in distlock; \
-                 connect without TLS (sslmode=disable or prefer) or through a TLS tunnel"
-                    .to_owned(),
-            ));
-        }
+        let mut pg = parse_url(url)?;
+        let connector = Connector::choose(&pg, tls)?;
         if pg.get_application_name().is_none() {
             pg.application_name(DATA_APPLICATION);
         }
@@ -278,6 +374,7 @@ impl Postgres {
         let inner = Arc::new(Inner {
             shown_url: shown(url),
             pg,
+            connector,
             prefix: config.key_prefix.clone(),
             sql: Sql::new(schema),
             command_timeout: config.command_timeout,
@@ -307,7 +404,7 @@ impl Postgres {
     pub(crate) async fn listener(&self) -> Result<listener::Listener, BackendError> {
         let mut pg = self.inner.pg.clone();
         pg.application_name(LISTEN_APPLICATION);
-        listener::Listener::connect(pg, self.inner.connect_timeout).await
+        listener::Listener::connect(&self.inner.connector, pg, self.inner.connect_timeout).await
     }
 
     /// See `Backend::acquire`: one function call.
@@ -551,6 +648,7 @@ impl Postgres {
             source: BackendError::new(BackendErrorKind::Other, what),
         };
         let pg = self.inner.pg.clone();
+        let connector = self.inner.connector.clone();
         let sql = self.inner.sql.release.clone();
         let bound = self.inner.connect_timeout + self.inner.command_timeout;
         let (name, owner) = (keys.lock.clone(), owner.to_owned());
@@ -565,9 +663,9 @@ impl Postgres {
                     .map_err(|e| e.to_string())?;
                 runtime.block_on(async move {
                     let release = async {
-                        let (client, connection) =
-                            pg.connect(NoTls).await.map_err(|e| e.to_string())?;
-                        tokio::spawn(connection);
+                        let (client, messages) =
+                            connector.connect(&pg).await.map_err(|e| pg_message(&e))?;
+                        tokio::spawn(drive(messages));
                         let row = client
                             .query_typed(
                                 &sql,
@@ -653,7 +751,8 @@ impl Inner {
         if let Some(client) = self.open_client() {
             return Ok(client);
         }
-        let connect = tokio::time::timeout(self.connect_timeout, self.pg.connect(NoTls)).await;
+        let connect =
+            tokio::time::timeout(self.connect_timeout, self.connector.connect(&self.pg)).await;
         let not_sent = |source: BackendError| CallError {
             error: LockError::Backend {
                 key: String::new(),
@@ -661,7 +760,7 @@ impl Inner {
             },
             maybe_executed: false,
         };
-        let (client, connection) = match connect {
+        let (client, messages) = match connect {
             Ok(Ok(pair)) => pair,
             Ok(Err(e)) => {
                 return Err(not_sent(db_error(&e).unwrap_or_else(|| {
@@ -675,11 +774,7 @@ impl Inner {
                 )))
             }
         };
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(target: "distlock::postgres", error = %e, "data connection closed");
-            }
-        });
+        tokio::spawn(drive(messages));
         let client = Arc::new(client);
         *self.client.lock().unwrap_or_else(|e| e.into_inner()) = Some(client.clone());
         Ok(client)
@@ -987,5 +1082,53 @@ mod tests {
         assert!(validate_schema("Distlock").is_err());
         assert!(validate_schema("a;drop").is_err());
         assert!(validate_schema("1a").is_err());
+    }
+
+    fn chosen(url: &str, tls: &TlsSettings) -> Result<Connector, LockError> {
+        Connector::choose(&parse_url(url)?, tls)
+    }
+
+    #[test]
+    fn tls_is_used_when_required_or_certificates_are_given() -> Result<(), LockError> {
+        let none = TlsSettings::default();
+        let ca = TlsSettings {
+            ca_pem: Some(b"not a certificate".to_vec()),
+            client_identity: None,
+        };
+        // The default (prefer) and disable stay plain without certificates.
+        assert!(matches!(
+            chosen("postgres://u@h/db", &none)?,
+            Connector::Plain
+        ));
+        assert!(matches!(
+            chosen("postgres://u@h/db?sslmode=disable", &none)?,
+            Connector::Plain
+        ));
+        // Certificates contradict sslmode=disable.
+        assert!(matches!(
+            chosen("postgres://u@h/db?sslmode=disable", &ca),
+            Err(LockError::InvalidConfig(m)) if m.contains("sslmode=disable")
+        ));
+        for mode in ["require", "verify-ca", "verify-full"] {
+            let url = format!("postgres://u@h/db?sslmode={mode}");
+            assert_eq!(parse_url(&url)?.get_ssl_mode(), SslMode::Require, "{mode}");
+            let made = chosen(&url, &none);
+            #[cfg(feature = "tls")]
+            assert!(matches!(made, Ok(Connector::Tls(_))), "{mode}: {made:?}");
+            #[cfg(not(feature = "tls"))]
+            assert!(
+                matches!(&made, Err(LockError::InvalidConfig(m)) if m.contains("`tls` feature")),
+                "{mode}: {made:?}"
+            );
+        }
+        // A CA that holds no certificate is refused when it is read, not at
+        // the first handshake (or, without `tls`, for the missing feature).
+        let made = chosen("postgres://u@h/db", &ca);
+        assert!(
+            matches!(&made, Err(LockError::InvalidConfig(m))
+                if m.contains(if cfg!(feature = "tls") { "tls_ca_pem" } else { "`tls` feature" })),
+            "{made:?}"
+        );
+        Ok(())
     }
 }
