@@ -38,6 +38,8 @@ fn servers(d: &Deployment) -> (Vec<String>, usize) {
                 .count();
             (nodes.into_iter().map(|n| n.url).collect(), masters)
         }
+        #[cfg(feature = "postgres")]
+        Deployment::Postgres { .. } => unreachable!("a Redis-only test"),
     }
 }
 
@@ -45,6 +47,8 @@ async fn publisher(d: &Deployment) -> LockManager {
     let builder = match d {
         Deployment::Single(s) => LockManager::builder(&s.url()),
         Deployment::Cluster(c) => LockManager::cluster_builder(c.urls()),
+        #[cfg(feature = "postgres")]
+        Deployment::Postgres { .. } => unreachable!("a Redis-only test"),
     };
     builder
         .holder("sub-test")
@@ -106,6 +110,8 @@ async fn one_connection_for_waiters_events_and_the_watch(d: Deployment) {
     let on = match d {
         Deployment::Single(_) => "single",
         Deployment::Cluster(_) => "cluster",
+        #[cfg(feature = "postgres")]
+        Deployment::Postgres { .. } => unreachable!("a Redis-only test"),
     };
     let (urls, masters) = servers(&d);
     let mut raws = Vec::new();
