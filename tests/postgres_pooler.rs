@@ -169,6 +169,58 @@ async fn a_waiter_behind_the_pooler_is_served_within_its_timer_bound() {
     assert_eq!(other.wake_ups_delivered(), 0);
 }
 
+/// A holder that never releases (as if its process died): the waiter behind
+/// the pooler hears nothing, and its timer, capped by the holder's remaining
+/// lease, brings it back as the lease runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_behind_the_pooler_takes_a_dead_holders_lock_as_its_lease_ends() {
+    let pg = PostgresServer::start().unwrap();
+    let pooler = PgBouncer::start(&pg).unwrap();
+    let m = manager(&pooler.url(), None).await;
+    let other = manager(&pooler.url(), None).await;
+    let db = sql_client(&pg.url()).await;
+    let lease = Duration::from_secs(3);
+    let sent = Instant::now();
+    let holder = m
+        .lock("dead")
+        .lease(lease)
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    let granted = Instant::now();
+    // Neither released nor renewed: the lease runs out at the server.
+    std::mem::forget(holder);
+    let waiter = tokio::spawn(async move {
+        let guard = other
+            .lock("dead")
+            .wait(Duration::from_secs(30))
+            .acquire()
+            .await
+            .unwrap();
+        let at = Instant::now();
+        guard.release().await.unwrap();
+        (at, other.wake_ups_delivered())
+    });
+    assert!(eventually(Duration::from_secs(10), async || queued(&db).await == 1).await);
+    let (served, delivered) = waiter.await.unwrap();
+    assert_eq!(delivered, 0, "nothing is pushed through the pooler");
+    // The server set the expiry to its clock + 3 s after `sent` and before
+    // `granted`, so the lock cannot be the waiter's before `sent` + 3 s.
+    assert!(
+        served.duration_since(sent) >= lease,
+        "served before the lease ran out"
+    );
+    // After its last attempt saw the lease running, the waiter naps at most
+    // the remaining lease + 2-4 ms (EXPIRY_MARGIN), and never more than 0.8 s
+    // (QUEUE_REFRESH and its jitter); its next attempt finds the lease gone
+    // and the lock handed to the queue's head, itself: the lease + 0.8 s, and
+    // 1 s for the round trips through the pooler on a loaded machine.
+    let bound = lease + Duration::from_millis(800) + Duration::from_secs(1);
+    let took = served.duration_since(granted);
+    assert!(took <= bound, "served {took:?} after the grant");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_uncontended_cycle_through_the_pooler_is_two_statements() {
     let pg = PostgresServer::builder()
