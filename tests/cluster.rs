@@ -88,48 +88,63 @@ async fn pttl(conn: &mut impl ConnectionLike, key: &str) -> i64 {
         .expect("PTTL")
 }
 
-/// Subscribers of `channel`, summed over every running node.
-/// `text` as a Redis glob pattern that matches only itself.
-fn glob_escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
-}
-
-/// Subscribers of `channel` (or of a hand-off channel, see `node_numsub`),
-/// over every running node.
+/// Subscribers of `channel` (or of the hand-off channels of the managers
+/// queued for its lock, see `node_numsub`), over every running node.
 fn numsub(cluster: &RedisCluster, channel: &str) -> i64 {
+    let handoffs = queued_handoffs(cluster, channel);
     cluster
         .nodes()
         .iter()
         .filter(|n| n.is_running)
-        .map(|node| node_numsub(&mut cluster.blocking_client(node.index).unwrap(), channel))
+        .map(|node| {
+            node_numsub(
+                &mut cluster.blocking_client(node.index).unwrap(),
+                channel,
+                &handoffs,
+            )
+        })
         .sum()
 }
 
-/// Subscribers of `channel` or, for a default lock's channel, of a manager's
-/// hand-off channel under the same prefix (`<prefix>handoff:<route>`), on one
-/// node.
-fn node_numsub(conn: &mut redis::Connection, channel: &str) -> i64 {
-    let handoffs: Vec<String> = match channel.split_once("wake:{") {
-        Some((prefix, _)) => redis::cmd("PUBSUB")
-            .arg("CHANNELS")
-            .arg(format!("{}handoff:*", glob_escape(prefix)))
-            .query(conn)
-            .expect("PUBSUB CHANNELS"),
-        None => Vec::new(),
+/// For a default lock's channel (`<prefix>wake:{tag}:<key>`), the hand-off
+/// channels (`<prefix>handoff:<route>`) of the managers queued for that lock,
+/// by the routes their queue entries name (read on whichever node holds
+/// them; the others answer MOVED). Managers that only hold locks listen on
+/// their hand-off channels too (for their waiters' notices): they do not
+/// count.
+fn queued_handoffs(cluster: &RedisCluster, channel: &str) -> Vec<String> {
+    let Some((prefix, _)) = channel.split_once("wake:{") else {
+        return Vec::new();
     };
-    std::iter::once(channel.to_owned())
-        .chain(handoffs)
+    let entries = channel.replacen("wake:{", "lockqe:{", 1);
+    let mut handoffs: Vec<String> = cluster
+        .nodes()
+        .iter()
+        .filter(|n| n.is_running)
+        .flat_map(|node| {
+            let mut conn = cluster.blocking_client(node.index).unwrap();
+            redis::cmd("HVALS")
+                .arg(&entries)
+                .query::<Vec<String>>(&mut conn)
+                .unwrap_or_default()
+        })
+        .filter_map(|entry| entry.split(':').nth(3).map(str::to_owned))
+        .map(|route| format!("{prefix}handoff:{route}"))
+        .collect();
+    handoffs.sort();
+    handoffs.dedup();
+    handoffs
+}
+
+/// Subscribers of `channel` and of `handoffs` (see `queued_handoffs`) on one
+/// node.
+fn node_numsub(conn: &mut redis::Connection, channel: &str, handoffs: &[String]) -> i64 {
+    std::iter::once(channel)
+        .chain(handoffs.iter().map(String::as_str))
         .map(|name| {
             let (_, n): (String, i64) = redis::cmd("PUBSUB")
                 .arg("NUMSUB")
-                .arg(&name)
+                .arg(name)
                 .query(conn)
                 .expect("PUBSUB NUMSUB");
             n
@@ -707,9 +722,10 @@ async fn failover_of_a_master_with_held_locks() {
             &cluster, &channel
         ) == MASTERS
             as i64));
+        let handoffs = queued_handoffs(&cluster, &channel);
         let mut conn = cluster.blocking_client(victim).unwrap();
         assert_eq!(
-            node_numsub(&mut conn, &channel),
+            node_numsub(&mut conn, &channel, &handoffs),
             1,
             "no subscriber on the victim"
         );

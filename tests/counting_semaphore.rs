@@ -42,6 +42,8 @@ fn builder(d: &Deployment) -> LockManagerBuilder {
         Deployment::Cluster(c) => LockManager::cluster_builder(c.urls())
             .command_timeout(Duration::from_millis(500))
             .connect_timeout(Duration::from_millis(500)),
+        #[cfg(feature = "postgres")]
+        Deployment::Postgres { .. } => unreachable!("a Redis-only test"),
     }
 }
 
@@ -253,6 +255,8 @@ async fn wake_ups(d: &Deployment, m: &LockManager, key: &str) -> redis::aio::Pub
                 .expect("the key's master");
             c.nodes()[node].url.clone()
         }
+        #[cfg(feature = "postgres")]
+        Deployment::Postgres { .. } => unreachable!("a Redis-only test"),
     };
     let mut raw = d.raw_for(m, key).await;
     let counter = name_of(&mut raw, "csem", key).await.expect("the counter");

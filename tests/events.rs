@@ -18,6 +18,8 @@ async fn publisher(d: &Deployment, holder: &str) -> LockManager {
     let builder = match d {
         Deployment::Single(s) => LockManager::builder(&s.url()),
         Deployment::Cluster(c) => LockManager::cluster_builder(c.urls()),
+        #[cfg(feature = "postgres")]
+        Deployment::Postgres { .. } => unreachable!("a Redis-only test"),
     };
     builder
         .holder(holder)
@@ -34,6 +36,8 @@ async fn notify_expiry(d: &Deployment) {
     let urls = match d {
         Deployment::Single(s) => vec![s.url()],
         Deployment::Cluster(c) => c.nodes().into_iter().map(|n| n.url).collect(),
+        #[cfg(feature = "postgres")]
+        Deployment::Postgres { .. } => unreachable!("a Redis-only test"),
     };
     for url in urls {
         let mut conn = redis::Client::open(url.as_str())
@@ -75,6 +79,8 @@ async fn every_kind_of_event_in_order(d: Deployment) {
     let on = match d {
         Deployment::Single(_) => "single",
         Deployment::Cluster(_) => "cluster",
+        #[cfg(feature = "postgres")]
+        Deployment::Postgres { .. } => unreachable!("a Redis-only test"),
     };
     notify_expiry(&d).await;
     let a = publisher(&d, "a").await;
@@ -324,6 +330,8 @@ async fn a_reader_that_stops_reading_gets_at_most_the_capacity_then_the_count_sk
     let on = match d {
         Deployment::Single(_) => "single",
         Deployment::Cluster(_) => "cluster",
+        #[cfg(feature = "postgres")]
+        Deployment::Postgres { .. } => unreachable!("a Redis-only test"),
     };
     let a = publisher(&d, "a").await;
     let observer = d.manager().await;

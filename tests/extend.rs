@@ -79,52 +79,6 @@ async fn extend_after_the_lock_was_taken_over_reports_the_loss() {
     assert!(g.is_lost());
 }
 
-#[tokio::test]
-async fn max_hold_ends_a_hold_that_lasts_too_long() {
-    let redis = server();
-    let m = manager(&redis).await;
-    let other = manager(&redis).await;
-    let started = Instant::now();
-    let g = m
-        .lock("stuck-body")
-        .lease(Duration::from_millis(300))
-        .max_hold(Duration::from_millis(700))
-        .acquire()
-        .await
-        .unwrap();
-    // Renewed as usual until then.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(!g.is_lost());
-    tokio::time::timeout(Duration::from_secs(2), g.lost())
-        .await
-        .expect("max_hold ends the hold");
-    let lost_after = started.elapsed();
-    assert!(
-        lost_after >= Duration::from_millis(650) && lost_after < Duration::from_millis(1_000),
-        "{lost_after:?}"
-    );
-    // The lock in Redis runs out within one lease of that.
-    let freed = other
-        .lock("stuck-body")
-        .wait(Duration::from_secs(2))
-        .acquire()
-        .await
-        .unwrap();
-    assert!(started.elapsed() < Duration::from_millis(700 + 300 + 200));
-    freed.release().await.unwrap();
-    assert!(matches!(g.release().await, Err(LockError::Lost { .. })));
-    let refused = m
-        .lock("x")
-        .max_hold(Duration::ZERO)
-        .acquire()
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(refused, LockError::InvalidConfig(_)),
-        "{refused:?}"
-    );
-}
-
 /// Renewed past its 300 ms lease, but never past 600 ms from the grant.
 #[distributed_lock(key = "capped:{id}", lease = "300ms", max_hold = "600ms", manager = m)]
 async fn stuck_body(m: &LockManager, id: u32, finished: &AtomicBool) -> Result<(), LockError> {
@@ -163,3 +117,102 @@ async fn max_hold_from_the_attribute_stops_a_stuck_body() {
     assert!(started.elapsed() < Duration::from_millis(600 + 300 + 200));
     next.release().await.unwrap();
 }
+
+/// `extend` replaces the lease (never adds to it), seen through `inspect`;
+/// renewals keep the new length; after a takeover it reports the loss; and
+/// `max_hold` ends a renewed hold: on every store.
+async fn extend_and_max_hold_on_every_store(d: Deployment) {
+    let m = d.manager().await;
+    let other = d.manager().await;
+    let ttl_of = async |key: &str| other.inspect(key).await.unwrap().unwrap().ttl.unwrap();
+    let g = m
+        .lock("ext")
+        .lease(Duration::from_millis(500))
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    g.extend(Duration::from_secs(3)).await.unwrap();
+    // Replaced: about 3 s from now, not 3 s plus the 300 ms that were left
+    // (200 ms below leaves room for the inspect's round trip on a slow machine).
+    let ttl = ttl_of("ext").await;
+    assert!(
+        ttl >= Duration::from_millis(2_800) && ttl <= Duration::from_secs(3),
+        "{ttl:?}"
+    );
+    assert_eq!(g.lease(), Duration::from_secs(3));
+    g.extend(Duration::from_millis(100)).await.unwrap();
+    assert!(ttl_of("ext").await <= Duration::from_millis(100));
+    tokio::time::timeout(Duration::from_millis(300), g.lost())
+        .await
+        .expect("the shortened lease ends");
+    assert!(matches!(
+        g.extend(Duration::from_secs(1)).await,
+        Err(LockError::Lost { .. })
+    ));
+
+    // With renewal on, renewals keep the extended length.
+    let g = m
+        .lock("ext2")
+        .lease(Duration::from_millis(300))
+        .acquire()
+        .await
+        .unwrap();
+    g.extend(Duration::from_secs(5)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let ttl = ttl_of("ext2").await;
+    assert!(ttl > Duration::from_secs(4), "{ttl:?}");
+    assert!(matches!(
+        g.extend(Duration::from_millis(1)).await,
+        Err(LockError::InvalidConfig(_))
+    ));
+    g.release().await.unwrap();
+
+    // Taken over: extend reports the loss.
+    let g = m
+        .lock("gone")
+        .lease(Duration::from_secs(5))
+        .acquire()
+        .await
+        .unwrap();
+    assert!(other.force_unlock("gone").await.unwrap());
+    assert!(matches!(
+        g.extend(Duration::from_secs(5)).await,
+        Err(LockError::Lost { .. })
+    ));
+    assert!(g.is_lost());
+
+    // max_hold: renewed as usual, then lost at about 700 ms.
+    let started = Instant::now();
+    let g = m
+        .lock("stuck-body")
+        .lease(Duration::from_millis(300))
+        .max_hold(Duration::from_millis(700))
+        .acquire()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!g.is_lost());
+    tokio::time::timeout(Duration::from_secs(2), g.lost())
+        .await
+        .expect("max_hold ends the hold");
+    let lost_after = started.elapsed();
+    assert!(
+        lost_after >= Duration::from_millis(650) && lost_after < Duration::from_millis(1_000),
+        "{lost_after:?}"
+    );
+    // The store's lease runs out within one lease (300 ms) of that, plus
+    // 200 ms for the waiter's attempts on a slow machine.
+    let freed = other
+        .lock("stuck-body")
+        .wait(Duration::from_secs(2))
+        .acquire()
+        .await
+        .unwrap();
+    assert!(started.elapsed() < Duration::from_millis(700 + 300 + 200));
+    freed.release().await.unwrap();
+    assert!(matches!(g.release().await, Err(LockError::Lost { .. })));
+}
+
+on_stores!(extend_and_max_hold_on_every_store);

@@ -867,4 +867,54 @@ async fn a_holder_hears_of_its_first_waiter(d: Deployment) {
     assert_eq!(holder.waited_for_notices_heard(), before + 5);
 }
 
-on_both!(a_holder_hears_of_its_first_waiter);
+/// Six waiters of three managers, each queued before the next starts, are
+/// served in arrival order, each by a hand-off to its manager: the order is
+/// read from the public API (`inspect_all`'s waiters) on every store.
+async fn waiters_of_three_managers_are_served_in_arrival_order(d: Deployment) {
+    let managers = [d.manager().await, d.manager().await, d.manager().await];
+    let key = "arrival";
+    let holder = managers[0].lock(key).acquire().await.unwrap();
+    let served = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..6usize {
+        let m = managers[i % 3].clone();
+        let served = served.clone();
+        tasks.push(tokio::spawn(async move {
+            let guard = m
+                .lock(key)
+                .wait(Duration::from_secs(30))
+                .acquire()
+                .await
+                .unwrap();
+            served.lock().unwrap().push(i);
+            guard.release().await.unwrap();
+        }));
+        let queued = eventually(Duration::from_secs(10), async || {
+            managers[0].inspect_all(key).await.unwrap().waiters.len() == i + 1
+        })
+        .await;
+        assert!(queued.is_some(), "waiter {i} never queued");
+    }
+    let delivered_before: u64 = managers.iter().map(|m| m.wake_ups_delivered()).sum();
+    holder.release().await.unwrap();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(*served.lock().unwrap(), [0, 1, 2, 3, 4, 5]);
+    let delivered: u64 = managers.iter().map(|m| m.wake_ups_delivered()).sum();
+    assert!(
+        delivered - delivered_before >= 6,
+        "{} hand-offs heard for 6 grants",
+        delivered - delivered_before
+    );
+    let state = managers[1].inspect_all(key).await.unwrap();
+    assert!(
+        state.holds.is_empty() && state.waiters.is_empty(),
+        "{state:?}"
+    );
+}
+
+on_stores!(
+    a_holder_hears_of_its_first_waiter,
+    waiters_of_three_managers_are_served_in_arrival_order
+);

@@ -80,3 +80,37 @@ async fn reentry_shares_the_token_and_new_holders_get_new_ones() {
     let other = a.lock("other").acquire().await.unwrap();
     assert!(other.fencing_token().await.unwrap() > 1_600_000_000_000_000);
 }
+
+/// Tokens strictly grow across holders of two managers, re-entry shares the
+/// hold's token, and keys are independent locks, on every store.
+async fn tokens_grow_and_reentry_shares_them(d: Deployment) {
+    let a = d.manager().await;
+    let b = d.manager().await;
+    let mut last = 0;
+    for i in 0..100 {
+        let m = if i % 2 == 0 { &a } else { &b };
+        let g = m.lock("grow").acquire().await.unwrap();
+        let token = g.fencing_token().await.unwrap();
+        assert!(token > last, "{token} after {last}");
+        // Asked again, the same hold's token.
+        assert_eq!(g.fencing_token().await.unwrap(), token);
+        last = token;
+        g.release().await.unwrap();
+    }
+    let g = a.lock("grow").acquire().await.unwrap();
+    let t = g.fencing_token().await.unwrap();
+    let inner = g
+        .scope(async {
+            let inner = a.lock("grow").acquire().await.unwrap();
+            inner.fencing_token().await.unwrap()
+        })
+        .await;
+    assert_eq!(inner, t);
+    assert_eq!(b.inspect("grow").await.unwrap().unwrap().fencing_token, t);
+    g.release().await.unwrap();
+    let g2 = b.lock("grow").acquire().await.unwrap();
+    assert!(g2.fencing_token().await.unwrap() > t);
+    g2.release().await.unwrap();
+}
+
+on_stores!(tokens_grow_and_reentry_shares_them);

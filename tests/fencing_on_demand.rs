@@ -149,24 +149,6 @@ async fn a_token_asked_for_after_the_lock_was_lost_is_refused() {
     ));
 }
 
-/// An eager request takes its token inside the acquire: no round trip later.
-#[tokio::test]
-async fn an_eager_request_has_its_token_at_once() {
-    let redis = server();
-    let m = manager_for(&redis.url()).await;
-    let g = m.lock("e").eager_fencing(true).acquire().await.unwrap();
-    let token = g.issued_fencing_token().expect("issued at acquisition");
-    let eager = LockManager::builder(&redis.url())
-        .eager_fencing(true)
-        .build()
-        .await
-        .unwrap();
-    g.release().await.unwrap();
-    let g2 = eager.lock("e").acquire().await.unwrap();
-    assert!(g2.issued_fencing_token().unwrap() > token);
-    g2.release().await.unwrap();
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_cluster() {
     let cluster = RedisCluster::process_wide().unwrap();
@@ -216,3 +198,60 @@ async fn on_a_redlock() {
             .unwrap();
     }
 }
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres() {
+    let d = Deployment::postgres();
+    let (a, b) = (d.manager().await, d.manager().await);
+    exclusive(&a, &b).await;
+    let g = a.lock("c").acquire().await.unwrap();
+    // No token until asked: inspect shows 0, then the issued one.
+    assert_eq!(b.inspect("c").await.unwrap().unwrap().fencing_token, 0);
+    let t1 = g.fencing_token().await.unwrap();
+    assert_eq!(b.inspect("c").await.unwrap().unwrap().fencing_token, t1);
+    g.release().await.unwrap();
+    let g = b.lock("c").acquire().await.unwrap();
+    assert!(g.fencing_token().await.unwrap() > t1);
+    g.release().await.unwrap();
+}
+
+/// A holder whose lock was freed and taken by another is refused a token and
+/// told it lost the lock; the new holder's token is larger; an eager request
+/// (per request or the manager's default) has its token at once. On every
+/// store.
+async fn lost_and_eager_tokens_on_every_store(d: Deployment) {
+    let m = d.manager().await;
+    let other = d.manager().await;
+    let early = m.lock("gone").acquire().await.unwrap();
+    let early_token = early.fencing_token().await.unwrap();
+    early.release().await.unwrap();
+    let g = m.lock("gone").acquire().await.unwrap();
+    assert!(other.force_unlock("gone").await.unwrap());
+    let thief = other.lock("gone").acquire().await.unwrap();
+    match g.fencing_token().await {
+        Err(LockError::Lost { key }) => assert_eq!(key, "gone"),
+        other => panic!("expected Lost, got {other:?}"),
+    }
+    assert!(g.is_lost());
+    assert!(thief.fencing_token().await.unwrap() > early_token);
+    assert!(matches!(
+        g.fencing_token().await,
+        Err(LockError::Lost { .. })
+    ));
+    thief.release().await.unwrap();
+
+    let g = m.lock("eager").eager_fencing(true).acquire().await.unwrap();
+    let token = g.issued_fencing_token().expect("issued at acquisition");
+    assert_eq!(
+        other.inspect("eager").await.unwrap().unwrap().fencing_token,
+        token
+    );
+    g.release().await.unwrap();
+    let eager = d.builder().eager_fencing(true).build().await.unwrap();
+    let g2 = eager.lock("eager").acquire().await.unwrap();
+    assert!(g2.issued_fencing_token().unwrap() > token);
+    g2.release().await.unwrap();
+}
+
+on_stores!(lost_and_eager_tokens_on_every_store);

@@ -89,3 +89,11 @@ async fn on_a_redlock() {
     };
     freed_under_its_holder(&m().await, &m().await, &m().await).await;
 }
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres() {
+    let d = Deployment::postgres();
+    let (a, b, c) = (d.manager().await, d.manager().await, d.manager().await);
+    freed_under_its_holder(&a, &b, &c).await;
+}

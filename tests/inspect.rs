@@ -136,27 +136,6 @@ async fn on_one_server() {
     assert!(err.to_string().contains("did not write"), "{err}");
 }
 
-#[tokio::test]
-async fn the_default_holder_names_host_pid_and_program() {
-    let redis = server();
-    let m = manager(&redis).await;
-    let _g = m.lock("k").acquire().await.unwrap();
-    let info = m.inspect("k").await.unwrap().unwrap();
-    let program = std::env::current_exe().unwrap();
-    let program = program.file_name().unwrap().to_string_lossy();
-    assert!(
-        info.holder
-            .ends_with(&format!(" pid {} {program}", std::process::id())),
-        "{}",
-        info.holder
-    );
-    let too_long = LockManager::builder(&redis.url())
-        .holder("x".repeat(257))
-        .build()
-        .await;
-    assert!(matches!(too_long, Err(LockError::InvalidConfig(_))));
-}
-
 /// A lock key written by distlock 0.1 (a hash) is refused as a value distlock
 /// (this version) did not write, not shared: mixed versions during a rolling
 /// upgrade cannot both hold one lock.
@@ -206,3 +185,43 @@ async fn on_a_redlock() {
     let operator = LockManager::redlock_builder(urls).build().await.unwrap();
     holds_are_seen_from_outside(&holder, &operator).await;
 }
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres() {
+    let d = Deployment::postgres();
+    let holder = d
+        .builder()
+        .holder("web-1 checkout worker")
+        .build()
+        .await
+        .unwrap();
+    holds_are_seen_from_outside(&holder, &d.manager().await).await;
+
+    // Another prefix's locks are not listed.
+    let other = d.builder().key_prefix("other:").build().await.unwrap();
+    let _held = other.lock("order:1").acquire().await.unwrap();
+    let m = d.manager().await;
+    assert!(m.list("*").await.unwrap().is_empty());
+    assert_eq!(other.list("*").await.unwrap().len(), 1);
+}
+
+/// The default holder description names host, pid and program, and an
+/// over-long one is refused, on every store.
+async fn the_default_holder_on_every_store(d: Deployment) {
+    let m = d.manager().await;
+    let _g = m.lock("holder").acquire().await.unwrap();
+    let info = m.inspect("holder").await.unwrap().unwrap();
+    let program = std::env::current_exe().unwrap();
+    let program = program.file_name().unwrap().to_string_lossy();
+    assert!(
+        info.holder
+            .ends_with(&format!(" pid {} {program}", std::process::id())),
+        "{}",
+        info.holder
+    );
+    let too_long = d.builder().holder("x".repeat(257)).build().await;
+    assert!(matches!(too_long, Err(LockError::InvalidConfig(_))));
+}
+
+on_stores!(the_default_holder_on_every_store);

@@ -22,6 +22,8 @@ fn builder(d: &Deployment) -> LockManagerBuilder {
         Deployment::Cluster(c) => LockManager::cluster_builder(c.urls())
             .command_timeout(Duration::from_millis(500))
             .connect_timeout(Duration::from_millis(500)),
+        #[cfg(feature = "postgres")]
+        Deployment::Postgres { .. } => unreachable!("a Redis-only test"),
     }
 }
 

@@ -25,6 +25,8 @@ async fn candidate(d: &Deployment, holder: &str) -> LockManager {
     let builder = match d {
         Deployment::Single(s) => LockManager::builder(&s.url()),
         Deployment::Cluster(c) => LockManager::cluster_builder(c.urls()),
+        #[cfg(feature = "postgres")]
+        Deployment::Postgres { .. } => unreachable!("a Redis-only test"),
     };
     builder
         .holder(holder)
@@ -45,6 +47,8 @@ fn election(test: &str, d: &Deployment) -> String {
     let on = match d {
         Deployment::Single(_) => "single",
         Deployment::Cluster(_) => "cluster",
+        #[cfg(feature = "postgres")]
+        Deployment::Postgres { .. } => unreachable!("a Redis-only test"),
     };
     format!("{test}-{on}")
 }
@@ -230,6 +234,8 @@ async fn kill_subscribers(d: &Deployment) {
                 common::kill_subscribers(&mut raw).await;
             }
         }
+        #[cfg(feature = "postgres")]
+        Deployment::Postgres { .. } => unreachable!("a Redis-only test"),
     }
 }
 
@@ -556,6 +562,8 @@ fn urls(d: &Deployment) -> (String, &'static str) {
     match d {
         Deployment::Single(s) => (s.url(), "single"),
         Deployment::Cluster(c) => (c.urls().join(","), "cluster"),
+        #[cfg(feature = "postgres")]
+        Deployment::Postgres { .. } => unreachable!("a Redis-only test"),
     }
 }
 

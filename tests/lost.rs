@@ -95,3 +95,37 @@ async fn scope_until_lost_stops_the_body_at_its_next_await() {
     let ok = g.scope_until_lost(async { 1 }).await;
     assert!(ok.is_err(), "a lost guard runs nothing more");
 }
+
+/// A lock freed under its holder (`force_unlock`) is noticed at the next
+/// renewal: `scope_until_lost` stops the body at its next await, on every store.
+async fn a_freed_lock_stops_the_body(d: Deployment) {
+    let a = d.manager().await;
+    let operator = d.manager().await;
+    let g = a
+        .lock("freed")
+        .lease(Duration::from_millis(300))
+        .acquire()
+        .await
+        .unwrap();
+    let steps = std::sync::atomic::AtomicUsize::new(0);
+    let r = g
+        .scope_until_lost(async {
+            loop {
+                steps.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                if steps.load(std::sync::atomic::Ordering::SeqCst) == 5 {
+                    operator.force_unlock("freed").await.unwrap();
+                }
+            }
+        })
+        .await;
+    assert!(matches!(r, Err(LockError::Lost { .. })));
+    // Renewal runs every 100 ms (lease / 3): the body stopped within a few
+    // 10 ms steps after it (40 leaves room for a slow machine).
+    let n = steps.load(std::sync::atomic::Ordering::SeqCst);
+    assert!((5..40).contains(&n), "{n} steps");
+    assert!(g.scope_until_lost(async { 1 }).await.is_err());
+    assert!(matches!(g.release().await, Err(LockError::Lost { .. })));
+}
+
+on_stores!(a_freed_lock_stops_the_body);

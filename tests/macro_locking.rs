@@ -390,3 +390,50 @@ async fn eager_fencing_takes_the_token_with_the_lock() {
     assert!(eager_job(&m, 1).await.unwrap().is_some());
     assert_eq!(lazy_job(&m, 1).await.unwrap(), None);
 }
+
+/// The macro with `manager = ...` on every store: the body runs under the
+/// lock and releases it, a busy lock with `wait = "0s"` is one attempt that
+/// runs nothing, a nested locked function re-enters with the same token, and
+/// joined calls in one task exclude each other.
+async fn the_macro_on_every_store(d: Deployment) {
+    let m = d.manager().await;
+    let other = d.manager().await;
+    let ran = AtomicUsize::new(0);
+    let token = ship(&m, 4242, &ran).await.unwrap();
+    assert!(token > 0);
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+    assert!(!other.is_locked("order:4242").await.unwrap(), "released");
+    assert!(ship(&m, 4242, &ran).await.unwrap() > token);
+
+    let ran = AtomicUsize::new(0);
+    let held = other.lock("busy").acquire().await.unwrap();
+    let start = Instant::now();
+    let r = busy_job(&m, &ran).await;
+    assert!(
+        matches!(r, Err(AppError::Lock(LockError::Timeout { .. }))),
+        "{r:?}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_millis(300),
+        "wait = 0s is one attempt"
+    );
+    assert_eq!(ran.load(Ordering::SeqCst), 0);
+    held.release().await.unwrap();
+    busy_job(&m, &ran).await.unwrap();
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+
+    let (outer, inner) = transfer(&m, 4243).await.unwrap();
+    assert_eq!(outer, inner);
+    assert!(!other.is_locked("account:4243").await.unwrap());
+
+    let (inside, max) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let run = || async {
+        for _ in 0..10 {
+            critical(&m, &inside, &max).await.unwrap();
+        }
+    };
+    tokio::join!(run(), run(), run());
+    assert_eq!(max.load(Ordering::SeqCst), 1);
+}
+
+on_stores!(the_macro_on_every_store);

@@ -484,3 +484,11 @@ async fn a_renewal_crossing_the_release_does_not_shorten_min_hold() {
     // Shown with --nocapture: how much a run tested.
     eprintln!("{checked} keys checked in {rounds} round(s) of {KEYS}; {released_ok} released Ok");
 }
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres() {
+    let d = Deployment::postgres();
+    let (a, b) = (d.manager().await, d.manager().await);
+    kept_until_min_hold(&a, &b, "min-hold:postgres").await;
+}

@@ -758,3 +758,56 @@ async fn a_hold_ticket_is_resumed_by_another_manager() {
     resumed.release().await.unwrap();
     assert!(!m.is_locked("ticketed").await.unwrap());
 }
+
+/// A lock held across `pg_ctl restart -m immediate` with a lease longer than
+/// the restart is still its holder's: the committed row survives crash
+/// recovery, and the first renewal after the restart renews it (no lost
+/// signal), also after both its connections were cut once. (A hold granted
+/// by a hand-off has only the hand-off TTL, at most the queue lease of 3 s,
+/// until its first renewal: a restart longer than that right after a
+/// hand-off loses it, by design, as the torture suite's scenario p1 saw.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_across_an_immediate_restart_is_kept() {
+    let mut pg = server();
+    let m = manager(&pg).await;
+    // Both connections of the manager cut once before, as in p1.
+    m.lock("warm")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    pg.kill_backends_named("distlock").unwrap();
+    pg.kill_backends_named("distlock-listen").unwrap();
+    let guard = m
+        .lock("across")
+        .lease(Duration::from_secs(15))
+        .acquire()
+        .await
+        .unwrap();
+    pg.restart_immediate().expect("restart -m immediate");
+    let db = sql_client(&pg).await;
+    let rows = count(
+        &db,
+        "SELECT count(*) FROM distlock.locks WHERE expires_at > clock_timestamp()",
+    )
+    .await;
+    assert_eq!(rows, 1, "the lock's row did not survive the restart");
+    let before = guard.remaining_lease();
+    // A renewal is due within a third of the lease (5 s) after the restart;
+    // 12 s allows it and a retry.
+    let renewed = eventually(Duration::from_secs(12), async || {
+        guard.is_lost() || guard.remaining_lease() > before
+    })
+    .await;
+    assert!(renewed.is_some(), "no renewal after the restart");
+    assert!(
+        !guard.is_lost(),
+        "the hold was reported lost after the restart"
+    );
+    guard
+        .release()
+        .await
+        .expect("the release after the restart");
+}

@@ -282,3 +282,47 @@ async fn a_non_reentrant_request_fails_at_once_for_a_held_key() {
 async fn not_reentrant(m: &LockManager) -> Result<(), LockError> {
     Ok(())
 }
+
+/// Re-entry in scope takes no round trip and shares the token; an inner
+/// release keeps the outer hold, the last frees the lock; another manager
+/// never re-enters: on every store, seen through `is_locked`.
+async fn reentry_on_every_store(d: Deployment) {
+    let m = d.manager().await;
+    let other = d.manager().await;
+    let key = "reenter";
+    let outer = m.lock(key).acquire().await.unwrap();
+    let token = outer.fencing_token().await.unwrap();
+    let inner_token = outer
+        .scope(async {
+            let start = std::time::Instant::now();
+            let inner = m.lock(key).wait(Duration::ZERO).acquire().await.unwrap();
+            assert!(
+                start.elapsed() < Duration::from_millis(50),
+                "re-entry must not wait"
+            );
+            let t = inner.fencing_token().await.unwrap();
+            nested_use_of(&m, key).await;
+            inner.release().await.unwrap();
+            assert!(other.is_locked(key).await.unwrap(), "inner release kept it");
+            t
+        })
+        .await;
+    assert_eq!(inner_token, token);
+    assert!(other.lock(key).try_acquire().await.unwrap().is_none());
+    // Outside the scope the same manager is another owner.
+    assert!(m.lock(key).try_acquire().await.unwrap().is_none());
+    outer.release().await.unwrap();
+    assert!(!other.is_locked(key).await.unwrap());
+}
+
+async fn nested_use_of(m: &LockManager, key: &str) {
+    let g = m.lock(key).acquire().await.unwrap();
+    g.scope(async {
+        let again = m.lock(key).try_acquire().await.unwrap().expect("re-entry");
+        drop(again);
+    })
+    .await;
+    g.release().await.unwrap();
+}
+
+on_stores!(reentry_on_every_store);

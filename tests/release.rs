@@ -23,61 +23,6 @@ async fn freed_within(
     start.elapsed()
 }
 
-#[tokio::test]
-async fn dropping_a_guard_releases_in_the_background() {
-    let redis = server();
-    let a = manager(&redis).await;
-    let g = a
-        .lock("k")
-        .lease(Duration::from_secs(30))
-        .acquire()
-        .await
-        .unwrap();
-    drop(g);
-    assert!(freed_within(&redis, "k", Duration::from_secs(1)).await < Duration::from_secs(1));
-}
-
-#[tokio::test]
-async fn a_panicking_holder_releases() {
-    let redis = server();
-    let a = manager(&redis).await;
-    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
-    let task = tokio::spawn(async move {
-        let _g = a
-            .lock("k")
-            .lease(Duration::from_secs(30))
-            .acquire()
-            .await
-            .unwrap();
-        held_tx.send(()).unwrap();
-        panic!("the body failed");
-    });
-    held_rx.await.unwrap();
-    assert!(task.await.unwrap_err().is_panic());
-    freed_within(&redis, "k", Duration::from_secs(1)).await;
-}
-
-#[tokio::test]
-async fn an_aborted_holder_releases() {
-    let redis = server();
-    let a = manager(&redis).await;
-    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
-    let task = tokio::spawn(async move {
-        let g = a
-            .lock("k")
-            .lease(Duration::from_secs(30))
-            .acquire()
-            .await
-            .unwrap();
-        held_tx.send(()).unwrap();
-        g.scope(std::future::pending::<()>()).await;
-    });
-    held_rx.await.unwrap();
-    task.abort();
-    assert!(task.await.unwrap_err().is_cancelled());
-    freed_within(&redis, "k", Duration::from_secs(1)).await;
-}
-
 /// An acquire cancelled while its script is in flight must not leave the lock
 /// held in its name for the whole lease.
 #[tokio::test]
@@ -123,3 +68,80 @@ fn drop_without_a_runtime_falls_back_to_the_lease() {
         assert!(took < Duration::from_secs(1), "{took:?}");
     });
 }
+
+// Release on every exit, on every store (`on_stores!`).
+
+/// How long until another manager of `d` gets `key` (waiting up to `limit`).
+async fn freed_on(d: &Deployment, key: &str, limit: Duration) -> Duration {
+    let other = d.manager().await;
+    let start = Instant::now();
+    let g = other
+        .lock(key)
+        .wait(limit)
+        .acquire()
+        .await
+        .unwrap_or_else(|e| panic!("not freed within {limit:?}: {e}"));
+    g.release().await.unwrap();
+    start.elapsed()
+}
+
+/// Dropped, panicked and aborted holders of a 30 s lease release within 1 s,
+/// and cancelled acquisitions leave no lock behind.
+async fn every_exit_releases_on_every_store(d: Deployment) {
+    let a = d.manager().await;
+    let g = a
+        .lock("dropped")
+        .lease(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    drop(g);
+    freed_on(&d, "dropped", Duration::from_secs(1)).await;
+
+    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
+    let m = a.clone();
+    let task = tokio::spawn(async move {
+        let _g = m
+            .lock("panicked")
+            .lease(Duration::from_secs(30))
+            .acquire()
+            .await
+            .unwrap();
+        held_tx.send(()).unwrap();
+        panic!("the body failed");
+    });
+    held_rx.await.unwrap();
+    assert!(task.await.unwrap_err().is_panic());
+    freed_on(&d, "panicked", Duration::from_secs(1)).await;
+
+    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
+    let m = a.clone();
+    let task = tokio::spawn(async move {
+        let g = m
+            .lock("aborted")
+            .lease(Duration::from_secs(30))
+            .acquire()
+            .await
+            .unwrap();
+        held_tx.send(()).unwrap();
+        g.scope(std::future::pending::<()>()).await;
+    });
+    held_rx.await.unwrap();
+    task.abort();
+    assert!(task.await.unwrap_err().is_cancelled());
+    freed_on(&d, "aborted", Duration::from_secs(1)).await;
+
+    for _ in 0..50 {
+        // Cancel at the first poll that does not complete: the request was sent.
+        let fut = a.lock("cancelled").lease(Duration::from_secs(30)).acquire();
+        let _ = tokio::time::timeout(Duration::from_micros(1), fut).await;
+    }
+    let free = eventually(Duration::from_secs(2), async || {
+        !a.is_locked("cancelled").await.unwrap()
+    })
+    .await;
+    assert!(free.is_some(), "a cancelled acquire left the lock held");
+    freed_on(&d, "cancelled", Duration::from_millis(500)).await;
+}
+
+on_stores!(every_exit_releases_on_every_store);

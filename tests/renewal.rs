@@ -8,53 +8,6 @@ use std::time::{Duration, Instant};
 use common::*;
 use distlock::LockError;
 
-#[tokio::test]
-async fn renewal_holds_a_lock_three_leases_long() {
-    let redis = server();
-    let a = manager(&redis).await;
-    let b = manager(&redis).await;
-    let g = a
-        .lock("k")
-        .lease(Duration::from_millis(300))
-        .acquire()
-        .await
-        .unwrap();
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_millis(1000) {
-        assert!(b.lock("k").try_acquire().await.unwrap().is_none());
-        assert!(!g.is_lost());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    g.release().await.unwrap();
-}
-
-#[tokio::test]
-async fn without_renewal_the_lock_ends_at_its_lease() {
-    let redis = server();
-    let a = manager(&redis).await;
-    let b = manager(&redis).await;
-    let g = a
-        .lock("k")
-        .lease(Duration::from_millis(300))
-        .renew(false)
-        .acquire()
-        .await
-        .unwrap();
-    let start = Instant::now();
-    let free_after = eventually(Duration::from_secs(3), async || {
-        b.lock("k").try_acquire().await.unwrap().is_some()
-    })
-    .await
-    .expect("expires");
-    assert!(
-        start.elapsed() >= Duration::from_millis(280),
-        "{free_after:?}"
-    );
-    // The holder knew before Redis did: lost at lease - drift.
-    assert!(g.is_lost());
-    assert!(matches!(g.release().await, Err(LockError::Lost { .. })));
-}
-
 /// Renewal retries a failed attempt on a later tick instead of giving up: Redis
 /// pauses all clients for longer than the command timeout, then answers again.
 #[tokio::test]
@@ -186,35 +139,6 @@ async fn no_renewal_after_a_release_cancelled_at_any_await_point() {
     );
 }
 
-/// One renewal task for all locks: holding 300 renewing locks adds no task per lock.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_renewal_task_renews_many_locks() {
-    let redis = server();
-    let a = manager(&redis).await;
-    let metrics = tokio::runtime::Handle::current().metrics();
-    let tasks_before = metrics.num_alive_tasks();
-    let mut guards = Vec::new();
-    for i in 0..300 {
-        guards.push(
-            a.lock(format!("k{i}"))
-                .lease(Duration::from_millis(300))
-                .acquire()
-                .await
-                .unwrap(),
-        );
-    }
-    tokio::time::sleep(Duration::from_millis(900)).await;
-    assert!(guards.iter().all(|g| !g.is_lost()), "all renewed");
-    let tasks_during = metrics.num_alive_tasks();
-    assert!(
-        tasks_during <= tasks_before + 2,
-        "{tasks_before} -> {tasks_during} tasks"
-    );
-    for g in guards {
-        g.release().await.unwrap();
-    }
-}
-
 /// The renewal task sleeps until the earliest due lease and is woken only by a
 /// lease due sooner: a short lease taken while a long one is held is renewed in
 /// time.
@@ -339,3 +263,72 @@ async fn a_late_renewal_is_reported() {
     assert!(!guard.is_lost());
     guard.release().await.unwrap();
 }
+
+// Renewal on every store (`on_stores!`).
+
+/// A 300 ms lease renewed for 1 s keeps others out; without renewal the lock
+/// ends at its lease and the holder knew first; 300 renewing locks are all
+/// renewed by one task, with no task per lock.
+async fn renewal_on_every_store(d: Deployment) {
+    let a = d.manager().await;
+    let b = d.manager().await;
+    let g = a
+        .lock("renewed")
+        .lease(Duration::from_millis(300))
+        .acquire()
+        .await
+        .unwrap();
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(1000) {
+        assert!(b.lock("renewed").try_acquire().await.unwrap().is_none());
+        assert!(!g.is_lost());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    g.release().await.unwrap();
+
+    let g = a
+        .lock("unrenewed")
+        .lease(Duration::from_millis(300))
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let free_after = eventually(Duration::from_secs(3), async || {
+        b.lock("unrenewed").try_acquire().await.unwrap().is_some()
+    })
+    .await
+    .expect("expires");
+    // 20 ms under the lease: the store's clock and ours tick apart.
+    assert!(
+        start.elapsed() >= Duration::from_millis(280),
+        "{free_after:?}"
+    );
+    assert!(g.is_lost(), "the holder knew before the store did");
+    assert!(matches!(g.release().await, Err(LockError::Lost { .. })));
+
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let tasks_before = metrics.num_alive_tasks();
+    let mut guards = Vec::new();
+    for i in 0..300 {
+        guards.push(
+            a.lock(format!("many:{i}"))
+                .lease(Duration::from_millis(300))
+                .acquire()
+                .await
+                .unwrap(),
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert!(guards.iter().all(|g| !g.is_lost()), "all renewed");
+    let tasks_during = metrics.num_alive_tasks();
+    assert!(
+        tasks_during <= tasks_before + 2,
+        "{tasks_before} -> {tasks_during} tasks"
+    );
+    for g in guards {
+        g.release().await.unwrap();
+    }
+}
+
+on_stores!(renewal_on_every_store);

@@ -120,13 +120,18 @@ async fn a_lock_handed_to_a_waiter_is_acknowledged_too() {
     .await;
     assert!(queued.is_some(), "the waiter queued");
     // Its manager listens for hand-offs (before that, a hand-off is made up
-    // for by the attempt the subscription's confirmation triggers).
+    // for by the attempt the subscription's confirmation triggers). The
+    // holder's manager listens on a hand-off channel of its own too: the
+    // waiter's is the one its owner token's route names.
+    let waiter_id = holder.inspect_all("handed").await.unwrap().waiters[0]
+        .hold_id
+        .clone();
+    let waiter_channel = format!("distlock:handoff:{}", &waiter_id[waiter_id.len() - 8..]);
     let mut on_master = raw(&master).await;
     let listening = eventually(Duration::from_secs(5), async || {
         pubsub_channels(&mut on_master)
             .await
-            .iter()
-            .any(|c| c.starts_with("distlock:handoff:"))
+            .contains(&waiter_channel)
     })
     .await;
     assert!(

@@ -21,6 +21,8 @@ async fn flush(d: &Deployment) {
             .filter(|n| n.is_running)
             .map(|n| n.url.clone())
             .collect(),
+        #[cfg(feature = "postgres")]
+        Deployment::Postgres { .. } => unreachable!("a Redis-only test"),
     };
     for url in urls {
         let mut conn = redis::Client::open(url.as_str())

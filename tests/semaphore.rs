@@ -715,5 +715,7 @@ fn raw_url(d: &Deployment, m: &LockManager, key: &str) -> String {
                 .expect("the key's master");
             c.nodes()[node].url.clone()
         }
+        #[cfg(feature = "postgres")]
+        Deployment::Postgres { .. } => unreachable!("a Redis-only test"),
     }
 }

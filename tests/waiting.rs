@@ -9,45 +9,6 @@ use common::*;
 use distlock::testing::{FaultMode, FaultProxy};
 use distlock::LockError;
 
-#[tokio::test]
-async fn wait_zero_is_one_attempt() {
-    let redis = server();
-    let a = manager(&redis).await;
-    let b = manager(&redis).await;
-    let _g = a.lock("k").acquire().await.unwrap();
-    let start = Instant::now();
-    match b.lock("k").wait(Duration::ZERO).acquire().await {
-        Err(LockError::Timeout { key, waited }) => {
-            assert_eq!(key, "k");
-            assert!(waited < Duration::from_millis(300));
-        }
-        other => panic!("expected a timeout, got {other:?}"),
-    }
-    assert!(start.elapsed() < Duration::from_millis(300));
-}
-
-#[tokio::test]
-async fn timeout_comes_after_wait_never_before() {
-    let redis = server();
-    let a = manager(&redis).await;
-    let b = manager(&redis).await;
-    let _g = a.lock("k").acquire().await.unwrap();
-    for wait_ms in [1u64, 40, 250] {
-        let wait = Duration::from_millis(wait_ms);
-        let start = Instant::now();
-        let r = b.lock("k").wait(wait).acquire().await;
-        let took = start.elapsed();
-        match r {
-            Err(LockError::Timeout { waited, .. }) => {
-                assert!(waited >= wait, "reported {waited:?} < {wait:?}");
-                assert!(took >= wait, "returned after {took:?} < {wait:?}");
-                assert!(took < wait + Duration::from_millis(500), "took {took:?}");
-            }
-            other => panic!("expected a timeout, got {other:?}"),
-        }
-    }
-}
-
 /// A waiter is woken by the release, not by polling: while the holder keeps the
 /// lock for a long time, the waiter makes few attempts, and it gets the lock
 /// right after the release.
@@ -235,48 +196,6 @@ async fn a_killed_subscriber_reconnects_and_waiters_still_get_the_lock() {
         .unwrap()
         .unwrap();
     g.release().await.unwrap();
-}
-
-/// Fairness within a manager: a task that releases and at once asks again queues
-/// behind the acquisitions already waiting, instead of taking the lock back
-/// before the waiter its release woke can.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_releasing_task_does_not_jump_the_queue() {
-    const TASKS: usize = 4;
-    const ROUNDS: usize = 40;
-    let redis = server();
-    let m = manager(&redis).await;
-    let holders = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let mut tasks = Vec::new();
-    for id in 0..TASKS {
-        let (m, holders) = (m.clone(), holders.clone());
-        tasks.push(tokio::spawn(async move {
-            for _ in 0..ROUNDS {
-                let g = m
-                    .lock("fair")
-                    .wait(Duration::from_secs(20))
-                    .acquire()
-                    .await
-                    .unwrap();
-                holders.lock().unwrap().push(id);
-                g.release().await.unwrap();
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
-    let order = holders.lock().unwrap().clone();
-    // Only the last rounds can repeat a holder legitimately (no one else left).
-    let regrabs = order[..order.len() - ROUNDS]
-        .windows(2)
-        .filter(|w| w[0] == w[1])
-        .count();
-    assert!(
-        regrabs * 10 < order.len(),
-        "{regrabs} of {} acquisitions went back to the task that had just released",
-        order.len()
-    );
 }
 
 /// When leases run out without a release (here `renew(false)`, never released),
@@ -478,3 +397,116 @@ async fn a_timed_out_waiter_has_left_the_queue_when_acquire_returns() {
         "the release handed the lock to the waiter that had left"
     );
 }
+
+// The same waiting contract on every store (`on_stores!`), through the
+// public API only.
+
+async fn wait_zero_and_timeouts_on_every_store(d: Deployment) {
+    let a = d.manager().await;
+    let b = d.manager().await;
+    let _g = a.lock("timeouts").acquire().await.unwrap();
+    let start = Instant::now();
+    match b.lock("timeouts").wait(Duration::ZERO).acquire().await {
+        Err(LockError::Timeout { key, waited }) => {
+            assert_eq!(key, "timeouts");
+            assert!(waited < Duration::from_millis(300));
+        }
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    assert!(start.elapsed() < Duration::from_millis(300));
+    for wait_ms in [1u64, 40, 250] {
+        let wait = Duration::from_millis(wait_ms);
+        let start = Instant::now();
+        let r = b.lock("timeouts").wait(wait).acquire().await;
+        let took = start.elapsed();
+        match r {
+            Err(LockError::Timeout { waited, .. }) => {
+                assert!(waited >= wait, "reported {waited:?} < {wait:?}");
+                assert!(took >= wait, "returned after {took:?} < {wait:?}");
+                assert!(took < wait + Duration::from_millis(500), "took {took:?}");
+            }
+            other => panic!("expected a timeout, got {other:?}"),
+        }
+    }
+    // No timed-out waiter is left in the queue.
+    let left = eventually(Duration::from_secs(2), async || {
+        a.inspect_all("timeouts").await.unwrap().waiters.is_empty()
+    })
+    .await;
+    assert!(left.is_some(), "a timed-out waiter stayed queued");
+}
+
+/// A waiter queued behind a long hold gets the lock right after the release
+/// (a message, not its backoff, which has grown to its 1 s cap by then).
+async fn a_release_hands_the_lock_to_the_waiter_at_once(d: Deployment) {
+    let a = d.manager().await;
+    let b = d.manager().await;
+    let holder = a.lock("wake").acquire().await.unwrap();
+    let waiter = tokio::spawn(async move {
+        let g = b
+            .lock("wake")
+            .wait(Duration::from_secs(20))
+            .acquire()
+            .await
+            .unwrap();
+        (Instant::now(), g)
+    });
+    await_waiter(&a, "wake").await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let released_at = Instant::now();
+    holder.release().await.unwrap();
+    let (acquired_at, g) = waiter.await.unwrap();
+    let handoff = acquired_at - released_at;
+    // A hand-off is one message after the release; the fallback backoff
+    // alone could take up to 1 s. 500 ms leaves room for a slow machine.
+    assert!(
+        handoff < Duration::from_millis(500),
+        "hand-off took {handoff:?}"
+    );
+    g.release().await.unwrap();
+}
+
+/// A task that releases and at once asks again queues behind the
+/// acquisitions already waiting.
+async fn a_releasing_task_does_not_jump_the_queue_on_any_store(d: Deployment) {
+    const TASKS: usize = 4;
+    const ROUNDS: usize = 20;
+    let m = d.manager().await;
+    let holders = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for id in 0..TASKS {
+        let (m, holders) = (m.clone(), holders.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..ROUNDS {
+                let g = m
+                    .lock("no-jump")
+                    .wait(Duration::from_secs(20))
+                    .acquire()
+                    .await
+                    .unwrap();
+                holders.lock().unwrap().push(id);
+                g.release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let order = holders.lock().unwrap().clone();
+    // Only the last rounds can repeat a holder legitimately (no one else left).
+    let regrabs = order[..order.len() - ROUNDS]
+        .windows(2)
+        .filter(|w| w[0] == w[1])
+        .count();
+    assert!(
+        regrabs * 10 < order.len(),
+        "{regrabs} of {} acquisitions went back to the task that had just released",
+        order.len()
+    );
+}
+
+on_stores!(
+    wait_zero_and_timeouts_on_every_store,
+    a_release_hands_the_lock_to_the_waiter_at_once,
+    a_releasing_task_does_not_jump_the_queue_on_any_store,
+);

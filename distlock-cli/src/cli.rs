@@ -5,30 +5,31 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
-/// The Redis URL used when neither `--url` nor `REDIS_URL` gives one.
+/// The Redis URL used when neither `--url` nor the environment gives one.
 pub const DEFAULT_URL: &str = "redis://127.0.0.1:6379";
 
-/// Inspect and administer distlock locks held in Redis.
+/// The environment variables read, in this order, when `--url` is not given:
+/// the order the runtime's default manager reads them in.
+pub const URL_VARIABLES: [&str; 3] = ["DISTLOCK_URL", "DISTLOCK_REDIS_URL", "REDIS_URL"];
+
+/// Inspect and administer distlock locks held in Redis or PostgreSQL.
 ///
-/// Works with only a Redis URL: it reads and frees the locks that the
-/// applications' `LockManager`s hold under a key prefix, and checks a server
-/// for them. Exit codes: 0 success, 1 error (or the lock is not held), 2
-/// refused (force-unlock without `--yes`) or a usage error.
+/// Works with only a Redis or PostgreSQL URL: it reads and frees the locks
+/// that the applications' `LockManager`s hold under a key prefix, checks a
+/// server for them, and prints the SQL of distlock's PostgreSQL schema.
+/// Exit codes: 0 success, 1 error (or the lock is not held), 2 refused
+/// (force-unlock without `--yes`) or a usage error.
 #[derive(Debug, Parser)]
 #[command(name = "distlock", version, about, long_about)]
 pub struct Cli {
-    /// Redis URL (`redis://[[user]:password@]host:port[/db]`, `rediss://` for
-    /// TLS; `valkey://` and `valkeys://` are the same for a Valkey server).
-    /// Repeat it, or separate URLs with commas, to give several nodes of a
-    /// Redis Cluster (with `--cluster`).
-    #[arg(
-        long = "url",
-        global = true,
-        env = "REDIS_URL",
-        value_delimiter = ',',
-        default_value = DEFAULT_URL,
-        hide_env_values = true
-    )]
+    /// Redis or PostgreSQL URL: `redis://[[user]:password@]host:port[/db]`
+    /// (`rediss://` for TLS; `valkey://` and `valkeys://` are the same for a
+    /// Valkey server), or `postgres://user[:password]@host[:port]/database`
+    /// (`postgresql://` too). Repeat it, or separate URLs with commas, to
+    /// give several nodes of a Redis Cluster (with `--cluster`). Without it:
+    /// $DISTLOCK_URL, else $DISTLOCK_REDIS_URL, else $REDIS_URL, else
+    /// redis://127.0.0.1:6379.
+    #[arg(long = "url", global = true, value_delimiter = ',')]
     pub urls: Vec<String>,
 
     /// The URLs are nodes of a Redis Cluster.
@@ -39,6 +40,11 @@ pub struct Cli {
     /// (`key_prefix`).
     #[arg(long, global = true, default_value = "distlock:")]
     pub prefix: String,
+
+    /// PostgreSQL schema of distlock's tables and functions, as the
+    /// applications' `LockManager`s set it (`postgres_schema`).
+    #[arg(long, global = true, value_name = "NAME", default_value = "distlock")]
+    pub schema: String,
 
     /// PEM file of the CA to trust for `rediss://` instead of the system's
     /// roots (managed Redis with a private CA, self-signed servers).
@@ -123,9 +129,47 @@ pub enum Command {
         #[arg(long)]
         once: bool,
     },
-    /// Checks the Redis server(s) for running distlock: version, eviction
-    /// policy, persistence, replicas, cluster mode. Exits with 1 on a failure.
+    /// Checks the server(s) for running distlock, and exits with 1 on a
+    /// failure. Redis: version, eviction policy, persistence, replicas,
+    /// cluster mode. PostgreSQL: version, primary or standby, the schema and
+    /// its version, the role's privileges on it, synchronous_commit,
+    /// synchronous standbys, idle session timeouts, and whether LISTEN works
+    /// through the URL (it does not behind a transaction-mode pooler).
     Check,
+    /// Prints the SQL that creates distlock's PostgreSQL schema (`--schema`,
+    /// default `distlock`), for a DBA to run where the applications' role may
+    /// not create it (their managers are then built with
+    /// `create_postgres_schema(false)`). Needs no connection.
+    Schema,
+}
+
+impl Cli {
+    /// The URLs: `--url`, else the first of [`URL_VARIABLES`] that is set
+    /// (split on commas, as `--url` is), else [`DEFAULT_URL`].
+    pub fn resolved_urls(&self) -> Vec<String> {
+        self.urls_from(|name| std::env::var(name).ok())
+    }
+
+    /// [`resolved_urls`](Self::resolved_urls) with the environment read by `var`.
+    fn urls_from(&self, var: impl Fn(&str) -> Option<String>) -> Vec<String> {
+        if !self.urls.is_empty() {
+            return self.urls.clone();
+        }
+        URL_VARIABLES
+            .iter()
+            .find_map(|name| var(name).filter(|value| !value.trim().is_empty()))
+            .map_or_else(
+                || vec![DEFAULT_URL.to_owned()],
+                |value| value.split(',').map(str::to_owned).collect(),
+            )
+    }
+}
+
+/// Whether `url` names a PostgreSQL server (`postgres://` or `postgresql://`,
+/// in any case), as `LockManager::builder` decides.
+pub fn is_postgres_url(url: &str) -> bool {
+    let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
+    scheme.eq_ignore_ascii_case("postgres") || scheme.eq_ignore_ascii_case("postgresql")
 }
 
 /// Parses a human interval (`1s`, `250ms`), at least 10 ms.
@@ -179,6 +223,51 @@ mod tests {
         assert!(
             Cli::try_parse_from(["distlock", "permits", "k", "--add", "1", "--set", "2"]).is_err()
         );
+    }
+
+    #[test]
+    fn the_url_comes_from_the_first_variable_set() {
+        let cli = Cli::try_parse_from(["distlock", "list"]).unwrap();
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, v)| (*v).to_owned())
+            }
+        };
+        assert_eq!(cli.urls_from(env(&[])), [DEFAULT_URL]);
+        assert_eq!(
+            cli.urls_from(env(&[
+                ("REDIS_URL", "redis://r:1"),
+                ("DISTLOCK_URL", "postgres://p/db")
+            ])),
+            ["postgres://p/db"]
+        );
+        assert_eq!(
+            cli.urls_from(env(&[
+                ("REDIS_URL", "redis://r:1"),
+                ("DISTLOCK_REDIS_URL", "redis://d:2")
+            ])),
+            ["redis://d:2"]
+        );
+        assert_eq!(
+            cli.urls_from(env(&[("REDIS_URL", "redis://a:1,redis://b:2")])),
+            ["redis://a:1", "redis://b:2"]
+        );
+        let given = Cli::try_parse_from(["distlock", "--url", "redis://g:3", "list"]).unwrap();
+        assert_eq!(
+            given.urls_from(env(&[("DISTLOCK_URL", "postgres://p/db")])),
+            ["redis://g:3"]
+        );
+    }
+
+    #[test]
+    fn postgres_urls_are_recognised() {
+        assert!(is_postgres_url("postgres://u@h/db"));
+        assert!(is_postgres_url("PostgreSQL://u@h/db"));
+        assert!(!is_postgres_url("redis://h:1"));
+        assert!(!is_postgres_url("postgres"));
     }
 
     #[test]

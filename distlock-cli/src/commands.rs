@@ -1,5 +1,6 @@
-//! The subcommands: each talks to Redis through a `LockManager` (or, for
-//! `check`, plain redis-rs), prints its result, and says how the process ends.
+//! The subcommands: each talks to Redis or PostgreSQL through a
+//! `LockManager` (or, for `check`, plain redis-rs or tokio-postgres), prints
+//! its result, and says how the process ends.
 
 use std::error::Error;
 use std::io::{IsTerminal, Write};
@@ -43,6 +44,9 @@ impl From<Outcome> for ExitCode {
 
 /// Runs the command the command line names.
 pub async fn run(cli: &Cli) -> Result<Outcome, CliError> {
+    if let Command::Schema = cli.command {
+        return schema(cli);
+    }
     if cli.urls.len() > 1 && !cli.cluster {
         return Err("several URLs are the nodes of a Redis Cluster: add --cluster".into());
     }
@@ -57,6 +61,7 @@ pub async fn run(cli: &Cli) -> Result<Outcome, CliError> {
             once,
         } => watch(cli, pattern, *interval, *once).await,
         Command::Check => check(cli).await,
+        Command::Schema => schema(cli),
     }
 }
 
@@ -71,6 +76,12 @@ async fn manager(cli: &Cli) -> Result<LockManager, CliError> {
         Some(pem) => builder.tls_ca_pem(pem),
         None => builder,
     };
+    // An administrator's tool reads and frees locks; it never creates
+    // distlock's schema in a database (a missing one is named by the error).
+    #[cfg(feature = "postgres")]
+    let builder = builder
+        .postgres_schema(cli.schema.clone())
+        .create_postgres_schema(false);
     let manager = builder
         .key_prefix(cli.prefix.clone())
         .holder(HOLDER)
@@ -318,8 +329,28 @@ fn watch_screen(
     screen
 }
 
+/// `distlock schema [--schema NAME]`: offline.
+#[cfg(feature = "postgres")]
+fn schema(cli: &Cli) -> Result<Outcome, CliError> {
+    print!("{}", distlock::postgres_schema_sql(&cli.schema)?);
+    Ok(Outcome::Done)
+}
+
+/// `distlock schema` in a build without PostgreSQL.
+#[cfg(not(feature = "postgres"))]
+fn schema(_cli: &Cli) -> Result<Outcome, CliError> {
+    Err("this distlock was built without its `postgres` feature".into())
+}
+
 /// `distlock check`.
 async fn check(cli: &Cli) -> Result<Outcome, CliError> {
+    #[cfg(feature = "postgres")]
+    let results = if crate::cli::is_postgres_url(&cli.urls[0]) {
+        crate::check_pg::run(&cli.urls[0], &cli.schema).await
+    } else {
+        crate::check::run(&cli.urls, cli.cluster, tls_ca(cli)?).await
+    };
+    #[cfg(not(feature = "postgres"))]
     let results = crate::check::run(&cli.urls, cli.cluster, tls_ca(cli)?).await;
     if cli.json {
         print_json(&output::checks_json(&results));

@@ -12,10 +12,12 @@ use serde_json::Value;
 
 const LEASE: Duration = Duration::from_secs(60);
 
-/// The binary, with no `REDIS_URL` from the environment.
+/// The binary, with no URL from the environment.
 fn distlock() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_distlock"));
-    cmd.env_remove("REDIS_URL");
+    for name in ["DISTLOCK_URL", "DISTLOCK_REDIS_URL", "REDIS_URL"] {
+        cmd.env_remove(name);
+    }
     cmd
 }
 

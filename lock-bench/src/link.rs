@@ -1,39 +1,111 @@
 //! `--link-delay`: a real round trip between every client and the server.
 //!
-//! The link is `distlock-testing`'s fault proxy in its delay mode: each
-//! chunk read from either side is held for the delay, then written to the
-//! other. A connection carries one chunk at a time (while one is held,
-//! neither direction of that connection reads), which is a link's latency
-//! for a client that waits for each reply before it sends more (every
-//! latency scenario: one request in flight per connection), and less than a
-//! link's throughput for pipelined or multiplexed traffic (many tasks on
-//! one connection): throughput figures through it are not a network's.
+//! The link is a delay line: each chunk read from either side is written to
+//! the other once the delay has passed since it was read, while the next
+//! chunks are already being read (a network's latency, without its
+//! bandwidth limit). `distlock-testing`'s fault proxy has a delay mode too,
+//! but it holds each chunk on tokio's timer, whose millisecond ticks made a
+//! 100 µs delay about 1.2 ms each way, and a connection carries one chunk at
+//! a time there (neither direction reads while one is held), so pipelined
+//! traffic queues behind itself. Here each direction of each connection has
+//! a reader thread and a writer thread, and the writer sleeps with the
+//! operating system's timer until the chunk's time (Linux: within about
+//! 50-100 µs of it; the RTT the figures are divided by is measured, so
+//! that excess divides out).
 //!
 //! The figures that matter through a link are in round trips: each
 //! scenario's p50s divided by the p50 of `PING` through the same link,
-//! measured right after the scenario, so that a tokio timer's rounding of
-//! the delay (about 1 ms more per direction at 1 ms) and the machine's load
-//! divide out.
+//! measured right after the scenario, so that the timer's excess and the
+//! machine's load divide out.
 
-use std::net::SocketAddr;
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
-
-use distlock_testing::{FaultMode, FaultProxy};
 
 use crate::error::{context, Result};
 use crate::report::{new_histogram, us, Better, Check, ScenarioResult, Target};
 use crate::scenarios::common::Env;
 
-/// Starts the link to `upstream`, holding each chunk `delay` (none: the
-/// proxy alone, for its own cost).
-pub async fn start(upstream: SocketAddr, delay: Duration) -> Result<FaultProxy> {
-    let proxy = FaultProxy::start(upstream)
-        .await
-        .map_err(context("starting the link's proxy"))?;
-    if !delay.is_zero() {
-        proxy.set_mode(FaultMode::Delay(delay));
+/// The link's listening end; clients connect to [`DelayLine::url`]. Its
+/// threads live as long as the process (the bench ends with it).
+pub struct DelayLine {
+    addr: SocketAddr,
+}
+
+impl DelayLine {
+    pub fn url(&self) -> String {
+        format!("redis://{}", self.addr)
     }
-    Ok(proxy)
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+/// Starts the link to `upstream`, each chunk held `delay` in each direction
+/// (zero: the relay alone, for its own cost).
+pub async fn start(upstream: SocketAddr, delay: Duration) -> Result<DelayLine> {
+    let listener =
+        TcpListener::bind("127.0.0.1:0").map_err(context("binding the link's listener"))?;
+    let addr = listener.local_addr()?;
+    std::thread::Builder::new()
+        .name("link-accept".to_owned())
+        .spawn(move || {
+            for client in listener.incoming().flatten() {
+                // A connection that fails ends on its own; its client sees it.
+                let _ = connect(client, upstream, delay);
+            }
+        })?;
+    Ok(DelayLine { addr })
+}
+
+fn connect(client: TcpStream, upstream: SocketAddr, delay: Duration) -> std::io::Result<()> {
+    let server = TcpStream::connect(upstream)?;
+    client.set_nodelay(true)?;
+    server.set_nodelay(true)?;
+    direction(client.try_clone()?, server.try_clone()?, delay)?;
+    direction(server, client, delay)
+}
+
+/// One direction of one connection: a reader that stamps each chunk with
+/// its time to go, a writer that sends it then.
+fn direction(mut from: TcpStream, mut to: TcpStream, delay: Duration) -> std::io::Result<()> {
+    let (tx, rx) = mpsc::channel::<(Instant, Vec<u8>)>();
+    std::thread::Builder::new()
+        .name("link-read".to_owned())
+        .spawn(move || {
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                match from.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        if tx
+                            .send((Instant::now() + delay, buf[..n].to_vec()))
+                            .is_err()
+                        {
+                            break;
+                        }
+                    }
+                }
+            }
+            // Dropping `tx` tells the writer; it passes the close on.
+        })?;
+    std::thread::Builder::new()
+        .name("link-write".to_owned())
+        .spawn(move || {
+            while let Ok((due, chunk)) = rx.recv() {
+                let now = Instant::now();
+                if due > now {
+                    std::thread::sleep(due - now);
+                }
+                if to.write_all(&chunk).is_err() {
+                    break;
+                }
+            }
+            let _ = to.shutdown(Shutdown::Write);
+        })?;
+    Ok(())
 }
 
 /// The p50 of `PING` through the link, in µs: one connection, one ping at a
@@ -88,7 +160,7 @@ pub fn in_round_trips(result: &mut ScenarioResult, delay: Duration, rtt_us: f64)
         row.push("link RTT us", rtt_us, Better::Neutral);
     }
     result.notes.push(format!(
-        "through a link of {delay:?} each way (distlock-testing's fault proxy, one chunk at a time per connection), nothing pinned; RTT = p50 of PING through it after the scenario: {rtt_us:.0} us"
+        "through a link of {delay:?} each way (a delay line: each chunk written that long after it was read, the OS timer's excess included), nothing pinned; RTT = p50 of PING through it after the scenario: {rtt_us:.0} us"
     ));
     let distlock_row = |label: &str| result.rows.iter().any(|r| r.label == label);
     match result.name {

@@ -41,7 +41,7 @@ static ALLOC: alloc_count::Counting = alloc_count::Counting;
 
 const USAGE: &str = "\
 usage: lock-bench [--quick] [--backend single|cluster|redlock] [--scenario NAME]... [--runs N] [--locks N]
-                  [--link-delay DURATION] [--direct-lane on|off] [--json [--results-dir DIR]] [--svg DIR]
+                  [--link-delay DURATION] [--direct-lane on|off] [--no-pin] [--json [--results-dir DIR]] [--svg DIR]
 
   --quick          a few seconds in all (CI); targets are printed, never enforced
   --backend B      single (default): one private redis-server; cluster: a private
@@ -55,13 +55,15 @@ usage: lock-bench [--quick] [--backend single|cluster|redlock] [--scenario NAME]
                    uncontended, many-keys, handoff, fresh-handoff, parked-handoff, renewal,
                    memory, macro
   --link-delay D   every client (distlock, rslock, the floors) reaches the server through
-                   distlock-testing's fault proxy holding each chunk D in each direction
-                   (e.g. 100us, 1ms; 0 = the proxy alone); nothing is pinned to a CPU, and
+                   a delay line holding each chunk D in each direction (e.g. 100us, 1ms;
+                   0 = the relay alone); nothing is pinned to a CPU, and
                    each scenario's p50s are also given in round trips (p50 / the p50 of
                    PING through the same link, measured after the scenario); single only
   --direct-lane on|off
                    whether distlock's managers may take the direct lane (default on), for
                    the lane's A/B
+  --no-pin         run the latency scenarios on every CPU (they are confined to one by
+                   default; through --link-delay they never are)
   --runs N         run everything N times and print the medians too (default 1)
   --locks N        locks held by renewal and memory (default 100000; 1000 with --quick)
   --json           write each scenario's figures to lock-bench/results/<commit>-<scenario>.json
@@ -116,6 +118,8 @@ struct Args {
     link_delay: Option<std::time::Duration>,
     /// `--direct-lane`.
     direct_lane: bool,
+    /// `--no-pin`.
+    no_pin: bool,
 }
 
 fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>> {
@@ -131,6 +135,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>> {
         profile: None,
         link_delay: None,
         direct_lane: true,
+        no_pin: false,
     };
     while let Some(arg) = it.next() {
         let mut value = |name: &str| match it.next() {
@@ -202,6 +207,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>> {
                     other => bail!("--direct-lane takes on or off, not {other:?}"),
                 }
             }
+            "--no-pin" => args.no_pin = true,
             "-h" | "--help" => return Ok(None),
             other => bail!("unknown argument {other:?}\n{USAGE}"),
         }
@@ -219,8 +225,13 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>> {
 }
 
 /// The results files' variant of a run (see `RunInfo::variant`): the link's
-/// delay (`link-100us`, `link-1ms`), the direct lane off (`lane-off`).
-fn variant(link_delay: Option<std::time::Duration>, direct_lane: bool) -> Option<String> {
+/// delay (`link-100us`, `link-1ms`), the direct lane off (`lane-off`), the
+/// latency scenarios not pinned (`unpinned`).
+fn variant(
+    link_delay: Option<std::time::Duration>,
+    direct_lane: bool,
+    no_pin: bool,
+) -> Option<String> {
     let mut parts = Vec::new();
     if let Some(delay) = link_delay {
         parts.push(
@@ -231,6 +242,10 @@ fn variant(link_delay: Option<std::time::Duration>, direct_lane: bool) -> Option
     }
     if !direct_lane {
         parts.push("lane-off".to_owned());
+    }
+    // Through a link nothing is pinned anyway.
+    if no_pin && link_delay.is_none() {
+        parts.push("unpinned".to_owned());
     }
     (!parts.is_empty()).then(|| parts.join("-"))
 }
@@ -434,17 +449,16 @@ async fn bench(args: Args, command: String) -> Result<()> {
         locks: args.locks,
         members,
         link_delay: args.link_delay,
+        no_pin: args.no_pin,
     };
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     let load_start = load_average();
     let at = servers.describe();
     println!(
-        "lock-bench: redis {version} {at}, {cpus} CPUs, load average {load_start}{}{}{}",
+        "lock-bench: redis {version} {at}, {cpus} CPUs, load average {load_start}{}{}{}{}",
         if args.quick { ", --quick" } else { "" },
         match args.link_delay {
-            Some(d) => format!(
-                ", through a link of {d:?} each way (distlock-testing's fault proxy), unpinned"
-            ),
+            Some(d) => format!(", through a link of {d:?} each way (a delay line), unpinned"),
             None => String::new(),
         },
         if args.direct_lane {
@@ -452,6 +466,7 @@ async fn bench(args: Args, command: String) -> Result<()> {
         } else {
             ", direct lane off"
         },
+        if args.no_pin { ", unpinned" } else { "" },
     );
     println!(
         "ratios in parentheses are to the floor row(s) named under each title, of the same run; lower is better for latencies\n"
@@ -504,7 +519,7 @@ async fn bench(args: Args, command: String) -> Result<()> {
             locks: args.locks,
             load_average_start: load_start,
             load_average_end: load_end,
-            variant: variant(args.link_delay, args.direct_lane),
+            variant: variant(args.link_delay, args.direct_lane, args.no_pin),
         };
         let dir = args
             .results_dir
@@ -520,7 +535,6 @@ async fn bench(args: Args, command: String) -> Result<()> {
         }
     }
     drop(env);
-    drop(link);
     drop(servers);
     Ok(())
 }
@@ -605,21 +619,26 @@ mod tests {
         assert!(parse(&["--results-dir", "/tmp/r"]).is_err());
         assert!(parse(&["--json", "--results-dir"]).is_err());
         assert!(parse(&["--help"])?.is_none());
-        let Some(l) = parse(&["--link-delay", "100us", "--direct-lane", "off"])? else {
+        let Some(l) = parse(&["--link-delay", "100us", "--direct-lane", "off", "--no-pin"])? else {
             bail!("expected arguments");
         };
         assert_eq!(l.link_delay, Some(std::time::Duration::from_micros(100)));
         assert!(!l.direct_lane);
         assert!(a.direct_lane && a.link_delay.is_none());
+        assert!(l.no_pin && !a.no_pin);
         assert_eq!(
-            variant(l.link_delay, l.direct_lane).as_deref(),
+            variant(l.link_delay, l.direct_lane, l.no_pin).as_deref(),
             Some("link-100us-lane-off")
         );
         assert_eq!(
-            variant(Some(std::time::Duration::from_millis(1)), true).as_deref(),
+            variant(Some(std::time::Duration::from_millis(1)), true, false).as_deref(),
             Some("link-1ms")
         );
-        assert_eq!(variant(None, true), None);
+        assert_eq!(
+            variant(None, false, true).as_deref(),
+            Some("lane-off-unpinned")
+        );
+        assert_eq!(variant(None, true, false), None);
         assert_eq!(
             parse_duration("1.5ms"),
             Some(std::time::Duration::from_micros(1500))

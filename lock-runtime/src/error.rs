@@ -174,9 +174,10 @@ pub enum LockError {
         source: BackendError,
     },
 
-    /// The manager could not connect to Redis: unreachable, a TLS handshake that
-    /// failed (an untrusted certificate), or a password that is missing or wrong.
-    #[error("cannot connect to redis at {url}: {source}")]
+    /// The manager could not connect to its store (Redis, PostgreSQL):
+    /// unreachable, a TLS handshake that failed (an untrusted certificate), or a
+    /// password that is missing or wrong.
+    #[error("cannot connect to the lock store at {url}: {source}")]
     Connect {
         /// The URL, with any password removed.
         url: String,
@@ -185,12 +186,14 @@ pub enum LockError {
         source: BackendError,
     },
 
-    /// Redis answers, but cannot serve locks safely as configured: the ACL user
-    /// may not run a command or touch a key or channel a lock needs, or (with
+    /// The store answers, but cannot serve locks safely as configured: on Redis,
+    /// the ACL user may not run a command or touch a key or channel a lock
+    /// needs, or (with
     /// [`reject_evicting_policy`](crate::LockManagerBuilder::reject_evicting_policy))
-    /// its `maxmemory-policy` may evict held locks. Found by
+    /// its `maxmemory-policy` may evict held locks; on PostgreSQL, distlock's
+    /// schema is missing and may not be created, or is newer than the library. Found by
     /// [`build`](crate::LockManagerBuilder::build), before any lock is taken.
-    #[error("redis at {url} cannot serve locks: {reason}")]
+    #[error("the lock store at {url} cannot serve locks: {reason}")]
     ServerCheck {
         /// The URL, with any password removed.
         url: String,

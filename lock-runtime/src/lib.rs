@@ -82,6 +82,12 @@ mod waiting;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use backend::postgres::schema_sql as postgres_schema_sql;
+/// The version of distlock's PostgreSQL schema that this library reads and
+/// writes (the row of `<schema>.version`), for tools that compare it with a
+/// database's.
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub use backend::postgres::SCHEMA_VERSION as POSTGRES_SCHEMA_VERSION;
 pub use config::Backoff;
 pub use context::spawn_with_locks;
 pub use counting::{CountingPermits, CountingSemaphore};

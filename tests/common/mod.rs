@@ -285,6 +285,52 @@ where
 pub enum Deployment {
     Single(Box<distlock::testing::RedisServer>),
     Cluster(&'static distlock::testing::RedisCluster),
+    /// The process-wide PostgreSQL ([`postgres_server`]) and a schema of this
+    /// deployment's own, so that a test's `list`, `inspect_all` and fencing
+    /// sequence see only its own locks.
+    #[cfg(feature = "postgres")]
+    Postgres {
+        server: &'static distlock_testing::PostgresServer,
+        schema: String,
+    },
+}
+
+/// One private PostgreSQL for the whole test binary: `initdb` and a start cost
+/// about 1.5 s, once per test would cost more than the tests. Never dropped
+/// (a static), so a watchdog stops it when this process is gone, however it
+/// ends (`pg_ctl` detaches the server, so it would outlive the process).
+#[cfg(feature = "postgres")]
+// The watchdog must outlive this process, so it is never waited for (init
+// reaps it).
+#[allow(clippy::zombie_processes)]
+pub fn postgres_server() -> &'static distlock_testing::PostgresServer {
+    static SHARED: std::sync::OnceLock<distlock_testing::PostgresServer> =
+        std::sync::OnceLock::new();
+    SHARED.get_or_init(|| {
+        let pg = distlock_testing::PostgresServer::start()
+            .expect("PostgreSQL (initdb, pg_ctl) must be installed to run the tests");
+        let postmaster = pg.postmaster_pid().expect("the postmaster's pid");
+        let dir = pg.log_path().parent().expect("the server's directory");
+        // SIGQUIT is PostgreSQL's immediate shutdown; the directory is the
+        // server's own temporary one.
+        let script = format!(
+            "while kill -0 {test} 2>/dev/null; do sleep 0.5; done; \
+             kill -QUIT {postmaster} 2>/dev/null; \
+             while kill -0 {postmaster} 2>/dev/null; do sleep 0.1; done; \
+             rm -rf '{dir}'",
+            test = std::process::id(),
+            dir = dir.display(),
+        );
+        std::process::Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("the PostgreSQL watchdog");
+        pg
+    })
 }
 
 impl Deployment {
@@ -299,16 +345,53 @@ impl Deployment {
         )
     }
 
-    pub async fn manager(&self) -> LockManager {
+    /// A deployment on the process-wide PostgreSQL, in a schema of its own,
+    /// created here (by `psql`, before any manager), so that no manager's
+    /// `build()` spends its timeouts creating it while other tests run.
+    #[cfg(feature = "postgres")]
+    pub fn postgres() -> Self {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let server = postgres_server();
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let schema = format!("t{n}");
+        let sql = distlock::postgres_schema_sql(&schema).expect("a valid schema name");
+        server.psql(&sql).expect("create the test's schema");
+        Deployment::Postgres { server, schema }
+    }
+
+    /// A builder of a manager of this deployment, with short timeouts so that
+    /// failure tests finish quickly, for a test to add its own options to.
+    pub fn builder(&self) -> distlock::LockManagerBuilder {
         match self {
-            Deployment::Single(s) => manager(s).await,
+            Deployment::Single(s) => LockManager::builder(&s.url())
+                .command_timeout(Duration::from_millis(500))
+                .connect_timeout(Duration::from_millis(500)),
             Deployment::Cluster(c) => LockManager::cluster_builder(c.urls())
                 .command_timeout(Duration::from_millis(500))
-                .connect_timeout(Duration::from_millis(500))
-                .build()
-                .await
-                .expect("connect to the test cluster"),
+                .connect_timeout(Duration::from_millis(500)),
+            // A statement commits (a WAL flush, fsync on) where Redis answers
+            // from memory, on a machine the parallel tests share: 2 s.
+            #[cfg(feature = "postgres")]
+            Deployment::Postgres { server, schema } => LockManager::builder(&server.url())
+                .command_timeout(Duration::from_secs(2))
+                .connect_timeout(Duration::from_secs(2))
+                .postgres_schema(schema.clone()),
         }
+    }
+
+    pub async fn manager(&self) -> LockManager {
+        self.builder()
+            .build()
+            .await
+            .expect("connect to the test deployment")
+    }
+
+    /// Whether this is the PostgreSQL store.
+    pub fn is_postgres(&self) -> bool {
+        #[cfg(feature = "postgres")]
+        return matches!(self, Deployment::Postgres { .. });
+        #[cfg(not(feature = "postgres"))]
+        false
     }
 
     /// A raw connection to the server that holds the Redis names of
@@ -326,6 +409,8 @@ impl Deployment {
                     .await
                     .expect("connect to the node")
             }
+            #[cfg(feature = "postgres")]
+            Deployment::Postgres { .. } => panic!("no Redis connection on PostgreSQL"),
         }
     }
 }
@@ -343,6 +428,34 @@ macro_rules! on_both {
             #[tokio::test]
             async fn cluster() {
                 super::$test($crate::common::Deployment::cluster()).await
+            }
+        }
+    )*};
+}
+
+/// Runs `async fn $test(d: Deployment)` on every store: `$test::single`,
+/// `$test::cluster` and, with the `postgres` feature, `$test::postgres` (so
+/// that `cargo test -- postgres` selects the PostgreSQL cases and `--skip
+/// postgres` leaves them out). For tests of the default lock through the
+/// store-neutral API.
+#[macro_export]
+macro_rules! on_stores {
+    ($($test:ident),* $(,)?) => {$(
+        mod $test {
+            #[tokio::test]
+            async fn single() {
+                super::$test($crate::common::Deployment::single()).await
+            }
+            #[tokio::test]
+            async fn cluster() {
+                super::$test($crate::common::Deployment::cluster()).await
+            }
+            // Multi-threaded: the PostgreSQL client's connection tasks then
+            // run beside the test's own.
+            #[cfg(feature = "postgres")]
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                super::$test($crate::common::Deployment::postgres()).await
             }
         }
     )*};

@@ -41,6 +41,8 @@ pub struct Env {
     /// holds each chunk this long in each direction (`url`, `addr` and
     /// `target` are the proxy's); `None` on plain loopback.
     pub link_delay: Option<Duration>,
+    /// `--no-pin`: the latency scenarios run on every CPU, as a service does.
+    pub no_pin: bool,
 }
 
 impl Env {
@@ -375,8 +377,8 @@ impl Interleaved {
 }
 
 /// Runs `cycles` cycles of each cycler in blocks of `block`, rotating the
-/// order every round, after `warmup` cycles each. With `one_cpu` (and no
-/// `--link-delay`), the bench and the servers run on one CPU meanwhile (see
+/// order every round, after `warmup` cycles each. With `one_cpu` (and neither
+/// `--link-delay` nor `--no-pin`), the bench and the servers run on one CPU meanwhile (see
 /// `pin.rs`); Redlock's five members
 /// are left on every CPU, as its rows have always been measured.
 pub async fn run_interleaved(
@@ -391,7 +393,7 @@ pub async fn run_interleaved(
     let mut slots: Vec<Option<Cycler>> = cyclers.into_iter().map(Some).collect();
     // Through `--link-delay` nothing is pinned: the link's proxy runs in
     // this process, and a link is the cross-core, cross-host case itself.
-    let pinned = if one_cpu && env.link_delay.is_none() {
+    let pinned = if one_cpu && env.link_delay.is_none() && !env.no_pin {
         Some(crate::pin::OneCpu::pin(&env.server_pids().await?))
     } else {
         None

@@ -17,8 +17,11 @@
 //! `LockManager::cluster_builder`) or a Redlock over independent masters
 //! (`--redlock-urls`: comma-separated, at least 3, one URL per master, built with
 //! `LockManager::redlock_builder`). With either list, `--url` is ignored; giving
-//! both lists is an error. The fenced store (`--store-url`) is always one plain
-//! Redis.
+//! both lists is an error. With the `postgres` feature, `--url` may be a
+//! `postgres://` URL (the lock on PostgreSQL). The fenced store (`--store-url`)
+//! is one plain Redis, or (`postgres` feature) a PostgreSQL database whose
+//! store the test created (`PgStore::create`); `--store-unchecked=1` turns that
+//! one's token check off (a sabotage for the checker).
 //!
 //! In `--mode=run`, an acquisition that fails with `Timeout`, `Backend`,
 //! `Connect`, (Redlock) `QuorumFailed` or (`--replica-ack`) `NotReplicated` is
@@ -75,8 +78,7 @@ use lock_torture::clock::{mono_ns, ns};
 use lock_torture::history::{
     Call, CallKind, CallResult, Kind, Outcome, Record, Release, Section, Write, Zombie,
 };
-use lock_torture::store::{self, FencedStore};
-use redis::aio::MultiplexedConnection;
+use lock_torture::store::StoreConn;
 use tokio::sync::{mpsc, oneshot, watch};
 
 const DELIBERATE_PANIC: &str = "torture: deliberate panic";
@@ -153,8 +155,8 @@ impl Log {
 struct Ctx {
     worker: u32,
     manager: LockManager,
-    store: FencedStore,
-    store_conn: MultiplexedConnection,
+    /// The fenced store (Redis, or PostgreSQL for `postgres://` URLs).
+    store_conn: StoreConn,
     log: Log,
 }
 
@@ -246,13 +248,21 @@ async fn async_main(args: Args) -> i32 {
         .build()
         .await
         .unwrap_or_else(|e| fatal(&format!("connect to {url}: {e}")));
-    let store_conn = store::connect(&store_url)
+    let store_conn = StoreConn::connect(&store_url)
         .await
         .unwrap_or_else(|e| fatal(&format!("connect to the store {store_url}: {e}")));
+    // `--store-unchecked`: the PostgreSQL store with its token check off, the
+    // sabotage its scenario's checker must catch.
+    #[cfg(feature = "postgres")]
+    let store_conn = match store_conn {
+        StoreConn::Postgres(pg) if args.get("store-unchecked", 0u8) == 1 => {
+            StoreConn::Postgres(pg.unchecked())
+        }
+        other => other,
+    };
     let ctx = Arc::new(Ctx {
         worker,
         manager,
-        store: FencedStore::default(),
         store_conn,
         log: Log::open(&args.req("log")),
     });
@@ -380,17 +390,9 @@ async fn nap(total: Duration, step: Duration) {
 /// Reads the counter, waits, writes it plus one with our token.
 async fn write_increment(ctx: &Ctx, slot: &Slot, key: &str, token: u64) -> Result<(), String> {
     let mut conn = ctx.store_conn.clone();
-    let v = ctx
-        .store
-        .read(&mut conn, key)
-        .await
-        .map_err(|e| e.to_string())?;
+    let v = conn.read(key).await?;
     lock(slot).write = Some(Write::Sent);
-    let accepted = ctx
-        .store
-        .write(&mut conn, key, token, v + 1)
-        .await
-        .map_err(|e| e.to_string())?;
+    let accepted = conn.write(key, token, v + 1).await?;
     lock(slot).write = Some(if accepted {
         Write::Accepted
     } else {
@@ -766,11 +768,7 @@ async fn attempt(
         let step = cfg.body_step;
         async move {
             let mut conn = ctx.store_conn.clone();
-            let v = ctx
-                .store
-                .read(&mut conn, &plan.key)
-                .await
-                .map_err(|e| e.to_string())?;
+            let v = conn.read(&plan.key).await?;
             nap(plan.body / 2, step).await;
             if plan.panic {
                 lock(slot).dropped_at = mono_ns();
@@ -788,11 +786,7 @@ async fn attempt(
                 return Ok::<(), String>(());
             }
             lock(slot).write = Some(Write::Sent);
-            let accepted = ctx
-                .store
-                .write(&mut conn, &plan.key, token, v + 1)
-                .await
-                .map_err(|e| e.to_string())?;
+            let accepted = conn.write(&plan.key, token, v + 1).await?;
             lock(slot).write = Some(if accepted {
                 Write::Accepted
             } else {
@@ -898,10 +892,9 @@ async fn script(ctx: Arc<Ctx>, mut commands: mpsc::UnboundedReceiver<String>) {
                     continue;
                 };
                 let mut conn = ctx.store_conn.clone();
-                let v = ctx.store.read(&mut conn, &key).await.unwrap_or(0);
-                let accepted = ctx
-                    .store
-                    .write(&mut conn, &key, token, v + 1)
+                let v = conn.read(&key).await.unwrap_or(0);
+                let accepted = conn
+                    .write(&key, token, v + 1)
                     .await
                     .unwrap_or_else(|e| fatal(&format!("zombie write: {e}")));
                 ctx.log.write(Record::Zombie(Zombie {

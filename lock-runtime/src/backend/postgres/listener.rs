@@ -48,8 +48,8 @@ impl Drop for Listener {
     }
 }
 
-fn broken(e: impl std::fmt::Display) -> BackendError {
-    BackendError::new(BackendErrorKind::Connection, e.to_string())
+fn broken(e: tokio_postgres::Error) -> BackendError {
+    BackendError::new(BackendErrorKind::Connection, super::pg_message(&e))
 }
 
 impl Listener {

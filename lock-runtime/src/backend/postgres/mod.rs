@@ -33,7 +33,7 @@ use crate::keys::{KeyNames, RedisNames};
 use crate::lease::Lease;
 
 /// The schema's version this library writes and reads.
-pub(crate) const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 1;
 
 /// The store's name in errors.
 pub(crate) const STORE: &str = "PostgreSQL";
@@ -751,7 +751,7 @@ impl Inner {
             Ok(Ok(pair)) => pair,
             Ok(Err(e)) => {
                 return Err(not_sent(db_error(&e).unwrap_or_else(|| {
-                    BackendError::new(BackendErrorKind::Connection, e.to_string())
+                    BackendError::new(BackendErrorKind::Connection, pg_message(&e))
                 })))
             }
             Err(_) => {
@@ -785,6 +785,19 @@ impl Inner {
         sql: &str,
         params: &[(&(dyn ToSql + Sync), Type)],
     ) -> Result<Vec<Row>, CallError> {
+        // PostgreSQL's text cannot hold NUL (the statement would fail with
+        // SQLSTATE 22021 as a server error): a typed refusal instead, before
+        // anything is sent. Redis keys may hold it, so the check is this
+        // store's, not `validate_key`'s.
+        if key.contains('\0') {
+            return Err(CallError {
+                error: LockError::InvalidKey {
+                    key: key.to_owned(),
+                    reason: "PostgreSQL text cannot hold a NUL character".to_owned(),
+                },
+                maybe_executed: false,
+            });
+        }
         let client = self.client().await.map_err(|mut e| {
             if let LockError::Backend { key: k, .. } = &mut e.error {
                 key.clone_into(k);
@@ -813,7 +826,7 @@ impl Inner {
                 Err(CallError {
                     error: LockError::Backend {
                         key: key.to_owned(),
-                        source: BackendError::new(BackendErrorKind::Connection, e.to_string()),
+                        source: BackendError::new(BackendErrorKind::Connection, pg_message(&e)),
                     },
                     maybe_executed: true,
                 })
@@ -923,11 +936,20 @@ impl Inner {
     }
 }
 
-fn pg_message(e: &tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(db) => format!("{}: {}", db.code().code(), db.message()),
-        None => e.to_string(),
+/// What a client error says, with its causes: tokio-postgres's own message
+/// ("error connecting to server") names no reason, its source does.
+pub(crate) fn pg_message(e: &tokio_postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        return format!("{}: {}", db.code().code(), db.message());
     }
+    let mut message = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(inner) = cause {
+        message.push_str(": ");
+        message.push_str(&inner.to_string());
+        cause = inner.source();
+    }
+    message
 }
 
 fn protocol(key: &str, message: String) -> CallError {
@@ -955,13 +977,30 @@ fn shown(url: &str) -> String {
         return url.to_owned();
     };
     let (authority, path) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
+    let path = hide_password_parameter(path);
     match authority.rsplit_once('@') {
         Some((user, host)) => {
             let user = user.split(':').next().unwrap_or("");
             format!("{scheme}://{user}:***@{host}{path}")
         }
-        None => url.to_owned(),
+        None => format!("{scheme}://{authority}{path}"),
     }
+}
+
+/// `path` (what follows a URL's host) with the value of a `password`
+/// parameter of its query replaced by `***`.
+fn hide_password_parameter(path: &str) -> String {
+    let Some((before, query)) = path.split_once('?') else {
+        return path.to_owned();
+    };
+    let query: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((name, _)) if name.eq_ignore_ascii_case("password") => format!("{name}=***"),
+            _ => pair.to_owned(),
+        })
+        .collect();
+    format!("{before}?{}", query.join("&"))
 }
 
 /// Deletes dead rows every `interval` while the backend lives, a bounded
@@ -1021,6 +1060,14 @@ mod tests {
         assert_eq!(
             shown("postgres://u:secret@h:1/db"),
             "postgres://u:***@h:1/db"
+        );
+        assert_eq!(
+            shown("postgres://h:1/db?user=u&password=secret&sslmode=disable"),
+            "postgres://h:1/db?user=u&password=***&sslmode=disable"
+        );
+        assert_eq!(
+            shown("postgres://h/db?PASSWORD=x"),
+            "postgres://h/db?PASSWORD=***"
         );
         assert!(validate_schema("distlock").is_ok());
         assert!(validate_schema("Distlock").is_err());

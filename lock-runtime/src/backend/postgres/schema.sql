@@ -3,8 +3,9 @@
 -- version row is missing, and a DBA may run it by hand (`distlock schema`
 -- prints it) for a role that may not create objects.
 --
--- __SCHEMA__ is replaced by the schema's name (a plain identifier checked by
--- the client) before the text is sent or printed.
+-- Every object lives in one schema, whose name (a plain identifier checked by
+-- the client, `distlock` unless the builder names another) is written into
+-- this text before it is sent or printed.
 --
 -- Time is the server's: every expiry is compared with clock_timestamp(), the
 -- real time, never now(), which is the start of the transaction. Every

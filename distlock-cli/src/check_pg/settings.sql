@@ -1,0 +1,16 @@
+-- distlock check (PostgreSQL): the server's version, role and the settings
+-- that bear on locks, as the current session sees them (so per-role and
+-- per-database overrides count). Timeouts in milliseconds; NULL for a
+-- setting this server version does not have (idle_session_timeout is 14+).
+SELECT current_setting('server_version_num')::int,
+       current_setting('server_version'),
+       pg_is_in_recovery(),
+       current_user::text,
+       current_database()::text,
+       current_setting('synchronous_commit'),
+       current_setting('synchronous_standby_names'),
+       (SELECT count(*) FROM pg_stat_replication),
+       (SELECT setting::bigint FROM pg_settings WHERE name = 'idle_session_timeout'),
+       (SELECT setting::bigint FROM pg_settings
+         WHERE name = 'idle_in_transaction_session_timeout'),
+       has_database_privilege(current_database(), 'CREATE')
