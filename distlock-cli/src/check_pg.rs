@@ -106,7 +106,18 @@ pub async fn run(url: &str, schema: &str) -> Vec<CheckResult> {
     results.push(standbys(&settings));
     results.push(idle_session_timeout(&settings));
     results.push(idle_in_transaction(&settings));
-    results.push(listen(&client, &mut notifications).await);
+    // The NOTIFY goes out on a second session: through a transaction-mode
+    // pooler, a session's notification to itself comes back before its
+    // transaction ends, while the pooler still links the two, so a
+    // self-addressed probe would pass where a manager hears nothing.
+    results.push(match connect(url).await {
+        Ok((notifier, _)) => listen(&client, &notifier, &mut notifications).await,
+        Err(e) => (
+            "listen",
+            Status::Warn,
+            format!("not checked: no second connection to send the NOTIFY from: {e}"),
+        ),
+    });
     results
         .into_iter()
         .map(|(check, status, detail)| result(check, status, detail))
@@ -555,12 +566,13 @@ fn idle_in_transaction(s: &Settings) -> (&'static str, Status, String) {
     ("idle_in_transaction_session_timeout", Status::Ok, detail)
 }
 
-/// LISTEN through the URL: listens on a fresh channel, notifies it, and waits
-/// for the notification. Behind a transaction-mode pooler the LISTEN and
-/// the NOTIFY go to server connections that need not be the one the
-/// notification would come back on, and it never arrives.
+/// LISTEN through the URL: listens on a fresh channel, notifies it from
+/// `notifier` (another connection to the same URL), and waits for the
+/// notification. Behind a transaction-mode pooler the session that listened
+/// goes back to the pool, and the notification never arrives.
 async fn listen(
     client: &Client,
+    notifier: &Client,
     notifications: &mut mpsc::UnboundedReceiver<Notification>,
 ) -> (&'static str, Status, String) {
     const CHECK: &str = "listen";
@@ -575,7 +587,7 @@ async fn listen(
             .map_err(|_| "LISTEN timed out".to_owned())?
             .map_err(|e| format!("LISTEN failed: {}", message(&e)))?;
         query(
-            client,
+            notifier,
             "SELECT pg_notify($1::text, $2::text)::text",
             &[&channel, &payload],
         )
@@ -611,7 +623,7 @@ async fn listen(
             CHECK,
             Status::Warn,
             pooled_advice(&format!(
-                "no notification within {} of its own NOTIFY",
+                "no notification within {} of a NOTIFY from another session",
                 human_duration(TIMEOUT)
             )),
         ),

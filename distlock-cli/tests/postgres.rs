@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use assert_cmd::Command;
 use distlock::{LockError, LockGuard, LockManager};
-use distlock_testing::PostgresServer;
+use distlock_testing::{PgBouncer, PostgresServer};
 use predicates::prelude::*;
 use serde_json::Value;
 
@@ -475,4 +475,18 @@ fn an_unreachable_postgres_url_fails_fast_without_the_password() {
         "{}",
         stdout(&check)
     );
+}
+
+/// Through a transaction-mode pooler, LISTEN is accepted and even a session's
+/// notification to itself comes back (before its transaction ends), but
+/// nothing another session notifies does: `check` must say so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_warns_that_listen_does_not_pass_a_transaction_mode_pooler() {
+    let pg = PostgresServer::start().unwrap();
+    let _manager = LockManager::builder(&pg.url()).build().await.unwrap();
+    let pooler = PgBouncer::start(&pg).unwrap();
+    let checks = json(&cli(&pooler.url(), &["--json", "check"]).await);
+    assert_eq!(check_of(&checks, "listen")["status"], "warn", "{checks}");
+    let checks = json(&cli(&pg.url(), &["--json", "check"]).await);
+    assert_eq!(check_of(&checks, "listen")["status"], "ok", "{checks}");
 }

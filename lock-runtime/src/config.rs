@@ -66,6 +66,11 @@ pub(crate) struct PostgresSettings {
     /// How often the manager deletes dead rows (expired locks, dead waiters).
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) sweep_interval: Duration,
+    /// Where the listening connection goes, when not to the main URL: a
+    /// direct connection beside a transaction-mode pooler, which does not
+    /// carry notifications.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) listen_url: Option<String>,
 }
 
 impl Default for PostgresSettings {
@@ -74,6 +79,7 @@ impl Default for PostgresSettings {
             schema: "distlock".to_owned(),
             create_schema: true,
             sweep_interval: Duration::from_secs(10),
+            listen_url: None,
         }
     }
 }

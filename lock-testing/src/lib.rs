@@ -88,6 +88,7 @@ use std::process::ExitStatus;
 use std::time::Duration;
 
 mod cluster;
+mod pgbouncer;
 mod postgres;
 mod proxy;
 mod sentinel;
@@ -98,6 +99,7 @@ pub use cluster::{
     key_slot, ClusterMigration, ClusterNode, ClusterNodeRole, RedisCluster, RedisClusterBuilder,
     CLUSTER_SLOTS,
 };
+pub use pgbouncer::PgBouncer;
 pub use postgres::{PostgresServer, PostgresServerBuilder};
 pub use proxy::{FaultMode, FaultProxy};
 pub use sentinel::{DataNodeRole, RedisSentinel, RedisSentinelBuilder, SentinelDataNode};

@@ -302,6 +302,12 @@ impl PostgresServer {
         self.tls.as_ref().map(|t| t.files.ca_path())
     }
 
+    /// The user and group the server runs as when the tests run as root (`None`
+    /// otherwise), for the helpers that run beside it (PgBouncer refuses root too).
+    pub(crate) fn run_as(&self) -> Option<(Uid, Gid)> {
+        self.run_as
+    }
+
     /// The server's log file (`pg_ctl -l`), for a failing test to show.
     pub fn log_path(&self) -> &Path {
         &self.log

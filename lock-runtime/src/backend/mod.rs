@@ -630,6 +630,18 @@ impl Backend {
         }
     }
 
+    /// How many listening connections did not hear the probe notification
+    /// sent through the data connection (PostgreSQL behind a
+    /// transaction-mode pooler); Redis never probes.
+    #[cfg(feature = "testing")]
+    pub(crate) fn deaf_listeners(&self) -> u64 {
+        match self {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(b) => b.deaf_listeners(),
+            _ => 0,
+        }
+    }
+
     /// How many round trips renewals have taken so far (pipelines and single
     /// calls), for tests that count them per tick.
     #[cfg(feature = "testing")]

@@ -19,6 +19,12 @@ use super::channel_ident;
 use crate::backend::messages::Message;
 use crate::error::{BackendError, BackendErrorKind};
 
+/// A channel identifier for one probe: `distlock_probe_` and 16 random hex
+/// digits, so that two managers' probes never answer each other.
+pub(crate) fn probe_channel() -> String {
+    format!("distlock_probe_{:016x}", rand::random::<u64>())
+}
+
 /// One LISTEN connection.
 pub(crate) struct Listener {
     client: Client,
@@ -29,6 +35,10 @@ pub(crate) struct Listener {
     /// Messages of a notification heard under several logical names, not yet
     /// handed out.
     pending: VecDeque<Message>,
+    /// Set when the probe was not heard (see `Postgres::listener`): LISTEN
+    /// through this connection would only leave listening sessions in a
+    /// pooler's pool, so nothing is subscribed.
+    deaf: bool,
     driver: tokio::task::JoinHandle<()>,
 }
 
@@ -82,13 +92,82 @@ impl Listener {
             notifications,
             names: HashMap::new(),
             pending: VecDeque::new(),
+            deaf: false,
             driver,
         })
     }
 
+    /// Listens on the probe channel `channel` (an identifier from
+    /// [`probe_channel`]), runs `notify` (which must notify it from another
+    /// session) and tells whether the notification arrived within `timeout`.
+    /// A LISTEN the server (or a pooler) refuses is not heard; a broken or
+    /// silent connection is an error, as for any other command.
+    pub(crate) async fn probe(
+        &mut self,
+        channel: &str,
+        timeout: Duration,
+        notify: impl std::future::Future<Output = Result<(), BackendError>>,
+    ) -> Result<bool, BackendError> {
+        let timed_out = |what: &str| {
+            BackendError::new(
+                BackendErrorKind::Timeout,
+                format!("{what} took longer than {timeout:?}"),
+            )
+        };
+        let listen_sql = format!("LISTEN {channel}");
+        let listen = self.client.batch_execute(&listen_sql);
+        match tokio::time::timeout(timeout, listen).await {
+            Err(_) => return Err(timed_out("LISTEN")),
+            Ok(Err(e)) if e.as_db_error().is_some() => {
+                tracing::debug!(target: "distlock::postgres", error = %e, "LISTEN refused");
+                return Ok(false);
+            }
+            Ok(Err(e)) => return Err(broken(e)),
+            Ok(Ok(())) => {}
+        }
+        tokio::time::timeout(timeout, notify)
+            .await
+            .map_err(|_| timed_out("the probe's NOTIFY"))??;
+        let arrived = tokio::time::timeout(timeout, async {
+            while let Some(n) = self.notifications.recv().await {
+                if n.channel() == channel {
+                    return true;
+                }
+            }
+            false
+        })
+        .await
+        .unwrap_or(false);
+        if !arrived {
+            // Best effort, not checked: through a transaction-mode pooler
+            // this runs on whichever server session is free, most often the
+            // one that just listened (pools hand out the last one back).
+            let _ = tokio::time::timeout(timeout, self.client.batch_execute("UNLISTEN *")).await;
+        } else {
+            tokio::time::timeout(
+                timeout,
+                self.client.batch_execute(&format!("UNLISTEN {channel}")),
+            )
+            .await
+            .map_err(|_| timed_out("UNLISTEN"))?
+            .map_err(broken)?;
+        }
+        Ok(arrived)
+    }
+
+    /// Makes this listener subscribe nothing from now on (see the `deaf`
+    /// field).
+    pub(crate) fn go_deaf(&mut self) {
+        self.deaf = true;
+    }
+
     /// Listens on `channel` (a logical name); every notification on it after
-    /// this returns reaches [`next`](Self::next).
+    /// this returns reaches [`next`](Self::next). A deaf listener accepts the
+    /// subscription and never hears it.
     pub(crate) async fn subscribe(&mut self, channel: &str) -> Result<(), BackendError> {
+        if self.deaf {
+            return Ok(());
+        }
         let ident = channel_ident(channel);
         let names = self.names.entry(ident.clone()).or_default();
         if names.iter().any(|n| n == channel) {

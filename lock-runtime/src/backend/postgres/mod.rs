@@ -304,6 +304,8 @@ fn parse_url(url: &str) -> Result<tokio_postgres::Config, LockError> {
 struct Inner {
     pg: tokio_postgres::Config,
     connector: Connector,
+    /// The listening connection's (its URL may differ: `postgres_listen_url`).
+    listen_connector: Connector,
     shown_url: String,
     prefix: String,
     sql: Sql,
@@ -311,6 +313,13 @@ struct Inner {
     connect_timeout: Duration,
     /// The data connection; `None` or closed: the next call connects.
     client: Mutex<Option<Arc<Client>>>,
+    /// The listening connection's settings: the main URL's, or
+    /// `postgres_listen_url`'s.
+    listen_pg: tokio_postgres::Config,
+    /// How many listening connections were found deaf (see
+    /// [`listener`](Postgres::listener)): the warning is given at the first,
+    /// not at every reconnection.
+    deaf_listeners: AtomicU64,
     /// One reconnection at a time.
     connecting: tokio::sync::Mutex<()>,
     renewal_round_trips: AtomicU64,
@@ -371,15 +380,31 @@ impl Postgres {
             pg.application_name(DATA_APPLICATION);
         }
         pg.connect_timeout(config.connect_timeout);
+        // The listening connection may go elsewhere (`postgres_listen_url`:
+        // past a transaction-mode pooler), with TLS or not as its own URL says.
+        let (mut listen_pg, listen_connector) = match &config.postgres.listen_url {
+            None => (pg.clone(), connector.clone()),
+            Some(listen_url) => {
+                let mut listen_pg = parse_url(listen_url)
+                    .map_err(|e| LockError::InvalidConfig(format!("postgres_listen_url: {e}")))?;
+                let listen_connector = Connector::choose(&listen_pg, tls)?;
+                listen_pg.connect_timeout(config.connect_timeout);
+                (listen_pg, listen_connector)
+            }
+        };
+        listen_pg.application_name(LISTEN_APPLICATION);
         let inner = Arc::new(Inner {
             shown_url: shown(url),
             pg,
             connector,
+            listen_connector,
             prefix: config.key_prefix.clone(),
             sql: Sql::new(schema),
             command_timeout: config.command_timeout,
             connect_timeout: config.connect_timeout,
             client: Mutex::new(None),
+            listen_pg,
+            deaf_listeners: AtomicU64::new(0),
             connecting: tokio::sync::Mutex::new(()),
             renewal_round_trips: AtomicU64::new(0),
         });
@@ -400,11 +425,65 @@ impl Postgres {
         Ok(Postgres { inner, sweeper })
     }
 
-    /// The listening connection (see [`listener`]).
+    /// The listening connection (see [`listener`]), checked to hear what
+    /// the data connection notifies: a transaction-mode pooler accepts
+    /// LISTEN but never delivers a notification (the server session that
+    /// listened goes back to the pool), and some poolers refuse LISTEN. A
+    /// listener that fails the check is returned deaf (it subscribes
+    /// nothing and yields nothing until it closes): waiters are then served
+    /// by their timers, whose sleeps the holder's remaining lease caps. The
+    /// probe is sent on the data connection, not the listening one: through
+    /// a pooler, a session's notification to itself comes back before its
+    /// transaction ends, while the pooler still links the two, so it would
+    /// pass where nothing else is heard.
     pub(crate) async fn listener(&self) -> Result<listener::Listener, BackendError> {
-        let mut pg = self.inner.pg.clone();
-        pg.application_name(LISTEN_APPLICATION);
-        listener::Listener::connect(&self.inner.connector, pg, self.inner.connect_timeout).await
+        let inner = &self.inner;
+        let started = Instant::now();
+        let mut listener = listener::Listener::connect(
+            &inner.listen_connector,
+            inner.listen_pg.clone(),
+            inner.connect_timeout,
+        )
+        .await?;
+        // The subscriber gives the whole of this the connect timeout: the
+        // probe waits at most the command timeout, and never past 3/4 of
+        // what is left, so that a deaf listener is reported as such rather
+        // than as a connection that timed out (and reconnected forever).
+        let left = inner.connect_timeout.saturating_sub(started.elapsed());
+        let probe_timeout = inner.command_timeout.min(left * 3 / 4);
+        let notify = async {
+            let client = inner.client().await.map_err(|e| match e.error {
+                LockError::Backend { source, .. } => source,
+                other => BackendError::new(BackendErrorKind::Other, other.to_string()),
+            })?;
+            let channel = listener::probe_channel();
+            Ok::<_, BackendError>((client, channel))
+        };
+        let (client, channel) = notify.await?;
+        let heard = listener
+            .probe(&channel, probe_timeout, async {
+                client
+                    .batch_execute(&format!("NOTIFY {channel}, 'probe'"))
+                    .await
+                    .map_err(|e| {
+                        db_error(&e).unwrap_or_else(|| {
+                            BackendError::new(BackendErrorKind::Connection, pg_message(&e))
+                        })
+                    })
+            })
+            .await?;
+        if !heard {
+            if inner.deaf_listeners.fetch_add(1, Ordering::Relaxed) == 0 {
+                tracing::warn!(target: "distlock::postgres",
+                    timeout = ?probe_timeout,
+                    "the listening connection did not hear a probe notification: a \
+                     transaction-mode pooler (or one that refuses LISTEN) is in the way; \
+                     waiters are served by their timers (slower hand-offs). Set \
+                     `postgres_listen_url` to a direct connection to the server");
+            }
+            listener.go_deaf();
+        }
+        Ok(listener)
     }
 
     /// See `Backend::acquire`: one function call.
@@ -738,6 +817,12 @@ impl Postgres {
     #[cfg(feature = "testing")]
     pub(crate) fn renewal_round_trips(&self) -> u64 {
         self.inner.renewal_round_trips.load(Ordering::Relaxed)
+    }
+
+    /// Listening connections found deaf so far.
+    #[cfg(feature = "testing")]
+    pub(crate) fn deaf_listeners(&self) -> u64 {
+        self.inner.deaf_listeners.load(Ordering::Relaxed)
     }
 }
 

@@ -1,0 +1,312 @@
+//! The default lock on PostgreSQL behind a transaction-mode pooler (a private
+//! PgBouncer, `pool_mode = transaction`, in front of a private server): locking
+//! works unchanged, LISTEN does not carry notifications there, so waiters are
+//! served by their timers in their queue turn; with `postgres_listen_url`
+//! pointing at the server itself, wake-ups and hand-offs are pushed again.
+//!
+//! Run with `cargo test -p distlock --features postgres --test postgres_pooler`
+//! (needs the `pgbouncer` binary; its service need not run).
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use distlock::LockManager;
+use distlock_testing::{PgBouncer, PostgresServer};
+use tokio_postgres::{Client, NoTls};
+
+async fn sql_client(url: &str) -> Client {
+    let (client, connection) = tokio_postgres::connect(url, NoTls).await.expect("connect");
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    client
+}
+
+async fn queued(db: &Client) -> i64 {
+    db.query_one("SELECT count(*) FROM distlock.waiters", &[])
+        .await
+        .expect("count waiters")
+        .get(0)
+}
+
+/// Polls `f` every 10 ms until it holds or `limit` passes.
+async fn eventually(limit: Duration, mut f: impl AsyncFnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if f().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
+async fn manager(url: &str, listen_url: Option<&str>) -> LockManager {
+    let mut builder = LockManager::builder(url);
+    if let Some(listen_url) = listen_url {
+        builder = builder.postgres_listen_url(listen_url);
+    }
+    builder.build().await.expect("a manager on PostgreSQL")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_release_and_try_through_a_transaction_mode_pooler() {
+    let pg = PostgresServer::start().unwrap();
+    let pooler = PgBouncer::start(&pg).unwrap();
+    let m = manager(&pooler.url(), None).await;
+    let other = manager(&pooler.url(), None).await;
+    let guard = m.lock("job").acquire().await.unwrap();
+    assert!(m.is_locked("job").await.unwrap());
+    assert!(other.lock("job").try_acquire().await.unwrap().is_none());
+    let token = guard.fencing_token().await.unwrap();
+    guard.release().await.unwrap();
+    let taken = other.lock("job").try_acquire().await.unwrap().unwrap();
+    assert!(taken.fencing_token().await.unwrap() > token);
+}
+
+/// Six waiters of three managers, all through the pooler: none hears a
+/// notification (the pooler drops them), yet each is served, in arrival order,
+/// by the attempts its timer makes: the release hands the lock to the queue's
+/// head in the database, and only the head's attempt finds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_served_by_their_timers_in_queue_order_through_the_pooler() {
+    let pg = PostgresServer::start().unwrap();
+    let pooler = PgBouncer::start(&pg).unwrap();
+    let url = pooler.url();
+    let managers = [
+        manager(&url, None).await,
+        manager(&url, None).await,
+        manager(&url, None).await,
+    ];
+    let db = sql_client(&pg.url()).await;
+    let holder = managers[0].lock("fifo").acquire().await.unwrap();
+    let served = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..6usize {
+        let m = managers[i % 3].clone();
+        let served = served.clone();
+        tasks.push(tokio::spawn(async move {
+            let guard = m
+                .lock("fifo")
+                .wait(Duration::from_secs(60))
+                .acquire()
+                .await
+                .unwrap();
+            served.lock().unwrap().push(i);
+            guard.release().await.unwrap();
+        }));
+        let want = i as i64 + 1;
+        assert!(
+            eventually(Duration::from_secs(10), async || queued(&db).await == want).await,
+            "waiter {i} never queued"
+        );
+    }
+    holder.release().await.unwrap();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(*served.lock().unwrap(), vec![0, 1, 2, 3, 4, 5]);
+    let delivered: u64 = managers.iter().map(|m| m.wake_ups_delivered()).sum();
+    assert_eq!(
+        delivered, 0,
+        "no notification passes a transaction-mode pooler: every grant came by a timer"
+    );
+    // Each manager's listener found out by its probe (and subscribed nothing).
+    // The probe of the last listener to connect may still be waiting for
+    // its notification: up to the command timeout (2 s).
+    for m in &managers {
+        assert!(
+            eventually(Duration::from_secs(5), async || m.deaf_listeners() >= 1).await,
+            "a listener through the pooler passed its probe"
+        );
+    }
+    assert_eq!(queued(&db).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_behind_the_pooler_is_served_within_its_timer_bound() {
+    let pg = PostgresServer::start().unwrap();
+    let pooler = PgBouncer::start(&pg).unwrap();
+    let m = manager(&pooler.url(), None).await;
+    let other = manager(&pooler.url(), None).await;
+    let db = sql_client(&pg.url()).await;
+    // Three rounds, so that a lucky short nap cannot pass alone.
+    for round in 0..3 {
+        let key = format!("bound-{round}");
+        let holder = m.lock(&key).acquire().await.unwrap();
+        let waiter = {
+            let other = other.clone();
+            let key = key.clone();
+            tokio::spawn(async move {
+                let guard = other
+                    .lock(&key)
+                    .wait(Duration::from_secs(30))
+                    .acquire()
+                    .await
+                    .unwrap();
+                let at = Instant::now();
+                guard.release().await.unwrap();
+                at
+            })
+        };
+        assert!(eventually(Duration::from_secs(10), async || queued(&db).await == 1).await);
+        let released = Instant::now();
+        holder.release().await.unwrap();
+        let served = waiter.await.unwrap();
+        // A queued waiter that hears nothing attempts again after a nap of
+        // 0.4 s plus up to 0.4 s of jitter (QUEUE_REFRESH in request.rs),
+        // shorter when the holder's remaining lease (30 s here) is; the
+        // release handed the lock to it in the database, so that attempt
+        // takes it: 0.8 s, plus the release's and the attempt's round trips
+        // through the pooler, for which 1 s is ample on a loaded machine.
+        let bound = Duration::from_millis(800) + Duration::from_secs(1);
+        let took = served.duration_since(released);
+        assert!(
+            took <= bound,
+            "round {round}: served {took:?} after the release"
+        );
+    }
+    assert_eq!(other.wake_ups_delivered(), 0);
+}
+
+/// A holder that never releases (as if its process died): the waiter behind
+/// the pooler hears nothing, and its timer, capped by the holder's remaining
+/// lease, brings it back as the lease runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_behind_the_pooler_takes_a_dead_holders_lock_as_its_lease_ends() {
+    let pg = PostgresServer::start().unwrap();
+    let pooler = PgBouncer::start(&pg).unwrap();
+    let m = manager(&pooler.url(), None).await;
+    let other = manager(&pooler.url(), None).await;
+    let db = sql_client(&pg.url()).await;
+    let lease = Duration::from_secs(3);
+    let sent = Instant::now();
+    let holder = m
+        .lock("dead")
+        .lease(lease)
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    let granted = Instant::now();
+    // Neither released nor renewed: the lease runs out at the server.
+    std::mem::forget(holder);
+    let waiter = tokio::spawn(async move {
+        let guard = other
+            .lock("dead")
+            .wait(Duration::from_secs(30))
+            .acquire()
+            .await
+            .unwrap();
+        let at = Instant::now();
+        guard.release().await.unwrap();
+        (at, other.wake_ups_delivered())
+    });
+    assert!(eventually(Duration::from_secs(10), async || queued(&db).await == 1).await);
+    let (served, delivered) = waiter.await.unwrap();
+    assert_eq!(delivered, 0, "nothing is pushed through the pooler");
+    // The server set the expiry to its clock + 3 s after `sent` and before
+    // `granted`, so the lock cannot be the waiter's before `sent` + 3 s.
+    assert!(
+        served.duration_since(sent) >= lease,
+        "served before the lease ran out"
+    );
+    // After its last attempt saw the lease running, the waiter naps at most
+    // the remaining lease + 2-4 ms (EXPIRY_MARGIN), and never more than 0.8 s
+    // (QUEUE_REFRESH and its jitter); its next attempt finds the lease gone
+    // and the lock handed to the queue's head, itself: the lease + 0.8 s, and
+    // 1 s for the round trips through the pooler on a loaded machine.
+    let bound = lease + Duration::from_millis(800) + Duration::from_secs(1);
+    let took = served.duration_since(granted);
+    assert!(took <= bound, "served {took:?} after the grant");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncontended_cycle_through_the_pooler_is_two_statements() {
+    let pg = PostgresServer::builder()
+        .setting("log_statement", "all")
+        .start()
+        .unwrap();
+    let pooler = PgBouncer::start(&pg).unwrap();
+    // No sweep statement may fall between the two counts.
+    let m = LockManager::builder(&pooler.url())
+        .postgres_sweep_interval(Duration::from_secs(3600))
+        .build()
+        .await
+        .unwrap();
+    // Warm up: the schema check, the listener's connection and its probe.
+    m.lock("warm")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let statements = || {
+        std::fs::read_to_string(pg.log_path())
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains("statement: ") || l.contains("execute <unnamed>"))
+            .filter(|l| l.contains("distlock."))
+            .count()
+    };
+    let before = statements();
+    let guard = m.lock("cycle").acquire().await.unwrap();
+    guard.release().await.unwrap();
+    assert_eq!(
+        statements() - before,
+        2,
+        "statements of one acquire + release cycle"
+    );
+}
+
+/// Data through the pooler, the listening connection straight to the server:
+/// the release's hand-off is pushed to the waiter's manager again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_direct_listen_url_brings_pushed_hand_offs_back() {
+    let pg = PostgresServer::start().unwrap();
+    let pooler = PgBouncer::start(&pg).unwrap();
+    let direct = pg.url();
+    let managers = [
+        manager(&pooler.url(), Some(&direct)).await,
+        manager(&pooler.url(), Some(&direct)).await,
+    ];
+    let db = sql_client(&direct).await;
+    let holder = managers[0].lock("pushed").acquire().await.unwrap();
+    let served = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..4usize {
+        let m = managers[i % 2].clone();
+        let served = served.clone();
+        tasks.push(tokio::spawn(async move {
+            let guard = m
+                .lock("pushed")
+                .wait(Duration::from_secs(30))
+                .acquire()
+                .await
+                .unwrap();
+            served.lock().unwrap().push(i);
+            guard.release().await.unwrap();
+        }));
+        let want = i as i64 + 1;
+        assert!(
+            eventually(Duration::from_secs(10), async || queued(&db).await == want).await,
+            "waiter {i} never queued"
+        );
+    }
+    let before: u64 = managers.iter().map(|m| m.wake_ups_delivered()).sum();
+    holder.release().await.unwrap();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(*served.lock().unwrap(), vec![0, 1, 2, 3]);
+    for m in &managers {
+        assert_eq!(m.deaf_listeners(), 0, "the direct listener heard its probe");
+    }
+    let delivered: u64 = managers.iter().map(|m| m.wake_ups_delivered()).sum();
+    assert!(
+        delivered - before >= 4,
+        "{} hand-offs heard for 4 grants",
+        delivered - before
+    );
+}
