@@ -7,7 +7,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use distlock::{distributed_lock, LockError, LockManager};
+use distlock::{LockError, LockManager};
 use distlock_testing::PostgresServer;
 use tokio_postgres::{Client, NoTls};
 
@@ -53,29 +53,7 @@ async fn queued(db: &Client) -> i64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn acquire_release_try_and_reentry() {
-    let pg = server();
-    let m = manager(&pg).await;
-    let other = manager(&pg).await;
-
-    let guard = m.lock("job").acquire().await.unwrap();
-    assert!(m.is_locked("job").await.unwrap());
-    assert!(other.lock("job").try_acquire().await.unwrap().is_none());
-    // Re-entry along the call chain: the same manager and task take it again.
-    let again = guard.scope(m.lock("job").acquire()).await.unwrap();
-    drop(again);
-    assert!(other.lock("job").try_acquire().await.unwrap().is_none());
-    guard.release().await.unwrap();
-    assert!(!m.is_locked("job").await.unwrap());
-    let taken = other.lock("job").try_acquire().await.unwrap();
-    assert!(
-        taken.is_some(),
-        "a released lock is free for another manager"
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn waiters_of_three_managers_are_served_in_arrival_order_by_hand_off() {
+async fn postgres_waiters_of_three_managers_are_served_in_arrival_order_by_hand_off() {
     let pg = server();
     let managers = [manager(&pg).await, manager(&pg).await, manager(&pg).await];
     let db = sql_client(&pg).await;
@@ -124,7 +102,7 @@ async fn waiters_of_three_managers_are_served_in_arrival_order_by_hand_off() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fencing_tokens_grow_across_deletion_and_restart() {
+async fn postgres_fencing_tokens_grow_across_deletion_and_restart() {
     let mut pg = server();
     let m = manager(&pg).await;
     let mut last = 0;
@@ -161,51 +139,7 @@ async fn fencing_tokens_grow_across_deletion_and_restart() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn inspect_list_and_force_unlock() {
-    let pg = server();
-    let m = LockManager::builder(&pg.url())
-        .holder("worker-7")
-        .build()
-        .await
-        .unwrap();
-    let guard = m
-        .lock("orders:1")
-        .lease(Duration::from_secs(20))
-        .acquire()
-        .await
-        .unwrap();
-    let token = guard.fencing_token().await.unwrap();
-    let info = m.inspect("orders:1").await.unwrap().expect("held");
-    assert_eq!(info.key, "orders:1");
-    assert_eq!(info.holder, "worker-7");
-    assert_eq!(info.fencing_token, token);
-    let ttl = info.ttl.expect("a lease");
-    assert!(ttl <= Duration::from_secs(20) && ttl > Duration::from_secs(10));
-    m.lock("orders:2")
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
-    let _other = m.lock("other:1").acquire().await.unwrap();
-    let listed: Vec<String> = m
-        .list("orders:*")
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|i| i.key)
-        .collect();
-    assert_eq!(listed, vec!["orders:1".to_owned()]);
-    assert!(m.force_unlock("orders:1").await.unwrap());
-    assert!(!m.is_locked("orders:1").await.unwrap());
-    assert!(!m.force_unlock("orders:1").await.unwrap());
-    // The holder finds out at its next renewal; its release says so.
-    assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn refused_primitives_give_a_typed_error() {
+async fn postgres_refused_primitives_give_a_typed_error() {
     let pg = server();
     let m = manager(&pg).await;
     let unsupported = |r: Result<(), LockError>| match r {
@@ -232,7 +166,7 @@ async fn refused_primitives_give_a_typed_error() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_uncontended_cycle_is_two_statements() {
+async fn postgres_an_uncontended_cycle_is_two_statements() {
     let pg = PostgresServer::builder()
         .setting("log_statement", "all")
         .start()
@@ -273,7 +207,7 @@ async fn an_uncontended_cycle_is_two_statements() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn renewing_many_leases_is_one_statement_per_batch() {
+async fn postgres_renewing_many_leases_is_one_statement_per_batch() {
     let pg = server();
     let m = LockManager::builder(&pg.url())
         .default_lease(Duration::from_millis(600))
@@ -310,7 +244,7 @@ async fn renewing_many_leases_is_one_statement_per_batch() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lease_taken_over_after_expiry_fires_the_lost_signal() {
+async fn postgres_a_lease_taken_over_after_expiry_fires_the_lost_signal() {
     let pg = server();
     let m = manager(&pg).await;
     let db = sql_client(&pg).await;
@@ -329,72 +263,7 @@ async fn a_lease_taken_over_after_expiry_fires_the_lost_signal() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn extend_min_hold_and_max_hold() {
-    let pg = server();
-    let m = manager(&pg).await;
-    let other = manager(&pg).await;
-    let guard = m
-        .lock("ext")
-        .lease(Duration::from_secs(5))
-        .renew(false)
-        .acquire()
-        .await
-        .unwrap();
-    guard.extend(Duration::from_secs(60)).await.unwrap();
-    let ttl = m.inspect("ext").await.unwrap().unwrap().ttl.unwrap();
-    assert!(ttl > Duration::from_secs(30), "extended ttl {ttl:?}");
-    guard.release().await.unwrap();
-
-    // min_hold: a release before it keeps the lock the rest of it.
-    let guard = m
-        .lock("minhold")
-        .min_hold(Duration::from_secs(30))
-        .acquire()
-        .await
-        .unwrap();
-    guard.release().await.unwrap();
-    assert!(other.lock("minhold").try_acquire().await.unwrap().is_none());
-    let ttl = m.inspect("minhold").await.unwrap().unwrap().ttl.unwrap();
-    assert!(ttl > Duration::from_secs(20) && ttl <= Duration::from_secs(30));
-
-    // max_hold: the hold is lost once it passes, renewal or not.
-    let guard = m
-        .lock("maxhold")
-        .lease(Duration::from_secs(1))
-        .max_hold(Duration::from_millis(1500))
-        .acquire()
-        .await
-        .unwrap();
-    let start = Instant::now();
-    tokio::time::timeout(Duration::from_secs(10), guard.lost())
-        .await
-        .expect("lost at max_hold");
-    assert!(start.elapsed() >= Duration::from_millis(1400));
-}
-
-#[distributed_lock(key = "macro:{id}", lease = "10s", manager = mgr)]
-async fn locked_body(
-    mgr: &LockManager,
-    id: u32,
-    seen: Arc<Mutex<Vec<u32>>>,
-) -> Result<(), LockError> {
-    assert!(mgr.is_held_by_current_chain(&format!("macro:{id}")));
-    seen.lock().unwrap().push(id);
-    Ok(())
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_macro_locks_on_postgres() {
-    let pg = server();
-    let m = manager(&pg).await;
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    locked_body(&m, 3, seen.clone()).await.unwrap();
-    assert_eq!(*seen.lock().unwrap(), vec![3]);
-    assert!(!m.is_locked("macro:3").await.unwrap());
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn terminating_the_data_connection_while_holding_keeps_the_lease() {
+async fn postgres_terminating_the_data_connection_while_holding_keeps_the_lease() {
     let pg = server();
     let m = LockManager::builder(&pg.url())
         .default_lease(Duration::from_millis(900))
@@ -421,7 +290,7 @@ async fn terminating_the_data_connection_while_holding_keeps_the_lease() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn terminating_the_listening_connection_still_serves_the_waiter() {
+async fn postgres_terminating_the_listening_connection_still_serves_the_waiter() {
     let pg = server();
     let m = manager(&pg).await;
     let other = manager(&pg).await;
@@ -452,7 +321,7 @@ async fn terminating_the_listening_connection_still_serves_the_waiter() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_users_open_transaction_changes_no_grant() {
+async fn postgres_a_users_open_transaction_changes_no_grant() {
     let pg = server();
     let m = manager(&pg).await;
     let other = manager(&pg).await;
@@ -473,7 +342,7 @@ async fn a_users_open_transaction_changes_no_grant() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_sweep_keeps_the_tables_bounded() {
+async fn postgres_the_sweep_keeps_the_tables_bounded() {
     let pg = server();
     let m = LockManager::builder(&pg.url())
         .postgres_sweep_interval(Duration::from_millis(100))
@@ -523,7 +392,7 @@ async fn the_sweep_keeps_the_tables_bounded() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_schema_is_versioned_and_its_creation_optional() {
+async fn postgres_the_schema_is_versioned_and_its_creation_optional() {
     let pg = server();
     // Not created, and told not to create it: a typed error naming the fix.
     let refused = LockManager::builder(&pg.url())
@@ -576,7 +445,7 @@ async fn the_schema_is_versioned_and_its_creation_optional() {
 /// TLS cases are in `postgres_tls.rs`); without the `tls` feature, refused
 /// before connecting, naming the feature.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sslmode_require_on_a_server_without_tls_is_refused() {
+async fn postgres_sslmode_require_on_a_server_without_tls_is_refused() {
     let pg = server();
     let url = format!("{}&sslmode=require", pg.url());
     match LockManager::builder(&url).build().await {
@@ -593,7 +462,7 @@ async fn sslmode_require_on_a_server_without_tls_is_refused() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cancelled_waiter_leaves_the_queue_and_the_next_is_served() {
+async fn postgres_a_cancelled_waiter_leaves_the_queue_and_the_next_is_served() {
     let pg = server();
     let m = manager(&pg).await;
     let other = manager(&pg).await;
@@ -644,7 +513,7 @@ async fn a_cancelled_waiter_leaves_the_queue_and_the_next_is_served() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_holder_whose_backend_is_paused_past_its_lease_is_told_before_the_next_grant() {
+async fn postgres_a_holder_whose_backend_is_paused_past_its_lease_is_told_before_the_next_grant() {
     let pg = server();
     // Its own application name, to find its data connection's backend.
     let m = LockManager::builder(&format!("{}&application_name=paused-holder", pg.url()))
@@ -712,7 +581,7 @@ fn a_hold_dropped_as_the_runtime_ends_is_released() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn managers_starting_together_create_the_schema_once() {
+async fn postgres_managers_starting_together_create_the_schema_once() {
     let pg = server();
     let url = pg.url();
     let builds = (0..4).map(|_| LockManager::builder(&url).build());
@@ -725,31 +594,10 @@ async fn managers_starting_together_create_the_schema_once() {
     );
 }
 
-#[distributed_lock(key = "default:{id}", lease = "10s")]
-async fn on_the_default_manager(id: u32) -> Result<u64, LockError> {
-    Ok(u64::from(id))
-}
-
-/// The macro without `manager = ...` builds its manager from `DISTLOCK_URL`,
-/// whatever the store. (The only test of this binary that reads the
-/// environment's manager, so setting the variable disturbs no other.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_default_manager_comes_from_a_postgres_url() {
-    let pg = server();
-    std::env::set_var("DISTLOCK_URL", pg.url());
-    assert_eq!(on_the_default_manager(5).await.unwrap(), 5);
-    // It used this server: its build created the schema here (nothing else
-    // in this test builds a manager).
-    assert_eq!(
-        pg.psql("SELECT version FROM distlock.version").unwrap(),
-        "1"
-    );
-}
-
 /// A hold moves to another manager by ticket: the resumed guard renews and
 /// releases it, as on Redis (the ticket names the row's owner).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hold_ticket_is_resumed_by_another_manager() {
+async fn postgres_a_hold_ticket_is_resumed_by_another_manager() {
     let pg = server();
     let m = manager(&pg).await;
     let other = manager(&pg).await;
@@ -772,7 +620,7 @@ async fn a_hold_ticket_is_resumed_by_another_manager() {
 /// until its first renewal: a restart longer than that right after a
 /// hand-off loses it, by design, as the torture suite's scenario p1 saw.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hold_across_an_immediate_restart_is_kept() {
+async fn postgres_a_hold_across_an_immediate_restart_is_kept() {
     let mut pg = server();
     let m = manager(&pg).await;
     // Both connections of the manager cut once before, as in p1.

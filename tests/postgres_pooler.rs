@@ -50,7 +50,7 @@ async fn manager(url: &str, listen_url: Option<&str>) -> LockManager {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn acquire_release_and_try_through_a_transaction_mode_pooler() {
+async fn postgres_acquire_release_and_try_through_a_transaction_mode_pooler() {
     let pg = PostgresServer::start().unwrap();
     let pooler = PgBouncer::start(&pg).unwrap();
     let m = manager(&pooler.url(), None).await;
@@ -69,7 +69,7 @@ async fn acquire_release_and_try_through_a_transaction_mode_pooler() {
 /// by the attempts its timer makes: the release hands the lock to the queue's
 /// head in the database, and only the head's attempt finds it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn waiters_are_served_by_their_timers_in_queue_order_through_the_pooler() {
+async fn postgres_waiters_are_served_by_their_timers_in_queue_order_through_the_pooler() {
     let pg = PostgresServer::start().unwrap();
     let pooler = PgBouncer::start(&pg).unwrap();
     let url = pooler.url();
@@ -124,7 +124,7 @@ async fn waiters_are_served_by_their_timers_in_queue_order_through_the_pooler() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiter_behind_the_pooler_is_served_within_its_timer_bound() {
+async fn postgres_a_waiter_behind_the_pooler_is_served_within_its_timer_bound() {
     let pg = PostgresServer::start().unwrap();
     let pooler = PgBouncer::start(&pg).unwrap();
     let m = manager(&pooler.url(), None).await;
@@ -173,7 +173,7 @@ async fn a_waiter_behind_the_pooler_is_served_within_its_timer_bound() {
 /// the pooler hears nothing, and its timer, capped by the holder's remaining
 /// lease, brings it back as the lease runs out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiter_behind_the_pooler_takes_a_dead_holders_lock_as_its_lease_ends() {
+async fn postgres_a_waiter_behind_the_pooler_takes_a_dead_holders_lock_as_its_lease_ends() {
     let pg = PostgresServer::start().unwrap();
     let pooler = PgBouncer::start(&pg).unwrap();
     let m = manager(&pooler.url(), None).await;
@@ -222,7 +222,7 @@ async fn a_waiter_behind_the_pooler_takes_a_dead_holders_lock_as_its_lease_ends(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_uncontended_cycle_through_the_pooler_is_two_statements() {
+async fn postgres_an_uncontended_cycle_through_the_pooler_is_two_statements() {
     let pg = PostgresServer::builder()
         .setting("log_statement", "all")
         .start()
@@ -263,7 +263,7 @@ async fn an_uncontended_cycle_through_the_pooler_is_two_statements() {
 /// Data through the pooler, the listening connection straight to the server:
 /// the release's hand-off is pushed to the waiter's manager again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_direct_listen_url_brings_pushed_hand_offs_back() {
+async fn postgres_a_direct_listen_url_brings_pushed_hand_offs_back() {
     let pg = PostgresServer::start().unwrap();
     let pooler = PgBouncer::start(&pg).unwrap();
     let direct = pg.url();

@@ -66,7 +66,7 @@ async fn build_error(url: &str, ca: Option<Vec<u8>>) -> LockError {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_manager_over_tls_acquires_hands_off_and_releases() {
+async fn postgres_a_manager_over_tls_acquires_hands_off_and_releases() {
     let pg = tls_server();
     let m = manager(&pg).await;
     let other = manager(&pg).await;
@@ -118,7 +118,7 @@ async fn a_manager_over_tls_acquires_hands_off_and_releases() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_server_certificate_the_manager_does_not_trust_is_refused() {
+async fn postgres_a_server_certificate_the_manager_does_not_trust_is_refused() {
     let pg = tls_server();
     let stranger = tls_server();
     // Signed by another CA, and by none of the system's roots.
@@ -162,7 +162,7 @@ async fn a_server_certificate_the_manager_does_not_trust_is_refused() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_plain_connection_to_a_tls_only_server_is_refused() {
+async fn postgres_a_plain_connection_to_a_tls_only_server_is_refused() {
     let pg = tls_server();
     // Without certificates, the default (prefer) stays plain, as does disable.
     for url in [pg.url(), format!("{}&sslmode=disable", pg.url())] {
@@ -178,7 +178,7 @@ async fn a_plain_connection_to_a_tls_only_server_is_refused() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn prefer_with_a_ca_falls_back_to_plain_on_a_server_without_tls() {
+async fn postgres_prefer_with_a_ca_falls_back_to_plain_on_a_server_without_tls() {
     let plain = PostgresServer::start().expect("a private PostgreSQL");
     let tls = tls_server();
     // Certificates make the default `prefer` try TLS; a server without it
@@ -241,7 +241,7 @@ fn a_hold_dropped_as_the_runtime_ends_is_released_over_tls() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_server_that_asks_for_a_client_certificate_gets_the_builders() {
+async fn postgres_a_server_that_asks_for_a_client_certificate_gets_the_builders() {
     let pg = PostgresServer::builder()
         .tls_client_certificates(true)
         .start()

@@ -137,7 +137,7 @@ async fn hold(manager: &LockManager, key: &str, lease: Duration) -> LockGuard {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_held_lock_is_listed_inspected_and_force_unlocked() {
+async fn postgres_a_held_lock_is_listed_inspected_and_force_unlocked() {
     let pg = PostgresServer::start().unwrap();
     let url = pg.url();
     // Its build creates the schema the CLI reads.
@@ -232,7 +232,7 @@ async fn a_held_lock_is_listed_inspected_and_force_unlocked() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_url_comes_from_distlock_url_before_redis_url() {
+async fn postgres_the_url_comes_from_distlock_url_before_redis_url() {
     let pg = PostgresServer::start().unwrap();
     let manager = LockManager::builder(&pg.url()).build().await.unwrap();
     let _guard = hold(&manager, "env:key", Duration::from_secs(30)).await;
@@ -271,7 +271,7 @@ async fn what_postgres_lacks_fails_with_the_typed_error_and_cluster_is_a_usage_e
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_cli_does_not_create_the_schema_and_names_the_way_to() {
+async fn postgres_the_cli_does_not_create_the_schema_and_names_the_way_to() {
     let pg = PostgresServer::start().unwrap();
     let out = cli(&pg.url(), &["list"]).await;
     assert_eq!(out.status.code(), Some(1));
@@ -284,7 +284,7 @@ async fn the_cli_does_not_create_the_schema_and_names_the_way_to() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn schema_prints_sql_that_psql_applies_and_a_non_creating_manager_accepts() {
+async fn postgres_schema_prints_sql_that_psql_applies_and_a_non_creating_manager_accepts() {
     // Offline: no URL, no server.
     let printed = distlock()
         .args([
@@ -345,7 +345,7 @@ async fn schema_prints_sql_that_psql_applies_and_a_non_creating_manager_accepts(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn check_passes_on_a_good_server_and_fails_for_a_role_without_privileges() {
+async fn postgres_check_passes_on_a_good_server_and_fails_for_a_role_without_privileges() {
     let pg = PostgresServer::start().unwrap();
     let url = pg.url();
     let _manager = LockManager::builder(&url).build().await.unwrap();
@@ -428,7 +428,7 @@ async fn check_passes_on_a_good_server_and_fails_for_a_role_without_privileges()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn check_warns_about_durability_and_idle_timeouts() {
+async fn postgres_check_warns_about_durability_and_idle_timeouts() {
     let pg = PostgresServer::start().unwrap();
     let url = pg.url();
     let _manager = LockManager::builder(&url).build().await.unwrap();
@@ -481,7 +481,7 @@ fn an_unreachable_postgres_url_fails_fast_without_the_password() {
 /// notification to itself comes back (before its transaction ends), but
 /// nothing another session notifies does: `check` must say so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn check_warns_that_listen_does_not_pass_a_transaction_mode_pooler() {
+async fn postgres_check_warns_that_listen_does_not_pass_a_transaction_mode_pooler() {
     let pg = PostgresServer::start().unwrap();
     let _manager = LockManager::builder(&pg.url()).build().await.unwrap();
     let pooler = PgBouncer::start(&pg).unwrap();
