@@ -65,7 +65,7 @@ impl Conn {
     pub async fn open(target: &Target) -> Result<Conn> {
         Ok(match target {
             Target::Single(url) => Conn::Single(
-                redis::Client::open(url.as_str())?
+                crate::scenarios::common::redis_client(url)?
                     .get_multiplexed_async_connection()
                     .await?,
             ),
@@ -238,7 +238,7 @@ impl Floor {
         pattern: Option<&str>,
     ) -> Result<Subscription> {
         use futures_util::StreamExt;
-        let client = redis::Client::open(url)?;
+        let client = crate::scenarios::common::redis_client(url)?;
         let mut pubsub = client
             .get_async_pubsub()
             .await
@@ -272,7 +272,7 @@ impl Floor {
         channel: &str,
     ) -> Result<(Subscription, mpsc::UnboundedReceiver<()>)> {
         use futures_util::StreamExt;
-        let client = redis::Client::open(url)?;
+        let client = crate::scenarios::common::redis_client(url)?;
         let mut pubsub = client
             .get_async_pubsub()
             .await

@@ -111,7 +111,7 @@ fn direction(mut from: TcpStream, mut to: TcpStream, delay: Duration) -> std::io
 /// The p50 of `PING` through the link, in µs: one connection, one ping at a
 /// time (50 with `--quick`, 200 otherwise, after 5 to warm up).
 pub async fn ping_p50(env: &Env) -> Result<f64> {
-    let mut conn = redis::Client::open(env.url.as_str())?
+    let mut conn = crate::scenarios::common::redis_client(&env.url)?
         .get_multiplexed_async_connection()
         .await
         .map_err(context("connecting through the link"))?;

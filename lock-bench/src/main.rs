@@ -43,7 +43,8 @@ static ALLOC: alloc_count::Counting = alloc_count::Counting;
 
 const USAGE: &str = "\
 usage: lock-bench [--quick] [--backend single|cluster|redlock|postgres] [--scenario NAME]... [--runs N] [--locks N]
-                  [--link-delay DURATION] [--direct-lane on|off] [--no-pin] [--json [--results-dir DIR]] [--svg DIR]
+                  [--link-delay DURATION] [--direct-lane on|off] [--no-pin] [--processes N [--tasks T]] [--tls]
+                  [--json [--results-dir DIR]] [--svg DIR]
 
   --quick          a few seconds in all (CI); targets are printed, never enforced
   --backend B      single (default): one private redis-server; cluster: a private
@@ -67,6 +68,14 @@ usage: lock-bench [--quick] [--backend single|cluster|redlock|postgres] [--scena
   --direct-lane on|off
                    whether distlock's managers may take the direct lane (default on), for
                    the lane's A/B
+  --processes N    handoff and many-keys with N OS processes (the bench re-executed as workers),
+                   each its own manager, on one key and on 1,000 keys, distlock and rslock
+                   (results files handoff-procsN, many-keys-procsN); the others are skipped;
+                   single only
+  --tasks T        tasks per process of --processes (default 8)
+  --tls            a private TLS redis-server (its own CA, which every client trusts):
+                   distlock over rediss://, rslock over rustls, the floors' redis-rs
+                   clients over TLS; runs uncontended and many-keys only; single only
   --no-pin         run the latency scenarios on every CPU (they are confined to one by
                    default; through --link-delay they never are)
   --runs N         run everything N times and print the medians too (default 1)
@@ -108,6 +117,9 @@ const CLUSTER_SCENARIOS: &[&str] = &["uncontended", "many-keys", "handoff"];
 /// The scenarios `--backend redlock` runs; the others are skipped with a note.
 const REDLOCK_SCENARIOS: &[&str] = &["uncontended", "handoff"];
 
+/// The scenarios `--tls` runs; the others are skipped with a note.
+const TLS_SCENARIOS: &[&str] = &["uncontended", "many-keys"];
+
 /// Members of the `--backend redlock` Redlock.
 const REDLOCK_MEMBERS: usize = 5;
 
@@ -128,6 +140,12 @@ struct Args {
     direct_lane: bool,
     /// `--no-pin`.
     no_pin: bool,
+    /// `--processes`: the multi-process pass instead of the in-process one.
+    processes: Option<usize>,
+    /// `--tasks`: tasks per process of `--processes`.
+    tasks: usize,
+    /// `--tls`: the server speaks TLS only.
+    tls: bool,
 }
 
 fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>> {
@@ -144,6 +162,9 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>> {
         link_delay: None,
         direct_lane: true,
         no_pin: false,
+        processes: None,
+        tasks: scenarios::processes::TASKS,
+        tls: false,
     };
     while let Some(arg) = it.next() {
         let mut value = |name: &str| match it.next() {
@@ -219,12 +240,37 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>> {
                 }
             }
             "--no-pin" => args.no_pin = true,
+            "--processes" => {
+                let v = value("--processes")?;
+                args.processes = match v.parse() {
+                    Ok(n) if n > 0 => Some(n),
+                    _ => bail!("--processes takes a positive number, not {v:?}"),
+                };
+            }
+            "--tls" => args.tls = true,
+            "--tasks" => {
+                let v = value("--tasks")?;
+                args.tasks = match v.parse() {
+                    Ok(n) if n > 0 => n,
+                    _ => bail!("--tasks takes a positive number, not {v:?}"),
+                };
+            }
             "-h" | "--help" => return Ok(None),
             other => bail!("unknown argument {other:?}\n{USAGE}"),
         }
     }
     if args.link_delay.is_some() && args.backend != Backend::Single {
         bail!("--link-delay runs on --backend single only (a cluster's nodes announce their own addresses, past any proxy)");
+    }
+    if args.processes.is_some() && args.backend != Backend::Single {
+        bail!("--processes runs on --backend single only");
+    }
+    if args.tls
+        && (args.backend != Backend::Single
+            || args.processes.is_some()
+            || args.link_delay.is_some())
+    {
+        bail!("--tls runs on --backend single only, without --processes or --link-delay");
     }
     if args.results_dir.is_some() && !args.json {
         bail!("--results-dir is where --json writes; give --json too");
@@ -237,13 +283,22 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>> {
 
 /// The results files' variant of a run (see `RunInfo::variant`): the link's
 /// delay (`link-100us`, `link-1ms`), the direct lane off (`lane-off`), the
-/// latency scenarios not pinned (`unpinned`).
+/// latency scenarios not pinned (`unpinned`), N processes (`procsN`), TLS
+/// (`tls`).
 fn variant(
     link_delay: Option<std::time::Duration>,
     direct_lane: bool,
     no_pin: bool,
+    processes: Option<usize>,
+    tls: bool,
 ) -> Option<String> {
     let mut parts = Vec::new();
+    if tls {
+        parts.push("tls".to_owned());
+    }
+    if let Some(n) = processes {
+        parts.push(format!("procs{n}"));
+    }
     if let Some(delay) = link_delay {
         parts.push(
             format!("link-{delay:?}")
@@ -311,6 +366,33 @@ async fn run_once(env: &Env, names: &[String]) -> Result<Vec<ScenarioResult>> {
             );
             continue;
         }
+        if env.tls && !TLS_SCENARIOS.contains(name) {
+            println!(
+                "== {name}: skipped under --tls (the TLS pass runs only {})\n",
+                TLS_SCENARIOS.join(", ")
+            );
+            continue;
+        }
+        if let Some(processes) = env.processes {
+            let many_keys = match *name {
+                "handoff" => false,
+                "many-keys" => true,
+                _ => {
+                    println!("== {name}: skipped under --processes (only handoff and many-keys have a many-process form)\n");
+                    continue;
+                }
+            };
+            let started = Instant::now();
+            let r = scenarios::processes::run(env, many_keys, processes, env.tasks).await?;
+            println!("{}", r.render());
+            println!(
+                "  ({name} with {processes} processes took {:.1} s; load average now {})\n",
+                started.elapsed().as_secs_f64(),
+                load_average()
+            );
+            results.push(r);
+            continue;
+        }
         let started = Instant::now();
         let mut got = match *name {
             "uncontended" => vec![scenarios::uncontended::run(env).await?],
@@ -372,7 +454,7 @@ impl Servers {
 }
 
 async fn connect(url: &str) -> Result<redis::aio::MultiplexedConnection> {
-    redis::Client::open(url)?
+    scenarios::common::redis_client(url)?
         .get_multiplexed_async_connection()
         .await
         .map_err(context(&format!("connecting to {url}")))
@@ -387,7 +469,13 @@ async fn bench(args: Args, command: String) -> Result<()> {
     let mut members = Vec::new();
     let (servers, env_target, url, addr, mut stats) = match args.backend {
         Backend::Single => {
-            let redis = RedisServer::spawn().map_err(context("starting a private redis-server"))?;
+            let redis = RedisServer::builder()
+                .tls(args.tls)
+                .spawn()
+                .map_err(context("starting a private redis-server"))?;
+            if let Some(ca) = redis.ca_cert_pem() {
+                scenarios::common::set_tls_ca(ca.to_vec());
+            }
             let stats = vec![redis.client().await?];
             let (url, addr) = (redis.url(), redis.addr());
             (
@@ -466,12 +554,15 @@ async fn bench(args: Args, command: String) -> Result<()> {
         members,
         link_delay: args.link_delay,
         no_pin: args.no_pin,
+        processes: args.processes,
+        tasks: args.tasks,
+        tls: args.tls,
     };
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     let load_start = load_average();
     let at = servers.describe();
     println!(
-        "lock-bench: redis {version} {at}, {cpus} CPUs, load average {load_start}{}{}{}{}",
+        "lock-bench: redis {version} {at}, {cpus} CPUs, load average {load_start}{}{}{}{}{}",
         if args.quick { ", --quick" } else { "" },
         match args.link_delay {
             Some(d) => format!(", through a link of {d:?} each way (a delay line), unpinned"),
@@ -483,6 +574,11 @@ async fn bench(args: Args, command: String) -> Result<()> {
             ", direct lane off"
         },
         if args.no_pin { ", unpinned" } else { "" },
+        if args.tls {
+            ", TLS (private CA; every client over rustls)"
+        } else {
+            ""
+        },
     );
     println!(
         "ratios in parentheses are to the floor row(s) named under each title, of the same run; lower is better for latencies\n"
@@ -600,7 +696,13 @@ fn finish(
             locks: args.locks,
             load_average_start: load_start,
             load_average_end: load_end,
-            variant: variant(args.link_delay, args.direct_lane, args.no_pin),
+            variant: variant(
+                args.link_delay,
+                args.direct_lane,
+                args.no_pin,
+                args.processes,
+                args.tls,
+            ),
         };
         let dir = args
             .results_dir
@@ -626,6 +728,9 @@ fn target_tmp_dir() -> Option<PathBuf> {
 
 fn main() -> std::process::ExitCode {
     let argv: Vec<String> = std::env::args().skip(1).collect();
+    if argv.first().map(String::as_str) == Some("--worker") {
+        return worker_main(&argv[1..]);
+    }
     let command = results::command_line(&argv);
     let args = match parse_args(argv.into_iter()) {
         Ok(Some(args)) => args,
@@ -662,6 +767,28 @@ fn main() -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("lock-bench: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// `--worker ...`: one process of `--processes` (`src/scenarios/processes.rs`),
+/// started by the bench itself; absent from the usage.
+fn worker_main(rest: &[String]) -> std::process::ExitCode {
+    let Some(args) = scenarios::processes::WorkerArgs::parse(rest) else {
+        eprintln!("lock-bench worker: bad arguments {rest:?}");
+        return std::process::ExitCode::from(2);
+    };
+    let process = args.process;
+    let result = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(error::BoxError::from)
+        .and_then(|rt| rt.block_on(scenarios::processes::worker(args)));
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("lock-bench worker {process}: {e}");
             std::process::ExitCode::FAILURE
         }
     }
@@ -726,18 +853,46 @@ mod tests {
         assert!(a.direct_lane && a.link_delay.is_none());
         assert!(l.no_pin && !a.no_pin);
         assert_eq!(
-            variant(l.link_delay, l.direct_lane, l.no_pin).as_deref(),
+            variant(l.link_delay, l.direct_lane, l.no_pin, None, false).as_deref(),
             Some("link-100us-lane-off")
         );
         assert_eq!(
-            variant(Some(std::time::Duration::from_millis(1)), true, false).as_deref(),
+            variant(
+                Some(std::time::Duration::from_millis(1)),
+                true,
+                false,
+                None,
+                false
+            )
+            .as_deref(),
             Some("link-1ms")
         );
         assert_eq!(
-            variant(None, false, true).as_deref(),
+            variant(None, false, true, None, false).as_deref(),
             Some("lane-off-unpinned")
         );
-        assert_eq!(variant(None, true, false), None);
+        assert_eq!(variant(None, true, false, None, false), None);
+        assert_eq!(
+            variant(None, true, false, Some(4), false).as_deref(),
+            Some("procs4")
+        );
+        assert_eq!(
+            variant(None, true, false, None, true).as_deref(),
+            Some("tls")
+        );
+        let Some(t) = parse(&["--tls", "--quick"])? else {
+            bail!("expected arguments");
+        };
+        assert!(t.tls && !a.tls);
+        assert!(parse(&["--tls", "--backend", "cluster"]).is_err());
+        assert!(parse(&["--tls", "--processes", "2"]).is_err());
+        let Some(m) = parse(&["--processes", "4", "--tasks", "8"])? else {
+            bail!("expected arguments");
+        };
+        assert_eq!((m.processes, m.tasks), (Some(4), 8));
+        assert_eq!(a.processes, None);
+        assert!(parse(&["--processes", "0"]).is_err());
+        assert!(parse(&["--processes", "2", "--backend", "cluster"]).is_err());
         assert_eq!(
             parse_duration("1.5ms"),
             Some(std::time::Duration::from_micros(1500))

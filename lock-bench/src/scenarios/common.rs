@@ -43,6 +43,12 @@ pub struct Env {
     pub link_delay: Option<Duration>,
     /// `--no-pin`: the latency scenarios run on every CPU, as a service does.
     pub no_pin: bool,
+    /// `--processes N`: handoff and many-keys run with N worker processes.
+    pub processes: Option<usize>,
+    /// `--tasks`: tasks per worker process.
+    pub tasks: usize,
+    /// `--tls`: the server speaks TLS only; every client trusts its CA.
+    pub tls: bool,
 }
 
 impl Env {
@@ -218,7 +224,7 @@ impl Cycler {
             },
             Kind::Rslock => Cycler::Rslock {
                 manager: match target {
-                    Target::Single(url) => rslock::LockManager::new(vec![url.clone()]),
+                    Target::Single(url) => rslock_manager(url)?,
                     Target::Cluster(_) => bail!("rslock has no Redis Cluster support"),
                     Target::Redlock(_) => bail!("the bench runs only distlock on a Redlock"),
                 },
@@ -334,6 +340,35 @@ pub fn direct_lane() -> bool {
     DIRECT_LANE.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// `--tls`: the private server's certificate authority (PEM), which every
+/// client of the run trusts; unset on plain TCP.
+static TLS_CA: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+
+/// Sets `--tls`'s certificate authority for every client built from now on.
+pub fn set_tls_ca(pem: Vec<u8>) {
+    let _ = TLS_CA.set(pem);
+}
+
+/// A redis-rs client of `url`, trusting `--tls`'s authority when set: the
+/// floors' and the bench's own connections.
+pub fn redis_client(url: &str) -> Result<redis::Client> {
+    Ok(match TLS_CA.get() {
+        Some(ca) => redis::Client::build_with_tls(
+            url,
+            redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(ca.clone()),
+            },
+        )?,
+        None => redis::Client::open(url)?,
+    })
+}
+
+/// An rslock manager on one server, over rustls with `--tls`'s authority when set.
+pub fn rslock_manager(url: &str) -> Result<rslock::LockManager> {
+    Ok(rslock::LockManager::from_clients(vec![redis_client(url)?]))
+}
+
 pub async fn manager(target: &Target) -> Result<LockManager> {
     manager_with(target, false).await
 }
@@ -344,6 +379,10 @@ pub async fn manager_with(target: &Target, eager: bool) -> Result<LockManager> {
         Target::Single(url) => LockManager::builder(url),
         Target::Cluster(urls) => LockManager::cluster_builder(urls.iter().cloned()),
         Target::Redlock(urls) => LockManager::redlock_builder(urls.iter().cloned()),
+    };
+    let builder = match TLS_CA.get() {
+        Some(ca) => builder.tls_ca_pem(ca.clone()),
+        None => builder,
     };
     Ok(builder
         .default_lease(LEASE)
@@ -454,14 +493,15 @@ async fn block_in_task(
 /// of its own, after a warm-up that loads the scripts and opens connections.
 ///
 /// `None` on a cluster: the cluster client learns the nodes' own addresses from
-/// `CLUSTER SLOTS` and would go around a proxy in front of one of them.
+/// `CLUSTER SLOTS` and would go around a proxy in front of one of them. `None`
+/// under `--tls`: the proxy cannot read encrypted replies.
 pub async fn round_trips_per_cycle(
     env: &Env,
     kind: Kind,
     key: &str,
     cycles: u64,
 ) -> Result<Option<f64>> {
-    if env.is_cluster() {
+    if env.is_cluster() || env.tls {
         return Ok(None);
     }
     let proxy = CountingProxy::start(env.addr).await?;

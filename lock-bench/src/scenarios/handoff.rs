@@ -434,7 +434,7 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
     for _ in 0..MANAGERS {
         distlock.push(manager(&env.target).await?);
         if !cluster {
-            rslock.push(rslock::LockManager::new(vec![env.url.clone()]));
+            rslock.push(crate::scenarios::common::rslock_manager(&env.url)?);
         }
     }
     let mut four = Vec::new();

@@ -247,6 +247,18 @@ pub async fn run(env: &Env) -> Result<Vec<ScenarioResult>> {
         },
     };
 
+    let mut distinct = distinct;
+    if env.tls {
+        // The TLS pass's floor target: the same scripts over the same TLS.
+        distinct.targets.push(Target::ratio(
+            "distlock cycles/s >= 1/1.05 of the same-scripts floor's (TLS)",
+            d,
+            "ops/s",
+            f,
+            Check::AtLeast(1.0 / 1.05),
+        ));
+    }
+
     // Zipf over 1,000 keys: hot keys contend.
     env.flush().await?;
     let zipf =
@@ -266,9 +278,9 @@ pub async fn run(env: &Env) -> Result<Vec<ScenarioResult>> {
     ];
     let mut zipf_kinds = vec![Kind::Floor, Kind::Distlock];
     if !cluster {
-        imps.push(ZipfImpl::Rslock(rslock::LockManager::new(vec![env
-            .url
-            .clone()])));
+        imps.push(ZipfImpl::Rslock(crate::scenarios::common::rslock_manager(
+            &env.url,
+        )?));
         zipf_kinds.push(Kind::Rslock);
     }
     let sets = imps
