@@ -52,6 +52,31 @@ async fn queued(db: &Client) -> i64 {
     count(db, "SELECT count(*) FROM distlock.waiters").await
 }
 
+/// Waits (up to 10 s) until `n` acquisitions are queued.
+async fn await_queued(db: &Client, n: i64) {
+    assert!(
+        eventually(Duration::from_secs(10), async || queued(db).await == n)
+            .await
+            .is_some(),
+        "{n} acquisitions never queued"
+    );
+}
+
+/// A task of `m` that waits (up to 30 s) for `key` and gives its hold back.
+fn spawn_waiter(
+    m: &LockManager,
+    key: &'static str,
+) -> tokio::task::JoinHandle<Result<(), LockError>> {
+    let m = m.clone();
+    tokio::spawn(async move {
+        m.lock(key)
+            .wait(Duration::from_secs(30))
+            .acquire()
+            .await
+            .map(drop)
+    })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_waiters_of_three_managers_are_served_in_arrival_order_by_hand_off() {
     let pg = server();
@@ -296,19 +321,8 @@ async fn postgres_terminating_the_listening_connection_still_serves_the_waiter()
     let other = manager(&pg).await;
     let db = sql_client(&pg).await;
     let holder = m.lock("served").acquire().await.unwrap();
-    let waiter = tokio::spawn(async move {
-        other
-            .lock("served")
-            .wait(Duration::from_secs(30))
-            .acquire()
-            .await
-            .map(drop)
-    });
-    assert!(
-        eventually(Duration::from_secs(10), async || queued(&db).await == 1)
-            .await
-            .is_some()
-    );
+    let waiter = spawn_waiter(&other, "served");
+    await_queued(&db, 1).await;
     for pid in pg.backend_pids("distlock-listen").unwrap() {
         pg.kill_backend(pid).unwrap();
     }
@@ -468,42 +482,13 @@ async fn postgres_a_cancelled_waiter_leaves_the_queue_and_the_next_is_served() {
     let other = manager(&pg).await;
     let db = sql_client(&pg).await;
     let holder = m.lock("cancel").acquire().await.unwrap();
-    let first = {
-        let other = other.clone();
-        tokio::spawn(async move {
-            other
-                .lock("cancel")
-                .wait(Duration::from_secs(30))
-                .acquire()
-                .await
-                .map(drop)
-        })
-    };
-    assert!(
-        eventually(Duration::from_secs(10), async || queued(&db).await == 1)
-            .await
-            .is_some()
-    );
-    let second = tokio::spawn(async move {
-        other
-            .lock("cancel")
-            .wait(Duration::from_secs(30))
-            .acquire()
-            .await
-            .map(drop)
-    });
-    assert!(
-        eventually(Duration::from_secs(10), async || queued(&db).await == 2)
-            .await
-            .is_some()
-    );
+    let first = spawn_waiter(&other, "cancel");
+    await_queued(&db, 1).await;
+    let second = spawn_waiter(&other, "cancel");
+    await_queued(&db, 2).await;
     // The head gives up: its entry goes, so the release hands to the second.
     first.abort();
-    assert!(
-        eventually(Duration::from_secs(10), async || queued(&db).await == 1)
-            .await
-            .is_some()
-    );
+    await_queued(&db, 1).await;
     holder.release().await.unwrap();
     tokio::time::timeout(Duration::from_secs(10), second)
         .await
