@@ -4,8 +4,12 @@
 //!
 //! Run with `cargo test -p distlock --features postgres --test postgres`.
 
+mod common;
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use common::eventually;
 
 use distlock::{LockError, LockManager};
 use distlock_testing::PostgresServer;
@@ -30,18 +34,6 @@ async fn sql_client(pg: &PostgresServer) -> Client {
         let _ = connection.await;
     });
     client
-}
-
-/// Polls `f` every 10 ms until it holds or `limit` passes; how long it took.
-async fn eventually(limit: Duration, mut f: impl AsyncFnMut() -> bool) -> Option<Duration> {
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if f().await {
-            return Some(start.elapsed());
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    None
 }
 
 async fn count(db: &Client, sql: &str) -> i64 {
