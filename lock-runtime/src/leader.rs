@@ -34,6 +34,7 @@ use crate::error::{KeyPreview, LockError};
 use crate::lease::Lease;
 use crate::waiting::{Sink, Topic};
 use crate::{LockGuard, LockManager, LockRequest};
+use futures_util::FutureExt;
 
 /// The prefix of a leader election's lock key: `manager.leader("scheduler")`
 /// holds lock `leader:scheduler`, which `inspect`, `list` and the CLI show.
@@ -580,6 +581,20 @@ async fn watch(election: LeaderElection, changes: buffer::Sender<Option<LeaderIn
         ));
     }
     let lease_timer = expiry.is_none();
+    // The first read waits until every subscription is in place (or the
+    // connect timeout passes, or one is refused): a read after that misses
+    // nothing announced later. What was heard before that read, the read
+    // covers, so it is dropped; otherwise each early confirmation would read
+    // the lock once more, each a term behind or ahead of the last report.
+    let all_subscribed = async {
+        for interest in &interests {
+            if interest.subscribed().await.is_err() {
+                return;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(core.config.connect_timeout, all_subscribed).await;
+    while let Some(Some(_)) = heard.pop().now_or_never() {}
     // Unregistered when the watch's task ends (its stream was dropped).
     let _interests = interests;
 
@@ -588,12 +603,9 @@ async fn watch(election: LeaderElection, changes: buffer::Sender<Option<LeaderIn
         leading: false,
         started: false,
     };
-    // When to read the lock again: the end of the lease last seen. The first
-    // read follows the first subscription, so that nothing announced after
-    // the first report is missed; without one within the connect timeout,
-    // the watch reports what it reads anyway.
-    let mut read_at = Some(tokio::time::Instant::now() + core.config.connect_timeout);
-    let mut read_now = false;
+    // When to read the lock again: the end of the lease last seen.
+    let mut read_at = None;
+    let mut read_now = true;
     loop {
         if read_now {
             read_now = false;
