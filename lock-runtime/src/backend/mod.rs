@@ -231,8 +231,8 @@ impl Backend {
                 )),
                 maybe_executed: false,
             }),
-            // Only the default lock lives on PostgreSQL, and its operations
-            // have arms of their own; requests refuse the other kinds first.
+            // Every operation PostgreSQL serves has an arm of its own; the
+            // counting semaphore, which it does not, is refused first.
             #[cfg(feature = "postgres")]
             Backend::Postgres(_) => Err(CallError {
                 error: LockError::Unsupported {
@@ -353,7 +353,7 @@ impl Backend {
         match self {
             Backend::Redlock(_) => Ok(0),
             #[cfg(feature = "postgres")]
-            Backend::Postgres(_) => Ok(0),
+            Backend::Postgres(b) => b.force_unlock_shared(key, names, what, token).await,
             _ => {
                 let force = ForceUnlockShared { names, what, token };
                 self.on_key(key, &force).await
@@ -378,7 +378,11 @@ impl Backend {
         key: &str,
         keys: &RedisNames,
     ) -> Result<PermitReply, CallError> {
-        self.on_key(key, &PermitCounts { keys }).await
+        match self {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(b) => b.permit_counts(key, keys).await,
+            _ => self.on_key(key, &PermitCounts { keys }).await,
+        }
     }
 
     /// Gives back part of `owner`'s weighted semaphore hold and keeps the
@@ -390,6 +394,10 @@ impl Backend {
         owner: &str,
         kept_owner: &str,
     ) -> Result<bool, CallError> {
+        #[cfg(feature = "postgres")]
+        if let Backend::Postgres(b) = self {
+            return b.permit_give_back(key, keys, owner, kept_owner).await;
+        }
         self.on_key(
             key,
             &PermitGiveBack {
@@ -410,6 +418,10 @@ impl Backend {
         owner: &str,
         permit_owners: &[String],
     ) -> Result<bool, CallError> {
+        #[cfg(feature = "postgres")]
+        if let Backend::Postgres(b) = self {
+            return b.permit_split(key, keys, owner, permit_owners).await;
+        }
         self.on_key(
             key,
             &PermitSplit {
