@@ -415,6 +415,23 @@ impl Deployment {
     }
 }
 
+impl Deployment {
+    /// [`raw_for`](Self::raw_for) on Redis, `None` on PostgreSQL: for a test
+    /// whose Redis-only assertions (the names a hold leaves) sit beside
+    /// store-neutral ones.
+    pub async fn redis_raw_for(
+        &self,
+        m: &LockManager,
+        user_key: &str,
+    ) -> Option<MultiplexedConnection> {
+        if self.is_postgres() {
+            None
+        } else {
+            Some(self.raw_for(m, user_key).await)
+        }
+    }
+}
+
 /// Runs `async fn $test(d: Deployment)` as two tests, `$test::single` and
 /// `$test::cluster`.
 #[macro_export]
