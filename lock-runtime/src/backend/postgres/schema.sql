@@ -352,7 +352,7 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.shared_holds (
   name text NOT NULL,
   owner text NOT NULL,
   kind text NOT NULL CHECK (kind IN ('w', 'r', 'p')),
-  weight integer NOT NULL DEFAULT 1,
+  weight bigint NOT NULL DEFAULT 1,
   token bigint NOT NULL DEFAULT 0,
   expires_at timestamptz NOT NULL,
   since_ms bigint NOT NULL,
@@ -368,18 +368,18 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.shared_holds (
 -- waits for (`waiting_weight`, see permit_acquire.lua's '?').
 CREATE TABLE IF NOT EXISTS __SCHEMA__.shared_keys (
   name text PRIMARY KEY,
-  permits integer,
-  waiting_weight integer NOT NULL DEFAULT 1,
+  permits bigint,
+  waiting_weight bigint NOT NULL DEFAULT 1,
   intent_owner text,
   intent_expires_at timestamptz
 );
 
 -- The permits a semaphore holder's owner token stands for: "<owner>:<n>" is
 -- a weighted hold of n, a plain owner token one (weight_of in
--- shared_prelude.lua).
+-- shared_prelude.lua). bigint: a semaphore may have up to 2^32 - 1 permits.
 CREATE OR REPLACE FUNCTION __SCHEMA__.weight_of(p_owner text)
-RETURNS integer LANGUAGE sql IMMUTABLE AS $$
-  SELECT coalesce(substring(p_owner FROM ':([0-9]+)$')::integer, 1)
+RETURNS bigint LANGUAGE sql IMMUTABLE AS $$
+  SELECT coalesce(substring(p_owner FROM ':([0-9]{1,18})$')::bigint, 1)
 $$;
 
 -- Milliseconds from `p_now` to `p_end`, rounded up, never below 0.
@@ -520,8 +520,8 @@ END $$;
 --                      otherwise without resizing
 CREATE OR REPLACE FUNCTION __SCHEMA__.permit_acquire(
   p_name text, p_owner text, p_lease_ms bigint, p_fence boolean, p_waiting boolean,
-  p_permits integer, p_resize boolean, p_since_ms bigint, p_holder text,
-  p_waiting_weight integer,
+  p_permits bigint, p_resize boolean, p_since_ms bigint, p_holder text,
+  p_waiting_weight bigint,
   OUT o_status integer, OUT o_token bigint, OUT o_remaining_ms bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -529,11 +529,11 @@ DECLARE
   v_holders bigint;
   v_held bigint;
   v_first timestamptz;
-  v_stored integer;
-  v_recorded integer;
-  v_wanted integer := __SCHEMA__.weight_of(p_owner);
+  v_stored bigint;
+  v_recorded bigint;
+  v_wanted bigint := __SCHEMA__.weight_of(p_owner);
   v_mine boolean;
-  v_count integer;
+  v_count bigint;
 BEGIN
   PERFORM pg_advisory_xact_lock(1684826880, hashtext(p_name));
   v_now := clock_timestamp();
@@ -593,8 +593,8 @@ DECLARE
   v_now timestamptz;
   v_holders bigint;
   v_held bigint;
-  v_count integer;
-  v_recorded integer;
+  v_count bigint;
+  v_recorded bigint;
 BEGIN
   PERFORM pg_advisory_xact_lock(1684826880, hashtext(p_name));
   v_now := clock_timestamp();
@@ -656,7 +656,7 @@ CREATE OR REPLACE FUNCTION __SCHEMA__.permit_give_back(
 RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
   v_now timestamptz;
-  v_freed integer := __SCHEMA__.weight_of(p_owner) - __SCHEMA__.weight_of(p_kept);
+  v_freed bigint := __SCHEMA__.weight_of(p_owner) - __SCHEMA__.weight_of(p_kept);
 BEGIN
   PERFORM pg_advisory_xact_lock(1684826880, hashtext(p_name));
   v_now := clock_timestamp();
@@ -706,7 +706,7 @@ END $$;
 -- A semaphore's permits held by live holds, and the count they use (NULL
 -- when nobody holds one). Reads only.
 CREATE OR REPLACE FUNCTION __SCHEMA__.permit_counts(p_name text)
-RETURNS TABLE (held bigint, stored integer) LANGUAGE sql AS $$
+RETURNS TABLE (held bigint, stored bigint) LANGUAGE sql AS $$
   SELECT h.held, CASE WHEN h.held > 0 THEN k.permits END
   FROM (SELECT coalesce(sum(weight), 0)::bigint AS held FROM __SCHEMA__.shared_holds
         WHERE name = p_name AND expires_at > clock_timestamp()) h
@@ -806,7 +806,7 @@ END $$;
 CREATE OR REPLACE FUNCTION __SCHEMA__.inspect_shared(p_rw text, p_sem text)
 RETURNS TABLE (writer text, writer_pttl bigint, reader_owners text[], reader_ends bigint[],
   reader_details text[], writer_waiting boolean, permit_owners text[], permit_ends bigint[],
-  permit_details text[], permit_count integer)
+  permit_details text[], permit_count bigint)
 LANGUAGE sql AS $$
   WITH live AS (
     SELECT h.*, floor(extract(epoch FROM h.expires_at) * 1000)::bigint AS ends_ms,

@@ -121,16 +121,15 @@ impl Postgres {
         ];
         let row = match keys.kind {
             LockKind::Permit { permits } => {
-                let permits = i32::try_from(permits).unwrap_or(i32::MAX);
-                let waiting_weight =
-                    i32::try_from(spec.largest_waiting_weight).unwrap_or(i32::MAX);
+                let permits = i64::from(permits);
+                let waiting_weight = i64::from(spec.largest_waiting_weight);
                 let mut params = common.to_vec();
                 params.extend([
-                    param(&permits, Type::INT4),
+                    param(&permits, Type::INT8),
                     param(&spec.resize_permits, Type::BOOL),
                     param(&since, Type::INT8),
                     param(&spec.holder, Type::TEXT),
-                    param(&waiting_weight, Type::INT4),
+                    param(&waiting_weight, Type::INT8),
                 ]);
                 inner
                     .one(key, &inner.shared.permit_acquire, &params)
@@ -225,7 +224,7 @@ impl Postgres {
             .one(key, &inner.shared.counts, &[param(&keys.lock, Type::TEXT)])
             .await?;
         let held: i64 = get(key, &row, 0)?;
-        let stored: Option<i32> = get(key, &row, 1)?;
+        let stored: Option<i64> = get(key, &row, 1)?;
         Ok(PermitReply::Counts {
             held: u32::try_from(held).unwrap_or(u32::MAX),
             stored: stored.map(|s| u32::try_from(s).unwrap_or(0)),
@@ -347,7 +346,7 @@ impl Postgres {
         reading.readers = holders(key, &row, 7)?;
         reading.writer_waiting = get(key, &row, 10)?;
         reading.permit_holders = holders(key, &row, 11)?;
-        let count: Option<i32> = get(key, &row, 14)?;
+        let count: Option<i64> = get(key, &row, 14)?;
         reading.permit_count = count.map(|c| u32::try_from(c).unwrap_or(0));
         Ok(Some(reading))
     }
