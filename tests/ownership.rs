@@ -2,7 +2,8 @@
 //! (resumed, renewed, released, lost), and what "held" means where users of
 //! other libraries expect otherwise: the current call chain, a force-unlock
 //! of a queued lock, one side of a read-write lock, a semaphore shrunk below
-//! its holders. Every test on one server and on a Redis Cluster.
+//! its holders. Every test on one server, on a Redis Cluster and (but the
+//! first) on PostgreSQL.
 
 mod common;
 
@@ -11,8 +12,11 @@ use std::time::Duration;
 use common::*;
 use distlock::{Backoff, HoldKind, HoldTicket, LockError, MAX_SPLIT_PERMITS};
 
-crate::on_both!(
-    a_hold_handed_over_by_ticket_is_renewed_and_released_by_its_new_guard,
+// Its 300 ms lease leaves PostgreSQL's renewal commits (fsync on, a shared
+// machine) too little room: Redis only.
+crate::on_both!(a_hold_handed_over_by_ticket_is_renewed_and_released_by_its_new_guard);
+
+crate::on_stores!(
     a_ticket_nobody_resumes_ends_with_its_lease_and_releases_once,
     a_resumed_guard_learns_when_its_hold_is_taken,
     a_guard_shared_by_reentrant_holds_is_not_exported,
@@ -203,9 +207,12 @@ async fn part_of_a_weighted_hold_is_given_back_and_the_rest_kept(d: Deployment) 
         .redis_names("gpu")
         .channel()
         .replacen("wake:", "semwake:", 1);
-    let mut raw = d.raw_for(&m, "gpu").await;
-    let listening = eventually(Duration::from_secs(10), async || {
-        numsub(&mut raw, &channel).await >= 1
+    // On PostgreSQL, whose listeners cannot be counted from outside: the
+    // waiter's weight, which its first attempt after subscribing records.
+    let mut raw = d.redis_raw_for(&m, "gpu").await;
+    let listening = eventually(Duration::from_secs(10), async || match raw.as_mut() {
+        Some(raw) => numsub(raw, &channel).await >= 1,
+        None => d.recorded_waiting_weight(&m, "gpu") == Some(3),
     })
     .await;
     assert!(listening.is_some(), "the waiter never subscribed");

@@ -163,11 +163,12 @@ async fn postgres_refused_primitives_give_a_typed_error() {
         Err(LockError::Unsupported { store, .. }) => assert_eq!(store, "PostgreSQL"),
         other => panic!("expected Unsupported, got {other:?}"),
     };
-    unsupported(m.semaphore("s", 2).acquire().await.map(drop));
-    unsupported(m.read_lock("rw").acquire().await.map(drop));
-    unsupported(m.write_lock("rw").acquire().await.map(drop));
     unsupported(m.lock_all(["a", "b"]).acquire().await.map(drop));
+    // The counting semaphore stays Redis's (read-write locks and semaphores
+    // are served: tests/read_write.rs, tests/semaphore.rs).
     unsupported(m.counting_semaphore("c").try_acquire(1).await.map(drop));
+    unsupported(m.counting_semaphore("c").release(1).await.map(drop));
+    unsupported(m.counting_semaphore("c").counts().await.map(drop));
     unsupported(m.leader("l").campaign().await.map(drop));
     unsupported(m.events("x:*").subscribe().await.map(drop));
     let events = LockManager::builder(&pg.url())
@@ -175,9 +176,15 @@ async fn postgres_refused_primitives_give_a_typed_error() {
         .build()
         .await;
     unsupported(events.map(drop));
-    let message = m.semaphore("s", 2).acquire().await.unwrap_err().to_string();
+    let message = m
+        .counting_semaphore("c")
+        .try_acquire(1)
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(
-        message.contains("not available on PostgreSQL yet"),
+        message.contains("counting semaphore")
+            && message.contains("not available on PostgreSQL yet"),
         "{message}"
     );
 }

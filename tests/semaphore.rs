@@ -628,7 +628,7 @@ async fn a_waiter_for_several_permits_is_woken_when_they_come_free(d: Deployment
                 .unwrap();
             weight.as_deref() == Some("4")
         }
-        None => recorded_waiting_weight(&d, &a, key) == Some(4),
+        None => d.recorded_waiting_weight(&a, key) == Some(4),
     })
     .await;
     assert!(recorded.is_some(), "the waiter's weight was never recorded");
@@ -714,23 +714,6 @@ async fn a_weighted_waiter_behind_another_is_woken_when_its_permits_come_free(d:
     three.release().await.unwrap();
     one.release().await.unwrap();
     holds.pop().unwrap().release().await.unwrap();
-}
-
-/// The largest waiting weight PostgreSQL recorded for semaphore `key` (None
-/// on Redis, or without a row).
-fn recorded_waiting_weight(d: &Deployment, m: &LockManager, key: &str) -> Option<u64> {
-    #[cfg(feature = "postgres")]
-    if let Deployment::Postgres { server, schema } = d {
-        let name = m.redis_names(key).lock.replacen(":lock:", ":sem:", 1);
-        let out = server
-            .psql(&format!(
-                "SELECT waiting_weight FROM {schema}.shared_keys WHERE name = '{name}'"
-            ))
-            .unwrap();
-        return out.trim().parse().ok();
-    }
-    let _ = (d, m, key);
-    None
 }
 
 /// The URL of the server that holds `key`'s names.

@@ -1063,11 +1063,7 @@ impl Inner {
 
 /// The outcomes of a renewal statement's rows `(i, renewed)` for a batch
 /// of `leases` sent at `sent_at`.
-fn renewals(
-    leases: usize,
-    rows: Result<Vec<Row>, CallError>,
-    sent_at: Instant,
-) -> Vec<Renewal> {
+fn renewals(leases: usize, rows: Result<Vec<Row>, CallError>, sent_at: Instant) -> Vec<Renewal> {
     let failed = |why: String| (0..leases).map(|_| Renewal::Failed(why.clone())).collect();
     let rows = match rows {
         Ok(rows) if rows.len() == leases => rows,
