@@ -789,7 +789,9 @@ impl Postgres {
         self.inner
             .renewal_round_trips
             .fetch_add(1, Ordering::Relaxed);
-        let (locks, shared): (Vec<(usize, &Arc<Lease>)>, Vec<(usize, &Arc<Lease>)>) = batch
+        // Each lease with its place in the batch, where its outcome goes.
+        type Placed<'a> = Vec<(usize, &'a Arc<Lease>)>;
+        let (locks, shared): (Placed<'_>, Placed<'_>) = batch
             .iter()
             .enumerate()
             .partition(|(_, l)| l.keys.kind == LockKind::Exclusive);
