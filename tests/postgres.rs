@@ -404,6 +404,62 @@ async fn postgres_the_sweep_keeps_the_tables_bounded() {
     );
 }
 
+/// The shared holds' tables too: expired read, write and permit holds, and
+/// the family rows they leave (a semaphore's count, a dead writer's
+/// intent), go with the sweep, more than one sweep's limit of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_the_sweep_keeps_the_shared_tables_bounded() {
+    let pg = server();
+    let m = LockManager::builder(&pg.url())
+        .postgres_sweep_interval(Duration::from_millis(100))
+        .build()
+        .await
+        .unwrap();
+    let db = sql_client(&pg).await;
+    // 1500 holds of readers that died (their leases ran out), and the
+    // intents of 1500 writers that died waiting.
+    db.batch_execute(
+        "INSERT INTO distlock.shared_holds (name, owner, kind, expires_at, since_ms, holder) \
+         SELECT 'dead:' || g, 'owner', 'r', clock_timestamp() - interval '1 second', 0, '' \
+         FROM generate_series(1, 1500) g; \
+         INSERT INTO distlock.shared_keys (name, intent_owner, intent_expires_at) \
+         SELECT 'dead:' || g, 'owner', clock_timestamp() - interval '1 second' \
+         FROM generate_series(1, 1500) g",
+    )
+    .await
+    .unwrap();
+    // Holds of every kind whose holders never release them, and released ones.
+    let short = Duration::from_millis(50);
+    for i in 0..50 {
+        let expiring = [
+            m.read_lock(format!("r:{i}")).lease(short),
+            m.write_lock(format!("w:{i}")).lease(short),
+            m.semaphore(format!("s:{i}"), 3).weight(2).lease(short),
+        ];
+        for request in expiring {
+            std::mem::forget(request.renew(false).acquire().await.unwrap());
+        }
+        m.semaphore(format!("cycled:{i}"), 2)
+            .acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    let rows = async || {
+        count(&db, "SELECT count(*) FROM distlock.shared_holds").await
+            + count(&db, "SELECT count(*) FROM distlock.shared_keys").await
+    };
+    assert!(
+        eventually(Duration::from_secs(10), async || rows().await == 0)
+            .await
+            .is_some(),
+        "rows left: {}",
+        rows().await
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_the_schema_is_versioned_and_its_creation_optional() {
     let pg = server();
