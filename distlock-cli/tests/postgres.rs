@@ -231,6 +231,117 @@ async fn postgres_a_held_lock_is_listed_inspected_and_force_unlocked() {
     );
 }
 
+/// Read-write locks and semaphores on PostgreSQL: `list` shows each reader
+/// and a weighted semaphore hold, `inspect` a waiting writer, `unlock --hold`
+/// frees one reader, `unlock` a whole key (its semaphore holder; the waiting
+/// writer then takes the read-write lock).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_read_write_locks_and_semaphores_are_listed_inspected_and_freed() {
+    let pg = PostgresServer::start().unwrap();
+    let url = pg.url();
+    let manager = LockManager::builder(&url)
+        .holder("test-holder")
+        .build()
+        .await
+        .unwrap();
+    let reader_a = manager.read_lock("doc").acquire().await.unwrap();
+    let reader_b = manager.read_lock("doc").acquire().await.unwrap();
+    let permits = manager
+        .semaphore("pool", 4)
+        .weight(3)
+        .acquire()
+        .await
+        .unwrap();
+
+    let table = cli(&url, &["list"]).await;
+    assert!(table.status.success(), "{}", stderr(&table));
+    let text = stdout(&table);
+    let rows: Vec<(&str, &str)> = text
+        .lines()
+        .skip(1)
+        .map(|line| {
+            let mut cells = line.split_whitespace();
+            (cells.next().unwrap(), cells.next().unwrap())
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [("doc", "read"), ("doc", "read"), ("pool", "3")],
+        "{text}"
+    );
+
+    // A writer waits for the readers: `inspect` shows it.
+    let writer = tokio::spawn({
+        let manager = manager.clone();
+        async move {
+            manager
+                .write_lock("doc")
+                .wait(Duration::from_secs(30))
+                .acquire()
+                .await
+                .unwrap()
+        }
+    });
+    let mut waiting = false;
+    for _ in 0..400 {
+        if manager.inspect_all("doc").await.unwrap().writer_waiting {
+            waiting = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(waiting, "the writer waits");
+    let state = json(&cli(&url, &["--json", "inspect", "doc"]).await);
+    assert_eq!(state["writer_waiting"], true, "{state}");
+    assert_eq!(state["holds"].as_array().map(Vec::len), Some(2), "{state}");
+
+    // One reader of two, by its hold id.
+    let first = state["holds"][0]["hold_id"].as_str().unwrap().to_owned();
+    let refused = cli(&url, &["unlock", "doc", "--hold", &first]).await;
+    assert_eq!(refused.status.code(), Some(2), "{}", stderr(&refused));
+    assert!(
+        stderr(&refused).contains("read by test-holder"),
+        "{}",
+        stderr(&refused)
+    );
+    let freed = json(
+        &cli(
+            &url,
+            &["--json", "unlock", "doc", "--hold", &first, "--yes"],
+        )
+        .await,
+    );
+    assert_eq!(
+        freed,
+        serde_json::json!({"key": "doc", "was_held": true, "freed": 1})
+    );
+    let left = manager.inspect_all("doc").await.unwrap();
+    assert_eq!(left.holds.len(), 1);
+    assert_ne!(left.holds[0].hold_id, first);
+
+    // The whole key of the semaphore.
+    let out = cli(&url, &["unlock", "pool", "--yes"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("force-unlocked pool (3 permits by test-holder"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(!manager.semaphore("pool", 4).is_locked().await.unwrap());
+
+    // The other reader's key: freed, the waiting writer takes the lock.
+    let out = cli(&url, &["unlock", "doc", "--yes"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let w = tokio::time::timeout(Duration::from_secs(10), writer)
+        .await
+        .expect("the writer gets the lock")
+        .unwrap();
+    let state = json(&cli(&url, &["--json", "inspect", "doc"]).await);
+    assert_eq!(state["holds"][0]["kind"], "write", "{state}");
+    w.release().await.unwrap();
+    drop((reader_a, reader_b, permits));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_the_url_comes_from_distlock_url_before_redis_url() {
     let pg = PostgresServer::start().unwrap();
