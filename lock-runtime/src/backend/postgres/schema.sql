@@ -715,18 +715,28 @@ $$;
 
 -- Renews a batch of shared leases (and writers') in one statement, as
 -- `renew` does for the default lock: element i of the arrays is one lease
--- (family name, owner token, lease ms). One row per lease, in order.
+-- (family name, owner token, lease ms). One row per lease, in order. The
+-- rows are locked in (name, owner) order, as force_unlock_shared locks the
+-- rows it frees, so that the two cannot deadlock over one key's holds.
 CREATE OR REPLACE FUNCTION __SCHEMA__.shared_renew(
   p_names text[], p_owners text[], p_lease_ms bigint[])
 RETURNS TABLE (i bigint, renewed boolean) LANGUAGE sql AS $$
   WITH input AS (
     SELECT t.name, t.owner, t.lease_ms, t.i
     FROM unnest(p_names, p_owners, p_lease_ms) WITH ORDINALITY AS t(name, owner, lease_ms, i)),
+  locked AS (
+    SELECT h.name, h.owner FROM __SCHEMA__.shared_holds h
+      JOIN input ON h.name = input.name AND h.owner = input.owner
+      WHERE h.expires_at > clock_timestamp()
+      ORDER BY h.name, h.owner
+      FOR UPDATE OF h),
   done AS (
     UPDATE __SCHEMA__.shared_holds h
       SET expires_at = clock_timestamp() + input.lease_ms * interval '1 millisecond'
-      FROM input
-      WHERE h.name = input.name AND h.owner = input.owner AND h.expires_at > clock_timestamp()
+      FROM input, locked
+      WHERE h.name = input.name AND h.owner = input.owner
+        AND locked.name = h.name AND locked.owner = h.owner
+        AND h.expires_at > clock_timestamp()
       RETURNING input.i)
   SELECT input.i, EXISTS (SELECT 1 FROM done WHERE done.i = input.i)
   FROM input ORDER BY input.i
@@ -762,6 +772,9 @@ BEGIN
   PERFORM pg_advisory_xact_lock(1684826880, hashtext(p_rw));
   PERFORM pg_advisory_xact_lock(1684826880, hashtext(p_sem));
   v_now := clock_timestamp();
+  -- The rows in (name, owner) order, as shared_renew locks them.
+  PERFORM 1 FROM __SCHEMA__.shared_holds WHERE name IN (p_rw, p_sem)
+    ORDER BY name, owner FOR UPDATE;
   IF p_mode IN ('all', 'write', 'read') THEN
     WITH freed AS (
       DELETE FROM __SCHEMA__.shared_holds
