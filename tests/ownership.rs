@@ -17,6 +17,7 @@ use distlock::{Backoff, HoldKind, HoldTicket, LockError, MAX_SPLIT_PERMITS};
 crate::on_both!(a_hold_handed_over_by_ticket_is_renewed_and_released_by_its_new_guard);
 
 crate::on_stores!(
+    a_weighted_permit_and_a_reader_move_by_ticket,
     a_ticket_nobody_resumes_ends_with_its_lease_and_releases_once,
     a_resumed_guard_learns_when_its_hold_is_taken,
     a_guard_shared_by_reentrant_holds_is_not_exported,
@@ -96,6 +97,56 @@ async fn a_hold_handed_over_by_ticket_is_renewed_and_released_by_its_new_guard(d
     resumed.release().await.unwrap();
     let writing = handler.write_lock("doc").try_acquire().await.unwrap();
     assert!(writing.is_some());
+}
+
+/// The shared kinds' part of the test above, with the default lease (on
+/// every store): a weighted semaphore hold moves with its permits, a reader
+/// keeps the writer out until the worker releases.
+async fn a_weighted_permit_and_a_reader_move_by_ticket(d: Deployment) {
+    let handler = d.manager().await;
+    let worker = d.manager().await;
+    let permits = handler
+        .semaphore("moved:pool", 5)
+        .weight(2)
+        .acquire()
+        .await
+        .unwrap();
+    let token = permits.fencing_token().await.unwrap();
+    let ticket = permits.into_ticket().unwrap();
+    let resumed = worker.resume(&ticket).await.unwrap();
+    assert_eq!(resumed.fencing_token().await.unwrap(), token);
+    let counts = worker
+        .semaphore("moved:pool", 5)
+        .permit_counts()
+        .await
+        .unwrap();
+    assert_eq!((counts.held, counts.available), (2, 3));
+    resumed.release().await.unwrap();
+    let counts = worker
+        .semaphore("moved:pool", 5)
+        .permit_counts()
+        .await
+        .unwrap();
+    assert_eq!(counts.held, 0);
+
+    let reading = handler.read_lock("moved:doc").acquire().await.unwrap();
+    let resumed = worker
+        .resume(&reading.into_ticket().unwrap())
+        .await
+        .unwrap();
+    assert!(handler
+        .write_lock("moved:doc")
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
+    resumed.release().await.unwrap();
+    let writing = handler.write_lock("moved:doc").try_acquire().await.unwrap();
+    writing
+        .expect("free once the worker released")
+        .release()
+        .await
+        .unwrap();
 }
 
 /// Nobody renews a hold between `into_ticket` and `resume`: it ends with its
