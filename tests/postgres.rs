@@ -704,3 +704,38 @@ async fn postgres_a_hold_across_an_immediate_restart_is_kept() {
         .await
         .expect("the release after the restart");
 }
+
+/// Holds of the shared kinds whose guards are dropped as their runtime ends
+/// (the release spawned there never runs) are released by the blocking
+/// release on a connection of its own, each by its kind's function: nothing
+/// stays held for the rest of its 30 s lease.
+#[test]
+fn postgres_shared_holds_dropped_as_their_runtime_ends_are_released() {
+    let pg = server();
+    let lease = Duration::from_secs(30);
+    let ending = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    ending.block_on(async {
+        let m = manager(&pg).await;
+        let _reader = m.read_lock("ends:r").lease(lease).acquire().await.unwrap();
+        let _writer = m.write_lock("ends:w").lease(lease).acquire().await.unwrap();
+        let _permits = m
+            .semaphore("ends:s", 3)
+            .weight(2)
+            .lease(lease)
+            .acquire()
+            .await
+            .unwrap();
+        // Dropped here, inside the runtime: each Drop spawns its release.
+    });
+    drop(ending);
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let m = manager(&pg).await;
+        for key in ["ends:r", "ends:w", "ends:s"] {
+            let state = m.inspect_all(key).await.unwrap();
+            assert!(!state.is_held(), "{key} still held: {state:?}");
+        }
+    });
+}
