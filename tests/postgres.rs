@@ -164,11 +164,6 @@ async fn postgres_refused_primitives_give_a_typed_error() {
         other => panic!("expected Unsupported, got {other:?}"),
     };
     unsupported(m.lock_all(["a", "b"]).acquire().await.map(drop));
-    // The counting semaphore stays Redis's (read-write locks and semaphores
-    // are served: tests/read_write.rs, tests/semaphore.rs).
-    unsupported(m.counting_semaphore("c").try_acquire(1).await.map(drop));
-    unsupported(m.counting_semaphore("c").release(1).await.map(drop));
-    unsupported(m.counting_semaphore("c").counts().await.map(drop));
     unsupported(m.leader("l").campaign().await.map(drop));
     unsupported(m.events("x:*").subscribe().await.map(drop));
     let events = LockManager::builder(&pg.url())
@@ -176,15 +171,9 @@ async fn postgres_refused_primitives_give_a_typed_error() {
         .build()
         .await;
     unsupported(events.map(drop));
-    let message = m
-        .counting_semaphore("c")
-        .try_acquire(1)
-        .await
-        .unwrap_err()
-        .to_string();
+    let message = m.leader("l").campaign().await.unwrap_err().to_string();
     assert!(
-        message.contains("counting semaphore")
-            && message.contains("not available on PostgreSQL yet"),
+        message.contains("not available on PostgreSQL yet"),
         "{message}"
     );
 }
@@ -404,9 +393,10 @@ async fn postgres_the_sweep_keeps_the_tables_bounded() {
     );
 }
 
-/// The shared holds' tables too: expired read, write and permit holds, and
-/// the family rows they leave (a semaphore's count, a dead writer's
-/// intent), go with the sweep, more than one sweep's limit of them.
+/// The shared holds' and counters' tables too: expired read, write and
+/// permit holds, the family rows they leave (a semaphore's count, a dead
+/// writer's intent) and ended registrations of counting semaphore waiters
+/// go with the sweep, more than one sweep's limit of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_the_sweep_keeps_the_shared_tables_bounded() {
     let pg = server();
@@ -416,13 +406,17 @@ async fn postgres_the_sweep_keeps_the_shared_tables_bounded() {
         .await
         .unwrap();
     let db = sql_client(&pg).await;
-    // 1500 holds of readers that died (their leases ran out), and the
-    // intents of 1500 writers that died waiting.
+    // 1500 holds of readers that died (their leases ran out), the intents
+    // of 1500 writers that died waiting, and 1500 registrations of counting
+    // semaphore waiters that died.
     db.batch_execute(
         "INSERT INTO distlock.shared_holds (name, owner, kind, expires_at, since_ms, holder) \
          SELECT 'dead:' || g, 'owner', 'r', clock_timestamp() - interval '1 second', 0, '' \
          FROM generate_series(1, 1500) g; \
          INSERT INTO distlock.shared_keys (name, intent_owner, intent_expires_at) \
+         SELECT 'dead:' || g, 'owner', clock_timestamp() - interval '1 second' \
+         FROM generate_series(1, 1500) g; \
+         INSERT INTO distlock.counter_waiters (name, owner, expires_at) \
          SELECT 'dead:' || g, 'owner', clock_timestamp() - interval '1 second' \
          FROM generate_series(1, 1500) g",
     )
@@ -450,6 +444,7 @@ async fn postgres_the_sweep_keeps_the_shared_tables_bounded() {
     let rows = async || {
         count(&db, "SELECT count(*) FROM distlock.shared_holds").await
             + count(&db, "SELECT count(*) FROM distlock.shared_keys").await
+            + count(&db, "SELECT count(*) FROM distlock.counter_waiters").await
     };
     assert!(
         eventually(Duration::from_secs(10), async || rows().await == 0)

@@ -358,19 +358,41 @@ async fn postgres_the_url_comes_from_distlock_url_before_redis_url() {
     assert!(stdout(&out).contains("env:key"), "{}", stdout(&out));
 }
 
+/// The counting semaphore on PostgreSQL: `permits` reads and changes it,
+/// `inspect` and `list` show it; `--cluster` is a usage error there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn what_postgres_lacks_fails_with_the_typed_error_and_cluster_is_a_usage_error() {
+async fn postgres_counting_semaphores_are_shown_and_changed_and_cluster_is_a_usage_error() {
     let pg = PostgresServer::start().unwrap();
     let url = pg.url();
-    let _manager = LockManager::builder(&url).build().await.unwrap();
+    let manager = LockManager::builder(&url).build().await.unwrap();
+    let uploads = manager.counting_semaphore("uploads");
 
-    let permits = cli(&url, &["permits", "pool"]).await;
-    assert_eq!(permits.status.code(), Some(1));
-    let message = stderr(&permits);
-    assert!(
-        message.contains("a counting semaphore is not available on PostgreSQL"),
-        "{message}"
+    let missing = cli(&url, &["permits", "uploads"]).await;
+    assert_eq!(missing.status.code(), Some(1), "{}", stdout(&missing));
+    assert!(stderr(&missing).contains("not a counting semaphore"));
+
+    // Three permits, two of them taken by a process that then crashed.
+    assert!(uploads.try_set_permits(3).await.unwrap());
+    assert!(uploads.try_acquire(2).await.unwrap());
+    let read = cli(&url, &["permits", "uploads"]).await;
+    assert!(read.status.success(), "{}", stderr(&read));
+    assert_eq!(
+        stdout(&read),
+        "counting semaphore uploads: 1 available, 0 waiting\n"
     );
+    let inspected = json(&cli(&url, &["--json", "inspect", "uploads"]).await);
+    assert_eq!(inspected["counting_permits"], 1);
+    assert_eq!(inspected["holds"], serde_json::json!([]));
+    let listed = stdout(&cli(&url, &["list"]).await);
+    assert!(
+        listed
+            .lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["uploads", "1", "0"]),
+        "{listed}"
+    );
+    let added = cli(&url, &["permits", "uploads", "--add", "2", "--yes"]).await;
+    assert!(added.status.success(), "{}", stderr(&added));
+    assert_eq!(uploads.available_permits().await.unwrap(), 3);
 
     let cluster = cli(&url, &["--cluster", "list"]).await;
     assert_eq!(cluster.status.code(), Some(2));

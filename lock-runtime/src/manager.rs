@@ -71,8 +71,8 @@ impl LockManager {
     ///
     /// A `postgres://` or `postgresql://` URL chooses the PostgreSQL store
     /// instead (the `postgres` feature, off by default): the default lock,
-    /// read-write locks and semaphores, on lease tables that `build()`
-    /// creates when missing (see
+    /// read-write locks, semaphores and counting semaphores, on tables that
+    /// `build()` creates when missing (see
     /// [`postgres_schema`](LockManagerBuilder::postgres_schema)).
     /// `?sslmode=require` (or libpq's `verify-ca`, `verify-full`) connects to
     /// PostgreSQL over TLS (with the `tls` feature too), always checking the

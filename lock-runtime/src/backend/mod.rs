@@ -231,8 +231,7 @@ impl Backend {
                 )),
                 maybe_executed: false,
             }),
-            // Every operation PostgreSQL serves has an arm of its own; the
-            // counting semaphore, which it does not, is refused first.
+            // Every operation PostgreSQL serves has an arm of its own.
             #[cfg(feature = "postgres")]
             Backend::Postgres(_) => Err(CallError {
                 error: LockError::Unsupported {
@@ -444,11 +443,12 @@ impl Backend {
         wanted: i64,
         register_ms: u64,
     ) -> Result<CounterReply, CallError> {
-        self.refuse_unless_redis(key, "a counting semaphore")
-            .map_err(|error| CallError {
-                error,
-                maybe_executed: false,
-            })?;
+        #[cfg(feature = "postgres")]
+        if let Backend::Postgres(b) = self {
+            return b
+                .counter_acquire(key, names, owner, wanted, register_ms)
+                .await;
+        }
         let call = CounterAcquire {
             names,
             owner,
@@ -466,11 +466,10 @@ impl Backend {
         owner: &str,
         op: CounterOp,
     ) -> Result<CounterReply, CallError> {
-        self.refuse_unless_redis(key, "a counting semaphore")
-            .map_err(|error| CallError {
-                error,
-                maybe_executed: false,
-            })?;
+        #[cfg(feature = "postgres")]
+        if let Backend::Postgres(b) = self {
+            return b.counter_change(key, names, owner, op).await;
+        }
         self.on_key(key, &CounterChange { names, owner, op }).await
     }
 

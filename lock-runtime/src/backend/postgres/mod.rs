@@ -14,9 +14,10 @@
 //! Expiry is the server's clock (`clock_timestamp()`), and distlock's
 //! statements run on its own connections, never in a user's transaction.
 //! The default lock is served here, read-write locks and semaphores by
-//! [`shared`]; the other primitives are refused with
-//! [`LockError::Unsupported`] before anything is written.
+//! [`shared`], the counting semaphore by [`counting`]; the other primitives
+//! are refused with [`LockError::Unsupported`] before anything is written.
 
+mod counting;
 pub(crate) mod listener;
 mod shared;
 #[cfg(feature = "tls")]
@@ -313,6 +314,8 @@ struct Inner {
     sql: Sql,
     /// The statements of read-write locks and semaphores.
     shared: shared::SharedSql,
+    /// The statements of counting semaphores.
+    counters: counting::CounterSql,
     command_timeout: Duration,
     connect_timeout: Duration,
     /// The data connection; `None` or closed: the next call connects.
@@ -405,6 +408,7 @@ impl Postgres {
             prefix: config.key_prefix.clone(),
             sql: Sql::new(schema),
             shared: shared::SharedSql::new(schema),
+            counters: counting::CounterSql::new(schema),
             command_timeout: config.command_timeout,
             connect_timeout: config.connect_timeout,
             client: Mutex::new(None),
@@ -674,19 +678,22 @@ impl Postgres {
             .map(drop)
     }
 
-    /// See `Backend::scan_locks`: the default locks' names and the shared
-    /// kinds' family names (a read-write lock's writer name, a semaphore's).
+    /// See `Backend::scan_locks`: the default locks' names, the shared
+    /// kinds' family names (a read-write lock's writer name, a semaphore's)
+    /// and the counters' names.
     pub(crate) async fn scan_locks(&self, pattern: &str) -> Result<Vec<String>, CallError> {
         let regex = glob_to_regex(pattern);
         let inner = &self.inner;
-        let (locks, shared) = futures_util::future::join(
+        let (locks, shared, counters) = futures_util::future::join3(
             inner.query("", &inner.sql.scan, &[param(&regex, Type::TEXT)]),
             inner.query("", &inner.shared.scan, &[param(&regex, Type::TEXT)]),
+            inner.query("", &inner.counters.scan, &[param(&regex, Type::TEXT)]),
         )
         .await;
         let mut names: Vec<String> = locks?
             .iter()
             .chain(shared?.iter())
+            .chain(counters?.iter())
             .map(|row| get("", row, 0))
             .collect::<Result<_, _>>()?;
         names.sort_unstable();
@@ -1186,10 +1193,11 @@ async fn sweep_periodically(inner: Weak<Inner>, interval: Duration) {
                 return;
             };
             let limit = SWEEP_LIMIT;
-            // The default lock's tables, then the shared holds' (each
-            // bounded): the sweep runs again while either deleted its limit.
+            // The default lock's tables, the shared holds' and the
+            // counters' (each bounded): the sweep runs again while any
+            // deleted its limit.
             let mut swept = Ok(0);
-            for sql in [&inner.sql.sweep, &inner.shared.sweep] {
+            for sql in [&inner.sql.sweep, &inner.shared.sweep, &inner.counters.sweep] {
                 let deleted = inner
                     .one("", sql, &[param(&limit, Type::INT4)])
                     .await

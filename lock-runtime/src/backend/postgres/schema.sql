@@ -885,4 +885,153 @@ BEGIN
   RETURN v_holds + v_keys;
 END $$;
 
+-- The counting semaphore (counter_acquire.lua, counter_change.lua): a
+-- counter of available permits any caller may change, with no holders and
+-- no lease, and the acquisitions waiting for permits. Each function takes
+-- the counter's transaction lock (as above) on its name
+-- ("<prefix>csem:{<tag>}:<key>").
+
+-- A row per counter: `count`, its available permits (negative after a
+-- shrink below what is taken). Never expires: only `delete` removes it.
+CREATE TABLE IF NOT EXISTS __SCHEMA__.counters (
+  name text PRIMARY KEY,
+  count bigint NOT NULL
+);
+
+-- A row per waiting acquisition of a counter, until `expires_at` (its next
+-- attempt refreshes it): a change that makes permits available wakes
+-- waiters only while one is registered.
+CREATE TABLE IF NOT EXISTS __SCHEMA__.counter_waiters (
+  name text NOT NULL,
+  owner text NOT NULL,
+  expires_at timestamptz NOT NULL,
+  PRIMARY KEY (name, owner)
+);
+
+-- Takes `p_wanted` permits (positive) when that many are available;
+-- otherwise, with `p_register_ms` above 0, registers `p_owner` as waiting
+-- for that long. Returns (status, count, waiters): (1, what is left) taken,
+-- its registration gone; (0, the count, 0 when there is no counter) not
+-- taken; `waiters` the live registrations after the call.
+CREATE OR REPLACE FUNCTION __SCHEMA__.counter_acquire(
+  p_name text, p_owner text, p_wanted bigint, p_register_ms bigint,
+  OUT o_status integer, OUT o_count bigint, OUT o_waiters bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+  v_now timestamptz;
+  v_count bigint;
+BEGIN
+  PERFORM pg_advisory_xact_lock(1684826880, hashtext(p_name));
+  v_now := clock_timestamp();
+  SELECT count INTO v_count FROM __SCHEMA__.counters WHERE name = p_name;
+  IF v_count IS NOT NULL AND v_count > 0 AND v_count >= p_wanted THEN
+    UPDATE __SCHEMA__.counters SET count = count - p_wanted WHERE name = p_name
+      RETURNING count INTO o_count;
+    DELETE FROM __SCHEMA__.counter_waiters WHERE name = p_name AND owner = p_owner;
+    o_status := 1;
+  ELSE
+    IF p_register_ms > 0 THEN
+      DELETE FROM __SCHEMA__.counter_waiters WHERE name = p_name AND expires_at <= v_now;
+      INSERT INTO __SCHEMA__.counter_waiters AS w (name, owner, expires_at)
+        VALUES (p_name, p_owner, v_now + p_register_ms * interval '1 millisecond')
+        ON CONFLICT (name, owner) DO UPDATE SET expires_at = excluded.expires_at;
+    END IF;
+    o_status := 0; o_count := coalesce(v_count, 0);
+  END IF;
+  SELECT count(*) INTO o_waiters FROM __SCHEMA__.counter_waiters
+    WHERE name = p_name AND expires_at > v_now;
+END $$;
+
+-- Changes or reads a counter in one step (counter_change.lua's operations:
+-- 'add', 'try_set', 'set', 'drain', 'read', 'delete', with `p_amount`), and
+-- notifies "*<p_owner>" on `p_wake` when the change leaves permits
+-- available and someone waits. Returns (status, count, waiters) as
+-- counter_change.lua: status 1 done, 0 not done, 4 an 'add' that would
+-- leave the 64-bit range (nothing changed).
+CREATE OR REPLACE FUNCTION __SCHEMA__.counter_change(
+  p_name text, p_owner text, p_op text, p_amount bigint, p_wake text,
+  OUT o_status integer, OUT o_count bigint, OUT o_waiters bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+  v_now timestamptz;
+  v_count bigint;
+  v_wake boolean := false;
+BEGIN
+  PERFORM pg_advisory_xact_lock(1684826880, hashtext(p_name));
+  v_now := clock_timestamp();
+  SELECT count INTO v_count FROM __SCHEMA__.counters WHERE name = p_name;
+  IF p_op = 'read' THEN
+    o_status := CASE WHEN v_count IS NULL THEN 0 ELSE 1 END;
+    o_count := coalesce(v_count, 0);
+  ELSIF p_op = 'add' THEN
+    IF coalesce(v_count, 0)::numeric + p_amount NOT BETWEEN -9223372036854775808
+        AND 9223372036854775807 THEN
+      o_status := 4; o_count := coalesce(v_count, 0);
+    ELSE
+      o_count := coalesce(v_count, 0) + p_amount;
+      INSERT INTO __SCHEMA__.counters AS c (name, count) VALUES (p_name, o_count)
+        ON CONFLICT (name) DO UPDATE SET count = excluded.count;
+      o_status := 1; v_wake := p_amount >= 0;
+    END IF;
+  ELSIF p_op = 'try_set' THEN
+    IF v_count IS NOT NULL THEN
+      o_status := 0; o_count := v_count;
+    ELSE
+      INSERT INTO __SCHEMA__.counters (name, count) VALUES (p_name, p_amount);
+      o_status := 1; o_count := p_amount; v_wake := true;
+    END IF;
+  ELSIF p_op = 'set' THEN
+    INSERT INTO __SCHEMA__.counters AS c (name, count) VALUES (p_name, p_amount)
+      ON CONFLICT (name) DO UPDATE SET count = excluded.count;
+    o_status := 1; o_count := p_amount; v_wake := true;
+  ELSIF p_op = 'drain' THEN
+    IF v_count > 0 THEN
+      UPDATE __SCHEMA__.counters SET count = 0 WHERE name = p_name;
+      o_status := 1; o_count := v_count;
+    ELSE
+      o_status := 0; o_count := coalesce(v_count, 0);
+    END IF;
+  ELSIF p_op = 'delete' THEN
+    DELETE FROM __SCHEMA__.counters WHERE name = p_name;
+    o_status := CASE WHEN v_count IS NULL THEN 0 ELSE 1 END;
+    o_count := coalesce(v_count, 0);
+  ELSE
+    RAISE EXCEPTION 'counter_change: unknown operation %', p_op;
+  END IF;
+  SELECT count(*) INTO o_waiters FROM __SCHEMA__.counter_waiters
+    WHERE name = p_name AND expires_at > v_now;
+  IF v_wake AND o_count > 0 AND o_waiters > 0 THEN
+    PERFORM pg_notify(p_wake, '*' || p_owner);
+  END IF;
+END $$;
+
+-- A counter for an operator: its count (NULL when it does not exist) and
+-- its live registrations. Reads only.
+CREATE OR REPLACE FUNCTION __SCHEMA__.inspect_counter(p_name text)
+RETURNS TABLE (counter bigint, counter_waiters bigint) LANGUAGE sql AS $$
+  SELECT (SELECT count FROM __SCHEMA__.counters WHERE name = p_name),
+         (SELECT count(*) FROM __SCHEMA__.counter_waiters
+          WHERE name = p_name AND expires_at > clock_timestamp())
+$$;
+
+-- The counters whose names match the regular expression `p_pattern`.
+CREATE OR REPLACE FUNCTION __SCHEMA__.scan_counters(p_pattern text)
+RETURNS SETOF text LANGUAGE sql AS $$
+  SELECT name FROM __SCHEMA__.counters WHERE name ~ p_pattern ORDER BY name
+$$;
+
+-- Deletes at most `p_limit` registrations that ended. How many went.
+CREATE OR REPLACE FUNCTION __SCHEMA__.sweep_counters(p_limit integer)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+  v_waiters bigint;
+BEGIN
+  DELETE FROM __SCHEMA__.counter_waiters w
+    USING (SELECT name, owner FROM __SCHEMA__.counter_waiters
+           WHERE expires_at <= clock_timestamp() LIMIT p_limit) d
+    WHERE w.name = d.name AND w.owner = d.owner AND w.expires_at <= clock_timestamp();
+  GET DIAGNOSTICS v_waiters = ROW_COUNT;
+  RETURN v_waiters;
+END $$;
+
 INSERT INTO __SCHEMA__.version (one, version) VALUES (true, 1) ON CONFLICT (one) DO NOTHING;

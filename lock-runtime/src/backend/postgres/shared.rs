@@ -64,8 +64,9 @@ impl SharedSql {
                 "SELECT i.value, i.pttl, i.queue_owners, i.queue_entries, i.now_ms, \
                  s.writer, s.writer_pttl, s.reader_owners, s.reader_ends, s.reader_details, \
                  s.writer_waiting, s.permit_owners, s.permit_ends, s.permit_details, \
-                 s.permit_count \
-                 FROM {schema}.inspect($1) i CROSS JOIN {schema}.inspect_shared($2, $3) s"
+                 s.permit_count, c.counter, c.counter_waiters \
+                 FROM {schema}.inspect($1) i CROSS JOIN {schema}.inspect_shared($2, $3) s \
+                 CROSS JOIN {schema}.inspect_counter($4) c"
             ),
             scan: format!("SELECT {schema}.scan_shared($1)"),
             sweep: format!("SELECT {schema}.sweep_shared($1)"),
@@ -317,8 +318,8 @@ impl Postgres {
     }
 
     /// See `Backend::inspect_key`: the default lock and its queue, the
-    /// read-write lock and the semaphore, in one statement (the counting
-    /// semaphore does not exist on PostgreSQL).
+    /// read-write lock, the semaphore and the counting semaphore, in one
+    /// statement.
     pub(crate) async fn inspect_key(
         &self,
         key: &str,
@@ -333,6 +334,7 @@ impl Postgres {
                     param(&names.lock.lock, Type::TEXT),
                     param(&names.read_write.lock, Type::TEXT),
                     param(&names.semaphore.lock, Type::TEXT),
+                    param(&names.counter.counter, Type::TEXT),
                 ],
             )
             .await?;
@@ -348,6 +350,9 @@ impl Postgres {
         reading.permit_holders = holders(key, &row, 11)?;
         let count: Option<i64> = get(key, &row, 14)?;
         reading.permit_count = count.map(|c| u32::try_from(c).unwrap_or(0));
+        reading.counter = get(key, &row, 15)?;
+        let counter_waiters: i64 = get(key, &row, 16)?;
+        reading.counter_waiters = u64::try_from(counter_waiters).unwrap_or(0);
         Ok(Some(reading))
     }
 
