@@ -734,3 +734,59 @@ fn postgres_shared_holds_dropped_as_their_runtime_ends_are_released() {
         }
     });
 }
+
+/// An uncontended cycle of each shared kind (a read hold, a write hold with
+/// its token on demand, a weighted permit hold, a counting semaphore's
+/// acquire and release) costs one statement per operation, as on Redis one
+/// script call each: 2, 3, 2 and 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_cycle_of_each_shared_kind_is_one_statement_per_step() {
+    let pg = PostgresServer::builder()
+        .setting("log_statement", "all")
+        .start()
+        .unwrap();
+    // No sweep statement may fall between the counts.
+    let m = LockManager::builder(&pg.url())
+        .postgres_sweep_interval(Duration::from_secs(3600))
+        .build()
+        .await
+        .unwrap();
+    m.lock("warm")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let statements = || {
+        std::fs::read_to_string(pg.log_path())
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains("statement: ") || l.contains("execute <unnamed>"))
+            .filter(|l| l.contains("distlock."))
+            .count()
+    };
+    let mut before = statements();
+    let mut spent = || {
+        let now = statements();
+        let spent = now - before;
+        before = now;
+        spent
+    };
+    let read = m.read_lock("cycle").acquire().await.unwrap();
+    read.release().await.unwrap();
+    assert_eq!(spent(), 2, "a read hold's acquire + release");
+    let write = m.write_lock("cycle").acquire().await.unwrap();
+    assert!(write.fencing_token().await.unwrap() > 0);
+    write.release().await.unwrap();
+    assert_eq!(spent(), 3, "a write hold's acquire + token + release");
+    let permits = m.semaphore("cycle", 4).weight(3).acquire().await.unwrap();
+    permits.release().await.unwrap();
+    assert_eq!(spent(), 2, "a permit hold's acquire + release");
+    let counter = m.counting_semaphore("cycle");
+    assert!(counter.try_set_permits(1).await.unwrap());
+    spent();
+    assert!(counter.try_acquire(1).await.unwrap());
+    counter.release(1).await.unwrap();
+    assert_eq!(spent(), 2, "a counting semaphore's acquire + release");
+}
