@@ -496,3 +496,48 @@ async fn postgres_a_direct_listen_url_brings_read_write_wake_ups_back() {
         "woken by the release's notification"
     );
 }
+
+/// A counting semaphore through the pooler: a waiter for permits that hears
+/// nothing is served by its timer once a release makes them available.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_counting_semaphore_serves_its_waiter_through_the_pooler() {
+    let pg = PostgresServer::start().unwrap();
+    let pooler = PgBouncer::start(&pg).unwrap();
+    let a = manager(&pooler.url(), None).await;
+    let b = manager(&pooler.url(), None).await;
+    let uploads = a.counting_semaphore("uploads");
+    assert!(uploads.try_set_permits(0).await.unwrap());
+    let waiter = {
+        let uploads = b.counting_semaphore("uploads");
+        tokio::spawn(async move {
+            let took = uploads
+                .try_acquire_within(2, Duration::from_secs(30))
+                .await
+                .unwrap();
+            (took, Instant::now())
+        })
+    };
+    assert!(
+        eventually(Duration::from_secs(10), async || uploads
+            .counts()
+            .await
+            .unwrap()
+            .waiters
+            == 1)
+        .await,
+        "the waiter never registered"
+    );
+    uploads.release(1).await.unwrap();
+    let released = Instant::now();
+    uploads.release(1).await.unwrap();
+    let (took, at) = waiter.await.unwrap();
+    assert!(took);
+    let after = at.saturating_duration_since(released);
+    assert!(
+        after <= TIMER_BOUND,
+        "served {after:?} after the release ({BACKOFF_CAP:?} naps)"
+    );
+    let counts = uploads.counts().await.unwrap();
+    assert_eq!((counts.available, counts.waiters), (0, 0));
+    assert_eq!(b.wake_ups_delivered(), 0);
+}
