@@ -234,9 +234,17 @@ async fn permit_counts_change_only_on_purpose(d: Deployment) {
 async fn each_permit_is_renewed_and_learns_when_it_is_lost(d: Deployment) {
     let m = d.manager().await;
     let mut raw = d.redis_raw_for(&m, "lease").await;
+    // Short, so that three leases pass quickly; on PostgreSQL, whose
+    // renewals commit (a WAL flush on a shared machine), long enough that a
+    // slow commit does not lose the hold the test keeps.
+    let lease = if d.is_postgres() {
+        Duration::from_millis(1500)
+    } else {
+        Duration::from_millis(300)
+    };
     let dropped = m
         .semaphore("lease", 2)
-        .lease(Duration::from_millis(300))
+        .lease(lease)
         .acquire()
         .await
         .unwrap();
@@ -244,7 +252,7 @@ async fn each_permit_is_renewed_and_learns_when_it_is_lost(d: Deployment) {
     let dropped_hold = m.inspect_all("lease").await.unwrap().holds.remove(0);
     let kept = m
         .semaphore("lease", 2)
-        .lease(Duration::from_millis(300))
+        .lease(lease)
         .acquire()
         .await
         .unwrap();
@@ -264,10 +272,11 @@ async fn each_permit_is_renewed_and_learns_when_it_is_lost(d: Deployment) {
     } else {
         assert!(m.force_unlock_hold(&dropped_hold).await.unwrap());
     }
+    // Told at its next renewal, a third of a lease (at most 0.5 s) on.
     tokio::time::timeout(Duration::from_secs(3), dropped.lost())
         .await
         .expect("lost() completes");
-    tokio::time::sleep(Duration::from_millis(900)).await;
+    tokio::time::sleep(lease * 3).await;
     assert!(!kept.is_lost(), "renewed past three leases");
     assert!(matches!(
         dropped.release().await,
