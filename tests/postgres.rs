@@ -790,3 +790,54 @@ async fn postgres_a_cycle_of_each_shared_kind_is_one_statement_per_step() {
     counter.release(1).await.unwrap();
     assert_eq!(spent(), 2, "a counting semaphore's acquire + release");
 }
+
+/// Permit counts and weights up to `u32::MAX` (beyond PostgreSQL's integer)
+/// are stored, summed, given back and freed exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_semaphore_of_u32_max_permits_counts_exactly() {
+    let pg = server();
+    let m = manager(&pg).await;
+    let all = u32::MAX;
+    let mut hold = m
+        .semaphore("huge", all)
+        .weight(all)
+        .acquire()
+        .await
+        .unwrap();
+    let counts = m.semaphore("huge", all).permit_counts().await.unwrap();
+    assert_eq!(
+        (counts.configured, counts.held, counts.available),
+        (all, all, 0)
+    );
+    assert!(m
+        .semaphore("huge", all)
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
+    hold.release_permits(all - 1).await.unwrap();
+    let counts = m.semaphore("huge", all).permit_counts().await.unwrap();
+    assert_eq!((counts.held, counts.available), (1, all - 1));
+    let most = m
+        .semaphore("huge", all)
+        .weight(all - 1)
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("the permits given back");
+    let state = m.inspect_all("huge").await.unwrap();
+    let mut weights: Vec<u32> = state
+        .holds
+        .iter()
+        .map(|h| match h.kind {
+            distlock::HoldKind::Permits(n) => n,
+            other => panic!("a {other} hold on a semaphore"),
+        })
+        .collect();
+    weights.sort_unstable();
+    assert_eq!(weights, [1, all - 1]);
+    assert_eq!(m.force_unlock_all("huge").await.unwrap(), 2);
+    let counts = m.semaphore("huge", all).permit_counts().await.unwrap();
+    assert_eq!((counts.held, counts.available), (0, all));
+    drop((hold, most));
+}
