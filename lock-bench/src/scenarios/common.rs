@@ -1,7 +1,9 @@
 //! What the scenarios share: the environment, the per-implementation cycle, and
 //! the interleaved block runner.
 //!
-//! Why interleaved: on a shared VM the load changes under a run, so the
+//! A cycle is timed in nanoseconds into an hdrhistogram of 3 significant
+//! digits, in a task spawned on the multi-thread runtime, as application code
+//! runs. Why interleaved: on a shared VM the load changes under a run, so the
 //! implementations of a scenario run in alternating blocks of cycles (or time
 //! slices), rotating the order, and a change of load hits all of them; only
 //! ratios within one run compare. Even so some ratios move with the hour more
@@ -18,7 +20,12 @@
 //!   command, then the client's.
 //! * `renewal`: Redis CPU, one `renew.lua` per lock per tick.
 //! * Redlock: its rounds (acquire on 5, release on 5) on shared cores; under
-//!   contention split votes make acquisitions retry.
+//!   contention split votes make acquisitions retry. The members share the
+//!   client's cores; in a deployment their rounds run in parallel.
+//!
+//! Counts that do not drift with the load (commands, round trips, allocations,
+//! instructions) say more than times; instructions come from valgrind
+//! (callgrind, cachegrind) because this VM exposes no hardware counters.
 //!
 //! With `--tls` ([`set_tls_ca`]) the server speaks TLS only, with a certificate
 //! authority made at spawn time (`RedisServer::builder().tls(true)`), and every
