@@ -21,6 +21,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use std::sync::Arc;
 
+use crate::backend::messages::{named_event, NamedEvent};
 use crate::backend::{Backend, KeyNotice, Message};
 use crate::buffer::{self, Popped};
 use crate::error::{BackendError, BackendErrorKind, KeyPreview, LockError};
@@ -121,14 +122,51 @@ impl LockEventsRequest {
     /// command timeout.
     pub async fn subscribe(self) -> Result<LockEvents, LockError> {
         let core = self.manager.inner.core.clone();
-        core.backend
-            .refuse_unless_redis(&self.pattern, "lock events")?;
         if matches!(core.backend, Backend::Redlock(_)) {
             return Err(LockError::InvalidConfig(
                 "lock events are not available on a Redlock manager".to_owned(),
             ));
         }
         let prefix = core.config.key_prefix.clone();
+        let sources = core.backend.message_sources();
+        let limit = core.config.connect_timeout + core.config.command_timeout;
+        if let Some(channel) = core.backend.lock_events_channel() {
+            // One channel for every lock of the store: this stream keeps the
+            // events of its own prefix and pattern.
+            let (events, receiver) = buffer::bounded(self.capacity);
+            let sink: Arc<dyn Sink> = Arc::new(EventSink {
+                prefix,
+                filter: Some(Filter {
+                    pattern: self.pattern.clone(),
+                    expiry: self.expiry,
+                }),
+                events,
+            });
+            let interest = core.subscriber.listen(
+                Topic::Channel(channel.to_owned()),
+                sources,
+                true,
+                sink,
+            );
+            let failure = match tokio::time::timeout(limit, interest.subscribed()).await {
+                Ok(Ok(_)) => None,
+                Ok(Err(failure)) => Some(failure),
+                Err(_) => Some(BackendError::new(
+                    BackendErrorKind::Timeout,
+                    format!("subscribing to lock events took longer than {limit:?}"),
+                )),
+            };
+            if let Some(source) = failure {
+                return Err(LockError::Backend {
+                    key: self.pattern.clone(),
+                    source,
+                });
+            }
+            return Ok(LockEvents {
+                events: receiver,
+                _interests: vec![interest],
+            });
+        }
         let published = format!(
             "{}{}{}",
             keys::escape_glob(&prefix),
@@ -143,8 +181,11 @@ impl LockEventsRequest {
             None
         };
         let (events, receiver) = buffer::bounded(self.capacity);
-        let sink: Arc<dyn Sink> = Arc::new(EventSink { prefix, events });
-        let sources = core.backend.message_sources();
+        let sink: Arc<dyn Sink> = Arc::new(EventSink {
+            prefix,
+            filter: None,
+            events,
+        });
         // Published events: classic PUBLISH reaches every node of a cluster,
         // so the first source hears them all. Expiry notices stay on the
         // server that holds the key: every source.
@@ -160,7 +201,6 @@ impl LockEventsRequest {
         }
         // The manager's subscriber connects (or reconnects) within its
         // connect timeout and subscribes within its command timeout.
-        let limit = core.config.connect_timeout + core.config.command_timeout;
         let subscribed =
             futures_util::future::try_join_all(interests.iter().map(|i| i.subscribed()));
         let failure = match tokio::time::timeout(limit, subscribed).await {
@@ -190,20 +230,38 @@ enum Heard {
     /// The subscription broke and was made again: events may have been
     /// missed meanwhile.
     Resubscribed,
+    /// An event whose lock could not be named (its name too long for the
+    /// store's message): one event this stream may have wanted.
+    Unnamed,
 }
 
 /// Turns the messages the subscriber routes to a stream into its events.
 struct EventSink {
     prefix: String,
+    /// On a store with one events channel for every lock: what this stream
+    /// keeps of it.
+    filter: Option<Filter>,
     events: buffer::Sender<Heard>,
+}
+
+/// What a stream keeps of a store's one events channel.
+struct Filter {
+    /// The glob its keys match.
+    pattern: String,
+    /// Whether it wants expiries.
+    expiry: bool,
 }
 
 impl Sink for EventSink {
     fn heard(&self, message: &Message) {
-        if let Some(event) = parse(&self.prefix, message) {
+        let heard = match &self.filter {
+            None => parse(&self.prefix, message).map(Heard::Event),
+            Some(filter) => parse_named(&self.prefix, filter, message),
+        };
+        if let Some(heard) = heard {
             // Never waits: a full buffer drops the event and counts it. A
             // reader that is gone unregisters when its stream drops.
-            let _ = self.events.push_or_skip(Heard::Event(event));
+            let _ = self.events.push_or_skip(heard);
         }
     }
 
@@ -332,6 +390,7 @@ impl futures_util::Stream for LockEvents {
             popped.map(|popped| match popped {
                 Popped::Item(Heard::Event(event)) => Ok(event),
                 Popped::Item(Heard::Resubscribed) => Err(EventsSkipped { count: 0 }),
+                Popped::Item(Heard::Unnamed) => Err(EventsSkipped { count: 1 }),
                 Popped::Skipped(count) => Err(EventsSkipped { count }),
             })
         })
@@ -355,6 +414,33 @@ fn parse(prefix: &str, message: &Message) -> Option<LockEvent> {
         .channel
         .strip_prefix(prefix)?
         .strip_prefix(keys::EVENTS_INFIX)?;
+    parse_event(key, payload)
+}
+
+/// What a message of a store's one events channel tells this stream, if it
+/// is for it (see [`named_event`]).
+fn parse_named(prefix: &str, filter: &Filter, message: &Message) -> Option<Heard> {
+    let (name, event) = match named_event(&message.payload)? {
+        NamedEvent::Unnamed => return Some(Heard::Unnamed),
+        NamedEvent::Of { name, event } => (name, event),
+    };
+    let key = keys::user_key_of(prefix, name)?;
+    if !keys::glob_matches(&filter.pattern, key) {
+        return None;
+    }
+    if event == "expired" {
+        return filter.expiry.then(|| {
+            Heard::Event(LockEvent {
+                key: key.to_owned(),
+                kind: LockEventKind::Expired,
+            })
+        });
+    }
+    parse_event(key, event).map(Heard::Event)
+}
+
+/// The event `payload` (the text a script publishes) tells of `key`.
+fn parse_event(key: &str, payload: &str) -> Option<LockEvent> {
     let mut parts = payload.splitn(4, ' ');
     let what = parts.next()?;
     let token = parts

@@ -44,6 +44,40 @@ impl Message {
     }
 }
 
+/// A message of a store's one lock events channel (see
+/// [`Backend::lock_events_channel`](super::Backend::lock_events_channel)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NamedEvent<'a> {
+    /// `event` (the text Redis publishes on a lock's events channel, or
+    /// `expired`) happened to the lock whose stored name is `name`.
+    Of { name: &'a str, event: &'a str },
+    /// An event whose lock's name was too long to carry (the payload limit):
+    /// which lock it was, nobody can tell.
+    Unnamed,
+}
+
+/// Reads a message of a store's one lock events channel: `<n> <name>
+/// <event>`, `n` the number of characters of `name` (so that a name may hold
+/// spaces), or `- <event word>` for an event whose name did not fit (see
+/// `lock_event` in the PostgreSQL schema). `None` for anything else.
+pub(crate) fn named_event(payload: &[u8]) -> Option<NamedEvent<'_>> {
+    let text = std::str::from_utf8(payload).ok()?;
+    let (count, rest) = text.split_once(' ')?;
+    if count == "-" {
+        return Some(NamedEvent::Unnamed);
+    }
+    let count: usize = count.parse().ok()?;
+    // The byte where the name's `count` characters end.
+    let end = match rest.char_indices().nth(count) {
+        Some((end, _)) => end,
+        None if rest.chars().count() == count => rest.len(),
+        None => return None,
+    };
+    let (name, event) = rest.split_at(end);
+    let event = event.strip_prefix(' ')?;
+    Some(NamedEvent::Of { name, event })
+}
+
 /// A store's own notice of something that happened to a key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum KeyNotice<'a> {
