@@ -142,12 +142,9 @@ impl LockEventsRequest {
                 }),
                 events,
             });
-            let interest = core.subscriber.listen(
-                Topic::Channel(channel.to_owned()),
-                sources,
-                true,
-                sink,
-            );
+            let interest =
+                core.subscriber
+                    .listen(Topic::Channel(channel.to_owned()), sources, true, sink);
             let failure = match tokio::time::timeout(limit, interest.subscribed()).await {
                 Ok(Ok(_)) => None,
                 Ok(Err(failure)) => Some(failure),

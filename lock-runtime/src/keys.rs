@@ -478,9 +478,16 @@ fn glob_element_matches(p: &[char], i: usize, c: char) -> (bool, usize) {
                         matched |= p[j + 1] == c;
                         j += 2;
                     }
-                    Some(&low) if p.get(j + 1) == Some(&'-') && !matches!(p.get(j + 2), None | Some(']')) => {
+                    Some(&low)
+                        if p.get(j + 1) == Some(&'-')
+                            && !matches!(p.get(j + 2), None | Some(']')) =>
+                    {
                         let high = p[j + 2];
-                        let (low, high) = if low <= high { (low, high) } else { (high, low) };
+                        let (low, high) = if low <= high {
+                            (low, high)
+                        } else {
+                            (high, low)
+                        };
                         matched |= (low..=high).contains(&c);
                         j += 3;
                     }
