@@ -10,6 +10,13 @@
 //! `expired` keyspace notification of the lock's name, which needs
 //! `notify-keyspace-events` to include `K` and `x` (or `A`).
 //!
+//! PostgreSQL's LISTEN takes no patterns: its functions notify every event of
+//! a schema on one channel, each message naming its lock, and a stream keeps
+//! those of its prefix and pattern. An expiry there is told by whoever
+//! removes the row whose lease ran out: any manager's periodic sweep, or the
+//! acquisition or hand-off that takes the lock over (`expired` then the new
+//! grant).
+//!
 //! Each stream buffers at most its capacity of events for its reader; when the
 //! reader falls behind, the newer events are dropped and counted, so the
 //! subscription's task never waits on the reader and the buffer never grows.
@@ -51,6 +58,19 @@ impl LockManager {
     /// ([`lock`](Self::lock), [`lock_all`](Self::lock_all), leader
     /// elections), not read-write locks or semaphores. Expiry needs Redis's keyspace notifications (see
     /// [`expiry`](LockEventsRequest::expiry)). Not available on Redlock.
+    ///
+    /// On PostgreSQL, an expiry is reported when a manager's periodic sweep
+    /// removes the lock's row (within the builder's `postgres_sweep_interval`
+    /// of the lease's end, whichever manager of the schema sweeps first), or
+    /// when an acquisition or hand-off takes the lock over first (`Expired`
+    /// then its `Acquired` or `HandedOver`). A notification reaches only the
+    /// listening connections open when its transaction commits: after the
+    /// manager's listening connection broke and was made again, the stream
+    /// says `Err(EventsSkipped { count: 0 })`, as on Redis. An event of a
+    /// lock whose stored name is too long for a notification (PostgreSQL's
+    /// 8000-byte payload limit: a key of several kilobytes) cannot name its
+    /// lock: every stream of the schema gets `Err(EventsSkipped { count: 1 })`
+    /// for it instead.
     ///
     /// ```no_run
     /// # async fn demo(manager: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
@@ -97,7 +117,9 @@ impl LockEventsRequest {
     /// (or `A`) on every server that holds locks, and fails with
     /// [`LockError::ExpiryNotifications`] (naming the `CONFIG SET` that turns
     /// them on) if not. Off, the stream has every other event and needs no
-    /// server setting.
+    /// server setting. On PostgreSQL nothing needs turning on (the sweep
+    /// tells of expiries, see [`LockManager::events`]); off, the stream drops
+    /// them.
     pub fn expiry(mut self, include: bool) -> Self {
         self.expiry = include;
         self
@@ -116,7 +138,7 @@ impl LockEventsRequest {
     ///
     /// # Errors
     /// [`LockError::ExpiryNotifications`] as above; [`LockError::InvalidConfig`]
-    /// on a Redlock manager; [`LockError::Backend`] when Redis fails or
+    /// on a Redlock manager; [`LockError::Backend`] when the store fails or
     /// refuses the subscription, or when the manager's listening connection
     /// cannot be made and subscribed within its connect timeout plus its
     /// command timeout.
@@ -339,7 +361,10 @@ pub enum LockEventKind {
 /// read before were dropped, the events after it being those heard once
 /// there was room again. Or (`count` 0) the manager's listening connection
 /// broke and was made again: events published meanwhile were missed, how
-/// many is unknown. A reader that needs the state after a skip reads it.
+/// many is unknown. Or (`count` 1, PostgreSQL) an event came whose lock's
+/// name was too long for a notification to carry, so that its lock is
+/// unknown (see [`LockManager::events`]). A reader that needs the state
+/// after a skip reads it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("{}", skipped_message(*count))]
 #[non_exhaustive]
@@ -539,6 +564,66 @@ mod tests {
         );
         assert_eq!(parse("p:", &message("p:events:k", "nonsense 1")), None);
         assert_eq!(parse("p:", &message("other:events:k", "released 1")), None);
+    }
+
+    /// A message of a store's one events channel about `key` under `prefix`.
+    fn named(prefix: &str, key: &str, event: &str) -> Message {
+        let name = keys::RedisNames::new(prefix, key).lock;
+        message(
+            "s/events",
+            &format!("{} {name} {event}", name.chars().count()),
+        )
+    }
+
+    fn heard(filter: &Filter, message: &Message) -> Option<Result<LockEvent, ()>> {
+        parse_named("p:", filter, message).map(|heard| match heard {
+            Heard::Event(event) => Ok(event),
+            _ => Err(()),
+        })
+    }
+
+    #[test]
+    fn named_messages_are_kept_by_prefix_pattern_and_expiry() {
+        let orders = Filter {
+            pattern: "order:*".into(),
+            expiry: true,
+        };
+        assert_eq!(
+            heard(&orders, &named("p:", "order:1", "released 3")),
+            Some(Ok(LockEvent {
+                key: "order:1".into(),
+                kind: LockEventKind::Released {
+                    fencing_token: Some(3)
+                },
+            }))
+        );
+        assert_eq!(
+            heard(&orders, &named("p:", "order 1", "expired")),
+            None,
+            "outside the pattern"
+        );
+        assert_eq!(
+            heard(&orders, &named("q:", "order:1", "released 3")),
+            None,
+            "another prefix's lock"
+        );
+        assert_eq!(
+            heard(&orders, &named("p:", "order:1", "expired")).map(|e| e.map(|e| e.kind)),
+            Some(Ok(LockEventKind::Expired))
+        );
+        let without_expiry = Filter {
+            pattern: "*".into(),
+            expiry: false,
+        };
+        assert_eq!(
+            heard(&without_expiry, &named("p:", "order:1", "expired")),
+            None
+        );
+        // An event whose name did not fit: every stream counts it skipped.
+        assert_eq!(
+            heard(&without_expiry, &message("s/events", "- acquired")),
+            Some(Err(()))
+        );
     }
 
     #[test]

@@ -193,3 +193,34 @@ impl MessageConnection {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn named_events_are_split_by_the_names_length_in_characters() {
+        assert_eq!(
+            named_event(b"10 p:lock:a b acquired 7 1700000000123 web 1"),
+            Some(NamedEvent::Of {
+                name: "p:lock:a b",
+                event: "acquired 7 1700000000123 web 1"
+            })
+        );
+        // Characters, not bytes: what PostgreSQL counts whatever its
+        // encoding.
+        assert_eq!(
+            named_event("3 été expired".as_bytes()),
+            Some(NamedEvent::Of {
+                name: "été",
+                event: "expired"
+            })
+        );
+        assert_eq!(named_event(b"- acquired"), Some(NamedEvent::Unnamed));
+        // A count that does not end at a space, or runs past the payload.
+        assert_eq!(named_event(b"2 abc expired"), None);
+        assert_eq!(named_event(b"40 abc expired"), None);
+        assert_eq!(named_event(b"3 abc"), None);
+        assert_eq!(named_event(b"x abc expired"), None);
+    }
+}

@@ -13,6 +13,9 @@
 //!
 //! Expiry is the server's clock (`clock_timestamp()`), and distlock's
 //! statements run on its own connections, never in a user's transaction.
+//! Lock events go on one channel per schema ([`events_channel`]), each
+//! payload naming its lock (`lock_event` in `schema.sql`); the sweep tells of
+//! the expiries it finds.
 //! Only the default lock is served: the other primitives are refused with
 //! [`LockError::Unsupported`] before anything is written.
 

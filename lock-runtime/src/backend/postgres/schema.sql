@@ -99,9 +99,11 @@ BEGIN
   IF w.fence THEN
     v_token := nextval('__SCHEMA__.fencing');
   END IF;
-  IF p_events <> '' AND EXISTS (SELECT 1 FROM __SCHEMA__.locks
-                                WHERE name = p_name AND expires_at <= p_now) THEN
-    PERFORM __SCHEMA__.lock_event(p_events, p_name, 'expired');
+  -- Nested, so that a manager without lock events never reads the row.
+  IF p_events <> '' THEN
+    IF EXISTS (SELECT 1 FROM __SCHEMA__.locks WHERE name = p_name AND expires_at <= p_now) THEN
+      PERFORM __SCHEMA__.lock_event(p_events, p_name, 'expired');
+    END IF;
   END IF;
   v_since := floor(extract(epoch FROM p_now) * 1000)::bigint;
   INSERT INTO __SCHEMA__.locks AS l
