@@ -588,3 +588,42 @@ async fn postgres_an_event_of_a_name_too_long_to_notify_is_a_skipped_event() {
     ));
     short.release().await.unwrap();
 }
+
+/// `lock_event` sends a payload whole up to the last byte PostgreSQL takes
+/// (7999 on a stock build: the limit is 8192 - NAMEDATALEN 64 - 128, and a
+/// payload must be shorter) and one byte more as the short "- <word>"
+/// notice, never failing the statement. A payload here is "<n> <name>
+/// expired": 5 bytes of count and space and 8 of " expired" around a name of
+/// 7986 or 7987 bytes.
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_lock_event_meets_the_payload_limit_at_its_boundary() {
+    let d = Deployment::postgres();
+    let Deployment::Postgres { server, schema } = &d else {
+        unreachable!()
+    };
+    let send = |name_bytes: usize| {
+        server
+            .psql(&format!(
+                "SELECT {schema}.lock_event('distlock_limit_test', repeat('x', {name_bytes}), \
+                 'expired')"
+            ))
+            .expect("lock_event never fails")
+    };
+    // The limit is the server's: a plain NOTIFY of 7999 bytes passes, of
+    // 8000 fails.
+    let notify = |bytes: usize| {
+        server.psql(&format!(
+            "SELECT pg_notify('distlock_limit_test', repeat('x', {bytes}))"
+        ))
+    };
+    assert!(notify(7999).is_ok());
+    assert!(notify(8000).is_err());
+    assert_eq!(send(7986), "t", "a 7999-byte payload is sent whole");
+    assert_eq!(
+        send(7987),
+        "f",
+        "an 8000-byte payload is sent as the short notice"
+    );
+    assert_eq!(send(1 << 20), "f", "a name of 1 MiB too");
+}

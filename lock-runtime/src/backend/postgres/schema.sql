@@ -394,16 +394,18 @@ $$;
 -- hand-off that takes the lock over ("expired" then "acquired" or
 -- "handed-over", in one transaction, so in that order).
 --
--- A NOTIFY payload must be under 8000 bytes: an event whose payload would
--- not fit (a lock name of several kilobytes) is sent as "- <event word>"
--- instead, naming no lock, which subscribers report as one skipped event;
--- the function never fails for it. Returns whether the event was sent whole.
+-- A NOTIFY payload must be shorter than the block size less NAMEDATALEN and
+-- 128 bytes (8000 on a stock build): an event whose payload would not fit (a
+-- lock name of several kilobytes) is sent as "- <event word>" instead,
+-- naming no lock, which subscribers report as one skipped event; the
+-- function never fails for it. Returns whether the event was sent whole.
 CREATE OR REPLACE FUNCTION __SCHEMA__.lock_event(p_events text, p_name text, p_event text)
 RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
   v_payload text := char_length(p_name) || ' ' || p_name || ' ' || p_event;
 BEGIN
-  IF octet_length(v_payload) < 8000 THEN
+  IF octet_length(v_payload) < current_setting('block_size')::integer
+       - (current_setting('max_identifier_length')::integer + 1) - 128 THEN
     PERFORM pg_notify(p_events, v_payload);
     RETURN true;
   END IF;
