@@ -429,6 +429,43 @@ async fn a_reader_that_stops_reading_gets_at_most_the_capacity_then_the_count_sk
 
 on_stores!(a_reader_that_stops_reading_gets_at_most_the_capacity_then_the_count_skipped);
 
+/// A manager built without lock events publishes none of its own locks'
+/// events (on PostgreSQL its functions skip the notification), but its
+/// force-unlocks are told, as an operator's manager seldom publishes.
+async fn a_manager_without_lock_events_publishes_only_force_unlocks(d: Deployment) {
+    let on = store_name(&d);
+    let quiet = d.manager().await;
+    let observer = d.manager().await;
+    let mut events = observer
+        .events(format!("quiet-{on}:*"))
+        .expiry(false)
+        .await
+        .unwrap();
+    let first = format!("quiet-{on}:1");
+    let second = format!("quiet-{on}:2");
+    quiet
+        .lock(&first)
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let held = quiet.lock(&second).acquire().await.unwrap();
+    assert!(quiet.force_unlock(&second).await.unwrap());
+    // The events of one store arrive in the order they were made: had the
+    // first lock's acquisition or release been told, it would come first.
+    assert_eq!(
+        kind_of(&mut events, &second).await,
+        LockEventKind::ForceUnlocked {
+            fencing_token: None
+        }
+    );
+    drop(held);
+}
+
+on_stores!(a_manager_without_lock_events_publishes_only_force_unlocks);
+
 // PostgreSQL only: how an expiry is noticed (the sweep, or a takeover), a
 // listening connection cut, a lock name too long for a notification.
 
