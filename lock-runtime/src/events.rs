@@ -151,73 +151,66 @@ impl LockEventsRequest {
         }
         let prefix = core.config.key_prefix.clone();
         let sources = core.backend.message_sources();
-        let limit = core.config.connect_timeout + core.config.command_timeout;
-        if let Some(channel) = core.backend.lock_events_channel() {
-            // One channel for every lock of the store: this stream keeps the
-            // events of its own prefix and pattern.
-            let (events, receiver) = buffer::bounded(self.capacity);
-            let sink: Arc<dyn Sink> = Arc::new(EventSink {
-                prefix,
-                filter: Some(Filter {
-                    pattern: self.pattern.clone(),
-                    expiry: self.expiry,
-                }),
-                events,
-            });
-            let interest =
-                core.subscriber
-                    .listen(Topic::Channel(channel.to_owned()), sources, true, sink);
-            let failure = match tokio::time::timeout(limit, interest.subscribed()).await {
-                Ok(Ok(_)) => None,
-                Ok(Err(failure)) => Some(failure),
-                Err(_) => Some(BackendError::new(
-                    BackendErrorKind::Timeout,
-                    format!("subscribing to lock events took longer than {limit:?}"),
-                )),
-            };
-            if let Some(source) = failure {
-                return Err(LockError::Backend {
-                    key: self.pattern.clone(),
-                    source,
-                });
-            }
-            return Ok(LockEvents {
-                events: receiver,
-                _interests: vec![interest],
-            });
-        }
-        let published = format!(
-            "{}{}{}",
-            keys::escape_glob(&prefix),
-            keys::EVENTS_INFIX,
-            self.pattern
-        );
-        let expiry = if self.expiry {
-            core.backend.ensure_expiry_notices(&self.pattern).await?;
-            core.backend
-                .expiry_pattern(&keys::lock_scan_pattern(&prefix, &self.pattern))
-        } else {
-            None
-        };
         let (events, receiver) = buffer::bounded(self.capacity);
-        let sink: Arc<dyn Sink> = Arc::new(EventSink {
-            prefix,
-            filter: None,
-            events,
-        });
-        // Published events: classic PUBLISH reaches every node of a cluster,
-        // so the first source hears them all. Expiry notices stay on the
-        // server that holds the key: every source.
-        let mut interests =
-            vec![core
-                .subscriber
-                .listen(Topic::Pattern(published), sources, true, sink.clone())];
-        if let Some(expiry) = expiry {
-            interests.push(
-                core.subscriber
-                    .listen(Topic::Pattern(expiry), sources, false, sink),
-            );
-        }
+        let interests = match core.backend.lock_events_channel() {
+            // One channel for every lock of the store: this stream keeps the
+            // events of its own prefix and pattern, expiries among them.
+            Some(channel) => {
+                let sink: Arc<dyn Sink> = Arc::new(EventSink {
+                    prefix,
+                    filter: Some(Filter {
+                        pattern: self.pattern.clone(),
+                        expiry: self.expiry,
+                    }),
+                    events,
+                });
+                vec![core.subscriber.listen(
+                    Topic::Channel(channel.to_owned()),
+                    sources,
+                    true,
+                    sink,
+                )]
+            }
+            None => {
+                let published = format!(
+                    "{}{}{}",
+                    keys::escape_glob(&prefix),
+                    keys::EVENTS_INFIX,
+                    self.pattern
+                );
+                let expiry = if self.expiry {
+                    core.backend.ensure_expiry_notices(&self.pattern).await?;
+                    core.backend
+                        .expiry_pattern(&keys::lock_scan_pattern(&prefix, &self.pattern))
+                } else {
+                    None
+                };
+                let sink: Arc<dyn Sink> = Arc::new(EventSink {
+                    prefix,
+                    filter: None,
+                    events,
+                });
+                // Published events: classic PUBLISH reaches every node of a
+                // cluster, so the first source hears them all. Expiry notices
+                // stay on the server that holds the key: every source.
+                let mut interests = vec![core.subscriber.listen(
+                    Topic::Pattern(published),
+                    sources,
+                    true,
+                    sink.clone(),
+                )];
+                if let Some(expiry) = expiry {
+                    interests.push(core.subscriber.listen(
+                        Topic::Pattern(expiry),
+                        sources,
+                        false,
+                        sink,
+                    ));
+                }
+                interests
+            }
+        };
+        let limit = core.config.connect_timeout + core.config.command_timeout;
         // The manager's subscriber connects (or reconnects) within its
         // connect timeout and subscribes within its command timeout.
         let subscribed =
