@@ -169,12 +169,6 @@ async fn postgres_refused_primitives_give_a_typed_error() {
     unsupported(m.lock_all(["a", "b"]).acquire().await.map(drop));
     unsupported(m.counting_semaphore("c").try_acquire(1).await.map(drop));
     unsupported(m.leader("l").campaign().await.map(drop));
-    unsupported(m.events("x:*").subscribe().await.map(drop));
-    let events = LockManager::builder(&pg.url())
-        .lock_events(true)
-        .build()
-        .await;
-    unsupported(events.map(drop));
     let message = m.semaphore("s", 2).acquire().await.unwrap_err().to_string();
     assert!(
         message.contains("not available on PostgreSQL yet"),

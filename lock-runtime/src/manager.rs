@@ -974,8 +974,10 @@ impl LockManagerBuilder {
     /// [`LockManager::events`] in any process. Each costs one `PUBLISH` inside
     /// the script that changes the lock (an uncontended acquisition then runs
     /// the acquire script rather than a plain `SET NX`); turn it on in every
-    /// process that takes the locks to be watched. Not available on a Redlock
-    /// manager ([`build`](Self::build) refuses it).
+    /// process that takes the locks to be watched. On PostgreSQL each is one
+    /// `pg_notify` inside the function that changes the lock, on the
+    /// schema's one events channel (off, the functions skip it). Not
+    /// available on a Redlock manager ([`build`](Self::build) refuses it).
     pub fn lock_events(mut self, publish: bool) -> Self {
         self.config.lock_events = publish;
         self
@@ -1014,7 +1016,10 @@ impl LockManagerBuilder {
     }
 
     /// How often a PostgreSQL manager deletes the rows of expired locks and
-    /// dead waiters, at most 1000 of each per statement (default 10 s).
+    /// dead waiters, at most 1000 of each per statement (default 10 s). Each
+    /// lock it deletes is reported `Expired` to [`LockManager::events`]
+    /// streams, so this bounds how late an expiry nobody else came across
+    /// is told (the shortest interval of the schema's managers counts).
     /// Ignored on Redis.
     #[cfg(feature = "postgres")]
     #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]

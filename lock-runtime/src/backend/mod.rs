@@ -140,12 +140,6 @@ impl Backend {
                 "replica_ack does not apply to PostgreSQL: use synchronous replication".to_owned(),
             )),
             #[cfg(feature = "postgres")]
-            Target::Postgres(_) if config.lock_events => Err(LockError::Unsupported {
-                key: String::new(),
-                feature: "lock_events".to_owned(),
-                store: postgres::STORE,
-            }),
-            #[cfg(feature = "postgres")]
             Target::Postgres(url) => Ok(Backend::Postgres(
                 postgres::Postgres::connect(url, config, tls).await?,
             )),
@@ -499,6 +493,11 @@ impl Backend {
     /// message, naming what turns that on. A setting that cannot be read
     /// counts as off.
     pub(crate) async fn ensure_expiry_notices(&self, pattern: &str) -> Result<(), LockError> {
+        // PostgreSQL's expiries are told by the sweep: nothing to turn on.
+        #[cfg(feature = "postgres")]
+        if let Backend::Postgres(_) = self {
+            return Ok(());
+        }
         let settings = match self.config_get(KEYSPACE_EVENTS).await {
             Ok(settings) => settings,
             Err(e) => {
@@ -534,7 +533,42 @@ impl Backend {
     /// has no such notices. Redis: the keyspace notifications of those names
     /// on any database (the URL chooses it; a cluster has only 0).
     pub(crate) fn expiry_pattern(&self, names: &str) -> Option<String> {
-        Some(format!("__keyspace@*__:{names}"))
+        match self {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(_) => None,
+            _ => Some(format!("__keyspace@*__:{names}")),
+        }
+    }
+
+    /// Where this store's lock events are heard when not on a channel per
+    /// lock: `Some` of the one channel that carries every lock event of the
+    /// store (PostgreSQL, whose LISTEN takes no patterns), each message
+    /// naming its lock (read it with [`named_event`]), expiries included;
+    /// `None` where each lock has its own events channel
+    /// (`<prefix>events:<key>`, subscribed by pattern) and expiries are
+    /// [`expiry_pattern`](Self::expiry_pattern)'s notices.
+    pub(crate) fn lock_events_channel(&self) -> Option<&str> {
+        match self {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(b) => Some(b.events_channel()),
+            _ => None,
+        }
+    }
+
+    /// Tells lock events subscribers `event` (the text of a Redis events
+    /// message, such as `lost <token>`) of the lock `keys` (of `key`), which
+    /// has an events channel (`keys.events` is set).
+    pub(crate) async fn publish_lock_event(
+        &self,
+        key: &str,
+        keys: &RedisNames,
+        event: &str,
+    ) -> Result<(), CallError> {
+        match self {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(b) => b.publish_lock_event(key, keys, event).await,
+            _ => self.publish(key, &keys.events, event).await,
+        }
     }
 
     /// Publishes `payload` on `channel` where this backend's subscribers

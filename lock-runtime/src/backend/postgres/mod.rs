@@ -13,6 +13,9 @@
 //!
 //! Expiry is the server's clock (`clock_timestamp()`), and distlock's
 //! statements run on its own connections, never in a user's transaction.
+//! Lock events go on one channel per schema ([`events_channel`]), each
+//! payload naming its lock (`lock_event` in `schema.sql`); the sweep tells of
+//! the expiries it finds.
 //! Only the default lock is served: the other primitives are refused with
 //! [`LockError::Unsupported`] before anything is written.
 
@@ -105,6 +108,15 @@ pub(crate) fn channel_ident(logical: &str) -> String {
     format!("distlock_{a:016x}{b:016x}")
 }
 
+/// The logical channel every lock event of schema `schema` goes on (see
+/// `lock_event` in `schema.sql`): one per schema rather than one per lock,
+/// since LISTEN takes no patterns, and per schema rather than per prefix,
+/// since the sweep that tells of expiries removes rows of every prefix. A
+/// `/` is in no prefix-derived name distlock listens on.
+pub(crate) fn events_channel(schema: &str) -> String {
+    format!("{schema}/events")
+}
+
 /// Translates a Redis glob pattern (`*`, `?`, `[..]` with `^`/`!` and
 /// ranges, `\` escapes) into an anchored PostgreSQL regular expression.
 /// A regular expression rather than LIKE: LIKE has no character classes.
@@ -182,6 +194,7 @@ struct Sql {
     inspect: String,
     scan: String,
     sweep: String,
+    lock_event: String,
     version: String,
 }
 
@@ -190,17 +203,18 @@ impl Sql {
         Sql {
             acquire: format!(
                 "SELECT o_status, o_token, o_remaining_ms FROM {schema}.acquire(\
-                 $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
+                 $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
             ),
-            release: format!("SELECT {schema}.release($1, $2, $3, $4)"),
+            release: format!("SELECT {schema}.release($1, $2, $3, $4, $5)"),
             renew: format!("SELECT i, renewed FROM {schema}.renew($1, $2, $3)"),
             issue_token: format!("SELECT {schema}.issue_token($1, $2)"),
-            force_unlock: format!("SELECT {schema}.force_unlock($1, $2, $3, $4)"),
+            force_unlock: format!("SELECT {schema}.force_unlock($1, $2, $3, $4, $5)"),
             inspect: format!(
                 "SELECT value, pttl, queue_owners, queue_entries, now_ms FROM {schema}.inspect($1)"
             ),
             scan: format!("SELECT {schema}.scan($1)"),
-            sweep: format!("SELECT {schema}.sweep($1)"),
+            sweep: format!("SELECT {schema}.sweep($1, $2)"),
+            lock_event: format!("SELECT {schema}.lock_event($1, $2, $3)"),
             version: format!("SELECT version FROM {schema}.version"),
         }
     }
@@ -309,6 +323,9 @@ struct Inner {
     shown_url: String,
     prefix: String,
     sql: Sql,
+    /// The schema's events channel ([`events_channel`]) and its identifier.
+    events: String,
+    events_ident: String,
     command_timeout: Duration,
     connect_timeout: Duration,
     /// The data connection; `None` or closed: the next call connects.
@@ -400,6 +417,8 @@ impl Postgres {
             listen_connector,
             prefix: config.key_prefix.clone(),
             sql: Sql::new(schema),
+            events: events_channel(schema),
+            events_ident: channel_ident(&events_channel(schema)),
             command_timeout: config.command_timeout,
             connect_timeout: config.connect_timeout,
             client: Mutex::new(None),
@@ -534,6 +553,7 @@ impl Postgres {
                     param(&spec.handoff_route, Type::TEXT),
                     param(handoff, Type::TEXT),
                     param(&attempt, Type::INT8),
+                    param(&inner.events_of(keys), Type::TEXT),
                 ],
             )
             .await?;
@@ -570,6 +590,7 @@ impl Postgres {
                     param(&owner, Type::TEXT),
                     param(&keep, Type::INT8),
                     param(&wake, Type::TEXT),
+                    param(&inner.events_of(keys), Type::TEXT),
                 ],
             )
             .await?;
@@ -614,6 +635,7 @@ impl Postgres {
                     param(&only, Type::TEXT),
                     param(&wake, Type::TEXT),
                     param(&token, Type::TEXT),
+                    param(&inner.events_of(keys), Type::TEXT),
                 ],
             )
             .await?;
@@ -686,6 +708,29 @@ impl Postgres {
             .map(drop)
     }
 
+    /// See `Backend::publish_lock_event`: `lock_event` in `schema.sql`, on
+    /// the schema's events channel, naming the lock.
+    pub(crate) async fn publish_lock_event(
+        &self,
+        key: &str,
+        keys: &RedisNames,
+        event: &str,
+    ) -> Result<(), CallError> {
+        let inner = &self.inner;
+        inner
+            .one(
+                key,
+                &inner.sql.lock_event,
+                &[
+                    param(&inner.events_ident, Type::TEXT),
+                    param(&keys.lock, Type::TEXT),
+                    param(&event, Type::TEXT),
+                ],
+            )
+            .await
+            .map(drop)
+    }
+
     /// See `Backend::scan_locks`.
     pub(crate) async fn scan_locks(&self, pattern: &str) -> Result<Vec<String>, CallError> {
         let regex = glob_to_regex(pattern);
@@ -733,6 +778,7 @@ impl Postgres {
         let (name, owner) = (keys.lock.clone(), owner.to_owned());
         let wake = channel_ident(keys.channel());
         let keep = ms(keep_ms);
+        let events = self.inner.events_of(keys).to_owned();
         let thread = std::thread::Builder::new()
             .name("distlock-pg-release".to_owned())
             .spawn(move || -> Result<bool, String> {
@@ -753,6 +799,7 @@ impl Postgres {
                                     param(&owner, Type::TEXT),
                                     param(&keep, Type::INT8),
                                     param(&wake, Type::TEXT),
+                                    param(&events, Type::TEXT),
                                 ],
                             )
                             .await
@@ -819,6 +866,12 @@ impl Postgres {
         self.inner.renewal_round_trips.load(Ordering::Relaxed)
     }
 
+    /// The logical channel every lock event of this manager's schema is
+    /// heard on (see [`events_channel`]).
+    pub(crate) fn events_channel(&self) -> &str {
+        &self.inner.events
+    }
+
     /// Listening connections found deaf so far.
     #[cfg(feature = "testing")]
     pub(crate) fn deaf_listeners(&self) -> u64 {
@@ -827,6 +880,16 @@ impl Postgres {
 }
 
 impl Inner {
+    /// The events channel a call on `keys` tells its lock events on: the
+    /// schema's, or '' (none) when the manager does not publish them.
+    fn events_of(&self, keys: &RedisNames) -> &str {
+        if keys.events.is_empty() {
+            ""
+        } else {
+            &self.events_ident
+        }
+    }
+
     /// The data connection, connecting it when there is none or it closed.
     async fn client(&self) -> Result<Arc<Client>, CallError> {
         if let Some(client) = self.open_client() {
@@ -1108,8 +1171,18 @@ async fn sweep_periodically(inner: Weak<Inner>, interval: Duration) {
                 return;
             };
             let limit = SWEEP_LIMIT;
+            // Expiries are told whether or not this manager publishes lock
+            // events, as Redis's keyspace notifications are: the sweep is
+            // where a lease that nobody else came across is seen to end.
             let swept = inner
-                .one("", &inner.sql.sweep, &[param(&limit, Type::INT4)])
+                .one(
+                    "",
+                    &inner.sql.sweep,
+                    &[
+                        param(&limit, Type::INT4),
+                        param(&inner.events_ident, Type::TEXT),
+                    ],
+                )
                 .await
                 .and_then(|row| get::<i64>("", &row, 0));
             match swept {
