@@ -167,7 +167,6 @@ async fn postgres_refused_primitives_give_a_typed_error() {
     unsupported(m.read_lock("rw").acquire().await.map(drop));
     unsupported(m.write_lock("rw").acquire().await.map(drop));
     unsupported(m.counting_semaphore("c").try_acquire(1).await.map(drop));
-    unsupported(m.leader("l").campaign().await.map(drop));
     unsupported(m.events("x:*").subscribe().await.map(drop));
     let events = LockManager::builder(&pg.url())
         .lock_events(true)

@@ -13,7 +13,10 @@
 //! every (re)subscription. A term that ends without a successor or a
 //! resignation sends no message of ours: with Redis's keyspace notifications
 //! of expired keys on, the lock's expiry is one (and the watch reads it then);
-//! without, the watch reads the lock when the lease it last saw runs out.
+//! without (and on PostgreSQL, which tells of no expiry), the watch reads the
+//! lock when the lease it last saw runs out. On PostgreSQL the messages are
+//! notifications (NOTIFY on the channel's identifier, heard by the manager's
+//! listening connection), and the lock is the default lock's lease row.
 //!
 //! Both buffers of a watch are bounded: the messages its subscriptions hear
 //! (past the bound, the watch reads the lock instead of the messages it
@@ -149,9 +152,6 @@ impl LeaderElection {
     /// (inside the term's scope), [`LockError::ShutDown`] once the manager shut
     /// down, [`LockError::Backend`] when Redis fails or does not answer in time.
     pub async fn campaign(&self) -> Result<Leadership, LockError> {
-        let core = &self.manager.inner.core;
-        core.backend
-            .refuse_unless_redis(&self.lock_key(), "leader election")?;
         let guard = loop {
             match self.request().acquire().await {
                 Ok(guard) => break guard,
