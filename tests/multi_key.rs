@@ -881,3 +881,79 @@ async fn pg_client(server: &distlock_testing::PostgresServer) -> tokio_postgres:
     });
     client
 }
+
+/// An uncontended `lock_all` of 3 keys on PostgreSQL is one statement (the
+/// `acquire_all` function call), eager fencing tokens included; one with a
+/// busy key is one statement too and takes none; the release is one
+/// statement per key (pipelined). Counted in the server's statement log.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_an_uncontended_lock_all_is_one_statement() {
+    let pg = distlock_testing::PostgresServer::builder()
+        .setting("log_statement", "all")
+        .start()
+        .unwrap();
+    let manager = async || {
+        LockManager::builder(&pg.url())
+            // No sweep statement may fall between two counts.
+            .postgres_sweep_interval(Duration::from_secs(3600))
+            .build()
+            .await
+            .unwrap()
+    };
+    let (m, other) = (manager().await, manager().await);
+    let keys = ["st:1", "st:2", "st:3"];
+    // Warm up (the managers' first statements, the schema check).
+    for manager in [&m, &other] {
+        manager
+            .lock_all(keys)
+            .acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    let statements = |function: &str| {
+        std::fs::read_to_string(pg.log_path())
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains("statement: ") || l.contains("execute <unnamed>"))
+            .filter(|l| l.contains(&format!("distlock.{function}")))
+            .count()
+    };
+    // The log is written by the server process before it answers, so every
+    // statement is in it once the call that sent it returned.
+    let (acquires, all, releases) = (
+        statements("acquire("),
+        statements("acquire_all("),
+        statements("release("),
+    );
+    let g = m
+        .lock_all(keys)
+        .eager_fencing(true)
+        .acquire()
+        .await
+        .unwrap();
+    let tokens = g.fencing_tokens().await.unwrap();
+    assert_eq!(statements("acquire_all(") - all, 1);
+    assert_eq!(statements("acquire(") - acquires, 0);
+    assert_eq!(
+        statements("issue_token("),
+        0,
+        "the tokens came with the grant"
+    );
+    assert!(tokens.iter().all(|t| *t > 0), "{tokens:?}");
+    assert!(tokens.windows(2).all(|w| w[0] != w[1]), "{tokens:?}");
+    g.release().await.unwrap();
+    assert_eq!(statements("release(") - releases, 3);
+
+    let holder = other.lock("st:2").acquire().await.unwrap();
+    let all = statements("acquire_all(");
+    assert!(m.lock_all(keys).try_acquire().await.unwrap().is_none());
+    assert_eq!(statements("acquire_all(") - all, 1);
+    for key in ["st:1", "st:3"] {
+        assert!(!m.is_locked(key).await.unwrap(), "{key} was taken");
+    }
+    holder.release().await.unwrap();
+}
