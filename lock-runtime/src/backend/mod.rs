@@ -630,6 +630,18 @@ impl Backend {
         }
     }
 
+    /// Whether this manager's listening connections hear what the store
+    /// pushes: false once one was found deaf (PostgreSQL behind a
+    /// transaction-mode pooler, without `postgres_listen_url`); Redis always
+    /// delivers what it accepts to subscribe.
+    pub(crate) fn hears_messages(&self) -> bool {
+        match self {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(b) => b.hears_messages(),
+            _ => true,
+        }
+    }
+
     /// How many listening connections did not hear the probe notification
     /// sent through the data connection (PostgreSQL behind a
     /// transaction-mode pooler); Redis never probes.

@@ -892,6 +892,12 @@ impl Postgres {
             .collect()
     }
 
+    /// Whether every listening connection so far heard its probe (see
+    /// [`listener`](Self::listener)).
+    pub(crate) fn hears_messages(&self) -> bool {
+        self.inner.deaf_listeners.load(Ordering::Relaxed) == 0
+    }
+
     /// Round trips spent on renewals.
     #[cfg(feature = "testing")]
     pub(crate) fn renewal_round_trips(&self) -> u64 {
