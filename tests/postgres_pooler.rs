@@ -364,3 +364,41 @@ async fn postgres_a_leader_watch_behind_the_pooler_sees_terms_by_reading() {
     term.resign().await.unwrap();
     assert_eq!(next(&mut watch, lease + Duration::from_secs(1)).await, None);
 }
+
+/// `lock_all` through the pooler: one function call, whose transaction locks
+/// end with its transaction, so the pooler may hand its server session to
+/// anyone next. All or none, as on the server itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_lock_all_through_a_transaction_mode_pooler() {
+    let pg = PostgresServer::start().unwrap();
+    let pooler = PgBouncer::start(&pg).unwrap();
+    let m = manager(&pooler.url(), None).await;
+    let other = manager(&pooler.url(), None).await;
+    let guard = m
+        .lock_all(["set:1", "set:2", "set:3"])
+        .eager_fencing(true)
+        .acquire()
+        .await
+        .unwrap();
+    let tokens = guard.fencing_tokens().await.unwrap();
+    assert!(tokens.iter().all(|t| *t > 0), "{tokens:?}");
+    assert!(other.lock("set:2").try_acquire().await.unwrap().is_none());
+    // Overlapping with a held key: none of the others is taken.
+    assert!(other
+        .lock_all(["set:0", "set:3"])
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
+    assert!(!other.is_locked("set:0").await.unwrap());
+    guard.release().await.unwrap();
+    other
+        .lock_all(["set:0", "set:3"])
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("free once released")
+        .release()
+        .await
+        .unwrap();
+}
