@@ -209,10 +209,6 @@ async fn every_kind_of_event_in_order(d: Deployment) {
     assert_eq!(kind_of(&mut events, &key).await, LockEventKind::Expired);
     drop(held);
 
-    if d.is_postgres() {
-        // lock_all is not served on PostgreSQL yet.
-        return;
-    }
     // Several keys at once: one acquisition event per key.
     let keys = [format!("ev-{on}:2"), format!("ev-{on}:3")];
     let both = a.lock_all(keys.iter().cloned()).acquire().await.unwrap();

@@ -166,9 +166,7 @@ async fn postgres_refused_primitives_give_a_typed_error() {
     unsupported(m.semaphore("s", 2).acquire().await.map(drop));
     unsupported(m.read_lock("rw").acquire().await.map(drop));
     unsupported(m.write_lock("rw").acquire().await.map(drop));
-    unsupported(m.lock_all(["a", "b"]).acquire().await.map(drop));
     unsupported(m.counting_semaphore("c").try_acquire(1).await.map(drop));
-    unsupported(m.leader("l").campaign().await.map(drop));
     let message = m.semaphore("s", 2).acquire().await.unwrap_err().to_string();
     assert!(
         message.contains("not available on PostgreSQL yet"),

@@ -185,8 +185,8 @@ impl Backend {
         }
     }
 
-    /// Takes all of `locks` for `owner` in one script call, or none of them
-    /// (see `acquire_all.lua`); `key` names the first lock in errors. `None`
+    /// Takes all of `locks` for `owner` in one script call (on PostgreSQL one
+    /// function call), or none of them (see `acquire_all.lua`); `key` names the first lock in errors. `None`
     /// when this backend cannot take them in one call: a cluster (distinct
     /// locks live in distinct slots), Redlock (each lock is its own majority
     /// vote), or a server whose acquisitions need replicas to confirm them
@@ -205,7 +205,7 @@ impl Backend {
             Backend::Sentinel(b) => b.acquire_all(key, locks, owner, lease_ms, spec).await,
             Backend::Cluster(_) | Backend::Redlock(_) => None,
             #[cfg(feature = "postgres")]
-            Backend::Postgres(_) => None,
+            Backend::Postgres(b) => Some(b.acquire_all(key, locks, owner, lease_ms, spec).await),
         }
     }
 
@@ -661,6 +661,18 @@ impl Backend {
             Backend::Sentinel(b) => b.renew(batch).await,
             #[cfg(feature = "postgres")]
             Backend::Postgres(b) => b.renew(batch).await,
+        }
+    }
+
+    /// Whether this manager's listening connections hear what the store
+    /// pushes: false once one was found deaf (PostgreSQL behind a
+    /// transaction-mode pooler, without `postgres_listen_url`); Redis always
+    /// delivers what it accepts to subscribe.
+    pub(crate) fn hears_messages(&self) -> bool {
+        match self {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(b) => b.hears_messages(),
+            _ => true,
         }
     }
 

@@ -34,7 +34,9 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{AsyncMessage, Client, NoTls, Row};
 
 use super::{CallError, Renewal};
-use crate::backend::scripts::{handoff_base, AcquireReply, AcquireSpec, HeldLock, KeyReading};
+use crate::backend::scripts::{
+    handoff_base, AcquireAllReply, AcquireReply, AcquireSpec, HeldLock, KeyReading,
+};
 use crate::config::{Config, TlsSettings};
 use crate::error::{BackendError, BackendErrorKind, LockError};
 use crate::keys::{KeyNames, RedisNames};
@@ -47,6 +49,12 @@ pub const SCHEMA_VERSION: i32 = 1;
 pub(crate) const STORE: &str = "PostgreSQL";
 
 const SCHEMA_SQL: &str = include_str!("schema.sql");
+
+/// How many times a multi-key acquisition that PostgreSQL rolled back as a
+/// deadlock or a serialization failure is sent again: each such abort needs
+/// a cycle of waits with another transaction, which the retry no longer
+/// meets, so a second failure is already rare and a ninth is not expected.
+const ACQUIRE_ALL_ATTEMPTS: u32 = 8;
 
 /// Most rows of each table one sweep deletes (see `sweep` in `schema.sql`).
 const SWEEP_LIMIT: i32 = 1000;
@@ -187,6 +195,7 @@ fn push_class_literal(out: &mut String, c: char) {
 /// The statements, with the schema's name in them.
 struct Sql {
     acquire: String,
+    acquire_all: String,
     release: String,
     renew: String,
     issue_token: String,
@@ -204,6 +213,10 @@ impl Sql {
             acquire: format!(
                 "SELECT o_status, o_token, o_remaining_ms FROM {schema}.acquire(\
                  $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+            ),
+            acquire_all: format!(
+                "SELECT o_status, o_index, o_remaining_ms, o_tokens FROM {schema}.acquire_all(\
+                 $1, $2, $3, $4, $5, $6, $7, $8)"
             ),
             release: format!("SELECT {schema}.release($1, $2, $3, $4, $5)"),
             renew: format!("SELECT i, renewed FROM {schema}.renew($1, $2, $3)"),
@@ -570,6 +583,76 @@ impl Postgres {
         })
     }
 
+    /// See `Backend::acquire_all`: one function call, which takes every
+    /// lock or none. A call rolled back as a deadlock (SQLSTATE 40P01) or a
+    /// serialization failure (40001) took nothing and is sent again (see
+    /// [`ACQUIRE_ALL_ATTEMPTS`]).
+    pub(crate) async fn acquire_all(
+        &self,
+        key: &str,
+        locks: &[&RedisNames],
+        owner: &str,
+        lease_ms: u64,
+        spec: &AcquireSpec<'_>,
+    ) -> Result<AcquireAllReply, CallError> {
+        let inner = &self.inner;
+        let base = handoff_base(&inner.prefix);
+        let holder_route = owner.get(24..32).unwrap_or(spec.handoff_route);
+        let holder_channel = channel_ident(&format!("{base}:{holder_route}"));
+        let names: Vec<&str> = locks.iter().map(|keys| keys.lock.as_str()).collect();
+        let fence = spec.fence_ttl_ms.is_some();
+        let (lease, since) = (ms(lease_ms), ms(spec.since_ms));
+        // The locks of one call share a manager, so lock events are on for
+        // all of them or none.
+        let events = locks.first().map_or("", |keys| inner.events_of(keys));
+        let params = [
+            param(&names, Type::TEXT_ARRAY),
+            param(&owner, Type::TEXT),
+            param(&lease, Type::INT8),
+            param(&fence, Type::BOOL),
+            param(&since, Type::INT8),
+            param(&spec.holder, Type::TEXT),
+            param(&holder_channel, Type::TEXT),
+            param(&events, Type::TEXT),
+        ];
+        let mut attempt = 1;
+        let row = loop {
+            match inner.one(key, &inner.sql.acquire_all, &params).await {
+                Err(e) if attempt < ACQUIRE_ALL_ATTEMPTS && rolled_back_by_conflict(&e) => {
+                    tracing::debug!(target: "distlock::postgres", error = %e.error, attempt,
+                        "lock_all rolled back by a conflict; sending it again");
+                    attempt += 1;
+                }
+                outcome => break outcome?,
+            }
+        };
+        let status: i32 = get(key, &row, 0)?;
+        if status == 1 {
+            let tokens: Vec<i64> = get(key, &row, 3)?;
+            if tokens.len() != locks.len() {
+                return Err(protocol(
+                    key,
+                    format!("{} fencing tokens for {} locks", tokens.len(), locks.len()),
+                ));
+            }
+            return Ok(AcquireAllReply::Acquired {
+                fencing_tokens: tokens
+                    .into_iter()
+                    .map(|t| u64::try_from(t).unwrap_or(0))
+                    .collect(),
+            });
+        }
+        let index: i32 = get(key, &row, 1)?;
+        let remaining: i64 = get(key, &row, 2)?;
+        match usize::try_from(index) {
+            Ok(index) if (1..=locks.len()).contains(&index) => Ok(AcquireAllReply::Busy {
+                index: index - 1,
+                remaining: Some(Duration::from_millis(u64::try_from(remaining).unwrap_or(0))),
+            }),
+            _ => Err(protocol(key, format!("a busy reply for lock {index}"))),
+        }
+    }
+
     /// See `Backend::release`: one function call.
     pub(crate) async fn release(
         &self,
@@ -860,6 +943,12 @@ impl Postgres {
             .collect()
     }
 
+    /// Whether every listening connection so far heard its probe (see
+    /// [`listener`](Self::listener)).
+    pub(crate) fn hears_messages(&self) -> bool {
+        self.inner.deaf_listeners.load(Ordering::Relaxed) == 0
+    }
+
     /// Round trips spent on renewals.
     #[cfg(feature = "testing")]
     pub(crate) fn renewal_round_trips(&self) -> u64 {
@@ -1107,6 +1196,18 @@ pub(crate) fn pg_message(e: &tokio_postgres::Error) -> String {
         cause = inner.source();
     }
     message
+}
+
+/// Whether the statement was rolled back, having done nothing, because it
+/// met another transaction: a deadlock (40P01) or a serialization failure
+/// (40001).
+fn rolled_back_by_conflict(e: &CallError) -> bool {
+    match &e.error {
+        LockError::Backend { source, .. } => {
+            matches!(source.code(), Some("40P01" | "40001"))
+        }
+        _ => false,
+    }
 }
 
 fn protocol(key: &str, message: String) -> CallError {

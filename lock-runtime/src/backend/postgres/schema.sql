@@ -413,4 +413,103 @@ BEGIN
   RETURN false;
 END $$;
 
+-- ---------------------------------------------------------------------------
+-- Multi-key locks (`lock_all`): several default locks taken in one call, all
+-- or none.
+-- ---------------------------------------------------------------------------
+
+-- Takes every lock of `p_names` for `p_owner`, or none (see acquire_all.lua,
+-- whose protocol this mirrors; the client sends at most MAX_LOCK_ALL_KEYS
+-- names, de-duplicated). First the keys' transaction locks, all of them, in
+-- one global order: ascending by the advisory key itself (hashtext of the
+-- name), each distinct key once. Ordering by name would not do where names
+-- share a hash: with a < b < c and hashtext(a) = hashtext(c), a call for
+-- {a, b} would take that key first and one for {b, c} last. With every
+-- multi-key call taking its keys in this order and every other function
+-- taking one, no two calls wait for each other's keys in a cycle. Row locks, which renew and sweep
+-- take in their own order, may still deadlock with this call (SQLSTATE
+-- 40P01, the whole call rolled back): the client calls again.
+-- A lock is busy when another owner holds it, or when it is free and a live
+-- waiter of another owner heads its queue (the lock is handed to that waiter
+-- here, as acquire does, and the caller waits for it one lock at a time).
+-- Parameters: the locks' names; the owner token; the lease (ms); whether to
+-- issue fencing tokens now; the acquisition time (ms since the epoch); the
+-- holder's description; the LISTEN channel of the owner's manager (where
+-- a first waiter's notice goes); the events channel (see lock_event: '' for
+-- none), on which each lock taken is told as acquire tells it ("expired"
+-- first where the call replaces an expired row).
+-- Returns (status, index, remaining_ms, tokens):
+--   (1, 0, 0, tokens)       every lock is ours, `tokens[i]` the fencing token
+--                           of `p_names[i]` (0 without fencing): freshly
+--                           taken, or already ours (a retried call whose
+--                           reply was lost), every lease reset to p_lease_ms
+--   (0, i, remaining, NULL) `p_names[i]` (1-based) is busy for `remaining`
+--                           more ms; none was taken
+CREATE OR REPLACE FUNCTION __SCHEMA__.acquire_all(
+  p_names text[], p_owner text, p_lease_ms bigint, p_fence boolean, p_since_ms bigint,
+  p_holder text, p_handoff text, p_events text DEFAULT '',
+  OUT o_status integer, OUT o_index integer, OUT o_remaining_ms bigint, OUT o_tokens bigint[])
+LANGUAGE plpgsql AS $$
+DECLARE
+  v_key integer;
+  v_now timestamptz;
+  v_head text;
+  v_token bigint;
+  v_count integer := coalesce(array_length(p_names, 1), 0);
+  v_found boolean;
+  r __SCHEMA__.locks%ROWTYPE;
+BEGIN
+  FOR v_key IN SELECT DISTINCT hashtext(n) FROM unnest(p_names) AS n ORDER BY 1 LOOP
+    PERFORM pg_advisory_xact_lock(1684826880, v_key);
+  END LOOP;
+  v_now := clock_timestamp();
+  o_remaining_ms := 0;
+  FOR i IN 1 .. v_count LOOP
+    SELECT * INTO r FROM __SCHEMA__.locks WHERE name = p_names[i];
+    IF FOUND AND r.expires_at > v_now THEN
+      CONTINUE WHEN r.owner = p_owner;
+    ELSE
+      DELETE FROM __SCHEMA__.waiters WHERE name = p_names[i] AND expires_at <= v_now;
+      SELECT w.owner INTO v_head FROM __SCHEMA__.waiters w WHERE w.name = p_names[i]
+        ORDER BY w.arrival LIMIT 1;
+      CONTINUE WHEN v_head IS NULL OR v_head = p_owner;
+      PERFORM __SCHEMA__.hand_off(p_names[i], v_now, p_events);
+      SELECT * INTO r FROM __SCHEMA__.locks WHERE name = p_names[i];
+    END IF;
+    o_status := 0; o_index := i;
+    o_remaining_ms := greatest(0, ceil(extract(epoch FROM r.expires_at - v_now) * 1000))::bigint;
+    RETURN;
+  END LOOP;
+  o_tokens := '{}';
+  FOR i IN 1 .. v_count LOOP
+    DELETE FROM __SCHEMA__.waiters WHERE name = p_names[i] AND owner = p_owner;
+    SELECT * INTO r FROM __SCHEMA__.locks WHERE name = p_names[i];
+    v_found := FOUND;
+    IF v_found AND r.expires_at > v_now THEN
+      UPDATE __SCHEMA__.locks SET expires_at = v_now + p_lease_ms * interval '1 millisecond'
+        WHERE name = p_names[i];
+      v_token := r.token;
+    ELSE
+      v_token := CASE WHEN p_fence THEN nextval('__SCHEMA__.fencing') ELSE 0 END;
+      INSERT INTO __SCHEMA__.locks AS l
+          (name, owner, token, expires_at, since_ms, holder, queued, handoff)
+        VALUES (p_names[i], p_owner, v_token, v_now + p_lease_ms * interval '1 millisecond',
+          p_since_ms, p_holder,
+          EXISTS (SELECT 1 FROM __SCHEMA__.waiters WHERE name = p_names[i]), p_handoff)
+        ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, token = excluded.token,
+          expires_at = excluded.expires_at, since_ms = excluded.since_ms,
+          holder = excluded.holder, queued = excluded.queued, handoff = excluded.handoff;
+      IF p_events <> '' THEN
+        IF v_found THEN
+          PERFORM __SCHEMA__.lock_event(p_events, p_names[i], 'expired');
+        END IF;
+        PERFORM __SCHEMA__.lock_event(p_events, p_names[i],
+          'acquired ' || v_token || ' ' || p_since_ms || ' ' || p_holder);
+      END IF;
+    END IF;
+    o_tokens := o_tokens || v_token;
+  END LOOP;
+  o_status := 1; o_index := 0;
+END $$;
+
 INSERT INTO __SCHEMA__.version (one, version) VALUES (true, 1) ON CONFLICT (one) DO NOTHING;
