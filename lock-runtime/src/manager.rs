@@ -1045,6 +1045,29 @@ impl LockManagerBuilder {
         self
     }
 
+    /// Whether a PostgreSQL manager prepares each of its statements once per
+    /// data connection (named prepared statements) rather than sending it
+    /// unnamed, parsed and planned again, with every call (off by default).
+    /// On, a call skips the server's parse and plan (in
+    /// `lock-bench --backend postgres`, `uncontended-postgres`, the gap
+    /// between the rows of distlock's SQL by hand prepared and unnamed);
+    /// each statement costs one more round trip the first time a connection
+    /// runs it.
+    ///
+    /// Only for a connection that reaches one server session for its
+    /// lifetime: the server itself, or a pooler in session mode. Through a
+    /// transaction-mode pooler (PgBouncer's `pool_mode = transaction` before
+    /// 1.21, or without `max_prepared_statements`) a statement prepared on
+    /// one server connection is missing on the next one the pooler hands
+    /// out, or is another client's of the same name, so leave it off there.
+    /// Ignored on Redis.
+    #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+    pub fn postgres_prepared_statements(mut self, enabled: bool) -> Self {
+        self.config.postgres.prepared_statements = enabled;
+        self
+    }
+
     /// Whether a call that finds the manager's connection to a server idle
     /// may take the direct lane: a second plain-TCP connection per server on
     /// which the call writes its command and reads its own reply, without

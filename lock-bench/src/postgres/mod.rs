@@ -173,8 +173,15 @@ pub async fn listen(
 
 /// A distlock manager on the server (its data and listening connections).
 pub async fn distlock_manager(url: &str) -> Result<distlock::LockManager> {
+    distlock_manager_with(url, false).await
+}
+
+/// A distlock manager on `url`, its statements prepared per connection
+/// (`postgres_prepared_statements`) or sent unnamed (the default).
+pub async fn distlock_manager_with(url: &str, prepared: bool) -> Result<distlock::LockManager> {
     distlock::LockManager::builder(url)
         .default_lease(std::time::Duration::from_secs_f64(LEASE_SECS))
+        .postgres_prepared_statements(prepared)
         .build()
         .await
         .map_err(context(&format!("building a distlock manager on {url}")))

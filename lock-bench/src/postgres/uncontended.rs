@@ -21,6 +21,7 @@ pub const SAME_SQL: &str = "distlock's SQL by hand (prepared)";
 pub const SAME_SQL_UNNAMED: &str = "distlock's SQL by hand (unnamed statements)";
 pub const SQLX: &str = "sqlx 0.8 PgAdvisoryLock";
 pub const DISTLOCK: &str = "distlock (LockManager::builder(\"postgres://...\"))";
+pub const DISTLOCK_PREPARED: &str = "distlock, postgres_prepared_statements(true)";
 const KEY: &str = "bench:uncontended";
 /// An owner token of distlock's length (the function stores it, never reads it).
 const SAME_SQL_OWNER: &str = "0123456789abcdef0123456789abcdef";
@@ -131,10 +132,10 @@ impl PgCycler {
 
     /// distlock has no connection of its own to name: its backend's CPU is not
     /// measured (pid 0 reads as unmeasured).
-    pub async fn distlock(url: &str) -> Result<(PgCycler, u32)> {
+    pub async fn distlock(url: &str, prepared: bool) -> Result<(PgCycler, u32)> {
         Ok((
             PgCycler::Distlock {
-                manager: super::distlock_manager(url).await?,
+                manager: super::distlock_manager_with(url, prepared).await?,
             },
             0,
         ))
@@ -305,7 +306,8 @@ pub async fn run(env: &PgEnv) -> Result<ScenarioResult> {
         PgCycler::same_sql(&env.url, true, SAME_SQL_OWNER).await?,
         PgCycler::same_sql(&env.url, false, SAME_SQL_OWNER).await?,
         PgCycler::sqlx(&env.url, KEY).await?,
-        PgCycler::distlock(&env.url).await?,
+        PgCycler::distlock(&env.url, false).await?,
+        PgCycler::distlock(&env.url, true).await?,
     ];
     let labels = [
         ADVISORY_FLOOR,
@@ -314,6 +316,7 @@ pub async fn run(env: &PgEnv) -> Result<ScenarioResult> {
         SAME_SQL_UNNAMED,
         SQLX,
         DISTLOCK,
+        DISTLOCK_PREPARED,
     ];
     let n = cyclers.len();
     let pinned = crate::pin::OneCpu::pin(&super::server_pids(env.postmaster));
@@ -377,7 +380,8 @@ pub async fn run(env: &PgEnv) -> Result<ScenarioResult> {
             2 => PgCycler::same_sql(&proxied, true, SAME_SQL_OWNER).await?,
             3 => PgCycler::same_sql(&proxied, false, SAME_SQL_OWNER).await?,
             4 => PgCycler::sqlx(&proxied, KEY).await?,
-            _ => PgCycler::distlock(&proxied).await?,
+            5 => PgCycler::distlock(&proxied, false).await?,
+            _ => PgCycler::distlock(&proxied, true).await?,
         };
         for _ in 0..20 {
             c.cycle().await?;
@@ -418,16 +422,27 @@ pub async fn run(env: &PgEnv) -> Result<ScenarioResult> {
             "backend cpu: utime + stime of the connection's backend process (clock ticks: coarse at --quick sizes); the WAL writer's and the kernel's flush work are not in it".to_owned(),
             "distlock's SQL by hand: its schema's acquire and release functions with the parameters it sends for an uncontended cycle, on one connection, prepared once (as a hand-written client would) or unnamed (parsed and planned with each call, as distlock sends them so that transaction-mode poolers work); the two rows' difference is what unnamed statements cost".to_owned(),
             "sqlx's acquire is a blocking pg_advisory_lock, its release pg_advisory_unlock: the advisory floor's two statements, unprepared by the caller but cached by sqlx; it is the last reference, so distlock's ratio to it is in its row".to_owned(),
-            "distlock: backend cpu not measured (its connections are its own)".to_owned(),
+            "distlock: backend cpu not measured (its connections are its own); its second row prepares its statements per connection (postgres_prepared_statements), for a direct connection or a session-mode pooler".to_owned(),
         ],
         rows,
         references: 5,
-        targets: vec![Target::ratio(
-            "distlock p50 <= 1.10x its own SQL by hand (prepared)",
-            DISTLOCK,
-            "p50 us",
-            SAME_SQL,
-            Check::AtMost(1.10),
-        )],
+        // Each against its own SQL sent the same way: unnamed statements (the
+        // default, which transaction-mode poolers take) and prepared ones.
+        targets: vec![
+            Target::ratio(
+                "distlock p50 <= 1.10x its own SQL by hand (unnamed statements)",
+                DISTLOCK,
+                "p50 us",
+                SAME_SQL_UNNAMED,
+                Check::AtMost(1.10),
+            ),
+            Target::ratio(
+                "distlock with prepared statements p50 <= 1.10x its own SQL by hand (prepared)",
+                DISTLOCK_PREPARED,
+                "p50 us",
+                SAME_SQL,
+                Check::AtMost(1.10),
+            ),
+        ],
     })
 }

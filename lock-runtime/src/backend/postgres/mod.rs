@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use futures_util::{Stream, StreamExt as _};
 use tokio_postgres::config::SslMode;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{AsyncMessage, Client, NoTls, Row};
+use tokio_postgres::{AsyncMessage, Client, NoTls, Row, Statement};
 
 use super::{CallError, Renewal};
 use crate::backend::scripts::{
@@ -343,6 +343,10 @@ struct Inner {
     connect_timeout: Duration,
     /// The data connection; `None` or closed: the next call connects.
     client: Mutex<Option<Arc<Client>>>,
+    /// With `postgres_prepared_statements`: the statements prepared on the
+    /// data connection, by SQL text, and that connection (a new one
+    /// prepares them again).
+    prepared: Option<Mutex<Prepared>>,
     /// The listening connection's settings: the main URL's, or
     /// `postgres_listen_url`'s.
     listen_pg: tokio_postgres::Config,
@@ -353,6 +357,29 @@ struct Inner {
     /// One reconnection at a time.
     connecting: tokio::sync::Mutex<()>,
     renewal_round_trips: AtomicU64,
+}
+
+/// The statements prepared on one data connection.
+#[derive(Default)]
+struct Prepared {
+    /// The connection they belong to (compared by address, never used).
+    client: Option<Weak<Client>>,
+    statements: std::collections::HashMap<String, Statement>,
+}
+
+impl Prepared {
+    /// `sql`'s statement on `client`, if prepared there.
+    fn get(&mut self, client: &Arc<Client>, sql: &str) -> Option<Statement> {
+        if !self
+            .client
+            .as_ref()
+            .is_some_and(|c| std::ptr::eq(c.as_ptr(), Arc::as_ptr(client)))
+        {
+            self.client = Some(Arc::downgrade(client));
+            self.statements.clear();
+        }
+        self.statements.get(sql).cloned()
+    }
 }
 
 /// The PostgreSQL backend: one pipelined data connection, reconnected after
@@ -435,6 +462,10 @@ impl Postgres {
             command_timeout: config.command_timeout,
             connect_timeout: config.connect_timeout,
             client: Mutex::new(None),
+            prepared: config
+                .postgres
+                .prepared_statements
+                .then(|| Mutex::new(Prepared::default())),
             listen_pg,
             deaf_listeners: AtomicU64::new(0),
             connecting: tokio::sync::Mutex::new(()),
@@ -1050,12 +1081,46 @@ impl Inner {
             }
             e
         })?;
-        let outcome =
-            tokio::time::timeout(self.command_timeout, client.query_typed(sql, params)).await;
+        let outcome = tokio::time::timeout(self.command_timeout, async {
+            let Some(prepared) = &self.prepared else {
+                return client.query_typed(sql, params).await;
+            };
+            let known = prepared
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&client, sql);
+            let statement = match known {
+                Some(statement) => statement,
+                None => {
+                    let types: Vec<Type> = params.iter().map(|(_, ty)| ty.clone()).collect();
+                    let statement = client.prepare_typed(sql, &types).await?;
+                    let mut prepared = prepared.lock().unwrap_or_else(|e| e.into_inner());
+                    if prepared.get(&client, sql).is_none() {
+                        prepared
+                            .statements
+                            .insert(sql.to_owned(), statement.clone());
+                    }
+                    statement
+                }
+            };
+            let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
+            client.query(&statement, &values).await
+        })
+        .await;
         match outcome {
             Ok(Ok(rows)) => Ok(rows),
             Ok(Err(e)) => {
                 if let Some(source) = db_error(&e) {
+                    // A statement the server no longer has, or whose plan
+                    // went stale (the schema recreated): prepared anew at
+                    // the next call.
+                    if let Some(prepared) = &self.prepared {
+                        prepared
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .statements
+                            .clear();
+                    }
                     return Err(CallError {
                         error: LockError::Backend {
                             key: key.to_owned(),
