@@ -4,8 +4,7 @@
 //! waiters in order) and multi-key holds (one hold id across their keys);
 //! `LockRequest::is_locked` answers per kind; `force_unlock_hold` frees one
 //! holder and `force_unlock_all` a whole key, telling the waiters. On one
-//! server, a cluster and PostgreSQL (multi-key holds: Redis only); the
-//! default lock on a Redlock.
+//! server, a cluster and PostgreSQL; the default lock on a Redlock.
 
 mod common;
 
@@ -42,7 +41,7 @@ on_stores!(
     one_holder_or_the_whole_key_is_freed,
 );
 
-on_both!(multi_key_holds_are_listed_beside_every_kind);
+on_stores!(multi_key_holds_are_listed_beside_every_kind);
 
 async fn every_kind_is_seen_with_its_holders(d: Deployment) {
     let a = named(&d, "host-a").await;
