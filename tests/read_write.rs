@@ -294,9 +294,14 @@ async fn writers_fencing_tokens_strictly_increase(d: Deployment) {
 /// on PostgreSQL its row freed by an operator) learns it at its next renewal.
 async fn a_reader_learns_that_its_hold_is_gone(d: Deployment) {
     let m = d.manager().await;
+    // A lease that outlives a late renewal on a loaded machine (each renewal
+    // on PostgreSQL is a commit): the hold must still be there to be removed.
+    // Its renewals come every third of it (0.67 s), so `lost()` completes
+    // within 0.67 s plus a renewal's round trip after the removal; 5 s below
+    // allows a loaded machine several times that.
     let r = m
         .read_lock("gone")
-        .lease(Duration::from_millis(600))
+        .lease(Duration::from_secs(2))
         .acquire()
         .await
         .unwrap();
@@ -312,7 +317,7 @@ async fn a_reader_learns_that_its_hold_is_gone(d: Deployment) {
         };
         assert!(m.force_unlock_hold(hold).await.unwrap());
     }
-    tokio::time::timeout(Duration::from_secs(3), r.lost())
+    tokio::time::timeout(Duration::from_secs(5), r.lost())
         .await
         .expect("lost() completes");
     assert!(matches!(r.release().await, Err(LockError::Lost { .. })));
