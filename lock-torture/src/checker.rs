@@ -93,7 +93,8 @@ pub struct Report {
     /// Overlaps where the earlier holder had reported the loss first (allowed).
     pub overlaps_after_reported_loss: usize,
     /// Overlaps by a body poll that the freezing of its process cut in two
-    /// (allowed; fencing must cover them).
+    /// (allowed; fencing must cover them), or by a section whose grant may
+    /// have come before its worker froze (see `frozen_token_order`).
     pub frozen_overlaps: Vec<Overlap>,
     /// Consecutive grants (of known token) whose tokens did not increase.
     pub token_order: Vec<(Section, Section)>,
@@ -101,6 +102,12 @@ pub struct Report {
     /// that lost the fencing counter's last increments): allowed, counted
     /// apart; the fenced store must still accept no lower token.
     pub amnesia_token_order: Vec<(Section, Section)>,
+    /// The same where the later section's worker was frozen (SIGSTOP) before
+    /// the earlier one began and its acquisition returned only after the thaw,
+    /// told lost: its grant may have come before the freeze (its time is when
+    /// the call returned), and its lease lapsed during it. Allowed, counted
+    /// apart; its writes are the fenced store's to reject.
+    pub frozen_token_order: Vec<(Section, Section)>,
 }
 
 impl Report {
@@ -157,6 +164,8 @@ pub fn check_sections(sections: &[Section], faults: &Faults) -> Report {
                     .any(|&(down, _)| a.acquired < down && down <= b.acquired);
                 if across_amnesia {
                     report.amnesia_token_order.push((a.clone(), b.clone()));
+                } else if granted_before_a_freeze(a, b, faults) {
+                    report.frozen_token_order.push((a.clone(), b.clone()));
                 } else {
                     report.token_order.push((a.clone(), b.clone()));
                 }
@@ -180,6 +189,8 @@ pub fn check_sections(sections: &[Section], faults: &Faults) -> Report {
                     })
                 {
                     report.frozen_overlaps.push(pair);
+                } else if granted_before_a_freeze(a, b, faults) {
+                    report.frozen_overlaps.push(pair);
                 } else if faults
                     .amnesia
                     .iter()
@@ -194,6 +205,18 @@ pub fn check_sections(sections: &[Section], faults: &Faults) -> Report {
         }
     }
     report
+}
+
+/// Whether `b`, logged as granted after `a`, may have been granted before
+/// its worker froze: the worker was frozen before `a` began, `b`'s
+/// acquisition returned after the thaw (its logged grant is that return),
+/// and `b` was told it lost (its lease lapsed during the freeze).
+fn granted_before_a_freeze(a: &Section, b: &Section, faults: &Faults) -> bool {
+    b.lost
+        && faults
+            .frozen
+            .iter()
+            .any(|&(w, from, to)| w == b.worker && from <= a.acquired && b.acquired >= to)
 }
 
 /// What [`check_store`] found for one key.
@@ -937,6 +960,32 @@ mod tests {
             ..Faults::default()
         };
         assert_eq!(check_sections(&[a, b], &other).overlaps.len(), 1);
+    }
+
+    #[test]
+    fn a_grant_returned_after_a_freeze_is_out_of_order_apart() {
+        // Worker 1 frozen in [20, 90]: its acquisition returned at 95 with
+        // token 4, granted before the freeze; worker 2 was granted 5 at 50.
+        let mut late = sec(1, 4, 95, 96);
+        late.lost = true;
+        late.lost_at = 95;
+        late.release = Release::Lost;
+        let s = [sec(2, 5, 50, 60), late.clone()];
+        let frozen = Faults {
+            frozen: vec![(1, 20, 90)],
+            ..Faults::default()
+        };
+        let r = check_sections(&s, &frozen);
+        assert_eq!((r.token_order.len(), r.frozen_token_order.len()), (0, 1));
+        // Its hold after the thaw, while worker 2 still held, is a frozen overlap.
+        let r = check_sections(&[sec(2, 5, 50, 100), late.clone()], &frozen);
+        assert_eq!((r.overlaps.len(), r.frozen_overlaps.len()), (0, 1));
+        // Not told it lost, or no freeze of its worker: a violation.
+        let mut told_nothing = late.clone();
+        told_nothing.lost = false;
+        let r = check_sections(&[sec(2, 5, 50, 60), told_nothing], &frozen);
+        assert_eq!(r.token_order.len(), 1);
+        assert_eq!(check_sections(&s, &Faults::default()).token_order.len(), 1);
     }
 
     #[test]
