@@ -794,3 +794,356 @@ async fn p2b_the_term_checker_catches_a_fake_leader_and_stale_epochs_on_postgres
         }
     }
 }
+
+/// What a p3/p4 run of the shared kinds takes. Those scenarios are ignored
+/// until the PostgreSQL backend serves read-write locks and semaphores:
+/// before, every acquisition is refused with `LockError::Unsupported` and
+/// the workers stop with `FATAL`.
+#[derive(Clone, Copy, Debug)]
+enum Shared {
+    /// A read-write lock, 20 % of the sections writers.
+    ReadWrite,
+    /// A semaphore of `permits`.
+    Semaphore { permits: u32 },
+}
+
+/// Three workers of `tasks` tasks take `total` sections of `shared` on one
+/// key at `url` (the server, or a pooler in front of it), bodies of 0-5 ms,
+/// 10 % cancelled mid-body and 5 % panicking, then the checker judges them:
+/// a read-write lock's writers exclude everyone, its readers share, writer
+/// tokens grow, the writers' counter is exact; a semaphore never has more
+/// than its permits held and had them all held at once. No hold is left once
+/// the workers are gone. `name` names the run in its `TORTURE` line.
+async fn shared_run(
+    setup: &PgSetup,
+    url: &str,
+    name: &str,
+    shared: Shared,
+    tasks: u32,
+    total: u64,
+) {
+    let started = Instant::now();
+    let processes = 3u32;
+    let key = match shared {
+        Shared::ReadWrite => "rw0",
+        Shared::Semaphore { .. } => "sem0",
+    };
+    let kind_args = match shared {
+        Shared::ReadWrite => args(&[("kind", &"rw"), ("write-pct", &20)]),
+        Shared::Semaphore { permits } => args(&[("kind", &"semaphore"), ("permits", &permits)]),
+    };
+    let mut workers = ready_all(
+        (0..processes)
+            .map(|id| {
+                let mut all = args(&[
+                    ("keys", &key),
+                    ("tasks", &tasks),
+                    ("sections", &(total / u64::from(processes))),
+                    ("body-us", &"0-5000"),
+                    ("cancel-pct", &10),
+                    ("panic-pct", &5),
+                    ("lease-ms", &2000),
+                    ("wait-ms", &30_000),
+                    ("seed", &(id + 1)),
+                ]);
+                all.extend(kind_args.iter().cloned());
+                setup.worker_at(url, id, "run", &all)
+            })
+            .collect(),
+    )
+    .await;
+    let drains = finish_all(&mut workers, Duration::from_secs(120)).await;
+    let h = history_of(&workers);
+    let left = setup.holds_left().await;
+    let outcomes = |ok: usize, cancelled: usize, panicked: usize| {
+        format!("ok={ok} cancelled={cancelled} panicked={panicked}")
+    };
+    match shared {
+        Shared::ReadWrite => {
+            let report = check_read_write(&h.sections);
+            let stored = setup.store_report(&h, &[key.to_owned()], true).await;
+            let writes_ok: usize = report.writes_ok_by_worker.values().sum();
+            torture_line(
+                name,
+                None,
+                &format!(
+                    "sections={} readers={} writers={} {} writer_overlaps={} \
+                     token_order_violations={} max_readers={} lost={} counter={} \
+                     writes_accepted={} lost_updates={} stale_writes_accepted={} holds_left={} \
+                     drain_ms_max={} secs={:.1}",
+                    report.sections,
+                    report.readers,
+                    report.writers,
+                    outcomes(
+                        report.count(Outcome::Ok),
+                        report.count(Outcome::Cancelled),
+                        report.count(Outcome::Panicked)
+                    ),
+                    report.overlaps.len(),
+                    report.token_order.len(),
+                    report.max_readers,
+                    report.lost,
+                    stored.value,
+                    stored.accepted,
+                    stored.lost_updates,
+                    stored.stale_accepted,
+                    left.len(),
+                    longest_drain(&drains),
+                    started.elapsed().as_secs_f64()
+                ),
+            );
+            assert_eq!(report.sections as u64, total, "every ticket is one section");
+            report.assert_clean(name);
+            assert_eq!(report.lost, 0, "no lease may be lost without a fault");
+            assert!(report.max_readers >= 2, "readers never shared the lock");
+            for id in 0..processes {
+                assert!(
+                    report.writes_ok_by_worker.get(&id).copied().unwrap_or(0) > 0,
+                    "worker {id}'s writers completed no section: {:?}",
+                    report.writes_ok_by_worker
+                );
+            }
+            // Writers alone write, one at a time: the counter is exact.
+            assert_eq!(stored.value, writes_ok as u64);
+            assert_eq!(stored.accepted, writes_ok);
+            assert_eq!((stored.rejected, stored.lost_updates), (0, 0));
+        }
+        Shared::Semaphore { permits } => {
+            let report = check_semaphore(&h.sections, permits as usize);
+            torture_line(
+                name,
+                None,
+                &format!(
+                    "sections={} permits={permits} {} max_concurrent={} excess_grants={} \
+                     duplicate_tokens={} lost={} holds_left={} drain_ms_max={} secs={:.1}",
+                    report.sections,
+                    outcomes(
+                        report.count(Outcome::Ok),
+                        report.count(Outcome::Cancelled),
+                        report.count(Outcome::Panicked)
+                    ),
+                    report.max_concurrent,
+                    report.excess.len(),
+                    report.duplicate_tokens.len(),
+                    report.lost,
+                    left.len(),
+                    longest_drain(&drains),
+                    started.elapsed().as_secs_f64()
+                ),
+            );
+            assert_eq!(report.sections as u64, total, "every ticket is one section");
+            report.assert_clean(name);
+            assert_eq!(
+                report.max_concurrent, permits as usize,
+                "the semaphore's permits were all held at once"
+            );
+            assert_eq!(report.lost, 0, "no lease may be lost without a fault");
+        }
+    }
+    assert!(left.is_empty(), "holds left: {left:?}");
+    assert_drained(&workers, &drains);
+}
+
+/// Scenario p3: a read-write lock on PostgreSQL, 3 processes x 8 tasks, 300
+/// sections (see [`shared_run`]).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs read-write locks and semaphores on PostgreSQL (pg-shared)"]
+async fn p3_read_write_lock_on_postgres() {
+    let _serial = SERIAL.lock().await;
+    let setup = PgSetup::new("p3-rw").await;
+    let url = setup.lock.url();
+    shared_run(
+        &setup,
+        &url,
+        "p3_read_write_postgres",
+        Shared::ReadWrite,
+        8,
+        300,
+    )
+    .await;
+}
+
+/// Scenario p3b: a semaphore of 3 permits on PostgreSQL, 3 processes x 8
+/// tasks, 300 sections (see [`shared_run`]).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs read-write locks and semaphores on PostgreSQL (pg-shared)"]
+async fn p3b_semaphore_on_postgres() {
+    let _serial = SERIAL.lock().await;
+    let setup = PgSetup::new("p3-sem").await;
+    let url = setup.lock.url();
+    let sem = Shared::Semaphore { permits: 3 };
+    shared_run(&setup, &url, "p3b_semaphore_postgres", sem, 8, 300).await;
+}
+
+/// Sabotage for the shared kinds on PostgreSQL: the unsafe client of p0 (it
+/// ignores a lost lease, never renews, and its bodies outlast the shortest
+/// lease) on a read-write lock (half the sections writers) and on a
+/// semaphore of 2: the checker must find writers sharing the lock, and more
+/// than 2 permits held at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs read-write locks and semaphores on PostgreSQL (pg-shared)"]
+async fn p3c_the_checker_catches_unsafe_shared_holders_on_postgres() {
+    let _serial = SERIAL.lock().await;
+    let setup = PgSetup::new("p3c").await;
+    let min_lease_us = distlock::MIN_LEASE.as_micros();
+    let permits = 2u32;
+    let runs = [
+        ("rw1", args(&[("kind", &"rw"), ("write-pct", &50)])),
+        (
+            "sem1",
+            args(&[("kind", &"semaphore"), ("permits", &permits)]),
+        ),
+    ];
+    for (round, (key, kind_args)) in runs.iter().enumerate() {
+        let mut workers = ready_all(
+            (0..2)
+                .map(|id| {
+                    let mut all = args(&[
+                        ("keys", key),
+                        ("tasks", &4),
+                        ("sections", &50),
+                        ("body-us", &format!("{}-{}", min_lease_us, 3 * min_lease_us)),
+                        ("lease-ms", &distlock::MIN_LEASE.as_millis()),
+                        ("renew", &0),
+                        ("ignore-loss", &1),
+                        ("wait-ms", &10_000),
+                        ("seed", &(id + 1)),
+                    ]);
+                    all.extend(kind_args.iter().cloned());
+                    setup.worker(10 * round as u32 + id, "run", &all)
+                })
+                .collect(),
+        )
+        .await;
+        finish_all(&mut workers, Duration::from_secs(120)).await;
+        let h = history_of(&workers);
+        if round == 0 {
+            let report = check_read_write(&h.sections);
+            torture_line(
+                "p3c_control_postgres",
+                Some(round),
+                &format!(
+                    "kind=rw sabotage=unsafe-client sections={} writer_overlaps={}",
+                    report.sections,
+                    report.overlaps.len()
+                ),
+            );
+            assert_eq!(report.sections, 100);
+            assert!(
+                !report.overlaps.is_empty(),
+                "the checker found no writer sharing the lock with an unsafe client"
+            );
+        } else {
+            let report = check_semaphore(&h.sections, permits as usize);
+            torture_line(
+                "p3c_control_postgres",
+                Some(round),
+                &format!(
+                    "kind=semaphore sabotage=unsafe-client sections={} max_concurrent={} excess_grants={}",
+                    report.sections,
+                    report.max_concurrent,
+                    report.excess.len()
+                ),
+            );
+            assert_eq!(report.sections, 100);
+            assert!(
+                !report.excess.is_empty(),
+                "the checker found no grant beyond {permits} permits with an unsafe client"
+            );
+        }
+    }
+}
+
+/// Scenario p4: the default lock through a transaction-mode pooler (a
+/// private PgBouncer; no notification passes it, so waiters are served by
+/// their timers in their queue turn). Three processes x 3 tasks on 3 keys,
+/// 90 sections, 10 % cancelled mid-body and 5 % panicking: no overlap
+/// without a prior lost signal, tokens growing per key, no stale fenced
+/// write accepted, the counter exact, no lock row or queue entry left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p4_default_lock_through_a_transaction_mode_pooler_postgres() {
+    let _serial = SERIAL.lock().await;
+    let started = Instant::now();
+    let setup = PgSetup::new("p4").await;
+    let pooler = PgBouncer::start(&setup.lock).expect("pgbouncer must be installed");
+    let keys = keys(3);
+    let mut workers = ready_all(
+        (0..3)
+            .map(|id| {
+                setup.worker_at(
+                    &pooler.url(),
+                    id,
+                    "run",
+                    &args(&[
+                        ("keys", &keys.join(",")),
+                        ("tasks", &3),
+                        ("sections", &30),
+                        ("body-us", &"0-5000"),
+                        ("cancel-pct", &10),
+                        ("panic-pct", &5),
+                        ("lease-ms", &2000),
+                        ("wait-ms", &30_000),
+                        ("seed", &(id + 1)),
+                    ]),
+                )
+            })
+            .collect(),
+    )
+    .await;
+    let drains = finish_all(&mut workers, Duration::from_secs(120)).await;
+    let h = history_of(&workers);
+    let report = check_sections(&h.sections, &Faults::default());
+    let stored = setup.store_report(&h, &keys, true).await;
+    // Every worker released or dropped its holds before exiting: nothing
+    // is left to wait for but a dropped hold's release in flight.
+    let leaked = setup.leaks(SLACK).await;
+    figures(
+        "p4_pooler_lock_postgres",
+        &report,
+        &stored,
+        "pgbouncer-transaction-mode+cancel+panic",
+        leaked.len(),
+        &format!(
+            "drain_ms_max={} secs={:.1}",
+            longest_drain(&drains),
+            started.elapsed().as_secs_f64()
+        ),
+    );
+    assert_eq!(report.sections, 90, "every ticket is one section");
+    report.assert_clean("the default lock through a transaction-mode pooler");
+    assert_eq!(report.lost, 0, "no lease may be lost without a fault");
+    assert!(
+        report.count(Outcome::Cancelled) + report.count(Outcome::Panicked) > 0,
+        "{:?}",
+        report.outcomes
+    );
+    assert_exact_counter(&report, &stored);
+    assert!(
+        leaked.is_empty(),
+        "rows left in distlock's tables: {leaked:?}"
+    );
+    assert_drained(&workers, &drains);
+}
+
+/// Scenario p4b: a read-write lock and a semaphore of 3 through the
+/// transaction-mode pooler, 3 processes x 4 tasks, 60 sections each, judged
+/// as in p3 ([`shared_run`]).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs read-write locks and semaphores on PostgreSQL (pg-shared)"]
+async fn p4b_read_write_lock_and_semaphore_through_a_transaction_mode_pooler_postgres() {
+    let _serial = SERIAL.lock().await;
+    let setup = PgSetup::new("p4b").await;
+    let pooler = PgBouncer::start(&setup.lock).expect("pgbouncer must be installed");
+    let url = pooler.url();
+    shared_run(
+        &setup,
+        &url,
+        "p4b_pooler_read_write_postgres",
+        Shared::ReadWrite,
+        4,
+        60,
+    )
+    .await;
+    let sem = Shared::Semaphore { permits: 3 };
+    shared_run(&setup, &url, "p4b_pooler_semaphore_postgres", sem, 4, 60).await;
+}
