@@ -813,14 +813,15 @@ enum Shared {
 /// a read-write lock's writers exclude everyone, its readers share, writer
 /// tokens grow, the writers' counter is exact; a semaphore never has more
 /// than its permits held and had them all held at once. No hold is left once
-/// the workers are gone. `name` names the run in its `TORTURE` line.
+/// the workers are gone. `name` names the run in its `TORTURE` line; the
+/// workers are numbered from `first_id` (their logs are the setup's, so runs
+/// sharing one setup number theirs apart).
 async fn shared_run(
     setup: &PgSetup,
     url: &str,
     name: &str,
     shared: Shared,
-    tasks: u32,
-    total: u64,
+    (first_id, tasks, total): (u32, u32, u64),
 ) {
     let started = Instant::now();
     let processes = 3u32;
@@ -833,7 +834,7 @@ async fn shared_run(
         Shared::Semaphore { permits } => args(&[("kind", &"semaphore"), ("permits", &permits)]),
     };
     let mut workers = ready_all(
-        (0..processes)
+        (first_id..first_id + processes)
             .map(|id| {
                 let mut all = args(&[
                     ("keys", &key),
@@ -896,7 +897,7 @@ async fn shared_run(
             report.assert_clean(name);
             assert_eq!(report.lost, 0, "no lease may be lost without a fault");
             assert!(report.max_readers >= 2, "readers never shared the lock");
-            for id in 0..processes {
+            for id in first_id..first_id + processes {
                 assert!(
                     report.writes_ok_by_worker.get(&id).copied().unwrap_or(0) > 0,
                     "worker {id}'s writers completed no section: {:?}",
@@ -957,8 +958,7 @@ async fn p3_read_write_lock_on_postgres() {
         &url,
         "p3_read_write_postgres",
         Shared::ReadWrite,
-        8,
-        300,
+        (0, 8, 300),
     )
     .await;
 }
@@ -972,7 +972,7 @@ async fn p3b_semaphore_on_postgres() {
     let setup = PgSetup::new("p3-sem").await;
     let url = setup.lock.url();
     let sem = Shared::Semaphore { permits: 3 };
-    shared_run(&setup, &url, "p3b_semaphore_postgres", sem, 8, 300).await;
+    shared_run(&setup, &url, "p3b_semaphore_postgres", sem, (0, 8, 300)).await;
 }
 
 /// Sabotage for the shared kinds on PostgreSQL: the unsafe client of p0 (it
@@ -1140,10 +1140,16 @@ async fn p4b_read_write_lock_and_semaphore_through_a_transaction_mode_pooler_pos
         &url,
         "p4b_pooler_read_write_postgres",
         Shared::ReadWrite,
-        4,
-        60,
+        (0, 4, 60),
     )
     .await;
     let sem = Shared::Semaphore { permits: 3 };
-    shared_run(&setup, &url, "p4b_pooler_semaphore_postgres", sem, 4, 60).await;
+    shared_run(
+        &setup,
+        &url,
+        "p4b_pooler_semaphore_postgres",
+        sem,
+        (10, 4, 60),
+    )
+    .await;
 }
