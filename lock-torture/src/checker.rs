@@ -183,13 +183,12 @@ pub fn check_sections(sections: &[Section], faults: &Faults) -> Report {
                 };
                 if a.lost && a.lost_at <= b.acquired {
                     report.overlaps_after_reported_loss += 1;
-                } else if a.lost
+                } else if (a.lost
                     && faults.frozen.iter().any(|&(w, from, to)| {
                         w == a.worker && from <= b.acquired && a.last_active >= to
-                    })
+                    }))
+                    || granted_before_a_freeze(a, b, faults)
                 {
-                    report.frozen_overlaps.push(pair);
-                } else if granted_before_a_freeze(a, b, faults) {
                     report.frozen_overlaps.push(pair);
                 } else if faults
                     .amnesia
