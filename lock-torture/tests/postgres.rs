@@ -651,11 +651,11 @@ async fn p2_leader_terms_on_postgres() {
             term.key
         );
     }
-    // Terms exclude each other: every accepted write added one; the frozen
-    // leader's write (if its body ran on at resume) came after newer epochs
-    // had written, and was rejected.
+    // Terms exclude each other: every accepted write added one. Only the
+    // frozen leader may have written late (a body poll cut by the freeze,
+    // one per task of it), after newer epochs had written: rejected.
     assert_eq!(stored.lost_updates, 0);
-    assert!(stored.rejected <= 1, "{} writes rejected", stored.rejected);
+    assert!(stored.rejected <= 2, "{} writes rejected", stored.rejected);
     assert!(left.is_empty(), "holds left: {left:?}");
     assert_drained(&survivors, &drains);
 }
