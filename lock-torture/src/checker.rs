@@ -25,6 +25,9 @@
 //! is judged by the longest time a key went without a grant
 //! ([`longest_grant_gaps`]), grants nobody logged ([`unlogged_tokens`]), and wait
 //! percentiles and overtakes ([`acquire_waits`]).
+//!
+//! Leader terms ([`check_terms`]): one leader at a time per election unless the
+//! earlier was told it lost first, epochs growing in the order terms began.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -90,7 +93,8 @@ pub struct Report {
     /// Overlaps where the earlier holder had reported the loss first (allowed).
     pub overlaps_after_reported_loss: usize,
     /// Overlaps by a body poll that the freezing of its process cut in two
-    /// (allowed; fencing must cover them).
+    /// (allowed; fencing must cover them), or by a section whose grant may
+    /// have come before its worker froze (see `frozen_token_order`).
     pub frozen_overlaps: Vec<Overlap>,
     /// Consecutive grants (of known token) whose tokens did not increase.
     pub token_order: Vec<(Section, Section)>,
@@ -98,6 +102,12 @@ pub struct Report {
     /// that lost the fencing counter's last increments): allowed, counted
     /// apart; the fenced store must still accept no lower token.
     pub amnesia_token_order: Vec<(Section, Section)>,
+    /// The same where the later section's worker was frozen (SIGSTOP) before
+    /// the earlier one began and its acquisition returned only after the thaw,
+    /// told lost: its grant may have come before the freeze (its time is when
+    /// the call returned), and its lease lapsed during it. Allowed, counted
+    /// apart; its writes are the fenced store's to reject.
+    pub frozen_token_order: Vec<(Section, Section)>,
 }
 
 impl Report {
@@ -154,6 +164,8 @@ pub fn check_sections(sections: &[Section], faults: &Faults) -> Report {
                     .any(|&(down, _)| a.acquired < down && down <= b.acquired);
                 if across_amnesia {
                     report.amnesia_token_order.push((a.clone(), b.clone()));
+                } else if granted_before_a_freeze(a, b, faults) {
+                    report.frozen_token_order.push((a.clone(), b.clone()));
                 } else {
                     report.token_order.push((a.clone(), b.clone()));
                 }
@@ -171,10 +183,11 @@ pub fn check_sections(sections: &[Section], faults: &Faults) -> Report {
                 };
                 if a.lost && a.lost_at <= b.acquired {
                     report.overlaps_after_reported_loss += 1;
-                } else if a.lost
+                } else if (a.lost
                     && faults.frozen.iter().any(|&(w, from, to)| {
                         w == a.worker && from <= b.acquired && a.last_active >= to
-                    })
+                    }))
+                    || granted_before_a_freeze(a, b, faults)
                 {
                     report.frozen_overlaps.push(pair);
                 } else if faults
@@ -191,6 +204,18 @@ pub fn check_sections(sections: &[Section], faults: &Faults) -> Report {
         }
     }
     report
+}
+
+/// Whether `b`, logged as granted after `a`, may have been granted before
+/// its worker froze: the worker was frozen before `a` began, `b`'s
+/// acquisition returned after the thaw (its logged grant is that return),
+/// and `b` was told it lost (its lease lapsed during the freeze).
+fn granted_before_a_freeze(a: &Section, b: &Section, faults: &Faults) -> bool {
+    b.lost
+        && faults
+            .frozen
+            .iter()
+            .any(|&(w, from, to)| w == b.worker && from <= a.acquired && b.acquired >= to)
 }
 
 /// What [`check_store`] found for one key.
@@ -621,6 +646,83 @@ pub fn check_read_write(sections: &[Section]) -> ReadWriteReport {
     report
 }
 
+/// What [`check_terms`] found.
+#[derive(Debug, Clone, Default)]
+pub struct TermReport {
+    /// The terms' mutual exclusion and epoch order, as [`check_sections`]
+    /// judges a lock's sections (its `token_order` is the epochs' order).
+    pub terms: Report,
+    /// Terms that ended by a resignation the store confirmed.
+    pub resigned: usize,
+    /// Elections (keys) with at least one term.
+    pub elections: usize,
+    /// The longest time an election went from the end of one term to the
+    /// start of the next (ns): a hand-over's cost, or a lost term's lease.
+    pub longest_vacancy: u64,
+}
+
+impl TermReport {
+    /// Panics with the first problems when two terms of one election held at
+    /// once without the earlier one having been told it lost, or epochs did
+    /// not grow in the order the terms began.
+    pub fn assert_clean(&self, what: &str) {
+        let r = &self.terms;
+        let mut msg = String::new();
+        for o in r.overlaps.iter().take(5) {
+            msg.push_str(&format!("\n  two leaders: {o}"));
+        }
+        for (a, b) in r.token_order.iter().take(5) {
+            msg.push_str(&format!(
+                "\n  epoch order: election {}: worker {} epoch {} began at {} then worker {} epoch {} began at {}",
+                a.key, a.worker, a.token, a.acquired, b.worker, b.token, b.acquired
+            ));
+        }
+        assert!(
+            r.overlaps.is_empty() && r.token_order.is_empty(),
+            "{what}: {} overlapping terms, {} epochs out of order in {} terms:{msg}",
+            r.overlaps.len(),
+            r.token_order.len(),
+            r.sections
+        );
+    }
+}
+
+/// Checks the terms of leader elections (the sections of kind
+/// [`Term`](crate::history::Kind::Term), one election per key): never two
+/// terms of one election at once unless the earlier had been told it lost
+/// the lead before the later began (a term acts as leader from its start
+/// until [`Section::hold_end`]: its resignation when the store confirmed it,
+/// else the body's last poll), and epochs strictly growing in the order the
+/// terms began. The fenced store's side, no write of a stale epoch accepted,
+/// is [`check_store`]'s, with the epoch as token. Other sections are ignored.
+pub fn check_terms(sections: &[Section], faults: &Faults) -> TermReport {
+    let terms: Vec<Section> = sections
+        .iter()
+        .filter(|s| s.kind == crate::history::Kind::Term)
+        .cloned()
+        .collect();
+    let mut report = TermReport {
+        terms: check_sections(&terms, faults),
+        resigned: terms
+            .iter()
+            .filter(|s| s.release == crate::history::Release::Ok)
+            .count(),
+        ..TermReport::default()
+    };
+    let by_key = by_key_in_grant_order(&terms);
+    report.elections = by_key.len();
+    for list in by_key.values() {
+        let mut ended = None::<u64>;
+        for s in list {
+            if let Some(end) = ended.filter(|&end| end < s.acquired) {
+                report.longest_vacancy = report.longest_vacancy.max(s.acquired - end);
+            }
+            ended = Some(ended.map_or(s.hold_end(), |e| e.max(s.hold_end())));
+        }
+    }
+    report
+}
+
 /// Per key, the longest time in `[from, to]` without a grant (bounded by
 /// `from`, the grants inside the window and `to`), and when it began.
 pub fn longest_grant_gaps(
@@ -860,6 +962,32 @@ mod tests {
     }
 
     #[test]
+    fn a_grant_returned_after_a_freeze_is_out_of_order_apart() {
+        // Worker 1 frozen in [20, 90]: its acquisition returned at 95 with
+        // token 4, granted before the freeze; worker 2 was granted 5 at 50.
+        let mut late = sec(1, 4, 95, 96);
+        late.lost = true;
+        late.lost_at = 95;
+        late.release = Release::Lost;
+        let s = [sec(2, 5, 50, 60), late.clone()];
+        let frozen = Faults {
+            frozen: vec![(1, 20, 90)],
+            ..Faults::default()
+        };
+        let r = check_sections(&s, &frozen);
+        assert_eq!((r.token_order.len(), r.frozen_token_order.len()), (0, 1));
+        // Its hold after the thaw, while worker 2 still held, is a frozen overlap.
+        let r = check_sections(&[sec(2, 5, 50, 100), late.clone()], &frozen);
+        assert_eq!((r.overlaps.len(), r.frozen_overlaps.len()), (0, 1));
+        // Not told it lost, or no freeze of its worker: a violation.
+        let mut told_nothing = late.clone();
+        told_nothing.lost = false;
+        let r = check_sections(&[sec(2, 5, 50, 60), told_nothing], &frozen);
+        assert_eq!(r.token_order.len(), 1);
+        assert_eq!(check_sections(&s, &Faults::default()).token_order.len(), 1);
+    }
+
+    #[test]
     fn tokens_must_increase_with_grants() {
         let s = [sec(1, 5, 0, 10), sec(2, 4, 11, 20), sec(2, 4, 21, 30)];
         let r = check_sections(&s, &Faults::default());
@@ -1083,6 +1211,55 @@ mod tests {
         ]);
         r.assert_clean("readers in any order");
     }
+    #[test]
+    fn leader_terms_one_at_a_time_with_growing_epochs() {
+        use crate::history::Kind::{Lock, Term};
+        // Three terms handed over; a lock section on the same key is no term.
+        let s = [
+            of(Term, 1, 10, 0, 10),
+            of(Term, 2, 11, 15, 30),
+            of(Term, 1, 12, 30, 40),
+            of(Lock, 3, 1, 0, 100),
+        ];
+        let r = check_terms(&s, &Faults::default());
+        r.assert_clean("handed over");
+        assert_eq!((r.terms.sections, r.resigned, r.elections), (3, 3, 1));
+        assert_eq!(r.longest_vacancy, 5);
+        // A fake second leader: the same epoch, while the real one leads.
+        let fake = [of(Term, 1, 10, 0, 20), of(Term, 9, 10, 5, 15)];
+        let r = check_terms(&fake, &Faults::default());
+        assert_eq!((r.terms.overlaps.len(), r.terms.token_order.len()), (1, 1));
+        let failed = std::panic::catch_unwind(|| r.assert_clean("fake")).unwrap_err();
+        let msg = failed.downcast_ref::<String>().unwrap();
+        assert!(
+            msg.contains("two leaders") && msg.contains("epoch order"),
+            "{msg}"
+        );
+        // An older epoch after a newer one.
+        let r = check_terms(
+            &[of(Term, 1, 10, 0, 10), of(Term, 2, 9, 20, 30)],
+            &Faults::default(),
+        );
+        assert_eq!(r.terms.token_order.len(), 1);
+        // A term told it lost before the next began is excused; told after, not.
+        let mut lost = of(Term, 1, 10, 0, 50);
+        lost.lost = true;
+        lost.lost_at = 20;
+        lost.release = Release::Lost;
+        let next = of(Term, 2, 11, 30, 60);
+        let r = check_terms(&[lost.clone(), next.clone()], &Faults::default());
+        r.assert_clean("lost first");
+        assert_eq!((r.terms.overlaps_after_reported_loss, r.resigned), (1, 1));
+        lost.lost_at = 40;
+        let r = check_terms(&[lost, next], &Faults::default());
+        assert_eq!(r.terms.overlaps.len(), 1);
+        // Elections are apart.
+        let mut other = of(Term, 2, 5, 5, 15);
+        other.key = "j".into();
+        check_terms(&[of(Term, 1, 10, 0, 20), other], &Faults::default())
+            .assert_clean("two elections");
+    }
+
     #[test]
     fn a_killed_hold_of_unknown_token_is_checked_for_overlap_not_order() {
         // Token 0: rebuilt from a killed worker's log.

@@ -7,8 +7,8 @@
 //! Z worker key token at verdict
 //! ```
 //!
-//! The section's `kind` (`read`, `write`, `permit`) is written only for the
-//! shared kinds: an exclusive lock's line has 15 fields, as before the kinds
+//! The section's `kind` (`read`, `write`, `permit`, `term`) is written only
+//! for the kinds other than the exclusive lock: an exclusive lock's line has 15 fields, as before the kinds
 //! existed, and a line without the field parses as [`Kind::Lock`].
 //!
 //! A worker killed with SIGKILL logs nothing for the sections it held:
@@ -72,6 +72,9 @@ pub enum Kind {
     Write,
     /// `manager.semaphore(key, n)`: one of `n` permits.
     Permit,
+    /// `manager.leader(key).campaign()`: one term of a leader election; the
+    /// section's token is the term's epoch.
+    Term,
 }
 
 /// One critical section as its worker saw it.
@@ -228,7 +231,7 @@ macro_rules! word_enum {
 word_enum!(Outcome { Ok = "ok", Lost = "lost", Cancelled = "cancelled", Panicked = "panicked", Failed = "failed" });
 word_enum!(Write { None = "none", Sent = "sent", Accepted = "accepted", Rejected = "rejected" });
 word_enum!(Release { Ok = "ok", Lost = "lost", Failed = "failed", Dropped = "dropped" });
-word_enum!(Kind { Lock = "lock", Read = "read", Write = "write", Permit = "permit" });
+word_enum!(Kind { Lock = "lock", Read = "read", Write = "write", Permit = "permit", Term = "term" });
 word_enum!(CallKind { Acquire = "acquire", Release = "release" });
 word_enum!(CallResult { Ok = "ok", Timeout = "timeout", Backend = "backend", Lost = "lost", Other = "other" });
 
@@ -529,7 +532,7 @@ mod tests {
             let line = r.to_string();
             assert_eq!(line.parse::<Record>().unwrap(), r, "{line}");
         }
-        for kind in [Kind::Read, Kind::Write, Kind::Permit] {
+        for kind in [Kind::Read, Kind::Write, Kind::Permit, Kind::Term] {
             let r = Record::Section(Section { kind, ..section() });
             let line = r.to_string();
             assert_eq!(line.split('\t').count(), 16, "{line}");

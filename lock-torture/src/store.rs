@@ -209,6 +209,19 @@ impl StoreConn {
         }
     }
 
+    /// The highest token accepted for `key` (0 before any write).
+    pub async fn token(&mut self, key: &str) -> Result<u64, String> {
+        match self {
+            StoreConn::Redis(store, conn) => store
+                .stats(conn, key)
+                .await
+                .map(|s| s.token)
+                .map_err(|e| e.to_string()),
+            #[cfg(feature = "postgres")]
+            StoreConn::Postgres(store) => store.stats(key).await.map(|s| s.token),
+        }
+    }
+
     /// Writes `value` with fencing token `token`; true when it took effect.
     pub async fn write(&mut self, key: &str, token: u64, value: u64) -> Result<bool, String> {
         match self {

@@ -7,14 +7,22 @@
 //! `src/store.sql`) on a second private server, so that the faults of the lock
 //! server (terminated backends, an immediate restart) do not touch it, as the
 //! Redis scenarios keep their store on a `redis-server` of its own.
+//!
+//! Leader terms (p2), read-write locks and semaphores (p3), and the locks
+//! through a transaction-mode pooler (p4, a private PgBouncer) are judged by
+//! the same checker too; each kind's sabotage shows the checker catching it.
 
 mod support;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use distlock_testing::PostgresServer;
-use lock_torture::checker::{check_sections, check_store, Faults, StoreReport};
+use distlock::LockManager;
+use distlock_testing::{PgBouncer, PostgresServer};
+use lock_torture::checker::{
+    check_read_write, check_sections, check_semaphore, check_store, check_terms, Faults,
+    StoreReport,
+};
 use lock_torture::clock::{diff_ms, mono_ns, ns};
 use lock_torture::history::{History, Kind, Outcome, Release, Section, Write};
 use lock_torture::process::{num, RunDir, Worker};
@@ -22,8 +30,9 @@ use lock_torture::soak_factor;
 use lock_torture::store::PgStore;
 
 use support::{
-    args, assert_every_key_granted_after, drift, figures, finish, history, keys, progress,
-    progress_all, ready, sleep_until, stop_all, PREFIX, QUEUE_LEASE, SERIAL, SLACK, WORKER,
+    args, assert_drained, assert_every_key_granted_after, assert_exact_counter, drift, figures,
+    finish, finish_all, history, history_of, keys, longest_drain, progress, progress_all, ready,
+    ready_all, sleep_until, stop_all, torture_line, PREFIX, QUEUE_LEASE, SERIAL, SLACK, WORKER,
 };
 
 /// The application names the PostgreSQL backend gives its data and listening
@@ -60,8 +69,14 @@ impl PgSetup {
 
     /// A worker on the lock server and the PostgreSQL store.
     fn worker(&self, id: u32, mode: &str, more: &[(&str, String)]) -> Worker {
+        self.worker_at(&self.lock.url(), id, mode, more)
+    }
+
+    /// A worker whose locks are at `url` (the lock server, or a pooler in
+    /// front of it), with the PostgreSQL store.
+    fn worker_at(&self, url: &str, id: u32, mode: &str, more: &[(&str, String)]) -> Worker {
         let mut all: Vec<(&str, String)> = vec![
-            ("url", self.lock.url()),
+            ("url", url.to_owned()),
             ("store-url", self.store.url()),
             ("prefix", PREFIX.to_owned()),
             ("mode", mode.to_owned()),
@@ -95,6 +110,24 @@ impl PgSetup {
             );
         }
         total
+    }
+
+    /// The holds of every kind left under the workers' prefix
+    /// (`LockManager::list`), read on the server itself: empty once every
+    /// worker released what it held.
+    async fn holds_left(&self) -> Vec<String> {
+        let manager = LockManager::builder(&self.lock.url())
+            .key_prefix(PREFIX)
+            .build()
+            .await
+            .expect("a manager on the lock server");
+        manager
+            .list("*")
+            .await
+            .expect("list the holds")
+            .iter()
+            .map(|h| format!("{} {:?} {}", h.key, h.kind, h.holder))
+            .collect()
     }
 
     /// Counts rows of distlock's tables on the lock server: `filter` is a
@@ -456,4 +489,667 @@ fn killed_section(worker: u32, key: &str, acq: &[String], at: u64, deadline: u64
         release_end: at,
         kind: Kind::Lock,
     }
+}
+
+/// A worker of the leader scenarios: `--kind=leader` on the elections
+/// `keys`, terms of `lease`, bodies of `body` µs, seeded by its id; `more`
+/// adds (or overrides) arguments.
+fn leader_load(
+    id: u32,
+    keys: &str,
+    body: &str,
+    lease: Duration,
+    more: &[(&'static str, &dyn ToString)],
+) -> Vec<(&'static str, String)> {
+    let mut all = args(&[
+        ("kind", &"leader"),
+        ("keys", &keys),
+        ("tasks", &3),
+        ("body-us", &body),
+        ("lease-ms", &lease.as_millis()),
+        ("wait-ms", &10_000),
+        ("cmd-timeout-ms", &1000),
+        ("connect-timeout-ms", &1000),
+        ("retry-ms", &20),
+        ("progress", &10),
+        ("seed", &(id + 1)),
+    ]);
+    all.extend(args(more));
+    all
+}
+
+/// Waits until `worker`'s log shows it in a term it began less than `fresh`
+/// ago (a campaign that returned with no section logged after it), within
+/// `limit`: frozen now, it holds the lead for at least its body's rest.
+async fn await_fresh_term(worker: &Worker, fresh: Duration, limit: Duration) {
+    let until = Instant::now() + limit;
+    loop {
+        let now = mono_ns();
+        let terms = history(&[worker]).in_flight(worker.id, now, Kind::Term);
+        if terms.iter().any(|t| now - t.acquired < ns(fresh)) {
+            return;
+        }
+        assert!(
+            Instant::now() < until,
+            "worker {} began no term within {limit:?}",
+            worker.id
+        );
+        // Polled: the log is a file, which sends no event.
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// Scenario p2: leader terms on PostgreSQL. Three workers campaign for two
+/// elections from three tasks each, every term writing the fenced counter
+/// with its epoch and resigning; a fourth, with long terms (200-400 ms), is
+/// frozen (SIGSTOP) for three leases just after a term began, and the
+/// workers' data connections are terminated once. Judged by the terms'
+/// checker: never two leaders of one election without the earlier told it
+/// lost first, epochs growing in the order terms began, no write of a stale
+/// epoch accepted and no update lost; the frozen leader's term ends lost and
+/// someone else leads meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p2_leader_terms_on_postgres() {
+    let _serial = SERIAL.lock().await;
+    let started = Instant::now();
+    let setup = PgSetup::new("p2").await;
+    let lease = Duration::from_millis(1000);
+    let elections = ["L0".to_owned(), "L1".to_owned()];
+    let joined = elections.join(",");
+    let t = Duration::from_secs(30);
+    let mut survivors = ready_all(
+        (0..3)
+            .map(|id| setup.worker(id, "run", &leader_load(id, &joined, "0-5000", lease, &[])))
+            .collect(),
+    )
+    .await;
+    let mut frozen = setup.worker(
+        3,
+        "run",
+        &leader_load(3, &joined, "200000-400000", lease, &[("tasks", &2)]),
+    );
+    ready(&mut [&mut frozen]).await;
+    progress_all(&mut survivors, 1, t).await;
+
+    let data_killed = setup
+        .lock
+        .kill_backends_named(DATA_APPLICATION)
+        .expect("terminate the data connections");
+    progress_all(&mut survivors, 2, t).await;
+
+    // Frozen within 100 ms of a term's start, its body (200 ms or more) is
+    // still running: the term is held, and the pause outlasts its lease.
+    await_fresh_term(&frozen, Duration::from_millis(100), t).await;
+    let mut faults = Faults::default();
+    let t_stop = mono_ns();
+    frozen.pause();
+    // Time is the subject: the pause must outlast the lease.
+    sleep_until(t_stop + 3 * ns(lease)).await;
+    let t_cont = mono_ns();
+    frozen.resume();
+    faults.frozen.push((frozen.id, t_stop, t_cont));
+    progress(&mut frozen, 1, t).await;
+    progress_all(&mut survivors, 2, t).await;
+
+    survivors.push(frozen);
+    let drains = stop_all(&mut survivors, t).await;
+    let h = history_of(&survivors);
+    let report = check_terms(&h.sections, &faults);
+    let stored = setup.store_report(&h, &elections, true).await;
+    let left = setup.holds_left().await;
+    let r = &report.terms;
+    torture_line(
+        "p2_leader_terms_postgres",
+        None,
+        &format!(
+            "terms={} elections={} resigned={} lost={} faults=kill-data+SIGSTOP overlaps={} \
+             frozen_overlaps={} epoch_order_violations={} frozen_epoch_order={} longest_vacancy_ms={:.1} \
+             writes_accepted={} writes_rejected={} lost_updates={} stale_writes_accepted={} \
+             data_backends_killed={data_killed} holds_left={} drain_ms_max={} secs={:.1}",
+            r.sections,
+            report.elections,
+            report.resigned,
+            r.lost,
+            r.overlaps.len(),
+            r.frozen_overlaps.len(),
+            r.token_order.len(),
+            r.frozen_token_order.len(),
+            report.longest_vacancy as f64 / 1e6,
+            stored.accepted,
+            stored.rejected,
+            stored.lost_updates,
+            stored.stale_accepted,
+            left.len(),
+            longest_drain(&drains),
+            started.elapsed().as_secs_f64()
+        ),
+    );
+    report.assert_clean("leader terms on PostgreSQL");
+    assert!(data_killed >= 1, "the fault found no data connection");
+    assert_eq!(report.elections, elections.len());
+    // The frozen leader's terms (in their bodies at the pause, so not yet
+    // resigning): each told it lost, and someone else led meanwhile.
+    let frozen_terms: Vec<&Section> = h
+        .of_worker(3)
+        .filter(|s| s.acquired < t_stop && s.release_start > t_stop)
+        .collect();
+    assert!(
+        !frozen_terms.is_empty(),
+        "no term of the frozen worker spans the pause"
+    );
+    for term in frozen_terms {
+        assert!(
+            term.lost,
+            "the frozen leader was not told it lost: {term:?}"
+        );
+        assert!(
+            h.sections.iter().any(|s| s.key == term.key
+                && s.worker != 3
+                && s.acquired > t_stop
+                && s.acquired < t_cont),
+            "nobody else led {} while its leader was frozen",
+            term.key
+        );
+    }
+    // Terms exclude each other: every accepted write added one. Only the
+    // frozen leader may have written late (a body poll cut by the freeze,
+    // one per task of it), after newer epochs had written: rejected.
+    assert_eq!(stored.lost_updates, 0);
+    assert!(stored.rejected <= 2, "{} writes rejected", stored.rejected);
+    assert!(left.is_empty(), "holds left: {left:?}");
+    assert_drained(&survivors, &drains);
+}
+
+/// Sabotage for the terms' checker on PostgreSQL. Round 0: a fake second
+/// leader (`--fake-leader`: no campaign, it acts as leader with the epoch it
+/// reads whenever it sees one lead) beside two honest workers: the checker
+/// must find two leaders at once and an epoch that did not grow. Rounds 1
+/// and 2: deposed leaders that write once more with their old epoch after a
+/// newer term wrote (`--stale-writes`): the fenced store rejects every one
+/// of them (round 1), and with its token check off (round 2) the store check
+/// must find the stale epochs it accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p2b_the_term_checker_catches_a_fake_leader_and_stale_epochs_on_postgres() {
+    let _serial = SERIAL.lock().await;
+    let setup = PgSetup::new("p2b").await;
+    let lease = Duration::from_millis(1000);
+    let t = Duration::from_secs(60);
+
+    // Round 0. The honest workers lead until stopped, so the fake always
+    // finds a leader to copy.
+    let key = "F0".to_owned();
+    let mut honest = ready_all(
+        (0..2)
+            .map(|id| setup.worker(id, "run", &leader_load(id, &key, "1000-5000", lease, &[])))
+            .collect(),
+    )
+    .await;
+    let mut fake = setup.worker(
+        2,
+        "run",
+        &leader_load(
+            2,
+            &key,
+            "1000-5000",
+            lease,
+            &[("fake-leader", &1), ("tasks", &1), ("sections", &20)],
+        ),
+    );
+    ready(&mut [&mut fake]).await;
+    finish(&mut fake, t).await;
+    stop_all(&mut honest, t).await;
+    honest.push(fake);
+    let h = history_of(&honest);
+    let report = check_terms(&h.sections, &Faults::default());
+    let stored = setup
+        .store_report(&h, std::slice::from_ref(&key), true)
+        .await;
+    let fake_terms = h.of_worker(2).count();
+    torture_line(
+        "p2b_control_postgres",
+        Some(0),
+        &format!(
+            "sabotage=fake-leader terms={} fake_terms={fake_terms} overlaps={} \
+             epoch_order_violations={} lost_updates={} stale_writes_accepted={}",
+            report.terms.sections,
+            report.terms.overlaps.len(),
+            report.terms.token_order.len(),
+            stored.lost_updates,
+            stored.stale_accepted
+        ),
+    );
+    assert_eq!(fake_terms, 20);
+    assert!(
+        !report.terms.overlaps.is_empty(),
+        "the checker found no second leader beside a fake one"
+    );
+    assert!(
+        !report.terms.token_order.is_empty(),
+        "the checker found no repeated epoch from a fake leader"
+    );
+
+    // Rounds 1 and 2: the stale writers, on a checked then an unchecked store.
+    for (round, unchecked) in [(1usize, false), (2, true)] {
+        let key = format!("Z{round}");
+        let mut workers = ready_all(
+            (0..2)
+                .map(|id| {
+                    let id = 10 * round as u32 + id;
+                    setup.worker(
+                        id,
+                        "run",
+                        &leader_load(
+                            id,
+                            &key,
+                            "1000-5000",
+                            lease,
+                            &[
+                                ("stale-writes", &1),
+                                ("tasks", &2),
+                                ("sections", &20),
+                                ("store-unchecked", &u8::from(unchecked)),
+                            ],
+                        ),
+                    )
+                })
+                .collect(),
+        )
+        .await;
+        finish_all(&mut workers, t).await;
+        let h = history_of(&workers);
+        let report = check_terms(&h.sections, &Faults::default());
+        let stored = setup
+            .store_report(&h, std::slice::from_ref(&key), !unchecked)
+            .await;
+        torture_line(
+            "p2b_control_postgres",
+            Some(round),
+            &format!(
+                "sabotage=stale-writes unchecked_store={unchecked} terms={} overlaps={} \
+                 epoch_order_violations={} zombies_rejected={} zombies_accepted={} \
+                 stale_writes_accepted={}",
+                report.terms.sections,
+                report.terms.overlaps.len(),
+                report.terms.token_order.len(),
+                stored.zombies_rejected,
+                stored.zombies_accepted,
+                stored.stale_accepted
+            ),
+        );
+        // The terms themselves were honest.
+        report.assert_clean("terms of stale writers");
+        assert_eq!(report.terms.sections, 40);
+        if unchecked {
+            assert!(
+                stored.stale_accepted > 0,
+                "the store check found no stale epoch accepted by a store without its token check"
+            );
+        } else {
+            assert!(
+                stored.zombies_rejected >= 10,
+                "{} stale writes made",
+                stored.zombies_rejected
+            );
+            assert_eq!(stored.zombies_accepted, 0);
+        }
+    }
+}
+
+/// What a p3/p4 run of the shared kinds takes. Those scenarios are ignored
+/// until the PostgreSQL backend serves read-write locks and semaphores:
+/// before, every acquisition is refused with `LockError::Unsupported` and
+/// the workers stop with `FATAL`.
+#[derive(Clone, Copy, Debug)]
+enum Shared {
+    /// A read-write lock, 20 % of the sections writers.
+    ReadWrite,
+    /// A semaphore of `permits`.
+    Semaphore { permits: u32 },
+}
+
+/// Three workers of `tasks` tasks take `total` sections of `shared` on one
+/// key at `url` (the server, or a pooler in front of it), bodies of 0-5 ms,
+/// 10 % cancelled mid-body and 5 % panicking, then the checker judges them:
+/// a read-write lock's writers exclude everyone, its readers share, writer
+/// tokens grow, the writers' counter is exact; a semaphore never has more
+/// than its permits held and had them all held at once. No hold is left once
+/// the workers are gone. `name` names the run in its `TORTURE` line; the
+/// workers are numbered from `first_id` (their logs are the setup's, so runs
+/// sharing one setup number theirs apart).
+async fn shared_run(
+    setup: &PgSetup,
+    url: &str,
+    name: &str,
+    shared: Shared,
+    (first_id, tasks, total): (u32, u32, u64),
+) {
+    let started = Instant::now();
+    let processes = 3u32;
+    let key = match shared {
+        Shared::ReadWrite => "rw0",
+        Shared::Semaphore { .. } => "sem0",
+    };
+    let kind_args = match shared {
+        Shared::ReadWrite => args(&[("kind", &"rw"), ("write-pct", &20)]),
+        Shared::Semaphore { permits } => args(&[("kind", &"semaphore"), ("permits", &permits)]),
+    };
+    let mut workers = ready_all(
+        (first_id..first_id + processes)
+            .map(|id| {
+                let mut all = args(&[
+                    ("keys", &key),
+                    ("tasks", &tasks),
+                    ("sections", &(total / u64::from(processes))),
+                    ("body-us", &"0-5000"),
+                    ("cancel-pct", &10),
+                    ("panic-pct", &5),
+                    ("lease-ms", &2000),
+                    ("wait-ms", &30_000),
+                    ("seed", &(id + 1)),
+                ]);
+                all.extend(kind_args.iter().cloned());
+                setup.worker_at(url, id, "run", &all)
+            })
+            .collect(),
+    )
+    .await;
+    let drains = finish_all(&mut workers, Duration::from_secs(120)).await;
+    let h = history_of(&workers);
+    let left = setup.holds_left().await;
+    let outcomes = |ok: usize, cancelled: usize, panicked: usize| {
+        format!("ok={ok} cancelled={cancelled} panicked={panicked}")
+    };
+    match shared {
+        Shared::ReadWrite => {
+            let report = check_read_write(&h.sections);
+            let stored = setup.store_report(&h, &[key.to_owned()], true).await;
+            let writes_ok: usize = report.writes_ok_by_worker.values().sum();
+            torture_line(
+                name,
+                None,
+                &format!(
+                    "sections={} readers={} writers={} {} writer_overlaps={} \
+                     token_order_violations={} max_readers={} lost={} counter={} \
+                     writes_accepted={} lost_updates={} stale_writes_accepted={} holds_left={} \
+                     drain_ms_max={} secs={:.1}",
+                    report.sections,
+                    report.readers,
+                    report.writers,
+                    outcomes(
+                        report.count(Outcome::Ok),
+                        report.count(Outcome::Cancelled),
+                        report.count(Outcome::Panicked)
+                    ),
+                    report.overlaps.len(),
+                    report.token_order.len(),
+                    report.max_readers,
+                    report.lost,
+                    stored.value,
+                    stored.accepted,
+                    stored.lost_updates,
+                    stored.stale_accepted,
+                    left.len(),
+                    longest_drain(&drains),
+                    started.elapsed().as_secs_f64()
+                ),
+            );
+            assert_eq!(report.sections as u64, total, "every ticket is one section");
+            report.assert_clean(name);
+            assert_eq!(report.lost, 0, "no lease may be lost without a fault");
+            assert!(report.max_readers >= 2, "readers never shared the lock");
+            for id in first_id..first_id + processes {
+                assert!(
+                    report.writes_ok_by_worker.get(&id).copied().unwrap_or(0) > 0,
+                    "worker {id}'s writers completed no section: {:?}",
+                    report.writes_ok_by_worker
+                );
+            }
+            // Writers alone write, one at a time: the counter is exact.
+            assert_eq!(stored.value, writes_ok as u64);
+            assert_eq!(stored.accepted, writes_ok);
+            assert_eq!((stored.rejected, stored.lost_updates), (0, 0));
+        }
+        Shared::Semaphore { permits } => {
+            let report = check_semaphore(&h.sections, permits as usize);
+            torture_line(
+                name,
+                None,
+                &format!(
+                    "sections={} permits={permits} {} max_concurrent={} excess_grants={} \
+                     duplicate_tokens={} lost={} holds_left={} drain_ms_max={} secs={:.1}",
+                    report.sections,
+                    outcomes(
+                        report.count(Outcome::Ok),
+                        report.count(Outcome::Cancelled),
+                        report.count(Outcome::Panicked)
+                    ),
+                    report.max_concurrent,
+                    report.excess.len(),
+                    report.duplicate_tokens.len(),
+                    report.lost,
+                    left.len(),
+                    longest_drain(&drains),
+                    started.elapsed().as_secs_f64()
+                ),
+            );
+            assert_eq!(report.sections as u64, total, "every ticket is one section");
+            report.assert_clean(name);
+            assert_eq!(
+                report.max_concurrent, permits as usize,
+                "the semaphore's permits were all held at once"
+            );
+            assert_eq!(report.lost, 0, "no lease may be lost without a fault");
+        }
+    }
+    assert!(left.is_empty(), "holds left: {left:?}");
+    assert_drained(&workers, &drains);
+}
+
+/// Scenario p3: a read-write lock on PostgreSQL, 3 processes x 8 tasks, 300
+/// sections (see [`shared_run`]).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs read-write locks and semaphores on PostgreSQL (pg-shared)"]
+async fn p3_read_write_lock_on_postgres() {
+    let _serial = SERIAL.lock().await;
+    let setup = PgSetup::new("p3-rw").await;
+    let url = setup.lock.url();
+    shared_run(
+        &setup,
+        &url,
+        "p3_read_write_postgres",
+        Shared::ReadWrite,
+        (0, 8, 300),
+    )
+    .await;
+}
+
+/// Scenario p3b: a semaphore of 3 permits on PostgreSQL, 3 processes x 8
+/// tasks, 300 sections (see [`shared_run`]).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs read-write locks and semaphores on PostgreSQL (pg-shared)"]
+async fn p3b_semaphore_on_postgres() {
+    let _serial = SERIAL.lock().await;
+    let setup = PgSetup::new("p3-sem").await;
+    let url = setup.lock.url();
+    let sem = Shared::Semaphore { permits: 3 };
+    shared_run(&setup, &url, "p3b_semaphore_postgres", sem, (0, 8, 300)).await;
+}
+
+/// Sabotage for the shared kinds on PostgreSQL: the unsafe client of p0 (it
+/// ignores a lost lease, never renews, and its bodies outlast the shortest
+/// lease) on a read-write lock (half the sections writers) and on a
+/// semaphore of 2: the checker must find writers sharing the lock, and more
+/// than 2 permits held at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs read-write locks and semaphores on PostgreSQL (pg-shared)"]
+async fn p3c_the_checker_catches_unsafe_shared_holders_on_postgres() {
+    let _serial = SERIAL.lock().await;
+    let setup = PgSetup::new("p3c").await;
+    let min_lease_us = distlock::MIN_LEASE.as_micros();
+    let permits = 2u32;
+    let runs = [
+        ("rw1", args(&[("kind", &"rw"), ("write-pct", &50)])),
+        (
+            "sem1",
+            args(&[("kind", &"semaphore"), ("permits", &permits)]),
+        ),
+    ];
+    for (round, (key, kind_args)) in runs.iter().enumerate() {
+        let mut workers = ready_all(
+            (0..2)
+                .map(|id| {
+                    let mut all = args(&[
+                        ("keys", key),
+                        ("tasks", &4),
+                        ("sections", &50),
+                        ("body-us", &format!("{}-{}", min_lease_us, 3 * min_lease_us)),
+                        ("lease-ms", &distlock::MIN_LEASE.as_millis()),
+                        ("renew", &0),
+                        ("ignore-loss", &1),
+                        ("wait-ms", &10_000),
+                        ("seed", &(id + 1)),
+                    ]);
+                    all.extend(kind_args.iter().cloned());
+                    setup.worker(10 * round as u32 + id, "run", &all)
+                })
+                .collect(),
+        )
+        .await;
+        finish_all(&mut workers, Duration::from_secs(120)).await;
+        let h = history_of(&workers);
+        if round == 0 {
+            let report = check_read_write(&h.sections);
+            torture_line(
+                "p3c_control_postgres",
+                Some(round),
+                &format!(
+                    "kind=rw sabotage=unsafe-client sections={} writer_overlaps={}",
+                    report.sections,
+                    report.overlaps.len()
+                ),
+            );
+            assert_eq!(report.sections, 100);
+            assert!(
+                !report.overlaps.is_empty(),
+                "the checker found no writer sharing the lock with an unsafe client"
+            );
+        } else {
+            let report = check_semaphore(&h.sections, permits as usize);
+            torture_line(
+                "p3c_control_postgres",
+                Some(round),
+                &format!(
+                    "kind=semaphore sabotage=unsafe-client sections={} max_concurrent={} excess_grants={}",
+                    report.sections,
+                    report.max_concurrent,
+                    report.excess.len()
+                ),
+            );
+            assert_eq!(report.sections, 100);
+            assert!(
+                !report.excess.is_empty(),
+                "the checker found no grant beyond {permits} permits with an unsafe client"
+            );
+        }
+    }
+}
+
+/// Scenario p4: the default lock through a transaction-mode pooler (a
+/// private PgBouncer; no notification passes it, so waiters are served by
+/// their timers in their queue turn). Three processes x 3 tasks on 3 keys,
+/// 90 sections, 10 % cancelled mid-body and 5 % panicking: no overlap
+/// without a prior lost signal, tokens growing per key, no stale fenced
+/// write accepted, the counter exact, no lock row or queue entry left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p4_default_lock_through_a_transaction_mode_pooler_postgres() {
+    let _serial = SERIAL.lock().await;
+    let started = Instant::now();
+    let setup = PgSetup::new("p4").await;
+    let pooler = PgBouncer::start(&setup.lock).expect("pgbouncer must be installed");
+    let keys = keys(3);
+    let mut workers = ready_all(
+        (0..3)
+            .map(|id| {
+                setup.worker_at(
+                    &pooler.url(),
+                    id,
+                    "run",
+                    &args(&[
+                        ("keys", &keys.join(",")),
+                        ("tasks", &3),
+                        ("sections", &30),
+                        ("body-us", &"0-5000"),
+                        ("cancel-pct", &10),
+                        ("panic-pct", &5),
+                        ("lease-ms", &2000),
+                        ("wait-ms", &30_000),
+                        ("seed", &(id + 1)),
+                    ]),
+                )
+            })
+            .collect(),
+    )
+    .await;
+    let drains = finish_all(&mut workers, Duration::from_secs(120)).await;
+    let h = history_of(&workers);
+    let report = check_sections(&h.sections, &Faults::default());
+    let stored = setup.store_report(&h, &keys, true).await;
+    // Every worker released or dropped its holds before exiting: nothing
+    // is left to wait for but a dropped hold's release in flight.
+    let leaked = setup.leaks(SLACK).await;
+    figures(
+        "p4_pooler_lock_postgres",
+        &report,
+        &stored,
+        "pgbouncer-transaction-mode+cancel+panic",
+        leaked.len(),
+        &format!(
+            "drain_ms_max={} secs={:.1}",
+            longest_drain(&drains),
+            started.elapsed().as_secs_f64()
+        ),
+    );
+    assert_eq!(report.sections, 90, "every ticket is one section");
+    report.assert_clean("the default lock through a transaction-mode pooler");
+    assert_eq!(report.lost, 0, "no lease may be lost without a fault");
+    assert!(
+        report.count(Outcome::Cancelled) + report.count(Outcome::Panicked) > 0,
+        "{:?}",
+        report.outcomes
+    );
+    assert_exact_counter(&report, &stored);
+    assert!(
+        leaked.is_empty(),
+        "rows left in distlock's tables: {leaked:?}"
+    );
+    assert_drained(&workers, &drains);
+}
+
+/// Scenario p4b: a read-write lock and a semaphore of 3 through the
+/// transaction-mode pooler, 3 processes x 4 tasks, 60 sections each, judged
+/// as in p3 ([`shared_run`]).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs read-write locks and semaphores on PostgreSQL (pg-shared)"]
+async fn p4b_read_write_lock_and_semaphore_through_a_transaction_mode_pooler_postgres() {
+    let _serial = SERIAL.lock().await;
+    let setup = PgSetup::new("p4b").await;
+    let pooler = PgBouncer::start(&setup.lock).expect("pgbouncer must be installed");
+    let url = pooler.url();
+    shared_run(
+        &setup,
+        &url,
+        "p4b_pooler_read_write_postgres",
+        Shared::ReadWrite,
+        (0, 4, 60),
+    )
+    .await;
+    let sem = Shared::Semaphore { permits: 3 };
+    shared_run(
+        &setup,
+        &url,
+        "p4b_pooler_semaphore_postgres",
+        sem,
+        (10, 4, 60),
+    )
+    .await;
 }

@@ -2506,3 +2506,106 @@ impl FairRun {
         );
     }
 }
+
+/// Scenario 13: leader terms on one Redis. Three processes campaign for two
+/// elections from three tasks each (`--kind=leader`), every term writing the
+/// fenced counter with its epoch and resigning: the terms' checker finds one
+/// leader at a time per election and epochs growing in term order, the
+/// counter is exact, and no key but the elections' fencing counters is left.
+/// Then the sabotage: a fake second leader (`--fake-leader`, acting with the
+/// epoch it reads whenever it sees one lead) beside two honest processes
+/// must be caught as two leaders at once and a repeated epoch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s13_leader_terms_one_leader_at_a_time_and_a_fake_leader_is_caught() {
+    use lock_torture::checker::check_terms;
+    let _serial = SERIAL.lock().await;
+    let started = Instant::now();
+    let setup = setup("s13");
+    let url = setup.lock().url();
+    let t = Duration::from_secs(60);
+    let load = |id: u32, keys: &str, more: &[(&'static str, &dyn ToString)]| {
+        let mut all = args(&[
+            ("kind", &"leader"),
+            ("keys", &keys),
+            ("tasks", &3),
+            ("body-us", &"0-5000"),
+            ("lease-ms", &1000),
+            ("wait-ms", &10_000),
+            ("seed", &(id + 1)),
+        ]);
+        all.extend(args(more));
+        all
+    };
+    let elections = ["L0".to_owned(), "L1".to_owned()];
+    let mut workers = ready_all(
+        (0..3)
+            .map(|id| setup.worker(id, &url, "run", &load(id, "L0,L1", &[("sections", &100)])))
+            .collect(),
+    )
+    .await;
+    let drains = finish_all(&mut workers, t).await;
+    let h = history_of(&workers);
+    let report = check_terms(&h.sections, &Faults::default());
+    let stored = store_report(&setup, &h, &elections).await;
+    let lock_keys: Vec<String> = elections.iter().map(|e| format!("leader:{e}")).collect();
+    let leaked = leaked_locks(&setup, &lock_keys).await;
+
+    // The sabotage, on an election of its own.
+    let mut honest = ready_all(
+        (10..12)
+            .map(|id| setup.worker(id, &url, "run", &load(id, "F0", &[])))
+            .collect(),
+    )
+    .await;
+    let mut fake = setup.worker(
+        12,
+        &url,
+        "run",
+        &load(
+            12,
+            "F0",
+            &[("fake-leader", &1), ("tasks", &1), ("sections", &20)],
+        ),
+    );
+    ready(&mut [&mut fake]).await;
+    finish(&mut fake, t).await;
+    stop_all(&mut honest, t).await;
+    honest.push(fake);
+    let sabotaged = check_terms(&history_of(&honest).sections, &Faults::default());
+    let r = &report.terms;
+    torture_line(
+        "s13_leader_terms",
+        None,
+        &format!(
+            "terms={} elections={} resigned={} lost={} overlaps={} epoch_order_violations={} \
+             longest_vacancy_ms={:.1} counter={} lost_updates={} stale_writes_accepted={} \
+             leaked_keys={} fake_leader_overlaps={} fake_leader_epoch_order={} secs={:.1}",
+            r.sections,
+            report.elections,
+            report.resigned,
+            r.lost,
+            r.overlaps.len(),
+            r.token_order.len(),
+            report.longest_vacancy as f64 / 1e6,
+            stored.value,
+            stored.lost_updates,
+            stored.stale_accepted,
+            leaked.len(),
+            sabotaged.terms.overlaps.len(),
+            sabotaged.terms.token_order.len(),
+            started.elapsed().as_secs_f64()
+        ),
+    );
+    assert_eq!(r.sections, 300, "every ticket is one term");
+    report.assert_clean("leader terms on Redis");
+    assert_eq!((r.lost, report.resigned), (0, 300));
+    assert_exact_counter(r, &stored);
+    assert!(leaked.is_empty(), "keys left in Redis: {leaked:?}");
+    assert_drained(&workers, &drains);
+    assert!(
+        !sabotaged.terms.overlaps.is_empty() && !sabotaged.terms.token_order.is_empty(),
+        "the checker missed a fake leader: {} overlaps, {} epochs out of order",
+        sabotaged.terms.overlaps.len(),
+        sabotaged.terms.token_order.len()
+    );
+}

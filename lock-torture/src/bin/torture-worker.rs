@@ -44,7 +44,14 @@
 //! default, `manager.lock`), `semaphore` (`manager.semaphore(key, --permits)`) or `rw`
 //! (`manager.write_lock` for `--write-pct` % of the sections, else
 //! `manager.read_lock`); readers and permit holders read the counter but never
-//! write it, and their sections are logged with their kind.
+//! write it, and their sections are logged with their kind. `--kind=leader`:
+//! each key is a leader election (`manager.leader(key)`, terms of
+//! `--lease-ms`), each section one term: campaign (for at most `--wait-ms`),
+//! the body writes with the term's epoch as its token, then resign. Two
+//! sabotages for the terms' checker: `--fake-leader=1` campaigns for nothing
+//! but acts as leader, with the epoch it reads, whenever it sees one lead;
+//! `--stale-writes=1` writes once more after each term, with the term's
+//! epoch, once the store holds a newer one (logged as a zombie write).
 //!
 //! `--mode=script`: commands on stdin, events on stdout:
 //! - `acquire ID KEY LEASE_MS WAIT_MS STEP_MS` -> `ACQ ID ok TOKEN T_REQ T_ACQ DEADLINE`
@@ -73,7 +80,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use distlock::{LockError, LockGuard, LockManager};
+use distlock::{Leadership, LockError, LockGuard, LockManager};
 use lock_torture::clock::{mono_ns, ns};
 use lock_torture::history::{
     Call, CallKind, CallResult, Kind, Outcome, Record, Release, Section, Write, Zombie,
@@ -430,11 +437,52 @@ struct SectionEnd {
     release_end: u64,
 }
 
+/// What a section holds: a lock's guard, or a leader's term (whose release
+/// is a resignation).
+enum Holding {
+    Guard(LockGuard),
+    Term(Leadership),
+}
+
+impl Holding {
+    fn guard(&self) -> &LockGuard {
+        match self {
+            Holding::Guard(g) => g,
+            Holding::Term(t) => t.guard(),
+        }
+    }
+
+    /// The key the section is logged under: the lock's, or the election's name.
+    fn key(&self) -> &str {
+        match self {
+            Holding::Guard(g) => g.key(),
+            Holding::Term(t) => t.name(),
+        }
+    }
+
+    /// The section's fencing token: the one issued with the acquisition (a
+    /// hold with none writes with 0, which the store rejects as stale), or
+    /// the term's epoch.
+    fn token(&self) -> u64 {
+        match self {
+            Holding::Guard(g) => g.issued_fencing_token().unwrap_or(0),
+            Holding::Term(t) => t.epoch(),
+        }
+    }
+
+    async fn release(self) -> Result<(), LockError> {
+        match self {
+            Holding::Guard(g) => g.release().await,
+            Holding::Term(t) => t.resign().await,
+        }
+    }
+}
+
 /// After the body: notes a loss the body did not see, releases, and classifies.
 async fn finish(
     ctx: &Ctx,
     task: u32,
-    guard: LockGuard,
+    held: Holding,
     body: Result<Result<(), String>, LockError>,
 ) -> SectionEnd {
     let t_end = mono_ns();
@@ -444,12 +492,12 @@ async fn finish(
         Err(LockError::Lost { .. }) => (Outcome::Lost, t_end),
         Err(_) => (Outcome::Failed, 0),
     };
-    if lost_at == 0 && guard.is_lost() {
+    if lost_at == 0 && held.guard().is_lost() {
         lost_at = mono_ns();
     }
-    let key = guard.key().to_owned();
+    let key = held.key().to_owned();
     let release_start = mono_ns();
-    let r = guard.release().await;
+    let r = held.release().await;
     let release_end = mono_ns();
     ctx.call(
         task,
@@ -501,8 +549,12 @@ struct RunConfig {
     ignore_loss: bool,
     /// What the tasks take: `lock`, `semaphore`
     /// (`permits` permits), or `rw` (`write_pct` % of the sections write locks,
-    /// the others read locks).
+    /// the others read locks), or `leader` (terms of elections).
     kind: RunKind,
+    /// `--kind=leader` sabotage: act as leader without a term.
+    fake_leader: bool,
+    /// `--kind=leader` sabotage: write with each term's epoch after it ended.
+    stale_writes: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -510,6 +562,7 @@ enum RunKind {
     Lock,
     Semaphore { permits: u32 },
     ReadWrite { write_pct: u64 },
+    Leader,
 }
 
 #[derive(Clone)]
@@ -562,8 +615,13 @@ async fn run(ctx: Arc<Ctx>, args: &Args, mut commands: mpsc::UnboundedReceiver<S
             "rw" => RunKind::ReadWrite {
                 write_pct: args.get("write-pct", 20),
             },
-            other => fatal(&format!("unknown --kind={other}: lock, semaphore or rw")),
+            "leader" => RunKind::Leader,
+            other => fatal(&format!(
+                "unknown --kind={other}: lock, semaphore, rw or leader"
+            )),
         },
+        fake_leader: args.get::<u8>("fake-leader", 0) == 1,
+        stale_writes: args.get::<u8>("stale-writes", 0) == 1,
     });
     let (stop_tx, stop_rx) = watch::channel(false);
     // `stop` (or end of input) ends the run after the sections in progress.
@@ -626,6 +684,7 @@ async fn task_loop(
         let hold = match cfg.kind {
             RunKind::Lock => Kind::Lock,
             RunKind::Semaphore { .. } => Kind::Permit,
+            RunKind::Leader => Kind::Term,
             RunKind::ReadWrite { write_pct } => {
                 if rng.u64(..100) < write_pct {
                     Kind::Write
@@ -708,32 +767,58 @@ async fn attempt(
 ) -> Attempt {
     let t_req = mono_ns();
     lock(&slot).kind = plan.hold;
-    let request = match cfg.kind {
-        RunKind::Lock => ctx.manager.lock(plan.key.clone()),
-        RunKind::Semaphore { permits } => ctx.manager.semaphore(plan.key.clone(), permits),
-        RunKind::ReadWrite { .. } if plan.hold == Kind::Write => {
-            ctx.manager.write_lock(plan.key.clone())
+    if cfg.kind == RunKind::Leader && cfg.fake_leader {
+        return fake_term(&ctx, &cfg, task, &plan, &slot, stop).await;
+    }
+    let r = if cfg.kind == RunKind::Leader {
+        // A campaign waits as long as it takes: `--wait-ms` bounds it here,
+        // as it bounds the other kinds' acquisitions.
+        let election = ctx.manager.leader(plan.key.clone()).lease(cfg.lease);
+        let campaign = tokio::time::timeout(cfg.wait, election.campaign());
+        match tokio::select! {
+            r = campaign => r,
+            _ = stop.wait_for(|s| *s) => return Attempt::Stopped,
+        } {
+            Ok(r) => r.map(Holding::Term),
+            Err(_elapsed) => {
+                ctx.call(
+                    task,
+                    CallKind::Acquire,
+                    &plan.key,
+                    t_req,
+                    CallResult::Timeout,
+                );
+                return Attempt::NotAcquired(CallResult::Timeout);
+            }
         }
-        RunKind::ReadWrite { .. } => ctx.manager.read_lock(plan.key.clone()),
-    };
-    // Run mode takes each token with its acquisition (eager fencing), so that
-    // every section the checker counts has one; scripted holds (s2) take theirs
-    // on demand, before or after a pause.
-    let acquire = request
-        .lease(cfg.lease)
-        .wait(cfg.wait)
-        .renew(!cfg.no_renew)
-        .eager_fencing(true)
-        .acquire();
-    // Stopping drops an acquisition in flight: that is a cancellation too.
-    let r = tokio::select! {
-        r = acquire => r,
-        _ = stop.wait_for(|s| *s) => return Attempt::Stopped,
+    } else {
+        let request = match cfg.kind {
+            RunKind::Semaphore { permits } => ctx.manager.semaphore(plan.key.clone(), permits),
+            RunKind::ReadWrite { .. } if plan.hold == Kind::Write => {
+                ctx.manager.write_lock(plan.key.clone())
+            }
+            RunKind::ReadWrite { .. } => ctx.manager.read_lock(plan.key.clone()),
+            RunKind::Lock | RunKind::Leader => ctx.manager.lock(plan.key.clone()),
+        };
+        // Run mode takes each token with its acquisition (eager fencing), so
+        // that every section the checker counts has one; scripted holds (s2)
+        // take theirs on demand, before or after a pause.
+        let acquire = request
+            .lease(cfg.lease)
+            .wait(cfg.wait)
+            .renew(!cfg.no_renew)
+            .eager_fencing(true)
+            .acquire();
+        // Stopping drops an acquisition in flight: that is a cancellation too.
+        tokio::select! {
+            r = acquire => r.map(Holding::Guard),
+            _ = stop.wait_for(|s| *s) => return Attempt::Stopped,
+        }
     };
     let result = CallResult::of(&r);
     ctx.call(task, CallKind::Acquire, &plan.key, t_req, result);
-    let guard = match r {
-        Ok(g) => g,
+    let held = match r {
+        Ok(held) => held,
         Err(
             LockError::Timeout { .. }
             | LockError::Backend { .. }
@@ -743,9 +828,8 @@ async fn attempt(
         ) => return Attempt::NotAcquired(result),
         Err(e) => fatal(&format!("acquire {}: {e}", plan.key)),
     };
-    // Issued with the acquisition (local); a hold with none would write with
-    // 0, which the store rejects as stale.
-    let token = guard.issued_fencing_token().unwrap_or(0);
+    let token = held.token();
+    let guard = held.guard();
     let started = tokio::time::Instant::now();
     {
         let mut s = lock(&slot);
@@ -798,7 +882,7 @@ async fn attempt(
     let timed = Timed {
         inner: Box::pin(body),
         slot: slot.clone(),
-        guard: &guard,
+        guard,
     };
     type Boxed<'a> =
         Pin<Box<dyn Future<Output = Result<Result<(), String>, LockError>> + Send + 'a>>;
@@ -822,7 +906,121 @@ async fn attempt(
             }
         }
     };
-    Attempt::Done(finish(&ctx, task, guard, body_result).await)
+    let end = finish(&ctx, task, held, body_result).await;
+    if cfg.stale_writes && cfg.kind == RunKind::Leader {
+        stale_write(&ctx, &plan.key, token).await;
+    }
+    Attempt::Done(end)
+}
+
+/// The `--fake-leader` sabotage: no campaign, but a term all the same,
+/// whenever it sees someone lead: the body runs with the real leader's epoch
+/// and writes with it, and the "term" ends as if resigned.
+async fn fake_term(
+    ctx: &Ctx,
+    cfg: &RunConfig,
+    task: u32,
+    plan: &Plan,
+    slot: &Slot,
+    mut stop: watch::Receiver<bool>,
+) -> Attempt {
+    let t_req = mono_ns();
+    let election = ctx.manager.leader(plan.key.clone());
+    let until = tokio::time::Instant::now() + cfg.wait;
+    let epoch = loop {
+        if *stop.borrow_and_update() {
+            return Attempt::Stopped;
+        }
+        match election.current().await {
+            Ok(Some(info)) => break info.epoch,
+            Ok(None) | Err(_) if tokio::time::Instant::now() < until => {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            Ok(None) | Err(_) => {
+                ctx.call(
+                    task,
+                    CallKind::Acquire,
+                    &plan.key,
+                    t_req,
+                    CallResult::Timeout,
+                );
+                return Attempt::NotAcquired(CallResult::Timeout);
+            }
+        }
+    };
+    ctx.call(task, CallKind::Acquire, &plan.key, t_req, CallResult::Ok);
+    {
+        let mut s = lock(slot);
+        s.token = epoch;
+        s.acquired = mono_ns();
+        s.last_active = s.acquired;
+    }
+    let outcome = match write_increment_after(ctx, slot, &plan.key, epoch, plan.body).await {
+        Ok(()) => Outcome::Ok,
+        Err(_) => Outcome::Failed,
+    };
+    let end = mono_ns();
+    lock(slot).last_active = end;
+    Attempt::Done(SectionEnd {
+        outcome,
+        lost_at: 0,
+        release: Release::Ok,
+        release_start: end,
+        release_end: end,
+    })
+}
+
+/// Reads the counter, waits `body`, writes it plus one with `token`.
+async fn write_increment_after(
+    ctx: &Ctx,
+    slot: &Slot,
+    key: &str,
+    token: u64,
+    body: Duration,
+) -> Result<(), String> {
+    let mut conn = ctx.store_conn.clone();
+    let v = conn.read(key).await?;
+    tokio::time::sleep(body).await;
+    lock(slot).write = Some(Write::Sent);
+    let accepted = conn.write(key, token, v + 1).await?;
+    lock(slot).write = Some(if accepted {
+        Write::Accepted
+    } else {
+        Write::Rejected
+    });
+    Ok(())
+}
+
+/// How long a `--stale-writes` worker waits for a newer epoch in the store
+/// after its term: the next term's campaign and body, with room for a busy
+/// machine; the run's last term has no successor and gives up after it.
+const STALE_WRITE_WAIT: Duration = Duration::from_secs(2);
+
+/// The `--stale-writes` sabotage: once the store holds an epoch newer than
+/// `epoch` (a later term wrote), writes the counter plus one with `epoch`
+/// anyway, as a deposed leader that ignored its loss would; logged as a
+/// zombie write, which the fenced store must reject.
+async fn stale_write(ctx: &Ctx, key: &str, epoch: u64) {
+    let mut conn = ctx.store_conn.clone();
+    let until = tokio::time::Instant::now() + STALE_WRITE_WAIT;
+    loop {
+        match conn.token(key).await {
+            Ok(newest) if newest > epoch => break,
+            _ if tokio::time::Instant::now() >= until => return,
+            _ => tokio::time::sleep(Duration::from_millis(2)).await,
+        }
+    }
+    let Ok(v) = conn.read(key).await else { return };
+    let Ok(accepted) = conn.write(key, epoch, v + 1).await else {
+        return;
+    };
+    ctx.log.write(Record::Zombie(Zombie {
+        worker: ctx.worker,
+        key: key.to_owned(),
+        token: epoch,
+        at: mono_ns(),
+        accepted,
+    }));
 }
 
 // ---------------------------------------------------------------------------
@@ -1048,7 +1246,7 @@ async fn hold(
             }
         }
     }
-    let end = finish(&ctx, 0, guard, r).await;
+    let end = finish(&ctx, 0, Holding::Guard(guard), r).await;
     println!(
         "REL {id} {} {} {}",
         end.release.word(),
