@@ -914,14 +914,7 @@ async fn postgres_an_uncontended_lock_all_is_one_statement() {
             .await
             .unwrap();
     }
-    let statements = |function: &str| {
-        std::fs::read_to_string(pg.log_path())
-            .unwrap()
-            .lines()
-            .filter(|l| l.contains("statement: ") || l.contains("execute <unnamed>"))
-            .filter(|l| l.contains(&format!("distlock.{function}")))
-            .count()
-    };
+    let statements = |function: &str| common::distlock_statements_logged(&pg, function);
     // The log is written by the server process before it answers, so every
     // statement is in it once the call that sent it returned.
     let (acquires, all, releases) = (

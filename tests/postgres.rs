@@ -9,11 +9,11 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::eventually;
+use common::{count, eventually, queued, sql_client};
 
 use distlock::{LockError, LockManager};
 use distlock_testing::PostgresServer;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 fn server() -> PostgresServer {
     PostgresServer::start().expect("a private PostgreSQL (initdb, pg_ctl)")
@@ -24,24 +24,6 @@ async fn manager(pg: &PostgresServer) -> LockManager {
         .build()
         .await
         .expect("a manager on PostgreSQL")
-}
-
-async fn sql_client(pg: &PostgresServer) -> Client {
-    let (client, connection) = tokio_postgres::connect(&pg.url(), NoTls)
-        .await
-        .expect("connect");
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    client
-}
-
-async fn count(db: &Client, sql: &str) -> i64 {
-    db.query_one(sql, &[]).await.expect(sql).get(0)
-}
-
-async fn queued(db: &Client) -> i64 {
-    count(db, "SELECT count(*) FROM distlock.waiters").await
 }
 
 /// Waits (up to 10 s) until `n` acquisitions are queued.
@@ -73,7 +55,7 @@ fn spawn_waiter(
 async fn postgres_waiters_of_three_managers_are_served_in_arrival_order_by_hand_off() {
     let pg = server();
     let managers = [manager(&pg).await, manager(&pg).await, manager(&pg).await];
-    let db = sql_client(&pg).await;
+    let db = sql_client(&pg.url()).await;
     let holder = managers[0].lock("fifo").acquire().await.unwrap();
     let served = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
@@ -175,14 +157,7 @@ async fn postgres_an_uncontended_cycle_is_two_statements() {
         .release()
         .await
         .unwrap();
-    let statements = || {
-        std::fs::read_to_string(pg.log_path())
-            .unwrap()
-            .lines()
-            .filter(|l| l.contains("statement: ") || l.contains("execute <unnamed>"))
-            .filter(|l| l.contains("distlock."))
-            .count()
-    };
+    let statements = || common::distlock_statements_logged(&pg, "");
     let before = statements();
     let guard = m.lock("cycle").acquire().await.unwrap();
     guard.release().await.unwrap();
@@ -308,7 +283,7 @@ async fn postgres_renewing_many_leases_is_one_statement_per_batch() {
 async fn postgres_a_lease_taken_over_after_expiry_fires_the_lost_signal() {
     let pg = server();
     let m = manager(&pg).await;
-    let db = sql_client(&pg).await;
+    let db = sql_client(&pg.url()).await;
     let guard = m.lock("stolen").acquire().await.unwrap();
     // Another owner takes the row, as if our lease had run out unrenewed.
     db.execute(
@@ -355,7 +330,7 @@ async fn postgres_terminating_the_listening_connection_still_serves_the_waiter()
     let pg = server();
     let m = manager(&pg).await;
     let other = manager(&pg).await;
-    let db = sql_client(&pg).await;
+    let db = sql_client(&pg.url()).await;
     let holder = m.lock("served").acquire().await.unwrap();
     let waiter = spawn_waiter(&other, "served");
     await_queued(&db, 1).await;
@@ -375,7 +350,7 @@ async fn postgres_a_users_open_transaction_changes_no_grant() {
     let pg = server();
     let m = manager(&pg).await;
     let other = manager(&pg).await;
-    let user = sql_client(&pg).await;
+    let user = sql_client(&pg.url()).await;
     user.batch_execute(
         "CREATE TABLE accounts (id int PRIMARY KEY); INSERT INTO accounts VALUES (1)",
     )
@@ -399,7 +374,7 @@ async fn postgres_the_sweep_keeps_the_tables_bounded() {
         .build()
         .await
         .unwrap();
-    let db = sql_client(&pg).await;
+    let db = sql_client(&pg.url()).await;
     // 1500 queue entries of waiters that died (their queue lease ran out):
     // more than one sweep statement deletes, so the sweep goes on at once.
     db.batch_execute(
@@ -453,7 +428,7 @@ async fn postgres_the_sweep_keeps_the_shared_tables_bounded() {
         .build()
         .await
         .unwrap();
-    let db = sql_client(&pg).await;
+    let db = sql_client(&pg.url()).await;
     // 1500 holds of readers that died (their leases ran out), the intents
     // of 1500 writers that died waiting, and 1500 registrations of counting
     // semaphore waiters that died.
@@ -578,7 +553,7 @@ async fn postgres_a_cancelled_waiter_leaves_the_queue_and_the_next_is_served() {
     let pg = server();
     let m = manager(&pg).await;
     let other = manager(&pg).await;
-    let db = sql_client(&pg).await;
+    let db = sql_client(&pg.url()).await;
     let holder = m.lock("cancel").acquire().await.unwrap();
     let first = spawn_waiter(&other, "cancel");
     await_queued(&db, 1).await;
@@ -723,7 +698,7 @@ async fn postgres_a_hold_across_an_immediate_restart_is_kept() {
         .await
         .unwrap();
     pg.restart_immediate().expect("restart -m immediate");
-    let db = sql_client(&pg).await;
+    let db = sql_client(&pg.url()).await;
     let rows = count(
         &db,
         "SELECT count(*) FROM distlock.locks WHERE expires_at > clock_timestamp()",
@@ -806,14 +781,7 @@ async fn postgres_a_cycle_of_each_shared_kind_is_one_statement_per_step() {
         .release()
         .await
         .unwrap();
-    let statements = || {
-        std::fs::read_to_string(pg.log_path())
-            .unwrap()
-            .lines()
-            .filter(|l| l.contains("statement: ") || l.contains("execute <unnamed>"))
-            .filter(|l| l.contains("distlock."))
-            .count()
-    };
+    let statements = || common::distlock_statements_logged(&pg, "");
     let mut before = statements();
     let mut spent = || {
         let now = statements();

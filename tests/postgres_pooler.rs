@@ -9,38 +9,18 @@
 //! Run with `cargo test -p distlock --features postgres --test postgres_pooler`
 //! (needs the `pgbouncer` binary; its service need not run).
 
+mod common;
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::{queued, sql_client};
 use distlock::LockManager;
 use distlock_testing::{PgBouncer, PostgresServer};
-use tokio_postgres::{Client, NoTls};
 
-async fn sql_client(url: &str) -> Client {
-    let (client, connection) = tokio_postgres::connect(url, NoTls).await.expect("connect");
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    client
-}
-
-async fn queued(db: &Client) -> i64 {
-    db.query_one("SELECT count(*) FROM distlock.waiters", &[])
-        .await
-        .expect("count waiters")
-        .get(0)
-}
-
-/// Polls `f` every 10 ms until it holds or `limit` passes.
-async fn eventually(limit: Duration, mut f: impl AsyncFnMut() -> bool) -> bool {
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if f().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    false
+/// Whether `f` holds within `limit` (polled as `common::eventually` does).
+async fn eventually(limit: Duration, f: impl AsyncFnMut() -> bool) -> bool {
+    common::eventually(limit, f).await.is_some()
 }
 
 async fn manager(url: &str, listen_url: Option<&str>) -> LockManager {
@@ -244,14 +224,7 @@ async fn postgres_an_uncontended_cycle_through_the_pooler_is_two_statements() {
         .release()
         .await
         .unwrap();
-    let statements = || {
-        std::fs::read_to_string(pg.log_path())
-            .unwrap()
-            .lines()
-            .filter(|l| l.contains("statement: ") || l.contains("execute <unnamed>"))
-            .filter(|l| l.contains("distlock."))
-            .count()
-    };
+    let statements = || common::distlock_statements_logged(&pg, "");
     let before = statements();
     let guard = m.lock("cycle").acquire().await.unwrap();
     guard.release().await.unwrap();

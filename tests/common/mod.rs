@@ -311,6 +311,47 @@ pub enum Deployment {
     },
 }
 
+/// A plain SQL connection to `url`, for reading distlock's tables beside a
+/// manager (its driver runs in a task of its own).
+#[cfg(feature = "postgres")]
+pub async fn sql_client(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    client
+}
+
+/// The one `bigint` that `sql` answers.
+#[cfg(feature = "postgres")]
+pub async fn count(db: &tokio_postgres::Client, sql: &str) -> i64 {
+    db.query_one(sql, &[]).await.expect(sql).get(0)
+}
+
+/// How many acquisitions are queued in the default schema's `waiters`.
+#[cfg(feature = "postgres")]
+pub async fn queued(db: &tokio_postgres::Client) -> i64 {
+    count(db, "SELECT count(*) FROM distlock.waiters").await
+}
+
+/// How many statements calling `function` of distlock's schema (any of them
+/// with `""`) `pg`'s log holds, sent as simple queries or as unnamed
+/// statements. A server started with `log_statement = all` logs each
+/// statement before it answers, so every statement of a call that returned is
+/// in the log.
+#[cfg(feature = "postgres")]
+pub fn distlock_statements_logged(pg: &distlock_testing::PostgresServer, function: &str) -> usize {
+    let called = format!("distlock.{function}");
+    std::fs::read_to_string(pg.log_path())
+        .expect("the server's log")
+        .lines()
+        .filter(|l| l.contains("statement: ") || l.contains("execute <unnamed>"))
+        .filter(|l| l.contains(&called))
+        .count()
+}
+
 /// One private PostgreSQL for the whole test binary: `initdb` and a start cost
 /// about 1.5 s, once per test would cost more than the tests. Never dropped
 /// (a static), so a watchdog stops it when this process is gone, however it
