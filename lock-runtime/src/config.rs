@@ -71,6 +71,10 @@ pub(crate) struct PostgresSettings {
     /// carry notifications.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) listen_url: Option<String>,
+    /// Refuse to build unless every grant's commit waits for a synchronous
+    /// standby (see `backend/postgres/replication.rs`).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) synchronous_standby: bool,
 }
 
 impl Default for PostgresSettings {
@@ -80,6 +84,7 @@ impl Default for PostgresSettings {
             create_schema: true,
             sweep_interval: Duration::from_secs(10),
             listen_url: None,
+            synchronous_standby: false,
         }
     }
 }
