@@ -390,6 +390,32 @@ impl PostgresServer {
         }
     }
 
+    /// Waits up to 30 s until `standby` replayed everything this server had written when
+    /// called (`pg_current_wal_lsn()` here, `pg_last_wal_replay_lsn()` there): what was
+    /// committed here is then visible there, and survives a promotion.
+    ///
+    /// # Errors
+    ///
+    /// [`TestingError::Postgres`] when it does not catch up in time.
+    pub fn wait_for_replay(&self, standby: &PostgresServer) -> Result<(), TestingError> {
+        let written = self.psql("SELECT pg_current_wal_lsn()")?;
+        let deadline = Instant::now() + START_TIMEOUT;
+        let caught_up = format!(
+            "SELECT coalesce(pg_last_wal_replay_lsn() >= {}::pg_lsn, false)",
+            quote_literal(&written)
+        );
+        while standby.psql(&caught_up)? != "t" {
+            if Instant::now() >= deadline {
+                return Err(TestingError::Postgres(format!(
+                    "the standby on port {} did not replay up to {written} within {:?}",
+                    standby.port, START_TIMEOUT
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
     /// Crashes the server and leaves it down (`pg_ctl stop -m immediate`): every connection
     /// is cut, no shutdown checkpoint is written, and nothing more reaches a standby. Start it
     /// again with [`start_again`](Self::start_again). Resumes a paused server first.
@@ -1322,6 +1348,8 @@ mod tests {
         primary.psql("CREATE TABLE t (v int); INSERT INTO t VALUES (1)")?;
         standby.start_again()?;
         primary.wait_for_standby(&standby, Replication::Asynchronous)?;
+        primary.wait_for_replay(&standby)?;
+        assert_eq!(standby.psql("SELECT v FROM t")?, "1");
         Ok(())
     }
 
