@@ -22,7 +22,12 @@ use distlock_testing::{PostgresServer, Replication};
 /// Short enough that a test waits little for a lease to run out.
 const LEASE: Duration = Duration::from_secs(1);
 /// How long a statement may take before the manager gives up on it.
-const COMMAND_TIMEOUT: Duration = Duration::from_millis(500);
+const COMMAND_TIMEOUT: Duration = Duration::from_millis(1500);
+/// A server-side `statement_timeout` below the command timeout. Were it to
+/// cancel a commit's wait for the standby, the commit would become visible
+/// unconfirmed and the grant return before the manager gives up; PostgreSQL
+/// stops the statement's timer before it commits, which this guards.
+const STATEMENT_TIMEOUT: &str = "1s";
 
 fn blocking<T>(f: impl FnOnce() -> Result<T, distlock_testing::TestingError>) -> T {
     tokio::task::block_in_place(f).unwrap_or_else(|e| panic!("{e}"))
@@ -83,8 +88,9 @@ async fn postgres_synchronous_standby_option_names_what_is_missing() {
     assert!(reason.contains("no standby is in sync"), "{reason}");
 }
 
-/// The primary's default is `synchronous_commit = local`: the option's
-/// startup setting is what makes a grant wait. With the synchronous standby
+/// The primary's default is `synchronous_commit = local` and its
+/// `statement_timeout` is shorter than the command timeout: the option's
+/// startup setting is what makes a grant wait, and nothing cuts the wait. With the synchronous standby
 /// stopped, a grant made under the option does not return; it fails with the
 /// command timeout, and nobody is granted the lock meanwhile, not even a
 /// queued waiter it was handed to. A manager without the option is granted
@@ -92,8 +98,14 @@ async fn postgres_synchronous_standby_option_names_what_is_missing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_grants_wait_for_the_synchronous_standby_and_fail_without_it() {
     let (primary, standby) = primary_and_standby(Replication::Synchronous);
-    let confirmed = build(&primary.url(), true).await.expect("build");
     let unconfirmed = build(&primary.url(), false).await.expect("build");
+    blocking(|| {
+        primary.psql(&format!(
+            "ALTER SYSTEM SET statement_timeout = '{STATEMENT_TIMEOUT}'"
+        ))?;
+        primary.psql("SELECT pg_reload_conf()")
+    });
+    let confirmed = build(&primary.url(), true).await.expect("build");
     let held = confirmed.lock("handed").acquire().await.expect("A holds");
     let waiter = {
         let m = confirmed.clone();
@@ -120,10 +132,10 @@ async fn postgres_grants_wait_for_the_synchronous_standby_and_fail_without_it() 
     // confirmed: the release does not return in time.
     let release = held.release().await;
     assert!(release.is_err(), "released without the standby");
-    // Four command timeouts: time for the waiter's timer and queue refreshes
+    // Two command timeouts: time for the waiter's timer and queue refreshes
     // (every 0.4-0.8 s) to try the lock too. Each of them blocks as well, so
     // the waiter ends with an error or still waits; it is never granted.
-    tokio::time::sleep(COMMAND_TIMEOUT * 4).await;
+    tokio::time::sleep(COMMAND_TIMEOUT * 2).await;
     if waiter.is_finished() {
         let outcome = waiter.await.unwrap();
         assert!(outcome.is_err(), "the waiter was granted unconfirmed");

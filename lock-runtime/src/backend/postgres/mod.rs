@@ -417,11 +417,13 @@ impl Postgres {
         // not for the schema it cannot create.
         if config.postgres.synchronous_standby {
             let found = replication::read(&client, &inner).await?;
-            if !found.commits_wait_for_standby() {
-                // This session's commits would not wait: reconnect with
-                // `synchronous_commit = on` as a startup option, for
-                // distlock's data connections only.
-                replication::wait_in_this_session(&mut pg);
+            let options = found.session_options();
+            if !options.is_empty() {
+                // This session's commits would not wait for the standby (or
+                // a timeout could cut the wait short): reconnect with the
+                // settings as startup options, for distlock's data
+                // connections only.
+                replication::set_in_session(&mut pg, &options);
                 inner = make_inner(pg);
                 client = inner.first_client().await?;
             }

@@ -11,6 +11,17 @@
 //! meanwhile: a hand-off's NOTIFY, queued at commit, is read by a listener
 //! only once the transaction is no longer in progress, so the new holder
 //! hears of its grant after the standby confirmed it too.
+//!
+//! A wait that is cancelled ends the other way: the commit, already in the
+//! primary's WAL, becomes visible unconfirmed (PostgreSQL warns "the
+//! transaction has already committed locally"). distlock never cancels: its
+//! command timeout sends no cancel request, it only stops waiting for the
+//! reply. `statement_timeout` does not reach the wait either (PostgreSQL
+//! stops its timer before committing; `tests/postgres_failover.rs` holds a
+//! grant under a shorter one). `transaction_timeout` (17+) counts the whole
+//! transaction, so distlock's sessions turn it off, as a precaution; an
+//! operator's `pg_cancel_backend` or `pg_terminate_backend` of a waiting
+//! session still makes its commit visible unconfirmed.
 
 use tokio_postgres::Client;
 
@@ -36,13 +47,16 @@ pub(super) struct Replication {
     hidden: i64,
     /// Whether the server is itself a standby.
     in_recovery: bool,
+    /// This session's `transaction_timeout`; `None` before PostgreSQL 17.
+    transaction_timeout: Option<String>,
 }
 
 const READ: &str = "SELECT current_setting('synchronous_commit'), \
      current_setting('synchronous_standby_names'), \
      (SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum')), \
      (SELECT count(*) FROM pg_stat_replication WHERE sync_state IS NULL), \
-     pg_is_in_recovery()";
+     pg_is_in_recovery(), \
+     current_setting('transaction_timeout', true)";
 
 /// Reads [`Replication`] on `client`'s session.
 pub(super) async fn read(client: &Client, inner: &Inner) -> Result<Replication, LockError> {
@@ -66,6 +80,7 @@ pub(super) async fn read(client: &Client, inner: &Inner) -> Result<Replication, 
             in_sync: row.try_get(2).ok()?,
             hidden: row.try_get(3).ok()?,
             in_recovery: row.try_get(4).ok()?,
+            transaction_timeout: row.try_get(5).ok()?,
         })
     });
     read.ok_or_else(|| {
@@ -74,9 +89,22 @@ pub(super) async fn read(client: &Client, inner: &Inner) -> Result<Replication, 
 }
 
 impl Replication {
-    /// Whether this session's commits wait for the synchronous standbys.
-    pub(super) fn commits_wait_for_standby(&self) -> bool {
-        WAITING_COMMITS.contains(&self.synchronous_commit.as_str())
+    /// The startup options (`-c name=value`) this session lacks for its
+    /// commits to wait for the synchronous standbys until they confirm:
+    /// empty when it has what it needs.
+    pub(super) fn session_options(&self) -> Vec<&'static str> {
+        let mut options = Vec::new();
+        if !WAITING_COMMITS.contains(&self.synchronous_commit.as_str()) {
+            options.push("-c synchronous_commit=on");
+        }
+        if self
+            .transaction_timeout
+            .as_deref()
+            .is_some_and(|timeout| timeout != "0")
+        {
+            options.push("-c transaction_timeout=0");
+        }
+        options
     }
 
     /// What keeps a commit from being confirmed by a standby, if anything.
@@ -93,12 +121,15 @@ impl Replication {
                     .to_owned(),
             );
         }
-        if !self.commits_wait_for_standby() {
+        if !self.session_options().is_empty() {
             return Some(format!(
-                "synchronous_commit is {:?} for distlock's sessions even when set as a startup \
-                 option (a pooler may drop it): it must be on, remote_write or remote_apply \
-                 (ALTER ROLE ... SET synchronous_commit = on)",
-                self.synchronous_commit
+                "distlock's sessions keep synchronous_commit = {:?} (transaction_timeout = \
+                 {:?}) even when set as startup options (a pooler may drop them): commits must \
+                 wait for the standby (on, remote_write or remote_apply) and no transaction \
+                 timeout may cut that wait (ALTER ROLE ... SET synchronous_commit = on, \
+                 transaction_timeout = 0)",
+                self.synchronous_commit,
+                self.transaction_timeout.as_deref().unwrap_or("0")
             ));
         }
         if self.in_sync == 0 && self.hidden > 0 {
@@ -120,17 +151,18 @@ impl Replication {
     }
 }
 
-/// Makes `pg`'s sessions wait for the synchronous standbys at commit:
-/// `-c synchronous_commit=on` added to its startup options, after whatever
-/// options the URL gave.
-pub(super) fn wait_in_this_session(pg: &mut tokio_postgres::Config) {
-    let options = match pg.get_options() {
-        Some(given) if !given.trim().is_empty() => {
-            format!("{given} -c synchronous_commit=on")
-        }
-        _ => "-c synchronous_commit=on".to_owned(),
-    };
-    pg.options(&options);
+/// Adds `options` to `pg`'s startup options, after whatever options the URL
+/// gave (later settings win).
+pub(super) fn set_in_session(pg: &mut tokio_postgres::Config, options: &[&str]) {
+    let mut all: Vec<&str> = pg
+        .get_options()
+        .map(str::trim)
+        .filter(|given| !given.is_empty())
+        .into_iter()
+        .collect();
+    all.extend_from_slice(options);
+    let all = all.join(" ");
+    pg.options(&all);
 }
 
 /// Reads the replication state on `client` and refuses, with
@@ -161,7 +193,26 @@ mod tests {
             in_sync,
             hidden,
             in_recovery: false,
+            transaction_timeout: None,
         }
+    }
+
+    #[test]
+    fn a_session_that_would_not_wait_for_its_standby_gets_startup_options() {
+        assert!(state("on", "s1", 1, 0).session_options().is_empty());
+        assert_eq!(
+            state("local", "s1", 1, 0).session_options(),
+            ["-c synchronous_commit=on"]
+        );
+        let mut timed = state("remote_apply", "s1", 1, 0);
+        timed.transaction_timeout = Some("1min".to_owned());
+        assert_eq!(timed.session_options(), ["-c transaction_timeout=0"]);
+        assert!(timed
+            .missing()
+            .unwrap_or_default()
+            .contains("transaction_timeout"));
+        timed.transaction_timeout = Some("0".to_owned());
+        assert!(timed.session_options().is_empty());
     }
 
     #[test]
@@ -172,7 +223,7 @@ mod tests {
             .is_none());
         let said = |s: Replication| s.missing().unwrap_or_default();
         assert!(said(state("on", "", 0, 0)).contains("synchronous_standby_names is empty"));
-        assert!(said(state("local", "s1", 1, 0)).contains("synchronous_commit is \"local\""));
+        assert!(said(state("local", "s1", 1, 0)).contains("synchronous_commit = \"local\""));
         assert!(said(state("on", "s1", 0, 1)).contains("pg_monitor"));
         assert!(said(state("on", "s1", 0, 0)).contains("no standby is in sync"));
         let mut standby = state("on", "s1", 1, 0);
@@ -181,17 +232,23 @@ mod tests {
     }
 
     #[test]
-    fn the_startup_option_keeps_the_urls_own() {
+    fn the_startup_options_keep_the_urls_own() {
         let mut pg: tokio_postgres::Config = "postgres://u@h/db?options=-c%20search_path%3Dx"
             .parse()
             .unwrap_or_else(|_| tokio_postgres::Config::new());
-        wait_in_this_session(&mut pg);
+        set_in_session(&mut pg, &["-c synchronous_commit=on"]);
         assert_eq!(
             pg.get_options(),
             Some("-c search_path=x -c synchronous_commit=on")
         );
         let mut bare = tokio_postgres::Config::new();
-        wait_in_this_session(&mut bare);
-        assert_eq!(bare.get_options(), Some("-c synchronous_commit=on"));
+        set_in_session(
+            &mut bare,
+            &["-c synchronous_commit=on", "-c transaction_timeout=0"],
+        );
+        assert_eq!(
+            bare.get_options(),
+            Some("-c synchronous_commit=on -c transaction_timeout=0")
+        );
     }
 }
