@@ -82,6 +82,11 @@ async fn postgres_synchronous_standby_option_names_what_is_missing() {
     build(&primary.url(), true)
         .await
         .expect("builds with a standby in sync");
+    // A role that may not read the standbys' sync_state cannot tell.
+    blocking(|| primary.psql("CREATE ROLE plain LOGIN"));
+    let plain = primary.url().replacen("postgres@", "plain@", 1);
+    let reason = server_check_reason(build(&plain, true).await);
+    assert!(reason.contains("pg_monitor"), "{reason}");
     // Named but gone: no standby is in sync.
     blocking(|| standby.stop_immediate());
     let reason = server_check_reason(build(&primary.url(), true).await);
