@@ -4,7 +4,9 @@
 //! keyspace notifications off, a subscription that wants expiry is refused
 //! with the command that turns them on; a stream its reader stopped reading
 //! holds at most its capacity and then says how many events it dropped. On
-//! one server and on the cluster.
+//! one server, on the cluster and on PostgreSQL (`::postgres`: one events
+//! channel per schema, expiries told by the sweep; the PostgreSQL-only
+//! cases at the end).
 
 mod common;
 
@@ -14,30 +16,38 @@ use common::Deployment;
 use distlock::{EventsSkipped, LockError, LockEvent, LockEventKind, LockEvents, LockManager};
 use futures_util::StreamExt;
 
+/// How often a PostgreSQL publisher sweeps, telling of expiries.
+#[cfg(feature = "postgres")]
+const SWEEP: Duration = Duration::from_millis(200);
+
 async fn publisher(d: &Deployment, holder: &str) -> LockManager {
-    let builder = match d {
-        Deployment::Single(s) => LockManager::builder(&s.url()),
-        Deployment::Cluster(c) => LockManager::cluster_builder(c.urls()),
-        #[cfg(feature = "postgres")]
-        Deployment::Postgres { .. } => unreachable!("a Redis-only test"),
-    };
+    let builder = d.builder().holder(holder).lock_events(true);
+    #[cfg(feature = "postgres")]
+    let builder = builder.postgres_sweep_interval(SWEEP);
     builder
-        .holder(holder)
-        .lock_events(true)
-        .command_timeout(Duration::from_millis(500))
-        .connect_timeout(Duration::from_millis(500))
         .build()
         .await
         .expect("connect to the test deployment")
 }
 
-/// Turns on the keyspace notifications of expired keys on every server.
+/// The deployment's name in keys, so that tests sharing a server keep apart.
+fn store_name(d: &Deployment) -> &'static str {
+    match d {
+        Deployment::Single(_) => "single",
+        Deployment::Cluster(_) => "cluster",
+        #[cfg(feature = "postgres")]
+        Deployment::Postgres { .. } => "pg",
+    }
+}
+
+/// Turns on the keyspace notifications of expired keys on every server
+/// (PostgreSQL's sweep needs nothing).
 async fn notify_expiry(d: &Deployment) {
     let urls = match d {
         Deployment::Single(s) => vec![s.url()],
         Deployment::Cluster(c) => c.nodes().into_iter().map(|n| n.url).collect(),
         #[cfg(feature = "postgres")]
-        Deployment::Postgres { .. } => unreachable!("a Redis-only test"),
+        Deployment::Postgres { .. } => return,
     };
     for url in urls {
         let mut conn = redis::Client::open(url.as_str())
@@ -56,7 +66,8 @@ async fn notify_expiry(d: &Deployment) {
 }
 
 /// The next item, failing the test after 5 s (events follow their cause
-/// within milliseconds on loopback; an expiry within its lease).
+/// within milliseconds on loopback; an expiry within its lease, and on
+/// PostgreSQL the publishers' next sweep, `SWEEP`, after it).
 async fn next_item(events: &mut LockEvents) -> Result<LockEvent, EventsSkipped> {
     tokio::time::timeout(Duration::from_secs(5), events.next())
         .await
@@ -69,6 +80,15 @@ async fn next(events: &mut LockEvents) -> LockEvent {
     next_item(events).await.expect("no events skipped")
 }
 
+/// The next item, which must be a skip notice: how many it skipped.
+#[cfg(feature = "postgres")]
+async fn skipped(events: &mut LockEvents) -> u64 {
+    match next_item(events).await {
+        Err(skipped) => skipped.count,
+        Ok(event) => panic!("expected a skip notice, got {event:?}"),
+    }
+}
+
 async fn kind_of(events: &mut LockEvents, key: &str) -> LockEventKind {
     let event = next(events).await;
     assert_eq!(event.key, key, "{event:?}");
@@ -76,12 +96,7 @@ async fn kind_of(events: &mut LockEvents, key: &str) -> LockEventKind {
 }
 
 async fn every_kind_of_event_in_order(d: Deployment) {
-    let on = match d {
-        Deployment::Single(_) => "single",
-        Deployment::Cluster(_) => "cluster",
-        #[cfg(feature = "postgres")]
-        Deployment::Postgres { .. } => unreachable!("a Redis-only test"),
-    };
+    let on = store_name(&d);
     notify_expiry(&d).await;
     let a = publisher(&d, "a").await;
     let b = publisher(&d, "b").await;
@@ -209,7 +224,7 @@ async fn every_kind_of_event_in_order(d: Deployment) {
     both.release().await.unwrap();
 }
 
-on_both!(every_kind_of_event_in_order);
+on_stores!(every_kind_of_event_in_order);
 
 #[tokio::test]
 async fn expiry_without_keyspace_notifications_is_refused_with_the_fix() {
@@ -327,12 +342,7 @@ const SLOW_CAPACITY: usize = 8;
 async fn a_reader_that_stops_reading_gets_at_most_the_capacity_then_the_count_skipped(
     d: Deployment,
 ) {
-    let on = match d {
-        Deployment::Single(_) => "single",
-        Deployment::Cluster(_) => "cluster",
-        #[cfg(feature = "postgres")]
-        Deployment::Postgres { .. } => unreachable!("a Redis-only test"),
-    };
+    let on = store_name(&d);
     let a = publisher(&d, "a").await;
     let observer = d.manager().await;
     let pattern = format!("slow-{on}:*");
@@ -413,4 +423,240 @@ async fn a_reader_that_stops_reading_gets_at_most_the_capacity_then_the_count_sk
     ));
 }
 
-on_both!(a_reader_that_stops_reading_gets_at_most_the_capacity_then_the_count_skipped);
+on_stores!(a_reader_that_stops_reading_gets_at_most_the_capacity_then_the_count_skipped);
+
+/// A manager built without lock events publishes none of its own locks'
+/// events (on PostgreSQL its functions skip the notification), but its
+/// force-unlocks are told, as an operator's manager seldom publishes.
+async fn a_manager_without_lock_events_publishes_only_force_unlocks(d: Deployment) {
+    let on = store_name(&d);
+    let quiet = d.manager().await;
+    let observer = d.manager().await;
+    let mut events = observer
+        .events(format!("quiet-{on}:*"))
+        .expiry(false)
+        .await
+        .unwrap();
+    let first = format!("quiet-{on}:1");
+    let second = format!("quiet-{on}:2");
+    quiet
+        .lock(&first)
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let held = quiet.lock(&second).acquire().await.unwrap();
+    assert!(quiet.force_unlock(&second).await.unwrap());
+    // The events of one store arrive in the order they were made: had the
+    // first lock's acquisition or release been told, it would come first.
+    assert_eq!(
+        kind_of(&mut events, &second).await,
+        LockEventKind::ForceUnlocked {
+            fencing_token: None
+        }
+    );
+    drop(held);
+}
+
+on_stores!(a_manager_without_lock_events_publishes_only_force_unlocks);
+
+// PostgreSQL only: how an expiry is noticed (the sweep, or a takeover), a
+// listening connection cut, a lock name too long for a notification.
+
+/// A manager of `d` that never sweeps within a test (its first sweep is an
+/// hour away), so that only the managers a test means to sweep do.
+#[cfg(feature = "postgres")]
+async fn without_sweep(d: &Deployment, holder: &str, lock_events: bool) -> LockManager {
+    d.builder()
+        .holder(holder)
+        .lock_events(lock_events)
+        .postgres_sweep_interval(Duration::from_secs(3600))
+        .build()
+        .await
+        .expect("connect to the test deployment")
+}
+
+/// A lease that runs out unrenewed is reported expired by the publishers'
+/// periodic sweep: not before the lease ends, and within the sweep interval
+/// (plus the statements' time) after it.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_an_expiry_is_reported_within_the_sweep_interval() {
+    let d = Deployment::postgres();
+    let sweeper = publisher(&d, "a").await;
+    let observer = without_sweep(&d, "observer", false).await;
+    let mut events = observer.events("exp:*").await.unwrap();
+    const LEASE: Duration = Duration::from_millis(300);
+    let started = std::time::Instant::now();
+    let held = sweeper
+        .lock("exp:1")
+        .renew(false)
+        .lease(LEASE)
+        .acquire()
+        .await
+        .unwrap();
+    assert!(matches!(
+        kind_of(&mut events, "exp:1").await,
+        LockEventKind::Acquired { .. }
+    ));
+    assert_eq!(kind_of(&mut events, "exp:1").await, LockEventKind::Expired);
+    let reported = started.elapsed();
+    // The lease began after `started`, so it ends no earlier than LEASE
+    // after it: an expiry told sooner would be wrong.
+    assert!(reported >= LEASE, "expired after {reported:?}");
+    // The sweeper sleeps SWEEP between runs, so a run starts within SWEEP
+    // plus one run's duration after the lease ends, and that run deletes the
+    // row and notifies. Each run is one statement, bounded by the command
+    // timeout (2 s for this deployment): the run before the expiry and the
+    // one that finds it, 4 s, cover a slow shared machine; delivery on
+    // loopback is milliseconds.
+    let bound = LEASE + SWEEP + 2 * Duration::from_secs(2);
+    assert!(
+        reported <= bound,
+        "expired reported after {reported:?}, bound {bound:?}"
+    );
+    drop(held);
+}
+
+/// A lock whose lease ran out, taken over before any sweep: "expired", then
+/// the new holder's "acquired", in that order (one transaction).
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_takeover_of_an_expired_lock_reports_expired_then_acquired() {
+    let d = Deployment::postgres();
+    let a = without_sweep(&d, "a", true).await;
+    let b = without_sweep(&d, "b", true).await;
+    let observer = without_sweep(&d, "observer", false).await;
+    let mut events = observer.events("take:*").await.unwrap();
+    let held = a
+        .lock("take:1")
+        .renew(false)
+        .lease(Duration::from_millis(200))
+        .acquire()
+        .await
+        .unwrap();
+    assert!(matches!(
+        kind_of(&mut events, "take:1").await,
+        LockEventKind::Acquired { .. }
+    ));
+    // Nobody sweeps: the row outlives the lease, and only the takeover can
+    // tell of the expiry.
+    let ran_out = common::eventually(Duration::from_secs(5), async || {
+        observer.inspect("take:1").await.unwrap().is_none()
+    })
+    .await;
+    assert!(ran_out.is_some(), "the lease never ran out");
+    let taken = b.lock("take:1").acquire().await.unwrap();
+    assert_eq!(kind_of(&mut events, "take:1").await, LockEventKind::Expired);
+    match kind_of(&mut events, "take:1").await {
+        LockEventKind::Acquired { holder, .. } => assert_eq!(holder, "b"),
+        other => panic!("{other:?}"),
+    }
+    taken.release().await.unwrap();
+    assert!(matches!(
+        kind_of(&mut events, "take:1").await,
+        LockEventKind::Released { .. }
+    ));
+    drop(held);
+}
+
+/// The observer's listening connection terminated by the server: the stream
+/// says it missed events (count unknown, 0) once it listens again, and
+/// the events after that arrive. A private server: terminating every
+/// `distlock-listen` session of the shared one would cut other tests'.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_terminated_listener_yields_a_skip_notice_and_later_events_arrive() {
+    let pg = distlock_testing::PostgresServer::start().expect("a private PostgreSQL");
+    let build = |lock_events: bool| {
+        LockManager::builder(&pg.url())
+            .holder("a")
+            .lock_events(lock_events)
+            .command_timeout(Duration::from_secs(2))
+            .connect_timeout(Duration::from_secs(2))
+            .build()
+    };
+    let a = build(true).await.unwrap();
+    let observer = build(false).await.unwrap();
+    let mut events = observer.events("cut:*").await.unwrap();
+    let held = a.lock("cut:1").acquire().await.unwrap();
+    assert!(matches!(
+        kind_of(&mut events, "cut:1").await,
+        LockEventKind::Acquired { .. }
+    ));
+    let cut = pg.kill_backends_named("distlock-listen").unwrap();
+    assert!(cut >= 1, "no listening connection to terminate");
+    // The subscriber reconnects (with its backoff, within a few hundred ms
+    // here) and listens again: then the notice.
+    assert_eq!(skipped(&mut events).await, 0);
+    held.release().await.unwrap();
+    assert!(matches!(
+        kind_of(&mut events, "cut:1").await,
+        LockEventKind::Released { .. }
+    ));
+}
+
+/// An event whose notification would pass PostgreSQL's 8000-byte payload
+/// limit (a lock name of 9000 bytes) does not fail the lock's statement: it
+/// is told as one skipped event, naming no lock, and the events of other
+/// locks go on.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_an_event_of_a_name_too_long_to_notify_is_a_skipped_event() {
+    let d = Deployment::postgres();
+    let a = without_sweep(&d, "a", true).await;
+    let observer = without_sweep(&d, "observer", false).await;
+    let mut events = observer.events("*").await.unwrap();
+    let long = format!("long:{}", "x".repeat(9000));
+    let held = a.lock(&long).acquire().await.unwrap();
+    assert_eq!(skipped(&mut events).await, 1);
+    held.release().await.unwrap();
+    assert_eq!(skipped(&mut events).await, 1);
+    let short = a.lock("short").acquire().await.unwrap();
+    assert!(matches!(
+        kind_of(&mut events, "short").await,
+        LockEventKind::Acquired { .. }
+    ));
+    short.release().await.unwrap();
+}
+
+/// `lock_event` sends a payload whole up to the last byte PostgreSQL takes
+/// (7999 on a stock build: the limit is 8192 - NAMEDATALEN 64 - 128, and a
+/// payload must be shorter) and one byte more as the short "- <word>"
+/// notice, never failing the statement. A payload here is "<n> <name>
+/// expired": 5 bytes of count and space and 8 of " expired" around a name of
+/// 7986 or 7987 bytes.
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_lock_event_meets_the_payload_limit_at_its_boundary() {
+    let d = Deployment::postgres();
+    let Deployment::Postgres { server, schema } = &d else {
+        unreachable!()
+    };
+    let send = |name_bytes: usize| {
+        server
+            .psql(&format!(
+                "SELECT {schema}.lock_event('distlock_limit_test', repeat('x', {name_bytes}), \
+                 'expired')"
+            ))
+            .expect("lock_event never fails")
+    };
+    // The limit is the server's: a plain NOTIFY of 7999 bytes passes, of
+    // 8000 fails.
+    let notify = |bytes: usize| {
+        server.psql(&format!(
+            "SELECT pg_notify('distlock_limit_test', repeat('x', {bytes}))"
+        ))
+    };
+    assert!(notify(7999).is_ok());
+    assert!(notify(8000).is_err());
+    assert_eq!(send(7986), "t", "a 7999-byte payload is sent whole");
+    assert_eq!(
+        send(7987),
+        "f",
+        "an 8000-byte payload is sent as the short notice"
+    );
+    assert_eq!(send(1 << 20), "f", "a name of 1 MiB too");
+}

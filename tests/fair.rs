@@ -872,6 +872,10 @@ async fn a_holder_hears_of_its_first_waiter(d: Deployment) {
 /// read from the public API (`inspect_all`'s waiters) on every store.
 async fn waiters_of_three_managers_are_served_in_arrival_order(d: Deployment) {
     let managers = [d.manager().await, d.manager().await, d.manager().await];
+    // Every manager listens before the count starts (see await_listening).
+    for (i, m) in managers.iter().enumerate() {
+        common::await_listening(m, &managers[(i + 1) % 3], "arrival-warm-up").await;
+    }
     let key = "arrival";
     let holder = managers[0].lock(key).acquire().await.unwrap();
     let served = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));

@@ -1,7 +1,10 @@
-//! Multi-key locks (`LockManager::lock_all`) against real redis-server
-//! processes: deadlock freedom in both orders, all or nothing, re-entry on a
-//! subset, the lost signal, the one-round-trip cost on one server, and the same
-//! behaviour on a Redis Cluster with keys on different masters.
+//! Multi-key locks (`LockManager::lock_all`) against real servers: deadlock
+//! freedom in both orders, all or nothing, re-entry on a subset, the lost
+//! signal, the one-round-trip cost on one server, and the same behaviour on a
+//! Redis Cluster with keys on different masters, under Redlock and (with the
+//! `postgres` feature) on PostgreSQL, where a deadlock abort of the one
+//! function call is retried, never surfaced. The store-neutral tests run on
+//! every store (`on_stores!`).
 
 mod common;
 
@@ -23,6 +26,54 @@ async fn held(conn: &mut impl ConnectionLike, m: &LockManager, key: &str) -> boo
         .await
         .expect("EXISTS")
         == 1
+}
+
+/// Where a test looks at the locks behind a manager's back.
+trait Store {
+    /// Whether the lock of `key` is held.
+    async fn held(&mut self, m: &LockManager, key: &str) -> bool;
+    /// Deletes the lock of `key` as an outsider would, without telling its holder.
+    async fn delete(&mut self, m: &LockManager, key: &str);
+}
+
+/// One Redis server (a Redlock member's, where a leaked lock would be) or a
+/// cluster connection.
+struct Raw<'a, C>(&'a mut C);
+
+impl<C: ConnectionLike + Send> Store for Raw<'_, C> {
+    async fn held(&mut self, m: &LockManager, key: &str) -> bool {
+        held(self.0, m, key).await
+    }
+
+    async fn delete(&mut self, m: &LockManager, key: &str) {
+        let _: () = redis::cmd("DEL")
+            .arg(m.redis_names(key).lock)
+            .query_async(self.0)
+            .await
+            .unwrap();
+    }
+}
+
+/// A test deployment of any store: held as `is_locked` reads it.
+struct Deployed<'a>(&'a Deployment);
+
+impl Store for Deployed<'_> {
+    async fn held(&mut self, m: &LockManager, key: &str) -> bool {
+        m.is_locked(key).await.unwrap()
+    }
+
+    async fn delete(&mut self, m: &LockManager, key: &str) {
+        #[cfg(feature = "postgres")]
+        if let Deployment::Postgres { server, schema } = self.0 {
+            let name = m.redis_names(key).lock.replace('\'', "''");
+            server
+                .psql(&format!("DELETE FROM {schema}.locks WHERE name = '{name}'"))
+                .unwrap();
+            return;
+        }
+        let mut conn = self.0.raw_for(m, key).await;
+        Raw(&mut conn).delete(m, key).await;
+    }
 }
 
 /// Marks the critical section of each key of one holder: panics if another
@@ -115,21 +166,12 @@ async fn both_orders(managers: [LockManager; 2], a: &str, b: &str) {
     assert_eq!(sections.entered.load(Ordering::SeqCst), 16 * 8);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn both_orders_concurrently_never_deadlock() {
-    let redis = server();
-    both_orders(
-        [manager(&redis).await, manager(&redis).await],
-        "acct:a",
-        "acct:b",
-    )
-    .await;
+async fn both_orders_concurrently_never_deadlock(d: Deployment) {
+    both_orders([d.manager().await, d.manager().await], "acct:a", "acct:b").await;
 }
 
-#[tokio::test]
-async fn keys_are_deduplicated_and_sorted() {
-    let redis = server();
-    let m = manager(&redis).await;
+async fn keys_are_deduplicated_and_sorted(d: Deployment) {
+    let m = d.manager().await;
     let request = m.lock_all(["b", "a", "b", "c"]);
     assert_eq!(request.keys(), ["a", "b", "c"]);
     let g = request.acquire().await.unwrap();
@@ -152,7 +194,7 @@ async fn keys_are_deduplicated_and_sorted() {
 async fn partial_holds(
     a: &LockManager,
     b: &LockManager,
-    conn: &mut impl ConnectionLike,
+    conn: &mut impl Store,
     [x, busy, y]: [&str; 3],
 ) {
     let holder = a.lock(busy).acquire().await.unwrap();
@@ -163,8 +205,8 @@ async fn partial_holds(
         .await
         .unwrap()
         .is_none());
-    assert!(!held(conn, b, x).await);
-    assert!(!held(conn, b, y).await);
+    assert!(!conn.held(b, x).await);
+    assert!(!conn.held(b, y).await);
 
     // `wait(0)` is one attempt: a timeout naming the busy key, nothing held.
     match b
@@ -176,8 +218,8 @@ async fn partial_holds(
         Err(LockError::Timeout { key, .. }) => assert_eq!(key, busy),
         other => panic!("expected a timeout, got {other:?}"),
     }
-    assert!(!held(conn, b, x).await);
-    assert!(!held(conn, b, y).await);
+    assert!(!conn.held(b, x).await);
+    assert!(!conn.held(b, y).await);
 
     let started = Instant::now();
     let err = b
@@ -194,9 +236,9 @@ async fn partial_holds(
         other => panic!("expected a timeout, got {other:?}"),
     }
     assert!(started.elapsed() < Duration::from_secs(3));
-    assert!(!held(conn, b, x).await);
-    assert!(!held(conn, b, y).await);
-    assert!(held(conn, b, busy).await);
+    assert!(!conn.held(b, x).await);
+    assert!(!conn.held(b, y).await);
+    assert!(conn.held(b, busy).await);
 
     // Nothing of b's stayed: every other key is free for a at once.
     for k in [x, y] {
@@ -221,21 +263,16 @@ async fn partial_holds(
         .unwrap();
 }
 
-#[tokio::test]
-async fn partial_holds_never_leak() {
-    let redis = server();
-    let (a, b) = (manager(&redis).await, manager(&redis).await);
-    let mut conn = raw(&redis).await;
-    partial_holds(&a, &b, &mut conn, ["x", "held", "y"]).await;
+async fn partial_holds_never_leak(d: Deployment) {
+    let (a, b) = (d.manager().await, d.manager().await);
+    partial_holds(&a, &b, &mut Deployed(&d), ["x", "held", "y"]).await;
 }
 
 /// A waiting `lock_all` takes the free keys, waits for the busy one in lock
 /// order, and gets it when its holder releases.
-#[tokio::test]
-async fn a_busy_key_is_waited_for_in_order() {
-    let redis = server();
-    let (a, b) = (manager(&redis).await, manager(&redis).await);
-    let mut conn = raw(&redis).await;
+async fn a_busy_key_is_waited_for_in_order(d: Deployment) {
+    let (a, b) = (d.manager().await, d.manager().await);
+    let conn = &mut Deployed(&d);
     let holder = a.lock("q:2").acquire().await.unwrap();
     let waiter = tokio::spawn(async move {
         let g = b
@@ -246,10 +283,10 @@ async fn a_busy_key_is_waited_for_in_order() {
             .unwrap();
         (b, g)
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
     // Lock order: q:1 is taken and held while q:2 is waited for; q:3 not yet.
-    assert!(held(&mut conn, &a, "q:1").await);
-    assert!(!held(&mut conn, &a, "q:3").await);
+    await_waiter(&a, "q:2").await;
+    assert!(conn.held(&a, "q:1").await);
+    assert!(!conn.held(&a, "q:3").await);
     let released = Instant::now();
     holder.release().await.unwrap();
     let (_b, g) = tokio::time::timeout(Duration::from_secs(2), waiter)
@@ -259,15 +296,13 @@ async fn a_busy_key_is_waited_for_in_order() {
     assert!(released.elapsed() < Duration::from_secs(1));
     assert_eq!(g.keys(), ["q:1", "q:2", "q:3"]);
     for k in ["q:1", "q:2", "q:3"] {
-        assert!(held(&mut conn, &a, k).await);
+        assert!(conn.held(&a, k).await);
     }
     g.release().await.unwrap();
 }
 
-#[tokio::test]
-async fn single_and_multi_key_locks_exclude_each_other() {
-    let redis = server();
-    let (a, b) = (manager(&redis).await, manager(&redis).await);
+async fn single_and_multi_key_locks_exclude_each_other(d: Deployment) {
+    let (a, b) = (d.manager().await, d.manager().await);
     let single = a.lock("e:1").acquire().await.unwrap();
     assert!(b
         .lock_all(["e:1", "e:2"])
@@ -296,11 +331,9 @@ async fn single_and_multi_key_locks_exclude_each_other() {
         .unwrap();
 }
 
-#[tokio::test]
-async fn reentry_on_a_subset() {
-    let redis = server();
-    let m = manager(&redis).await;
-    let mut conn = raw(&redis).await;
+async fn reentry_on_a_subset(d: Deployment) {
+    let m = d.manager().await;
+    let conn = &mut Deployed(&d);
     let outer = m.lock_all(["r:a", "r:b"]).acquire().await.unwrap();
     let (ta, tb) = (
         outer.fencing_token("r:a").await.unwrap().unwrap(),
@@ -345,14 +378,14 @@ async fn reentry_on_a_subset() {
         })
         .await;
     // The inner releases only gave back their holds (r:c was theirs alone).
-    assert!(held(&mut conn, &m, "r:a").await);
-    assert!(held(&mut conn, &m, "r:b").await);
-    assert!(!held(&mut conn, &m, "r:c").await);
+    assert!(conn.held(&m, "r:a").await);
+    assert!(conn.held(&m, "r:b").await);
+    assert!(!conn.held(&m, "r:c").await);
     // Outside the scope the keys are not ours: another lock_all waits.
     assert!(m.lock_all(["r:a"]).try_acquire().await.unwrap().is_none());
     outer.release().await.unwrap();
-    assert!(!held(&mut conn, &m, "r:a").await);
-    assert!(!held(&mut conn, &m, "r:b").await);
+    assert!(!conn.held(&m, "r:a").await);
+    assert!(!conn.held(&m, "r:b").await);
 }
 
 async fn lost_within(g: &MultiLockGuard, limit: Duration) {
@@ -365,21 +398,12 @@ async fn lost_within(g: &MultiLockGuard, limit: Duration) {
 
 /// Losing one lease (its lock deleted behind the holder's back, or
 /// force-unlocked) is the guard's loss, named by key.
-async fn lost_signal(
-    m: &LockManager,
-    other: &LockManager,
-    conn: &mut impl ConnectionLike,
-    keys: [&str; 3],
-) {
+async fn lost_signal(m: &LockManager, other: &LockManager, conn: &mut impl Store, keys: [&str; 3]) {
     let lease = Duration::from_millis(600);
 
     let g = m.lock_all(keys).lease(lease).acquire().await.unwrap();
     assert!(!g.is_lost());
-    let _: () = redis::cmd("DEL")
-        .arg(m.redis_names(keys[1]).lock)
-        .query_async(conn)
-        .await
-        .unwrap();
+    conn.delete(m, keys[1]).await;
     lost_within(&g, lease * 2).await;
     let err = g.scope_until_lost(async { 1 }).await.unwrap_err();
     assert!(
@@ -392,7 +416,7 @@ async fn lost_signal(
     }
     // The other keys were released all the same.
     for k in keys {
-        assert!(!held(conn, m, k).await);
+        assert!(!conn.held(m, k).await);
     }
 
     let g = m.lock_all(keys).lease(lease).acquire().await.unwrap();
@@ -416,12 +440,9 @@ async fn lost_signal(
     drop(g);
 }
 
-#[tokio::test]
-async fn one_lost_lease_is_the_guards_loss() {
-    let redis = server();
-    let (m, other) = (manager(&redis).await, manager(&redis).await);
-    let mut conn = raw(&redis).await;
-    lost_signal(&m, &other, &mut conn, ["l:a", "l:b", "l:c"]).await;
+async fn one_lost_lease_is_the_guards_loss(d: Deployment) {
+    let (m, other) = (d.manager().await, d.manager().await);
+    lost_signal(&m, &other, &mut Deployed(&d), ["l:a", "l:b", "l:c"]).await;
 }
 
 /// An uncontended `lock_all` of 3 keys on one server is one EVALSHA (the
@@ -503,11 +524,8 @@ async fn an_empty_key_set_is_an_empty_guard_without_a_redis_call() {
     assert_eq!(command_calls(&mut raw).await, Default::default());
 }
 
-#[tokio::test]
-async fn bad_input_is_refused() {
-    let redis = server();
-    let m = manager(&redis).await;
-    let mut raw = raw(&redis).await;
+async fn bad_input_is_refused(d: Deployment) {
+    let m = d.manager().await;
     assert!(matches!(
         m.lock_all(["ok", ""]).acquire().await,
         Err(LockError::InvalidKey { .. })
@@ -516,17 +534,17 @@ async fn bad_input_is_refused() {
         m.lock_all(["ok"]).lease(Duration::ZERO).acquire().await,
         Err(LockError::InvalidConfig(_))
     ));
-    assert!(!held(&mut raw, &m, "ok").await);
+    assert!(!m.is_locked("ok").await.unwrap());
 }
 
-async fn release_and_drop(m: &LockManager, conn: &mut impl ConnectionLike, keys: [&str; 3]) {
+async fn release_and_drop(m: &LockManager, conn: &mut impl Store, keys: [&str; 3]) {
     let g = m.lock_all(keys).acquire().await.unwrap();
     for k in keys {
-        assert!(held(conn, m, k).await);
+        assert!(conn.held(m, k).await);
     }
     g.release().await.unwrap();
     for k in keys {
-        assert!(!held(conn, m, k).await);
+        assert!(!conn.held(m, k).await);
     }
 
     let g = m.lock_all(keys).acquire().await.unwrap();
@@ -535,7 +553,7 @@ async fn release_and_drop(m: &LockManager, conn: &mut impl ConnectionLike, keys:
     loop {
         let mut any = false;
         for k in keys {
-            any |= held(conn, m, k).await;
+            any |= conn.held(m, k).await;
         }
         if !any {
             break;
@@ -548,20 +566,15 @@ async fn release_and_drop(m: &LockManager, conn: &mut impl ConnectionLike, keys:
     }
 }
 
-#[tokio::test]
-async fn release_frees_all_and_drop_releases_in_the_background() {
-    let redis = server();
-    let m = manager(&redis).await;
-    let mut conn = raw(&redis).await;
-    release_and_drop(&m, &mut conn, ["d:1", "d:2", "d:3"]).await;
+async fn release_frees_all_and_drop_releases_in_the_background(d: Deployment) {
+    let m = d.manager().await;
+    release_and_drop(&m, &mut Deployed(&d), ["d:1", "d:2", "d:3"]).await;
 }
 
 /// A `lock_all` whose future is dropped while it waits leaves nothing held.
-#[tokio::test]
-async fn a_cancelled_acquisition_leaves_nothing_held() {
-    let redis = server();
-    let (a, b) = (manager(&redis).await, manager(&redis).await);
-    let mut conn = raw(&redis).await;
+async fn a_cancelled_acquisition_leaves_nothing_held(d: Deployment) {
+    let (a, b) = (d.manager().await, d.manager().await);
+    let conn = &mut Deployed(&d);
     let holder = a.lock("c:2").acquire().await.unwrap();
     let cancelled = tokio::time::timeout(
         Duration::from_millis(200),
@@ -572,12 +585,11 @@ async fn a_cancelled_acquisition_leaves_nothing_held() {
     .await;
     assert!(cancelled.is_err());
     assert!(
-        eventually(Duration::from_secs(2), async || !held(&mut conn, &a, "c:1")
-            .await)
-        .await
-        .is_some()
+        eventually(Duration::from_secs(2), async || !conn.held(&a, "c:1").await)
+            .await
+            .is_some()
     );
-    assert!(!held(&mut conn, &a, "c:3").await);
+    assert!(!conn.held(&a, "c:3").await);
     holder.release().await.unwrap();
 }
 
@@ -638,9 +650,9 @@ async fn on_a_cluster_across_masters() {
     assert!(b.lock(keys[0]).try_acquire().await.unwrap().is_none());
     g.release().await.unwrap();
 
-    partial_holds(&a, &b, &mut conn, keys).await;
-    release_and_drop(&a, &mut conn, keys).await;
-    lost_signal(&a, &b, &mut conn, keys).await;
+    partial_holds(&a, &b, &mut Raw(&mut conn), keys).await;
+    release_and_drop(&a, &mut Raw(&mut conn), keys).await;
+    lost_signal(&a, &b, &mut Raw(&mut conn), keys).await;
 
     // Re-entry works the same.
     let outer = a.lock_all(keys).acquire().await.unwrap();
@@ -695,5 +707,253 @@ async fn under_redlock() {
 
     // The per-server checks of `partial_holds` look at one member: a lock
     // that leaked would be on every member that granted it.
-    partial_holds(&a, &b, &mut conn, ["rl:x", "rl:held", "rl:y"]).await;
+    partial_holds(&a, &b, &mut Raw(&mut conn), ["rl:x", "rl:held", "rl:y"]).await;
+}
+
+on_stores!(
+    both_orders_concurrently_never_deadlock,
+    keys_are_deduplicated_and_sorted,
+    partial_holds_never_leak,
+    a_busy_key_is_waited_for_in_order,
+    single_and_multi_key_locks_exclude_each_other,
+    reentry_on_a_subset,
+    one_lost_lease_is_the_guards_loss,
+    bad_input_is_refused,
+    release_frees_all_and_drop_releases_in_the_background,
+    a_cancelled_acquisition_leaves_nothing_held,
+);
+
+// --- PostgreSQL: one function call, and what it does under contention. ---
+
+/// Tasks of two managers lock overlapping key sets, each in the opposite
+/// order of another's (`[a, b, c]` against `[c, b, d]`, `[d, a]` against
+/// `[a, d]`), some with one call only (`try_acquire`, the function call
+/// alone), some waiting: nobody gets a deadlock error, no two holders of a
+/// key overlap, and every task finishes.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_overlapping_sets_in_opposite_orders_never_deadlock() {
+    let d = Deployment::postgres();
+    let managers = [d.manager().await, d.manager().await];
+    let names = ["ov:a", "ov:b", "ov:c", "ov:d"];
+    let sets: [&[usize]; 4] = [&[0, 1, 2], &[2, 1, 3], &[3, 0], &[0, 3]];
+    let sections = Sections::new(names.len());
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for t in 0..8 {
+        let m = managers[t % 2].clone();
+        let sections = sections.clone();
+        let attempts = attempts.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut done = 0;
+            for i in 0..12 {
+                let set = sets[(t + i) % sets.len()];
+                let keys: Vec<&str> = set.iter().map(|&k| names[k]).collect();
+                let request = m.lock_all(keys).lease(Duration::from_secs(5));
+                attempts.fetch_add(1, Ordering::SeqCst);
+                let guard = if t % 2 == 0 {
+                    match request.try_acquire().await.unwrap() {
+                        Some(guard) => guard,
+                        None => continue,
+                    }
+                } else {
+                    request
+                        .wait(Duration::from_secs(20))
+                        .acquire()
+                        .await
+                        .unwrap()
+                };
+                sections.run(set).await;
+                guard.release().await.unwrap();
+                done += 1;
+            }
+            done
+        }));
+    }
+    let mut done = 0;
+    for task in tasks {
+        done += tokio::time::timeout(Duration::from_secs(60), task)
+            .await
+            .expect("a task deadlocked (or starved)")
+            .unwrap();
+    }
+    assert_eq!(attempts.load(Ordering::SeqCst), 8 * 12);
+    // Every waiting task's acquisitions got in; the one-call tasks' did when
+    // their keys were free.
+    assert!(done >= 4 * 12, "{done}");
+    assert_eq!(sections.entered.load(Ordering::SeqCst), done);
+    for name in names {
+        assert!(!managers[0].is_locked(name).await.unwrap());
+    }
+}
+
+/// An outside session holds the advisory key of one lock and then asks for
+/// the other's, which a `lock_all` of both holds while it waits for the
+/// first: a cycle, which PostgreSQL breaks by aborting the `lock_all`'s call
+/// (SQLSTATE 40P01), since its wait began first and the outsider's
+/// `deadlock_timeout` is longer. The caller never sees that abort: the call
+/// is sent again, waits for the outsider's commit and takes both locks.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_deadlock_abort_of_lock_all_is_retried_not_surfaced() {
+    let d = Deployment::postgres();
+    let Deployment::Postgres { server, .. } = &d else {
+        unreachable!()
+    };
+    let m = d.manager().await;
+    let outsider = pg_client(server).await;
+    let keys = ["deadlock:x", "deadlock:y"];
+    // The function takes the advisory keys in ascending order: `first` is
+    // the one the `lock_all` holds while it waits for `second`.
+    let mut advisory = Vec::new();
+    for key in keys {
+        let name = m.redis_names(key).lock;
+        let row = outsider
+            .query_one("SELECT hashtext($1)", &[&name])
+            .await
+            .unwrap();
+        advisory.push(row.get::<_, i32>(0));
+    }
+    assert_ne!(advisory[0], advisory[1], "the test's keys share a hash");
+    let (first, second) = (
+        *advisory.iter().min().unwrap(),
+        *advisory.iter().max().unwrap(),
+    );
+    outsider
+        .batch_execute("SET deadlock_timeout = '10s'; BEGIN")
+        .await
+        .unwrap();
+    outsider
+        .execute("SELECT pg_advisory_xact_lock(1684826880, $1)", &[&second])
+        .await
+        .unwrap();
+    let taking = tokio::spawn({
+        let m = m.clone();
+        async move { m.lock_all(keys).try_acquire().await }
+    });
+    // The `lock_all`'s call holds `first` and waits for `second`.
+    let watcher = pg_client(server).await;
+    let waits = eventually(Duration::from_secs(10), async || {
+        let row = watcher
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+                 AND classid = 1684826880 AND objid = ($1::int4)::oid",
+                &[&second],
+            )
+            .await
+            .unwrap();
+        row.get::<_, i64>(0) == 1
+    })
+    .await;
+    assert!(
+        waits.is_some(),
+        "the lock_all never waited for the outsider"
+    );
+    // The cycle: the server's deadlock check (after its 1 s default
+    // deadlock_timeout) aborts the `lock_all`'s call, which lets the outsider
+    // through; the outsider's own check would come only after 10 s.
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        outsider.execute("SELECT pg_advisory_xact_lock(1684826880, $1)", &[&first]),
+    )
+    .await
+    .expect("the lock_all's call was aborted as the deadlock's victim")
+    .unwrap();
+    outsider.batch_execute("COMMIT").await.unwrap();
+    let guard = tokio::time::timeout(Duration::from_secs(10), taking)
+        .await
+        .expect("the retried call completes")
+        .unwrap()
+        .expect("no deadlock error reaches the caller")
+        .expect("both locks were free once the outsider committed");
+    assert_eq!(guard.keys(), keys);
+    guard.release().await.unwrap();
+}
+
+/// A plain client of the deployment's server, its connection driven by a task.
+#[cfg(feature = "postgres")]
+async fn pg_client(server: &distlock_testing::PostgresServer) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    client
+}
+
+/// An uncontended `lock_all` of 3 keys on PostgreSQL is one statement (the
+/// `acquire_all` function call), eager fencing tokens included; one with a
+/// busy key is one statement too and takes none; the release is one
+/// statement per key (pipelined). Counted in the server's statement log.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_an_uncontended_lock_all_is_one_statement() {
+    let pg = distlock_testing::PostgresServer::builder()
+        .setting("log_statement", "all")
+        .start()
+        .unwrap();
+    let manager = async || {
+        LockManager::builder(&pg.url())
+            // No sweep statement may fall between two counts.
+            .postgres_sweep_interval(Duration::from_secs(3600))
+            .build()
+            .await
+            .unwrap()
+    };
+    let (m, other) = (manager().await, manager().await);
+    let keys = ["st:1", "st:2", "st:3"];
+    // Warm up (the managers' first statements, the schema check).
+    for manager in [&m, &other] {
+        manager
+            .lock_all(keys)
+            .acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    let statements = |function: &str| {
+        std::fs::read_to_string(pg.log_path())
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains("statement: ") || l.contains("execute <unnamed>"))
+            .filter(|l| l.contains(&format!("distlock.{function}")))
+            .count()
+    };
+    // The log is written by the server process before it answers, so every
+    // statement is in it once the call that sent it returned.
+    let (acquires, all, releases) = (
+        statements("acquire("),
+        statements("acquire_all("),
+        statements("release("),
+    );
+    let g = m
+        .lock_all(keys)
+        .eager_fencing(true)
+        .acquire()
+        .await
+        .unwrap();
+    let tokens = g.fencing_tokens().await.unwrap();
+    assert_eq!(statements("acquire_all(") - all, 1);
+    assert_eq!(statements("acquire(") - acquires, 0);
+    assert_eq!(
+        statements("issue_token("),
+        0,
+        "the tokens came with the grant"
+    );
+    assert!(tokens.iter().all(|t| *t > 0), "{tokens:?}");
+    assert!(tokens.windows(2).all(|w| w[0] != w[1]), "{tokens:?}");
+    g.release().await.unwrap();
+    assert_eq!(statements("release(") - releases, 3);
+
+    let holder = other.lock("st:2").acquire().await.unwrap();
+    let all = statements("acquire_all(");
+    assert!(m.lock_all(keys).try_acquire().await.unwrap().is_none());
+    assert_eq!(statements("acquire_all(") - all, 1);
+    for key in ["st:1", "st:3"] {
+        assert!(!m.is_locked(key).await.unwrap(), "{key} was taken");
+    }
+    holder.release().await.unwrap();
 }

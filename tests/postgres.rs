@@ -166,15 +166,7 @@ async fn postgres_refused_primitives_give_a_typed_error() {
     unsupported(m.semaphore("s", 2).acquire().await.map(drop));
     unsupported(m.read_lock("rw").acquire().await.map(drop));
     unsupported(m.write_lock("rw").acquire().await.map(drop));
-    unsupported(m.lock_all(["a", "b"]).acquire().await.map(drop));
     unsupported(m.counting_semaphore("c").try_acquire(1).await.map(drop));
-    unsupported(m.leader("l").campaign().await.map(drop));
-    unsupported(m.events("x:*").subscribe().await.map(drop));
-    let events = LockManager::builder(&pg.url())
-        .lock_events(true)
-        .build()
-        .await;
-    unsupported(events.map(drop));
     let message = m.semaphore("s", 2).acquire().await.unwrap_err().to_string();
     assert!(
         message.contains("not available on PostgreSQL yet"),
@@ -220,6 +212,77 @@ async fn postgres_an_uncontended_cycle_is_two_statements() {
         after - before,
         2,
         "statements of one acquire + release cycle"
+    );
+}
+
+/// With `postgres_prepared_statements`, each statement is prepared once per
+/// data connection and executed by name after that (no unnamed statement,
+/// parsed and planned with each call); a new connection prepares them again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_prepared_statements_are_prepared_once_per_connection() {
+    let pg = PostgresServer::builder()
+        .setting("log_statement", "all")
+        .start()
+        .unwrap();
+    let m = LockManager::builder(&pg.url())
+        .postgres_sweep_interval(Duration::from_secs(3600))
+        .postgres_prepared_statements(true)
+        .build()
+        .await
+        .unwrap();
+    let cycle = |key: &'static str| {
+        let m = m.clone();
+        async move {
+            let guard = m.lock(key).acquire().await.unwrap();
+            assert!(guard.fencing_token().await.unwrap() > 0);
+            guard.release().await.unwrap();
+        }
+    };
+    cycle("warm").await;
+    // The server logs each execution before it answers: "execute s<n>: ..."
+    // for a named statement, "execute <unnamed>: ..." for an unnamed one.
+    let executions = |named: bool| {
+        let marker = if named {
+            "execute s"
+        } else {
+            "execute <unnamed>"
+        };
+        std::fs::read_to_string(pg.log_path())
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains(marker) && l.contains("distlock."))
+            .count()
+    };
+    let (named, unnamed) = (executions(true), executions(false));
+    for _ in 0..3 {
+        cycle("prepared").await;
+    }
+    // acquire, issue_token and release, three times, all by name.
+    assert_eq!(executions(true) - named, 9);
+    assert_eq!(
+        executions(false),
+        unnamed,
+        "no unnamed statement of distlock's"
+    );
+
+    // A new data connection has none of them: it prepares them again.
+    assert!(pg.kill_backends_named("distlock").unwrap() >= 1);
+    let again = eventually(Duration::from_secs(10), async || {
+        m.lock("after-kill")
+            .try_acquire()
+            .await
+            .is_ok_and(|g| g.is_some())
+    })
+    .await;
+    assert!(
+        again.is_some(),
+        "the manager reconnected and prepared again"
+    );
+    cycle("after-reconnect").await;
+    assert_eq!(
+        executions(false),
+        unnamed,
+        "no unnamed statement of distlock's"
     );
 }
 

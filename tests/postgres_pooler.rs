@@ -1,8 +1,9 @@
 //! The default lock on PostgreSQL behind a transaction-mode pooler (a private
 //! PgBouncer, `pool_mode = transaction`, in front of a private server): locking
 //! works unchanged, LISTEN does not carry notifications there, so waiters are
-//! served by their timers in their queue turn; with `postgres_listen_url`
-//! pointing at the server itself, wake-ups and hand-offs are pushed again.
+//! served by their timers in their queue turn (and a leader watch by its
+//! reads); with `postgres_listen_url` pointing at the server itself, wake-ups
+//! and hand-offs are pushed again.
 //!
 //! Run with `cargo test -p distlock --features postgres --test postgres_pooler`
 //! (needs the `pgbouncer` binary; its service need not run).
@@ -309,4 +310,95 @@ async fn postgres_a_direct_listen_url_brings_pushed_hand_offs_back() {
         "{} hand-offs heard for 4 grants",
         delivered - before
     );
+}
+
+/// A leader watch behind the pooler, whose listening connection hears no
+/// announcement: it still reports a term begun while the lead was vacant,
+/// by reading the lock every second while the lead is vacant,
+/// and the term's end by the lease it read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_leader_watch_behind_the_pooler_sees_terms_by_reading() {
+    let pg = PostgresServer::start().unwrap();
+    let pooler = PgBouncer::start(&pg).unwrap();
+    let leader = LockManager::builder(&pg.url())
+        .holder("leader")
+        .build()
+        .await
+        .unwrap();
+    let observer = manager(&pooler.url(), None).await;
+    let mut watch = observer.leader("pooled").watch();
+    let next = async |watch: &mut distlock::LeaderWatch, limit: Duration| {
+        use futures_util::StreamExt as _;
+        tokio::time::timeout(limit, watch.next())
+            .await
+            .expect("a report in time")
+            .expect("the watch goes on")
+    };
+    assert_eq!(next(&mut watch, Duration::from_secs(10)).await, None);
+    assert!(
+        eventually(Duration::from_secs(5), async || observer.deaf_listeners()
+            >= 1)
+        .await,
+        "the observer's listener was not found deaf"
+    );
+    let lease = Duration::from_millis(900);
+    let term = leader
+        .leader("pooled")
+        .lease(lease)
+        .campaign()
+        .await
+        .unwrap();
+    // While the lead is vacant, a deaf watch reads the lock every second:
+    // the term is seen within that, plus a read (a statement through the
+    // pooler, well under a second on loopback).
+    let reported = next(&mut watch, Duration::from_secs(2))
+        .await
+        .expect("the term, read while vacant");
+    assert_eq!(
+        (reported.holder.as_str(), reported.epoch),
+        ("leader", term.epoch())
+    );
+    // The resignation is not heard either: the watch reads the lock when
+    // the lease it last saw runs out (renewed every lease / 3, so at most a
+    // lease after the resignation), plus a read.
+    term.resign().await.unwrap();
+    assert_eq!(next(&mut watch, lease + Duration::from_secs(1)).await, None);
+}
+
+/// `lock_all` through the pooler: one function call, whose transaction locks
+/// end with its transaction, so the pooler may hand its server session to
+/// anyone next. All or none, as on the server itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_lock_all_through_a_transaction_mode_pooler() {
+    let pg = PostgresServer::start().unwrap();
+    let pooler = PgBouncer::start(&pg).unwrap();
+    let m = manager(&pooler.url(), None).await;
+    let other = manager(&pooler.url(), None).await;
+    let guard = m
+        .lock_all(["set:1", "set:2", "set:3"])
+        .eager_fencing(true)
+        .acquire()
+        .await
+        .unwrap();
+    let tokens = guard.fencing_tokens().await.unwrap();
+    assert!(tokens.iter().all(|t| *t > 0), "{tokens:?}");
+    assert!(other.lock("set:2").try_acquire().await.unwrap().is_none());
+    // Overlapping with a held key: none of the others is taken.
+    assert!(other
+        .lock_all(["set:0", "set:3"])
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
+    assert!(!other.is_locked("set:0").await.unwrap());
+    guard.release().await.unwrap();
+    other
+        .lock_all(["set:0", "set:3"])
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("free once released")
+        .release()
+        .await
+        .unwrap();
 }

@@ -231,6 +231,44 @@ async fn postgres_a_held_lock_is_listed_inspected_and_force_unlocked() {
     );
 }
 
+/// A leader's term is an ordinary lock (`leader:<name>`, its fencing token
+/// the epoch): `list`, `inspect` and `watch --once` show it like any other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_leaders_lock_is_listed_inspected_and_watched() {
+    let pg = PostgresServer::start().unwrap();
+    let url = pg.url();
+    let manager = LockManager::builder(&url)
+        .holder("scheduler-1")
+        .build()
+        .await
+        .unwrap();
+    let term = manager.leader("scheduler").campaign().await.unwrap();
+    let epoch = term.epoch();
+
+    let listed = json(&cli(&url, &["--json", "list", "leader:*"]).await);
+    assert_eq!(listed.as_array().map(Vec::len), Some(1), "{listed}");
+    assert_eq!(listed[0]["key"], "leader:scheduler");
+    assert_eq!(listed[0]["fencing_token"], epoch);
+
+    let inspected = cli(&url, &["inspect", "leader:scheduler"]).await;
+    assert!(inspected.status.success(), "{}", stderr(&inspected));
+    let text = stdout(&inspected);
+    assert!(text.contains("scheduler-1"), "{text}");
+    assert!(text.contains(&epoch.to_string()), "{text}");
+
+    let watched = cli(&url, &["watch", "--once"]).await;
+    assert!(watched.status.success(), "{}", stderr(&watched));
+    assert!(
+        stdout(&watched).contains("leader:scheduler"),
+        "{}",
+        stdout(&watched)
+    );
+
+    term.resign().await.unwrap();
+    let gone = json(&cli(&url, &["--json", "list", "leader:*"]).await);
+    assert_eq!(gone, serde_json::json!([]));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_the_url_comes_from_distlock_url_before_redis_url() {
     let pg = PostgresServer::start().unwrap();

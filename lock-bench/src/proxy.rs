@@ -9,6 +9,10 @@
 //! renewal task sending pipeline after pipeline) that is exactly its round
 //! trips; for many tasks sharing one multiplexed connection it would undercount
 //! (their requests overlap), so the bench does not report it there.
+//!
+//! The relay and the counting are the same for every protocol ([`RoundTripProxy`]);
+//! a protocol says only how it reads requests and answers ([`Protocol`]): RESP here,
+//! PostgreSQL's in `postgres/proxy.rs`.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -20,97 +24,172 @@ use tokio::task::JoinHandle;
 
 use crate::error::Result;
 
-pub struct CountingProxy {
+/// How a counting proxy reads one protocol: the requests each piece of the
+/// client's bytes completes (each answered once), and the answers each piece
+/// of the server's bytes completes. One reader per direction, made per
+/// connection by [`Protocol::readers`].
+pub trait Protocol: Send + Sync + 'static {
+    /// Reads the client's bytes.
+    type Requests: Requests;
+    /// Reads the server's bytes.
+    type Answers: Answers;
+
+    /// The two readers of a new connection.
+    fn readers(&self) -> (Self::Requests, Self::Answers);
+}
+
+/// The client's direction of a [`Protocol`].
+pub trait Requests: Send + 'static {
+    /// Nothing of a request is half read, and requests can be counted: bytes
+    /// sent now while nothing is outstanding start a round trip.
+    fn at_boundary(&self) -> bool;
+    /// Feeds client bytes; how many requests they completed.
+    fn requests(&mut self, bytes: &[u8]) -> i64;
+}
+
+/// The server's direction of a [`Protocol`].
+pub trait Answers: Send + 'static {
+    /// Feeds server bytes; how many answers they completed.
+    fn answers(&mut self, bytes: &[u8]) -> i64;
+}
+
+/// A loopback proxy of `upstream` that counts its clients' round trips as
+/// `protocol` reads them.
+pub struct RoundTripProxy {
     addr: SocketAddr,
-    counters: Arc<Counters>,
+    round_trips: Arc<AtomicU64>,
     accept: JoinHandle<()>,
 }
 
-#[derive(Default)]
-struct Counters {
-    round_trips: AtomicU64,
-}
-
-impl CountingProxy {
-    pub async fn start(upstream: SocketAddr) -> Result<CountingProxy> {
+impl RoundTripProxy {
+    pub async fn start<P: Protocol>(upstream: SocketAddr, protocol: P) -> Result<RoundTripProxy> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
-        let counters = Arc::new(Counters::default());
-        let c = counters.clone();
+        let round_trips = Arc::new(AtomicU64::new(0));
+        let counter = round_trips.clone();
+        let protocol = Arc::new(protocol);
         let accept = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
-                let c = c.clone();
+                let (counter, readers) = (counter.clone(), protocol.readers());
                 tokio::spawn(async move {
                     // A connection that fails ends on its own; the client sees the error.
-                    let _ = relay(client, upstream, c).await;
+                    let _ = relay(client, upstream, counter, readers).await;
                 });
             }
         });
-        Ok(CountingProxy {
+        Ok(RoundTripProxy {
             addr,
-            counters,
+            round_trips,
             accept,
         })
     }
 
-    pub fn url(&self) -> String {
-        format!("redis://{}", self.addr)
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
     }
 
     pub fn round_trips(&self) -> u64 {
-        self.counters.round_trips.load(Ordering::Relaxed)
+        self.round_trips.load(Ordering::Relaxed)
     }
 }
 
-impl Drop for CountingProxy {
+impl Drop for RoundTripProxy {
     fn drop(&mut self) {
         self.accept.abort();
     }
 }
 
-async fn relay(client: TcpStream, upstream: SocketAddr, counters: Arc<Counters>) -> Result<()> {
+/// The RESP proxy: a round trip of a Redis client.
+pub struct CountingProxy(RoundTripProxy);
+
+impl CountingProxy {
+    pub async fn start(upstream: SocketAddr) -> Result<CountingProxy> {
+        Ok(CountingProxy(RoundTripProxy::start(upstream, Resp).await?))
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://{}", self.0.addr())
+    }
+
+    pub fn round_trips(&self) -> u64 {
+        self.0.round_trips()
+    }
+}
+
+/// RESP both ways: every top-level value the client sends is a command, and
+/// every one the server sends an answer.
+struct Resp;
+
+impl Protocol for Resp {
+    type Requests = RespCounter;
+    type Answers = RespCounter;
+
+    fn readers(&self) -> (RespCounter, RespCounter) {
+        (RespCounter::default(), RespCounter::default())
+    }
+}
+
+impl Requests for RespCounter {
+    fn at_boundary(&self) -> bool {
+        RespCounter::at_boundary(self)
+    }
+
+    fn requests(&mut self, bytes: &[u8]) -> i64 {
+        i64::try_from(self.feed(bytes)).unwrap_or(i64::MAX)
+    }
+}
+
+impl Answers for RespCounter {
+    fn answers(&mut self, bytes: &[u8]) -> i64 {
+        i64::try_from(self.feed(bytes)).unwrap_or(i64::MAX)
+    }
+}
+
+async fn relay<Q: Requests, A: Answers>(
+    client: TcpStream,
+    upstream: SocketAddr,
+    round_trips: Arc<AtomicU64>,
+    (mut requests, mut answers): (Q, A),
+) -> Result<()> {
     let server = TcpStream::connect(upstream).await?;
     client.set_nodelay(true)?;
     server.set_nodelay(true)?;
     let (mut client_r, mut client_w) = client.into_split();
     let (mut server_r, mut server_w) = server.into_split();
-    // Commands sent and not answered yet (pub/sub pushes can make replies
-    // outnumber commands; the count never goes below zero).
+    // Requests sent and not answered yet (pub/sub pushes can make answers
+    // outnumber requests; the count never goes below zero).
     let outstanding = Arc::new(AtomicI64::new(0));
 
     let out = outstanding.clone();
     let up = tokio::spawn(async move {
-        let mut parser = RespCounter::default();
         let mut buf = vec![0u8; 256 * 1024];
         loop {
             let n = match client_r.read(&mut buf).await {
                 Ok(0) | Err(_) => break,
                 Ok(n) => n,
             };
-            let starts_fresh = parser.at_boundary() && out.load(Ordering::Acquire) == 0;
-            let done = parser.feed(&buf[..n]);
+            let starts_fresh = requests.at_boundary() && out.load(Ordering::Acquire) == 0;
+            let done = requests.requests(&buf[..n]);
             if starts_fresh {
-                counters.round_trips.fetch_add(1, Ordering::Relaxed);
+                round_trips.fetch_add(1, Ordering::Relaxed);
             }
-            // Counted before forwarding, so a reply can never be seen first.
-            out.fetch_add(i64::try_from(done).unwrap_or(i64::MAX), Ordering::AcqRel);
+            // Counted before forwarding, so an answer can never be seen first.
+            out.fetch_add(done, Ordering::AcqRel);
             if server_w.write_all(&buf[..n]).await.is_err() {
                 break;
             }
         }
     });
-    let mut parser = RespCounter::default();
     let mut buf = vec![0u8; 256 * 1024];
     loop {
         let n = match server_r.read(&mut buf).await {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        let replies = i64::try_from(parser.feed(&buf[..n])).unwrap_or(i64::MAX);
-        if replies > 0 {
-            // Saturating at zero: pushes are replies nobody asked for.
+        let answered = answers.answers(&buf[..n]);
+        if answered > 0 {
             let _ = outstanding.fetch_update(Ordering::AcqRel, Ordering::Acquire, |o| {
-                Some((o - replies).max(0))
+                Some((o - answered).max(0))
             });
         }
         if client_w.write_all(&buf[..n]).await.is_err() {

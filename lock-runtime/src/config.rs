@@ -71,6 +71,10 @@ pub(crate) struct PostgresSettings {
     /// carry notifications.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) listen_url: Option<String>,
+    /// Prepare each statement once per data connection (named prepared
+    /// statements) instead of sending it unnamed with each call.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) prepared_statements: bool,
     /// Refuse to build unless every grant's commit waits for a synchronous
     /// standby (see `backend/postgres/replication.rs`).
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
@@ -83,6 +87,7 @@ impl Default for PostgresSettings {
             schema: "distlock".to_owned(),
             create_schema: true,
             sweep_interval: Duration::from_secs(10),
+            prepared_statements: false,
             listen_url: None,
             synchronous_standby: false,
         }

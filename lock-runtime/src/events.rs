@@ -10,6 +10,13 @@
 //! `expired` keyspace notification of the lock's name, which needs
 //! `notify-keyspace-events` to include `K` and `x` (or `A`).
 //!
+//! PostgreSQL's LISTEN takes no patterns: its functions notify every event of
+//! a schema on one channel, each message naming its lock, and a stream keeps
+//! those of its prefix and pattern. An expiry there is told by whoever
+//! removes the row whose lease ran out: any manager's periodic sweep, or the
+//! acquisition or hand-off that takes the lock over (`expired` then the new
+//! grant).
+//!
 //! Each stream buffers at most its capacity of events for its reader; when the
 //! reader falls behind, the newer events are dropped and counted, so the
 //! subscription's task never waits on the reader and the buffer never grows.
@@ -21,6 +28,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use std::sync::Arc;
 
+use crate::backend::messages::{named_event, NamedEvent};
 use crate::backend::{Backend, KeyNotice, Message};
 use crate::buffer::{self, Popped};
 use crate::error::{BackendError, BackendErrorKind, KeyPreview, LockError};
@@ -50,6 +58,19 @@ impl LockManager {
     /// ([`lock`](Self::lock), [`lock_all`](Self::lock_all), leader
     /// elections), not read-write locks or semaphores. Expiry needs Redis's keyspace notifications (see
     /// [`expiry`](LockEventsRequest::expiry)). Not available on Redlock.
+    ///
+    /// On PostgreSQL, an expiry is reported when a manager's periodic sweep
+    /// removes the lock's row (within the builder's `postgres_sweep_interval`
+    /// of the lease's end, whichever manager of the schema sweeps first), or
+    /// when an acquisition or hand-off takes the lock over first (`Expired`
+    /// then its `Acquired` or `HandedOver`). A notification reaches only the
+    /// listening connections open when its transaction commits: after the
+    /// manager's listening connection broke and was made again, the stream
+    /// says `Err(EventsSkipped { count: 0 })`, as on Redis. An event of a
+    /// lock whose stored name is too long for a notification (PostgreSQL's
+    /// 8000-byte payload limit: a key of several kilobytes) cannot name its
+    /// lock: every stream of the schema gets `Err(EventsSkipped { count: 1 })`
+    /// for it instead.
     ///
     /// ```no_run
     /// # async fn demo(manager: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
@@ -96,7 +117,9 @@ impl LockEventsRequest {
     /// (or `A`) on every server that holds locks, and fails with
     /// [`LockError::ExpiryNotifications`] (naming the `CONFIG SET` that turns
     /// them on) if not. Off, the stream has every other event and needs no
-    /// server setting.
+    /// server setting. On PostgreSQL nothing needs turning on (the sweep
+    /// tells of expiries, see [`LockManager::events`]); off, the stream drops
+    /// them.
     pub fn expiry(mut self, include: bool) -> Self {
         self.expiry = include;
         self
@@ -115,52 +138,81 @@ impl LockEventsRequest {
     ///
     /// # Errors
     /// [`LockError::ExpiryNotifications`] as above; [`LockError::InvalidConfig`]
-    /// on a Redlock manager; [`LockError::Backend`] when Redis fails or
+    /// on a Redlock manager; [`LockError::Backend`] when the store fails or
     /// refuses the subscription, or when the manager's listening connection
     /// cannot be made and subscribed within its connect timeout plus its
     /// command timeout.
     pub async fn subscribe(self) -> Result<LockEvents, LockError> {
         let core = self.manager.inner.core.clone();
-        core.backend
-            .refuse_unless_redis(&self.pattern, "lock events")?;
         if matches!(core.backend, Backend::Redlock(_)) {
             return Err(LockError::InvalidConfig(
                 "lock events are not available on a Redlock manager".to_owned(),
             ));
         }
         let prefix = core.config.key_prefix.clone();
-        let published = format!(
-            "{}{}{}",
-            keys::escape_glob(&prefix),
-            keys::EVENTS_INFIX,
-            self.pattern
-        );
-        let expiry = if self.expiry {
-            core.backend.ensure_expiry_notices(&self.pattern).await?;
-            core.backend
-                .expiry_pattern(&keys::lock_scan_pattern(&prefix, &self.pattern))
-        } else {
-            None
-        };
-        let (events, receiver) = buffer::bounded(self.capacity);
-        let sink: Arc<dyn Sink> = Arc::new(EventSink { prefix, events });
         let sources = core.backend.message_sources();
-        // Published events: classic PUBLISH reaches every node of a cluster,
-        // so the first source hears them all. Expiry notices stay on the
-        // server that holds the key: every source.
-        let mut interests =
-            vec![core
-                .subscriber
-                .listen(Topic::Pattern(published), sources, true, sink.clone())];
-        if let Some(expiry) = expiry {
-            interests.push(
-                core.subscriber
-                    .listen(Topic::Pattern(expiry), sources, false, sink),
-            );
-        }
+        let (events, receiver) = buffer::bounded(self.capacity);
+        let interests = match core.backend.lock_events_channel() {
+            // One channel for every lock of the store: this stream keeps the
+            // events of its own prefix and pattern, expiries among them.
+            Some(channel) => {
+                let sink: Arc<dyn Sink> = Arc::new(EventSink {
+                    prefix,
+                    filter: Some(Filter {
+                        pattern: self.pattern.clone(),
+                        expiry: self.expiry,
+                    }),
+                    events,
+                });
+                vec![core.subscriber.listen(
+                    Topic::Channel(channel.to_owned()),
+                    sources,
+                    true,
+                    sink,
+                )]
+            }
+            None => {
+                let published = format!(
+                    "{}{}{}",
+                    keys::escape_glob(&prefix),
+                    keys::EVENTS_INFIX,
+                    self.pattern
+                );
+                let expiry = if self.expiry {
+                    core.backend.ensure_expiry_notices(&self.pattern).await?;
+                    core.backend
+                        .expiry_pattern(&keys::lock_scan_pattern(&prefix, &self.pattern))
+                } else {
+                    None
+                };
+                let sink: Arc<dyn Sink> = Arc::new(EventSink {
+                    prefix,
+                    filter: None,
+                    events,
+                });
+                // Published events: classic PUBLISH reaches every node of a
+                // cluster, so the first source hears them all. Expiry notices
+                // stay on the server that holds the key: every source.
+                let mut interests = vec![core.subscriber.listen(
+                    Topic::Pattern(published),
+                    sources,
+                    true,
+                    sink.clone(),
+                )];
+                if let Some(expiry) = expiry {
+                    interests.push(core.subscriber.listen(
+                        Topic::Pattern(expiry),
+                        sources,
+                        false,
+                        sink,
+                    ));
+                }
+                interests
+            }
+        };
+        let limit = core.config.connect_timeout + core.config.command_timeout;
         // The manager's subscriber connects (or reconnects) within its
         // connect timeout and subscribes within its command timeout.
-        let limit = core.config.connect_timeout + core.config.command_timeout;
         let subscribed =
             futures_util::future::try_join_all(interests.iter().map(|i| i.subscribed()));
         let failure = match tokio::time::timeout(limit, subscribed).await {
@@ -190,20 +242,38 @@ enum Heard {
     /// The subscription broke and was made again: events may have been
     /// missed meanwhile.
     Resubscribed,
+    /// An event whose lock could not be named (its name too long for the
+    /// store's message): one event this stream may have wanted.
+    Unnamed,
 }
 
 /// Turns the messages the subscriber routes to a stream into its events.
 struct EventSink {
     prefix: String,
+    /// On a store with one events channel for every lock: what this stream
+    /// keeps of it.
+    filter: Option<Filter>,
     events: buffer::Sender<Heard>,
+}
+
+/// What a stream keeps of a store's one events channel.
+struct Filter {
+    /// The glob its keys match.
+    pattern: String,
+    /// Whether it wants expiries.
+    expiry: bool,
 }
 
 impl Sink for EventSink {
     fn heard(&self, message: &Message) {
-        if let Some(event) = parse(&self.prefix, message) {
+        let heard = match &self.filter {
+            None => parse(&self.prefix, message).map(Heard::Event),
+            Some(filter) => parse_named(&self.prefix, filter, message),
+        };
+        if let Some(heard) = heard {
             // Never waits: a full buffer drops the event and counts it. A
             // reader that is gone unregisters when its stream drops.
-            let _ = self.events.push_or_skip(Heard::Event(event));
+            let _ = self.events.push_or_skip(heard);
         }
     }
 
@@ -284,7 +354,10 @@ pub enum LockEventKind {
 /// read before were dropped, the events after it being those heard once
 /// there was room again. Or (`count` 0) the manager's listening connection
 /// broke and was made again: events published meanwhile were missed, how
-/// many is unknown. A reader that needs the state after a skip reads it.
+/// many is unknown. Or (`count` 1, PostgreSQL) an event came whose lock's
+/// name was too long for a notification to carry, so that its lock is
+/// unknown (see [`LockManager::events`]). A reader that needs the state
+/// after a skip reads it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("{}", skipped_message(*count))]
 #[non_exhaustive]
@@ -332,6 +405,7 @@ impl futures_util::Stream for LockEvents {
             popped.map(|popped| match popped {
                 Popped::Item(Heard::Event(event)) => Ok(event),
                 Popped::Item(Heard::Resubscribed) => Err(EventsSkipped { count: 0 }),
+                Popped::Item(Heard::Unnamed) => Err(EventsSkipped { count: 1 }),
                 Popped::Skipped(count) => Err(EventsSkipped { count }),
             })
         })
@@ -355,6 +429,33 @@ fn parse(prefix: &str, message: &Message) -> Option<LockEvent> {
         .channel
         .strip_prefix(prefix)?
         .strip_prefix(keys::EVENTS_INFIX)?;
+    parse_event(key, payload)
+}
+
+/// What a message of a store's one events channel tells this stream, if it
+/// is for it (see [`named_event`]).
+fn parse_named(prefix: &str, filter: &Filter, message: &Message) -> Option<Heard> {
+    let (name, event) = match named_event(&message.payload)? {
+        NamedEvent::Unnamed => return Some(Heard::Unnamed),
+        NamedEvent::Of { name, event } => (name, event),
+    };
+    let key = keys::user_key_of(prefix, name)?;
+    if !keys::glob_matches(&filter.pattern, key) {
+        return None;
+    }
+    if event == "expired" {
+        return filter.expiry.then(|| {
+            Heard::Event(LockEvent {
+                key: key.to_owned(),
+                kind: LockEventKind::Expired,
+            })
+        });
+    }
+    parse_event(key, event).map(Heard::Event)
+}
+
+/// The event `payload` (the text a script publishes) tells of `key`.
+fn parse_event(key: &str, payload: &str) -> Option<LockEvent> {
     let mut parts = payload.splitn(4, ' ');
     let what = parts.next()?;
     let token = parts
@@ -456,6 +557,66 @@ mod tests {
         );
         assert_eq!(parse("p:", &message("p:events:k", "nonsense 1")), None);
         assert_eq!(parse("p:", &message("other:events:k", "released 1")), None);
+    }
+
+    /// A message of a store's one events channel about `key` under `prefix`.
+    fn named(prefix: &str, key: &str, event: &str) -> Message {
+        let name = keys::RedisNames::new(prefix, key).lock;
+        message(
+            "s/events",
+            &format!("{} {name} {event}", name.chars().count()),
+        )
+    }
+
+    fn heard(filter: &Filter, message: &Message) -> Option<Result<LockEvent, ()>> {
+        parse_named("p:", filter, message).map(|heard| match heard {
+            Heard::Event(event) => Ok(event),
+            _ => Err(()),
+        })
+    }
+
+    #[test]
+    fn named_messages_are_kept_by_prefix_pattern_and_expiry() {
+        let orders = Filter {
+            pattern: "order:*".into(),
+            expiry: true,
+        };
+        assert_eq!(
+            heard(&orders, &named("p:", "order:1", "released 3")),
+            Some(Ok(LockEvent {
+                key: "order:1".into(),
+                kind: LockEventKind::Released {
+                    fencing_token: Some(3)
+                },
+            }))
+        );
+        assert_eq!(
+            heard(&orders, &named("p:", "order 1", "expired")),
+            None,
+            "outside the pattern"
+        );
+        assert_eq!(
+            heard(&orders, &named("q:", "order:1", "released 3")),
+            None,
+            "another prefix's lock"
+        );
+        assert_eq!(
+            heard(&orders, &named("p:", "order:1", "expired")).map(|e| e.map(|e| e.kind)),
+            Some(Ok(LockEventKind::Expired))
+        );
+        let without_expiry = Filter {
+            pattern: "*".into(),
+            expiry: false,
+        };
+        assert_eq!(
+            heard(&without_expiry, &named("p:", "order:1", "expired")),
+            None
+        );
+        // An event whose name did not fit: every stream counts it skipped.
+        assert_eq!(
+            heard(&without_expiry, &message("s/events", "- acquired")),
+            Some(Err(()))
+        );
     }
 
     #[test]

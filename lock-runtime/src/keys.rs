@@ -415,6 +415,95 @@ pub(crate) fn escape_glob(text: &str) -> String {
     escaped
 }
 
+/// Whether `text` matches the glob `pattern` as `PSUBSCRIBE` and `SCAN
+/// MATCH` read it (`*`, `?`, `[abc]`, `[a-z]`, `[^a]`, `\` escapes; `[!a]`
+/// too, as PostgreSQL's `list` takes it): for a store whose channels take no
+/// patterns, where the subscriber filters the events itself. An unclosed or
+/// empty class matches nothing.
+pub(crate) fn glob_matches(pattern: &str, text: &str) -> bool {
+    let p: Vec<char> = pattern.chars().collect();
+    let t: Vec<char> = text.chars().collect();
+    let (mut pi, mut ti) = (0, 0);
+    // The last `*` seen: the pattern after it, and the text it has eaten up
+    // to. A mismatch lets it eat one character more (one star suffices:
+    // whatever an earlier star would eat more, the later one can).
+    let mut star: Option<(usize, usize)> = None;
+    while ti < t.len() {
+        if p.get(pi) == Some(&'*') {
+            pi += 1;
+            star = Some((pi, ti));
+            continue;
+        }
+        if pi < p.len() {
+            let (matched, next) = glob_element_matches(&p, pi, t[ti]);
+            if matched {
+                pi = next;
+                ti += 1;
+                continue;
+            }
+        }
+        match star {
+            Some((after, eaten)) => {
+                pi = after;
+                ti = eaten + 1;
+                star = Some((after, eaten + 1));
+            }
+            None => return false,
+        }
+    }
+    p[pi..].iter().all(|&c| c == '*')
+}
+
+/// Whether the pattern element at `p[i]` (not `*`) matches `c`, and where
+/// the next element starts.
+fn glob_element_matches(p: &[char], i: usize, c: char) -> (bool, usize) {
+    match p[i] {
+        '?' => (true, i + 1),
+        '\\' if i + 1 < p.len() => (p[i + 1] == c, i + 2),
+        '[' => {
+            let mut j = i + 1;
+            let negated = matches!(p.get(j), Some('^') | Some('!'));
+            if negated {
+                j += 1;
+            }
+            let (mut matched, mut members) = (false, 0);
+            loop {
+                match p.get(j) {
+                    None => return (false, p.len()),
+                    Some(']') => {
+                        j += 1;
+                        break;
+                    }
+                    Some('\\') if j + 1 < p.len() => {
+                        matched |= p[j + 1] == c;
+                        j += 2;
+                    }
+                    Some(&low)
+                        if p.get(j + 1) == Some(&'-')
+                            && !matches!(p.get(j + 2), None | Some(']')) =>
+                    {
+                        let high = p[j + 2];
+                        let (low, high) = if low <= high {
+                            (low, high)
+                        } else {
+                            (high, low)
+                        };
+                        matched |= (low..=high).contains(&c);
+                        j += 3;
+                    }
+                    Some(&other) => {
+                        matched |= other == c;
+                        j += 1;
+                    }
+                }
+                members += 1;
+            }
+            (members > 0 && matched != negated, j)
+        }
+        other => (other == c, i + 1),
+    }
+}
+
 /// The user key of lock key `name` under `prefix`, when it is one.
 pub(crate) fn user_key_of<'a>(prefix: &str, name: &'a str) -> Option<&'a str> {
     key_of_kind(prefix, name, &["lock"])
@@ -483,6 +572,39 @@ impl HashTag {
 
 #[cfg(test)]
 mod tests {
+    use super::glob_matches;
+
+    #[test]
+    fn globs_match_as_redis_reads_them() {
+        for (pattern, text, expected) in [
+            ("order:*", "order:1", true),
+            ("order:*", "orders:1", false),
+            ("*", "", true),
+            ("a*b*c", "axxbyyc", true),
+            ("a*b*c", "axxbyy", false),
+            ("a?c", "abc", true),
+            ("a?c", "ac", false),
+            ("[ab]x", "bx", true),
+            ("[^ab]x", "bx", false),
+            ("[!ab]x", "cx", true),
+            ("[a-c]", "b", true),
+            ("[c-a]", "b", true),
+            ("[a-]", "-", true),
+            ("\\*", "*", true),
+            ("\\*", "x", false),
+            ("[ab", "a", false),
+            ("[]", "a", false),
+            ("é*", "étage", true),
+            ("a b", "a b", true),
+        ] {
+            assert_eq!(
+                glob_matches(pattern, text),
+                expected,
+                "{pattern:?} on {text:?}"
+            );
+        }
+    }
+
     use super::*;
 
     #[test]

@@ -13,7 +13,10 @@
 //! every (re)subscription. A term that ends without a successor or a
 //! resignation sends no message of ours: with Redis's keyspace notifications
 //! of expired keys on, the lock's expiry is one (and the watch reads it then);
-//! without, the watch reads the lock when the lease it last saw runs out.
+//! without (and on PostgreSQL, which tells of no expiry), the watch reads the
+//! lock when the lease it last saw runs out. On PostgreSQL the messages are
+//! notifications (NOTIFY on the channel's identifier, heard by the manager's
+//! listening connection), and the lock is the default lock's lease row.
 //!
 //! Both buffers of a watch are bounded: the messages its subscriptions hear
 //! (past the bound, the watch reads the lock instead of the messages it
@@ -44,6 +47,13 @@ pub const LEADER_KEY_PREFIX: &str = "leader:";
 /// more, and they are all dropped for the newest: a watcher that fell that
 /// far behind gets the current state next, not a backlog of old terms.
 pub const LEADER_WATCH_CAPACITY: usize = 64;
+
+/// How often a watch whose listening connection hears nothing (PostgreSQL
+/// behind a transaction-mode pooler, without `postgres_listen_url`) reads the
+/// lock while the lead is vacant: no announcement of the next term reaches
+/// it. One read a second per such watch; while a term holds, it reads at the
+/// end of each lease it saw, as any watch without expiry notices does.
+const DEAF_VACANCY_READ: Duration = Duration::from_secs(1);
 
 /// How many messages a watch's subscriptions hold for its task while it reads
 /// the lock. Past it they are dropped and the task reads the lock again, which
@@ -149,9 +159,6 @@ impl LeaderElection {
     /// (inside the term's scope), [`LockError::ShutDown`] once the manager shut
     /// down, [`LockError::Backend`] when Redis fails or does not answer in time.
     pub async fn campaign(&self) -> Result<Leadership, LockError> {
-        let core = &self.manager.inner.core;
-        core.backend
-            .refuse_unless_redis(&self.lock_key(), "leader election")?;
         let guard = loop {
             match self.request().acquire().await {
                 Ok(guard) => break guard,
@@ -293,7 +300,10 @@ impl LeaderElection {
     /// (`notify-keyspace-events` with `K` and `x`), so a quiet election costs
     /// nothing but the subscriptions; elsewhere the watch reads the lock when
     /// the lease of the term it last reported runs out (one read per lease
-    /// period while a leader holds). A term
+    /// period while a leader holds; PostgreSQL tells of no expiry, so always
+    /// there). A watch whose listening connection hears nothing (PostgreSQL
+    /// behind a transaction-mode pooler, without `postgres_listen_url`) also
+    /// reads the lock every second while the lead is vacant. A term
     /// that began and ended entirely while the subscription was down is
     /// missed; the epochs it reports show the gap. Dropping the stream ends it.
     ///
@@ -611,13 +621,18 @@ async fn watch(election: LeaderElection, changes: buffer::Sender<Option<LeaderIn
             read_now = false;
             match election.manager.inspect(&election.lock_key()).await {
                 Ok(held) => {
-                    read_at = held.as_ref().filter(|_| lease_timer).map(|info| {
+                    let now = tokio::time::Instant::now();
+                    read_at = match &held {
                         // A millisecond past the TTL Redis reported, so the
                         // key has expired by the next read.
-                        tokio::time::Instant::now()
-                            + info.ttl.unwrap_or(Duration::from_secs(1))
-                            + Duration::from_millis(1)
-                    });
+                        Some(info) if lease_timer => Some(
+                            now + info.ttl.unwrap_or(Duration::from_secs(1))
+                                + Duration::from_millis(1),
+                        ),
+                        Some(_) => None,
+                        None if !core.backend.hears_messages() => Some(now + DEAF_VACANCY_READ),
+                        None => None,
+                    };
                     let now = held.map(|info| LeaderInfo::from_lock(&info));
                     if let Some(change) = reported.change(now) {
                         if changes.push_or_replace(change).is_err() {

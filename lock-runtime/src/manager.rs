@@ -974,8 +974,10 @@ impl LockManagerBuilder {
     /// [`LockManager::events`] in any process. Each costs one `PUBLISH` inside
     /// the script that changes the lock (an uncontended acquisition then runs
     /// the acquire script rather than a plain `SET NX`); turn it on in every
-    /// process that takes the locks to be watched. Not available on a Redlock
-    /// manager ([`build`](Self::build) refuses it).
+    /// process that takes the locks to be watched. On PostgreSQL each is one
+    /// `pg_notify` inside the function that changes the lock, on the
+    /// schema's one events channel (off, the functions skip it). Not
+    /// available on a Redlock manager ([`build`](Self::build) refuses it).
     pub fn lock_events(mut self, publish: bool) -> Self {
         self.config.lock_events = publish;
         self
@@ -1014,7 +1016,10 @@ impl LockManagerBuilder {
     }
 
     /// How often a PostgreSQL manager deletes the rows of expired locks and
-    /// dead waiters, at most 1000 of each per statement (default 10 s).
+    /// dead waiters, at most 1000 of each per statement (default 10 s). Each
+    /// lock it deletes is reported `Expired` to [`LockManager::events`]
+    /// streams, so this bounds how late an expiry nobody else came across
+    /// is told (the shortest interval of the schema's managers counts).
     /// Ignored on Redis.
     #[cfg(feature = "postgres")]
     #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
@@ -1037,6 +1042,29 @@ impl LockManagerBuilder {
     #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub fn postgres_listen_url(mut self, url: impl Into<String>) -> Self {
         self.config.postgres.listen_url = Some(url.into());
+        self
+    }
+
+    /// Whether a PostgreSQL manager prepares each of its statements once per
+    /// data connection (named prepared statements) rather than sending it
+    /// unnamed, parsed and planned again, with every call (off by default).
+    /// On, a call skips the server's parse and plan (in
+    /// `lock-bench --backend postgres`, `uncontended-postgres`, the gap
+    /// between the rows of distlock's SQL by hand prepared and unnamed);
+    /// each statement costs one more round trip the first time a connection
+    /// runs it.
+    ///
+    /// Only for a connection that reaches one server session for its
+    /// lifetime: the server itself, or a pooler in session mode. Through a
+    /// transaction-mode pooler (PgBouncer's `pool_mode = transaction` before
+    /// 1.21, or without `max_prepared_statements`) a statement prepared on
+    /// one server connection is missing on the next one the pooler hands
+    /// out, or is another client's of the same name, so leave it off there.
+    /// Ignored on Redis.
+    #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+    pub fn postgres_prepared_statements(mut self, enabled: bool) -> Self {
+        self.config.postgres.prepared_statements = enabled;
         self
     }
 

@@ -14,6 +14,12 @@
 //! slots) and under Redlock the locks are always taken that way, one round
 //! trip per key when uncontended.
 //!
+//! On PostgreSQL the one call is a function call (`acquire_all` in
+//! `schema.sql`), one transaction that takes every lock or none, its keys'
+//! transaction locks taken in one global order; a deadlock abort of that
+//! call is sent again by the backend, never surfaced. Busy locks are waited
+//! for on the ordered path, as on one Redis server.
+//!
 //! A multi-key lock takes at most [`MAX_LOCK_ALL_KEYS`] keys: the one-script
 //! path runs inside Redis, which serves no one else meanwhile, for a time that
 //! grows with the number of keys, so that number is capped here rather than
@@ -164,9 +170,10 @@ impl MultiLockRequest {
     /// guard at once, without a Redis call.
     ///
     /// Cost when no lock is busy: one round trip on one server (a script that
-    /// takes them all); one per key in a Redis Cluster or under Redlock. When
-    /// one is busy, the locks are taken one by one in lock order, the earlier
-    /// ones held while waiting for the next.
+    /// takes them all) and on PostgreSQL (a function call); one per key in a
+    /// Redis Cluster or under Redlock. When one is busy, the locks are taken
+    /// one by one in lock order, the earlier ones held while waiting for the
+    /// next.
     ///
     /// # Errors
     /// [`LockError::Timeout`] (naming the key waited for) once `wait` has
@@ -198,12 +205,6 @@ impl MultiLockRequest {
             keys,
             options,
         } = self;
-        if let Some(first) = keys.first() {
-            manager
-                .core
-                .backend
-                .refuse_unless_redis(first, "lock_all (several keys at once)")?;
-        }
         check_key_count(&keys)?;
         for key in &keys {
             keys::validate_key(key)?;

@@ -220,7 +220,7 @@ async fn renew_batch(backend: &Backend, batch: &[Arc<Lease>]) {
     for lease in lost {
         let message = format!("lost {}", lease.fencing_token());
         if let Err(e) = backend
-            .publish(&lease.key, &lease.keys.events, &message)
+            .publish_lock_event(&lease.key, &lease.keys, &message)
             .await
         {
             tracing::debug!(target: "distlock::renewal",

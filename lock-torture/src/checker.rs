@@ -17,6 +17,14 @@
 //! what the clients saw, no write with a token lower than an accepted one may be
 //! accepted, and each accepted write must be the previous value plus one (otherwise
 //! an increment was lost to a concurrent holder).
+//!
+//! The shared kinds and the queue: a semaphore never has more than its permits
+//! held at once and hands no token out twice ([`check_semaphore`]); a read-write
+//! lock excludes every pair with a writer in it, readers share, and writers'
+//! tokens follow grant order ([`check_read_write`]); the default lock's queue (s12)
+//! is judged by the longest time a key went without a grant
+//! ([`longest_grant_gaps`]), grants nobody logged ([`unlogged_tokens`]), and wait
+//! percentiles and overtakes ([`acquire_waits`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;

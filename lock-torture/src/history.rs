@@ -10,6 +10,10 @@
 //! The section's `kind` (`read`, `write`, `permit`) is written only for the
 //! shared kinds: an exclusive lock's line has 15 fields, as before the kinds
 //! existed, and a line without the field parses as [`Kind::Lock`].
+//!
+//! A worker killed with SIGKILL logs nothing for the sections it held:
+//! [`History::in_flight`] rebuilds them from its log (held until the kill,
+//! token unknown), so the checker still sees who owned each key.
 
 use std::fmt;
 use std::path::Path;

@@ -9,7 +9,7 @@
 //! The store lives on its own `redis-server` in the scenarios, apart from the lock
 //! server, so that faults of the lock server (restart, stall) do not touch it.
 //!
-//! With the `postgres` feature, [`PgStore`] is the same store as a PostgreSQL
+//! With the `postgres` feature, `PgStore` is the same store as a PostgreSQL
 //! table (`store.sql`), for the scenarios whose locks live on PostgreSQL, and
 //! [`StoreConn`] is what a worker writes through, whichever store its
 //! `--store-url` names.

@@ -194,6 +194,22 @@ pub fn spawn_waiter(
     tokio::spawn(async move { m.lock(key).wait(Duration::from_secs(10)).acquire().await })
 }
 
+/// Makes `m` wait for a lock `other` holds (`key`) until a hand-off reaches
+/// it by message (its `wake_ups_delivered` grows), at most ten times: then
+/// `m`'s hand-off channel is subscribed and confirmed, so a test that counts
+/// pushed hand-offs does not count one published before `m` listened (the
+/// subscription is made in the background at `m`'s first acquisition).
+pub async fn await_listening(m: &LockManager, other: &LockManager, key: &str) {
+    let before = m.wake_ups_delivered();
+    for _ in 0..10 {
+        wait_once(m, other, key).await;
+        if m.wake_ups_delivered() > before {
+            return;
+        }
+    }
+    panic!("no hand-off of {key} reached its waiter by message in ten tries");
+}
+
 /// Makes `m` wait once for a lock `other` holds (`key`), which subscribes
 /// `m`'s hand-off channel for good, as in a service that has run a while.
 pub async fn wait_once(m: &LockManager, other: &LockManager, key: &str) {

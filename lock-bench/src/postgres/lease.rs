@@ -1,9 +1,9 @@
 //! The lease-row floor's SQL, by hand on tokio-postgres: the one place that speaks
-//! to the lease table. It stands in for distlock's own SQL until the PostgreSQL
-//! backend lands; then [`LeaseSql`]'s methods become calls of distlock's own
-//! statements (or functions), and every floor built on it (the lease-row floor,
-//! the NOTIFY hand-off floor, the renewal floor) measures distlock's protocol by
-//! hand, as `floor::same_scripts` does for Redis.
+//! to the bench's own lease table. It is the least a durable lease row costs (one
+//! upsert, one update), and the NOTIFY hand-off and renewal floors are built on it.
+//! distlock's own statements by hand (its schema's functions, which also keep the
+//! queue, the holder's description and the hand-off channel) are a floor of their
+//! own in `uncontended.rs` (`PgCycler::SameSql`).
 
 use tokio_postgres::{Client, Statement};
 

@@ -16,8 +16,35 @@
 //! * **sqlx `PgAdvisoryLock`**: `acquire` (a blocking `pg_advisory_lock`) and
 //!   `release_now` per cycle, on its own `PgConnection`.
 //! * **distlock**: `LockManager::builder("postgres://...")` (the `postgres`
-//!   feature), acquire + release per cycle; in `renewal` still a slot (a row of
-//!   `-`, `SLOT(distlock)` in the code).
+//!   feature), acquire + release per cycle; in `many-keys` 16 tasks on one
+//!   manager, in `handoff` one task per manager. In `renewal` still a slot (a row
+//!   of `-`, `SLOT(distlock)` in the code): distlock renews in the background, and
+//!   timing its batches needs a view of its renewal ticks (what the Redis
+//!   `renewal` scenario reads), not written yet.
+//!
+//! The server is `distlock_testing::PostgresServer` (`initdb` + `pg_ctl` on a free
+//! port). Its data directory is under `TMPDIR`, which `main` points at
+//! `<target dir>/tmp`, so that commits flush to the real disk: a tmpfs `/tmp`
+//! would make the WAL flush, most of a lease-row cycle, free. The first line of
+//! the output, every table's notes and the results files (`server_version`,
+//! `server_settings`) give the version, `synchronous_commit`, `fsync`,
+//! `wal_sync_method` and where the data directory is.
+//!
+//! What bounds the figures: a lease-row cycle is two commits, and with
+//! `synchronous_commit = on` each waits for its WAL flush (`fdatasync` of the WAL
+//! segment). On a VM's disk that flush is most of the cycle and moves with the
+//! disk's other traffic (other builds on the machine), so only ratios of one run
+//! compare, with the advisory floor (no flush) read beside them. With many
+//! connections PostgreSQL's group commit flushes several commits at once, so
+//! `many-keys` cycles/s grows with the connections; one pipelined connection gets
+//! no group commit. Relaxing durability (`synchronous_commit = off`, unlogged
+//! tables) removes the flush, and with it what a crash keeps: a grant a client
+//! saw, and a sequence's advance (tokens) unless a restart moves the sequence past
+//! every token issued.
+//!
+//! `rt/op` (`uncontended`) and `rt/batch` (`renewal`) are counted in a pass of
+//! their own through [`proxy`], never in the timed cycles, and only for rows where
+//! one client waits for its answers.
 
 pub mod handoff;
 pub mod lease;
@@ -146,8 +173,15 @@ pub async fn listen(
 
 /// A distlock manager on the server (its data and listening connections).
 pub async fn distlock_manager(url: &str) -> Result<distlock::LockManager> {
+    distlock_manager_with(url, false).await
+}
+
+/// A distlock manager on `url`, its statements prepared per connection
+/// (`postgres_prepared_statements`) or sent unnamed (the default).
+pub async fn distlock_manager_with(url: &str, prepared: bool) -> Result<distlock::LockManager> {
     distlock::LockManager::builder(url)
         .default_lease(std::time::Duration::from_secs_f64(LEASE_SECS))
+        .postgres_prepared_statements(prepared)
         .build()
         .await
         .map_err(context(&format!("building a distlock manager on {url}")))

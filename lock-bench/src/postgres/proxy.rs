@@ -13,65 +13,137 @@
 //! and counting stops (the bench's connections decline TLS).
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::task::JoinHandle;
-
 use crate::error::Result;
+use crate::proxy::{Answers, Protocol, Requests, RoundTripProxy};
 
 /// `SSLRequest` and `GSSENCRequest` codes: untyped requests the server answers with
 /// one unframed byte.
 const SSL_REQUEST: u32 = 80_877_103;
 const GSSENC_REQUEST: u32 = 80_877_104;
 
-pub struct PgCountingProxy {
-    port: u16,
-    round_trips: Arc<AtomicU64>,
-    accept: JoinHandle<()>,
-}
+pub struct PgCountingProxy(RoundTripProxy);
 
 impl PgCountingProxy {
     pub async fn start(upstream: SocketAddr) -> Result<PgCountingProxy> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let port = listener.local_addr()?.port();
-        let round_trips = Arc::new(AtomicU64::new(0));
-        let counter = round_trips.clone();
-        let accept = tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                let counter = counter.clone();
-                tokio::spawn(async move {
-                    // A connection that fails ends on its own; the client sees the error.
-                    let _ = relay(client, upstream, counter).await;
-                });
-            }
-        });
-        Ok(PgCountingProxy {
-            port,
-            round_trips,
-            accept,
-        })
+        Ok(PgCountingProxy(RoundTripProxy::start(upstream, Pg).await?))
     }
 
     /// `url` (the private server's) with the proxy's port instead of the server's.
     pub fn url(&self, url: &str, server_port: u16) -> String {
         url.replacen(
             &format!("127.0.0.1:{server_port}"),
-            &format!("127.0.0.1:{}", self.port),
+            &format!("127.0.0.1:{}", self.0.addr().port()),
             1,
         )
     }
 
     pub fn round_trips(&self) -> u64 {
-        self.round_trips.load(Ordering::Relaxed)
+        self.0.round_trips()
     }
 }
 
-impl Drop for PgCountingProxy {
-    fn drop(&mut self) {
-        self.accept.abort();
+/// The PostgreSQL protocol: every client message the server answers with a
+/// `ReadyForQuery` is a request, every `Z` an answer. The two directions
+/// share what encryption negotiation decided.
+struct Pg;
+
+#[derive(Default)]
+struct Negotiation {
+    /// The client asked for TLS or GSS encryption: the server's next byte is
+    /// its unframed answer.
+    negotiating: AtomicBool,
+    /// Encrypted from here on: nothing more can be parsed or counted.
+    opaque: AtomicBool,
+}
+
+struct PgRequests {
+    framer: Framer,
+    messages: Vec<Message>,
+    negotiation: Arc<Negotiation>,
+}
+
+struct PgAnswers {
+    framer: Framer,
+    messages: Vec<Message>,
+    negotiation: Arc<Negotiation>,
+}
+
+impl Protocol for Pg {
+    type Requests = PgRequests;
+    type Answers = PgAnswers;
+
+    fn readers(&self) -> (PgRequests, PgAnswers) {
+        let negotiation = Arc::new(Negotiation::default());
+        (
+            PgRequests {
+                framer: Framer::default(),
+                messages: Vec::new(),
+                negotiation: negotiation.clone(),
+            },
+            PgAnswers {
+                framer: Framer {
+                    typed: true,
+                    ..Framer::default()
+                },
+                messages: Vec::new(),
+                negotiation,
+            },
+        )
+    }
+}
+
+impl Requests for PgRequests {
+    fn at_boundary(&self) -> bool {
+        // The startup message is answered but starts no round trip of the
+        // client's work.
+        self.framer.at_boundary()
+            && self.framer.typed
+            && !self.negotiation.opaque.load(Ordering::Acquire)
+    }
+
+    fn requests(&mut self, bytes: &[u8]) -> i64 {
+        if self.negotiation.opaque.load(Ordering::Acquire) {
+            return 0;
+        }
+        self.messages.clear();
+        self.framer.feed(bytes, &mut self.messages);
+        let mut requests = 0;
+        for m in &self.messages {
+            match m {
+                Message::Untyped(SSL_REQUEST | GSSENC_REQUEST) => {
+                    self.negotiation.negotiating.store(true, Ordering::Release);
+                }
+                // The startup message: answered, after authentication, by the
+                // first ReadyForQuery.
+                Message::Untyped(_) => requests += 1,
+                Message::Typed(b'S' | b'Q') => requests += 1,
+                Message::Typed(_) => {}
+            }
+        }
+        requests
+    }
+}
+
+impl Answers for PgAnswers {
+    fn answers(&mut self, mut bytes: &[u8]) -> i64 {
+        if self.negotiation.negotiating.swap(false, Ordering::AcqRel) && !bytes.is_empty() {
+            if bytes[0] != b'N' {
+                self.negotiation.opaque.store(true, Ordering::Release);
+            }
+            bytes = &bytes[1..];
+        }
+        if self.negotiation.opaque.load(Ordering::Acquire) {
+            return 0;
+        }
+        self.messages.clear();
+        self.framer.feed(bytes, &mut self.messages);
+        self.messages
+            .iter()
+            .filter(|m| matches!(m, Message::Typed(b'Z')))
+            .count() as i64
     }
 }
 
@@ -129,96 +201,6 @@ impl Framer {
             out.push(message);
         }
     }
-}
-
-async fn relay(client: TcpStream, upstream: SocketAddr, round_trips: Arc<AtomicU64>) -> Result<()> {
-    let server = TcpStream::connect(upstream).await?;
-    client.set_nodelay(true)?;
-    server.set_nodelay(true)?;
-    let (mut client_r, mut client_w) = client.into_split();
-    let (mut server_r, mut server_w) = server.into_split();
-    // Requests sent and not answered by a ReadyForQuery yet.
-    let outstanding = Arc::new(AtomicI64::new(0));
-    // The client asked for TLS or GSS encryption: the server's next byte is its
-    // unframed answer.
-    let negotiating = Arc::new(AtomicBool::new(false));
-    // Encrypted from here on: nothing more can be parsed or counted.
-    let opaque = Arc::new(AtomicBool::new(false));
-
-    let (out, neg, opq) = (outstanding.clone(), negotiating.clone(), opaque.clone());
-    let up = tokio::spawn(async move {
-        let mut framer = Framer::default();
-        let mut messages = Vec::new();
-        let mut buf = vec![0u8; 256 * 1024];
-        loop {
-            let n = match client_r.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => n,
-            };
-            if !opq.load(Ordering::Acquire) {
-                if framer.at_boundary() && framer.typed && out.load(Ordering::Acquire) == 0 {
-                    round_trips.fetch_add(1, Ordering::Relaxed);
-                }
-                messages.clear();
-                framer.feed(&buf[..n], &mut messages);
-                let mut requests = 0;
-                for m in &messages {
-                    match m {
-                        Message::Untyped(SSL_REQUEST | GSSENC_REQUEST) => {
-                            neg.store(true, Ordering::Release);
-                        }
-                        // The startup message: answered, after authentication, by
-                        // the first ReadyForQuery.
-                        Message::Untyped(_) => requests += 1,
-                        Message::Typed(b'S' | b'Q') => requests += 1,
-                        Message::Typed(_) => {}
-                    }
-                }
-                // Counted before forwarding, so an answer can never be seen first.
-                out.fetch_add(requests, Ordering::AcqRel);
-            }
-            if server_w.write_all(&buf[..n]).await.is_err() {
-                break;
-            }
-        }
-    });
-    let mut framer = Framer {
-        typed: true,
-        ..Framer::default()
-    };
-    let mut messages = Vec::new();
-    let mut buf = vec![0u8; 256 * 1024];
-    loop {
-        let n = match server_r.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
-        let mut bytes = &buf[..n];
-        if negotiating.swap(false, Ordering::AcqRel) && !bytes.is_empty() {
-            if bytes[0] != b'N' {
-                opaque.store(true, Ordering::Release);
-            }
-            bytes = &bytes[1..];
-        }
-        if !opaque.load(Ordering::Acquire) {
-            messages.clear();
-            framer.feed(bytes, &mut messages);
-            let ready = messages
-                .iter()
-                .filter(|m| matches!(m, Message::Typed(b'Z')))
-                .count() as i64;
-            if ready > 0 {
-                let _ = outstanding.fetch_update(Ordering::AcqRel, Ordering::Acquire, |o| {
-                    Some((o - ready).max(0))
-                });
-            }
-        }
-        if client_w.write_all(&buf[..n]).await.is_err() {
-            break;
-        }
-    }
-    up.abort();
-    Ok(())
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use hdrhistogram::Histogram;
 use sqlx::postgres::PgAdvisoryLock;
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Statement};
 
 use super::lease::LeaseSql;
@@ -16,9 +17,14 @@ use crate::scenarios::common::nanos;
 
 pub const ADVISORY_FLOOR: &str = "advisory floor (pg_try_advisory_lock + unlock)";
 pub const LEASE_FLOOR: &str = "lease-row floor (upsert + free, by hand)";
+pub const SAME_SQL: &str = "distlock's SQL by hand (prepared)";
+pub const SAME_SQL_UNNAMED: &str = "distlock's SQL by hand (unnamed statements)";
 pub const SQLX: &str = "sqlx 0.8 PgAdvisoryLock";
 pub const DISTLOCK: &str = "distlock (LockManager::builder(\"postgres://...\"))";
+pub const DISTLOCK_PREPARED: &str = "distlock, postgres_prepared_statements(true)";
 const KEY: &str = "bench:uncontended";
+/// An owner token of distlock's length (the function stores it, never reads it).
+const SAME_SQL_OWNER: &str = "0123456789abcdef0123456789abcdef";
 
 /// One implementation's cycle on its own connection, and the backend serving it
 /// (for its CPU time).
@@ -33,6 +39,15 @@ pub enum PgCycler {
         client: Client,
         sql: LeaseSql,
         key: String,
+        owner: String,
+    },
+    /// distlock's own statements (`acquire` and `release` of its schema, with
+    /// the parameters it sends for an uncontended cycle) on one connection:
+    /// prepared once, as a hand-written client would, or unnamed (parsed with
+    /// each call), as distlock sends them so that transaction-mode poolers work.
+    SameSql {
+        client: Client,
+        prepared: Option<(Statement, Statement)>,
         owner: String,
     },
     Sqlx {
@@ -76,6 +91,31 @@ impl PgCycler {
         ))
     }
 
+    pub async fn same_sql(url: &str, prepared: bool, owner: &str) -> Result<(PgCycler, u32)> {
+        let client = connect(url, "lock-bench-same-sql").await?;
+        // distlock's schema as its managers create it (idempotent).
+        client
+            .batch_execute(&distlock::postgres_schema_sql(SCHEMA)?)
+            .await?;
+        let prepared = if prepared {
+            Some((
+                client.prepare(SAME_SQL_ACQUIRE).await?,
+                client.prepare(SAME_SQL_RELEASE).await?,
+            ))
+        } else {
+            None
+        };
+        let pid = backend_pid(&client).await?;
+        Ok((
+            PgCycler::SameSql {
+                client,
+                prepared,
+                owner: owner.to_owned(),
+            },
+            pid,
+        ))
+    }
+
     pub async fn sqlx(url: &str, key: &str) -> Result<(PgCycler, u32)> {
         let mut conn = sqlx_connect(url, "lock-bench-sqlx").await?;
         let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
@@ -92,10 +132,10 @@ impl PgCycler {
 
     /// distlock has no connection of its own to name: its backend's CPU is not
     /// measured (pid 0 reads as unmeasured).
-    pub async fn distlock(url: &str) -> Result<(PgCycler, u32)> {
+    pub async fn distlock(url: &str, prepared: bool) -> Result<(PgCycler, u32)> {
         Ok((
             PgCycler::Distlock {
-                manager: super::distlock_manager(url).await?,
+                manager: super::distlock_manager_with(url, prepared).await?,
             },
             0,
         ))
@@ -134,6 +174,63 @@ impl PgCycler {
                 }
                 None => Ok(false),
             },
+            PgCycler::SameSql {
+                client,
+                prepared,
+                owner,
+            } => {
+                let since = i64::try_from(
+                    std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)?
+                        .as_millis(),
+                )?;
+                let lease_ms = (LEASE_SECS * 1000.0) as i64;
+                let (fence, waiting, zero) = (false, false, 0i64);
+                let acquire: [(&(dyn ToSql + Sync), Type); 12] = [
+                    (&SAME_SQL_NAME, Type::TEXT),
+                    (&*owner, Type::TEXT),
+                    (&lease_ms, Type::INT8),
+                    (&fence, Type::BOOL),
+                    (&waiting, Type::BOOL),
+                    (&since, Type::INT8),
+                    (&SAME_SQL_HOLDER, Type::TEXT),
+                    (&zero, Type::INT8),
+                    (&zero, Type::INT8),
+                    (&SAME_SQL_ROUTE, Type::TEXT),
+                    (&SAME_SQL_CHANNEL, Type::TEXT),
+                    (&zero, Type::INT8),
+                ];
+                let row = match prepared {
+                    Some((statement, _)) => {
+                        let values: Vec<&(dyn ToSql + Sync)> =
+                            acquire.iter().map(|(v, _)| *v).collect();
+                        client.query_one(&*statement, &values).await?
+                    }
+                    None => one(client.query_typed(SAME_SQL_ACQUIRE, &acquire).await?)?,
+                };
+                let status: i32 = row.get(0);
+                if status != 1 {
+                    return Ok(false);
+                }
+                let release: [(&(dyn ToSql + Sync), Type); 4] = [
+                    (&SAME_SQL_NAME, Type::TEXT),
+                    (&*owner, Type::TEXT),
+                    (&zero, Type::INT8),
+                    (&SAME_SQL_CHANNEL, Type::TEXT),
+                ];
+                let row = match prepared {
+                    Some((_, statement)) => {
+                        let values: Vec<&(dyn ToSql + Sync)> =
+                            release.iter().map(|(v, _)| *v).collect();
+                        client.query_one(&*statement, &values).await?
+                    }
+                    None => one(client.query_typed(SAME_SQL_RELEASE, &release).await?)?,
+                };
+                if !row.get::<_, bool>(0) {
+                    bail!("distlock's SQL by hand lost a hold it had just taken");
+                }
+                Ok(true)
+            }
             PgCycler::Sqlx { conn, lock } => {
                 let guard = lock.acquire(&mut *conn).await?;
                 guard.release_now().await?;
@@ -144,6 +241,27 @@ impl PgCycler {
                 Ok(true)
             }
         }
+    }
+}
+
+/// The schema distlock's managers use by default, and its statements as
+/// `lock-runtime/src/backend/postgres/mod.rs` (`Sql::new`) writes them.
+const SCHEMA: &str = "distlock";
+const SAME_SQL_ACQUIRE: &str = "SELECT o_status, o_token, o_remaining_ms FROM distlock.acquire(\
+     $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)";
+const SAME_SQL_RELEASE: &str = "SELECT distlock.release($1, $2, $3, $4)";
+/// What distlock sends for a lock nobody waits for: its full name, a holder
+/// description, its manager's hand-off route and LISTEN channel.
+const SAME_SQL_NAME: &str = "distlock:lock:{bench:same-sql}:bench:same-sql";
+const SAME_SQL_HOLDER: &str = "lock-bench same-sql floor";
+const SAME_SQL_ROUTE: &str = "0000000a";
+const SAME_SQL_CHANNEL: &str = "distlock_00000000000000000000000000000000";
+
+/// The one row a function call answers.
+fn one(rows: Vec<tokio_postgres::Row>) -> Result<tokio_postgres::Row> {
+    match rows.into_iter().next() {
+        Some(row) => Ok(row),
+        None => bail!("distlock's function answered no row"),
     }
 }
 
@@ -185,10 +303,21 @@ pub async fn run(env: &PgEnv) -> Result<ScenarioResult> {
     let mut cyclers = vec![
         PgCycler::advisory(&env.url, 1).await?,
         PgCycler::lease(&env.url, KEY, "uncontended-owner").await?,
+        PgCycler::same_sql(&env.url, true, SAME_SQL_OWNER).await?,
+        PgCycler::same_sql(&env.url, false, SAME_SQL_OWNER).await?,
         PgCycler::sqlx(&env.url, KEY).await?,
-        PgCycler::distlock(&env.url).await?,
+        PgCycler::distlock(&env.url, false).await?,
+        PgCycler::distlock(&env.url, true).await?,
     ];
-    let labels = [ADVISORY_FLOOR, LEASE_FLOOR, SQLX, DISTLOCK];
+    let labels = [
+        ADVISORY_FLOOR,
+        LEASE_FLOOR,
+        SAME_SQL,
+        SAME_SQL_UNNAMED,
+        SQLX,
+        DISTLOCK,
+        DISTLOCK_PREPARED,
+    ];
     let n = cyclers.len();
     let pinned = crate::pin::OneCpu::pin(&super::server_pids(env.postmaster));
     let mut hist: Vec<Histogram<u64>> = (0..n).map(|_| new_histogram()).collect::<Result<_>>()?;
@@ -248,8 +377,11 @@ pub async fn run(env: &PgEnv) -> Result<ScenarioResult> {
         let (mut c, _) = match i {
             0 => PgCycler::advisory(&proxied, 2).await?,
             1 => PgCycler::lease(&proxied, KEY, "uncontended-rt-owner").await?,
-            2 => PgCycler::sqlx(&proxied, KEY).await?,
-            _ => PgCycler::distlock(&proxied).await?,
+            2 => PgCycler::same_sql(&proxied, true, SAME_SQL_OWNER).await?,
+            3 => PgCycler::same_sql(&proxied, false, SAME_SQL_OWNER).await?,
+            4 => PgCycler::sqlx(&proxied, KEY).await?,
+            5 => PgCycler::distlock(&proxied, false).await?,
+            _ => PgCycler::distlock(&proxied, true).await?,
         };
         for _ in 0..20 {
             c.cycle().await?;
@@ -288,17 +420,29 @@ pub async fn run(env: &PgEnv) -> Result<ScenarioResult> {
             server_note(env),
             cpu_note,
             "backend cpu: utime + stime of the connection's backend process (clock ticks: coarse at --quick sizes); the WAL writer's and the kernel's flush work are not in it".to_owned(),
-            "sqlx's acquire is a blocking pg_advisory_lock, its release pg_advisory_unlock: the advisory floor's two statements, unprepared by the caller but cached by sqlx; it is the third reference, so distlock's ratio to it is in its row".to_owned(),
-            "distlock: backend cpu not measured (its connections are its own)".to_owned(),
+            "distlock's SQL by hand: its schema's acquire and release functions with the parameters it sends for an uncontended cycle, on one connection, prepared once (as a hand-written client would) or unnamed (parsed and planned with each call, as distlock sends them so that transaction-mode poolers work); the two rows' difference is what unnamed statements cost".to_owned(),
+            "sqlx's acquire is a blocking pg_advisory_lock, its release pg_advisory_unlock: the advisory floor's two statements, unprepared by the caller but cached by sqlx; it is the last reference, so distlock's ratio to it is in its row".to_owned(),
+            "distlock: backend cpu not measured (its connections are its own); its second row prepares its statements per connection (postgres_prepared_statements), for a direct connection or a session-mode pooler".to_owned(),
         ],
         rows,
-        references: 3,
-        targets: vec![Target::ratio(
-            "distlock p50 <= 1.10x the lease-row floor",
-            DISTLOCK,
-            "p50 us",
-            LEASE_FLOOR,
-            Check::AtMost(1.10),
-        )],
+        references: 5,
+        // Each against its own SQL sent the same way: unnamed statements (the
+        // default, which transaction-mode poolers take) and prepared ones.
+        targets: vec![
+            Target::ratio(
+                "distlock p50 <= 1.10x its own SQL by hand (unnamed statements)",
+                DISTLOCK,
+                "p50 us",
+                SAME_SQL_UNNAMED,
+                Check::AtMost(1.10),
+            ),
+            Target::ratio(
+                "distlock with prepared statements p50 <= 1.10x its own SQL by hand (prepared)",
+                DISTLOCK_PREPARED,
+                "p50 us",
+                SAME_SQL,
+                Check::AtMost(1.10),
+            ),
+        ],
     })
 }

@@ -1,5 +1,41 @@
 //! What the scenarios share: the environment, the per-implementation cycle, and
 //! the interleaved block runner.
+//!
+//! A cycle is timed in nanoseconds into an hdrhistogram of 3 significant
+//! digits, in a task spawned on the multi-thread runtime, as application code
+//! runs. Why interleaved: on a shared VM the load changes under a run, so the
+//! implementations of a scenario run in alternating blocks of cycles (or time
+//! slices), rotating the order, and a change of load hits all of them; only
+//! ratios within one run compare. Even so some ratios move with the hour more
+//! than with a change of code: the Zipf ratio to rslock (2.5x one day,
+//! 1.65x-1.77x the next, on the same build), the per-run uncontended p50 ratio
+//! (0.92x-1.05x), the max-wait tail (one stall of the host sets it). What
+//! bounds each scenario on this project's 2-vCPU machine:
+//!
+//! * `uncontended`, on one CPU (`pin.rs`): the client's CPU plus the server's
+//!   plus the thread hand-offs between them (about 30-45 µs a cycle), so 0.5 µs
+//!   of server work is 1-2% of it; with no network in the cycle this is
+//!   stricter than a deployment.
+//! * `many-keys`: 64 tasks on 2 cores shared with Redis: the server's CPU per
+//!   command, then the client's.
+//! * `renewal`: Redis CPU, one `renew.lua` per lock per tick.
+//! * Redlock: its rounds (acquire on 5, release on 5) on shared cores; under
+//!   contention split votes make acquisitions retry. The members share the
+//!   client's cores; in a deployment their rounds run in parallel.
+//!
+//! Counts that do not drift with the load (commands, round trips, allocations,
+//! instructions) say more than times; instructions come from valgrind
+//! (callgrind, cachegrind) because this VM exposes no hardware counters.
+//!
+//! With `--tls` ([`set_tls_ca`]) the server speaks TLS only, with a certificate
+//! authority made at spawn time (`RedisServer::builder().tls(true)`), and every
+//! client trusts that CA and nothing else: distlock over `rediss://` with
+//! `LockManagerBuilder::tls_ca_pem`, rslock over rustls (its `tokio-comp`
+//! feature is redis-rs's `tokio-rustls-comp`) through `LockManager::from_clients`
+//! on a client made with `Client::build_with_tls`, and the floors' redis-rs
+//! clients (scripts and pub/sub) the same way. The raw-socket floor speaks
+//! plain RESP and is left out, and `rt/op` is not counted (the counting proxy
+//! cannot read encrypted replies).
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

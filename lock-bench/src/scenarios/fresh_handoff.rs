@@ -48,12 +48,8 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
     // Each manager waits once before the measurement: its hand-off channel,
     // subscribed in the background of its first acquisition and kept, is
     // then surely in place, as in a service that has run for a while.
-    distlock_round(&managers, "bench:fresh:warm-a").await?;
-    distlock_round(
-        &[managers[1].clone(), managers[0].clone()],
-        "bench:fresh:warm-b",
-    )
-    .await?;
+    distlock_round(&managers[0], &managers[1], "bench:fresh:warm-a", AHEAD).await?;
+    distlock_round(&managers[1], &managers[0], "bench:fresh:warm-b", AHEAD).await?;
 
     let mut floor = new_histogram()?;
     let mut distlock = new_histogram()?;
@@ -61,14 +57,10 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
     let started = Instant::now();
     for round in 0..warmup + rounds {
         let key = format!("bench:fresh:{round}");
-        let f = floor_round(&holder, &waiter, &key, &mut rng).await?;
+        let f = floor_round(&holder, &waiter, &key, AHEAD, &mut rng).await?;
         // Alternate which manager holds, so each one's hand-off channel serves.
-        let pair = if round % 2 == 0 {
-            [managers[0].clone(), managers[1].clone()]
-        } else {
-            [managers[1].clone(), managers[0].clone()]
-        };
-        let d = distlock_round(&pair, &key).await?;
+        let (a, b) = (&managers[round % 2], &managers[(round + 1) % 2]);
+        let d = distlock_round(a, b, &key, AHEAD).await?;
         if round >= warmup {
             record(&mut floor, f)?;
             record(&mut distlock, d)?;
@@ -116,16 +108,20 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
     })
 }
 
-fn record(h: &mut Histogram<u64>, d: Duration) -> Result<()> {
+/// Records `d` in `h` (nanoseconds, at least 1).
+pub(super) fn record(h: &mut Histogram<u64>, d: Duration) -> Result<()> {
     h.record(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX).max(1))?;
     Ok(())
 }
 
-/// One floor round on `key`; the hand-off latency.
-async fn floor_round(
+/// One floor round on the new key `key`: `holder` takes it, `waiter` (its
+/// own task, subscribed in advance) marks it and waits, and `ahead` later
+/// `holder` releases; the hand-off latency.
+pub(super) async fn floor_round(
     holder: &Floor,
     waiter: &Floor,
     key: &str,
+    ahead: Duration,
     rng: &mut fastrand::Rng,
 ) -> Result<Duration> {
     let names = Names::new("floor:", key);
@@ -134,7 +130,7 @@ async fn floor_round(
         holder.try_acquire(&names, &a, LEASE_MS, false).await?,
         Attempt::Acquired
     ) {
-        bail!("fresh-handoff floor: the new key {key} was busy");
+        bail!("hand-off floor: the new key {key} was busy");
     }
     let waiting = {
         let (waiter, names) = (waiter.clone(), names.clone());
@@ -145,20 +141,26 @@ async fn floor_round(
             Ok::<_, crate::error::BoxError>(held)
         })
     };
-    tokio::time::sleep(AHEAD).await;
+    tokio::time::sleep(ahead).await;
     let released = Instant::now();
     if !holder.release(&names, &a).await? {
-        bail!("fresh-handoff floor: A's release of {key} found it gone");
+        bail!("hand-off floor: the holder's release of {key} found it gone");
     }
     let held = tokio::time::timeout(ROUND_LIMIT, waiting).await???;
     Ok(held.saturating_duration_since(released))
 }
 
-/// One distlock round on `key`: `pair[0]` holds, `pair[1]` waits.
-async fn distlock_round(pair: &[distlock::LockManager; 2], key: &str) -> Result<Duration> {
-    let guard = pair[0].lock(key).lease(LEASE).acquire().await?;
+/// One distlock round on `key`: `holder` holds, `waiter` waits in a task of
+/// its own, and `ahead` later `holder` releases; the hand-off latency.
+pub(super) async fn distlock_round(
+    holder: &distlock::LockManager,
+    waiter: &distlock::LockManager,
+    key: &str,
+    ahead: Duration,
+) -> Result<Duration> {
+    let guard = holder.lock(key).lease(LEASE).acquire().await?;
     let waiting = {
-        let (m, key) = (pair[1].clone(), key.to_owned());
+        let (m, key) = (waiter.clone(), key.to_owned());
         tokio::spawn(async move {
             let g = m.lock(key).lease(LEASE).acquire().await?;
             let held = Instant::now();
@@ -166,7 +168,7 @@ async fn distlock_round(pair: &[distlock::LockManager; 2], key: &str) -> Result<
             Ok::<_, crate::error::BoxError>(held)
         })
     };
-    tokio::time::sleep(AHEAD).await;
+    tokio::time::sleep(ahead).await;
     let released = Instant::now();
     guard.release().await?;
     let held = tokio::time::timeout(ROUND_LIMIT, waiting).await???;

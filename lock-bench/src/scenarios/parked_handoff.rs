@@ -22,16 +22,19 @@
 //! The three alternate round by round, so that a change of machine load hits
 //! them alike. Through `--link-delay`, [`ahead`] grows with the link, so
 //! that the waiter has queued (two round trips) and its notice has reached
-//! the holder before the release.
+//! the holder before the release. 1,000 rounds after 50 of warm-up (300
+//! after 20 through a link of 0.5 ms or more, whose rounds are long; `--quick`:
+//! 40 after 5).
 
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 
-use crate::error::{bail, Result};
-use crate::floor::{Attempt, Floor, Names};
+use crate::error::Result;
+use crate::floor::Floor;
 use crate::report::{new_histogram, us, Better, Check, Row, ScenarioResult, Target};
-use crate::scenarios::common::{manager, owner_token, Env, LEASE, LEASE_MS};
+use crate::scenarios::common::{manager, Env, LEASE};
+use crate::scenarios::fresh_handoff::{distlock_round, floor_round, record};
 
 /// Longest a waiter may take; a round that takes longer is an error.
 const ROUND_LIMIT: Duration = Duration::from_secs(5);
@@ -169,68 +172,4 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
             ),
         ],
     })
-}
-
-fn record(h: &mut Histogram<u64>, d: Duration) -> Result<()> {
-    h.record(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX).max(1))?;
-    Ok(())
-}
-
-/// One floor round on `key`; the hand-off latency.
-async fn floor_round(
-    holder: &Floor,
-    waiter: &Floor,
-    key: &str,
-    ahead: Duration,
-    rng: &mut fastrand::Rng,
-) -> Result<Duration> {
-    let names = Names::new("floor:", key);
-    let (a, b) = (owner_token(rng), owner_token(rng));
-    if !matches!(
-        holder.try_acquire(&names, &a, LEASE_MS, false).await?,
-        Attempt::Acquired
-    ) {
-        bail!("parked-handoff floor: the new key {key} was busy");
-    }
-    let waiting = {
-        let (waiter, names) = (waiter.clone(), names.clone());
-        tokio::spawn(async move {
-            waiter.acquire_by_set_nx(&names, &b, LEASE_MS).await?;
-            let held = Instant::now();
-            waiter.release(&names, &b).await?;
-            Ok::<_, crate::error::BoxError>(held)
-        })
-    };
-    tokio::time::sleep(ahead).await;
-    let released = Instant::now();
-    if !holder.release(&names, &a).await? {
-        bail!("parked-handoff floor: the release of {key} found it gone");
-    }
-    let held = tokio::time::timeout(ROUND_LIMIT, waiting).await???;
-    Ok(held.saturating_duration_since(released))
-}
-
-/// One distlock round on `key`: `holder` holds, `waiter` waits in a task of
-/// its own.
-async fn distlock_round(
-    holder: &distlock::LockManager,
-    waiter: &distlock::LockManager,
-    key: &str,
-    ahead: Duration,
-) -> Result<Duration> {
-    let guard = holder.lock(key).lease(LEASE).acquire().await?;
-    let waiting = {
-        let (m, key) = (waiter.clone(), key.to_owned());
-        tokio::spawn(async move {
-            let g = m.lock(key).lease(LEASE).acquire().await?;
-            let held = Instant::now();
-            g.release().await?;
-            Ok::<_, crate::error::BoxError>(held)
-        })
-    };
-    tokio::time::sleep(ahead).await;
-    let released = Instant::now();
-    guard.release().await?;
-    let held = tokio::time::timeout(ROUND_LIMIT, waiting).await???;
-    Ok(held.saturating_duration_since(released))
 }

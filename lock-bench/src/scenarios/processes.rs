@@ -19,7 +19,15 @@
 //! Per row: throughput, hand-off p50 (release start -> another task, waiting
 //! at the release, holds the same key), wait p50 / max / max over mean, re-grabs (a task takes the key
 //! again right after its own release while a task of any process was waiting
-//! for it) and the fewest acquisitions of a process over the mean.
+//! for it) and the fewest acquisitions of a process over the mean. A hand-off
+//! is two consecutive holders of a key that are different tasks, the second
+//! waiting when the first released; `cross-proc %` is the share of them
+//! between processes.
+//!
+//! distlock and rslock alternate in rounds of 2 s (3 each, after a 0.3 s
+//! warm-up each; `--quick`: one round of 0.3 s). There is no floor row: a
+//! by-hand floor across processes is not written, and the in-process
+//! `handoff` scenario has the true hand-off floor.
 
 use std::io::{BufRead, Write};
 use std::process::Stdio;

@@ -44,6 +44,40 @@ impl Message {
     }
 }
 
+/// A message of a store's one lock events channel (see
+/// [`Backend::lock_events_channel`](super::Backend::lock_events_channel)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NamedEvent<'a> {
+    /// `event` (the text Redis publishes on a lock's events channel, or
+    /// `expired`) happened to the lock whose stored name is `name`.
+    Of { name: &'a str, event: &'a str },
+    /// An event whose lock's name was too long to carry (the payload limit):
+    /// which lock it was, nobody can tell.
+    Unnamed,
+}
+
+/// Reads a message of a store's one lock events channel: `<n> <name>
+/// <event>`, `n` the number of characters of `name` (so that a name may hold
+/// spaces), or `- <event word>` for an event whose name did not fit (see
+/// `lock_event` in the PostgreSQL schema). `None` for anything else.
+pub(crate) fn named_event(payload: &[u8]) -> Option<NamedEvent<'_>> {
+    let text = std::str::from_utf8(payload).ok()?;
+    let (count, rest) = text.split_once(' ')?;
+    if count == "-" {
+        return Some(NamedEvent::Unnamed);
+    }
+    let count: usize = count.parse().ok()?;
+    // The byte where the name's `count` characters end.
+    let end = match rest.char_indices().nth(count) {
+        Some((end, _)) => end,
+        None if rest.chars().count() == count => rest.len(),
+        None => return None,
+    };
+    let (name, event) = rest.split_at(end);
+    let event = event.strip_prefix(' ')?;
+    Some(NamedEvent::Of { name, event })
+}
+
 /// A store's own notice of something that happened to a key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum KeyNotice<'a> {
@@ -157,5 +191,36 @@ impl MessageConnection {
             #[cfg(feature = "postgres")]
             MessageConnection::Postgres(listener) => listener.next().await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn named_events_are_split_by_the_names_length_in_characters() {
+        assert_eq!(
+            named_event(b"10 p:lock:a b acquired 7 1700000000123 web 1"),
+            Some(NamedEvent::Of {
+                name: "p:lock:a b",
+                event: "acquired 7 1700000000123 web 1"
+            })
+        );
+        // Characters, not bytes: what PostgreSQL counts whatever its
+        // encoding.
+        assert_eq!(
+            named_event("3 été expired".as_bytes()),
+            Some(NamedEvent::Of {
+                name: "été",
+                event: "expired"
+            })
+        );
+        assert_eq!(named_event(b"- acquired"), Some(NamedEvent::Unnamed));
+        // A count that does not end at a space, or runs past the payload.
+        assert_eq!(named_event(b"2 abc expired"), None);
+        assert_eq!(named_event(b"40 abc expired"), None);
+        assert_eq!(named_event(b"3 abc"), None);
+        assert_eq!(named_event(b"x abc expired"), None);
     }
 }

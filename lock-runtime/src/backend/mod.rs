@@ -140,12 +140,6 @@ impl Backend {
                 "replica_ack does not apply to PostgreSQL: use synchronous replication".to_owned(),
             )),
             #[cfg(feature = "postgres")]
-            Target::Postgres(_) if config.lock_events => Err(LockError::Unsupported {
-                key: String::new(),
-                feature: "lock_events".to_owned(),
-                store: postgres::STORE,
-            }),
-            #[cfg(feature = "postgres")]
             Target::Postgres(url) => Ok(Backend::Postgres(
                 postgres::Postgres::connect(url, config, tls).await?,
             )),
@@ -191,8 +185,8 @@ impl Backend {
         }
     }
 
-    /// Takes all of `locks` for `owner` in one script call, or none of them
-    /// (see `acquire_all.lua`); `key` names the first lock in errors. `None`
+    /// Takes all of `locks` for `owner` in one script call (on PostgreSQL one
+    /// function call), or none of them (see `acquire_all.lua`); `key` names the first lock in errors. `None`
     /// when this backend cannot take them in one call: a cluster (distinct
     /// locks live in distinct slots), Redlock (each lock is its own majority
     /// vote), or a server whose acquisitions need replicas to confirm them
@@ -211,7 +205,7 @@ impl Backend {
             Backend::Sentinel(b) => b.acquire_all(key, locks, owner, lease_ms, spec).await,
             Backend::Cluster(_) | Backend::Redlock(_) => None,
             #[cfg(feature = "postgres")]
-            Backend::Postgres(_) => None,
+            Backend::Postgres(b) => Some(b.acquire_all(key, locks, owner, lease_ms, spec).await),
         }
     }
 
@@ -499,6 +493,11 @@ impl Backend {
     /// message, naming what turns that on. A setting that cannot be read
     /// counts as off.
     pub(crate) async fn ensure_expiry_notices(&self, pattern: &str) -> Result<(), LockError> {
+        // PostgreSQL's expiries are told by the sweep: nothing to turn on.
+        #[cfg(feature = "postgres")]
+        if let Backend::Postgres(_) = self {
+            return Ok(());
+        }
         let settings = match self.config_get(KEYSPACE_EVENTS).await {
             Ok(settings) => settings,
             Err(e) => {
@@ -534,7 +533,42 @@ impl Backend {
     /// has no such notices. Redis: the keyspace notifications of those names
     /// on any database (the URL chooses it; a cluster has only 0).
     pub(crate) fn expiry_pattern(&self, names: &str) -> Option<String> {
-        Some(format!("__keyspace@*__:{names}"))
+        match self {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(_) => None,
+            _ => Some(format!("__keyspace@*__:{names}")),
+        }
+    }
+
+    /// Where this store's lock events are heard when not on a channel per
+    /// lock: `Some` of the one channel that carries every lock event of the
+    /// store (PostgreSQL, whose LISTEN takes no patterns), each message
+    /// naming its lock (read it with [`named_event`]), expiries included;
+    /// `None` where each lock has its own events channel
+    /// (`<prefix>events:<key>`, subscribed by pattern) and expiries are
+    /// [`expiry_pattern`](Self::expiry_pattern)'s notices.
+    pub(crate) fn lock_events_channel(&self) -> Option<&str> {
+        match self {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(b) => Some(b.events_channel()),
+            _ => None,
+        }
+    }
+
+    /// Tells lock events subscribers `event` (the text of a Redis events
+    /// message, such as `lost <token>`) of the lock `keys` (of `key`), which
+    /// has an events channel (`keys.events` is set).
+    pub(crate) async fn publish_lock_event(
+        &self,
+        key: &str,
+        keys: &RedisNames,
+        event: &str,
+    ) -> Result<(), CallError> {
+        match self {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(b) => b.publish_lock_event(key, keys, event).await,
+            _ => self.publish(key, &keys.events, event).await,
+        }
     }
 
     /// Publishes `payload` on `channel` where this backend's subscribers
@@ -627,6 +661,18 @@ impl Backend {
             Backend::Sentinel(b) => b.renew(batch).await,
             #[cfg(feature = "postgres")]
             Backend::Postgres(b) => b.renew(batch).await,
+        }
+    }
+
+    /// Whether this manager's listening connections hear what the store
+    /// pushes: false once one was found deaf (PostgreSQL behind a
+    /// transaction-mode pooler, without `postgres_listen_url`); Redis always
+    /// delivers what it accepts to subscribe.
+    pub(crate) fn hears_messages(&self) -> bool {
+        match self {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(b) => b.hears_messages(),
+            _ => true,
         }
     }
 

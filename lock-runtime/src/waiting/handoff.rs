@@ -20,6 +20,10 @@ pub(crate) struct Handoffs {
 struct HandoffSlot {
     /// The hand-off, until the waiter takes it.
     heard: Mutex<Option<HandedOff>>,
+    /// The last hand-off heard, taken or not: on a cluster each master's
+    /// listening connection hears every message, so one hand-off arrives
+    /// once per master and is delivered (and counted) once.
+    last: Mutex<Option<HandedOff>>,
     notify: Notify,
 }
 
@@ -61,6 +65,11 @@ impl Handoffs {
         let (owner, handed) = handed;
         let slot = self.handoffs().get(owner).cloned();
         if let Some(slot) = slot {
+            let mut last = slot.last.lock().unwrap_or_else(|e| e.into_inner());
+            if *last == Some(handed) {
+                return;
+            }
+            *last = Some(handed);
             *slot.heard.lock().unwrap_or_else(|e| e.into_inner()) = Some(handed);
             delivered.fetch_add(1, Ordering::Relaxed);
             slot.notify.notify_one();
@@ -124,6 +133,8 @@ fn parse_handoff(message: &str) -> Option<(&str, HandedOff)> {
 
 #[cfg(test)]
 mod tests {
+    use futures_util::FutureExt;
+
     use super::*;
 
     #[test]
@@ -140,5 +151,28 @@ mod tests {
         );
         assert_eq!(parse_handoff("0a1b:17"), None);
         assert_eq!(parse_handoff("0a1b:x:3"), None);
+    }
+
+    #[test]
+    fn one_hand_off_heard_on_every_master_is_delivered_once() {
+        let handoffs = Handoffs::default();
+        let delivered = AtomicU64::new(0);
+        let waiter = handoffs.expect_handoff("0a1b");
+        for _ in 0..3 {
+            handoffs.hand_off(b"0a1b:17:3", &delivered);
+        }
+        assert_eq!(delivered.load(Ordering::Relaxed), 1);
+        let handed = waiter.handed_off().now_or_never();
+        assert_eq!(handed.map(|h| h.fencing_token), Some(17));
+        // Taken: a late copy of the same message is not a second hand-off.
+        handoffs.hand_off(b"0a1b:17:3", &delivered);
+        assert!(waiter.handed_off().now_or_never().is_none());
+        // A later hand-off (another attempt) is.
+        handoffs.hand_off(b"0a1b:18:4", &delivered);
+        assert_eq!(delivered.load(Ordering::Relaxed), 2);
+        assert_eq!(
+            waiter.handed_off().now_or_never().map(|h| h.attempt),
+            Some(4)
+        );
     }
 }

@@ -2,8 +2,11 @@
 //! scenario ([`Setup`]), starting and talking to worker processes, judging
 //! their logs, and the scenarios run on several deployments (`baseline`,
 //! `killed_holder`). Each deployment's scenarios are in a test file of their
-//! own (`single.rs`, `cluster.rs`, `sentinel.rs`, `redlock.rs`); a new store
-//! adds its file beside them and its variant to [`LockTarget`].
+//! own (`single.rs`, `cluster.rs`, `sentinel.rs`, `redlock.rs`; `postgres.rs`
+//! has a small setup of its own and uses the runner's phases and figures); a
+//! new store adds its file beside them and its variant to [`LockTarget`], and
+//! runs `baseline` and `killed_holder` first: they are the checks every store
+//! must pass before its own faults mean anything.
 #![allow(dead_code)]
 
 use std::collections::BTreeSet;

@@ -13,6 +13,9 @@
 //!
 //! Expiry is the server's clock (`clock_timestamp()`), and distlock's
 //! statements run on its own connections, never in a user's transaction.
+//! Lock events go on one channel per schema ([`events_channel`]), each
+//! payload naming its lock (`lock_event` in `schema.sql`); the sweep tells of
+//! the expiries it finds.
 //! Only the default lock is served: the other primitives are refused with
 //! [`LockError::Unsupported`] before anything is written.
 
@@ -29,10 +32,12 @@ use std::time::{Duration, Instant};
 use futures_util::{Stream, StreamExt as _};
 use tokio_postgres::config::SslMode;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{AsyncMessage, Client, NoTls, Row};
+use tokio_postgres::{AsyncMessage, Client, NoTls, Row, Statement};
 
 use super::{CallError, Renewal};
-use crate::backend::scripts::{handoff_base, AcquireReply, AcquireSpec, HeldLock, KeyReading};
+use crate::backend::scripts::{
+    handoff_base, AcquireAllReply, AcquireReply, AcquireSpec, HeldLock, KeyReading,
+};
 use crate::config::{Config, TlsSettings};
 use crate::error::{BackendError, BackendErrorKind, LockError};
 use crate::keys::{KeyNames, RedisNames};
@@ -45,6 +50,12 @@ pub const SCHEMA_VERSION: i32 = 1;
 pub(crate) const STORE: &str = "PostgreSQL";
 
 const SCHEMA_SQL: &str = include_str!("schema.sql");
+
+/// How many times a multi-key acquisition that PostgreSQL rolled back as a
+/// deadlock or a serialization failure is sent again: each such abort needs
+/// a cycle of waits with another transaction, which the retry no longer
+/// meets, so a second failure is already rare and a ninth is not expected.
+const ACQUIRE_ALL_ATTEMPTS: u32 = 8;
 
 /// Most rows of each table one sweep deletes (see `sweep` in `schema.sql`).
 const SWEEP_LIMIT: i32 = 1000;
@@ -104,6 +115,15 @@ pub(crate) fn channel_ident(logical: &str) -> String {
     let a = fnv1a(0xcbf2_9ce4_8422_2325, logical.as_bytes());
     let b = fnv1a(0x6c62_272e_07bb_0142, logical.as_bytes());
     format!("distlock_{a:016x}{b:016x}")
+}
+
+/// The logical channel every lock event of schema `schema` goes on (see
+/// `lock_event` in `schema.sql`): one per schema rather than one per lock,
+/// since LISTEN takes no patterns, and per schema rather than per prefix,
+/// since the sweep that tells of expiries removes rows of every prefix. A
+/// `/` is in no prefix-derived name distlock listens on.
+pub(crate) fn events_channel(schema: &str) -> String {
+    format!("{schema}/events")
 }
 
 /// Translates a Redis glob pattern (`*`, `?`, `[..]` with `^`/`!` and
@@ -176,6 +196,7 @@ fn push_class_literal(out: &mut String, c: char) {
 /// The statements, with the schema's name in them.
 struct Sql {
     acquire: String,
+    acquire_all: String,
     release: String,
     renew: String,
     issue_token: String,
@@ -183,6 +204,7 @@ struct Sql {
     inspect: String,
     scan: String,
     sweep: String,
+    lock_event: String,
     version: String,
 }
 
@@ -191,17 +213,22 @@ impl Sql {
         Sql {
             acquire: format!(
                 "SELECT o_status, o_token, o_remaining_ms FROM {schema}.acquire(\
-                 $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
+                 $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
             ),
-            release: format!("SELECT {schema}.release($1, $2, $3, $4)"),
+            acquire_all: format!(
+                "SELECT o_status, o_index, o_remaining_ms, o_tokens FROM {schema}.acquire_all(\
+                 $1, $2, $3, $4, $5, $6, $7, $8)"
+            ),
+            release: format!("SELECT {schema}.release($1, $2, $3, $4, $5)"),
             renew: format!("SELECT i, renewed FROM {schema}.renew($1, $2, $3)"),
             issue_token: format!("SELECT {schema}.issue_token($1, $2)"),
-            force_unlock: format!("SELECT {schema}.force_unlock($1, $2, $3, $4)"),
+            force_unlock: format!("SELECT {schema}.force_unlock($1, $2, $3, $4, $5)"),
             inspect: format!(
                 "SELECT value, pttl, queue_owners, queue_entries, now_ms FROM {schema}.inspect($1)"
             ),
             scan: format!("SELECT {schema}.scan($1)"),
-            sweep: format!("SELECT {schema}.sweep($1)"),
+            sweep: format!("SELECT {schema}.sweep($1, $2)"),
+            lock_event: format!("SELECT {schema}.lock_event($1, $2, $3)"),
             version: format!("SELECT version FROM {schema}.version"),
         }
     }
@@ -310,10 +337,17 @@ struct Inner {
     shown_url: String,
     prefix: String,
     sql: Sql,
+    /// The schema's events channel ([`events_channel`]) and its identifier.
+    events: String,
+    events_ident: String,
     command_timeout: Duration,
     connect_timeout: Duration,
     /// The data connection; `None` or closed: the next call connects.
     client: Mutex<Option<Arc<Client>>>,
+    /// With `postgres_prepared_statements`: the statements prepared on the
+    /// data connection, by SQL text, and that connection (a new one
+    /// prepares them again).
+    prepared: Option<Mutex<Prepared>>,
     /// The listening connection's settings: the main URL's, or
     /// `postgres_listen_url`'s.
     listen_pg: tokio_postgres::Config,
@@ -324,6 +358,29 @@ struct Inner {
     /// One reconnection at a time.
     connecting: tokio::sync::Mutex<()>,
     renewal_round_trips: AtomicU64,
+}
+
+/// The statements prepared on one data connection.
+#[derive(Default)]
+struct Prepared {
+    /// The connection they belong to (compared by address, never used).
+    client: Option<Weak<Client>>,
+    statements: std::collections::HashMap<String, Statement>,
+}
+
+impl Prepared {
+    /// `sql`'s statement on `client`, if prepared there.
+    fn get(&mut self, client: &Arc<Client>, sql: &str) -> Option<Statement> {
+        if !self
+            .client
+            .as_ref()
+            .is_some_and(|c| std::ptr::eq(c.as_ptr(), Arc::as_ptr(client)))
+        {
+            self.client = Some(Arc::downgrade(client));
+            self.statements.clear();
+        }
+        self.statements.get(sql).cloned()
+    }
 }
 
 /// The PostgreSQL backend: one pipelined data connection, reconnected after
@@ -402,9 +459,15 @@ impl Postgres {
                 listen_connector: listen_connector.clone(),
                 prefix: config.key_prefix.clone(),
                 sql: Sql::new(schema),
+                events: events_channel(schema),
+                events_ident: channel_ident(&events_channel(schema)),
                 command_timeout: config.command_timeout,
                 connect_timeout: config.connect_timeout,
                 client: Mutex::new(None),
+                prepared: config
+                    .postgres
+                    .prepared_statements
+                    .then(|| Mutex::new(Prepared::default())),
                 listen_pg: listen_pg.clone(),
                 deaf_listeners: AtomicU64::new(0),
                 connecting: tokio::sync::Mutex::new(()),
@@ -548,6 +611,7 @@ impl Postgres {
                     param(&spec.handoff_route, Type::TEXT),
                     param(handoff, Type::TEXT),
                     param(&attempt, Type::INT8),
+                    param(&inner.events_of(keys), Type::TEXT),
                 ],
             )
             .await?;
@@ -562,6 +626,76 @@ impl Postgres {
                 remaining: Some(Duration::from_millis(u64::try_from(remaining).unwrap_or(0))),
             },
         })
+    }
+
+    /// See `Backend::acquire_all`: one function call, which takes every
+    /// lock or none. A call rolled back as a deadlock (SQLSTATE 40P01) or a
+    /// serialization failure (40001) took nothing and is sent again (see
+    /// [`ACQUIRE_ALL_ATTEMPTS`]).
+    pub(crate) async fn acquire_all(
+        &self,
+        key: &str,
+        locks: &[&RedisNames],
+        owner: &str,
+        lease_ms: u64,
+        spec: &AcquireSpec<'_>,
+    ) -> Result<AcquireAllReply, CallError> {
+        let inner = &self.inner;
+        let base = handoff_base(&inner.prefix);
+        let holder_route = owner.get(24..32).unwrap_or(spec.handoff_route);
+        let holder_channel = channel_ident(&format!("{base}:{holder_route}"));
+        let names: Vec<&str> = locks.iter().map(|keys| keys.lock.as_str()).collect();
+        let fence = spec.fence_ttl_ms.is_some();
+        let (lease, since) = (ms(lease_ms), ms(spec.since_ms));
+        // The locks of one call share a manager, so lock events are on for
+        // all of them or none.
+        let events = locks.first().map_or("", |keys| inner.events_of(keys));
+        let params = [
+            param(&names, Type::TEXT_ARRAY),
+            param(&owner, Type::TEXT),
+            param(&lease, Type::INT8),
+            param(&fence, Type::BOOL),
+            param(&since, Type::INT8),
+            param(&spec.holder, Type::TEXT),
+            param(&holder_channel, Type::TEXT),
+            param(&events, Type::TEXT),
+        ];
+        let mut attempt = 1;
+        let row = loop {
+            match inner.one(key, &inner.sql.acquire_all, &params).await {
+                Err(e) if attempt < ACQUIRE_ALL_ATTEMPTS && rolled_back_by_conflict(&e) => {
+                    tracing::debug!(target: "distlock::postgres", error = %e.error, attempt,
+                        "lock_all rolled back by a conflict; sending it again");
+                    attempt += 1;
+                }
+                outcome => break outcome?,
+            }
+        };
+        let status: i32 = get(key, &row, 0)?;
+        if status == 1 {
+            let tokens: Vec<i64> = get(key, &row, 3)?;
+            if tokens.len() != locks.len() {
+                return Err(protocol(
+                    key,
+                    format!("{} fencing tokens for {} locks", tokens.len(), locks.len()),
+                ));
+            }
+            return Ok(AcquireAllReply::Acquired {
+                fencing_tokens: tokens
+                    .into_iter()
+                    .map(|t| u64::try_from(t).unwrap_or(0))
+                    .collect(),
+            });
+        }
+        let index: i32 = get(key, &row, 1)?;
+        let remaining: i64 = get(key, &row, 2)?;
+        match usize::try_from(index) {
+            Ok(index) if (1..=locks.len()).contains(&index) => Ok(AcquireAllReply::Busy {
+                index: index - 1,
+                remaining: Some(Duration::from_millis(u64::try_from(remaining).unwrap_or(0))),
+            }),
+            _ => Err(protocol(key, format!("a busy reply for lock {index}"))),
+        }
     }
 
     /// See `Backend::release`: one function call.
@@ -584,6 +718,7 @@ impl Postgres {
                     param(&owner, Type::TEXT),
                     param(&keep, Type::INT8),
                     param(&wake, Type::TEXT),
+                    param(&inner.events_of(keys), Type::TEXT),
                 ],
             )
             .await?;
@@ -628,6 +763,7 @@ impl Postgres {
                     param(&only, Type::TEXT),
                     param(&wake, Type::TEXT),
                     param(&token, Type::TEXT),
+                    param(&inner.events_of(keys), Type::TEXT),
                 ],
             )
             .await?;
@@ -700,6 +836,29 @@ impl Postgres {
             .map(drop)
     }
 
+    /// See `Backend::publish_lock_event`: `lock_event` in `schema.sql`, on
+    /// the schema's events channel, naming the lock.
+    pub(crate) async fn publish_lock_event(
+        &self,
+        key: &str,
+        keys: &RedisNames,
+        event: &str,
+    ) -> Result<(), CallError> {
+        let inner = &self.inner;
+        inner
+            .one(
+                key,
+                &inner.sql.lock_event,
+                &[
+                    param(&inner.events_ident, Type::TEXT),
+                    param(&keys.lock, Type::TEXT),
+                    param(&event, Type::TEXT),
+                ],
+            )
+            .await
+            .map(drop)
+    }
+
     /// See `Backend::scan_locks`.
     pub(crate) async fn scan_locks(&self, pattern: &str) -> Result<Vec<String>, CallError> {
         let regex = glob_to_regex(pattern);
@@ -747,6 +906,7 @@ impl Postgres {
         let (name, owner) = (keys.lock.clone(), owner.to_owned());
         let wake = channel_ident(keys.channel());
         let keep = ms(keep_ms);
+        let events = self.inner.events_of(keys).to_owned();
         let thread = std::thread::Builder::new()
             .name("distlock-pg-release".to_owned())
             .spawn(move || -> Result<bool, String> {
@@ -767,6 +927,7 @@ impl Postgres {
                                     param(&owner, Type::TEXT),
                                     param(&keep, Type::INT8),
                                     param(&wake, Type::TEXT),
+                                    param(&events, Type::TEXT),
                                 ],
                             )
                             .await
@@ -827,10 +988,22 @@ impl Postgres {
             .collect()
     }
 
+    /// Whether every listening connection so far heard its probe (see
+    /// [`listener`](Self::listener)).
+    pub(crate) fn hears_messages(&self) -> bool {
+        self.inner.deaf_listeners.load(Ordering::Relaxed) == 0
+    }
+
     /// Round trips spent on renewals.
     #[cfg(feature = "testing")]
     pub(crate) fn renewal_round_trips(&self) -> u64 {
         self.inner.renewal_round_trips.load(Ordering::Relaxed)
+    }
+
+    /// The logical channel every lock event of this manager's schema is
+    /// heard on (see [`events_channel`]).
+    pub(crate) fn events_channel(&self) -> &str {
+        &self.inner.events
     }
 
     /// Listening connections found deaf so far.
@@ -841,6 +1014,16 @@ impl Postgres {
 }
 
 impl Inner {
+    /// The events channel a call on `keys` tells its lock events on: the
+    /// schema's, or '' (none) when the manager does not publish them.
+    fn events_of(&self, keys: &RedisNames) -> &str {
+        if keys.events.is_empty() {
+            ""
+        } else {
+            &self.events_ident
+        }
+    }
+
     /// The data connection opened by `build()`: a failure is a
     /// [`LockError::Connect`].
     async fn first_client(&self) -> Result<Arc<Client>, LockError> {
@@ -924,12 +1107,46 @@ impl Inner {
             }
             e
         })?;
-        let outcome =
-            tokio::time::timeout(self.command_timeout, client.query_typed(sql, params)).await;
+        let outcome = tokio::time::timeout(self.command_timeout, async {
+            let Some(prepared) = &self.prepared else {
+                return client.query_typed(sql, params).await;
+            };
+            let known = prepared
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&client, sql);
+            let statement = match known {
+                Some(statement) => statement,
+                None => {
+                    let types: Vec<Type> = params.iter().map(|(_, ty)| ty.clone()).collect();
+                    let statement = client.prepare_typed(sql, &types).await?;
+                    let mut prepared = prepared.lock().unwrap_or_else(|e| e.into_inner());
+                    if prepared.get(&client, sql).is_none() {
+                        prepared
+                            .statements
+                            .insert(sql.to_owned(), statement.clone());
+                    }
+                    statement
+                }
+            };
+            let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
+            client.query(&statement, &values).await
+        })
+        .await;
         match outcome {
             Ok(Ok(rows)) => Ok(rows),
             Ok(Err(e)) => {
                 if let Some(source) = db_error(&e) {
+                    // A statement the server no longer has, or whose plan
+                    // went stale (the schema recreated): prepared anew at
+                    // the next call.
+                    if let Some(prepared) = &self.prepared {
+                        prepared
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .statements
+                            .clear();
+                    }
                     return Err(CallError {
                         error: LockError::Backend {
                             key: key.to_owned(),
@@ -1072,6 +1289,18 @@ pub(crate) fn pg_message(e: &tokio_postgres::Error) -> String {
     message
 }
 
+/// Whether the statement was rolled back, having done nothing, because it
+/// met another transaction: a deadlock (40P01) or a serialization failure
+/// (40001).
+fn rolled_back_by_conflict(e: &CallError) -> bool {
+    match &e.error {
+        LockError::Backend { source, .. } => {
+            matches!(source.code(), Some("40P01" | "40001"))
+        }
+        _ => false,
+    }
+}
+
 fn protocol(key: &str, message: String) -> CallError {
     CallError {
         error: LockError::Backend {
@@ -1134,8 +1363,18 @@ async fn sweep_periodically(inner: Weak<Inner>, interval: Duration) {
                 return;
             };
             let limit = SWEEP_LIMIT;
+            // Expiries are told whether or not this manager publishes lock
+            // events, as Redis's keyspace notifications are: the sweep is
+            // where a lease that nobody else came across is seen to end.
             let swept = inner
-                .one("", &inner.sql.sweep, &[param(&limit, Type::INT4)])
+                .one(
+                    "",
+                    &inner.sql.sweep,
+                    &[
+                        param(&limit, Type::INT4),
+                        param(&inner.events_ident, Type::TEXT),
+                    ],
+                )
                 .await
                 .and_then(|row| get::<i64>("", &row, 0));
             match swept {

@@ -78,12 +78,17 @@ CREATE SEQUENCE IF NOT EXISTS __SCHEMA__.arrivals;
 -- Gives the lock `p_name` (free, or being released by its holder) to the
 -- first waiter whose entry has not expired, dropping expired entries on the
 -- way, and notifies "=<owner>:<token>:<attempt>" on its manager's channel.
--- The caller holds the key's transaction lock. True when someone took it.
-CREATE OR REPLACE FUNCTION __SCHEMA__.hand_off(p_name text, p_now timestamptz)
+-- With an events channel `p_events` (not ''), tells lock events subscribers
+-- "expired" first when the row it replaces had run out, then "handed-over"
+-- (see lock_event). The caller holds the key's transaction lock. True when
+-- someone took it.
+CREATE OR REPLACE FUNCTION __SCHEMA__.hand_off(p_name text, p_now timestamptz,
+  p_events text DEFAULT '')
 RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
   w __SCHEMA__.waiters%ROWTYPE;
   v_token bigint := 0;
+  v_since bigint;
 BEGIN
   DELETE FROM __SCHEMA__.waiters WHERE name = p_name AND expires_at <= p_now;
   SELECT * INTO w FROM __SCHEMA__.waiters WHERE name = p_name ORDER BY arrival LIMIT 1;
@@ -94,15 +99,26 @@ BEGIN
   IF w.fence THEN
     v_token := nextval('__SCHEMA__.fencing');
   END IF;
+  -- Nested, so that a manager without lock events never reads the row.
+  IF p_events <> '' THEN
+    IF EXISTS (SELECT 1 FROM __SCHEMA__.locks WHERE name = p_name AND expires_at <= p_now) THEN
+      PERFORM __SCHEMA__.lock_event(p_events, p_name, 'expired');
+    END IF;
+  END IF;
+  v_since := floor(extract(epoch FROM p_now) * 1000)::bigint;
   INSERT INTO __SCHEMA__.locks AS l
       (name, owner, token, expires_at, since_ms, holder, queued, handoff)
     VALUES (p_name, w.owner, v_token, p_now + w.ttl_ms * interval '1 millisecond',
-      floor(extract(epoch FROM p_now) * 1000)::bigint, w.holder,
+      v_since, w.holder,
       EXISTS (SELECT 1 FROM __SCHEMA__.waiters WHERE name = p_name), w.handoff)
     ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, token = excluded.token,
       expires_at = excluded.expires_at, since_ms = excluded.since_ms,
       holder = excluded.holder, queued = excluded.queued, handoff = excluded.handoff;
   PERFORM pg_notify(w.handoff, '=' || w.owner || ':' || v_token || ':' || w.attempt);
+  IF p_events <> '' THEN
+    PERFORM __SCHEMA__.lock_event(p_events, p_name,
+      'handed-over ' || v_token || ' ' || v_since || ' ' || w.holder);
+  END IF;
   RETURN true;
 END $$;
 
@@ -111,7 +127,9 @@ END $$;
 -- whether to issue the fencing token now; whether the caller waits; its
 -- acquisition time (ms since the epoch); its description; the queue lease
 -- (ms); the lease a hand-off gives (ms); the caller's manager's hand-off tag
--- and LISTEN channel; the attempt's number.
+-- and LISTEN channel; the attempt's number; the events channel, '' for a
+-- manager without lock events (a takeover of a lease that ran out then tells
+-- "expired" before "acquired", see lock_event).
 -- Returns (status, token, remaining_ms):
 --   (1, token, 0)       ours, freshly taken or already ours (a hand-off, a
 --                       retry whose reply was lost); our queue entry is gone
@@ -121,18 +139,20 @@ END $$;
 CREATE OR REPLACE FUNCTION __SCHEMA__.acquire(
   p_name text, p_owner text, p_lease_ms bigint, p_fence boolean, p_waiting boolean,
   p_since_ms bigint, p_holder text, p_queue_lease_ms bigint, p_handoff_ttl_ms bigint,
-  p_route text, p_handoff text, p_attempt bigint,
+  p_route text, p_handoff text, p_attempt bigint, p_events text DEFAULT '',
   OUT o_status integer, OUT o_token bigint, OUT o_remaining_ms bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
   r __SCHEMA__.locks%ROWTYPE;
   v_now timestamptz;
   v_head text;
+  v_found boolean;
 BEGIN
   PERFORM pg_advisory_xact_lock(1684826880, hashtext(p_name));
   v_now := clock_timestamp();
   SELECT * INTO r FROM __SCHEMA__.locks WHERE name = p_name FOR UPDATE;
-  IF FOUND AND r.expires_at > v_now THEN
+  v_found := FOUND;
+  IF v_found AND r.expires_at > v_now THEN
     IF r.owner = p_owner THEN
       UPDATE __SCHEMA__.locks SET expires_at = v_now + p_lease_ms * interval '1 millisecond'
         WHERE name = p_name;
@@ -155,10 +175,17 @@ BEGIN
         ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, token = excluded.token,
           expires_at = excluded.expires_at, since_ms = excluded.since_ms,
           holder = excluded.holder, queued = excluded.queued, handoff = excluded.handoff;
+      IF p_events <> '' THEN
+        IF v_found THEN
+          PERFORM __SCHEMA__.lock_event(p_events, p_name, 'expired');
+        END IF;
+        PERFORM __SCHEMA__.lock_event(p_events, p_name,
+          'acquired ' || o_token || ' ' || p_since_ms || ' ' || p_holder);
+      END IF;
       o_status := 1; o_remaining_ms := 0;
       RETURN;
     END IF;
-    PERFORM __SCHEMA__.hand_off(p_name, v_now);
+    PERFORM __SCHEMA__.hand_off(p_name, v_now, p_events);
     SELECT * INTO r FROM __SCHEMA__.locks WHERE name = p_name;
   END IF;
   IF p_waiting THEN
@@ -185,10 +212,12 @@ END $$;
 -- hands it to the first live waiter; with `p_keep_ms` above 0 (the rest of a
 -- min_hold) keeps it that long instead. Not ours: withdraws our queue entry,
 -- and hands a free lock on. Notifies only when someone queued: the hand-off,
--- or a wake-up "<owner>" on `p_wake` when nobody live is left.
+-- or a wake-up "<owner>" on `p_wake` when nobody live is left. With an
+-- events channel `p_events` (not ''), tells "released <token>" or the
+-- hand-off (see lock_event).
 -- Returns true when the lock was ours.
 CREATE OR REPLACE FUNCTION __SCHEMA__.release(
-  p_name text, p_owner text, p_keep_ms bigint, p_wake text)
+  p_name text, p_owner text, p_keep_ms bigint, p_wake text, p_events text DEFAULT '')
 RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
   r __SCHEMA__.locks%ROWTYPE;
@@ -205,15 +234,21 @@ BEGIN
         WHERE name = p_name;
     ELSIF NOT r.queued THEN
       DELETE FROM __SCHEMA__.locks WHERE name = p_name;
-    ELSIF NOT __SCHEMA__.hand_off(p_name, v_now) THEN
+      IF p_events <> '' THEN
+        PERFORM __SCHEMA__.lock_event(p_events, p_name, 'released ' || r.token);
+      END IF;
+    ELSIF NOT __SCHEMA__.hand_off(p_name, v_now, p_events) THEN
       DELETE FROM __SCHEMA__.locks WHERE name = p_name;
       PERFORM pg_notify(p_wake, p_owner);
+      IF p_events <> '' THEN
+        PERFORM __SCHEMA__.lock_event(p_events, p_name, 'released ' || r.token);
+      END IF;
     END IF;
     RETURN true;
   END IF;
   DELETE FROM __SCHEMA__.waiters WHERE name = p_name AND owner = p_owner;
   IF NOT v_held THEN
-    PERFORM __SCHEMA__.hand_off(p_name, v_now);
+    PERFORM __SCHEMA__.hand_off(p_name, v_now, p_events);
   END IF;
   RETURN false;
 END $$;
@@ -221,9 +256,11 @@ END $$;
 -- Frees the lock whoever holds it (or only if `p_only` does, when not ''),
 -- then hands it to the first live waiter, or notifies `p_payload` on
 -- `p_wake` when nobody is queued. The fencing sequence is untouched, so the
--- next holder's token is larger. True when it was held.
+-- next holder's token is larger. With an events channel `p_events` (not
+-- ''), tells "force-unlocked <token>", then the hand-off (see lock_event).
+-- True when it was held.
 CREATE OR REPLACE FUNCTION __SCHEMA__.force_unlock(
-  p_name text, p_only text, p_wake text, p_payload text)
+  p_name text, p_only text, p_wake text, p_payload text, p_events text DEFAULT '')
 RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
   r __SCHEMA__.locks%ROWTYPE;
@@ -236,7 +273,10 @@ BEGIN
     RETURN false;
   END IF;
   DELETE FROM __SCHEMA__.locks WHERE name = p_name;
-  IF NOT __SCHEMA__.hand_off(p_name, v_now) THEN
+  IF p_events <> '' THEN
+    PERFORM __SCHEMA__.lock_event(p_events, p_name, 'force-unlocked ' || r.token);
+  END IF;
+  IF NOT __SCHEMA__.hand_off(p_name, v_now, p_events) THEN
     PERFORM pg_notify(p_wake, p_payload);
   END IF;
   RETURN true;
@@ -245,20 +285,30 @@ END $$;
 -- Deletes at most `p_limit` rows of each table that no longer matter: locks
 -- whose lease ran out with nobody queued, and queue entries whose queue
 -- lease ran out. Bounded, so that one call never holds many row locks.
--- Returns how many rows went.
-CREATE OR REPLACE FUNCTION __SCHEMA__.sweep(p_limit integer)
+-- With an events channel `p_events` (not ''), tells "expired" of each lock it
+-- deletes (see lock_event): how lock events learn of an expiry that nobody
+-- else came across. Returns how many rows went.
+CREATE OR REPLACE FUNCTION __SCHEMA__.sweep(p_limit integer, p_events text DEFAULT '')
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
-  v_locks bigint;
+  v_locks bigint := 0;
   v_waiters bigint;
+  v_name text;
 BEGIN
-  DELETE FROM __SCHEMA__.locks l
-    USING (SELECT name FROM __SCHEMA__.locks
-           WHERE expires_at <= clock_timestamp() LIMIT p_limit) d
-    WHERE l.name = d.name AND l.expires_at <= clock_timestamp()
-      AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.waiters w
-                      WHERE w.name = l.name AND w.expires_at > clock_timestamp());
-  GET DIAGNOSTICS v_locks = ROW_COUNT;
+  FOR v_name IN
+    DELETE FROM __SCHEMA__.locks l
+      USING (SELECT name FROM __SCHEMA__.locks
+             WHERE expires_at <= clock_timestamp() LIMIT p_limit) d
+      WHERE l.name = d.name AND l.expires_at <= clock_timestamp()
+        AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.waiters w
+                        WHERE w.name = l.name AND w.expires_at > clock_timestamp())
+      RETURNING l.name
+  LOOP
+    v_locks := v_locks + 1;
+    IF p_events <> '' THEN
+      PERFORM __SCHEMA__.lock_event(p_events, v_name, 'expired');
+    END IF;
+  END LOOP;
   DELETE FROM __SCHEMA__.waiters w
     USING (SELECT name, owner FROM __SCHEMA__.waiters
            WHERE expires_at <= clock_timestamp() LIMIT p_limit) d
@@ -325,5 +375,141 @@ RETURNS SETOF text LANGUAGE sql AS $$
   SELECT name FROM __SCHEMA__.locks
   WHERE name ~ p_pattern AND expires_at > clock_timestamp() ORDER BY name
 $$;
+
+-- ---------------------------------------------------------------------------
+-- Lock events (LockManager::events; managers built with lock_events(true)).
+--
+-- LISTEN takes no patterns, so every lock event of the schema goes on one
+-- channel (the client passes its identifier, `p_events`; '' means the
+-- manager publishes no events and costs one comparison), and its payload
+-- names the lock: "<n> <name> <event>", `n` the number of characters of the
+-- lock's stored name, `event` the text Redis publishes on the lock's own
+-- events channel ("acquired <token> <since_ms> <holder>", "released
+-- <token>", "handed-over <token> <since_ms> <holder>", "force-unlocked
+-- <token>", "lost <token>") or "expired". Subscribers filter by prefix and
+-- glob themselves.
+--
+-- An expiry is told by whoever removes or replaces a row whose lease ran
+-- out: the periodic sweep (within its interval), or an acquisition or
+-- hand-off that takes the lock over ("expired" then "acquired" or
+-- "handed-over", in one transaction, so in that order).
+--
+-- A NOTIFY payload must be shorter than the block size less NAMEDATALEN and
+-- 128 bytes (8000 on a stock build): an event whose payload would not fit (a
+-- lock name of several kilobytes) is sent as "- <event word>" instead,
+-- naming no lock, which subscribers report as one skipped event; the
+-- function never fails for it. Returns whether the event was sent whole.
+CREATE OR REPLACE FUNCTION __SCHEMA__.lock_event(p_events text, p_name text, p_event text)
+RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+  v_payload text := char_length(p_name) || ' ' || p_name || ' ' || p_event;
+BEGIN
+  IF octet_length(v_payload) < current_setting('block_size')::integer
+       - (current_setting('max_identifier_length')::integer + 1) - 128 THEN
+    PERFORM pg_notify(p_events, v_payload);
+    RETURN true;
+  END IF;
+  PERFORM pg_notify(p_events, '- ' || split_part(p_event, ' ', 1));
+  RETURN false;
+END $$;
+
+-- ---------------------------------------------------------------------------
+-- Multi-key locks (`lock_all`): several default locks taken in one call, all
+-- or none.
+-- ---------------------------------------------------------------------------
+
+-- Takes every lock of `p_names` for `p_owner`, or none (see acquire_all.lua,
+-- whose protocol this mirrors; the client sends at most MAX_LOCK_ALL_KEYS
+-- names, de-duplicated). First the keys' transaction locks, all of them, in
+-- one global order: ascending by the advisory key itself (hashtext of the
+-- name), each distinct key once. Ordering by name would not do where names
+-- share a hash: with a < b < c and hashtext(a) = hashtext(c), a call for
+-- {a, b} would take that key first and one for {b, c} last. With every
+-- multi-key call taking its keys in this order and every other function
+-- taking one, no two calls wait for each other's keys in a cycle. Row locks, which renew and sweep
+-- take in their own order, may still deadlock with this call (SQLSTATE
+-- 40P01, the whole call rolled back): the client calls again.
+-- A lock is busy when another owner holds it, or when it is free and a live
+-- waiter of another owner heads its queue (the lock is handed to that waiter
+-- here, as acquire does, and the caller waits for it one lock at a time).
+-- Parameters: the locks' names; the owner token; the lease (ms); whether to
+-- issue fencing tokens now; the acquisition time (ms since the epoch); the
+-- holder's description; the LISTEN channel of the owner's manager (where
+-- a first waiter's notice goes); the events channel (see lock_event: '' for
+-- none), on which each lock taken is told as acquire tells it ("expired"
+-- first where the call replaces an expired row).
+-- Returns (status, index, remaining_ms, tokens):
+--   (1, 0, 0, tokens)       every lock is ours, `tokens[i]` the fencing token
+--                           of `p_names[i]` (0 without fencing): freshly
+--                           taken, or already ours (a retried call whose
+--                           reply was lost), every lease reset to p_lease_ms
+--   (0, i, remaining, NULL) `p_names[i]` (1-based) is busy for `remaining`
+--                           more ms; none was taken
+CREATE OR REPLACE FUNCTION __SCHEMA__.acquire_all(
+  p_names text[], p_owner text, p_lease_ms bigint, p_fence boolean, p_since_ms bigint,
+  p_holder text, p_handoff text, p_events text DEFAULT '',
+  OUT o_status integer, OUT o_index integer, OUT o_remaining_ms bigint, OUT o_tokens bigint[])
+LANGUAGE plpgsql AS $$
+DECLARE
+  v_key integer;
+  v_now timestamptz;
+  v_head text;
+  v_token bigint;
+  v_count integer := coalesce(array_length(p_names, 1), 0);
+  v_found boolean;
+  r __SCHEMA__.locks%ROWTYPE;
+BEGIN
+  FOR v_key IN SELECT DISTINCT hashtext(n) FROM unnest(p_names) AS n ORDER BY 1 LOOP
+    PERFORM pg_advisory_xact_lock(1684826880, v_key);
+  END LOOP;
+  v_now := clock_timestamp();
+  o_remaining_ms := 0;
+  FOR i IN 1 .. v_count LOOP
+    SELECT * INTO r FROM __SCHEMA__.locks WHERE name = p_names[i];
+    IF FOUND AND r.expires_at > v_now THEN
+      CONTINUE WHEN r.owner = p_owner;
+    ELSE
+      DELETE FROM __SCHEMA__.waiters WHERE name = p_names[i] AND expires_at <= v_now;
+      SELECT w.owner INTO v_head FROM __SCHEMA__.waiters w WHERE w.name = p_names[i]
+        ORDER BY w.arrival LIMIT 1;
+      CONTINUE WHEN v_head IS NULL OR v_head = p_owner;
+      PERFORM __SCHEMA__.hand_off(p_names[i], v_now, p_events);
+      SELECT * INTO r FROM __SCHEMA__.locks WHERE name = p_names[i];
+    END IF;
+    o_status := 0; o_index := i;
+    o_remaining_ms := greatest(0, ceil(extract(epoch FROM r.expires_at - v_now) * 1000))::bigint;
+    RETURN;
+  END LOOP;
+  o_tokens := '{}';
+  FOR i IN 1 .. v_count LOOP
+    DELETE FROM __SCHEMA__.waiters WHERE name = p_names[i] AND owner = p_owner;
+    SELECT * INTO r FROM __SCHEMA__.locks WHERE name = p_names[i];
+    v_found := FOUND;
+    IF v_found AND r.expires_at > v_now THEN
+      UPDATE __SCHEMA__.locks SET expires_at = v_now + p_lease_ms * interval '1 millisecond'
+        WHERE name = p_names[i];
+      v_token := r.token;
+    ELSE
+      v_token := CASE WHEN p_fence THEN nextval('__SCHEMA__.fencing') ELSE 0 END;
+      INSERT INTO __SCHEMA__.locks AS l
+          (name, owner, token, expires_at, since_ms, holder, queued, handoff)
+        VALUES (p_names[i], p_owner, v_token, v_now + p_lease_ms * interval '1 millisecond',
+          p_since_ms, p_holder,
+          EXISTS (SELECT 1 FROM __SCHEMA__.waiters WHERE name = p_names[i]), p_handoff)
+        ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, token = excluded.token,
+          expires_at = excluded.expires_at, since_ms = excluded.since_ms,
+          holder = excluded.holder, queued = excluded.queued, handoff = excluded.handoff;
+      IF p_events <> '' THEN
+        IF v_found THEN
+          PERFORM __SCHEMA__.lock_event(p_events, p_names[i], 'expired');
+        END IF;
+        PERFORM __SCHEMA__.lock_event(p_events, p_names[i],
+          'acquired ' || v_token || ' ' || p_since_ms || ' ' || p_holder);
+      END IF;
+    END IF;
+    o_tokens := o_tokens || v_token;
+  END LOOP;
+  o_status := 1; o_index := 0;
+END $$;
 
 INSERT INTO __SCHEMA__.version (one, version) VALUES (true, 1) ON CONFLICT (one) DO NOTHING;
