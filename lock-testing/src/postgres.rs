@@ -318,6 +318,18 @@ impl PostgresServer {
             .append(true)
             .open(data.join("postgresql.conf"))?;
         io::Write::write_all(&mut file, conf.as_bytes())?;
+        // A primary that has a synchronous standby already passed its
+        // synchronous_standby_names (ALTER SYSTEM's file) on: after a promotion this server
+        // would wait for a standby of its own that does not exist.
+        let auto_conf = data.join("postgresql.auto.conf");
+        if let Ok(text) = std::fs::read_to_string(&auto_conf) {
+            let kept: String = text
+                .lines()
+                .filter(|line| !line.trim_start().starts_with("synchronous_standby_names"))
+                .map(|line| format!("{line}\n"))
+                .collect();
+            std::fs::write(&auto_conf, kept)?;
+        }
         std::fs::write(data.join("standby.signal"), "")?;
         if let Some((uid, gid)) = self.run_as {
             std::os::unix::fs::chown(
@@ -1335,6 +1347,19 @@ mod tests {
         // is the test's to arrange), still without the promoted server's write.
         primary.start_again()?;
         assert_eq!(primary.psql("SELECT count(*) FROM t")?, "1");
+        Ok(())
+    }
+
+    #[test]
+    fn a_second_standby_promoted_waits_for_no_standby() -> TestResult {
+        let primary = PostgresServer::start()?;
+        let _synchronous = primary.start_standby(Replication::Synchronous)?;
+        let second = primary.start_standby(Replication::Asynchronous)?;
+        primary.stop_immediate()?;
+        second.promote()?;
+        assert_eq!(second.psql("SHOW synchronous_standby_names")?, "");
+        // A commit returns: nothing to wait for.
+        second.psql("CREATE TABLE t (v int); INSERT INTO t VALUES (1)")?;
         Ok(())
     }
 
