@@ -290,6 +290,36 @@ async fn postgres_failover_to_a_synchronous_standby_reissues_no_token_and_no_hel
     }
 }
 
+/// Split brain: the standby is promoted while the old primary still runs
+/// (cut off, say, rather than dead). Under the option the old primary can
+/// confirm nothing any more (its synchronous standby left it), so its
+/// managers are granted nothing and their holders lose their leases, before
+/// the new primary grants those locks to anyone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_standby_promoted_beside_a_running_primary_leaves_it_unable_to_grant() {
+    let (primary, standby) = primary_and_standby(Replication::Synchronous);
+    let old = build(&primary.url(), true).await.expect("build");
+    let held = old.lock("split").acquire().await.unwrap();
+    let token = held.fencing_token().await.unwrap();
+
+    blocking(|| standby.promote());
+    // The old primary still answers, but its commits wait for a standby
+    // that no longer follows it: no grant, no renewal.
+    let grant = old.lock("other").acquire().await;
+    assert!(grant.is_err(), "the old primary granted alone: {grant:?}");
+    let new = build(&standby.url(), false)
+        .await
+        .expect("build on the new primary");
+    let taken = new
+        .lock("split")
+        .wait(LEASE * 10)
+        .acquire()
+        .await
+        .expect("granted once the old lease ran out");
+    assert!(held.is_lost(), "granted while the old holder trusts it");
+    assert!(taken.fencing_token().await.unwrap() > token);
+}
+
 /// The documented limit: with an asynchronous standby (and no option), a
 /// grant the client saw can be missing from the promoted standby, which then
 /// grants the lock again while its holder trusts it, with the same fencing
