@@ -1076,7 +1076,10 @@ impl LockManagerBuilder {
     /// role needs `pg_monitor` or `pg_read_all_stats` to read), and distlock's
     /// sessions commit with `synchronous_commit` `on`, `remote_write` or
     /// `remote_apply` (when the role's own setting is `local` or `off`, the
-    /// data connection sets `on` as a startup option).
+    /// data connection sets `on` as a startup option, and turns a
+    /// `transaction_timeout` off, which could end a commit's wait). A pooler
+    /// that drops startup options fails the check unless the role's own
+    /// settings already wait.
     ///
     /// Then every grant, renewal, hand-off and fencing token is confirmed by
     /// a synchronous standby before the call returns (a hand-off's new holder
