@@ -108,7 +108,7 @@
 //! | `tls` | on | `rediss://` and `valkeys://` URLs through rustls, trusting the system's roots, a CA given to [`LockManagerBuilder::tls_ca_pem`], or none with the redis crate's `#insecure` URL form; a client certificate with [`LockManagerBuilder::tls_client_identity`]. Without it such URLs and certificates fail `build()` with [`LockError::InvalidConfig`] |
 //! | `testing` | off | deprecated, removed in the next release: `distlock::testing`, a re-export of the `distlock-testing` crate (private `redis-server` processes, a cluster, a Sentinel setup, a fault-injecting proxy, for your tests); add `distlock-testing` as a dev-dependency instead |
 //! | `metrics` | off | counters, histograms and a gauge on the [`metrics`](https://docs.rs/metrics) facade crate; names and labels in the repository's `docs/operating.md` |
-//! | `postgres` | off | the PostgreSQL store for the default lock: `postgres://` and `postgresql://` URLs for [`LockManager::builder`] (tokio-postgres); setup, schema, privileges and guarantees in the repository's `docs/postgres.md`. Without it such URLs fail `build()` with [`LockError::InvalidConfig`] |
+//! | `postgres` | off | the PostgreSQL store for the default lock, read-write locks, semaphores and counting semaphores: `postgres://` and `postgresql://` URLs for [`LockManager::builder`] (tokio-postgres); setup, schema, privileges and guarantees in the repository's `docs/postgres.md`. Without it such URLs fail `build()` with [`LockError::InvalidConfig`] |
 //!
 //! Items that need a feature say so on docs.rs.
 //!
@@ -126,7 +126,7 @@
 //! ACL users, server checks, shutdown, managed services), `docs/operating.md`
 //! (inspecting and freeing locks, the `distlock` CLI, metrics and spans),
 //! `docs/scaling-out.md` (Redis Cluster, Sentinel, acknowledged replicas, Redlock),
-//! `docs/postgres.md` (the default lock on PostgreSQL: setup, schema, privileges,
+//! `docs/postgres.md` (PostgreSQL as the store: setup, schema, privileges,
 //! guarantees by deployment) and `docs/testing.md` (private servers for your tests,
 //! from `distlock-testing`).
 //!

@@ -4,7 +4,7 @@
 //! waiters in order) and multi-key holds (one hold id across their keys);
 //! `LockRequest::is_locked` answers per kind; `force_unlock_hold` frees one
 //! holder and `force_unlock_all` a whole key, telling the waiters. On one
-//! server and a cluster; the default lock on a Redlock.
+//! server, a cluster and PostgreSQL; the default lock on a Redlock.
 
 mod common;
 
@@ -23,7 +23,7 @@ fn builder(d: &Deployment) -> LockManagerBuilder {
             .command_timeout(Duration::from_millis(500))
             .connect_timeout(Duration::from_millis(500)),
         #[cfg(feature = "postgres")]
-        Deployment::Postgres { .. } => unreachable!("a Redis-only test"),
+        Deployment::Postgres { .. } => d.builder(),
     }
 }
 
@@ -36,10 +36,12 @@ async fn named(d: &Deployment, holder: &str) -> LockManager {
         .expect("build")
 }
 
-on_both!(
+on_stores!(
     every_kind_is_seen_with_its_holders,
     one_holder_or_the_whole_key_is_freed,
 );
+
+on_stores!(multi_key_holds_are_listed_beside_every_kind);
 
 async fn every_kind_is_seen_with_its_holders(d: Deployment) {
     let a = named(&d, "host-a").await;
@@ -176,9 +178,10 @@ async fn every_kind_is_seen_with_its_holders(d: Deployment) {
         .waiters
         .is_empty());
 
-    // A multi-key hold: its keys share one hold id; `list` sees every kind.
-    let multi = a.lock_all(["ek:m1", "ek:m2"]).acquire().await.unwrap();
+    // `list` sees every kind.
+    let lock = a.lock("ek:l").acquire().await.unwrap();
     let reader = b.read_lock("ek:r").acquire().await.unwrap();
+    let writer = a.write_lock("ek:w").acquire().await.unwrap();
     let permit = c.semaphore("ek:s", 2).acquire().await.unwrap();
     let listed = operator.list("ek:*").await.unwrap();
     let seen: Vec<_> = listed
@@ -188,10 +191,40 @@ async fn every_kind_is_seen_with_its_holders(d: Deployment) {
     assert_eq!(
         seen,
         [
-            ("ek:m1", HoldKind::Lock, "host-a"),
-            ("ek:m2", HoldKind::Lock, "host-a"),
+            ("ek:l", HoldKind::Lock, "host-a"),
             ("ek:r", HoldKind::Read, "host-b"),
             ("ek:s", HoldKind::Permits(1), "host-c"),
+            ("ek:w", HoldKind::Write, "host-a"),
+        ]
+    );
+    for guard in [lock, reader, writer, permit] {
+        guard.release().await.unwrap();
+    }
+    assert_eq!(operator.list("ek:*").await.unwrap(), []);
+}
+
+async fn multi_key_holds_are_listed_beside_every_kind(d: Deployment) {
+    let a = named(&d, "host-a").await;
+    let b = named(&d, "host-b").await;
+    let c = named(&d, "host-c").await;
+    let operator = d.manager().await;
+
+    // A multi-key hold: its keys share one hold id; `list` sees every kind.
+    let multi = a.lock_all(["mk:m1", "mk:m2"]).acquire().await.unwrap();
+    let reader = b.read_lock("mk:r").acquire().await.unwrap();
+    let permit = c.semaphore("mk:s", 2).acquire().await.unwrap();
+    let listed = operator.list("mk:*").await.unwrap();
+    let seen: Vec<_> = listed
+        .iter()
+        .map(|h| (h.key.as_str(), h.kind, h.holder.as_str()))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("mk:m1", HoldKind::Lock, "host-a"),
+            ("mk:m2", HoldKind::Lock, "host-a"),
+            ("mk:r", HoldKind::Read, "host-b"),
+            ("mk:s", HoldKind::Permits(1), "host-c"),
         ]
     );
     assert_eq!(
@@ -203,15 +236,15 @@ async fn every_kind_is_seen_with_its_holders(d: Deployment) {
     multi.release().await.unwrap();
     reader.release().await.unwrap();
     permit.release().await.unwrap();
-    assert_eq!(operator.list("ek:*").await.unwrap(), []);
+    assert_eq!(operator.list("mk:*").await.unwrap(), []);
 
     // Keys taken one by one (the second was busy, so no one script could
     // take both): tokens of their own, one acquisition id.
-    let busy = b.lock("ek:w2").acquire().await.unwrap();
+    let busy = b.lock("mk:w2").acquire().await.unwrap();
     let multi = tokio::spawn({
         let a = a.clone();
         async move {
-            a.lock_all(["ek:w1", "ek:w2"])
+            a.lock_all(["mk:w1", "mk:w2"])
                 .wait(Duration::from_secs(20))
                 .acquire()
                 .await
@@ -219,13 +252,13 @@ async fn every_kind_is_seen_with_its_holders(d: Deployment) {
         }
     });
     let first_taken = eventually(Duration::from_secs(10), async || {
-        operator.inspect_all("ek:w1").await.unwrap().is_held()
+        operator.inspect_all("mk:w1").await.unwrap().is_held()
     })
     .await;
     assert!(first_taken.is_some());
     busy.release().await.unwrap();
     let multi = multi.await.unwrap();
-    let listed = operator.list("ek:w*").await.unwrap();
+    let listed = operator.list("mk:w*").await.unwrap();
     assert_eq!(listed.len(), 2, "{listed:?}");
     assert_eq!(listed[0].acquisition_id, listed[1].acquisition_id);
     assert_ne!(listed[0].hold_id, listed[1].hold_id);
@@ -237,7 +270,7 @@ async fn one_holder_or_the_whole_key_is_freed(d: Deployment) {
     let b = named(&d, "host-b").await;
     let c = named(&d, "host-c").await;
     let operator = d.manager().await;
-    let mut raw = d.raw_for(&operator, "fk:doc").await;
+    let mut raw = d.redis_raw_for(&operator, "fk:doc").await;
 
     // One reader of two.
     let ra = a.read_lock("fk:doc").acquire().await.unwrap();
@@ -335,18 +368,21 @@ async fn one_holder_or_the_whole_key_is_freed(d: Deployment) {
     one.release().await.unwrap();
     got.release().await.unwrap();
     drop((ra, rb, two, lock));
-    let left = eventually(Duration::from_secs(10), async || {
-        kinds_of(&mut raw, "fk:doc")
-            .await
-            .iter()
-            .all(|k| k.ends_with("fence"))
-    })
-    .await;
-    assert!(
-        left.is_some(),
-        "nothing but fencing counters: {:?}",
-        kinds_of(&mut raw, "fk:doc").await
-    );
+    assert!(!operator.inspect_all("fk:doc").await.unwrap().is_held());
+    if let Some(raw) = raw.as_mut() {
+        let left = eventually(Duration::from_secs(10), async || {
+            kinds_of(raw, "fk:doc")
+                .await
+                .iter()
+                .all(|k| k.ends_with("fence"))
+        })
+        .await;
+        assert!(
+            left.is_some(),
+            "nothing but fencing counters: {:?}",
+            kinds_of(raw, "fk:doc").await
+        );
+    }
 }
 
 /// An expired reader's or permit holder's details go with it: the next

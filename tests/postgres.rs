@@ -156,25 +156,6 @@ async fn postgres_fencing_tokens_grow_across_deletion_and_restart() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_refused_primitives_give_a_typed_error() {
-    let pg = server();
-    let m = manager(&pg).await;
-    let unsupported = |r: Result<(), LockError>| match r {
-        Err(LockError::Unsupported { store, .. }) => assert_eq!(store, "PostgreSQL"),
-        other => panic!("expected Unsupported, got {other:?}"),
-    };
-    unsupported(m.semaphore("s", 2).acquire().await.map(drop));
-    unsupported(m.read_lock("rw").acquire().await.map(drop));
-    unsupported(m.write_lock("rw").acquire().await.map(drop));
-    unsupported(m.counting_semaphore("c").try_acquire(1).await.map(drop));
-    let message = m.semaphore("s", 2).acquire().await.unwrap_err().to_string();
-    assert!(
-        message.contains("not available on PostgreSQL yet"),
-        "{message}"
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_an_uncontended_cycle_is_two_statements() {
     let pg = PostgresServer::builder()
         .setting("log_statement", "all")
@@ -460,6 +441,68 @@ async fn postgres_the_sweep_keeps_the_tables_bounded() {
     );
 }
 
+/// The shared holds' and counters' tables too: expired read, write and
+/// permit holds, the family rows they leave (a semaphore's count, a dead
+/// writer's intent) and ended registrations of counting semaphore waiters
+/// go with the sweep, more than one sweep's limit of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_the_sweep_keeps_the_shared_tables_bounded() {
+    let pg = server();
+    let m = LockManager::builder(&pg.url())
+        .postgres_sweep_interval(Duration::from_millis(100))
+        .build()
+        .await
+        .unwrap();
+    let db = sql_client(&pg).await;
+    // 1500 holds of readers that died (their leases ran out), the intents
+    // of 1500 writers that died waiting, and 1500 registrations of counting
+    // semaphore waiters that died.
+    db.batch_execute(
+        "INSERT INTO distlock.shared_holds (name, owner, kind, expires_at, since_ms, holder) \
+         SELECT 'dead:' || g, 'owner', 'r', clock_timestamp() - interval '1 second', 0, '' \
+         FROM generate_series(1, 1500) g; \
+         INSERT INTO distlock.shared_keys (name, intent_owner, intent_expires_at) \
+         SELECT 'dead:' || g, 'owner', clock_timestamp() - interval '1 second' \
+         FROM generate_series(1, 1500) g; \
+         INSERT INTO distlock.counter_waiters (name, owner, expires_at) \
+         SELECT 'dead:' || g, 'owner', clock_timestamp() - interval '1 second' \
+         FROM generate_series(1, 1500) g",
+    )
+    .await
+    .unwrap();
+    // Holds of every kind whose holders never release them, and released ones.
+    let short = Duration::from_millis(50);
+    for i in 0..50 {
+        let expiring = [
+            m.read_lock(format!("r:{i}")).lease(short),
+            m.write_lock(format!("w:{i}")).lease(short),
+            m.semaphore(format!("s:{i}"), 3).weight(2).lease(short),
+        ];
+        for request in expiring {
+            std::mem::forget(request.renew(false).acquire().await.unwrap());
+        }
+        m.semaphore(format!("cycled:{i}"), 2)
+            .acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    let rows = async || {
+        count(&db, "SELECT count(*) FROM distlock.shared_holds").await
+            + count(&db, "SELECT count(*) FROM distlock.shared_keys").await
+            + count(&db, "SELECT count(*) FROM distlock.counter_waiters").await
+    };
+    assert!(
+        eventually(Duration::from_secs(10), async || rows().await == 0)
+            .await
+            .is_some(),
+        "rows left: {}",
+        rows().await
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_the_schema_is_versioned_and_its_creation_optional() {
     let pg = server();
@@ -703,4 +746,146 @@ async fn postgres_a_hold_across_an_immediate_restart_is_kept() {
         .release()
         .await
         .expect("the release after the restart");
+}
+
+/// Holds of the shared kinds whose guards are dropped as their runtime ends
+/// (the release spawned there never runs) are released by the blocking
+/// release on a connection of its own, each by its kind's function: nothing
+/// stays held for the rest of its 30 s lease.
+#[test]
+fn postgres_shared_holds_dropped_as_their_runtime_ends_are_released() {
+    let pg = server();
+    let lease = Duration::from_secs(30);
+    let ending = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    ending.block_on(async {
+        let m = manager(&pg).await;
+        let _reader = m.read_lock("ends:r").lease(lease).acquire().await.unwrap();
+        let _writer = m.write_lock("ends:w").lease(lease).acquire().await.unwrap();
+        let _permits = m
+            .semaphore("ends:s", 3)
+            .weight(2)
+            .lease(lease)
+            .acquire()
+            .await
+            .unwrap();
+        // Dropped here, inside the runtime: each Drop spawns its release.
+    });
+    drop(ending);
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let m = manager(&pg).await;
+        for key in ["ends:r", "ends:w", "ends:s"] {
+            let state = m.inspect_all(key).await.unwrap();
+            assert!(!state.is_held(), "{key} still held: {state:?}");
+        }
+    });
+}
+
+/// An uncontended cycle of each shared kind (a read hold, a write hold with
+/// its token on demand, a weighted permit hold, a counting semaphore's
+/// acquire and release) costs one statement per operation, as on Redis one
+/// script call each: 2, 3, 2 and 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_cycle_of_each_shared_kind_is_one_statement_per_step() {
+    let pg = PostgresServer::builder()
+        .setting("log_statement", "all")
+        .start()
+        .unwrap();
+    // No sweep statement may fall between the counts.
+    let m = LockManager::builder(&pg.url())
+        .postgres_sweep_interval(Duration::from_secs(3600))
+        .build()
+        .await
+        .unwrap();
+    m.lock("warm")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let statements = || {
+        std::fs::read_to_string(pg.log_path())
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains("statement: ") || l.contains("execute <unnamed>"))
+            .filter(|l| l.contains("distlock."))
+            .count()
+    };
+    let mut before = statements();
+    let mut spent = || {
+        let now = statements();
+        let spent = now - before;
+        before = now;
+        spent
+    };
+    let read = m.read_lock("cycle").acquire().await.unwrap();
+    read.release().await.unwrap();
+    assert_eq!(spent(), 2, "a read hold's acquire + release");
+    let write = m.write_lock("cycle").acquire().await.unwrap();
+    assert!(write.fencing_token().await.unwrap() > 0);
+    write.release().await.unwrap();
+    assert_eq!(spent(), 3, "a write hold's acquire + token + release");
+    let permits = m.semaphore("cycle", 4).weight(3).acquire().await.unwrap();
+    permits.release().await.unwrap();
+    assert_eq!(spent(), 2, "a permit hold's acquire + release");
+    let counter = m.counting_semaphore("cycle");
+    assert!(counter.try_set_permits(1).await.unwrap());
+    spent();
+    assert!(counter.try_acquire(1).await.unwrap());
+    counter.release(1).await.unwrap();
+    assert_eq!(spent(), 2, "a counting semaphore's acquire + release");
+}
+
+/// Permit counts and weights up to `u32::MAX` (beyond PostgreSQL's integer)
+/// are stored, summed, given back and freed exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_semaphore_of_u32_max_permits_counts_exactly() {
+    let pg = server();
+    let m = manager(&pg).await;
+    let all = u32::MAX;
+    let mut hold = m
+        .semaphore("huge", all)
+        .weight(all)
+        .acquire()
+        .await
+        .unwrap();
+    let counts = m.semaphore("huge", all).permit_counts().await.unwrap();
+    assert_eq!(
+        (counts.configured, counts.held, counts.available),
+        (all, all, 0)
+    );
+    assert!(m
+        .semaphore("huge", all)
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
+    hold.release_permits(all - 1).await.unwrap();
+    let counts = m.semaphore("huge", all).permit_counts().await.unwrap();
+    assert_eq!((counts.held, counts.available), (1, all - 1));
+    let most = m
+        .semaphore("huge", all)
+        .weight(all - 1)
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("the permits given back");
+    let state = m.inspect_all("huge").await.unwrap();
+    let mut weights: Vec<u32> = state
+        .holds
+        .iter()
+        .map(|h| match h.kind {
+            distlock::HoldKind::Permits(n) => n,
+            other => panic!("a {other} hold on a semaphore"),
+        })
+        .collect();
+    weights.sort_unstable();
+    assert_eq!(weights, [1, all - 1]);
+    assert_eq!(m.force_unlock_all("huge").await.unwrap(), 2);
+    let counts = m.semaphore("huge", all).permit_counts().await.unwrap();
+    assert_eq!((counts.held, counts.available), (0, all));
+    drop((hold, most));
 }

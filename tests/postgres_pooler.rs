@@ -3,7 +3,8 @@
 //! works unchanged, LISTEN does not carry notifications there, so waiters are
 //! served by their timers in their queue turn (and a leader watch by its
 //! reads); with `postgres_listen_url` pointing at the server itself, wake-ups
-//! and hand-offs are pushed again.
+//! and hand-offs are pushed again. Read-write locks, semaphores and counting
+//! semaphores likewise (their waiters always retry on their backoff timers).
 //!
 //! Run with `cargo test -p distlock --features postgres --test postgres_pooler`
 //! (needs the `pgbouncer` binary; its service need not run).
@@ -310,6 +311,235 @@ async fn postgres_a_direct_listen_url_brings_pushed_hand_offs_back() {
         "{} hand-offs heard for 4 grants",
         delivered - before
     );
+}
+
+/// The default backoff's longest nap (`Backoff::default()`: capped at 1 s):
+/// a waiter of a read-write lock or a semaphore that hears nothing comes
+/// back at most this long after a release, and its attempt then takes it.
+const BACKOFF_CAP: Duration = Duration::from_secs(1);
+
+/// How late a waiter that hears nothing may be served after the release
+/// that freed what it waits for: its longest nap, and 1 s for the release's
+/// and the attempt's round trips through the pooler on a loaded machine.
+const TIMER_BOUND: Duration = Duration::from_secs(2);
+
+/// Spawns a wait of `m` for `key`'s write lock (`write`) or read lock that
+/// returns when it got it (and releases it).
+fn spawn_rw_waiter(
+    m: &LockManager,
+    key: &'static str,
+    write: bool,
+) -> tokio::task::JoinHandle<Instant> {
+    let m = m.clone();
+    tokio::spawn(async move {
+        let request = if write {
+            m.write_lock(key)
+        } else {
+            m.read_lock(key)
+        };
+        let guard = request
+            .wait(Duration::from_secs(30))
+            .acquire()
+            .await
+            .unwrap();
+        let at = Instant::now();
+        guard.release().await.unwrap();
+        at
+    })
+}
+
+/// A read-write lock through the pooler: readers share, a waiting writer
+/// (its intent recorded in the database) keeps a new reader out, the last
+/// reader's release lets it in, and a reader waiting for it gets in after
+/// its release; every waiter served by its timer, since no notification
+/// passes the pooler.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_read_write_lock_is_handed_over_through_the_pooler() {
+    let pg = PostgresServer::start().unwrap();
+    let pooler = PgBouncer::start(&pg).unwrap();
+    let a = manager(&pooler.url(), None).await;
+    let b = manager(&pooler.url(), None).await;
+    let first = a.read_lock("doc").acquire().await.unwrap();
+    let second = b.read_lock("doc").try_acquire().await.unwrap();
+    let second = second.expect("readers share");
+    assert!(b.write_lock("doc").try_acquire().await.unwrap().is_none());
+
+    let writer = spawn_rw_waiter(&b, "doc", true);
+    assert!(
+        eventually(Duration::from_secs(10), async || a
+            .inspect_all("doc")
+            .await
+            .unwrap()
+            .writer_waiting)
+        .await,
+        "the waiting writer's intent is never seen"
+    );
+    assert!(
+        a.read_lock("doc").try_acquire().await.unwrap().is_none(),
+        "a waiting writer keeps new readers out"
+    );
+    second.release().await.unwrap();
+    let released = Instant::now();
+    first.release().await.unwrap();
+    let written = writer.await.unwrap();
+    let took = written.duration_since(released);
+    assert!(
+        took <= TIMER_BOUND,
+        "the writer came {took:?} after the last reader left ({BACKOFF_CAP:?} naps)"
+    );
+
+    let holding = a.write_lock("doc").acquire().await.unwrap();
+    let token = holding.fencing_token().await.unwrap();
+    let reader = spawn_rw_waiter(&b, "doc", false);
+    // The reader's attempts find the writer (and mark its hold as waited
+    // for): seen as busy by a try of another reader meanwhile.
+    assert!(b.read_lock("doc").try_acquire().await.unwrap().is_none());
+    let released = Instant::now();
+    holding.release().await.unwrap();
+    let read = reader.await.unwrap();
+    assert!(read.duration_since(released) <= TIMER_BOUND);
+    let next = a.write_lock("doc").acquire().await.unwrap();
+    assert!(next.fencing_token().await.unwrap() > token);
+    next.release().await.unwrap();
+    assert!(a.inspect_all("doc").await.unwrap().holds.is_empty());
+    assert_eq!(a.wake_ups_delivered() + b.wake_ups_delivered(), 0);
+}
+
+/// A weighted semaphore through the pooler: counts, a waiter for two permits
+/// served when part of a hold is given back, a split, and the permits all
+/// free again at the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_semaphore_is_handed_over_through_the_pooler() {
+    let pg = PostgresServer::start().unwrap();
+    let pooler = PgBouncer::start(&pg).unwrap();
+    let a = manager(&pooler.url(), None).await;
+    let b = manager(&pooler.url(), None).await;
+    let db = sql_client(&pg.url()).await;
+    let mut all = a.semaphore("pool", 4).weight(4).acquire().await.unwrap();
+    let counts = b.semaphore("pool", 4).permit_counts().await.unwrap();
+    assert_eq!((counts.held, counts.available), (4, 0));
+    let waiter = {
+        let b = b.clone();
+        tokio::spawn(async move {
+            let guard = b
+                .semaphore("pool", 4)
+                .weight(2)
+                .wait(Duration::from_secs(30))
+                .acquire()
+                .await
+                .unwrap();
+            (guard, Instant::now())
+        })
+    };
+    // A refused waiter's attempt records the weight it waits for.
+    let waiting_weight = async || {
+        db.query_opt("SELECT waiting_weight FROM distlock.shared_keys", &[])
+            .await
+            .unwrap()
+            .map(|row| row.get::<_, i64>(0))
+    };
+    assert!(
+        eventually(Duration::from_secs(10), async || waiting_weight().await
+            == Some(2))
+        .await,
+        "the waiter never attempted"
+    );
+    assert!(!waiter.is_finished(), "no permit is free");
+    let released = Instant::now();
+    all.release_permits(2).await.unwrap();
+    let (two, at) = waiter.await.unwrap();
+    assert!(
+        at.duration_since(released) <= TIMER_BOUND,
+        "served {:?} after the give-back ({BACKOFF_CAP:?} naps)",
+        at.duration_since(released)
+    );
+    let counts = a.semaphore("pool", 4).permit_counts().await.unwrap();
+    assert_eq!((counts.held, counts.available), (4, 0));
+    let singles = all.split_permits().await.unwrap();
+    assert_eq!(singles.len(), 1, "the rest of the hold: 2 single permits");
+    let state = a.inspect_all("pool").await.unwrap();
+    assert_eq!(state.holds.len(), 3, "{:?}", state.holds);
+    assert_eq!(state.permits, Some(4));
+    all.release().await.unwrap();
+    for g in singles {
+        g.release().await.unwrap();
+    }
+    two.release().await.unwrap();
+    let counts = a.semaphore("pool", 4).permit_counts().await.unwrap();
+    assert_eq!((counts.held, counts.available), (0, 4));
+}
+
+/// Data through the pooler, listening straight at the server: the last
+/// reader's release wakes the waiting writer by a notification again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_direct_listen_url_brings_read_write_wake_ups_back() {
+    let pg = PostgresServer::start().unwrap();
+    let pooler = PgBouncer::start(&pg).unwrap();
+    let direct = pg.url();
+    let a = manager(&pooler.url(), Some(&direct)).await;
+    let b = manager(&pooler.url(), Some(&direct)).await;
+    let reading = a.read_lock("doc").acquire().await.unwrap();
+    let writer = spawn_rw_waiter(&b, "doc", true);
+    assert!(
+        eventually(Duration::from_secs(10), async || a
+            .inspect_all("doc")
+            .await
+            .unwrap()
+            .writer_waiting)
+        .await
+    );
+    reading.release().await.unwrap();
+    writer.await.unwrap();
+    assert_eq!(b.deaf_listeners(), 0, "the direct listener heard its probe");
+    assert!(
+        b.wake_ups_delivered() >= 1,
+        "woken by the release's notification"
+    );
+}
+
+/// A counting semaphore through the pooler: a waiter for permits that hears
+/// nothing is served by its timer once a release makes them available.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_counting_semaphore_serves_its_waiter_through_the_pooler() {
+    let pg = PostgresServer::start().unwrap();
+    let pooler = PgBouncer::start(&pg).unwrap();
+    let a = manager(&pooler.url(), None).await;
+    let b = manager(&pooler.url(), None).await;
+    let uploads = a.counting_semaphore("uploads");
+    assert!(uploads.try_set_permits(0).await.unwrap());
+    let waiter = {
+        let uploads = b.counting_semaphore("uploads");
+        tokio::spawn(async move {
+            let took = uploads
+                .try_acquire_within(2, Duration::from_secs(30))
+                .await
+                .unwrap();
+            (took, Instant::now())
+        })
+    };
+    assert!(
+        eventually(Duration::from_secs(10), async || uploads
+            .counts()
+            .await
+            .unwrap()
+            .waiters
+            == 1)
+        .await,
+        "the waiter never registered"
+    );
+    uploads.release(1).await.unwrap();
+    let released = Instant::now();
+    uploads.release(1).await.unwrap();
+    let (took, at) = waiter.await.unwrap();
+    assert!(took);
+    let after = at.saturating_duration_since(released);
+    assert!(
+        after <= TIMER_BOUND,
+        "served {after:?} after the release ({BACKOFF_CAP:?} naps)"
+    );
+    let counts = uploads.counts().await.unwrap();
+    assert_eq!((counts.available, counts.waiters), (0, 0));
+    assert_eq!(b.wake_ups_delivered(), 0);
 }
 
 /// A leader watch behind the pooler, whose listening connection hears no

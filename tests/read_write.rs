@@ -1,6 +1,7 @@
 //! Read-write locks: readers share, a writer excludes everyone, waiting writers
 //! keep new readers out (no starvation), each reader's hold has its own lease,
-//! re-entry rules, fencing; every test on one server and on a Redis Cluster.
+//! re-entry rules, fencing; every test on one server, on a Redis Cluster and
+//! on PostgreSQL (the names a hold leaves are checked on Redis only).
 
 mod common;
 
@@ -11,7 +12,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use distlock::LockError;
 
-crate::on_both!(
+crate::on_stores!(
     readers_share_and_a_writer_excludes_everyone,
     a_writer_is_not_starved_by_a_stream_of_readers,
     a_crashed_readers_share_expires_within_its_lease,
@@ -25,7 +26,7 @@ crate::on_both!(
 async fn readers_share_and_a_writer_excludes_everyone(d: Deployment) {
     let a = d.manager().await;
     let b = d.manager().await;
-    let mut raw = d.raw_for(&a, "doc").await;
+    let mut raw = d.redis_raw_for(&a, "doc").await;
 
     let r1 = a.read_lock("doc").acquire().await.unwrap();
     let r2 = b
@@ -36,7 +37,9 @@ async fn readers_share_and_a_writer_excludes_everyone(d: Deployment) {
         .expect("readers share");
     assert!(b.write_lock("doc").try_acquire().await.unwrap().is_none());
     // The readers' set, and their details for operators.
-    assert_eq!(kinds_of(&mut raw, "doc").await, ["rwfence", "rwr", "rwrd"]);
+    if let Some(raw) = raw.as_mut() {
+        assert_eq!(kinds_of(raw, "doc").await, ["rwfence", "rwr", "rwrd"]);
+    }
     // A read-write lock is a lock of its own: the exclusive lock is free.
     let plain = b
         .lock("doc")
@@ -50,11 +53,13 @@ async fn readers_share_and_a_writer_excludes_everyone(d: Deployment) {
     assert!(b.write_lock("doc").try_acquire().await.unwrap().is_none());
     r2.release().await.unwrap();
     // (The exclusive hold took no fencing token, so it left no counter.)
-    assert_eq!(
-        kinds_of(&mut raw, "doc").await,
-        ["rwfence"],
-        "the readers' set goes with the last reader"
-    );
+    if let Some(raw) = raw.as_mut() {
+        assert_eq!(
+            kinds_of(raw, "doc").await,
+            ["rwfence"],
+            "the readers' set goes with the last reader"
+        );
+    }
 
     let w = a
         .write_lock("doc")
@@ -65,7 +70,10 @@ async fn readers_share_and_a_writer_excludes_everyone(d: Deployment) {
     assert!(b.read_lock("doc").try_acquire().await.unwrap().is_none());
     assert!(b.write_lock("doc").try_acquire().await.unwrap().is_none());
     w.release().await.unwrap();
-    assert_eq!(kinds_of(&mut raw, "doc").await, ["rwfence"]);
+    if let Some(raw) = raw.as_mut() {
+        assert_eq!(kinds_of(raw, "doc").await, ["rwfence"]);
+    }
+    assert!(a.inspect_all("doc").await.unwrap().holds.is_empty());
     let r = b
         .read_lock("doc")
         .try_acquire()
@@ -168,7 +176,6 @@ async fn a_crashed_readers_share_expires_within_its_lease(d: Deployment) {
 async fn a_writer_that_gives_up_lets_readers_in_again(d: Deployment) {
     let a = d.manager().await;
     let b = d.manager().await;
-    let mut raw = d.raw_for(&a, "cfg").await;
     let r = a.read_lock("cfg").acquire().await.unwrap();
     let err = b
         .write_lock("cfg")
@@ -178,7 +185,7 @@ async fn a_writer_that_gives_up_lets_readers_in_again(d: Deployment) {
         .unwrap_err();
     assert!(matches!(err, LockError::Timeout { .. }), "{err}");
     let withdrawn = eventually(Duration::from_secs(2), async || {
-        !kinds_of(&mut raw, "cfg").await.contains(&"rwi".to_owned())
+        !a.inspect_all("cfg").await.unwrap().writer_waiting
     })
     .await;
     assert!(withdrawn.is_some(), "the intent is withdrawn");
@@ -283,20 +290,28 @@ async fn writers_fencing_tokens_strictly_increase(d: Deployment) {
     }
 }
 
-/// A reader whose hold was removed in Redis learns it at its next renewal.
+/// A reader whose hold was removed in the store (on Redis its set deleted,
+/// on PostgreSQL its row freed by an operator) learns it at its next renewal.
 async fn a_reader_learns_that_its_hold_is_gone(d: Deployment) {
     let m = d.manager().await;
-    let mut raw = d.raw_for(&m, "gone").await;
     let r = m
         .read_lock("gone")
         .lease(Duration::from_millis(600))
         .acquire()
         .await
         .unwrap();
-    let set = name_of(&mut raw, "rwr", "gone")
-        .await
-        .expect("the readers' set");
-    del(&mut raw, &set).await;
+    if let Some(mut raw) = d.redis_raw_for(&m, "gone").await {
+        let set = name_of(&mut raw, "rwr", "gone")
+            .await
+            .expect("the readers' set");
+        del(&mut raw, &set).await;
+    } else {
+        let state = m.inspect_all("gone").await.unwrap();
+        let [hold] = &state.holds[..] else {
+            panic!("one reader: {:?}", state.holds)
+        };
+        assert!(m.force_unlock_hold(hold).await.unwrap());
+    }
     tokio::time::timeout(Duration::from_secs(3), r.lost())
         .await
         .expect("lost() completes");

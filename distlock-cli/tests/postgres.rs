@@ -231,6 +231,117 @@ async fn postgres_a_held_lock_is_listed_inspected_and_force_unlocked() {
     );
 }
 
+/// Read-write locks and semaphores on PostgreSQL: `list` shows each reader
+/// and a weighted semaphore hold, `inspect` a waiting writer, `unlock --hold`
+/// frees one reader, `unlock` a whole key (its semaphore holder; the waiting
+/// writer then takes the read-write lock).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_read_write_locks_and_semaphores_are_listed_inspected_and_freed() {
+    let pg = PostgresServer::start().unwrap();
+    let url = pg.url();
+    let manager = LockManager::builder(&url)
+        .holder("test-holder")
+        .build()
+        .await
+        .unwrap();
+    let reader_a = manager.read_lock("doc").acquire().await.unwrap();
+    let reader_b = manager.read_lock("doc").acquire().await.unwrap();
+    let permits = manager
+        .semaphore("pool", 4)
+        .weight(3)
+        .acquire()
+        .await
+        .unwrap();
+
+    let table = cli(&url, &["list"]).await;
+    assert!(table.status.success(), "{}", stderr(&table));
+    let text = stdout(&table);
+    let rows: Vec<(&str, &str)> = text
+        .lines()
+        .skip(1)
+        .map(|line| {
+            let mut cells = line.split_whitespace();
+            (cells.next().unwrap(), cells.next().unwrap())
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [("doc", "read"), ("doc", "read"), ("pool", "3")],
+        "{text}"
+    );
+
+    // A writer waits for the readers: `inspect` shows it.
+    let writer = tokio::spawn({
+        let manager = manager.clone();
+        async move {
+            manager
+                .write_lock("doc")
+                .wait(Duration::from_secs(30))
+                .acquire()
+                .await
+                .unwrap()
+        }
+    });
+    let mut waiting = false;
+    for _ in 0..400 {
+        if manager.inspect_all("doc").await.unwrap().writer_waiting {
+            waiting = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(waiting, "the writer waits");
+    let state = json(&cli(&url, &["--json", "inspect", "doc"]).await);
+    assert_eq!(state["writer_waiting"], true, "{state}");
+    assert_eq!(state["holds"].as_array().map(Vec::len), Some(2), "{state}");
+
+    // One reader of two, by its hold id.
+    let first = state["holds"][0]["hold_id"].as_str().unwrap().to_owned();
+    let refused = cli(&url, &["unlock", "doc", "--hold", &first]).await;
+    assert_eq!(refused.status.code(), Some(2), "{}", stderr(&refused));
+    assert!(
+        stderr(&refused).contains("read by test-holder"),
+        "{}",
+        stderr(&refused)
+    );
+    let freed = json(
+        &cli(
+            &url,
+            &["--json", "unlock", "doc", "--hold", &first, "--yes"],
+        )
+        .await,
+    );
+    assert_eq!(
+        freed,
+        serde_json::json!({"key": "doc", "was_held": true, "freed": 1})
+    );
+    let left = manager.inspect_all("doc").await.unwrap();
+    assert_eq!(left.holds.len(), 1);
+    assert_ne!(left.holds[0].hold_id, first);
+
+    // The whole key of the semaphore.
+    let out = cli(&url, &["unlock", "pool", "--yes"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("force-unlocked pool (3 permits by test-holder"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(!manager.semaphore("pool", 4).is_locked().await.unwrap());
+
+    // The other reader's key: freed, the waiting writer takes the lock.
+    let out = cli(&url, &["unlock", "doc", "--yes"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let w = tokio::time::timeout(Duration::from_secs(10), writer)
+        .await
+        .expect("the writer gets the lock")
+        .unwrap();
+    let state = json(&cli(&url, &["--json", "inspect", "doc"]).await);
+    assert_eq!(state["holds"][0]["kind"], "write", "{state}");
+    w.release().await.unwrap();
+    drop((reader_a, reader_b, permits));
+}
+
 /// A leader's term is an ordinary lock (`leader:<name>`, its fencing token
 /// the epoch): `list`, `inspect` and `watch --once` show it like any other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -285,19 +396,41 @@ async fn postgres_the_url_comes_from_distlock_url_before_redis_url() {
     assert!(stdout(&out).contains("env:key"), "{}", stdout(&out));
 }
 
+/// The counting semaphore on PostgreSQL: `permits` reads and changes it,
+/// `inspect` and `list` show it; `--cluster` is a usage error there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn what_postgres_lacks_fails_with_the_typed_error_and_cluster_is_a_usage_error() {
+async fn postgres_counting_semaphores_are_shown_and_changed_and_cluster_is_a_usage_error() {
     let pg = PostgresServer::start().unwrap();
     let url = pg.url();
-    let _manager = LockManager::builder(&url).build().await.unwrap();
+    let manager = LockManager::builder(&url).build().await.unwrap();
+    let uploads = manager.counting_semaphore("uploads");
 
-    let permits = cli(&url, &["permits", "pool"]).await;
-    assert_eq!(permits.status.code(), Some(1));
-    let message = stderr(&permits);
-    assert!(
-        message.contains("a counting semaphore is not available on PostgreSQL"),
-        "{message}"
+    let missing = cli(&url, &["permits", "uploads"]).await;
+    assert_eq!(missing.status.code(), Some(1), "{}", stdout(&missing));
+    assert!(stderr(&missing).contains("not a counting semaphore"));
+
+    // Three permits, two of them taken by a process that then crashed.
+    assert!(uploads.try_set_permits(3).await.unwrap());
+    assert!(uploads.try_acquire(2).await.unwrap());
+    let read = cli(&url, &["permits", "uploads"]).await;
+    assert!(read.status.success(), "{}", stderr(&read));
+    assert_eq!(
+        stdout(&read),
+        "counting semaphore uploads: 1 available, 0 waiting\n"
     );
+    let inspected = json(&cli(&url, &["--json", "inspect", "uploads"]).await);
+    assert_eq!(inspected["counting_permits"], 1);
+    assert_eq!(inspected["holds"], serde_json::json!([]));
+    let listed = stdout(&cli(&url, &["list"]).await);
+    assert!(
+        listed
+            .lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["uploads", "1", "0"]),
+        "{listed}"
+    );
+    let added = cli(&url, &["permits", "uploads", "--add", "2", "--yes"]).await;
+    assert!(added.status.success(), "{}", stderr(&added));
+    assert_eq!(uploads.available_permits().await.unwrap(), 3);
 
     let cluster = cli(&url, &["--cluster", "list"]).await;
     assert_eq!(cluster.status.code(), Some(2));

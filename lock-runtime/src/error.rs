@@ -221,13 +221,13 @@ pub enum LockError {
     },
 
     /// The primitive or option asked for exists on Redis but not yet on the
-    /// manager's store (for example a semaphore on PostgreSQL): refused
-    /// before anything is written.
+    /// manager's store: refused before anything is written. (PostgreSQL
+    /// now serves every primitive; a store added later may not.)
     #[error("{feature} is not available on {store} yet (key {})", KeyPreview(key))]
     Unsupported {
         /// The lock key (empty when no key is involved).
         key: String,
-        /// What was asked for: "a semaphore", "lock events", ...
+        /// What was asked for: "lock events", "a semaphore", ...
         feature: String,
         /// The store that lacks it: "PostgreSQL".
         store: &'static str,

@@ -70,8 +70,9 @@ impl LockManager {
     /// skips the check (for trying things out only).
     ///
     /// A `postgres://` or `postgresql://` URL chooses the PostgreSQL store
-    /// instead (the `postgres` feature, off by default): the default lock
-    /// only, on a lease table that `build()` creates when missing (see
+    /// instead (the `postgres` feature, off by default): the default lock,
+    /// read-write locks, semaphores and counting semaphores, on tables that
+    /// `build()` creates when missing (see
     /// [`postgres_schema`](LockManagerBuilder::postgres_schema)).
     /// `?sslmode=require` (or libpq's `verify-ca`, `verify-full`) connects to
     /// PostgreSQL over TLS (with the `tls` feature too), always checking the

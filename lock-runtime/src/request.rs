@@ -444,12 +444,6 @@ impl LockRequest {
             }
             _ => {}
         }
-        if kind != LockKind::Exclusive {
-            manager
-                .core
-                .backend
-                .refuse_unless_redis(&key, &format!("a {}", kind.family()))?;
-        }
         let redlock = matches!(manager.core.backend, Backend::Redlock(_));
         if kind != LockKind::Exclusive && redlock {
             return Err(LockError::InvalidConfig(format!(

@@ -431,6 +431,43 @@ impl Deployment {
     }
 }
 
+impl Deployment {
+    /// [`raw_for`](Self::raw_for) on Redis, `None` on PostgreSQL: for a test
+    /// whose Redis-only assertions (the names a hold leaves) sit beside
+    /// store-neutral ones.
+    pub async fn redis_raw_for(
+        &self,
+        m: &LockManager,
+        user_key: &str,
+    ) -> Option<MultiplexedConnection> {
+        if self.is_postgres() {
+            None
+        } else {
+            Some(self.raw_for(m, user_key).await)
+        }
+    }
+
+    /// The largest weight PostgreSQL recorded as waited for on semaphore
+    /// `user_key` (its row of `shared_keys`), which a waiter's first attempt
+    /// after its subscription writes: what a test awaits there where it
+    /// awaits the subscription on Redis. `None` on Redis or without a row.
+    pub fn recorded_waiting_weight(&self, m: &LockManager, user_key: &str) -> Option<u64> {
+        #[cfg(feature = "postgres")]
+        if let Deployment::Postgres { server, schema } = self {
+            let name = m.redis_names(user_key).lock.replacen(":lock:", ":sem:", 1);
+            let out = server
+                .psql(&format!(
+                    "SELECT waiting_weight FROM {schema}.shared_keys WHERE name = '{}'",
+                    name.replace('\'', "''")
+                ))
+                .expect("read shared_keys");
+            return out.trim().parse().ok();
+        }
+        let _ = (m, user_key);
+        None
+    }
+}
+
 /// Runs `async fn $test(d: Deployment)` as two tests, `$test::single` and
 /// `$test::cluster`.
 #[macro_export]

@@ -146,24 +146,6 @@ impl Backend {
         }
     }
 
-    /// Refuses `feature` (a primitive or option other than the default
-    /// lock) on a store that does not have it yet, before anything is
-    /// written: [`LockError::Unsupported`].
-    pub(crate) fn refuse_unless_redis(&self, key: &str, feature: &str) -> Result<(), LockError> {
-        match self {
-            #[cfg(feature = "postgres")]
-            Backend::Postgres(_) => Err(LockError::Unsupported {
-                key: key.to_owned(),
-                feature: feature.to_owned(),
-                store: postgres::STORE,
-            }),
-            _ => {
-                let _ = (key, feature);
-                Ok(())
-            }
-        }
-    }
-
     /// Runs the acquire script: take the lock for `owner` with a lease of
     /// `lease_ms`, writing what `spec` says (fencing counter TTL, waiting mark,
     /// holder description and time).
@@ -225,8 +207,7 @@ impl Backend {
                 )),
                 maybe_executed: false,
             }),
-            // Only the default lock lives on PostgreSQL, and its operations
-            // have arms of their own; requests refuse the other kinds first.
+            // Every operation PostgreSQL serves has an arm of its own.
             #[cfg(feature = "postgres")]
             Backend::Postgres(_) => Err(CallError {
                 error: LockError::Unsupported {
@@ -347,7 +328,7 @@ impl Backend {
         match self {
             Backend::Redlock(_) => Ok(0),
             #[cfg(feature = "postgres")]
-            Backend::Postgres(_) => Ok(0),
+            Backend::Postgres(b) => b.force_unlock_shared(key, names, what, token).await,
             _ => {
                 let force = ForceUnlockShared { names, what, token };
                 self.on_key(key, &force).await
@@ -372,7 +353,11 @@ impl Backend {
         key: &str,
         keys: &RedisNames,
     ) -> Result<PermitReply, CallError> {
-        self.on_key(key, &PermitCounts { keys }).await
+        match self {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(b) => b.permit_counts(key, keys).await,
+            _ => self.on_key(key, &PermitCounts { keys }).await,
+        }
     }
 
     /// Gives back part of `owner`'s weighted semaphore hold and keeps the
@@ -384,6 +369,10 @@ impl Backend {
         owner: &str,
         kept_owner: &str,
     ) -> Result<bool, CallError> {
+        #[cfg(feature = "postgres")]
+        if let Backend::Postgres(b) = self {
+            return b.permit_give_back(key, keys, owner, kept_owner).await;
+        }
         self.on_key(
             key,
             &PermitGiveBack {
@@ -404,6 +393,10 @@ impl Backend {
         owner: &str,
         permit_owners: &[String],
     ) -> Result<bool, CallError> {
+        #[cfg(feature = "postgres")]
+        if let Backend::Postgres(b) = self {
+            return b.permit_split(key, keys, owner, permit_owners).await;
+        }
         self.on_key(
             key,
             &PermitSplit {
@@ -426,11 +419,12 @@ impl Backend {
         wanted: i64,
         register_ms: u64,
     ) -> Result<CounterReply, CallError> {
-        self.refuse_unless_redis(key, "a counting semaphore")
-            .map_err(|error| CallError {
-                error,
-                maybe_executed: false,
-            })?;
+        #[cfg(feature = "postgres")]
+        if let Backend::Postgres(b) = self {
+            return b
+                .counter_acquire(key, names, owner, wanted, register_ms)
+                .await;
+        }
         let call = CounterAcquire {
             names,
             owner,
@@ -448,11 +442,10 @@ impl Backend {
         owner: &str,
         op: CounterOp,
     ) -> Result<CounterReply, CallError> {
-        self.refuse_unless_redis(key, "a counting semaphore")
-            .map_err(|error| CallError {
-                error,
-                maybe_executed: false,
-            })?;
+        #[cfg(feature = "postgres")]
+        if let Backend::Postgres(b) = self {
+            return b.counter_change(key, names, owner, op).await;
+        }
         self.on_key(key, &CounterChange { names, owner, op }).await
     }
 

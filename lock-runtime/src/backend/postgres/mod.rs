@@ -16,11 +16,14 @@
 //! Lock events go on one channel per schema ([`events_channel`]), each
 //! payload naming its lock (`lock_event` in `schema.sql`); the sweep tells of
 //! the expiries it finds.
-//! Only the default lock is served: the other primitives are refused with
-//! [`LockError::Unsupported`] before anything is written.
+//! The default lock (and `lock_all`, leader election) is served here,
+//! read-write locks and semaphores by [`shared`], the counting semaphore by
+//! [`counting`].
 
+mod counting;
 pub(crate) mod listener;
 mod replication;
+mod shared;
 #[cfg(feature = "tls")]
 mod tls;
 
@@ -40,7 +43,7 @@ use crate::backend::scripts::{
 };
 use crate::config::{Config, TlsSettings};
 use crate::error::{BackendError, BackendErrorKind, LockError};
-use crate::keys::{KeyNames, RedisNames};
+use crate::keys::{LockKind, RedisNames};
 use crate::lease::Lease;
 
 /// The schema's version this library writes and reads.
@@ -340,6 +343,10 @@ struct Inner {
     /// The schema's events channel ([`events_channel`]) and its identifier.
     events: String,
     events_ident: String,
+    /// The statements of read-write locks and semaphores.
+    shared: shared::SharedSql,
+    /// The statements of counting semaphores.
+    counters: counting::CounterSql,
     command_timeout: Duration,
     connect_timeout: Duration,
     /// The data connection; `None` or closed: the next call connects.
@@ -395,6 +402,9 @@ impl Drop for Postgres {
         self.sweeper.abort();
     }
 }
+
+/// A statement's parameter with its type (sent with `query_typed`).
+type Param<'a> = (&'a (dyn ToSql + Sync), Type);
 
 fn param(value: &(dyn ToSql + Sync), ty: Type) -> (&(dyn ToSql + Sync), Type) {
     (value, ty)
@@ -461,6 +471,8 @@ impl Postgres {
                 sql: Sql::new(schema),
                 events: events_channel(schema),
                 events_ident: channel_ident(&events_channel(schema)),
+                shared: shared::SharedSql::new(schema),
+                counters: counting::CounterSql::new(schema),
                 command_timeout: config.command_timeout,
                 connect_timeout: config.connect_timeout,
                 client: Mutex::new(None),
@@ -572,6 +584,9 @@ impl Postgres {
         lease_ms: u64,
         spec: &AcquireSpec<'_>,
     ) -> Result<AcquireReply, CallError> {
+        if keys.kind != LockKind::Exclusive {
+            return self.acquire_shared(key, keys, owner, lease_ms, spec).await;
+        }
         let inner = &self.inner;
         let base = handoff_base(&inner.prefix);
         // The channel of the holder's manager: the route that ends its owner
@@ -706,6 +721,9 @@ impl Postgres {
         owner: &str,
         keep_ms: u64,
     ) -> Result<bool, CallError> {
+        if keys.kind != LockKind::Exclusive {
+            return self.release_shared(key, keys, owner, keep_ms).await;
+        }
         let inner = &self.inner;
         let wake = channel_ident(keys.channel());
         let keep = ms(keep_ms);
@@ -732,6 +750,9 @@ impl Postgres {
         keys: &RedisNames,
         owner: &str,
     ) -> Result<Option<u64>, CallError> {
+        if keys.kind != LockKind::Exclusive {
+            return self.issue_write_token(key, keys, owner).await;
+        }
         let inner = &self.inner;
         let row = inner
             .one(
@@ -775,23 +796,7 @@ impl Postgres {
         let row = inner
             .one(key, &inner.sql.inspect, &[param(&keys.lock, Type::TEXT)])
             .await?;
-        let value: Option<String> = get(key, &row, 0)?;
-        let pttl: Option<i64> = get(key, &row, 1)?;
-        let owners: Vec<String> = get(key, &row, 2)?;
-        let entries: Vec<String> = get(key, &row, 3)?;
-        let now_ms: i64 = get(key, &row, 4)?;
-        Ok(KeyReading {
-            lock: value.map(|value| HeldLock {
-                value,
-                pttl: pttl.unwrap_or(-1).max(1),
-            }),
-            queue: owners
-                .into_iter()
-                .zip(entries.into_iter().map(Some))
-                .collect(),
-            now_ms,
-            ..KeyReading::default()
-        })
+        key_reading(key, &row)
     }
 
     /// See `Backend::inspect`.
@@ -801,16 +806,6 @@ impl Postgres {
         keys: &RedisNames,
     ) -> Result<Option<HeldLock>, CallError> {
         Ok(self.read(key, keys).await?.lock)
-    }
-
-    /// See `Backend::inspect_key`: the default lock and its queue (the
-    /// other kinds do not exist on PostgreSQL).
-    pub(crate) async fn inspect_key(
-        &self,
-        key: &str,
-        names: &KeyNames,
-    ) -> Result<Option<KeyReading>, CallError> {
-        self.read(key, &names.lock).await.map(Some)
     }
 
     /// See `Backend::is_locked`.
@@ -859,14 +854,26 @@ impl Postgres {
             .map(drop)
     }
 
-    /// See `Backend::scan_locks`.
+    /// See `Backend::scan_locks`: the default locks' names, the shared
+    /// kinds' family names (a read-write lock's writer name, a semaphore's)
+    /// and the counters' names.
     pub(crate) async fn scan_locks(&self, pattern: &str) -> Result<Vec<String>, CallError> {
         let regex = glob_to_regex(pattern);
         let inner = &self.inner;
-        let rows = inner
-            .query("", &inner.sql.scan, &[param(&regex, Type::TEXT)])
-            .await?;
-        rows.iter().map(|row| get("", row, 0)).collect()
+        let (locks, shared, counters) = futures_util::future::join3(
+            inner.query("", &inner.sql.scan, &[param(&regex, Type::TEXT)]),
+            inner.query("", &inner.shared.scan, &[param(&regex, Type::TEXT)]),
+            inner.query("", &inner.counters.scan, &[param(&regex, Type::TEXT)]),
+        )
+        .await;
+        let mut names: Vec<String> = locks?
+            .iter()
+            .chain(shared?.iter())
+            .chain(counters?.iter())
+            .map(|row| get("", row, 0))
+            .collect::<Result<_, _>>()?;
+        names.sort_unstable();
+        Ok(names)
     }
 
     /// See `Backend::release_many`: the releases pipelined on the data
@@ -901,9 +908,17 @@ impl Postgres {
         };
         let pg = self.inner.pg.clone();
         let connector = self.inner.connector.clone();
-        let sql = self.inner.sql.release.clone();
+        // The default lock's release, or the shared kinds' (which also takes
+        // the hold's kind).
+        let (sql, kind) = match keys.kind {
+            LockKind::Exclusive => (self.inner.sql.release.clone(), None),
+            kind => (
+                self.inner.shared.release.clone(),
+                Some(shared::kind_code(kind)),
+            ),
+        };
         let bound = self.inner.connect_timeout + self.inner.command_timeout;
-        let (name, owner) = (keys.lock.clone(), owner.to_owned());
+        let (name, owner) = (shared::family_name(keys).to_owned(), owner.to_owned());
         let wake = channel_ident(keys.channel());
         let keep = ms(keep_ms);
         let events = self.inner.events_of(keys).to_owned();
@@ -919,17 +934,20 @@ impl Postgres {
                         let (client, messages) =
                             connector.connect(&pg).await.map_err(|e| pg_message(&e))?;
                         tokio::spawn(drive(messages));
+                        let mut params = vec![param(&name, Type::TEXT)];
+                        if let Some(kind) = &kind {
+                            params.push(param(kind, Type::TEXT));
+                        }
+                        params.extend([
+                            param(&owner, Type::TEXT),
+                            param(&keep, Type::INT8),
+                            param(&wake, Type::TEXT),
+                        ]);
+                        if kind.is_none() {
+                            params.push(param(&events, Type::TEXT));
+                        }
                         let row = client
-                            .query_typed(
-                                &sql,
-                                &[
-                                    param(&name, Type::TEXT),
-                                    param(&owner, Type::TEXT),
-                                    param(&keep, Type::INT8),
-                                    param(&wake, Type::TEXT),
-                                    param(&events, Type::TEXT),
-                                ],
-                            )
+                            .query_typed(&sql, &params)
                             .await
                             .map_err(|e| e.to_string())?;
                         row.first()
@@ -948,14 +966,59 @@ impl Postgres {
             .map_err(failed)
     }
 
-    /// See `Backend::renew`: the whole batch in one statement.
+    /// See `Backend::renew`: the whole batch in one statement, or two
+    /// pipelined ones when it holds both default locks and shared holds
+    /// (which live in a table of their own).
     pub(crate) async fn renew(&self, batch: &[Arc<Lease>]) -> Vec<Renewal> {
+        if batch.iter().all(|l| l.keys.kind == LockKind::Exclusive) {
+            return self.renew_locks(batch, true).await;
+        }
+        self.inner
+            .renewal_round_trips
+            .fetch_add(1, Ordering::Relaxed);
+        // Each lease with its place in the batch, where its outcome goes.
+        type Placed<'a> = Vec<(usize, &'a Arc<Lease>)>;
+        let (locks, shared): (Placed<'_>, Placed<'_>) = batch
+            .iter()
+            .enumerate()
+            .partition(|(_, l)| l.keys.kind == LockKind::Exclusive);
+        let lock_batch: Vec<Arc<Lease>> = locks.iter().map(|(_, l)| Arc::clone(l)).collect();
+        let shared_batch: Vec<&Arc<Lease>> = shared.iter().map(|(_, l)| *l).collect();
+        let (lock_renewals, shared_renewals) = futures_util::future::join(
+            async {
+                if lock_batch.is_empty() {
+                    Vec::new()
+                } else {
+                    self.renew_locks(&lock_batch, false).await
+                }
+            },
+            self.renew_shared(&shared_batch),
+        )
+        .await;
+        let mut out: Vec<Option<Renewal>> = batch.iter().map(|_| None).collect();
+        for ((i, _), renewal) in locks.iter().zip(lock_renewals) {
+            out[*i] = Some(renewal);
+        }
+        for ((i, _), renewal) in shared.iter().zip(shared_renewals) {
+            out[*i] = Some(renewal);
+        }
+        out.into_iter()
+            .map(|r| r.unwrap_or_else(|| Renewal::Failed("no renewal reply".to_owned())))
+            .collect()
+    }
+
+    /// Renews default locks only: one statement, counted as a round trip
+    /// when `count_round_trip` (not when it goes beside the shared holds'
+    /// statement, pipelined).
+    async fn renew_locks(&self, batch: &[Arc<Lease>], count_round_trip: bool) -> Vec<Renewal> {
         let inner = &self.inner;
         let names: Vec<&str> = batch.iter().map(|l| l.keys.lock.as_str()).collect();
         let owners: Vec<&str> = batch.iter().map(|l| l.owner.as_str()).collect();
         let leases: Vec<i64> = batch.iter().map(|l| ms(l.lease_ms())).collect();
         let sent_at = Instant::now();
-        inner.renewal_round_trips.fetch_add(1, Ordering::Relaxed);
+        if count_round_trip {
+            inner.renewal_round_trips.fetch_add(1, Ordering::Relaxed);
+        }
         let rows = inner
             .query(
                 "",
@@ -967,25 +1030,7 @@ impl Postgres {
                 ],
             )
             .await;
-        let failed = |why: String| batch.iter().map(|_| Renewal::Failed(why.clone())).collect();
-        let rows = match rows {
-            Ok(rows) if rows.len() == batch.len() => rows,
-            Ok(rows) => {
-                return failed(format!(
-                    "{} renewal replies for {} leases",
-                    rows.len(),
-                    batch.len()
-                ))
-            }
-            Err(e) => return failed(e.error.to_string()),
-        };
-        rows.iter()
-            .map(|row| match row.try_get::<_, bool>(1) {
-                Ok(true) => Renewal::Renewed { sent_at },
-                Ok(false) => Renewal::NotOurs,
-                Err(e) => Renewal::Failed(e.to_string()),
-            })
-            .collect()
+        renewals(batch.len(), rows, sent_at)
     }
 
     /// Whether every listening connection so far heard its probe (see
@@ -1273,6 +1318,51 @@ impl Inner {
     }
 }
 
+/// The outcomes of a renewal statement's rows `(i, renewed)` for a batch
+/// of `leases` sent at `sent_at`.
+fn renewals(leases: usize, rows: Result<Vec<Row>, CallError>, sent_at: Instant) -> Vec<Renewal> {
+    let failed = |why: String| (0..leases).map(|_| Renewal::Failed(why.clone())).collect();
+    let rows = match rows {
+        Ok(rows) if rows.len() == leases => rows,
+        Ok(rows) => {
+            return failed(format!(
+                "{} renewal replies for {leases} leases",
+                rows.len()
+            ))
+        }
+        Err(e) => return failed(e.error.to_string()),
+    };
+    rows.iter()
+        .map(|row| match row.try_get::<_, bool>(1) {
+            Ok(true) => Renewal::Renewed { sent_at },
+            Ok(false) => Renewal::NotOurs,
+            Err(e) => Renewal::Failed(e.to_string()),
+        })
+        .collect()
+}
+
+/// The default lock's part of a key's reading, from the first five columns
+/// of an `inspect` row: its holder, its queue, the server clock.
+fn key_reading(key: &str, row: &Row) -> Result<KeyReading, CallError> {
+    let value: Option<String> = get(key, row, 0)?;
+    let pttl: Option<i64> = get(key, row, 1)?;
+    let owners: Vec<String> = get(key, row, 2)?;
+    let entries: Vec<String> = get(key, row, 3)?;
+    let now_ms: i64 = get(key, row, 4)?;
+    Ok(KeyReading {
+        lock: value.map(|value| HeldLock {
+            value,
+            pttl: pttl.unwrap_or(-1).max(1),
+        }),
+        queue: owners
+            .into_iter()
+            .zip(entries.into_iter().map(Some))
+            .collect(),
+        now_ms,
+        ..KeyReading::default()
+    })
+}
+
 /// What a client error says, with its causes: tokio-postgres's own message
 /// ("error connecting to server") names no reason, its source does.
 pub(crate) fn pg_message(e: &tokio_postgres::Error) -> String {
@@ -1363,20 +1453,35 @@ async fn sweep_periodically(inner: Weak<Inner>, interval: Duration) {
                 return;
             };
             let limit = SWEEP_LIMIT;
-            // Expiries are told whether or not this manager publishes lock
-            // events, as Redis's keyspace notifications are: the sweep is
-            // where a lease that nobody else came across is seen to end.
-            let swept = inner
-                .one(
-                    "",
+            // The default lock's tables, the shared holds' and the
+            // counters' (each bounded): the sweep runs again while any
+            // deleted its limit. Expiries of the default lock are told
+            // whether or not this manager publishes lock events, as Redis's
+            // keyspace notifications are: the sweep is where a lease that
+            // nobody else came across is seen to end.
+            let events = &inner.events_ident;
+            let statements: [(&str, &[Param<'_>]); 3] = [
+                (
                     &inner.sql.sweep,
-                    &[
-                        param(&limit, Type::INT4),
-                        param(&inner.events_ident, Type::TEXT),
-                    ],
-                )
-                .await
-                .and_then(|row| get::<i64>("", &row, 0));
+                    &[param(&limit, Type::INT4), param(events, Type::TEXT)],
+                ),
+                (&inner.shared.sweep, &[param(&limit, Type::INT4)]),
+                (&inner.counters.sweep, &[param(&limit, Type::INT4)]),
+            ];
+            let mut swept = Ok(0);
+            for (sql, params) in statements {
+                let deleted = inner
+                    .one("", sql, params)
+                    .await
+                    .and_then(|row| get::<i64>("", &row, 0));
+                swept = match (swept, deleted) {
+                    (Ok(most), Ok(n)) => Ok(most.max(n)),
+                    (_, Err(e)) | (Err(e), _) => Err(e),
+                };
+                if swept.is_err() {
+                    break;
+                }
+            }
             match swept {
                 Ok(n) if n >= i64::from(SWEEP_LIMIT) => continue,
                 Ok(_) => break,

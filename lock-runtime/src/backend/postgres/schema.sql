@@ -377,6 +377,713 @@ RETURNS SETOF text LANGUAGE sql AS $$
 $$;
 
 -- ---------------------------------------------------------------------------
+-- Read-write locks and semaphores: shared holds.
+--
+-- The protocol is the Redis scripts' (write_acquire.lua, read_acquire.lua,
+-- permit_acquire.lua and their releases), so that the waiting layer above is
+-- the same: the same replies, the same wake-ups ('*<owner>' on a read-write
+-- lock's channel, '<owner>' or '#<n>:<owner>' on a semaphore's), sent by
+-- pg_notify on the channel identifiers the client passes.
+--
+-- Each function takes the key's transaction lock (class 1684826880, as above)
+-- on the family's name: a read-write lock's writer name
+-- ("<prefix>rw:{<tag>}:<key>", its readers included) or a semaphore's
+-- ("<prefix>sem:{<tag>}:<key>"). force_unlock_shared takes both, the
+-- read-write lock's first, and is the only function that takes two.
+
+-- A row per hold: a read-write lock's writer (`kind` 'w') or a reader ('r'),
+-- or a semaphore's holder ('p'). `name` is the family's name (above),
+-- `owner` the owner token (a weighted permit hold's ends in ":<n>", and
+-- `weight` is that n), `token` its fencing token (0 when none was issued),
+-- `expires_at` the end of its lease, `since_ms` and `holder` what operators
+-- see, `marked` (a writer's) whether someone waited while it held, so that
+-- its release wakes them. No index on `expires_at`: renewals stay HOT.
+CREATE TABLE IF NOT EXISTS __SCHEMA__.shared_holds (
+  name text NOT NULL,
+  owner text NOT NULL,
+  kind text NOT NULL CHECK (kind IN ('w', 'r', 'p')),
+  weight bigint NOT NULL DEFAULT 1,
+  token bigint NOT NULL DEFAULT 0,
+  expires_at timestamptz NOT NULL,
+  since_ms bigint NOT NULL,
+  holder text NOT NULL,
+  marked boolean NOT NULL DEFAULT false,
+  PRIMARY KEY (name, owner)
+) WITH (fillfactor = 70);
+
+-- A row per family that needs more than its holds: a read-write lock's
+-- waiting writer (`intent_owner` until `intent_expires_at`: while it lasts
+-- no new reader enters), a semaphore's permit count (`permits`, the count its
+-- holders use; it lives as long as they do) and the largest weight a waiter
+-- waits for (`waiting_weight`, see permit_acquire.lua's '?').
+CREATE TABLE IF NOT EXISTS __SCHEMA__.shared_keys (
+  name text PRIMARY KEY,
+  permits bigint,
+  waiting_weight bigint NOT NULL DEFAULT 1,
+  intent_owner text,
+  intent_expires_at timestamptz
+);
+
+-- The permits a semaphore holder's owner token stands for: "<owner>:<n>" is
+-- a weighted hold of n, a plain owner token one (weight_of in
+-- shared_prelude.lua). bigint: a semaphore may have up to 2^32 - 1 permits.
+CREATE OR REPLACE FUNCTION __SCHEMA__.weight_of(p_owner text)
+RETURNS bigint LANGUAGE sql IMMUTABLE AS $$
+  SELECT coalesce(substring(p_owner FROM ':([0-9]{1,18})$')::bigint, 1)
+$$;
+
+-- Milliseconds from `p_now` to `p_end`, rounded up, never below 0.
+CREATE OR REPLACE FUNCTION __SCHEMA__.ms_until(p_end timestamptz, p_now timestamptz)
+RETURNS bigint LANGUAGE sql IMMUTABLE AS $$
+  SELECT greatest(0, ceil(extract(epoch FROM p_end - p_now) * 1000))::bigint
+$$;
+
+-- One attempt to take the write side of a read-write lock (write_acquire.lua):
+-- when no writer holds it and no reader's lease runs. Parameters: the
+-- family's name, the owner token, the lease (ms), whether to issue the
+-- fencing token, whether the caller waits, its acquisition time (ms since
+-- the epoch) and description. Returns (status, token, remaining_ms):
+--   (1, token, 0)      ours (fresh, or already ours: a retry whose reply was
+--                      lost; its lease starts again)
+--   (0, 0, remaining)  another writer holds it, or readers do, `remaining`
+--                      more ms; a waiting caller marked the writer, or set
+--                      its intent (which keeps new readers out for its lease)
+-- Taking the lock clears any intent and marks the hold when there was one,
+-- since readers may then wait.
+CREATE OR REPLACE FUNCTION __SCHEMA__.write_acquire(
+  p_name text, p_owner text, p_lease_ms bigint, p_fence boolean, p_waiting boolean,
+  p_since_ms bigint, p_holder text,
+  OUT o_status integer, OUT o_token bigint, OUT o_remaining_ms bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+  w __SCHEMA__.shared_holds%ROWTYPE;
+  v_now timestamptz;
+  v_last timestamptz;
+  v_mark boolean := p_waiting;
+BEGIN
+  PERFORM pg_advisory_xact_lock(1684826880, hashtext(p_name));
+  v_now := clock_timestamp();
+  o_token := 0; o_remaining_ms := 0;
+  SELECT * INTO w FROM __SCHEMA__.shared_holds
+    WHERE name = p_name AND kind = 'w' AND expires_at > v_now;
+  IF FOUND THEN
+    IF w.owner = p_owner THEN
+      UPDATE __SCHEMA__.shared_holds
+        SET expires_at = v_now + p_lease_ms * interval '1 millisecond'
+        WHERE name = p_name AND owner = p_owner;
+      o_status := 1; o_token := w.token;
+      RETURN;
+    END IF;
+    IF p_waiting AND NOT w.marked THEN
+      UPDATE __SCHEMA__.shared_holds SET marked = true
+        WHERE name = p_name AND owner = w.owner;
+    END IF;
+    o_status := 0; o_remaining_ms := __SCHEMA__.ms_until(w.expires_at, v_now);
+    RETURN;
+  END IF;
+  DELETE FROM __SCHEMA__.shared_holds WHERE name = p_name AND expires_at <= v_now;
+  SELECT max(expires_at) INTO v_last FROM __SCHEMA__.shared_holds
+    WHERE name = p_name AND kind = 'r';
+  IF v_last IS NOT NULL THEN
+    IF p_waiting THEN
+      INSERT INTO __SCHEMA__.shared_keys AS k (name, intent_owner, intent_expires_at)
+        VALUES (p_name, p_owner, v_now + p_lease_ms * interval '1 millisecond')
+        ON CONFLICT (name) DO UPDATE SET intent_owner = excluded.intent_owner,
+          intent_expires_at = excluded.intent_expires_at;
+    END IF;
+    o_status := 0; o_remaining_ms := __SCHEMA__.ms_until(v_last, v_now);
+    RETURN;
+  END IF;
+  UPDATE __SCHEMA__.shared_keys SET intent_owner = NULL, intent_expires_at = NULL
+    WHERE name = p_name AND intent_expires_at > v_now;
+  IF FOUND THEN
+    v_mark := true;
+  END IF;
+  o_token := CASE WHEN p_fence THEN nextval('__SCHEMA__.fencing') ELSE 0 END;
+  INSERT INTO __SCHEMA__.shared_holds AS h
+      (name, owner, kind, weight, token, expires_at, since_ms, holder, marked)
+    VALUES (p_name, p_owner, 'w', 1, o_token, v_now + p_lease_ms * interval '1 millisecond',
+      p_since_ms, p_holder, v_mark)
+    ON CONFLICT (name, owner) DO UPDATE SET kind = excluded.kind, token = excluded.token,
+      expires_at = excluded.expires_at, since_ms = excluded.since_ms,
+      holder = excluded.holder, marked = excluded.marked;
+  o_status := 1;
+END $$;
+
+-- One attempt to take a read hold (read_acquire.lua): when no writer holds
+-- the lock and none waits (a reader that holds already keeps its place and
+-- gets a fresh token). Parameters and reply as write_acquire; busy
+-- `remaining` is the writer's lease left, or its intent's.
+CREATE OR REPLACE FUNCTION __SCHEMA__.read_acquire(
+  p_name text, p_owner text, p_lease_ms bigint, p_fence boolean, p_waiting boolean,
+  p_since_ms bigint, p_holder text,
+  OUT o_status integer, OUT o_token bigint, OUT o_remaining_ms bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+  w __SCHEMA__.shared_holds%ROWTYPE;
+  v_now timestamptz;
+  v_intent timestamptz;
+BEGIN
+  PERFORM pg_advisory_xact_lock(1684826880, hashtext(p_name));
+  v_now := clock_timestamp();
+  o_token := 0; o_remaining_ms := 0;
+  SELECT * INTO w FROM __SCHEMA__.shared_holds
+    WHERE name = p_name AND kind = 'w' AND expires_at > v_now;
+  IF FOUND THEN
+    IF p_waiting AND NOT w.marked THEN
+      UPDATE __SCHEMA__.shared_holds SET marked = true
+        WHERE name = p_name AND owner = w.owner;
+    END IF;
+    o_status := 0; o_remaining_ms := __SCHEMA__.ms_until(w.expires_at, v_now);
+    RETURN;
+  END IF;
+  IF NOT EXISTS (SELECT 1 FROM __SCHEMA__.shared_holds
+                 WHERE name = p_name AND owner = p_owner AND expires_at > v_now) THEN
+    SELECT intent_expires_at INTO v_intent FROM __SCHEMA__.shared_keys
+      WHERE name = p_name AND intent_expires_at > v_now;
+    IF FOUND THEN
+      o_status := 0; o_remaining_ms := __SCHEMA__.ms_until(v_intent, v_now);
+      RETURN;
+    END IF;
+  END IF;
+  DELETE FROM __SCHEMA__.shared_holds WHERE name = p_name AND expires_at <= v_now;
+  o_token := CASE WHEN p_fence THEN nextval('__SCHEMA__.fencing') ELSE 0 END;
+  INSERT INTO __SCHEMA__.shared_holds AS h
+      (name, owner, kind, weight, token, expires_at, since_ms, holder)
+    VALUES (p_name, p_owner, 'r', 1, o_token, v_now + p_lease_ms * interval '1 millisecond',
+      p_since_ms, p_holder)
+    ON CONFLICT (name, owner) DO UPDATE SET kind = excluded.kind, token = excluded.token,
+      expires_at = excluded.expires_at, since_ms = excluded.since_ms, holder = excluded.holder;
+  o_status := 1;
+END $$;
+
+-- One attempt to take `weight_of(p_owner)` permits of a semaphore
+-- (permit_acquire.lua): when the live holds leave room under `p_permits`.
+-- `p_resize`: replace a different stored count rather than refuse it;
+-- `p_waiting_weight`: the most permits a waiter of the caller's manager waits
+-- for, recorded when the caller waits (a release wakes once that many may be
+-- free). Returns (status, value, remaining_ms):
+--   (1, token, 0)      ours (a retry of ours keeps it and gets a fresh token)
+--   (0, 0, remaining)  too few permits are free; the first holder's lease
+--                      ends in `remaining` ms
+--   (2, count, 0)      the holders use `count` permits and the caller said
+--                      otherwise without resizing
+CREATE OR REPLACE FUNCTION __SCHEMA__.permit_acquire(
+  p_name text, p_owner text, p_lease_ms bigint, p_fence boolean, p_waiting boolean,
+  p_permits bigint, p_resize boolean, p_since_ms bigint, p_holder text,
+  p_waiting_weight bigint,
+  OUT o_status integer, OUT o_token bigint, OUT o_remaining_ms bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+  v_now timestamptz;
+  v_holders bigint;
+  v_held bigint;
+  v_first timestamptz;
+  v_stored bigint;
+  v_recorded bigint;
+  v_wanted bigint := __SCHEMA__.weight_of(p_owner);
+  v_mine boolean;
+  v_count bigint;
+BEGIN
+  PERFORM pg_advisory_xact_lock(1684826880, hashtext(p_name));
+  v_now := clock_timestamp();
+  o_token := 0; o_remaining_ms := 0;
+  DELETE FROM __SCHEMA__.shared_holds WHERE name = p_name AND expires_at <= v_now;
+  SELECT count(*), coalesce(sum(weight), 0), min(expires_at),
+         coalesce(bool_or(owner = p_owner), false)
+    INTO v_holders, v_held, v_first, v_mine
+    FROM __SCHEMA__.shared_holds WHERE name = p_name;
+  -- The count and the recorded waiting weight live as long as the holders.
+  IF v_holders > 0 THEN
+    SELECT permits, waiting_weight INTO v_stored, v_recorded
+      FROM __SCHEMA__.shared_keys WHERE name = p_name;
+  END IF;
+  v_recorded := coalesce(v_recorded, 1);
+  IF v_stored IS NOT NULL AND v_stored <> p_permits AND NOT p_resize THEN
+    o_status := 2; o_token := v_stored;
+    RETURN;
+  END IF;
+  IF p_waiting THEN
+    v_recorded := greatest(v_recorded, v_wanted, p_waiting_weight);
+  END IF;
+  IF v_mine OR v_held + v_wanted <= p_permits THEN
+    o_token := CASE WHEN p_fence THEN nextval('__SCHEMA__.fencing') ELSE 0 END;
+    INSERT INTO __SCHEMA__.shared_holds AS h
+        (name, owner, kind, weight, token, expires_at, since_ms, holder)
+      VALUES (p_name, p_owner, 'p', v_wanted, o_token,
+        v_now + p_lease_ms * interval '1 millisecond', p_since_ms, p_holder)
+      ON CONFLICT (name, owner) DO UPDATE SET kind = excluded.kind, weight = excluded.weight,
+        token = excluded.token, expires_at = excluded.expires_at,
+        since_ms = excluded.since_ms, holder = excluded.holder;
+    v_count := p_permits;
+    o_status := 1;
+  ELSE
+    v_count := CASE WHEN p_resize THEN p_permits ELSE coalesce(v_stored, p_permits) END;
+    o_status := 0; o_remaining_ms := __SCHEMA__.ms_until(v_first, v_now);
+  END IF;
+  INSERT INTO __SCHEMA__.shared_keys AS k (name, permits, waiting_weight)
+    VALUES (p_name, v_count, v_recorded)
+    ON CONFLICT (name) DO UPDATE SET permits = excluded.permits,
+      waiting_weight = excluded.waiting_weight;
+END $$;
+
+-- Releases `p_owner`'s hold of the family `p_name` (write_release.lua,
+-- read_release.lua, permit_release.lua, after `p_kind`: 'w', 'r' or 'p');
+-- with `p_keep_ms` above 0 (the rest of a min_hold) keeps it that long
+-- instead. A writer also withdraws its intent. Wake-ups on `p_wake`: a
+-- writer's release or withdrawn intent '*<owner>' when someone waited, the
+-- last reader's when a writer waits; a permit's '<owner>' or '#<n>:<owner>'
+-- when a waiter may now get in (the rule of permit_release.lua). True when
+-- the hold was ours.
+CREATE OR REPLACE FUNCTION __SCHEMA__.shared_release(
+  p_name text, p_kind text, p_owner text, p_keep_ms bigint, p_wake text)
+RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+  h __SCHEMA__.shared_holds%ROWTYPE;
+  v_now timestamptz;
+  v_holders bigint;
+  v_held bigint;
+  v_count bigint;
+  v_recorded bigint;
+BEGIN
+  PERFORM pg_advisory_xact_lock(1684826880, hashtext(p_name));
+  v_now := clock_timestamp();
+  IF p_kind = 'w' THEN
+    UPDATE __SCHEMA__.shared_keys SET intent_owner = NULL, intent_expires_at = NULL
+      WHERE name = p_name AND intent_owner = p_owner AND intent_expires_at > v_now;
+    IF FOUND THEN
+      PERFORM pg_notify(p_wake, '*' || p_owner);
+    END IF;
+  END IF;
+  SELECT * INTO h FROM __SCHEMA__.shared_holds
+    WHERE name = p_name AND owner = p_owner AND kind = p_kind AND expires_at > v_now;
+  IF NOT FOUND THEN
+    DELETE FROM __SCHEMA__.shared_holds WHERE name = p_name AND expires_at <= v_now;
+    RETURN false;
+  END IF;
+  IF p_keep_ms > 0 THEN
+    UPDATE __SCHEMA__.shared_holds
+      SET expires_at = v_now + p_keep_ms * interval '1 millisecond'
+      WHERE name = p_name AND owner = p_owner;
+    RETURN true;
+  END IF;
+  IF p_kind = 'p' THEN
+    SELECT count(*), coalesce(sum(weight), 0) INTO v_holders, v_held
+      FROM __SCHEMA__.shared_holds WHERE name = p_name AND expires_at > v_now;
+    SELECT permits, waiting_weight INTO v_count, v_recorded
+      FROM __SCHEMA__.shared_keys WHERE name = p_name;
+  END IF;
+  DELETE FROM __SCHEMA__.shared_holds
+    WHERE name = p_name AND (owner = p_owner OR expires_at <= v_now);
+  IF p_kind = 'w' THEN
+    IF h.marked THEN
+      PERFORM pg_notify(p_wake, '*' || p_owner);
+    END IF;
+  ELSIF p_kind = 'r' THEN
+    IF NOT EXISTS (SELECT 1 FROM __SCHEMA__.shared_holds WHERE name = p_name)
+       AND EXISTS (SELECT 1 FROM __SCHEMA__.shared_keys
+                   WHERE name = p_name AND intent_expires_at > v_now) THEN
+      PERFORM pg_notify(p_wake, '*' || p_owner);
+    END IF;
+  ELSE
+    IF NOT EXISTS (SELECT 1 FROM __SCHEMA__.shared_holds WHERE name = p_name) THEN
+      DELETE FROM __SCHEMA__.shared_keys WHERE name = p_name;
+    END IF;
+    IF coalesce(v_count, 0) - v_held < coalesce(v_recorded, 1) OR v_held <> v_holders THEN
+      PERFORM pg_notify(p_wake, CASE WHEN h.weight = 1 THEN p_owner
+                                     ELSE '#' || h.weight || ':' || p_owner END);
+    END IF;
+  END IF;
+  RETURN true;
+END $$;
+
+-- Gives back part of a weighted semaphore hold and keeps the rest
+-- (permit_give_back.lua): the hold is renamed to `p_kept` (whose ":<n>"
+-- names the smaller weight), with its lease end, token and details, and one
+-- wake-up for the permits that came free. True when the hold was ours.
+CREATE OR REPLACE FUNCTION __SCHEMA__.permit_give_back(
+  p_name text, p_owner text, p_kept text, p_wake text)
+RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+  v_now timestamptz;
+  v_freed bigint := __SCHEMA__.weight_of(p_owner) - __SCHEMA__.weight_of(p_kept);
+BEGIN
+  PERFORM pg_advisory_xact_lock(1684826880, hashtext(p_name));
+  v_now := clock_timestamp();
+  UPDATE __SCHEMA__.shared_holds SET owner = p_kept, weight = __SCHEMA__.weight_of(p_kept)
+    WHERE name = p_name AND owner = p_owner AND kind = 'p' AND expires_at > v_now;
+  IF NOT FOUND THEN
+    DELETE FROM __SCHEMA__.shared_holds WHERE name = p_name AND expires_at <= v_now;
+    RETURN false;
+  END IF;
+  PERFORM pg_notify(p_wake, CASE WHEN v_freed = 1 THEN p_owner
+                                 ELSE '#' || v_freed || ':' || p_owner END);
+  RETURN true;
+END $$;
+
+-- Splits a weighted semaphore hold into holds of one permit each, under
+-- `p_owners` (permit_split.lua), with the hold's lease end, token and
+-- details; nobody is woken (the permits held stay the same). True when the
+-- hold was ours; an error, and nothing changed, when `p_owners` are not as
+-- many as its permits.
+CREATE OR REPLACE FUNCTION __SCHEMA__.permit_split(
+  p_name text, p_owner text, p_owners text[])
+RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+  h __SCHEMA__.shared_holds%ROWTYPE;
+  v_now timestamptz;
+BEGIN
+  PERFORM pg_advisory_xact_lock(1684826880, hashtext(p_name));
+  v_now := clock_timestamp();
+  SELECT * INTO h FROM __SCHEMA__.shared_holds
+    WHERE name = p_name AND owner = p_owner AND kind = 'p' AND expires_at > v_now;
+  IF NOT FOUND THEN
+    DELETE FROM __SCHEMA__.shared_holds WHERE name = p_name AND expires_at <= v_now;
+    RETURN false;
+  END IF;
+  IF coalesce(cardinality(p_owners), 0) <> h.weight THEN
+    RAISE EXCEPTION 'permit_split: % tokens for a hold of % permits',
+      coalesce(cardinality(p_owners), 0), h.weight;
+  END IF;
+  DELETE FROM __SCHEMA__.shared_holds WHERE name = p_name AND owner = p_owner;
+  INSERT INTO __SCHEMA__.shared_holds
+      (name, owner, kind, weight, token, expires_at, since_ms, holder)
+    SELECT p_name, o, 'p', 1, h.token, h.expires_at, h.since_ms, h.holder
+    FROM unnest(p_owners) AS o;
+  RETURN true;
+END $$;
+
+-- A semaphore's permits held by live holds, and the count they use (NULL
+-- when nobody holds one). Reads only.
+CREATE OR REPLACE FUNCTION __SCHEMA__.permit_counts(p_name text)
+RETURNS TABLE (held bigint, stored bigint) LANGUAGE sql AS $$
+  SELECT h.held, CASE WHEN h.held > 0 THEN k.permits END
+  FROM (SELECT coalesce(sum(weight), 0)::bigint AS held FROM __SCHEMA__.shared_holds
+        WHERE name = p_name AND expires_at > clock_timestamp()) h
+  LEFT JOIN __SCHEMA__.shared_keys k ON k.name = p_name
+$$;
+
+-- Renews a batch of shared leases (and writers') in one statement, as
+-- `renew` does for the default lock: element i of the arrays is one lease
+-- (family name, owner token, lease ms). One row per lease, in order. The
+-- rows are locked in (name, owner) order, as force_unlock_shared locks the
+-- rows it frees, so that the two cannot deadlock over one key's holds.
+CREATE OR REPLACE FUNCTION __SCHEMA__.shared_renew(
+  p_names text[], p_owners text[], p_lease_ms bigint[])
+RETURNS TABLE (i bigint, renewed boolean) LANGUAGE sql AS $$
+  WITH input AS (
+    SELECT t.name, t.owner, t.lease_ms, t.i
+    FROM unnest(p_names, p_owners, p_lease_ms) WITH ORDINALITY AS t(name, owner, lease_ms, i)),
+  locked AS (
+    SELECT h.name, h.owner FROM __SCHEMA__.shared_holds h
+      JOIN input ON h.name = input.name AND h.owner = input.owner
+      WHERE h.expires_at > clock_timestamp()
+      ORDER BY h.name, h.owner
+      FOR UPDATE OF h),
+  done AS (
+    UPDATE __SCHEMA__.shared_holds h
+      SET expires_at = clock_timestamp() + input.lease_ms * interval '1 millisecond'
+      FROM input, locked
+      WHERE h.name = input.name AND h.owner = input.owner
+        AND locked.name = h.name AND locked.owner = h.owner
+        AND h.expires_at > clock_timestamp()
+      RETURNING input.i)
+  SELECT input.i, EXISTS (SELECT 1 FROM done WHERE done.i = input.i)
+  FROM input ORDER BY input.i
+$$;
+
+-- Issues a writer's fencing token if it has none, or reads the one it has
+-- (issue_token.lua on a write lock). NULL when the writer is not `p_owner`.
+CREATE OR REPLACE FUNCTION __SCHEMA__.write_issue_token(p_name text, p_owner text)
+RETURNS bigint LANGUAGE sql AS $$
+  UPDATE __SCHEMA__.shared_holds
+    SET token = CASE WHEN token = 0 THEN nextval('__SCHEMA__.fencing') ELSE token END
+    WHERE name = p_name AND owner = p_owner AND kind = 'w'
+      AND expires_at > clock_timestamp()
+    RETURNING token
+$$;
+
+-- Frees a read-write lock's (`p_rw`) or a semaphore's (`p_sem`) holds
+-- whoever holds them (force_unlock_shared.lua): `p_mode` 'all' (every hold of
+-- both, and a waiting writer's intent), or one holder's, `p_owner`: 'write',
+-- 'read' or 'permit'. Waiters are told as a release tells them: '*<token>'
+-- on `p_rw_wake`, '#<n>:<token>' on `p_sem_wake` (n the permits freed). The
+-- holders learn it at their next renewal. How many holds were freed.
+CREATE OR REPLACE FUNCTION __SCHEMA__.force_unlock_shared(
+  p_rw text, p_sem text, p_rw_wake text, p_sem_wake text, p_token text,
+  p_mode text, p_owner text)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+  v_now timestamptz;
+  v_rw bigint := 0;
+  v_sem bigint := 0;
+  v_permits bigint := 0;
+BEGIN
+  PERFORM pg_advisory_xact_lock(1684826880, hashtext(p_rw));
+  PERFORM pg_advisory_xact_lock(1684826880, hashtext(p_sem));
+  v_now := clock_timestamp();
+  -- The rows in (name, owner) order, as shared_renew locks them.
+  PERFORM 1 FROM __SCHEMA__.shared_holds WHERE name IN (p_rw, p_sem)
+    ORDER BY name, owner FOR UPDATE;
+  IF p_mode IN ('all', 'write', 'read') THEN
+    WITH freed AS (
+      DELETE FROM __SCHEMA__.shared_holds
+        WHERE name = p_rw AND expires_at > v_now
+          AND (p_mode = 'all'
+               OR (owner = p_owner AND kind = CASE WHEN p_mode = 'write' THEN 'w' ELSE 'r' END))
+        RETURNING 1)
+    SELECT count(*) INTO v_rw FROM freed;
+    IF p_mode = 'all' THEN
+      DELETE FROM __SCHEMA__.shared_holds WHERE name = p_rw;
+      DELETE FROM __SCHEMA__.shared_keys WHERE name = p_rw;
+    END IF;
+  END IF;
+  IF p_mode IN ('all', 'permit') THEN
+    WITH freed AS (
+      DELETE FROM __SCHEMA__.shared_holds
+        WHERE name = p_sem AND expires_at > v_now AND (p_mode = 'all' OR owner = p_owner)
+        RETURNING weight)
+    SELECT count(*), coalesce(sum(weight), 0) INTO v_sem, v_permits FROM freed;
+    IF NOT EXISTS (SELECT 1 FROM __SCHEMA__.shared_holds
+                   WHERE name = p_sem AND expires_at > v_now) THEN
+      DELETE FROM __SCHEMA__.shared_holds WHERE name = p_sem;
+      DELETE FROM __SCHEMA__.shared_keys WHERE name = p_sem;
+    END IF;
+  END IF;
+  IF v_rw > 0 THEN
+    PERFORM pg_notify(p_rw_wake, '*' || p_token);
+  END IF;
+  IF v_permits > 0 THEN
+    PERFORM pg_notify(p_sem_wake, '#' || v_permits || ':' || p_token);
+  END IF;
+  RETURN v_rw + v_sem;
+END $$;
+
+-- Reads a read-write lock's and a semaphore's holds for an operator
+-- (inspect_key.lua's part of them): the writer in the lock value's format
+-- ("<owner><mark><token>:<since>:<holder>") and its ms left, the readers and
+-- the permit holders (owner tokens, lease ends in server ms, details
+-- "<token>:<since>:<holder>"; the lease that ends soonest first), whether a
+-- writer waits, and the semaphore's count (NULL with no holder). Live holds
+-- only; reads only.
+CREATE OR REPLACE FUNCTION __SCHEMA__.inspect_shared(p_rw text, p_sem text)
+RETURNS TABLE (writer text, writer_pttl bigint, reader_owners text[], reader_ends bigint[],
+  reader_details text[], writer_waiting boolean, permit_owners text[], permit_ends bigint[],
+  permit_details text[], permit_count bigint)
+LANGUAGE sql AS $$
+  WITH live AS (
+    SELECT h.*, floor(extract(epoch FROM h.expires_at) * 1000)::bigint AS ends_ms,
+           h.token || ':' || h.since_ms || ':' || h.holder AS details
+    FROM __SCHEMA__.shared_holds h
+    WHERE h.name IN (p_rw, p_sem) AND h.expires_at > clock_timestamp())
+  SELECT
+    (SELECT l.owner || CASE WHEN l.marked THEN '+' ELSE '-' END || l.details
+       FROM live l WHERE l.name = p_rw AND l.kind = 'w'),
+    (SELECT ceil(extract(epoch FROM l.expires_at - clock_timestamp()) * 1000)::bigint
+       FROM live l WHERE l.name = p_rw AND l.kind = 'w'),
+    ARRAY(SELECT l.owner FROM live l WHERE l.name = p_rw AND l.kind = 'r'
+          ORDER BY l.expires_at, l.owner),
+    ARRAY(SELECT l.ends_ms FROM live l WHERE l.name = p_rw AND l.kind = 'r'
+          ORDER BY l.expires_at, l.owner),
+    ARRAY(SELECT l.details FROM live l WHERE l.name = p_rw AND l.kind = 'r'
+          ORDER BY l.expires_at, l.owner),
+    EXISTS (SELECT 1 FROM __SCHEMA__.shared_keys k
+            WHERE k.name = p_rw AND k.intent_expires_at > clock_timestamp()),
+    ARRAY(SELECT l.owner FROM live l WHERE l.name = p_sem ORDER BY l.expires_at, l.owner),
+    ARRAY(SELECT l.ends_ms FROM live l WHERE l.name = p_sem ORDER BY l.expires_at, l.owner),
+    ARRAY(SELECT l.details FROM live l WHERE l.name = p_sem ORDER BY l.expires_at, l.owner),
+    (SELECT k.permits FROM __SCHEMA__.shared_keys k
+     WHERE k.name = p_sem AND EXISTS (SELECT 1 FROM live l WHERE l.name = p_sem))
+$$;
+
+-- The family names with live holds matching the regular expression
+-- `p_pattern` (as `scan` for the default lock).
+CREATE OR REPLACE FUNCTION __SCHEMA__.scan_shared(p_pattern text)
+RETURNS SETOF text LANGUAGE sql AS $$
+  SELECT DISTINCT name FROM __SCHEMA__.shared_holds
+  WHERE name ~ p_pattern AND expires_at > clock_timestamp() ORDER BY name
+$$;
+
+-- Deletes at most `p_limit` expired holds and at most `p_limit` family rows
+-- with no hold and no live intent. Each row goes only under its key's
+-- transaction lock, tried rather than waited for (a busy key is left for
+-- the next sweep), so that no function sees a row vanish under it. How
+-- many rows went.
+CREATE OR REPLACE FUNCTION __SCHEMA__.sweep_shared(p_limit integer)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+  v_holds bigint;
+  v_keys bigint;
+BEGIN
+  DELETE FROM __SCHEMA__.shared_holds h
+    USING (SELECT name, owner FROM __SCHEMA__.shared_holds
+           WHERE expires_at <= clock_timestamp() LIMIT p_limit) d
+    WHERE h.name = d.name AND h.owner = d.owner AND h.expires_at <= clock_timestamp()
+      AND pg_try_advisory_xact_lock(1684826880, hashtext(h.name));
+  GET DIAGNOSTICS v_holds = ROW_COUNT;
+  DELETE FROM __SCHEMA__.shared_keys k
+    USING (SELECT name FROM __SCHEMA__.shared_keys s
+           WHERE coalesce(s.intent_expires_at <= clock_timestamp(), true)
+             AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.shared_holds h
+                             WHERE h.name = s.name AND h.expires_at > clock_timestamp())
+           LIMIT p_limit) d
+    WHERE k.name = d.name AND pg_try_advisory_xact_lock(1684826880, hashtext(k.name))
+      AND coalesce(k.intent_expires_at <= clock_timestamp(), true)
+      AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.shared_holds h
+                      WHERE h.name = k.name AND h.expires_at > clock_timestamp());
+  GET DIAGNOSTICS v_keys = ROW_COUNT;
+  RETURN v_holds + v_keys;
+END $$;
+
+-- The counting semaphore (counter_acquire.lua, counter_change.lua): a
+-- counter of available permits any caller may change, with no holders and
+-- no lease, and the acquisitions waiting for permits. Each function takes
+-- the counter's transaction lock (as above) on its name
+-- ("<prefix>csem:{<tag>}:<key>").
+
+-- A row per counter: `count`, its available permits (negative after a
+-- shrink below what is taken). Never expires: only `delete` removes it.
+CREATE TABLE IF NOT EXISTS __SCHEMA__.counters (
+  name text PRIMARY KEY,
+  count bigint NOT NULL
+);
+
+-- A row per waiting acquisition of a counter, until `expires_at` (its next
+-- attempt refreshes it): a change that makes permits available wakes
+-- waiters only while one is registered.
+CREATE TABLE IF NOT EXISTS __SCHEMA__.counter_waiters (
+  name text NOT NULL,
+  owner text NOT NULL,
+  expires_at timestamptz NOT NULL,
+  PRIMARY KEY (name, owner)
+);
+
+-- Takes `p_wanted` permits (positive) when that many are available;
+-- otherwise, with `p_register_ms` above 0, registers `p_owner` as waiting
+-- for that long. Returns (status, count, waiters): (1, what is left) taken,
+-- its registration gone; (0, the count, 0 when there is no counter) not
+-- taken; `waiters` the live registrations after the call.
+CREATE OR REPLACE FUNCTION __SCHEMA__.counter_acquire(
+  p_name text, p_owner text, p_wanted bigint, p_register_ms bigint,
+  OUT o_status integer, OUT o_count bigint, OUT o_waiters bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+  v_now timestamptz;
+  v_count bigint;
+BEGIN
+  PERFORM pg_advisory_xact_lock(1684826880, hashtext(p_name));
+  v_now := clock_timestamp();
+  SELECT count INTO v_count FROM __SCHEMA__.counters WHERE name = p_name;
+  IF v_count IS NOT NULL AND v_count > 0 AND v_count >= p_wanted THEN
+    UPDATE __SCHEMA__.counters SET count = count - p_wanted WHERE name = p_name
+      RETURNING count INTO o_count;
+    DELETE FROM __SCHEMA__.counter_waiters WHERE name = p_name AND owner = p_owner;
+    o_status := 1;
+  ELSE
+    IF p_register_ms > 0 THEN
+      DELETE FROM __SCHEMA__.counter_waiters WHERE name = p_name AND expires_at <= v_now;
+      INSERT INTO __SCHEMA__.counter_waiters AS w (name, owner, expires_at)
+        VALUES (p_name, p_owner, v_now + p_register_ms * interval '1 millisecond')
+        ON CONFLICT (name, owner) DO UPDATE SET expires_at = excluded.expires_at;
+    END IF;
+    o_status := 0; o_count := coalesce(v_count, 0);
+  END IF;
+  SELECT count(*) INTO o_waiters FROM __SCHEMA__.counter_waiters
+    WHERE name = p_name AND expires_at > v_now;
+END $$;
+
+-- Changes or reads a counter in one step (counter_change.lua's operations:
+-- 'add', 'try_set', 'set', 'drain', 'read', 'delete', with `p_amount`), and
+-- notifies "*<p_owner>" on `p_wake` when the change leaves permits
+-- available and someone waits. Returns (status, count, waiters) as
+-- counter_change.lua: status 1 done, 0 not done, 4 an 'add' that would
+-- leave the 64-bit range (nothing changed).
+CREATE OR REPLACE FUNCTION __SCHEMA__.counter_change(
+  p_name text, p_owner text, p_op text, p_amount bigint, p_wake text,
+  OUT o_status integer, OUT o_count bigint, OUT o_waiters bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+  v_now timestamptz;
+  v_count bigint;
+  v_wake boolean := false;
+BEGIN
+  PERFORM pg_advisory_xact_lock(1684826880, hashtext(p_name));
+  v_now := clock_timestamp();
+  SELECT count INTO v_count FROM __SCHEMA__.counters WHERE name = p_name;
+  IF p_op = 'read' THEN
+    o_status := CASE WHEN v_count IS NULL THEN 0 ELSE 1 END;
+    o_count := coalesce(v_count, 0);
+  ELSIF p_op = 'add' THEN
+    IF coalesce(v_count, 0)::numeric + p_amount NOT BETWEEN -9223372036854775808
+        AND 9223372036854775807 THEN
+      o_status := 4; o_count := coalesce(v_count, 0);
+    ELSE
+      o_count := coalesce(v_count, 0) + p_amount;
+      INSERT INTO __SCHEMA__.counters AS c (name, count) VALUES (p_name, o_count)
+        ON CONFLICT (name) DO UPDATE SET count = excluded.count;
+      o_status := 1; v_wake := p_amount >= 0;
+    END IF;
+  ELSIF p_op = 'try_set' THEN
+    IF v_count IS NOT NULL THEN
+      o_status := 0; o_count := v_count;
+    ELSE
+      INSERT INTO __SCHEMA__.counters (name, count) VALUES (p_name, p_amount);
+      o_status := 1; o_count := p_amount; v_wake := true;
+    END IF;
+  ELSIF p_op = 'set' THEN
+    INSERT INTO __SCHEMA__.counters AS c (name, count) VALUES (p_name, p_amount)
+      ON CONFLICT (name) DO UPDATE SET count = excluded.count;
+    o_status := 1; o_count := p_amount; v_wake := true;
+  ELSIF p_op = 'drain' THEN
+    IF v_count > 0 THEN
+      UPDATE __SCHEMA__.counters SET count = 0 WHERE name = p_name;
+      o_status := 1; o_count := v_count;
+    ELSE
+      o_status := 0; o_count := coalesce(v_count, 0);
+    END IF;
+  ELSIF p_op = 'delete' THEN
+    DELETE FROM __SCHEMA__.counters WHERE name = p_name;
+    o_status := CASE WHEN v_count IS NULL THEN 0 ELSE 1 END;
+    o_count := coalesce(v_count, 0);
+  ELSE
+    RAISE EXCEPTION 'counter_change: unknown operation %', p_op;
+  END IF;
+  SELECT count(*) INTO o_waiters FROM __SCHEMA__.counter_waiters
+    WHERE name = p_name AND expires_at > v_now;
+  IF v_wake AND o_count > 0 AND o_waiters > 0 THEN
+    PERFORM pg_notify(p_wake, '*' || p_owner);
+  END IF;
+END $$;
+
+-- A counter for an operator: its count (NULL when it does not exist) and
+-- its live registrations. Reads only.
+CREATE OR REPLACE FUNCTION __SCHEMA__.inspect_counter(p_name text)
+RETURNS TABLE (counter bigint, counter_waiters bigint) LANGUAGE sql AS $$
+  SELECT (SELECT count FROM __SCHEMA__.counters WHERE name = p_name),
+         (SELECT count(*) FROM __SCHEMA__.counter_waiters
+          WHERE name = p_name AND expires_at > clock_timestamp())
+$$;
+
+-- The counters whose names match the regular expression `p_pattern`.
+CREATE OR REPLACE FUNCTION __SCHEMA__.scan_counters(p_pattern text)
+RETURNS SETOF text LANGUAGE sql AS $$
+  SELECT name FROM __SCHEMA__.counters WHERE name ~ p_pattern ORDER BY name
+$$;
+
+-- Deletes at most `p_limit` registrations that ended. How many went.
+CREATE OR REPLACE FUNCTION __SCHEMA__.sweep_counters(p_limit integer)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+  v_waiters bigint;
+BEGIN
+  DELETE FROM __SCHEMA__.counter_waiters w
+    USING (SELECT name, owner FROM __SCHEMA__.counter_waiters
+           WHERE expires_at <= clock_timestamp() LIMIT p_limit) d
+    WHERE w.name = d.name AND w.owner = d.owner AND w.expires_at <= clock_timestamp();
+  GET DIAGNOSTICS v_waiters = ROW_COUNT;
+  RETURN v_waiters;
+END $$;
+
 -- Lock events (LockManager::events; managers built with lock_events(true)).
 --
 -- LISTEN takes no patterns, so every lock event of the schema goes on one
