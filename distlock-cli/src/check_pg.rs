@@ -44,6 +44,10 @@ struct Settings {
     synchronous_commit: String,
     synchronous_standby_names: String,
     replicas: i64,
+    /// Standbys in `pg_stat_replication` with `sync_state` sync or quorum.
+    in_sync: i64,
+    /// Standbys whose `sync_state` this role may not read.
+    hidden: i64,
     idle_session_timeout_ms: Option<i64>,
     idle_in_transaction_timeout_ms: Option<i64>,
     may_create: bool,
@@ -60,9 +64,11 @@ impl Settings {
             synchronous_commit: row.try_get(5)?,
             synchronous_standby_names: row.try_get(6)?,
             replicas: row.try_get(7)?,
-            idle_session_timeout_ms: row.try_get(8)?,
-            idle_in_transaction_timeout_ms: row.try_get(9)?,
-            may_create: row.try_get(10)?,
+            in_sync: row.try_get(8)?,
+            hidden: row.try_get(9)?,
+            idle_session_timeout_ms: row.try_get(10)?,
+            idle_in_transaction_timeout_ms: row.try_get(11)?,
+            may_create: row.try_get(12)?,
         })
     }
 }
@@ -497,20 +503,41 @@ fn standbys(s: &Settings) -> (&'static str, Status, String) {
         ),
         (false, n) => {
             let commit = &s.synchronous_commit;
-            if matches!(commit.as_str(), "on" | "remote_apply" | "remote_write") {
-                (
-                    Status::Ok,
-                    format!(
-                        "{names:?} ({n} streaming now): a failover to a synchronous standby \
-                         keeps every grant a client was told of"
-                    ),
-                )
-            } else {
+            if !matches!(commit.as_str(), "on" | "remote_apply" | "remote_write") {
                 (
                     Status::Warn,
                     format!(
                         "{names:?}, but synchronous_commit is {commit}: commits do not wait \
-                         for the standby, so a failover can lose the last grants"
+                         for the standby, so a failover can lose the last grants \
+                         (postgres_synchronous_standby sets on for distlock's sessions)"
+                    ),
+                )
+            } else if s.in_sync > 0 {
+                (
+                    Status::Ok,
+                    format!(
+                        "{names:?}, {} of {n} streaming standby(s) in sync now: every grant \
+                         waits for one, so a failover to it keeps every grant a client was \
+                         told of (postgres_synchronous_standby makes build() require this)",
+                        s.in_sync
+                    ),
+                )
+            } else if s.hidden > 0 {
+                (
+                    Status::Warn,
+                    format!(
+                        "{names:?}, {n} streaming standby(s), but this role cannot read their \
+                         sync_state in pg_stat_replication: grant it pg_monitor to check, and \
+                         for postgres_synchronous_standby"
+                    ),
+                )
+            } else {
+                (
+                    Status::Fail,
+                    format!(
+                        "{names:?}, but no standby is in sync now ({n} streaming): every \
+                         commit waits until one is, so locks cannot be taken or released \
+                         (calls fail with a command timeout)"
                     ),
                 )
             }
@@ -652,6 +679,8 @@ mod tests {
             synchronous_commit: "on".to_owned(),
             synchronous_standby_names: String::new(),
             replicas: 0,
+            in_sync: 0,
+            hidden: 0,
             idle_session_timeout_ms: Some(0),
             idle_in_transaction_timeout_ms: Some(0),
             may_create: false,
@@ -697,8 +726,22 @@ mod tests {
         };
         assert_eq!(standby("", 0, "on"), Status::Ok);
         assert_eq!(standby("", 2, "on"), Status::Warn);
-        assert_eq!(standby("FIRST 1 (s1, s2)", 2, "on"), Status::Ok);
         assert_eq!(standby("FIRST 1 (s1, s2)", 2, "local"), Status::Warn);
+        let in_sync = |in_sync, hidden| {
+            standbys(&Settings {
+                synchronous_standby_names: "FIRST 1 (s1, s2)".to_owned(),
+                replicas: 2,
+                in_sync,
+                hidden,
+                ..settings()
+            })
+            .1
+        };
+        assert_eq!(in_sync(1, 0), Status::Ok);
+        // Named, streaming, none in sync: every commit would wait.
+        assert_eq!(in_sync(0, 0), Status::Fail);
+        // A role without pg_monitor cannot tell.
+        assert_eq!(in_sync(0, 2), Status::Warn);
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use assert_cmd::Command;
 use distlock::{LockError, LockGuard, LockManager};
-use distlock_testing::{PgBouncer, PostgresServer};
+use distlock_testing::{PgBouncer, PostgresServer, Replication};
 use predicates::prelude::*;
 use serde_json::Value;
 
@@ -623,6 +623,53 @@ async fn postgres_check_warns_about_durability_and_idle_timeouts() {
             .unwrap()
             .contains("listening connection"),
         "{idle}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_check_reports_standbys_in_sync_and_asynchronous_ones() {
+    let primary = PostgresServer::start().unwrap();
+    let synchronous = primary.start_standby(Replication::Synchronous).unwrap();
+    let _manager = LockManager::builder(&primary.url()).build().await.unwrap();
+    let status_of = async |url: &str| {
+        let out = cli(url, &["--json", "check"]).await;
+        let check = check_of(&json(&out), "synchronous standbys").clone();
+        (out.status.success(), check)
+    };
+    let (passed, check) = status_of(&primary.url()).await;
+    assert!(passed, "{check}");
+    assert_eq!(check["status"], "ok", "{check}");
+    assert!(
+        check["detail"].as_str().unwrap().contains("1 of 1"),
+        "{check}"
+    );
+
+    // The named standby is gone: every commit would wait, a failure.
+    synchronous.stop_immediate().unwrap();
+    let (passed, check) = status_of(&primary.url()).await;
+    assert!(!passed, "{check}");
+    assert_eq!(check["status"], "fail", "{check}");
+    assert!(
+        check["detail"]
+            .as_str()
+            .unwrap()
+            .contains("no standby is in sync"),
+        "{check}"
+    );
+
+    // An asynchronous standby only: a failover can lose grants, a warning.
+    let other = PostgresServer::start().unwrap();
+    let _asynchronous = other.start_standby(Replication::Asynchronous).unwrap();
+    let _manager = LockManager::builder(&other.url()).build().await.unwrap();
+    let (passed, check) = status_of(&other.url()).await;
+    assert!(passed, "{check}");
+    assert_eq!(check["status"], "warn", "{check}");
+    assert!(
+        check["detail"]
+            .as_str()
+            .unwrap()
+            .contains("asynchronous standby"),
+        "{check}"
     );
 }
 

@@ -75,6 +75,10 @@ pub(crate) struct PostgresSettings {
     /// statements) instead of sending it unnamed with each call.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) prepared_statements: bool,
+    /// Refuse to build unless every grant's commit waits for a synchronous
+    /// standby (see `backend/postgres/replication.rs`).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) synchronous_standby: bool,
 }
 
 impl Default for PostgresSettings {
@@ -85,6 +89,7 @@ impl Default for PostgresSettings {
             sweep_interval: Duration::from_secs(10),
             prepared_statements: false,
             listen_url: None,
+            synchronous_standby: false,
         }
     }
 }

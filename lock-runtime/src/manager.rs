@@ -1069,6 +1069,35 @@ impl LockManagerBuilder {
         self
     }
 
+    /// Whether a PostgreSQL manager requires synchronous replication (default
+    /// false): [`build`](Self::build) fails with [`LockError::ServerCheck`]
+    /// naming what is missing unless the server is a primary whose
+    /// `synchronous_standby_names` is set and at least one standby is in sync
+    /// now (`pg_stat_replication.sync_state` `sync` or `quorum`, which the
+    /// role needs `pg_monitor` or `pg_read_all_stats` to read), and distlock's
+    /// sessions commit with `synchronous_commit` `on`, `remote_write` or
+    /// `remote_apply` (when the role's own setting is `local` or `off`, the
+    /// data connection sets `on` as a startup option, and turns a
+    /// `transaction_timeout` off, which could end a commit's wait). A pooler
+    /// that drops startup options fails the check unless the role's own
+    /// settings already wait.
+    ///
+    /// Then every grant, renewal, hand-off and fencing token is confirmed by
+    /// a synchronous standby before the call returns (a hand-off's new holder
+    /// is notified only after that too), so a standby promoted after the
+    /// primary crashed issues no token twice and grants no lock that a holder
+    /// still trusts. The price: while no standby confirms, calls that write
+    /// wait and fail with a command timeout rather than grant. Without it,
+    /// an asynchronous standby promoted after a crash may lack the last
+    /// grants. The check is made once, at build. Ignored on Redis (see
+    /// [`replica_ack`](Self::replica_ack) there).
+    #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+    pub fn postgres_synchronous_standby(mut self, required: bool) -> Self {
+        self.config.postgres.synchronous_standby = required;
+        self
+    }
+
     /// Whether a call that finds the manager's connection to a server idle
     /// may take the direct lane: a second plain-TCP connection per server on
     /// which the call writes its command and reads its own reply, without

@@ -14,7 +14,7 @@
 //! [`RedisSentinel`] starts a master with replicas watched by three Redis Sentinels, and fails
 //! it over or kills its master. [`PostgresServer`] starts a private PostgreSQL (plain, or
 //! TLS-only with [`PostgresServerBuilder::tls`]), and crashes, pauses or cuts the connections
-//! of it.
+//! of it; [`PostgresServer::start_standby`] adds a streaming standby to fail over to.
 //!
 //! Add this crate as a dev-dependency; distlock itself does not depend on it. It only works on
 //! Unix, because it pauses and kills servers with signals.
@@ -100,7 +100,7 @@ pub use cluster::{
     CLUSTER_SLOTS,
 };
 pub use pgbouncer::PgBouncer;
-pub use postgres::{PostgresServer, PostgresServerBuilder};
+pub use postgres::{PostgresServer, PostgresServerBuilder, Replication};
 pub use proxy::{FaultMode, FaultProxy};
 pub use sentinel::{DataNodeRole, RedisSentinel, RedisSentinelBuilder, SentinelDataNode};
 pub use server::{RedisServer, RedisServerBuilder};

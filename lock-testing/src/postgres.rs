@@ -166,7 +166,7 @@ impl PostgresServerBuilder {
         };
         write_settings(&data, dir.path(), &self, tls.as_ref())?;
 
-        let mut server = PostgresServer {
+        let server = PostgresServer {
             bin,
             data,
             log,
@@ -176,26 +176,19 @@ impl PostgresServerBuilder {
             dir_path: dir.path().to_path_buf(),
             dir: None,
         };
-        let mut last_error = String::new();
-        for _ in 0..PORT_ATTEMPTS {
-            server.port = pick_port()?;
-            match server.pg_ctl_start("start") {
-                Ok(()) => {
-                    server.dir = Some(dir);
-                    return Ok(server);
-                }
-                Err(e) => {
-                    // A half-started server must not outlive the attempt.
-                    server.stop();
-                    last_error = e.to_string();
-                }
-            }
-        }
-        // `server` is dropped before `dir` removes the directory (declared after it).
-        Err(TestingError::Postgres(format!(
-            "could not start on {PORT_ATTEMPTS} ports; the last attempt: {last_error}"
-        )))
+        server.start_on_a_free_port(dir)
     }
+}
+
+/// How a standby started by [`PostgresServer::start_standby`] confirms what it receives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replication {
+    /// The primary names the standby in `synchronous_standby_names`: a commit returns to its
+    /// client (under `synchronous_commit = on`, the default) only once the standby flushed
+    /// its WAL. With the standby stopped, commits wait.
+    Synchronous,
+    /// The primary does not wait: a commit its client saw may be missing from the standby.
+    Asynchronous,
 }
 
 /// A private PostgreSQL server: its own `initdb`-made cluster in a temporary directory, on a
@@ -247,6 +240,242 @@ pub struct PostgresServer {
 }
 
 impl PostgresServer {
+    /// Starts the server (`pg_ctl start`) on a free port, trying [`PORT_ATTEMPTS`] ports; on
+    /// success the server owns `dir`.
+    fn start_on_a_free_port(mut self, dir: TempDir) -> Result<PostgresServer, TestingError> {
+        let mut last_error = String::new();
+        for _ in 0..PORT_ATTEMPTS {
+            self.port = pick_port()?;
+            match self.pg_ctl_start("start") {
+                Ok(()) => {
+                    self.dir = Some(dir);
+                    return Ok(self);
+                }
+                Err(e) => {
+                    // A half-started server must not outlive the attempt.
+                    self.stop();
+                    last_error = e.to_string();
+                }
+            }
+        }
+        // `self` is dropped before `dir` removes the directory (declared after it).
+        Err(TestingError::Postgres(format!(
+            "could not start on {PORT_ATTEMPTS} ports; the last attempt: {last_error}"
+        )))
+    }
+
+    /// Starts a streaming-replication standby of this server in a new temporary directory,
+    /// on a free port of 127.0.0.1, and returns once this server reports it streaming (and,
+    /// for [`Replication::Synchronous`], in sync). The standby is copied with `pg_basebackup`
+    /// (so it has this server's settings), follows with `primary_conninfo` and
+    /// `standby.signal`, and answers read-only queries (`hot_standby`). For
+    /// [`Replication::Synchronous`] this server's `synchronous_standby_names` is set to the
+    /// standby's name (`ALTER SYSTEM`, then a reload); one synchronous standby per primary.
+    ///
+    /// Make it the primary with [`promote`](Self::promote), typically after
+    /// [`stop_immediate`](Self::stop_immediate) of this one.
+    ///
+    /// # Errors
+    ///
+    /// [`TestingError::Postgres`] for a TLS server (its `pg_hba.conf` admits no replication
+    /// connection), or when a tool fails or the standby does not stream within 30 s.
+    pub fn start_standby(&self, replication: Replication) -> Result<PostgresServer, TestingError> {
+        if self.tls.is_some() {
+            return Err(TestingError::Postgres(
+                "standbys of a TLS server are not supported".to_owned(),
+            ));
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("distlock-pg-standby-")
+            .tempdir()?;
+        if let Some((uid, gid)) = self.run_as {
+            std::os::unix::fs::chown(dir.path(), Some(uid.as_raw()), Some(gid.as_raw()))?;
+        }
+        let data = dir.path().join("data");
+        let mut basebackup = Command::new(self.bin.join("pg_basebackup"));
+        basebackup
+            .arg("-D")
+            .arg(&data)
+            .args(["-h", "127.0.0.1", "-U", "postgres", "-X", "stream"])
+            .args(["-c", "fast", "--no-sync"])
+            .arg("-p")
+            .arg(self.port.to_string());
+        run(&mut basebackup, self.run_as, dir.path(), "pg_basebackup")?;
+        let name = standby_name(dir.path());
+        let conninfo = format!(
+            "host=127.0.0.1 port={} user=postgres application_name={name}",
+            self.port
+        );
+        // Later lines of postgresql.conf win over the copied primary's: the socket goes into
+        // the standby's own directory, which outlives the primary's.
+        let conf = format!(
+            "\n# distlock-testing standby\nunix_socket_directories = {}\nprimary_conninfo = {}\n\
+             hot_standby = 'on'\n",
+            quote_literal(&dir.path().display().to_string()),
+            quote_literal(&conninfo)
+        );
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(data.join("postgresql.conf"))?;
+        io::Write::write_all(&mut file, conf.as_bytes())?;
+        // A primary that has a synchronous standby already passed its
+        // synchronous_standby_names (ALTER SYSTEM's file) on: after a promotion this server
+        // would wait for a standby of its own that does not exist.
+        let auto_conf = data.join("postgresql.auto.conf");
+        if let Ok(text) = std::fs::read_to_string(&auto_conf) {
+            let kept: String = text
+                .lines()
+                .filter(|line| !line.trim_start().starts_with("synchronous_standby_names"))
+                .map(|line| format!("{line}\n"))
+                .collect();
+            std::fs::write(&auto_conf, kept)?;
+        }
+        std::fs::write(data.join("standby.signal"), "")?;
+        if let Some((uid, gid)) = self.run_as {
+            std::os::unix::fs::chown(
+                data.join("standby.signal"),
+                Some(uid.as_raw()),
+                Some(gid.as_raw()),
+            )?;
+        }
+        let standby = PostgresServer {
+            bin: self.bin.clone(),
+            data,
+            log: dir.path().join("server.log"),
+            port: 0,
+            run_as: self.run_as,
+            tls: None,
+            dir_path: dir.path().to_path_buf(),
+            dir: None,
+        }
+        .start_on_a_free_port(dir)?;
+        if replication == Replication::Synchronous {
+            // Two calls: `psql -c` runs its statements as one transaction, which ALTER
+            // SYSTEM refuses.
+            self.psql(&format!(
+                "ALTER SYSTEM SET synchronous_standby_names = {}",
+                quote_literal(&name)
+            ))?;
+            self.psql("SELECT pg_reload_conf()")?;
+        }
+        self.wait_for_standby(&standby, replication)?;
+        Ok(standby)
+    }
+
+    /// Waits up to 30 s until this server reports `standby` streaming from it (and in sync, for
+    /// [`Replication::Synchronous`]) in `pg_stat_replication`: after
+    /// [`start_standby`](Self::start_standby), or after the standby was started again.
+    ///
+    /// # Errors
+    ///
+    /// [`TestingError::Postgres`] when it does not, with both servers' logs.
+    pub fn wait_for_standby(
+        &self,
+        standby: &PostgresServer,
+        replication: Replication,
+    ) -> Result<(), TestingError> {
+        let want = match replication {
+            Replication::Synchronous => "sync",
+            Replication::Asynchronous => "async",
+        };
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            let states = self.psql(&format!(
+                "SELECT state || ' ' || sync_state FROM pg_stat_replication \
+                 WHERE application_name = {}",
+                quote_literal(&standby_name(&standby.dir_path))
+            ))?;
+            if states.lines().any(|s| s == format!("streaming {want}")) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(TestingError::Postgres(format!(
+                    "the standby on port {} is not streaming ({want}) after {:?}: \
+                     pg_stat_replication says {states:?}\nprimary log:\n{}\nstandby log:\n{}",
+                    standby.port,
+                    START_TIMEOUT,
+                    self.log_tail(),
+                    standby.log_tail()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits up to 30 s until `standby` replayed everything this server had written when
+    /// called (`pg_current_wal_lsn()` here, `pg_last_wal_replay_lsn()` there): what was
+    /// committed here is then visible there, and survives a promotion.
+    ///
+    /// # Errors
+    ///
+    /// [`TestingError::Postgres`] when it does not catch up in time.
+    pub fn wait_for_replay(&self, standby: &PostgresServer) -> Result<(), TestingError> {
+        let written = self.psql("SELECT pg_current_wal_lsn()")?;
+        let deadline = Instant::now() + START_TIMEOUT;
+        let caught_up = format!(
+            "SELECT coalesce(pg_last_wal_replay_lsn() >= {}::pg_lsn, false)",
+            quote_literal(&written)
+        );
+        while standby.psql(&caught_up)? != "t" {
+            if Instant::now() >= deadline {
+                return Err(TestingError::Postgres(format!(
+                    "the standby on port {} did not replay up to {written} within {:?}",
+                    standby.port, START_TIMEOUT
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
+    /// Crashes the server and leaves it down (`pg_ctl stop -m immediate`): every connection
+    /// is cut, no shutdown checkpoint is written, and nothing more reaches a standby. Start it
+    /// again with [`start_again`](Self::start_again). Resumes a paused server first.
+    ///
+    /// # Errors
+    ///
+    /// [`TestingError::Postgres`] with `pg_ctl`'s output.
+    pub fn stop_immediate(&self) -> Result<(), TestingError> {
+        self.resume()?;
+        self.pg_ctl_stop("immediate")
+    }
+
+    /// Starts a server stopped by [`stop_immediate`](Self::stop_immediate) again on its port,
+    /// recovering from its WAL (a standby goes on following its primary).
+    ///
+    /// # Errors
+    ///
+    /// [`TestingError::Postgres`] with `pg_ctl`'s output and the server's log.
+    pub fn start_again(&self) -> Result<(), TestingError> {
+        self.pg_ctl_start("start")
+    }
+
+    /// Makes a standby the primary (`pg_ctl promote`), and returns once it accepts writes.
+    ///
+    /// # Errors
+    ///
+    /// [`TestingError::Postgres`] when the server is no standby or does not finish promoting
+    /// within 30 s.
+    pub fn promote(&self) -> Result<(), TestingError> {
+        let mut pg_ctl = Command::new(self.bin.join("pg_ctl"));
+        pg_ctl
+            .arg("promote")
+            .arg("-D")
+            .arg(&self.data)
+            .arg("-w")
+            .arg("-t")
+            .arg(START_TIMEOUT.as_secs().to_string());
+        run(&mut pg_ctl, self.run_as, &self.dir_path, "pg_ctl promote").map_err(|e| {
+            TestingError::Postgres(format!("{e}\nserver log:\n{}", self.log_tail()))
+        })?;
+        match self.psql("SELECT pg_is_in_recovery()")?.as_str() {
+            "f" => Ok(()),
+            other => Err(TestingError::Postgres(format!(
+                "still in recovery after pg_ctl promote ({other})"
+            ))),
+        }
+    }
+
     /// Starts a server with the default settings (fsync on); see
     /// [`PostgresServerBuilder::start`].
     ///
@@ -694,6 +923,18 @@ impl std::fmt::Debug for ClientFiles {
     }
 }
 
+/// A standby's name in its primary's `pg_stat_replication` and `synchronous_standby_names`
+/// (its `application_name`): made from its temporary directory's, so unique per standby.
+fn standby_name(dir: &Path) -> String {
+    let unique = dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("x")
+        .replace(|c: char| !c.is_ascii_alphanumeric(), "_")
+        .to_ascii_lowercase();
+    format!("standby_{unique}")
+}
+
 /// `value` as an SQL (and `postgresql.conf`) string literal.
 fn quote_literal(value: &str) -> String {
     format!("'{}'", value.replace('\'', "''"))
@@ -1081,6 +1322,59 @@ mod tests {
         assert!(pg.pause_backend(std::process::id()).is_err());
         pg.kill_backend(backend)?;
         assert!(exits_within(&mut session, Duration::from_secs(10))?);
+        Ok(())
+    }
+
+    #[test]
+    fn a_promoted_synchronous_standby_has_every_commit_its_primary_confirmed() -> TestResult {
+        let primary = PostgresServer::start()?;
+        primary.psql("CREATE TABLE t (v int)")?;
+        let standby = primary.start_standby(Replication::Synchronous)?;
+        assert_ne!(standby.port(), primary.port());
+        assert_eq!(
+            primary.psql("SHOW synchronous_standby_names")?,
+            standby_name(&standby.dir_path)
+        );
+        assert_eq!(standby.psql("SELECT pg_is_in_recovery()")?, "t");
+        primary.psql("INSERT INTO t VALUES (1)")?;
+        primary.stop_immediate()?;
+        assert!(primary.postmaster_pid().is_err(), "the primary still runs");
+        standby.promote()?;
+        // Flushed on the standby before the INSERT returned; promotion replays it.
+        assert_eq!(standby.psql("SELECT v FROM t")?, "1");
+        standby.psql("INSERT INTO t VALUES (2)")?;
+        // The old primary comes back as a primary of its own (no fencing between them: that
+        // is the test's to arrange), still without the promoted server's write.
+        primary.start_again()?;
+        assert_eq!(primary.psql("SELECT count(*) FROM t")?, "1");
+        Ok(())
+    }
+
+    #[test]
+    fn a_second_standby_promoted_waits_for_no_standby() -> TestResult {
+        let primary = PostgresServer::start()?;
+        let _synchronous = primary.start_standby(Replication::Synchronous)?;
+        let second = primary.start_standby(Replication::Asynchronous)?;
+        primary.stop_immediate()?;
+        second.promote()?;
+        assert_eq!(second.psql("SHOW synchronous_standby_names")?, "");
+        // A commit returns: nothing to wait for.
+        second.psql("CREATE TABLE t (v int); INSERT INTO t VALUES (1)")?;
+        Ok(())
+    }
+
+    #[test]
+    fn an_asynchronous_standby_streams_and_can_be_stopped_and_started() -> TestResult {
+        let primary = PostgresServer::start()?;
+        let standby = primary.start_standby(Replication::Asynchronous)?;
+        assert_eq!(primary.psql("SHOW synchronous_standby_names")?, "");
+        standby.stop_immediate()?;
+        // Nothing waits for an asynchronous standby.
+        primary.psql("CREATE TABLE t (v int); INSERT INTO t VALUES (1)")?;
+        standby.start_again()?;
+        primary.wait_for_standby(&standby, Replication::Asynchronous)?;
+        primary.wait_for_replay(&standby)?;
+        assert_eq!(standby.psql("SELECT v FROM t")?, "1");
         Ok(())
     }
 

@@ -10,6 +10,10 @@ SELECT current_setting('server_version_num')::int,
        current_setting('synchronous_commit'),
        current_setting('synchronous_standby_names'),
        (SELECT count(*) FROM pg_stat_replication),
+       -- Standbys a commit can wait for now, and those whose state this
+       -- role may not read (NULL without pg_read_all_stats / pg_monitor).
+       (SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum')),
+       (SELECT count(*) FROM pg_stat_replication WHERE sync_state IS NULL),
        (SELECT setting::bigint FROM pg_settings WHERE name = 'idle_session_timeout'),
        (SELECT setting::bigint FROM pg_settings
          WHERE name = 'idle_in_transaction_session_timeout'),

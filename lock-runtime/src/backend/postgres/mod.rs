@@ -22,6 +22,7 @@
 
 mod counting;
 pub(crate) mod listener;
+mod replication;
 mod shared;
 #[cfg(feature = "tls")]
 mod tls;
@@ -460,36 +461,49 @@ impl Postgres {
             }
         };
         listen_pg.application_name(LISTEN_APPLICATION);
-        let inner = Arc::new(Inner {
-            shown_url: shown(url),
-            pg,
-            connector,
-            listen_connector,
-            prefix: config.key_prefix.clone(),
-            sql: Sql::new(schema),
-            events: events_channel(schema),
-            events_ident: channel_ident(&events_channel(schema)),
-            shared: shared::SharedSql::new(schema),
-            counters: counting::CounterSql::new(schema),
-            command_timeout: config.command_timeout,
-            connect_timeout: config.connect_timeout,
-            client: Mutex::new(None),
-            prepared: config
-                .postgres
-                .prepared_statements
-                .then(|| Mutex::new(Prepared::default())),
-            listen_pg,
-            deaf_listeners: AtomicU64::new(0),
-            connecting: tokio::sync::Mutex::new(()),
-            renewal_round_trips: AtomicU64::new(0),
-        });
-        let client = inner.client().await.map_err(|e| LockError::Connect {
-            url: inner.shown_url.clone(),
-            source: match e.error {
-                LockError::Backend { source, .. } => source,
-                other => BackendError::new(BackendErrorKind::Other, other.to_string()),
-            },
-        })?;
+        let make_inner = |pg: tokio_postgres::Config| {
+            Arc::new(Inner {
+                shown_url: shown(url),
+                pg,
+                connector: connector.clone(),
+                listen_connector: listen_connector.clone(),
+                prefix: config.key_prefix.clone(),
+                sql: Sql::new(schema),
+                events: events_channel(schema),
+                events_ident: channel_ident(&events_channel(schema)),
+                shared: shared::SharedSql::new(schema),
+                counters: counting::CounterSql::new(schema),
+                command_timeout: config.command_timeout,
+                connect_timeout: config.connect_timeout,
+                client: Mutex::new(None),
+                prepared: config
+                    .postgres
+                    .prepared_statements
+                    .then(|| Mutex::new(Prepared::default())),
+                listen_pg: listen_pg.clone(),
+                deaf_listeners: AtomicU64::new(0),
+                connecting: tokio::sync::Mutex::new(()),
+                renewal_round_trips: AtomicU64::new(0),
+            })
+        };
+        let mut inner = make_inner(pg.clone());
+        let mut client = inner.first_client().await?;
+        // Before the schema: a standby named by mistake is refused as such,
+        // not for the schema it cannot create.
+        if config.postgres.synchronous_standby {
+            let found = replication::read(&client, &inner).await?;
+            let options = found.session_options();
+            if !options.is_empty() {
+                // This session's commits would not wait for the standby (or
+                // a timeout could cut the wait short): reconnect with the
+                // settings as startup options, for distlock's data
+                // connections only.
+                replication::set_in_session(&mut pg, &options);
+                inner = make_inner(pg);
+                client = inner.first_client().await?;
+            }
+            replication::require_synchronous_standby(&client, &inner).await?;
+        }
         inner
             .check_schema(&client, schema, config.postgres.create_schema)
             .await?;
@@ -1053,6 +1067,18 @@ impl Inner {
         } else {
             &self.events_ident
         }
+    }
+
+    /// The data connection opened by `build()`: a failure is a
+    /// [`LockError::Connect`].
+    async fn first_client(&self) -> Result<Arc<Client>, LockError> {
+        self.client().await.map_err(|e| LockError::Connect {
+            url: self.shown_url.clone(),
+            source: match e.error {
+                LockError::Backend { source, .. } => source,
+                other => BackendError::new(BackendErrorKind::Other, other.to_string()),
+            },
+        })
     }
 
     /// The data connection, connecting it when there is none or it closed.
