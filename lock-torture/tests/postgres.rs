@@ -795,10 +795,7 @@ async fn p2b_the_term_checker_catches_a_fake_leader_and_stale_epochs_on_postgres
     }
 }
 
-/// What a p3/p4 run of the shared kinds takes. Those scenarios are ignored
-/// until the PostgreSQL backend serves read-write locks and semaphores:
-/// before, every acquisition is refused with `LockError::Unsupported` and
-/// the workers stop with `FATAL`.
+/// What a p3/p4 run of the shared kinds takes.
 #[derive(Clone, Copy, Debug)]
 enum Shared {
     /// A read-write lock, 20 % of the sections writers.
@@ -948,7 +945,6 @@ async fn shared_run(
 /// Scenario p3: a read-write lock on PostgreSQL, 3 processes x 8 tasks, 300
 /// sections (see [`shared_run`]).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs read-write locks and semaphores on PostgreSQL (pg-shared)"]
 async fn p3_read_write_lock_on_postgres() {
     let _serial = SERIAL.lock().await;
     let setup = PgSetup::new("p3-rw").await;
@@ -966,7 +962,6 @@ async fn p3_read_write_lock_on_postgres() {
 /// Scenario p3b: a semaphore of 3 permits on PostgreSQL, 3 processes x 8
 /// tasks, 300 sections (see [`shared_run`]).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs read-write locks and semaphores on PostgreSQL (pg-shared)"]
 async fn p3b_semaphore_on_postgres() {
     let _serial = SERIAL.lock().await;
     let setup = PgSetup::new("p3-sem").await;
@@ -981,7 +976,6 @@ async fn p3b_semaphore_on_postgres() {
 /// semaphore of 2: the checker must find writers sharing the lock, and more
 /// than 2 permits held at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs read-write locks and semaphores on PostgreSQL (pg-shared)"]
 async fn p3c_the_checker_catches_unsafe_shared_holders_on_postgres() {
     let _serial = SERIAL.lock().await;
     let setup = PgSetup::new("p3c").await;
@@ -1129,7 +1123,6 @@ async fn p4_default_lock_through_a_transaction_mode_pooler_postgres() {
 /// transaction-mode pooler, 3 processes x 4 tasks, 60 sections each, judged
 /// as in p3 ([`shared_run`]).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs read-write locks and semaphores on PostgreSQL (pg-shared)"]
 async fn p4b_read_write_lock_and_semaphore_through_a_transaction_mode_pooler_postgres() {
     let _serial = SERIAL.lock().await;
     let setup = PgSetup::new("p4b").await;
