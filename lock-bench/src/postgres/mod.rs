@@ -48,6 +48,7 @@
 
 pub mod handoff;
 pub mod lease;
+pub mod lock_all;
 pub mod many_keys;
 pub mod proxy;
 pub mod renewal;
@@ -63,7 +64,7 @@ use crate::error::{bail, context, Result};
 use crate::report::{Better, Row, ScenarioResult};
 
 /// The scenarios the PostgreSQL pass runs; the others are skipped with a note.
-pub const SCENARIOS: &[&str] = &["uncontended", "many-keys", "handoff", "renewal"];
+pub const SCENARIOS: &[&str] = &["uncontended", "many-keys", "handoff", "renewal", "lock-all"];
 
 /// Lease of every hold that is not renewed: never ends during a cycle.
 pub const LEASE_SECS: f64 = 30.0;
@@ -263,6 +264,7 @@ pub async fn run_once(env: &PgEnv, names: &[String]) -> Result<Vec<ScenarioResul
             "many-keys" => many_keys::run(env).await?,
             "handoff" => handoff::run(env).await?,
             "renewal" => renewal::run(env).await?,
+            "lock-all" => lock_all::run(env).await?,
             other => bail!("unknown scenario {other:?}"),
         };
         println!("{}", got.render());

@@ -23,4 +23,6 @@ pub const ALL: &[&str] = &[
     "renewal",
     "memory",
     "macro",
+    // The PostgreSQL pass only (`--backend postgres`).
+    "lock-all",
 ];
