@@ -47,6 +47,7 @@
 //! one client waits for its answers.
 
 pub mod handoff;
+pub mod leader;
 pub mod lease;
 pub mod lock_all;
 pub mod many_keys;
@@ -64,7 +65,14 @@ use crate::error::{bail, context, Result};
 use crate::report::{Better, Row, ScenarioResult};
 
 /// The scenarios the PostgreSQL pass runs; the others are skipped with a note.
-pub const SCENARIOS: &[&str] = &["uncontended", "many-keys", "handoff", "renewal", "lock-all"];
+pub const SCENARIOS: &[&str] = &[
+    "uncontended",
+    "many-keys",
+    "handoff",
+    "renewal",
+    "lock-all",
+    "leader",
+];
 
 /// Lease of every hold that is not renewed: never ends during a cycle.
 pub const LEASE_SECS: f64 = 30.0;
@@ -265,6 +273,7 @@ pub async fn run_once(env: &PgEnv, names: &[String]) -> Result<Vec<ScenarioResul
             "handoff" => handoff::run(env).await?,
             "renewal" => renewal::run(env).await?,
             "lock-all" => lock_all::run(env).await?,
+            "leader" => leader::run(env).await?,
             other => bail!("unknown scenario {other:?}"),
         };
         println!("{}", got.render());

@@ -25,4 +25,5 @@ pub const ALL: &[&str] = &[
     "macro",
     // The PostgreSQL pass only (`--backend postgres`).
     "lock-all",
+    "leader",
 ];
