@@ -28,6 +28,7 @@ use hdrhistogram::Histogram;
 use tokio::sync::mpsc;
 use tokio_postgres::{Client, Notification, Statement};
 
+use super::proxy::PgCountingProxy;
 use super::{connect, listen, server_note, PgEnv, LEASE_SECS};
 use crate::error::{bail, BoxError, Result};
 use crate::report::{new_histogram, us, Better, Check, Row, ScenarioResult, Target};
@@ -85,14 +86,13 @@ struct Candidate {
 }
 
 impl Candidate {
-    async fn new(env: &PgEnv, i: usize, name: &str) -> Result<Candidate> {
-        let client = connect(&env.url, "lock-bench-leader-sql").await?;
+    async fn new(url: &str, i: usize, name: &str) -> Result<Candidate> {
+        let client = connect(url, "lock-bench-leader-sql").await?;
         client
             .batch_execute(&distlock::postgres_schema_sql(SCHEMA)?)
             .await?;
         let channel = format!("bench_leader_{i}");
-        let (listener, notifications) =
-            listen(&env.url, "lock-bench-leader-listen", &channel).await?;
+        let (listener, notifications) = listen(url, "lock-bench-leader-listen", &channel).await?;
         Ok(Candidate {
             _listener: listener,
             acquire: client.prepare(ACQUIRE).await?,
@@ -203,11 +203,11 @@ struct SqlPair {
 }
 
 impl SqlPair {
-    async fn new(env: &PgEnv, handoff_only: bool, pass: u64) -> Result<SqlPair> {
+    async fn new(url: &str, handoff_only: bool, pass: String) -> Result<SqlPair> {
         let base = if handoff_only { 2 } else { 0 };
         let name = lock_name(&format!("bench-sql-{base}-{pass}"));
-        let a = Candidate::new(env, base, &name).await?;
-        let b = Candidate::new(env, base + 1, &name).await?;
+        let a = Candidate::new(url, base, &name).await?;
+        let b = Candidate::new(url, base + 1, &name).await?;
         if a.acquire(1).await? != 1 {
             bail!("the leader SQL floor's first campaign found the lock held");
         }
@@ -221,7 +221,7 @@ impl SqlPair {
     }
 
     /// One hand-over; its latency.
-    async fn round(&mut self) -> Result<Duration> {
+    async fn round(&mut self, counter: Option<&PgCountingProxy>) -> Result<(Duration, u64)> {
         let follower = 1 - self.leader;
         let Some(mut next) = self.candidates[follower].take() else {
             bail!("a candidate was lost by an earlier failure");
@@ -241,13 +241,15 @@ impl SqlPair {
         let Some(leader) = self.candidates[self.leader].as_ref() else {
             bail!("a candidate was lost by an earlier failure");
         };
+        let before = counter.map_or(0, |c| c.round_trips());
         let started = Instant::now();
         leader.resign(self.epoch).await?;
         let (next, epoch, held) = task.await??;
         self.candidates[follower] = Some(next);
         self.leader = follower;
         self.epoch = epoch;
-        Ok(held - started)
+        let round_trips = counter.map_or(0, |c| c.round_trips() - before);
+        Ok((held - started, round_trips))
     }
 }
 
@@ -260,10 +262,10 @@ struct DistlockPair {
 }
 
 impl DistlockPair {
-    async fn new(env: &PgEnv, pass: u64) -> Result<DistlockPair> {
+    async fn new(url: &str, pass: String) -> Result<DistlockPair> {
         let managers = vec![
-            super::distlock_manager(&env.url).await?,
-            super::distlock_manager(&env.url).await?,
+            super::distlock_manager(url).await?,
+            super::distlock_manager(url).await?,
         ];
         let election = format!("bench-leader-{pass}");
         let term = managers[0].leader(election.as_str()).campaign().await?;
@@ -275,7 +277,7 @@ impl DistlockPair {
         })
     }
 
-    async fn round(&mut self) -> Result<Duration> {
+    async fn round(&mut self, counter: Option<&PgCountingProxy>) -> Result<(Duration, u64)> {
         let follower = 1 - self.leader;
         let election = self.managers[follower].leader(self.election.as_str());
         let key = election.lock_key();
@@ -297,12 +299,14 @@ impl DistlockPair {
         let Some(term) = self.term.take() else {
             bail!("the term was lost by an earlier failure");
         };
+        let before = counter.map_or(0, |c| c.round_trips());
         let started = Instant::now();
         term.resign().await?;
         let (term, held) = task.await??;
         self.term = Some(term);
         self.leader = follower;
-        Ok(held - started)
+        let round_trips = counter.map_or(0, |c| c.round_trips() - before);
+        Ok((held - started, round_trips))
     }
 }
 
@@ -313,12 +317,21 @@ enum Pair {
 }
 
 impl Pair {
-    async fn round(&mut self) -> Result<Duration> {
+    async fn round(&mut self, counter: Option<&PgCountingProxy>) -> Result<(Duration, u64)> {
         match self {
-            Pair::Sql(p) => p.round().await,
-            Pair::Distlock(p) => p.round().await,
+            Pair::Sql(p) => p.round(counter).await,
+            Pair::Distlock(p) => p.round(counter).await,
         }
     }
+}
+
+/// The rows' candidates on `url`, electing under names of pass `pass`.
+async fn new_pairs(url: &str, pass: String) -> Result<Vec<Pair>> {
+    Ok(vec![
+        Pair::Sql(SqlPair::new(url, false, pass.clone()).await?),
+        Pair::Sql(SqlPair::new(url, true, pass.clone()).await?),
+        Pair::Distlock(Box::new(DistlockPair::new(url, pass).await?)),
+    ])
 }
 
 pub async fn run(env: &PgEnv) -> Result<ScenarioResult> {
@@ -330,14 +343,10 @@ pub async fn run(env: &PgEnv) -> Result<ScenarioResult> {
     let labels = [SAME_SQL, HANDOFF_ONLY, DISTLOCK];
     let n = labels.len();
     let pass = PASS.fetch_add(1, Ordering::Relaxed);
-    let mut pairs = vec![
-        Pair::Sql(SqlPair::new(env, false, pass).await?),
-        Pair::Sql(SqlPair::new(env, true, pass).await?),
-        Pair::Distlock(Box::new(DistlockPair::new(env, pass).await?)),
-    ];
+    let mut pairs = new_pairs(&env.url, pass.to_string()).await?;
     for p in &mut pairs {
         for _ in 0..warmup {
-            p.round().await?;
+            p.round(None).await?;
         }
     }
     let mut hist: Vec<Histogram<u64>> = (0..n).map(|_| new_histogram()).collect::<Result<_>>()?;
@@ -346,10 +355,25 @@ pub async fn run(env: &PgEnv) -> Result<ScenarioResult> {
         for k in 0..n {
             let i = (k + b as usize) % n;
             for _ in 0..this_block {
-                let took = pairs[i].round().await?;
+                let (took, _) = pairs[i].round(None).await?;
                 hist[i].saturating_record(nanos(took));
             }
         }
+    }
+    drop(pairs);
+    // Round trips per hand-over, in a pass of their own through a counting
+    // proxy: every connection's, from the start of the resignation until both
+    // the resignation and the campaign returned.
+    let rt_rounds = if env.quick { 6 } else { 50 };
+    let (proxy, proxied) = super::counting_proxy(env).await?;
+    let mut round_trips = Vec::new();
+    for mut p in new_pairs(&proxied, format!("{pass}-rt")).await? {
+        p.round(None).await?;
+        let mut sum = 0;
+        for _ in 0..rt_rounds {
+            sum += p.round(Some(&proxy)).await?.1;
+        }
+        round_trips.push(sum as f64 / rt_rounds as f64);
     }
     let rows: Vec<Row> = (0..n)
         .map(|i| {
@@ -366,7 +390,7 @@ pub async fn run(env: &PgEnv) -> Result<ScenarioResult> {
                 Better::Lower,
             )
             .push("handover max us", us(h.max()), Better::Lower)
-            .push("handovers", h.len() as f64, Better::Neutral);
+            .push("rt/handover", round_trips[i], Better::Neutral);
             row.histogram = Some(h.clone());
             row
         })
@@ -381,6 +405,7 @@ pub async fn run(env: &PgEnv) -> Result<ScenarioResult> {
             "hand-over: from the start of the leader's resignation to the follower's campaign returning; the follower is queued before it starts (distlock: inspect shows the lock waited for)".to_owned(),
             "distlock's leader SQL by hand: release (one commit, which hands the lock to the queued follower and notifies it), the resignation's pg_notify, the follower's inspect and the term's pg_notify, prepared; hand-off only: the follower stops at the notification".to_owned(),
             "not pinned to one CPU: the follower is parked in a task of its own, as in handoff".to_owned(),
+            "rt/handover: round trips of every connection from the start of the resignation until both it and the campaign returned, counted in a pass of its own through a proxy (the floor: release, resignation's pg_notify, inspect, term's pg_notify)".to_owned(),
         ],
         rows,
         references: 2,
