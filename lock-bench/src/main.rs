@@ -56,10 +56,10 @@ usage: lock-bench [--quick] [--backend single|cluster|redlock|postgres] [--scena
                    no floor, no rslock; runs uncontended and handoff only;
                    postgres: a private PostgreSQL (fsync on), the advisory, lease-row
                    and NOTIFY hand-off floors by hand and sqlx's PgAdvisoryLock;
-                   runs uncontended, many-keys, handoff and renewal only
+                   runs uncontended, many-keys, handoff, renewal, lock-all and leader only
   --scenario NAME  run only NAME (repeatable, or comma-separated):
                    uncontended, many-keys, handoff, fresh-handoff, parked-handoff, renewal,
-                   memory, macro
+                   memory, macro; lock-all, leader (--backend postgres only)
   --link-delay D   every client (distlock, rslock, the floors) reaches the server through
                    a delay line holding each chunk D in each direction (e.g. 100us, 1ms;
                    0 = the relay alone); nothing is pinned to a CPU, and
@@ -116,6 +116,10 @@ const CLUSTER_SCENARIOS: &[&str] = &["uncontended", "many-keys", "handoff"];
 
 /// The scenarios `--backend redlock` runs; the others are skipped with a note.
 const REDLOCK_SCENARIOS: &[&str] = &["uncontended", "handoff"];
+
+/// The scenarios only the PostgreSQL pass has (`src/postgres/`); the Redis
+/// passes skip them with a note.
+const POSTGRES_ONLY_SCENARIOS: &[&str] = &["lock-all", "leader"];
 
 /// The scenarios `--tls` runs; the others are skipped with a note.
 const TLS_SCENARIOS: &[&str] = &["uncontended", "many-keys"];
@@ -350,6 +354,10 @@ async fn run_once(env: &Env, names: &[String]) -> Result<Vec<ScenarioResult>> {
     let mut results = Vec::new();
     for name in scenarios::ALL {
         if !names.iter().any(|n| n == name) {
+            continue;
+        }
+        if POSTGRES_ONLY_SCENARIOS.contains(name) {
+            println!("== {name}: skipped (--backend postgres only)\n");
             continue;
         }
         if env.is_cluster() && !CLUSTER_SCENARIOS.contains(name) {

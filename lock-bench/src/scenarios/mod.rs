@@ -23,4 +23,7 @@ pub const ALL: &[&str] = &[
     "renewal",
     "memory",
     "macro",
+    // The PostgreSQL pass only (`--backend postgres`).
+    "lock-all",
+    "leader",
 ];
