@@ -38,9 +38,6 @@ const SAME_SQL: &str = "distlock's leader SQL by hand (hand-off, inspect, announ
 const HANDOFF_ONLY: &str = "distlock's leader SQL by hand, hand-off only (release + NOTIFY)";
 const DISTLOCK: &str = "distlock (2 managers, prepared statements, resign -> campaign)";
 
-/// The schema distlock's managers use by default, and its statements as
-/// `lock-runtime/src/backend/postgres/mod.rs` (`Sql::new`, `publish`) writes them.
-const SCHEMA: &str = "distlock";
 const ACQUIRE: &str = "SELECT o_status, o_token, o_remaining_ms FROM distlock.acquire(\
      $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)";
 const RELEASE: &str = "SELECT distlock.release($1, $2, $3, $4, $5)";
@@ -89,7 +86,7 @@ impl Candidate {
     async fn new(url: &str, i: usize, name: &str) -> Result<Candidate> {
         let client = connect(url, "lock-bench-leader-sql").await?;
         client
-            .batch_execute(&distlock::postgres_schema_sql(SCHEMA)?)
+            .batch_execute(&distlock::postgres_schema_sql(super::DISTLOCK_SCHEMA)?)
             .await?;
         let channel = format!("bench_leader_{i}");
         let (listener, notifications) = listen(url, "lock-bench-leader-listen", &channel).await?;

@@ -18,8 +18,8 @@ use hdrhistogram::Histogram;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Statement};
 
-use super::uncontended::{backend_pid, process_cpu_seconds};
-use super::{connect, server_note, PgEnv, LEASE_SECS};
+use super::uncontended::process_cpu_seconds;
+use super::{server_note, PgEnv, LEASE_SECS};
 use crate::error::{bail, BoxError, Result};
 use crate::report::{new_histogram, us, Better, Check, Row, ScenarioResult, Target};
 use crate::scenarios::common::nanos;
@@ -35,7 +35,6 @@ const KEYS: usize = 4;
 
 /// The schema distlock's managers use by default, and its statements as
 /// `lock-runtime/src/backend/postgres/mod.rs` (`Sql::new`) writes them.
-const SCHEMA: &str = "distlock";
 const ACQUIRE_ALL: &str = "SELECT o_status, o_index, o_remaining_ms, o_tokens \
      FROM distlock.acquire_all($1, $2, $3, $4, $5, $6, $7, $8)";
 const RELEASE: &str = "SELECT distlock.release($1, $2, $3, $4, $5)";
@@ -74,20 +73,13 @@ enum Cycler {
 
 impl Cycler {
     async fn same_sql(url: &str, prepared: bool) -> Result<(Cycler, u32)> {
-        let client = connect(url, "lock-bench-lock-all-sql").await?;
-        // distlock's schema as its managers create it (idempotent).
-        client
-            .batch_execute(&distlock::postgres_schema_sql(SCHEMA)?)
-            .await?;
-        let prepared = if prepared {
-            Some((
-                client.prepare(ACQUIRE_ALL).await?,
-                client.prepare(RELEASE).await?,
-            ))
-        } else {
-            None
-        };
-        let pid = backend_pid(&client).await?;
+        let (client, prepared, pid) = super::same_sql_client(
+            url,
+            "lock-bench-lock-all-sql",
+            prepared,
+            (ACQUIRE_ALL, RELEASE),
+        )
+        .await?;
         let tag = if prepared.is_some() {
             "sql"
         } else {

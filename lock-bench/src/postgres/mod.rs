@@ -199,6 +199,40 @@ pub async fn distlock_manager_with(url: &str, prepared: bool) -> Result<distlock
         .map_err(context(&format!("building a distlock manager on {url}")))
 }
 
+/// The schema distlock's managers use by default, where the floors of its
+/// own SQL by hand find its functions.
+pub const DISTLOCK_SCHEMA: &str = "distlock";
+
+/// A connection for distlock's SQL by hand, named `name`: distlock's schema
+/// created on it as its managers create it (idempotent), its `acquire` and
+/// `release` statements prepared when `prepared` (else they are sent unnamed),
+/// and the pid of its backend (for its CPU time).
+pub async fn same_sql_client(
+    url: &str,
+    name: &str,
+    prepared: bool,
+    (acquire, release): (&str, &str),
+) -> Result<(
+    Client,
+    Option<(tokio_postgres::Statement, tokio_postgres::Statement)>,
+    u32,
+)> {
+    let client = connect(url, name).await?;
+    client
+        .batch_execute(&distlock::postgres_schema_sql(DISTLOCK_SCHEMA)?)
+        .await?;
+    let statements = if prepared {
+        Some((
+            client.prepare(acquire).await?,
+            client.prepare(release).await?,
+        ))
+    } else {
+        None
+    };
+    let pid = uncontended::backend_pid(&client).await?;
+    Ok((client, statements, pid))
+}
+
 /// A sqlx connection for the peer.
 pub async fn sqlx_connect(url: &str, name: &str) -> Result<sqlx::PgConnection> {
     use sqlx::Connection as _;

@@ -92,20 +92,13 @@ impl PgCycler {
     }
 
     pub async fn same_sql(url: &str, prepared: bool, owner: &str) -> Result<(PgCycler, u32)> {
-        let client = connect(url, "lock-bench-same-sql").await?;
-        // distlock's schema as its managers create it (idempotent).
-        client
-            .batch_execute(&distlock::postgres_schema_sql(SCHEMA)?)
-            .await?;
-        let prepared = if prepared {
-            Some((
-                client.prepare(SAME_SQL_ACQUIRE).await?,
-                client.prepare(SAME_SQL_RELEASE).await?,
-            ))
-        } else {
-            None
-        };
-        let pid = backend_pid(&client).await?;
+        let (client, prepared, pid) = super::same_sql_client(
+            url,
+            "lock-bench-same-sql",
+            prepared,
+            (SAME_SQL_ACQUIRE, SAME_SQL_RELEASE),
+        )
+        .await?;
         Ok((
             PgCycler::SameSql {
                 client,
@@ -244,9 +237,8 @@ impl PgCycler {
     }
 }
 
-/// The schema distlock's managers use by default, and its statements as
-/// `lock-runtime/src/backend/postgres/mod.rs` (`Sql::new`) writes them.
-const SCHEMA: &str = "distlock";
+/// distlock's statements as `lock-runtime/src/backend/postgres/mod.rs`
+/// (`Sql::new`) writes them, in its default schema.
 const SAME_SQL_ACQUIRE: &str = "SELECT o_status, o_token, o_remaining_ms FROM distlock.acquire(\
      $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)";
 const SAME_SQL_RELEASE: &str = "SELECT distlock.release($1, $2, $3, $4)";
