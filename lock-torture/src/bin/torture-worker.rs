@@ -11,6 +11,8 @@
 //! `--sentinel-urls` (comma-separated sentinels, with `--master-name`, built with
 //! `LockManager::sentinel_builder`) is used when neither list above is given.
 //! `--replica-ack=N:MS` builds with `replica_ack(N, MS ms)`.
+//! `--postgres-synchronous-standby=1` (`postgres` feature) builds with
+//! `postgres_synchronous_standby(true)`.
 //!
 //! The lock server is one Redis (`--url`, built with `LockManager::builder`), a
 //! Redis Cluster (`--cluster-urls`: comma-separated seed URLs, built with
@@ -248,6 +250,12 @@ async fn async_main(args: Args) -> i32 {
         ),
         None => builder,
     };
+    // `--postgres-synchronous-standby=1`: every grant waits for the primary's
+    // synchronous standby (checked at build), so that a promoted standby has
+    // every grant and token its holder was told of.
+    #[cfg(feature = "postgres")]
+    let builder =
+        builder.postgres_synchronous_standby(args.get("postgres-synchronous-standby", 0u8) == 1);
     let manager = builder
         .key_prefix(args.get("prefix", "torture:".to_owned()))
         .command_timeout(Duration::from_millis(args.get("cmd-timeout-ms", 500)))
