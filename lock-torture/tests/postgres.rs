@@ -1170,14 +1170,14 @@ enum Failover {
 const FAILOVER_EVENT: Duration = Duration::from_secs(30);
 
 /// The script holder's lease in the failover runs: far longer than the run,
-/// so that its first renewal (due a third of it after the grant, 20 s; the
-/// grant to the release takes 5-10 s, a run measured 10 s on a loaded
-/// machine with a 30 s lease, which its renewal then overtook) never comes
-/// before the test releases it. In p5b a renewal on the promoted standby
-/// would tell it of the loss first, which would excuse the overlap the
-/// scenario is there to show; in p5 the lock must outlast the failover by
-/// replication alone.
-const HOLDER_LEASE: Duration = Duration::from_secs(60);
+/// so that its first renewal (due a third of it after the grant, 40 s) never
+/// comes before the test releases it; from the grant to the release took
+/// 5-15 s in p5b on a loaded machine (up to 9 s of it without a primary),
+/// and once, with a 30 s lease, its renewal came first. In p5b a renewal on
+/// the promoted standby would tell it of the loss first, which would excuse
+/// the overlap the scenario is there to show; in p5 the lock must outlast
+/// the failover by replication alone.
+const HOLDER_LEASE: Duration = Duration::from_secs(120);
 
 /// The sequence of fencing tokens logs 32 values ahead of what it has issued
 /// (PostgreSQL's `SEQ_LOG_VALS`): a standby that stopped receiving the WAL
