@@ -1354,6 +1354,12 @@ async fn failover_run(failover: Failover) {
     let (t_cut, acq) = if synchronous {
         holder.send(&acquire_h0);
         let acq = holder.expect_event("ACQ", "h", FAILOVER_EVENT).await;
+        // A hand-off (from the queued worker) grants a short TTL, which the
+        // new holder at once renews to its lease: that renewal too must have
+        // reached the standby before the cut, or the hold ends with it.
+        if acq[0] == "ok" && num(&acq, 4) < mono_ns() + ns(HOLDER_LEASE / 2) {
+            holder.expect_event("RENEWED", "h", FAILOVER_EVENT).await;
+        }
         let t_cut = cut();
         // No grant returns without the standby: every worker's acquisitions
         // fail (their commits wait for it past the command timeout).
