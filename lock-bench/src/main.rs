@@ -70,8 +70,9 @@ usage: lock-bench [--quick] [--backend single|cluster|redlock|postgres] [--scena
                    the lane's A/B
   --processes N    handoff and many-keys with N OS processes (the bench re-executed as workers),
                    each its own manager, on one key and on 1,000 keys, distlock and rslock
-                   (results files handoff-procsN, many-keys-procsN); the others are skipped;
-                   single only
+                   (results files handoff-procsN, many-keys-procsN); parked-handoff with its
+                   waiters in N workers, round by round (parked-handoff-procsN); the others
+                   are skipped; single only
   --tasks T        tasks per process of --processes (default 8)
   --tls            a private TLS redis-server (its own CA, which every client trusts):
                    distlock over rediss://, rslock over rustls, the floors' redis-rs
@@ -381,37 +382,30 @@ async fn run_once(env: &Env, names: &[String]) -> Result<Vec<ScenarioResult>> {
             );
             continue;
         }
-        if let Some(processes) = env.processes {
-            let many_keys = match *name {
-                "handoff" => false,
-                "many-keys" => true,
-                _ => {
-                    println!("== {name}: skipped under --processes (only handoff and many-keys have a many-process form)\n");
-                    continue;
-                }
-            };
-            let started = Instant::now();
-            let r = scenarios::processes::run(env, many_keys, processes, env.tasks).await?;
-            println!("{}", r.render());
-            println!(
-                "  ({name} with {processes} processes took {:.1} s; load average now {})\n",
-                started.elapsed().as_secs_f64(),
-                load_average()
-            );
-            results.push(r);
+        if env.processes.is_some() && !["handoff", "many-keys", "parked-handoff"].contains(name) {
+            println!("== {name}: skipped under --processes (only handoff, many-keys and parked-handoff have a many-process form)\n");
             continue;
         }
         let started = Instant::now();
-        let mut got = match *name {
-            "uncontended" => vec![scenarios::uncontended::run(env).await?],
-            "many-keys" => scenarios::many_keys::run(env).await?,
-            "handoff" => vec![scenarios::handoff::run(env).await?],
-            "fresh-handoff" => vec![scenarios::fresh_handoff::run(env).await?],
-            "parked-handoff" => vec![scenarios::parked_handoff::run(env).await?],
-            "renewal" => vec![scenarios::renewal::run(env).await?],
-            "memory" => vec![scenarios::memory::run(env).await?],
-            "macro" => vec![scenarios::macro_cycle::run(env).await?],
-            other => bail!("unknown scenario {other:?}"),
+        let mut got = if let Some(processes) = env.processes {
+            vec![match *name {
+                "handoff" => scenarios::processes::run(env, false, processes, env.tasks).await?,
+                "many-keys" => scenarios::processes::run(env, true, processes, env.tasks).await?,
+                "parked-handoff" => scenarios::parked_procs::run(env, processes).await?,
+                other => bail!("{other} has no many-process form"),
+            }]
+        } else {
+            match *name {
+                "uncontended" => vec![scenarios::uncontended::run(env).await?],
+                "many-keys" => scenarios::many_keys::run(env).await?,
+                "handoff" => vec![scenarios::handoff::run(env).await?],
+                "fresh-handoff" => vec![scenarios::fresh_handoff::run(env).await?],
+                "parked-handoff" => vec![scenarios::parked_handoff::run(env).await?],
+                "renewal" => vec![scenarios::renewal::run(env).await?],
+                "memory" => vec![scenarios::memory::run(env).await?],
+                "macro" => vec![scenarios::macro_cycle::run(env).await?],
+                other => bail!("unknown scenario {other:?}"),
+            }
         };
         if let Some(delay) = env.link_delay {
             let rtt = link::ping_p50(env).await?;
@@ -423,7 +417,11 @@ async fn run_once(env: &Env, names: &[String]) -> Result<Vec<ScenarioResult>> {
             println!("{}", r.render());
         }
         println!(
-            "  ({name} took {:.1} s; load average now {})\n",
+            "  ({name}{} took {:.1} s; load average now {})\n",
+            match env.processes {
+                Some(n) => format!(" with {n} processes"),
+                None => String::new(),
+            },
             started.elapsed().as_secs_f64(),
             load_average()
         );
@@ -739,6 +737,9 @@ fn main() -> std::process::ExitCode {
     if argv.first().map(String::as_str) == Some("--worker") {
         return worker_main(&argv[1..]);
     }
+    if argv.first().map(String::as_str) == Some("--parked-worker") {
+        return parked_worker_main(&argv[1..]);
+    }
     let command = results::command_line(&argv);
     let args = match parse_args(argv.into_iter()) {
         Ok(Some(args)) => args,
@@ -797,6 +798,29 @@ fn worker_main(rest: &[String]) -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("lock-bench worker {process}: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// `--parked-worker ...`: a waiters' process of `parked-handoff` under
+/// `--processes` (`src/scenarios/parked_procs.rs`), started by the bench
+/// itself; absent from the usage.
+fn parked_worker_main(rest: &[String]) -> std::process::ExitCode {
+    let Some(args) = scenarios::parked_procs::WorkerArgs::parse(rest) else {
+        eprintln!("lock-bench parked worker: bad arguments {rest:?}");
+        return std::process::ExitCode::from(2);
+    };
+    let process = args.process;
+    let result = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(error::BoxError::from)
+        .and_then(|rt| rt.block_on(scenarios::parked_procs::worker(args)));
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("lock-bench parked worker {process}: {e}");
             std::process::ExitCode::FAILURE
         }
     }

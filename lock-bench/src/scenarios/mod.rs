@@ -9,6 +9,7 @@ pub mod macro_cycle;
 pub mod many_keys;
 pub mod memory;
 pub mod parked_handoff;
+pub mod parked_procs;
 pub mod processes;
 pub mod renewal;
 pub mod uncontended;

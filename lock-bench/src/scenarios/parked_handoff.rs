@@ -39,9 +39,9 @@ use crate::scenarios::fresh_handoff::{distlock_round, floor_round, record};
 /// Longest a waiter may take; a round that takes longer is an error.
 const ROUND_LIMIT: Duration = Duration::from_secs(5);
 
-const FLOOR_LABEL: &str = "floor (release + parked waiter's SET NX)";
+pub const FLOOR_LABEL: &str = "floor (release + parked waiter's SET NX)";
 pub const DISTLOCK_LABEL: &str = "distlock (holder's manager never waited)";
-const WAITED_LABEL: &str = "distlock (holder's manager waited before)";
+pub const WAITED_LABEL: &str = "distlock (holder's manager waited before)";
 
 /// How long before the release the waiter starts to wait: 5 ms on loopback
 /// (parked: its task sleeps, its thread may too), plus 40 one-way delays of
@@ -51,9 +51,9 @@ pub fn ahead(env: &Env) -> Duration {
     Duration::from_millis(5) + env.link_delay.unwrap_or_default() * 40
 }
 
-pub async fn run(env: &Env) -> Result<ScenarioResult> {
-    env.flush().await?;
-    let (rounds, warmup) = if env.quick {
+/// Measured rounds and warm-up rounds: see the module's documentation.
+pub fn rounds(env: &Env) -> (usize, usize) {
+    if env.quick {
         (40, 5)
     } else if env
         .link_delay
@@ -62,7 +62,63 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
         (300, 20)
     } else {
         (1_000, 50)
+    }
+}
+
+/// A row of hand-off latencies: p50, p99 and their count.
+pub fn row(label: &str, h: &Histogram<u64>) -> Row {
+    let mut row = Row::new(label);
+    row.push(
+        "handoff p50 us",
+        us(h.value_at_quantile(0.5)),
+        Better::Lower,
+    )
+    .push(
+        "handoff p99 us",
+        us(h.value_at_quantile(0.99)),
+        Better::Lower,
+    )
+    .push("handoffs", h.len() as f64, Better::Neutral);
+    row.histogram = Some(h.clone());
+    row
+}
+
+/// The targets: distlock's never-waited holder against the floor (0.90x on
+/// loopback, 0.60x through a link, where the floor's extra round trip
+/// weighs more), and the two distlock holders within 10% of each other.
+pub fn targets(env: &Env) -> Vec<Target> {
+    let (text, bound) = if env.link_delay.is_some() {
+        (
+            "distlock parked hand-off p50 <= 0.60x floor (through the link)",
+            0.60,
+        )
+    } else {
+        (
+            "distlock parked hand-off p50 <= 0.90x floor (loopback)",
+            0.90,
+        )
     };
+    vec![
+        Target::ratio(
+            text,
+            DISTLOCK_LABEL,
+            "handoff p50 us",
+            FLOOR_LABEL,
+            Check::AtMost(bound),
+        ),
+        Target::ratio(
+            "never waited vs waited before: p50 within 10%",
+            DISTLOCK_LABEL,
+            "handoff p50 us",
+            WAITED_LABEL,
+            Check::AtMost(1.10),
+        ),
+    ]
+}
+
+pub async fn run(env: &Env) -> Result<ScenarioResult> {
+    env.flush().await?;
+    let (rounds, warmup) = rounds(env);
     let ahead = ahead(env);
 
     let holder = Floor::connect(&env.target).await?;
@@ -117,33 +173,6 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
     let seconds = started.elapsed().as_secs_f64();
     env.flush().await?;
 
-    let row = |label: &str, h: &Histogram<u64>| {
-        let mut row = Row::new(label);
-        row.push(
-            "handoff p50 us",
-            us(h.value_at_quantile(0.5)),
-            Better::Lower,
-        )
-        .push(
-            "handoff p99 us",
-            us(h.value_at_quantile(0.99)),
-            Better::Lower,
-        )
-        .push("handoffs", h.len() as f64, Better::Neutral);
-        row.histogram = Some(h.clone());
-        row
-    };
-    let (text, bound) = if env.link_delay.is_some() {
-        (
-            "distlock parked hand-off p50 <= 0.60x floor (through the link)",
-            0.60,
-        )
-    } else {
-        (
-            "distlock parked hand-off p50 <= 0.90x floor (loopback)",
-            0.90,
-        )
-    };
     Ok(ScenarioResult {
         name: "parked-handoff",
         title: format!(
@@ -161,15 +190,6 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
             row(WAITED_LABEL, &waited),
         ],
         references: 1,
-        targets: vec![
-            Target::ratio(text, DISTLOCK_LABEL, "handoff p50 us", FLOOR_LABEL, Check::AtMost(bound)),
-            Target::ratio(
-                "never waited vs waited before: p50 within 10%",
-                DISTLOCK_LABEL,
-                "handoff p50 us",
-                WAITED_LABEL,
-                Check::AtMost(1.10),
-            ),
-        ],
+        targets: targets(env),
     })
 }

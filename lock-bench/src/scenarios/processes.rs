@@ -60,7 +60,7 @@ pub struct Event {
 }
 
 /// `CLOCK_MONOTONIC` in nanoseconds: the same clock in every process.
-fn now() -> u64 {
+pub fn now() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
