@@ -25,5 +25,6 @@ pub const ALL: &[&str] = &[
     "macro",
     // The PostgreSQL pass only (`--backend postgres`).
     "lock-all",
+    "shared",
     "leader",
 ];
