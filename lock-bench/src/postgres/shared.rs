@@ -240,10 +240,7 @@ impl Cycler {
                     None => one(client.query_typed(hold.acquire_sql(), &acquire).await?)?,
                 };
                 if row.get::<_, i32>(0) != 1 {
-                    bail!(
-                        "distlock's SQL by hand found its {} busy",
-                        hold.name()
-                    );
+                    bail!("distlock's SQL by hand found its {} busy", hold.name());
                 }
                 let code = hold.code();
                 let release: [(&(dyn ToSql + Sync), Type); 5] = [
@@ -393,10 +390,7 @@ pub async fn run(env: &PgEnv) -> Result<ScenarioResult> {
         }
         round_trips.push((proxy.round_trips() - before) as f64 / rt_cycles as f64);
     }
-    let p50s: Vec<f64> = hist
-        .iter()
-        .map(|h| us(h.value_at_quantile(0.50)))
-        .collect();
+    let p50s: Vec<f64> = hist.iter().map(|h| us(h.value_at_quantile(0.50))).collect();
     let labels: Vec<String> = (0..n).map(label).collect();
     let mut rows = Vec::new();
     for i in 0..n {
