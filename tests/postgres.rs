@@ -257,6 +257,7 @@ async fn postgres_renewing_many_leases_is_one_statement_per_batch() {
     let guards = futures_util::future::join_all(acquires).await;
     let trips_before = m.renewal_round_trips();
     let ticks_before = m.renewal_task_wakeups();
+    m.take_renewal_batches();
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(2) {
         assert!(guards.iter().all(|g| !g.is_lost()), "a lease was lost");
@@ -264,6 +265,21 @@ async fn postgres_renewing_many_leases_is_one_statement_per_batch() {
     }
     let trips = m.renewal_round_trips() - trips_before;
     let ticks = m.renewal_task_wakeups() - ticks_before;
+    let batches = m.take_renewal_batches();
+    // The bench's view of the same batches: one entry per statement, each of
+    // the leases it renewed (all 50 or a part of them when they fell due in
+    // groups). A batch's round trip is counted when it is sent and its time
+    // recorded when it is done, so one batch may sit astride each end of
+    // the window: +-1.
+    assert!(
+        batches.len().abs_diff(usize::try_from(trips).unwrap()) <= 1,
+        "{} batches timed for {trips} renewal round trips",
+        batches.len()
+    );
+    assert!(
+        batches.iter().all(|(leases, _)| (1..=50).contains(leases)),
+        "batch sizes {batches:?}"
+    );
     // A tick every lease / 3 = 200 ms: about 10 in 2 s. Each tick renews
     // every lease due in one statement, so round trips never exceed ticks;
     // one statement per lease would be about 50 per tick. (+1: a tick in

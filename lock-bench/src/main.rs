@@ -56,10 +56,10 @@ usage: lock-bench [--quick] [--backend single|cluster|redlock|postgres] [--scena
                    no floor, no rslock; runs uncontended and handoff only;
                    postgres: a private PostgreSQL (fsync on), the advisory, lease-row
                    and NOTIFY hand-off floors by hand and sqlx's PgAdvisoryLock;
-                   runs uncontended, many-keys, handoff, renewal, lock-all and leader only
+                   runs uncontended, many-keys, handoff, renewal, lock-all, shared and leader only
   --scenario NAME  run only NAME (repeatable, or comma-separated):
                    uncontended, many-keys, handoff, fresh-handoff, parked-handoff, renewal,
-                   memory, macro; lock-all, leader (--backend postgres only)
+                   memory, macro; lock-all, shared, leader (--backend postgres only)
   --link-delay D   every client (distlock, rslock, the floors) reaches the server through
                    a delay line holding each chunk D in each direction (e.g. 100us, 1ms;
                    0 = the relay alone); nothing is pinned to a CPU, and
@@ -120,7 +120,7 @@ const REDLOCK_SCENARIOS: &[&str] = &["uncontended", "handoff"];
 
 /// The scenarios only the PostgreSQL pass has (`src/postgres/`); the Redis
 /// passes skip them with a note.
-const POSTGRES_ONLY_SCENARIOS: &[&str] = &["lock-all", "leader"];
+const POSTGRES_ONLY_SCENARIOS: &[&str] = &["lock-all", "shared", "leader"];
 
 /// The scenarios `--tls` runs; the others are skipped with a note.
 const TLS_SCENARIOS: &[&str] = &["uncontended", "many-keys"];

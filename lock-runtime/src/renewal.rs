@@ -20,6 +20,12 @@ use crate::lease::{Lease, RenewalTrouble};
 /// Renewals per pipeline (one round trip each).
 const BATCH: usize = 512;
 
+/// The most batch timings kept between two reads of them (see
+/// [`Renewals::take_batches`]), so that a reader that never comes back
+/// cannot grow them without bound.
+#[cfg(feature = "testing")]
+const KEPT_BATCHES: usize = 4096;
+
 pub(crate) struct Renewals {
     leases: Mutex<LeaseMap>,
     /// Woken when a lease is added that is due before the task's next wake-up.
@@ -40,6 +46,10 @@ pub(crate) struct Renewals {
     /// How often the task has woken up (by an added lease or by its timer); for
     /// tests that count wake-ups per lock cycle.
     wakeups: AtomicU64,
+    /// Each renewal batch's size and time since the last read: for the bench,
+    /// which times distlock's renewal against the same statement by hand.
+    #[cfg(feature = "testing")]
+    batches: Mutex<Vec<(usize, Duration)>>,
 }
 
 #[derive(Default)]
@@ -57,6 +67,8 @@ impl Default for Renewals {
             wake_at: AtomicU64::new(u64::MAX),
             recent_interval: AtomicU64::new(u64::MAX),
             wakeups: AtomicU64::new(0),
+            #[cfg(feature = "testing")]
+            batches: Mutex::default(),
         }
     }
 }
@@ -100,6 +112,22 @@ impl Renewals {
     #[cfg(feature = "testing")]
     pub(crate) fn wakeups(&self) -> u64 {
         self.wakeups.load(Ordering::Relaxed)
+    }
+
+    /// The size and time of every renewal batch since the last call, oldest
+    /// first (at most [`KEPT_BATCHES`]).
+    #[cfg(feature = "testing")]
+    pub(crate) fn take_batches(&self) -> Vec<(usize, Duration)> {
+        let mut batches = self.batches.lock().unwrap_or_else(|e| e.into_inner());
+        std::mem::take(&mut *batches)
+    }
+
+    #[cfg(feature = "testing")]
+    fn record_batch(&self, leases: usize, took: Duration) {
+        let mut batches = self.batches.lock().unwrap_or_else(|e| e.into_inner());
+        if batches.len() < KEPT_BATCHES {
+            batches.push((leases, took));
+        }
     }
 
     /// Takes every lease out and refuses new ones (manager shutdown).
@@ -174,7 +202,11 @@ pub(crate) async fn run(renewals: &Renewals, backend: &Backend, epoch: Instant) 
             continue;
         }
         for batch in due.chunks(BATCH) {
+            #[cfg(feature = "testing")]
+            let started = Instant::now();
             renew_batch(backend, batch).await;
+            #[cfg(feature = "testing")]
+            renewals.record_batch(batch.len(), started.elapsed());
         }
     }
 }

@@ -17,10 +17,10 @@
 //!   `release_now` per cycle, on its own `PgConnection`.
 //! * **distlock**: `LockManager::builder("postgres://...")` (the `postgres`
 //!   feature), acquire + release per cycle; in `many-keys` 16 tasks on one
-//!   manager, in `handoff` one task per manager. In `renewal` still a slot (a row
-//!   of `-`, `SLOT(distlock)` in the code): distlock renews in the background, and
-//!   timing its batches needs a view of its renewal ticks (what the Redis
-//!   `renewal` scenario reads), not written yet.
+//!   manager, in `handoff` one task per manager; in `renewal` its own renewal
+//!   task's batches, timed inside the task (`LockManager::take_renewal_batches`,
+//!   distlock's `testing` feature); in `shared` read-write locks and semaphores
+//!   against their own SQL by hand.
 //!
 //! The server is `distlock_testing::PostgresServer` (`initdb` + `pg_ctl` on a free
 //! port). Its data directory is under `TMPDIR`, which `main` points at
@@ -53,6 +53,7 @@ pub mod lock_all;
 pub mod many_keys;
 pub mod proxy;
 pub mod renewal;
+pub mod shared;
 pub mod uncontended;
 
 use std::time::Instant;
@@ -62,26 +63,21 @@ use tokio::sync::mpsc;
 use tokio_postgres::{AsyncMessage, Client, NoTls, Notification};
 
 use crate::error::{bail, context, Result};
-use crate::report::{Better, Row, ScenarioResult};
+use crate::report::ScenarioResult;
 
 /// The scenarios the PostgreSQL pass runs; the others are skipped with a note.
-// SLOT(read-write, semaphore): rows for read-write locks and semaphores on
-// PostgreSQL (distlock against its own SQL by hand, as `lock_all.rs`) once the
-// backend has them (branch pg-shared); not on this branch's main yet.
 pub const SCENARIOS: &[&str] = &[
     "uncontended",
     "many-keys",
     "handoff",
     "renewal",
     "lock-all",
+    "shared",
     "leader",
 ];
 
 /// Lease of every hold that is not renewed: never ends during a cycle.
 pub const LEASE_SECS: f64 = 30.0;
-
-/// The note of a distlock slot (a row not measured yet).
-pub const SLOT_NOTE: &str = "distlock's row is a slot, not measured yet: distlock renews its holds in the background, and timing its batches needs a view of its renewal ticks (see lock-bench/README.md)";
 
 /// What every scenario of the pass needs.
 pub struct PgEnv {
@@ -284,18 +280,6 @@ pub async fn counting_proxy(env: &PgEnv) -> Result<(proxy::PgCountingProxy, Stri
     Ok((p, url))
 }
 
-/// The distlock slot's row: every figure of `like` unmeasured (`-` in the table,
-/// `null` in the results file).
-// SLOT(distlock): replace each call by distlock's measured row once
-// `LockManager::builder("postgres://...")` exists.
-pub fn slot_row(label: &str, like: &Row) -> Row {
-    let mut row = Row::new(label);
-    for m in &like.metrics {
-        row.push(m.name, f64::NAN, Better::Neutral);
-    }
-    row
-}
-
 /// Runs the pass's scenarios among `names`, in the usual order.
 pub async fn run_once(env: &PgEnv, names: &[String]) -> Result<Vec<ScenarioResult>> {
     let mut results = Vec::new();
@@ -317,6 +301,7 @@ pub async fn run_once(env: &PgEnv, names: &[String]) -> Result<Vec<ScenarioResul
             "handoff" => handoff::run(env).await?,
             "renewal" => renewal::run(env).await?,
             "lock-all" => lock_all::run(env).await?,
+            "shared" => shared::run(env).await?,
             "leader" => leader::run(env).await?,
             other => bail!("unknown scenario {other:?}"),
         };

@@ -26,5 +26,6 @@ pub const ALL: &[&str] = &[
     "macro",
     // The PostgreSQL pass only (`--backend postgres`).
     "lock-all",
+    "shared",
     "leader",
 ];
