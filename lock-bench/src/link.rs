@@ -124,8 +124,11 @@ fn precise_sleeps() {
 }
 
 /// The p50 of `PING` through the link, in µs: one connection, one ping at a
-/// time (50 with `--quick`, 200 otherwise, after 5 to warm up).
-pub async fn ping_p50(env: &Env) -> Result<f64> {
+/// time (50 with `--quick`, 200 otherwise, after 5 to warm up), each sent
+/// `idle` after the last reply: back to back with zero, or after as long a
+/// quiet spell as a scenario's round has (a server and client that slept
+/// that long pay their wake-ups, which a warm `PING` does not).
+pub async fn ping_p50(env: &Env, idle: Duration) -> Result<f64> {
     let mut conn = crate::scenarios::common::redis_client(&env.url)?
         .get_multiplexed_async_connection()
         .await
@@ -133,6 +136,9 @@ pub async fn ping_p50(env: &Env) -> Result<f64> {
     let pings = if env.quick { 50 } else { 200 };
     let mut h = new_histogram()?;
     for i in 0..pings + 5 {
+        if !idle.is_zero() {
+            tokio::time::sleep(idle).await;
+        }
         let sent = Instant::now();
         let _: String = redis::cmd("PING").query_async(&mut conn).await?;
         if i >= 5 {
@@ -158,7 +164,15 @@ const IN_ROUND_TRIPS: &[(&str, &str)] = &[
 /// the RTT itself, a note on the link, and the targets in round trips: an
 /// uncontended cycle is two round trips (+5%), a hand-off to a parked
 /// waiter the release's request and the message, one round trip (+5%).
-pub fn in_round_trips(result: &mut ScenarioResult, delay: Duration, rtt_us: f64) {
+/// `idle_rtt_us`: the RTT of a `PING` sent after a round's quiet spell, for
+/// scenarios whose rounds start from idle (`parked-handoff`): its hand-off
+/// p50 over it too, beside the target, which stays on the warm RTT.
+pub fn in_round_trips(
+    result: &mut ScenarioResult,
+    delay: Duration,
+    rtt_us: f64,
+    idle_rtt_us: Option<f64>,
+) {
     for row in &mut result.rows {
         let mut added = Vec::new();
         for metric in &row.metrics {
@@ -169,14 +183,26 @@ pub fn in_round_trips(result: &mut ScenarioResult, delay: Duration, rtt_us: f64)
         if added.is_empty() {
             continue;
         }
+        if let (Some(idle), Some((_, p50))) = (idle_rtt_us, added.first()) {
+            let handoff_us = p50 * rtt_us;
+            row.push("p50 idle-RTT", handoff_us / idle, Better::Lower);
+        }
         for (name, value) in added {
             row.push(name, value, Better::Lower);
         }
         row.push("link RTT us", rtt_us, Better::Neutral);
+        if let Some(idle) = idle_rtt_us {
+            row.push("idle RTT us", idle, Better::Neutral);
+        }
     }
     result.notes.push(format!(
         "through a link of {delay:?} each way (a delay line: each chunk written that long after it was read, the OS timer's excess included), nothing pinned; RTT = p50 of PING through it after the scenario: {rtt_us:.0} us"
     ));
+    if let Some(idle) = idle_rtt_us {
+        result.notes.push(format!(
+            "idle RTT = p50 of PING sent after the same quiet spell as a round's release: {idle:.0} us (server and client wake from idle, as in a round); p50 idle-RTT: the hand-off over it"
+        ));
+    }
     let distlock_row = |label: &str| result.rows.iter().any(|r| r.label == label);
     match result.name {
         "uncontended" if distlock_row("distlock") => result.targets.push(Target::absolute(

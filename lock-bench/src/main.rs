@@ -408,9 +408,15 @@ async fn run_once(env: &Env, names: &[String]) -> Result<Vec<ScenarioResult>> {
             }
         };
         if let Some(delay) = env.link_delay {
-            let rtt = link::ping_p50(env).await?;
+            let rtt = link::ping_p50(env, std::time::Duration::ZERO).await?;
+            // A parked hand-off starts from a quiet spell: its RTT from one too.
+            let idle_rtt = if *name == "parked-handoff" {
+                Some(link::ping_p50(env, scenarios::parked_handoff::ahead(env)).await?)
+            } else {
+                None
+            };
             for r in &mut got {
-                link::in_round_trips(r, delay, rtt);
+                link::in_round_trips(r, delay, rtt, idle_rtt);
             }
         }
         for r in &got {
