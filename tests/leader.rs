@@ -708,9 +708,15 @@ fn leader_worker() {
             .await
             .unwrap();
         println!("WORKER LEADING {}", term.epoch());
+        // The test SIGSTOPs this process while a write may be in flight, and
+        // a response timer keeps running through the pause: redis-rs's default
+        // 500 ms would fail that write at SIGCONT. The bound is the pause (a
+        // few leases of a few hundred ms) with room for a loaded machine.
+        let config =
+            redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(30)));
         let mut store = redis::Client::open(var("WORKER_STORE"))
             .unwrap()
-            .get_multiplexed_async_connection()
+            .get_multiplexed_async_connection_with_config(&config)
             .await
             .unwrap();
         loop {
