@@ -811,7 +811,8 @@ enum Shared {
 }
 
 /// Three workers of `tasks` tasks take `total` sections of `shared` on one
-/// key at `url` (the server, or a pooler in front of it), bodies of 0-5 ms,
+/// key at `url` (the server, or a pooler in front of it), bodies of 0-5 ms
+/// (20-40 ms for a semaphore, see below),
 /// 10 % cancelled mid-body and 5 % panicking, then the checker judges them:
 /// a read-write lock's writers exclude everyone, its readers share, writer
 /// tokens grow, the writers' counter is exact; a semaphore never has more
@@ -836,6 +837,18 @@ async fn shared_run(
         Shared::ReadWrite => args(&[("kind", &"rw"), ("write-pct", &20)]),
         Shared::Semaphore { permits } => args(&[("kind", &"semaphore"), ("permits", &permits)]),
     };
+    // The checker asks that every permit was held at once at least once. With
+    // bodies of 0-5 ms that rests on the acquisitions of three holders landing
+    // within one body of each other: a waiter that polls (through a pooler)
+    // sleeps up to its backoff's cap (1 s) between tries, and a loaded CI
+    // machine delays a process by more than 5 ms, so a run of 60 sections saw
+    // only 2 held at once. Bodies of 20-40 ms give the acquisitions 20 ms, ten
+    // round trips through the pooler even at CI's load, and cost
+    // 300 x 30 ms / 3 permits = 3 s of holding at most.
+    let body_us = match shared {
+        Shared::ReadWrite => "0-5000",
+        Shared::Semaphore { .. } => "20000-40000",
+    };
     let mut workers = ready_all(
         (first_id..first_id + processes)
             .map(|id| {
@@ -843,7 +856,7 @@ async fn shared_run(
                     ("keys", &key),
                     ("tasks", &tasks),
                     ("sections", &(total / u64::from(processes))),
-                    ("body-us", &"0-5000"),
+                    ("body-us", &body_us),
                     ("cancel-pct", &10),
                     ("panic-pct", &5),
                     ("lease-ms", &2000),
