@@ -64,6 +64,11 @@ pub(crate) struct Lease {
     valid_until: AtomicU64,
     /// When the renewal task should next renew, nanoseconds after `epoch`.
     next_renewal: AtomicU64,
+    /// How much earlier than `next_renewal` the task may renew, in
+    /// nanoseconds, so that leases due close together share a batch: a
+    /// quarter of the period that ends at `next_renewal` (see
+    /// [`Lease::renewal_window`]).
+    renewal_window: AtomicU64,
     state: AtomicU8,
     holds: AtomicUsize,
     lost_notify: Notify,
@@ -156,6 +161,7 @@ impl Lease {
             epoch: n.epoch,
             valid_until: AtomicU64::new(0),
             next_renewal: AtomicU64::new(0),
+            renewal_window: AtomicU64::new(0),
             state: AtomicU8::new(HELD),
             holds: AtomicUsize::new(1),
             lost_notify: Notify::new(),
@@ -219,10 +225,7 @@ impl Lease {
     pub(crate) fn extended(&self, sent_at: Instant) {
         self.valid_until
             .store(self.nanos(self.valid_after(sent_at)), Ordering::Release);
-        self.next_renewal.store(
-            self.nanos(sent_at + self.renewal_interval()),
-            Ordering::Release,
-        );
+        self.renew_after(sent_at, self.renewal_interval());
     }
 
     /// Records a successful renewal (or the acquire) sent at `sent_at`.
@@ -230,10 +233,29 @@ impl Lease {
         let valid = self.valid_after(sent_at);
         self.valid_until
             .fetch_max(self.nanos(valid), Ordering::AcqRel);
-        self.next_renewal.store(
-            self.nanos(sent_at + self.renewal_interval()),
+        self.renew_after(sent_at, self.renewal_interval());
+    }
+
+    /// Asks for the next renewal `period` after `sent_at`, allowing it a
+    /// quarter of `period` early (see [`Lease::renewal_window`]).
+    fn renew_after(&self, sent_at: Instant, period: Duration) {
+        self.renewal_window.store(
+            u64::try_from((period / 4).as_nanos()).unwrap_or(u64::MAX),
             Ordering::Release,
         );
+        self.next_renewal
+            .store(self.nanos(sent_at + period), Ordering::Release);
+    }
+
+    /// How much earlier than it is due the renewal task may renew this
+    /// lease, so that leases due close together share one batch: a quarter
+    /// of the period that ends when it is due. The period is the renewal
+    /// interval, or after a hand-off a third of the TTL the hand-off gave,
+    /// which is shorter: measured on the interval, a handed-off lease due a
+    /// second from now would be renewed at once, one more statement queued
+    /// on the new holder's connection just as its body starts.
+    pub(crate) fn renewal_window(&self) -> Duration {
+        Duration::from_nanos(self.renewal_window.load(Ordering::Acquire))
     }
 
     /// Records a lock handed to this holder by another's release, which
@@ -245,8 +267,7 @@ impl Lease {
     pub(crate) fn handed_off(&self, sent_at: Instant, ttl: Duration) {
         let valid = (sent_at + ttl.saturating_sub(drift(ttl))).min(self.valid_after(sent_at));
         self.valid_until.store(self.nanos(valid), Ordering::Release);
-        let due = (sent_at + ttl / 3).min(sent_at + self.renewal_interval());
-        self.next_renewal.store(self.nanos(due), Ordering::Release);
+        self.renew_after(sent_at, (ttl / 3).min(self.renewal_interval()));
     }
 
     /// Asks for the next renewal attempt at `at` (after a failure: sooner than usual).
@@ -405,6 +426,7 @@ impl Lease {
             epoch: self.epoch,
             valid_until: AtomicU64::new(self.valid_until.load(Ordering::Acquire)),
             next_renewal: AtomicU64::new(self.next_renewal.load(Ordering::Acquire)),
+            renewal_window: AtomicU64::new(self.renewal_window.load(Ordering::Acquire)),
             state: AtomicU8::new(HELD),
             holds: AtomicUsize::new(1),
             lost_notify: Notify::new(),

@@ -1,9 +1,10 @@
 //! The watchdog: one task per manager renews every live lease in pipelined batches.
 //!
-//! A lease is due `lease / 3` after its last renewal (or acquisition). The task
-//! sleeps until the earliest due time, then renews every lease due within a quarter
-//! of its interval, so leases that start close together stay in one batch. The
-//! backend renews a batch of up to `BATCH` leases in one round trip per server
+//! A lease is due `lease / 3` after its last renewal (or acquisition); a lease
+//! handed over by another's release, a third of the TTL the hand-off gave. The
+//! task sleeps until the earliest due time, then renews every lease due within a
+//! quarter of that period, so leases that start close together stay in one
+//! batch. The backend renews a batch of up to `BATCH` leases in one round trip per server
 //! (one pipeline of EVALSHAs on a single server; one per node in a cluster).
 
 use std::collections::HashMap;
@@ -146,7 +147,7 @@ impl Renewals {
                 continue;
             }
             let at = lease.next_renewal();
-            if at <= now + lease.renewal_interval() / 4 {
+            if at <= now + lease.renewal_window() {
                 due.push(lease.clone());
             } else {
                 next = Some(next.map_or(at, |n| n.min(at)));
@@ -295,4 +296,66 @@ fn renewal_failed(lease: &Lease, error: &str) {
         remaining_ms = lease.remaining().as_millis() as u64,
         "lease renewal failed; retrying"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lease::NewLease;
+    use crate::options::Hold;
+
+    fn lease(id: u64, epoch: Instant, sent_at: Instant) -> Arc<Lease> {
+        Arc::new(Lease::new(NewLease {
+            id,
+            manager_id: 1,
+            key: format!("k{id}"),
+            keys: crate::keys::RedisNames::new("p:", &format!("k{id}")),
+            owner: "o".repeat(32),
+            fencing_token: 0,
+            hold: Hold {
+                lease: Duration::from_secs(30),
+                wait: Duration::ZERO,
+                renew: true,
+                max_hold: None,
+                min_hold: None,
+                metrics_label: None,
+                eager_fencing: false,
+                backoff: crate::Backoff::default(),
+                reentrant: true,
+            },
+            epoch,
+            sent_at,
+            acquired_at: sent_at,
+            waited: true,
+        }))
+    }
+
+    fn due_ids(renewals: &Renewals, at: Instant) -> Vec<u64> {
+        let mut ids: Vec<u64> = renewals.due(at).0.iter().map(|l| l.id).collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    #[test]
+    fn a_lease_is_renewed_up_to_a_quarter_of_its_period_early_and_a_handed_off_one_not_at_once() {
+        let epoch = Instant::now();
+        let now = epoch + Duration::from_secs(1);
+        let renewals = Renewals::default();
+        // Acquired: a 30 s lease is due 10 s on, and may go 2.5 s early.
+        renewals.insert(lease(1, epoch, now));
+        // Handed over with a TTL of 3 s (the queue lease): due 1 s on, and
+        // may go 0.25 s early; measured on the 10 s interval it would be due
+        // at once, a statement queued before the new holder's first.
+        let handed = lease(2, epoch, now);
+        handed.handed_off(now, Duration::from_secs(3));
+        renewals.insert(handed);
+        let ms = Duration::from_millis;
+        assert_eq!(due_ids(&renewals, now), Vec::<u64>::new());
+        let (_, next) = renewals.due(now);
+        assert_eq!(next, Some(now + ms(1000)));
+        assert_eq!(due_ids(&renewals, now + ms(740)), Vec::<u64>::new());
+        assert_eq!(due_ids(&renewals, now + ms(760)), vec![2]);
+        assert_eq!(due_ids(&renewals, now + ms(7_490)), vec![2]);
+        assert_eq!(due_ids(&renewals, now + ms(7_510)), vec![1, 2]);
+    }
 }
