@@ -52,12 +52,15 @@ pub enum WarmUp {
 pub struct Plan {
     /// Uncounted cycles per row before the timed ones.
     pub warmup: u64,
+    /// When they run.
     pub warm_up: WarmUp,
-    /// Timed cycles per row, in blocks of `block`.
+    /// Timed cycles per row.
     pub cycles: u64,
+    /// Timed cycles of one row in a row, before the next row's turn.
     pub block: u64,
-    /// Uncounted, then counted cycles per row through the counting proxy.
+    /// Uncounted cycles per row through the counting proxy.
     pub rt_warmup: u64,
+    /// Then counted ones.
     pub rt_cycles: u64,
 }
 
@@ -80,10 +83,13 @@ impl Plan {
 
 /// What the runner measured, per row (in the order of the rows).
 pub struct Measured {
+    /// Latency of each timed cycle.
     pub hist: Vec<Histogram<u64>>,
+    /// Time in the timed blocks.
     pub seconds: Vec<f64>,
     /// CPU seconds of the row's backend process (NaN where unmeasured: pid 0).
     pub server_cpu: Vec<f64>,
+    /// Timed cycles.
     pub ops: Vec<u64>,
     /// Cycles whose try found the lock held.
     pub busy: Vec<u64>,
@@ -96,7 +102,9 @@ pub struct Measured {
 /// What a row's columns count: a cycle (of several locks) or an operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Unit {
+    /// `cycles/s`, `rt/cycle`, `backend cpu us/cycle`.
     Cycle,
+    /// `ops/s`, `rt/op`, `backend cpu us/op`.
     Op,
 }
 
