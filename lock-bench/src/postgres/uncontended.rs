@@ -1,6 +1,7 @@
 //! `uncontended-postgres`: one task, acquire + release of one key, each
 //! implementation on its own connection; 20,000 cycles each in interleaved blocks
-//! of 1,000, the bench and the server's processes on one CPU (see `pin.rs`).
+//! of 1,000, the bench and the server's processes on one CPU (see `pin.rs`):
+//! the runner of [`super::interleaved`].
 
 use sqlx::postgres::PgAdvisoryLock;
 use tokio_postgres::types::{ToSql, Type};
