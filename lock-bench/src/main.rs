@@ -740,11 +740,27 @@ fn target_tmp_dir() -> Option<PathBuf> {
 
 fn main() -> std::process::ExitCode {
     let argv: Vec<String> = std::env::args().skip(1).collect();
+    // The bench re-executed by itself as a worker (modes absent from the usage).
     if argv.first().map(String::as_str) == Some("--worker") {
-        return worker_main(&argv[1..]);
+        // One process of `--processes` (`src/scenarios/processes.rs`).
+        return worker_process(
+            "worker",
+            &argv[1..],
+            scenarios::processes::WorkerArgs::parse,
+            |a| a.process,
+            scenarios::processes::worker,
+        );
     }
     if argv.first().map(String::as_str) == Some("--parked-worker") {
-        return parked_worker_main(&argv[1..]);
+        // A waiters' process of `parked-handoff` under `--processes`
+        // (`src/scenarios/parked_procs.rs`).
+        return worker_process(
+            "parked worker",
+            &argv[1..],
+            scenarios::parked_procs::WorkerArgs::parse,
+            |a| a.process,
+            scenarios::parked_procs::worker,
+        );
     }
     let command = results::command_line(&argv);
     let args = match parse_args(argv.into_iter()) {
@@ -787,46 +803,34 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-/// `--worker ...`: one process of `--processes` (`src/scenarios/processes.rs`),
-/// started by the bench itself; absent from the usage.
-fn worker_main(rest: &[String]) -> std::process::ExitCode {
-    let Some(args) = scenarios::processes::WorkerArgs::parse(rest) else {
-        eprintln!("lock-bench worker: bad arguments {rest:?}");
+/// A worker process of either kind: `rest` parsed (exit code 2 if it does
+/// not), then `work` on a tokio runtime of its own, its error on stderr under
+/// `lock-bench {what} {process}` (the parent points at stderr when a worker
+/// fails).
+fn worker_process<A, F>(
+    what: &str,
+    rest: &[String],
+    parse: fn(&[String]) -> Option<A>,
+    process: fn(&A) -> u32,
+    work: fn(A) -> F,
+) -> std::process::ExitCode
+where
+    F: std::future::Future<Output = Result<()>>,
+{
+    let Some(args) = parse(rest) else {
+        eprintln!("lock-bench {what}: bad arguments {rest:?}");
         return std::process::ExitCode::from(2);
     };
-    let process = args.process;
+    let process = process(&args);
     let result = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .map_err(error::BoxError::from)
-        .and_then(|rt| rt.block_on(scenarios::processes::worker(args)));
+        .and_then(|rt| rt.block_on(work(args)));
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("lock-bench worker {process}: {e}");
-            std::process::ExitCode::FAILURE
-        }
-    }
-}
-
-/// `--parked-worker ...`: a waiters' process of `parked-handoff` under
-/// `--processes` (`src/scenarios/parked_procs.rs`), started by the bench
-/// itself; absent from the usage.
-fn parked_worker_main(rest: &[String]) -> std::process::ExitCode {
-    let Some(args) = scenarios::parked_procs::WorkerArgs::parse(rest) else {
-        eprintln!("lock-bench parked worker: bad arguments {rest:?}");
-        return std::process::ExitCode::from(2);
-    };
-    let process = args.process;
-    let result = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(error::BoxError::from)
-        .and_then(|rt| rt.block_on(scenarios::parked_procs::worker(args)));
-    match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("lock-bench parked worker {process}: {e}");
+            eprintln!("lock-bench {what} {process}: {e}");
             std::process::ExitCode::FAILURE
         }
     }

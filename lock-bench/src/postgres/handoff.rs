@@ -60,7 +60,36 @@ impl Stats {
             busy: 0,
         })
     }
+
+    /// Counts contender `me`'s hold, asked for at `asked` and taken at `held`,
+    /// if taken before `deadline`: its wait, and a hand-off from another
+    /// contender's release or a re-grab of its own. Then marks `me` as the
+    /// last to release, from now: its release follows at once.
+    fn count_hold(
+        &mut self,
+        me: usize,
+        asked: Instant,
+        held: Instant,
+        deadline: Instant,
+        last: &LastRelease,
+    ) -> Result<()> {
+        if held < deadline {
+            self.acquired += 1;
+            self.waits.saturating_record(nanos(held - asked));
+            match last.lock().map_err(|_| "poisoned")?.take() {
+                Some((_, who)) if who == me => self.regrabs += 1,
+                Some((at, _)) => self.handoffs.saturating_record(nanos(held - at)),
+                None => {}
+            }
+        }
+        *last.lock().map_err(|_| "poisoned")? = Some((Instant::now(), me));
+        Ok(())
+    }
 }
+
+/// When the last release of sqlx's or distlock's contenders started, and
+/// whose it was: what tells a hand-off from a re-grab.
+type LastRelease = Mutex<Option<(Instant, usize)>>;
 
 /// One client of the NOTIFY floor's ring.
 struct FloorClient {
@@ -201,7 +230,7 @@ impl SqlxGroup {
     async fn slice(self, length: Duration) -> Result<(SqlxGroup, Vec<Stats>)> {
         let deadline = Instant::now() + length;
         // Who released last, and when the release started.
-        let last: Arc<Mutex<Option<(Instant, usize)>>> = Arc::new(Mutex::new(None));
+        let last: Arc<LastRelease> = Arc::new(Mutex::new(None));
         let mut tasks = Vec::new();
         for (me, mut conn) in self.conns.into_iter().enumerate() {
             let (lock, last) = (self.lock.clone(), last.clone());
@@ -210,17 +239,7 @@ impl SqlxGroup {
                 while Instant::now() < deadline {
                     let asked = Instant::now();
                     let guard = lock.acquire(&mut conn).await?;
-                    let held = Instant::now();
-                    if held < deadline {
-                        s.acquired += 1;
-                        s.waits.saturating_record(nanos(held - asked));
-                        match last.lock().map_err(|_| "poisoned")?.take() {
-                            Some((_, who)) if who == me => s.regrabs += 1,
-                            Some((at, _)) => s.handoffs.saturating_record(nanos(held - at)),
-                            None => {}
-                        }
-                    }
-                    *last.lock().map_err(|_| "poisoned")? = Some((Instant::now(), me));
+                    s.count_hold(me, asked, Instant::now(), deadline, &last)?;
                     guard.release_now().await?;
                 }
                 Ok::<_, BoxError>((conn, s))
@@ -264,7 +283,7 @@ impl DistlockGroup {
 
     async fn slice(self, length: Duration) -> Result<(DistlockGroup, Vec<Stats>)> {
         let deadline = Instant::now() + length;
-        let last: Arc<Mutex<Option<(Instant, usize)>>> = Arc::new(Mutex::new(None));
+        let last: Arc<LastRelease> = Arc::new(Mutex::new(None));
         let mut tasks = Vec::new();
         for (me, manager) in self.managers.iter().cloned().enumerate() {
             let (key, last) = (self.key.clone(), last.clone());
@@ -273,17 +292,7 @@ impl DistlockGroup {
                 while Instant::now() < deadline {
                     let asked = Instant::now();
                     let guard = manager.lock(key.as_str()).acquire().await?;
-                    let held = Instant::now();
-                    if held < deadline {
-                        s.acquired += 1;
-                        s.waits.saturating_record(nanos(held - asked));
-                        match last.lock().map_err(|_| "poisoned")?.take() {
-                            Some((_, who)) if who == me => s.regrabs += 1,
-                            Some((at, _)) => s.handoffs.saturating_record(nanos(held - at)),
-                            None => {}
-                        }
-                    }
-                    *last.lock().map_err(|_| "poisoned")? = Some((Instant::now(), me));
+                    s.count_hold(me, asked, Instant::now(), deadline, &last)?;
                     guard.release().await?;
                 }
                 Ok::<_, BoxError>(s)

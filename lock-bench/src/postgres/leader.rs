@@ -107,11 +107,7 @@ impl Candidate {
 
     /// `acquire` as a campaign sends it (waiting, fencing); the status.
     async fn acquire(&self, attempt: i64) -> Result<i32> {
-        let since = i64::try_from(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)?
-                .as_millis(),
-        )?;
+        let since = super::epoch_ms()?;
         let lease_ms = (LEASE_SECS * 1000.0) as i64;
         let (fence, waiting, events) = (true, true, "");
         let row = self

@@ -1,6 +1,7 @@
 //! `lock-all-postgres`: one task takes 4 keys and frees them, each implementation
 //! on its own connection (manager); cycles in interleaved blocks, the bench and
-//! the server's processes on one CPU (see `pin.rs`), as `uncontended.rs`.
+//! the server's processes on one CPU (see `pin.rs`), as `uncontended.rs`: the
+//! runner of [`super::interleaved`].
 //!
 //! * **distlock's SQL by hand**: its schema's `acquire_all` function with the
 //!   parameters `lock_all` sends (one call takes the 4 locks, all or none), then
@@ -12,17 +13,13 @@
 //! * **distlock, 4 single locks**: `manager.lock(k).acquire()` for each key in
 //!   sequence, then their releases in sequence: what `lock_all` saves.
 
-use std::time::Instant;
-
-use hdrhistogram::Histogram;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Statement};
 
-use super::uncontended::process_cpu_seconds;
-use super::{server_note, PgEnv, LEASE_SECS};
+use super::interleaved::{self, Cycle, Plan, Unit};
+use super::{call_one, server_note, PgEnv, LEASE_SECS};
 use crate::error::{bail, BoxError, Result};
-use crate::report::{new_histogram, us, Better, Check, Row, ScenarioResult, Target};
-use crate::scenarios::common::nanos;
+use crate::report::{Check, ScenarioResult, Target};
 
 const SAME_SQL: &str = "distlock's SQL by hand (acquire_all + 4 releases, prepared)";
 const SAME_SQL_UNNAMED: &str =
@@ -120,20 +117,18 @@ impl Cycler {
             0,
         ))
     }
+}
 
-    /// Takes the 4 keys and frees them.
-    async fn cycle(&mut self) -> Result<()> {
+impl Cycle for Cycler {
+    /// Takes the 4 keys and frees them (never busy: the keys are the row's own).
+    async fn cycle(&mut self) -> Result<bool> {
         match self {
             Cycler::SameSql {
                 client,
                 prepared,
                 names,
             } => {
-                let since = i64::try_from(
-                    std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)?
-                        .as_millis(),
-                )?;
+                let since = super::epoch_ms()?;
                 let lease_ms = (LEASE_SECS * 1000.0) as i64;
                 let (fence, zero, events) = (false, 0i64, "");
                 let acquire: [(&(dyn ToSql + Sync), Type); 8] = [
@@ -146,17 +141,8 @@ impl Cycler {
                     (&HANDOFF_CHANNEL, Type::TEXT),
                     (&events, Type::TEXT),
                 ];
-                let row = match prepared {
-                    Some((statement, _)) => {
-                        let values: Vec<&(dyn ToSql + Sync)> =
-                            acquire.iter().map(|(v, _)| *v).collect();
-                        client.query_one(&*statement, &values).await?
-                    }
-                    None => match client.query_typed(ACQUIRE_ALL, &acquire).await?.pop() {
-                        Some(row) => row,
-                        None => bail!("acquire_all answered no row"),
-                    },
-                };
+                let statement = prepared.as_ref().map(|(acquire, _)| acquire);
+                let row = call_one(client, statement, ACQUIRE_ALL, &acquire).await?;
                 if row.get::<_, i32>(0) != 1 {
                     bail!("distlock's acquire_all by hand found a lock of its own keys busy");
                 }
@@ -171,15 +157,9 @@ impl Cycler {
                             (&WAKE_CHANNEL, Type::TEXT),
                             (&events, Type::TEXT),
                         ];
-                        let rows = match prepared {
-                            Some((_, statement)) => {
-                                let values: Vec<&(dyn ToSql + Sync)> =
-                                    params.iter().map(|(v, _)| *v).collect();
-                                client.query(statement, &values).await?
-                            }
-                            None => client.query_typed(RELEASE, &params).await?,
-                        };
-                        Ok::<bool, BoxError>(rows.first().is_some_and(|r| r.get::<_, bool>(0)))
+                        let statement = prepared.as_ref().map(|(_, release)| release);
+                        let row = call_one(client, statement, RELEASE, &params).await?;
+                        Ok::<bool, BoxError>(row.get::<_, bool>(0))
                     }
                 });
                 for freed in futures_util::future::join_all(releases).await {
@@ -187,7 +167,7 @@ impl Cycler {
                         bail!("distlock's SQL by hand lost a hold it had just taken");
                     }
                 }
-                Ok(())
+                Ok(true)
             }
             Cycler::All { manager, keys } => {
                 manager
@@ -196,7 +176,7 @@ impl Cycler {
                     .await?
                     .release()
                     .await?;
-                Ok(())
+                Ok(true)
             }
             Cycler::Singles { manager, keys } => {
                 let mut guards = Vec::with_capacity(keys.len());
@@ -206,7 +186,7 @@ impl Cycler {
                 for guard in guards {
                     guard.release().await?;
                 }
-                Ok(())
+                Ok(true)
             }
         }
     }
@@ -225,92 +205,22 @@ pub async fn run(env: &PgEnv) -> Result<ScenarioResult> {
     // --quick: a cycle is 5 to 8 commits, each a WAL flush of several ms on a busy
     // disk (a distlock row's p50 reached 18 ms with other builds on the machine),
     // and CI wants the pass under 10 s.
-    let (warmup, cycles, block): (u64, u64, u64) = if env.quick {
-        (5, 60, 30)
-    } else {
-        (200, 5_000, 500)
-    };
+    let plan = Plan::new(env.quick, (5, 60, 30), (200, 5_000, 500));
+    let (cycles, block) = (plan.cycles, plan.block);
     let labels = [SAME_SQL, SAME_SQL_UNNAMED, DISTLOCK_ALL, DISTLOCK_SINGLES];
-    let n = labels.len();
-    let mut slots = Vec::new();
-    for i in 0..n {
-        let (mut c, pid) = cycler(i, &env.url).await?;
-        for _ in 0..warmup {
-            c.cycle().await?;
-        }
-        slots.push(Some((c, pid)));
-    }
-    let pinned = crate::pin::OneCpu::pin(&super::server_pids(env.postmaster));
-    let mut hist: Vec<Histogram<u64>> = (0..n).map(|_| new_histogram()).collect::<Result<_>>()?;
-    let mut seconds = vec![0.0; n];
-    let mut server_cpu = vec![0.0; n];
-    let mut ops = vec![0u64; n];
-    let rounds = cycles.div_ceil(block);
-    for round in 0..rounds {
-        let this_block = block.min(cycles - round * block);
-        for k in 0..n {
-            let i = (k + round as usize) % n;
-            let Some((mut c, pid)) = slots[i].take() else {
-                bail!("a cycler was lost by an earlier failure");
-            };
-            let cpu_before = process_cpu_seconds(pid);
-            // In a task of its own, as application code runs.
-            let task = tokio::spawn(async move {
-                let mut h = new_histogram()?;
-                let started = Instant::now();
-                for _ in 0..this_block {
-                    let t = Instant::now();
-                    c.cycle().await?;
-                    h.saturating_record(nanos(t.elapsed()));
-                }
-                Ok::<_, BoxError>((c, h, started.elapsed().as_secs_f64()))
-            });
-            let (c, h, s) = task.await??;
-            server_cpu[i] += process_cpu_seconds(pid) - cpu_before;
-            hist[i].add(h)?;
-            seconds[i] += s;
-            ops[i] += this_block;
-            slots[i] = Some((c, pid));
-        }
-    }
-    let cpu_note = match &pinned {
-        Ok(p) => format!("measured with the bench's threads and every PostgreSQL process on CPU {} alone (see lock-bench/README.md, \"One CPU for the latency scenarios\")", p.cpu),
-        Err(e) => format!("NOT confined to one CPU ({e}): on a VM the latencies may be bimodal"),
-    };
-    drop(pinned);
-    drop(slots);
-    // Round trips per cycle, in a pass of their own through a counting proxy.
-    let rt_cycles = if env.quick { 10 } else { 100 };
-    let (proxy, proxied) = super::counting_proxy(env).await?;
-    let mut round_trips = Vec::new();
-    for i in 0..n {
-        let (mut c, _) = cycler(i, &proxied).await?;
-        for _ in 0..5 {
-            c.cycle().await?;
-        }
-        let before = proxy.round_trips();
-        for _ in 0..rt_cycles {
-            c.cycle().await?;
-        }
-        round_trips.push((proxy.round_trips() - before) as f64 / rt_cycles as f64);
-    }
-    let mut rows = Vec::new();
-    for i in 0..n {
-        let h = &hist[i];
-        let mut row = Row::new(labels[i]);
-        row.push("cycles/s", ops[i] as f64 / seconds[i], Better::Higher)
-            .push("p50 us", us(h.value_at_quantile(0.50)), Better::Lower)
-            .push("p99 us", us(h.value_at_quantile(0.99)), Better::Lower)
-            .push("p999 us", us(h.value_at_quantile(0.999)), Better::Lower)
-            .push("rt/cycle", round_trips[i], Better::Neutral)
-            .push(
-                "backend cpu us/cycle",
-                server_cpu[i] * 1e6 / ops[i].max(1) as f64,
-                Better::Lower,
-            );
-        row.histogram = Some(hist[i].clone());
-        rows.push(row);
-    }
+    let m = interleaved::run(env, labels.len(), plan, |i, url, _| async move {
+        cycler(i, &url).await
+    })
+    .await?;
+    let rows = labels
+        .iter()
+        .enumerate()
+        .map(|(i, label)| {
+            let mut row = m.row(i, label, Unit::Cycle);
+            m.push_costs(&mut row, i, Unit::Cycle);
+            row
+        })
+        .collect();
     Ok(ScenarioResult {
         name: "lock-all-postgres",
         title: format!(
@@ -318,7 +228,7 @@ pub async fn run(env: &PgEnv) -> Result<ScenarioResult> {
         ),
         notes: vec![
             server_note(env),
-            cpu_note,
+            m.cpu_note,
             "distlock's SQL by hand: its schema's acquire_all function with the parameters lock_all sends (one call, one commit, takes the 4 locks or none), then the 4 release calls pipelined on the connection, each its own transaction and commit, as distlock's release_many sends them; prepared once, or unnamed (parsed with each call, as distlock sends them)".to_owned(),
             "4 single locks: 4 acquire calls then 4 release calls, in sequence: 8 round trips and 8 commits, against lock_all's 1 + 4 pipelined".to_owned(),
             "backend cpu: utime + stime of the connection's backend process (clock ticks: coarse at --quick sizes); distlock's not measured (its connections are its own)".to_owned(),

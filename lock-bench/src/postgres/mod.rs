@@ -47,6 +47,7 @@
 //! one client waits for its answers.
 
 pub mod handoff;
+pub mod interleaved;
 pub mod leader;
 pub mod lease;
 pub mod lock_all;
@@ -60,6 +61,7 @@ use std::time::Instant;
 
 use distlock_testing::PostgresServer;
 use tokio::sync::mpsc;
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{AsyncMessage, Client, NoTls, Notification};
 
 use crate::error::{bail, context, Result};
@@ -227,6 +229,37 @@ pub async fn same_sql_client(
     };
     let pid = uncontended::backend_pid(&client).await?;
     Ok((client, statements, pid))
+}
+
+/// Milliseconds since the Unix epoch: the `since` distlock sends with an
+/// acquisition (when the holder started to wait).
+pub fn epoch_ms() -> Result<i64> {
+    Ok(i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_millis(),
+    )?)
+}
+
+/// One call of a distlock function by hand: its `statement` prepared once, or
+/// (`None`) `sql` sent unnamed, parsed with each call, as distlock sends it by
+/// default; the one row it answers.
+pub async fn call_one(
+    client: &Client,
+    statement: Option<&tokio_postgres::Statement>,
+    sql: &str,
+    params: &[(&(dyn ToSql + Sync), Type)],
+) -> Result<tokio_postgres::Row> {
+    match statement {
+        Some(statement) => {
+            let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
+            Ok(client.query_one(statement, &values).await?)
+        }
+        None => match client.query_typed(sql, params).await?.into_iter().next() {
+            Some(row) => Ok(row),
+            None => bail!("distlock's function answered no row"),
+        },
+    }
 }
 
 /// A sqlx connection for the peer.

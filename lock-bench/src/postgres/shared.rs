@@ -2,7 +2,8 @@
 //! a read lock's acquire + release, a write lock's, and a semaphore's (4
 //! permits, a hold of weight 2). Each implementation on its own connection
 //! (manager); cycles in interleaved blocks, the bench and the server's
-//! processes on one CPU (see `pin.rs`), as `uncontended.rs`.
+//! processes on one CPU (see `pin.rs`), as `uncontended.rs`: the runner of
+//! [`super::interleaved`].
 //!
 //! * **distlock's SQL by hand**: its schema's `read_acquire`, `write_acquire`
 //!   and `permit_acquire` functions, then `shared_release`, with the parameters
@@ -13,17 +14,13 @@
 //!   `acquire()` then the guard's `release()`; by default (unnamed statements)
 //!   and with `postgres_prepared_statements(true)`, each against its like.
 
-use std::time::Instant;
-
-use hdrhistogram::Histogram;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Statement};
 
-use super::uncontended::process_cpu_seconds;
-use super::{server_note, PgEnv, LEASE_SECS};
-use crate::error::{bail, BoxError, Result};
-use crate::report::{new_histogram, us, Better, Check, Row, ScenarioResult, Target};
-use crate::scenarios::common::nanos;
+use super::interleaved::{self, Cycle, Plan, Unit};
+use super::{call_one, server_note, PgEnv, LEASE_SECS};
+use crate::error::{bail, Result};
+use crate::report::{us, Better, Check, ScenarioResult, Target};
 
 /// The semaphore's permits, and the weight of each hold.
 const PERMITS: u32 = 4;
@@ -190,9 +187,11 @@ impl Cycler {
             0,
         ))
     }
+}
 
-    /// Takes the hold and frees it.
-    async fn cycle(&mut self) -> Result<()> {
+impl Cycle for Cycler {
+    /// Takes the hold and frees it (never busy: the key is the row's own).
+    async fn cycle(&mut self) -> Result<bool> {
         match self {
             Cycler::SameSql {
                 hold,
@@ -204,11 +203,7 @@ impl Cycler {
             } => {
                 // A fresh owner per acquisition, as distlock makes one.
                 let owner = owner(*hold);
-                let since = i64::try_from(
-                    std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)?
-                        .as_millis(),
-                )?;
+                let since = super::epoch_ms()?;
                 let lease_ms = (LEASE_SECS * 1000.0) as i64;
                 let (fence, waiting, resize) = (hold.fence(), false, false);
                 let (permits, waiting_weight, keep) = (i64::from(PERMITS), 1i64, 0i64);
@@ -233,14 +228,8 @@ impl Cycler {
                         (&*holder, Type::TEXT),
                     ]);
                 }
-                let row = match prepared {
-                    Some((statement, _)) => {
-                        let values: Vec<&(dyn ToSql + Sync)> =
-                            acquire.iter().map(|(v, _)| *v).collect();
-                        client.query_one(&*statement, &values).await?
-                    }
-                    None => one(client.query_typed(hold.acquire_sql(), &acquire).await?)?,
-                };
+                let statement = prepared.as_ref().map(|(acquire, _)| acquire);
+                let row = call_one(client, statement, hold.acquire_sql(), &acquire).await?;
                 if row.get::<_, i32>(0) != 1 {
                     bail!("distlock's SQL by hand found its {} busy", hold.name());
                 }
@@ -252,18 +241,12 @@ impl Cycler {
                     (&keep, Type::INT8),
                     (&*wake, Type::TEXT),
                 ];
-                let row = match prepared {
-                    Some((_, statement)) => {
-                        let values: Vec<&(dyn ToSql + Sync)> =
-                            release.iter().map(|(v, _)| *v).collect();
-                        client.query_one(&*statement, &values).await?
-                    }
-                    None => one(client.query_typed(SHARED_RELEASE, &release).await?)?,
-                };
+                let statement = prepared.as_ref().map(|(_, release)| release);
+                let row = call_one(client, statement, SHARED_RELEASE, &release).await?;
                 if !row.get::<_, bool>(0) {
                     bail!("distlock's SQL by hand lost a hold it had just taken");
                 }
-                Ok(())
+                Ok(true)
             }
             Cycler::Distlock { hold, manager, key } => {
                 let request = match hold {
@@ -272,17 +255,9 @@ impl Cycler {
                     Hold::Permit => manager.semaphore(key.as_str(), PERMITS).weight(WEIGHT),
                 };
                 request.acquire().await?.release().await?;
-                Ok(())
+                Ok(true)
             }
         }
-    }
-}
-
-/// The one row a function call answers.
-fn one(rows: Vec<tokio_postgres::Row>) -> Result<tokio_postgres::Row> {
-    match rows.into_iter().next() {
-        Some(row) => Ok(row),
-        None => bail!("distlock's function answered no row"),
     }
 }
 
@@ -324,96 +299,31 @@ async fn cycler(i: usize, url: &str) -> Result<(Cycler, u32)> {
 pub async fn run(env: &PgEnv) -> Result<ScenarioResult> {
     // --quick: 12 implementations of two commits a cycle, each a WAL flush of
     // several ms on a busy disk, and CI wants the pass under 10 s.
-    let (warmup, cycles, block): (u64, u64, u64) = if env.quick {
-        (5, 100, 50)
-    } else {
-        (200, 5_000, 500)
-    };
+    let plan = Plan::new(env.quick, (5, 100, 50), (200, 5_000, 500));
+    let (cycles, block) = (plan.cycles, plan.block);
     let n = HOLDS.len() * PER_HOLD;
-    let mut slots = Vec::new();
-    for i in 0..n {
-        let (mut c, pid) = cycler(i, &env.url).await?;
-        for _ in 0..warmup {
-            c.cycle().await?;
-        }
-        slots.push(Some((c, pid)));
-    }
-    let pinned = crate::pin::OneCpu::pin(&super::server_pids(env.postmaster));
-    let mut hist: Vec<Histogram<u64>> = (0..n).map(|_| new_histogram()).collect::<Result<_>>()?;
-    let mut seconds = vec![0.0; n];
-    let mut server_cpu = vec![0.0; n];
-    let mut ops = vec![0u64; n];
-    let rounds = cycles.div_ceil(block);
-    for round in 0..rounds {
-        let this_block = block.min(cycles - round * block);
-        for k in 0..n {
-            let i = (k + round as usize) % n;
-            let Some((mut c, pid)) = slots[i].take() else {
-                bail!("a cycler was lost by an earlier failure");
-            };
-            let cpu_before = process_cpu_seconds(pid);
-            // In a task of its own, as application code runs.
-            let task = tokio::spawn(async move {
-                let mut h = new_histogram()?;
-                let started = Instant::now();
-                for _ in 0..this_block {
-                    let t = Instant::now();
-                    c.cycle().await?;
-                    h.saturating_record(nanos(t.elapsed()));
-                }
-                Ok::<_, BoxError>((c, h, started.elapsed().as_secs_f64()))
-            });
-            let (c, h, s) = task.await??;
-            server_cpu[i] += process_cpu_seconds(pid) - cpu_before;
-            hist[i].add(h)?;
-            seconds[i] += s;
-            ops[i] += this_block;
-            slots[i] = Some((c, pid));
-        }
-    }
-    let cpu_note = match &pinned {
-        Ok(p) => format!("measured with the bench's threads and every PostgreSQL process on CPU {} alone (see lock-bench/README.md, \"One CPU for the latency scenarios\")", p.cpu),
-        Err(e) => format!("NOT confined to one CPU ({e}): on a VM the latencies may be bimodal"),
-    };
-    drop(pinned);
-    drop(slots);
-    // Round trips per cycle, in a pass of their own through a counting proxy.
-    let rt_cycles = if env.quick { 10 } else { 100 };
-    let (proxy, proxied) = super::counting_proxy(env).await?;
-    let mut round_trips = Vec::new();
-    for i in 0..n {
-        let (mut c, _) = cycler(i, &proxied).await?;
-        for _ in 0..5 {
-            c.cycle().await?;
-        }
-        let before = proxy.round_trips();
-        for _ in 0..rt_cycles {
-            c.cycle().await?;
-        }
-        round_trips.push((proxy.round_trips() - before) as f64 / rt_cycles as f64);
-    }
-    let p50s: Vec<f64> = hist.iter().map(|h| us(h.value_at_quantile(0.50))).collect();
+    let m = interleaved::run(
+        env,
+        n,
+        plan,
+        |i, url, _| async move { cycler(i, &url).await },
+    )
+    .await?;
+    let p50s: Vec<f64> = m
+        .hist
+        .iter()
+        .map(|h| us(h.value_at_quantile(0.50)))
+        .collect();
     let labels: Vec<String> = (0..n).map(label).collect();
     let mut rows = Vec::new();
     for i in 0..n {
-        let h = &hist[i];
-        let mut row = Row::new(&labels[i]);
-        row.push("cycles/s", ops[i] as f64 / seconds[i], Better::Higher)
-            .push("p50 us", p50s[i], Better::Lower)
-            .push("p99 us", us(h.value_at_quantile(0.99)), Better::Lower)
-            .push("p999 us", us(h.value_at_quantile(0.999)), Better::Lower)
-            .push(
-                "p50 / its SQL",
-                like(i).map_or(f64::NAN, |j| p50s[i] / p50s[j]),
-                Better::Lower,
-            )
-            .push("rt/cycle", round_trips[i], Better::Neutral)
-            .push(
-                "backend cpu us/cycle",
-                server_cpu[i] * 1e6 / ops[i].max(1) as f64,
-                Better::Lower,
-            );
-        row.histogram = Some(hist[i].clone());
+        let mut row = m.row(i, &labels[i], Unit::Cycle);
+        row.push(
+            "p50 / its SQL",
+            like(i).map_or(f64::NAN, |j| p50s[i] / p50s[j]),
+            Better::Lower,
+        );
+        m.push_costs(&mut row, i, Unit::Cycle);
         rows.push(row);
     }
     let targets = (0..n)
@@ -448,7 +358,7 @@ pub async fn run(env: &PgEnv) -> Result<ScenarioResult> {
         ),
         notes: vec![
             server_note(env),
-            cpu_note,
+            m.cpu_note,
             "distlock's SQL by hand: its schema's read_acquire / write_acquire / permit_acquire, then shared_release, with the parameters distlock sends for an uncontended cycle (its key names and wake-up channel, a fresh owner token per hold, a token taken at once for a read or permit hold), each call its own transaction and commit; prepared once, or unnamed (parsed with each call, as distlock sends them by default)".to_owned(),
             "p50 / its SQL: distlock's p50 over its SQL by hand sent the same way (unnamed with unnamed, prepared with prepared)".to_owned(),
             "backend cpu: utime + stime of the connection's backend process (clock ticks: coarse at --quick sizes); distlock's not measured (its connections are its own)".to_owned(),

@@ -1,19 +1,17 @@
 //! `uncontended-postgres`: one task, acquire + release of one key, each
 //! implementation on its own connection; 20,000 cycles each in interleaved blocks
-//! of 1,000, the bench and the server's processes on one CPU (see `pin.rs`).
+//! of 1,000, the bench and the server's processes on one CPU (see `pin.rs`):
+//! the runner of [`super::interleaved`].
 
-use std::time::Instant;
-
-use hdrhistogram::Histogram;
 use sqlx::postgres::PgAdvisoryLock;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Statement};
 
+use super::interleaved::{self, Cycle, Pass, Plan, Unit, WarmUp};
 use super::lease::LeaseSql;
-use super::{connect, server_note, sqlx_connect, PgEnv, LEASE_SECS};
+use super::{call_one, connect, server_note, sqlx_connect, PgEnv, LEASE_SECS};
 use crate::error::{bail, Result};
-use crate::report::{new_histogram, us, Better, Check, Row, ScenarioResult, Target};
-use crate::scenarios::common::nanos;
+use crate::report::{Better, Check, ScenarioResult, Target};
 
 pub const ADVISORY_FLOOR: &str = "advisory floor (pg_try_advisory_lock + unlock)";
 pub const LEASE_FLOOR: &str = "lease-row floor (upsert + free, by hand)";
@@ -133,10 +131,12 @@ impl PgCycler {
             0,
         ))
     }
+}
 
+impl Cycle for PgCycler {
     /// Acquire + release; `false` when the try found the lock held (the floors
     /// only: sqlx's `acquire` waits).
-    pub async fn cycle(&mut self) -> Result<bool> {
+    async fn cycle(&mut self) -> Result<bool> {
         match self {
             PgCycler::Advisory {
                 client,
@@ -172,11 +172,7 @@ impl PgCycler {
                 prepared,
                 owner,
             } => {
-                let since = i64::try_from(
-                    std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)?
-                        .as_millis(),
-                )?;
+                let since = super::epoch_ms()?;
                 let lease_ms = (LEASE_SECS * 1000.0) as i64;
                 let (fence, waiting, zero) = (false, false, 0i64);
                 let acquire: [(&(dyn ToSql + Sync), Type); 12] = [
@@ -193,14 +189,8 @@ impl PgCycler {
                     (&SAME_SQL_CHANNEL, Type::TEXT),
                     (&zero, Type::INT8),
                 ];
-                let row = match prepared {
-                    Some((statement, _)) => {
-                        let values: Vec<&(dyn ToSql + Sync)> =
-                            acquire.iter().map(|(v, _)| *v).collect();
-                        client.query_one(&*statement, &values).await?
-                    }
-                    None => one(client.query_typed(SAME_SQL_ACQUIRE, &acquire).await?)?,
-                };
+                let statement = prepared.as_ref().map(|(acquire, _)| acquire);
+                let row = call_one(client, statement, SAME_SQL_ACQUIRE, &acquire).await?;
                 let status: i32 = row.get(0);
                 if status != 1 {
                     return Ok(false);
@@ -211,14 +201,8 @@ impl PgCycler {
                     (&zero, Type::INT8),
                     (&SAME_SQL_CHANNEL, Type::TEXT),
                 ];
-                let row = match prepared {
-                    Some((_, statement)) => {
-                        let values: Vec<&(dyn ToSql + Sync)> =
-                            release.iter().map(|(v, _)| *v).collect();
-                        client.query_one(&*statement, &values).await?
-                    }
-                    None => one(client.query_typed(SAME_SQL_RELEASE, &release).await?)?,
-                };
+                let statement = prepared.as_ref().map(|(_, release)| release);
+                let row = call_one(client, statement, SAME_SQL_RELEASE, &release).await?;
                 if !row.get::<_, bool>(0) {
                     bail!("distlock's SQL by hand lost a hold it had just taken");
                 }
@@ -249,14 +233,7 @@ const SAME_SQL_HOLDER: &str = "lock-bench same-sql floor";
 const SAME_SQL_ROUTE: &str = "0000000a";
 const SAME_SQL_CHANNEL: &str = "distlock_00000000000000000000000000000000";
 
-/// The one row a function call answers.
-fn one(rows: Vec<tokio_postgres::Row>) -> Result<tokio_postgres::Row> {
-    match rows.into_iter().next() {
-        Some(row) => Ok(row),
-        None => bail!("distlock's function answered no row"),
-    }
-}
-
+/// The pid of the backend serving `client`'s connection, for its CPU time.
 pub async fn backend_pid(client: &Client) -> Result<u32> {
     let pid: i32 = client
         .query_one("SELECT pg_backend_pid()", &[])
@@ -265,42 +242,18 @@ pub async fn backend_pid(client: &Client) -> Result<u32> {
     Ok(u32::try_from(pid)?)
 }
 
-/// CPU seconds (user + system) the process `pid` has used: a backend's own work.
-pub fn process_cpu_seconds(pid: u32) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return f64::NAN;
-    };
-    let Some(after) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
-        return f64::NAN;
-    };
-    // After the name: state is field 3 of the line; utime and stime are fields 14 and 15.
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok());
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    match (ticks(11), ticks(12)) {
-        (Some(u), Some(s)) if hz > 0.0 => (u + s) / hz,
-        _ => f64::NAN,
-    }
-}
-
 pub async fn run(env: &PgEnv) -> Result<ScenarioResult> {
     // --quick: a lease-row cycle is two WAL flushes, several ms each on a busy
-    // disk, and CI wants each pass under 10 s.
-    let (warmup, cycles, block): (u64, u64, u64) = if env.quick {
-        (20, 300, 100)
-    } else {
-        (1_000, 20_000, 1_000)
+    // disk, and CI wants each pass under 10 s. Unlike the pass's other
+    // one-task scenarios, its rows warm up on the one CPU, and its round trips
+    // are counted over more cycles.
+    let plan = Plan {
+        warm_up: WarmUp::Pinned,
+        rt_warmup: 20,
+        rt_cycles: if env.quick { 20 } else { 200 },
+        ..Plan::new(env.quick, (20, 300, 100), (1_000, 20_000, 1_000))
     };
-    let mut cyclers = vec![
-        PgCycler::advisory(&env.url, 1).await?,
-        PgCycler::lease(&env.url, KEY, "uncontended-owner").await?,
-        PgCycler::same_sql(&env.url, true, SAME_SQL_OWNER).await?,
-        PgCycler::same_sql(&env.url, false, SAME_SQL_OWNER).await?,
-        PgCycler::sqlx(&env.url, KEY).await?,
-        PgCycler::distlock(&env.url, false).await?,
-        PgCycler::distlock(&env.url, true).await?,
-    ];
+    let (cycles, block) = (plan.cycles, plan.block);
     let labels = [
         ADVISORY_FLOOR,
         LEASE_FLOOR,
@@ -310,99 +263,42 @@ pub async fn run(env: &PgEnv) -> Result<ScenarioResult> {
         DISTLOCK,
         DISTLOCK_PREPARED,
     ];
-    let n = cyclers.len();
-    let pinned = crate::pin::OneCpu::pin(&super::server_pids(env.postmaster));
-    let mut hist: Vec<Histogram<u64>> = (0..n).map(|_| new_histogram()).collect::<Result<_>>()?;
-    let mut seconds = vec![0.0; n];
-    let mut server_cpu = vec![0.0; n];
-    let mut ops = vec![0u64; n];
-    let mut busy = vec![0u64; n];
-    for (c, _) in &mut cyclers {
-        for _ in 0..warmup {
-            c.cycle().await?;
+    let m = interleaved::run(env, labels.len(), plan, |i, url, pass| async move {
+        // The round-trip pass's floors on an advisory key and a lease owner
+        // apart from the timed pass's.
+        let timed = pass == Pass::Timed;
+        match i {
+            0 => PgCycler::advisory(&url, if timed { 1 } else { 2 }).await,
+            1 => {
+                let owner = if timed {
+                    "uncontended-owner"
+                } else {
+                    "uncontended-rt-owner"
+                };
+                PgCycler::lease(&url, KEY, owner).await
+            }
+            2 => PgCycler::same_sql(&url, true, SAME_SQL_OWNER).await,
+            3 => PgCycler::same_sql(&url, false, SAME_SQL_OWNER).await,
+            4 => PgCycler::sqlx(&url, KEY).await,
+            5 => PgCycler::distlock(&url, false).await,
+            _ => PgCycler::distlock(&url, true).await,
         }
-    }
-    let mut slots: Vec<Option<(PgCycler, u32)>> = cyclers.into_iter().map(Some).collect();
-    let rounds = cycles.div_ceil(block);
-    for round in 0..rounds {
-        let this_block = block.min(cycles - round * block);
-        for k in 0..n {
-            let i = (k + round as usize) % n;
-            let Some((mut c, pid)) = slots[i].take() else {
-                bail!("a cycler was lost by an earlier failure");
-            };
-            let cpu_before = process_cpu_seconds(pid);
-            // In a task of its own, as application code runs.
-            let task = tokio::spawn(async move {
-                let mut h = new_histogram()?;
-                let mut busy = 0u64;
-                let started = Instant::now();
-                for _ in 0..this_block {
-                    let t = Instant::now();
-                    if !c.cycle().await? {
-                        busy += 1;
-                    }
-                    h.saturating_record(nanos(t.elapsed()));
-                }
-                Ok::<_, crate::error::BoxError>((c, h, busy, started.elapsed().as_secs_f64()))
-            });
-            let (c, h, b, s) = task.await??;
-            server_cpu[i] += process_cpu_seconds(pid) - cpu_before;
-            hist[i].add(h)?;
-            seconds[i] += s;
-            ops[i] += this_block;
-            busy[i] += b;
-            slots[i] = Some((c, pid));
-        }
-    }
-    let cpu_note = match &pinned {
-        Ok(p) => format!("measured with the bench's threads and every PostgreSQL process on CPU {} alone (see lock-bench/README.md, \"One CPU for the latency scenarios\")", p.cpu),
-        Err(e) => format!("NOT confined to one CPU ({e}): on a VM the latencies may be bimodal"),
-    };
-    drop(pinned);
-    // Round trips per cycle, in a pass of their own through a counting proxy (which
-    // would add its own hops to the timed cycles).
-    let rt_cycles = if env.quick { 20 } else { 200 };
-    let (proxy, proxied) = super::counting_proxy(env).await?;
-    let mut round_trips = Vec::new();
-    for i in 0..n {
-        let (mut c, _) = match i {
-            0 => PgCycler::advisory(&proxied, 2).await?,
-            1 => PgCycler::lease(&proxied, KEY, "uncontended-rt-owner").await?,
-            2 => PgCycler::same_sql(&proxied, true, SAME_SQL_OWNER).await?,
-            3 => PgCycler::same_sql(&proxied, false, SAME_SQL_OWNER).await?,
-            4 => PgCycler::sqlx(&proxied, KEY).await?,
-            5 => PgCycler::distlock(&proxied, false).await?,
-            _ => PgCycler::distlock(&proxied, true).await?,
-        };
-        for _ in 0..20 {
-            c.cycle().await?;
-        }
-        let before = proxy.round_trips();
-        for _ in 0..rt_cycles {
-            c.cycle().await?;
-        }
-        round_trips.push((proxy.round_trips() - before) as f64 / rt_cycles as f64);
-    }
-    let mut rows = Vec::new();
-    for i in 0..n {
-        let h = &hist[i];
-        let mut row = Row::new(labels[i]);
-        let per_op = |x: f64| x / ops[i].max(1) as f64;
-        row.push("ops/s", ops[i] as f64 / seconds[i], Better::Higher)
-            .push("p50 us", us(h.value_at_quantile(0.50)), Better::Lower)
-            .push("p99 us", us(h.value_at_quantile(0.99)), Better::Lower)
-            .push("p999 us", us(h.value_at_quantile(0.999)), Better::Lower)
-            .push("rt/op", round_trips[i], Better::Neutral)
-            .push(
-                "backend cpu us/op",
-                per_op(server_cpu[i] * 1e6),
-                Better::Lower,
-            )
-            .push("busy %", per_op(busy[i] as f64) * 100.0, Better::Neutral);
-        row.histogram = Some(hist[i].clone());
-        rows.push(row);
-    }
+    })
+    .await?;
+    let rows = labels
+        .iter()
+        .enumerate()
+        .map(|(i, label)| {
+            let mut row = m.row(i, label, Unit::Op);
+            m.push_costs(&mut row, i, Unit::Op);
+            row.push(
+                "busy %",
+                m.busy[i] as f64 / m.ops[i].max(1) as f64 * 100.0,
+                Better::Neutral,
+            );
+            row
+        })
+        .collect();
     Ok(ScenarioResult {
         name: "uncontended-postgres",
         title: format!(
@@ -410,7 +306,7 @@ pub async fn run(env: &PgEnv) -> Result<ScenarioResult> {
         ),
         notes: vec![
             server_note(env),
-            cpu_note,
+            m.cpu_note,
             "backend cpu: utime + stime of the connection's backend process (clock ticks: coarse at --quick sizes); the WAL writer's and the kernel's flush work are not in it".to_owned(),
             "distlock's SQL by hand: its schema's acquire and release functions with the parameters it sends for an uncontended cycle, on one connection, prepared once (as a hand-written client would) or unnamed (parsed and planned with each call, as distlock sends them so that transaction-mode poolers work); the two rows' difference is what unnamed statements cost".to_owned(),
             "sqlx's acquire is a blocking pg_advisory_lock, its release pg_advisory_unlock: the advisory floor's two statements, unprepared by the caller but cached by sqlx; it is the last reference, so distlock's ratio to it is in its row".to_owned(),

@@ -69,22 +69,6 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
     let seconds = started.elapsed().as_secs_f64();
     env.flush().await?;
 
-    let row = |label: &str, h: &Histogram<u64>| {
-        let mut row = Row::new(label);
-        row.push(
-            "handoff p50 us",
-            us(h.value_at_quantile(0.5)),
-            Better::Lower,
-        )
-        .push(
-            "handoff p99 us",
-            us(h.value_at_quantile(0.99)),
-            Better::Lower,
-        )
-        .push("handoffs", h.len() as f64, Better::Neutral);
-        row.histogram = Some(h.clone());
-        row
-    };
     Ok(ScenarioResult {
         name: "fresh-handoff",
         title: format!(
@@ -106,6 +90,24 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
             Check::AtMost(1.2),
         )],
     })
+}
+
+/// A row of hand-off latencies: p50, p99 and their count.
+pub(super) fn row(label: &str, h: &Histogram<u64>) -> Row {
+    let mut row = Row::new(label);
+    row.push(
+        "handoff p50 us",
+        us(h.value_at_quantile(0.5)),
+        Better::Lower,
+    )
+    .push(
+        "handoff p99 us",
+        us(h.value_at_quantile(0.99)),
+        Better::Lower,
+    )
+    .push("handoffs", h.len() as f64, Better::Neutral);
+    row.histogram = Some(h.clone());
+    row
 }
 
 /// Records `d` in `h` (nanoseconds, at least 1).

@@ -67,7 +67,9 @@ async fn take_all(manager: &LockManager, n: usize) -> Result<Vec<LockGuard>> {
     Ok(guards)
 }
 
-async fn release_all(guards: Vec<LockGuard>) -> Result<()> {
+/// Releases `guards` from [`TASKS`] tasks at once; a lost lease's error is
+/// ignored (the callers count lost leases before).
+pub(super) async fn release_all(guards: Vec<LockGuard>) -> Result<()> {
     let mut chunks: Vec<Vec<LockGuard>> = (0..TASKS).map(|_| Vec::new()).collect();
     for (i, g) in guards.into_iter().enumerate() {
         chunks[i % TASKS].push(g);

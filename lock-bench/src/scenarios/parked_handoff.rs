@@ -32,9 +32,9 @@ use hdrhistogram::Histogram;
 
 use crate::error::Result;
 use crate::floor::Floor;
-use crate::report::{new_histogram, us, Better, Check, Row, ScenarioResult, Target};
+use crate::report::{new_histogram, Check, ScenarioResult, Target};
 use crate::scenarios::common::{manager, Env, LEASE};
-use crate::scenarios::fresh_handoff::{distlock_round, floor_round, record};
+use crate::scenarios::fresh_handoff::{distlock_round, floor_round, record, row};
 
 /// Longest a waiter may take; a round that takes longer is an error.
 const ROUND_LIMIT: Duration = Duration::from_secs(5);
@@ -63,24 +63,6 @@ pub fn rounds(env: &Env) -> (usize, usize) {
     } else {
         (1_000, 50)
     }
-}
-
-/// A row of hand-off latencies: p50, p99 and their count.
-pub fn row(label: &str, h: &Histogram<u64>) -> Row {
-    let mut row = Row::new(label);
-    row.push(
-        "handoff p50 us",
-        us(h.value_at_quantile(0.5)),
-        Better::Lower,
-    )
-    .push(
-        "handoff p99 us",
-        us(h.value_at_quantile(0.99)),
-        Better::Lower,
-    )
-    .push("handoffs", h.len() as f64, Better::Neutral);
-    row.histogram = Some(h.clone());
-    row
 }
 
 /// The targets: distlock's never-waited holder against the floor (0.90x on
@@ -116,22 +98,19 @@ pub fn targets(env: &Env) -> Vec<Target> {
     ]
 }
 
-pub async fn run(env: &Env) -> Result<ScenarioResult> {
-    env.flush().await?;
-    let (rounds, warmup) = rounds(env);
-    let ahead = ahead(env);
-
-    let holder = Floor::connect(&env.target).await?;
-    let waiter = Floor::connect(&env.target).await?;
-    let _subscription = waiter
-        .subscribe(&env.url, &[], Some("floor:wake:*"))
+/// `c` waits once before the measurement, for `holder`'s hold of a warm-up
+/// key: its manager has then heard a hand-off's notice and been handed a
+/// lock, as the "waited before" row's holder must have.
+pub async fn wait_once(
+    holder: &distlock::LockManager,
+    c: &distlock::LockManager,
+    ahead: Duration,
+) -> Result<()> {
+    let warm = holder
+        .lock("bench:parked:warm")
+        .lease(LEASE)
+        .acquire()
         .await?;
-    // A only ever holds; B only ever waits; C waits once (for B) before the
-    // measurement, then only holds.
-    let a = manager(&env.target).await?;
-    let b = manager(&env.target).await?;
-    let c = manager(&env.target).await?;
-    let warm = b.lock("bench:parked:warm").lease(LEASE).acquire().await?;
     let c_waits = {
         let c = c.clone();
         tokio::spawn(async move {
@@ -147,13 +126,80 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
     tokio::time::sleep(ahead).await;
     warm.release().await?;
     tokio::time::timeout(ROUND_LIMIT, c_waits).await???;
+    Ok(())
+}
 
-    let mut floor = new_histogram()?;
-    let mut never = new_histogram()?;
-    let mut waited = new_histogram()?;
-    let mut rng = fastrand::Rng::with_seed(11);
+/// The three rows' hand-off latencies: the floor's, distlock's with a holder
+/// whose manager never waited, and with one whose manager waited before.
+pub struct Latencies {
+    floor: Histogram<u64>,
+    never: Histogram<u64>,
+    waited: Histogram<u64>,
+}
+
+/// Runs `warmup + rounds` rounds of `round`, which runs round r's floor,
+/// never-waited and waited hand-offs, in that order, and returns their
+/// latencies; those past the warm-up, and the seconds the rounds took.
+pub async fn measure(
+    warmup: usize,
+    rounds: usize,
+    mut round: impl AsyncFnMut(usize) -> Result<[Duration; 3]>,
+) -> Result<(Latencies, f64)> {
+    let mut l = Latencies {
+        floor: new_histogram()?,
+        never: new_histogram()?,
+        waited: new_histogram()?,
+    };
     let started = Instant::now();
-    for round in 0..warmup + rounds {
+    for r in 0..warmup + rounds {
+        let [f, n, w] = round(r).await?;
+        if r >= warmup {
+            record(&mut l.floor, f)?;
+            record(&mut l.never, n)?;
+            record(&mut l.waited, w)?;
+        }
+    }
+    Ok((l, started.elapsed().as_secs_f64()))
+}
+
+/// The scenario's result: its rows and targets, under `title` and `notes`
+/// (which say where the waiters ran).
+pub fn result(env: &Env, title: String, notes: Vec<String>, l: &Latencies) -> ScenarioResult {
+    ScenarioResult {
+        // Under --processes, the run's variant (`procsN`) follows in the
+        // results file's name.
+        name: "parked-handoff",
+        title,
+        notes,
+        rows: vec![
+            row(FLOOR_LABEL, &l.floor),
+            row(DISTLOCK_LABEL, &l.never),
+            row(WAITED_LABEL, &l.waited),
+        ],
+        references: 1,
+        targets: targets(env),
+    }
+}
+
+pub async fn run(env: &Env) -> Result<ScenarioResult> {
+    env.flush().await?;
+    let (rounds, warmup) = rounds(env);
+    let ahead = ahead(env);
+
+    let holder = Floor::connect(&env.target).await?;
+    let waiter = Floor::connect(&env.target).await?;
+    let _subscription = waiter
+        .subscribe(&env.url, &[], Some("floor:wake:*"))
+        .await?;
+    // A only ever holds; B only ever waits; C waits once (for B) before the
+    // measurement, then only holds.
+    let a = manager(&env.target).await?;
+    let b = manager(&env.target).await?;
+    let c = manager(&env.target).await?;
+    wait_once(&b, &c, ahead).await?;
+
+    let mut rng = fastrand::Rng::with_seed(11);
+    let (latencies, seconds) = measure(warmup, rounds, async |round| {
         let f = floor_round(
             &holder,
             &waiter,
@@ -164,32 +210,22 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
         .await?;
         let n = distlock_round(&a, &b, &format!("bench:parked:a{round}"), ahead).await?;
         let w = distlock_round(&c, &b, &format!("bench:parked:c{round}"), ahead).await?;
-        if round >= warmup {
-            record(&mut floor, f)?;
-            record(&mut never, n)?;
-            record(&mut waited, w)?;
-        }
-    }
-    let seconds = started.elapsed().as_secs_f64();
+        Ok([f, n, w])
+    })
+    .await?;
     env.flush().await?;
 
-    Ok(ScenarioResult {
-        name: "parked-handoff",
-        title: format!(
+    Ok(result(
+        env,
+        format!(
             "a hand-off to a parked waiter of another manager, unpinned: the waiter starts {} ms before the release; {rounds} rounds each (after {warmup} warm-up), the three rows alternating, {seconds:.1} s",
             ahead.as_secs_f64() * 1e3
         ),
-        notes: vec![
+        vec![
             "hand-off: from the start of the holder's release to the waiter holding the lock; nothing pinned to a CPU".to_owned(),
             "floor: the waiter in a task of its own, subscribed in advance (a pattern over every key's wake-up channel), SET NX busy, marks the lock with distlock's acquire script, and takes it with SET NX when the release's message arrives".to_owned(),
             "distlock: the holder's manager never waited (it hears its waiter's notice on the hand-off channel it listens on since its first acquisition); the waiter, another manager's, queues and is handed the lock by the release's message".to_owned(),
         ],
-        rows: vec![
-            row(FLOOR_LABEL, &floor),
-            row(DISTLOCK_LABEL, &never),
-            row(WAITED_LABEL, &waited),
-        ],
-        references: 1,
-        targets: targets(env),
-    })
+        &latencies,
+    ))
 }

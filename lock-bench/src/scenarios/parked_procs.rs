@@ -30,7 +30,6 @@
 //! of µs) is the size of the loopback hand-off itself; subtracting a
 //! median leaves that spread in every round.
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
@@ -38,13 +37,10 @@ use tokio::process::{Child, ChildStdin, ChildStdout};
 
 use crate::error::{bail, context, BenchError, BoxError, Result};
 use crate::floor::{Attempt, Floor, Names, Target};
-use crate::report::{new_histogram, ScenarioResult};
+use crate::report::ScenarioResult;
 use crate::scenarios::common::{manager, owner_token, Env, LEASE, LEASE_MS};
-use crate::scenarios::fresh_handoff::record;
-use crate::scenarios::parked_handoff::{
-    ahead, rounds, row, targets, DISTLOCK_LABEL, FLOOR_LABEL, WAITED_LABEL,
-};
-use crate::scenarios::processes::now;
+use crate::scenarios::parked_handoff::{ahead, measure, result, rounds, wait_once};
+use crate::scenarios::processes::{now, spawn_self};
 
 /// Longest a waiter may take; a round that takes longer is an error.
 const ROUND_LIMIT: Duration = Duration::from_secs(5);
@@ -165,26 +161,17 @@ struct Worker {
 impl Worker {
     /// Starts worker `process` and waits for its `ready`.
     async fn spawn(env: &Env, process: usize) -> Result<Worker> {
-        let exe = std::env::current_exe().map_err(context("finding the bench's own executable"))?;
         let args = WorkerArgs {
             url: env.url.clone(),
             process: process as u32,
             direct_lane: crate::scenarios::common::direct_lane(),
         };
-        let mut child = tokio::process::Command::new(&exe)
-            .args(args.to_args())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(context("starting a parked worker process"))?;
-        let stdin = child.stdin.take().ok_or("a worker without stdin")?;
-        let stdout = child.stdout.take().ok_or("a worker without stdout")?;
+        let (child, stdin, lines) = spawn_self(&args.to_args(), "a parked worker process")?;
         let mut worker = Worker {
             process,
             child,
             stdin,
-            lines: BufReader::new(stdout).lines(),
+            lines,
         };
         let line = worker.next_line(START_LIMIT).await?;
         if line != "ready" {
@@ -312,29 +299,10 @@ pub async fn run(env: &Env, processes: usize) -> Result<ScenarioResult> {
     // only holds.
     let a = manager(&env.target).await?;
     let c = manager(&env.target).await?;
-    let warm = a.lock("bench:parked:warm").lease(LEASE).acquire().await?;
-    let c_waits = {
-        let c = c.clone();
-        tokio::spawn(async move {
-            c.lock("bench:parked:warm")
-                .lease(LEASE)
-                .acquire()
-                .await?
-                .release()
-                .await?;
-            Ok::<_, BoxError>(())
-        })
-    };
-    tokio::time::sleep(ahead).await;
-    warm.release().await?;
-    tokio::time::timeout(ROUND_LIMIT, c_waits).await???;
+    wait_once(&a, &c, ahead).await?;
 
-    let mut floor = new_histogram()?;
-    let mut never = new_histogram()?;
-    let mut waited = new_histogram()?;
     let mut rng = fastrand::Rng::with_seed(11);
-    let started = std::time::Instant::now();
-    for round in 0..warmup + rounds {
+    let (latencies, seconds) = measure(warmup, rounds, async |round| {
         let worker = &mut workers[round % processes];
         let f = floor_round(
             &holder,
@@ -346,39 +314,28 @@ pub async fn run(env: &Env, processes: usize) -> Result<ScenarioResult> {
         .await?;
         let n = distlock_round(&a, worker, &format!("bench:parked:a{round}"), ahead).await?;
         let w = distlock_round(&c, worker, &format!("bench:parked:c{round}"), ahead).await?;
-        if round >= warmup {
-            record(&mut floor, f)?;
-            record(&mut never, n)?;
-            record(&mut waited, w)?;
-        }
-    }
-    let seconds = started.elapsed().as_secs_f64();
+        Ok([f, n, w])
+    })
+    .await?;
     for worker in workers {
         worker.finish().await?;
     }
     env.flush().await?;
 
-    Ok(ScenarioResult {
-        // The run's variant (`procsN`) follows in the results file's name.
-        name: "parked-handoff",
-        title: format!(
+    Ok(result(
+        env,
+        format!(
             "a hand-off to a parked waiter in another OS process ({processes} worker process{}, each the bench re-executed with its own manager and floor client; round r's waiters in worker r mod {processes}), unpinned: the waiter starts {} ms before the release; {rounds} rounds each (after {warmup} warm-up), the three rows alternating, {seconds:.1} s",
             if processes == 1 { "" } else { "es" },
             ahead.as_secs_f64() * 1e3
         ),
-        notes: vec![
+        vec![
             "hand-off: from the start of the holder's release (in the bench's process) to the waiter holding the lock (in a worker's); both ends read CLOCK_MONOTONIC, one clock across the processes; nothing pinned to a CPU".to_owned(),
             "floor: the worker's waiter in a task of its own, subscribed in advance (a pattern over every key's wake-up channel), SET NX busy, marks the lock with distlock's acquire script, and takes it with SET NX when the release's message arrives".to_owned(),
             "distlock: the holder's manager never waited (or, last row, waited once before); the waiter, the worker's manager (it acquired once before the rounds), queues and is handed the lock by the release's message".to_owned(),
         ],
-        rows: vec![
-            row(FLOOR_LABEL, &floor),
-            row(DISTLOCK_LABEL, &never),
-            row(WAITED_LABEL, &waited),
-        ],
-        references: 1,
-        targets: targets(env),
-    })
+        &latencies,
+    ))
 }
 
 #[cfg(test)]

@@ -33,7 +33,8 @@ use std::io::{BufRead, Write};
 use std::process::Stdio;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdin, ChildStdout};
 
 use crate::error::{bail, context, BoxError, Result};
 use crate::report::{new_histogram, us, Better, Check, Row, ScenarioResult, Target};
@@ -240,7 +241,6 @@ async fn round(
     keys: usize,
     duration: Duration,
 ) -> Result<Vec<Event>> {
-    let exe = std::env::current_exe().map_err(context("finding the bench's own executable"))?;
     let mut children = Vec::new();
     for p in 0..processes {
         let args = WorkerArgs {
@@ -252,16 +252,7 @@ async fn round(
             process: p as u32,
             direct_lane: crate::scenarios::common::direct_lane(),
         };
-        let mut child = tokio::process::Command::new(&exe)
-            .args(args.to_args())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(context("starting a worker process"))?;
-        let stdin = child.stdin.take().ok_or("a worker without stdin")?;
-        let stdout = BufReader::new(child.stdout.take().ok_or("a worker without stdout")?);
-        let mut lines = stdout.lines();
+        let (child, stdin, mut lines) = spawn_self(&args.to_args(), "a worker process")?;
         children.push((child, stdin, lines_ready(&mut lines).await.map(|()| lines)?));
     }
     // Every worker is connected and waiting: start them together.
@@ -290,9 +281,26 @@ async fn round(
     Ok(events)
 }
 
-async fn lines_ready(
-    lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
-) -> Result<()> {
+/// The bench's own executable started as a worker (`args`, its mode first),
+/// its stdin and stdout piped, killed if dropped; `what` names it in errors.
+pub(super) fn spawn_self(
+    args: &[String],
+    what: &str,
+) -> Result<(Child, ChildStdin, Lines<BufReader<ChildStdout>>)> {
+    let exe = std::env::current_exe().map_err(context("finding the bench's own executable"))?;
+    let mut child = tokio::process::Command::new(&exe)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(context(&format!("starting {what}")))?;
+    let stdin = child.stdin.take().ok_or("a worker without stdin")?;
+    let stdout = child.stdout.take().ok_or("a worker without stdout")?;
+    Ok((child, stdin, BufReader::new(stdout).lines()))
+}
+
+async fn lines_ready(lines: &mut Lines<BufReader<ChildStdout>>) -> Result<()> {
     match lines.next_line().await? {
         Some(l) if l == "ready" => Ok(()),
         other => bail!("a worker did not start (said {other:?}); its error is on stderr above"),

@@ -201,23 +201,8 @@ async fn distlock_row(env: &Env, p: &Params) -> Result<Row> {
     }
     let window = measure_window(env, &proxy, p).await?;
     let lost = guards.iter().filter(|g| g.is_lost()).count();
-    // Release, 64 at a time.
-    let mut handles = Vec::new();
-    let mut chunks: Vec<Vec<LockGuard>> = (0..TASKS).map(|_| Vec::new()).collect();
-    for (i, g) in guards.into_iter().enumerate() {
-        chunks[i % TASKS].push(g);
-    }
-    for chunk in chunks {
-        handles.push(tokio::spawn(async move {
-            for g in chunk {
-                // A lost lease reports Lost here; it is counted above.
-                let _ = g.release().await;
-            }
-        }));
-    }
-    for h in handles {
-        h.await?;
-    }
+    // Release, 64 at a time; a lost lease reports Lost there, counted above.
+    super::memory::release_all(guards).await?;
     Ok(row(Kind::Distlock.label(), p, &window, lost))
 }
 
