@@ -345,8 +345,8 @@ async fn a_cancelled_waiter_withdraws_and_the_next_gets_the_lock_directly() {
 
 /// From the release to the new holder: one EVALSHA (the release, which hands
 /// the lock off and publishes), and no acquire call by the waiter (its first
-/// renewal, which brings the hand-off's short TTL up to its lease, may come
-/// right after). A waiter's
+/// renewal, which brings the hand-off's short TTL up to its lease, comes a
+/// second later). A waiter's
 /// periodic refresh (every 0.4 to 0.8 s) may fall into the measured window,
 /// so up to three cycles are measured and one clean one is required.
 #[tokio::test]
@@ -403,17 +403,19 @@ async fn the_handoff_costs_the_new_holder_no_round_trip() {
         let _ = done_tx.send(());
         waiter.await.unwrap();
         // Every acquire script starts with TIME (the server clock); so does the
-        // release. The new holder's first renewal (GET + PEXPIRE, no TIME) may
-        // follow at once: the hand-off's TTL is the 3 s queue lease, renewed
-        // a third of it after the waiter's last attempt.
-        if calls.get("time") == Some(&1) {
-            assert_eq!(calls.get("publish"), Some(&1), "{calls:#?}");
-            let renewals = calls.get("pexpire").copied().unwrap_or(0);
-            assert!(renewals <= 1, "{calls:#?}");
-            assert!(
-                calls.get("evalsha").copied().unwrap_or(0) <= 1 + 2 * renewals,
-                "only the release and the renewal: {calls:#?}"
-            );
+        // release. The new holder's first renewal (GET + PEXPIRE, no TIME) is
+        // due a third of the hand-off's TTL (the 3 s queue lease) after the
+        // waiter's last attempt, which a slow machine may bring into the
+        // window. A cycle is not clean when the holder's manager missed its
+        // waiter's notice (sent before its hand-off channel was subscribed,
+        // in the background, at its first acquisition): its release then
+        // tries release_free.lua first (one more EVALSHA, a GET alone).
+        let renewals = calls.get("pexpire").copied().unwrap_or(0);
+        if calls.get("time") == Some(&1)
+            && calls.get("publish") == Some(&1)
+            && renewals <= 1
+            && calls.get("evalsha").copied().unwrap_or(0) <= 1 + renewals
+        {
             return;
         }
         seen.push(calls);
