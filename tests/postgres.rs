@@ -774,6 +774,73 @@ fn postgres_shared_holds_dropped_as_their_runtime_ends_are_released() {
     });
 }
 
+/// A waiting acquisition of a busy default lock queues up with its first
+/// statement (on PostgreSQL a try and a queued attempt are the same function
+/// call), and the hand-off makes it the holder with no statement of its own:
+/// from its start to holding, one `acquire` in all. A try first, then the
+/// queueing, would be two, and would leave a gap in which the holder could
+/// release to nobody and take the lock again ahead of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_waiter_queues_with_its_first_statement() {
+    let pg = PostgresServer::builder()
+        .setting("log_statement", "all")
+        .start()
+        .unwrap();
+    // No sweep statement may fall between the counts.
+    let mut managers = Vec::new();
+    for _ in 0..2 {
+        let m = LockManager::builder(&pg.url())
+            .postgres_sweep_interval(Duration::from_secs(3600))
+            .build()
+            .await
+            .unwrap();
+        managers.push(m);
+    }
+    let (a, b) = (managers[0].clone(), managers[1].clone());
+    // Each manager's listening connection, and its statements, warmed up.
+    for m in [&a, &b] {
+        m.lock("warm")
+            .acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    let holder = a.lock("busy").acquire().await.unwrap();
+    let before = common::distlock_statements_logged(&pg, "acquire");
+    let waiter = tokio::spawn({
+        let b = b.clone();
+        async move {
+            let guard = b
+                .lock("busy")
+                .wait(Duration::from_secs(20))
+                .acquire()
+                .await
+                .unwrap();
+            guard.release().await.unwrap();
+        }
+    });
+    let in_queue = eventually(Duration::from_secs(10), async || {
+        a.inspect("busy")
+            .await
+            .unwrap()
+            .is_some_and(|i| i.waited_for)
+    })
+    .await;
+    assert!(in_queue.is_some(), "the waiter never queued");
+    assert_eq!(
+        common::distlock_statements_logged(&pg, "acquire") - before,
+        1,
+        "the waiter's first statement queues it"
+    );
+    holder.release().await.unwrap();
+    waiter.await.unwrap();
+    // A queue refresh (every 0.4-0.8 s) may fall between; none is needed.
+    let spent = common::distlock_statements_logged(&pg, "acquire") - before;
+    assert!(spent <= 2, "{spent} acquire statements for one hand-off");
+}
+
 /// An uncontended cycle of each shared kind (a read hold, a write hold with
 /// its token on demand, a weighted permit hold, a counting semaphore's
 /// acquire and release) costs one statement per operation, as on Redis one

@@ -599,15 +599,16 @@ impl Acquisition<'_> {
                     Attempt::Busy(_) => Err(self.timeout()),
                 };
             }
-            // First one attempt that does not queue: a free lock is taken without
-            // subscribing to its channel (a subscribe and an unsubscribe per cycle
-            // otherwise). It cannot overtake a queued waiter: the script serves
-            // the queue's head first. A busy lock costs this one attempt more, so
-            // it is skipped when another acquisition of this manager already
-            // waits for the lock: the channel is subscribed, and the lock is
-            // almost surely busy (under contention, one script per acquisition
-            // fewer).
-            if !self.core.subscriber.has_queued(&self.keys.lock) {
+            // First one attempt that does not queue, where the store makes that
+            // cheaper (see `Backend::queues_at_first_attempt`): a free lock is
+            // taken by a plain `SET NX`. It cannot overtake a queued waiter: the
+            // script serves the queue's head first. A busy lock costs this one
+            // attempt more, so it is skipped when another acquisition of this
+            // manager already waits for the lock: the lock is almost surely busy
+            // (under contention, one script per acquisition fewer).
+            if !self.core.backend.queues_at_first_attempt()
+                && !self.core.subscriber.has_queued(&self.keys.lock)
+            {
                 if let Attempt::Acquired {
                     fencing_token,
                     sent_at,
@@ -746,7 +747,9 @@ impl Acquisition<'_> {
         // already ours).
         let channel = &core.handoff_channel;
         let registration = core.subscriber.register(channel, 1);
-        let _counted = telemetry::waiting(self.hold.metrics_label);
+        // Counted as waiting from the first busy attempt: the first attempt
+        // may be the acquisition's first (see `run`), and find the lock free.
+        let mut counted = None;
         let _queued = core.subscriber.queue_here(&self.keys.lock);
         let handoff = core.subscriber.expect_handoff(&self.owner);
         self.waiting = true;
@@ -764,6 +767,7 @@ impl Acquisition<'_> {
                 }
                 Attempt::Busy(remaining) => remaining,
             };
+            counted.get_or_insert_with(|| telemetry::waiting(self.hold.metrics_label));
             let now = Instant::now();
             if now >= deadline {
                 // Out of the queue before the caller hears of the timeout, so that

@@ -657,6 +657,23 @@ impl Backend {
         }
     }
 
+    /// Whether a waiting acquisition of the default lock queues up from its
+    /// first attempt. On Redis a first try without a token is a plain
+    /// `SET NX` rather than the queueing script, cheaper for a lock that is
+    /// most often free, so it goes first and the queueing attempt follows if
+    /// the lock is busy. On PostgreSQL both are one call of the same
+    /// function, equal in cost when the lock is free; queueing at once saves
+    /// a busy lock its second statement, and leaves no gap between the try
+    /// and the queueing in which the holder can release to nobody and take
+    /// the lock again ahead of this waiter.
+    pub(crate) fn queues_at_first_attempt(&self) -> bool {
+        match self {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(_) => true,
+            _ => false,
+        }
+    }
+
     /// Whether this manager's listening connections hear what the store
     /// pushes: false once one was found deaf (PostgreSQL behind a
     /// transaction-mode pooler, without `postgres_listen_url`); Redis always
