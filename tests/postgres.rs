@@ -841,6 +841,85 @@ async fn postgres_a_waiter_queues_with_its_first_statement() {
     assert!(spent <= 2, "{spent} acquire statements for one hand-off");
 }
 
+/// A waiting acquisition's attempt that finds the lock held and only queues
+/// the waiter commits without waiting for its flush, so it does not hold the
+/// key's advisory lock (and the holder's release) through one. Shown with a
+/// synchronous standby that never answers: a commit that waits for its flush
+/// waits for that standby too, and stays invisible meanwhile; the queue
+/// entry is visible at once, and the waiter is still waiting (no command
+/// timeout), while a grant would hang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_an_attempt_that_only_queues_does_not_wait_for_its_flush() {
+    let pg = PostgresServer::start().unwrap();
+    let mut managers = Vec::new();
+    for _ in 0..2 {
+        // No sweep may commit while commits hang.
+        let m = LockManager::builder(&pg.url())
+            .postgres_sweep_interval(Duration::from_secs(3600))
+            .command_timeout(Duration::from_secs(2))
+            .build()
+            .await
+            .unwrap();
+        m.lock("warm")
+            .acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+        managers.push(m);
+    }
+    let holder = managers[0].lock("held").acquire().await.unwrap();
+    let db = sql_client(&pg.url()).await;
+    let hang_commits = async |names: &str| {
+        db.batch_execute(&format!(
+            "ALTER SYSTEM SET synchronous_standby_names = '{names}'"
+        ))
+        .await
+        .unwrap();
+        db.batch_execute("SELECT pg_reload_conf()").await.unwrap();
+        // In effect once a new session sees it.
+        let seen = eventually(Duration::from_secs(5), async || {
+            let fresh = sql_client(&pg.url()).await;
+            let now: String = fresh
+                .query_one("SHOW synchronous_standby_names", &[])
+                .await
+                .unwrap()
+                .get(0);
+            now == names
+        })
+        .await;
+        assert!(
+            seen.is_some(),
+            "synchronous_standby_names never became {names:?}"
+        );
+    };
+    hang_commits("nobody").await;
+    let waiter = tokio::spawn({
+        let m = managers[1].clone();
+        async move {
+            m.lock("held")
+                .wait(Duration::from_secs(30))
+                .acquire()
+                .await
+                .map(|g| g.issued_fencing_token())
+        }
+    });
+    // Within the 2 s command timeout: a commit waiting for the standby would
+    // neither be visible nor return before it.
+    let entry = eventually(Duration::from_millis(1500), async || queued(&db).await == 1).await;
+    assert!(entry.is_some(), "the queue entry is not visible");
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(!waiter.is_finished(), "{:?}", waiter.await);
+    hang_commits("").await;
+    holder.release().await.unwrap();
+    let handed = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the hand-off")
+        .unwrap();
+    assert!(handed.is_ok(), "{handed:?}");
+}
+
 /// An uncontended cycle of each shared kind (a read hold, a write hold with
 /// its token on demand, a weighted permit hold, a counting semaphore's
 /// acquire and release) costs one statement per operation, as on Redis one

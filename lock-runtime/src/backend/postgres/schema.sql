@@ -160,6 +160,17 @@ BEGIN
       o_status := 1; o_token := r.token; o_remaining_ms := 0;
       RETURN;
     END IF;
+    IF p_waiting THEN
+      -- Held by another, and this call grants nothing: it only queues the
+      -- caller (and marks the lock waited for). That commit need not wait
+      -- for its WAL flush, which would hold the key's advisory lock, and so
+      -- the holder's release, for the flush. Lost in a crash, the entry is
+      -- made again by the waiter's next attempt; a later commit that relied
+      -- on it (a hand-off to this waiter) flushes it first, as WAL is
+      -- flushed in order. A call that grants or hands the lock on commits
+      -- as the session does.
+      PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
   ELSE
     DELETE FROM __SCHEMA__.waiters WHERE name = p_name AND expires_at <= v_now;
     SELECT w.owner INTO v_head FROM __SCHEMA__.waiters w WHERE w.name = p_name
