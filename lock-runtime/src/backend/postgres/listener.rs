@@ -9,13 +9,13 @@
 //! attempt finds a lock already handed to it).
 
 use std::collections::{HashMap, VecDeque};
+use std::future::Future;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use tokio::sync::mpsc;
 use tokio_postgres::{AsyncMessage, Client, Notification};
 
-use super::channel_ident;
+use super::{channel_ident, Messages};
 use crate::backend::messages::Message;
 use crate::error::{BackendError, BackendErrorKind};
 
@@ -25,10 +25,21 @@ pub(crate) fn probe_channel() -> String {
     format!("distlock_probe_{:016x}", rand::random::<u64>())
 }
 
-/// One LISTEN connection.
+/// One LISTEN connection, driven by whoever calls its methods (the
+/// subscriber's task), not by a task of its own: a notification goes from
+/// the socket to the subscriber with no task between them, one wake-up
+/// fewer on every hand-off. Between calls nothing reads the socket, and
+/// notifications wait in it (and in the server's queue).
 pub(crate) struct Listener {
     client: Client,
-    notifications: mpsc::UnboundedReceiver<Notification>,
+    /// The connection's messages: reading them is what drives the
+    /// connection, also for the commands `client` sends.
+    messages: Messages,
+    /// The connection closed (or failed): no more messages.
+    closed: bool,
+    /// Notifications read while a command was waited for, not yet handed
+    /// out.
+    read: VecDeque<Notification>,
     /// Identifier -> the logical channels subscribed under it (one, unless
     /// two names share a hash).
     names: HashMap<String, Vec<String>>,
@@ -39,12 +50,40 @@ pub(crate) struct Listener {
     /// through this connection would only leave listening sessions in a
     /// pooler's pool, so nothing is subscribed.
     deaf: bool,
-    driver: tokio::task::JoinHandle<()>,
 }
 
-impl Drop for Listener {
-    fn drop(&mut self) {
-        self.driver.abort();
+/// Reads one message of `messages` into `read` (a notification) or `closed`
+/// (the end, or an error). Cancel-safe: a message is taken off the stream
+/// only when it is ready, and then kept.
+async fn read_one(messages: &mut Messages, read: &mut VecDeque<Notification>, closed: &mut bool) {
+    match messages.next().await {
+        Some(Ok(AsyncMessage::Notification(n))) => read.push_back(n),
+        Some(Ok(_)) => {}
+        Some(Err(e)) => {
+            tracing::debug!(target: "distlock::postgres", error = %e,
+                "listening connection closed");
+            *closed = true;
+        }
+        None => *closed = true,
+    }
+}
+
+/// Runs `command` (a call on the listener's client) while reading the
+/// connection's messages, which carries the command to the server and its
+/// reply back; the notifications read meanwhile are kept in `read`.
+async fn driven<T>(
+    messages: &mut Messages,
+    read: &mut VecDeque<Notification>,
+    closed: &mut bool,
+    command: impl Future<Output = T>,
+) -> T {
+    let mut command = std::pin::pin!(command);
+    loop {
+        tokio::select! {
+            biased;
+            done = &mut command => return done,
+            () = read_one(messages, read, closed), if !*closed => {}
+        }
     }
 }
 
@@ -53,14 +92,13 @@ fn broken(e: tokio_postgres::Error) -> BackendError {
 }
 
 impl Listener {
-    /// Connects with `pg` through `connector` within `timeout` and starts
-    /// the task that drives the connection.
+    /// Connects with `pg` through `connector` within `timeout`.
     pub(crate) async fn connect(
         connector: &super::Connector,
         pg: tokio_postgres::Config,
         timeout: Duration,
     ) -> Result<Listener, BackendError> {
-        let (client, mut messages) = tokio::time::timeout(timeout, connector.connect(&pg))
+        let (client, messages) = tokio::time::timeout(timeout, connector.connect(&pg))
             .await
             .map_err(|_| {
                 BackendError::new(
@@ -69,32 +107,28 @@ impl Listener {
                 )
             })?
             .map_err(broken)?;
-        let (tx, notifications) = mpsc::unbounded_channel();
-        let driver = tokio::spawn(async move {
-            while let Some(message) = messages.next().await {
-                match message {
-                    Ok(AsyncMessage::Notification(n)) => {
-                        if tx.send(n).is_err() {
-                            return;
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        tracing::debug!(target: "distlock::postgres", error = %e,
-                            "listening connection closed");
-                        return;
-                    }
-                }
-            }
-        });
         Ok(Listener {
             client,
-            notifications,
+            messages,
+            closed: false,
+            read: VecDeque::new(),
             names: HashMap::new(),
             pending: VecDeque::new(),
             deaf: false,
-            driver,
         })
+    }
+
+    /// Runs `sql` on this listener's client, driving the connection
+    /// meanwhile (see [`driven`]).
+    async fn execute(&mut self, sql: &str) -> Result<(), tokio_postgres::Error> {
+        let Listener {
+            client,
+            messages,
+            read,
+            closed,
+            ..
+        } = self;
+        driven(messages, read, closed, client.batch_execute(sql)).await
     }
 
     /// Listens on the probe channel `channel` (an identifier from
@@ -115,8 +149,7 @@ impl Listener {
             )
         };
         let listen_sql = format!("LISTEN {channel}");
-        let listen = self.client.batch_execute(&listen_sql);
-        match tokio::time::timeout(timeout, listen).await {
+        match tokio::time::timeout(timeout, self.execute(&listen_sql)).await {
             Err(_) => return Err(timed_out("LISTEN")),
             Ok(Err(e)) if e.as_db_error().is_some() => {
                 tracing::debug!(target: "distlock::postgres", error = %e, "LISTEN refused");
@@ -125,16 +158,26 @@ impl Listener {
             Ok(Err(e)) => return Err(broken(e)),
             Ok(Ok(())) => {}
         }
-        tokio::time::timeout(timeout, notify)
-            .await
-            .map_err(|_| timed_out("the probe's NOTIFY"))??;
+        let notified = tokio::time::timeout(timeout, notify);
+        driven(
+            &mut self.messages,
+            &mut self.read,
+            &mut self.closed,
+            notified,
+        )
+        .await
+        .map_err(|_| timed_out("the probe's NOTIFY"))??;
         let arrived = tokio::time::timeout(timeout, async {
-            while let Some(n) = self.notifications.recv().await {
-                if n.channel() == channel {
+            loop {
+                if let Some(at) = self.read.iter().position(|n| n.channel() == channel) {
+                    self.read.remove(at);
                     return true;
                 }
+                if self.closed {
+                    return false;
+                }
+                read_one(&mut self.messages, &mut self.read, &mut self.closed).await;
             }
-            false
         })
         .await
         .unwrap_or(false);
@@ -142,15 +185,13 @@ impl Listener {
             // Best effort, not checked: through a transaction-mode pooler
             // this runs on whichever server session is free, most often the
             // one that just listened (pools hand out the last one back).
-            let _ = tokio::time::timeout(timeout, self.client.batch_execute("UNLISTEN *")).await;
+            let _ = tokio::time::timeout(timeout, self.execute("UNLISTEN *")).await;
         } else {
-            tokio::time::timeout(
-                timeout,
-                self.client.batch_execute(&format!("UNLISTEN {channel}")),
-            )
-            .await
-            .map_err(|_| timed_out("UNLISTEN"))?
-            .map_err(broken)?;
+            let unlisten = format!("UNLISTEN {channel}");
+            tokio::time::timeout(timeout, self.execute(&unlisten))
+                .await
+                .map_err(|_| timed_out("UNLISTEN"))?
+                .map_err(broken)?;
         }
         Ok(arrived)
     }
@@ -175,7 +216,8 @@ impl Listener {
         }
         if names.is_empty() {
             // The identifier is `distlock_` and hex digits: nothing to quote.
-            if let Err(e) = self.client.batch_execute(&format!("LISTEN {ident}")).await {
+            let listen = format!("LISTEN {ident}");
+            if let Err(e) = self.execute(&listen).await {
                 self.names.remove(&ident);
                 return Err(broken(e));
             }
@@ -196,10 +238,8 @@ impl Listener {
         names.retain(|n| n != channel);
         if names.is_empty() {
             self.names.remove(&ident);
-            self.client
-                .batch_execute(&format!("UNLISTEN {ident}"))
-                .await
-                .map_err(broken)?;
+            let unlisten = format!("UNLISTEN {ident}");
+            self.execute(&unlisten).await.map_err(broken)?;
         }
         Ok(())
     }
@@ -210,7 +250,13 @@ impl Listener {
             if let Some(message) = self.pending.pop_front() {
                 return Some(message);
             }
-            let n = self.notifications.recv().await?;
+            let Some(n) = self.read.pop_front() else {
+                if self.closed {
+                    return None;
+                }
+                read_one(&mut self.messages, &mut self.read, &mut self.closed).await;
+                continue;
+            };
             if let Some(names) = self.names.get(n.channel()) {
                 for name in names {
                     self.pending.push_back(Message {
