@@ -6,8 +6,10 @@
 //! The protocol is the Redis one, kept so that the waiting layer above is the
 //! same: a waiter queues up in its attempt, a release hands the lock to the
 //! head of the queue and notifies `=<owner>:<token>:<attempt>` on the head's
-//! manager's hand-off channel, the first waiter of a hold notifies
-//! `!<holder>` on the holder's manager's. Logical channel names are mapped to
+//! manager's hand-off channel. Unlike on Redis, the first waiter of a hold
+//! does not notify the holder's manager (`!<holder>`): the one release
+//! function hands over whenever someone queued, so the notice would only
+//! wake every listening session. Logical channel names are mapped to
 //! PostgreSQL identifiers by [`channel_ident`], the one mapping that the SQL
 //! call sites (which pass identifiers as parameters) and the listener share.
 //!

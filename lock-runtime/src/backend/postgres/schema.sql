@@ -208,11 +208,13 @@ BEGIN
       ON CONFLICT (name, owner) DO UPDATE SET expires_at = excluded.expires_at,
         ttl_ms = excluded.ttl_ms, fence = excluded.fence, route = excluded.route,
         handoff = excluded.handoff, attempt = excluded.attempt, holder = excluded.holder;
+    -- Marked, so that the holder's release hands the lock over. Unlike
+    -- acquire.lua, no notice to the holder's manager: one release function
+    -- serves both cases here (the client has no free release to skip), and
+    -- a NOTIFY wakes every listening session of the database and takes the
+    -- instance-wide notification lock at commit.
     IF NOT r.queued THEN
       UPDATE __SCHEMA__.locks SET queued = true WHERE name = p_name;
-      -- The first waiter of a hold tells the holder's manager, so that its
-      -- release hands over at once (see waiting/waited_for.rs).
-      PERFORM pg_notify(r.handoff, '!' || r.owner);
     END IF;
   END IF;
   o_status := 0; o_token := 0;
