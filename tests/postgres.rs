@@ -137,19 +137,16 @@ async fn postgres_fencing_tokens_grow_across_deletion_and_restart() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_an_uncontended_cycle_is_two_statements() {
-    let pg = PostgresServer::builder()
-        .setting("log_statement", "all")
-        .start()
-        .unwrap();
-    // No sweep statement may fall between the two counts.
-    let m = LockManager::builder(&pg.url())
-        .postgres_sweep_interval(Duration::from_secs(3600))
-        .build()
-        .await
-        .unwrap();
-    // Warm up (the manager's first statements, the schema check).
+/// A manager on `url` with no sweep for an hour (so that no sweep statement
+/// falls between a test's counts, nor commits while a test holds commits
+/// up), `command_timeout` if given, after one warm-up cycle (its first
+/// statements, the schema check, the listener and its probe).
+async fn quiet_manager(url: &str, command_timeout: Option<Duration>) -> LockManager {
+    let mut builder = LockManager::builder(url).postgres_sweep_interval(Duration::from_secs(3600));
+    if let Some(timeout) = command_timeout {
+        builder = builder.command_timeout(timeout);
+    }
+    let m = builder.build().await.unwrap();
     m.lock("warm")
         .acquire()
         .await
@@ -157,6 +154,16 @@ async fn postgres_an_uncontended_cycle_is_two_statements() {
         .release()
         .await
         .unwrap();
+    m
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_an_uncontended_cycle_is_two_statements() {
+    let pg = PostgresServer::builder()
+        .setting("log_statement", "all")
+        .start()
+        .unwrap();
+    let m = quiet_manager(&pg.url(), None).await;
     let statements = || common::distlock_statements_logged(&pg, "");
     let before = statements();
     let guard = m.lock("cycle").acquire().await.unwrap();
@@ -786,27 +793,8 @@ async fn postgres_a_waiter_queues_with_its_first_statement() {
         .setting("log_statement", "all")
         .start()
         .unwrap();
-    // No sweep statement may fall between the counts.
-    let mut managers = Vec::new();
-    for _ in 0..2 {
-        let m = LockManager::builder(&pg.url())
-            .postgres_sweep_interval(Duration::from_secs(3600))
-            .build()
-            .await
-            .unwrap();
-        managers.push(m);
-    }
-    let (a, b) = (managers[0].clone(), managers[1].clone());
-    // Each manager's listening connection, and its statements, warmed up.
-    for m in [&a, &b] {
-        m.lock("warm")
-            .acquire()
-            .await
-            .unwrap()
-            .release()
-            .await
-            .unwrap();
-    }
+    let a = quiet_manager(&pg.url(), None).await;
+    let b = quiet_manager(&pg.url(), None).await;
     let holder = a.lock("busy").acquire().await.unwrap();
     let before = common::distlock_statements_logged(&pg, "acquire");
     let waiter = tokio::spawn({
@@ -851,24 +839,11 @@ async fn postgres_a_waiter_queues_with_its_first_statement() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_an_attempt_that_only_queues_does_not_wait_for_its_flush() {
     let pg = PostgresServer::start().unwrap();
-    let mut managers = Vec::new();
-    for _ in 0..2 {
-        // No sweep may commit while commits hang.
-        let m = LockManager::builder(&pg.url())
-            .postgres_sweep_interval(Duration::from_secs(3600))
-            .command_timeout(Duration::from_secs(2))
-            .build()
-            .await
-            .unwrap();
-        m.lock("warm")
-            .acquire()
-            .await
-            .unwrap()
-            .release()
-            .await
-            .unwrap();
-        managers.push(m);
-    }
+    let two_s = Some(Duration::from_secs(2));
+    let managers = [
+        quiet_manager(&pg.url(), two_s).await,
+        quiet_manager(&pg.url(), two_s).await,
+    ];
     let holder = managers[0].lock("held").acquire().await.unwrap();
     let db = sql_client(&pg.url()).await;
     let hang_commits = async |names: &str| {
@@ -930,19 +905,7 @@ async fn postgres_a_cycle_of_each_shared_kind_is_one_statement_per_step() {
         .setting("log_statement", "all")
         .start()
         .unwrap();
-    // No sweep statement may fall between the counts.
-    let m = LockManager::builder(&pg.url())
-        .postgres_sweep_interval(Duration::from_secs(3600))
-        .build()
-        .await
-        .unwrap();
-    m.lock("warm")
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    let m = quiet_manager(&pg.url(), None).await;
     let statements = || common::distlock_statements_logged(&pg, "");
     let mut before = statements();
     let mut spent = || {
