@@ -11,6 +11,13 @@
 -- real time, never now(), which is the start of the transaction. Every
 -- function runs in its own short transaction on distlock's own connections.
 --
+-- Every function that reads a table is PL/pgSQL, even a one-statement read:
+-- PostgreSQL 15 plans the body of a LANGUAGE sql function that it cannot
+-- inline (these are volatile: clock_timestamp()) at every call, about 0.6 ms
+-- for inspect, where PL/pgSQL keeps each statement's plan for the session.
+-- `#variable_conflict use_column`: a name that is both a column and an
+-- output column means the table's column.
+--
 -- The functions that change one lock (acquire, release, force_unlock) first
 -- take a transaction-scoped advisory lock on the key (class 1684826880,
 -- "dlk\0", and hashtext of the lock's name; the two-int4 form, apart from
@@ -87,17 +94,23 @@ CREATE OR REPLACE FUNCTION __SCHEMA__.hand_off(p_name text, p_now timestamptz,
 RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
   w __SCHEMA__.waiters%ROWTYPE;
-  v_token bigint := 0;
+  v_token bigint;
   v_since bigint;
 BEGIN
-  DELETE FROM __SCHEMA__.waiters WHERE name = p_name AND expires_at <= p_now;
-  SELECT * INTO w FROM __SCHEMA__.waiters WHERE name = p_name ORDER BY arrival LIMIT 1;
+  -- One statement drops the expired entries and takes the first live one
+  -- out of the queue: a hand-off sits between a holder's release and its
+  -- waiter, so each statement saved here shortens it.
+  WITH expired AS (
+    DELETE FROM __SCHEMA__.waiters WHERE name = p_name AND expires_at <= p_now
+  ), head AS (
+    SELECT h.owner FROM __SCHEMA__.waiters h
+      WHERE h.name = p_name AND h.expires_at > p_now ORDER BY h.arrival LIMIT 1
+  )
+  DELETE FROM __SCHEMA__.waiters x USING head
+    WHERE x.name = p_name AND x.owner = head.owner
+    RETURNING x.* INTO w;
   IF NOT FOUND THEN
     RETURN false;
-  END IF;
-  DELETE FROM __SCHEMA__.waiters WHERE name = p_name AND owner = w.owner;
-  IF w.fence THEN
-    v_token := nextval('__SCHEMA__.fencing');
   END IF;
   -- Nested, so that a manager without lock events never reads the row.
   IF p_events <> '' THEN
@@ -108,12 +121,13 @@ BEGIN
   v_since := floor(extract(epoch FROM p_now) * 1000)::bigint;
   INSERT INTO __SCHEMA__.locks AS l
       (name, owner, token, expires_at, since_ms, holder, queued, handoff)
-    VALUES (p_name, w.owner, v_token, p_now + w.ttl_ms * interval '1 millisecond',
-      v_since, w.holder,
+    VALUES (p_name, w.owner, CASE WHEN w.fence THEN nextval('__SCHEMA__.fencing') ELSE 0 END,
+      p_now + w.ttl_ms * interval '1 millisecond', v_since, w.holder,
       EXISTS (SELECT 1 FROM __SCHEMA__.waiters WHERE name = p_name), w.handoff)
     ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, token = excluded.token,
       expires_at = excluded.expires_at, since_ms = excluded.since_ms,
-      holder = excluded.holder, queued = excluded.queued, handoff = excluded.handoff;
+      holder = excluded.holder, queued = excluded.queued, handoff = excluded.handoff
+    RETURNING l.token INTO v_token;
   PERFORM pg_notify(w.handoff, '=' || w.owner || ':' || v_token || ':' || w.attempt);
   IF p_events <> '' THEN
     PERFORM __SCHEMA__.lock_event(p_events, p_name,
@@ -147,6 +161,7 @@ DECLARE
   v_now timestamptz;
   v_head text;
   v_found boolean;
+  v_queue boolean;
 BEGIN
   PERFORM pg_advisory_xact_lock(1684826880, hashtext(p_name));
   v_now := clock_timestamp();
@@ -172,16 +187,28 @@ BEGIN
       PERFORM set_config('synchronous_commit', 'off', true);
     END IF;
   ELSE
-    DELETE FROM __SCHEMA__.waiters WHERE name = p_name AND expires_at <= v_now;
+    -- A free lock with an empty queue (every uncontended acquisition) reads
+    -- the queue once; only a queue with entries is cleaned of expired ones
+    -- and read again. The key's transaction lock keeps it as read.
     SELECT w.owner INTO v_head FROM __SCHEMA__.waiters w WHERE w.name = p_name
       ORDER BY w.arrival LIMIT 1;
+    v_queue := FOUND;
+    IF v_queue THEN
+      DELETE FROM __SCHEMA__.waiters WHERE name = p_name AND expires_at <= v_now;
+      v_head := NULL;
+      SELECT w.owner INTO v_head FROM __SCHEMA__.waiters w WHERE w.name = p_name
+        ORDER BY w.arrival LIMIT 1;
+    END IF;
     IF v_head IS NULL OR v_head = p_owner THEN
-      DELETE FROM __SCHEMA__.waiters WHERE name = p_name AND owner = p_owner;
+      IF v_head IS NOT NULL THEN
+        DELETE FROM __SCHEMA__.waiters WHERE name = p_name AND owner = p_owner;
+      END IF;
       o_token := CASE WHEN p_fence THEN nextval('__SCHEMA__.fencing') ELSE 0 END;
       INSERT INTO __SCHEMA__.locks AS l
           (name, owner, token, expires_at, since_ms, holder, queued, handoff)
         VALUES (p_name, p_owner, o_token, v_now + p_lease_ms * interval '1 millisecond',
-          p_since_ms, p_holder, EXISTS (SELECT 1 FROM __SCHEMA__.waiters WHERE name = p_name),
+          p_since_ms, p_holder,
+          v_queue AND EXISTS (SELECT 1 FROM __SCHEMA__.waiters WHERE name = p_name),
           p_handoff)
         ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, token = excluded.token,
           expires_at = excluded.expires_at, since_ms = excluded.since_ms,
@@ -335,7 +362,10 @@ END $$;
 -- per lease, in order: (i, renewed), renewed false when the lock is gone,
 -- expired or another owner's (the holder has lost it).
 CREATE OR REPLACE FUNCTION __SCHEMA__.renew(p_names text[], p_owners text[], p_lease_ms bigint[])
-RETURNS TABLE (i bigint, renewed boolean) LANGUAGE sql AS $$
+RETURNS TABLE (i bigint, renewed boolean) LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+  RETURN QUERY
   WITH input AS (
     SELECT t.name, t.owner, t.lease_ms, t.i
     FROM unnest(p_names, p_owners, p_lease_ms) WITH ORDINALITY AS t(name, owner, lease_ms, i)),
@@ -345,19 +375,24 @@ RETURNS TABLE (i bigint, renewed boolean) LANGUAGE sql AS $$
       FROM input
       WHERE l.name = input.name AND l.owner = input.owner AND l.expires_at > clock_timestamp()
       RETURNING input.i)
-  SELECT input.i, EXISTS (SELECT 1 FROM done WHERE done.i = input.i)
-  FROM input ORDER BY input.i
-$$;
+  SELECT input.i, done.i IS NOT NULL
+  FROM input LEFT JOIN done ON done.i = input.i ORDER BY input.i;
+END $$;
 
 -- Issues `p_owner`'s fencing token if it holds the lock and has none, or
 -- reads the one it has. NULL when the lock is not `p_owner`'s.
 CREATE OR REPLACE FUNCTION __SCHEMA__.issue_token(p_name text, p_owner text)
-RETURNS bigint LANGUAGE sql AS $$
+RETURNS bigint LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+  v_token bigint;
+BEGIN
   UPDATE __SCHEMA__.locks
     SET token = CASE WHEN token = 0 THEN nextval('__SCHEMA__.fencing') ELSE token END
     WHERE name = p_name AND owner = p_owner AND expires_at > clock_timestamp()
-    RETURNING token
-$$;
+    RETURNING token INTO v_token;
+  RETURN v_token;
+END $$;
 
 -- Reads a lock for an operator: its value in the Redis store's format
 -- ("<owner><mark><token>:<since>:<holder>", mark '+' when someone queued)
@@ -367,7 +402,10 @@ $$;
 -- server clock in ms. Reads only.
 CREATE OR REPLACE FUNCTION __SCHEMA__.inspect(p_name text)
 RETURNS TABLE (value text, pttl bigint, queue_owners text[], queue_entries text[], now_ms bigint)
-LANGUAGE sql AS $$
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+  RETURN QUERY
   SELECT l.owner || CASE WHEN l.queued THEN '+' ELSE '-' END || l.token || ':' || l.since_ms
            || ':' || l.holder,
          ceil(extract(epoch FROM l.expires_at - clock_timestamp()) * 1000)::bigint,
@@ -378,16 +416,19 @@ LANGUAGE sql AS $$
                FROM __SCHEMA__.waiters w WHERE w.name = p_name ORDER BY w.arrival),
          floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
   FROM (SELECT 1) one
-  LEFT JOIN __SCHEMA__.locks l ON l.name = p_name AND l.expires_at > clock_timestamp()
-$$;
+  LEFT JOIN __SCHEMA__.locks l ON l.name = p_name AND l.expires_at > clock_timestamp();
+END $$;
 
 -- The names of the held locks matching the regular expression `p_pattern`
 -- (the client translates the Redis glob patterns of `list` into one).
 CREATE OR REPLACE FUNCTION __SCHEMA__.scan(p_pattern text)
-RETURNS SETOF text LANGUAGE sql AS $$
+RETURNS SETOF text LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+  RETURN QUERY
   SELECT name FROM __SCHEMA__.locks
-  WHERE name ~ p_pattern AND expires_at > clock_timestamp() ORDER BY name
-$$;
+  WHERE name ~ p_pattern AND expires_at > clock_timestamp() ORDER BY name;
+END $$;
 
 -- ---------------------------------------------------------------------------
 -- Read-write locks and semaphores: shared holds.
@@ -769,12 +810,15 @@ END $$;
 -- A semaphore's permits held by live holds, and the count they use (NULL
 -- when nobody holds one). Reads only.
 CREATE OR REPLACE FUNCTION __SCHEMA__.permit_counts(p_name text)
-RETURNS TABLE (held bigint, stored bigint) LANGUAGE sql AS $$
+RETURNS TABLE (held bigint, stored bigint) LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+  RETURN QUERY
   SELECT h.held, CASE WHEN h.held > 0 THEN k.permits END
   FROM (SELECT coalesce(sum(weight), 0)::bigint AS held FROM __SCHEMA__.shared_holds
         WHERE name = p_name AND expires_at > clock_timestamp()) h
-  LEFT JOIN __SCHEMA__.shared_keys k ON k.name = p_name
-$$;
+  LEFT JOIN __SCHEMA__.shared_keys k ON k.name = p_name;
+END $$;
 
 -- Renews a batch of shared leases (and writers') in one statement, as
 -- `renew` does for the default lock: element i of the arrays is one lease
@@ -783,7 +827,10 @@ $$;
 -- rows it frees, so that the two cannot deadlock over one key's holds.
 CREATE OR REPLACE FUNCTION __SCHEMA__.shared_renew(
   p_names text[], p_owners text[], p_lease_ms bigint[])
-RETURNS TABLE (i bigint, renewed boolean) LANGUAGE sql AS $$
+RETURNS TABLE (i bigint, renewed boolean) LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+  RETURN QUERY
   WITH input AS (
     SELECT t.name, t.owner, t.lease_ms, t.i
     FROM unnest(p_names, p_owners, p_lease_ms) WITH ORDINALITY AS t(name, owner, lease_ms, i)),
@@ -801,20 +848,25 @@ RETURNS TABLE (i bigint, renewed boolean) LANGUAGE sql AS $$
         AND locked.name = h.name AND locked.owner = h.owner
         AND h.expires_at > clock_timestamp()
       RETURNING input.i)
-  SELECT input.i, EXISTS (SELECT 1 FROM done WHERE done.i = input.i)
-  FROM input ORDER BY input.i
-$$;
+  SELECT input.i, done.i IS NOT NULL
+  FROM input LEFT JOIN done ON done.i = input.i ORDER BY input.i;
+END $$;
 
 -- Issues a writer's fencing token if it has none, or reads the one it has
 -- (issue_token.lua on a write lock). NULL when the writer is not `p_owner`.
 CREATE OR REPLACE FUNCTION __SCHEMA__.write_issue_token(p_name text, p_owner text)
-RETURNS bigint LANGUAGE sql AS $$
+RETURNS bigint LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+  v_token bigint;
+BEGIN
   UPDATE __SCHEMA__.shared_holds
     SET token = CASE WHEN token = 0 THEN nextval('__SCHEMA__.fencing') ELSE token END
     WHERE name = p_name AND owner = p_owner AND kind = 'w'
       AND expires_at > clock_timestamp()
-    RETURNING token
-$$;
+    RETURNING token INTO v_token;
+  RETURN v_token;
+END $$;
 
 -- Frees a read-write lock's (`p_rw`) or a semaphore's (`p_sem`) holds
 -- whoever holds them (force_unlock_shared.lua): `p_mode` 'all' (every hold of
@@ -883,7 +935,10 @@ CREATE OR REPLACE FUNCTION __SCHEMA__.inspect_shared(p_rw text, p_sem text)
 RETURNS TABLE (writer text, writer_pttl bigint, reader_owners text[], reader_ends bigint[],
   reader_details text[], writer_waiting boolean, permit_owners text[], permit_ends bigint[],
   permit_details text[], permit_count bigint)
-LANGUAGE sql AS $$
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+  RETURN QUERY
   WITH live AS (
     SELECT h.*, floor(extract(epoch FROM h.expires_at) * 1000)::bigint AS ends_ms,
            h.token || ':' || h.since_ms || ':' || h.holder AS details
@@ -906,16 +961,19 @@ LANGUAGE sql AS $$
     ARRAY(SELECT l.ends_ms FROM live l WHERE l.name = p_sem ORDER BY l.expires_at, l.owner),
     ARRAY(SELECT l.details FROM live l WHERE l.name = p_sem ORDER BY l.expires_at, l.owner),
     (SELECT k.permits FROM __SCHEMA__.shared_keys k
-     WHERE k.name = p_sem AND EXISTS (SELECT 1 FROM live l WHERE l.name = p_sem))
-$$;
+     WHERE k.name = p_sem AND EXISTS (SELECT 1 FROM live l WHERE l.name = p_sem));
+END $$;
 
 -- The family names with live holds matching the regular expression
 -- `p_pattern` (as `scan` for the default lock).
 CREATE OR REPLACE FUNCTION __SCHEMA__.scan_shared(p_pattern text)
-RETURNS SETOF text LANGUAGE sql AS $$
+RETURNS SETOF text LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+  RETURN QUERY
   SELECT DISTINCT name FROM __SCHEMA__.shared_holds
-  WHERE name ~ p_pattern AND expires_at > clock_timestamp() ORDER BY name
-$$;
+  WHERE name ~ p_pattern AND expires_at > clock_timestamp() ORDER BY name;
+END $$;
 
 -- Deletes at most `p_limit` expired holds and at most `p_limit` family rows
 -- with no hold and no live intent. Each row goes only under its key's
@@ -1071,17 +1129,23 @@ END $$;
 -- A counter for an operator: its count (NULL when it does not exist) and
 -- its live registrations. Reads only.
 CREATE OR REPLACE FUNCTION __SCHEMA__.inspect_counter(p_name text)
-RETURNS TABLE (counter bigint, counter_waiters bigint) LANGUAGE sql AS $$
+RETURNS TABLE (counter bigint, counter_waiters bigint) LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+  RETURN QUERY
   SELECT (SELECT count FROM __SCHEMA__.counters WHERE name = p_name),
          (SELECT count(*) FROM __SCHEMA__.counter_waiters
-          WHERE name = p_name AND expires_at > clock_timestamp())
-$$;
+          WHERE name = p_name AND expires_at > clock_timestamp());
+END $$;
 
 -- The counters whose names match the regular expression `p_pattern`.
 CREATE OR REPLACE FUNCTION __SCHEMA__.scan_counters(p_pattern text)
-RETURNS SETOF text LANGUAGE sql AS $$
-  SELECT name FROM __SCHEMA__.counters WHERE name ~ p_pattern ORDER BY name
-$$;
+RETURNS SETOF text LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+  RETURN QUERY
+  SELECT name FROM __SCHEMA__.counters WHERE name ~ p_pattern ORDER BY name;
+END $$;
 
 -- Deletes at most `p_limit` registrations that ended. How many went.
 CREATE OR REPLACE FUNCTION __SCHEMA__.sweep_counters(p_limit integer)
