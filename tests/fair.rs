@@ -882,16 +882,48 @@ async fn waiters_of_three_managers_are_served_in_arrival_order(d: Deployment) {
     for (i, m) in managers.iter().enumerate() {
         common::await_listening(m, &managers[(i + 1) % 3], "arrival-warm-up").await;
     }
-    let key = "arrival";
+    // A queued waiter also refreshes its entry every 0.4-0.8 s; a refresh in
+    // flight when the lock is handed to it finds the lock its own and takes
+    // it, and the hand-off message heard after that names a waiter that has
+    // gone, so it is not counted (a round has a few percent chance of that).
+    // So a round may fall one short, but with hand-offs not pushed every
+    // round falls six short: up to three rounds, one of which must hear
+    // every hand-off.
+    let mut heard = Vec::new();
+    for round in 0..3 {
+        let key = format!("arrival:{round}");
+        let delivered = arrival_order_chain(&managers, &key).await;
+        heard.push(delivered);
+        let state = managers[1].inspect_all(&key).await.unwrap();
+        assert!(
+            state.holds.is_empty() && state.waiters.is_empty(),
+            "{state:?}"
+        );
+        if delivered >= 6 {
+            break;
+        }
+    }
+    assert!(
+        heard.iter().any(|&delivered| delivered >= 6),
+        "hand-offs heard for 6 grants, per round: {heard:?}"
+    );
+}
+
+/// A holder of `managers[0]` and six waiters queued in turn on the three
+/// managers, each queued before the next starts: asserts they are served in
+/// arrival order after the holder's release, and returns how many hand-off
+/// messages the managers heard meanwhile.
+async fn arrival_order_chain(managers: &[LockManager; 3], key: &str) -> u64 {
     let holder = managers[0].lock(key).acquire().await.unwrap();
     let served = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for i in 0..6usize {
         let m = managers[i % 3].clone();
         let served = served.clone();
+        let task_key = key.to_owned();
         tasks.push(tokio::spawn(async move {
             let guard = m
-                .lock(key)
+                .lock(task_key)
                 .wait(Duration::from_secs(30))
                 .acquire()
                 .await
@@ -912,16 +944,7 @@ async fn waiters_of_three_managers_are_served_in_arrival_order(d: Deployment) {
     }
     assert_eq!(*served.lock().unwrap(), [0, 1, 2, 3, 4, 5]);
     let delivered: u64 = managers.iter().map(|m| m.wake_ups_delivered()).sum();
-    assert!(
-        delivered - delivered_before >= 6,
-        "{} hand-offs heard for 6 grants",
-        delivered - delivered_before
-    );
-    let state = managers[1].inspect_all(key).await.unwrap();
-    assert!(
-        state.holds.is_empty() && state.waiters.is_empty(),
-        "{state:?}"
-    );
+    delivered - delivered_before
 }
 
 on_stores!(

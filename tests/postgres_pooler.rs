@@ -247,15 +247,48 @@ async fn postgres_a_direct_listen_url_brings_pushed_hand_offs_back() {
         manager(&pooler.url(), Some(&direct)).await,
     ];
     let db = sql_client(&direct).await;
-    let holder = managers[0].lock("pushed").acquire().await.unwrap();
+    // A queued waiter also refreshes its entry every 0.4-0.8 s; a refresh in
+    // flight when the lock is handed to it finds the lock its own and takes
+    // it, and the hand-off message heard after that names a waiter that has
+    // gone, so it is not counted (a round has a few percent chance of that).
+    // So a round may fall one short, but with push broken every round has 0:
+    // up to three rounds, one of which must hear every hand-off.
+    let mut heard = Vec::new();
+    for round in 0..3 {
+        let key = format!("pushed:{round}");
+        let delivered = hand_off_chain(&managers, &db, &key).await;
+        heard.push(delivered);
+        if delivered >= 4 {
+            break;
+        }
+    }
+    for m in &managers {
+        assert_eq!(m.deaf_listeners(), 0, "the direct listener heard its probe");
+    }
+    assert!(
+        heard.iter().any(|&delivered| delivered >= 4),
+        "hand-offs heard for 4 grants, per round: {heard:?}"
+    );
+}
+
+/// A holder of `managers[0]` and four waiters queued in turn on both
+/// managers, served in queue order after its release: how many hand-off
+/// messages the managers heard meanwhile.
+async fn hand_off_chain(
+    managers: &[LockManager; 2],
+    db: &tokio_postgres::Client,
+    key: &str,
+) -> u64 {
+    let holder = managers[0].lock(key).acquire().await.unwrap();
     let served = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for i in 0..4usize {
         let m = managers[i % 2].clone();
         let served = served.clone();
+        let key = key.to_owned();
         tasks.push(tokio::spawn(async move {
             let guard = m
-                .lock("pushed")
+                .lock(key)
                 .wait(Duration::from_secs(30))
                 .acquire()
                 .await
@@ -265,7 +298,7 @@ async fn postgres_a_direct_listen_url_brings_pushed_hand_offs_back() {
         }));
         let want = i as i64 + 1;
         assert!(
-            eventually(Duration::from_secs(10), async || queued(&db).await == want).await,
+            eventually(Duration::from_secs(10), async || queued(db).await == want).await,
             "waiter {i} never queued"
         );
     }
@@ -275,15 +308,8 @@ async fn postgres_a_direct_listen_url_brings_pushed_hand_offs_back() {
         task.await.unwrap();
     }
     assert_eq!(*served.lock().unwrap(), vec![0, 1, 2, 3]);
-    for m in &managers {
-        assert_eq!(m.deaf_listeners(), 0, "the direct listener heard its probe");
-    }
     let delivered: u64 = managers.iter().map(|m| m.wake_ups_delivered()).sum();
-    assert!(
-        delivered - before >= 4,
-        "{} hand-offs heard for 4 grants",
-        delivered - before
-    );
+    delivered - before
 }
 
 /// The default backoff's longest nap (`Backoff::default()`: capped at 1 s):
