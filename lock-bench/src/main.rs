@@ -739,6 +739,15 @@ fn target_tmp_dir() -> Option<PathBuf> {
 }
 
 fn main() -> std::process::ExitCode {
+    // distlock's own warnings (a lease lost and why, a renewal that failed or
+    // came late) on stderr, when `RUST_LOG` asks for them: what explains a
+    // `lost` count in a row.
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let argv: Vec<String> = std::env::args().skip(1).collect();
     // The bench re-executed by itself as a worker (modes absent from the usage).
     if argv.first().map(String::as_str) == Some("--worker") {
