@@ -368,8 +368,8 @@ END $$;
 -- thousand locks now) is thought tiny. The plan then scans the whole table
 -- for every lease of the batch: 512 leases among 10,000 locks took 800 ms a
 -- batch instead of 4, long enough to lose leases. A lookup by primary key
--- stays one index probe whatever the statistics say, and costs about the
--- same as the join at its best.
+-- stays one index probe whatever the statistics say; it costs about 1.6x the
+-- join at its best (5.8 against 3.5 ms for 512 leases), and never more.
 CREATE OR REPLACE FUNCTION __SCHEMA__.renew(p_names text[], p_owners text[], p_lease_ms bigint[])
 RETURNS TABLE (i bigint, renewed boolean) LANGUAGE plpgsql AS $$
 #variable_conflict use_column
