@@ -17,6 +17,15 @@
 //!   for B (queued: `inspect` shows the lock waited for before A resigns), A's
 //!   `Leadership::resign()`.
 //!
+//! Every row starts its hand-over the same way: the follower queued, then
+//! [`PARKED`] of quiet before the resignation, so that each starts from the
+//! same idle machine. Without it the floor resigned the instant its follower's
+//! `acquire` returned, with every thread and CPU still busy, while distlock's
+//! round resigned after its `inspect` polling's last 1 ms sleep: the same
+//! statements then cost distlock 1.2x, and 1.0x with the floor's round
+//! preceded by the same polling (or with client and server on CPUs of their
+//! own), which is the difference in where the round starts, not in the work.
+//!
 //! The NOTIFY hand-off floor of `handoff.rs` does not fit: it is the bench's own
 //! lease row, with no queue (the ring decides who is next) and no term to read or
 //! announce.
@@ -51,8 +60,10 @@ const ANNOUNCE_CHANNEL: &str = "distlock_22222222222222222222222222222222";
 const WAKE_CHANNEL: &str = "distlock_33333333333333333333333333333333";
 const HOLDER: &str = "lock-bench leader floor";
 const ROUTE: &str = "0000000b";
-/// The queue lease and the lease a hand-off gives (ms), as distlock's waiter
-/// sends them (`QUEUE_LEASE`, 3 s; the hand-off's, the lease capped by it).
+/// The queue lease (ms), as distlock's waiter sends it (`QUEUE_LEASE`, 3 s).
+/// The lease a hand-off gives is the whole lease, as distlock sends it for a
+/// hold it does not renew: the floor never renews, and its term waits out
+/// the other rows' blocks (more than 3 s once every round parks 5 ms).
 const QUEUE_LEASE_MS: i64 = 3_000;
 /// Which pass of the scenario this is (`--runs N` runs it N times on one
 /// server): each pass elects under names of its own, so that no term of an
@@ -65,6 +76,10 @@ fn lock_name(election: &str) -> String {
 }
 /// How long the distlock round waits for B to show in A's lock's queue.
 const QUEUED_WITHIN: Duration = Duration::from_secs(5);
+/// How long every row's follower is parked, queued, before the leader
+/// resigns: as `parked-handoff`'s waiter, long enough for its task to sleep
+/// and its thread and CPU to go idle, in every row alike.
+const PARKED: Duration = Duration::from_millis(5);
 
 /// One candidate of the SQL floor.
 struct Candidate {
@@ -123,7 +138,7 @@ impl Candidate {
                     &since,
                     &HOLDER,
                     &QUEUE_LEASE_MS,
-                    &QUEUE_LEASE_MS,
+                    &lease_ms,
                     &ROUTE,
                     &self.channel,
                     &attempt,
@@ -231,6 +246,7 @@ impl SqlPair {
             }
             Ok::<_, BoxError>((next, epoch, Instant::now()))
         });
+        tokio::time::sleep(PARKED).await;
         let Some(leader) = self.candidates[self.leader].as_ref() else {
             bail!("a candidate was lost by an earlier failure");
         };
@@ -290,6 +306,7 @@ impl DistlockPair {
                 _ => tokio::time::sleep(Duration::from_millis(1)).await,
             }
         }
+        tokio::time::sleep(PARKED).await;
         let Some(term) = self.term.take() else {
             bail!("the term was lost by an earlier failure");
         };
@@ -396,7 +413,7 @@ pub async fn run(env: &PgEnv) -> Result<ScenarioResult> {
         ),
         notes: vec![
             server_note(env),
-            "hand-over: from the start of the leader's resignation to the follower's campaign returning; the follower is queued before it starts (distlock: inspect shows the lock waited for)".to_owned(),
+            "hand-over: from the start of the leader's resignation to the follower's campaign returning; the follower is queued before it starts (distlock: inspect shows the lock waited for), then parked for 5 ms in every row, so that each round starts from the same idle machine".to_owned(),
             "distlock's leader SQL by hand: release (one commit, which hands the lock to the queued follower and notifies it), the resignation's pg_notify, the follower's inspect and the term's pg_notify, prepared; hand-off only: the follower stops at the notification".to_owned(),
             "not pinned to one CPU: the follower is parked in a task of its own, as in handoff".to_owned(),
             "rt/handover: round trips of every connection from the start of the resignation until both it and the campaign returned, counted in a pass of its own through a proxy (the floor: release, resignation's pg_notify, inspect, term's pg_notify)".to_owned(),
