@@ -195,7 +195,6 @@ BEGIN
     v_queue := FOUND;
     IF v_queue THEN
       DELETE FROM __SCHEMA__.waiters WHERE name = p_name AND expires_at <= v_now;
-      v_head := NULL;
       SELECT w.owner INTO v_head FROM __SCHEMA__.waiters w WHERE w.name = p_name
         ORDER BY w.arrival LIMIT 1;
     END IF;
