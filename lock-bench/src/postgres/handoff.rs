@@ -14,11 +14,13 @@
 //! * **sqlx `PgAdvisoryLock`**: as many tasks, each on its own connection, loop
 //!   acquire (a blocking `pg_advisory_lock`: the server queues the waiters and
 //!   wakes one at the unlock) / empty body / release.
+//! * **distlock**: a task per manager, twice: its statements sent unnamed (the
+//!   default: parsed and planned at every call) and prepared per connection
+//!   (`postgres_prepared_statements`), as the floor's are.
 //!
 //! Implementations alternate in 3 time slices of 1 s each, rotating the order,
-//! after 0.3 s of warm-up each (`--quick`: one slice of 0.3 s, no warm-up); distlock
-//! runs a task per manager. The advisory and lease-row floors
-//! have no wake-up, so no row here.
+//! after 0.3 s of warm-up each (`--quick`: one slice of 0.3 s, no warm-up). The
+//! advisory and lease-row floors have no wake-up, so no row here.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -40,6 +42,8 @@ const SQLX_2: &str = "sqlx 0.8 PgAdvisoryLock (2 connections)";
 const SQLX_4: &str = "sqlx 0.8 PgAdvisoryLock (4 connections)";
 const DISTLOCK_2: &str = "distlock (2 managers)";
 const DISTLOCK_4: &str = "distlock (4 managers)";
+const DISTLOCK_2_PREPARED: &str = "distlock (2 managers, prepared statements)";
+const DISTLOCK_4_PREPARED: &str = "distlock (4 managers, prepared statements)";
 
 /// One contender's figures in one slice.
 struct Stats {
@@ -270,13 +274,16 @@ struct DistlockGroup {
 }
 
 impl DistlockGroup {
-    async fn new(env: &PgEnv, size: usize) -> Result<DistlockGroup> {
+    /// `size` managers, their statements sent unnamed (distlock's default)
+    /// or `prepared` per connection, as the floors' are.
+    async fn new(env: &PgEnv, size: usize, prepared: bool) -> Result<DistlockGroup> {
         let mut managers = Vec::new();
         for _ in 0..size {
-            managers.push(super::distlock_manager(&env.url).await?);
+            managers.push(super::distlock_manager_with(&env.url, prepared).await?);
         }
+        let sent = if prepared { "prepared" } else { "unnamed" };
         Ok(DistlockGroup {
-            key: Arc::new(format!("bench:handoff:distlock:{size}")),
+            key: Arc::new(format!("bench:handoff:distlock:{size}:{sent}")),
             managers,
         })
     }
@@ -394,14 +401,33 @@ pub async fn run(env: &PgEnv) -> Result<ScenarioResult> {
     } else {
         (3, Duration::from_secs(1), Some(Duration::from_millis(300)))
     };
-    let labels = [FLOOR_2, FLOOR_4, SQLX_2, SQLX_4, DISTLOCK_2, DISTLOCK_4];
+    let labels = [
+        FLOOR_2,
+        FLOOR_4,
+        SQLX_2,
+        SQLX_4,
+        DISTLOCK_2,
+        DISTLOCK_4,
+        DISTLOCK_2_PREPARED,
+        DISTLOCK_4_PREPARED,
+    ];
     let mut groups = vec![
         Some(Contenders::Ring(Ring::new(env, 2).await?)),
         Some(Contenders::Ring(Ring::new(env, 4).await?)),
         Some(Contenders::Sqlx(SqlxGroup::new(env, 2).await?)),
         Some(Contenders::Sqlx(SqlxGroup::new(env, 4).await?)),
-        Some(Contenders::Distlock(DistlockGroup::new(env, 2).await?)),
-        Some(Contenders::Distlock(DistlockGroup::new(env, 4).await?)),
+        Some(Contenders::Distlock(
+            DistlockGroup::new(env, 2, false).await?,
+        )),
+        Some(Contenders::Distlock(
+            DistlockGroup::new(env, 4, false).await?,
+        )),
+        Some(Contenders::Distlock(
+            DistlockGroup::new(env, 2, true).await?,
+        )),
+        Some(Contenders::Distlock(
+            DistlockGroup::new(env, 4, true).await?,
+        )),
     ];
     let n = labels.len();
     let mut totals: Vec<Totals> = (0..n)
@@ -448,7 +474,12 @@ pub async fn run(env: &PgEnv) -> Result<ScenarioResult> {
     }
     let rows: Vec<Row> = labels.iter().zip(&totals).map(|(l, t)| row(l, t)).collect();
     let mut targets = Vec::new();
-    for (distlock, floor) in [(DISTLOCK_2, FLOOR_2), (DISTLOCK_4, FLOOR_4)] {
+    for (distlock, floor) in [
+        (DISTLOCK_2, FLOOR_2),
+        (DISTLOCK_4, FLOOR_4),
+        (DISTLOCK_2_PREPARED, FLOOR_2),
+        (DISTLOCK_4_PREPARED, FLOOR_4),
+    ] {
         targets.push(Target::ratio(
             &format!("{distlock}: hand-off p50 <= 1.0x its floor"),
             distlock,
@@ -480,6 +511,7 @@ pub async fn run(env: &PgEnv) -> Result<ScenarioResult> {
             "hand-off: from the start of the holder's release to another contender holding; the floors' releases and acquires are each a commit".to_owned(),
             "each row's ratios are to both floors; compare a row with the floor of its own size".to_owned(),
             "sqlx and distlock: one task per connection (manager); a hold taken again by the task that released it is a re-grab".to_owned(),
+            "the floors' statements are prepared: distlock's prepared rows send theirs the same way, its default rows unnamed".to_owned(),
         ],
         rows,
         references: 2,
