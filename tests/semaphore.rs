@@ -123,9 +123,16 @@ async fn a_release_wakes_a_waiter(d: Deployment) {
     let held = a.semaphore("wake", 2).acquire().await.unwrap();
     let held2 = a.semaphore("wake", 2).acquire().await.unwrap();
     let waiter = tokio::spawn(async move {
+        // Its timer never brings it back within the test (a fixed 10 s nap):
+        // only a wake-up message can hand it the permit in time. With the
+        // default backoff, a timed retry could take it a moment before the
+        // message came (a CI run under load did), and hear nothing.
         let g = b
             .semaphore("wake", 2)
             .wait(Duration::from_secs(20))
+            .backoff(
+                Backoff::new(Duration::from_secs(10), Duration::from_secs(10)).with_jitter(0.0),
+            )
             .acquire()
             .await
             .unwrap();
@@ -134,9 +141,8 @@ async fn a_release_wakes_a_waiter(d: Deployment) {
         (at, b.wake_ups_delivered())
     });
     // The waiter listens (its subscription can take a while on a loaded
-    // machine: a CI run released before it was confirmed, and the waiter got
-    // the permit by its backoff), then long enough for its fallback backoff to
-    // reach its cap.
+    // machine: a CI run released before it was confirmed), then parks on its
+    // timer well before the release.
     let channel = a
         .redis_names("wake")
         .channel()
