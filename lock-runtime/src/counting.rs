@@ -220,12 +220,6 @@ impl CountingSemaphore {
                     return Ok(false);
                 }
                 let nap = backoff.next(None).min(left).min(MAX_REGISTRATION / 2);
-                // Registered before looking: a shutdown from now on wakes
-                // this waiter, and one before it is seen here, not after a
-                // whole nap.
-                if core.is_shut_down() {
-                    return Err(self.shut_down());
-                }
                 tokio::select! {
                     _ = registration.woken() => {}
                     () = tokio::time::sleep(nap) => {}

@@ -680,13 +680,6 @@ impl Acquisition<'_> {
             let nap = backoff
                 .next(if first_in_line { remaining } else { None })
                 .min(deadline.saturating_duration_since(Instant::now()));
-            // Registered before looking: a shutdown from now on wakes this
-            // waiter, and one before it is seen here, not after a whole nap.
-            if core.is_shut_down() {
-                return Err(LockError::ShutDown {
-                    key: self.key.clone(),
-                });
-            }
             let wake = tokio::select! {
                 wake = registration.woken() => Some(wake),
                 _ = tokio::time::sleep(nap) => None,
@@ -804,13 +797,6 @@ impl Acquisition<'_> {
                 nap = nap.min(remaining + EXPIRY_MARGIN + BackoffTimer::jitter(EXPIRY_MARGIN));
             }
             let nap = nap.min(deadline - now);
-            // As in `wait_for_release`: a shutdown before the registration
-            // woke nobody.
-            if core.is_shut_down() {
-                return Err(LockError::ShutDown {
-                    key: self.key.clone(),
-                });
-            }
             tokio::select! {
                 handed = handoff.handed_off() => {
                     // The hand-off consumed the queue entry that attempt

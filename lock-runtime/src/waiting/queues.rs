@@ -5,7 +5,7 @@
 //! hands on, when it leaves, the release wake-ups it did not use.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::{broadcast, Notify};
@@ -18,6 +18,10 @@ pub(crate) struct WaiterQueues {
     /// Channels whose waiter count went from or to zero, for the task to
     /// subscribe or unsubscribe (on every server it listens to).
     changes: broadcast::Sender<Topic>,
+    /// Set (under the `channels` lock) by [`WaiterQueues::wake_everyone`]: a
+    /// waiter registered afterwards starts woken, so that a shutdown between
+    /// a waiter's last look and its registration is not slept through.
+    closed: AtomicBool,
 }
 
 struct Channel {
@@ -106,6 +110,7 @@ impl WaiterQueues {
         WaiterQueues {
             channels: Mutex::new(HashMap::new()),
             changes,
+            closed: AtomicBool::new(false),
         }
     }
 
@@ -146,6 +151,11 @@ impl WaiterQueues {
             });
         let id = crate::config::next_id();
         let wake = Arc::new(WakeSlot::default());
+        // Read under the lock `wake_everyone` sets it under: either that call
+        // saw this waiter in its queue, or this waiter sees the flag.
+        if self.closed.load(Ordering::Relaxed) {
+            wake.recheck();
+        }
         entry.queue.push_back(Waiter {
             id,
             wake: wake.clone(),
@@ -209,10 +219,13 @@ impl WaiterQueues {
         }
     }
 
-    /// Wakes every waiter for good: the manager is shutting down (waiters check
+    /// Wakes every waiter for good, and every waiter registered from now on
+    /// at once: the manager is shutting down (waiters check
     /// `Core::is_shut_down` after every wake-up).
     pub(super) fn wake_everyone(&self) {
-        for channel in self.channels().values() {
+        let channels = self.channels();
+        self.closed.store(true, Ordering::Relaxed);
+        for channel in channels.values() {
             channel.wake_all();
         }
     }
@@ -319,5 +332,45 @@ impl Drop for Registration<'_> {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures_util::FutureExt;
+
+    use super::*;
+
+    fn queues() -> WaiterQueues {
+        WaiterQueues::new(broadcast::channel(16).0)
+    }
+
+    /// A waiter that registers after the shutdown's wake-up, having looked at
+    /// the shutdown flag before it was set, is woken at once: it must not
+    /// sleep its whole nap.
+    #[test]
+    fn a_waiter_registered_after_wake_everyone_starts_woken() {
+        let queues = queues();
+        let before = queues.register("a", 1);
+        queues.wake_everyone();
+        let after = queues.register("b", 1);
+        for registration in [&before, &after] {
+            let wake = registration.woken().now_or_never();
+            assert_eq!(
+                wake,
+                Some(Wake {
+                    releases: 0,
+                    recheck: true
+                })
+            );
+        }
+    }
+
+    /// Without a shutdown, a new waiter has nothing to take.
+    #[test]
+    fn a_new_waiter_starts_unwoken() {
+        let queues = queues();
+        let registration = queues.register("a", 1);
+        assert_eq!(registration.woken().now_or_never(), None);
     }
 }

@@ -133,7 +133,8 @@ impl Subscriber {
         self.queues.has_waiters(channel)
     }
 
-    /// Wakes every waiter for good: the manager is shutting down (waiters check
+    /// Wakes every waiter for good, and every one registered afterwards at
+    /// once: the manager is shutting down (waiters check
     /// `Core::is_shut_down` after every wake-up).
     pub(crate) fn wake_everyone(&self) {
         self.queues.wake_everyone();
