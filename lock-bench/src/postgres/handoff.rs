@@ -416,19 +416,15 @@ pub async fn run(env: &PgEnv) -> Result<ScenarioResult> {
         Some(Contenders::Ring(Ring::new(env, 4).await?)),
         Some(Contenders::Sqlx(SqlxGroup::new(env, 2).await?)),
         Some(Contenders::Sqlx(SqlxGroup::new(env, 4).await?)),
-        Some(Contenders::Distlock(
-            DistlockGroup::new(env, 2, false).await?,
-        )),
-        Some(Contenders::Distlock(
-            DistlockGroup::new(env, 4, false).await?,
-        )),
-        Some(Contenders::Distlock(
-            DistlockGroup::new(env, 2, true).await?,
-        )),
-        Some(Contenders::Distlock(
-            DistlockGroup::new(env, 4, true).await?,
-        )),
     ];
+    // In the order of `labels`: unnamed statements, then prepared ones.
+    for prepared in [false, true] {
+        for managers in [2, 4] {
+            groups.push(Some(Contenders::Distlock(
+                DistlockGroup::new(env, managers, prepared).await?,
+            )));
+        }
+    }
     let n = labels.len();
     let mut totals: Vec<Totals> = (0..n)
         .map(|_| {

@@ -22,9 +22,10 @@
 //! same idle machine. Without it the floor resigned the instant its follower's
 //! `acquire` returned, with every thread and CPU still busy, while distlock's
 //! round resigned after its `inspect` polling's last 1 ms sleep: the same
-//! statements then cost distlock 1.2x, and 1.0x with the floor's round
-//! preceded by the same polling (or with client and server on CPUs of their
-//! own), which is the difference in where the round starts, not in the work.
+//! statements then cost distlock 1.2x; with the floor's round preceded by
+//! the same polling, 1.10x and 1.05x, and with client and server each on a
+//! CPU of its own, 1.02x and 1.01x (probes of 2026-11-28, not kept): most of
+//! the gap was where the round starts, not the work.
 //!
 //! The NOTIFY hand-off floor of `handoff.rs` does not fit: it is the bench's own
 //! lease row, with no queue (the ring decides who is next) and no term to read or
