@@ -341,6 +341,24 @@ fn parse_duration(text: &str) -> Option<std::time::Duration> {
 }
 
 /// The load averages, as `/proc/loadavg` gives them.
+/// See [`report::RunInfo::machine`].
+fn machine() -> String {
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, model)| model.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".to_owned());
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .map(|id| id.trim().chars().take(8).collect::<String>())
+        .unwrap_or_else(|| "unknown".to_owned());
+    format!("{model}, boot {boot}")
+}
+
 fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .ok()
@@ -701,6 +719,7 @@ fn finish(
             command,
             backend: args.backend.name(),
             nproc: cpus,
+            machine: machine(),
             server_version: server.version,
             server_settings: server.settings,
             quick: args.quick,
@@ -1000,6 +1019,7 @@ mod tests {
             command: "lock-bench --runs 2 --json".to_owned(),
             backend: "single",
             nproc: 2,
+            machine: "AMD EPYC, boot 0123abcd".to_owned(),
             server_version: "7.0.15".to_owned(),
             server_settings: None,
             quick: false,

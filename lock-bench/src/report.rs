@@ -439,6 +439,12 @@ pub struct RunInfo {
     pub backend: &'static str,
     /// CPUs the bench could use (`available_parallelism`).
     pub nproc: usize,
+    /// The CPU model and the first 8 hex digits of this boot's id
+    /// (`/proc/sys/kernel/random/boot_id`): files of one boot ran on one
+    /// machine. Ratios against commit-bound or wake-up-bound floors move
+    /// from one VM to the next (another disk, another host), so a figure is
+    /// reproduced on the machine of its run, or the README says otherwise.
+    pub machine: String,
     /// `redis_version` of the (first) private server; PostgreSQL's `server_version`.
     pub server_version: String,
     /// PostgreSQL: the settings that bound a commit (`synchronous_commit`, `fsync`,
