@@ -164,3 +164,95 @@ async fn passwords_work_and_a_missing_or_wrong_one_fails_build() {
         assert!(started.elapsed() < Duration::from_secs(3));
     }
 }
+
+/// `(cmd, flags)` of each command connection (not pub/sub, not MONITOR) but
+/// the caller's, from `CLIENT LIST`: `cmd=NULL` for one that never ran a
+/// command.
+async fn command_clients(raw: &mut redis::aio::MultiplexedConnection) -> Vec<String> {
+    let me: i64 = redis::cmd("CLIENT")
+        .arg("ID")
+        .query_async(raw)
+        .await
+        .unwrap();
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(raw)
+        .await
+        .unwrap();
+    let field = |line: &str, name: &str| {
+        line.split(' ')
+            .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))
+            .unwrap_or_default()
+            .to_owned()
+    };
+    list.lines()
+        .filter(|line| field(line, "id") != me.to_string())
+        .filter(|line| field(line, "sub") == "0" && field(line, "psub") == "0")
+        .filter(|line| !field(line, "flags").contains('O'))
+        .map(|line| field(line, "cmd"))
+        .collect()
+}
+
+/// Over verified TLS the direct lane opens its own TLS session (trusting
+/// the builder's CA) and carries calls: the manager's second command
+/// connection runs lock scripts. With `#insecure` (which the lane does not
+/// speak) there is no second connection.
+#[tokio::test]
+async fn the_direct_lane_opens_over_tls_and_carries_calls() {
+    let redis = tls_server();
+    let mut raw = raw(&redis).await;
+    let m = tls_manager(&redis).await;
+    let opened = eventually(Duration::from_secs(5), async || {
+        m.lock("warm-up")
+            .acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+        command_clients(&mut raw).await.len() == 2
+    })
+    .await;
+    assert!(
+        opened.is_some(),
+        "the direct lane never opened over TLS: {:?}",
+        command_clients(&mut raw).await
+    );
+    // One task, one call at a time: each finds the lane idle and takes it.
+    for i in 0..20 {
+        let g = m.lock(format!("k:{i}")).acquire().await.unwrap();
+        g.release().await.unwrap();
+    }
+    let clients = command_clients(&mut raw).await;
+    assert_eq!(clients.len(), 2, "{clients:?}");
+    assert!(
+        clients.iter().all(|cmd| cmd != "NULL" && !cmd.is_empty()),
+        "a command connection never ran a command: {clients:?}"
+    );
+    assert_eq!(all_keys(&mut raw).await, Vec::<String>::new());
+    drop(m);
+
+    let insecure = LockManager::connect(&format!("{}/#insecure", redis.url()))
+        .await
+        .unwrap();
+    for i in 0..5 {
+        let g = insecure.lock(format!("k:{i}")).acquire().await.unwrap();
+        g.release().await.unwrap();
+    }
+    // The first manager's connections close in the background: wait for
+    // them, then only the insecure manager's one command connection is left.
+    let one = eventually(Duration::from_secs(5), async || {
+        command_clients(&mut raw).await.len() == 1
+    })
+    .await;
+    assert!(
+        one.is_some(),
+        "an #insecure URL opened a direct lane: {:?}",
+        command_clients(&mut raw).await
+    );
+    for i in 0..5 {
+        let g = insecure.lock(format!("k:{i}")).acquire().await.unwrap();
+        g.release().await.unwrap();
+    }
+    assert_eq!(command_clients(&mut raw).await.len(), 1);
+}

@@ -1108,10 +1108,11 @@ impl LockManagerBuilder {
     }
 
     /// Whether a call that finds the manager's connection to a server idle
-    /// may take the direct lane: a second plain-TCP connection per server on
-    /// which the call writes its command and reads its own reply, without
-    /// redis-rs's connection task (on by default; TLS connections never have
-    /// one). Off, every call goes through the multiplexed connection and no
+    /// may take the direct lane: a second connection per server (TCP, or a
+    /// TLS session of its own for `rediss://`, verified with the same
+    /// certificates) on which the call writes its command and reads its own
+    /// reply, without redis-rs's connection task (on by default; an
+    /// `#insecure` URL never has one). Off, every call goes through the multiplexed connection and no
     /// second connection is opened. For measuring what the lane gains; it
     /// changes no behaviour but latency.
     pub fn direct_lane(mut self, enabled: bool) -> Self {

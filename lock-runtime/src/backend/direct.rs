@@ -26,8 +26,11 @@
 //! timed-out call's clean-up may then reach Redis first, as after a timeout
 //! on the multiplexed connection, which is retired), and the next call opens
 //! another in the background (after a failed opening, no sooner than
-//! [`RECONNECT_AFTER`]). Plain TCP only: a TLS or Unix socket URL has no
-//! direct lane (every call takes the multiplexed connection).
+//! [`RECONNECT_AFTER`]). Plain TCP, and TLS (`rediss://`) with the `tls`
+//! feature: a TLS session of the lane's own, its server's certificate
+//! verified as redis verifies the multiplexed connection's (the builder's CA
+//! or the system's roots, the host's name); an `#insecure` URL or a Unix
+//! socket has no direct lane (every call takes the multiplexed connection).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -38,10 +41,22 @@ use redis::{
     Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, Pipeline, ProtocolVersion, RedisError,
     RedisFuture, RedisResult, Value,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::runtime::Handle;
 use tokio::sync::{Mutex, OwnedMutexGuard};
+
+/// How a lane to a `rediss://` server opens its TLS session: the client
+/// configuration (see `backend::rustls_config`); `None`, or without the
+/// `tls` feature: no lane to a TLS server.
+#[cfg(feature = "tls")]
+pub(crate) type LaneTls = Option<Arc<rustls::ClientConfig>>;
+/// See the `tls` feature's definition.
+#[cfg(not(feature = "tls"))]
+pub(crate) type LaneTls = Option<Arc<std::convert::Infallible>>;
 
 /// How long after a failed opening the lane tries again.
 pub(crate) const RECONNECT_AFTER: Duration = Duration::from_secs(1);
@@ -70,6 +85,8 @@ pub(crate) struct DirectLane {
     draining: AtomicBool,
     /// Where and how to connect; `None`: this server has no direct lane.
     info: Option<ConnectionInfo>,
+    /// The TLS session's configuration, for a `rediss://` server.
+    tls: LaneTls,
     /// The runtime the manager was built on: the connection is opened there
     /// (its socket belongs to that runtime's I/O driver, which lives as long
     /// as the manager, whichever runtime a call comes from), and so are the
@@ -89,19 +106,28 @@ struct Slot {
 impl DirectLane {
     /// A lane for the server of `info`, opened by its first call. Without a
     /// lane (every call takes the multiplexed connection): a server reached
-    /// by TLS or a Unix socket, or a manager built outside a tokio runtime.
+    /// by a Unix socket, by TLS without `tls` (a configuration) or with
+    /// `#insecure`, or a manager built outside a tokio runtime.
     ///
     /// `runtime`: the manager's (see [`DirectLane::runtime`]).
     pub(crate) fn new(
         info: &ConnectionInfo,
+        tls: LaneTls,
         connect_timeout: Duration,
         runtime: Option<Handle>,
     ) -> Arc<DirectLane> {
-        let plain_tcp = matches!(info.addr(), ConnectionAddr::Tcp(..));
+        let reachable = match info.addr() {
+            ConnectionAddr::Tcp(..) => true,
+            ConnectionAddr::TcpTls {
+                insecure: false, ..
+            } => tls.is_some(),
+            _ => false,
+        };
         Arc::new(DirectLane {
             slot: Arc::default(),
             draining: AtomicBool::new(false),
-            info: plain_tcp.then(|| info.clone()),
+            info: reachable.then(|| info.clone()),
+            tls,
             runtime,
             connect_timeout,
         })
@@ -139,7 +165,7 @@ impl DirectLane {
             }
             Err(_) => return None,
         };
-        if let Some(conn) = slot.idle.take().filter(DirectConnection::usable) {
+        if let Some(conn) = slot.idle.take().and_then(DirectConnection::if_usable) {
             return Some(DirectCall {
                 conn: Some(conn),
                 slot: Some(slot),
@@ -152,11 +178,12 @@ impl DirectLane {
             .failed_at
             .is_none_or(|at| at.elapsed() >= RECONNECT_AFTER)
         {
-            let (info, connect_timeout) = (info.clone(), self.connect_timeout);
+            let (info, tls, connect_timeout) =
+                (info.clone(), self.tls.clone(), self.connect_timeout);
             // The slot stays locked while the connection opens: calls take
             // the multiplexed connection meanwhile.
             drop(runtime.spawn(async move {
-                let connecting = DirectConnection::connect(&info);
+                let connecting = DirectConnection::connect(&info, &tls);
                 match tokio::time::timeout(connect_timeout, connecting).await {
                     Ok(Ok(conn)) => slot.idle = Some(conn),
                     Ok(Err(e)) => {
@@ -221,6 +248,39 @@ impl ConnectionLike for DirectCall<'_> {
     }
 }
 
+/// The TLS session of a lane to `host` over `tcp`.
+#[cfg(feature = "tls")]
+async fn open_tls(host: &str, tcp: TcpStream, tls: &LaneTls) -> RedisResult<LaneStream> {
+    let Some(config) = tls else {
+        return Err(RedisError::from((
+            ErrorKind::InvalidClientConfig,
+            "no TLS configuration for the direct lane",
+        )));
+    };
+    // An IP address parses too, and is then matched against the
+    // certificate's IP address names, as redis does.
+    let name = rustls::pki_types::ServerName::try_from(host.to_owned()).map_err(|e| {
+        RedisError::from((
+            ErrorKind::InvalidClientConfig,
+            "the direct lane's TLS server name",
+            e.to_string(),
+        ))
+    })?;
+    let session = tokio_rustls::TlsConnector::from(config.clone())
+        .connect(name, tcp)
+        .await?;
+    Ok(LaneStream::Tls(Box::new(session)))
+}
+
+/// Without the `tls` feature, no lane opens to a TLS server.
+#[cfg(not(feature = "tls"))]
+async fn open_tls(_: &str, _: TcpStream, _: &LaneTls) -> RedisResult<LaneStream> {
+    Err(RedisError::from((
+        ErrorKind::InvalidClientConfig,
+        "the direct lane needs the `tls` feature for TLS",
+    )))
+}
+
 fn closed() -> RedisError {
     RedisError::from(std::io::Error::from(std::io::ErrorKind::NotConnected))
 }
@@ -273,10 +333,72 @@ impl Drop for Draining {
     }
 }
 
+/// The lane's socket: plain TCP, or a TLS session over it.
+enum LaneStream {
+    Plain(TcpStream),
+    #[cfg(feature = "tls")]
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+impl LaneStream {
+    /// The TCP socket, for its readiness.
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            LaneStream::Plain(tcp) => tcp,
+            #[cfg(feature = "tls")]
+            LaneStream::Tls(tls) => tls.get_ref().0,
+        }
+    }
+}
+
+impl AsyncRead for LaneStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            LaneStream::Plain(tcp) => Pin::new(tcp).poll_read(cx, buf),
+            #[cfg(feature = "tls")]
+            LaneStream::Tls(tls) => Pin::new(&mut **tls).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for LaneStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            LaneStream::Plain(tcp) => Pin::new(tcp).poll_write(cx, buf),
+            #[cfg(feature = "tls")]
+            LaneStream::Tls(tls) => Pin::new(&mut **tls).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            LaneStream::Plain(tcp) => Pin::new(tcp).poll_flush(cx),
+            #[cfg(feature = "tls")]
+            LaneStream::Tls(tls) => Pin::new(&mut **tls).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            LaneStream::Plain(tcp) => Pin::new(tcp).poll_shutdown(cx),
+            #[cfg(feature = "tls")]
+            LaneStream::Tls(tls) => Pin::new(&mut **tls).poll_shutdown(cx),
+        }
+    }
+}
+
 /// One connection of the direct lane: the calling task writes the command
 /// and reads the reply.
 pub(crate) struct DirectConnection {
-    stream: TcpStream,
+    stream: LaneStream,
     /// The command being sent.
     out: Vec<u8>,
     /// Bytes read and not yet parsed.
@@ -292,17 +414,32 @@ pub(crate) struct DirectConnection {
 }
 
 impl DirectConnection {
-    /// Connects, authenticates and selects the database as redis-rs would
-    /// (`HELLO 3` first when the URL asks for RESP3).
-    async fn connect(info: &ConnectionInfo) -> RedisResult<DirectConnection> {
-        let ConnectionAddr::Tcp(host, port) = info.addr() else {
-            return Err(RedisError::from((
-                ErrorKind::InvalidClientConfig,
-                "the direct lane speaks plain TCP only",
-            )));
+    /// Connects (with `tls` for a `rediss://` server), authenticates and
+    /// selects the database as redis-rs would (`HELLO 3` first when the URL
+    /// asks for RESP3).
+    async fn connect(info: &ConnectionInfo, tls: &LaneTls) -> RedisResult<DirectConnection> {
+        let (host, port, secure) = match info.addr() {
+            ConnectionAddr::Tcp(host, port) => (host, *port, false),
+            ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure: false,
+                ..
+            } => (host, *port, true),
+            _ => {
+                return Err(RedisError::from((
+                    ErrorKind::InvalidClientConfig,
+                    "the direct lane speaks TCP and verified TLS only",
+                )))
+            }
         };
-        let stream = TcpStream::connect((host.as_str(), *port)).await?;
-        stream.set_nodelay(true)?;
+        let tcp = TcpStream::connect((host.as_str(), port)).await?;
+        tcp.set_nodelay(true)?;
+        let stream = if secure {
+            open_tls(host, tcp, tls).await?
+        } else {
+            LaneStream::Plain(tcp)
+        };
         let settings = info.redis_settings();
         let mut conn = DirectConnection {
             stream,
@@ -340,6 +477,11 @@ impl DirectConnection {
         Ok(conn)
     }
 
+    /// The connection, if [usable](Self::usable).
+    fn if_usable(mut self) -> Option<DirectConnection> {
+        self.usable().then_some(self)
+    }
+
     /// Whether an idle connection may carry a call: not closed by the server,
     /// nothing unasked-for on it.
     ///
@@ -349,12 +491,15 @@ impl DirectConnection {
     /// connection would otherwise fail, and a release that fails leaves the
     /// lock to its lease. A read that finds nothing (one system call) also
     /// catches unasked-for bytes; a busy lane skips it, an idle one older
-    /// than [`CHECK_IDLE_AFTER`] makes it.
-    fn usable(&self) -> bool {
+    /// than [`CHECK_IDLE_AFTER`] makes it. Over TLS that read goes through
+    /// the session (a raw read would take its records), which reads the
+    /// socket only once the runtime saw it readable, and takes in what is
+    /// not application data (session tickets) without a reply.
+    fn usable(&mut self) -> bool {
         use futures_util::FutureExt;
         // Ready at once only with readiness already recorded; pending (no
         // event since the last read found nothing) means nothing came.
-        if let Some(ready) = self.stream.ready(Interest::READABLE).now_or_never() {
+        if let Some(ready) = self.stream.tcp().ready(Interest::READABLE).now_or_never() {
             match ready {
                 Ok(ready) if !ready.is_read_closed() && !ready.is_error() => {}
                 _ => return false,
@@ -364,7 +509,13 @@ impl DirectConnection {
             return true;
         }
         let mut probe = [0u8; 1];
-        matches!(self.stream.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+        match &mut self.stream {
+            LaneStream::Plain(tcp) => {
+                matches!(tcp.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+            }
+            #[cfg(feature = "tls")]
+            tls @ LaneStream::Tls(_) => tls.read(&mut probe).now_or_never().is_none(),
+        }
     }
 
     /// Sends `self.out`, which asks for `replies` replies.
@@ -373,6 +524,8 @@ impl DirectConnection {
         // would make the server wait for its end.
         self.broken = true;
         self.stream.write_all(&self.out).await?;
+        // Writes out what a TLS session still buffers; nothing on TCP.
+        self.stream.flush().await?;
         self.broken = false;
         self.owed += replies;
         Ok(())

@@ -46,6 +46,8 @@ pub(crate) mod messages;
 pub(crate) mod postgres;
 pub(crate) mod redis_errors;
 pub(crate) mod redlock;
+#[cfg(feature = "tls")]
+pub(crate) mod rustls_config;
 pub(crate) mod scripts;
 pub(crate) mod sentinel;
 pub(crate) mod single;

@@ -48,6 +48,8 @@ pub(crate) struct Sentinel {
     config: Config,
     /// The manager's runtime, on which a new master's direct lane runs.
     runtime: Option<tokio::runtime::Handle>,
+    /// The certificates of every master's connections (its direct lane's).
+    tls: TlsSettings,
     shown: String,
 }
 
@@ -89,6 +91,7 @@ impl Sentinel {
             client,
             format!("{host}:{port} (master {master_name:?})"),
             config,
+            tls,
         )
         .await?;
         Ok(Sentinel {
@@ -100,6 +103,7 @@ impl Sentinel {
             suspect: std::sync::atomic::AtomicBool::new(false),
             answered_while_suspect: std::sync::atomic::AtomicBool::new(false),
             config: config.clone(),
+            tls: tls.clone(),
             runtime: tokio::runtime::Handle::try_current().ok(),
             shown,
         })
@@ -144,7 +148,9 @@ impl Sentinel {
         let shown = format!("{host}:{port} (master {:?})", self.master_name);
         let master = super::client_at(&self.sentinels[0], &host, port)
             .map_err(|e| LockError::InvalidConfig(e.to_string()))
-            .and_then(|client| Single::connect_client_lazily(client, shown, &self.config))
+            .and_then(|client| {
+                Single::connect_client_lazily(client, shown, &self.config, &self.tls)
+            })
             .map(|master| master.on_runtime(self.runtime.clone()));
         match master {
             Ok(master) => {

@@ -9,7 +9,7 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 
 use super::calls::{KeyCall, Release};
-use super::direct::{DirectCall, DirectLane};
+use super::direct::{DirectCall, DirectLane, LaneTls};
 use super::scripts::{self, AcquireAllReply, AcquireReply, AcquireSpec, Scripts};
 use super::{read_renewals, CallError, Renewal};
 use crate::config::{redact, Config, ReplicaAck, TlsSettings};
@@ -23,6 +23,9 @@ pub(crate) struct Single {
     conn: Mutex<Conn>,
     /// A second connection, on which a call reads its own reply.
     direct: Arc<DirectLane>,
+    /// How [`Single::direct`] opens its TLS session, for a `rediss://`
+    /// server (kept for [`Single::on_runtime`]).
+    lane_tls: LaneTls,
     /// Calls may take [`Single::direct`] (`Config::direct_lane`); when not,
     /// it is never opened.
     direct_enabled: bool,
@@ -169,14 +172,15 @@ impl Single {
     ) -> Result<Single, LockError> {
         let shown_url = redact(url);
         let client = open_url(url, &shown_url, tls)?;
-        Single::connect_client(client, shown_url, config).await
+        Single::connect_client(client, shown_url, config, tls).await
     }
 
-    /// Connects with `client` and runs the server check.
+    /// Connects with `client` (made with `tls`) and runs the server check.
     pub(crate) async fn connect_client(
         client: redis::Client,
         shown_url: String,
         config: &Config,
+        tls: &TlsSettings,
     ) -> Result<Single, LockError> {
         let conn_config = connection_config(config);
         let connecting = ConnectionManager::new_with_config(client.clone(), conn_config.clone());
@@ -202,6 +206,7 @@ impl Single {
             conn_config,
             scripts,
             config,
+            tls,
         ))
     }
 
@@ -214,14 +219,16 @@ impl Single {
     ) -> Result<Single, LockError> {
         let shown_url = redact(url);
         let client = open_url(url, &shown_url, tls)?;
-        Single::connect_client_lazily(client, shown_url, config)
+        Single::connect_client_lazily(client, shown_url, config, tls)
     }
 
-    /// Like [`connect_lazily`](Self::connect_lazily), with a client.
+    /// Like [`connect_lazily`](Self::connect_lazily), with a client (made
+    /// with `tls`).
     pub(crate) fn connect_client_lazily(
         client: redis::Client,
         shown_url: String,
         config: &Config,
+        tls: &TlsSettings,
     ) -> Result<Single, LockError> {
         let conn_config = connection_config(config);
         let conn = ConnectionManager::new_lazy_with_config(client.clone(), conn_config.clone())
@@ -232,6 +239,7 @@ impl Single {
             conn_config,
             Scripts::new(&config.key_prefix),
             config,
+            tls,
         ))
     }
 
@@ -241,7 +249,13 @@ impl Single {
         conn_config: ConnectionManagerConfig,
         scripts: Scripts,
         config: &Config,
+        tls: &TlsSettings,
     ) -> Single {
+        let lane_tls = if config.direct_lane {
+            lane_tls(&client, tls)
+        } else {
+            None
+        };
         Single {
             conn: Mutex::new(Conn {
                 generation: 0,
@@ -251,9 +265,11 @@ impl Single {
             direct_enabled: config.direct_lane,
             direct: DirectLane::new(
                 client.get_connection_info(),
+                lane_tls.clone(),
                 config.connect_timeout,
                 tokio::runtime::Handle::try_current().ok(),
             ),
+            lane_tls,
             conn_config,
             client,
             scripts,
@@ -270,6 +286,7 @@ impl Single {
     pub(crate) fn on_runtime(mut self, runtime: Option<tokio::runtime::Handle>) -> Single {
         self.direct = DirectLane::new(
             self.client.get_connection_info(),
+            self.lane_tls.clone(),
             self.connect_timeout,
             runtime,
         );
@@ -591,6 +608,39 @@ impl Single {
     pub(crate) async fn pubsub(&self) -> RedisResult<redis::aio::PubSub> {
         self.client.get_async_pubsub().await
     }
+}
+
+/// The direct lane's TLS configuration for `client`'s server, when it is
+/// reached by verified TLS (`rediss://` without `#insecure`): the
+/// certificates `tls` gives redis for the multiplexed connection. A
+/// configuration that cannot be made leaves the server without a lane (redis
+/// reports what is wrong with the certificates).
+#[cfg(feature = "tls")]
+fn lane_tls(client: &redis::Client, tls: &TlsSettings) -> LaneTls {
+    use redis::ConnectionAddr;
+    if !matches!(
+        client.get_connection_info().addr(),
+        ConnectionAddr::TcpTls {
+            insecure: false,
+            ..
+        }
+    ) {
+        return None;
+    }
+    match super::rustls_config::client_config(tls, "Redis TLS") {
+        Ok(config) => Some(Arc::new(config)),
+        Err(e) => {
+            tracing::debug!(target: "distlock::connection", error = %e,
+                "no direct lane: its TLS configuration could not be made");
+            None
+        }
+    }
+}
+
+/// Without the `tls` feature there is no TLS server to reach.
+#[cfg(not(feature = "tls"))]
+fn lane_tls(_: &redis::Client, _: &TlsSettings) -> LaneTls {
+    None
 }
 
 fn open_url(url: &str, shown_url: &str, tls: &TlsSettings) -> Result<redis::Client, LockError> {

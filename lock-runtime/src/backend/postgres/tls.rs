@@ -14,8 +14,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_postgres::tls::{ChannelBinding, MakeTlsConnect, TlsConnect};
 
@@ -35,54 +34,11 @@ impl std::fmt::Debug for MakeRustls {
     }
 }
 
-fn invalid(what: String) -> LockError {
-    LockError::InvalidConfig(format!("PostgreSQL TLS: {what}"))
-}
-
 impl MakeRustls {
     /// Trusts `tls.ca_pem` (every certificate in it) or, without one, the
     /// system's roots, and presents `tls.client_identity` when given.
     pub(crate) fn new(tls: &TlsSettings) -> Result<MakeRustls, LockError> {
-        let mut roots = rustls::RootCertStore::empty();
-        match &tls.ca_pem {
-            Some(pem) => {
-                for cert in CertificateDer::pem_slice_iter(pem) {
-                    let cert = cert.map_err(|e| invalid(format!("the CA (tls_ca_pem): {e}")))?;
-                    roots
-                        .add(cert)
-                        .map_err(|e| invalid(format!("the CA (tls_ca_pem): {e}")))?;
-                }
-                if roots.is_empty() {
-                    return Err(invalid(
-                        "the CA (tls_ca_pem) holds no PEM certificate".to_owned(),
-                    ));
-                }
-            }
-            None => {
-                // Unreadable system certificates are skipped, as redis does:
-                // the handshake then fails naming the unknown issuer.
-                let found = rustls_native_certs::load_native_certs();
-                roots.add_parsable_certificates(found.certs);
-            }
-        }
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let builder = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|e| invalid(e.to_string()))?
-            .with_root_certificates(roots);
-        let mut config = match &tls.client_identity {
-            None => builder.with_no_client_auth(),
-            Some((cert_pem, key_pem)) => {
-                let chain = CertificateDer::pem_slice_iter(cert_pem)
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| invalid(format!("the client certificate: {e}")))?;
-                let key = PrivateKeyDer::from_pem_slice(key_pem)
-                    .map_err(|e| invalid(format!("the client key: {e}")))?;
-                builder
-                    .with_client_auth_cert(chain, key)
-                    .map_err(|e| invalid(format!("the client certificate: {e}")))?
-            }
-        };
+        let mut config = crate::backend::rustls_config::client_config(tls, "PostgreSQL TLS")?;
         // PostgreSQL 17's direct TLS (`sslnegotiation=direct`) requires this
         // ALPN name; older servers ignore it.
         config.alpn_protocols = vec![b"postgresql".to_vec()];
