@@ -896,12 +896,50 @@ fn postgres_shared_holds_dropped_as_their_runtime_ends_are_released() {
     });
 }
 
+/// The `acquire` calls in the server's log after the first `skip` of them
+/// (counted as [`common::distlock_statements_logged`] counts them): for each,
+/// whether it queues its caller (`p_waiting`, `$5`) and the attempt it is
+/// (`p_attempt`, `$12`), read from the parameters logged under the statement.
+fn acquire_calls_logged(pg: &PostgresServer, skip: usize) -> Vec<(bool, u64)> {
+    let log = std::fs::read_to_string(pg.log_path()).expect("the server's log");
+    let lines: Vec<&str> = log.lines().collect();
+    let param = |detail: &str, n: u32| -> Option<String> {
+        let start = detail.find(&format!("${n} = '"))? + format!("${n} = '").len();
+        let len = detail[start..].find('\'')?;
+        Some(detail[start..start + len].to_owned())
+    };
+    lines
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| {
+            (l.contains("statement: ") || l.contains("execute <unnamed>"))
+                && l.contains("distlock.acquire")
+        })
+        .skip(skip)
+        .map(|(i, l)| {
+            let detail = lines[i + 1..]
+                .iter()
+                .take(3)
+                .find(|d| d.to_ascii_lowercase().contains("parameters: "))
+                .unwrap_or_else(|| panic!("no parameters logged under {l:?}"));
+            let waiting = param(detail, 5).expect("$5 logged") == "t";
+            let attempt = param(detail, 12)
+                .and_then(|a| a.parse().ok())
+                .expect("$12 logged");
+            (waiting, attempt)
+        })
+        .collect()
+}
+
 /// A waiting acquisition of a busy default lock queues up with its first
 /// statement (on PostgreSQL a try and a queued attempt are the same function
 /// call), and the hand-off makes it the holder with no statement of its own:
-/// from its start to holding, one `acquire` in all. A try first, then the
-/// queueing, would be two, and would leave a gap in which the holder could
-/// release to nobody and take the lock again ahead of it.
+/// from its start to holding, one `acquire` of its own in all. A try first,
+/// then the queueing, would be two, and would leave a gap in which the holder
+/// could release to nobody and take the lock again ahead of it. Each call is
+/// told apart by its logged attempt number: the queue refreshes a waiter
+/// sends on its timer (every 0.4-0.8 s, so any number of them on a slow
+/// machine) are attempts 2 and on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_waiter_queues_with_its_first_statement() {
     let pg = PostgresServer::builder()
@@ -932,16 +970,24 @@ async fn postgres_a_waiter_queues_with_its_first_statement() {
     })
     .await;
     assert!(in_queue.is_some(), "the waiter never queued");
+    let calls = acquire_calls_logged(&pg, before);
     assert_eq!(
-        common::distlock_statements_logged(&pg, "acquire") - before,
-        1,
-        "the waiter's first statement queues it"
+        calls.first(),
+        Some(&(true, 1)),
+        "the waiter's first statement queues it: {calls:?}"
     );
     holder.release().await.unwrap();
     waiter.await.unwrap();
-    // A queue refresh (every 0.4-0.8 s) may fall between; none is needed.
-    let spent = common::distlock_statements_logged(&pg, "acquire") - before;
-    assert!(spent <= 2, "{spent} acquire statements for one hand-off");
+    let calls = acquire_calls_logged(&pg, before);
+    assert_eq!(
+        calls.iter().filter(|&&(_, attempt)| attempt == 1).count(),
+        1,
+        "one acquire of the waiter's own for the hand-off: {calls:?}"
+    );
+    assert!(
+        calls.iter().all(|&(waiting, _)| waiting),
+        "every later call only refreshes the queue entry: {calls:?}"
+    );
 }
 
 /// A waiting acquisition's attempt that finds the lock held and only queues
