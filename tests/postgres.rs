@@ -897,24 +897,20 @@ fn postgres_shared_holds_dropped_as_their_runtime_ends_are_released() {
 }
 
 /// The `acquire` calls in the server's log after the first `skip` of them
-/// (counted as [`common::distlock_statements_logged`] counts them): for each,
+/// (the statements [`common::distlock_statements_logged`] counts): for each,
 /// whether it queues its caller (`p_waiting`, `$5`) and the attempt it is
 /// (`p_attempt`, `$12`), read from the parameters logged under the statement.
 fn acquire_calls_logged(pg: &PostgresServer, skip: usize) -> Vec<(bool, u64)> {
     let log = std::fs::read_to_string(pg.log_path()).expect("the server's log");
     let lines: Vec<&str> = log.lines().collect();
     let param = |detail: &str, n: u32| -> Option<String> {
-        let start = detail.find(&format!("${n} = '"))? + format!("${n} = '").len();
-        let len = detail[start..].find('\'')?;
-        Some(detail[start..start + len].to_owned())
+        let (_, value) = detail.split_once(&format!("${n} = '"))?;
+        Some(value.split('\'').next()?.to_owned())
     };
     lines
         .iter()
         .enumerate()
-        .filter(|(_, l)| {
-            (l.contains("statement: ") || l.contains("execute <unnamed>"))
-                && l.contains("distlock.acquire")
-        })
+        .filter(|(_, l)| common::logs_distlock_statement(l, "acquire"))
         .skip(skip)
         .map(|(i, l)| {
             let detail = lines[i + 1..]

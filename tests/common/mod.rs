@@ -343,13 +343,19 @@ pub async fn queued(db: &tokio_postgres::Client) -> i64 {
 /// in the log.
 #[cfg(feature = "postgres")]
 pub fn distlock_statements_logged(pg: &distlock_testing::PostgresServer, function: &str) -> usize {
-    let called = format!("distlock.{function}");
     std::fs::read_to_string(pg.log_path())
         .expect("the server's log")
         .lines()
-        .filter(|l| l.contains("statement: ") || l.contains("execute <unnamed>"))
-        .filter(|l| l.contains(&called))
+        .filter(|l| logs_distlock_statement(l, function))
         .count()
+}
+
+/// Whether the server's log line `line` is a statement calling `function` of
+/// distlock's schema (any of them with `""`), sent as a simple query or as an
+/// unnamed statement: the lines [`distlock_statements_logged`] counts.
+pub fn logs_distlock_statement(line: &str, function: &str) -> bool {
+    (line.contains("statement: ") || line.contains("execute <unnamed>"))
+        && line.contains(&format!("distlock.{function}"))
 }
 
 /// One private PostgreSQL for the whole test binary: `initdb` and a start cost
