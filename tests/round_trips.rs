@@ -140,6 +140,71 @@ async fn a_holder_that_never_waited_hands_over_in_one_round_trip() {
     assert!(!holder.lock("h").is_locked().await.unwrap());
 }
 
+/// The commands the script of `lines[evalsha]` ran, as MONITOR shows them
+/// (each as its command name), when that script is the first command of
+/// `lines`: the run of `lua` lines right after its `EVALSHA` line (Redis 7.0
+/// feeds MONITOR a script's line before its commands), or, on a server that
+/// feeds it once the script has run, the `lua` lines before it.
+fn script_commands(lines: &[String], evalsha: usize) -> Vec<String> {
+    let ran: Vec<&String> = if evalsha == 0 {
+        lines[1..]
+            .iter()
+            .take_while(|l| l.contains(" lua]"))
+            .collect()
+    } else {
+        lines[..evalsha].iter().collect()
+    };
+    ran.iter()
+        .filter(|l| l.contains(" lua]"))
+        .filter_map(|l| l.split(" \"").nth(1))
+        .map(|w| w.trim_end_matches('"').to_ascii_uppercase())
+        .collect()
+}
+
+/// What a hand-off costs the server, a count that does not drift: the
+/// release script reads the lock, the queue's first two members (the head,
+/// and whether anyone follows it, which is the new lock's mark), the clock,
+/// the head's entry; takes the entry out; writes the lock in the waiter's
+/// name and publishes the hand-off. Eight commands, no `ZCARD`.
+#[tokio::test]
+async fn a_hand_off_runs_eight_commands_in_its_release_script() {
+    let redis = server();
+    let holder = manager(&redis).await;
+    let waiter = manager(&redis).await;
+    let mut raw = raw(&redis).await;
+    let g = holder.lock("h").acquire().await.unwrap();
+    await_holder_listening(&mut raw, &holder, "h").await;
+    let waiting = spawn_waiter(&waiter, "h");
+    await_queued(&holder, "h").await;
+
+    let mut lines = monitor(&redis).await;
+    g.release().await.unwrap();
+    let handed = waiting.await.unwrap().unwrap();
+    mark(&redis, "end-of-hand-off").await;
+    let mut seen = Vec::new();
+    while let Some(line) = tokio::time::timeout(Duration::from_secs(5), lines.next())
+        .await
+        .expect("monitor output")
+    {
+        if line.contains("end-of-hand-off") {
+            break;
+        }
+        seen.push(line);
+    }
+    // The release is the first client command the monitor sees.
+    let release = seen
+        .iter()
+        .position(|l| !l.contains(" lua]"))
+        .filter(|&i| release_keys(&seen[i]) == Some(4))
+        .unwrap_or_else(|| panic!("the release script first: {seen:#?}"));
+    assert_eq!(
+        script_commands(&seen, release),
+        ["GET", "ZRANGE", "TIME", "HGET", "ZREM", "HDEL", "SET", "PUBLISH"],
+        "{seen:#?}"
+    );
+    handed.release().await.unwrap();
+}
+
 /// Whether a MONITOR line is a renewal script: one key, then the owner token
 /// and the lease in milliseconds.
 fn is_renewal(line: &str) -> bool {

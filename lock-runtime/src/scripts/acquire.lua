@@ -80,16 +80,16 @@ if held then
     return {3, 0, owner}
   end
 else
-  local head = queue_head(KEYS[3], KEYS[4])
+  local head, _, _, _, _, _, _, head_mark = queue_head(KEYS[3], KEYS[4])
   if head == nil or head == owner then
     if head then
       queue_drop(KEYS[3], KEYS[4], owner)
     end
     local token = next_token(KEYS[2], ARGV[3])
-    -- Marked while others may wait: queued waiters, or (a waiter that does
-    -- not queue) the others it waited beside, who hear of the release only
-    -- if the lock is marked.
-    local mark = queue_mark(KEYS[3])
+    -- Marked while others may wait: queued waiters (behind us, when we were
+    -- the head), or (a waiter that does not queue) the others it waited
+    -- beside, who hear of the release only if the lock is marked.
+    local mark = head_mark or '-'
     if ARGV[4] == '+' and not queued then
       mark = '+'
     end

@@ -60,14 +60,27 @@ local function queue_drop(queue, entries, owner)
   return false
 end
 
+-- The mark a lock written now gets when `others` entries (live or not) stay
+-- queued: '+' while anyone is, '-' otherwise.
+local function queue_mark(others)
+  if others > 0 then
+    return '+'
+  end
+  return '-'
+end
+
 -- The first entry whose queue lease runs: owner, ttl, fence_ttl, route,
--- holder, the server clock (ms) and the attempt that last refreshed it; nil
--- for none. Expired entries met on the way are dropped. The
--- server clock is read only when someone is queued.
+-- holder, the server clock (ms), the attempt that last refreshed it, and the
+-- mark a lock written for that owner gets once its entry is out (see
+-- queue_mark); nil for none. Expired entries met on the way are dropped. The
+-- server clock is read only when someone is queued. The queue's first two
+-- members are read together: whether a second follows the head is the mark,
+-- which saves the hand-off (and a scripted acquisition that finds itself at
+-- the head) a ZCARD.
 local function queue_head(queue, entries)
   local now = nil
   while true do
-    local first = redis.call('ZRANGE', queue, 0, 0)
+    local first = redis.call('ZRANGE', queue, 0, 1)
     if #first == 0 then
       return nil
     end
@@ -80,20 +93,13 @@ local function queue_head(queue, entries)
       local expiry, ttl, fence_ttl, route, attempt, holder =
         string.match(entry, '^(%d+):(%d+):(%d+):(%x*):(%d+):(.*)$')
       if expiry and tonumber(expiry) > now then
-        return owner, ttl, fence_ttl, route, holder, now, attempt
+        return owner, ttl, fence_ttl, route, holder, now, attempt, queue_mark(#first - 1)
       end
     end
     queue_drop(queue, entries, owner)
   end
 end
 
--- '+' while anyone is queued, '-' otherwise: the mark a lock written now gets.
-local function queue_mark(queue)
-  if redis.call('ZCARD', queue) > 0 then
-    return '+'
-  end
-  return '-'
-end
 
 -- Adds `owner` at the end of the queue (or keeps its place: NX), and starts a
 -- new queue lease for its entry.
@@ -113,7 +119,7 @@ end
 -- With an events channel (not ''), publishes "handed-over <token> <since>
 -- <holder>" on it.
 local function queue_hand_off(lock, fence, queue, entries, handoff_base, events)
-  local owner, ttl, fence_ttl, route, holder, now, attempt = queue_head(queue, entries)
+  local owner, ttl, fence_ttl, route, holder, now, attempt, mark = queue_head(queue, entries)
   if not owner then
     return nil
   end
@@ -121,7 +127,7 @@ local function queue_hand_off(lock, fence, queue, entries, handoff_base, events)
   local token = next_token(fence, fence_ttl)
   local text = string.format('%.0f', token)
   local since = string.format('%.0f', now)
-  redis.call('SET', lock, owner .. queue_mark(queue) .. text .. ':' .. since .. ':' .. holder, 'PX', ttl)
+  redis.call('SET', lock, owner .. mark .. text .. ':' .. since .. ':' .. holder, 'PX', ttl)
   redis.call('PUBLISH', handoff_base .. ':' .. route, '=' .. owner .. ':' .. text .. ':' .. attempt)
   if events and events ~= '' then
     redis.call('PUBLISH', events, 'handed-over ' .. text .. ' ' .. since .. ' ' .. holder)
