@@ -220,7 +220,14 @@ impl LockManager {
     ///   the new holder needs no round trip of its own. A lost message costs
     ///   one attempt, which finds the lock already its own.
     /// - A lock with a live queue is handed over, never freed, so a newcomer's
-    ///   `SET NX` cannot overtake the queue. The one window left: a holder whose
+    ///   `SET NX` cannot overtake the queue. Arrival is when a waiter's
+    ///   queueing attempt reaches Redis: its first try is the plain `SET NX`,
+    ///   and if the lock is busy the queueing script follows one round trip
+    ///   later. A release in between finds nobody queued and frees the lock,
+    ///   which anyone may take first, the releasing task included; the waiter
+    ///   then queues behind that hold. (Queueing from the first try would close
+    ///   this, at the price of a script on every free acquisition.) The other
+    ///   window: a holder whose
     ///   lease ran out (it crashed, or lost the lock) leaves the lock free while
     ///   others queue; a newcomer can take it until the next attempt of a
     ///   queued waiter, which hands it to the head. Queued waiters attempt
