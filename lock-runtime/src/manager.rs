@@ -227,10 +227,9 @@ impl LockManager {
     ///   which anyone may take first, the releasing task included; the waiter
     ///   then queues behind that hold. (Queueing from the first try would close
     ///   this, at the price of a script on every free acquisition.) The other
-    ///   window: a holder whose
-    ///   lease ran out (it crashed, or lost the lock) leaves the lock free while
-    ///   others queue; a newcomer can take it until the next attempt of a
-    ///   queued waiter, which hands it to the head. Queued waiters attempt
+    ///   window: a holder whose lease ran out (it crashed, or lost the lock)
+    ///   leaves the lock free while others queue; a newcomer can take it until
+    ///   the next attempt of a queued waiter, which hands it to the head. Queued waiters attempt
     ///   again 2-4 ms after the lease their last attempt saw runs out (at the
     ///   latest one refresh, 0.8 s, after their last attempt), so the window is
     ///   a few milliseconds after an expiry (5 ms measured on loopback by
