@@ -16,7 +16,17 @@ async fn client_commands_until(
     lines: &mut (impl futures_util::Stream<Item = String> + Unpin),
     end: &str,
 ) -> Vec<String> {
-    let mut commands = Vec::new();
+    let mut commands = lines_until(lines, end).await;
+    commands.retain(|line| !line.contains(" lua]") && !line.contains("\"CLIENT\" \"SETINFO\""));
+    commands
+}
+
+/// Every line MONITOR shows until the marker `end` arrives.
+async fn lines_until(
+    lines: &mut (impl futures_util::Stream<Item = String> + Unpin),
+    end: &str,
+) -> Vec<String> {
+    let mut seen = Vec::new();
     while let Some(line) = tokio::time::timeout(Duration::from_secs(5), lines.next())
         .await
         .expect("monitor output")
@@ -24,11 +34,9 @@ async fn client_commands_until(
         if line.contains(end) {
             break;
         }
-        if !line.contains(" lua]") && !line.contains("\"CLIENT\" \"SETINFO\"") {
-            commands.push(line);
-        }
+        seen.push(line);
     }
-    commands
+    seen
 }
 
 /// MONITOR shows every command a client sends, and the commands a script runs
@@ -112,14 +120,7 @@ async fn mark(redis: &distlock::testing::RedisServer, marker: &str) {
 #[tokio::test]
 async fn a_holder_that_never_waited_hands_over_in_one_round_trip() {
     let redis = server();
-    let holder = manager(&redis).await;
-    let waiter = manager(&redis).await;
-    let mut raw = raw(&redis).await;
-    let g = holder.lock("h").acquire().await.unwrap();
-    await_holder_listening(&mut raw, &holder, "h").await;
-
-    let waiting = spawn_waiter(&waiter, "h");
-    await_queued(&holder, "h").await;
+    let (holder, _waiter, g, waiting) = held_with_a_queued_waiter(&redis).await;
     eventually(Duration::from_secs(5), async || {
         holder.waited_for_notices_heard() == 1
     })
@@ -172,28 +173,13 @@ fn script_commands(lines: &[String], evalsha: usize) -> Vec<String> {
 #[tokio::test]
 async fn a_hand_off_runs_eight_commands_in_its_release_script() {
     let redis = server();
-    let holder = manager(&redis).await;
-    let waiter = manager(&redis).await;
-    let mut raw = raw(&redis).await;
-    let g = holder.lock("h").acquire().await.unwrap();
-    await_holder_listening(&mut raw, &holder, "h").await;
-    let waiting = spawn_waiter(&waiter, "h");
-    await_queued(&holder, "h").await;
+    let (_holder, _waiter, g, waiting) = held_with_a_queued_waiter(&redis).await;
 
     let mut lines = monitor(&redis).await;
     g.release().await.unwrap();
     let handed = waiting.await.unwrap().unwrap();
     mark(&redis, "end-of-hand-off").await;
-    let mut seen = Vec::new();
-    while let Some(line) = tokio::time::timeout(Duration::from_secs(5), lines.next())
-        .await
-        .expect("monitor output")
-    {
-        if line.contains("end-of-hand-off") {
-            break;
-        }
-        seen.push(line);
-    }
+    let seen = lines_until(&mut lines, "end-of-hand-off").await;
     // The waiter's queue refresh (every 0.4-0.8 s) may come in the window
     // too: its script line has more arguments than a release's.
     let release = seen
@@ -206,6 +192,26 @@ async fn a_hand_off_runs_eight_commands_in_its_release_script() {
         "{seen:#?}"
     );
     handed.release().await.unwrap();
+}
+
+/// A manager holding the default lock "h" (its manager listening on its
+/// hand-off channel), and another manager's acquisition queued for it.
+async fn held_with_a_queued_waiter(
+    redis: &distlock::testing::RedisServer,
+) -> (
+    distlock::LockManager,
+    distlock::LockManager,
+    distlock::LockGuard,
+    tokio::task::JoinHandle<Result<distlock::LockGuard, distlock::LockError>>,
+) {
+    let holder = manager(redis).await;
+    let waiter = manager(redis).await;
+    let mut raw = raw(redis).await;
+    let g = holder.lock("h").acquire().await.unwrap();
+    await_holder_listening(&mut raw, &holder, "h").await;
+    let waiting = spawn_waiter(&waiter, "h");
+    await_queued(&holder, "h").await;
+    (holder, waiter, g, waiting)
 }
 
 /// Whether a MONITOR line is a renewal script: one key, then the owner token
