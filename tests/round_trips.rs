@@ -120,9 +120,15 @@ async fn mark(redis: &distlock::testing::RedisServer, marker: &str) {
 #[tokio::test]
 async fn a_holder_that_never_waited_hands_over_in_one_round_trip() {
     let redis = server();
-    let (holder, _waiter, g, waiting) = held_with_a_queued_waiter(&redis).await;
+    let QueuedForHold {
+        holder,
+        guard: g,
+        waiting,
+        notices_before,
+        ..
+    } = held_with_a_queued_waiter(&redis).await;
     eventually(Duration::from_secs(5), async || {
-        holder.waited_for_notices_heard() == 1
+        holder.waited_for_notices_heard() == notices_before + 1
     })
     .await
     .expect("the holder's manager hears that a waiter queued");
@@ -173,7 +179,9 @@ fn script_commands(lines: &[String], evalsha: usize) -> Vec<String> {
 #[tokio::test]
 async fn a_hand_off_runs_eight_commands_in_its_release_script() {
     let redis = server();
-    let (_holder, _waiter, g, waiting) = held_with_a_queued_waiter(&redis).await;
+    let QueuedForHold {
+        guard: g, waiting, ..
+    } = held_with_a_queued_waiter(&redis).await;
 
     let mut lines = monitor(&redis).await;
     g.release().await.unwrap();
@@ -194,24 +202,37 @@ async fn a_hand_off_runs_eight_commands_in_its_release_script() {
     handed.release().await.unwrap();
 }
 
-/// A manager holding the default lock "h" (its manager listening on its
-/// hand-off channel), and another manager's acquisition queued for it.
-async fn held_with_a_queued_waiter(
-    redis: &distlock::testing::RedisServer,
-) -> (
-    distlock::LockManager,
-    distlock::LockManager,
-    distlock::LockGuard,
-    tokio::task::JoinHandle<Result<distlock::LockGuard, distlock::LockError>>,
-) {
+/// A manager holding the default lock "h" (listening on its hand-off
+/// channel, and never waiting), and another manager's acquisition queued for
+/// it. The waiter's manager has waited once before, so its hand-off channel is
+/// subscribed and confirmed: a confirmation arriving later would make the
+/// waiter attempt once more, in the window a test counts.
+struct QueuedForHold {
+    holder: distlock::LockManager,
+    _waiter: distlock::LockManager,
+    guard: distlock::LockGuard,
+    waiting: tokio::task::JoinHandle<Result<distlock::LockGuard, distlock::LockError>>,
+    /// The holder's `waited_for_notices_heard` before the waiter queued.
+    notices_before: u64,
+}
+
+async fn held_with_a_queued_waiter(redis: &distlock::testing::RedisServer) -> QueuedForHold {
     let holder = manager(redis).await;
     let waiter = manager(redis).await;
+    await_listening(&waiter, &holder, "warm-up").await;
     let mut raw = raw(redis).await;
-    let g = holder.lock("h").acquire().await.unwrap();
+    let guard = holder.lock("h").acquire().await.unwrap();
     await_holder_listening(&mut raw, &holder, "h").await;
+    let notices_before = holder.waited_for_notices_heard();
     let waiting = spawn_waiter(&waiter, "h");
     await_queued(&holder, "h").await;
-    (holder, waiter, g, waiting)
+    QueuedForHold {
+        holder,
+        _waiter: waiter,
+        guard,
+        waiting,
+        notices_before,
+    }
 }
 
 /// Whether a MONITOR line is a renewal script: one key, then the owner token
