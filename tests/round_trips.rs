@@ -140,11 +140,35 @@ async fn a_holder_that_never_waited_hands_over_in_one_round_trip() {
     assert_eq!(keys, [4], "{commands:#?}");
     // The new holder's first renewal may come right after (a hand-off's
     // TTL is the queue lease, 3 s, which it brings up to its lease at once),
-    // and nothing else: no attempt of the waiter's.
+    // and nothing else: no attempt of the waiter's. The release goes behind
+    // a `PING` in the same write (one round trip), so that the server writes
+    // the waiter's message before the holder's reply.
     let others: Vec<_> = commands.iter().filter(|l| !is_renewal(l)).collect();
-    assert_eq!(others.len(), 1, "the release alone: {commands:#?}");
+    assert_eq!(others.len(), 2, "the release and its PING: {commands:#?}");
+    assert_release_behind_a_ping(&commands);
     handed.release().await.unwrap();
     assert!(!holder.lock("h").is_locked().await.unwrap());
+}
+
+/// Asserts that the one full release (four keys) among `commands` (a MONITOR
+/// window's client commands) comes right after a `PING` of the same client:
+/// the pipeline of a release that most likely hands the lock over (see
+/// `Scripts::release`), whose `PING` has the server write the hand-off's
+/// message before the release's reply.
+fn assert_release_behind_a_ping(commands: &[String]) {
+    let client = |line: &str| {
+        line.split_once('[')
+            .and_then(|(_, l)| l.split_once(']'))
+            .map(|(c, _)| c.to_owned())
+    };
+    let release = commands
+        .iter()
+        .position(|l| release_keys(l) == Some(4))
+        .unwrap_or_else(|| panic!("the full release: {commands:#?}"));
+    assert!(release > 0, "nothing before the release: {commands:#?}");
+    let before = &commands[release - 1];
+    assert!(before.ends_with("\"PING\""), "{commands:#?}");
+    assert_eq!(client(before), client(&commands[release]), "{commands:#?}");
 }
 
 /// The commands the script of `lines[evalsha]` ran, as MONITOR shows them
@@ -308,12 +332,19 @@ async fn an_unheard_notice_costs_the_release_one_round_trip_and_the_lock_is_stil
     let handed = waiting.await.unwrap().unwrap();
     let (keys, first) = release_scripts_until(&redis, &mut lines, "end-of-first-release").await;
     assert_eq!(keys, [1, 4], "{first:#?}");
+    // Declined, so someone queued: the full release goes behind a PING.
+    assert_release_behind_a_ping(&first);
     assert_eq!(holder.waited_for_notices_heard(), 0);
 
     // A hold that waited goes straight to the full release.
     handed.release().await.unwrap();
     let (keys, second) = release_scripts_until(&redis, &mut lines, "end-of-second-release").await;
     assert_eq!(keys, [4], "{second:#?}");
+    // Nobody said they queued for it: no PING.
+    assert!(
+        !second.iter().any(|l| l.ends_with("\"PING\"")),
+        "{second:#?}"
+    );
     assert!(!waiter.lock("h").is_locked().await.unwrap());
 }
 
@@ -344,6 +375,7 @@ async fn a_hold_told_of_its_first_waiter_releases_by_the_full_script_at_once() {
     let handed = waiting.await.unwrap().unwrap();
     let (keys, commands) = release_scripts_until(&redis, &mut lines, "end-of-told-release").await;
     assert_eq!(keys, [4], "{commands:#?}");
+    assert_release_behind_a_ping(&commands);
 
     // Nobody queues for this one: the one-key release, and no notice.
     let free = holder.lock("free").acquire().await.unwrap();

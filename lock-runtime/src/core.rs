@@ -71,7 +71,7 @@ impl Core {
     /// the others find it asked), so that a holder whose manager never waited
     /// still hears the `!<owner>` notice of the first waiter that queues for
     /// its hold, and releases it by the full release at once (one round trip,
-    /// see `release::free_first`) instead of trying the one-key release
+    /// see `release::expected_waiters`) instead of trying the one-key release
     /// first. A notice published before the subscription is live is not
     /// heard: that release takes the two steps, as before.
     pub(crate) fn listen_for_waiters(&self) {

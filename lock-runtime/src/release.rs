@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::backend::ExpectedWaiters;
 use crate::core::Core;
 use crate::error::{KeyPreview, LockError};
 use crate::keys::RedisNames;
@@ -11,7 +12,7 @@ use crate::lease::Lease;
 
 /// Gives back one hold of each of `leases` (a guard's) and releases in Redis
 /// the locks whose last hold this was: one round trip, `release.lua` for one
-/// lock (after `release_free.lua` when [`free_first`]), a pipeline of release
+/// lock (after `release_free.lua` when [`expected_waiters`] says so), a pipeline of release
 /// scripts per server for several. Re-entrant holds only give back their
 /// count.
 ///
@@ -63,7 +64,7 @@ pub(crate) async fn release_holds(
                     &lease.keys,
                     &lease.owner,
                     lease.keep_ms(),
-                    free_first(core, lease),
+                    expected_waiters(core, lease),
                 )
                 .await
                 .map(|ours| judge(hold, ours))
@@ -222,17 +223,24 @@ impl<F: FnOnce()> Drop for ReleaseOnDrop<F> {
     }
 }
 
-/// Whether the release of `lease` alone tries the script that declares the
-/// lock's key alone first (see `Backend::release`): not when the hold waited
-/// for the lock, nor when another acquisition of this manager is queued for
-/// it, nor when a waiter of another manager told this one that it queued (its
-/// notice on the hand-off channel, see `acquire.lua`); then someone most
-/// likely waits, and the full release hands the lock over in one round trip.
-/// (A release in the background never does.)
-fn free_first(core: &Core, lease: &Lease) -> bool {
+/// What the manager knows of the waiters of `lease`'s lock, which picks how
+/// its release alone is sent (see `Backend::release`). Likely when a waiter
+/// of another manager told this one that it queued (its notice on the
+/// hand-off channel, see `acquire.lua`) or another acquisition of this
+/// manager is queued for it: the full release hands the lock over in one
+/// round trip. Unknown when the hold waited for the lock (others may still
+/// queue). Otherwise unlikely: the script that declares the lock's key alone
+/// goes first. (A release in the background sends the full release.)
+fn expected_waiters(core: &Core, lease: &Lease) -> ExpectedWaiters {
     // Asked first, so that the notice is forgotten whatever the answer.
     let told = core.subscriber.take_waited_for(&lease.owner);
-    !told && !lease.waited && !core.subscriber.has_queued(&lease.keys.lock)
+    if told || core.subscriber.has_queued(&lease.keys.lock) {
+        ExpectedWaiters::Likely
+    } else if lease.waited {
+        ExpectedWaiters::Unknown
+    } else {
+        ExpectedWaiters::Unlikely
+    }
 }
 
 /// [`release_in_background`] of a granted lease, keeping the lock until
@@ -318,7 +326,7 @@ impl BackgroundRelease {
                     // drop or a release cancelled half way (whose one-key
                     // attempt may have run), so it is one script whatever it
                     // finds.
-                    false,
+                    ExpectedWaiters::Unknown,
                 )
                 .await;
             match result {

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use crate::backend::{Backend, Renewal};
+use crate::backend::{Backend, ExpectedWaiters, Renewal};
 use crate::error::KeyPreview;
 use crate::lease::{Lease, RenewalTrouble};
 
@@ -269,7 +269,7 @@ async fn renew_batch(backend: &Backend, batch: &[Arc<Lease>]) {
                 &lease.keys,
                 &lease.owner,
                 lease.keep_ms(),
-                false,
+                ExpectedWaiters::Unknown,
             )
             .await;
         tracing::debug!(target: "distlock::release",

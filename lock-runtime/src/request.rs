@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use tracing::Instrument;
 
-use crate::backend::{AcquireReply, AcquireSpec, Backend};
+use crate::backend::{AcquireReply, AcquireSpec, Backend, ExpectedWaiters};
 use crate::config::{self, owner_token, Backoff};
 use crate::context::LockContext;
 use crate::core::{Core, ManagerInner};
@@ -778,7 +778,13 @@ impl Acquisition<'_> {
                 // fails, the guard retries in the background.
                 if core
                     .backend
-                    .release(&self.key, &self.keys, &self.owner, 0, false)
+                    .release(
+                        &self.key,
+                        &self.keys,
+                        &self.owner,
+                        0,
+                        ExpectedWaiters::Unknown,
+                    )
                     .await
                     .is_ok()
                 {

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::backend::Renewal;
+use crate::backend::{ExpectedWaiters, Renewal};
 use crate::config;
 use crate::error::{BackendError, BackendErrorKind, KeyPreview, LockError};
 use crate::guard::LockGuard;
@@ -322,7 +322,13 @@ impl LockManager {
         let core = &self.inner.core;
         let names = core.keys_of(&ticket.key, ticket.kind);
         core.backend
-            .release(&ticket.key, &names, &ticket.owner, 0, false)
+            .release(
+                &ticket.key,
+                &names,
+                &ticket.owner,
+                0,
+                ExpectedWaiters::Unknown,
+            )
             .await
             .map_err(|e| e.error)
     }

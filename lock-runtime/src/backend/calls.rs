@@ -14,6 +14,7 @@ use redis::RedisResult;
 use super::scripts::{
     CounterOp, CounterReply, HeldLock, KeyReading, PermitReply, Scripts, SharedRelease,
 };
+use super::ExpectedWaiters;
 use crate::keys::{CounterNames, KeyNames, RedisNames};
 
 /// One call on the server that holds a key's names.
@@ -57,11 +58,14 @@ macro_rules! key_call {
 
 key_call!(
     /// Releases `owner`'s hold (or keeps it `keep_ms` more); true when it was
-    /// still ours. `free_first`: try the release of a lock nobody waited for
-    /// first (one key declared, see release_free.lua), for a hold that did
-    /// not wait for the lock.
-    Release { keys: &'a RedisNames, owner: &'a str, keep_ms: u64, free_first: bool } -> bool,
-    |scripts, conn, c| scripts.release(conn, c.keys, c.owner, c.keep_ms, c.free_first)
+    /// still ours. `waiters` picks how it is sent (see `ExpectedWaiters`).
+    Release {
+        keys: &'a RedisNames,
+        owner: &'a str,
+        keep_ms: u64,
+        waiters: ExpectedWaiters,
+    } -> bool,
+    |scripts, conn, c| scripts.release(conn, c.keys, c.owner, c.keep_ms, c.waiters)
 );
 
 key_call!(

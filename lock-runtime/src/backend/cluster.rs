@@ -42,7 +42,7 @@ use redis::{ErrorKind, RedisError, RedisFuture, RedisResult, ServerErrorKind, Va
 use super::calls::{KeyCall, Release};
 use super::scripts::{self, AcquireReply, AcquireSpec, Scripts};
 use super::single::failed_all;
-use super::{bounded_call, read_renewals, CallError, Renewal};
+use super::{bounded_call, read_renewals, CallError, ExpectedWaiters, Renewal};
 use crate::config::{redact_all, Config, ReplicaAck, TlsSettings};
 use crate::error::{BackendErrorKind, LockError};
 use crate::keys::RedisNames;
@@ -466,7 +466,7 @@ impl Cluster {
                     keys,
                     owner,
                     keep_ms: 0,
-                    free_first: false,
+                    waiters: ExpectedWaiters::Unknown,
                 };
                 // Boxed, as the acknowledged call above.
                 Box::pin(super::require_replicas(
@@ -585,7 +585,7 @@ impl Cluster {
                                     keys,
                                     owner,
                                     keep_ms: *keep_ms,
-                                    free_first: false,
+                                    waiters: ExpectedWaiters::Unknown,
                                 },
                             )
                             .await

@@ -62,6 +62,24 @@ pub(crate) use scripts::{
     KeyReading, PermitReply, SharedRelease,
 };
 
+/// What a holder's manager knows of the lock's waiters when it releases,
+/// which decides how the release is sent (`Backend::release`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ExpectedWaiters {
+    /// The hold did not wait for the lock and nobody said they queued: most
+    /// likely nobody waits. The release that touches the lock's key alone
+    /// is tried first; the full one follows only if someone queued.
+    Unlikely,
+    /// Not known (the hold waited for the lock, a release in the
+    /// background, a give-back): the full release.
+    Unknown,
+    /// A waiter of another manager told this one that it queued, or another
+    /// acquisition of this manager is queued: the full release, which hands
+    /// the lock over, sent behind a `PING` in the same write (see
+    /// `Scripts::release`).
+    Likely,
+}
+
 /// Where the manager's Redis is.
 #[derive(Debug, Clone)]
 pub(crate) enum Target {
@@ -225,16 +243,15 @@ impl Backend {
     /// Deletes the lock if `owner` holds it and wakes its waiters; true when it
     /// was ours. With `keep_ms` above zero (the rest of a `min_hold`) the lock
     /// is not deleted but set to expire in `keep_ms`, and nobody is woken.
-    /// `free_first`: the hold did not wait for the lock, so most likely nobody
-    /// waits for it either; the release that touches the lock's key alone is
-    /// tried first, and the full one follows only if someone queued.
+    /// `waiters`: what the holder's manager knows of the lock's waiters,
+    /// which picks how a Redis release is sent (see [`ExpectedWaiters`]).
     pub(crate) async fn release(
         &self,
         key: &str,
         keys: &RedisNames,
         owner: &str,
         keep_ms: u64,
-        free_first: bool,
+        waiters: ExpectedWaiters,
     ) -> Result<bool, CallError> {
         match self {
             // Redlock: one script per member, so that the members' wake-ups go
@@ -247,7 +264,7 @@ impl Backend {
                     keys,
                     owner,
                     keep_ms,
-                    free_first,
+                    waiters,
                 };
                 self.on_key(key, &release).await
             }

@@ -42,7 +42,7 @@ use redis::RedisResult;
 use super::calls::{ForceUnlock, Inspect, IsLocked, IssueToken, Publish, RaiseFence, Release};
 use super::scripts::{AcquireReply, AcquireSpec, HeldLock};
 use super::single::Single;
-use super::{CallError, Renewal};
+use super::{CallError, ExpectedWaiters, Renewal};
 use crate::config::{redact, Config, TlsSettings};
 use crate::error::LockError;
 use crate::keys::RedisNames;
@@ -357,7 +357,7 @@ impl Redlock {
             keys,
             owner,
             keep_ms: 0,
-            free_first: false,
+            waiters: ExpectedWaiters::Unknown,
         };
         self.on_all(self.command_timeout, |m| m.on_key(key, &release))
             .await
@@ -376,7 +376,7 @@ impl Redlock {
             keys,
             owner,
             keep_ms,
-            free_first: false,
+            waiters: ExpectedWaiters::Unknown,
         };
         let replies = self
             .on_all(self.command_timeout, |m| m.on_key(key, &release))

@@ -14,7 +14,7 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisError, RedisResult};
 
-use super::is_noscript;
+use super::{is_noscript, ExpectedWaiters};
 use crate::config::ReplicaAck;
 use crate::keys::{CounterNames, KeyNames, LockKind, RedisNames};
 
@@ -144,6 +144,31 @@ impl Lua {
                 cmd.query_async(conn).await
             }
             other => other,
+        }
+    }
+
+    /// [`Lua::invoke`] of `cmd` behind a `PING`, both in one write: the
+    /// server runs the two in one go, and the `PING`'s reply makes the caller
+    /// a client with output pending before the script runs. Redis (and
+    /// Valkey) write the clients with pending output most recent first, so a
+    /// subscriber that the script publishes to is written before the caller,
+    /// where it would otherwise come after. For a hand-off, the waiter's
+    /// message then leaves first, and on a busy machine the waiter's reader
+    /// gets a CPU before the holder's: the hand-off is that much shorter.
+    async fn invoke_after_ping<T: redis::FromRedisValue>(
+        &self,
+        conn: &mut impl ConnectionLike,
+        cmd: &Cmd,
+    ) -> RedisResult<T> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("PING").ignore().add_command(cmd.clone());
+        match pipe.query_async::<(T,)>(conn).await {
+            Ok((reply,)) => Ok(reply),
+            Err(e) if is_noscript(&e) => {
+                self.load(conn).await?;
+                cmd.query_async(conn).await
+            }
+            Err(e) => Err(e),
         }
     }
 
@@ -1042,23 +1067,36 @@ impl Scripts {
 
     /// Deletes the lock if `owner` holds it and publishes a wake-up (or, with
     /// `keep_ms` above zero, leaves it `keep_ms` more); true when it was ours.
+    /// `waiters` (see [`ExpectedWaiters`]): a lock nobody likely waits for
+    /// tries the one-key release first; a default lock someone likely waits
+    /// for (told, or the one-key release declined) is released behind a
+    /// `PING`, so that the hand-off's message leaves before the reply (see
+    /// [`Lua::invoke_after_ping`]). Only then: a free cycle sends no `PING`.
     pub(crate) async fn release(
         &self,
         conn: &mut impl ConnectionLike,
         keys: &RedisNames,
         owner: &str,
         keep_ms: u64,
-        free_first: bool,
+        mut waiters: ExpectedWaiters,
     ) -> RedisResult<bool> {
-        if free_first && keep_ms == 0 && keys.kind == LockKind::Exclusive {
+        let handing_over = keep_ms == 0 && keys.kind == LockKind::Exclusive;
+        if handing_over && waiters == ExpectedWaiters::Unlikely {
             let cmd = release_free_cmd(&self.release_free, keys, owner);
             let reply: redis::Value = self.release_free.invoke(conn, &cmd).await?;
             if let Some(released) = release_free_reply(reply, owner)? {
                 return Ok(released);
             }
+            // Declined: someone queued since.
+            waiters = ExpectedWaiters::Likely;
         }
         let cmd = self.release_cmd(keys, owner, keep_ms);
-        let reply = self.release_lua(keys.kind).invoke(conn, &cmd).await?;
+        let lua = self.release_lua(keys.kind);
+        let reply = if handing_over && waiters == ExpectedWaiters::Likely {
+            lua.invoke_after_ping(conn, &cmd).await?
+        } else {
+            lua.invoke(conn, &cmd).await?
+        };
         release_reply(reply, owner)
     }
 

@@ -11,7 +11,7 @@ use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 use super::calls::{KeyCall, Release};
 use super::direct::{DirectCall, DirectLane, LaneTls};
 use super::scripts::{self, AcquireAllReply, AcquireReply, AcquireSpec, Scripts};
-use super::{read_renewals, CallError, Renewal};
+use super::{read_renewals, CallError, ExpectedWaiters, Renewal};
 use crate::config::{redact, Config, ReplicaAck, TlsSettings};
 use crate::error::LockError;
 use crate::keys::RedisNames;
@@ -460,7 +460,7 @@ impl Single {
                 keys,
                 owner,
                 keep_ms: 0,
-                free_first: false,
+                waiters: ExpectedWaiters::Unknown,
             };
             super::require_replicas(key, reply, acked, &ack, self.on_key(key, &release)).await
         })

@@ -37,7 +37,7 @@
 //! [`Subscriber::expect_handoff`]), which then holds the lock without another
 //! round trip. Other waiters are not woken. The first waiter that queues for
 //! a hold of the manager's also sends `!<owner>` there, so that the hold's
-//! release hands the lock over at once (see `release::free_first`). That
+//! release hands the lock over at once (see `release::expected_waiters`). That
 //! channel is subscribed from the manager's first acquisition of a default
 //! lock on (`Core::listen_for_waiters`, [`Subscriber::keep`]), in the
 //! background, so that a manager that only holds hears its waiters too, and

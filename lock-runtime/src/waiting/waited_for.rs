@@ -1,6 +1,6 @@
 //! Waited-for notices: the `!<owner>` messages by which the first waiter that
 //! queues for one of this manager's holds tells the manager, so that the
-//! hold's release hands the lock over at once (see `release::free_first`).
+//! hold's release hands the lock over at once (see `release::expected_waiters`).
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
