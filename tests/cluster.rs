@@ -568,6 +568,113 @@ fn wait_blocking(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
 
 // ---------------------------------------------------------------- resharding
 
+/// Polls `f` (every 10 ms, up to `limit`) until it returns true.
+async fn until(limit: Duration, mut f: impl AsyncFnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if f().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
+/// A release that hands the lock over while the lock's slot migrates, every
+/// key of the lock already on the new master (the old one answers `ASK`):
+/// it follows the redirection as any call does, and the waiter holds. Its
+/// manager was told that a waiter queued, so the release most likely hands
+/// over: on one server, such a release goes behind a `PING` in one pipeline,
+/// which on a cluster would use up the `ASKING` that redis-rs sends before
+/// it sends a redirected pipeline again (the script would be answered
+/// `MOVED`, back to the old master, until the command timeout). A cluster's
+/// release sends none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_off_while_its_slot_migrates_follows_the_redirection() {
+    let _faults = FAULTS.lock().await;
+    let cluster = own_cluster();
+    let a = manager_on(&cluster).await;
+    let b = manager_on(&cluster).await;
+    // Each manager waits once, so that both listen on their hand-off
+    // channels: the holder's hears the waiter's notice below.
+    for (m, other) in [(&a, &b), (&b, &a)] {
+        let held = other.lock("ct-warm").acquire().await.unwrap();
+        let waiting = {
+            let m = m.clone();
+            tokio::spawn(async move {
+                m.lock("ct-warm")
+                    .wait(Duration::from_secs(10))
+                    .acquire()
+                    .await
+            })
+        };
+        assert!(
+            until(Duration::from_secs(5), async || {
+                other
+                    .inspect("ct-warm")
+                    .await
+                    .unwrap()
+                    .is_some_and(|i| i.waited_for)
+            })
+            .await,
+            "the warm-up waiter never queued"
+        );
+        held.release().await.unwrap();
+        waiting.await.unwrap().unwrap().release().await.unwrap();
+    }
+
+    let key = "ct-handoff-migrating";
+    let names = a.redis_names(key);
+    let slot = key_slot(names.lock.as_bytes());
+    let from = cluster.master_of_slot(slot).unwrap();
+    let to = (from + 1) % MASTERS;
+    let held = a
+        .lock(key)
+        .lease(Duration::from_secs(10))
+        .acquire()
+        .await
+        .unwrap();
+    // Its fencing counter exists from now on, and moves with the rest.
+    held.fencing_token().await.unwrap();
+    let heard = a.waited_for_notices_heard();
+    let waiter = {
+        let b = b.clone();
+        tokio::spawn(async move { b.lock(key).wait(Duration::from_secs(30)).acquire().await })
+    };
+    assert!(
+        until(Duration::from_secs(5), async || a
+            .waited_for_notices_heard()
+            > heard)
+        .await,
+        "the holder's manager never heard that a waiter queued"
+    );
+    // Every key of the slot (the lock, its fence, queue and queue entries),
+    // moved; the slot itself not yet.
+    let migration = tokio::task::block_in_place(|| {
+        let mut conn = cluster.blocking_client(from).unwrap();
+        let keys: Vec<String> = redis::cmd("CLUSTER")
+            .arg("GETKEYSINSLOT")
+            .arg(slot)
+            .arg(100)
+            .query(&mut conn)
+            .unwrap();
+        assert_eq!(keys.len(), 4, "{keys:?}");
+        let mut migration = cluster.begin_migration(slot, to).unwrap();
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        migration.migrate_keys(&keys).unwrap();
+        migration
+    });
+    let released = held.release().await;
+    assert!(released.is_ok(), "{released:?}");
+    let handed = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter holds")
+        .unwrap();
+    assert!(handed.is_ok(), "{handed:?}");
+    tokio::task::block_in_place(|| migration.finish().unwrap());
+    handed.unwrap().release().await.unwrap();
+}
+
 /// Moves a held and contended lock's slot to another master while its holder
 /// renews and a waiter waits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -102,3 +102,54 @@ async fn an_error_reply_is_a_server_error_with_its_code() {
     };
     assert_eq!(source.code(), Some("OOM"), "{err:?}");
 }
+
+/// A release that most likely hands the lock over (its manager heard the
+/// waiter's notice) goes behind a `PING` in one pipeline: an error reply to
+/// its script is still a server error with its own code, not a pipeline
+/// failure. Here the queue's key holds a string, so the script's read of the
+/// queue is refused (`WRONGTYPE`). Once the key is gone, the release retried
+/// in the background frees the lock and the waiter's next attempt takes it.
+#[tokio::test]
+async fn an_error_reply_to_a_release_behind_a_ping_keeps_its_code() {
+    let redis = server();
+    let holder = manager(&redis).await;
+    let waiter = manager(&redis).await;
+    wait_once(&holder, &waiter, "warm-up").await;
+    let heard = holder.waited_for_notices_heard();
+    let guard = holder.lock("k").acquire().await.unwrap();
+    let waiting = spawn_waiter(&waiter, "k");
+    eventually(Duration::from_secs(5), async || {
+        holder.waited_for_notices_heard() > heard
+    })
+    .await
+    .expect("the holder's manager hears that a waiter queued");
+    let mut raw = raw(&redis).await;
+    let queue = all_keys(&mut raw)
+        .await
+        .into_iter()
+        .find(|k| k.contains("lockq:") && k.ends_with(":k"))
+        .expect("the queue's key");
+    let _: () = redis::pipe()
+        .atomic()
+        .del(&queue)
+        .set(&queue, "not a queue")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let err = guard.release().await.unwrap_err();
+    assert_eq!(
+        backend_kind(&err),
+        Some(BackendErrorKind::Server),
+        "{err:?}"
+    );
+    let LockError::Backend { source, .. } = &err else {
+        unreachable!()
+    };
+    assert_eq!(source.code(), Some("WRONGTYPE"), "{err:?}");
+    del(&mut raw, &queue).await;
+    let handed = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiter holds once the queue's key is gone")
+        .unwrap();
+    assert!(handed.is_ok(), "{handed:?}");
+}

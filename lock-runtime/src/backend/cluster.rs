@@ -273,7 +273,7 @@ impl Cluster {
             seeds: seed_clients,
             slots: Mutex::new(SlotMap::default()),
             subscriber_turns: Vec::new(),
-            scripts: Scripts::new(&config.key_prefix),
+            scripts: Scripts::for_cluster(&config.key_prefix),
             replica_ack: config.replica_ack,
             command_timeout: config.command_timeout,
             connect_timeout: config.connect_timeout,

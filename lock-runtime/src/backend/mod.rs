@@ -76,7 +76,7 @@ pub(crate) enum ExpectedWaiters {
     /// A waiter of another manager told this one that it queued, or another
     /// acquisition of this manager is queued: the full release, which hands
     /// the lock over, sent behind a `PING` in the same write (see
-    /// `Scripts::release`).
+    /// `Scripts::release`; on a cluster, without it).
     Likely,
 }
 

@@ -155,15 +155,25 @@ impl Lua {
     /// where it would otherwise come after. For a hand-off, the waiter's
     /// message then leaves first, and on a busy machine the waiter's reader
     /// gets a CPU before the holder's: the hand-off is that much shorter.
+    ///
+    /// The script's reply is read as a single command's (`ignore_errors`):
+    /// its error keeps its own kind and code (a pipeline's error would be a
+    /// pipeline failure), and a `PING` refused (an ACL without it) costs
+    /// nothing, the release having run. Not for a cluster connection (see
+    /// `Scripts::ping_before_handoff`).
     async fn invoke_after_ping<T: redis::FromRedisValue>(
         &self,
         conn: &mut impl ConnectionLike,
         cmd: &Cmd,
     ) -> RedisResult<T> {
         let mut pipe = redis::pipe();
-        pipe.cmd("PING").ignore().add_command(cmd.clone());
-        match pipe.query_async::<(T,)>(conn).await {
-            Ok((reply,)) => Ok(reply),
+        pipe.ignore_errors()
+            .cmd("PING")
+            .ignore()
+            .add_command(cmd.clone());
+        let (reply,): (redis::Value,) = pipe.query_async(conn).await?;
+        match reply.extract_error() {
+            Ok(value) => Ok(redis::from_redis_value(value)?),
             Err(e) if is_noscript(&e) => {
                 self.load(conn).await?;
                 cmd.query_async(conn).await
@@ -683,6 +693,12 @@ pub(crate) struct Scripts {
     /// `<handoff_base>:<route of its manager>`, one channel per manager for
     /// all its locks (see `scripts/queue_prelude.lua`).
     handoff_base: String,
+    /// Whether a release that likely hands the lock over goes behind a
+    /// `PING` ([`Lua::invoke_after_ping`]). Not on a cluster: redis-rs
+    /// follows an `ASK` redirection (a slot in migration) by sending `ASKING`
+    /// and then the whole pipeline again, and the `PING` would use up the
+    /// `ASKING` that the script needs.
+    ping_before_handoff: bool,
 }
 
 /// A script of the default lock's queue, after the helpers of every kind and
@@ -752,6 +768,16 @@ impl Scripts {
             force_unlock_shared: with_prelude!("force_unlock_shared.lua"),
             counter_acquire: with_counter_prelude!("counter_acquire.lua"),
             counter_change: with_counter_prelude!("counter_change.lua"),
+            ping_before_handoff: true,
+        }
+    }
+
+    /// The scripts of a cluster's manager: as [`Scripts::new`], with no
+    /// `PING` before a hand-off (see `ping_before_handoff`).
+    pub(crate) fn for_cluster(key_prefix: &str) -> Self {
+        Scripts {
+            ping_before_handoff: false,
+            ..Scripts::new(key_prefix)
         }
     }
 
@@ -1071,7 +1097,8 @@ impl Scripts {
     /// tries the one-key release first; a default lock someone likely waits
     /// for (told, or the one-key release declined) is released behind a
     /// `PING`, so that the hand-off's message leaves before the reply (see
-    /// [`Lua::invoke_after_ping`]). Only then: a free cycle sends no `PING`.
+    /// [`Lua::invoke_after_ping`]; not on a cluster). Only then: a free
+    /// cycle sends no `PING`.
     pub(crate) async fn release(
         &self,
         conn: &mut impl ConnectionLike,
@@ -1092,11 +1119,12 @@ impl Scripts {
         }
         let cmd = self.release_cmd(keys, owner, keep_ms);
         let lua = self.release_lua(keys.kind);
-        let reply = if handing_over && waiters == ExpectedWaiters::Likely {
-            lua.invoke_after_ping(conn, &cmd).await?
-        } else {
-            lua.invoke(conn, &cmd).await?
-        };
+        let reply =
+            if handing_over && waiters == ExpectedWaiters::Likely && self.ping_before_handoff {
+                lua.invoke_after_ping(conn, &cmd).await?
+            } else {
+                lua.invoke(conn, &cmd).await?
+            };
         release_reply(reply, owner)
     }
 
