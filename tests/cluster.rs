@@ -9,6 +9,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{eventually, wait_once};
 use distlock::testing::{key_slot, RedisCluster, RedisServer};
 use distlock::{distributed_lock, LockError, LockManager};
 use redis::aio::ConnectionLike;
@@ -568,18 +571,6 @@ fn wait_blocking(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
 
 // ---------------------------------------------------------------- resharding
 
-/// Polls `f` (every 10 ms, up to `limit`) until it returns true.
-async fn until(limit: Duration, mut f: impl AsyncFnMut() -> bool) -> bool {
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if f().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    false
-}
-
 /// A release that hands the lock over while the lock's slot migrates, every
 /// key of the lock already on the new master (the old one answers `ASK`):
 /// it follows the redirection as any call does, and the waiter holds. Its
@@ -597,31 +588,8 @@ async fn a_hand_off_while_its_slot_migrates_follows_the_redirection() {
     let b = manager_on(&cluster).await;
     // Each manager waits once, so that both listen on their hand-off
     // channels: the holder's hears the waiter's notice below.
-    for (m, other) in [(&a, &b), (&b, &a)] {
-        let held = other.lock("ct-warm").acquire().await.unwrap();
-        let waiting = {
-            let m = m.clone();
-            tokio::spawn(async move {
-                m.lock("ct-warm")
-                    .wait(Duration::from_secs(10))
-                    .acquire()
-                    .await
-            })
-        };
-        assert!(
-            until(Duration::from_secs(5), async || {
-                other
-                    .inspect("ct-warm")
-                    .await
-                    .unwrap()
-                    .is_some_and(|i| i.waited_for)
-            })
-            .await,
-            "the warm-up waiter never queued"
-        );
-        held.release().await.unwrap();
-        waiting.await.unwrap().unwrap().release().await.unwrap();
-    }
+    wait_once(&a, &b, "ct-warm").await;
+    wait_once(&b, &a, "ct-warm").await;
 
     let key = "ct-handoff-migrating";
     let names = a.redis_names(key);
@@ -641,13 +609,11 @@ async fn a_hand_off_while_its_slot_migrates_follows_the_redirection() {
         let b = b.clone();
         tokio::spawn(async move { b.lock(key).wait(Duration::from_secs(30)).acquire().await })
     };
-    assert!(
-        until(Duration::from_secs(5), async || a
-            .waited_for_notices_heard()
-            > heard)
-        .await,
-        "the holder's manager never heard that a waiter queued"
-    );
+    eventually(Duration::from_secs(5), async || {
+        a.waited_for_notices_heard() > heard
+    })
+    .await
+    .expect("the holder's manager hears that a waiter queued");
     // Every key of the slot (the lock, its fence, queue and queue entries),
     // moved; the slot itself not yet.
     let migration = tokio::task::block_in_place(|| {

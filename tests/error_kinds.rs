@@ -20,6 +20,15 @@ fn backend_kind(e: &LockError) -> Option<BackendErrorKind> {
     }
 }
 
+/// Asserts that `err` is a server's error reply with the code `code`.
+fn assert_server_error(err: &LockError, code: &str) {
+    assert_eq!(backend_kind(err), Some(BackendErrorKind::Server), "{err:?}");
+    let LockError::Backend { source, .. } = err else {
+        unreachable!()
+    };
+    assert_eq!(source.code(), Some(code), "{err:?}");
+}
+
 /// The client retries a refused connection until the connect timeout.
 #[tokio::test]
 async fn nothing_listening_is_a_connect_timeout() {
@@ -92,15 +101,7 @@ async fn an_error_reply_is_a_server_error_with_its_code() {
         .await
         .unwrap();
     let err = m.lock("k").try_acquire().await.unwrap_err();
-    assert_eq!(
-        backend_kind(&err),
-        Some(BackendErrorKind::Server),
-        "{err:?}"
-    );
-    let LockError::Backend { source, .. } = &err else {
-        unreachable!()
-    };
-    assert_eq!(source.code(), Some("OOM"), "{err:?}");
+    assert_server_error(&err, "OOM");
 }
 
 /// A release that most likely hands the lock over (its manager heard the
@@ -137,15 +138,7 @@ async fn an_error_reply_to_a_release_behind_a_ping_keeps_its_code() {
         .await
         .unwrap();
     let err = guard.release().await.unwrap_err();
-    assert_eq!(
-        backend_kind(&err),
-        Some(BackendErrorKind::Server),
-        "{err:?}"
-    );
-    let LockError::Backend { source, .. } = &err else {
-        unreachable!()
-    };
-    assert_eq!(source.code(), Some("WRONGTYPE"), "{err:?}");
+    assert_server_error(&err, "WRONGTYPE");
     del(&mut raw, &queue).await;
     let handed = tokio::time::timeout(Duration::from_secs(10), waiting)
         .await
