@@ -818,6 +818,13 @@ impl LockManager {
         self.inner.core.subscriber.delivered()
     }
 
+    /// How many acquisitions of this manager wait in its queues for a
+    /// wake-up now (the default lock's waiters, which queue in the store,
+    /// wait there too): for tests that need a waiter parked. Not a stable API.
+    pub fn waiting_acquisitions(&self) -> usize {
+        self.inner.core.subscriber.waiter_count()
+    }
+
     /// How many notices "a waiter queued for one of your holds" this manager
     /// has heard on its hand-off channel: for tests. Not a stable API.
     pub fn waited_for_notices_heard(&self) -> u64 {

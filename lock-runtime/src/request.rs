@@ -591,6 +591,7 @@ impl Acquisition<'_> {
                     Attempt::Acquired {
                         fencing_token,
                         sent_at,
+                        ..
                     } => self.grant(manager, fencing_token, sent_at, None).map(Some),
                     Attempt::Busy(_) if patience == Patience::Once => {
                         telemetry::busy(self.hold.metrics_label);
@@ -612,6 +613,7 @@ impl Acquisition<'_> {
                 if let Attempt::Acquired {
                     fencing_token,
                     sent_at,
+                    ..
                 } = self.attempt().await?
                 {
                     return self.grant(manager, fencing_token, sent_at, None).map(Some);
@@ -633,6 +635,7 @@ impl Acquisition<'_> {
                 Attempt::Acquired {
                     fencing_token,
                     sent_at,
+                    ..
                 } => return self.grant(manager, fencing_token, sent_at, None).map(Some),
                 Attempt::Busy(remaining) => remaining,
             };
@@ -705,13 +708,26 @@ impl Acquisition<'_> {
                 Attempt::Acquired {
                     fencing_token,
                     sent_at,
+                    permits_left,
                 } => {
                     if self.keys.kind == LockKind::Exclusive {
                         registration.forget_releases();
                     } else {
                         // One release was this one's; any more (a semaphore's
                         // other permits) are the next waiter's.
-                        registration.set_unresolved_releases(releases.saturating_sub(1));
+                        let mut passed_on = releases.saturating_sub(1);
+                        // The next waiter also looks when permits are left
+                        // free, since a release from a semaphore that was
+                        // not full wakes nobody; and when this one got in on
+                        // its timer: a lease ran out unreleased, and others
+                        // may be about to, which only the first in line
+                        // watches for (the next one's timer is its backoff).
+                        let on_timer =
+                            wake.is_none() && matches!(self.keys.kind, LockKind::Permit { .. });
+                        if permits_left > 0 || on_timer {
+                            passed_on = passed_on.max(1);
+                        }
+                        registration.set_unresolved_releases(passed_on);
                     }
                     if let Some(mut withdraw) = withdraw.take() {
                         withdraw.disarm();
@@ -761,6 +777,7 @@ impl Acquisition<'_> {
                 Attempt::Acquired {
                     fencing_token,
                     sent_at,
+                    ..
                 } => {
                     withdraw.disarm();
                     return self.grant(manager, fencing_token, sent_at, None).map(Some);
@@ -932,11 +949,15 @@ impl Acquisition<'_> {
             .await;
         telemetry::round_trip(|| sent_at.elapsed());
         match reply {
-            Ok(AcquireReply::Acquired { fencing_token }) => {
+            Ok(AcquireReply::Acquired {
+                fencing_token,
+                permits_left,
+            }) => {
                 in_flight.disarm();
                 Ok(Attempt::Acquired {
                     fencing_token,
                     sent_at,
+                    permits_left,
                 })
             }
             Ok(AcquireReply::Busy { remaining }) => {
@@ -1048,10 +1069,12 @@ impl Acquisition<'_> {
 }
 
 enum Attempt {
-    /// Ours, with this fencing token, by the attempt sent at `sent_at`.
+    /// Ours, with this fencing token, by the attempt sent at `sent_at`; a
+    /// semaphore has `permits_left` permits still free (0 for other kinds).
     Acquired {
         fencing_token: u64,
         sent_at: Instant,
+        permits_left: u32,
     },
     Busy(Option<Duration>),
 }

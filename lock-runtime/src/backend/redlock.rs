@@ -181,7 +181,9 @@ impl Redlock {
         let mut last_error = None;
         for (i, reply) in replies.into_iter().enumerate() {
             match reply {
-                Ok(AcquireReply::Acquired { fencing_token }) => granted.push((i, fencing_token)),
+                Ok(AcquireReply::Acquired { fencing_token, .. }) => {
+                    granted.push((i, fencing_token))
+                }
                 Ok(AcquireReply::Foreign) => {
                     busy += 1;
                     foreign += 1;
@@ -210,8 +212,10 @@ impl Redlock {
             };
             let valid = Instant::now() < started + lease.saturating_sub(drift(lease));
             if confirmed >= self.quorum && valid {
+                // Redlock managers refuse semaphores: no permits to count.
                 return Ok(AcquireReply::Acquired {
                     fencing_token: token,
+                    permits_left: 0,
                 });
             }
             tracing::debug!(target: "distlock::acquire",

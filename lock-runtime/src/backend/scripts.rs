@@ -21,8 +21,13 @@ use crate::keys::{CounterNames, KeyNames, LockKind, RedisNames};
 /// What the acquire script answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum AcquireReply {
-    /// The lock is ours, with this fencing token.
-    Acquired { fencing_token: u64 },
+    /// The lock is ours, with this fencing token; a semaphore has
+    /// `permits_left` permits still free (0 for the other kinds), for the
+    /// next waiter of the caller's manager.
+    Acquired {
+        fencing_token: u64,
+        permits_left: u32,
+    },
     /// Another owner holds it; `remaining` is its lease left, when it has one.
     Busy { remaining: Option<Duration> },
     /// A semaphore's holders use `held_with` permits, and the request gave
@@ -237,14 +242,26 @@ fn from_value<T: redis::FromRedisValue>(value: redis::Value) -> RedisResult<T> {
     }
 }
 
-fn read_acquire(
-    (status, value, echoed): (i64, i64, String),
-    owner: &str,
-) -> RedisResult<AcquireReply> {
+/// An acquire script's reply: `{status, value, owner}`, and for a permit
+/// granted, a fourth item: the permits left free (see `permit_acquire.lua`).
+fn read_acquire(reply: Vec<redis::Value>, owner: &str) -> RedisResult<AcquireReply> {
+    let mut items = reply.into_iter();
+    let (Some(status), Some(value), Some(echoed)) = (items.next(), items.next(), items.next())
+    else {
+        return Err(out_of_sync("an acquire reply of the wrong length"));
+    };
+    let status: i64 = redis::from_redis_value(status)?;
+    let value: i64 = redis::from_redis_value(value)?;
+    let echoed: String = redis::from_redis_value(echoed)?;
     check_owner(&echoed, owner)?;
     Ok(if status == 1 {
+        let permits_left: i64 = match items.next() {
+            Some(left) => redis::from_redis_value(left)?,
+            None => 0,
+        };
         AcquireReply::Acquired {
             fencing_token: u64::try_from(value).unwrap_or(0),
+            permits_left: u32::try_from(permits_left).unwrap_or(0),
         }
     } else if status == 2 {
         AcquireReply::PermitsDiffer {
@@ -822,7 +839,7 @@ impl Scripts {
             return self.acquire_plain(conn, keys, owner, lease_ms, spec).await;
         }
         let cmd = self.acquire_cmd(keys, owner, lease_ms, spec);
-        let reply: (i64, i64, String) = self.acquire_lua(keys.kind).invoke(conn, &cmd).await?;
+        let reply: Vec<redis::Value> = self.acquire_lua(keys.kind).invoke(conn, &cmd).await?;
         read_acquire(reply, owner)
     }
 
@@ -900,7 +917,10 @@ impl Scripts {
             Err(e) => return Err(e),
         };
         Ok(match held {
-            None => AcquireReply::Acquired { fencing_token: 0 },
+            None => AcquireReply::Acquired {
+                fencing_token: 0,
+                permits_left: 0,
+            },
             Some(held) if is_lock_value(&held) => AcquireReply::Busy { remaining: None },
             Some(_) => AcquireReply::Foreign,
         })

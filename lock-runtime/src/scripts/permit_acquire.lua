@@ -24,8 +24,12 @@
 --          waiters make no attempt until they are first in its line, and a
 --          release must wake them once enough permits may be free. Absent: 1
 --
--- Returns {1, token, owner}   a permit is ours (a retry of ours keeps it and
---                             gets a fresh token)
+-- Returns {1, token, owner, left}
+--                             a permit is ours (a retry of ours keeps it and
+--                             gets a fresh token), and `left` permits are
+--                             still free: the caller's manager then wakes its
+--                             next waiter, since a release from a semaphore
+--                             that was not full wakes nobody
 --         {0, pttl, owner}    too few permits are free; the first holder to
 --                             expire does so in `pttl` ms
 --         {2, count, owner}   holders use the semaphore with `count` permits
@@ -75,7 +79,7 @@ if redis.call('ZSCORE', KEYS[1], ARGV[1])
   redis.call('SET', KEYS[3], ARGV[5])
   push_expiry(KEYS[1], KEYS[3], KEYS[4])
   record_waiting(waiting)
-  return {1, token, ARGV[1]}
+  return {1, token, ARGV[1], math.max(0, tonumber(ARGV[5]) - permits_held(KEYS[1]))}
 end
 if ARGV[6] == '1' then
   redis.call('SET', KEYS[3], ARGV[5], 'KEEPTTL')

@@ -230,6 +230,12 @@ impl WaiterQueues {
         }
     }
 
+    /// How many waiters every channel has, together.
+    #[cfg(feature = "testing")]
+    pub(super) fn waiter_count(&self) -> usize {
+        self.channels().values().map(|c| c.queue.len()).sum()
+    }
+
     pub(super) fn is_wanted(&self, channel: &str) -> bool {
         self.channels().contains_key(channel)
     }

@@ -168,6 +168,12 @@ impl Subscriber {
     pub(crate) fn delivered(&self) -> u64 {
         self.delivered.load(Ordering::Relaxed)
     }
+
+    /// How many acquisitions wait in this manager's queues now.
+    #[cfg(feature = "testing")]
+    pub(crate) fn waiter_count(&self) -> usize {
+        self.queues.waiter_count()
+    }
 }
 
 /// The subscriber task: keeps the subscriptions equal to the channels that have

@@ -638,6 +638,7 @@ impl Postgres {
         Ok(match status {
             1 => AcquireReply::Acquired {
                 fencing_token: u64::try_from(token).unwrap_or(0),
+                permits_left: 0,
             },
             _ => AcquireReply::Busy {
                 remaining: Some(Duration::from_millis(u64::try_from(remaining).unwrap_or(0))),

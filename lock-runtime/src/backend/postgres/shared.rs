@@ -151,8 +151,14 @@ impl Postgres {
         let value: i64 = get(key, &row, 1)?;
         let remaining: i64 = get(key, &row, 2)?;
         Ok(match status {
+            // A permit's grant says in its third column how many permits
+            // are left free (see permit_acquire in schema.sql).
             1 => AcquireReply::Acquired {
                 fencing_token: token_of(value),
+                permits_left: match keys.kind {
+                    LockKind::Permit { .. } => u32::try_from(remaining).unwrap_or(0),
+                    _ => 0,
+                },
             },
             2 => AcquireReply::PermitsDiffer {
                 held_with: u32::try_from(value).unwrap_or(u32::MAX),
