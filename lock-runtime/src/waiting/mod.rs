@@ -29,6 +29,10 @@
 //! payload is `#<n>:...` (a semaphore's release of n permits) gives the
 //! longest waiter n wake-ups, which it passes on as a semaphore waiter passes
 //! on the ones it did not need: one message, however many permits came free.
+//! A semaphore's release publishes only when the semaphore was full, so a
+//! waiter that gets a permit also wakes the next when its grant says permits
+//! are left free, or when it got in on its timer (leases that ran out
+//! unreleased: the next one then learns when the next hold ends).
 //!
 //! The default lock's release hands the lock to the head of its queue in Redis
 //! and publishes `=<owner>:<fencing token>` on the one channel of the head's
