@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use distlock::LockError;
+use distlock::{Backoff, LockError};
 
 crate::on_stores!(
     readers_share_and_a_writer_excludes_everyone,
@@ -21,6 +21,7 @@ crate::on_stores!(
     reentry_shares_reads_downgrades_and_refuses_upgrades,
     writers_fencing_tokens_strictly_increase,
     a_reader_learns_that_its_hold_is_gone,
+    readers_waiting_for_a_crashed_writer_all_get_in_as_its_lease_ends,
 );
 
 async fn readers_share_and_a_writer_excludes_everyone(d: Deployment) {
@@ -169,6 +170,63 @@ async fn a_crashed_readers_share_expires_within_its_lease(d: Deployment) {
     let waited = start.elapsed();
     assert!(waited < Duration::from_millis(1500), "waited {waited:?}");
     w.release().await.unwrap();
+}
+
+/// Readers of one manager waiting for a writer that died (its lease runs
+/// out unreleased: nobody publishes) all get in as its lease ends (issue:
+/// only the first waiter in line retried then; the others slept their
+/// backoff, up to 1 s by default).
+async fn readers_waiting_for_a_crashed_writer_all_get_in_as_its_lease_ends(d: Deployment) {
+    let crashed = d.manager().await;
+    let b = d.manager().await;
+    const LEASE: Duration = Duration::from_secs(1);
+    let w = crashed
+        .write_lock("ledger")
+        .lease(LEASE)
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    // Neither released nor renewed: as if the process had died.
+    std::mem::forget(w);
+    let taken = Instant::now();
+    let readers: Vec<_> = (0..3)
+        .map(|_| {
+            let b = b.clone();
+            tokio::spawn(async move {
+                let r = b
+                    .read_lock("ledger")
+                    // A timer that cannot bring a reader in within 10 s.
+                    .backoff(
+                        Backoff::new(Duration::from_secs(10), Duration::from_secs(10))
+                            .with_jitter(0.0),
+                    )
+                    .wait(Duration::from_secs(20))
+                    .acquire()
+                    .await
+                    .unwrap();
+                (r, Instant::now())
+            })
+        })
+        .collect();
+    await_parked(&b, 3).await;
+    let mut holds = Vec::new();
+    for reader in readers {
+        let (r, acquired) = reader.await.unwrap();
+        // The writer's lease ends LEASE after `taken` at the latest; the
+        // first reader in line retries then (its timer is capped by the
+        // lease), and each reader that gets in has the next one look. A
+        // reader's own timer would take 10 s; 5 s leaves a loaded machine room.
+        assert!(
+            acquired.duration_since(taken) < Duration::from_secs(5),
+            "a reader got in {:?} after the writer (lease {LEASE:?})",
+            acquired.duration_since(taken)
+        );
+        holds.push(r);
+    }
+    for r in holds {
+        r.release().await.unwrap();
+    }
 }
 
 /// A writer that gives up waiting takes its intent back, so readers are not

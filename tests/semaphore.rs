@@ -119,19 +119,6 @@ async fn a_crashed_holders_permit_returns_within_its_lease(d: Deployment) {
     g.release().await.unwrap();
 }
 
-/// Waits (up to 10 s) until `waiters` acquisitions of `m` are parked.
-async fn await_parked(m: &LockManager, waiters: usize) {
-    let parked = eventually(Duration::from_secs(10), async || {
-        m.waiting_acquisitions() >= waiters
-    })
-    .await;
-    assert!(
-        parked.is_some(),
-        "{} of {waiters} waiters parked",
-        m.waiting_acquisitions()
-    );
-}
-
 /// The permits of a holder that died (leases that run out unreleased: nobody
 /// publishes) go to every waiter of a manager as they run out (issue: only
 /// the first waiter in line retried as the leases ended; the others slept

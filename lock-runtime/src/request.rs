@@ -716,15 +716,20 @@ impl Acquisition<'_> {
                         // One release was this one's; any more (a semaphore's
                         // other permits) are the next waiter's.
                         let mut passed_on = releases.saturating_sub(1);
-                        // The next waiter also looks when permits are left
-                        // free, since a release from a semaphore that was
-                        // not full wakes nobody; and when this one got in on
-                        // its timer: a lease ran out unreleased, and others
-                        // may be about to, which only the first in line
-                        // watches for (the next one's timer is its backoff).
-                        let on_timer =
-                            wake.is_none() && matches!(self.keys.kind, LockKind::Permit { .. });
-                        if permits_left > 0 || on_timer {
+                        // The next waiter of this manager also looks when
+                        // the store wakes nobody for it: a semaphore with
+                        // permits left free (a release from one that was not
+                        // full publishes nothing), or one whose permit came
+                        // on this waiter's timer (a lease ran out unreleased
+                        // and others may be about to, which only the first in
+                        // line watches for); a read hold, since readers share
+                        // (unless every waiter was told to look already).
+                        let room_left = match self.keys.kind {
+                            LockKind::Permit { .. } => permits_left > 0 || wake.is_none(),
+                            LockKind::Read => !wake.is_some_and(|w| w.recheck),
+                            LockKind::Exclusive | LockKind::Write => false,
+                        };
+                        if room_left {
                             passed_on = passed_on.max(1);
                         }
                         registration.set_unresolved_releases(passed_on);

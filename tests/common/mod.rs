@@ -160,6 +160,20 @@ pub async fn all_keys(conn: &mut MultiplexedConnection) -> Vec<String> {
         .expect("KEYS")
 }
 
+/// Waits (up to 10 s) until `waiters` acquisitions of `m` are parked in its
+/// queues.
+pub async fn await_parked(m: &LockManager, waiters: usize) {
+    let parked = eventually(Duration::from_secs(10), async || {
+        m.waiting_acquisitions() >= waiters
+    })
+    .await;
+    assert!(
+        parked.is_some(),
+        "{} of {waiters} waiters parked",
+        m.waiting_acquisitions()
+    );
+}
+
 /// Runs `f` until it returns true or `limit` passes; returns how long it took.
 /// For conditions that only time can bring (a lease running out), with generous
 /// limits.

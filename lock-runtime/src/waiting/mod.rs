@@ -32,7 +32,8 @@
 //! A semaphore's release publishes only when the semaphore was full, so a
 //! waiter that gets a permit also wakes the next when its grant says permits
 //! are left free, or when it got in on its timer (leases that ran out
-//! unreleased: the next one then learns when the next hold ends).
+//! unreleased: the next one then learns when the next hold ends); a reader
+//! that gets in wakes the next too, since readers share.
 //!
 //! The default lock's release hands the lock to the head of its queue in Redis
 //! and publishes `=<owner>:<fencing token>` on the one channel of the head's
