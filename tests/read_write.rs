@@ -22,6 +22,7 @@ crate::on_stores!(
     writers_fencing_tokens_strictly_increase,
     a_reader_learns_that_its_hold_is_gone,
     readers_waiting_for_a_crashed_writer_all_get_in_as_its_lease_ends,
+    a_writer_behind_one_that_gave_up_gets_in_as_the_lease_ends,
 );
 
 async fn readers_share_and_a_writer_excludes_everyone(d: Deployment) {
@@ -181,7 +182,7 @@ async fn readers_waiting_for_a_crashed_writer_all_get_in_as_its_lease_ends(d: De
     let b = d.manager().await;
     const LEASE: Duration = Duration::from_secs(1);
     let w = crashed
-        .write_lock("ledger")
+        .write_lock("orphaned-writer")
         .lease(LEASE)
         .renew(false)
         .acquire()
@@ -195,7 +196,7 @@ async fn readers_waiting_for_a_crashed_writer_all_get_in_as_its_lease_ends(d: De
             let b = b.clone();
             tokio::spawn(async move {
                 let r = b
-                    .read_lock("ledger")
+                    .read_lock("orphaned-writer")
                     // A timer that cannot bring a reader in within 10 s.
                     .backoff(
                         Backoff::new(Duration::from_secs(10), Duration::from_secs(10))
@@ -227,6 +228,66 @@ async fn readers_waiting_for_a_crashed_writer_all_get_in_as_its_lease_ends(d: De
     for r in holds {
         r.release().await.unwrap();
     }
+}
+
+/// A writer whose manager's first waiter in line gave up takes over its watch
+/// of the holder's lease, and gets in as that lease runs out unreleased
+/// (issue: it slept on the backoff it had drawn while second in line).
+async fn a_writer_behind_one_that_gave_up_gets_in_as_the_lease_ends(d: Deployment) {
+    let crashed = d.manager().await;
+    let b = d.manager().await;
+    let key = "orphaned-again";
+    const LEASE: Duration = Duration::from_secs(2);
+    let w = crashed
+        .write_lock(key)
+        .lease(LEASE)
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    // Neither released nor renewed: as if the process had died.
+    std::mem::forget(w);
+    let taken = Instant::now();
+    let impatient = {
+        let b = b.clone();
+        tokio::spawn(async move {
+            b.write_lock(key)
+                .wait(Duration::from_millis(300))
+                .acquire()
+                .await
+        })
+    };
+    await_parked(&b, 1).await;
+    let patient = {
+        let b = b.clone();
+        tokio::spawn(async move {
+            let w = b
+                .write_lock(key)
+                // A timer that cannot bring it in within 10 s.
+                .backoff(
+                    Backoff::new(Duration::from_secs(10), Duration::from_secs(10)).with_jitter(0.0),
+                )
+                .wait(Duration::from_secs(20))
+                .acquire()
+                .await
+                .unwrap();
+            (w, Instant::now())
+        })
+    };
+    await_parked(&b, 2).await;
+    let gave_up = impatient.await.unwrap().unwrap_err();
+    assert!(matches!(gave_up, LockError::Timeout { .. }), "{gave_up}");
+    let (w, acquired) = patient.await.unwrap();
+    // The crashed hold ends LEASE after `taken` at the latest; the waiter left
+    // first in line retries then (its timer is capped by the lease, which its
+    // attempt on taking over read). Its own backoff would take 10 s; 5 s
+    // leaves a loaded machine room.
+    assert!(
+        acquired.duration_since(taken) < Duration::from_secs(5),
+        "the writer got in {:?} after the crashed hold began (lease {LEASE:?})",
+        acquired.duration_since(taken)
+    );
+    w.release().await.unwrap();
 }
 
 /// A writer that gives up waiting takes its intent back, so readers are not

@@ -662,7 +662,10 @@ impl Acquisition<'_> {
         mut remaining: Option<Duration>,
     ) -> Result<Option<LockGuard>, LockError> {
         let core = self.core.clone();
-        let registration = core.subscriber.register(self.keys.channel(), self.weight);
+        let registration = core
+            .subscriber
+            .register(self.keys.channel(), self.weight)
+            .watching_expiry();
         let _counted = telemetry::waiting(self.hold.metrics_label);
         self.waiting = true;
         // A waiting writer announces itself to keep new readers out; if it
@@ -710,6 +713,7 @@ impl Acquisition<'_> {
                     sent_at,
                     permits_left,
                 } => {
+                    registration.got_it();
                     if self.keys.kind == LockKind::Exclusive {
                         registration.forget_releases();
                     } else {
@@ -723,10 +727,11 @@ impl Acquisition<'_> {
                         // on this waiter's timer (a lease ran out unreleased
                         // and others may be about to, which only the first in
                         // line watches for); a read hold, since readers share
-                        // (unless every waiter was told to look already).
+                        // (also after a wake-everyone recheck, which a reader
+                        // that registered since never heard).
                         let room_left = match self.keys.kind {
                             LockKind::Permit { .. } => permits_left > 0 || wake.is_none(),
-                            LockKind::Read => !wake.is_some_and(|w| w.recheck),
+                            LockKind::Read => true,
                             LockKind::Exclusive | LockKind::Write => false,
                         };
                         if room_left {

@@ -28,8 +28,9 @@
 --                             a permit is ours (a retry of ours keeps it and
 --                             gets a fresh token), and `left` permits are
 --                             still free: the caller's manager then wakes its
---                             next waiter, since a release from a semaphore
---                             that was not full wakes nobody
+--                             next waiter, since a release wakes nobody when
+--                             no waiter was kept out before it (see
+--                             permit_release.lua)
 --         {0, pttl, owner}    too few permits are free; the first holder to
 --                             expire does so in `pttl` ms
 --         {2, count, owner}   holders use the semaphore with `count` permits
@@ -70,16 +71,24 @@ end
 -- request out; the exact sum reads every holder.
 local wanted = weight_of(ARGV[1])
 local waiting = math.max(wanted, tonumber(ARGV[9]) or 1)
-if redis.call('ZSCORE', KEYS[1], ARGV[1])
-    or (holders + wanted <= tonumber(ARGV[5])
-      and permits_held(KEYS[1]) + wanted <= tonumber(ARGV[5])) then
+local count = tonumber(ARGV[5])
+local mine = redis.call('ZSCORE', KEYS[1], ARGV[1])
+local held = nil
+if mine or holders + wanted <= count then
+  held = permits_held(KEYS[1])
+end
+if mine or (held and held + wanted <= count) then
   local token = next_token(KEYS[2], ARGV[3])
   redis.call('ZADD', KEYS[1], string.format('%.0f', now + tonumber(ARGV[2])), ARGV[1])
   describe(KEYS[4], ARGV[1], token, ARGV[7], ARGV[8])
   redis.call('SET', KEYS[3], ARGV[5])
   push_expiry(KEYS[1], KEYS[3], KEYS[4])
   record_waiting(waiting)
-  return {1, token, ARGV[1], math.max(0, tonumber(ARGV[5]) - permits_held(KEYS[1]))}
+  -- `held` counts a hold of ours already: a retry replaces it.
+  if not mine then
+    held = held + wanted
+  end
+  return {1, token, ARGV[1], math.max(0, count - held)}
 end
 if ARGV[6] == '1' then
   redis.call('SET', KEYS[3], ARGV[5], 'KEEPTTL')

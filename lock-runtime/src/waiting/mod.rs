@@ -29,11 +29,14 @@
 //! payload is `#<n>:...` (a semaphore's release of n permits) gives the
 //! longest waiter n wake-ups, which it passes on as a semaphore waiter passes
 //! on the ones it did not need: one message, however many permits came free.
-//! A semaphore's release publishes only when the semaphore was full, so a
-//! waiter that gets a permit also wakes the next when its grant says permits
-//! are left free, or when it got in on its timer (leases that ran out
+//! A semaphore's release publishes only when a waiter may now fit (the
+//! semaphore was full, or a weighted waiter or hold is about), so a waiter
+//! that gets a permit also wakes the next when its grant says permits are
+//! left free, or when it got in on its timer (leases that ran out
 //! unreleased: the next one then learns when the next hold ends); a reader
-//! that gets in wakes the next too, since readers share.
+//! that gets in wakes the next too, since readers share. Only the first in
+//! line retries on a timer capped by the holder's lease, so one that leaves
+//! the front without the lock wakes the next to take that watch over.
 //!
 //! The default lock's release hands the lock to the head of its queue in Redis
 //! and publishes `=<owner>:<fencing token>` on the one channel of the head's

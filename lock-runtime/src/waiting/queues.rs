@@ -172,6 +172,8 @@ impl WaiterQueues {
             id,
             wake,
             unresolved_releases: AtomicU32::new(0),
+            watches_expiry: false,
+            granted: AtomicBool::new(false),
         }
     }
 
@@ -260,9 +262,32 @@ pub(crate) struct Registration<'a> {
     /// which its successful attempt did not need; if it leaves now, they go to
     /// the next waiter.
     unresolved_releases: AtomicU32,
+    /// Whether the first in line retries on a timer of its own (see
+    /// [`Registration::watching_expiry`]).
+    watches_expiry: bool,
+    /// Set when this waiter got the lock (see [`Registration::got_it`]).
+    granted: AtomicBool,
 }
 
 impl Registration<'_> {
+    /// Marks this as a registration whose first in line alone retries on its
+    /// timer, capped by the holder's lease (see [`Self::is_first_in_line`]):
+    /// when it leaves the front without the lock (a timeout, a cancelled
+    /// call), the new front is woken to attempt once, which tells it the lease
+    /// to set its timer by. Otherwise that waiter would sleep on a backoff
+    /// drawn while it was not first, and a lease that ran out unreleased would
+    /// wait for that backoff.
+    pub(crate) fn watching_expiry(mut self) -> Self {
+        self.watches_expiry = true;
+        self
+    }
+
+    /// Records that this waiter got the lock: leaving then, it passes on only
+    /// the wake-ups [`Self::set_unresolved_releases`] left it.
+    pub(crate) fn got_it(&self) {
+        self.granted.store(true, Ordering::Relaxed);
+    }
+
     /// Waits for wake-ups addressed to this waiter and takes them. Cancel-safe:
     /// wake-ups that come while nobody waits are kept for the next call.
     pub(crate) async fn woken(&self) -> Wake {
@@ -317,6 +342,7 @@ impl Drop for Registration<'_> {
     fn drop(&mut self) {
         let mut channels = self.queues.channels();
         if let Some(entry) = channels.get_mut(&self.channel) {
+            let was_front = entry.queue.front().is_some_and(|w| w.id == self.id);
             entry.queue.retain(|w| w.id != self.id);
             if entry.queue.is_empty() {
                 if !entry.sticky {
@@ -329,10 +355,19 @@ impl Drop for Registration<'_> {
             } else {
                 // Releases announced to this waiter that no attempt of it
                 // answered are the next waiter's chance.
-                let releases = self
+                let mut releases = self
                     .unresolved_releases
                     .load(Ordering::Relaxed)
                     .saturating_add(self.wake.pending().releases);
+                // The front leaving without the lock hands its watch of the
+                // holder's lease on (see `watching_expiry`).
+                if releases == 0
+                    && was_front
+                    && self.watches_expiry
+                    && !self.granted.load(Ordering::Relaxed)
+                {
+                    releases = 1;
+                }
                 if releases > 0 {
                     entry.wake_front(releases);
                 }

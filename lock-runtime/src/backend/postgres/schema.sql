@@ -627,8 +627,8 @@ END $$;
 -- for, recorded when the caller waits (a release wakes once that many may be
 -- free). Returns (status, value, remaining_ms):
 --   (1, token, left)   ours (a retry of ours keeps it and gets a fresh token),
---                      with `left` permits still free (0 for a retry: not
---                      counted), so the caller's manager wakes its next waiter
+--                      with `left` permits still free, so that the caller's
+--                      manager wakes its next waiter
 --   (0, 0, remaining)  too few permits are free; the first holder's lease
 --                      ends in `remaining` ms
 --   (2, count, 0)      the holders use `count` permits and the caller said
@@ -682,7 +682,8 @@ BEGIN
         since_ms = excluded.since_ms, holder = excluded.holder;
     v_count := p_permits;
     o_status := 1;
-    o_remaining_ms := CASE WHEN v_mine THEN 0 ELSE greatest(p_permits - v_held - v_wanted, 0) END;
+    -- v_held counts a hold of ours already: a retry replaces it.
+    o_remaining_ms := greatest(p_permits - v_held - CASE WHEN v_mine THEN 0 ELSE v_wanted END, 0);
   ELSE
     v_count := CASE WHEN p_resize THEN p_permits ELSE coalesce(v_stored, p_permits) END;
     o_status := 0; o_remaining_ms := __SCHEMA__.ms_until(v_first, v_now);
