@@ -237,7 +237,7 @@ async fn a_writer_behind_one_that_gave_up_gets_in_as_the_lease_ends(d: Deploymen
     let crashed = d.manager().await;
     let b = d.manager().await;
     let key = "orphaned-again";
-    const LEASE: Duration = Duration::from_secs(2);
+    const LEASE: Duration = Duration::from_secs(3);
     let w = crashed
         .write_lock(key)
         .lease(LEASE)
@@ -251,8 +251,11 @@ async fn a_writer_behind_one_that_gave_up_gets_in_as_the_lease_ends(d: Deploymen
     let impatient = {
         let b = b.clone();
         tokio::spawn(async move {
+            // It gives up well within the crashed hold's lease, and long
+            // after the patient waiter below has queued behind it (which
+            // takes no round trip: the manager already waits for the lock).
             b.write_lock(key)
-                .wait(Duration::from_millis(300))
+                .wait(Duration::from_secs(1))
                 .acquire()
                 .await
         })
@@ -275,15 +278,19 @@ async fn a_writer_behind_one_that_gave_up_gets_in_as_the_lease_ends(d: Deploymen
         })
     };
     await_parked(&b, 2).await;
+    assert!(
+        !impatient.is_finished(),
+        "the first waiter left before the second queued behind it"
+    );
     let gave_up = impatient.await.unwrap().unwrap_err();
     assert!(matches!(gave_up, LockError::Timeout { .. }), "{gave_up}");
     let (w, acquired) = patient.await.unwrap();
-    // The crashed hold ends LEASE after `taken` at the latest; the waiter left
-    // first in line retries then (its timer is capped by the lease, which its
-    // attempt on taking over read). Its own backoff would take 10 s; 5 s
-    // leaves a loaded machine room.
+    // The crashed hold ends LEASE (3 s) after `taken` at the latest; the
+    // waiter left first in line retries then (its timer is capped by the
+    // lease, which its attempt on taking over read). Its own backoff would
+    // take 10 s; 7 s leaves a loaded machine room.
     assert!(
-        acquired.duration_since(taken) < Duration::from_secs(5),
+        acquired.duration_since(taken) < Duration::from_secs(7),
         "the writer got in {:?} after the crashed hold began (lease {LEASE:?})",
         acquired.duration_since(taken)
     );

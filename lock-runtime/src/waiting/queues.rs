@@ -273,7 +273,8 @@ impl Registration<'_> {
     /// Marks this as a registration whose first in line alone retries on its
     /// timer, capped by the holder's lease (see [`Self::is_first_in_line`]):
     /// when it leaves the front without the lock (a timeout, a cancelled
-    /// call), the new front is woken to attempt once, which tells it the lease
+    /// call, an error, a shutdown), the new front is woken to attempt once
+    /// (after a shutdown it returns instead), which tells it the lease
     /// to set its timer by. Otherwise that waiter would sleep on a backoff
     /// drawn while it was not first, and a lease that ran out unreleased would
     /// wait for that backoff.
