@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use distlock::{Backoff, LockError};
+use distlock::LockError;
 
 crate::on_stores!(
     readers_share_and_a_writer_excludes_everyone,
@@ -173,6 +173,19 @@ async fn a_crashed_readers_share_expires_within_its_lease(d: Deployment) {
     w.release().await.unwrap();
 }
 
+/// Takes the write lock `key` for `lease` and neither releases nor renews
+/// it: as if the process had died holding it.
+async fn crashed_writer(m: &distlock::LockManager, key: &str, lease: Duration) {
+    let w = m
+        .write_lock(key)
+        .lease(lease)
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    std::mem::forget(w);
+}
+
 /// Readers of one manager waiting for a writer that died (its lease runs
 /// out unreleased: nobody publishes) all get in as its lease ends (issue:
 /// only the first waiter in line retried then; the others slept their
@@ -181,15 +194,7 @@ async fn readers_waiting_for_a_crashed_writer_all_get_in_as_its_lease_ends(d: De
     let crashed = d.manager().await;
     let b = d.manager().await;
     const LEASE: Duration = Duration::from_secs(1);
-    let w = crashed
-        .write_lock("orphaned-writer")
-        .lease(LEASE)
-        .renew(false)
-        .acquire()
-        .await
-        .unwrap();
-    // Neither released nor renewed: as if the process had died.
-    std::mem::forget(w);
+    crashed_writer(&crashed, "orphaned-writer", LEASE).await;
     let taken = Instant::now();
     let readers: Vec<_> = (0..3)
         .map(|_| {
@@ -198,10 +203,7 @@ async fn readers_waiting_for_a_crashed_writer_all_get_in_as_its_lease_ends(d: De
                 let r = b
                     .read_lock("orphaned-writer")
                     // A timer that cannot bring a reader in within 10 s.
-                    .backoff(
-                        Backoff::new(Duration::from_secs(10), Duration::from_secs(10))
-                            .with_jitter(0.0),
-                    )
+                    .backoff(slow_backoff())
                     .wait(Duration::from_secs(20))
                     .acquire()
                     .await
@@ -238,15 +240,7 @@ async fn a_writer_behind_one_that_gave_up_gets_in_as_the_lease_ends(d: Deploymen
     let b = d.manager().await;
     let key = "orphaned-again";
     const LEASE: Duration = Duration::from_secs(3);
-    let w = crashed
-        .write_lock(key)
-        .lease(LEASE)
-        .renew(false)
-        .acquire()
-        .await
-        .unwrap();
-    // Neither released nor renewed: as if the process had died.
-    std::mem::forget(w);
+    crashed_writer(&crashed, key, LEASE).await;
     let taken = Instant::now();
     let impatient = {
         let b = b.clone();
@@ -267,9 +261,7 @@ async fn a_writer_behind_one_that_gave_up_gets_in_as_the_lease_ends(d: Deploymen
             let w = b
                 .write_lock(key)
                 // A timer that cannot bring it in within 10 s.
-                .backoff(
-                    Backoff::new(Duration::from_secs(10), Duration::from_secs(10)).with_jitter(0.0),
-                )
+                .backoff(slow_backoff())
                 .wait(Duration::from_secs(20))
                 .acquire()
                 .await

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use distlock::testing::RedisServer;
-use distlock::{Backoff, LockError, LockManager};
+use distlock::{LockError, LockManager};
 use futures_util::StreamExt;
 use redis::aio::MultiplexedConnection;
 
@@ -226,9 +226,7 @@ async fn a_release_wakes_a_waiter(d: Deployment) {
         let g = b
             .semaphore("wake", 2)
             .wait(Duration::from_secs(20))
-            .backoff(
-                Backoff::new(Duration::from_secs(10), Duration::from_secs(10)).with_jitter(0.0),
-            )
+            .backoff(slow_backoff())
             .acquire()
             .await
             .unwrap();
@@ -551,12 +549,6 @@ async fn weighted_holds_never_exceed_the_permits() {
         m.lock("slots").weight(2).acquire().await,
         Err(LockError::InvalidConfig(_))
     ));
-}
-
-/// A backoff that cannot get a waiter in within 10 s (no jitter, and every
-/// holder's lease is longer): what gets it in sooner is a wake-up.
-fn slow_backoff() -> Backoff {
-    Backoff::new(Duration::from_secs(10), Duration::from_secs(10)).with_jitter(0.0)
 }
 
 /// Spawns a wait of `m` for `weight` of `permits` permits of `key`, on the

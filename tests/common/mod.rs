@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use distlock::testing::RedisServer;
-use distlock::LockManager;
+use distlock::{Backoff, LockManager};
 use redis::aio::MultiplexedConnection;
 
 pub fn server() -> RedisServer {
@@ -158,6 +158,13 @@ pub async fn all_keys(conn: &mut MultiplexedConnection) -> Vec<String> {
         .query_async(conn)
         .await
         .expect("KEYS")
+}
+
+/// A backoff that cannot get a waiter in within 10 s (no jitter, and every
+/// holder's lease is longer): what gets it in sooner is a wake-up, or a timer
+/// capped by the holder's lease.
+pub fn slow_backoff() -> Backoff {
+    Backoff::new(Duration::from_secs(10), Duration::from_secs(10)).with_jitter(0.0)
 }
 
 /// Waits (up to 10 s) until `waiters` acquisitions of `m` are parked in its
