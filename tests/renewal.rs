@@ -113,14 +113,24 @@ async fn no_renewal_after_a_release_cancelled_at_any_await_point() {
         }
         drop(release);
         // The background release (or the completed one) ends the hold; the
-        // command timeout (2 s) bounds it.
+        // command timeout (2 s) bounds it. The lock can be gone while the
+        // background release is still on its way (the cancelled release's
+        // script ran), so the counters start once that one has finished too.
         let freed = eventually(Duration::from_secs(3), async || {
-            a.held_count() == 0 && !exists(&mut raw, &lock_key).await
+            a.held_count() == 0
+                && a.background_releases_running() == 0
+                && !exists(&mut raw, &lock_key).await
         })
         .await;
         assert!(freed.is_some(), "{polls} polls: the lock was not freed");
         reset_stats(&mut raw).await;
+        let renewals_before = a.renewal_round_trips();
         tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            a.renewal_round_trips(),
+            renewals_before,
+            "{polls} polls: the renewal task renewed after the release"
+        );
         let calls = command_calls(&mut raw).await;
         assert_eq!(
             calls.get("evalsha"),

@@ -1,7 +1,7 @@
 //! What a manager's clones, its guards and its background tasks share: the
 //! settings, the backend, the lease map and the waiting queues.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -38,6 +38,9 @@ pub(crate) struct Core {
     pub(crate) epoch: Instant,
     /// Set by [`ManagerInner::shutdown`].
     shut_down: AtomicBool,
+    /// Background releases spawned and not yet finished (or dropped), so that
+    /// a test can tell a release still on its way from one that ran.
+    pub(crate) background_releases: AtomicUsize,
 }
 
 impl Core {
@@ -58,6 +61,7 @@ impl Core {
             runtime,
             epoch: Instant::now(),
             shut_down: AtomicBool::new(false),
+            background_releases: AtomicUsize::new(0),
         }
     }
 

@@ -825,6 +825,17 @@ impl LockManager {
         self.inner.core.subscriber.waiter_count()
     }
 
+    /// How many releases of this manager run in the background now (after a
+    /// guard's drop, or a release cancelled or failed half way), for tests
+    /// that must tell a release still on its way from one that ran. Not a
+    /// stable API.
+    pub fn background_releases_running(&self) -> usize {
+        self.inner
+            .core
+            .background_releases
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// How many notices "a waiter queued for one of your holds" this manager
     /// has heard on its hand-off channel: for tests. Not a stable API.
     pub fn waited_for_notices_heard(&self) -> u64 {

@@ -287,6 +287,9 @@ pub(crate) fn release_in_background(
         keep_until,
         unfinished: true,
     };
+    // Counted until the task ends or is dropped (see `BackgroundRelease::drop`).
+    core.background_releases
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     SPAWNING.with(|s| s.set(true));
     drop(core.runtime.spawn(release.run()));
     SPAWNING.with(|s| s.set(false));
@@ -367,5 +370,8 @@ impl Drop for BackgroundRelease {
         if self.unfinished && !SPAWNING.with(|s| s.get()) {
             self.release_blocking();
         }
+        self.core
+            .background_releases
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
