@@ -239,6 +239,11 @@ async fn the_direct_lane_opens_over_tls_and_carries_calls() {
         let g = insecure.lock(format!("k:{i}")).acquire().await.unwrap();
         g.release().await.unwrap();
     }
+    // Its listening connection counts as a command client until it has
+    // subscribed: wait for that too.
+    let g = insecure.lock("k:listen").acquire().await.unwrap();
+    await_holder_listening(&mut raw, &insecure, "k:listen").await;
+    g.release().await.unwrap();
     // The first manager's connections close in the background: wait for
     // them, then only the insecure manager's one command connection is left.
     let one = eventually(Duration::from_secs(5), async || {

@@ -46,7 +46,10 @@ async fn command_clients(raw: &mut MultiplexedConnection) -> Vec<(String, String
 }
 
 /// One acquire and release, so that the direct lane is opened (in the
-/// background, by the first call), then waits for both connections.
+/// background, by the first call), then waits for both connections. The
+/// first acquisition also has the manager listen on its hand-off channel, on
+/// a connection of its own that counts as a command client until it has
+/// subscribed: so the count is read once something is subscribed.
 async fn open_both_lanes(m: &LockManager, raw: &mut MultiplexedConnection) {
     let both = eventually(Duration::from_secs(5), async || {
         m.lock("warm-up")
@@ -56,7 +59,7 @@ async fn open_both_lanes(m: &LockManager, raw: &mut MultiplexedConnection) {
             .release()
             .await
             .unwrap();
-        command_clients(raw).await.len() == 2
+        !pubsub_channels(raw).await.is_empty() && command_clients(raw).await.len() == 2
     })
     .await;
     assert!(
@@ -428,6 +431,13 @@ async fn with_the_direct_lane_off_no_second_connection_is_opened() {
         assert!(off.lock(format!("k{i}")).is_locked().await.unwrap());
         g.release().await.unwrap();
     }
+    // Its listening connection counts as a command client until it has
+    // subscribed (see `open_both_lanes`).
+    let listening = eventually(Duration::from_secs(5), async || {
+        !pubsub_channels(&mut raw).await.is_empty()
+    })
+    .await;
+    assert!(listening.is_some(), "the hand-off channel never subscribed");
     assert_eq!(command_clients(&mut raw).await.len(), 1);
     drop(off);
     let gone = eventually(Duration::from_secs(5), async || {

@@ -329,6 +329,8 @@ async fn a_refused_pattern_fails_its_stream_and_not_the_waiters_connection() {
     let holder = m.lock("k").acquire().await.unwrap();
     let waiter = common::spawn_waiter(&m, "k");
     common::await_waiter(&m, "k").await;
+    // The manager's one listening connection subscribes in the background.
+    common::await_holder_listening(&mut raw, &m, "k").await;
     let before = pubsub_client_ids(&mut raw).await;
     assert_eq!(before.len(), 1, "{before:?}");
 

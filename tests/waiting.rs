@@ -181,7 +181,8 @@ async fn a_killed_subscriber_reconnects_and_waiters_still_get_the_lock() {
     .await
     .expect("subscribed");
     // The waiter's manager's and the holder's (which listens for the notices
-    // of its waiters).
+    // of its waiters, subscribing in the background).
+    await_holder_listening(&mut raw, &a, "k").await;
     let killed = kill_subscribers(&mut raw).await;
     assert_eq!(killed, 2);
     eventually(Duration::from_secs(5), async || {

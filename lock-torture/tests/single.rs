@@ -1529,8 +1529,16 @@ async fn contend(
     let m2 = m.clone();
     let k2 = key.clone();
     let (busy, waited) = tokio::spawn(async move {
-        let busy = m2.lock(k2.clone()).lease(lease).try_acquire().await;
-        // A short lease may have run out: then it gets the lock, and gives it back.
+        // A short lease may have run out: then it gets the lock, and gives it
+        // back before it returns (a dropped guard would release in the
+        // background, racing the caller's check that the key is gone).
+        let busy = match m2.lock(k2.clone()).lease(lease).try_acquire().await {
+            Ok(Some(g)) => {
+                let _ = g.release().await;
+                Ok(true)
+            }
+            other => other.map(|g| g.is_some()),
+        };
         let waited = match m2.lock(k2).lease(lease).wait(other_wait).acquire().await {
             Ok(g) => {
                 let _ = g.release().await;
@@ -1538,7 +1546,7 @@ async fn contend(
             }
             Err(e) => Err(e),
         };
-        (busy.map(|g| g.is_some()), waited)
+        (busy, waited)
     })
     .await
     .map_err(|e| format!("contender panicked: {e}"))?;
