@@ -707,7 +707,11 @@ impl Acquisition<'_> {
                 }
                 continue;
             }
-            remaining = match self.attempt().await? {
+            let attempt = self.attempt().await;
+            if attempt.is_err() {
+                registration.failed();
+            }
+            remaining = match attempt? {
                 Attempt::Acquired {
                     fencing_token,
                     sent_at,

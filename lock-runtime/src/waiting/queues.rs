@@ -174,6 +174,7 @@ impl WaiterQueues {
             unresolved_releases: AtomicU32::new(0),
             watches_expiry: false,
             granted: AtomicBool::new(false),
+            failed: AtomicBool::new(false),
         }
     }
 
@@ -267,17 +268,19 @@ pub(crate) struct Registration<'a> {
     watches_expiry: bool,
     /// Set when this waiter got the lock (see [`Registration::got_it`]).
     granted: AtomicBool,
+    /// Set when this waiter's attempt failed (see [`Registration::failed`]).
+    failed: AtomicBool,
 }
 
 impl Registration<'_> {
     /// Marks this as a registration whose first in line alone retries on its
     /// timer, capped by the holder's lease (see [`Self::is_first_in_line`]):
     /// when it leaves the front without the lock (a timeout, a cancelled
-    /// call, an error, a shutdown), the new front is woken to attempt once
-    /// (after a shutdown it returns instead), which tells it the lease
-    /// to set its timer by. Otherwise that waiter would sleep on a backoff
-    /// drawn while it was not first, and a lease that ran out unreleased would
-    /// wait for that backoff.
+    /// call, a shutdown; not a failed attempt, see [`Self::failed`]), the new
+    /// front is woken to attempt once (after a shutdown it returns instead),
+    /// which tells it the lease to set its timer by. Otherwise that waiter
+    /// would sleep on a backoff drawn while it was not first, and a lease that
+    /// ran out unreleased would wait for that backoff.
     pub(crate) fn watching_expiry(mut self) -> Self {
         self.watches_expiry = true;
         self
@@ -287,6 +290,16 @@ impl Registration<'_> {
     /// the wake-ups [`Self::set_unresolved_releases`] left it.
     pub(crate) fn got_it(&self) {
         self.granted.store(true, Ordering::Relaxed);
+    }
+
+    /// Records that this waiter leaves because its attempt failed (the store
+    /// did not answer, or refused): leaving the front then, it does not hand
+    /// its watch of the holder's lease on, so that one failure does not send
+    /// every waiter of the manager at the store in turn, each failing as fast
+    /// as the store fails. The new front attempts on its own timer. Release
+    /// wake-ups it took still go on.
+    pub(crate) fn failed(&self) {
+        self.failed.store(true, Ordering::Relaxed);
     }
 
     /// Waits for wake-ups addressed to this waiter and takes them. Cancel-safe:
@@ -366,6 +379,7 @@ impl Drop for Registration<'_> {
                     && was_front
                     && self.watches_expiry
                     && !self.granted.load(Ordering::Relaxed)
+                    && !self.failed.load(Ordering::Relaxed)
                 {
                     releases = 1;
                 }
@@ -414,5 +428,54 @@ mod tests {
         let queues = queues();
         let registration = queues.register("a", 1);
         assert_eq!(registration.woken().now_or_never(), None);
+    }
+
+    /// The front of a queue that watches the holder's lease hands that watch
+    /// to the next waiter when it leaves without the lock (a timeout, a
+    /// cancelled call), and not when it got the lock or its attempt failed.
+    #[test]
+    fn the_front_hands_its_watch_on_only_when_it_leaves_empty_handed() {
+        let woken = Some(Wake {
+            releases: 1,
+            recheck: false,
+        });
+        for (how, wakes_next) in [("gave up", true), ("got it", false), ("failed", false)] {
+            let queues = queues();
+            let front = queues.register("a", 1).watching_expiry();
+            let next = queues.register("a", 1).watching_expiry();
+            match how {
+                "got it" => front.got_it(),
+                "failed" => front.failed(),
+                _ => {}
+            }
+            drop(front);
+            let expected = if wakes_next { woken } else { None };
+            assert_eq!(next.woken().now_or_never(), expected, "{how}");
+        }
+        // A queue that does not watch the lease (every waiter attempts on its
+        // own timer) hands nothing on.
+        let queues = queues();
+        let front = queues.register("a", 1);
+        let next = queues.register("a", 1);
+        drop(front);
+        assert_eq!(next.woken().now_or_never(), None);
+    }
+
+    /// Release wake-ups a failed waiter took are the next waiter's chance.
+    #[test]
+    fn a_failed_waiter_passes_on_the_releases_it_took() {
+        let queues = queues();
+        let front = queues.register("a", 1).watching_expiry();
+        let next = queues.register("a", 1).watching_expiry();
+        front.set_unresolved_releases(1);
+        front.failed();
+        drop(front);
+        assert_eq!(
+            next.woken().now_or_never(),
+            Some(Wake {
+                releases: 1,
+                recheck: false
+            })
+        );
     }
 }
