@@ -1,5 +1,5 @@
 //! `#[distributed_lock]` against a real Redis: what the generated code does at
-//! run time (the compile-time checks are in tests/ui).
+//! run time (the compile-time checks are in lock-ui/tests/ui).
 
 mod common;
 

@@ -18,7 +18,7 @@
 //! use its own macro through the facade (`distlock` depends on this crate),
 //! and the second block is an illustration of generated code. The attribute's
 //! examples are compiled as doctests of `distlock`; the expansion itself is
-//! checked by this crate's unit tests and the UI tests in `tests/ui`. For
+//! checked by this crate's unit tests and the UI tests in `lock-ui/tests/ui`. For
 //!
 //! ```text
 //! #[distributed_lock(key = "order:{order_id}", lease = "30s", guard = lock)]
