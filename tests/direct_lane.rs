@@ -440,8 +440,10 @@ async fn with_the_direct_lane_off_no_second_connection_is_opened() {
     assert!(listening.is_some(), "the hand-off channel never subscribed");
     assert_eq!(command_clients(&mut raw).await.len(), 1);
     drop(off);
+    // Its listening connection too, so that `open_both_lanes` below reads
+    // the count once the new manager's own has subscribed.
     let gone = eventually(Duration::from_secs(5), async || {
-        command_clients(&mut raw).await.is_empty()
+        command_clients(&mut raw).await.is_empty() && pubsub_channels(&mut raw).await.is_empty()
     })
     .await;
     assert!(gone.is_some(), "the manager's connection outlived it");

@@ -261,7 +261,8 @@ pub(crate) struct Registration<'a> {
     wake: Arc<WakeSlot>,
     /// Release wake-ups this waiter took whose attempt has not resolved, or
     /// which its successful attempt did not need; if it leaves now, they go to
-    /// the next waiter.
+    /// the next waiter (unless that attempt failed, see
+    /// [`Registration::failed`]).
     unresolved_releases: AtomicU32,
     /// Whether the first in line retries on a timer of its own (see
     /// [`Registration::watching_expiry`]).
@@ -293,11 +294,13 @@ impl Registration<'_> {
     }
 
     /// Records that this waiter leaves because its attempt failed (the store
-    /// did not answer, or refused): leaving the front then, it does not hand
-    /// its watch of the holder's lease on, so that one failure does not send
-    /// every waiter of the manager at the store in turn, each failing as fast
-    /// as the store fails. The new front attempts on its own timer. Release
-    /// wake-ups it took still go on.
+    /// did not answer, or refused): leaving then, it passes on neither its
+    /// watch of the holder's lease nor the release wake-ups its attempt took,
+    /// so that one failure does not send every waiter of the manager at the
+    /// store in turn, each failing as fast as the store fails. (Releases
+    /// announced after that attempt began still go on: the store published
+    /// them.) The new front attempts on its own timer (within its backoff),
+    /// and from then on watches the lease.
     pub(crate) fn failed(&self) {
         self.failed.store(true, Ordering::Relaxed);
     }
@@ -368,18 +371,23 @@ impl Drop for Registration<'_> {
                 }
             } else {
                 // Releases announced to this waiter that no attempt of it
-                // answered are the next waiter's chance.
-                let mut releases = self
-                    .unresolved_releases
-                    .load(Ordering::Relaxed)
-                    .saturating_add(self.wake.pending().releases);
+                // answered are the next waiter's chance; not those its
+                // failed attempt took (see `failed`). Those announced since
+                // still go on: each is a release the store did publish.
+                let failed = self.failed.load(Ordering::Relaxed);
+                let taken = if failed {
+                    0
+                } else {
+                    self.unresolved_releases.load(Ordering::Relaxed)
+                };
+                let mut releases = taken.saturating_add(self.wake.pending().releases);
                 // The front leaving without the lock hands its watch of the
                 // holder's lease on (see `watching_expiry`).
                 if releases == 0
                     && was_front
                     && self.watches_expiry
                     && !self.granted.load(Ordering::Relaxed)
-                    && !self.failed.load(Ordering::Relaxed)
+                    && !failed
                 {
                     releases = 1;
                 }
@@ -461,14 +469,39 @@ mod tests {
         assert_eq!(next.woken().now_or_never(), None);
     }
 
-    /// Release wake-ups a failed waiter took are the next waiter's chance.
+    /// Release wake-ups a waiter took go to the next one when it leaves
+    /// without having answered them, but not when its attempt failed: the
+    /// next one's attempt would meet the same store.
     #[test]
-    fn a_failed_waiter_passes_on_the_releases_it_took() {
+    fn a_failed_waiter_does_not_pass_on_the_releases_it_took() {
+        for (failed, expected) in [
+            (
+                false,
+                Some(Wake {
+                    releases: 1,
+                    recheck: false,
+                }),
+            ),
+            (true, None),
+        ] {
+            let queues = queues();
+            let front = queues.register("a", 1);
+            let next = queues.register("a", 1);
+            front.set_unresolved_releases(1);
+            if failed {
+                front.failed();
+            }
+            drop(front);
+            assert_eq!(next.woken().now_or_never(), expected, "failed: {failed}");
+        }
+        // A release announced after the failed attempt took its wake-up still
+        // goes on: the store published it.
         let queues = queues();
-        let front = queues.register("a", 1).watching_expiry();
-        let next = queues.register("a", 1).watching_expiry();
+        let front = queues.register("a", 1);
+        let next = queues.register("a", 1);
         front.set_unresolved_releases(1);
         front.failed();
+        queues.wake_front("a", b"r", 1, false, &AtomicU64::new(0));
         drop(front);
         assert_eq!(
             next.woken().now_or_never(),
