@@ -251,27 +251,12 @@ async fn a_release_wakes_a_waiter_by_push_not_by_its_timer(d: Deployment) {
 /// The wake-up messages of counting semaphore `key`, heard on the server
 /// that publishes them (in the order it published them).
 async fn wake_ups(d: &Deployment, m: &LockManager, key: &str) -> redis::aio::PubSub {
-    let url = match d {
-        Deployment::Single(s) => s.url(),
-        Deployment::Cluster(c) => {
-            let node = c
-                .master_of_key(&m.redis_names(key).lock)
-                .expect("the key's master");
-            c.nodes()[node].url.clone()
-        }
-        #[cfg(feature = "postgres")]
-        Deployment::Postgres { .. } => unreachable!("a Redis-only test"),
-    };
     let mut raw = d.raw_for(m, key).await;
     let counter = name_of(&mut raw, "csem", key).await.expect("the counter");
     let channel = counter.replacen("csem:", "csemwake:", 1);
-    let mut pubsub = redis::Client::open(url.as_str())
-        .unwrap()
-        .get_async_pubsub()
+    d.redis_subscriber_for(m, key, &channel)
         .await
-        .unwrap();
-    pubsub.subscribe(&channel).await.unwrap();
-    pubsub
+        .expect("a Redis-only test")
 }
 
 async fn a_change_publishes_only_when_someone_waits(d: Deployment) {

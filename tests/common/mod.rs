@@ -478,6 +478,35 @@ impl Deployment {
         false
     }
 
+    /// A pub/sub connection to the server that holds the Redis names of
+    /// `user_key`, subscribed to `channel`: what that server publishes there,
+    /// in order. `None` on PostgreSQL.
+    pub async fn redis_subscriber_for(
+        &self,
+        m: &LockManager,
+        user_key: &str,
+        channel: &str,
+    ) -> Option<redis::aio::PubSub> {
+        let url = match self {
+            Deployment::Single(s) => s.url(),
+            Deployment::Cluster(c) => {
+                let node = c
+                    .master_of_key(&m.redis_names(user_key).lock)
+                    .expect("the key's master");
+                c.nodes()[node].url.clone()
+            }
+            #[cfg(feature = "postgres")]
+            Deployment::Postgres { .. } => return None,
+        };
+        let mut pubsub = redis::Client::open(url.as_str())
+            .expect("node url")
+            .get_async_pubsub()
+            .await
+            .expect("connect to the node");
+        pubsub.subscribe(channel).await.expect("subscribe");
+        Some(pubsub)
+    }
+
     /// A raw connection to the server that holds the Redis names of
     /// `user_key` (all of one key's names share a hash tag, so one node).
     pub async fn raw_for(&self, m: &LockManager, user_key: &str) -> MultiplexedConnection {
