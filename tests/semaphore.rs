@@ -653,12 +653,10 @@ async fn one_weighted_release_wakes_a_waiter_per_permit(d: Deployment) {
     // What the release publishes, in order, up to a marker published after it
     // on the same server (one connection's messages on a channel keep their
     // order).
-    let mut listen = redis::Client::open(raw_url(&d, &a, key))
-        .unwrap()
-        .get_async_pubsub()
+    let mut listen = d
+        .redis_subscriber_for(&a, key, &channel)
         .await
-        .unwrap();
-    listen.subscribe(&channel).await.unwrap();
+        .expect("a Redis-only test");
     let released = Instant::now();
     all.release().await.unwrap();
     let mut guards = Vec::new();
@@ -817,19 +815,4 @@ async fn a_weighted_waiter_behind_another_is_woken_when_its_permits_come_free(d:
     three.release().await.unwrap();
     one.release().await.unwrap();
     holds.pop().unwrap().release().await.unwrap();
-}
-
-/// The URL of the server that holds `key`'s names.
-fn raw_url(d: &Deployment, m: &LockManager, key: &str) -> String {
-    match d {
-        Deployment::Single(s) => s.url(),
-        Deployment::Cluster(c) => {
-            let node = c
-                .master_of_key(&m.redis_names(key).lock)
-                .expect("the key's master");
-            c.nodes()[node].url.clone()
-        }
-        #[cfg(feature = "postgres")]
-        Deployment::Postgres { .. } => unreachable!("a Redis-only test"),
-    }
 }

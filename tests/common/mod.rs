@@ -487,17 +487,7 @@ impl Deployment {
         user_key: &str,
         channel: &str,
     ) -> Option<redis::aio::PubSub> {
-        let url = match self {
-            Deployment::Single(s) => s.url(),
-            Deployment::Cluster(c) => {
-                let node = c
-                    .master_of_key(&m.redis_names(user_key).lock)
-                    .expect("the key's master");
-                c.nodes()[node].url.clone()
-            }
-            #[cfg(feature = "postgres")]
-            Deployment::Postgres { .. } => return None,
-        };
+        let url = self.redis_url_for(m, user_key)?;
         let mut pubsub = redis::Client::open(url.as_str())
             .expect("node url")
             .get_async_pubsub()
@@ -507,24 +497,37 @@ impl Deployment {
         Some(pubsub)
     }
 
-    /// A raw connection to the server that holds the Redis names of
-    /// `user_key` (all of one key's names share a hash tag, so one node).
-    pub async fn raw_for(&self, m: &LockManager, user_key: &str) -> MultiplexedConnection {
+    /// The URL of the server that holds the Redis names of `user_key` (all
+    /// of one key's names share a hash tag, so one node). `None` on
+    /// PostgreSQL.
+    pub fn redis_url_for(&self, m: &LockManager, user_key: &str) -> Option<String> {
         match self {
-            Deployment::Single(s) => raw(s).await,
+            Deployment::Single(s) => Some(s.url()),
             Deployment::Cluster(c) => {
                 let node = c
                     .master_of_key(&m.redis_names(user_key).lock)
                     .expect("the key's master");
-                redis::Client::open(c.nodes()[node].url.as_str())
-                    .expect("node url")
-                    .get_multiplexed_async_connection()
-                    .await
-                    .expect("connect to the node")
+                Some(c.nodes()[node].url.clone())
             }
             #[cfg(feature = "postgres")]
-            Deployment::Postgres { .. } => panic!("no Redis connection on PostgreSQL"),
+            Deployment::Postgres { .. } => None,
         }
+    }
+
+    /// A raw connection to the server that holds the Redis names of
+    /// `user_key` (all of one key's names share a hash tag, so one node).
+    pub async fn raw_for(&self, m: &LockManager, user_key: &str) -> MultiplexedConnection {
+        if let Deployment::Single(s) = self {
+            return raw(s).await;
+        }
+        let url = self
+            .redis_url_for(m, user_key)
+            .expect("no Redis connection on PostgreSQL");
+        redis::Client::open(url.as_str())
+            .expect("node url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to the node")
     }
 }
 
