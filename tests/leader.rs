@@ -78,37 +78,53 @@ async fn one_leader_and_a_handover_within_one_message(d: Deployment) {
     let name = election("handover", &d);
     let a = candidate(&d, "a").await;
     let b = candidate(&d, "b").await;
-    let first = a.leader(&name).lease(LEASE).campaign().await.unwrap();
-    assert_eq!(first.info().holder, "a");
-
-    let b_election = b.leader(&name).lease(LEASE);
-    let mut second = tokio::spawn(async move { b_election.campaign().await });
-    // While `a` renews, `b` waits: three leases, each of which would have let
-    // `b` in had `a`'s renewal failed.
-    assert!(
-        tokio::time::timeout(LEASE * 3, &mut second).await.is_err(),
-        "b led while a did"
-    );
-    assert!(!first.is_lost());
-    let current = a.leader(&name).current().await.unwrap().unwrap();
-    assert_eq!(
-        (current.holder.as_str(), current.epoch),
-        ("a", first.epoch())
-    );
-
     // `b` waits in the lock's queue: the release hands it over with one
     // message, which reaches `b`'s waiter (a count, not a time: under a
-    // loaded CI a time bound measures the machine). `b`'s own timer could
-    // only win in the microseconds between the resignation's commit and the
-    // message, since it waited three leases already.
-    let pushed_before = b.wake_ups_delivered();
-    let first_epoch = first.epoch();
-    first.resign().await.unwrap();
-    let second = second.await.unwrap().unwrap();
-    assert_eq!(
-        b.wake_ups_delivered() - pushed_before,
-        1,
-        "the hand-over reached b by one message"
+    // loaded CI a time bound measures the machine). `b`'s queue entry is
+    // also refreshed on a timer; a refresh in flight when the lock is handed
+    // to it finds the lock its own and takes it, and the message heard after
+    // that names a waiter that has gone, so it is not counted (as in
+    // `tests/fair.rs`'s arrival order). So a round may count none, but never
+    // two; with hand-offs not pushed every round counts none: up to three
+    // rounds, one of which must count one.
+    let mut counted = Vec::new();
+    let (first_epoch, second) = loop {
+        let first = a.leader(&name).lease(LEASE).campaign().await.unwrap();
+        assert_eq!(first.info().holder, "a");
+
+        let b_election = b.leader(&name).lease(LEASE);
+        let mut second = tokio::spawn(async move { b_election.campaign().await });
+        // While `a` renews, `b` waits: three leases, each of which would
+        // have let `b` in had `a`'s renewal failed.
+        assert!(
+            tokio::time::timeout(LEASE * 3, &mut second).await.is_err(),
+            "b led while a did"
+        );
+        assert!(!first.is_lost());
+        let current = a.leader(&name).current().await.unwrap().unwrap();
+        assert_eq!(
+            (current.holder.as_str(), current.epoch),
+            ("a", first.epoch())
+        );
+
+        let pushed_before = b.wake_ups_delivered();
+        let first_epoch = first.epoch();
+        first.resign().await.unwrap();
+        let second = second.await.unwrap().unwrap();
+        let delivered = b.wake_ups_delivered() - pushed_before;
+        assert!(
+            delivered <= 1,
+            "one hand-over reached b by {delivered} messages"
+        );
+        counted.push(delivered);
+        if delivered == 1 || counted.len() == 3 {
+            break (first_epoch, second);
+        }
+        second.resign().await.unwrap();
+    };
+    assert!(
+        counted.contains(&1),
+        "the hand-over reached b by one message in no round: {counted:?}"
     );
     assert!(second.epoch() > first_epoch, "epochs grow with each term");
     assert_eq!(second.info().holder, "b");

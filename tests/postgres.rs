@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{count, eventually, queued, sql_client};
@@ -49,55 +48,6 @@ fn spawn_waiter(
             .await
             .map(drop)
     })
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_waiters_of_three_managers_are_served_in_arrival_order_by_hand_off() {
-    let pg = server();
-    let managers = [manager(&pg).await, manager(&pg).await, manager(&pg).await];
-    let db = sql_client(&pg.url()).await;
-    let holder = managers[0].lock("fifo").acquire().await.unwrap();
-    let served = Arc::new(Mutex::new(Vec::new()));
-    let mut tasks = Vec::new();
-    for i in 0..6usize {
-        let m = managers[i % 3].clone();
-        let served = served.clone();
-        tasks.push(tokio::spawn(async move {
-            let guard = m
-                .lock("fifo")
-                .wait(Duration::from_secs(30))
-                .acquire()
-                .await
-                .unwrap();
-            served.lock().unwrap().push(i);
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            guard.release().await.unwrap();
-        }));
-        // Each waiter is queued before the next starts: arrival order is i.
-        let want = i as i64 + 1;
-        assert!(
-            eventually(Duration::from_secs(10), async || queued(&db).await == want)
-                .await
-                .is_some(),
-            "waiter {i} never queued"
-        );
-    }
-    let delivered_before: u64 = managers.iter().map(|m| m.wake_ups_delivered()).sum();
-    holder.release().await.unwrap();
-    for task in tasks {
-        task.await.unwrap();
-    }
-    assert_eq!(*served.lock().unwrap(), vec![0, 1, 2, 3, 4, 5]);
-    // Each of the 6 grants was a hand-off message to its waiter's manager.
-    let delivered: u64 = managers.iter().map(|m| m.wake_ups_delivered()).sum();
-    assert!(
-        delivered - delivered_before >= 6,
-        "{} hand-offs heard for 6 grants",
-        delivered - delivered_before
-    );
-    // Every grant after the first came by hand-off: the queue is empty and
-    // no waiter is left behind.
-    assert_eq!(queued(&db).await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

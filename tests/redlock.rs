@@ -115,6 +115,7 @@ async fn one_release_wakes_one_waiter_per_manager(prefix: &str) {
     let waiter = tokio::spawn(async move {
         let g = b
             .lock("wake")
+            .backoff(slow_backoff())
             .wait(Duration::from_secs(30))
             .acquire()
             .await
@@ -137,9 +138,13 @@ async fn one_release_wakes_one_waiter_per_manager(prefix: &str) {
     let released_at = Instant::now();
     g.release().await.unwrap();
     let (b, g2) = waiter.await.unwrap();
-    // Woken by the release, not by its backoff (the holder's lease was 30 s).
-    assert!(released_at.elapsed() < Duration::from_millis(500));
-    // Let the other members' copies of the message arrive.
+    // Woken by the release, not by its backoff: a fixed 10 s backoff (and a
+    // 30 s lease for the holder) cannot get the waiter in within 5 s, and
+    // with the default backoff (capped at 1 s) an attempt could take the
+    // lock before the first copy of the message arrived, which then counted
+    // no wake-up.
+    assert!(released_at.elapsed() < Duration::from_secs(5));
+    // Let the other members' copies of the message arrive: one wake-up.
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(b.wake_ups_delivered(), 1);
     g2.release().await.unwrap();
