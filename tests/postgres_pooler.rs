@@ -479,7 +479,8 @@ async fn postgres_a_direct_listen_url_brings_read_write_wake_ups_back() {
     let b = manager(&pooler.url(), Some(&direct)).await;
     // The writer's first attempt announces it (`writer_waiting`) before its
     // manager's LISTEN on the lock's channel has run, so a release in
-    // between is heard by no one (the writer then comes in on its timer);
+    // between is heard by no one (the writer then comes in on the wake that
+    // follows its subscription, or on its timer);
     // and a writer served by its timer may be done before the notification
     // reaches its manager. So the count is awaited, and a round may hear
     // none: up to three rounds, one of which must hear the release (with

@@ -325,6 +325,7 @@ async fn the_last_reader_out_wakes_a_waiting_writer(d: Deployment) {
     let waiter = tokio::spawn(async move {
         let w = b
             .write_lock("wake")
+            .backoff(slow_backoff())
             .wait(Duration::from_secs(20))
             .acquire()
             .await
@@ -333,13 +334,18 @@ async fn the_last_reader_out_wakes_a_waiting_writer(d: Deployment) {
         w.release().await.unwrap();
         (at, b.wake_ups_delivered())
     });
-    // Long enough for the writer's fallback backoff to reach its cap.
+    // Long enough for the writer's manager, a fresh one, to listen on the
+    // lock's channel (its first subscription). The writer's fixed 10 s
+    // backoff (and the reader's 30 s lease) keeps its timer out meanwhile
+    // and for 10 s after: with the default backoff (capped at 1 s) an
+    // attempt could take the lock before the release's message arrived, and
+    // on PostgreSQL the message is then dropped with the channel.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let released = Instant::now();
     r.release().await.unwrap();
     let (acquired, woken) = waiter.await.unwrap();
     assert!(
-        acquired.duration_since(released) < Duration::from_millis(500),
+        acquired.duration_since(released) < Duration::from_secs(5),
         "took {:?}",
         acquired.duration_since(released)
     );

@@ -849,6 +849,16 @@ impl LockManager {
         self.inner.core.backend.deaf_listeners()
     }
 
+    /// The PostgreSQL channel (a `LISTEN` identifier) on which the store
+    /// notifies the logical channel `logical` (a channel of
+    /// [`redis_names`](Self::redis_names)): for tests that listen beside the
+    /// managers on a session of their own. Not a stable API.
+    #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(all(feature = "testing", feature = "postgres"))))]
+    pub fn postgres_channel(logical: &str) -> String {
+        crate::backend::postgres::channel_ident(logical)
+    }
+
     /// How many round trips renewals have taken since the manager was built
     /// (pipelines and single calls): for tests that check renewal costs one
     /// round trip per server per tick. Not a stable API.

@@ -514,6 +514,43 @@ impl Deployment {
         }
     }
 
+    /// What the store publishes on `channel` (a logical channel of
+    /// `user_key`, as `redis_names` names it), heard beside the managers, in
+    /// order: a subscription on the server that holds the key's Redis
+    /// names, or on PostgreSQL a session of its own that LISTENs there.
+    /// Ready when this returns.
+    pub async fn listen_for(&self, m: &LockManager, user_key: &str, channel: &str) -> Heard {
+        #[cfg(feature = "postgres")]
+        if let Deployment::Postgres { server, .. } = self {
+            use futures_util::StreamExt as _;
+            let (client, mut connection) =
+                tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+                    .await
+                    .expect("connect");
+            let (heard, payloads) = tokio::sync::mpsc::unbounded_channel();
+            tokio::spawn(async move {
+                let mut messages =
+                    futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+                while let Some(Ok(message)) = messages.next().await {
+                    if let tokio_postgres::AsyncMessage::Notification(n) = message {
+                        let _ = heard.send(n.payload().as_bytes().to_vec());
+                    }
+                }
+            });
+            let listen = format!("LISTEN {}", LockManager::postgres_channel(channel));
+            client.batch_execute(&listen).await.expect("LISTEN");
+            return Heard::Postgres {
+                _session: client,
+                payloads,
+            };
+        }
+        Heard::Redis(
+            self.redis_subscriber_for(m, user_key, channel)
+                .await
+                .expect("a Redis deployment"),
+        )
+    }
+
     /// A raw connection to the server that holds the Redis names of
     /// `user_key` (all of one key's names share a hash tag, so one node).
     pub async fn raw_for(&self, m: &LockManager, user_key: &str) -> MultiplexedConnection {
@@ -693,4 +730,35 @@ pub async fn monitor(
         .await
         .unwrap()
         .into_on_message::<String>()
+}
+
+/// What a store publishes on one channel, heard beside the managers (see
+/// [`Deployment::listen_for`]).
+pub enum Heard {
+    Redis(redis::aio::PubSub),
+    #[cfg(feature = "postgres")]
+    Postgres {
+        /// Kept: dropping it would end the LISTEN.
+        _session: tokio_postgres::Client,
+        payloads: tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>,
+    },
+}
+
+impl Heard {
+    /// The payload of the next message, if one comes within `within`.
+    pub async fn next(&mut self, within: Duration) -> Option<Vec<u8>> {
+        use futures_util::StreamExt as _;
+        match self {
+            Heard::Redis(pubsub) => tokio::time::timeout(within, pubsub.on_message().next())
+                .await
+                .ok()
+                .flatten()
+                .map(|m| m.get_payload_bytes().to_vec()),
+            #[cfg(feature = "postgres")]
+            Heard::Postgres { payloads, .. } => tokio::time::timeout(within, payloads.recv())
+                .await
+                .ok()
+                .flatten(),
+        }
+    }
 }
