@@ -129,53 +129,67 @@ async fn a_tls_cluster_locks_with_rediss_seeds() {
         .build()
         .await
         .unwrap();
-    let mut masters_seen = std::collections::HashSet::new();
+    // A hand-off reaches the waiters' manager by a message on each master.
+    // Its subscription there starts in the background of its first wait on
+    // that master (TLS connections, SUBSCRIBE): a hand-off published before
+    // it is confirmed is taken on the wake that follows the subscription,
+    // uncounted. So a master may miss a round; up to three rounds each, on
+    // keys of that master, one of which must count the message.
+    let mut heard_on = std::collections::HashSet::new();
+    let mut missed = std::collections::HashMap::<usize, u32>::new();
     for i in 0..64 {
         let key = format!("tls:{i}");
         let node = cluster
             .master_of_key(&holder.redis_names(&key).lock)
             .unwrap();
-        if !masters_seen.insert(node) {
+        if heard_on.contains(&node) {
             continue;
         }
         let guard = holder.lock(&key).acquire().await.unwrap();
         let waiting = waiters.clone();
         let waited_key = key.clone();
         let waiter = tokio::spawn(async move {
-            let guard = waiting
+            waiting
                 .lock(waited_key)
                 .wait(Duration::from_secs(10))
                 .acquire()
-                .await;
-            (guard, std::time::Instant::now())
+                .await
         });
-        // Let the waiter subscribe and find the lock taken.
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        assert!(!waiter.is_finished(), "the waiter got a held lock ({key})");
+        // The waiter queued for the held lock, so the release hands it over.
+        let started = std::time::Instant::now();
+        while !holder
+            .inspect(&key)
+            .await
+            .unwrap()
+            .is_some_and(|i| i.waited_for)
+        {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "master {node}: the waiter never queued for {key}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         let token = guard.fencing_token().await.unwrap();
         let wake_ups = waiters.wake_ups_delivered();
         guard.release().await.unwrap();
-        let released = std::time::Instant::now();
-        let (acquired, woken) = waiter.await.unwrap();
-        let acquired = acquired.unwrap();
-        let delay = woken.duration_since(released);
-        // Without the wake-up the waiter would wait out the holder's 30 s lease.
-        assert!(
-            delay < Duration::from_millis(500),
-            "master {node}: woken {delay:?} after the release"
-        );
-        // Woken by the release message, not by its fallback backoff.
-        assert!(
-            waiters.wake_ups_delivered() > wake_ups,
-            "master {node}: no release message reached the waiter"
-        );
+        let acquired = waiter.await.unwrap().unwrap();
         assert!(acquired.fencing_token().await.unwrap() > token);
         acquired.release().await.unwrap();
-        if masters_seen.len() == 3 {
-            return;
+        if waiters.wake_ups_delivered() > wake_ups {
+            heard_on.insert(node);
+            if heard_on.len() == 3 {
+                return;
+            }
+        } else {
+            let misses = missed.entry(node).or_default();
+            *misses += 1;
+            assert!(
+                *misses < 3,
+                "master {node}: no release message reached the waiter in three hand-offs"
+            );
         }
     }
-    panic!("keys reached only masters {masters_seen:?}");
+    panic!("release messages heard only on masters {heard_on:?} (misses: {missed:?})");
 }
 
 #[tokio::test]

@@ -280,10 +280,14 @@ async fn part_of_a_weighted_hold_is_given_back_and_the_rest_kept(d: Deployment) 
         .expect("the waiter gets the permits given back")
         .unwrap()
         .unwrap();
-    assert!(
-        heard.next(Duration::from_secs(5)).await.is_some(),
-        "the give-back publishes a wake-up"
-    );
+    // On both stores `#<permits freed>:<owner>`. (LISTEN channels are the
+    // database's, shared by the tests' schemas: the payload also tells this
+    // test's message from another's.)
+    let published = heard
+        .next(Duration::from_secs(5))
+        .await
+        .expect("the give-back publishes a wake-up");
+    assert!(published.starts_with(b"#3:"), "{published:?}");
     assert_eq!(slots.fencing_token().await.unwrap(), token);
     // Three leases: the kept permit would have expired after one without
     // renewal under its new name (every lease / 3), and the guard's local

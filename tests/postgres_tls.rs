@@ -111,10 +111,10 @@ async fn postgres_a_manager_over_tls_acquires_hands_off_and_releases() {
     // A hand-off is heard by `other`'s listening connection only once it
     // listens on its hand-off channel, which a fresh manager starts in the
     // background of its first acquisition (a hand-off before that comes in
-    // on the wake that follows the subscription, uncounted); and a queued waiter refreshes its entry every
-    // 0.4-0.8 s, which takes the lock if it is in flight at the hand-off
-    // (the message then counts nothing). Up to three rounds, one of which
-    // must count the hand-off.
+    // on the wake that follows the subscription, uncounted); and a queued
+    // waiter's entry refresh (every 0.4-0.8 s) in flight at the hand-off may
+    // take the lock before the message is heard, which then counts nothing.
+    // Up to three rounds, one of which must count the hand-off.
     let mut counted = None;
     for _ in 0..3 {
         let (guard, heard) = hand_off(&pg, &m, &other).await;

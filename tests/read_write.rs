@@ -337,7 +337,8 @@ async fn the_last_reader_out_wakes_a_waiting_writer(d: Deployment) {
     // Long enough for the writer's manager, a fresh one, to listen on the
     // lock's channel (its first subscription). The writer's fixed 10 s
     // backoff (and the reader's 30 s lease) keeps its timer out meanwhile
-    // and for 10 s after: with the default backoff (capped at 1 s) an
+    // and until about 7.5 s after the release: with the default backoff
+    // (capped at 1 s) an
     // attempt could take the lock before the release's message arrived, and
     // on PostgreSQL the message is then dropped with the channel.
     tokio::time::sleep(Duration::from_millis(2500)).await;

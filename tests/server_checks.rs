@@ -414,6 +414,10 @@ async fn a_resp3_url_keeps_its_connections_on_resp3() {
     let redis = server();
     let url = format!("{}/?protocol=resp3", redis.url());
     let m = LockManager::connect(&url).await.unwrap();
+    // The hand-off channel is subscribed in the background of the manager's
+    // first acquisition: a hand-off before it is confirmed would be taken
+    // uncounted, so the count starts once one was heard.
+    await_listening(&m, &m, "resp3:warm-up").await;
     let held = m.lock("resp3").acquire().await.unwrap();
     assert!(held.fencing_token().await.unwrap() > 0);
     let waiter = {

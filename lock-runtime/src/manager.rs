@@ -850,11 +850,12 @@ impl LockManager {
     }
 
     /// The PostgreSQL channel (a `LISTEN` identifier) on which the store
-    /// notifies the logical channel `logical` (a channel of
-    /// [`redis_names`](Self::redis_names)): for tests that listen beside the
-    /// managers on a session of their own. Not a stable API.
+    /// notifies the logical channel `logical` (such as
+    /// [`redis_names`](Self::redis_names)`(key).channel()`, or its sibling of
+    /// another lock kind): for tests that listen beside the managers on a
+    /// session of their own. Not a stable API.
     #[cfg(feature = "postgres")]
-    #[cfg_attr(docsrs, doc(cfg(all(feature = "testing", feature = "postgres"))))]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub fn postgres_channel(logical: &str) -> String {
         crate::backend::postgres::channel_ident(logical)
     }

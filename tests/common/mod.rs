@@ -515,7 +515,8 @@ impl Deployment {
     }
 
     /// What the store publishes on `channel` (a logical channel of
-    /// `user_key`, as `redis_names` names it), heard beside the managers, in
+    /// `user_key`: `redis_names(user_key).channel()`, or its sibling of
+    /// another lock kind), heard beside the managers, in
     /// order: a subscription on the server that holds the key's Redis
     /// names, or on PostgreSQL a session of its own that LISTENs there.
     /// Ready when this returns.
