@@ -4,6 +4,8 @@
 //! `rediss://` seeds and a private CA, and refuses to connect without it. The
 //! behaviour suite: `tests/cluster.rs`.
 
+mod common;
+
 use std::time::Duration;
 
 use distlock::testing::RedisCluster;
@@ -156,19 +158,7 @@ async fn a_tls_cluster_locks_with_rediss_seeds() {
                 .await
         });
         // The waiter queued for the held lock, so the release hands it over.
-        let started = std::time::Instant::now();
-        while !holder
-            .inspect(&key)
-            .await
-            .unwrap()
-            .is_some_and(|i| i.waited_for)
-        {
-            assert!(
-                started.elapsed() < Duration::from_secs(5),
-                "master {node}: the waiter never queued for {key}"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        common::await_waiter(&holder, &key).await;
         let token = guard.fencing_token().await.unwrap();
         let wake_ups = waiters.wake_ups_delivered();
         guard.release().await.unwrap();
