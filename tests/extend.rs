@@ -216,3 +216,58 @@ async fn extend_and_max_hold_on_every_store(d: Deployment) {
 }
 
 on_stores!(extend_and_max_hold_on_every_store);
+
+/// A lease shortened by `extend` while renewal is on is renewed at the new
+/// length's pace (a third of it), not at the old one's; and a `lost()`
+/// already waiting when `extend` shortens a lease without renewal wakes at
+/// the new deadline, not at the old one: on every store.
+async fn a_shortened_lease_keeps_pace_and_wakes_lost_waiters(d: Deployment) {
+    let m = d.manager().await;
+    let other = d.manager().await;
+    let g = m
+        .lock("shortened")
+        .lease(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    g.extend(Duration::from_millis(600)).await.unwrap();
+    // Two and a half of the new leases: renewed every 200 ms, the lock is
+    // still ours; renewed on the old pace (first at 10 s), it ran out at
+    // 600 ms and `other` took it.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(!g.is_lost(), "the shortened lease was not renewed in time");
+    assert!(other
+        .lock("shortened")
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
+    g.release().await.unwrap();
+
+    // Without renewal: a `lost()` that waits from before the extend. Its
+    // old deadline is 30 s away; the new one 300 ms, so 5 s (the bound
+    // below) is passed only by a waiter that kept the old one.
+    let g = std::sync::Arc::new(
+        m.lock("shortened-lost")
+            .lease(Duration::from_secs(30))
+            .renew(false)
+            .acquire()
+            .await
+            .unwrap(),
+    );
+    let waiting = tokio::spawn({
+        let g = g.clone();
+        async move { g.lost().await }
+    });
+    // Let the waiter start waiting on the 30 s deadline first.
+    tokio::task::yield_now().await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!waiting.is_finished());
+    g.extend(Duration::from_millis(300)).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("lost() woke at the shortened deadline")
+        .unwrap();
+}
+
+on_stores!(a_shortened_lease_keeps_pace_and_wakes_lost_waiters);

@@ -137,8 +137,11 @@ impl LockGuard {
     /// # Errors
     /// [`LockError::InvalidConfig`] for a lease outside 10 ms to 30 days,
     /// [`LockError::Lost`] when the lease was lost (or is found lost now),
-    /// [`LockError::Backend`] when Redis fails; the lease is then unchanged in
-    /// Redis, but later renewals use the new length.
+    /// [`LockError::Backend`] when the store fails. The store may or may not
+    /// have taken the new lease then (a reply lost after it ran): the holder
+    /// trusts the shorter of the old deadline and the new lease from the
+    /// call, and later renewals use the new length. The same holds when the
+    /// returned future is dropped before it completes.
     pub async fn extend(&self, lease: Duration) -> Result<(), LockError> {
         crate::config::validate_lease(lease, "lease")?;
         let lease = Duration::from_millis(u64::try_from(lease.as_millis()).unwrap_or(u64::MAX));
@@ -147,6 +150,10 @@ impl LockGuard {
         }
         self.lease.set_lease(lease);
         let core = &self.manager.core;
+        // A shorter lease binds the holder from now on, answered or not, and
+        // the renewal task must come sooner than it planned.
+        self.lease.shorten_to_new_length(Instant::now());
+        core.renewals.rescheduled(&self.lease);
         let renew_once = || async {
             core.backend
                 .renew(std::slice::from_ref(&self.lease))
@@ -163,6 +170,7 @@ impl LockGuard {
         match outcome {
             Some(Renewal::Renewed { sent_at }) => {
                 self.lease.extended(sent_at);
+                core.renewals.rescheduled(&self.lease);
                 Ok(())
             }
             Some(Renewal::NotOurs) => {

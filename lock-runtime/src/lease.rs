@@ -222,10 +222,32 @@ impl Lease {
 
     /// Records a renewal sent at `sent_at` that replaced the TTL with a lease
     /// of a new length: the local deadline follows it, down as well as up.
+    /// A `lost()` already waiting re-reads the deadline.
     pub(crate) fn extended(&self, sent_at: Instant) {
         self.valid_until
             .store(self.nanos(self.valid_after(sent_at)), Ordering::Release);
         self.renew_after(sent_at, self.renewal_interval());
+        self.lost_notify.notify_waiters();
+    }
+
+    /// Before a renewal with a new lease length (set by `set_lease`) is sent
+    /// at `sent_at`: the local deadline and the next renewal come down to
+    /// what the new length allows, never up. The store may run the renewal
+    /// even when its reply never comes (a timeout, a dropped `extend`), so a
+    /// shorter lease is trusted from the moment it is sent; a longer one
+    /// only once the store confirms it (`extended`). A `lost()` already
+    /// waiting re-reads the deadline.
+    pub(crate) fn shorten_to_new_length(&self, sent_at: Instant) {
+        let valid = self.nanos(self.valid_after(sent_at));
+        let previous = self.valid_until.fetch_min(valid, Ordering::AcqRel);
+        let interval = self.renewal_interval();
+        let next = self.nanos(sent_at + interval);
+        if next < self.next_renewal.load(Ordering::Acquire) {
+            self.renew_after(sent_at, interval);
+        }
+        if valid < previous {
+            self.lost_notify.notify_waiters();
+        }
     }
 
     /// Records a successful renewal (or the acquire) sent at `sent_at`.

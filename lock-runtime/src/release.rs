@@ -29,14 +29,15 @@ pub(crate) async fn release_holds(
         mut lost,
         shut_down,
     } = end_holds(core, leases);
+    // A lease the shutdown took released its lock already (or its lease
+    // will): it counts as lost to this guard, as after the shutdown.
+    if let Some(key) = shut_down {
+        lost.get_or_insert(key);
+    }
     let Some(first) = last.first() else {
         return lost.map_or(Ok(()), |key| Err(LockError::Lost { key }));
     };
     let first_key = first.lease.key.clone();
-    if shut_down {
-        // The shutdown released the locks already (or their leases will).
-        return Err(LockError::Lost { key: first_key });
-    }
     // From here on nobody else will release: if this future is dropped before
     // the reply, the queued scripts may never be sent (or a NOSCRIPT retry may
     // be cut short), so hand the releases to the background.
@@ -123,9 +124,7 @@ pub(crate) async fn release_holds(
 /// its own. Never blocks.
 pub(crate) fn drop_holds(core: &Arc<Core>, leases: &[Arc<Lease>]) {
     let ended = end_holds(core, leases);
-    if !ended.shut_down {
-        release_each_in_background(core, &ended.last);
-    }
+    release_each_in_background(core, &ended.last);
 }
 
 /// A lease whose last hold a guard gave back.
@@ -142,28 +141,35 @@ struct Ended {
     last: Vec<LastHold>,
     /// The first key whose lease was found lost.
     lost: Option<String>,
-    /// The manager was shut down, whose shutdown released the locks.
-    shut_down: bool,
+    /// The first key whose lease the manager's shutdown took (and
+    /// released) before this release could: not among `last`.
+    shut_down: Option<String>,
 }
 
 /// The local part of a release, the same for `release()` and `Drop`: one hold
 /// of each lease given back; a lease whose last hold this was is marked
-/// released, leaves the renewal task and, unless the manager was shut down,
-/// counts as released.
+/// released, leaves the renewal task and, unless the manager's shutdown took
+/// it out first (and releases it), is in `last` and counts as released.
+/// Which of the two takes a lease out is decided under the renewal map's
+/// lock: a shutdown that starts after this release took it out does not see
+/// it, and this release still sends it.
 fn end_holds(core: &Core, leases: &[Arc<Lease>]) -> Ended {
     let mut ended = Ended {
         last: Vec::with_capacity(leases.len()),
         lost: None,
-        shut_down: false,
+        shut_down: None,
     };
     for lease in leases {
         let was_lost = if lease.drop_hold() {
             let was_lost = lease.mark_released();
-            core.renewals.remove(lease.id);
-            ended.last.push(LastHold {
-                lease: lease.clone(),
-                was_lost,
-            });
+            if !core.renewals.remove(lease.id) && core.is_shut_down() {
+                ended.shut_down.get_or_insert_with(|| lease.key.clone());
+            } else {
+                ended.last.push(LastHold {
+                    lease: lease.clone(),
+                    was_lost,
+                });
+            }
             was_lost
         } else {
             lease.is_lost()
@@ -172,14 +178,8 @@ fn end_holds(core: &Core, leases: &[Arc<Lease>]) -> Ended {
             ended.lost.get_or_insert_with(|| lease.key.clone());
         }
     }
-    if ended.last.is_empty() {
-        return ended;
-    }
-    ended.shut_down = core.is_shut_down();
-    if !ended.shut_down {
-        for LastHold { lease, .. } in &ended.last {
-            crate::telemetry::released(lease.metrics_label, || lease.granted_at.elapsed());
-        }
+    for LastHold { lease, .. } in &ended.last {
+        crate::telemetry::released(lease.metrics_label, || lease.granted_at.elapsed());
     }
     ended
 }

@@ -101,8 +101,18 @@ impl Renewals {
         true
     }
 
-    pub(crate) fn remove(&self, id: u64) {
-        self.leases().by_id.remove(&id);
+    /// Wakes the task when `lease`, already in the map, is now due before
+    /// the task's next look (its lease was shortened by `extend`).
+    pub(crate) fn rescheduled(&self, lease: &Lease) {
+        if lease.renew && lease.next_renewal_nanos() < self.wake_at.load(Ordering::SeqCst) {
+            self.added.notify_one();
+        }
+    }
+
+    /// Takes the lease out; false when it was not in (the manager's
+    /// shutdown took it, or it was never added).
+    pub(crate) fn remove(&self, id: u64) -> bool {
+        self.leases().by_id.remove(&id).is_some()
     }
 
     pub(crate) fn live_count(&self) -> usize {
@@ -357,5 +367,51 @@ mod tests {
         assert_eq!(due_ids(&renewals, now + ms(760)), vec![2]);
         assert_eq!(due_ids(&renewals, now + ms(7_490)), vec![2]);
         assert_eq!(due_ids(&renewals, now + ms(7_510)), vec![1, 2]);
+    }
+
+    /// What tells a guard's release from the shutdown's: under the map's
+    /// lock, whichever takes a lease out first has it; the other learns that
+    /// it did not (see `release::end_holds`).
+    #[test]
+    fn a_lease_is_taken_out_once_by_a_release_or_by_the_shutdown() {
+        let epoch = Instant::now();
+        let renewals = Renewals::default();
+        renewals.insert(lease(1, epoch, epoch));
+        renewals.insert(lease(2, epoch, epoch));
+        // Released first: the shutdown no longer sees it.
+        assert!(renewals.remove(1));
+        let closed: Vec<u64> = renewals.close().iter().map(|l| l.id).collect();
+        assert_eq!(closed, vec![2]);
+        // Taken by the shutdown: the release learns it was not in.
+        assert!(!renewals.remove(2));
+        // Closed: nothing is added any more.
+        assert!(!renewals.insert(lease(3, epoch, epoch)));
+        assert!(!renewals.remove(3));
+    }
+
+    /// `extend` to a shorter lease moves the renewal task's next look
+    /// forward: `rescheduled` wakes the task when the lease is now due
+    /// before the time it planned to look.
+    #[test]
+    fn a_shortened_lease_wakes_the_renewal_task_when_due_sooner() {
+        let epoch = Instant::now();
+        let renewals = Renewals::default();
+        // The task planned to look when the 30 s lease is due, 10 s on (so
+        // that adding the lease does not wake it either).
+        let planned = u64::try_from(Duration::from_secs(10).as_nanos()).unwrap();
+        renewals.wake_at.store(planned, Ordering::SeqCst);
+        let l = lease(1, epoch, epoch);
+        renewals.insert(l.clone());
+        let woken = renewals.added.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        // Not shorter: no wake-up.
+        renewals.rescheduled(&l);
+        assert!(futures_util::FutureExt::now_or_never(woken.as_mut()).is_none());
+        l.set_lease(Duration::from_millis(600));
+        l.shorten_to_new_length(epoch);
+        assert_eq!(l.next_renewal(), epoch + Duration::from_millis(200));
+        renewals.rescheduled(&l);
+        assert!(futures_util::FutureExt::now_or_never(woken.as_mut()).is_some());
     }
 }
