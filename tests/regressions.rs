@@ -401,6 +401,54 @@ fn a_guard_dropped_as_main_returns_is_released_at_runtime_shutdown() {
     });
 }
 
+/// The same for a guard held by a task the program spawned, which the
+/// runtime drops as it shuts down (the task never ends on its own): its
+/// release is refused by the closing runtime, so the guard releases over a
+/// blocking connection instead. On both runtime flavours: a current-thread
+/// runtime drops its tasks on the thread that drops it, a multi-thread one
+/// on its workers.
+#[test]
+fn a_guard_of_a_spawned_task_is_released_when_its_runtime_shuts_down() {
+    let redis = server();
+    for multi_thread in [false, true] {
+        let mut builder = if multi_thread {
+            tokio::runtime::Builder::new_multi_thread()
+        } else {
+            tokio::runtime::Builder::new_current_thread()
+        };
+        let rt = builder.enable_all().build().unwrap();
+        let key = format!("spawned-job-{multi_thread}");
+        let lock_key = rt.block_on(async {
+            let m = manager(&redis).await;
+            let (held, is_held) = tokio::sync::oneshot::channel();
+            let holder = m.clone();
+            let task_key = key.clone();
+            tokio::spawn(async move {
+                let _g = holder
+                    .lock(task_key)
+                    .lease(Duration::from_secs(30))
+                    .acquire()
+                    .await
+                    .unwrap();
+                let _ = held.send(());
+                std::future::pending::<()>().await;
+            });
+            is_held.await.unwrap();
+            m.redis_names(&key).lock
+        });
+        drop(rt);
+        let check = tokio::runtime::Runtime::new().unwrap();
+        check.block_on(async {
+            let mut raw = raw(&redis).await;
+            let ttl = pttl(&mut raw, &lock_key).await;
+            assert!(
+                ttl < 0,
+                "multi-thread {multi_thread}: the spawned task's lock outlived its runtime: {ttl} ms of lease left"
+            );
+        });
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Checked and correct (kept as regression tests).
 // ---------------------------------------------------------------------------

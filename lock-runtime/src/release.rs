@@ -267,9 +267,10 @@ pub(crate) fn release_lease_in_background(
 /// If the runtime shuts down before the task has finished (a guard dropped as
 /// `#[tokio::main]` returns), the task is dropped unfinished and releases over a
 /// blocking connection instead, bounded by the connect and command timeouts,
-/// so that the next run of the program does not wait out the lease. When the
-/// runtime is already gone, `spawn` drops the task at once: then nothing blocks
-/// and the lease frees the lock.
+/// so that the next run of the program does not wait out the lease; so does
+/// a release the shutting-down runtime refuses to spawn (a guard of a task
+/// it drops). When the runtime is already gone, `spawn` drops the task at
+/// once: then nothing blocks and the lease frees the lock.
 pub(crate) fn release_in_background(
     core: &Arc<Core>,
     key: String,
@@ -290,15 +291,23 @@ pub(crate) fn release_in_background(
     // Counted until the task ends or is dropped (see `BackgroundRelease::drop`).
     core.background_releases
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    SPAWNING.with(|s| s.set(true));
+    // A spawn refused while this thread runs inside the manager's own
+    // runtime: that runtime is shutting down and dropping its tasks (a task
+    // that held the guard, say), so the release blocks as an unfinished
+    // task's does. Refused from anywhere else, the runtime is gone: nothing
+    // blocks.
+    let inside_own_runtime = tokio::runtime::Handle::try_current()
+        .is_ok_and(|current| current.id() == core.runtime.id());
+    SPAWNING_OUTSIDE.with(|s| s.set(!inside_own_runtime));
     drop(core.runtime.spawn(release.run()));
-    SPAWNING.with(|s| s.set(false));
+    SPAWNING_OUTSIDE.with(|s| s.set(false));
 }
 
 thread_local! {
-    /// Set while `release_in_background` calls `spawn`: a task dropped then was
-    /// refused by a runtime that is gone, inside a guard's `Drop`, which must not block.
-    static SPAWNING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Set while `release_in_background` calls `spawn` from outside the
+    /// manager's runtime: a task dropped then was refused by a runtime that
+    /// is gone, inside a guard's `Drop`, which must not block.
+    static SPAWNING_OUTSIDE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 struct BackgroundRelease {
@@ -367,7 +376,7 @@ impl BackgroundRelease {
 
 impl Drop for BackgroundRelease {
     fn drop(&mut self) {
-        if self.unfinished && !SPAWNING.with(|s| s.get()) {
+        if self.unfinished && !SPAWNING_OUTSIDE.with(|s| s.get()) {
             self.release_blocking();
         }
         self.core
