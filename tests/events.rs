@@ -462,6 +462,40 @@ async fn a_manager_without_lock_events_publishes_only_force_unlocks(d: Deploymen
 
 on_stores!(a_manager_without_lock_events_publishes_only_force_unlocks);
 
+/// A stream whose manager the program dropped (a temporary, as in
+/// `LockManager::connect(url).await?.events(..).await?`) keeps the manager's
+/// listening alive and goes on delivering: the stream keeps its manager.
+async fn a_stream_outlives_the_manager_that_made_it(d: Deployment) {
+    let on = store_name(&d);
+    let publisher = publisher(&d, "publisher").await;
+    let mut events = d
+        .manager()
+        .await
+        .events(format!("orphan-{on}:*"))
+        .expiry(false)
+        .await
+        .unwrap();
+    let key = format!("orphan-{on}:1");
+    publisher
+        .lock(&key)
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    assert!(matches!(
+        kind_of(&mut events, &key).await,
+        LockEventKind::Acquired { .. }
+    ));
+    assert!(matches!(
+        kind_of(&mut events, &key).await,
+        LockEventKind::Released { .. }
+    ));
+}
+
+on_stores!(a_stream_outlives_the_manager_that_made_it);
+
 // PostgreSQL only: how an expiry is noticed (the sweep, or a takeover), a
 // listening connection cut, a lock name too long for a notification.
 

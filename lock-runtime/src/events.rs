@@ -232,6 +232,7 @@ impl LockEventsRequest {
         Ok(LockEvents {
             events: receiver,
             _interests: interests,
+            _manager: self.manager,
         })
     }
 }
@@ -382,11 +383,18 @@ fn skipped_message(count: u64) -> String {
 /// listens to) with its waiters and leader watches; when that connection
 /// breaks it is made again (with a bounded backoff), and the stream then
 /// says `Err(EventsSkipped { count: 0 })`: events published meanwhile were
-/// missed, how many is unknown. Dropping the stream unsubscribes.
+/// missed, how many is unknown. Dropping the stream unsubscribes. The
+/// stream keeps its manager (a clone): made from a manager the program then
+/// drops, it goes on. After the manager's
+/// [`shutdown`](crate::LockManager::shutdown) it delivers nothing more.
 pub struct LockEvents {
     events: buffer::Receiver<Heard>,
     /// Unregistered (and unsubscribed, unless shared) when dropped.
     _interests: Vec<Interest>,
+    /// The manager whose subscriber task feeds this stream: its last clone
+    /// dropped would stop that task and leave the stream silent, so the
+    /// stream keeps one (as a leader watch keeps its manager).
+    _manager: crate::LockManager,
 }
 
 impl std::fmt::Debug for LockEvents {
