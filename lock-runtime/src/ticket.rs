@@ -118,12 +118,17 @@ impl HoldTicket {
     /// [`LockError::InvalidConfig`] when `secret` is not a ticket (the
     /// message does not repeat it).
     pub fn from_secret_string(secret: &str) -> Result<HoldTicket, LockError> {
-        parse(secret).ok_or_else(|| {
+        let ticket = parse(secret).ok_or_else(|| {
             LockError::InvalidConfig(format!(
                 "not a distlock hold ticket ({} characters; a ticket starts with \"{MAGIC}.\")",
                 secret.len()
             ))
-        })
+        })?;
+        // A lease no guard can have (a damaged or forged ticket): resumed,
+        // its renewal would set the lock's TTL to it, and a lease of 0 ms
+        // deletes the lock.
+        crate::config::validate_lease(ticket.lease, "the hold ticket's lease")?;
+        Ok(ticket)
     }
 }
 
@@ -387,6 +392,10 @@ mod tests {
             &format!("{secret}.00"),
             &secret.replace(".l.", ".s0."),
             &secret.replace(".1.42.", ".2.42."),
+            // Leases no guard has: below 10 ms, above 30 days.
+            &secret.replace(".1500.", ".0."),
+            &secret.replace(".1500.", ".9."),
+            &secret.replace(".1500.", ".2592000001."),
         ] {
             let err = HoldTicket::from_secret_string(bad).unwrap_err();
             assert!(
