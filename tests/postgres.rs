@@ -596,6 +596,37 @@ async fn postgres_the_schema_is_versioned_and_its_creation_optional() {
         .release()
         .await
         .unwrap();
+    // An older schema: refused when the builder may not migrate it, and
+    // migrated (its functions replaced, the version raised) when it may.
+    pg.psql("UPDATE locks_here.version SET version = 1").unwrap();
+    let version = async || {
+        count(
+            &sql_client(&pg.url()).await,
+            "SELECT version::bigint FROM locks_here.version",
+        )
+        .await
+    };
+    match LockManager::builder(&pg.url())
+        .postgres_schema("locks_here")
+        .create_postgres_schema(false)
+        .build()
+        .await
+    {
+        Err(LockError::ServerCheck { reason, .. }) => {
+            assert!(reason.contains("older"), "{reason}")
+        }
+        other => panic!("expected ServerCheck, got {:?}", other.map(drop)),
+    }
+    assert_eq!(version().await, 1);
+    LockManager::builder(&pg.url())
+        .postgres_schema("locks_here")
+        .build()
+        .await
+        .unwrap();
+    assert_eq!(
+        version().await,
+        i64::from(distlock::POSTGRES_SCHEMA_VERSION)
+    );
     // A newer schema than the library knows is refused.
     pg.psql("UPDATE locks_here.version SET version = 99")
         .unwrap();
@@ -736,7 +767,7 @@ async fn postgres_managers_starting_together_create_the_schema_once() {
     }
     assert_eq!(
         pg.psql("SELECT version FROM distlock.version").unwrap(),
-        "1"
+        distlock::POSTGRES_SCHEMA_VERSION.to_string()
     );
 }
 
@@ -1088,4 +1119,108 @@ async fn postgres_a_semaphore_of_u32_max_permits_counts_exactly() {
     let counts = m.semaphore("huge", all).permit_counts().await.unwrap();
     assert_eq!((counts.held, counts.available), (0, all));
     drop((hold, most));
+}
+
+/// A renewal of a lease sent just before the lease ends and committed just
+/// after (a late renewal of a batch whose statement is still running, or
+/// waiting for a synchronous standby) keeps the lock its holder's: every
+/// acquisition that comes between waits for the commit and finds the lock
+/// held. Emulated by hand: the renewal function called in a transaction of
+/// our own, left open across the lease's end, then committed while the
+/// acquisition waits. For the writer of a read-write lock (against a writer
+/// and a reader) and for `lock_all` over a default lock; the single-key
+/// acquisition of the default lock is the control.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_renewal_committed_across_the_leases_end_keeps_the_lock_its_holders() {
+    let pg = server();
+    let holder = manager(&pg).await;
+    let other = manager(&pg).await;
+    let db = sql_client(&pg.url()).await;
+    // Long enough for the renewal below to start before the lease's end
+    // (after the acquisition's round trip), short enough for a quick test.
+    let lease = Duration::from_millis(1_000);
+
+    for case in ["write", "read", "lock_all", "lock"] {
+        let key = format!("late-renewal-{case}");
+        let shared = matches!(case, "write" | "read");
+        let request = if shared {
+            holder.write_lock(key.as_str())
+        } else {
+            holder.lock(key.as_str())
+        };
+        let started = Instant::now();
+        let guard = request.lease(lease).renew(false).acquire().await.unwrap();
+        let (table, renew) = if shared {
+            ("shared_holds", "shared_renew")
+        } else {
+            ("locks", "renew")
+        };
+        let row = db
+            .query_one(
+                &format!("SELECT name, owner FROM distlock.{table} WHERE name LIKE '%' || $1"),
+                &[&key],
+            )
+            .await
+            .unwrap();
+        let (name, owner): (String, String) = (row.get(0), row.get(1));
+        // The renewal, in a transaction of its own, before the lease's end.
+        let renewal = sql_client(&pg.url()).await;
+        renewal.batch_execute("BEGIN").await.unwrap();
+        let renewed: bool = renewal
+            .query_one(
+                &format!("SELECT renewed FROM distlock.{renew}($1, $2, $3)"),
+                &[&vec![name.clone()], &vec![owner.clone()], &vec![60_000i64]],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(renewed, "{case}: renewed before the lease's end");
+        assert!(started.elapsed() < lease, "{case}: too slow to test");
+        // Past the lease's end (by the database's clock too: 200 ms more).
+        tokio::time::sleep_until((started + lease + Duration::from_millis(200)).into()).await;
+        let attempt = {
+            let (other, key) = (other.clone(), key.clone());
+            tokio::spawn(async move {
+                match case {
+                    "write" => other.write_lock(key).try_acquire().await.map(|g| g.is_some()),
+                    "read" => other.read_lock(key).try_acquire().await.map(|g| g.is_some()),
+                    "lock_all" => other
+                        .lock_all([key, format!("{case}-second")])
+                        .try_acquire()
+                        .await
+                        .map(|g| g.is_some()),
+                    _ => other.lock(key).try_acquire().await.map(|g| g.is_some()),
+                }
+            })
+        };
+        // The attempt waits for the renewal's row lock (a lock not granted).
+        assert!(
+            eventually(Duration::from_secs(5), async || count(
+                &db,
+                "SELECT count(*) FROM pg_locks WHERE NOT granted"
+            )
+            .await
+                > 0)
+                .await
+                .is_some(),
+            "{case}: the attempt never waited for the renewal's commit"
+        );
+        renewal.batch_execute("COMMIT").await.unwrap();
+        let taken = attempt.await.unwrap().unwrap();
+        assert!(!taken, "{case}: granted a lock whose holder had just renewed it");
+        let owners: Vec<String> = db
+            .query(
+                &format!(
+                    "SELECT owner FROM distlock.{table} WHERE name = $1 AND expires_at > clock_timestamp()"
+                ),
+                &[&name],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        assert_eq!(owners, vec![owner], "{case}: the live holds after the attempt");
+        drop(guard);
+    }
 }

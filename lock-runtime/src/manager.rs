@@ -1050,9 +1050,11 @@ impl LockManagerBuilder {
     }
 
     /// Whether [`build`](Self::build) creates the PostgreSQL schema when it is
-    /// missing (default true). Off, a missing schema fails the build with
-    /// [`LockError::ServerCheck`]; a DBA creates it with the SQL of
-    /// [`postgres_schema_sql`](crate::postgres_schema_sql). Ignored on Redis.
+    /// missing, or migrates it when it is of an older version (default
+    /// true). Off, a missing or older schema fails the build with
+    /// [`LockError::ServerCheck`]; a DBA creates or migrates it with the SQL
+    /// of [`postgres_schema_sql`](crate::postgres_schema_sql). Ignored on
+    /// Redis.
     #[cfg(feature = "postgres")]
     #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub fn create_postgres_schema(mut self, create: bool) -> Self {

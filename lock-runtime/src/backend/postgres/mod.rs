@@ -49,7 +49,7 @@ use crate::keys::{LockKind, RedisNames};
 use crate::lease::Lease;
 
 /// The schema's version this library writes and reads.
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
 
 /// The store's name in errors.
 pub(crate) const STORE: &str = "PostgreSQL";
@@ -72,8 +72,10 @@ pub(crate) const DATA_APPLICATION: &str = "distlock";
 pub(crate) const LISTEN_APPLICATION: &str = "distlock-listen";
 
 /// The SQL that creates distlock's schema `schema` (tables, sequences,
-/// functions, version row): what `build()` runs when the schema is missing,
-/// for a DBA to run by hand where distlock's role may not create it.
+/// functions, version row): what `build()` runs when the schema is missing
+/// or of an older version (it migrates one: tables are created if missing,
+/// functions replaced, the version raised), for a DBA to run by hand where
+/// distlock's role may not create it.
 ///
 /// # Errors
 /// [`LockError::InvalidConfig`] when `schema` is not a plain lower-case
@@ -1282,6 +1284,13 @@ impl Inner {
             }
             if found == SCHEMA_VERSION {
                 return Ok(());
+            }
+            if !create {
+                return Err(refused(format!(
+                    "schema {schema} is at version {found}, older than this distlock's \
+                     {SCHEMA_VERSION}, and the builder was told not to migrate it: have a DBA \
+                     run the SQL of `distlock schema`, which migrates it"
+                )));
             }
         }
         if !create {

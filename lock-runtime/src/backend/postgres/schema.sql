@@ -1,7 +1,11 @@
--- distlock's PostgreSQL schema, version 1: the tables, the sequence and the
+-- distlock's PostgreSQL schema, version 2: the tables, the sequence and the
 -- functions the default lock needs. Idempotent: `build()` runs it when the
--- version row is missing, and a DBA may run it by hand (`distlock schema`
--- prints it) for a role that may not create objects.
+-- version row is missing or older, and a DBA may run it by hand (`distlock
+-- schema` prints it) for a role that may not create objects. Version 2
+-- replaces functions of version 1 (same tables): write_acquire, read_acquire
+-- and acquire_all wait for a renewal of the lock that is in flight before
+-- judging it (see write_acquire), and the sweeps take each key's
+-- transaction lock.
 --
 -- Every object lives in one schema, whose name (a plain identifier checked by
 -- the client, `distlock` unless the builder names another) is written into
@@ -26,6 +30,15 @@
 -- has no row, and is gone at commit. A lock is never held by an advisory
 -- lock. The client runs this file in one transaction under the same class's
 -- key 0, so that managers starting together create the schema once.
+--
+-- The renewals (renew, shared_renew) take no advisory lock (one per lease,
+-- up to 512 a batch on every renewal, would keep the server's shared lock
+-- table busy): they lock the rows they extend. A renewal may check a lease just before it ends and
+-- commit just after (a late one, or one whose batch is long). A function
+-- that judges a lock free by its expiry must therefore read the row under
+-- a row lock (FOR UPDATE by the key alone, not by its expiry: a row the
+-- snapshot shows expired would not be locked), or after a statement that
+-- took the row lock; then it sees the renewal's commit.
 
 CREATE SCHEMA IF NOT EXISTS __SCHEMA__;
 
@@ -323,7 +336,12 @@ END $$;
 
 -- Deletes at most `p_limit` rows of each table that no longer matter: locks
 -- whose lease ran out with nobody queued, and queue entries whose queue
--- lease ran out. Bounded, so that one call never holds many row locks.
+-- lease ran out. Bounded, so that one call never holds many row locks. Each
+-- row goes only under its key's transaction lock, tried rather than waited
+-- for (a busy key is left for the next sweep), as in sweep_shared: a
+-- hand-off never sees the queue entry it chose vanish under it (it would
+-- then free the lock with live waiters queued behind), and the sweep's
+-- deletes never meet a key's own in another order (a deadlock).
 -- With an events channel `p_events` (not ''), tells "expired" of each lock it
 -- deletes (see lock_event): how lock events learn of an expiry that nobody
 -- else came across. Returns how many rows went.
@@ -339,6 +357,7 @@ BEGIN
       USING (SELECT name FROM __SCHEMA__.locks
              WHERE expires_at <= clock_timestamp() LIMIT p_limit) d
       WHERE l.name = d.name AND l.expires_at <= clock_timestamp()
+        AND pg_try_advisory_xact_lock(1684826880, hashtext(l.name))
         AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.waiters w
                         WHERE w.name = l.name AND w.expires_at > clock_timestamp())
       RETURNING l.name
@@ -351,7 +370,8 @@ BEGIN
   DELETE FROM __SCHEMA__.waiters w
     USING (SELECT name, owner FROM __SCHEMA__.waiters
            WHERE expires_at <= clock_timestamp() LIMIT p_limit) d
-    WHERE w.name = d.name AND w.owner = d.owner AND w.expires_at <= clock_timestamp();
+    WHERE w.name = d.name AND w.owner = d.owner AND w.expires_at <= clock_timestamp()
+      AND pg_try_advisory_xact_lock(1684826880, hashtext(w.name));
   GET DIAGNOSTICS v_waiters = ROW_COUNT;
   RETURN v_locks + v_waiters;
 END $$;
@@ -527,6 +547,10 @@ BEGIN
   PERFORM pg_advisory_xact_lock(1684826880, hashtext(p_name));
   v_now := clock_timestamp();
   o_token := 0; o_remaining_ms := 0;
+  -- First, so that the reads below see a renewal in flight: this DELETE
+  -- waits for the row lock of a hold being renewed, then leaves it alone if
+  -- the renewal made it live (see the header).
+  DELETE FROM __SCHEMA__.shared_holds WHERE name = p_name AND expires_at <= v_now;
   SELECT * INTO w FROM __SCHEMA__.shared_holds
     WHERE name = p_name AND kind = 'w' AND expires_at > v_now;
   IF FOUND THEN
@@ -544,7 +568,6 @@ BEGIN
     o_status := 0; o_remaining_ms := __SCHEMA__.ms_until(w.expires_at, v_now);
     RETURN;
   END IF;
-  DELETE FROM __SCHEMA__.shared_holds WHERE name = p_name AND expires_at <= v_now;
   SELECT max(expires_at) INTO v_last FROM __SCHEMA__.shared_holds
     WHERE name = p_name AND kind = 'r';
   IF v_last IS NOT NULL THEN
@@ -590,6 +613,8 @@ BEGIN
   PERFORM pg_advisory_xact_lock(1684826880, hashtext(p_name));
   v_now := clock_timestamp();
   o_token := 0; o_remaining_ms := 0;
+  -- First, for the reason given in write_acquire.
+  DELETE FROM __SCHEMA__.shared_holds WHERE name = p_name AND expires_at <= v_now;
   SELECT * INTO w FROM __SCHEMA__.shared_holds
     WHERE name = p_name AND kind = 'w' AND expires_at > v_now;
   IF FOUND THEN
@@ -609,7 +634,6 @@ BEGIN
       RETURN;
     END IF;
   END IF;
-  DELETE FROM __SCHEMA__.shared_holds WHERE name = p_name AND expires_at <= v_now;
   o_token := CASE WHEN p_fence THEN nextval('__SCHEMA__.fencing') ELSE 0 END;
   INSERT INTO __SCHEMA__.shared_holds AS h
       (name, owner, kind, weight, token, expires_at, since_ms, holder)
@@ -1156,7 +1180,8 @@ BEGIN
   SELECT name FROM __SCHEMA__.counters WHERE name ~ p_pattern ORDER BY name;
 END $$;
 
--- Deletes at most `p_limit` registrations that ended. How many went.
+-- Deletes at most `p_limit` registrations that ended, each under its
+-- counter's transaction lock, tried (see sweep). How many went.
 CREATE OR REPLACE FUNCTION __SCHEMA__.sweep_counters(p_limit integer)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
@@ -1165,7 +1190,8 @@ BEGIN
   DELETE FROM __SCHEMA__.counter_waiters w
     USING (SELECT name, owner FROM __SCHEMA__.counter_waiters
            WHERE expires_at <= clock_timestamp() LIMIT p_limit) d
-    WHERE w.name = d.name AND w.owner = d.owner AND w.expires_at <= clock_timestamp();
+    WHERE w.name = d.name AND w.owner = d.owner AND w.expires_at <= clock_timestamp()
+      AND pg_try_advisory_xact_lock(1684826880, hashtext(w.name));
   GET DIAGNOSTICS v_waiters = ROW_COUNT;
   RETURN v_waiters;
 END $$;
@@ -1258,7 +1284,9 @@ BEGIN
   v_now := clock_timestamp();
   o_remaining_ms := 0;
   FOR i IN 1 .. v_count LOOP
-    SELECT * INTO r FROM __SCHEMA__.locks WHERE name = p_names[i];
+    -- Under the row lock, kept to the commit: a renewal in flight is waited
+    -- for (see the header), and none changes the row before the second loop.
+    SELECT * INTO r FROM __SCHEMA__.locks WHERE name = p_names[i] FOR UPDATE;
     IF FOUND AND r.expires_at > v_now THEN
       CONTINUE WHEN r.owner = p_owner;
     ELSE
@@ -1278,7 +1306,7 @@ BEGIN
     DELETE FROM __SCHEMA__.waiters WHERE name = p_names[i] AND owner = p_owner;
     SELECT * INTO r FROM __SCHEMA__.locks WHERE name = p_names[i];
     v_found := FOUND;
-    IF v_found AND r.expires_at > v_now THEN
+    IF v_found AND r.expires_at > v_now AND r.owner = p_owner THEN
       UPDATE __SCHEMA__.locks SET expires_at = v_now + p_lease_ms * interval '1 millisecond'
         WHERE name = p_names[i];
       v_token := r.token;
@@ -1305,4 +1333,5 @@ BEGIN
   o_status := 1; o_index := 0;
 END $$;
 
-INSERT INTO __SCHEMA__.version (one, version) VALUES (true, 1) ON CONFLICT (one) DO NOTHING;
+INSERT INTO __SCHEMA__.version AS v (one, version) VALUES (true, 2)
+  ON CONFLICT (one) DO UPDATE SET version = excluded.version WHERE v.version < excluded.version;
