@@ -31,6 +31,7 @@ crate::on_stores!(
     a_waiter_gives_up_after_its_wait,
     concurrent_takers_never_exceed_the_permits,
     a_crashed_takers_permits_stay_taken,
+    an_acquisition_dropped_in_flight_takes_nothing,
     inspect_all_reads_the_counter_and_its_waiters,
     shutdown_wakes_a_waiter,
 );
@@ -415,6 +416,63 @@ async fn a_crashed_takers_permits_stay_taken(d: Deployment) {
     }
     // An operator gives them back.
     assert_eq!(s.add_permits(2).await.unwrap(), 3);
+}
+
+/// An acquisition dropped while its script is in flight (the caller's
+/// timeout, a `select!`, an aborted task) takes nothing in the end: the
+/// script still runs once the store gets to it, and the manager gives back
+/// the permits it took. The store is held up by hand: Redis's `CLIENT PAUSE
+/// WRITE` for 1 s on the counter's server (scripts wait it out), or on
+/// PostgreSQL a transaction that holds the counters' rows until it commits.
+/// Both end well within this manager's 5 s command timeout, so the reply
+/// arrives.
+async fn an_acquisition_dropped_in_flight_takes_nothing(d: Deployment) {
+    let key = "cs:dropped";
+    let m = d
+        .builder()
+        .command_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let s = m.counting_semaphore(key);
+    assert!(s.try_set_permits(1).await.unwrap());
+    #[cfg(feature = "postgres")]
+    let mut held_rows = None;
+    if let Some(mut raw) = d.redis_raw_for(&m, key).await {
+        let () = redis::cmd("CLIENT")
+            .arg("PAUSE")
+            .arg(1_000)
+            .arg("WRITE")
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+    } else {
+        #[cfg(feature = "postgres")]
+        if let Deployment::Postgres { server, schema } = &d {
+            let db = sql_client(&server.url()).await;
+            db.batch_execute(&format!(
+                "BEGIN; SELECT 1 FROM {schema}.counters FOR UPDATE"
+            ))
+            .await
+            .unwrap();
+            held_rows = Some(db);
+        }
+    }
+    let dropped = tokio::time::timeout(Duration::from_millis(200), s.acquire(1)).await;
+    assert!(dropped.is_err(), "the acquisition was not held up");
+    #[cfg(feature = "postgres")]
+    if let Some(db) = held_rows {
+        db.batch_execute("COMMIT").await.unwrap();
+    }
+    assert!(
+        eventually(Duration::from_secs(5), async || s
+            .available_permits()
+            .await
+            .is_ok_and(|available| available == 1))
+        .await
+        .is_some(),
+        "the dropped acquisition kept the permit it took"
+    );
 }
 
 async fn inspect_all_reads_the_counter_and_its_waiters(d: Deployment) {

@@ -162,7 +162,12 @@ impl CountingSemaphore {
     /// returns whether they were taken. With a zero `wait`, one attempt, as
     /// [`try_acquire`](Self::try_acquire). Cancel-safe: dropped while it
     /// waits, it has taken nothing (its registration as a waiter ends on its
-    /// own within seconds).
+    /// own within seconds); dropped while an attempt is in flight, the
+    /// manager reads the attempt's reply and gives back the permits it took.
+    /// An attempt that gets no reply within the command timeout
+    /// ([`LockError::Backend`]) may have taken them, unknown to anyone: they
+    /// stay taken (fewer callers than the permits allow, never more) until
+    /// someone adds them back.
     ///
     /// # Errors
     /// [`LockError::InvalidConfig`] for a wait above
@@ -251,12 +256,42 @@ impl CountingSemaphore {
             let registration = left.min(MAX_REGISTRATION) + REGISTRATION_MARGIN;
             u64::try_from(registration.as_millis()).unwrap_or(u64::MAX)
         };
-        let reply = self
-            .core()
-            .backend
-            .counter_acquire(&self.key, &self.names, owner, wanted, register_ms)
-            .await;
+        // The script runs in a task of the manager's runtime, not in this
+        // future: dropped while the script is in flight (the caller's
+        // timeout, a `select!`, an aborted task), this future would never
+        // learn that it took the permits, and nothing holds them but the
+        // count. The task still reads the reply, and gives back what it took
+        // when nobody is left to take the reply.
+        let (reply_to, reply) = tokio::sync::oneshot::channel();
+        let semaphore = self.clone();
+        let owner = owner.to_owned();
+        drop(self.core().runtime.spawn(async move {
+            let reply = semaphore
+                .core()
+                .backend
+                .counter_acquire(&semaphore.key, &semaphore.names, &owner, wanted, register_ms)
+                .await;
+            let took = matches!(&reply, Ok(r) if r.outcome == CounterOutcome::Done);
+            if reply_to.send(reply).is_err() && took {
+                semaphore.give_back_unclaimed(wanted).await;
+            }
+        }));
+        let reply = reply.await.map_err(|_| self.shut_down())?;
         Ok(self.outcome(reply)?.outcome == CounterOutcome::Done)
+    }
+
+    /// Gives back `permits` that an acquisition took after its caller had
+    /// gone (see `attempt`), waking the waiters if some wait.
+    async fn give_back_unclaimed(&self, permits: i64) {
+        match self.change(CounterOp::Add(permits)).await {
+            Ok(available) => tracing::debug!(target: "distlock::release",
+                key = %crate::error::KeyPreview(&self.key), permits, available = available.count,
+                "gave back the permits of an acquisition dropped in flight"),
+            Err(error) => tracing::warn!(target: "distlock::release",
+                key = %crate::error::KeyPreview(&self.key), permits, %error,
+                "could not give back the permits of an acquisition dropped in flight; \
+                 they stay taken until someone adds them back"),
+        }
     }
 
     /// Gives back `permits` (or gives them for the first time: no hold is
