@@ -689,24 +689,31 @@ async fn postgres_a_cancelled_waiter_leaves_the_queue_and_the_next_is_served() {
         .unwrap();
 }
 
+/// A holder cut off from the server past its lease (a network partition:
+/// the fault proxy between its manager and PostgreSQL discards every byte,
+/// so neither its renewals nor a fresh connection get through) has lost the
+/// lease by its own clock before another manager is granted the lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_a_holder_whose_backend_is_paused_past_its_lease_is_told_before_the_next_grant() {
+async fn postgres_a_holder_cut_off_past_its_lease_is_told_before_the_next_grant() {
     let pg = server();
-    // Its own application name, to find its data connection's backend.
-    let m = LockManager::builder(&format!("{}&application_name=paused-holder", pg.url()))
-        .default_lease(Duration::from_millis(1000))
-        .command_timeout(Duration::from_millis(200))
-        .build()
-        .await
-        .unwrap();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{}", pg.port()).parse().unwrap();
+    let proxy = distlock_testing::FaultProxy::start(addr).await.unwrap();
+    let m = LockManager::builder(&pg.url().replace(
+        &format!(":{}/", pg.port()),
+        &format!(":{}/", proxy.local_addr().port()),
+    ))
+    .default_lease(Duration::from_millis(1000))
+    .command_timeout(Duration::from_millis(200))
+    .connect_timeout(Duration::from_millis(200))
+    .build()
+    .await
+    .unwrap();
     let other = manager(&pg).await;
-    let guard = m.lock("paused").acquire().await.unwrap();
+    let guard = m.lock("cut-off").acquire().await.unwrap();
     let token = guard.fencing_token().await.unwrap();
-    let pids = pg.backend_pids("paused-holder").unwrap();
-    assert_eq!(pids.len(), 1, "one data connection");
-    pg.pause_backend(pids[0]).unwrap();
+    proxy.set_mode(distlock_testing::FaultMode::BlackHole);
     let next = other
-        .lock("paused")
+        .lock("cut-off")
         .wait(Duration::from_secs(10))
         .acquire()
         .await
@@ -717,7 +724,7 @@ async fn postgres_a_holder_whose_backend_is_paused_past_its_lease_is_told_before
     // the lock, the holder's lease is already lost locally.
     assert!(guard.is_lost(), "a grant overlapped a hold not yet lost");
     assert!(next.fencing_token().await.unwrap() > token);
-    pg.resume_backend(pids[0]).unwrap();
+    proxy.set_mode(distlock_testing::FaultMode::Pass);
     assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
     next.release().await.unwrap();
 }
@@ -1223,4 +1230,42 @@ async fn postgres_a_renewal_committed_across_the_leases_end_keeps_the_lock_its_h
         assert_eq!(owners, vec![owner], "{case}: the live holds after the attempt");
         drop(guard);
     }
+}
+
+/// A data connection whose server stops answering without closing it (its
+/// backend paused here; a host gone silent behind a failover does the same,
+/// and TCP then keeps the connection for many minutes) is replaced after a
+/// command timeout: later calls run on a fresh connection instead of timing
+/// out one after another, as the Redis backends retire a connection after a
+/// failed call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_data_connection_that_stops_answering_is_replaced() {
+    let pg = server();
+    let m = LockManager::builder(&pg.url())
+        .command_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap();
+    m.lock("warm").acquire().await.unwrap().release().await.unwrap();
+    let pids = pg.backend_pids("distlock").unwrap();
+    assert_eq!(pids.len(), 1, "one data connection: {pids:?}");
+    pg.pause_backend(pids[0]).unwrap();
+    // The first call on the paused connection times out (500 ms) and
+    // retires it; every later one connects afresh. 10 s is twenty command
+    // timeouts: without the retirement, every call in it times out.
+    let served = eventually(Duration::from_secs(10), async || {
+        match m.lock("after-the-stall").try_acquire().await {
+            Ok(Some(guard)) => guard.release().await.is_ok(),
+            _ => false,
+        }
+    })
+    .await;
+    let fresh = pg.backend_pids("distlock").unwrap();
+    pg.resume_backend(pids[0]).unwrap();
+    assert!(served.is_some(), "no call succeeded within 10 s of the stall");
+    assert!(
+        fresh.iter().any(|pid| *pid != pids[0]),
+        "served by a fresh connection: {fresh:?} (the paused one was {})",
+        pids[0]
+    );
 }

@@ -1206,10 +1206,7 @@ impl Inner {
                     });
                 }
                 // The connection broke: the next call connects again.
-                let mut slot = self.client.lock().unwrap_or_else(|e| e.into_inner());
-                if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, &client)) {
-                    *slot = None;
-                }
+                self.retire(&client);
                 Err(CallError {
                     error: LockError::Backend {
                         key: key.to_owned(),
@@ -1218,10 +1215,29 @@ impl Inner {
                     maybe_executed: true,
                 })
             }
-            Err(_) => Err(CallError {
-                error: LockError::command_timeout(key, self.command_timeout),
-                maybe_executed: true,
-            }),
+            Err(_) => {
+                // No reply in time: the connection may be stuck (a server
+                // gone silent without a reset, which TCP notices only after
+                // many minutes). The next call connects again, as the Redis
+                // backends retire a connection after a failed call; calls in
+                // flight on this one end on their own.
+                self.retire(&client);
+                Err(CallError {
+                    error: LockError::command_timeout(key, self.command_timeout),
+                    maybe_executed: true,
+                })
+            }
+        }
+    }
+
+    /// Stops handing out `client` (unless another call already replaced
+    /// it): the next call opens a fresh connection. The old one closes once
+    /// the calls that hold it are done.
+    fn retire(&self, client: &Arc<Client>) {
+        let mut slot = self.client.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, client)) {
+            *slot = None;
+            tracing::debug!(target: "distlock::connection", "PostgreSQL data connection retired");
         }
     }
 
