@@ -1269,3 +1269,40 @@ async fn postgres_a_data_connection_that_stops_answering_is_replaced() {
         pids[0]
     );
 }
+
+/// Keys PostgreSQL cannot store are refused with `InvalidKey` naming the
+/// key, not a server error: a name too long for the tables' index (an entry
+/// holds at most about 2,700 bytes after compression: random text of 4,000
+/// bytes does not compress below it; Redis takes such keys), and a NUL in
+/// any key of a `lock_all`, not only the first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_keys_it_cannot_store_are_invalid_keys() {
+    let pg = server();
+    let m = manager(&pg).await;
+    // Digits and letters in an order that repeats nowhere (a linear
+    // congruential sequence), so that compression gains little.
+    let mut state: u64 = 42;
+    let long: String = (0..4_000)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            char::from(b"abcdefghijklmnopqrstuvwxyz0123456789"[(state >> 33) as usize % 36])
+        })
+        .collect();
+    match m.lock(long.as_str()).acquire().await {
+        Err(LockError::InvalidKey { key, reason }) => {
+            assert_eq!(key, long);
+            assert!(reason.contains("too long"), "{reason}");
+        }
+        other => panic!("expected InvalidKey, got {:?}", other.map(drop)),
+    }
+    match m.lock_all(["a", "a\0b"]).acquire().await {
+        Err(LockError::InvalidKey { key, .. }) => assert_eq!(key, "a\0b"),
+        other => panic!("expected InvalidKey, got {:?}", other.map(drop)),
+    }
+    // Nothing was left behind, and a key of the same length that compresses
+    // well is fine.
+    let held = m.lock("x".repeat(4_000)).acquire().await.unwrap();
+    held.release().await.unwrap();
+}

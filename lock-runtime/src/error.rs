@@ -42,7 +42,9 @@ pub enum LockError {
         key: String,
     },
 
-    /// The key cannot be used as a lock key.
+    /// The key cannot be used as a lock key: empty or too long for distlock,
+    /// or, on PostgreSQL, holding a NUL character or a name too long for its
+    /// index (about 2,700 bytes after compression).
     #[error("invalid lock key {}: {reason}", KeyPreview(key))]
     InvalidKey {
         /// The rejected key.

@@ -665,6 +665,18 @@ impl Postgres {
         let holder_route = owner.get(24..32).unwrap_or(spec.handoff_route);
         let holder_channel = channel_ident(&format!("{base}:{holder_route}"));
         let names: Vec<&str> = locks.iter().map(|keys| keys.lock.as_str()).collect();
+        // `query` refuses a NUL in `key` (the first); the others' too.
+        if let Some(name) = names.iter().find(|name| name.contains('\0')) {
+            return Err(CallError {
+                error: LockError::InvalidKey {
+                    key: crate::keys::user_key_of(&inner.prefix, name)
+                        .unwrap_or(name)
+                        .to_owned(),
+                    reason: "PostgreSQL text cannot hold a NUL character".to_owned(),
+                },
+                maybe_executed: false,
+            });
+        }
         let fence = spec.fence_ttl_ms.is_some();
         let (lease, since) = (ms(lease_ms), ms(spec.since_ms));
         // The locks of one call share a manager, so lock events are on for
@@ -1186,6 +1198,25 @@ impl Inner {
         match outcome {
             Ok(Ok(rows)) => Ok(rows),
             Ok(Err(e)) => {
+                if let Some(db) = e.as_db_error() {
+                    // A name longer than a B-tree entry may be (2,704 bytes
+                    // after compression): the key's fault, not the server's.
+                    if db.code() == &tokio_postgres::error::SqlState::PROGRAM_LIMIT_EXCEEDED
+                        && db.message().contains("index row size")
+                    {
+                        return Err(CallError {
+                            error: LockError::InvalidKey {
+                                key: key.to_owned(),
+                                reason: format!(
+                                    "too long for PostgreSQL, whose index entries hold at most \
+                                     2,704 bytes of a name after compression ({})",
+                                    db.message()
+                                ),
+                            },
+                            maybe_executed: false,
+                        });
+                    }
+                }
                 if let Some(source) = db_error(&e) {
                     // A statement the server no longer has, or whose plan
                     // went stale (the schema recreated): prepared anew at
