@@ -598,7 +598,8 @@ async fn postgres_the_schema_is_versioned_and_its_creation_optional() {
         .unwrap();
     // An older schema: refused when the builder may not migrate it, and
     // migrated (its functions replaced, the version raised) when it may.
-    pg.psql("UPDATE locks_here.version SET version = 1").unwrap();
+    pg.psql("UPDATE locks_here.version SET version = 1")
+        .unwrap();
     let version = async || {
         count(
             &sql_client(&pg.url()).await,
@@ -1189,8 +1190,16 @@ async fn postgres_a_renewal_committed_across_the_leases_end_keeps_the_lock_its_h
             let (other, key) = (other.clone(), key.clone());
             tokio::spawn(async move {
                 match case {
-                    "write" => other.write_lock(key).try_acquire().await.map(|g| g.is_some()),
-                    "read" => other.read_lock(key).try_acquire().await.map(|g| g.is_some()),
+                    "write" => other
+                        .write_lock(key)
+                        .try_acquire()
+                        .await
+                        .map(|g| g.is_some()),
+                    "read" => other
+                        .read_lock(key)
+                        .try_acquire()
+                        .await
+                        .map(|g| g.is_some()),
                     "lock_all" => other
                         .lock_all([key, format!("{case}-second")])
                         .try_acquire()
@@ -1208,13 +1217,16 @@ async fn postgres_a_renewal_committed_across_the_leases_end_keeps_the_lock_its_h
             )
             .await
                 > 0)
-                .await
-                .is_some(),
+            .await
+            .is_some(),
             "{case}: the attempt never waited for the renewal's commit"
         );
         renewal.batch_execute("COMMIT").await.unwrap();
         let taken = attempt.await.unwrap().unwrap();
-        assert!(!taken, "{case}: granted a lock whose holder had just renewed it");
+        assert!(
+            !taken,
+            "{case}: granted a lock whose holder had just renewed it"
+        );
         let owners: Vec<String> = db
             .query(
                 &format!(
@@ -1227,7 +1239,11 @@ async fn postgres_a_renewal_committed_across_the_leases_end_keeps_the_lock_its_h
             .iter()
             .map(|r| r.get(0))
             .collect();
-        assert_eq!(owners, vec![owner], "{case}: the live holds after the attempt");
+        assert_eq!(
+            owners,
+            vec![owner],
+            "{case}: the live holds after the attempt"
+        );
         drop(guard);
     }
 }
@@ -1246,7 +1262,13 @@ async fn postgres_a_data_connection_that_stops_answering_is_replaced() {
         .build()
         .await
         .unwrap();
-    m.lock("warm").acquire().await.unwrap().release().await.unwrap();
+    m.lock("warm")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
     let pids = pg.backend_pids("distlock").unwrap();
     assert_eq!(pids.len(), 1, "one data connection: {pids:?}");
     pg.pause_backend(pids[0]).unwrap();
@@ -1262,7 +1284,10 @@ async fn postgres_a_data_connection_that_stops_answering_is_replaced() {
     .await;
     let fresh = pg.backend_pids("distlock").unwrap();
     pg.resume_backend(pids[0]).unwrap();
-    assert!(served.is_some(), "no call succeeded within 10 s of the stall");
+    assert!(
+        served.is_some(),
+        "no call succeeded within 10 s of the stall"
+    );
     assert!(
         fresh.iter().any(|pid| *pid != pids[0]),
         "served by a fresh connection: {fresh:?} (the paused one was {})",
@@ -1305,4 +1330,55 @@ async fn postgres_keys_it_cannot_store_are_invalid_keys() {
     // well is fine.
     let held = m.lock("x".repeat(4_000)).acquire().await.unwrap();
     held.release().await.unwrap();
+}
+
+/// A schema name goes into the SQL unquoted: every keyword the server
+/// reserves (categories R and T of `pg_get_keywords()`) is refused as one,
+/// with `InvalidConfig`, rather than failing `build()` with a syntax error;
+/// and an unreserved one is accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_reserved_keyword_is_refused_as_a_schema_name() {
+    let pg = server();
+    let db = sql_client(&pg.url()).await;
+    let reserved: Vec<String> = db
+        .query(
+            "SELECT word FROM pg_get_keywords() WHERE catcode IN ('R', 'T') ORDER BY word",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert!(reserved.len() > 90, "{reserved:?}");
+    for word in &reserved {
+        assert!(
+            matches!(
+                distlock::postgres_schema_sql(word),
+                Err(LockError::InvalidConfig(_))
+            ),
+            "{word} accepted as a schema name"
+        );
+    }
+    match LockManager::builder(&pg.url())
+        .postgres_schema("user")
+        .build()
+        .await
+    {
+        Err(LockError::InvalidConfig(reason)) => assert!(reason.contains("reserved"), "{reason}"),
+        other => panic!("expected InvalidConfig, got {:?}", other.map(drop)),
+    }
+    // An unreserved keyword names a schema as any word does.
+    let m = LockManager::builder(&pg.url())
+        .postgres_schema("schema")
+        .build()
+        .await
+        .unwrap();
+    m.lock("k")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
 }

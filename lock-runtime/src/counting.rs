@@ -269,7 +269,13 @@ impl CountingSemaphore {
             let reply = semaphore
                 .core()
                 .backend
-                .counter_acquire(&semaphore.key, &semaphore.names, &owner, wanted, register_ms)
+                .counter_acquire(
+                    &semaphore.key,
+                    &semaphore.names,
+                    &owner,
+                    wanted,
+                    register_ms,
+                )
                 .await;
             let took = matches!(&reply, Ok(r) if r.outcome == CounterOutcome::Done);
             if reply_to.send(reply).is_err() && took {

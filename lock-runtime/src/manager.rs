@@ -1040,8 +1040,9 @@ impl LockManagerBuilder {
     }
 
     /// The PostgreSQL schema that holds distlock's tables and functions
-    /// (default `distlock`; lower-case letters, digits and `_`). Ignored on
-    /// Redis.
+    /// (default `distlock`; lower-case letters, digits and `_`, not a
+    /// keyword PostgreSQL reserves such as `user`: [`build`](Self::build)
+    /// fails with [`LockError::InvalidConfig`] otherwise). Ignored on Redis.
     #[cfg(feature = "postgres")]
     #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub fn postgres_schema(mut self, schema: impl Into<String>) -> Self {

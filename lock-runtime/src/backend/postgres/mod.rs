@@ -85,9 +85,116 @@ pub fn schema_sql(schema: &str) -> Result<String, LockError> {
     Ok(SCHEMA_SQL.replace("__SCHEMA__", schema))
 }
 
-/// A schema name goes into SQL text, so it must be a plain identifier:
-/// lower-case letters, digits and `_`, not starting with a digit, at most 63
-/// bytes.
+/// PostgreSQL's keywords that cannot name a schema unquoted (categories R,
+/// reserved, and T, reserved but for function and type names, of
+/// `pg_get_keywords()` on PostgreSQL 15 to 17), in order.
+const RESERVED_KEYWORDS: &[&str] = &[
+    "all",
+    "analyse",
+    "analyze",
+    "and",
+    "any",
+    "array",
+    "as",
+    "asc",
+    "asymmetric",
+    "authorization",
+    "binary",
+    "both",
+    "case",
+    "cast",
+    "check",
+    "collate",
+    "collation",
+    "column",
+    "concurrently",
+    "constraint",
+    "create",
+    "cross",
+    "current_catalog",
+    "current_date",
+    "current_role",
+    "current_schema",
+    "current_time",
+    "current_timestamp",
+    "current_user",
+    "default",
+    "deferrable",
+    "desc",
+    "distinct",
+    "do",
+    "else",
+    "end",
+    "except",
+    "false",
+    "fetch",
+    "for",
+    "foreign",
+    "freeze",
+    "from",
+    "full",
+    "grant",
+    "group",
+    "having",
+    "ilike",
+    "in",
+    "initially",
+    "inner",
+    "intersect",
+    "into",
+    "is",
+    "isnull",
+    "join",
+    "lateral",
+    "leading",
+    "left",
+    "like",
+    "limit",
+    "localtime",
+    "localtimestamp",
+    "natural",
+    "not",
+    "notnull",
+    "null",
+    "offset",
+    "on",
+    "only",
+    "or",
+    "order",
+    "outer",
+    "overlaps",
+    "placing",
+    "primary",
+    "references",
+    "returning",
+    "right",
+    "select",
+    "session_user",
+    "similar",
+    "some",
+    "symmetric",
+    "system_user",
+    "table",
+    "tablesample",
+    "then",
+    "to",
+    "trailing",
+    "true",
+    "union",
+    "unique",
+    "user",
+    "using",
+    "variadic",
+    "verbose",
+    "when",
+    "where",
+    "window",
+    "with",
+];
+
+/// A schema name goes into SQL text unquoted, so it must be a plain
+/// identifier: lower-case letters, digits and `_`, not starting with a
+/// digit, at most 63 bytes, and not a reserved keyword (`user`, `order`).
 pub(crate) fn validate_schema(schema: &str) -> Result<(), LockError> {
     let ok = !schema.is_empty()
         && schema.len() <= 63
@@ -95,14 +202,19 @@ pub(crate) fn validate_schema(schema: &str) -> Result<(), LockError> {
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
         && !schema.as_bytes()[0].is_ascii_digit();
-    if ok {
-        Ok(())
-    } else {
-        Err(LockError::InvalidConfig(format!(
+    if !ok {
+        return Err(LockError::InvalidConfig(format!(
             "PostgreSQL schema name {schema:?}: use lower-case letters, digits and _ \
              (not first), at most 63 bytes"
-        )))
+        )));
     }
+    if RESERVED_KEYWORDS.binary_search(&schema).is_ok() {
+        return Err(LockError::InvalidConfig(format!(
+            "PostgreSQL schema name {schema:?} is a reserved keyword of PostgreSQL's: \
+             choose another name (distlock_{schema}, say)"
+        )));
+    }
+    Ok(())
 }
 
 /// The PostgreSQL channel identifier of the logical channel `logical`.
@@ -1596,6 +1708,9 @@ mod tests {
         assert!(validate_schema("Distlock").is_err());
         assert!(validate_schema("a;drop").is_err());
         assert!(validate_schema("1a").is_err());
+        assert!(validate_schema("user").is_err());
+        assert!(validate_schema("users").is_ok());
+        assert!(RESERVED_KEYWORDS.windows(2).all(|w| w[0] < w[1]), "sorted");
     }
 
     fn chosen(url: &str, tls: &TlsSettings) -> Result<Connector, LockError> {
