@@ -435,7 +435,33 @@ on_stores!(
     a_killed_leader_is_replaced_within_its_lease,
     a_paused_leader_learns_its_term_ended_and_its_epoch_is_refused,
     a_watcher_that_stopped_reading_gets_the_current_term_not_the_backlog,
+    a_dropped_term_is_reported_as_a_vacancy,
 );
+
+/// A term that ends by dropping its `Leadership` (a leader's task returned
+/// or was cancelled, its process shutting down) is told to watchers as a
+/// vacancy at once, as `resign` tells it. With a 30 s lease, a watch that
+/// waited for the lease's end, or for an expiry notice (a released lock
+/// sends none), would not report it within the 5 s of `next`.
+async fn a_dropped_term_is_reported_as_a_vacancy(d: Deployment) {
+    let name = election("dropped", &d);
+    let a = candidate(&d, "a").await;
+    let observer = candidate(&d, "observer").await;
+    let mut watch = observer.leader(&name).watch();
+    assert_eq!(next(&mut watch).await, None);
+    let leadership = a
+        .leader(&name)
+        .lease(Duration::from_secs(30))
+        .campaign()
+        .await
+        .unwrap();
+    assert_eq!(
+        next(&mut watch).await.map(|l| l.epoch),
+        Some(leadership.epoch())
+    );
+    drop(leadership);
+    assert_eq!(next(&mut watch).await, None, "the dropped term's end");
+}
 
 async fn a_watcher_that_stopped_reading_gets_the_current_term_not_the_backlog(d: Deployment) {
     let name = election("slow-watch", &d);

@@ -205,6 +205,10 @@ impl LeaderElection {
             election: self.clone(),
             lease: guard.lease_handle(),
             guard,
+            end_told_on_drop: EndToldOnDrop {
+                election: Some(self.clone()),
+                epoch: info.epoch,
+            },
             info,
         })
     }
@@ -325,15 +329,43 @@ impl LeaderElection {
 
 /// One term of a [`LeaderElection`]: this process leads until the term is lost
 /// ([`lost`](Self::lost)) or it resigns ([`resign`](Self::resign)). Dropping
-/// it resigns in the background (without telling watchers, who see the next
-/// term's announcement).
+/// it resigns in the background and tells watchers, as `resign` does.
 #[must_use = "dropping the term at once resigns at once"]
 #[derive(Debug)]
 pub struct Leadership {
     election: LeaderElection,
     lease: Arc<Lease>,
+    /// Dropped before `end_told_on_drop` (fields drop in order): the lock's
+    /// release is under way before watchers hear the term ended.
     guard: LockGuard,
+    end_told_on_drop: EndToldOnDrop,
     info: LeaderInfo,
+}
+
+/// Tells watchers that a term ended when its [`Leadership`] is dropped
+/// rather than resigned: publishes the resignation from a task of the
+/// manager's runtime (never blocks; refused by a runtime that is gone, it
+/// tells nobody, and watchers learn it at the lease's end). Without it, a
+/// watch whose store sends expiry notices (a released lock sends none) would
+/// report the leader until the next term began.
+#[derive(Debug)]
+struct EndToldOnDrop {
+    /// `None` once told (or disarmed by `resign`, which tells it itself).
+    election: Option<LeaderElection>,
+    epoch: u64,
+}
+
+impl Drop for EndToldOnDrop {
+    fn drop(&mut self) {
+        let Some(election) = self.election.take() else {
+            return;
+        };
+        let epoch = self.epoch;
+        let runtime = election.manager.inner.core.runtime.clone();
+        drop(runtime.spawn(async move {
+            election.announce_resignation(epoch).await;
+        }));
+    }
 }
 
 impl Leadership {
@@ -384,17 +416,31 @@ impl Leadership {
             election,
             guard,
             info,
+            mut end_told_on_drop,
             ..
         } = self;
+        // Failed (or dropped half way), the term's end is still told, from
+        // the background: watchers ignore the end of a term they no longer
+        // report.
         guard.release().await?;
-        let message = Announcement::Resigned { epoch: info.epoch }.encode();
-        if let Err(e) = election.publish(&election.lock_key(), &message).await {
+        election.announce_resignation(info.epoch).await;
+        end_told_on_drop.election = None;
+        Ok(())
+    }
+}
+
+impl LeaderElection {
+    /// Tells watchers that the term of `epoch` ended (they report a vacancy
+    /// if that term is the one they report). A failure is logged: watchers
+    /// then learn it at the lease's end or from the next term.
+    async fn announce_resignation(&self, epoch: u64) {
+        let message = Announcement::Resigned { epoch }.encode();
+        if let Err(e) = self.publish(&self.lock_key(), &message).await {
             tracing::debug!(target: "distlock::leader",
-                election = %KeyPreview(&election.name), error = %e,
+                election = %KeyPreview(&self.name), error = %e,
                 "could not announce the resignation to watchers"
             );
         }
-        Ok(())
     }
 }
 
