@@ -41,6 +41,10 @@ pub(crate) struct Core {
     /// Background releases spawned and not yet finished (or dropped), so that
     /// a test can tell a release still on its way from one that ran.
     pub(crate) background_releases: AtomicUsize,
+    /// Set when a release made over a blocking connection as the runtime
+    /// shuts down failed: the later ones are skipped (see
+    /// `release::BackgroundRelease`).
+    pub(crate) blocking_releases_failed: AtomicBool,
 }
 
 impl Core {
@@ -62,6 +66,7 @@ impl Core {
             epoch: Instant::now(),
             shut_down: AtomicBool::new(false),
             background_releases: AtomicUsize::new(0),
+            blocking_releases_failed: AtomicBool::new(false),
         }
     }
 

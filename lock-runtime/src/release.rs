@@ -244,19 +244,23 @@ fn expected_waiters(core: &Core, lease: &Lease) -> ExpectedWaiters {
 }
 
 /// [`release_in_background`] of a granted lease, keeping the lock until
-/// `keep_until` (its `min_hold`, if the holder had it).
+/// `keep_until` (its `min_hold`, if the holder had it). Held: when the
+/// manager's own runtime refuses the task because it is shutting down (a
+/// guard of a task it drops), the release blocks instead (see
+/// [`spawn_release`]).
 pub(crate) fn release_lease_in_background(
     core: &Arc<Core>,
     lease: &Lease,
     keep_until: Option<Instant>,
 ) {
-    release_in_background(
+    spawn_release(
         core,
         lease.key.clone(),
         lease.keys.clone(),
         lease.owner.clone(),
         lease.duration(),
         keep_until,
+        true,
     );
 }
 
@@ -279,6 +283,26 @@ pub(crate) fn release_in_background(
     lease: Duration,
     keep_until: Option<Instant>,
 ) {
+    spawn_release(core, key, keys, owner, lease, keep_until, false);
+}
+
+/// [`release_in_background`]; with `held` (a lock its caller held, not an
+/// acquisition's clean-up), a spawn refused while this thread runs inside
+/// the manager's own runtime blocks on the release: that runtime is shutting
+/// down and dropping its tasks (a task that held the guard, say), and the
+/// lock would otherwise stay taken for its lease. A queue entry or an
+/// acquisition in flight is not worth blocking a shutdown for (an entry ends
+/// with its queue lease, seconds): those, and every spawn refused from
+/// anywhere else (the runtime is gone), never block.
+fn spawn_release(
+    core: &Arc<Core>,
+    key: String,
+    keys: RedisNames,
+    owner: String,
+    lease: Duration,
+    keep_until: Option<Instant>,
+    held: bool,
+) {
     let release = BackgroundRelease {
         core: core.clone(),
         key,
@@ -291,22 +315,18 @@ pub(crate) fn release_in_background(
     // Counted until the task ends or is dropped (see `BackgroundRelease::drop`).
     core.background_releases
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    // A spawn refused while this thread runs inside the manager's own
-    // runtime: that runtime is shutting down and dropping its tasks (a task
-    // that held the guard, say), so the release blocks as an unfinished
-    // task's does. Refused from anywhere else, the runtime is gone: nothing
-    // blocks.
-    let inside_own_runtime = tokio::runtime::Handle::try_current()
-        .is_ok_and(|current| current.id() == core.runtime.id());
-    SPAWNING_OUTSIDE.with(|s| s.set(!inside_own_runtime));
+    let block_if_refused = held
+        && tokio::runtime::Handle::try_current()
+            .is_ok_and(|current| current.id() == core.runtime.id());
+    SPAWNING_OUTSIDE.with(|s| s.set(!block_if_refused));
     drop(core.runtime.spawn(release.run()));
     SPAWNING_OUTSIDE.with(|s| s.set(false));
 }
 
 thread_local! {
-    /// Set while `release_in_background` calls `spawn` from outside the
-    /// manager's runtime: a task dropped then was refused by a runtime that
-    /// is gone, inside a guard's `Drop`, which must not block.
+    /// Set while `spawn_release` calls `spawn` for a release that must not
+    /// block if refused (see there): a task dropped then was refused, inside
+    /// a guard's `Drop` or an acquisition's clean-up.
     static SPAWNING_OUTSIDE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
@@ -365,11 +385,27 @@ impl BackgroundRelease {
     }
 
     fn release_blocking(&self) {
+        // Each blocking release waits up to the connect and command
+        // timeouts: once one failed (the store unreachable as the runtime
+        // shuts down), the manager's later ones are left to their leases, so
+        // that a shutdown with many guards does not wait out each in turn.
+        if self
+            .core
+            .blocking_releases_failed
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return;
+        }
         let result = self.core.backend.release_blocking(
             &self.keys,
             &self.owner,
             crate::lease::keep_ms(self.keep_until),
         );
+        if result.is_err() {
+            self.core
+                .blocking_releases_failed
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         tracing::debug!(target: "distlock::release", key = %KeyPreview(&self.key), ok = result.is_ok(), "released at runtime shutdown");
     }
 }
