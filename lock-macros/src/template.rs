@@ -156,7 +156,7 @@ fn parse_placeholder(inner: &str) -> Result<Vec<String>, String> {
         let ok = if i == 0 {
             is_ident(part)
         } else {
-            is_ident(part) || is_tuple_index(part)
+            is_member_name(part) || is_tuple_index(part) && part.parse::<u32>().is_ok()
         };
         if !ok {
             return Err(format!(
@@ -177,6 +177,17 @@ fn is_ident(s: &str) -> bool {
         _ => return false,
     }
     s != "_" && chars.all(|c| c == '_' || c.is_alphanumeric())
+}
+
+/// A field name as Rust writes it after a `.`: an identifier, or a keyword
+/// written raw (`r#type`, and `type` alone, which the expansion makes raw);
+/// never `self`, `Self`, `super` or `crate`, which cannot be fields nor raw,
+/// nor a name with characters an identifier may not hold.
+fn is_member_name(s: &str) -> bool {
+    let bare = s.strip_prefix("r#").unwrap_or(s);
+    is_ident(bare)
+        && (syn::parse_str::<syn::Ident>(bare).is_ok()
+            || syn::parse_str::<syn::Ident>(&format!("r#{bare}")).is_ok())
 }
 
 fn is_tuple_index(s: &str) -> bool {
@@ -272,6 +283,13 @@ mod tests {
             ("{a.01}", "invalid placeholder"),
             ("{a-b}", "invalid placeholder"),
             ("{_}", "invalid placeholder"),
+            // Members no expansion can name (the expansion used to panic).
+            ("{order.self}", "invalid placeholder"),
+            ("{order.Self}", "invalid placeholder"),
+            ("{order.r#crate}", "invalid placeholder"),
+            ("{order.super}", "invalid placeholder"),
+            ("{pair.4294967296}", "invalid placeholder"),
+            ("{x.a²}", "invalid placeholder"),
         ] {
             let e = Template::parse(src).unwrap_err();
             assert!(e[0].contains(needle), "{src}: {e:?}");
