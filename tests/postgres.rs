@@ -1248,53 +1248,6 @@ async fn postgres_a_renewal_committed_across_the_leases_end_keeps_the_lock_its_h
     }
 }
 
-/// A data connection whose server stops answering without closing it (its
-/// backend paused here; a host gone silent behind a failover does the same,
-/// and TCP then keeps the connection for many minutes) is replaced after a
-/// command timeout: later calls run on a fresh connection instead of timing
-/// out one after another, as the Redis backends retire a connection after a
-/// failed call.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_a_data_connection_that_stops_answering_is_replaced() {
-    let pg = server();
-    let m = LockManager::builder(&pg.url())
-        .command_timeout(Duration::from_millis(500))
-        .build()
-        .await
-        .unwrap();
-    m.lock("warm")
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
-    let pids = pg.backend_pids("distlock").unwrap();
-    assert_eq!(pids.len(), 1, "one data connection: {pids:?}");
-    pg.pause_backend(pids[0]).unwrap();
-    // The first call on the paused connection times out (500 ms) and
-    // retires it; every later one connects afresh. 10 s is twenty command
-    // timeouts: without the retirement, every call in it times out.
-    let served = eventually(Duration::from_secs(10), async || {
-        match m.lock("after-the-stall").try_acquire().await {
-            Ok(Some(guard)) => guard.release().await.is_ok(),
-            _ => false,
-        }
-    })
-    .await;
-    let fresh = pg.backend_pids("distlock").unwrap();
-    pg.resume_backend(pids[0]).unwrap();
-    assert!(
-        served.is_some(),
-        "no call succeeded within 10 s of the stall"
-    );
-    assert!(
-        fresh.iter().any(|pid| *pid != pids[0]),
-        "served by a fresh connection: {fresh:?} (the paused one was {})",
-        pids[0]
-    );
-}
-
 /// Keys PostgreSQL cannot store are refused with `InvalidKey` naming the
 /// key, not a server error: a name too long for the tables' index (an entry
 /// holds at most about 2,700 bytes after compression: random text of 4,000

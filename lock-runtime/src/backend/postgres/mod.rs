@@ -1358,29 +1358,25 @@ impl Inner {
                     maybe_executed: true,
                 })
             }
-            Err(_) => {
-                // No reply in time: the connection may be stuck (a server
-                // gone silent without a reset, which TCP notices only after
-                // many minutes). The next call connects again, as the Redis
-                // backends retire a connection after a failed call; calls in
-                // flight on this one end on their own.
-                self.retire(&client);
-                Err(CallError {
-                    error: LockError::command_timeout(key, self.command_timeout),
-                    maybe_executed: true,
-                })
-            }
+            // The connection is kept: the statements queued on its session
+            // run in order, after this one, when the server gets to them.
+            // Replaced now, the clean-up of this call (a background release
+            // of a lock it may have taken) would go out on a new session and
+            // could run before the statement it cleans up, which the old
+            // session still runs later.
+            Err(_) => Err(CallError {
+                error: LockError::command_timeout(key, self.command_timeout),
+                maybe_executed: true,
+            }),
         }
     }
 
-    /// Stops handing out `client` (unless another call already replaced
-    /// it): the next call opens a fresh connection. The old one closes once
-    /// the calls that hold it are done.
+    /// Stops handing out `client`, which broke (unless another call already
+    /// replaced it): the next call opens a fresh connection.
     fn retire(&self, client: &Arc<Client>) {
         let mut slot = self.client.lock().unwrap_or_else(|e| e.into_inner());
         if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, client)) {
             *slot = None;
-            tracing::debug!(target: "distlock::connection", "PostgreSQL data connection retired");
         }
     }
 
