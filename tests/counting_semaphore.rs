@@ -31,7 +31,6 @@ crate::on_stores!(
     a_waiter_gives_up_after_its_wait,
     concurrent_takers_never_exceed_the_permits,
     a_crashed_takers_permits_stay_taken,
-    an_acquisition_dropped_in_flight_takes_nothing,
     inspect_all_reads_the_counter_and_its_waiters,
     shutdown_wakes_a_waiter,
 );
@@ -420,58 +419,95 @@ async fn a_crashed_takers_permits_stay_taken(d: Deployment) {
 
 /// An acquisition dropped while its script is in flight (the caller's
 /// timeout, a `select!`, an aborted task) takes nothing in the end: the
-/// script still runs once the store gets to it, and the manager gives back
-/// the permits it took. The store is held up by hand: Redis's `CLIENT PAUSE
-/// WRITE` for 1 s on the counter's server (scripts wait it out), or on
-/// PostgreSQL a transaction that holds the counters' rows until it commits.
-/// Both end well within this manager's 5 s command timeout, so the reply
-/// arrives.
-async fn an_acquisition_dropped_in_flight_takes_nothing(d: Deployment) {
-    let key = "cs:dropped";
+/// manager reads the script's reply and gives back the permits it took. On
+/// Redis the fault proxy delays every chunk by 1 s each way: the script
+/// runs about 1 s after the caller's 200 ms timeout dropped the call, and
+/// its reply comes back a second later, within this manager's 5 s command
+/// timeout: the window in which a dropped caller never learns what it took. The count is read by a manager of its own, straight to the
+/// server.
+#[tokio::test]
+async fn an_acquisition_dropped_in_flight_takes_nothing() {
+    let redis = server();
+    let proxy = distlock::testing::FaultProxy::start(redis.addr())
+        .await
+        .unwrap();
+    let m = LockManager::builder(&proxy.url())
+        .command_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let observer = manager(&redis).await.counting_semaphore("cs:dropped");
+    assert!(observer.try_set_permits(1).await.unwrap());
+    let s = m.counting_semaphore("cs:dropped");
+    // Its scripts loaded first: through the delay, a NOSCRIPT reply and the
+    // load would take two more round trips (4 s) before the script runs.
+    assert!(s.try_acquire(1).await.unwrap());
+    s.release(1).await.unwrap();
+    proxy.set_mode(distlock::testing::FaultMode::Delay(Duration::from_secs(1)));
+    let dropped = tokio::time::timeout(Duration::from_millis(200), s.acquire(1)).await;
+    assert!(dropped.is_err(), "the acquisition was not held up");
+    // The script has not run yet: the permit is still there.
+    assert_eq!(observer.available_permits().await.unwrap(), 1);
+    // Then it runs (taken: 0, for at least the second its reply is held),
+    // and its reply gives the permit back: the script's request held 1 s,
+    // its reply 1 s, the give-back's request 1 s; the proxy holds one chunk
+    // of a connection at a time, so 10 s leaves room for others queued.
+    let mut seen = Vec::new();
+    let back = eventually(Duration::from_secs(10), async || {
+        let available = observer.available_permits().await.unwrap();
+        if seen.last() != Some(&available) {
+            seen.push(available);
+        }
+        available == 1 && seen.contains(&0)
+    })
+    .await;
+    assert!(
+        back.is_some(),
+        "the dropped acquisition kept the permit it took (counts seen: {seen:?})"
+    );
+}
+
+/// The same on PostgreSQL: a transaction of the test's own holds the
+/// counters' rows, so the acquisition's statement waits in the server until
+/// it commits, after the caller's 200 ms timeout dropped the call.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_an_acquisition_dropped_in_flight_takes_nothing() {
+    let d = Deployment::postgres();
+    let Deployment::Postgres { server, schema } = &d else {
+        unreachable!()
+    };
     let m = d
         .builder()
         .command_timeout(Duration::from_secs(5))
         .build()
         .await
         .unwrap();
-    let s = m.counting_semaphore(key);
+    let s = m.counting_semaphore("cs:dropped");
     assert!(s.try_set_permits(1).await.unwrap());
-    #[cfg(feature = "postgres")]
-    let mut held_rows = None;
-    if let Some(mut raw) = d.redis_raw_for(&m, key).await {
-        let () = redis::cmd("CLIENT")
-            .arg("PAUSE")
-            .arg(1_000)
-            .arg("WRITE")
-            .query_async(&mut raw)
-            .await
-            .unwrap();
-    } else {
-        #[cfg(feature = "postgres")]
-        if let Deployment::Postgres { server, schema } = &d {
-            let db = sql_client(&server.url()).await;
-            db.batch_execute(&format!(
-                "BEGIN; SELECT 1 FROM {schema}.counters FOR UPDATE"
-            ))
-            .await
-            .unwrap();
-            held_rows = Some(db);
-        }
-    }
+    let db = sql_client(&server.url()).await;
+    db.batch_execute(&format!(
+        "BEGIN; SELECT 1 FROM {schema}.counters FOR UPDATE"
+    ))
+    .await
+    .unwrap();
     let dropped = tokio::time::timeout(Duration::from_millis(200), s.acquire(1)).await;
     assert!(dropped.is_err(), "the acquisition was not held up");
-    #[cfg(feature = "postgres")]
-    if let Some(db) = held_rows {
-        db.batch_execute("COMMIT").await.unwrap();
-    }
+    db.batch_execute("COMMIT").await.unwrap();
+    // Taken at the commit, given back when its reply arrives: 5 s is far
+    // more than the two statements take.
+    let mut seen = Vec::new();
+    let back = eventually(Duration::from_secs(5), async || {
+        let available = s.available_permits().await.unwrap();
+        if seen.last() != Some(&available) {
+            seen.push(available);
+        }
+        available == 1 && seen.contains(&0)
+    })
+    .await;
     assert!(
-        eventually(Duration::from_secs(5), async || s
-            .available_permits()
-            .await
-            .is_ok_and(|available| available == 1))
-        .await
-        .is_some(),
-        "the dropped acquisition kept the permit it took"
+        back.is_some(),
+        "the dropped acquisition kept the permit it took (counts seen: {seen:?})"
     );
 }
 

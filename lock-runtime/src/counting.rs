@@ -90,6 +90,32 @@ impl std::fmt::Debug for CountingSemaphore {
     }
 }
 
+/// Permits an acquisition's task took, on their way to the caller (see
+/// `CountingSemaphore::attempt`): given back from a task of the manager's
+/// runtime when dropped unclaimed. Never blocks: a runtime that is gone
+/// refuses the task, and the permits then stay taken.
+struct Unclaimed {
+    /// `None` once claimed.
+    semaphore: Option<CountingSemaphore>,
+    permits: i64,
+}
+
+impl Unclaimed {
+    fn claim(mut self) {
+        self.semaphore = None;
+    }
+}
+
+impl Drop for Unclaimed {
+    fn drop(&mut self) {
+        if let Some(semaphore) = self.semaphore.take() {
+            let permits = self.permits;
+            let runtime = semaphore.core().runtime.clone();
+            drop(runtime.spawn(async move { semaphore.give_back_unclaimed(permits).await }));
+        }
+    }
+}
+
 /// A counting semaphore's counter as one script read it, from
 /// [`CountingSemaphore::counts`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,7 +189,8 @@ impl CountingSemaphore {
     /// [`try_acquire`](Self::try_acquire). Cancel-safe: dropped while it
     /// waits, it has taken nothing (its registration as a waiter ends on its
     /// own within seconds); dropped while an attempt is in flight, the
-    /// manager reads the attempt's reply and gives back the permits it took.
+    /// manager reads the attempt's reply and gives back the permits it took
+    /// (also after its shutdown; not once its runtime is gone).
     /// An attempt that gets no reply within the command timeout
     /// ([`LockError::Backend`]) may have taken them, unknown to anyone: they
     /// stay taken (fewer callers than the permits allow, never more) until
@@ -260,8 +287,9 @@ impl CountingSemaphore {
         // future: dropped while the script is in flight (the caller's
         // timeout, a `select!`, an aborted task), this future would never
         // learn that it took the permits, and nothing holds them but the
-        // count. The task still reads the reply, and gives back what it took
-        // when nobody is left to take the reply.
+        // count. The task reads the reply and hands the permits taken over as
+        // an `Unclaimed`, which gives them back unless this future claims
+        // it: also when this future is gone before it reads the reply.
         let (reply_to, reply) = tokio::sync::oneshot::channel();
         let semaphore = self.clone();
         let owner = owner.to_owned();
@@ -277,24 +305,39 @@ impl CountingSemaphore {
                     register_ms,
                 )
                 .await;
-            let took = matches!(&reply, Ok(r) if r.outcome == CounterOutcome::Done);
-            if reply_to.send(reply).is_err() && took {
-                semaphore.give_back_unclaimed(wanted).await;
-            }
+            let taken =
+                matches!(&reply, Ok(r) if r.outcome == CounterOutcome::Done).then(|| Unclaimed {
+                    semaphore: Some(semaphore),
+                    permits: wanted,
+                });
+            // Refused (the caller is gone), the pair drops here and the
+            // permits go back.
+            let _ = reply_to.send((reply, taken));
         }));
-        let reply = reply.await.map_err(|_| self.shut_down())?;
+        let (reply, taken) = reply.await.map_err(|_| self.shut_down())?;
+        if let Some(taken) = taken {
+            taken.claim();
+        }
         Ok(self.outcome(reply)?.outcome == CounterOutcome::Done)
     }
 
     /// Gives back `permits` that an acquisition took after its caller had
-    /// gone (see `attempt`), waking the waiters if some wait.
+    /// gone (see `attempt`), waking the waiters if some wait. Straight to
+    /// the store, also after the manager's shutdown: nothing else would
+    /// give them back.
     async fn give_back_unclaimed(&self, permits: i64) {
-        match self.change(CounterOp::Add(permits)).await {
+        let owner = crate::config::owner_token();
+        let reply = self
+            .core()
+            .backend
+            .counter_change(&self.key, &self.names, &owner, CounterOp::Add(permits))
+            .await;
+        match reply {
             Ok(available) => tracing::debug!(target: "distlock::release",
                 key = %crate::error::KeyPreview(&self.key), permits, available = available.count,
                 "gave back the permits of an acquisition dropped in flight"),
-            Err(error) => tracing::warn!(target: "distlock::release",
-                key = %crate::error::KeyPreview(&self.key), permits, %error,
+            Err(e) => tracing::warn!(target: "distlock::release",
+                key = %crate::error::KeyPreview(&self.key), permits, error = %e.error,
                 "could not give back the permits of an acquisition dropped in flight; \
                  they stay taken until someone adds them back"),
         }
