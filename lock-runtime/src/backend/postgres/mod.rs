@@ -63,7 +63,11 @@ const SCHEMA_SQL: &str = include_str!("schema.sql");
 const ACQUIRE_ALL_ATTEMPTS: u32 = 8;
 
 /// Most rows of each table one sweep deletes (see `sweep` in `schema.sql`).
-const SWEEP_LIMIT: i32 = 1000;
+/// Each row a sweep deletes is taken under its key's transaction lock
+/// (tried), held to the commit: at most twice this many advisory locks in
+/// the server's shared lock table per sweep statement (about 12,000 entries
+/// with the default settings, shared by every session).
+const SWEEP_LIMIT: i32 = 200;
 
 /// The application name of the data connection, for operators (and tests)
 /// that look for distlock's sessions in `pg_stat_activity`.
@@ -85,9 +89,11 @@ pub fn schema_sql(schema: &str) -> Result<String, LockError> {
     Ok(SCHEMA_SQL.replace("__SCHEMA__", schema))
 }
 
-/// PostgreSQL's keywords that cannot name a schema unquoted (categories R,
-/// reserved, and T, reserved but for function and type names, of
-/// `pg_get_keywords()` on PostgreSQL 15 to 17), in order.
+/// Words that cannot name a schema unquoted in distlock's SQL, in order:
+/// PostgreSQL's keywords of categories R (reserved) and T (reserved but for
+/// function and type names) of `pg_get_keywords()` on PostgreSQL 15 to 17,
+/// and PL/pgSQL's reserved words (the functions' bodies name the schema:
+/// `loop.waiters%ROWTYPE` does not parse).
 const RESERVED_KEYWORDS: &[&str] = &[
     "all",
     "analyse",
@@ -99,8 +105,10 @@ const RESERVED_KEYWORDS: &[&str] = &[
     "asc",
     "asymmetric",
     "authorization",
+    "begin",
     "binary",
     "both",
+    "by",
     "case",
     "cast",
     "check",
@@ -118,6 +126,7 @@ const RESERVED_KEYWORDS: &[&str] = &[
     "current_time",
     "current_timestamp",
     "current_user",
+    "declare",
     "default",
     "deferrable",
     "desc",
@@ -126,9 +135,11 @@ const RESERVED_KEYWORDS: &[&str] = &[
     "else",
     "end",
     "except",
+    "execute",
     "false",
     "fetch",
     "for",
+    "foreach",
     "foreign",
     "freeze",
     "from",
@@ -136,6 +147,7 @@ const RESERVED_KEYWORDS: &[&str] = &[
     "grant",
     "group",
     "having",
+    "if",
     "ilike",
     "in",
     "initially",
@@ -152,6 +164,7 @@ const RESERVED_KEYWORDS: &[&str] = &[
     "limit",
     "localtime",
     "localtimestamp",
+    "loop",
     "natural",
     "not",
     "notnull",
@@ -172,6 +185,7 @@ const RESERVED_KEYWORDS: &[&str] = &[
     "session_user",
     "similar",
     "some",
+    "strict",
     "symmetric",
     "system_user",
     "table",
@@ -188,6 +202,7 @@ const RESERVED_KEYWORDS: &[&str] = &[
     "verbose",
     "when",
     "where",
+    "while",
     "window",
     "with",
 ];
