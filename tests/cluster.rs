@@ -1171,3 +1171,37 @@ async fn a_paused_master_loses_only_its_own_locks() {
         g.release().await.unwrap();
     }
 }
+
+/// At shutdown a manager releases its locks in one pipeline per node, which
+/// first loads each release script it uses: an exclusive lock and a read
+/// lock on one node make two loads. Every reply of the pipeline is read (one
+/// too few, and the releases fell back one by one, each reading the reply
+/// meant for the one before it: both reported not released, a stray reply
+/// left for the connection's next request), so the shutdown says both were
+/// released.
+#[test]
+fn a_shutdown_releases_two_kinds_of_lock_on_one_node_in_one_pipeline() {
+    let cluster = RedisCluster::process_wide().unwrap();
+    let logs = common::logged(|| async {
+        let m = LockManager::cluster_builder(cluster.urls())
+            .build()
+            .await
+            .unwrap();
+        let exclusive = "mixed-kinds-a".to_owned();
+        let node = cluster
+            .master_of_key(&m.redis_names(&exclusive).lock)
+            .unwrap();
+        let shared = (0..)
+            .map(|i| format!("mixed-kinds-b{i}"))
+            .find(|key| cluster.master_of_key(&m.redis_names(key).lock).unwrap() == node)
+            .unwrap();
+        let a = m.lock(exclusive.as_str()).acquire().await.unwrap();
+        let b = m.read_lock(shared.as_str()).acquire().await.unwrap();
+        m.shutdown().await.unwrap();
+        drop((a, b));
+    });
+    assert!(
+        logs.contains("released at shutdown locks=2 released=2"),
+        "{logs}"
+    );
+}

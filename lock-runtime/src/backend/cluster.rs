@@ -563,7 +563,9 @@ impl Cluster {
                 let pipe = self.scripts.release_many_pipeline(&group);
                 let sent = match node {
                     Some(node) => {
-                        let count = group.len() + 1;
+                        // Every reply: the pipeline loads each release
+                        // script it uses (one per kind of lock) first.
+                        let count = pipe.len();
                         bounded_call(
                             "",
                             self.command_timeout,
