@@ -224,4 +224,21 @@ async fn the_default_holder_on_every_store(d: Deployment) {
     assert!(matches!(too_long, Err(LockError::InvalidConfig(_))));
 }
 
-on_stores!(the_default_holder_on_every_store);
+on_stores!(
+    the_default_holder_on_every_store,
+    list_returns_only_keys_that_match_its_pattern
+);
+
+/// `list(pattern)` returns the held keys the pattern matches, and no other:
+/// on Redis the names it scans for put a `*` where the lock's kind is
+/// (`<prefix>*:{tag}:<pattern>`), which can also swallow the start of a user
+/// key that holds `:{` + 16 characters + `}:` itself.
+async fn list_returns_only_keys_that_match_its_pattern(d: Deployment) {
+    let m = d.manager().await;
+    let tricky = "x:{0123456789abcdef}:y";
+    let g = m.lock(tricky).acquire().await.unwrap();
+    assert!(m.list("y").await.unwrap().is_empty());
+    assert!(m.list("*:y").await.unwrap().iter().any(|i| i.key == tricky));
+    assert_eq!(m.list(tricky).await.unwrap().len(), 1);
+    g.release().await.unwrap();
+}

@@ -534,6 +534,9 @@ impl LockManager {
         let mut keys: Vec<&str> = names
             .iter()
             .filter_map(|name| crate::keys::held_key_of(prefix, name))
+            // The scan's pattern puts a `*` where the kind is, which can also
+            // take in the start of a user key holding `:{<tag>}:` itself.
+            .filter(|key| crate::keys::glob_matches(pattern, key))
             .collect();
         keys.sort_unstable();
         keys.dedup();
