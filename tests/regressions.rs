@@ -572,3 +572,54 @@ async fn extreme_durations_are_rejected_not_panics() {
     assert!(matches!(r, Err(LockError::Timeout { .. })));
     g.release().await.unwrap();
 }
+
+/// A builder's and a manager's `Debug` never show a password: of the URL, of
+/// the seeds, of PostgreSQL's listening URL, nor one given as a query
+/// parameter (redis-rs reads `pass=` in `redis+unix://` URLs).
+#[tokio::test]
+async fn debug_output_shows_no_password() {
+    let secret = "s3cret";
+    let shown = [
+        format!(
+            "{:?}",
+            distlock::LockManager::builder(&format!("redis://:{secret}@127.0.0.1:1"))
+        ),
+        format!(
+            "{:?}",
+            distlock::LockManager::cluster_builder([
+                format!("redis://u:{secret}@127.0.0.1:1"),
+                format!("redis://u:{secret}@127.0.0.1:2"),
+            ])
+        ),
+        format!(
+            "{:?}",
+            distlock::LockManager::builder(&format!("redis+unix:///tmp/r.sock?pass={secret}"))
+        ),
+    ];
+    for text in &shown {
+        assert!(!text.contains(secret), "{text}");
+    }
+    #[cfg(feature = "postgres")]
+    {
+        let text = format!(
+            "{:?}",
+            distlock::LockManager::builder(&format!("postgres://app:{secret}@127.0.0.1:1/db"))
+                .postgres_listen_url(format!("postgres://app:{secret}@127.0.0.1:2/db"))
+        );
+        assert!(!text.contains(secret), "{text}");
+    }
+    let redis = server();
+    let m = distlock::LockManager::builder(
+        &redis
+            .url()
+            .replace("redis://", &format!("redis://default:{secret}@")),
+    )
+    .build()
+    .await;
+    // The private server has no password; what matters is that neither the
+    // manager nor its error shows it.
+    match m {
+        Ok(m) => assert!(!format!("{m:?}").contains(secret)),
+        Err(e) => assert!(!format!("{e:?} {e}").contains(secret)),
+    }
+}

@@ -308,14 +308,10 @@ pub fn checks_json(results: &[CheckResult]) -> Value {
     )
 }
 
-/// The URL without its password, for messages.
+/// The URL without its password, for messages (the library's redaction,
+/// also of a `password=` or `pass=` query parameter).
 pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme_end), Some(at)) if at > scheme_end => {
-            format!("{}://***@{}", &url[..scheme_end], &url[at + 1..])
-        }
-        _ => url.to_owned(),
-    }
+    distlock::redact_url(url)
 }
 
 #[cfg(test)]

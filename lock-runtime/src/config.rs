@@ -55,7 +55,7 @@ pub(crate) struct Config {
 }
 
 /// Settings of the PostgreSQL store.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(crate) struct PostgresSettings {
     /// The schema that holds distlock's tables and functions.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
@@ -355,11 +355,41 @@ pub(crate) fn validate_wait(wait: Duration, what: &str) -> Result<(), LockError>
 
 /// The URL without its password, for messages.
 pub(crate) fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
+    let url = match (url.find("://"), url.rfind('@')) {
         (Some(scheme_end), Some(at)) if at > scheme_end => {
             format!("{}://***@{}", &url[..scheme_end], &url[at + 1..])
         }
         _ => url.to_owned(),
+    };
+    // A password may also be a query parameter: `password=` (PostgreSQL's
+    // URLs), `pass=` (redis-rs's `redis+unix://` URLs).
+    let Some((base, query)) = url.split_once('?') else {
+        return url;
+    };
+    let params: Vec<String> = query
+        .split('&')
+        .map(|param| match param.split_once('=') {
+            Some((name, _))
+                if name.eq_ignore_ascii_case("password") || name.eq_ignore_ascii_case("pass") =>
+            {
+                format!("{name}=***")
+            }
+            _ => param.to_owned(),
+        })
+        .collect();
+    format!("{base}?{}", params.join("&"))
+}
+
+impl std::fmt::Debug for PostgresSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresSettings")
+            .field("schema", &self.schema)
+            .field("create_schema", &self.create_schema)
+            .field("sweep_interval", &self.sweep_interval)
+            .field("listen_url", &self.listen_url.as_deref().map(redact))
+            .field("prepared_statements", &self.prepared_statements)
+            .field("synchronous_standby", &self.synchronous_standby)
+            .finish()
     }
 }
 
@@ -484,6 +514,14 @@ mod tests {
             "redis://***@host:6379/0"
         );
         assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+        assert_eq!(
+            redact("redis+unix:///tmp/r.sock?db=1&pass=hunter2"),
+            "redis+unix:///tmp/r.sock?db=1&pass=***"
+        );
+        assert_eq!(
+            redact("postgres://h/db?user=u&Password=s3cret&sslmode=require"),
+            "postgres://h/db?user=u&Password=***&sslmode=require"
+        );
     }
 
     #[test]

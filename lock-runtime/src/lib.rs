@@ -89,6 +89,19 @@ pub use backend::postgres::schema_sql as postgres_schema_sql;
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use backend::postgres::SCHEMA_VERSION as POSTGRES_SCHEMA_VERSION;
 pub use config::Backoff;
+/// A store URL without its password (of the user part, or a `password=` or
+/// `pass=` query parameter), for messages and logs: what distlock's own
+/// errors and `Debug` output show.
+///
+/// ```
+/// assert_eq!(
+///     distlock_runtime::redact_url("redis://:s3cret@cache:6379/0"),
+///     "redis://***@cache:6379/0"
+/// );
+/// ```
+pub fn redact_url(url: &str) -> String {
+    config::redact(url)
+}
 pub use context::spawn_with_locks;
 pub use counting::{CountingPermits, CountingSemaphore};
 pub use error::{BackendError, BackendErrorKind, LockError};

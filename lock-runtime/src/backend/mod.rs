@@ -81,7 +81,7 @@ pub(crate) enum ExpectedWaiters {
 }
 
 /// Where the manager's Redis is.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(crate) enum Target {
     /// One server.
     Single(String),
@@ -94,6 +94,25 @@ pub(crate) enum Target {
     /// A PostgreSQL server (a `postgres://` or `postgresql://` URL).
     #[cfg(feature = "postgres")]
     Postgres(String),
+}
+
+/// Without passwords: a builder's or manager's `Debug` shows it.
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use crate::config::{redact, redact_all};
+        match self {
+            Target::Single(url) => f.debug_tuple("Single").field(&redact(url)).finish(),
+            Target::Cluster(urls) => f.debug_tuple("Cluster").field(&redact_all(urls)).finish(),
+            Target::Redlock(urls) => f.debug_tuple("Redlock").field(&redact_all(urls)).finish(),
+            Target::Sentinel(urls, master) => f
+                .debug_tuple("Sentinel")
+                .field(&redact_all(urls))
+                .field(master)
+                .finish(),
+            #[cfg(feature = "postgres")]
+            Target::Postgres(url) => f.debug_tuple("Postgres").field(&redact(url)).finish(),
+        }
+    }
 }
 
 pub(crate) enum Backend {
