@@ -386,7 +386,8 @@ fn skipped_message(count: u64) -> String {
 /// missed, how many is unknown. Dropping the stream unsubscribes. The
 /// stream keeps its manager (a clone): made from a manager the program then
 /// drops, it goes on. After the manager's
-/// [`shutdown`](crate::LockManager::shutdown) it delivers nothing more.
+/// [`shutdown`](crate::LockManager::shutdown) it delivers nothing more
+/// (and does not end: drop it).
 pub struct LockEvents {
     events: buffer::Receiver<Heard>,
     /// Unregistered (and unsubscribed, unless shared) when dropped.

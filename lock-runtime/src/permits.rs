@@ -241,8 +241,15 @@ async fn rename_hold(
     rename: impl Future<Output = Result<bool, CallError>>,
 ) -> Result<(), LockError> {
     core.renewals.remove(old.id);
+    // Back into the renewal map; refused (the manager shut down meanwhile,
+    // and its shutdown did not see the lease to release it), released here.
+    let put_back = || {
+        if !core.renewals.insert(old.clone()) {
+            release_lease_in_background(core, old, old.min_hold_until);
+        }
+    };
     let mut in_flight = ReleaseOnDrop::new(|| {
-        core.renewals.insert(old.clone());
+        put_back();
         for owner in new_owners {
             release_in_background(
                 core,
@@ -261,7 +268,7 @@ async fn rename_hold(
         }
         Ok(false) => {
             in_flight.disarm();
-            core.renewals.insert(old.clone());
+            put_back();
             old.mark_lost(gone);
             Err(LockError::Lost {
                 key: old.key.clone(),
@@ -270,7 +277,7 @@ async fn rename_hold(
         Err(e) => {
             if !e.maybe_executed {
                 in_flight.disarm();
-                core.renewals.insert(old.clone());
+                put_back();
             }
             Err(e.error)
         }
