@@ -90,10 +90,7 @@ pub async fn default_manager() -> Result<LockManager, LockError> {
     }
     FROM_ENV
         .get_or_try_init(|| async {
-            let url = std::env::var("DISTLOCK_URL")
-                .or_else(|_| std::env::var("DISTLOCK_REDIS_URL"))
-                .or_else(|_| std::env::var("REDIS_URL"))
-                .map_err(|_| LockError::NotConfigured)?;
+            let url = url_from(|name| std::env::var(name).ok()).ok_or(LockError::NotConfigured)?;
             let runtime = background_runtime()?;
             runtime
                 .spawn(async move { LockManager::connect(&url).await })
@@ -104,6 +101,16 @@ pub async fn default_manager() -> Result<LockManager, LockError> {
         })
         .await
         .cloned()
+}
+
+/// The default manager's URL from the environment variables `var` reads:
+/// `DISTLOCK_URL`, else `DISTLOCK_REDIS_URL`, else `REDIS_URL`. A variable
+/// set but empty (as a compose file's `${DISTLOCK_URL}` leaves it) counts as
+/// unset, as the CLI reads them.
+fn url_from(var: impl Fn(&str) -> Option<String>) -> Option<String> {
+    ["DISTLOCK_URL", "DISTLOCK_REDIS_URL", "REDIS_URL"]
+        .into_iter()
+        .find_map(|name| var(name).filter(|value| !value.trim().is_empty()))
 }
 
 /// The runtime the environment's manager runs on: one worker thread, for the
@@ -122,4 +129,33 @@ fn background_runtime() -> Result<&'static tokio::runtime::Runtime, LockError> {
         .map_err(|e| {
             LockError::InvalidConfig(format!("cannot start the default manager's runtime: {e}"))
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_variable_counts_as_unset() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, v)| (*v).to_owned())
+            }
+        };
+        assert_eq!(
+            url_from(env(&[("DISTLOCK_URL", ""), ("REDIS_URL", "redis://r")])),
+            Some("redis://r".to_owned())
+        );
+        assert_eq!(
+            url_from(env(&[
+                ("DISTLOCK_URL", "redis://d"),
+                ("REDIS_URL", "redis://r")
+            ])),
+            Some("redis://d".to_owned())
+        );
+        assert_eq!(url_from(env(&[("DISTLOCK_REDIS_URL", "  ")])), None);
+    }
 }
