@@ -206,7 +206,7 @@ impl LeaderElection {
             lease: guard.lease_handle(),
             guard,
             end_told_on_drop: EndToldOnDrop {
-                election: Some(self.clone()),
+                election: Some(Box::new(self.clone())),
                 epoch: info.epoch,
             },
             info,
@@ -351,7 +351,8 @@ pub struct Leadership {
 #[derive(Debug)]
 struct EndToldOnDrop {
     /// `None` once told (or disarmed by `resign`, which tells it itself).
-    election: Option<LeaderElection>,
+    /// Boxed: a `Leadership` stays the size it was.
+    election: Option<Box<LeaderElection>>,
     epoch: u64,
 }
 
