@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use distlock::testing::RedisServer;
-use distlock::{Backoff, LockError, LockManager, LockManagerBuilder};
+use distlock::{Backoff, CountingSemaphore, LockError, LockManager, LockManagerBuilder};
 
 crate::on_stores!(
     try_set_permits_sets_only_the_first_count,
@@ -452,13 +452,20 @@ async fn an_acquisition_dropped_in_flight_takes_nothing() {
     // and its reply gives the permit back: the script's request held 1 s,
     // its reply 1 s, the give-back's request 1 s; the proxy holds one chunk
     // of a connection at a time, so 10 s leaves room for others queued.
+    await_permit_back(&observer, Duration::from_secs(10), true).await;
+}
+
+/// Waits up to `limit` until `s` has one permit again (having had none in
+/// between, when `taken_first`: the dropped attempt took it); fails the test
+/// with the counts seen otherwise.
+async fn await_permit_back(s: &CountingSemaphore, limit: Duration, taken_first: bool) {
     let mut seen = Vec::new();
-    let back = eventually(Duration::from_secs(10), async || {
-        let available = observer.available_permits().await.unwrap();
+    let back = eventually(limit, async || {
+        let available = s.available_permits().await.unwrap();
         if seen.last() != Some(&available) {
             seen.push(available);
         }
-        available == 1 && seen.contains(&0)
+        available == 1 && (!taken_first || seen.contains(&0))
     })
     .await;
     assert!(
@@ -493,22 +500,24 @@ async fn postgres_an_acquisition_dropped_in_flight_takes_nothing() {
     .unwrap();
     let dropped = tokio::time::timeout(Duration::from_millis(200), s.acquire(1)).await;
     assert!(dropped.is_err(), "the acquisition was not held up");
-    db.batch_execute("COMMIT").await.unwrap();
-    // Taken at the commit, given back when its reply arrives: 5 s is far
-    // more than the two statements take.
-    let mut seen = Vec::new();
-    let back = eventually(Duration::from_secs(5), async || {
-        let available = s.available_permits().await.unwrap();
-        if seen.last() != Some(&available) {
-            seen.push(available);
-        }
-        available == 1 && seen.contains(&0)
-    })
-    .await;
-    assert!(
-        back.is_some(),
-        "the dropped acquisition kept the permit it took (counts seen: {seen:?})"
+    // Its statement is in the server, waiting for the rows: it will run and
+    // take the permit once they are free.
+    let waiting = format!(
+        "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+         WHERE NOT l.granted AND a.query LIKE '%{schema}.counter_acquire%'"
     );
+    assert!(
+        eventually(Duration::from_secs(5), async || count(&db, &waiting).await
+            == 1)
+        .await
+        .is_some(),
+        "the attempt never waited in the server"
+    );
+    db.batch_execute("COMMIT").await.unwrap();
+    // Taken at the commit and given back when its reply arrives, a round
+    // trip later: too soon for the poll to be sure to see it taken. 5 s is
+    // far more than the two statements take.
+    await_permit_back(&s, Duration::from_secs(5), false).await;
 }
 
 async fn inspect_all_reads_the_counter_and_its_waiters(d: Deployment) {
