@@ -191,6 +191,15 @@ async fn the_least_privilege_acl_is_enough_for_everything() {
     assert!(!g.is_lost());
     g.release().await.unwrap();
     waiter.await.unwrap().unwrap().release().await.unwrap();
+    // `inspect` and `inspect_all` read a held lock (docs/operating.md: they
+    // need nothing beyond this ACL); inspect_key.lua once counted a
+    // counting semaphore's waiters with ZCOUNT, refused here, and every key
+    // then read as foreign.
+    let held = a.lock("k").acquire().await.unwrap();
+    assert!(a.inspect("k").await.unwrap().is_some());
+    let state = a.inspect_all("k").await.unwrap();
+    assert_eq!(state.holds.len(), 1, "{state:?}");
+    held.release().await.unwrap();
     assert_eq!(refused_commands(&mut raw).await, Vec::<String>::new());
 }
 
@@ -227,6 +236,23 @@ async fn read_write_locks_and_semaphores_need_the_listed_sorted_set_commands() {
     let p = a.semaphore("s", 1).acquire().await.unwrap();
     assert_eq!(a.semaphore("s", 1).permit_counts().await.unwrap().held, 1);
     p.release().await.unwrap();
+    // A weighted acquisition that waits records its weight where releases
+    // read it (permit_acquire.lua's record_waiting, on its second attempt):
+    // it once asked EXISTS, refused here, after its writes had run.
+    let held = a.semaphore("w", 3).weight(2).acquire().await.unwrap();
+    let waiting = {
+        let a = a.clone();
+        tokio::spawn(async move {
+            a.semaphore("w", 3)
+                .weight(2)
+                .wait(std::time::Duration::from_secs(5))
+                .acquire()
+                .await
+        })
+    };
+    common::await_parked(&a, 1).await;
+    held.release().await.unwrap();
+    waiting.await.unwrap().unwrap().release().await.unwrap();
     assert_eq!(refused_commands(&mut raw).await, Vec::<String>::new());
 }
 

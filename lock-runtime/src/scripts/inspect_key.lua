@@ -63,7 +63,13 @@ local counter = string_at(KEYS[11])
 if counter and counter ~= '0' and not string.find(counter, '^%-?[1-9]%d*$') then
   counter = nil
 end
-local counter_waiters = redis.pcall('ZCOUNT', KEYS[12], '(' .. string.format('%.0f', now), '+inf')
+-- The live registrations: ZRANGE BYSCORE where ZCOUNT would do, since the
+-- least-privilege ACL has ZRANGE and not ZCOUNT (a counter's waiters are
+-- few).
+local counter_waiters = redis.pcall('ZRANGE', KEYS[12], '(' .. string.format('%.0f', now), '+inf', 'BYSCORE')
+if type(counter_waiters) == 'table' and not counter_waiters.err then
+  counter_waiters = #counter_waiters
+end
 if lock == nil or writer == nil or count == nil or readers == nil or permits == nil
     or waiting.err or foreign_details(KEYS[6]) or foreign_details(KEYS[9])
     or counter == nil or type(counter_waiters) == 'table' then

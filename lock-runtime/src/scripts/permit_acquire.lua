@@ -43,9 +43,10 @@
 -- count stands. A resize changes nobody's hold: with fewer permits than
 -- holders, nobody new enters until enough have left.
 -- Raises '?' to `weight`; only into the holders' hash while it exists (it
--- has their TTL).
+-- has their TTL). PTTL tells that (-2: no key) where EXISTS would do, since
+-- the least-privilege ACL has PTTL and not EXISTS.
 local function record_waiting(weight)
-  if ARGV[4] == '+' and weight > 1 and redis.call('EXISTS', KEYS[4]) == 1 then
+  if ARGV[4] == '+' and weight > 1 and redis.call('PTTL', KEYS[4]) ~= -2 then
     local recorded = tonumber(redis.call('HGET', KEYS[4], '?')) or 1
     if weight > recorded then
       redis.call('HSET', KEYS[4], '?', weight)
