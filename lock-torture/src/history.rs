@@ -12,8 +12,9 @@
 //! existed, and a line without the field parses as [`Kind::Lock`].
 //!
 //! A worker killed with SIGKILL logs nothing for the sections it held:
-//! [`History::in_flight`] rebuilds them from its log (held until the kill,
-//! token unknown), so the checker still sees who owned each key.
+//! [`History::in_flight`] rebuilds them from its log (held until the kill, or
+//! until the section's `ending` mark, token unknown), so the checker still sees
+//! who owned each key.
 
 use std::fmt;
 use std::path::Path;
@@ -144,6 +145,12 @@ pub enum CallKind {
     Acquire,
     /// `release()`.
     Release,
+    /// Not a call: the section stopped acting as the owner (its body ended,
+    /// panicked or was cancelled), logged before anything could free the lock
+    /// (its release, the drop of its guard). Its `start` and `end` are that
+    /// instant. A worker killed after freeing a lock but before logging the
+    /// section's line still tells the checker when that hold ended.
+    Ending,
 }
 
 /// The result class of a logged call.
@@ -232,7 +239,7 @@ word_enum!(Outcome { Ok = "ok", Lost = "lost", Cancelled = "cancelled", Panicked
 word_enum!(Write { None = "none", Sent = "sent", Accepted = "accepted", Rejected = "rejected" });
 word_enum!(Release { Ok = "ok", Lost = "lost", Failed = "failed", Dropped = "dropped" });
 word_enum!(Kind { Lock = "lock", Read = "read", Write = "write", Permit = "permit", Term = "term" });
-word_enum!(CallKind { Acquire = "acquire", Release = "release" });
+word_enum!(CallKind { Acquire = "acquire", Release = "release", Ending = "ending" });
 word_enum!(CallResult { Ok = "ok", Timeout = "timeout", Backend = "backend", Lost = "lost", Other = "other" });
 
 impl CallResult {
@@ -438,7 +445,8 @@ impl History {
 
     /// The holds a worker killed at `killed_at` had then, rebuilt from its log:
     /// each task's last acquisition that returned Ok with no section logged after
-    /// it. The worker acted as their owner until the kill; their tokens are
+    /// it. The worker acted as their owner until the kill, or until the
+    /// section's [`CallKind::Ending`] mark where it wrote one; their tokens are
     /// unknown (0), their write none (a worker killed with a write in flight
     /// leaves it in the store's log only: the store check counts it as
     /// unreported).
@@ -457,7 +465,24 @@ impl History {
                     .of_worker(worker)
                     .any(|s| s.task == c.task && s.acquired >= c.end)
             })
-            .map(|c| Section {
+            .map(|c| {
+                // The section's own line may be missing although its lock was
+                // freed before the kill: its `Ending` mark, written before the
+                // release, says when the hold ended.
+                let ended = self
+                    .calls
+                    .iter()
+                    .filter(|e| {
+                        e.worker == worker
+                            && e.task == c.task
+                            && e.kind == CallKind::Ending
+                            && e.start >= c.end
+                    })
+                    .map(|e| e.start)
+                    .min();
+                (c, ended.unwrap_or(killed_at).min(killed_at))
+            })
+            .map(|(c, held_until)| Section {
                 worker,
                 task: c.task,
                 key: c.key.clone(),
@@ -466,7 +491,7 @@ impl History {
                 lost: false,
                 lost_at: 0,
                 acquired: c.end,
-                last_active: killed_at,
+                last_active: held_until,
                 deadline: 0,
                 write: Write::None,
                 release: Release::Dropped,
@@ -596,6 +621,21 @@ mod tests {
         assert_eq!((held[0].task, held[0].acquired), (1, 40));
         assert_eq!((held[0].hold_end(), held[0].token), (100, 0));
         assert_eq!(held[0].kind, Kind::Permit);
+
+        // Task 1 marked its hold's end at 60 but was killed before its section's
+        // line: the hold ends at the mark, not at the kill. A mark of an earlier
+        // section (before the grant) or another task's does not count.
+        let ending = |task, at| Call {
+            kind: CallKind::Ending,
+            start: at,
+            end: at,
+            ..call(task, at)
+        };
+        h.calls
+            .extend([ending(1, 20), ending(0, 70), ending(1, 60)]);
+        let held = h.in_flight(7, 100, Kind::Permit);
+        assert_eq!(held.len(), 1, "{held:?}");
+        assert_eq!((held[0].acquired, held[0].hold_end()), (40, 60));
     }
 
     #[test]

@@ -170,6 +170,12 @@ struct Ctx {
 }
 
 impl Ctx {
+    /// Marks the end of a hold before anything can free its lock (see
+    /// `CallKind::Ending`).
+    fn ending(&self, task: u32, key: &str, at: u64) {
+        self.call(task, CallKind::Ending, key, at, CallResult::Ok);
+    }
+
     fn call(&self, task: u32, kind: CallKind, key: &str, start: u64, result: CallResult) {
         self.log.write(Record::Call(Call {
             worker: self.worker,
@@ -505,6 +511,7 @@ async fn finish(
     }
     let key = held.key().to_owned();
     let release_start = mono_ns();
+    ctx.ending(task, &key, release_start);
     let r = held.release().await;
     let release_end = mono_ns();
     ctx.call(
@@ -863,7 +870,9 @@ async fn attempt(
             let v = conn.read(&plan.key).await?;
             nap(plan.body / 2, step).await;
             if plan.panic {
-                lock(slot).dropped_at = mono_ns();
+                let at = mono_ns();
+                lock(slot).dropped_at = at;
+                ctx.ending(task, &plan.key, at);
                 std::panic::panic_any(DELIBERATE_PANIC);
             }
             nap(plan.body - plan.body / 2, step).await;
@@ -905,9 +914,12 @@ async fn attempt(
             tokio::select! {
                 biased;
                 _ = tokio::time::sleep_until(at) => {
-                    // The caller gives up: the section's future (body and guard) is
-                    // dropped; the guard's Drop releases in the background.
-                    lock(&slot).dropped_at = mono_ns();
+                    // The caller gives up: the section's future is dropped, and
+                    // with `held` the guard, whose Drop releases in the
+                    // background.
+                    let at = mono_ns();
+                    lock(&slot).dropped_at = at;
+                    ctx.ending(task, &plan.key, at);
                     return Attempt::Cancelled;
                 }
                 r = section => r,
