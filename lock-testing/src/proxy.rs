@@ -37,7 +37,7 @@ pub struct FaultProxy {
     local_addr: SocketAddr,
     upstream: SocketAddr,
     mode: watch::Sender<FaultMode>,
-    drop_replies: Arc<AtomicUsize>,
+    replies: Arc<ReplyFaults>,
     /// Owns the connection tasks (in a `JoinSet`), so aborting it ends them too.
     accept_task: JoinHandle<()>,
 }
@@ -48,7 +48,8 @@ impl fmt::Debug for FaultProxy {
             .field("local_addr", &self.local_addr)
             .field("upstream", &self.upstream)
             .field("mode", &self.mode())
-            .field("drop_replies", &self.drop_replies.load(Ordering::Relaxed))
+            .field("drop_replies", &self.replies.drop.load(Ordering::Relaxed))
+            .field("reset_replies", &self.replies.reset.load(Ordering::Relaxed))
             .finish()
     }
 }
@@ -65,18 +66,18 @@ impl FaultProxy {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
         let local_addr = listener.local_addr()?;
         let (mode, mode_rx) = watch::channel(FaultMode::Pass);
-        let drop_replies = Arc::new(AtomicUsize::new(0));
+        let replies = Arc::new(ReplyFaults::default());
         let accept_task = runtime.spawn(accept_loop(
             listener,
             upstream,
             mode_rx,
-            Arc::clone(&drop_replies),
+            Arc::clone(&replies),
         ));
         Ok(FaultProxy {
             local_addr,
             upstream,
             mode,
-            drop_replies,
+            replies,
             accept_task,
         })
     }
@@ -108,7 +109,38 @@ impl FaultProxy {
     /// A chunk is what one read returns, normally the replies to one request or pipeline.
     /// Chunks discarded by [`FaultMode::BlackHole`] do not count.
     pub fn drop_next_replies(&self, n: usize) {
-        self.drop_replies.store(n, Ordering::SeqCst);
+        self.replies.drop.store(n, Ordering::SeqCst);
+    }
+
+    /// Resets the connection of each of the next `n` chunks read from the server (on any
+    /// connection) instead of forwarding the chunk: the server executed the request, and
+    /// the client sees its connection reset without the reply, the one loss a client may
+    /// answer by sending the request again on a new connection. Other connections and new
+    /// ones pass. Replaces any count still pending; `0` cancels it.
+    pub fn reset_next_replies(&self, n: usize) {
+        self.replies.reset.store(n, Ordering::SeqCst);
+    }
+
+    /// How many of the replies [`reset_next_replies`](Self::reset_next_replies) asked
+    /// for are still to come: `0` once each has been dropped with its connection.
+    pub fn replies_to_reset(&self) -> usize {
+        self.replies.reset.load(Ordering::SeqCst)
+    }
+}
+
+/// The replies still to be discarded, or discarded with their connection.
+#[derive(Default)]
+struct ReplyFaults {
+    drop: AtomicUsize,
+    reset: AtomicUsize,
+}
+
+impl ReplyFaults {
+    /// Takes one from `count` if it is above zero.
+    fn take(count: &AtomicUsize) -> bool {
+        count
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
     }
 }
 
@@ -122,7 +154,7 @@ async fn accept_loop(
     listener: TcpListener,
     upstream: SocketAddr,
     mode: watch::Receiver<FaultMode>,
-    drop_replies: Arc<AtomicUsize>,
+    replies: Arc<ReplyFaults>,
 ) {
     let mut connections = JoinSet::new();
     loop {
@@ -137,7 +169,7 @@ async fn accept_loop(
                         client,
                         upstream,
                         mode.clone(),
-                        Arc::clone(&drop_replies),
+                        Arc::clone(&replies),
                     ));
                 }
                 Err(err) => {
@@ -168,7 +200,7 @@ async fn forward_connection(
     mut client: TcpStream,
     upstream: SocketAddr,
     mut mode: watch::Receiver<FaultMode>,
-    drop_replies: Arc<AtomicUsize>,
+    replies: Arc<ReplyFaults>,
 ) {
     let mut server = match TcpStream::connect(upstream).await {
         Ok(server) => server,
@@ -219,7 +251,7 @@ async fn forward_connection(
                 }
                 Forwarded::Done
             }
-            Ok(n) => forward_chunk(&data[..n], dst, direction, &mut mode, &drop_replies).await,
+            Ok(n) => forward_chunk(&data[..n], dst, direction, &mut mode, &replies).await,
             Err(err) => Forwarded::Failed(err),
         };
         match outcome {
@@ -245,7 +277,7 @@ async fn forward_chunk(
     dst: &mut TcpStream,
     direction: Direction,
     mode: &mut watch::Receiver<FaultMode>,
-    drop_replies: &AtomicUsize,
+    replies: &ReplyFaults,
 ) -> Forwarded {
     let delay = match *mode.borrow() {
         FaultMode::Pass => None,
@@ -253,12 +285,13 @@ async fn forward_chunk(
         FaultMode::BlackHole => return Forwarded::Done,
         FaultMode::Reset => return Forwarded::Reset,
     };
-    if direction == Direction::ToClient
-        && drop_replies
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
-    {
-        return Forwarded::Done;
+    if direction == Direction::ToClient {
+        if ReplyFaults::take(&replies.reset) {
+            return Forwarded::Reset;
+        }
+        if ReplyFaults::take(&replies.drop) {
+            return Forwarded::Done;
+        }
     }
     if let Some(delay) = delay {
         tokio::select! {
