@@ -289,3 +289,50 @@ async fn a_locked_function_runs_unchanged_with_acknowledged_replicas() {
         "{refused:?}"
     );
 }
+
+/// A fencing token issued on demand is confirmed by the replicas as the
+/// acquisition was: a failover to a replica without it could issue the same
+/// token to the next holder. Cut off, the call fails after the replicas'
+/// timeout and the lock stays held. Before the fix the token came back at
+/// once, unconfirmed.
+#[tokio::test]
+async fn a_token_issued_on_demand_is_acknowledged_too() {
+    let (master, proxy, replica) = master_and_replica().await;
+    // Generous, as above: the first WAIT after the link came up can be slow.
+    let timeout = Duration::from_millis(1500);
+    let m = acked_manager(&master, timeout).await;
+    let guard = m.lock("token-acked").acquire().await.unwrap();
+    let token = guard.fencing_token().await.unwrap();
+    // WAIT returned 1: the replica has the counter at the token already.
+    let mut on_replica = raw(&replica).await;
+    let counter: u64 = redis::cmd("GET")
+        .arg(m.redis_names("token-acked").fencing_counter())
+        .query_async(&mut on_replica)
+        .await
+        .unwrap();
+    assert_eq!(counter, token);
+    guard.release().await.unwrap();
+
+    let guard = m.lock("token-cut-off").acquire().await.unwrap();
+    proxy.set_mode(FaultMode::BlackHole);
+    let started = Instant::now();
+    let refused = guard.fencing_token().await.unwrap_err();
+    let took = started.elapsed();
+    assert!(
+        matches!(
+            refused,
+            LockError::TokenNotReplicated {
+                acked: 0,
+                wanted: 1,
+                ..
+            }
+        ),
+        "{refused:?}"
+    );
+    assert!(refused.is_transient());
+    // The replicas' timeout, not at once: WAIT ran.
+    assert!(took >= timeout - Duration::from_millis(10), "{took:?}");
+    assert!(!guard.is_lost(), "the lock is kept");
+    assert!(m.is_locked("token-cut-off").await.unwrap());
+    guard.release().await.unwrap();
+}

@@ -26,6 +26,16 @@ use crate::waiting::BackoffTimer;
 /// needs, and no more.
 const MAX_REGISTRATION: Duration = Duration::from_secs(10);
 
+/// How long the receipt of a change is kept on Redis (see
+/// `counter_prelude.lua`): a script is sent again within its call, which the
+/// command timeout bounds (Cluster's client sends it again on a new
+/// connection at once; Sentinel's backend after asking the sentinels, a call
+/// on each master); four command timeouts and 10 s more cover both with room.
+fn receipt_ms(core: &Core) -> u64 {
+    let window = core.config.command_timeout.saturating_mul(4) + Duration::from_secs(10);
+    u64::try_from(window.as_millis()).unwrap_or(u64::MAX)
+}
+
 /// What a registration lasts beyond the waiter's deadline: its last attempt
 /// may arrive a round trip after the deadline it computed from.
 const REGISTRATION_MARGIN: Duration = Duration::from_secs(1);
@@ -303,6 +313,7 @@ impl CountingSemaphore {
                     &owner,
                     wanted,
                     register_ms,
+                    receipt_ms(semaphore.core()),
                 )
                 .await;
             let taken =
@@ -330,7 +341,13 @@ impl CountingSemaphore {
         let reply = self
             .core()
             .backend
-            .counter_change(&self.key, &self.names, &owner, CounterOp::Add(permits))
+            .counter_change(
+                &self.key,
+                &self.names,
+                &owner,
+                CounterOp::Add(permits),
+                receipt_ms(self.core()),
+            )
             .await;
         match reply {
             Ok(available) => tracing::debug!(target: "distlock::release",
@@ -456,7 +473,7 @@ impl CountingSemaphore {
         let reply = self
             .core()
             .backend
-            .counter_change(&self.key, &self.names, &owner, op)
+            .counter_change(&self.key, &self.names, &owner, op, receipt_ms(self.core()))
             .await;
         let reply = self.outcome(reply)?;
         if reply.outcome == CounterOutcome::Overflow {

@@ -92,6 +92,25 @@ pub enum LockError {
         wanted: u32,
     },
 
+    /// A fencing token issued on demand ([`LockGuard::fencing_token`](crate::LockGuard::fencing_token)),
+    /// but fewer replicas than [`replica_ack`](crate::LockManagerBuilder::replica_ack)
+    /// asks for confirmed it within its timeout: a failover to a replica
+    /// without it could issue the same token to the next holder, so it is not
+    /// handed out. The lock is still held; a later call reads the token
+    /// issued and waits for the replicas again.
+    #[error(
+        "lock {}: {acked} of {wanted} replicas confirmed its fencing token in time; the lock          is still held, the token not handed out",
+        KeyPreview(key)
+    )]
+    TokenNotReplicated {
+        /// The lock key.
+        key: String,
+        /// How many replicas confirmed it.
+        acked: u32,
+        /// How many were asked for.
+        wanted: u32,
+    },
+
     /// Under Redlock, so many members failed, were unreachable or answered too
     /// late that the others could not make a majority, whoever holds the lock.
     /// Partial grants were given back. (With fewer failures, other owners'
@@ -245,6 +264,7 @@ impl LockError {
             | LockError::ForeignValue { key }
             | LockError::ShutDown { key }
             | LockError::NotReplicated { key, .. }
+            | LockError::TokenNotReplicated { key, .. }
             | LockError::QuorumFailed { key, .. }
             | LockError::PermitsDiffer { key, .. }
             | LockError::InvalidPermits { key, .. }
@@ -269,6 +289,7 @@ impl LockError {
             LockError::Timeout { .. }
                 | LockError::Lost { .. }
                 | LockError::NotReplicated { .. }
+                | LockError::TokenNotReplicated { .. }
                 | LockError::QuorumFailed { .. }
                 | LockError::Backend { .. }
                 | LockError::Connect { .. }

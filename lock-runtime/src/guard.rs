@@ -111,7 +111,9 @@ impl LockGuard {
     /// # Errors
     /// [`LockError::Lost`] when the lease is lost (or found lost now: no token
     /// is issued to a holder that lost its lock), [`LockError::Backend`] when
-    /// Redis fails.
+    /// Redis fails, [`LockError::TokenNotReplicated`] when
+    /// [`replica_ack`](crate::LockManagerBuilder::replica_ack) is on and too
+    /// few replicas confirmed the token issued (the lock stays held).
     pub async fn fencing_token(&self) -> Result<u64, LockError> {
         fencing_token_of(&self.manager.core, &self.lease).await
     }
@@ -335,7 +337,13 @@ pub(crate) async fn fencing_token_of(core: &Core, lease: &Lease) -> Result<u64, 
     let fence_ttl_ms = lease.lease_ms().saturating_add(retention_ms);
     match core
         .backend
-        .issue_token(&lease.key, &lease.keys, &lease.owner, fence_ttl_ms)
+        .issue_token(
+            &lease.key,
+            &lease.keys,
+            &lease.owner,
+            fence_ttl_ms,
+            core.config.replica_ack,
+        )
         .await
         .map_err(|e| e.error)?
     {

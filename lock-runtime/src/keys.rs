@@ -333,6 +333,9 @@ pub(crate) struct CounterNames {
     /// `<prefix>csemwake:{<tag>}:<key>`: the pub/sub channel of its
     /// wake-ups.
     pub(crate) channel: String,
+    /// `<prefix>csemdone:{<tag>}:<key>`: the start of the names of its
+    /// changes' receipts (see [`receipt`](Self::receipt)).
+    receipts: String,
 }
 
 /// The kind part of a counting semaphore's counter (`<prefix>csem:{..}:<key>`).
@@ -344,7 +347,20 @@ impl CounterNames {
             counter: tagged_name(prefix, COUNTER_KIND, key),
             waiters: tagged_name(prefix, "csemw", key),
             channel: tagged_name(prefix, "csemwake", key),
+            receipts: tagged_name(prefix, "csemdone", key),
         }
+    }
+
+    /// `<prefix>csemdone:{<tag>}:<key>:<owner>`: the receipt of the change
+    /// made under owner token `owner`, a string that expires; a script sent
+    /// again after its reply was lost finds it and answers what it did the
+    /// first time, instead of doing it twice (see `counter_prelude.lua`).
+    pub(crate) fn receipt(&self, owner: &str) -> String {
+        let mut name = String::with_capacity(self.receipts.len() + 1 + owner.len());
+        name.push_str(&self.receipts);
+        name.push(':');
+        name.push_str(owner);
+        name
     }
 }
 
@@ -722,9 +738,16 @@ mod tests {
     fn counting_semaphore_names_share_the_tag_and_map_back() {
         let names = CounterNames::of("app*1:", "pool:{x}");
         let tag = cluster_hash_part(&names.counter);
-        for name in [&names.counter, &names.waiters, &names.channel] {
+        let receipt = names.receipt("0123abcd");
+        assert!(receipt.starts_with("app*1:csemdone:{"), "{receipt}");
+        assert!(receipt.ends_with(":pool:{x}:0123abcd"), "{receipt}");
+        for name in [&names.counter, &names.waiters, &names.channel, &receipt] {
             assert_eq!(cluster_hash_part(name), tag, "{name}");
             assert_eq!(held_key_of("app*1:", name), None, "not a hold: {name}");
+            assert_eq!(
+                counter_key_of("app*1:", name).is_some(),
+                name == &names.counter
+            );
         }
         assert!(names.counter.starts_with("app*1:csem:{"));
         assert_eq!(counter_key_of("app*1:", &names.counter), Some("pool:{x}"));

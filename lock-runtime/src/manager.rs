@@ -977,7 +977,9 @@ impl LockManagerBuilder {
     /// This narrows the window in which a failover loses a fresh lock; it does
     /// not close it: a confirming replica is not always the one promoted, and
     /// Redis may still lose a write it acknowledged (see `distlock::semantics`,
-    /// "Cannot be promised"). Renewals are not waited for. Off by default.
+    /// "Cannot be promised"). A fencing token issued on demand is waited for
+    /// the same way (too few confirmations: [`LockError::TokenNotReplicated`],
+    /// the lock kept); renewals are not. Off by default.
     pub fn replica_ack(mut self, replicas: u32, timeout: Duration) -> Self {
         self.config.replica_ack = Some(crate::config::ReplicaAck { replicas, timeout });
         self

@@ -7,6 +7,7 @@
 //! on every member and counts the answers its own way.
 
 use std::future::Future;
+use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 use redis::RedisResult;
@@ -15,6 +16,7 @@ use super::scripts::{
     CounterOp, CounterReply, HeldLock, KeyReading, PermitReply, Scripts, SharedRelease,
 };
 use super::ExpectedWaiters;
+use crate::config::ReplicaAck;
 use crate::keys::{CounterNames, KeyNames, RedisNames};
 
 /// One call on the server that holds a key's names.
@@ -29,6 +31,12 @@ pub(crate) trait KeyCall: Sync {
         scripts: &Scripts,
         conn: &mut C,
     ) -> impl Future<Output = RedisResult<Self::Output>> + Send;
+
+    /// How long the call may take beyond the command timeout (a `WAIT` for
+    /// replicas pipelined after it).
+    fn time_beyond_command_timeout(&self) -> Duration {
+        Duration::ZERO
+    }
 }
 
 /// Declares a call: its fields (borrowed from the caller) and the `Scripts`
@@ -74,6 +82,31 @@ key_call!(
     IssueToken { keys: &'a RedisNames, owner: &'a str, fence_ttl_ms: u64 } -> Option<u64>,
     |scripts, conn, c| scripts.issue_token(conn, c.keys, c.owner, c.fence_ttl_ms)
 );
+
+/// [`IssueToken`] followed by a `WAIT` for `ack`'s replicas on the same
+/// connection (`replica_ack`): the token, and how many replicas confirmed.
+pub(crate) struct IssueTokenAcked<'a> {
+    pub(crate) keys: &'a RedisNames,
+    pub(crate) owner: &'a str,
+    pub(crate) fence_ttl_ms: u64,
+    pub(crate) ack: ReplicaAck,
+}
+
+impl KeyCall for IssueTokenAcked<'_> {
+    type Output = (Option<u64>, u32);
+
+    fn call<C: ConnectionLike + Send>(
+        &self,
+        scripts: &Scripts,
+        conn: &mut C,
+    ) -> impl Future<Output = RedisResult<Self::Output>> + Send {
+        scripts.issue_token_acked(conn, self.keys, self.owner, self.fence_ttl_ms, &self.ack)
+    }
+
+    fn time_beyond_command_timeout(&self) -> Duration {
+        self.ack.timeout
+    }
+}
 
 key_call!(
     /// Raises the fencing counter to `token` and records it as `owner`'s
@@ -159,18 +192,28 @@ key_call!(
 
 key_call!(
     /// Takes `wanted` permits of a counting semaphore, or records `owner` as
-    /// waiting for `register_ms` (0: not waiting).
+    /// waiting for `register_ms` (0: not waiting). Its receipt, kept
+    /// `receipt_ms`, makes it safe to send again (see `counter_prelude.lua`).
     CounterAcquire {
         names: &'a CounterNames,
         owner: &'a str,
         wanted: i64,
         register_ms: u64,
+        receipt_ms: u64,
     } -> CounterReply,
-    |scripts, conn, c| scripts.counter_acquire(conn, c.names, c.owner, c.wanted, c.register_ms)
+    |scripts, conn, c| scripts.counter_acquire(
+        conn, c.names, c.owner, c.wanted, c.register_ms, c.receipt_ms
+    )
 );
 
 key_call!(
-    /// Changes or reads a counting semaphore.
-    CounterChange { names: &'a CounterNames, owner: &'a str, op: CounterOp } -> CounterReply,
-    |scripts, conn, c| scripts.counter_change(conn, c.names, c.owner, c.op)
+    /// Changes or reads a counting semaphore; safe to send again, as
+    /// `CounterAcquire`.
+    CounterChange {
+        names: &'a CounterNames,
+        owner: &'a str,
+        op: CounterOp,
+        receipt_ms: u64,
+    } -> CounterReply,
+    |scripts, conn, c| scripts.counter_change(conn, c.names, c.owner, c.op, c.receipt_ms)
 );

@@ -366,13 +366,27 @@ impl Cluster {
 
     /// Runs `call` on the cluster connection under the command timeout,
     /// retrying a slot in migration until the timeout.
-    async fn call<T, F, Fut>(&self, key: &str, mut call: F) -> Result<T, CallError>
+    async fn call<T, F, Fut>(&self, key: &str, call: F) -> Result<T, CallError>
+    where
+        F: FnMut(ClusterConnection) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        self.call_within(key, self.command_timeout, call).await
+    }
+
+    /// [`Cluster::call`] under `timeout`.
+    async fn call_within<T, F, Fut>(
+        &self,
+        key: &str,
+        timeout: Duration,
+        mut call: F,
+    ) -> Result<T, CallError>
     where
         F: FnMut(ClusterConnection) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
         let conn = self.connection(key).await?;
-        let deadline = tokio::time::Instant::now() + self.command_timeout;
+        let deadline = tokio::time::Instant::now() + timeout;
         let retrying = async {
             let mut delay = Duration::from_millis(5);
             loop {
@@ -387,7 +401,7 @@ impl Cluster {
                 }
             }
         };
-        let result = bounded_call(key, self.command_timeout, retrying).await;
+        let result = bounded_call(key, timeout, retrying).await;
         if let Err(e) = &result {
             self.after_failure(e);
         }
@@ -402,7 +416,8 @@ impl Cluster {
         call: &K,
     ) -> Result<K::Output, CallError> {
         let scripts = &self.scripts;
-        self.call(key, |conn| async move {
+        let timeout = self.command_timeout + call.time_beyond_command_timeout();
+        self.call_within(key, timeout, |conn| async move {
             call.call(scripts, &mut ScriptConn(conn)).await
         })
         .await
@@ -418,39 +433,59 @@ impl Cluster {
     ) -> Result<AcquireReply, CallError> {
         let mut conn = ScriptConn(self.connection(key).await?);
         let ack = self.replica_ack;
+        let deadline = tokio::time::Instant::now() + self.command_timeout;
         let acquire = async {
-            let reply = match &ack {
-                None => self
-                    .scripts
-                    .acquire(&mut conn, keys, owner, lease_ms, spec)
-                    .await
-                    .map(|reply| (reply, 0)),
-                // A pipeline goes to the node of its first keyed command, and
-                // WAIT (a command for all nodes) rides along on that node's
-                // connection: it counts the replicas of the lock's master.
-                // Boxed: its future is larger than the plain call's, which
-                // every acquisition without `replica_ack` would carry.
-                Some(ack) => {
-                    Box::pin(
-                        self.scripts
-                            .acquire_acked(&mut conn, keys, owner, lease_ms, spec, ack),
-                    )
-                    .await
+            let mut delay = Duration::from_millis(5);
+            loop {
+                let reply = match &ack {
+                    None => self
+                        .scripts
+                        .acquire(&mut conn, keys, owner, lease_ms, spec)
+                        .await
+                        .map(|reply| (reply, 0)),
+                    // A pipeline goes to the node of its first keyed command, and
+                    // WAIT (a command for all nodes) rides along on that node's
+                    // connection: it counts the replicas of the lock's master.
+                    // Boxed: its future is larger than the plain call's, which
+                    // every acquisition without `replica_ack` would carry.
+                    Some(ack) => {
+                        Box::pin(
+                            self.scripts
+                                .acquire_acked(&mut conn, keys, owner, lease_ms, spec, ack),
+                        )
+                        .await
+                    }
+                };
+                match reply {
+                    // redis-rs follows a MOVED itself; one that reaches us came
+                    // to the copy it sent after the first one's connection broke
+                    // (its reply lost), routed to another node while the
+                    // master's connection was made again. The first may have
+                    // taken the lock: the next attempt reaches the master and
+                    // finds it ours (every acquisition answers "ours" to its
+                    // own owner token), where "busy" would leave it held for
+                    // its lease.
+                    Err(e)
+                        if e.kind() == ErrorKind::Server(ServerErrorKind::Moved)
+                            && tokio::time::Instant::now() + delay < deadline =>
+                    {
+                        tracing::debug!(target: "distlock::acquire", error = %e, "MOVED after a resend; attempting again");
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_millis(100));
+                    }
+                    // The script did not run: busy until the slot has moved or the
+                    // cluster is up again.
+                    Err(e) if is_resharding(&e) => {
+                        tracing::debug!(target: "distlock::acquire", error = %e, "slot moving or cluster down; busy");
+                        return Ok((
+                            AcquireReply::Busy {
+                                remaining: Some(RESHARD_BUSY),
+                            },
+                            0,
+                        ));
+                    }
+                    other => return other,
                 }
-            };
-            match reply {
-                // The script did not run: busy until the slot has moved or the
-                // cluster is up again.
-                Err(e) if is_resharding(&e) => {
-                    tracing::debug!(target: "distlock::acquire", error = %e, "slot moving or cluster down; busy");
-                    Ok((
-                        AcquireReply::Busy {
-                            remaining: Some(RESHARD_BUSY),
-                        },
-                        0,
-                    ))
-                }
-                other => other,
             }
         };
         let timeout = self.command_timeout + ack.map_or(Duration::ZERO, |a| a.timeout);

@@ -54,7 +54,8 @@ pub(crate) mod single;
 
 use calls::{
     CounterAcquire, CounterChange, ForceUnlock, ForceUnlockShared, Inspect, InspectKey, IsLocked,
-    IssueToken, KeyCall, PermitCounts, PermitGiveBack, PermitSplit, Publish, Release,
+    IssueToken, IssueTokenAcked, KeyCall, PermitCounts, PermitGiveBack, PermitSplit, Publish,
+    Release,
 };
 pub(crate) use messages::{KeyNotice, Message, MessageConnection};
 pub(crate) use scripts::{
@@ -292,19 +293,44 @@ impl Backend {
 
     /// Issues `owner`'s fencing token if it holds the lock and has none, or
     /// reads the one it has (under Redlock: at a majority, written back);
-    /// `None` when the lock is not `owner`'s.
+    /// `None` when the lock is not `owner`'s. With `ack` (`replica_ack`), the
+    /// token counts only once that many replicas confirm it, as an
+    /// acquisition does: otherwise [`LockError::TokenNotReplicated`], the lock
+    /// kept (a failover to a replica without it could issue the same token
+    /// again; the next call reads the token and waits for them again).
     pub(crate) async fn issue_token(
         &self,
         key: &str,
         keys: &RedisNames,
         owner: &str,
         fence_ttl_ms: u64,
+        ack: Option<crate::config::ReplicaAck>,
     ) -> Result<Option<u64>, CallError> {
-        match self {
-            Backend::Redlock(b) => b.issue_token(key, keys, owner, fence_ttl_ms).await,
+        match (self, ack) {
+            (Backend::Redlock(b), _) => b.issue_token(key, keys, owner, fence_ttl_ms).await,
             #[cfg(feature = "postgres")]
-            Backend::Postgres(b) => b.issue_token(key, keys, owner).await,
-            _ => {
+            (Backend::Postgres(b), _) => b.issue_token(key, keys, owner).await,
+            (_, Some(ack)) => {
+                let issue = IssueTokenAcked {
+                    keys,
+                    owner,
+                    fence_ttl_ms,
+                    ack,
+                };
+                let (token, acked) = self.on_key(key, &issue).await?;
+                if token.is_some() && acked < ack.replicas {
+                    return Err(CallError {
+                        error: LockError::TokenNotReplicated {
+                            key: key.to_owned(),
+                            acked,
+                            wanted: ack.replicas,
+                        },
+                        maybe_executed: false,
+                    });
+                }
+                Ok(token)
+            }
+            (_, None) => {
                 let issue = IssueToken {
                     keys,
                     owner,
@@ -448,7 +474,10 @@ impl Backend {
 
     /// Takes `wanted` permits of the counting semaphore `names` (of `key`), or
     /// records `owner` as waiting for `register_ms` (0: not waiting). One
-    /// script; Redlock has no counting semaphores (refused by `on_key`).
+    /// script; Redlock has no counting semaphores (refused by `on_key`). On
+    /// Redis, the permits taken leave a receipt kept `receipt_ms`, so that
+    /// the script sent again (by Cluster's client, by Sentinel's failover)
+    /// takes nothing more; PostgreSQL's calls are never sent twice.
     pub(crate) async fn counter_acquire(
         &self,
         key: &str,
@@ -456,6 +485,7 @@ impl Backend {
         owner: &str,
         wanted: i64,
         register_ms: u64,
+        receipt_ms: u64,
     ) -> Result<CounterReply, CallError> {
         #[cfg(feature = "postgres")]
         if let Backend::Postgres(b) = self {
@@ -468,23 +498,32 @@ impl Backend {
             owner,
             wanted,
             register_ms,
+            receipt_ms,
         };
         self.on_key(key, &call).await
     }
 
-    /// Changes or reads the counting semaphore `names` (of `key`). One script.
+    /// Changes or reads the counting semaphore `names` (of `key`). One
+    /// script; a change leaves a receipt as `counter_acquire` does.
     pub(crate) async fn counter_change(
         &self,
         key: &str,
         names: &CounterNames,
         owner: &str,
         op: CounterOp,
+        receipt_ms: u64,
     ) -> Result<CounterReply, CallError> {
         #[cfg(feature = "postgres")]
         if let Backend::Postgres(b) = self {
             return b.counter_change(key, names, owner, op).await;
         }
-        self.on_key(key, &CounterChange { names, owner, op }).await
+        let call = CounterChange {
+            names,
+            owner,
+            op,
+            receipt_ms,
+        };
+        self.on_key(key, &call).await
     }
 
     /// The value of server setting `name` on every server that holds locks

@@ -613,6 +613,14 @@ impl redis::ToRedisArgs for FreeValue<'_> {
     }
 }
 
+/// Whether `value` is one `FreeValue` of `owner` wrote (any acquisition
+/// time and holder).
+fn is_own_free_value(value: &[u8], owner: &str) -> bool {
+    value
+        .strip_prefix(owner.as_bytes())
+        .is_some_and(|rest| rest.starts_with(b"-0:"))
+}
+
 /// release_free.lua's reply: the claim echoed (released), or 0 (not done:
 /// the full release follows). `None` for 0.
 fn release_free_reply(reply: redis::Value, owner: &str) -> RedisResult<Option<bool>> {
@@ -918,6 +926,13 @@ impl Scripts {
         };
         Ok(match held {
             None => AcquireReply::Acquired {
+                fencing_token: 0,
+                permits_left: 0,
+            },
+            // Our own value: this command ran already, and its reply was lost
+            // with its connection (a cluster client sends the command again
+            // on a new one). The lock is ours, as the first run made it.
+            Some(held) if is_own_free_value(&held, owner) => AcquireReply::Acquired {
                 fencing_token: 0,
                 permits_left: 0,
             },
@@ -1261,6 +1276,42 @@ impl Scripts {
         let (ours, token, echoed): (i64, i64, String) = self.issue_token.invoke(conn, &cmd).await?;
         check_owner(&echoed, owner)?;
         Ok((ours == 1).then(|| u64::try_from(token).unwrap_or(0)))
+    }
+
+    /// `issue_token` followed by `WAIT replicas timeout` in one pipeline on
+    /// `conn` (see `acquire_acked`): the token and how many replicas
+    /// confirmed every write of the connection up to it.
+    pub(crate) async fn issue_token_acked(
+        &self,
+        conn: &mut impl ConnectionLike,
+        keys: &RedisNames,
+        owner: &str,
+        fence_ttl_ms: u64,
+        ack: &ReplicaAck,
+    ) -> RedisResult<(Option<u64>, u32)> {
+        let mut cmd =
+            self.issue_token
+                .call(&[&keys.lock, keys.fencing_counter()], 2, owner.len() + 20);
+        cmd.arg(owner).arg(fence_ttl_ms);
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        pipe.add_command(cmd);
+        pipe.cmd("WAIT").arg(ack.replicas).arg(ack.timeout_ms());
+        let mut replies: Vec<redis::Value> = pipe.query_async(conn).await?;
+        if matches!(replies.first(), Some(redis::Value::ServerError(e)) if e.code() == "NOSCRIPT") {
+            self.issue_token.load(conn).await?;
+            replies = pipe.query_async(conn).await?;
+        }
+        let [reply, acked]: [redis::Value; 2] = replies
+            .try_into()
+            .map_err(|_| out_of_sync("a token pipeline got the wrong number of replies"))?;
+        let (ours, token, echoed): (i64, i64, String) = from_value(reply)?;
+        check_owner(&echoed, owner)?;
+        let acked: i64 = from_value(acked)?;
+        Ok((
+            (ours == 1).then(|| u64::try_from(token).unwrap_or(0)),
+            u32::try_from(acked).unwrap_or(0),
+        ))
     }
 
     /// Deletes the lock whoever holds it and tells its waiters (a hand-off to
@@ -1622,7 +1673,9 @@ fn read_counter_reply(reply: (i64, String, String, i64), owner: &str) -> RedisRe
 impl Scripts {
     /// Takes `wanted` permits of the counting semaphore `names` if that
     /// many are available; otherwise, with `register_ms` above 0, records
-    /// `owner` as waiting for that long (see `counter_acquire.lua`).
+    /// `owner` as waiting for that long (see `counter_acquire.lua`). Taken,
+    /// its receipt is kept `receipt_ms`: sent again within that time, it
+    /// answers the same and takes nothing more.
     pub(crate) async fn counter_acquire(
         &self,
         conn: &mut impl ConnectionLike,
@@ -1630,31 +1683,42 @@ impl Scripts {
         owner: &str,
         wanted: i64,
         register_ms: u64,
+        receipt_ms: u64,
     ) -> RedisResult<CounterReply> {
-        let mut cmd =
-            self.counter_acquire
-                .call(&[&names.counter, &names.waiters], 3, owner.len() + 40);
-        cmd.arg(owner).arg(wanted).arg(register_ms);
+        let receipt = names.receipt(owner);
+        let mut cmd = self.counter_acquire.call(
+            &[&names.counter, &names.waiters, &receipt],
+            4,
+            owner.len() + 60,
+        );
+        cmd.arg(owner).arg(wanted).arg(register_ms).arg(receipt_ms);
         let reply = self.counter_acquire.invoke(conn, &cmd).await?;
         read_counter_reply(reply, owner)
     }
 
     /// Changes or reads the counting semaphore `names` (see
-    /// `counter_change.lua`); `owner` is echoed.
+    /// `counter_change.lua`); `owner` is echoed. A change that took effect
+    /// keeps its receipt `receipt_ms`, as `counter_acquire` does.
     pub(crate) async fn counter_change(
         &self,
         conn: &mut impl ConnectionLike,
         names: &CounterNames,
         owner: &str,
         op: CounterOp,
+        receipt_ms: u64,
     ) -> RedisResult<CounterReply> {
         let (name, amount) = op.name_and_amount();
+        let receipt = names.receipt(owner);
         let mut cmd = self.counter_change.call(
-            &[&names.counter, &names.waiters],
-            4,
-            owner.len() + names.channel.len() + 32,
+            &[&names.counter, &names.waiters, &receipt],
+            5,
+            owner.len() + names.channel.len() + 52,
         );
-        cmd.arg(owner).arg(name).arg(amount).arg(&names.channel);
+        cmd.arg(owner)
+            .arg(name)
+            .arg(amount)
+            .arg(&names.channel)
+            .arg(receipt_ms);
         let reply = self.counter_change.invoke(conn, &cmd).await?;
         read_counter_reply(reply, owner)
     }
@@ -1682,6 +1746,32 @@ mod tests {
         assert!(release_reply(Value::Array(vec![Value::Int(1), text("you")]), "me").is_err());
         assert!(release_reply(Value::Nil, "me").is_err());
         assert!(release_reply(Value::Int(1), "me").is_err());
+    }
+
+    #[test]
+    fn a_plain_acquisition_knows_its_own_value() {
+        let owner = "0123456789abcdef0123456789abcdef";
+        let mut cmd = Cmd::new();
+        cmd.arg(FreeValue {
+            owner,
+            since_ms: 1_700_000_000_000,
+            holder: "host:1",
+        });
+        let Some(redis::Arg::Simple(written)) = cmd.args_iter().next() else {
+            panic!("one argument");
+        };
+        assert!(is_own_free_value(written, owner));
+        assert!(is_lock_value(written));
+        assert!(!is_own_free_value(
+            written,
+            "0123456789abcdef0123456789abcde0"
+        ));
+        // A prefix of the owner is not the owner; nor is a renewed or fenced value.
+        assert!(!is_own_free_value(written, "0123456789abcdef"));
+        assert!(!is_own_free_value(
+            b"0123456789abcdef0123456789abcdef+7:1:h",
+            owner
+        ));
     }
 
     #[test]

@@ -421,8 +421,11 @@ impl Single {
         key: &str,
         call: &K,
     ) -> Result<K::Output, CallError> {
-        self.call(key, async |lane| call.call(&self.scripts, lane).await)
-            .await
+        let timeout = self.command_timeout + call.time_beyond_command_timeout();
+        self.call_within(key, timeout, async |lane| {
+            call.call(&self.scripts, lane).await
+        })
+        .await
     }
 
     pub(crate) async fn acquire(

@@ -3,6 +3,10 @@
 --
 -- KEYS[1]  the counter (see counter_acquire.lua)
 -- KEYS[2]  its waiters (see counter_acquire.lua)
+-- KEYS[3]  the receipt of this call (see counter_prelude.lua): written by
+--          the changes that took effect ('add', 'try_set', 'drain',
+--          'delete' with status 1); 'set' and 'read' answer the same when
+--          run again and write none
 -- ARGV[1]  owner token of the call (echoed; a wake-up's payload after '*')
 -- ARGV[2]  the operation:
 --            'add'      add ARGV[3] (negative: remove), creating the counter
@@ -16,6 +20,7 @@
 -- ARGV[3]  the amount: a canonical decimal 64-bit integer ('0' for 'drain',
 --          'read' and 'delete')
 -- ARGV[4]  the wake-up channel
+-- ARGV[5]  ms a receipt is kept
 --
 -- Returns {status, count, owner, waiters}
 --   status 1  done: 'add', 'set': `count` is the new count; 'try_set': the
@@ -27,12 +32,22 @@
 --          3  a name holds a value distlock did not write: nothing changed
 --          4  'add' would leave the 64-bit range: nothing changed (`count`
 --             is the count)
+--          1  also when the receipt says this call took effect already:
+--             `count` as it answered then; nothing changed
 --   waiters   the registrations live after the call
 local now = now_ms()
 local count = read_counter(KEYS[1])
 local waiting = live_waiters(KEYS[2], now)
-if count == nil or waiting == nil then
+local done = receipt(KEYS[3])
+if count == nil or waiting == nil or done == nil then
   return {3, '0', ARGV[1], 0}
+end
+if done then
+  return {1, done, ARGV[1], waiting}
+end
+local function took_effect(answer)
+  redis.call('SET', KEYS[3], answer, 'PX', ARGV[5])
+  return answer
 end
 local op = ARGV[2]
 if op == 'read' then
@@ -42,7 +57,7 @@ elseif op == 'add' then
   if type(added) == 'table' then
     return {4, count or '0', ARGV[1], waiting}
   end
-  local after = redis.call('GET', KEYS[1])
+  local after = took_effect(redis.call('GET', KEYS[1]))
   if string.sub(ARGV[3], 1, 1) ~= '-' then
     waiting = wake(ARGV[4], KEYS[2], after, now, ARGV[1])
   end
@@ -52,6 +67,7 @@ elseif op == 'try_set' then
     return {0, count, ARGV[1], waiting}
   end
   redis.call('SET', KEYS[1], ARGV[3])
+  took_effect(ARGV[3])
   return {1, ARGV[3], ARGV[1], wake(ARGV[4], KEYS[2], ARGV[3], now, ARGV[1])}
 elseif op == 'set' then
   redis.call('SET', KEYS[1], ARGV[3])
@@ -59,13 +75,13 @@ elseif op == 'set' then
 elseif op == 'drain' then
   if count and is_positive(count) then
     redis.call('SET', KEYS[1], '0')
-    return {1, count, ARGV[1], waiting}
+    return {1, took_effect(count), ARGV[1], waiting}
   end
   return {0, count or '0', ARGV[1], waiting}
 elseif op == 'delete' then
   if count then
     redis.call('DEL', KEYS[1])
-    return {1, count, ARGV[1], waiting}
+    return {1, took_effect(count), ARGV[1], waiting}
   end
   return {0, '0', ARGV[1], waiting}
 end

@@ -16,6 +16,14 @@
 -- decimal integer (a value distlock did not write: left alone). Any other
 -- error (an ACL refusal) is raised as the script's error.
 --
+-- receipt(name): the count a change made under this call's owner token
+-- answered, when the same script already ran (sent again after its reply was
+-- lost with its connection: a cluster client and the Sentinel backend send a
+-- call again on a new connection); false when it did not; nil when the name
+-- holds another type. A change that took effect writes its receipt
+-- (`SET name count PX ms`), so that running again answers the same and
+-- changes nothing: permits are taken or added once per call.
+--
 -- is_positive(count): whether a canonical decimal string is above zero.
 --
 -- at_least(count, wanted): whether canonical decimal `count` is at least
@@ -50,6 +58,14 @@ local function read_counter(name)
     return nil
   end
   if value and value ~= '0' and not string.find(value, '^%-?[1-9]%d*$') then
+    return nil
+  end
+  return value
+end
+
+local function receipt(name)
+  local value = redis.pcall('GET', name)
+  if wrong_type(value) then
     return nil
   end
   return value

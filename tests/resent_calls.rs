@@ -1,0 +1,163 @@
+//! A call whose reply is lost with its connection, and sent again: Redis
+//! Cluster's client does that (it sends a request once more on a new
+//! connection when the old one drops before the reply), as does the Sentinel
+//! backend after a failover. The first run took effect; the second must
+//! neither report the opposite (a plain acquisition finding its own value
+//! "busy") nor do it twice (permits added or taken twice).
+//!
+//! Each master of a private cluster is reached through a fault proxy: the
+//! node announces the proxy's port, so the clients that read the slot map
+//! connect through it, and `reset_next_replies` drops the reply of the next
+//! request with its connection.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+mod common;
+
+use common::eventually;
+use distlock::testing::{key_slot, FaultProxy, RedisCluster};
+use distlock::LockManager;
+
+/// A cluster whose masters announce a fault proxy's port each, and a manager
+/// seeded with the proxies.
+struct ProxiedCluster {
+    cluster: RedisCluster,
+    /// The proxy in front of each master, with the master's own port.
+    proxies: Vec<(u16, FaultProxy)>,
+    manager: LockManager,
+}
+
+impl ProxiedCluster {
+    async fn start() -> Self {
+        let cluster = RedisCluster::spawn().expect("spawn a cluster");
+        let masters: Vec<_> = cluster
+            .nodes()
+            .into_iter()
+            .filter(|n| matches!(n.role, distlock::testing::ClusterNodeRole::Master))
+            .collect();
+        let mut proxies = Vec::new();
+        for node in &masters {
+            let upstream = SocketAddr::from(([127, 0, 0, 1], node.port));
+            let proxy = FaultProxy::start(upstream).await.unwrap();
+            let mut conn = cluster.blocking_client(node.index).unwrap();
+            let () = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("cluster-announce-port")
+                .arg(proxy.local_addr().port())
+                .query(&mut conn)
+                .unwrap();
+            proxies.push((node.port, proxy));
+        }
+        // Every node's slot map names the proxies (gossip carries a node's
+        // announced port to the others within a second or two).
+        let proxy_ports: Vec<u16> = proxies.iter().map(|(_, p)| p.local_addr().port()).collect();
+        let announced = eventually(Duration::from_secs(20), async || {
+            cluster.nodes().iter().all(|node| {
+                let mut conn = cluster.blocking_client(node.index).unwrap();
+                let slots: Vec<redis::Value> =
+                    redis::cmd("CLUSTER").arg("SLOTS").query(&mut conn).unwrap();
+                slots.len() == masters.len()
+                    && slots.iter().all(|range| {
+                        let redis::Value::Array(parts) = range else {
+                            return false;
+                        };
+                        matches!(parts.get(2), Some(redis::Value::Array(master))
+                            if matches!(master.get(1), Some(redis::Value::Int(port))
+                                if proxy_ports.contains(&(*port as u16))))
+                    })
+            })
+        })
+        .await;
+        assert!(announced.is_some(), "the nodes never announced the proxies");
+        let manager = LockManager::cluster_builder(proxies.iter().map(|(_, p)| p.url()))
+            .command_timeout(Duration::from_secs(2))
+            .build()
+            .await
+            .expect("connect through the proxies");
+        ProxiedCluster {
+            cluster,
+            proxies,
+            manager,
+        }
+    }
+
+    /// The proxy in front of the master that holds `key`'s names (every
+    /// kind of a key shares its hash tag, so its slot), by the slot map,
+    /// which names the proxies.
+    fn proxy_of(&self, key: &str) -> &FaultProxy {
+        let slot = i64::from(key_slot(self.manager.redis_names(key).lock.as_bytes()));
+        let mut conn = self.cluster.blocking_client(0).unwrap();
+        // Each range: first slot, last slot, then its master as (ip, port, id, ..).
+        let ranges: Vec<(i64, i64, Vec<redis::Value>)> =
+            redis::cmd("CLUSTER").arg("SLOTS").query(&mut conn).unwrap();
+        let (_, _, master) = ranges
+            .into_iter()
+            .find(|(first, last, _)| (*first..=*last).contains(&slot))
+            .expect("every slot is served");
+        let Some(redis::Value::Int(port)) = master.get(1) else {
+            panic!("a master's port: {master:?}");
+        };
+        let port = *port;
+        self.proxies
+            .iter()
+            .map(|(_, proxy)| proxy)
+            .find(|proxy| i64::from(proxy.local_addr().port()) == port)
+            .expect("the slot map names a proxy")
+    }
+
+    /// Runs `call` with the reply of the next request through `key`'s proxy
+    /// dropped with its connection, and checks that the reset happened.
+    async fn with_reply_lost<T>(&self, key: &str, call: impl std::future::Future<Output = T>) -> T {
+        let proxy = self.proxy_of(key);
+        proxy.reset_next_replies(1);
+        let out = call.await;
+        assert_eq!(proxy.replies_to_reset(), 0, "no reply was lost");
+        out
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_sent_again_after_a_lost_reply_take_effect_once() {
+    let c = ProxiedCluster::start().await;
+    let m = &c.manager;
+
+    // The plain acquisition (`SET NX GET`: no token, no wait): sent again, it
+    // finds the value its first run wrote. The lock is ours, not "busy".
+    let key = "resent:plain";
+    // A cycle first, so that the lost reply is the acquisition's, not that of
+    // a connection the manager makes on its first call.
+    let warm = m.lock(key).try_acquire().await.unwrap().expect("free");
+    warm.release().await.unwrap();
+    let acquired = c
+        .with_reply_lost(
+            key,
+            m.lock(key).lease(Duration::from_secs(30)).try_acquire(),
+        )
+        .await
+        .unwrap();
+    let guard = acquired.expect("the lock was free: its first run took it for us");
+    assert!(m.is_locked(key).await.unwrap());
+    guard.release().await.unwrap();
+    assert!(!m.is_locked(key).await.unwrap(), "released: nothing held");
+
+    // The counting semaphore's changes and acquisition: each once.
+    let key = "resent:permits";
+    let s = m.counting_semaphore(key);
+    assert!(s.try_set_permits(5).await.unwrap());
+    let added = c.with_reply_lost(key, s.add_permits(1)).await.unwrap();
+    assert_eq!(added, 6, "the reply of the first run");
+    assert_eq!(s.available_permits().await.unwrap(), 6, "added once");
+    let taken = c.with_reply_lost(key, s.try_acquire(2)).await.unwrap();
+    assert!(taken);
+    assert_eq!(s.available_permits().await.unwrap(), 4, "taken once");
+    let drained = c.with_reply_lost(key, s.drain_permits()).await.unwrap();
+    assert_eq!(drained, 4, "what the first run took");
+    assert_eq!(s.available_permits().await.unwrap(), 0);
+    let released = c.with_reply_lost(key, s.release(3)).await.unwrap();
+    assert_eq!(released, 3);
+    assert_eq!(s.available_permits().await.unwrap(), 3, "given back once");
+    let deleted = c.with_reply_lost(key, s.delete()).await.unwrap();
+    assert!(deleted, "the first run deleted it");
+    assert!(!s.counts().await.unwrap().exists);
+}
