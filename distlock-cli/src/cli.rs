@@ -26,10 +26,12 @@ pub struct Cli {
     /// (`rediss://` for TLS; `valkey://` and `valkeys://` are the same for a
     /// Valkey server), or `postgres://user[:password]@host[:port]/database`
     /// (`postgresql://` too). Repeat it, or separate URLs with commas, to
-    /// give several nodes of a Redis Cluster (with `--cluster`). Without it:
+    /// give several nodes of a Redis Cluster (with `--cluster`); a comma not
+    /// followed by a URL scheme stays in its URL (a password, PostgreSQL's
+    /// `postgres://host1,host2/db`). Without it:
     /// $DISTLOCK_URL, else $DISTLOCK_REDIS_URL, else $REDIS_URL, else
     /// redis://127.0.0.1:6379.
-    #[arg(long = "url", global = true, value_delimiter = ',')]
+    #[arg(long = "url", global = true)]
     pub urls: Vec<String>,
 
     /// The URLs are nodes of a Redis Cluster.
@@ -82,7 +84,7 @@ pub enum Command {
     },
     /// Frees every hold on KEY whoever holds it, or with `--hold` one
     /// holder's (needs `--yes`; without it, names the holders and exits with
-    /// 2).
+    /// 2). Exits with 1 when `--hold` names no hold of KEY.
     Unlock {
         /// The lock key, as the application names it (without the prefix).
         key: String,
@@ -98,7 +100,8 @@ pub enum Command {
     /// changes them (needs `--yes`): `--add N` gives back N permits (the way
     /// to return permits a crashed process took, since they have no lease;
     /// negative N removes permits), `--set N` sets the count. Exits with 1
-    /// when it does not exist (and nothing is changed).
+    /// when it does not exist (and nothing is changed: a change never
+    /// creates one).
     Permits {
         /// The counting semaphore's key, as the application names it.
         key: String,
@@ -153,16 +156,45 @@ impl Cli {
     /// [`resolved_urls`](Self::resolved_urls) with the environment read by `var`.
     fn urls_from(&self, var: impl Fn(&str) -> Option<String>) -> Vec<String> {
         if !self.urls.is_empty() {
-            return self.urls.clone();
+            return self
+                .urls
+                .iter()
+                .flat_map(|value| split_urls(value))
+                .collect();
         }
         URL_VARIABLES
             .iter()
             .find_map(|name| var(name).filter(|value| !value.trim().is_empty()))
-            .map_or_else(
-                || vec![DEFAULT_URL.to_owned()],
-                |value| value.split(',').map(str::to_owned).collect(),
-            )
+            .map_or_else(|| vec![DEFAULT_URL.to_owned()], |value| split_urls(&value))
     }
+}
+
+/// Splits `value` at each comma that a URL scheme (`name://`) follows: a
+/// comma inside a URL (in a password, or between the hosts of a PostgreSQL
+/// URL) does not start another.
+fn split_urls(value: &str) -> Vec<String> {
+    let mut urls: Vec<String> = Vec::new();
+    for piece in value.split(',') {
+        match urls.last_mut() {
+            Some(current) if !starts_with_scheme(piece) => {
+                current.push(',');
+                current.push_str(piece);
+            }
+            _ => urls.push(piece.to_owned()),
+        }
+    }
+    urls
+}
+
+/// Whether `text` begins with a URL scheme and `://` (RFC 3986: a letter,
+/// then letters, digits, `+`, `-` or `.`).
+fn starts_with_scheme(text: &str) -> bool {
+    let Some((scheme, _)) = text.split_once("://") else {
+        return false;
+    };
+    let mut chars = scheme.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
 }
 
 /// Whether `url` names a PostgreSQL server (`postgres://` or `postgresql://`,
@@ -203,8 +235,31 @@ mod tests {
             "list",
         ])
         .unwrap();
-        assert_eq!(cli.urls, ["redis://a:1", "redis://b:2", "redis://c:3"]);
+        assert_eq!(
+            cli.resolved_urls(),
+            ["redis://a:1", "redis://b:2", "redis://c:3"]
+        );
         assert!(cli.cluster);
+    }
+
+    #[test]
+    fn a_comma_inside_a_url_stays_in_it() {
+        assert_eq!(
+            split_urls("postgres://u:p@h1:5432,h2:5433/db?target_session_attrs=read-write"),
+            ["postgres://u:p@h1:5432,h2:5433/db?target_session_attrs=read-write"]
+        );
+        assert_eq!(
+            split_urls("redis://:pa,ss@a:1,rediss://b:2"),
+            ["redis://:pa,ss@a:1", "rediss://b:2"]
+        );
+        assert_eq!(split_urls("redis://a:1,"), ["redis://a:1,"]);
+        assert_eq!(
+            split_urls("valkey://a:1,valkeys://b:2"),
+            ["valkey://a:1", "valkeys://b:2"]
+        );
+        assert!(!starts_with_scheme("h2:5433/db"));
+        assert!(!starts_with_scheme("1x://h"));
+        assert!(starts_with_scheme("redis+tls://h"));
     }
 
     #[test]

@@ -158,12 +158,16 @@ async fn unlock(cli: &Cli, key: &str, hold: Option<&str>, yes: bool) -> Result<O
         .map(|h| format!("{} by {} (token {})", h.kind, h.holder, h.fencing_token))
         .collect::<Vec<_>>()
         .join(", ");
+    // A hold asked for by id that is not there is a mistake (a mistyped id,
+    // or a hold gone since it was read), with or without --yes: nothing that
+    // was asked for can be freed.
+    if let (Some(id), true) = (hold, targets.is_empty()) {
+        eprintln!("{key} has no hold {id}; nothing to unlock");
+        return Ok(Outcome::Failed);
+    }
     if !yes {
         if targets.is_empty() {
-            match hold {
-                Some(id) => eprintln!("{key} has no hold {id}; nothing to unlock"),
-                None => eprintln!("{key} is not locked; nothing to unlock"),
-            }
+            eprintln!("{key} is not locked; nothing to unlock");
             return Ok(Outcome::Failed);
         }
         eprintln!(
@@ -224,6 +228,12 @@ async fn permits(
         eprintln!("{key} is not a counting semaphore (no counter)");
         return Ok(Outcome::Failed);
     };
+    // A change would create the counter: a mistyped key would become a new
+    // semaphore nobody uses. Applications create theirs (`try_set_permits`).
+    if !before.exists {
+        eprintln!("{key} is not a counting semaphore (no counter); nothing changed");
+        return Ok(Outcome::Failed);
+    }
     if !yes {
         eprintln!(
             "refusing to {change} counting semaphore {key} without --yes: it has {} available \

@@ -318,6 +318,14 @@ async fn every_kind_is_listed_inspected_and_freed_one_holder_at_a_time() {
     let left = manager.inspect_all("doc").await.unwrap();
     assert_eq!(left.holds.len(), 1);
     assert_ne!(left.holds[0].hold_id, first);
+    // That hold is gone: asked for again (as a mistyped id would be), nothing
+    // is freed and the exit status says so, with --yes too.
+    distlock()
+        .args(["--url", &url, "unlock", "doc", "--hold", &first, "--yes"])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains(format!("doc has no hold {first}")));
+    assert_eq!(manager.inspect_all("doc").await.unwrap().holds.len(), 1);
 
     // The whole key: the semaphore's holder.
     let out = run({
@@ -771,6 +779,17 @@ async fn counting_semaphores_are_listed_inspected_and_given_permits_back() {
     let missing = run(cli(&["permits", "uploads"])).await;
     assert_eq!(missing.status.code(), Some(1), "{}", stdout(&missing));
     assert!(stderr(&missing).contains("not a counting semaphore"));
+    // A change does not create one (a mistyped key would become a semaphore).
+    for change in [["--add", "2"], ["--set", "4"]] {
+        let refused = run(cli(&["permits", "uploads", change[0], change[1], "--yes"])).await;
+        assert_eq!(refused.status.code(), Some(1), "{}", stdout(&refused));
+        assert!(
+            stderr(&refused).contains("nothing changed"),
+            "{}",
+            stderr(&refused)
+        );
+        assert!(!uploads.counts().await.unwrap().exists);
+    }
 
     // Three permits, two of them taken by a process that then crashed.
     assert!(uploads.try_set_permits(3).await.unwrap());
