@@ -561,3 +561,49 @@ fn short_lease(d: &Deployment) -> Duration {
         Duration::from_millis(300)
     }
 }
+
+/// A hold turned into a ticket while its renewal is in flight, by a guard
+/// with a `min_hold`: the renewal's reply used to be taken for one that ran
+/// after the guard's own release, and a release "keeping min_hold" was sent
+/// under the owner token that the ticket (and the worker who resumed it) now
+/// held: the lock was freed under the worker. The handler reaches Redis
+/// through a proxy that holds each chunk 500 ms, so that the renewal (due a
+/// third of the 3 s lease after the acquisition was sent, that is as its
+/// 1 s reply arrives) is in flight for 1 s after the acquisition returns; the
+/// ticket is made in the middle of that second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ticket_made_while_a_renewal_is_in_flight_keeps_its_hold() {
+    use distlock::testing::{FaultMode, FaultProxy, RedisServer};
+    let server = RedisServer::spawn().unwrap();
+    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    let slow = distlock::LockManager::builder(&proxy.url())
+        .command_timeout(Duration::from_secs(5))
+        .connect_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let worker = distlock::LockManager::connect(&server.url()).await.unwrap();
+    proxy.set_mode(FaultMode::Delay(Duration::from_millis(500)));
+    let guard = slow
+        .lock("ticket:in-flight")
+        .lease(Duration::from_secs(3))
+        .min_hold(Duration::from_millis(1))
+        .acquire()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let resumed = worker.resume(&guard.into_ticket().unwrap()).await.unwrap();
+    // The in-flight renewal's reply comes back at about 1 s after the
+    // acquisition returned; a release it would send reaches Redis 0.5 s
+    // later. 2.5 s covers both with 1 s to spare, within the 3 s lease that
+    // the worker renews.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(!resumed.is_lost(), "the worker's hold was freed under it");
+    assert!(worker
+        .lock("ticket:in-flight")
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
+    resumed.release().await.unwrap();
+}

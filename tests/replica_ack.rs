@@ -334,5 +334,27 @@ async fn a_token_issued_on_demand_is_acknowledged_too() {
     assert!(took >= timeout - Duration::from_millis(10), "{took:?}");
     assert!(!guard.is_lost(), "the lock is kept");
     assert!(m.is_locked("token-cut-off").await.unwrap());
+    // Asked again on a new connection (the manager's were killed), still cut
+    // off: the token issued is read back, and confirmed no more than before.
+    // A connection that wrote nothing yet would have WAIT count the replica
+    // at once: the script writes the lock's value again so that it does not.
+    let mut admin = raw(&master).await;
+    let _: i64 = redis::cmd("CLIENT")
+        .arg(&["KILL", "TYPE", "normal", "SKIPME", "yes"])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    // The first call after the kill may meet the dead connection.
+    let mut refused = guard.fencing_token().await.unwrap_err();
+    for _ in 0..3 {
+        if !matches!(refused, LockError::Backend { .. }) {
+            break;
+        }
+        refused = guard.fencing_token().await.unwrap_err();
+    }
+    assert!(
+        matches!(refused, LockError::TokenNotReplicated { acked: 0, .. }),
+        "{refused:?}"
+    );
     guard.release().await.unwrap();
 }

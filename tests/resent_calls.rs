@@ -145,6 +145,9 @@ async fn calls_sent_again_after_a_lost_reply_take_effect_once() {
     let key = "resent:permits";
     let s = m.counting_semaphore(key);
     assert!(s.try_set_permits(5).await.unwrap());
+    // Both scripts once first (see the test below).
+    assert!(s.try_acquire(1).await.unwrap());
+    assert_eq!(s.release(1).await.unwrap(), 5);
     let added = c.with_reply_lost(key, s.add_permits(1)).await.unwrap();
     assert_eq!(added, 6, "the reply of the first run");
     assert_eq!(s.available_permits().await.unwrap(), 6, "added once");
@@ -160,4 +163,61 @@ async fn calls_sent_again_after_a_lost_reply_take_effect_once() {
     let deleted = c.with_reply_lost(key, s.delete()).await.unwrap();
     assert!(deleted, "the first run deleted it");
     assert!(!s.counts().await.unwrap().exists);
+}
+
+/// A weighted semaphore hold renamed by a give-back or a split: sent again,
+/// the rename finds its new name already there. It used to answer "not ours",
+/// mark the guard lost and leave the renamed permits held for their lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_rename_sent_again_keeps_the_hold() {
+    let c = ProxiedCluster::start().await;
+    let m = &c.manager;
+    let key = "resent:weighted";
+    let held = async || m.semaphore(key, 4).permit_counts().await.unwrap().held;
+    let lease = Duration::from_secs(30);
+    // Each script once first, so that the lost reply is the script's own and
+    // not the NOSCRIPT of its first call.
+    let mut warm = m.semaphore(key, 4).weight(3).acquire().await.unwrap();
+    warm.release_permits(1).await.unwrap();
+    for single in warm
+        .split_permits()
+        .await
+        .unwrap()
+        .into_iter()
+        .chain([warm])
+    {
+        single.release().await.unwrap();
+    }
+
+    let mut guard = m
+        .semaphore(key, 4)
+        .weight(3)
+        .lease(lease)
+        .acquire()
+        .await
+        .unwrap();
+    c.with_reply_lost(key, guard.release_permits(2))
+        .await
+        .unwrap();
+    assert!(!guard.is_lost());
+    assert_eq!(held().await, 1, "two given back, one kept");
+    guard.release().await.unwrap();
+    assert_eq!(held().await, 0, "the kept permit released by its guard");
+
+    let mut guard = m
+        .semaphore(key, 4)
+        .weight(3)
+        .lease(lease)
+        .acquire()
+        .await
+        .unwrap();
+    let singles = c.with_reply_lost(key, guard.split_permits()).await.unwrap();
+    // The guard keeps one permit; the other two come back as new guards.
+    assert_eq!(singles.len(), 2);
+    assert_eq!(held().await, 3);
+    for single in singles.into_iter().chain([guard]) {
+        assert!(!single.is_lost());
+        single.release().await.unwrap();
+    }
+    assert_eq!(held().await, 0, "each single permit released by its guard");
 }

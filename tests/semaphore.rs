@@ -22,6 +22,7 @@ crate::on_stores!(
     permit_counts_change_only_on_purpose,
     each_permit_is_renewed_and_learns_when_it_is_lost,
     reentry_keeps_one_permit,
+    reentry_takes_no_more_permits_than_the_outer_hold,
     a_waiter_for_several_permits_is_woken_when_they_come_free,
     permits_that_run_out_unreleased_go_to_every_waiter,
     two_permits_released_at_once_go_to_two_waiters,
@@ -401,6 +402,68 @@ async fn reentry_keeps_one_permit(d: Deployment) {
     })
     .await;
     g.release().await.unwrap();
+}
+
+/// A re-entry stands for the permits its outer hold took: asking for more
+/// (a heavier weight) or for another permit count is refused, where it used
+/// to re-enter and run a body meant for 3 permits on 1 while other holders
+/// took the rest.
+async fn reentry_takes_no_more_permits_than_the_outer_hold(d: Deployment) {
+    let m = d.manager().await;
+    let outer = m
+        .semaphore("nested-weight", 4)
+        .weight(2)
+        .acquire()
+        .await
+        .unwrap();
+    outer
+        .scope(async {
+            let heavier = m.semaphore("nested-weight", 4).weight(3).acquire().await;
+            assert!(
+                matches!(&heavier, Err(LockError::InvalidConfig(msg)) if msg.contains("2 permit(s)")),
+                "{heavier:?}"
+            );
+            let other_count = m.semaphore("nested-weight", 5).acquire().await;
+            assert!(
+                matches!(
+                    other_count,
+                    Err(LockError::PermitsDiffer {
+                        held_with: 4,
+                        requested: 5,
+                        ..
+                    })
+                ),
+                "{other_count:?}"
+            );
+            // As heavy or lighter: re-entered, sharing the outer hold.
+            for weight in [1, 2] {
+                let again = m
+                    .semaphore("nested-weight", 4)
+                    .weight(weight)
+                    .acquire()
+                    .await
+                    .unwrap();
+                assert_eq!(
+                    again.fencing_token().await.unwrap(),
+                    outer.fencing_token().await.unwrap()
+                );
+                again.release().await.unwrap();
+            }
+        })
+        .await;
+    // The refusals took nothing: the other two permits are free.
+    let rest = m
+        .semaphore("nested-weight", 4)
+        .weight(2)
+        .try_acquire()
+        .await
+        .unwrap();
+    assert!(
+        rest.is_some(),
+        "the outer hold's refused re-entries took permits"
+    );
+    drop(rest);
+    outer.release().await.unwrap();
 }
 
 #[tokio::test]
@@ -816,3 +879,4 @@ async fn a_weighted_waiter_behind_another_is_woken_when_its_permits_come_free(d:
     one.release().await.unwrap();
     holds.pop().unwrap().release().await.unwrap();
 }
+

@@ -99,7 +99,8 @@ pub enum LockError {
     /// handed out. The lock is still held; a later call reads the token
     /// issued and waits for the replicas again.
     #[error(
-        "lock {}: {acked} of {wanted} replicas confirmed its fencing token in time; the lock          is still held, the token not handed out",
+        "lock {}: {acked} of {wanted} replicas confirmed its fencing token in time; the lock \
+         is still held, the token not handed out",
         KeyPreview(key)
     )]
     TokenNotReplicated {

@@ -23,7 +23,8 @@
 //! holder's details), `semp` (its permit count), `semfence` and `semwake`; a
 //! counting semaphore `csem` (its available permits, a decimal string),
 //! `csemw` (its waiters: owner token scored by the end of the registration,
-//! server clock in ms) and `csemwake` (see [`CounterNames`]).
+//! server clock in ms), `csemwake` and, on Cluster and Sentinel, one short-lived
+//! `csemdone:{tag}:K:<owner>` per change (its receipt; see [`CounterNames`]).
 //! Every kind's names share the key's hash tag.
 //!
 //! The tag is a hash of `K` written in hex, so braces in `K` cannot move the tag:

@@ -15,6 +15,8 @@ use crate::options::Hold;
 const HELD: u8 = 0;
 const LOST: u8 = 1;
 const RELEASED: u8 = 2;
+/// Released by this lease, its hold not: a ticket or a renamed hold owns it.
+const HANDED_OVER: u8 = 3;
 
 /// What the holder may safely assume of its lease: it trusts the lease only until
 /// `renewal sent + lease - drift` on its own clock, where drift covers the rate
@@ -321,7 +323,7 @@ impl Lease {
     pub(crate) fn is_lost(&self) -> bool {
         match self.state.load(Ordering::Acquire) {
             LOST => true,
-            RELEASED => false,
+            RELEASED | HANDED_OVER => false,
             _ => {
                 if Instant::now() >= self.valid_until() {
                     self.mark_lost("the lease was not renewed before its local deadline");
@@ -333,7 +335,14 @@ impl Lease {
         }
     }
 
+    /// Released, or handed over ([`mark_handed_over`](Self::mark_handed_over)).
     pub(crate) fn is_released(&self) -> bool {
+        matches!(self.state.load(Ordering::Acquire), RELEASED | HANDED_OVER)
+    }
+
+    /// Released by its own release (not handed over): the lock in the store
+    /// is this lease's to keep for its `min_hold`.
+    pub(crate) fn is_released_by_itself(&self) -> bool {
         self.state.load(Ordering::Acquire) == RELEASED
     }
 
@@ -403,6 +412,14 @@ impl Lease {
         self.state.store(RELEASED, Ordering::Release);
         self.lost_notify.notify_waiters();
         was_lost
+    }
+
+    /// Marks the lease released while its hold lives on under another owner
+    /// (a ticket, a renamed semaphore hold): nothing this lease does may
+    /// touch the store any more, not even a renewal reply's `min_hold` keep.
+    pub(crate) fn mark_handed_over(&self) {
+        self.state.store(HANDED_OVER, Ordering::Release);
+        self.lost_notify.notify_waiters();
     }
 
     /// Adds a hold for a re-entrant acquisition, unless the last hold is already

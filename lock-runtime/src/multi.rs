@@ -586,7 +586,9 @@ impl MultiLockGuard {
     ///
     /// # Errors
     /// [`LockError::Lost`] for the first key whose lease is lost,
-    /// [`LockError::Backend`] when Redis fails.
+    /// [`LockError::Backend`] when Redis fails,
+    /// [`LockError::TokenNotReplicated`] with too few replicas confirming a
+    /// token issued now (`replica_ack`).
     pub async fn fencing_tokens(&self) -> Result<Vec<u64>, LockError> {
         let mut tokens = Vec::with_capacity(self.leases.len());
         for lease in &self.leases {

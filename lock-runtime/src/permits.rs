@@ -78,7 +78,7 @@ impl LockGuard {
         .await?;
         let kept_lease = Arc::new(old.renamed(crate::config::next_id(), rest_owner));
         old.drop_hold();
-        old.mark_released();
+        old.mark_handed_over();
         if !core.renewals.insert(kept_lease.clone()) {
             // Shut down meanwhile: the shutdown released what it knew of.
             kept_lease.mark_released();
@@ -162,7 +162,7 @@ impl LockGuard {
             .map(|owner| Arc::new(old.renamed(crate::config::next_id(), owner.clone())))
             .collect();
         old.drop_hold();
-        old.mark_released();
+        old.mark_handed_over();
         let mut shut_down = false;
         for lease in &leases {
             if !core.renewals.insert(lease.clone()) {

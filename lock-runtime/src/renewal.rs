@@ -242,8 +242,9 @@ async fn renew_batch(backend: &Backend, batch: &[Arc<Lease>]) {
                 // Released while this renewal was in flight: with a `min_hold`
                 // the release kept the lock (still ours), so the renewal may
                 // have run after it and reset the TTL to a whole lease. Release
-                // again (a second keep is harmless if it ran before).
-                if lease.is_released() && lease.min_hold_until.is_some() {
+                // again (a second keep is harmless if it ran before). Not a
+                // lease handed over to a ticket: the hold is the ticket's.
+                if lease.is_released_by_itself() && lease.min_hold_until.is_some() {
                     rekeep.push(lease);
                 }
             }

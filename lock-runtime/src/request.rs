@@ -387,11 +387,15 @@ impl LockRequest {
     /// a lost message. If this call chain already holds the key (inside
     /// [`LockGuard::scope`] or a locked function), it re-enters at once, sharing
     /// the outer lease and fencing token; the options of this request are then
-    /// ignored.
+    /// ignored. A semaphore re-enters only with its permit count and at most
+    /// the outer hold's [`weight`](Self::weight).
     ///
     /// # Errors
     /// [`LockError::Timeout`] once `wait` has passed (never earlier),
-    /// [`LockError::InvalidKey`] / [`LockError::InvalidConfig`] for bad input,
+    /// [`LockError::InvalidKey`] / [`LockError::InvalidConfig`] for bad input
+    /// (a re-entry asking a semaphore for more permits than its outer hold
+    /// took), [`LockError::PermitsDiffer`] re-entering a semaphore with
+    /// another permit count,
     /// [`LockError::Lost`] when re-entering a hold whose lease was lost,
     /// [`LockError::Backend`] when Redis fails or does not answer in time.
     pub async fn acquire(self) -> Result<LockGuard, LockError> {
@@ -466,6 +470,28 @@ impl LockRequest {
             }
             if kind == LockKind::Write && held.keys.kind == LockKind::Read {
                 return Err(LockError::UpgradeRefused { key });
+            }
+            // A semaphore hold re-entered stands for the permits it took: a
+            // request for more would run its body on fewer than it asked
+            // for, while other holders take the rest.
+            if let (LockKind::Permit { permits }, LockKind::Permit { permits: held_with }) =
+                (kind, held.keys.kind)
+            {
+                if permits != held_with {
+                    return Err(LockError::PermitsDiffer {
+                        key,
+                        held_with,
+                        requested: permits,
+                    });
+                }
+                let held_weight = crate::info::permits_of(&held.owner);
+                if weight > held_weight {
+                    return Err(LockError::InvalidConfig(format!(
+                        "semaphore {} is held by this call chain with {held_weight} permit(s); \
+                         re-entering it cannot take {weight}: release the outer hold first",
+                        KeyPreview(&key)
+                    )));
+                }
             }
             match reenter(&manager, held) {
                 Ok(Some(guard)) => return Ok(Some(guard)),

@@ -202,7 +202,7 @@ impl LockGuard {
         let core = self.core().clone();
         let lease = self.into_lease();
         lease.drop_hold();
-        lease.mark_released();
+        lease.mark_handed_over();
         core.renewals.remove(lease.id);
         // A "waited for" notice for this owner stays with the manager that
         // heard it; the resumed guard's release hands the lock over anyway.

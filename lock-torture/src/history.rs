@@ -475,6 +475,7 @@ impl History {
                     .filter(|e| {
                         e.worker == worker
                             && e.task == c.task
+                            && e.key == c.key
                             && e.kind == CallKind::Ending
                             && e.start >= c.end
                     })
@@ -636,6 +637,15 @@ mod tests {
         let held = h.in_flight(7, 100, Kind::Permit);
         assert_eq!(held.len(), 1, "{held:?}");
         assert_eq!((held[0].acquired, held[0].hold_end()), (40, 60));
+        // A task that holds several keys (a scripted worker's task 0): the
+        // mark of another key's hold does not end this one.
+        h.calls.retain(|c| c.kind != CallKind::Ending);
+        h.calls.push(Call {
+            key: "other".into(),
+            ..ending(1, 60)
+        });
+        let held = h.in_flight(7, 100, Kind::Permit);
+        assert_eq!(held[0].hold_end(), 100);
     }
 
     #[test]

@@ -475,9 +475,10 @@ impl Backend {
     /// Takes `wanted` permits of the counting semaphore `names` (of `key`), or
     /// records `owner` as waiting for `register_ms` (0: not waiting). One
     /// script; Redlock has no counting semaphores (refused by `on_key`). On
-    /// Redis, the permits taken leave a receipt kept `receipt_ms`, so that
-    /// the script sent again (by Cluster's client, by Sentinel's failover)
-    /// takes nothing more; PostgreSQL's calls are never sent twice.
+    /// Cluster and Sentinel, the permits taken leave a receipt kept
+    /// `receipt_ms`, so that the script sent again (by Cluster's client, by
+    /// Sentinel's failover) takes nothing more; one server's and
+    /// PostgreSQL's calls are never sent twice.
     pub(crate) async fn counter_acquire(
         &self,
         key: &str,
@@ -498,9 +499,19 @@ impl Backend {
             owner,
             wanted,
             register_ms,
-            receipt_ms,
+            receipt_ms: self.receipt_ms(receipt_ms),
         };
         self.on_key(key, &call).await
+    }
+
+    /// How long a counting semaphore's change keeps its receipt here: 0 (none
+    /// written) on one server, whose connections never send a call twice;
+    /// `wanted` on Cluster and Sentinel, which do.
+    fn receipt_ms(&self, wanted: u64) -> u64 {
+        match self {
+            Backend::Cluster(_) | Backend::Sentinel(_) => wanted,
+            _ => 0,
+        }
     }
 
     /// Changes or reads the counting semaphore `names` (of `key`). One
@@ -521,7 +532,7 @@ impl Backend {
             names,
             owner,
             op,
-            receipt_ms,
+            receipt_ms: self.receipt_ms(receipt_ms),
         };
         self.on_key(key, &call).await
     }

@@ -614,11 +614,12 @@ impl redis::ToRedisArgs for FreeValue<'_> {
 }
 
 /// Whether `value` is one `FreeValue` of `owner` wrote (any acquisition
-/// time and holder).
+/// time and holder), perhaps marked since by a waiter that queued behind it
+/// (`+`, see acquire.lua): owner tokens are unique per acquisition.
 fn is_own_free_value(value: &[u8], owner: &str) -> bool {
     value
         .strip_prefix(owner.as_bytes())
-        .is_some_and(|rest| rest.starts_with(b"-0:"))
+        .is_some_and(|rest| rest.starts_with(b"-0:") || rest.starts_with(b"+0:"))
 }
 
 /// release_free.lua's reply: the claim echoed (released), or 0 (not done:
@@ -1766,7 +1767,12 @@ mod tests {
             written,
             "0123456789abcdef0123456789abcde0"
         ));
-        // A prefix of the owner is not the owner; nor is a renewed or fenced value.
+        // Marked by a waiter since: still ours.
+        assert!(is_own_free_value(
+            b"0123456789abcdef0123456789abcdef+0:1700000000000:host:1",
+            owner
+        ));
+        // A prefix of the owner is not the owner; nor is a fenced value.
         assert!(!is_own_free_value(written, "0123456789abcdef"));
         assert!(!is_own_free_value(
             b"0123456789abcdef0123456789abcdef+7:1:h",

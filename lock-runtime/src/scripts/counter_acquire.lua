@@ -13,7 +13,8 @@
 -- ARGV[3]  registration ms: above 0, a caller that will wait records itself
 --          (or refreshes its entry) for that long when too few are available;
 --          '0' for a caller that will not wait
--- ARGV[4]  ms the receipt is kept, once the permits are taken
+-- ARGV[4]  ms the receipt is kept, once the permits are taken; '0': none is
+--          written (a client that never sends a call twice)
 --
 -- Returns {1, available, owner, waiters}  the permits are ours; `available`
 --                                         is what is left (decimal string)
@@ -41,7 +42,7 @@ local registration = tonumber(ARGV[3])
 if count and at_least(count, ARGV[2]) then
   redis.call('DECRBY', KEYS[1], ARGV[2])
   local left = redis.call('GET', KEYS[1])
-  redis.call('SET', KEYS[3], left, 'PX', ARGV[4])
+  keep_receipt(KEYS[3], left, ARGV[4])
   -- Its entry goes, whether or not this attempt would have registered
   -- (the last attempt of a wait, at its deadline, does not).
   if waiting > 0 and redis.call('ZREM', KEYS[2], ARGV[1]) == 1 then

@@ -4,9 +4,9 @@
 -- KEYS[1]  the counter (see counter_acquire.lua)
 -- KEYS[2]  its waiters (see counter_acquire.lua)
 -- KEYS[3]  the receipt of this call (see counter_prelude.lua): written by
---          the changes that took effect ('add', 'try_set', 'drain',
---          'delete' with status 1); 'set' and 'read' answer the same when
---          run again and write none
+--          the changes that took effect ('add', 'try_set', 'set', 'drain',
+--          'delete' with status 1; a 'set' run again after others took
+--          permits would give them back); 'read' writes none
 -- ARGV[1]  owner token of the call (echoed; a wake-up's payload after '*')
 -- ARGV[2]  the operation:
 --            'add'      add ARGV[3] (negative: remove), creating the counter
@@ -20,7 +20,8 @@
 -- ARGV[3]  the amount: a canonical decimal 64-bit integer ('0' for 'drain',
 --          'read' and 'delete')
 -- ARGV[4]  the wake-up channel
--- ARGV[5]  ms a receipt is kept
+-- ARGV[5]  ms a receipt is kept; '0': none is written (a client that never
+--          sends a call twice)
 --
 -- Returns {status, count, owner, waiters}
 --   status 1  done: 'add', 'set': `count` is the new count; 'try_set': the
@@ -46,7 +47,7 @@ if done then
   return {1, done, ARGV[1], waiting}
 end
 local function took_effect(answer)
-  redis.call('SET', KEYS[3], answer, 'PX', ARGV[5])
+  keep_receipt(KEYS[3], answer, ARGV[5])
   return answer
 end
 local op = ARGV[2]
@@ -71,6 +72,7 @@ elseif op == 'try_set' then
   return {1, ARGV[3], ARGV[1], wake(ARGV[4], KEYS[2], ARGV[3], now, ARGV[1])}
 elseif op == 'set' then
   redis.call('SET', KEYS[1], ARGV[3])
+  took_effect(ARGV[3])
   return {1, ARGV[3], ARGV[1], wake(ARGV[4], KEYS[2], ARGV[3], now, ARGV[1])}
 elseif op == 'drain' then
   if count and is_positive(count) then

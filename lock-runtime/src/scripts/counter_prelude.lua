@@ -21,8 +21,9 @@
 -- lost with its connection: a cluster client and the Sentinel backend send a
 -- call again on a new connection); false when it did not; nil when the name
 -- holds another type. A change that took effect writes its receipt
--- (`SET name count PX ms`), so that running again answers the same and
--- changes nothing: permits are taken or added once per call.
+-- (keep_receipt(name, count, ms): `SET name count PX ms`, nothing for ms
+-- '0'), so that running again answers the same and changes nothing: permits
+-- are taken or added once per call.
 --
 -- is_positive(count): whether a canonical decimal string is above zero.
 --
@@ -69,6 +70,12 @@ local function receipt(name)
     return nil
   end
   return value
+end
+
+local function keep_receipt(name, count, ms)
+  if ms ~= '0' then
+    redis.call('SET', name, count, 'PX', ms)
+  end
 end
 
 local function is_positive(count)

@@ -12,7 +12,8 @@
 --                            + 1 while the counter exists, the server time in
 --                            microseconds once it is gone, as acquire.lua),
 --                            now written into the lock's value (TTL kept) and
---                            the counter
+--                            the counter; a token it had is written again
+--                            unchanged
 --         {0, 0, owner}      the lock is gone or another owner's: no token is
 --                            issued, and the holder has lost it
 -- `owner` echoes ARGV[1], so the client can tell that a reply is the one to its
@@ -28,6 +29,11 @@ if not current then
   return {0, 0, owner}
 end
 if tonumber(current) > 0 then
+  -- The same value written again (a no-op for readers): the connection's
+  -- last write then follows the token's, so that a WAIT after this script
+  -- (replica_ack) counts only replicas that have the token, whichever
+  -- connection issued it.
+  redis.call('SET', KEYS[1], held, 'XX', 'KEEPTTL')
   return {1, tonumber(current), owner}
 end
 local token = next_token(KEYS[2], ARGV[2])

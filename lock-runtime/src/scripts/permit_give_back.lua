@@ -12,7 +12,9 @@
 -- ARGV[3]  wake-up channel
 --
 -- Returns {1, ARGV[1]}  given back: ARGV[2] now holds the rest, until the
---                       hold's lease end
+--                       hold's lease end; also when ARGV[2] holds it already
+--                       (this script ran, and its reply was lost with its
+--                       connection: a cluster client sends it again)
 --         {0, ARGV[1]}  the hold was not ours any more (its lease had run out)
 --
 -- One wake-up message, whether or not the semaphore was full: the hold is
@@ -26,6 +28,9 @@
 local now = now_ms()
 local score = live_hold(KEYS[1], KEYS[2], KEYS[3], ARGV[1], now)
 if not score then
+  if live_hold(KEYS[1], KEYS[2], KEYS[3], ARGV[2], now) then
+    return {1, ARGV[1]}
+  end
   return {0, ARGV[1]}
 end
 local details = redis.call('HGET', KEYS[3], ARGV[1])

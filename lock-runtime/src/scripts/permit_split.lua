@@ -10,7 +10,9 @@
 -- ARGV[2..n+1]  the n owner tokens of the single permits (no ":<digits>" end)
 --
 -- Returns {1, ARGV[1]}  split: each of ARGV[2..] holds one permit until the
---                       hold's lease end
+--                       hold's lease end; also when ARGV[2] holds one already
+--                       (this script ran, and its reply was lost with its
+--                       connection: a cluster client sends it again)
 --         {0, ARGV[1]}  the hold was not ours any more (its lease had run out)
 --         an error      ARGV[2..] are not as many as the hold's permits:
 --                       nothing was changed
@@ -21,6 +23,9 @@
 local now = now_ms()
 local score = live_hold(KEYS[1], KEYS[2], KEYS[3], ARGV[1], now)
 if not score then
+  if live_hold(KEYS[1], KEYS[2], KEYS[3], ARGV[2], now) then
+    return {1, ARGV[1]}
+  end
   return {0, ARGV[1]}
 end
 if #ARGV - 1 ~= weight_of(ARGV[1]) then

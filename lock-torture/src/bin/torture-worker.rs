@@ -26,8 +26,8 @@
 //! one's token check off (a sabotage for the checker).
 //!
 //! In `--mode=run`, an acquisition that fails with `Timeout`, `Backend`,
-//! `Connect`, (Redlock) `QuorumFailed` or (`--replica-ack`) `NotReplicated` is
-//! logged and retried; any other error
+//! `Connect`, (Redlock) `QuorumFailed` or (`--replica-ack`) `NotReplicated` or
+//! `TokenNotReplicated` (a campaign's token) is logged and retried; any other error
 //! is fatal.
 //!
 //! Common options: `--prefix` (key prefix of the manager), `--cmd-timeout-ms`,
@@ -839,7 +839,8 @@ async fn attempt(
             | LockError::Backend { .. }
             | LockError::Connect { .. }
             | LockError::QuorumFailed { .. }
-            | LockError::NotReplicated { .. },
+            | LockError::NotReplicated { .. }
+            | LockError::TokenNotReplicated { .. },
         ) => return Attempt::NotAcquired(result),
         Err(e) => fatal(&format!("acquire {}: {e}", plan.key)),
     };
@@ -981,6 +982,7 @@ async fn fake_term(
     };
     let end = mono_ns();
     lock(slot).last_active = end;
+    ctx.ending(task, &plan.key, end);
     Attempt::Done(SectionEnd {
         outcome,
         lost_at: 0,
