@@ -496,6 +496,86 @@ async fn a_stream_outlives_the_manager_that_made_it(d: Deployment) {
 
 on_stores!(a_stream_outlives_the_manager_that_made_it);
 
+/// `shutdown()` ends the manager's streams: a reader awaiting its next event
+/// gets `None` (it used to wait for ever), and a stream asked for afterwards
+/// is refused.
+async fn a_stream_ends_when_its_manager_shuts_down(d: Deployment) {
+    let on = store_name(&d);
+    let m = d.manager().await;
+    let mut events = m
+        .events(format!("ending-{on}:*"))
+        .expiry(false)
+        .await
+        .unwrap();
+    let reader = tokio::spawn(async move { events.next().await });
+    m.shutdown().await.unwrap();
+    let end = tokio::time::timeout(Duration::from_secs(5), reader)
+        .await
+        .expect("the stream ended within 5 s of the shutdown")
+        .unwrap();
+    assert!(end.is_none(), "{end:?}");
+    let refused = m.events(format!("ending-{on}:*")).expiry(false).await;
+    assert!(
+        matches!(refused, Err(LockError::ShutDown { .. })),
+        "{:?}",
+        refused.map(drop)
+    );
+}
+
+on_stores!(a_stream_ends_when_its_manager_shuts_down);
+
+/// A listening connection that goes silent with no reset (a partition, a
+/// load balancer dropping an idle connection) is pinged and made again: the
+/// stream says it may have missed events, and later events arrive on the new
+/// connection. Before, the silent connection was kept: when the path came
+/// back, events flowed again on it with no word of those lost meanwhile. The
+/// observer's command timeout of 100 ms makes it ping after 1 s of silence
+/// (ten command timeouts, at least 1 s) and give up 100 ms later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_listening_connection_is_noticed_and_made_again() {
+    use distlock::testing::{FaultMode, FaultProxy, RedisServer};
+    let server = RedisServer::spawn().unwrap();
+    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    let observer = LockManager::builder(&proxy.url())
+        .command_timeout(Duration::from_millis(100))
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap();
+    let publisher = LockManager::builder(&server.url())
+        .lock_events(true)
+        .build()
+        .await
+        .unwrap();
+    let mut events = observer.events("silent:*").expiry(false).await.unwrap();
+    let cycle = async |key: &str| {
+        publisher
+            .lock(key)
+            .acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    };
+    proxy.set_mode(FaultMode::BlackHole);
+    cycle("silent:lost").await;
+    // 1 s of silence, a ping, 100 ms without its answer: past that, the
+    // observer is reconnecting (through the black hole, failing).
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    proxy.set_mode(FaultMode::Pass);
+    let notice = next_item(&mut events).await;
+    assert!(
+        matches!(notice, Err(EventsSkipped { count: 0, .. })),
+        "the loss is told: {notice:?}"
+    );
+    cycle("silent:after").await;
+    assert!(matches!(
+        kind_of(&mut events, "silent:after").await,
+        LockEventKind::Acquired { .. }
+    ));
+}
+
 // PostgreSQL only: how an expiry is noticed (the sweep, or a takeover), a
 // listening connection cut, a lock name too long for a notification.
 

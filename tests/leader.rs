@@ -436,7 +436,22 @@ on_stores!(
     a_paused_leader_learns_its_term_ended_and_its_epoch_is_refused,
     a_watcher_that_stopped_reading_gets_the_current_term_not_the_backlog,
     a_dropped_term_is_reported_as_a_vacancy,
+    a_watch_ends_when_its_manager_shuts_down,
 );
+
+/// `shutdown()` ends the manager's leader watches (a reader awaiting the next
+/// change used to wait for ever).
+async fn a_watch_ends_when_its_manager_shuts_down(d: Deployment) {
+    let name = election("shutdown-watch", &d);
+    let observer = candidate(&d, "observer").await;
+    let mut watch = observer.leader(&name).watch();
+    assert_eq!(next(&mut watch).await, None, "nobody leads");
+    observer.shutdown().await.unwrap();
+    let end = tokio::time::timeout(Duration::from_secs(5), watch.next())
+        .await
+        .expect("the watch ended within 5 s of the shutdown");
+    assert!(end.is_none(), "{end:?}");
+}
 
 /// A term that ends by dropping its `Leadership` (a leader's task returned
 /// or was cancelled, its process shutting down) is told to watchers as a

@@ -880,3 +880,41 @@ async fn a_weighted_waiter_behind_another_is_woken_when_its_permits_come_free(d:
     holds.pop().unwrap().release().await.unwrap();
 }
 
+/// Two tasks of one manager hand a one-permit semaphore back and forth, each
+/// waiting with a 10 s backoff, so that only a wake-up serves it in time. A
+/// task that registers as a waiter just after the other left (the channel
+/// still subscribed, its unsubscription not yet run) used to miss a release
+/// heard in between, with nobody registered, and slept its whole backoff.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_registers_as_the_last_one_leaves_hears_the_release() {
+    let redis = distlock::testing::RedisServer::spawn().unwrap();
+    let m = LockManager::connect(&redis.url()).await.unwrap();
+    let key = "ping-pong";
+    let round = |m: LockManager| async move {
+        let mut slowest = Duration::ZERO;
+        for _ in 0..100 {
+            let started = std::time::Instant::now();
+            let g = m
+                .semaphore(key, 1)
+                .backoff(slow_backoff())
+                .wait(Duration::from_secs(30))
+                .acquire()
+                .await
+                .unwrap();
+            slowest = slowest.max(started.elapsed());
+            tokio::task::yield_now().await;
+            g.release().await.unwrap();
+        }
+        slowest
+    };
+    let (a, b) = tokio::join!(
+        tokio::spawn(round(m.clone())),
+        tokio::spawn(round(m.clone()))
+    );
+    let slowest = a.unwrap().max(b.unwrap());
+    // A wait served by its 10 s backoff instead of the release's message.
+    assert!(
+        slowest < Duration::from_secs(5),
+        "slowest acquisition: {slowest:?}"
+    );
+}

@@ -528,3 +528,54 @@ async fn a_resp3_cluster_url_keeps_its_connections_on_resp3() {
         assert_clients_on_resp3(&mut conn).await;
     }
 }
+
+/// Connections the server accepted so far (`INFO stats`).
+async fn connections_received(raw: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("stats")
+        .query_async(raw)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("total_connections_received:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("total_connections_received")
+}
+
+/// A listening connection whose subscriptions the server now refuses (its
+/// user lost the channel permission: Redis closes the subscribed connection,
+/// and refuses every SUBSCRIBE after) is made again after a growing delay.
+/// Before, each failed resubscription reconnected at once: hundreds of
+/// connections a second for as long as the manager lived.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_resubscription_is_retried_with_a_growing_delay() {
+    let redis = server();
+    let mut raw = raw(&redis).await;
+    let rules = least_privilege(&mut raw).await;
+    acl_user(&mut raw, "locker", &rules).await;
+    let holder = LockManager::connect(&user_url(&redis, "locker"))
+        .await
+        .unwrap();
+    let waiting = LockManager::connect(&user_url(&redis, "locker"))
+        .await
+        .unwrap();
+    // A wait by push: the waiting manager's listening connection subscribes.
+    let held = holder.lock("k").acquire().await.unwrap();
+    let waiter =
+        tokio::spawn(async move { waiting.lock("k").acquire().await.map(|g| (g, waiting)) });
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    held.release().await.unwrap();
+    let (guard, waiting) = waiter.await.unwrap().unwrap();
+    guard.release().await.unwrap();
+    let () = redis::cmd("ACL")
+        .arg(&["SETUSER", "locker", "resetchannels"])
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let before = connections_received(&mut raw).await;
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let made = connections_received(&mut raw).await - before;
+    // Delays of 50, 100, 200, 400, 800 ms: about six attempts in 2 s.
+    assert!(made <= 12, "{made} connections in 2 s");
+    drop(waiting);
+}

@@ -95,6 +95,27 @@ impl<T> Sender<T> {
         Ok(())
     }
 
+    /// Queues `item`, which must not be lost: when the buffer is full, the
+    /// newest item queued is dropped (and counted) to make room. For a
+    /// marker the reader must see where it happened (the events stream's
+    /// "messages may have been lost"), which `push_or_skip` would turn into
+    /// one more skipped item.
+    pub(crate) fn push_keeping(&self, item: T) -> Result<(), Closed> {
+        let mut state = self.shared.state();
+        if state.receiver_gone {
+            return Err(Closed);
+        }
+        if state.queue.len() >= state.capacity {
+            if let Some((before, _dropped)) = state.queue.pop_back() {
+                state.skipped += before + 1;
+            }
+        }
+        let skipped = std::mem::take(&mut state.skipped);
+        state.queue.push_back((skipped, item));
+        state.wake();
+        Ok(())
+    }
+
     /// Queues `item`; when the buffer is full, drops everything buffered
     /// first, and until the reader reads, each later item replaces this one:
     /// the reader's next item is the newest.
@@ -227,6 +248,25 @@ mod tests {
     }
 
     #[test]
+    fn an_item_that_must_be_kept_takes_the_newest_ones_place_in_a_full_buffer() {
+        let (sender, mut receiver) = bounded(2);
+        for item in 0..5 {
+            sender.push_or_skip(item).unwrap();
+        }
+        // 0 and 1 queued, 2..4 skipped after 1: the kept item takes 1's place
+        // and counts it with them.
+        sender.push_keeping(99).unwrap();
+        assert_eq!(receiver.len(), 2);
+        assert_eq!(pop(&mut receiver), Poll::Ready(Some(Popped::Item(0))));
+        assert_eq!(pop(&mut receiver), Poll::Ready(Some(Popped::Skipped(4))));
+        assert_eq!(pop(&mut receiver), Poll::Ready(Some(Popped::Item(99))));
+        assert_eq!(pop(&mut receiver), Poll::Pending);
+        // With room, it queues as any item.
+        sender.push_keeping(100).unwrap();
+        assert_eq!(pop(&mut receiver), Poll::Ready(Some(Popped::Item(100))));
+    }
+
+    #[test]
     fn a_full_buffer_is_replaced_by_the_newest_item_until_the_reader_reads() {
         let (sender, mut receiver) = bounded(3);
         for item in 0..10 {
@@ -250,6 +290,7 @@ mod tests {
         drop(receiver);
         assert!(sender.is_closed());
         assert!(sender.push_or_skip(1).is_err());
+        assert!(sender.push_keeping(1).is_err());
         assert!(sender.push_or_replace(1).is_err());
     }
 }

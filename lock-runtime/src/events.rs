@@ -138,12 +138,16 @@ impl LockEventsRequest {
     ///
     /// # Errors
     /// [`LockError::ExpiryNotifications`] as above; [`LockError::InvalidConfig`]
-    /// on a Redlock manager; [`LockError::Backend`] when the store fails or
+    /// on a Redlock manager; [`LockError::ShutDown`] once the manager shut
+    /// down; [`LockError::Backend`] when the store fails or
     /// refuses the subscription, or when the manager's listening connection
     /// cannot be made and subscribed within its connect timeout plus its
     /// command timeout.
     pub async fn subscribe(self) -> Result<LockEvents, LockError> {
         let core = self.manager.inner.core.clone();
+        if core.is_shut_down() {
+            return Err(LockError::ShutDown { key: self.pattern });
+        }
         if matches!(core.backend, Backend::Redlock(_)) {
             return Err(LockError::InvalidConfig(
                 "lock events are not available on a Redlock manager".to_owned(),
@@ -280,7 +284,9 @@ impl Sink for EventSink {
 
     fn subscribed(&self, after_loss: bool) {
         if after_loss {
-            let _ = self.events.push_or_skip(Heard::Resubscribed);
+            // Kept even in a full buffer: counted as one more skipped event,
+            // the reader would think it knew how many it missed.
+            let _ = self.events.push_keeping(Heard::Resubscribed);
         }
     }
 }
@@ -386,8 +392,8 @@ fn skipped_message(count: u64) -> String {
 /// missed, how many is unknown. Dropping the stream unsubscribes. The
 /// stream keeps its manager (a clone): made from a manager the program then
 /// drops, it goes on. After the manager's
-/// [`shutdown`](crate::LockManager::shutdown) it delivers nothing more
-/// (and does not end: drop it).
+/// [`shutdown`](crate::LockManager::shutdown) it delivers what it had
+/// buffered, then ends (`None`).
 pub struct LockEvents {
     events: buffer::Receiver<Heard>,
     /// Unregistered (and unsubscribed, unless shared) when dropped.

@@ -157,7 +157,9 @@ impl LeaderElection {
     /// [`LockError::InvalidKey`] / [`LockError::InvalidConfig`] for a bad name
     /// or lease, [`LockError::AlreadyHeld`] when this call chain leads already
     /// (inside the term's scope), [`LockError::ShutDown`] once the manager shut
-    /// down, [`LockError::Backend`] when Redis fails or does not answer in time.
+    /// down, [`LockError::Backend`] when Redis fails or does not answer in time,
+    /// [`LockError::TokenNotReplicated`] when `replica_ack` is on and too few
+    /// replicas confirmed the term's epoch (the term is given up).
     pub async fn campaign(&self) -> Result<Leadership, LockError> {
         let guard = loop {
             match self.request().acquire().await {
@@ -519,7 +521,9 @@ impl Announcement {
 
 /// The stream from [`LeaderElection::watch`]: `Option<LeaderInfo>` for each
 /// change (after a reader fell [`LEADER_WATCH_CAPACITY`] changes behind, the
-/// newest for all those it missed). Ends only when the manager's runtime does.
+/// newest for all those it missed). Ends when the manager shuts down
+/// ([`LockManager::shutdown`](crate::LockManager::shutdown)) or its runtime
+/// does.
 pub struct LeaderWatch {
     changes: buffer::Receiver<Option<LeaderInfo>>,
     task: tokio::task::AbortHandle,
@@ -636,6 +640,10 @@ async fn watch(election: LeaderElection, changes: buffer::Sender<Option<LeaderIn
             false,
             sink,
         ));
+    } else {
+        // Only the interests keep the sink: when the manager shuts down and
+        // drops them, `heard` ends, and with it this task.
+        drop(sink);
     }
     let lease_timer = expiry.is_none();
     // The first read waits until every subscription is in place (or the

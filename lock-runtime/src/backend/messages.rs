@@ -172,6 +172,22 @@ impl MessageConnection {
         }
     }
 
+    /// A round trip on the connection (`PING`; PostgreSQL: `SELECT 1`), so
+    /// that one that went silent (a partition, a load balancer that dropped
+    /// it while idle, with no reset) is noticed. Messages that arrive
+    /// meanwhile wait for [`next`](Self::next).
+    pub(crate) async fn ping(&mut self) -> Result<(), BackendError> {
+        match self {
+            MessageConnection::Redis { sink, .. } => sink
+                .ping::<redis::Value>()
+                .await
+                .map(drop)
+                .map_err(BackendError::from_redis),
+            #[cfg(feature = "postgres")]
+            MessageConnection::Postgres(listener) => listener.ping().await,
+        }
+    }
+
     /// The next message; `None` once the connection has closed. Cancel-safe:
     /// a message is never lost by dropping this future.
     pub(crate) async fn next(&mut self) -> Option<Message> {

@@ -8,6 +8,7 @@
 //! interest learns when its topic is subscribed on a source, and whether
 //! messages may have been lost since it last was (the connection broke).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::{broadcast, Notify};
@@ -39,6 +40,8 @@ pub(crate) trait Sink: Send + Sync + 'static {
 /// The interests of one manager.
 pub(crate) struct Interests {
     entries: Mutex<Vec<Entry>>,
+    /// The manager shut down: no interest is kept any more (see `close`).
+    closed: AtomicBool,
     /// Told when an entry is confirmed on a source, for
     /// [`Interest::subscribed`].
     confirmed: Notify,
@@ -65,6 +68,7 @@ impl Interests {
     pub(super) fn new(changes: broadcast::Sender<Topic>) -> Arc<Self> {
         Arc::new(Interests {
             entries: Mutex::new(Vec::new()),
+            closed: AtomicBool::new(false),
             confirmed: Notify::new(),
             changes,
         })
@@ -85,7 +89,15 @@ impl Interests {
     ) -> Interest {
         let id = crate::config::next_id();
         let sources = wanted.len();
-        self.entries().push(Entry {
+        let mut entries = self.entries();
+        if self.closed.load(Ordering::Acquire) {
+            // Shut down: the sink goes at once, and its reader ends.
+            return Interest {
+                interests: self.clone(),
+                id,
+            };
+        }
+        entries.push(Entry {
             id,
             topic: topic.clone(),
             sink,
@@ -94,6 +106,7 @@ impl Interests {
             lost: vec![false; sources],
             failure: None,
         });
+        drop(entries);
         // The task may be gone (manager shutting down): the interest then
         // never confirms.
         let _ = self.changes.send(topic);
@@ -101,6 +114,21 @@ impl Interests {
             interests: self.clone(),
             id,
         }
+    }
+
+    /// The manager shut down: every interest's sink is dropped, so that each
+    /// lock events stream and leader watch ends once its reader has taken
+    /// what was buffered, and none is kept from now on. Waiting for a
+    /// subscription fails.
+    pub(super) fn close(&self) {
+        let entries = {
+            let mut entries = self.entries();
+            self.closed.store(true, Ordering::Release);
+            std::mem::take(&mut *entries)
+        };
+        // Dropped outside the lock: a sink's drop may wake its reader.
+        drop(entries);
+        self.confirmed.notify_waiters();
     }
 
     /// Whether some interest wants `topic` on `source`.
@@ -203,7 +231,8 @@ impl Interest {
     /// Completes once the topic is subscribed on every source the interest
     /// wants: from then on, every message published there reaches its sink.
     /// Fails with the first reason the subscriber gives why it could not
-    /// subscribe it (it goes on trying while the interest lives).
+    /// subscribe it (it goes on trying while the interest lives), or once
+    /// the manager has shut down.
     pub(crate) async fn subscribed(&self) -> Result<(), BackendError> {
         loop {
             let notified = self.interests.confirmed.notified();
@@ -228,6 +257,11 @@ impl Interest {
                 if done {
                     return Ok(());
                 }
+            } else if self.interests.closed.load(Ordering::Acquire) {
+                return Err(BackendError::new(
+                    crate::error::BackendErrorKind::Other,
+                    "the lock manager shut down".to_owned(),
+                ));
             }
             notified.await;
         }

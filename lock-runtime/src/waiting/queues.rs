@@ -195,7 +195,8 @@ impl WaiterQueues {
     /// Gives the longest waiter of `channel` `releases` wake-ups for a
     /// release announced with `payload` (skipped when another server already
     /// announced the same one). `dedupe`: several servers announce each
-    /// release. Counts the wake-up in `delivered`.
+    /// release. Counts the wake-up in `delivered`. False when no waiter of
+    /// this manager is on `channel`.
     pub(super) fn wake_front(
         &self,
         channel: &str,
@@ -203,22 +204,30 @@ impl WaiterQueues {
         releases: u32,
         dedupe: bool,
         delivered: &AtomicU64,
-    ) {
-        if let Some(c) = self.channels().get_mut(channel) {
-            if dedupe {
-                if c.last_release == payload {
-                    return;
-                }
-                c.last_release = payload.to_vec();
+    ) -> bool {
+        let mut channels = self.channels();
+        let Some(c) = channels.get_mut(channel) else {
+            return false;
+        };
+        if dedupe {
+            if c.last_release == payload {
+                return true;
             }
-            delivered.fetch_add(1, Ordering::Relaxed);
-            c.wake_front(releases);
+            c.last_release = payload.to_vec();
         }
+        delivered.fetch_add(1, Ordering::Relaxed);
+        c.wake_front(releases);
+        true
     }
 
-    pub(super) fn wake_all(&self, channel: &str) {
-        if let Some(c) = self.channels().get(channel) {
-            c.wake_all();
+    /// Wakes every waiter of `channel`; false when it has none here.
+    pub(super) fn wake_all(&self, channel: &str) -> bool {
+        match self.channels().get(channel) {
+            Some(c) => {
+                c.wake_all();
+                true
+            }
+            None => false,
         }
     }
 

@@ -134,10 +134,12 @@ impl Subscriber {
     }
 
     /// Wakes every waiter for good, and every one registered afterwards at
-    /// once: the manager is shutting down (waiters check
-    /// `Core::is_shut_down` after every wake-up).
+    /// once, and ends every lock events stream and leader watch: the manager
+    /// is shutting down (waiters check `Core::is_shut_down` after every
+    /// wake-up).
     pub(crate) fn wake_everyone(&self) {
         self.queues.wake_everyone();
+        self.interests.close();
     }
 
     /// Makes the messages on `topic` reach `sink` until the returned interest
@@ -201,6 +203,9 @@ struct Subscribed {
     /// a message on one of these is routed to the interests. Looked up by the
     /// task alone, so a wake-up pays no lock for it.
     interest_channels: HashSet<String>,
+    /// Subscribed channels whose last wake-up found no waiter of this manager
+    /// (see `sync_topic`).
+    unheard: HashSet<String>,
 }
 
 async fn run_source(sub: &Subscriber, backend: &Backend, source: usize) {
@@ -221,7 +226,7 @@ async fn run_source(sub: &Subscriber, backend: &Backend, source: usize) {
             reconnect_delay = (reconnect_delay * 2).min(Duration::from_secs(2));
             continue;
         };
-        reconnect_delay = Duration::from_millis(50);
+        let connected_at = tokio::time::Instant::now();
         let mut subscribed = Subscribed::default();
         // On failure, reconnect and subscribe everything again rather than go on
         // with topics left out.
@@ -234,7 +239,26 @@ async fn run_source(sub: &Subscriber, backend: &Backend, source: usize) {
         // interests hear, once subscribed again, that they may have lost
         // messages.
         sub.interests.disconnected(source);
+        // A connection that served a while is made again at once. One that
+        // failed soon after it opened (a subscription the server refuses, a
+        // server at its client limit) is made again after a growing delay,
+        // not in a loop of connections.
+        if connected_at.elapsed() >= Duration::from_secs(1) {
+            reconnect_delay = Duration::from_millis(50);
+        } else {
+            tokio::time::sleep(reconnect_delay).await;
+            reconnect_delay = (reconnect_delay * 2).min(Duration::from_secs(2));
+        }
     }
+}
+
+/// How long a listening connection may stay silent before it is pinged: ten
+/// command timeouts, from 1 s to 30 s. No answer within the command timeout,
+/// and it is taken for broken (a partition, or a load balancer or NAT that
+/// dropped it while idle sends no reset: messages would stop without a
+/// sign). The ping also keeps such a middlebox from dropping it.
+fn quiet_limit(command_timeout: Duration) -> Duration {
+    (command_timeout * 10).clamp(Duration::from_secs(1), Duration::from_secs(30))
 }
 
 /// Serves one connection until it breaks (false) or the manager is gone
@@ -246,8 +270,26 @@ async fn serve(
     changes: &mut broadcast::Receiver<Topic>,
     source: usize,
 ) -> bool {
+    let quiet_limit = quiet_limit(sub.command_timeout);
+    // Checked once per `quiet_limit` rather than re-armed per message: a
+    // message only sets `heard`.
+    let check = tokio::time::sleep(quiet_limit);
+    tokio::pin!(check);
+    let mut heard = false;
     loop {
         tokio::select! {
+            () = &mut check => {
+                if !heard {
+                    let answered = tokio::time::timeout(sub.command_timeout, conn.ping()).await;
+                    if !matches!(answered, Ok(Ok(()))) {
+                        tracing::debug!(target: "distlock::waiting", source,
+                            "listening connection silent and unanswered; reconnecting");
+                        return false;
+                    }
+                }
+                heard = false;
+                check.as_mut().reset(tokio::time::Instant::now() + quiet_limit);
+            }
             change = changes.recv() => {
                 let synced = match change {
                     Ok(topic) => sync_topic(sub, conn, subscribed, topic, source).await,
@@ -265,6 +307,7 @@ async fn serve(
                     tracing::debug!(target: "distlock::waiting", source, "listening connection closed; reconnecting");
                     return false;
                 };
+                heard = true;
                 // Waiters subscribe exact channels only: a pattern's message
                 // is an interest's alone.
                 if let Some(pattern) = &msg.pattern {
@@ -276,16 +319,22 @@ async fn serve(
                 {
                     sub.interests.route(false, &msg.channel, source, &msg);
                 }
-                match msg.payload.as_slice() {
+                let woke = match msg.payload.as_slice() {
                     // A read-write lock's release: every waiter retries.
                     [b'*', ..] => {
                         sub.delivered.fetch_add(1, Ordering::Relaxed);
-                        sub.queues.wake_all(&msg.channel);
+                        sub.queues.wake_all(&msg.channel)
                     }
                     // A hand-off: only its new holder hears it.
-                    [b'=', handoff @ ..] => sub.handoffs.hand_off(handoff, &sub.delivered),
+                    [b'=', handoff @ ..] => {
+                        sub.handoffs.hand_off(handoff, &sub.delivered);
+                        true
+                    }
                     // A waiter queued for one of our holds.
-                    [b'!', owner @ ..] => sub.waited_for.heard_waited_for(owner),
+                    [b'!', owner @ ..] => {
+                        sub.waited_for.heard_waited_for(owner);
+                        true
+                    }
                     // A semaphore's release of several permits.
                     [b'#', counted @ ..] => sub.queues.wake_front(
                         &msg.channel,
@@ -301,6 +350,9 @@ async fn serve(
                         sub.dedupe.load(Ordering::Relaxed),
                         &sub.delivered,
                     ),
+                };
+                if !woke {
+                    subscribed.unheard.insert(msg.channel);
                 }
             }
         }
@@ -407,6 +459,19 @@ async fn sync_topic(
             }
         } else {
             subscribed.topics.remove(&topic);
+        }
+    } else if let (Topic::Channel(channel), true) = (&topic, wanted) {
+        // Still subscribed: the last waiter left and a new one came before
+        // the unsubscription ran. A release heard in between, with no waiter
+        // here, woke nobody, and the new one may have attempted before it:
+        // it attempts again, as after a fresh subscription.
+        if subscribed.unheard.remove(channel.as_str()) {
+            sub.queues.wake_all(channel);
+        }
+    }
+    if let Topic::Channel(channel) = &topic {
+        if !wanted {
+            subscribed.unheard.remove(channel.as_str());
         }
     }
     if let Topic::Channel(channel) = &topic {

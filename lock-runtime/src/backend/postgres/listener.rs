@@ -131,6 +131,13 @@ impl Listener {
         driven(messages, read, closed, client.batch_execute(sql)).await
     }
 
+    /// One statement that needs the server (`SELECT 1`): an answer says the
+    /// connection still carries notifications. Notifications that arrive
+    /// meanwhile wait for [`next`](Self::next).
+    pub(crate) async fn ping(&mut self) -> Result<(), BackendError> {
+        self.execute("SELECT 1").await.map_err(broken)
+    }
+
     /// Listens on the probe channel `channel` (an identifier from
     /// [`probe_channel`]), runs `notify` (which must notify it from another
     /// session) and tells whether the notification arrived within `timeout`.
