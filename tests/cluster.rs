@@ -1205,3 +1205,71 @@ fn a_shutdown_releases_two_kinds_of_lock_on_one_node_in_one_pipeline() {
         "{logs}"
     );
 }
+
+/// After a master fails over, a manager that only listens (an events stream:
+/// it renews nothing, which is what refreshed its slot map) listens to the
+/// promoted replica: an expiry on that shard is reported, once, and one on
+/// another shard once too. Before, the listening connection of the dead
+/// master's shard moved on to the next master, which another connection
+/// heard already: the shard's expiries went unreported and the next one's
+/// twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_events_stream_follows_a_failover_to_the_promoted_master() {
+    use futures_util::StreamExt;
+    let _faults = FAULTS.lock().await;
+    let mut cluster = RedisCluster::builder()
+        .masters(3)
+        .replicas_per_master(1)
+        .args(["--notify-keyspace-events", "Kx"])
+        .spawn()
+        .expect("spawn a cluster with replicas");
+    let observer = manager_on(&cluster).await;
+    let mut events = observer.events("fo:*").await.unwrap();
+    let keys = keys_on_each_master(&cluster, &observer, "fo", 1);
+    let victim = 1;
+    let (on_victim, on_other) = (keys[victim][0].clone(), keys[2][0].clone());
+    cluster.kill(victim).unwrap();
+    tokio::task::block_in_place(|| cluster.wait_for_failover(Duration::from_secs(15)).unwrap());
+    // The connection to the dead master broke: once made again (to the
+    // promoted replica), the stream says it may have missed events.
+    let notice = tokio::time::timeout(Duration::from_secs(15), events.next())
+        .await
+        .expect("the listening connection was made again within 15 s");
+    assert!(
+        matches!(notice, Some(Err(distlock::EventsSkipped { count: 0, .. }))),
+        "{notice:?}"
+    );
+    // Locks that expire on both shards (their names written as a holder
+    // that died would leave them).
+    let mut conn = cluster.cluster_connection().await.unwrap();
+    for key in [&on_victim, &on_other] {
+        let () = redis::cmd("SET")
+            .arg(&observer.redis_names(key).lock)
+            .arg("0123456789abcdef0123456789abcdef-0:1:gone")
+            .arg("PX")
+            .arg(200)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let mut expired = Vec::new();
+    // Each expiry within its 200 ms TTL and Redis's active expiry cycle
+    // (100 ms); 5 s for a loaded machine, then 1 s more for a duplicate.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while expired.len() < 2 {
+        let event = tokio::time::timeout_at(deadline, events.next())
+            .await
+            .expect("both expiries reported within 5 s")
+            .expect("the stream goes on");
+        if let Ok(event) = event {
+            expired.push(event.key);
+        }
+    }
+    if let Ok(Some(Ok(extra))) = tokio::time::timeout(Duration::from_secs(1), events.next()).await {
+        expired.push(extra.key);
+    }
+    expired.sort();
+    let mut wanted = vec![on_victim, on_other];
+    wanted.sort();
+    assert_eq!(expired, wanted, "each expiry once");
+}

@@ -528,9 +528,11 @@ on_stores!(a_stream_ends_when_its_manager_shuts_down);
 /// load balancer dropping an idle connection) is pinged and made again: the
 /// stream says it may have missed events, and later events arrive on the new
 /// connection. Before, the silent connection was kept: when the path came
-/// back, events flowed again on it with no word of those lost meanwhile. The
-/// observer's command timeout of 100 ms makes it ping after 1 s of silence
-/// (ten command timeouts, at least 1 s) and give up 100 ms later.
+/// back, events flowed again on it with no word of those lost meanwhile. With
+/// a command timeout of 100 ms the observer pings after 5 s of silence (ten
+/// command timeouts, at least 5 s) and gives up 2.5 s later (half that): the
+/// test waits until the server sees the observer's pattern subscription go,
+/// 15 s at most.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_listening_connection_is_noticed_and_made_again() {
     use distlock::testing::{FaultMode, FaultProxy, RedisServer};
@@ -558,11 +560,28 @@ async fn a_silent_listening_connection_is_noticed_and_made_again() {
             .await
             .unwrap();
     };
+    // The observer's events stream is the server's one pattern subscriber.
+    let mut admin = redis::Client::open(server.url().as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let pattern_subscribers = async |admin: &mut redis::aio::MultiplexedConnection| {
+        let clients: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .query_async(admin)
+            .await
+            .unwrap();
+        clients.lines().filter(|l| !l.contains(" psub=0 ")).count()
+    };
+    assert_eq!(pattern_subscribers(&mut admin).await, 1);
     proxy.set_mode(FaultMode::BlackHole);
     cycle("silent:lost").await;
-    // 1 s of silence, a ping, 100 ms without its answer: past that, the
-    // observer is reconnecting (through the black hole, failing).
-    tokio::time::sleep(Duration::from_millis(1600)).await;
+    let dropped = common::eventually(Duration::from_secs(15), async || {
+        pattern_subscribers(&mut admin).await == 0
+    })
+    .await;
+    assert!(dropped.is_some(), "the silent connection was kept");
     proxy.set_mode(FaultMode::Pass);
     let notice = next_item(&mut events).await;
     assert!(

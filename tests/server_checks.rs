@@ -575,7 +575,8 @@ async fn a_refused_resubscription_is_retried_with_a_growing_delay() {
     let before = connections_received(&mut raw).await;
     tokio::time::sleep(std::time::Duration::from_secs(2)).await;
     let made = connections_received(&mut raw).await - before;
-    // Delays of 50, 100, 200, 400, 800 ms: about six attempts in 2 s.
-    assert!(made <= 12, "{made} connections in 2 s");
+    // Delays of 50, 100, 200, 400, 800 ms: about six attempts in 2 s for
+    // each of the two managers (both listen); hundreds without the delay.
+    assert!(made <= 20, "{made} connections in 2 s");
     drop(waiting);
 }

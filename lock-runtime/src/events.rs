@@ -228,6 +228,9 @@ impl LockEventsRequest {
             )),
         };
         if let Some(source) = failure {
+            if core.is_shut_down() {
+                return Err(LockError::ShutDown { key: self.pattern });
+            }
             return Err(LockError::Backend {
                 key: self.pattern.clone(),
                 source,

@@ -63,10 +63,12 @@ pub(crate) struct Cluster {
     /// Masters by slot range, for grouping renewals per node and for the
     /// blocking release; refreshed when a node answers MOVED or ASK.
     slots: Mutex<SlotMap>,
-    /// Per subscriber connection (one per master at start-up), how many
-    /// connection attempts in a row failed: the next attempt moves on that
-    /// many nodes from its own master.
+    /// Per subscriber connection (one per master at start-up): how many
+    /// fallback attempts in a row failed (the next moves on that many nodes
+    /// from its own master), and since when its own master has failed
+    /// (`None` while it answers).
     subscriber_turns: Vec<AtomicUsize>,
+    subscriber_failing_since: Vec<Mutex<Option<std::time::Instant>>>,
     scripts: Scripts,
     /// Replicas that must confirm an acquisition, if asked for.
     replica_ack: Option<ReplicaAck>,
@@ -155,6 +157,11 @@ pub(crate) fn slot_of(key: impl AsRef<[u8]>) -> u16 {
         .unwrap_or(bytes);
     crc16::State::<crc16::XMODEM>::calculate(hashed) % 16384
 }
+
+/// How long a subscriber connection waits for its own master (or the replica
+/// promoted in its place) before it listens to another node: longer than a
+/// failover takes with the default `cluster-node-timeout` (15 s).
+const SUBSCRIBER_FALLBACK_AFTER: Duration = Duration::from_secs(30);
 
 /// An error the cluster gives while a slot moves or its master changes: the
 /// command did not run.
@@ -273,6 +280,7 @@ impl Cluster {
             seeds: seed_clients,
             slots: Mutex::new(SlotMap::default()),
             subscriber_turns: Vec::new(),
+            subscriber_failing_since: Vec::new(),
             scripts: Scripts::for_cluster(&config.key_prefix),
             replica_ack: config.replica_ack,
             command_timeout: config.command_timeout,
@@ -293,6 +301,7 @@ impl Cluster {
             .masters()
             .len();
         cluster.subscriber_turns = (0..masters.max(1)).map(|_| AtomicUsize::new(0)).collect();
+        cluster.subscriber_failing_since = (0..masters.max(1)).map(|_| Mutex::new(None)).collect();
         super::check::check(
             &mut conn,
             protocol,
@@ -901,31 +910,59 @@ impl Cluster {
     }
 
     /// A pub/sub connection for subscriber `source`: to master `source` of the
-    /// slot map, or after a failed attempt to the next master or seed in turn
-    /// (classic pub/sub messages reach every node through the cluster bus, so
-    /// any node hears every release, only later).
+    /// slot map, read again first. Once that master has failed for
+    /// [`SUBSCRIBER_FALLBACK_AFTER`], each attempt that finds it still down
+    /// tries the next master or seed in turn (classic pub/sub messages reach
+    /// every node through the cluster bus, so any node hears every release,
+    /// only later; a key's expiry notices, only its own master).
     pub(crate) async fn pubsub(&self, source: usize) -> RedisResult<redis::aio::PubSub> {
-        let mut candidates: Vec<redis::Client> = self
+        // Renewals refresh the map, but a manager that only listens renews
+        // nothing; after a failover the source's master is the promoted
+        // replica, which must be heard rather than the next shard's master
+        // (whose expiry notices another source hears already).
+        if let Ok(mut conn) = self.connection("").await {
+            let _ = self.refresh_slots(&mut conn).await;
+        }
+        let masters = self
             .slots
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .masters()
+            .masters();
+        let mut candidates: Vec<redis::Client> = masters
             .iter()
             .filter_map(|node| self.client_for(node).ok())
             .collect();
         candidates.extend(self.seeds.iter().cloned());
-        let turns = self.subscriber_turns.get(source);
-        let turn = turns.map_or(0, |t| t.load(Ordering::Relaxed));
-        let client = &candidates[(source + turn) % candidates.len()];
-        let connected = client.get_async_pubsub().await;
-        if let Some(turns) = turns {
-            if connected.is_ok() {
+        let (Some(turns), Some(failing_since)) = (
+            self.subscriber_turns.get(source),
+            self.subscriber_failing_since.get(source),
+        ) else {
+            return candidates[source % candidates.len()]
+                .get_async_pubsub()
+                .await;
+        };
+        let own = candidates[source % candidates.len()]
+            .get_async_pubsub()
+            .await;
+        let now = std::time::Instant::now();
+        let failing_for = {
+            let mut since = failing_since.lock().unwrap_or_else(|e| e.into_inner());
+            if own.is_ok() {
+                *since = None;
                 turns.store(0, Ordering::Relaxed);
-            } else {
-                turns.fetch_add(1, Ordering::Relaxed);
+                return own;
             }
+            now.duration_since(*since.get_or_insert(now))
+        };
+        // Down for less than a failover takes: wait for the promoted replica
+        // (the subscriber tries again after its backoff).
+        if failing_for < SUBSCRIBER_FALLBACK_AFTER {
+            return own;
         }
-        connected
+        let turn = turns.fetch_add(1, Ordering::Relaxed) % candidates.len().max(1) + 1;
+        candidates[(source + turn) % candidates.len()]
+            .get_async_pubsub()
+            .await
     }
 }
 

@@ -172,14 +172,15 @@ impl MessageConnection {
         }
     }
 
-    /// A round trip on the connection (`PING`; PostgreSQL: `SELECT 1`), so
+    /// A round trip on the connection (`PING distlock:idle`, named so that
+    /// an operator's `MONITOR` tells it apart; PostgreSQL: `SELECT 1`), so
     /// that one that went silent (a partition, a load balancer that dropped
     /// it while idle, with no reset) is noticed. Messages that arrive
     /// meanwhile wait for [`next`](Self::next).
     pub(crate) async fn ping(&mut self) -> Result<(), BackendError> {
         match self {
             MessageConnection::Redis { sink, .. } => sink
-                .ping::<redis::Value>()
+                .ping_message::<redis::Value>("distlock:idle")
                 .await
                 .map(drop)
                 .map_err(BackendError::from_redis),

@@ -253,12 +253,14 @@ async fn run_source(sub: &Subscriber, backend: &Backend, source: usize) {
 }
 
 /// How long a listening connection may stay silent before it is pinged: ten
-/// command timeouts, from 1 s to 30 s. No answer within the command timeout,
-/// and it is taken for broken (a partition, or a load balancer or NAT that
-/// dropped it while idle sends no reset: messages would stop without a
-/// sign). The ping also keeps such a middlebox from dropping it.
+/// command timeouts, from 5 s to 30 s. No answer within half that (or the
+/// command timeout, if longer: a server busy with a long script is not a
+/// broken connection), and it is taken for broken (a partition, or a load
+/// balancer or NAT that dropped it while idle sends no reset: messages
+/// would stop without a sign). The ping also keeps such a middlebox from
+/// dropping it.
 fn quiet_limit(command_timeout: Duration) -> Duration {
-    (command_timeout * 10).clamp(Duration::from_secs(1), Duration::from_secs(30))
+    (command_timeout * 10).clamp(Duration::from_secs(5), Duration::from_secs(30))
 }
 
 /// Serves one connection until it breaks (false) or the manager is gone
@@ -271,6 +273,7 @@ async fn serve(
     source: usize,
 ) -> bool {
     let quiet_limit = quiet_limit(sub.command_timeout);
+    let ping_timeout = sub.command_timeout.max(quiet_limit / 2);
     // Checked once per `quiet_limit` rather than re-armed per message: a
     // message only sets `heard`.
     let check = tokio::time::sleep(quiet_limit);
@@ -280,7 +283,7 @@ async fn serve(
         tokio::select! {
             () = &mut check => {
                 if !heard {
-                    let answered = tokio::time::timeout(sub.command_timeout, conn.ping()).await;
+                    let answered = tokio::time::timeout(ping_timeout, conn.ping()).await;
                     if !matches!(answered, Ok(Ok(()))) {
                         tracing::debug!(target: "distlock::waiting", source,
                             "listening connection silent and unanswered; reconnecting");
@@ -351,8 +354,16 @@ async fn serve(
                         &sub.delivered,
                     ),
                 };
+                // Only while subscribed: a message sent before an
+                // unsubscription ran arrives after it, and would stay here
+                // for good.
                 if !woke {
-                    subscribed.unheard.insert(msg.channel);
+                    let topic = Topic::Channel(msg.channel);
+                    if subscribed.topics.contains(&topic) {
+                        if let Topic::Channel(channel) = topic {
+                            subscribed.unheard.insert(channel);
+                        }
+                    }
                 }
             }
         }
