@@ -1257,6 +1257,125 @@ async fn postgres_a_renewal_committed_across_the_leases_end_keeps_the_lock_its_h
     }
 }
 
+/// A semaphore holder's release or split while a renewal of its hold is in
+/// flight across the lease's end by the database's clock: each waits for the
+/// renewal's commit and acts on the renewed hold (schema version 3). Before,
+/// each read the hold expired, reported it lost and left the renewed row
+/// held for its new lease. The
+/// row's end is moved 300 ms ahead by hand, as a renewal committed across
+/// it leaves the database's view behind the holder's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_release_give_back_or_split_waits_for_a_renewal_in_flight() {
+    let pg = server();
+    // Named, so that the wait below is this manager's.
+    let holder = LockManager::builder(&format!("{}&application_name=late-holder", pg.url()))
+        .build()
+        .await
+        .unwrap();
+    let db = sql_client(&pg.url()).await;
+    for case in ["release", "give back", "split"] {
+        let key = format!("late-{case}");
+        let mut guard = holder
+            .semaphore(key.as_str(), 4)
+            .weight(2)
+            .lease(Duration::from_secs(30))
+            .renew(false)
+            .acquire()
+            .await
+            .unwrap();
+        let row = db
+            .query_one(
+                "SELECT name, owner FROM distlock.shared_holds WHERE name LIKE '%' || $1",
+                &[&key],
+            )
+            .await
+            .unwrap();
+        let (name, owner): (String, String) = (row.get(0), row.get(1));
+        db.execute(
+            "UPDATE distlock.shared_holds \
+             SET expires_at = clock_timestamp() + interval '300 milliseconds' \
+             WHERE name = $1 AND owner = $2",
+            &[&name, &owner],
+        )
+        .await
+        .unwrap();
+        let renewal = sql_client(&pg.url()).await;
+        renewal.batch_execute("BEGIN").await.unwrap();
+        let renewed: bool = renewal
+            .query_one(
+                "SELECT renewed FROM distlock.shared_renew($1, $2, $3)",
+                &[&vec![name.clone()], &vec![owner.clone()], &vec![60_000i64]],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(renewed, "{case}: renewed before the lease's end");
+        let ended = format!(
+            "SELECT count(*) FROM distlock.shared_holds WHERE name = '{name}' \
+             AND expires_at < clock_timestamp()"
+        );
+        assert!(
+            eventually(Duration::from_secs(3), async || count(&db, &ended).await
+                == 1)
+            .await
+            .is_some(),
+            "{case}: the lease never ended by the database's clock"
+        );
+        // The guards the act leaves (the split's), kept until the rows are
+        // read: dropped, they would release in the background.
+        let act = tokio::spawn(async move {
+            match case {
+                "release" => guard.release().await.map(|()| Vec::new()),
+                "give back" => guard.release_permits(1).await.map(|()| vec![guard]),
+                _ => {
+                    let mut guards = guard.split_permits().await?;
+                    guards.push(guard);
+                    Ok(guards)
+                }
+            }
+        });
+        assert!(
+            eventually(Duration::from_secs(5), async || count(
+                &db,
+                "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+                 WHERE NOT l.granted AND a.application_name = 'late-holder'"
+            )
+            .await
+                > 0)
+            .await
+            .is_some(),
+            "{case}: the holder never waited for the renewal's commit"
+        );
+        renewal.batch_execute("COMMIT").await.unwrap();
+        let done = act.await.unwrap();
+        match case {
+            "release" => {
+                assert!(done.is_ok(), "{case}: {done:?}");
+                let left =
+                    format!("SELECT count(*) FROM distlock.shared_holds WHERE name = '{name}'");
+                assert_eq!(count(&db, &left).await, 0, "released, nothing held");
+            }
+            _ => {
+                let guards = done.unwrap();
+                let expected = if case == "split" { 2 } else { 1 };
+                assert_eq!(guards.len(), expected, "{case}: the guards left");
+                let renewed_end = format!(
+                    "SELECT count(*) FROM distlock.shared_holds WHERE name = '{name}' \
+                     AND expires_at > clock_timestamp() + interval '30 seconds'"
+                );
+                assert_eq!(
+                    count(&db, &renewed_end).await,
+                    expected as i64,
+                    "{case}: the holds keep the renewed lease end"
+                );
+                for guard in guards {
+                    guard.release().await.unwrap();
+                }
+            }
+        }
+    }
+}
+
 /// Keys PostgreSQL cannot store are refused with `InvalidKey` naming the
 /// key, not a server error: a name too long for the tables' index (an entry
 /// holds at most about 2,700 bytes after compression: random text of 4,000

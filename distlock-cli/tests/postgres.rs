@@ -526,7 +526,7 @@ async fn postgres_check_passes_on_a_good_server_and_fails_for_a_role_without_pri
     let text = stdout(&out);
     for line in [
         "ok    version: PostgreSQL ",
-        "ok    schema: distlock, version 2",
+        "ok    schema: distlock, version 3",
         "ok    privileges: postgres has usage on distlock",
         "ok    synchronous_commit: on",
         "ok    listen: works",

@@ -151,10 +151,16 @@ fn parse(secret: &str) -> Option<HoldTicket> {
         "1" => true,
         _ => return None,
     };
-    let fencing_token = parts.next()?.parse().ok()?;
+    let fencing_token: u64 = parts.next()?.parse().ok()?;
     let owner = unhex(parts.next()?)?;
     let key = unhex(parts.next()?)?;
-    if parts.next().is_some() || owner.is_empty() {
+    if parts.next().is_some() || !is_owner_token(&owner, kind) {
+        return None;
+    }
+    // A shared hold takes its token with its acquisition: one without could
+    // only be forged (and its first `fencing_token()` would run the lock's
+    // script on the holders' set).
+    if matches!(kind, LockKind::Read | LockKind::Permit { .. }) && fencing_token == 0 {
         return None;
     }
     Some(HoldTicket {
@@ -165,6 +171,26 @@ fn parse(secret: &str) -> Option<HoldTicket> {
         renew,
         fencing_token,
     })
+}
+
+/// Whether `owner` has the shape of an owner token of a hold of `kind`: 32
+/// hex digits, and for a semaphore hold perhaps `:<weight>`. The scripts
+/// match owners by prefix (a lock's value starts with its owner token), so a
+/// forged short owner such as `0` would match every hold whose token starts
+/// with it.
+fn is_owner_token(owner: &str, kind: LockKind) -> bool {
+    let (token, weight) = match owner.split_once(':') {
+        Some((token, weight)) => (token, Some(weight)),
+        None => (owner, None),
+    };
+    let weight_ok = match (weight, kind) {
+        (None, _) => true,
+        (Some(w), LockKind::Permit { .. }) => {
+            !w.starts_with('0') && w.parse::<u32>().is_ok_and(|w| w > 1)
+        }
+        (Some(_), _) => false,
+    };
+    token.len() == 32 && token.bytes().all(|b| b.is_ascii_hexdigit()) && weight_ok
 }
 
 fn hex(s: &str) -> String {
@@ -344,10 +370,14 @@ mod tests {
     use super::*;
 
     fn ticket(key: &str, kind: LockKind) -> HoldTicket {
+        let owner = match kind {
+            LockKind::Permit { .. } => "0123456789abcdef0123456789abcdef:3",
+            _ => "0123456789abcdef0123456789abcdef",
+        };
         HoldTicket {
             key: key.to_owned(),
             kind,
-            owner: "0123456789abcdef0123456789abcdef:3".to_owned(),
+            owner: owner.to_owned(),
             lease: Duration::from_millis(1500),
             renew: true,
             fencing_token: 42,
@@ -371,6 +401,43 @@ mod tests {
                 );
                 assert_eq!(HoldTicket::from_secret_string(&secret).unwrap(), t);
             }
+        }
+    }
+
+    /// The scripts match owners by prefix: a forged ticket whose owner is
+    /// short (`0`) would have renewed, released or resumed any hold whose
+    /// token starts with it. So would a shared hold without a token.
+    #[test]
+    fn a_ticket_with_a_forged_owner_or_token_is_refused() {
+        let with = |kind: LockKind, owner: &str, token: u64| {
+            let mut t = ticket("k", kind);
+            t.owner = owner.to_owned();
+            t.fencing_token = token;
+            HoldTicket::from_secret_string(&t.to_secret_string())
+        };
+        let lock = LockKind::Exclusive;
+        let permits = LockKind::Permit { permits: 4 };
+        let good = "0123456789abcdef0123456789ABCDEF";
+        assert!(with(lock, good, 0).is_ok());
+        assert!(with(permits, &format!("{good}:2"), 9).is_ok());
+        for (kind, owner, token) in [
+            (lock, "0", 1),
+            (lock, "", 1),
+            (lock, &good[..31], 1),
+            (lock, &format!("{good}0"), 1),
+            (lock, &format!("{}g", &good[..31]), 1),
+            (lock, &format!("{good}:2"), 1),
+            (permits, &format!("{good}:"), 9),
+            (permits, &format!("{good}:1"), 9),
+            (permits, &format!("{good}:02"), 9),
+            (permits, &format!("{good}:x"), 9),
+            (permits, good, 0),
+            (LockKind::Read, good, 0),
+        ] {
+            assert!(
+                with(kind, owner, token).is_err(),
+                "{kind:?} {owner:?} token {token}"
+            );
         }
     }
 

@@ -49,7 +49,7 @@ use crate::keys::{LockKind, RedisNames};
 use crate::lease::Lease;
 
 /// The schema's version this library writes and reads.
-pub const SCHEMA_VERSION: i32 = 2;
+pub const SCHEMA_VERSION: i32 = 3;
 
 /// The store's name in errors.
 pub(crate) const STORE: &str = "PostgreSQL";

@@ -1,11 +1,14 @@
--- distlock's PostgreSQL schema, version 2: the tables, the sequence and the
+-- distlock's PostgreSQL schema, version 3: the tables, the sequence and the
 -- functions the default lock needs. Idempotent: `build()` runs it when the
 -- version row is missing or older, and a DBA may run it by hand (`distlock
 -- schema` prints it) for a role that may not create objects. Version 2
 -- replaces functions of version 1 (same tables): write_acquire, read_acquire
 -- and acquire_all wait for a renewal of the lock that is in flight before
 -- judging it (see write_acquire), and the sweeps take each key's
--- transaction lock.
+-- transaction lock. Version 3 (same tables) does the same in shared_release,
+-- permit_give_back and permit_split, which read their own hold: a renewal in
+-- flight across the lease's end made them report the hold lost and leave it
+-- held for the renewed lease.
 --
 -- Every object lives in one schema, whose name (a plain identifier checked by
 -- the client, `distlock` unless the builder names another) is written into
@@ -746,9 +749,15 @@ BEGIN
       PERFORM pg_notify(p_wake, '*' || p_owner);
     END IF;
   END IF;
+  -- The row locked whatever its lease end, which is judged after: a
+  -- renewal of this hold in flight is waited for (its commit may move the
+  -- end past now; a condition on the end would skip the row as the
+  -- snapshot has it, without waiting).
   SELECT * INTO h FROM __SCHEMA__.shared_holds
-    WHERE name = p_name AND owner = p_owner AND kind = p_kind AND expires_at > v_now;
-  IF NOT FOUND THEN
+    WHERE name = p_name AND owner = p_owner AND kind = p_kind
+    FOR UPDATE;
+  v_now := clock_timestamp();
+  IF h.owner IS NULL OR h.expires_at <= v_now THEN
     DELETE FROM __SCHEMA__.shared_holds WHERE name = p_name AND expires_at <= v_now;
     RETURN false;
   END IF;
@@ -800,6 +809,10 @@ DECLARE
   v_freed bigint := __SCHEMA__.weight_of(p_owner) - __SCHEMA__.weight_of(p_kept);
 BEGIN
   PERFORM pg_advisory_xact_lock(1684826880, hashtext(p_name));
+  -- Locked first and judged after, as in shared_release.
+  PERFORM 1 FROM __SCHEMA__.shared_holds
+    WHERE name = p_name AND owner = p_owner AND kind = 'p'
+    FOR UPDATE;
   v_now := clock_timestamp();
   UPDATE __SCHEMA__.shared_holds SET owner = p_kept, weight = __SCHEMA__.weight_of(p_kept)
     WHERE name = p_name AND owner = p_owner AND kind = 'p' AND expires_at > v_now;
@@ -826,9 +839,13 @@ DECLARE
 BEGIN
   PERFORM pg_advisory_xact_lock(1684826880, hashtext(p_name));
   v_now := clock_timestamp();
+  -- Locked and judged as in shared_release: the new holds copy the lease
+  -- end, which a renewal in flight may move.
   SELECT * INTO h FROM __SCHEMA__.shared_holds
-    WHERE name = p_name AND owner = p_owner AND kind = 'p' AND expires_at > v_now;
-  IF NOT FOUND THEN
+    WHERE name = p_name AND owner = p_owner AND kind = 'p'
+    FOR UPDATE;
+  v_now := clock_timestamp();
+  IF h.owner IS NULL OR h.expires_at <= v_now THEN
     DELETE FROM __SCHEMA__.shared_holds WHERE name = p_name AND expires_at <= v_now;
     RETURN false;
   END IF;
@@ -1333,5 +1350,5 @@ BEGIN
   o_status := 1; o_index := 0;
 END $$;
 
-INSERT INTO __SCHEMA__.version AS v (one, version) VALUES (true, 2)
+INSERT INTO __SCHEMA__.version AS v (one, version) VALUES (true, 3)
   ON CONFLICT (one) DO UPDATE SET version = excluded.version WHERE v.version < excluded.version;
