@@ -221,3 +221,36 @@ async fn a_permit_rename_sent_again_keeps_the_hold() {
     }
     assert_eq!(held().await, 0, "each single permit released by its guard");
 }
+
+/// A force-unlock sent again after its reply was lost answers what its first
+/// run did: it freed the lock (or the semaphore hold). The second run used to
+/// find nothing and report "was not held"; where a waiter was queued, it
+/// would have freed the lock the first run had just handed to that waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_force_unlock_sent_again_answers_what_it_did() {
+    let c = ProxiedCluster::start().await;
+    let m = &c.manager;
+    let lease = Duration::from_secs(30);
+
+    let key = "resent:unlock";
+    // Each script once first (the lost reply must be the script's own, not
+    // the NOSCRIPT of its first call), on the key's own node.
+    assert!(!m.force_unlock(key).await.unwrap());
+    let held = m.lock(key).lease(lease).acquire().await.unwrap();
+    let freed = c.with_reply_lost(key, m.force_unlock(key)).await.unwrap();
+    assert!(freed, "the first run freed it");
+    assert!(!m.is_locked(key).await.unwrap());
+    drop(held);
+
+    let key = "resent:unlock-permit";
+    assert_eq!(m.force_unlock_all(key).await.unwrap(), 0);
+    let held = m.semaphore(key, 4).lease(lease).acquire().await.unwrap();
+    let hold = m.inspect_all(key).await.unwrap().holds.remove(0);
+    let freed = c
+        .with_reply_lost(key, m.force_unlock_hold(&hold))
+        .await
+        .unwrap();
+    assert!(freed, "the first run freed the hold");
+    assert_eq!(m.semaphore(key, 4).permit_counts().await.unwrap().held, 0);
+    drop(held);
+}

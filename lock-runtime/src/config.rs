@@ -236,6 +236,19 @@ pub(crate) struct ReplicaAck {
     pub(crate) timeout: Duration,
 }
 
+impl Config {
+    /// How long a receipt is kept on Redis (counting semaphore changes,
+    /// force-unlocks): a call is sent again within its call, which the
+    /// command timeout bounds (Cluster's client sends it again on a new
+    /// connection at once; Sentinel's backend after asking the sentinels, a
+    /// call on each master); four command timeouts and 10 s more cover both
+    /// with room.
+    pub(crate) fn receipt_ms(&self) -> u64 {
+        let window = self.command_timeout.saturating_mul(4) + Duration::from_secs(10);
+        u64::try_from(window.as_millis()).unwrap_or(u64::MAX)
+    }
+}
+
 impl ReplicaAck {
     pub(crate) fn timeout_ms(&self) -> u64 {
         u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX)

@@ -27,13 +27,9 @@ use crate::waiting::BackoffTimer;
 const MAX_REGISTRATION: Duration = Duration::from_secs(10);
 
 /// How long the receipt of a change is kept on Redis (see
-/// `counter_prelude.lua`): a script is sent again within its call, which the
-/// command timeout bounds (Cluster's client sends it again on a new
-/// connection at once; Sentinel's backend after asking the sentinels, a call
-/// on each master); four command timeouts and 10 s more cover both with room.
+/// `counter_prelude.lua` and `Config::receipt_ms`).
 fn receipt_ms(core: &Core) -> u64 {
-    let window = core.config.command_timeout.saturating_mul(4) + Duration::from_secs(10);
-    u64::try_from(window.as_millis()).unwrap_or(u64::MAX)
+    core.config.receipt_ms()
 }
 
 /// What a registration lasts beyond the waiter's deadline: its last attempt

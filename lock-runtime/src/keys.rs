@@ -25,6 +25,8 @@
 //! `csemw` (its waiters: owner token scored by the end of the registration,
 //! server clock in ms), `csemwake` and, on Cluster and Sentinel, one short-lived
 //! `csemdone:{tag}:K:<owner>` per change (its receipt; see [`CounterNames`]).
+//! A force-unlock on Cluster and Sentinel leaves a short-lived receipt too,
+//! `unlocked:{tag}:<token>` (see `force_unlock.lua`).
 //! Every kind's names share the key's hash tag.
 //!
 //! The tag is a hash of `K` written in hex, so braces in `K` cannot move the tag:

@@ -459,7 +459,7 @@ impl LockManager {
         let token = crate::config::owner_token();
         let freed = core
             .backend
-            .force_unlock(key, &keys, &token, only)
+            .force_unlock(key, &keys, &token, only, core.config.receipt_ms())
             .await
             .map_err(|e| e.error)?;
         if freed {
@@ -700,7 +700,13 @@ impl LockManager {
         let token = crate::config::owner_token();
         let shared = core
             .backend
-            .force_unlock_shared(key, &names, SharedRelease::All, &token)
+            .force_unlock_shared(
+                key,
+                &names,
+                SharedRelease::All,
+                &token,
+                core.config.receipt_ms(),
+            )
             .await
             .map_err(|e| e.error)?;
         if shared > 0 {
@@ -739,7 +745,7 @@ impl LockManager {
         let names = KeyNames::of(&core.config.key_prefix, key);
         let freed = core
             .backend
-            .force_unlock_shared(key, &names, what, &token)
+            .force_unlock_shared(key, &names, what, &token, core.config.receipt_ms())
             .await
             .map_err(|e| e.error)?
             > 0;

@@ -122,9 +122,15 @@ key_call!(
 
 key_call!(
     /// Frees the default lock whoever holds it (or only if `only` does) and
-    /// tells its waiters; true when it was held.
-    ForceUnlock { keys: &'a RedisNames, token: &'a str, only: &'a str } -> bool,
-    |scripts, conn, c| scripts.force_unlock(conn, c.keys, c.token, c.only)
+    /// tells its waiters; true when it was held. Its receipt, kept
+    /// `receipt_ms` (0: none), makes it safe to send again.
+    ForceUnlock {
+        keys: &'a RedisNames,
+        token: &'a str,
+        only: &'a str,
+        receipt_ms: u64,
+    } -> bool,
+    |scripts, conn, c| scripts.force_unlock(conn, c.keys, c.token, c.only, c.receipt_ms)
 );
 
 key_call!(
@@ -133,8 +139,9 @@ key_call!(
         names: &'a KeyNames,
         what: SharedRelease<'a>,
         token: &'a str,
+        receipt_ms: u64,
     } -> u64,
-    |scripts, conn, c| scripts.force_unlock_shared(conn, c.names, c.what, c.token)
+    |scripts, conn, c| scripts.force_unlock_shared(conn, c.names, c.what, c.token, c.receipt_ms)
 );
 
 key_call!(

@@ -343,19 +343,30 @@ impl Backend {
 
     /// Deletes the lock whoever holds it (or only if `only` does, when not
     /// empty) and wakes its waiters (`token`: a fresh random wake-up payload);
-    /// true when it was held.
+    /// true when it was held. On Cluster and Sentinel it leaves a receipt
+    /// kept `receipt_ms`: sent again after its reply was lost, it would
+    /// otherwise free the lock it had just handed to a waiter.
     pub(crate) async fn force_unlock(
         &self,
         key: &str,
         keys: &RedisNames,
         token: &str,
         only: &str,
+        receipt_ms: u64,
     ) -> Result<bool, CallError> {
         match self {
             Backend::Redlock(b) => b.force_unlock(key, keys, token, only).await,
             #[cfg(feature = "postgres")]
             Backend::Postgres(b) => b.force_unlock(key, keys, token, only).await,
-            _ => self.on_key(key, &ForceUnlock { keys, token, only }).await,
+            _ => {
+                let force = ForceUnlock {
+                    keys,
+                    token,
+                    only,
+                    receipt_ms: self.receipt_ms(receipt_ms),
+                };
+                self.on_key(key, &force).await
+            }
         }
     }
 
@@ -381,20 +392,26 @@ impl Backend {
 
     /// Frees shared holds (a read-write lock's, a semaphore's): all, or one
     /// holder's; how many were freed. None on Redlock, which has no shared
-    /// kinds.
+    /// kinds. A receipt as `force_unlock`'s.
     pub(crate) async fn force_unlock_shared(
         &self,
         key: &str,
         names: &KeyNames,
         what: SharedRelease<'_>,
         token: &str,
+        receipt_ms: u64,
     ) -> Result<u64, CallError> {
         match self {
             Backend::Redlock(_) => Ok(0),
             #[cfg(feature = "postgres")]
             Backend::Postgres(b) => b.force_unlock_shared(key, names, what, token).await,
             _ => {
-                let force = ForceUnlockShared { names, what, token };
+                let force = ForceUnlockShared {
+                    names,
+                    what,
+                    token,
+                    receipt_ms: self.receipt_ms(receipt_ms),
+                };
                 self.on_key(key, &force).await
             }
         }

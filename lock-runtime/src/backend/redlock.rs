@@ -397,7 +397,13 @@ impl Redlock {
         token: &str,
         only: &str,
     ) -> Result<bool, CallError> {
-        let force = ForceUnlock { keys, token, only };
+        // Members are single servers, which never send a call twice.
+        let force = ForceUnlock {
+            keys,
+            token,
+            only,
+            receipt_ms: 0,
+        };
         let replies = self
             .on_all(self.command_timeout, |m| m.on_key(key, &force))
             .await;

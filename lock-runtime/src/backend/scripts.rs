@@ -719,6 +719,9 @@ pub(crate) struct Scripts {
     /// `<handoff_base>:<route of its manager>`, one channel per manager for
     /// all its locks (see `scripts/queue_prelude.lua`).
     handoff_base: String,
+    /// `<prefix>unlocked`: force-unlocks' receipts are
+    /// `<prefix>unlocked:{<tag>}:<token>` (see `force_unlock.lua`).
+    unlock_receipts: String,
     /// Whether a release that likely hands the lock over goes behind a
     /// `PING` ([`Lua::invoke_after_ping`]). Not on a cluster: redis-rs
     /// follows an `ASK` redirection (a slot in migration) by sending `ASKING`
@@ -764,6 +767,7 @@ impl Scripts {
     pub(crate) fn new(key_prefix: &str) -> Self {
         Scripts {
             handoff_base: handoff_base(key_prefix),
+            unlock_receipts: format!("{key_prefix}unlocked"),
             acquire: with_queue_prelude!("acquire.lua"),
             acquire_all: with_prelude!("acquire_all.lua"),
             // The fast path first (see the file's header), then the helpers
@@ -1325,29 +1329,44 @@ impl Scripts {
         keys: &RedisNames,
         token: &str,
         only: &str,
+        receipt_ms: u64,
     ) -> RedisResult<bool> {
+        let receipt = self.unlock_receipt(&keys.lock, token);
         let mut cmd = self.force_unlock.call(
             &[
                 &keys.lock,
                 keys.fencing_counter(),
                 keys.related(),
                 keys.intent(),
+                &receipt,
             ],
-            5,
+            6,
             keys.channel().len()
                 + token.len()
                 + self.handoff_base.len()
                 + keys.events.len()
-                + only.len(),
+                + only.len()
+                + 20,
         );
         cmd.arg(keys.channel())
             .arg(token)
             .arg(&self.handoff_base)
             .arg(&keys.events)
-            .arg(only);
+            .arg(only)
+            .arg(receipt_ms);
         let (deleted, echoed): (i64, String) = self.force_unlock.invoke(conn, &cmd).await?;
         check_owner(&echoed, token)?;
         Ok(deleted == 1)
+    }
+
+    /// The receipt of the force-unlock whose token is `token`, under the
+    /// hash tag of `name` (a name of its key), so that it shares their slot.
+    fn unlock_receipt(&self, name: &str, token: &str) -> String {
+        let tag = name
+            .find('{')
+            .and_then(|open| name[open..].find('}').map(|len| &name[open..=open + len]))
+            .unwrap_or("{}");
+        format!("{}:{tag}:{token}", self.unlock_receipts)
     }
 
     /// Every hold on one user key, of every kind, and the default lock's
@@ -1389,8 +1408,10 @@ impl Scripts {
         names: &KeyNames,
         what: SharedRelease<'_>,
         token: &str,
+        receipt_ms: u64,
     ) -> RedisResult<u64> {
         let (rw, sem) = (&names.read_write, &names.semaphore);
+        let receipt = self.unlock_receipt(&rw.lock, token);
         let (mode, owner) = match what {
             SharedRelease::All => ("all", ""),
             SharedRelease::Writer(owner) => ("write", owner),
@@ -1406,15 +1427,17 @@ impl Scripts {
                 &sem.lock,
                 sem.details(),
                 sem.related(),
+                &receipt,
             ],
-            5,
-            rw.channel().len() + sem.channel().len() + token.len() + owner.len() + 8,
+            6,
+            rw.channel().len() + sem.channel().len() + token.len() + owner.len() + 28,
         );
         cmd.arg(rw.channel())
             .arg(sem.channel())
             .arg(token)
             .arg(mode)
-            .arg(owner);
+            .arg(owner)
+            .arg(receipt_ms);
         let (freed, echoed): (i64, String) = self.force_unlock_shared.invoke(conn, &cmd).await?;
         check_owner(&echoed, token)?;
         Ok(u64::try_from(freed).unwrap_or(0))

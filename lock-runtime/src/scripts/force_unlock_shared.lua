@@ -5,6 +5,7 @@
 -- KEYS[1]  read-write lock's writer (see write_acquire.lua)
 -- KEYS[2]  its readers, KEYS[3] their details (see read_acquire.lua)
 -- KEYS[4]  its writer intent
+-- KEYS[8]  this call's receipt (see force_unlock.lua)
 -- KEYS[5]  semaphore holders, KEYS[6] their details, KEYS[7] its permit
 --          count (see permit_acquire.lua)
 -- ARGV[1]  the read-write lock's wake-up channel
@@ -18,6 +19,8 @@
 -- ARGV[5]  the holder's owner token (a semaphore holder's member: its owner
 --          token, with ':<n>' for a hold of n permits), for one holder
 --
+-- ARGV[6]  ms the receipt is kept ('0': none)
+--
 -- Returns {freed, token}  how many holds were freed (0: none matched), and
 --                         ARGV[3] echoed
 --
@@ -26,6 +29,13 @@
 --
 -- The holders are not told here: each learns it at its next renewal. The
 -- fencing counters stay, so later tokens are still larger.
+local receipt_ms = ARGV[6] or '0'
+if receipt_ms ~= '0' then
+  local done = redis.call('GET', KEYS[8])
+  if done then
+    return {tonumber(done), ARGV[3]}
+  end
+end
 local now = now_ms()
 local mode = ARGV[4]
 local owner = ARGV[5] or ''
@@ -95,5 +105,8 @@ if rw_freed then
 end
 if permits_freed > 0 then
   redis.call('PUBLISH', ARGV[2], '#' .. string.format('%.0f', permits_freed) .. ':' .. ARGV[3])
+end
+if receipt_ms ~= '0' then
+  redis.call('SET', KEYS[8], string.format('%.0f', freed), 'PX', receipt_ms)
 end
 return {freed, ARGV[3]}
