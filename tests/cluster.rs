@@ -903,9 +903,10 @@ async fn failover_of_a_master_with_held_locks() {
     }
     // The waiter is subscribed again, and woken by the release. The
     // subscriber retries a lost connection after a backoff that doubles up to
-    // 2 s, trying the next node each time (the dead master first, refused):
-    // two capped retries, each with the 500 ms connect timeout, plus the
-    // SUBSCRIBE, fit in 10 s also on a loaded machine (5 s did not, once).
+    // 2 s, reading the slot map again each time, so that once the failover
+    // is done it connects to the promoted replica: two capped retries, each
+    // with the 500 ms connect timeout, plus the SUBSCRIBE, fit in 10 s also
+    // on a loaded machine (5 s did not, once).
     tokio::task::block_in_place(|| {
         assert!(
             wait_blocking(Duration::from_secs(10), || numsub(&cluster, &channel)

@@ -1261,14 +1261,15 @@ async fn postgres_a_renewal_committed_across_the_leases_end_keeps_the_lock_its_h
 /// flight across the lease's end by the database's clock: each waits for the
 /// renewal's commit and acts on the renewed hold (schema version 3). Before,
 /// each read the hold expired, reported it lost and left the renewed row
-/// held for its new lease. The
-/// row's end is moved 300 ms ahead by hand, as a renewal committed across
-/// it leaves the database's view behind the holder's.
+/// held for its new lease. The row's end is moved 1 s ahead by hand, as a
+/// renewal committed across it leaves the database's view behind the
+/// holder's (whose 30 s lease and 10 s command timeout cover the waits).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_release_give_back_or_split_waits_for_a_renewal_in_flight() {
     let pg = server();
     // Named, so that the wait below is this manager's.
     let holder = LockManager::builder(&format!("{}&application_name=late-holder", pg.url()))
+        .command_timeout(Duration::from_secs(10))
         .build()
         .await
         .unwrap();
@@ -1291,16 +1292,18 @@ async fn postgres_a_release_give_back_or_split_waits_for_a_renewal_in_flight() {
             .await
             .unwrap();
         let (name, owner): (String, String) = (row.get(0), row.get(1));
+        // The renewal's session open and in its transaction first: it must
+        // begin within the second the row has left.
+        let renewal = sql_client(&pg.url()).await;
+        renewal.batch_execute("BEGIN").await.unwrap();
         db.execute(
             "UPDATE distlock.shared_holds \
-             SET expires_at = clock_timestamp() + interval '300 milliseconds' \
+             SET expires_at = clock_timestamp() + interval '1 second' \
              WHERE name = $1 AND owner = $2",
             &[&name, &owner],
         )
         .await
         .unwrap();
-        let renewal = sql_client(&pg.url()).await;
-        renewal.batch_execute("BEGIN").await.unwrap();
         let renewed: bool = renewal
             .query_one(
                 "SELECT renewed FROM distlock.shared_renew($1, $2, $3)",

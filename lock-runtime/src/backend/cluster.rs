@@ -160,7 +160,12 @@ pub(crate) fn slot_of(key: impl AsRef<[u8]>) -> u16 {
 
 /// How long a subscriber connection waits for its own master (or the replica
 /// promoted in its place) before it listens to another node: longer than a
-/// failover takes with the default `cluster-node-timeout` (15 s).
+/// failover takes with the default `cluster-node-timeout` (15 s). Meanwhile
+/// that shard's expiry notices are not heard, and on a cluster without
+/// replicas whose first master died for good, neither are published events
+/// (heard on the first source) for that long. Once on another node, the
+/// connection stays there until it breaks: the shard's own master, back or
+/// promoted later, is not heard until then.
 const SUBSCRIBER_FALLBACK_AFTER: Duration = Duration::from_secs(30);
 
 /// An error the cluster gives while a slot moves or its master changes: the
@@ -920,8 +925,13 @@ impl Cluster {
         // nothing; after a failover the source's master is the promoted
         // replica, which must be heard rather than the next shard's master
         // (whose expiry notices another source hears already).
-        if let Ok(mut conn) = self.connection("").await {
-            let _ = self.refresh_slots(&mut conn).await;
+        // Through the cluster connection in use only (a new one waits for
+        // every seed, a hung one for its whole timeout), and within a part
+        // of the connect budget the subscriber gives this call.
+        let cached = self.conn.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(mut conn) = cached {
+            let _ =
+                tokio::time::timeout(self.connect_timeout / 4, self.refresh_slots(&mut conn)).await;
         }
         let masters = self
             .slots
@@ -941,25 +951,36 @@ impl Cluster {
                 .get_async_pubsub()
                 .await;
         };
-        let own = candidates[source % candidates.len()]
-            .get_async_pubsub()
-            .await;
-        let now = std::time::Instant::now();
+        // Counted from before the attempt: one that hangs is cut short by
+        // the subscriber's timeout, and must count as a failure too.
         let failing_for = {
+            let now = std::time::Instant::now();
             let mut since = failing_since.lock().unwrap_or_else(|e| e.into_inner());
-            if own.is_ok() {
-                *since = None;
-                turns.store(0, Ordering::Relaxed);
-                return own;
-            }
             now.duration_since(*since.get_or_insert(now))
         };
+        let succeeded = || {
+            *failing_since.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            turns.store(0, Ordering::Relaxed);
+        };
+        let own_attempt = candidates[source % candidates.len()].get_async_pubsub();
         // Down for less than a failover takes: wait for the promoted replica
         // (the subscriber tries again after its backoff).
         if failing_for < SUBSCRIBER_FALLBACK_AFTER {
+            let own = own_attempt.await;
+            if own.is_ok() {
+                succeeded();
+            }
             return own;
         }
-        let turn = turns.fetch_add(1, Ordering::Relaxed) % candidates.len().max(1) + 1;
+        // Down for long: its own master first, for half of the budget, then
+        // the next node in turn (never the own one again: `turn` runs from 1
+        // to the number of others).
+        if let Ok(Ok(own)) = tokio::time::timeout(self.connect_timeout / 2, own_attempt).await {
+            succeeded();
+            return Ok(own);
+        }
+        let others = candidates.len().saturating_sub(1).max(1);
+        let turn = turns.fetch_add(1, Ordering::Relaxed) % others + 1;
         candidates[(source + turn) % candidates.len()]
             .get_async_pubsub()
             .await

@@ -749,13 +749,16 @@ BEGIN
       PERFORM pg_notify(p_wake, '*' || p_owner);
     END IF;
   END IF;
-  -- The row locked whatever its lease end, which is judged after: a
-  -- renewal of this hold in flight is waited for (its commit may move the
-  -- end past now; a condition on the end would skip the row as the
-  -- snapshot has it, without waiting).
+  -- The key's holds locked whatever their lease end, which is judged
+  -- after: a renewal of this hold in flight is waited for (its commit may
+  -- move the end past now; a condition on the end would skip the row as
+  -- the snapshot has it, without waiting). All of them, in owner order as
+  -- shared_renew locks a batch's rows: the clean-up of expired holds below
+  -- then waits for no row, so a renewal batch holding one of them cannot
+  -- deadlock with this.
+  PERFORM 1 FROM __SCHEMA__.shared_holds WHERE name = p_name ORDER BY owner FOR UPDATE;
   SELECT * INTO h FROM __SCHEMA__.shared_holds
-    WHERE name = p_name AND owner = p_owner AND kind = p_kind
-    FOR UPDATE;
+    WHERE name = p_name AND owner = p_owner AND kind = p_kind;
   v_now := clock_timestamp();
   IF h.owner IS NULL OR h.expires_at <= v_now THEN
     DELETE FROM __SCHEMA__.shared_holds WHERE name = p_name AND expires_at <= v_now;
@@ -809,10 +812,9 @@ DECLARE
   v_freed bigint := __SCHEMA__.weight_of(p_owner) - __SCHEMA__.weight_of(p_kept);
 BEGIN
   PERFORM pg_advisory_xact_lock(1684826880, hashtext(p_name));
-  -- Locked first and judged after, as in shared_release.
-  PERFORM 1 FROM __SCHEMA__.shared_holds
-    WHERE name = p_name AND owner = p_owner AND kind = 'p'
-    FOR UPDATE;
+  -- Locked first (all the key's holds, in owner order) and judged after,
+  -- as in shared_release.
+  PERFORM 1 FROM __SCHEMA__.shared_holds WHERE name = p_name ORDER BY owner FOR UPDATE;
   v_now := clock_timestamp();
   UPDATE __SCHEMA__.shared_holds SET owner = p_kept, weight = __SCHEMA__.weight_of(p_kept)
     WHERE name = p_name AND owner = p_owner AND kind = 'p' AND expires_at > v_now;
@@ -838,12 +840,11 @@ DECLARE
   v_now timestamptz;
 BEGIN
   PERFORM pg_advisory_xact_lock(1684826880, hashtext(p_name));
-  v_now := clock_timestamp();
   -- Locked and judged as in shared_release: the new holds copy the lease
   -- end, which a renewal in flight may move.
+  PERFORM 1 FROM __SCHEMA__.shared_holds WHERE name = p_name ORDER BY owner FOR UPDATE;
   SELECT * INTO h FROM __SCHEMA__.shared_holds
-    WHERE name = p_name AND owner = p_owner AND kind = 'p'
-    FOR UPDATE;
+    WHERE name = p_name AND owner = p_owner AND kind = 'p';
   v_now := clock_timestamp();
   IF h.owner IS NULL OR h.expires_at <= v_now THEN
     DELETE FROM __SCHEMA__.shared_holds WHERE name = p_name AND expires_at <= v_now;
