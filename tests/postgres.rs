@@ -8,7 +8,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{count, eventually, queued, sql_client};
+use common::{a_session_waits, count, eventually, queued, sql_client};
 
 use distlock::{LockError, LockManager};
 use distlock_testing::PostgresServer;
@@ -1219,15 +1219,7 @@ async fn postgres_a_renewal_committed_across_the_leases_end_keeps_the_lock_its_h
         };
         // The attempt waits for the renewal's row lock (a lock not granted).
         assert!(
-            eventually(Duration::from_secs(5), async || count(
-                &db,
-                "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
-                 WHERE NOT l.granted AND a.application_name = 'late-attempt'"
-            )
-            .await
-                > 0)
-            .await
-            .is_some(),
+            a_session_waits(&db, "late-attempt").await,
             "{case}: the attempt never waited for the renewal's commit"
         );
         renewal.batch_execute("COMMIT").await.unwrap();
@@ -1338,15 +1330,7 @@ async fn postgres_a_release_give_back_or_split_waits_for_a_renewal_in_flight() {
             }
         });
         assert!(
-            eventually(Duration::from_secs(5), async || count(
-                &db,
-                "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
-                 WHERE NOT l.granted AND a.application_name = 'late-holder'"
-            )
-            .await
-                > 0)
-            .await
-            .is_some(),
+            a_session_waits(&db, "late-holder").await,
             "{case}: the holder never waited for the renewal's commit"
         );
         renewal.batch_execute("COMMIT").await.unwrap();

@@ -174,10 +174,18 @@ async fn a_permit_rename_sent_again_keeps_the_hold() {
     let m = &c.manager;
     let key = "resent:weighted";
     let held = async || m.semaphore(key, 4).permit_counts().await.unwrap().held;
-    let lease = Duration::from_secs(30);
+    // A hold of 3 of the semaphore's 4 permits, for 30 s.
+    let take_three = async || {
+        m.semaphore(key, 4)
+            .weight(3)
+            .lease(Duration::from_secs(30))
+            .acquire()
+            .await
+            .unwrap()
+    };
     // Each script once first, so that the lost reply is the script's own and
     // not the NOSCRIPT of its first call.
-    let mut warm = m.semaphore(key, 4).weight(3).acquire().await.unwrap();
+    let mut warm = take_three().await;
     warm.release_permits(1).await.unwrap();
     for single in warm
         .split_permits()
@@ -189,13 +197,7 @@ async fn a_permit_rename_sent_again_keeps_the_hold() {
         single.release().await.unwrap();
     }
 
-    let mut guard = m
-        .semaphore(key, 4)
-        .weight(3)
-        .lease(lease)
-        .acquire()
-        .await
-        .unwrap();
+    let mut guard = take_three().await;
     c.with_reply_lost(key, guard.release_permits(2))
         .await
         .unwrap();
@@ -204,13 +206,7 @@ async fn a_permit_rename_sent_again_keeps_the_hold() {
     guard.release().await.unwrap();
     assert_eq!(held().await, 0, "the kept permit released by its guard");
 
-    let mut guard = m
-        .semaphore(key, 4)
-        .weight(3)
-        .lease(lease)
-        .acquire()
-        .await
-        .unwrap();
+    let mut guard = take_three().await;
     let singles = c.with_reply_lost(key, guard.split_permits()).await.unwrap();
     // The guard keeps one permit; the other two come back as new guards.
     assert_eq!(singles.len(), 2);

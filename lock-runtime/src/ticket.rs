@@ -186,7 +186,9 @@ fn is_owner_token(owner: &str, kind: LockKind) -> bool {
     let weight_ok = match (weight, kind) {
         (None, _) => true,
         (Some(w), LockKind::Permit { .. }) => {
-            !w.starts_with('0') && w.parse::<u32>().is_ok_and(|w| w > 1)
+            w.bytes().all(|b| b.is_ascii_digit())
+                && !w.starts_with('0')
+                && w.parse::<u32>().is_ok_and(|w| w > 1)
         }
         (Some(_), _) => false,
     };
@@ -431,6 +433,7 @@ mod tests {
             (permits, &format!("{good}:1"), 9),
             (permits, &format!("{good}:02"), 9),
             (permits, &format!("{good}:x"), 9),
+            (permits, &format!("{good}:+5"), 9),
             (permits, good, 0),
             (LockKind::Read, good, 0),
         ] {

@@ -351,6 +351,20 @@ pub async fn count(db: &tokio_postgres::Client, sql: &str) -> i64 {
     db.query_one(sql, &[]).await.expect(sql).get(0)
 }
 
+/// Waits (up to 5 s) until a session whose `application_name` is
+/// `application` waits for a lock not granted (a row lock, an advisory
+/// lock); whether it did.
+#[cfg(feature = "postgres")]
+pub async fn a_session_waits(db: &tokio_postgres::Client, application: &str) -> bool {
+    let sql = format!(
+        "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+         WHERE NOT l.granted AND a.application_name = '{application}'"
+    );
+    eventually(Duration::from_secs(5), async || count(db, &sql).await > 0)
+        .await
+        .is_some()
+}
+
 /// How many acquisitions are queued in the default schema's `waiters`.
 #[cfg(feature = "postgres")]
 pub async fn queued(db: &tokio_postgres::Client) -> i64 {
