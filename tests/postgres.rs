@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use common::{a_session_waits, count, eventually, queued, sql_client};
 
 use distlock::{LockError, LockManager};
-use distlock_testing::PostgresServer;
+use distlock_testing::{FaultMode, FaultProxy, PostgresServer};
 use tokio_postgres::Client;
 
 fn server() -> PostgresServer {
@@ -690,24 +690,34 @@ async fn postgres_a_cancelled_waiter_leaves_the_queue_and_the_next_is_served() {
         .unwrap();
 }
 
+/// `pg`'s URL with its port replaced by `proxy`'s.
+fn through(pg: &PostgresServer, proxy: &FaultProxy) -> String {
+    pg.url().replace(
+        &format!(":{}/", pg.port()),
+        &format!(":{}/", proxy.local_addr().port()),
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_a_holder_whose_backend_is_paused_past_its_lease_is_told_before_the_next_grant() {
+async fn postgres_a_holder_cut_off_past_its_lease_is_told_before_the_next_grant() {
     let pg = server();
-    // Its own application name, to find its data connection's backend.
-    let m = LockManager::builder(&format!("{}&application_name=paused-holder", pg.url()))
+    let proxy = FaultProxy::start(std::net::SocketAddr::from(([127, 0, 0, 1], pg.port())))
+        .await
+        .unwrap();
+    let m = LockManager::builder(&through(&pg, &proxy))
         .default_lease(Duration::from_millis(1000))
         .command_timeout(Duration::from_millis(200))
+        .connect_timeout(Duration::from_millis(200))
         .build()
         .await
         .unwrap();
     let other = manager(&pg).await;
-    let guard = m.lock("paused").acquire().await.unwrap();
+    let guard = m.lock("cut-off").acquire().await.unwrap();
     let token = guard.fencing_token().await.unwrap();
-    let pids = pg.backend_pids("paused-holder").unwrap();
-    assert_eq!(pids.len(), 1, "one data connection");
-    pg.pause_backend(pids[0]).unwrap();
+    // Its connections and any new one answer nothing: it can renew no more.
+    proxy.set_mode(FaultMode::BlackHole);
     let next = other
-        .lock("paused")
+        .lock("cut-off")
         .wait(Duration::from_secs(10))
         .acquire()
         .await
@@ -718,9 +728,57 @@ async fn postgres_a_holder_whose_backend_is_paused_past_its_lease_is_told_before
     // the lock, the holder's lease is already lost locally.
     assert!(guard.is_lost(), "a grant overlapped a hold not yet lost");
     assert!(next.fencing_token().await.unwrap() > token);
-    pg.resume_backend(pids[0]).unwrap();
+    proxy.set_mode(FaultMode::Pass);
     assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
     next.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_data_connection_that_goes_silent_is_replaced_and_the_hold_kept() {
+    let pg = server();
+    let proxy = FaultProxy::start(std::net::SocketAddr::from(([127, 0, 0, 1], pg.port())))
+        .await
+        .unwrap();
+    let lease = Duration::from_millis(3000);
+    let command_timeout = Duration::from_millis(300);
+    let m = LockManager::builder(&through(&pg, &proxy))
+        .default_lease(lease)
+        .command_timeout(command_timeout)
+        .build()
+        .await
+        .unwrap();
+    let guard = m.lock("stranded").acquire().await.unwrap();
+    let token = guard.fencing_token().await.unwrap();
+    // Its data connection goes silent for good, without a reset, as when the
+    // host behind it died and a new one took its address; new connections
+    // pass.
+    proxy.strand_open_connections();
+    // Renewals are due every lease / 3 (1 s) and, after a failure, every
+    // lease / 9 (0.33 s). On the silent connection the first times out
+    // within 1 s + 0.3 s of its last answer and the next 0.33 s + 0.3 s
+    // later: two timeouts and 0.6 s of silence, so the connection is
+    // replaced about 1.9 s after its last answer, and the retry 0.33 s later
+    // renews on a new one, before the 3 s lease ends. Kept, the silent
+    // connection would fail every renewal and the hold would be lost within
+    // one lease: three leases without the lost signal show it was replaced.
+    let lost = tokio::time::timeout(lease * 3, guard.lost()).await;
+    assert!(
+        lost.is_err(),
+        "the hold was lost: the silent connection was kept"
+    );
+    let db = sql_client(&pg.url()).await;
+    let row = db
+        .query_one(
+            "SELECT token, expires_at > clock_timestamp() AS live FROM distlock.locks \
+             WHERE name LIKE '%:stranded'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(row.get::<_, bool>("live"), "renewed on the new connection");
+    assert_eq!(row.get::<_, i64>("token"), i64::try_from(token).unwrap());
+    guard.release().await.unwrap();
+    assert!(!m.is_locked("stranded").await.unwrap());
 }
 
 /// A guard dropped as its runtime ends is released over a connection of its

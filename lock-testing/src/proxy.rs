@@ -4,7 +4,7 @@
 use std::fmt;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -126,13 +126,30 @@ impl FaultProxy {
     pub fn replies_to_reset(&self) -> usize {
         self.replies.reset.load(Ordering::SeqCst)
     }
+
+    /// Strands the connections open now: from now on each discards every byte
+    /// both ways, and neither end is told (no reset, no close), as when the
+    /// host behind them died and another took over its address. Connections
+    /// accepted later pass according to the mode. Unlike
+    /// [`FaultMode::BlackHole`], this cannot be undone.
+    pub fn strand_open_connections(&self) {
+        let accepted = self.replies.accepted.load(Ordering::SeqCst);
+        self.replies
+            .stranded_below
+            .fetch_max(accepted, Ordering::SeqCst);
+    }
 }
 
-/// The replies still to be discarded, or discarded with their connection.
+/// The replies still to be discarded, or discarded with their connection,
+/// and the connections stranded for good.
 #[derive(Default)]
 struct ReplyFaults {
     drop: AtomicUsize,
     reset: AtomicUsize,
+    /// Connections are numbered from 0 as they are accepted; those below this
+    /// number discard every byte (see [`FaultProxy::strand_open_connections`]).
+    stranded_below: AtomicU64,
+    accepted: AtomicU64,
 }
 
 impl ReplyFaults {
@@ -165,11 +182,13 @@ async fn accept_loop(
                         reset(client);
                         continue;
                     }
+                    let number = replies.accepted.fetch_add(1, Ordering::SeqCst);
                     connections.spawn(forward_connection(
                         client,
                         upstream,
                         mode.clone(),
                         Arc::clone(&replies),
+                        number,
                     ));
                 }
                 Err(err) => {
@@ -201,6 +220,7 @@ async fn forward_connection(
     upstream: SocketAddr,
     mut mode: watch::Receiver<FaultMode>,
     replies: Arc<ReplyFaults>,
+    number: u64,
 ) {
     let mut server = match TcpStream::connect(upstream).await {
         Ok(server) => server,
@@ -251,6 +271,7 @@ async fn forward_connection(
                 }
                 Forwarded::Done
             }
+            Ok(_) if number < replies.stranded_below.load(Ordering::SeqCst) => Forwarded::Done,
             Ok(n) => forward_chunk(&data[..n], dst, direction, &mut mode, &replies).await,
             Err(err) => Forwarded::Failed(err),
         };
@@ -368,6 +389,27 @@ mod tests {
             .is_err());
         proxy.set_mode(FaultMode::Pass);
         let mut fresh = patient_client(proxy.url()).await?;
+        assert_eq!(ping(&mut fresh).await?, "PONG");
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn stranded_connections_stay_silent_while_new_ones_pass() -> TestResult {
+        let server = RedisServer::spawn()?;
+        let proxy = FaultProxy::start(server.addr()).await?;
+        let mut conn = patient_client(proxy.url()).await?;
+        assert_eq!(ping(&mut conn).await?, "PONG");
+        proxy.strand_open_connections();
+        let mut fresh = patient_client(proxy.url()).await?;
+        assert_eq!(ping(&mut fresh).await?, "PONG");
+        assert!(timeout(Duration::from_millis(300), ping(&mut conn))
+            .await
+            .is_err());
+        // The mode does not bring a stranded connection back.
+        proxy.set_mode(FaultMode::Pass);
+        assert!(timeout(Duration::from_millis(300), ping(&mut conn))
+            .await
+            .is_err());
         assert_eq!(ping(&mut fresh).await?, "PONG");
         Ok(())
     }

@@ -482,6 +482,9 @@ struct Inner {
     connect_timeout: Duration,
     /// The data connection; `None` or closed: the next call connects.
     client: Mutex<Option<Arc<Client>>>,
+    /// When the data connection last answered, and how many calls timed out
+    /// on it since.
+    heard: Mutex<Heard>,
     /// With `postgres_prepared_statements`: the statements prepared on the
     /// data connection, by SQL text, and that connection (a new one
     /// prepares them again).
@@ -496,6 +499,30 @@ struct Inner {
     /// One reconnection at a time.
     connecting: tokio::sync::Mutex<()>,
     renewal_round_trips: AtomicU64,
+}
+
+/// What the data connection was last heard say (see [`Inner::timed_out`]).
+struct Heard {
+    /// The connection it is about (compared by address, never used).
+    client: Weak<Client>,
+    /// Its last reply, or its opening.
+    at: Instant,
+    /// Calls timed out on it since `at`.
+    timeouts: u32,
+}
+
+impl Heard {
+    fn new(client: &Arc<Client>) -> Heard {
+        Heard {
+            client: Arc::downgrade(client),
+            at: Instant::now(),
+            timeouts: 0,
+        }
+    }
+
+    fn is_about(&self, client: &Arc<Client>) -> bool {
+        std::ptr::eq(self.client.as_ptr(), Arc::as_ptr(client))
+    }
 }
 
 /// The statements prepared on one data connection.
@@ -607,6 +634,11 @@ impl Postgres {
                 command_timeout: config.command_timeout,
                 connect_timeout: config.connect_timeout,
                 client: Mutex::new(None),
+                heard: Mutex::new(Heard {
+                    client: Weak::new(),
+                    at: Instant::now(),
+                    timeouts: 0,
+                }),
                 prepared: config
                     .postgres
                     .prepared_statements
@@ -1259,6 +1291,7 @@ impl Inner {
         };
         tokio::spawn(drive(messages));
         let client = Arc::new(client);
+        *self.heard.lock().unwrap_or_else(|e| e.into_inner()) = Heard::new(&client);
         *self.client.lock().unwrap_or_else(|e| e.into_inner()) = Some(client.clone());
         Ok(client)
     }
@@ -1322,6 +1355,11 @@ impl Inner {
             client.query(&statement, &values).await
         })
         .await;
+        if matches!(&outcome, Ok(Ok(_)))
+            || matches!(&outcome, Ok(Err(e)) if e.as_db_error().is_some())
+        {
+            self.answered(&client);
+        }
         match outcome {
             Ok(Ok(rows)) => Ok(rows),
             Ok(Err(e)) => {
@@ -1373,17 +1411,62 @@ impl Inner {
                     maybe_executed: true,
                 })
             }
-            // The connection is kept: the statements queued on its session
-            // run in order, after this one, when the server gets to them.
-            // Replaced now, the clean-up of this call (a background release
-            // of a lock it may have taken) would go out on a new session and
-            // could run before the statement it cleans up, which the old
-            // session still runs later.
-            Err(_) => Err(CallError {
-                error: LockError::command_timeout(key, self.command_timeout),
-                maybe_executed: true,
-            }),
+            // The connection is kept while it may only be slow: the
+            // statements queued on its session run in order, after this one,
+            // when the server gets to them. Replaced at once, the clean-up of
+            // this call (a background release of a lock it may have taken)
+            // would go out on a new session and could run before the
+            // statement it cleans up, which the old session still runs
+            // later. A connection silent for longer is replaced
+            // (`timed_out`).
+            Err(_) => {
+                self.timed_out(&client);
+                Err(CallError {
+                    error: LockError::command_timeout(key, self.command_timeout),
+                    maybe_executed: true,
+                })
+            }
         }
+    }
+
+    /// Notes that `client` answered a call.
+    fn answered(&self, client: &Arc<Client>) {
+        let mut heard = self.heard.lock().unwrap_or_else(|e| e.into_inner());
+        if heard.is_about(client) {
+            heard.at = Instant::now();
+            heard.timeouts = 0;
+        }
+    }
+
+    /// Notes that a call on `client` timed out, and retires the connection
+    /// when it has said nothing for two command timeouts, over at least two
+    /// calls that timed out: a peer that died without a reset (a host gone,
+    /// a failover that moved the address, a middlebox that forgot the
+    /// connection) answers no more, and the kernel would keep the
+    /// connection for many minutes, failing every call and losing every
+    /// hold. The next call connects again. A server only slow answers
+    /// something within that time (a renewal's batch, a sweep); one silent
+    /// that long still runs what reached it in order, and a statement run
+    /// after the new session's clean-up of it judges the row as it finds it
+    /// then (at worst a lock is taken by a call that gave up, held until
+    /// its lease ends).
+    fn timed_out(&self, client: &Arc<Client>) {
+        let silent_for = {
+            let mut heard = self.heard.lock().unwrap_or_else(|e| e.into_inner());
+            if !heard.is_about(client) {
+                return;
+            }
+            heard.timeouts = heard.timeouts.saturating_add(1);
+            if heard.timeouts < 2 || heard.at.elapsed() < self.command_timeout * 2 {
+                return;
+            }
+            heard.at.elapsed()
+        };
+        tracing::warn!(target: "distlock::postgres", silent_ms = silent_for.as_millis() as u64,
+            url = %self.shown_url,
+            "the data connection has answered nothing for two command timeouts; \
+             opening a new one");
+        self.retire(client);
     }
 
     /// Stops handing out `client`, which broke (unless another call already
