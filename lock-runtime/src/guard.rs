@@ -151,6 +151,7 @@ impl LockGuard {
             return Err(self.lost_error());
         }
         self.lease.set_lease(lease);
+        let lease_ms = self.lease.lease_ms();
         let core = &self.manager.core;
         // A shorter lease binds the holder from now on, answered or not, and
         // the renewal task must come sooner than it planned.
@@ -171,7 +172,7 @@ impl LockGuard {
         }
         match outcome {
             Some(Renewal::Renewed { sent_at }) => {
-                self.lease.extended(sent_at);
+                self.lease.extended(sent_at, lease_ms);
                 core.renewals.rescheduled(&self.lease);
                 Ok(())
             }

@@ -170,7 +170,7 @@ impl Lease {
             trouble: std::sync::Mutex::new(None),
             trouble_notify: Notify::new(),
         };
-        lease.renewed(n.sent_at);
+        lease.renewed(n.sent_at, lease.lease_ms());
         lease
     }
 
@@ -217,17 +217,32 @@ impl Lease {
     /// How long the holder may trust a renewal sent at `sent_at`: the lease
     /// less the drift, and never past `max_hold`.
     fn valid_after(&self, sent_at: Instant) -> Instant {
-        let lease = self.duration();
+        self.valid_for(sent_at, self.duration())
+    }
+
+    /// [`valid_after`](Self::valid_after) for a renewal that carried `sent`
+    /// milliseconds: the shorter of that and the length now. A renewal reads
+    /// the length before it goes out, and an `extend` may change it in
+    /// between: the store then holds what the renewal carried, whatever the
+    /// length is when its reply comes.
+    fn valid_after_sending(&self, sent_at: Instant, sent: u64) -> Instant {
+        self.valid_for(sent_at, Duration::from_millis(sent).min(self.duration()))
+    }
+
+    fn valid_for(&self, sent_at: Instant, lease: Duration) -> Instant {
         let valid = sent_at + lease.saturating_sub(drift(lease));
         self.max_hold_until.map_or(valid, |limit| valid.min(limit))
     }
 
     /// Records a renewal sent at `sent_at` that replaced the TTL with a lease
-    /// of a new length: the local deadline follows it, down as well as up.
-    /// A `lost()` already waiting re-reads the deadline.
-    pub(crate) fn extended(&self, sent_at: Instant) {
-        self.valid_until
-            .store(self.nanos(self.valid_after(sent_at)), Ordering::Release);
+    /// of a new length, `sent` milliseconds (read before it went out): the
+    /// local deadline follows it, down as well as up. A `lost()` already
+    /// waiting re-reads the deadline.
+    pub(crate) fn extended(&self, sent_at: Instant, sent: u64) {
+        self.valid_until.store(
+            self.nanos(self.valid_after_sending(sent_at, sent)),
+            Ordering::Release,
+        );
         self.renew_after(sent_at, self.renewal_interval());
         self.lost_notify.notify_waiters();
     }
@@ -252,9 +267,11 @@ impl Lease {
         }
     }
 
-    /// Records a successful renewal (or the acquire) sent at `sent_at`.
-    pub(crate) fn renewed(&self, sent_at: Instant) {
-        let valid = self.valid_after(sent_at);
+    /// Records a successful renewal (or the acquire) sent at `sent_at` with
+    /// a lease of `sent` milliseconds, read before it went out (see
+    /// [`lease_ms`](Self::lease_ms)).
+    pub(crate) fn renewed(&self, sent_at: Instant, sent: u64) {
+        let valid = self.valid_after_sending(sent_at, sent);
         self.valid_until
             .fetch_max(self.nanos(valid), Ordering::AcqRel);
         self.renew_after(sent_at, self.renewal_interval());

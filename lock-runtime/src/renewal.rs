@@ -224,10 +224,13 @@ pub(crate) async fn run(renewals: &Renewals, backend: &Backend, epoch: Instant) 
 
 async fn renew_batch(backend: &Backend, batch: &[Arc<Lease>]) {
     let due: Vec<Instant> = batch.iter().map(|lease| lease.next_renewal()).collect();
+    // Read before the backend reads them to send: an `extend` meanwhile
+    // must not lend this renewal its new length (see `Lease::renewed`).
+    let lengths: Vec<u64> = batch.iter().map(|lease| lease.lease_ms()).collect();
     let outcomes = backend.renew(batch).await;
     let mut rekeep = Vec::new();
     let mut lost = Vec::new();
-    for ((lease, outcome), due) in batch.iter().zip(outcomes).zip(due) {
+    for (((lease, outcome), due), sent) in batch.iter().zip(outcomes).zip(due).zip(lengths) {
         match outcome {
             Renewal::Renewed { sent_at } => {
                 crate::telemetry::renewal_lag(|| sent_at.saturating_duration_since(due));
@@ -238,7 +241,7 @@ async fn renew_batch(backend: &Backend, batch: &[Arc<Lease>]) {
                         remaining: lease.valid_until().saturating_duration_since(sent_at),
                     });
                 }
-                lease.renewed(sent_at);
+                lease.renewed(sent_at, sent);
                 // Released while this renewal was in flight: with a `min_hold`
                 // the release kept the lock (still ours), so the renewal may
                 // have run after it and reset the TTL to a whole lease. Release
@@ -339,6 +342,33 @@ mod tests {
             acquired_at: sent_at,
             waited: true,
         }))
+    }
+
+    #[test]
+    fn a_renewal_is_trusted_for_the_length_it_carried_not_one_set_after_it_was_read() {
+        let epoch = Instant::now();
+        let sent_at = epoch + Duration::from_secs(1);
+        let held = lease(1, epoch, epoch);
+        // The renewal task reads the 30 s length; an `extend` to 600 s comes
+        // before the renewal goes out, which then sets 30 s in the store.
+        let carried = held.lease_ms();
+        held.set_lease(Duration::from_secs(600));
+        held.renewed(sent_at, carried);
+        assert!(
+            held.valid_until() <= sent_at + Duration::from_secs(30),
+            "trusted past the 30 s the store was given"
+        );
+        // The extend's own renewal, confirmed, carries the new length.
+        held.extended(sent_at, 600_000);
+        assert!(held.valid_until() > sent_at + Duration::from_secs(500));
+        // A renewal carrying 600 s after the length came down to 30 s is
+        // trusted for 30 s: the store may already have run the shorter one.
+        let shortened = lease(2, epoch, epoch);
+        shortened.set_lease(Duration::from_secs(600));
+        let carried = shortened.lease_ms();
+        shortened.set_lease(Duration::from_secs(30));
+        shortened.extended(sent_at, carried);
+        assert!(shortened.valid_until() <= sent_at + Duration::from_secs(30));
     }
 
     fn due_ids(renewals: &Renewals, at: Instant) -> Vec<u64> {
