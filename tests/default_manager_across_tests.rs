@@ -82,3 +82,35 @@ async fn a_test_with_a_default_manager_of_its_own() {
     let mut raw = raw(&redis).await;
     assert!(exists(&mut raw, names.fencing_counter()).await);
 }
+
+/// Locks its key and takes its fencing token, then runs `inner_job` on the
+/// same key in a subtask started with `spawn_with_locks`; answers both
+/// tokens. The subtask re-enters the hold (the same token) only if it uses the
+/// same manager, so it must keep the call chain's default manager too.
+#[distributed_lock(key = "handed:{id}", guard = lock)]
+async fn outer_job(id: u64) -> Result<(u64, u64), LockError> {
+    let outer = lock.fencing_token().await?;
+    let inner = distlock::spawn_with_locks(inner_job(id))
+        .await
+        .expect("the subtask panicked")?;
+    Ok((outer, inner))
+}
+
+#[distributed_lock(key = "handed:{id}", wait = "200ms", guard = lock)]
+async fn inner_job(id: u64) -> Result<u64, LockError> {
+    let _ = id;
+    lock.fencing_token().await
+}
+
+#[tokio::test]
+async fn a_subtask_spawned_with_the_chains_locks_keeps_its_default_manager() {
+    let redis = server();
+    let manager = LockManager::connect(&redis.url()).await.unwrap();
+    let (outer, inner) = distlock::with_default_manager(manager.clone(), outer_job(4))
+        .await
+        .unwrap();
+    // A hold of its own (on another manager, or the same key of the
+    // environment's server) would have had a token of its own.
+    assert_eq!(inner, outer, "the subtask took a hold of its own");
+    assert!(!manager.is_locked("handed:4").await.unwrap());
+}

@@ -83,39 +83,3 @@ pub(crate) fn scope_with_all<F: Future>(
 ) -> impl Future<Output = F::Output> {
     LockContext::current().with_all(leases).scope(fut)
 }
-
-/// Spawns a task that inherits the locks the current call chain holds.
-///
-/// A `tokio::spawn`ed task is a different owner: acquiring a lock its parent holds
-/// waits like any other caller. `spawn_with_locks` hands the parent's holds to the
-/// subtask on purpose, so that it re-enters them instead. The subtask's re-entrant
-/// guards keep the lock held until they are released, even if the parent releases
-/// first; once every holder has released, the subtask acquires afresh.
-///
-/// Must be called from within a tokio runtime, like `tokio::spawn`.
-///
-/// ```no_run
-/// # use distlock_runtime::{LockError, LockManager};
-/// # async fn demo(manager: LockManager) -> Result<(), LockError> {
-/// let guard = manager.lock("report:7").acquire().await?;
-/// let m = manager.clone();
-/// let child = guard
-///     .scope(async move {
-///         distlock_runtime::spawn_with_locks(async move {
-///             // Re-enters the parent's hold at once instead of waiting for it.
-///             let again = m.lock("report:7").acquire().await?;
-///             again.release().await
-///         })
-///     })
-///     .await;
-/// child.await.expect("subtask panicked")?;
-/// guard.release().await
-/// # }
-/// ```
-pub fn spawn_with_locks<F>(fut: F) -> tokio::task::JoinHandle<F::Output>
-where
-    F: Future + Send + 'static,
-    F::Output: Send + 'static,
-{
-    tokio::spawn(LockContext::current().scope(fut))
-}

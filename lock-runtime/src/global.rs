@@ -1,4 +1,6 @@
-//! The default manager used by `#[distributed_lock]` without `manager = ...`.
+//! The default manager used by `#[distributed_lock]` without `manager = ...`,
+//! and [`spawn_with_locks`], which hands a subtask the call chain's holds and
+//! its default manager.
 //!
 //! In order: the manager of the current call chain's [`with_default_manager`]
 //! scope, the one set with [`set_global`], or one built on first use from the
@@ -14,6 +16,7 @@
 use std::future::Future;
 use std::sync::OnceLock;
 
+use crate::context::LockContext;
 use crate::error::LockError;
 use crate::manager::LockManager;
 
@@ -64,6 +67,50 @@ pub fn global() -> Option<LockManager> {
 /// ```
 pub async fn with_default_manager<F: Future>(manager: LockManager, fut: F) -> F::Output {
     SCOPED.scope(manager, fut).await
+}
+
+/// Spawns a task that inherits the locks the current call chain holds.
+///
+/// A `tokio::spawn`ed task is a different owner: acquiring a lock its parent holds
+/// waits like any other caller. `spawn_with_locks` hands the parent's holds to the
+/// subtask on purpose, so that it re-enters them instead. The subtask's re-entrant
+/// guards keep the lock held until they are released, even if the parent releases
+/// first; once every holder has released, the subtask acquires afresh.
+///
+/// The subtask also keeps the call chain's default manager
+/// ([`with_default_manager`]), so that a locked function it calls without
+/// `manager = ...` re-enters there too.
+///
+/// Must be called from within a tokio runtime, like `tokio::spawn`.
+///
+/// ```no_run
+/// # use distlock_runtime::{LockError, LockManager};
+/// # async fn demo(manager: LockManager) -> Result<(), LockError> {
+/// let guard = manager.lock("report:7").acquire().await?;
+/// let m = manager.clone();
+/// let child = guard
+///     .scope(async move {
+///         distlock_runtime::spawn_with_locks(async move {
+///             // Re-enters the parent's hold at once instead of waiting for it.
+///             let again = m.lock("report:7").acquire().await?;
+///             again.release().await
+///         })
+///     })
+///     .await;
+/// child.await.expect("subtask panicked")?;
+/// guard.release().await
+/// # }
+/// ```
+pub fn spawn_with_locks<F>(fut: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let holding = LockContext::current().scope(fut);
+    match SCOPED.try_with(LockManager::clone) {
+        Ok(manager) => tokio::spawn(SCOPED.scope(manager, holding)),
+        Err(_) => tokio::spawn(holding),
+    }
 }
 
 /// The default manager for a locked function that names none.

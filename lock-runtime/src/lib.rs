@@ -102,13 +102,12 @@ pub use config::Backoff;
 pub fn redact_url(url: &str) -> String {
     config::redact(url)
 }
-pub use context::spawn_with_locks;
 pub use counting::{CountingPermits, CountingSemaphore};
 pub use error::{BackendError, BackendErrorKind, LockError};
 pub use events::{
     EventsSkipped, LockEvent, LockEventKind, LockEvents, LockEventsRequest, DEFAULT_EVENTS_CAPACITY,
 };
-pub use global::{global, set_global, with_default_manager};
+pub use global::{global, set_global, spawn_with_locks, with_default_manager};
 pub use guard::LockGuard;
 pub use info::{HoldKind, KeyState, LockInfo, PermitCounts, WaiterInfo};
 pub use keys::RedisNames;
