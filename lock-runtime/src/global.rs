@@ -135,19 +135,37 @@ pub async fn default_manager() -> Result<LockManager, LockError> {
         }
         return Ok(manager);
     }
-    FROM_ENV
-        .get_or_try_init(|| async {
-            let url = url_from(|name| std::env::var(name).ok()).ok_or(LockError::NotConfigured)?;
-            let runtime = background_runtime()?;
-            runtime
-                .spawn(async move { LockManager::connect(&url).await })
-                .await
-                .map_err(|e| {
-                    LockError::InvalidConfig(format!("building the default manager failed: {e}"))
-                })?
-        })
+    if let Some(manager) = FROM_ENV.get() {
+        return Ok(manager.clone());
+    }
+    let url = url_from(|name| std::env::var(name).ok()).ok_or(LockError::NotConfigured)?;
+    built_once(&FROM_ENV, background_runtime()?, async move {
+        LockManager::connect(&url).await
+    })
+    .await
+}
+
+/// What `cell` holds, built by `build` on `runtime` if it holds nothing yet.
+/// The build runs in a task of its own, which fills the cell itself: a
+/// caller that stops waiting (a request's timeout, a `select!`) leaves it to
+/// finish for the next caller, which would otherwise start it over (and,
+/// with every caller's budget shorter than the build, never get a manager).
+/// A build that fails leaves the cell empty: the next caller tries again.
+async fn built_once<T, F>(
+    cell: &'static tokio::sync::OnceCell<T>,
+    runtime: &tokio::runtime::Runtime,
+    build: F,
+) -> Result<T, LockError>
+where
+    T: Clone + Send + Sync + 'static,
+    F: Future<Output = Result<T, LockError>> + Send + 'static,
+{
+    runtime
+        .spawn(async move { cell.get_or_try_init(|| build).await.cloned() })
         .await
-        .cloned()
+        .map_err(|e| {
+            LockError::InvalidConfig(format!("building the default manager failed: {e}"))
+        })?
 }
 
 /// The default manager's URL from the environment variables `var` reads:
@@ -181,6 +199,41 @@ fn background_runtime() -> Result<&'static tokio::runtime::Runtime, LockError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_build_whose_caller_stopped_waiting_is_kept_for_the_next_caller() {
+        static CELL: tokio::sync::OnceCell<u64> = tokio::sync::OnceCell::const_new();
+        static BUILDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let build = || async {
+            BUILDS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            Ok(7)
+        };
+        let background = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let caller = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        caller.block_on(async {
+            // The first caller gives up long before the 200 ms build ends.
+            let first = tokio::time::timeout(
+                std::time::Duration::from_millis(20),
+                built_once(&CELL, &background, build()),
+            )
+            .await;
+            assert!(first.is_err());
+            assert_eq!(built_once(&CELL, &background, build()).await.unwrap(), 7);
+        });
+        assert_eq!(
+            BUILDS.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "the next caller started the build over"
+        );
+    }
 
     #[test]
     fn an_empty_variable_counts_as_unset() {
