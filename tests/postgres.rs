@@ -781,6 +781,64 @@ async fn postgres_a_data_connection_that_goes_silent_is_replaced_and_the_hold_ke
     assert!(!m.is_locked("stranded").await.unwrap());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_calls_queued_behind_a_reconnection_that_fails_share_its_failure() {
+    let pg = server();
+    let proxy = FaultProxy::start(std::net::SocketAddr::from(([127, 0, 0, 1], pg.port())))
+        .await
+        .unwrap();
+    let connect_timeout = Duration::from_millis(400);
+    let m = LockManager::builder(&through(&pg, &proxy))
+        .connect_timeout(connect_timeout)
+        .command_timeout(Duration::from_millis(400))
+        .postgres_sweep_interval(Duration::from_secs(3600))
+        .build()
+        .await
+        .unwrap();
+    assert!(!m.is_locked("warm").await.unwrap());
+    // The data connection is reset (and a new one refused) until a call
+    // finds it gone; then new connections are accepted and answer nothing,
+    // so that each attempt lasts the connect timeout.
+    proxy.set_mode(FaultMode::Reset);
+    assert!(eventually(Duration::from_secs(10), async || m
+        .is_locked("warm")
+        .await
+        .is_err())
+    .await
+    .is_some());
+    proxy.set_mode(FaultMode::BlackHole);
+    let started = Instant::now();
+    let calls: Vec<_> = (0..8)
+        .map(|i| {
+            let m = m.clone();
+            tokio::spawn(async move {
+                let answer = m.is_locked(&format!("k{i}")).await;
+                (answer.is_err(), started.elapsed())
+            })
+        })
+        .collect();
+    // All eight arrive while the first attempt is under way and get its
+    // failure when it ends, a connect timeout after it began; a call that
+    // came just after it ended would make one attempt of its own: at most
+    // two connect timeouts (0.8 s), with 0.4 s of slack. Each making its own
+    // attempt in turn, the last would end after eight (3.2 s).
+    for call in calls {
+        let (failed, after) = call.await.unwrap();
+        assert!(failed, "a call answered through a black hole");
+        assert!(
+            after < connect_timeout * 3,
+            "a call ended {after:?} after it began: it waited for others' attempts"
+        );
+    }
+    proxy.set_mode(FaultMode::Pass);
+    assert!(eventually(Duration::from_secs(10), async || m
+        .is_locked("warm")
+        .await
+        .is_ok())
+    .await
+    .is_some());
+}
+
 /// A guard dropped as its runtime ends is released over a connection of its
 /// own (a thread with its own runtime), not left to its lease.
 #[test]

@@ -496,8 +496,11 @@ struct Inner {
     /// [`listener`](Postgres::listener)): the warning is given at the first,
     /// not at every reconnection.
     deaf_listeners: AtomicU64,
-    /// One reconnection at a time.
-    connecting: tokio::sync::Mutex<()>,
+    /// One reconnection at a time; the last one that failed, numbered by
+    /// `connects_ended` as it ended.
+    connecting: tokio::sync::Mutex<Option<(u64, BackendError)>>,
+    /// Reconnections ended, failed or not (see [`Inner::client`]).
+    connects_ended: AtomicU64,
     renewal_round_trips: AtomicU64,
 }
 
@@ -645,7 +648,8 @@ impl Postgres {
                     .then(|| Mutex::new(Prepared::default())),
                 listen_pg: listen_pg.clone(),
                 deaf_listeners: AtomicU64::new(0),
-                connecting: tokio::sync::Mutex::new(()),
+                connecting: tokio::sync::Mutex::new(None),
+                connects_ended: AtomicU64::new(0),
                 renewal_round_trips: AtomicU64::new(0),
             })
         };
@@ -1258,16 +1262,14 @@ impl Inner {
     }
 
     /// The data connection, connecting it when there is none or it closed.
+    /// Calls that queue behind a reconnection that fails get its failure,
+    /// rather than each trying in turn: behind a connect that hangs (a host
+    /// gone, dropped packets) the last of N calls would wait N connect
+    /// timeouts, past any `wait` and the renewal's deadline.
     async fn client(&self) -> Result<Arc<Client>, CallError> {
         if let Some(client) = self.open_client() {
             return Ok(client);
         }
-        let _one = self.connecting.lock().await;
-        if let Some(client) = self.open_client() {
-            return Ok(client);
-        }
-        let connect =
-            tokio::time::timeout(self.connect_timeout, self.connector.connect(&self.pg)).await;
         let not_sent = |source: BackendError| CallError {
             error: LockError::Backend {
                 key: String::new(),
@@ -1275,18 +1277,34 @@ impl Inner {
             },
             maybe_executed: false,
         };
-        let (client, messages) = match connect {
-            Ok(Ok(pair)) => pair,
-            Ok(Err(e)) => {
-                return Err(not_sent(db_error(&e).unwrap_or_else(|| {
-                    BackendError::new(BackendErrorKind::Connection, pg_message(&e))
-                })))
+        let ended_before = self.connects_ended.load(Ordering::Acquire);
+        let mut last_failure = self.connecting.lock().await;
+        if let Some(client) = self.open_client() {
+            return Ok(client);
+        }
+        if let Some((ended, failure)) = last_failure.as_ref() {
+            if *ended > ended_before {
+                return Err(not_sent(failure.summary()));
             }
-            Err(_) => {
-                return Err(not_sent(BackendError::new(
-                    BackendErrorKind::Timeout,
-                    format!("no connection within {:?}", self.connect_timeout),
-                )))
+        }
+        let connect =
+            tokio::time::timeout(self.connect_timeout, self.connector.connect(&self.pg)).await;
+        let connected = match connect {
+            Ok(Ok(pair)) => Ok(pair),
+            Ok(Err(e)) => Err(db_error(&e).unwrap_or_else(|| {
+                BackendError::new(BackendErrorKind::Connection, pg_message(&e))
+            })),
+            Err(_) => Err(BackendError::new(
+                BackendErrorKind::Timeout,
+                format!("no connection within {:?}", self.connect_timeout),
+            )),
+        };
+        let ended = self.connects_ended.fetch_add(1, Ordering::AcqRel) + 1;
+        let (client, messages) = match connected {
+            Ok(pair) => pair,
+            Err(failure) => {
+                *last_failure = Some((ended, failure.summary()));
+                return Err(not_sent(failure));
             }
         };
         tokio::spawn(drive(messages));
