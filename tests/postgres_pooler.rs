@@ -647,3 +647,63 @@ async fn postgres_lock_all_through_a_transaction_mode_pooler() {
         .await
         .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_an_acquire_cut_by_the_poolers_query_timeout_is_released_once_it_commits() {
+    let pg = PostgresServer::start().unwrap();
+    let pooler = PgBouncer::start_with(&pg, &[("query_timeout", "1")]).unwrap();
+    let m = LockManager::builder(&pooler.url())
+        .command_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    // The lock's name, which the acquire's advisory lock hashes.
+    let guard = m.lock("job").acquire().await.unwrap();
+    let db = sql_client(&pg.url()).await;
+    let name: String = db
+        .query_one(
+            "SELECT name FROM distlock.locks WHERE name LIKE '%:job'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    guard.release().await.unwrap();
+    // A session of the test's holds the key's advisory lock: the next
+    // acquire waits for it on the server, past the pooler's 1 s
+    // query_timeout, which ends the client's connection with a FATAL of its
+    // own (08P01) and leaves the statement to run on.
+    db.execute(
+        "SELECT pg_advisory_lock(1684826880, hashtext($1))",
+        &[&name],
+    )
+    .await
+    .unwrap();
+    let cut = m
+        .lock("job")
+        .lease(Duration::from_secs(30))
+        .try_acquire()
+        .await;
+    let Err(distlock::LockError::Backend { source, .. }) = cut else {
+        panic!("not cut by the pooler: {cut:?}");
+    };
+    assert_eq!(source.kind(), distlock::BackendErrorKind::Connection);
+    db.execute(
+        "SELECT pg_advisory_unlock(1684826880, hashtext($1))",
+        &[&name],
+    )
+    .await
+    .unwrap();
+    // The acquire commits now, for an owner whose caller was told it failed.
+    // Read as "may have run", its clean-up releases it after it (in the
+    // advisory lock's queue behind it); read as "never ran", the lock would
+    // stay held for the 30 s lease.
+    assert!(
+        eventually(Duration::from_secs(10), async || !m
+            .is_locked("job")
+            .await
+            .unwrap())
+        .await,
+        "the lock taken after the pooler cut the acquire was left held"
+    );
+}

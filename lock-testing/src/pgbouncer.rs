@@ -59,6 +59,19 @@ impl PgBouncer {
     /// [`TestingError::Postgres`] when the `pgbouncer` binary is missing, or it does not
     /// start (with its log); [`TestingError::Io`] for the temporary directory.
     pub fn start(server: &PostgresServer) -> Result<PgBouncer, TestingError> {
+        PgBouncer::start_with(server, &[])
+    }
+
+    /// [`start`](Self::start) with more settings of the `[pgbouncer]` section, such as
+    /// `("query_timeout", "1")`; a setting given twice takes the last value.
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start); a setting PgBouncer does not know fails the start.
+    pub fn start_with(
+        server: &PostgresServer,
+        settings: &[(&str, &str)],
+    ) -> Result<PgBouncer, TestingError> {
         let bin = binary()?;
         let dir = tempfile::Builder::new()
             .prefix("distlock-pgbouncer-")
@@ -75,7 +88,11 @@ impl PgBouncer {
         for _ in 0..PORT_ATTEMPTS {
             let port = pick_port()?;
             let ini = dir.path().join("pgbouncer.ini");
-            std::fs::write(&ini, config(server.port(), port, &users, &log))?;
+            let mut text = config(server.port(), port, &users, &log);
+            for (name, value) in settings {
+                let _ = writeln!(text, "{name} = {value}");
+            }
+            std::fs::write(&ini, text)?;
             let mut cmd = Command::new(&bin);
             cmd.arg(&ini)
                 .current_dir(dir.path())

@@ -575,6 +575,17 @@ fn ms(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }
 
+/// Whether `e` ended the session: SQLSTATE class 08 (a connection
+/// exception: PgBouncer's `query_timeout`, `server conn crashed?`) or 57P01
+/// to 57P03 (the backend terminated, the server shutting down), as
+/// PostgreSQL and poolers send them with a FATAL before closing.
+fn ended_the_connection(e: &tokio_postgres::Error) -> bool {
+    e.as_db_error().is_some_and(|db| {
+        let code = db.code().code();
+        code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03")
+    })
+}
+
 /// A database error: the statement ran and failed, or never ran, and its
 /// transaction rolled back.
 fn db_error(e: &tokio_postgres::Error) -> Option<BackendError> {
@@ -1380,6 +1391,26 @@ impl Inner {
         }
         match outcome {
             Ok(Ok(rows)) => Ok(rows),
+            // The connection ended with an error of its own (a pooler's
+            // `query_timeout`, a terminated backend): the statement may
+            // still commit on the server (one waiting for a lock runs on
+            // when it gets it, its reply going nowhere), so it may have
+            // run, like a call whose connection broke.
+            Ok(Err(e)) if ended_the_connection(&e) => {
+                self.retire(&client);
+                let code = e.as_db_error().map(|db| db.code().code().to_owned());
+                let mut source = BackendError::new(BackendErrorKind::Connection, pg_message(&e));
+                if let Some(code) = code {
+                    source = source.with_code(&code);
+                }
+                Err(CallError {
+                    error: LockError::Backend {
+                        key: key.to_owned(),
+                        source,
+                    },
+                    maybe_executed: true,
+                })
+            }
             Ok(Err(e)) => {
                 if let Some(db) = e.as_db_error() {
                     // A name longer than a B-tree entry may be (2,704 bytes
