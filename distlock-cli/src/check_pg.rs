@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
-use tokio_postgres::{AsyncMessage, Client, NoTls, Notification, Row};
+use tokio_postgres::{Client, Notification, Row};
 
 use crate::output::{human_duration, redact, CheckResult, Status};
 
@@ -73,8 +73,9 @@ impl Settings {
     }
 }
 
-/// Checks the server at `url` for distlock's schema `schema`.
-pub async fn run(url: &str, schema: &str) -> Vec<CheckResult> {
+/// Checks the server at `url` for distlock's schema `schema`, trusting
+/// `tls_ca` (PEM) where the URL asks for TLS.
+pub async fn run(url: &str, schema: &str, tls_ca: Option<Vec<u8>>) -> Vec<CheckResult> {
     let result = |check: &str, status, detail: String| CheckResult {
         check: check.to_owned(),
         status,
@@ -84,7 +85,7 @@ pub async fn run(url: &str, schema: &str) -> Vec<CheckResult> {
         Ok(sql) => schema_objects(&sql, schema),
         Err(e) => return vec![result("schema", Status::Fail, e.to_string())],
     };
-    let (client, mut notifications) = match connect(url).await {
+    let (client, mut notifications) = match connect(url, tls_ca.clone()).await {
         Ok(pair) => pair,
         Err(e) => {
             return vec![result(
@@ -116,7 +117,7 @@ pub async fn run(url: &str, schema: &str) -> Vec<CheckResult> {
     // pooler, a session's notification to itself comes back before its
     // transaction ends, while the pooler still links the two, so a
     // self-addressed probe would pass where a manager hears nothing.
-    results.push(match connect(url).await {
+    results.push(match connect(url, tls_ca).await {
         Ok((notifier, _)) => listen(&client, &notifier, &mut notifications).await,
         Err(e) => (
             "listen",
@@ -147,31 +148,20 @@ fn shown(url: &str) -> String {
     format!("{head}?{}", query.join("&"))
 }
 
-/// A connection whose notifications a task forwards to the receiver.
-async fn connect(url: &str) -> Result<(Client, mpsc::UnboundedReceiver<Notification>), String> {
-    let mut pg: tokio_postgres::Config = url.parse().map_err(|e| format!("bad URL: {e}"))?;
-    if pg.get_application_name().is_none() {
-        pg.application_name("distlock-check");
-    }
-    pg.connect_timeout(TIMEOUT);
-    let (client, mut connection) = tokio::time::timeout(TIMEOUT, pg.connect(NoTls))
+/// A connection whose notifications a task forwards to the receiver, made
+/// as a manager makes its own (TLS as `sslmode` asks, trusting `tls_ca` or
+/// the system's roots).
+async fn connect(
+    url: &str,
+    tls_ca: Option<Vec<u8>>,
+) -> Result<(Client, mpsc::UnboundedReceiver<Notification>), String> {
+    let connect =
+        distlock::__private::connect_as_a_manager_would(url, tls_ca, "distlock-check", TIMEOUT);
+    tokio::time::timeout(TIMEOUT, connect)
         .await
         .map_err(|_| format!("no connection within {}", human_duration(TIMEOUT)))?
-        .map_err(|e| message(&e))?;
-    let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        while let Some(message) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
-            match message {
-                Ok(AsyncMessage::Notification(n)) => {
-                    // The receiver is gone once the checks are done.
-                    let _ = tx.send(n);
-                }
-                Ok(_) => {}
-                Err(_) => break,
-            }
-        }
-    });
-    Ok((client, rx))
+        .map_err(|e| e.to_string())?
+        .map_err(|e| message(&e))
 }
 
 /// A database error's message and code, or the error with its causes

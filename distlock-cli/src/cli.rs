@@ -48,8 +48,9 @@ pub struct Cli {
     #[arg(long, global = true, value_name = "NAME", default_value = "distlock")]
     pub schema: String,
 
-    /// PEM file of the CA to trust for `rediss://` instead of the system's
-    /// roots (managed Redis with a private CA, self-signed servers).
+    /// PEM file of the CA to trust for `rediss://` and PostgreSQL's
+    /// `sslmode=require` instead of the system's roots (a managed server
+    /// with a private CA, self-signed servers).
     #[arg(long, global = true, value_name = "PEM_FILE")]
     pub tls_ca: Option<PathBuf>,
 

@@ -356,7 +356,7 @@ fn schema(_cli: &Cli) -> Result<Outcome, CliError> {
 async fn check(cli: &Cli) -> Result<Outcome, CliError> {
     #[cfg(feature = "postgres")]
     let results = if crate::cli::is_postgres_url(&cli.urls[0]) {
-        crate::check_pg::run(&cli.urls[0], &cli.schema).await
+        crate::check_pg::run(&cli.urls[0], &cli.schema, tls_ca(cli)?).await
     } else {
         crate::check::run(&cli.urls, cli.cluster, tls_ca(cli)?).await
     };

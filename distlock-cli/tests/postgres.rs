@@ -516,6 +516,30 @@ async fn postgres_schema_prints_sql_that_psql_applies_and_a_non_creating_manager
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_check_connects_over_tls_as_a_manager_does() {
+    // `ssl = on` and `hostssl` lines only: a connection without TLS is refused.
+    let pg = PostgresServer::builder().tls(true).start().unwrap();
+    let url = format!("{}&sslmode=require", pg.url());
+    let ca = pg.ca_cert_path().expect("a TLS server's CA").to_owned();
+    let _manager = LockManager::builder(&url)
+        .tls_ca_pem(pg.ca_cert_pem().unwrap().to_vec())
+        .build()
+        .await
+        .unwrap();
+    let out = cli(&url, &["--tls-ca", ca.to_str().unwrap(), "check"]).await;
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    let text = stdout(&out);
+    for line in ["ok    schema: distlock, version 3", "ok    listen: works"] {
+        assert!(text.contains(line), "{line:?} not in:\n{text}");
+    }
+    // Without the CA, the private CA's certificate is not trusted (the
+    // server's certificate is verified, as a manager verifies it).
+    let out = cli(&url, &["check"]).await;
+    assert!(!out.status.success(), "{}", stdout(&out));
+    assert!(stdout(&out).contains("cannot connect"), "{}", stdout(&out));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_check_passes_on_a_good_server_and_fails_for_a_role_without_privileges() {
     let pg = PostgresServer::start().unwrap();
     let url = pg.url();

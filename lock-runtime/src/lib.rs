@@ -127,5 +127,7 @@ pub use ticket::HoldTicket;
 /// Support for the code `#[distributed_lock]` generates. Not a public API.
 #[doc(hidden)]
 pub mod __private {
+    #[cfg(feature = "postgres")]
+    pub use crate::backend::postgres::connect_as_a_manager_would;
     pub use crate::global::default_manager;
 }

@@ -438,6 +438,57 @@ impl Connector {
     }
 }
 
+/// A connection to `url` made as a manager makes its own: `sslmode` read
+/// as the manager reads it, TLS through rustls verifying the server against
+/// `ca_pem` or the system's roots; named `application_name` unless the URL
+/// names one. Its notifications arrive on the receiver. For `distlock
+/// check`, which reads a server with plain statements: the outer error is
+/// the URL's or the TLS settings', the inner one the connection's.
+pub async fn connect_as_a_manager_would(
+    url: &str,
+    ca_pem: Option<Vec<u8>>,
+    application_name: &str,
+    connect_timeout: Duration,
+) -> Result<
+    Result<
+        (
+            Client,
+            tokio::sync::mpsc::UnboundedReceiver<tokio_postgres::Notification>,
+        ),
+        tokio_postgres::Error,
+    >,
+    LockError,
+> {
+    let mut pg = parse_url(url)?;
+    if pg.get_application_name().is_none() {
+        pg.application_name(application_name);
+    }
+    pg.connect_timeout(connect_timeout);
+    let tls = TlsSettings {
+        ca_pem,
+        client_identity: None,
+    };
+    let connector = Connector::choose(&pg, &tls)?;
+    let (client, mut messages) = match connector.connect(&pg).await {
+        Ok(pair) => pair,
+        Err(e) => return Ok(Err(e)),
+    };
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(message) = messages.next().await {
+            match message {
+                Ok(AsyncMessage::Notification(n)) => {
+                    // The receiver is gone once its reader is done.
+                    let _ = tx.send(n);
+                }
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+    });
+    Ok(Ok((client, rx)))
+}
+
 /// Drives a data connection until it closes, dropping its notices (a data
 /// connection listens on nothing).
 async fn drive(mut messages: Messages) {
