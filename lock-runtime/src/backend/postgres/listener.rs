@@ -70,25 +70,36 @@ async fn read_one(messages: &mut Messages, read: &mut VecDeque<Notification>, cl
 
 /// Runs `command` (a call on the listener's client) while reading the
 /// connection's messages, which carries the command to the server and its
-/// reply back; the notifications read meanwhile are kept in `read`.
+/// reply back; the notifications read meanwhile are kept in `read`. `None`
+/// when the connection closed first: tokio-postgres then keeps the reply's
+/// sender of a command in flight in the connection, which nobody polls any
+/// more, so the command would wait for ever.
 async fn driven<T>(
     messages: &mut Messages,
     read: &mut VecDeque<Notification>,
     closed: &mut bool,
     command: impl Future<Output = T>,
-) -> T {
+) -> Option<T> {
     let mut command = std::pin::pin!(command);
     loop {
         tokio::select! {
             biased;
-            done = &mut command => return done,
+            done = &mut command => return Some(done),
             () = read_one(messages, read, closed), if !*closed => {}
+            () = std::future::ready(()), if *closed => return None,
         }
     }
 }
 
 fn broken(e: tokio_postgres::Error) -> BackendError {
     BackendError::new(BackendErrorKind::Connection, super::pg_message(&e))
+}
+
+fn closed_under_a_command() -> BackendError {
+    BackendError::new(
+        BackendErrorKind::Connection,
+        "the listening connection closed before the command's reply",
+    )
 }
 
 impl Listener {
@@ -119,8 +130,12 @@ impl Listener {
     }
 
     /// Runs `sql` on this listener's client, driving the connection
-    /// meanwhile (see [`driven`]).
-    async fn execute(&mut self, sql: &str) -> Result<(), tokio_postgres::Error> {
+    /// meanwhile (see [`driven`]): the outer error when the connection
+    /// closed before the reply, the inner one the statement's.
+    async fn execute(
+        &mut self,
+        sql: &str,
+    ) -> Result<Result<(), tokio_postgres::Error>, BackendError> {
         let Listener {
             client,
             messages,
@@ -128,14 +143,16 @@ impl Listener {
             closed,
             ..
         } = self;
-        driven(messages, read, closed, client.batch_execute(sql)).await
+        driven(messages, read, closed, client.batch_execute(sql))
+            .await
+            .ok_or_else(closed_under_a_command)
     }
 
     /// One statement that needs the server (`SELECT 1`): an answer says the
     /// connection still carries notifications. Notifications that arrive
     /// meanwhile wait for [`next`](Self::next).
     pub(crate) async fn ping(&mut self) -> Result<(), BackendError> {
-        self.execute("SELECT 1").await.map_err(broken)
+        self.execute("SELECT 1").await?.map_err(broken)
     }
 
     /// Listens on the probe channel `channel` (an identifier from
@@ -158,12 +175,15 @@ impl Listener {
         let listen_sql = format!("LISTEN {channel}");
         match tokio::time::timeout(timeout, self.execute(&listen_sql)).await {
             Err(_) => return Err(timed_out("LISTEN")),
-            Ok(Err(e)) if e.as_db_error().is_some() => {
+            Ok(Err(closed)) => return Err(closed),
+            // Refused, unless the error ended the session (a terminated
+            // backend): that connection is broken, not deaf.
+            Ok(Ok(Err(e))) if e.as_db_error().is_some() && !super::ended_the_connection(&e) => {
                 tracing::debug!(target: "distlock::postgres", error = %e, "LISTEN refused");
                 return Ok(false);
             }
-            Ok(Err(e)) => return Err(broken(e)),
-            Ok(Ok(())) => {}
+            Ok(Ok(Err(e))) => return Err(broken(e)),
+            Ok(Ok(Ok(()))) => {}
         }
         let notified = tokio::time::timeout(timeout, notify);
         driven(
@@ -173,21 +193,24 @@ impl Listener {
             notified,
         )
         .await
+        .ok_or_else(closed_under_a_command)?
         .map_err(|_| timed_out("the probe's NOTIFY"))??;
+        // A connection that closes before the notification is broken, not
+        // deaf: reconnected, rather than counted as behind a pooler.
         let arrived = tokio::time::timeout(timeout, async {
             loop {
                 if let Some(at) = self.read.iter().position(|n| n.channel() == channel) {
                     self.read.remove(at);
-                    return true;
+                    return Ok(true);
                 }
                 if self.closed {
-                    return false;
+                    return Err(closed_under_a_command());
                 }
                 read_one(&mut self.messages, &mut self.read, &mut self.closed).await;
             }
         })
         .await
-        .unwrap_or(false);
+        .unwrap_or(Ok(false))?;
         if !arrived {
             // Best effort, not checked: through a transaction-mode pooler
             // this runs on whichever server session is free, most often the
@@ -197,7 +220,7 @@ impl Listener {
             let unlisten = format!("UNLISTEN {channel}");
             tokio::time::timeout(timeout, self.execute(&unlisten))
                 .await
-                .map_err(|_| timed_out("UNLISTEN"))?
+                .map_err(|_| timed_out("UNLISTEN"))??
                 .map_err(broken)?;
         }
         Ok(arrived)
@@ -224,9 +247,9 @@ impl Listener {
         if names.is_empty() {
             // The identifier is `distlock_` and hex digits: nothing to quote.
             let listen = format!("LISTEN {ident}");
-            if let Err(e) = self.execute(&listen).await {
+            if let Err(e) = self.execute(&listen).await.and_then(|r| r.map_err(broken)) {
                 self.names.remove(&ident);
-                return Err(broken(e));
+                return Err(e);
             }
         }
         self.names
@@ -246,7 +269,7 @@ impl Listener {
         if names.is_empty() {
             self.names.remove(&ident);
             let unlisten = format!("UNLISTEN {ident}");
-            self.execute(&unlisten).await.map_err(broken)?;
+            self.execute(&unlisten).await?.map_err(broken)?;
         }
         Ok(())
     }
@@ -274,5 +297,35 @@ impl Listener {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_command_in_flight_when_the_connection_closes_ends_at_once() {
+        // The connection's messages end (as when the server closes it) while
+        // the command's reply, which only they could carry, never comes.
+        let mut messages: Messages = Box::pin(futures_util::stream::empty());
+        let mut read = VecDeque::new();
+        let mut closed = false;
+        let ended = tokio::time::timeout(
+            Duration::from_secs(5),
+            driven(
+                &mut messages,
+                &mut read,
+                &mut closed,
+                std::future::pending::<()>(),
+            ),
+        )
+        .await
+        .expect("a command on a closed connection waited for ever");
+        assert!(ended.is_none());
+        assert!(closed);
+        // A command whose reply came before the end still answers.
+        let answered = driven(&mut messages, &mut read, &mut closed, async { 7 }).await;
+        assert_eq!(answered, Some(7));
     }
 }
