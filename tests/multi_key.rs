@@ -593,6 +593,47 @@ async fn a_cancelled_acquisition_leaves_nothing_held(d: Deployment) {
     holder.release().await.unwrap();
 }
 
+/// A `lock_all` with a `min_hold` that fails (times out, or its future is
+/// dropped) gives back the locks it took at once: its caller never held
+/// them, so the `min_hold` keeps none of them.
+async fn a_failed_acquisition_keeps_nothing_for_its_min_hold(d: Deployment) {
+    let (a, b) = (d.manager().await, d.manager().await);
+    let conn = &mut Deployed(&d);
+    let holder = a.lock("m:2").acquire().await.unwrap();
+    // m:1 is taken in lock order, then m:2 waited for until the wait ends.
+    let timed_out = b
+        .lock_all(["m:1", "m:2"])
+        .min_hold(Duration::from_secs(300))
+        .wait(Duration::from_millis(300))
+        .acquire()
+        .await;
+    assert!(
+        matches!(timed_out, Err(LockError::Timeout { .. })),
+        "{timed_out:?}"
+    );
+    assert!(
+        !conn.held(&a, "m:1").await,
+        "kept for the min_hold after a timeout"
+    );
+    let cancelled = tokio::time::timeout(
+        Duration::from_millis(300),
+        b.lock_all(["m:1", "m:2"])
+            .min_hold(Duration::from_secs(300))
+            .wait(Duration::from_secs(10))
+            .acquire(),
+    )
+    .await;
+    assert!(cancelled.is_err());
+    // Released in the background by the dropped future.
+    assert!(
+        eventually(Duration::from_secs(2), async || !conn.held(&a, "m:1").await)
+            .await
+            .is_some(),
+        "kept for the min_hold after the acquisition was dropped"
+    );
+    holder.release().await.unwrap();
+}
+
 // --- Redis Cluster: keys on different masters, one acquire per key. ---
 
 fn cluster() -> &'static RedisCluster {
@@ -712,6 +753,7 @@ async fn under_redlock() {
 
 on_stores!(
     both_orders_concurrently_never_deadlock,
+    a_failed_acquisition_keeps_nothing_for_its_min_hold,
     keys_are_deduplicated_and_sorted,
     partial_holds_never_leak,
     a_busy_key_is_waited_for_in_order,

@@ -4,7 +4,7 @@
 //! one (same owner token, same fencing token) and only counts one more hold.
 
 use std::pin::pin;
-use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
@@ -59,8 +59,13 @@ pub(crate) struct Lease {
     /// The lock stays taken until this instant, released or not, if the request
     /// set a `min_hold`: the acquisition's reply arrived at `min_hold_until -
     /// min_hold` (monotonic clock), and a release before then keeps the lock
-    /// for the rest (see [`Lease::keep_ms`]).
-    pub(crate) min_hold_until: Option<Instant>,
+    /// for the rest (see [`Lease::keep_ms`]), unless
+    /// [`forgone`](Lease::forgo_min_hold).
+    min_hold_until: Option<Instant>,
+    /// Set when the acquisition that took the lock failed as a whole (a
+    /// `lock_all` that could not take its other keys): its caller never held
+    /// it, so `min_hold` keeps nothing.
+    min_hold_forgone: AtomicBool,
     epoch: Instant,
     /// Local validity deadline, nanoseconds after `epoch`.
     valid_until: AtomicU64,
@@ -160,6 +165,7 @@ impl Lease {
             granted_at: n.sent_at,
             max_hold_until: n.hold.max_hold.and_then(|d| n.sent_at.checked_add(d)),
             min_hold_until: n.hold.min_hold.and_then(|d| n.acquired_at.checked_add(d)),
+            min_hold_forgone: AtomicBool::new(false),
             epoch: n.epoch,
             valid_until: AtomicU64::new(0),
             next_renewal: AtomicU64::new(0),
@@ -332,7 +338,19 @@ impl Lease {
     /// How long a release now must keep the lock (whole milliseconds, rounded
     /// up): the rest of `min_hold`, 0 without one or once it has passed.
     pub(crate) fn keep_ms(&self) -> u64 {
-        keep_ms(self.min_hold_until)
+        keep_ms(self.min_hold_until())
+    }
+
+    /// Until when a release must keep the lock (`min_hold`), if at all.
+    pub(crate) fn min_hold_until(&self) -> Option<Instant> {
+        self.min_hold_until
+            .filter(|_| !self.min_hold_forgone.load(Ordering::Acquire))
+    }
+
+    /// The acquisition that took this lock failed as a whole and gives it
+    /// back: released now, it is not kept for `min_hold`.
+    pub(crate) fn forgo_min_hold(&self) {
+        self.min_hold_forgone.store(true, Ordering::Release);
     }
 
     /// Lost: the renewal found the lock not ours, or the local deadline passed.
@@ -478,7 +496,8 @@ impl Lease {
             waited: self.waited,
             granted_at: self.granted_at,
             max_hold_until: self.max_hold_until,
-            min_hold_until: self.min_hold_until,
+            min_hold_until: self.min_hold_until(),
+            min_hold_forgone: AtomicBool::new(false),
             epoch: self.epoch,
             valid_until: AtomicU64::new(self.valid_until.load(Ordering::Acquire)),
             next_renewal: AtomicU64::new(self.next_renewal.load(Ordering::Acquire)),

@@ -218,6 +218,7 @@ impl MultiLockRequest {
             options.metrics_label,
         );
         let mut taken = MultiLockGuard::new(manager.clone());
+        taken.acquiring_since = Some(Instant::now());
         let Some(first) = keys.first() else {
             return Ok(Some(taken));
         };
@@ -517,6 +518,10 @@ pub struct MultiLockGuard {
     leases: Vec<Arc<Lease>>,
     /// Set by `release`, so that `Drop` has nothing left to do.
     released: bool,
+    /// While the acquisition runs, when it began: a lock it took itself was
+    /// granted after that (a re-entered one before), and is given back
+    /// without its `min_hold` if the acquisition fails (see `give_back`).
+    acquiring_since: Option<Instant>,
     /// The `distlock.hold_all` span, from the grant to the release.
     hold_span: tracing::Span,
 }
@@ -545,7 +550,19 @@ impl MultiLockGuard {
             keys: Vec::new(),
             leases: Vec::new(),
             released: false,
+            acquiring_since: None,
             hold_span: tracing::Span::none(),
+        }
+    }
+
+    /// An acquisition that failed (or was dropped) gives back the locks it
+    /// took itself at once: its caller never held them, so no `min_hold`
+    /// keeps them. Re-entered holds keep their outer hold's.
+    fn forgo_min_holds_of_taken(&self) {
+        if let Some(since) = self.acquiring_since {
+            for lease in self.leases.iter().filter(|l| l.granted_at >= since) {
+                lease.forgo_min_hold();
+            }
         }
     }
 
@@ -556,6 +573,7 @@ impl MultiLockGuard {
 
     /// Puts the leases in key order once all are held.
     fn finish(&mut self) {
+        self.acquiring_since = None;
         self.leases.sort_by(|a, b| a.key.cmp(&b.key));
         self.keys = self.leases.iter().map(|l| l.key.clone()).collect();
         if let Some(first) = self.keys.first() {
@@ -569,6 +587,7 @@ impl MultiLockGuard {
 
     /// Gives back what a failed acquisition had taken, and waits for it.
     async fn give_back(&mut self) {
+        self.forgo_min_holds_of_taken();
         let taken = std::mem::replace(self, MultiLockGuard::new(self.manager.clone()));
         if let Err(e) = taken.release().await {
             tracing::debug!(target: "distlock::acquire", error = %e, "giving back the locks taken");
@@ -718,6 +737,7 @@ impl Drop for MultiLockGuard {
     /// never blocks.
     fn drop(&mut self) {
         if !self.released {
+            self.forgo_min_holds_of_taken();
             drop_holds(&self.manager.core, &self.leases);
         }
     }

@@ -82,7 +82,7 @@ impl LockGuard {
         if !core.renewals.insert(kept_lease.clone()) {
             // Shut down meanwhile: the shutdown released what it knew of.
             kept_lease.mark_released();
-            release_lease_in_background(&core, &kept_lease, kept_lease.min_hold_until);
+            release_lease_in_background(&core, &kept_lease, kept_lease.min_hold_until());
             self.replace_lease(kept_lease);
             return Err(LockError::ShutDown {
                 key: old.key.clone(),
@@ -168,7 +168,7 @@ impl LockGuard {
             if !core.renewals.insert(lease.clone()) {
                 // Shut down meanwhile: the shutdown released what it knew of.
                 lease.mark_released();
-                release_lease_in_background(&core, lease, lease.min_hold_until);
+                release_lease_in_background(&core, lease, lease.min_hold_until());
                 shut_down = true;
             }
         }
@@ -245,7 +245,7 @@ async fn rename_hold(
     // and its shutdown did not see the lease to release it), released here.
     let put_back = || {
         if !core.renewals.insert(old.clone()) {
-            release_lease_in_background(core, old, old.min_hold_until);
+            release_lease_in_background(core, old, old.min_hold_until());
         }
     };
     let mut in_flight = ReleaseOnDrop::new(|| {

@@ -186,7 +186,7 @@ fn end_holds(core: &Core, leases: &[Arc<Lease>]) -> Ended {
 
 fn release_each_in_background(core: &Arc<Core>, last: &[LastHold]) {
     for LastHold { lease, .. } in last {
-        release_lease_in_background(core, lease, lease.min_hold_until);
+        release_lease_in_background(core, lease, lease.min_hold_until());
     }
 }
 

@@ -247,7 +247,7 @@ async fn renew_batch(backend: &Backend, batch: &[Arc<Lease>]) {
                 // have run after it and reset the TTL to a whole lease. Release
                 // again (a second keep is harmless if it ran before). Not a
                 // lease handed over to a ticket: the hold is the ticket's.
-                if lease.is_released_by_itself() && lease.min_hold_until.is_some() {
+                if lease.is_released_by_itself() && lease.min_hold_until().is_some() {
                     rekeep.push(lease);
                 }
             }
