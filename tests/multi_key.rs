@@ -634,6 +634,47 @@ async fn a_failed_acquisition_keeps_nothing_for_its_min_hold(d: Deployment) {
     holder.release().await.unwrap();
 }
 
+/// A lock taken first whose lease runs out unrenewed while a later one is
+/// waited for fails the acquisition with `Lost` and gives everything back:
+/// a guard handed out then would claim a lock another may hold.
+async fn a_lock_lost_while_the_others_are_waited_for_fails_the_acquisition(d: Deployment) {
+    let (a, b) = (d.manager().await, d.manager().await);
+    let conn = &mut Deployed(&d);
+    let holder = a.lock("e:2").acquire().await.unwrap();
+    let waiter = tokio::spawn(async move {
+        b.lock_all(["e:1", "e:2"])
+            .lease(Duration::from_millis(500))
+            .renew(false)
+            .wait(Duration::from_secs(10))
+            .acquire()
+            .await
+    });
+    // e:1 is taken in lock order, then e:2 waited for; e:1's lease ends in
+    // the store 0.5 s after it was sent, and the waiter's local deadline for
+    // it ended before that.
+    await_waiter(&a, "e:2").await;
+    assert!(
+        eventually(Duration::from_secs(5), async || !conn.held(&a, "e:1").await)
+            .await
+            .is_some()
+    );
+    holder.release().await.unwrap();
+    let acquired = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(&acquired, Err(LockError::Lost { key }) if key == "e:1"),
+        "{acquired:?}"
+    );
+    assert!(
+        eventually(Duration::from_secs(2), async || !conn.held(&a, "e:2").await)
+            .await
+            .is_some(),
+        "e:2 was not given back"
+    );
+}
+
 // --- Redis Cluster: keys on different masters, one acquire per key. ---
 
 fn cluster() -> &'static RedisCluster {
@@ -753,6 +794,7 @@ async fn under_redlock() {
 
 on_stores!(
     both_orders_concurrently_never_deadlock,
+    a_lock_lost_while_the_others_are_waited_for_fails_the_acquisition,
     a_failed_acquisition_keeps_nothing_for_its_min_hold,
     keys_are_deduplicated_and_sorted,
     partial_holds_never_leak,

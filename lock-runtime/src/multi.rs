@@ -180,7 +180,10 @@ impl MultiLockRequest {
     /// passed, [`LockError::InvalidKey`] / [`LockError::InvalidConfig`] for bad
     /// input (`InvalidConfig` for more than [`MAX_LOCK_ALL_KEYS`] distinct
     /// keys, before any Redis call), [`LockError::Lost`] when re-entering a hold whose lease was lost,
-    /// [`LockError::Backend`] when Redis fails or does not answer in time.
+    /// or when a lock taken first was lost while the others were waited for
+    /// (a lease shorter than the wait with `renew(false)`; everything taken
+    /// is given back), [`LockError::Backend`] when Redis fails or does not
+    /// answer in time.
     pub async fn acquire(self) -> Result<MultiLockGuard, LockError> {
         let key = self.keys.first().cloned().unwrap_or_default();
         match self.run(Patience::Wait).await? {
@@ -288,7 +291,22 @@ impl MultiLockRequest {
             )
             .await;
             match outcome {
-                Ok(true) => Ok(Some(taken)),
+                // A lock taken early may have been lost while the later ones
+                // were waited for (its lease ran out unrenewed, or a renewal
+                // found it taken): handed out, the guard would claim a lock
+                // another may hold.
+                Ok(true) => match taken.leases.iter().find(|l| l.is_lost()) {
+                    None => Ok(Some(taken)),
+                    Some(lost) => {
+                        let key = lost.key.clone();
+                        taken.give_back().await;
+                        tracing::debug!(target: "distlock::acquire",
+                            key = %KeyPreview(&key),
+                            "a lock taken first was lost while the others were waited for"
+                        );
+                        Err(LockError::Lost { key })
+                    }
+                },
                 Ok(false) => {
                     // All or nothing: give back what was taken before returning.
                     taken.give_back().await;
