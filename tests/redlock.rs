@@ -273,6 +273,44 @@ async fn members_delayed_past_the_lease_give_no_grant_and_partial_grants_are_rel
 }
 
 #[tokio::test]
+async fn a_release_that_reached_fewer_than_a_majority_is_retried() {
+    let servers = five();
+    let mut proxies = Vec::new();
+    for s in &servers[1..] {
+        proxies.push(FaultProxy::start(s.addr()).await.unwrap());
+    }
+    let mut member_urls = vec![servers[0].url()];
+    member_urls.extend(proxies.iter().map(FaultProxy::url));
+    let m = redlock(member_urls).await;
+    let guard = m
+        .lock("partial")
+        .lease(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    assert_eq!(holders(&servers, &m, "partial").await, 5);
+    // Four members of five stop answering: the release reaches one.
+    for p in &proxies {
+        p.set_mode(FaultMode::BlackHole);
+    }
+    let released = guard.release().await;
+    assert!(
+        matches!(released, Err(LockError::Backend { .. })),
+        "a release one member of five answered counted as done: {released:?}"
+    );
+    for p in &proxies {
+        p.set_mode(FaultMode::Pass);
+    }
+    // Retried in the background, it reaches the four once they answer
+    // again, long before the 30 s lease would have freed them.
+    let freed = eventually(Duration::from_secs(10), async || {
+        holders(&servers, &m, "partial").await == 0
+    })
+    .await;
+    assert!(freed.is_some(), "four members of five kept the lock");
+}
+
+#[tokio::test]
 async fn renewal_survives_two_deaths_and_reports_the_loss_at_the_third() {
     let mut servers = five();
     let m = redlock(urls(&servers)).await;

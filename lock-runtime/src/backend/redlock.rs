@@ -385,7 +385,8 @@ impl Redlock {
         let replies = self
             .on_all(self.command_timeout, |m| m.on_key(key, &release))
             .await;
-        // Fewer than a majority answered and none held it: the caller retries.
+        // Fewer than a majority answered: the caller retries (in the
+        // background).
         self.any_of_a_majority(key, replies)
     }
 
@@ -508,8 +509,11 @@ impl Redlock {
         Ok(names)
     }
 
-    /// True when any member said true, once a majority answered (or any said
-    /// true); otherwise the first error.
+    /// Once a majority answered, whether any member said true; with fewer,
+    /// the first error, also when one said true: the members a release or
+    /// force-unlock did not reach may be a majority still holding the lock,
+    /// which nobody renews and everybody else waits for until its lease
+    /// ends, so it must be sent again.
     fn any_of_a_majority(
         &self,
         key: &str,
@@ -517,7 +521,7 @@ impl Redlock {
     ) -> Result<bool, CallError> {
         let any = replies.iter().any(|r| matches!(r, Ok(true)));
         let answered = replies.iter().filter(|r| r.is_ok()).count();
-        if any || answered >= self.quorum {
+        if answered >= self.quorum {
             return Ok(any);
         }
         Err(first_error(key, replies, self.command_timeout))
