@@ -364,6 +364,47 @@ async fn a_member_restarted_empty_lets_nobody_in_and_gets_the_lock_back() {
     g.release().await.unwrap();
 }
 
+/// With one member restarted empty and another cut off, every lease renewed
+/// is re-created on the first, each re-creation waiting for the second until
+/// the member timeout: all at once, so that the renewal task is back in time.
+#[tokio::test]
+async fn re_creating_many_locks_on_a_restarted_member_loses_none() {
+    let mut servers = five();
+    let proxy = FaultProxy::start(servers[4].addr()).await.unwrap();
+    let mut member_urls = urls(&servers[..4]);
+    member_urls.push(proxy.url());
+    let m = redlock(member_urls).await;
+    let lease = Duration::from_secs(3);
+    let mut guards = Vec::new();
+    for i in 0..12 {
+        guards.push(
+            m.lock(format!("many:{i}"))
+                .lease(lease)
+                .acquire()
+                .await
+                .unwrap(),
+        );
+    }
+    servers[0].restart().unwrap();
+    proxy.set_mode(FaultMode::BlackHole);
+    // Renewals come every lease / 3 (1 s); a member that does not answer
+    // holds a round up for the member timeout, lease / 10 (0.3 s). The first
+    // round after the restart finds the 12 locks gone from the restarted
+    // member and re-creates them, each call to the cut-off member waiting
+    // 0.3 s: 3.6 s one after another, past the 3 s leases; 0.3 s at once.
+    let lost = tokio::time::timeout(
+        lease * 2,
+        futures_util::future::select_all(guards.iter().map(|g| Box::pin(g.lost()))),
+    )
+    .await
+    .is_ok();
+    assert!(!lost, "a lease was lost while a majority held it");
+    proxy.set_mode(FaultMode::Pass);
+    for g in guards {
+        g.release().await.unwrap();
+    }
+}
+
 /// A member whose counter is far ahead is in the first holder's majority and
 /// out of the second's: the write-back round still makes the second token larger.
 #[tokio::test]

@@ -631,8 +631,11 @@ impl Redlock {
     /// Takes a held lock back on the members that lost it (restarted empty)
     /// while a majority still holds it: the acquire script under the same owner
     /// token re-creates it where it is missing and leaves other owners' alone.
+    /// All at once: the renewal task waits for this round, and one lease
+    /// after another, each waiting for a member that does not answer, would
+    /// hold the next renewals up past the leases' ends.
     async fn reclaim(&self, leases: &[Arc<Lease>]) {
-        for lease in leases.iter().filter(|lease| lease.is_held()) {
+        join_all(leases.iter().filter(|lease| lease.is_held()).map(|lease| async move {
             let lease_ms = lease.lease_ms();
             // The member's record says the hold began now: the original time is
             // on the other members.
@@ -653,7 +656,8 @@ impl Redlock {
                 members = reclaimed.iter().filter(|r| matches!(r, Ok(AcquireReply::Acquired { .. }))).count(),
                 "re-created a Redlock lock on members that had lost it"
             );
-        }
+        }))
+        .await;
     }
 
     #[cfg(feature = "testing")]
