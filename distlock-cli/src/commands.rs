@@ -47,9 +47,6 @@ pub async fn run(cli: &Cli) -> Result<Outcome, CliError> {
     if let Command::Schema = cli.command {
         return schema(cli);
     }
-    if cli.urls.len() > 1 && !cli.cluster {
-        return Err("several URLs are the nodes of a Redis Cluster: add --cluster".into());
-    }
     match &cli.command {
         Command::List { pattern } => list(cli, pattern).await,
         Command::Inspect { key } => inspect(cli, key).await,
@@ -104,8 +101,33 @@ fn tls_ca(cli: &Cli) -> Result<Option<Vec<u8>>, CliError> {
 }
 
 /// Prints a JSON value on one line.
-fn print_json(value: &serde_json::Value) {
-    println!("{value}");
+fn print_json(value: &serde_json::Value) -> Result<(), CliError> {
+    out(format_args!("{value}\n"))
+}
+
+/// The reader of standard output went away (`distlock list | head -n1`):
+/// the command stops there, and the process ends successfully, as `ls | head`
+/// does.
+#[derive(Debug)]
+pub struct ReaderGone;
+
+impl std::fmt::Display for ReaderGone {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("standard output was closed")
+    }
+}
+
+impl Error for ReaderGone {}
+
+/// Writes `text` to standard output and flushes it; a closed pipe is
+/// [`ReaderGone`] (`print!` would panic on it).
+fn out(text: impl std::fmt::Display) -> Result<(), CliError> {
+    let mut stdout = std::io::stdout().lock();
+    match write!(stdout, "{text}").and_then(|()| stdout.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(Box::new(ReaderGone)),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// `distlock list [PATTERN]`.
@@ -113,14 +135,16 @@ async fn list(cli: &Cli, pattern: &str) -> Result<Outcome, CliError> {
     let manager = manager(cli).await?;
     let locks = manager.list(pattern).await?;
     if cli.json {
-        print_json(&output::locks_json(&locks));
+        print_json(&output::locks_json(&locks))?;
     } else {
-        print!(
-            "{}",
-            output::lock_table(&locks, &cli.prefix, pattern, SystemTime::now())
-        );
+        out(output::lock_table(
+            &locks,
+            &cli.prefix,
+            pattern,
+            SystemTime::now(),
+        ))?;
         let counters = manager.list_counting_semaphores(pattern).await?;
-        print!("{}", output::counter_table(&counters));
+        out(output::counter_table(&counters))?;
     }
     Ok(Outcome::Done)
 }
@@ -133,9 +157,9 @@ async fn inspect(cli: &Cli, key: &str) -> Result<Outcome, CliError> {
         || state.counting_permits.is_some()
         || state.counting_waiters > 0;
     if cli.json {
-        print_json(&output::key_json(&state));
+        print_json(&output::key_json(&state))?;
     } else if anything {
-        print!("{}", output::key_details(&state, SystemTime::now()));
+        out(output::key_details(&state, SystemTime::now()))?;
     }
     if anything {
         Ok(Outcome::Done)
@@ -187,16 +211,16 @@ async fn unlock(cli: &Cli, key: &str, hold: Option<&str>, yes: bool) -> Result<O
         None => manager.force_unlock_all(key).await?,
     };
     if cli.json {
-        print_json(&serde_json::json!({ "key": key, "was_held": freed > 0, "freed": freed }));
+        print_json(&serde_json::json!({ "key": key, "was_held": freed > 0, "freed": freed }))?;
     } else if freed > 0 {
-        println!(
+        out(format_args!(
             "force-unlocked {key} ({described}); its waiters were woken.\n\
              Each holder learns it at its next renewal (within a third of its lease): its \
              guard reports the lease lost and its release returns Lost. The next holder's \
-             fencing token is larger."
-        );
+             fencing token is larger.\n"
+        ))?;
     } else {
-        println!("{key} was not locked; nothing done");
+        out(format_args!("{key} was not locked; nothing done\n"))?;
     }
     Ok(Outcome::Done)
 }
@@ -218,9 +242,9 @@ async fn permits(
     };
     let Some(change) = change else {
         if cli.json {
-            print_json(&output::counter_json(key, &before));
+            print_json(&output::counter_json(key, &before))?;
         } else if before.exists {
-            print!("{}", output::counter_line(key, &before));
+            out(output::counter_line(key, &before))?;
         }
         if before.exists {
             return Ok(Outcome::Done);
@@ -255,13 +279,13 @@ async fn permits(
             "key": key,
             "available_before": before.available,
             "available": available,
-        }));
+        }))?;
     } else {
-        println!(
+        out(format_args!(
             "counting semaphore {key}: {} -> {available} available; waiters were woken if \
-             permits became available",
+             permits became available\n",
             before.available
-        );
+        ))?;
     }
     Ok(Outcome::Done)
 }
@@ -292,13 +316,12 @@ async fn watch(
         };
         if cli.json {
             match &locks {
-                Ok(locks) => print_json(&output::locks_json(locks)),
+                Ok(locks) => print_json(&output::locks_json(locks))?,
                 Err(e) => eprintln!("distlock: {e} (retrying)"),
             }
         } else {
-            print!("{}", watch_screen(cli, pattern, interval, &locks, terminal));
+            out(watch_screen(cli, pattern, interval, &locks, terminal))?;
         }
-        std::io::stdout().flush()?;
         if once {
             break;
         }
@@ -342,7 +365,7 @@ fn watch_screen(
 /// `distlock schema [--schema NAME]`: offline.
 #[cfg(feature = "postgres")]
 fn schema(cli: &Cli) -> Result<Outcome, CliError> {
-    print!("{}", distlock::postgres_schema_sql(&cli.schema)?);
+    out(distlock::postgres_schema_sql(&cli.schema)?)?;
     Ok(Outcome::Done)
 }
 
@@ -363,9 +386,9 @@ async fn check(cli: &Cli) -> Result<Outcome, CliError> {
     #[cfg(not(feature = "postgres"))]
     let results = crate::check::run(&cli.urls, cli.cluster, tls_ca(cli)?).await;
     if cli.json {
-        print_json(&output::checks_json(&results));
+        print_json(&output::checks_json(&results))?;
     } else {
-        print!("{}", output::check_lines(&results));
+        out(output::check_lines(&results))?;
     }
     let failed = results.iter().any(|r| r.status == output::Status::Fail);
     Ok(if failed {

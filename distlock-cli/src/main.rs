@@ -34,6 +34,7 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(commands::run(&cli)) {
         Ok(outcome) => outcome.into(),
+        Err(e) if e.is::<commands::ReaderGone>() => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("distlock: {e}");
             ExitCode::from(1)
@@ -53,6 +54,10 @@ fn usage_mistake(cli: &cli::Cli) -> Option<String> {
         return Some(
             "give one PostgreSQL URL (several URLs are the nodes of a Redis Cluster)".to_owned(),
         );
+    }
+    // `schema` reads no URL.
+    if cli.urls.len() > 1 && !cli.cluster && !matches!(cli.command, cli::Command::Schema) {
+        return Some("several URLs are the nodes of a Redis Cluster: add --cluster".to_owned());
     }
     None
 }

@@ -489,7 +489,8 @@ fn several_urls_need_cluster() {
     distlock()
         .args(["--url", "redis://127.0.0.1:1,redis://127.0.0.1:2", "list"])
         .assert()
-        .code(1)
+        // A usage error, as clap's own: exit 2.
+        .code(2)
         .stderr(predicate::str::contains("--cluster"));
 }
 
@@ -847,4 +848,32 @@ async fn counting_semaphores_are_listed_inspected_and_given_permits_back() {
     assert_eq!(set["available_before"], 3);
     assert_eq!(set["available"], -1);
     assert_eq!(uploads.available_permits().await.unwrap(), -1);
+}
+
+/// `distlock list | head -n0`: the reader is gone before the first line; the
+/// command stops quietly and successfully, as `ls | head` does (a `print!`
+/// would panic: exit 101).
+#[test]
+fn a_closed_standard_output_ends_the_command_quietly() {
+    let redis = RedisServer::spawn().unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_distlock"))
+        .env_remove("DISTLOCK_URL")
+        .env_remove("DISTLOCK_REDIS_URL")
+        .env_remove("REDIS_URL")
+        .args(["--url", &redis.url(), "list"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Closed before the command can have written anything: it connects
+    // first.
+    drop(child.stdout.take());
+    let output = child.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "{:?}: {}",
+        output.status,
+        stderr(&output)
+    );
+    assert!(stderr(&output).is_empty(), "{}", stderr(&output));
 }
