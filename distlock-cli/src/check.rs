@@ -23,18 +23,21 @@ pub async fn run(urls: &[String], cluster: bool, tls_ca: Option<Vec<u8>>) -> Vec
     let mut results = Vec::new();
     if cluster {
         match cluster_masters(urls, tls_ca).await {
-            Ok(masters) if !masters.is_empty() => {
+            Ok(view) => {
+                let (status, detail) = view.judged();
                 results.push(CheckResult {
                     check: "cluster".to_owned(),
-                    status: Status::Ok,
-                    detail: format!("{} master(s): {}", masters.len(), masters.join(", ")),
+                    status,
+                    detail,
                 });
-                nodes = masters
-                    .iter()
-                    .map(|addr| with_address(&urls[0], addr))
-                    .collect();
+                if !view.masters.is_empty() {
+                    nodes = view
+                        .masters
+                        .iter()
+                        .map(|addr| with_address(&urls[0], addr))
+                        .collect();
+                }
             }
-            Ok(_) => {}
             Err(detail) => results.push(CheckResult {
                 check: "cluster".to_owned(),
                 status: Status::Warn,
@@ -293,48 +296,135 @@ fn cluster_mode(info: &HashMap<String, String>, cluster: bool) -> (&'static str,
     ("cluster mode", status, detail)
 }
 
-/// The `host:port` of every master of the cluster, from `CLUSTER NODES` of the
-/// first URL that answers.
-async fn cluster_masters(urls: &[String], tls_ca: Option<&[u8]>) -> Result<Vec<String>, String> {
+/// What one node says of its cluster: the healthy masters and the state.
+#[derive(Debug, Default, PartialEq)]
+struct ClusterView {
+    /// The healthy masters' `host:port`, sorted (see [`parse_cluster_masters`]).
+    masters: Vec<String>,
+    /// Masters flagged failed (or without an address) that still serve
+    /// slots: no replica took them over.
+    failed_with_slots: Vec<String>,
+    /// `cluster_state` and `cluster_slots_ok` of `CLUSTER INFO`.
+    state: String,
+    slots_ok: Option<u64>,
+}
+
+impl ClusterView {
+    /// The `cluster` check: ok only when the cluster serves every slot.
+    fn judged(&self) -> (Status, String) {
+        let masters = format!(
+            "{} master(s): {}",
+            self.masters.len(),
+            self.masters.join(", ")
+        );
+        if self.state == "ok" && self.failed_with_slots.is_empty() && !self.masters.is_empty() {
+            return (Status::Ok, masters);
+        }
+        let mut detail = format!(
+            "cluster_state:{}, {} of 16384 slots served",
+            if self.state.is_empty() {
+                "unknown"
+            } else {
+                &self.state
+            },
+            self.slots_ok
+                .map_or("an unknown number".to_owned(), |n| n.to_string())
+        );
+        if !self.failed_with_slots.is_empty() {
+            detail.push_str(&format!(
+                "; failed master(s) still owning slots: {}",
+                self.failed_with_slots.join(", ")
+            ));
+        }
+        detail.push_str(&format!(
+            "; locks on the slots not served fail (CLUSTERDOWN); {masters}"
+        ));
+        (Status::Fail, detail)
+    }
+}
+
+/// The cluster as the first URL that answers sees it: `CLUSTER NODES` and
+/// `CLUSTER INFO`.
+async fn cluster_masters(urls: &[String], tls_ca: Option<&[u8]>) -> Result<ClusterView, String> {
     let mut last_error = "no URL given".to_owned();
     for url in urls {
-        let reply: redis::RedisResult<String> = async {
+        let reply: redis::RedisResult<(String, String)> = async {
             let mut conn = connect(url, tls_ca).await?;
-            redis::cmd("CLUSTER")
+            let nodes = redis::cmd("CLUSTER")
                 .arg("NODES")
                 .query_async(&mut conn)
-                .await
+                .await?;
+            let info = redis::cmd("CLUSTER")
+                .arg("INFO")
+                .query_async(&mut conn)
+                .await?;
+            Ok((nodes, info))
         }
         .await;
         match reply {
-            Ok(text) => return Ok(parse_cluster_masters(&text)),
+            Ok((nodes, info)) => {
+                let fields: HashMap<String, String> = parse_info(&info).collect();
+                let (masters, failed_with_slots) = parse_cluster_masters(&nodes);
+                return Ok(ClusterView {
+                    masters,
+                    failed_with_slots,
+                    state: fields.get("cluster_state").cloned().unwrap_or_default(),
+                    slots_ok: fields.get("cluster_slots_ok").and_then(|n| n.parse().ok()),
+                });
+            }
             Err(e) => last_error = format!("{}: {e}", redact(url)),
         }
     }
     Err(last_error)
 }
 
-/// The healthy masters' `host:port` in a `CLUSTER NODES` reply, sorted.
-fn parse_cluster_masters(text: &str) -> Vec<String> {
-    let mut masters: Vec<String> = text
-        .lines()
-        .filter_map(|line| {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            let flags = fields.get(2)?;
-            let is_master = flags.split(',').any(|f| f == "master");
-            let broken = flags
-                .split(',')
-                .any(|f| matches!(f, "fail" | "noaddr" | "handshake"));
-            if !is_master || broken {
-                return None;
+/// In a `CLUSTER NODES` reply: the healthy masters' addresses, sorted, and
+/// the failed masters that still own slots. A master announcing a hostname
+/// is named by it (the endpoint clients use, which TLS certificates name);
+/// an IPv6 address is bracketed, as URLs take it.
+fn parse_cluster_masters(text: &str) -> (Vec<String>, Vec<String>) {
+    let mut masters = Vec::new();
+    let mut failed = Vec::new();
+    for line in text.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let (Some(address), Some(flags)) = (fields.get(1), fields.get(2)) else {
+            continue;
+        };
+        if !flags.split(',').any(|f| f == "master") {
+            continue;
+        }
+        // `ip:port@cport[,hostname]`
+        let (ip_port, hostname) = match address.split_once(',') {
+            Some((ip_port, hostname)) => (ip_port, hostname),
+            None => (*address, ""),
+        };
+        let ip_port = ip_port.split('@').next().unwrap_or(ip_port);
+        let Some((ip, port)) = ip_port.rsplit_once(':') else {
+            continue;
+        };
+        let host = if !hostname.is_empty() {
+            hostname.to_owned()
+        } else if ip.contains(':') && !ip.starts_with('[') {
+            format!("[{ip}]")
+        } else {
+            ip.to_owned()
+        };
+        let named = format!("{host}:{port}");
+        let broken = flags
+            .split(',')
+            .any(|f| matches!(f, "fail" | "noaddr" | "handshake"));
+        // Slot ranges follow the 8 fixed fields.
+        if broken {
+            if fields.len() > 8 {
+                failed.push(named);
             }
-            // `ip:port@cport[,hostname]`
-            let addr = fields.get(1)?.split(['@', ',']).next()?;
-            Some(addr.to_owned())
-        })
-        .collect();
+        } else {
+            masters.push(named);
+        }
+    }
     masters.sort();
-    masters
+    failed.sort();
+    (masters, failed)
 }
 
 /// `host:port` of a URL (after any credentials), for labels.
@@ -430,9 +520,38 @@ mod tests {
                     b 127.0.0.1:7002@17002,host2 master - 0 0 2 connected 5461-10922\n\
                     c 127.0.0.1:7003@17003 slave a 0 0 1 connected\n\
                     d 127.0.0.1:7004@17004 master,fail - 0 0 3 connected\n";
-        assert_eq!(
-            parse_cluster_masters(text),
-            ["127.0.0.1:7001", "127.0.0.1:7002"]
+        let (masters, failed) = parse_cluster_masters(text);
+        assert_eq!(masters, ["127.0.0.1:7001", "host2:7002"]);
+        assert!(failed.is_empty(), "{failed:?}");
+        // A failed master that still owns slots (no replica took over), and
+        // IPv6 addresses, bracketed as URLs take them.
+        let text = "a ::1:7001@17001 myself,master - 0 0 1 connected 0-5460\n\
+                    d 10.0.0.4:7004@17004 master,fail - 0 0 3 connected 5461-16383\n";
+        let (masters, failed) = parse_cluster_masters(text);
+        assert_eq!(masters, ["[::1]:7001"]);
+        assert_eq!(failed, ["10.0.0.4:7004"]);
+    }
+
+    #[test]
+    fn a_cluster_that_does_not_serve_every_slot_fails_the_check() {
+        let healthy = ClusterView {
+            masters: vec!["h:1".to_owned()],
+            failed_with_slots: vec![],
+            state: "ok".to_owned(),
+            slots_ok: Some(16384),
+        };
+        assert_eq!(healthy.judged().0, Status::Ok);
+        let down = ClusterView {
+            state: "fail".to_owned(),
+            slots_ok: Some(10923),
+            failed_with_slots: vec!["h:2".to_owned()],
+            ..healthy
+        };
+        let (status, detail) = down.judged();
+        assert_eq!(status, Status::Fail);
+        assert!(
+            detail.contains("cluster_state:fail") && detail.contains("h:2"),
+            "{detail}"
         );
     }
 

@@ -877,3 +877,42 @@ fn a_closed_standard_output_ends_the_command_quietly() {
     );
     assert!(stderr(&output).is_empty(), "{}", stderr(&output));
 }
+
+/// A cluster that lost a master with no replica to take over serves a third
+/// of its slots no more: `check --cluster` fails its `cluster` line (the
+/// masters that are left would each check fine).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_fails_a_cluster_that_does_not_serve_every_slot() {
+    let mut cluster = RedisCluster::builder()
+        .masters(3)
+        .replicas_per_master(0)
+        .spawn()
+        .unwrap();
+    let urls = cluster.urls();
+    let check = || {
+        let mut cmd = distlock();
+        cmd.args(["--url", &urls[0], "--cluster", "check"]);
+        cmd
+    };
+    let out = run(check()).await;
+    assert!(out.status.success(), "{}", stdout(&out));
+    // The seed is the first node; the last master goes.
+    assert_eq!(urls[0], cluster.nodes()[0].url);
+    cluster.kill(2).unwrap();
+    // The others mark it failed after the node timeout (2 s): from then on
+    // the cluster line fails.
+    let started = Instant::now();
+    loop {
+        let out = run(check()).await;
+        let text = stdout(&out);
+        if text.contains("fail  cluster: cluster_state:fail") {
+            assert!(!out.status.success(), "{text}");
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the cluster line never failed:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
