@@ -465,6 +465,20 @@ fn an_unreachable_url_fails_fast_without_the_password() {
         .assert()
         .code(1)
         .stdout(predicate::str::starts_with("fail  connect: "));
+    // A connection string that is no URL (libpq's key/value form) is
+    // refused without its password, by `check` and by the other commands.
+    let key_values = "host=db user=app password=s3cret dbname=x";
+    distlock()
+        .args(["--url", key_values, "check"])
+        .assert()
+        .code(1)
+        .stdout(predicate::str::contains("password=***"))
+        .stdout(predicate::str::contains("s3cret").not());
+    distlock()
+        .args(["--url", key_values, "list"])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("s3cret").not());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -368,6 +368,9 @@ pub(crate) fn validate_wait(wait: Duration, what: &str) -> Result<(), LockError>
 
 /// The URL without its password, for messages.
 pub(crate) fn redact(url: &str) -> String {
+    if !url.contains("://") {
+        return redact_key_values(url);
+    }
     let url = match (url.find("://"), url.rfind('@')) {
         (Some(scheme_end), Some(at)) if at > scheme_end => {
             format!("{}://***@{}", &url[..scheme_end], &url[at + 1..])
@@ -404,6 +407,45 @@ impl std::fmt::Debug for PostgresSettings {
             .field("synchronous_standby", &self.synchronous_standby)
             .finish()
     }
+}
+
+/// A connection string that is not a URL, such as libpq's key/value form
+/// (`host=db user=app password=s3cret`), given where a URL was expected:
+/// each `password=` or `pass=` value (quoted or not) masked.
+fn redact_key_values(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find('=') {
+        let name_start = rest[..at]
+            .rfind(|c: char| c.is_whitespace() || c == '&' || c == ';')
+            .map_or(0, |i| i + 1);
+        let name = &rest[name_start..at];
+        out.push_str(&rest[..=at]);
+        rest = &rest[at + 1..];
+        if name.eq_ignore_ascii_case("password") || name.eq_ignore_ascii_case("pass") {
+            let end = match rest.strip_prefix('\'') {
+                // A quoted value runs to its closing quote (`\'` escapes one).
+                Some(quoted) => {
+                    let mut escaped = false;
+                    quoted
+                        .char_indices()
+                        .find(|&(_, c)| {
+                            let closes = c == '\'' && !escaped;
+                            escaped = c == '\\' && !escaped;
+                            closes
+                        })
+                        .map_or(rest.len(), |(i, _)| i + 2)
+                }
+                None => rest
+                    .find(|c: char| c.is_whitespace() || c == '&' || c == ';')
+                    .unwrap_or(rest.len()),
+            };
+            out.push_str("***");
+            rest = &rest[end..];
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Several URLs without their passwords, comma-separated, for messages.
@@ -535,6 +577,16 @@ mod tests {
             redact("postgres://h/db?user=u&Password=s3cret&sslmode=require"),
             "postgres://h/db?user=u&Password=***&sslmode=require"
         );
+        // libpq's key/value form, given where a URL was expected.
+        assert_eq!(
+            redact("host=db user=app password=s3cret dbname=x"),
+            "host=db user=app password=*** dbname=x"
+        );
+        assert_eq!(
+            redact("host=db password='a b\\'c' dbname=x"),
+            "host=db password=*** dbname=x"
+        );
+        assert_eq!(redact("password=s3cret"), "password=***");
     }
 
     #[test]
