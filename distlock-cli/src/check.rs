@@ -84,6 +84,23 @@ async fn check_node(
     let mut results = vec![];
     let info = match info(&mut conn).await {
         Ok(info) => info,
+        // Refused by the server (an error reply: an ACL without `INFO`, as
+        // `-@dangerous` leaves an application's user, or a renamed command):
+        // what INFO tells is unknown, but
+        // none of it fails the check; the rest is still checked.
+        Err(e) if e.code().is_some() => {
+            return vec![
+                (
+                    "info",
+                    Status::Warn,
+                    format!(
+                        "INFO refused ({e}): version, persistence, replication and cluster \
+                         mode unknown; check them with a user allowed INFO"
+                    ),
+                ),
+                eviction(&mut conn).await,
+            ];
+        }
         Err(e) => return vec![("info", Status::Fail, format!("INFO failed: {e}"))],
     };
     results.push(version(&info));

@@ -930,3 +930,31 @@ async fn check_fails_a_cluster_that_does_not_serve_every_slot() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// An application's ACL user may not run `INFO` (`-@dangerous`): `check`
+/// says what it cannot know (warn) and still checks the rest, rather than
+/// failing the server for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_warns_when_info_is_refused_and_checks_the_rest() {
+    let redis = RedisServer::spawn().unwrap();
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut raw = client.get_multiplexed_async_connection().await.unwrap();
+    redis::cmd("ACL")
+        .arg(&[
+            "SETUSER", "app", "reset", "on", ">pw", "~*", "&*", "+@all", "-info",
+        ])
+        .query_async::<()>(&mut raw)
+        .await
+        .unwrap();
+    let url = redis.url().replacen("redis://", "redis://app:pw@", 1);
+    let out = run({
+        let mut cmd = distlock();
+        cmd.args(["--url", &url, "check"]);
+        cmd
+    })
+    .await;
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("warn  info: INFO refused"), "{text}");
+    assert!(text.contains("maxmemory-policy: noeviction"), "{text}");
+}
