@@ -1087,3 +1087,73 @@ async fn postgres_watch_reports_a_term_begun_while_its_listener_was_terminated()
     again.resign().await.unwrap();
     assert_eq!(next(&mut watch).await, None);
 }
+
+/// With keyspace notifications on, a term that ends without a message (an
+/// operator's force-unlock deletes the lock: no expiry notice, and the term,
+/// still alive, announces no resignation) is reported as a vacancy when the
+/// lease the watch last saw ends.
+#[tokio::test]
+async fn a_term_ended_without_any_message_is_reported_vacant_at_its_leases_end() {
+    let redis = RedisServer::spawn().unwrap();
+    let mut raw = common::raw(&redis).await;
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("notify-keyspace-events")
+        .arg("Kx")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let d = Deployment::Single(Box::new(redis));
+    let name = "silent-end";
+    let a = candidate(&d, "a").await;
+    let observer = candidate(&d, "observer").await;
+    let term = a.leader(name).lease(LEASE).campaign().await.unwrap();
+    let mut watch = observer.leader(name).watch();
+    assert_eq!(next(&mut watch).await.map(|l| l.epoch), Some(term.epoch()));
+    assert!(observer
+        .force_unlock(&a.leader(name).lock_key())
+        .await
+        .unwrap());
+    // The watch reads the lock at the end of the lease it saw (600 ms), well
+    // within `next`'s 5 s; it heard nothing that would end the term before.
+    assert_eq!(next(&mut watch).await, None);
+    drop(term);
+}
+
+/// A campaign for the same election inside `run`'s body is refused at once
+/// (`AlreadyHeld`), as the guide says, rather than queued behind the term that
+/// runs it.
+#[tokio::test]
+async fn a_campaign_nested_in_runs_body_is_refused() {
+    let redis = RedisServer::spawn().unwrap();
+    let d = Deployment::Single(Box::new(redis));
+    let m = candidate(&d, "a").await;
+    let election = m.leader("nested").lease(LEASE);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let running = {
+        let election = election.clone();
+        tokio::spawn(async move {
+            let _ = election
+                .run(|term| {
+                    let inner = election.clone();
+                    let tx = tx.clone();
+                    async move {
+                        // The term lives as long as the body.
+                        let _term = term;
+                        let nested = tokio::time::timeout(Duration::from_secs(5), inner.campaign())
+                            .await
+                            .map(|r| r.map(|_| ()));
+                        let _ = tx.send(nested);
+                        std::future::pending::<()>().await;
+                    }
+                })
+                .await;
+        })
+    };
+    let nested = rx.recv().await.unwrap();
+    assert!(
+        matches!(nested, Ok(Err(LockError::AlreadyHeld { .. }))),
+        "{nested:?}"
+    );
+    running.abort();
+}

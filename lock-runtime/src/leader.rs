@@ -6,7 +6,9 @@
 //! A term is a hold of the lock taken with an eager fencing token, so the epoch
 //! costs no round trip of its own and strictly increases across terms (the
 //! token's guarantee). Candidates wait in the lock's queue: a resignation
-//! hands the lock to the first of them with one message, as any release does.
+//! hands the lock to the first of them with one message, as any release does
+//! (under Redlock, which queues nobody, it wakes them and the first to try
+//! again wins).
 //! Once it holds the lock, the new leader reads its hold back (one `inspect`)
 //! and publishes it on `<prefix>leader:<name>`; a resignation publishes there
 //! after its release. Watchers listen there, and read the lock itself after
@@ -54,6 +56,11 @@ pub const LEADER_WATCH_CAPACITY: usize = 64;
 /// it. One read a second per such watch; while a term holds, it reads at the
 /// end of each lease it saw, as any watch without expiry notices does.
 const DEAF_VACANCY_READ: Duration = Duration::from_secs(1);
+
+/// How often a watch that hears messages reads the lock while the lead is
+/// vacant: the announcement of the next term may be lost (its publish failed
+/// or timed out), and nothing else would end the vacancy it reports.
+const VACANCY_READ: Duration = Duration::from_secs(5);
 
 /// How many messages a watch's subscriptions hold for its task while it reads
 /// the lock. Past it they are dropped and the task reads the lock again, which
@@ -252,7 +259,11 @@ impl LeaderElection {
                 Ok(leadership) => {
                     delay = backoff.first();
                     let lease = leadership.lease.clone();
-                    let body = term(leadership);
+                    // In the term's lock scope, as a locked function's body
+                    // is: a campaign for the same election inside it is
+                    // refused (`AlreadyHeld`) rather than queued behind the
+                    // term that runs it, for ever.
+                    let body = crate::context::scope_with(&lease, term(leadership));
                     tokio::select! {
                         biased;
                         () = lease.lost() => {}
@@ -615,8 +626,8 @@ async fn watch(election: LeaderElection, changes: buffer::Sender<Option<LeaderIn
     let core = election.manager.inner.core.clone();
     let channel = election.channel();
     // With keyspace notifications of expired keys on, the end of a term
-    // nobody announced is a message too; without, the watch reads the lock
-    // when the lease it last saw ends.
+    // nobody announced is a message too, heard at once; with or without,
+    // the watch reads the lock when the lease it last saw ends.
     let expiry = if core.backend.notifies_expiry().await {
         core.backend.expiry_pattern(&crate::keys::escape_glob(
             &core.keys(&election.lock_key()).lock,
@@ -645,7 +656,6 @@ async fn watch(election: LeaderElection, changes: buffer::Sender<Option<LeaderIn
         // drops them, `heard` ends, and with it this task.
         drop(sink);
     }
-    let lease_timer = expiry.is_none();
     // The first read waits until every subscription is in place (or the
     // connect timeout passes, or one is refused): a read after that misses
     // nothing announced later. What was heard before that read, the read
@@ -677,16 +687,22 @@ async fn watch(election: LeaderElection, changes: buffer::Sender<Option<LeaderIn
             match election.manager.inspect(&election.lock_key()).await {
                 Ok(held) => {
                     let now = tokio::time::Instant::now();
+                    // Expiry notices and announcements end a term sooner;
+                    // these reads are what ends it when neither comes: a
+                    // lock released or force-unlocked whose resignation was
+                    // not announced (a released lock sends no expiry
+                    // notice), a subscription to the notices refused, a
+                    // replica promoted without the notices' setting, an
+                    // announcement of a new term lost.
                     read_at = match &held {
                         // A millisecond past the TTL Redis reported, so the
                         // key has expired by the next read.
-                        Some(info) if lease_timer => Some(
+                        Some(info) => Some(
                             now + info.ttl.unwrap_or(Duration::from_secs(1))
                                 + Duration::from_millis(1),
                         ),
-                        Some(_) => None,
                         None if !core.backend.hears_messages() => Some(now + DEAF_VACANCY_READ),
-                        None => None,
+                        None => Some(now + VACANCY_READ),
                     };
                     let now = held.map(|info| LeaderInfo::from_lock(&info));
                     if let Some(change) = reported.change(now) {
@@ -723,7 +739,7 @@ async fn watch(election: LeaderElection, changes: buffer::Sender<Option<LeaderIn
                     let change = match Announcement::decode(&message) {
                         Some(Announcement::Term { info, lease_ms }) => {
                             let change = reported.change(Some(info));
-                            if change.is_some() && lease_timer {
+                            if change.is_some() {
                                 read_at = Some(
                                     tokio::time::Instant::now()
                                         + Duration::from_millis(lease_ms)
@@ -735,7 +751,7 @@ async fn watch(election: LeaderElection, changes: buffer::Sender<Option<LeaderIn
                         Some(Announcement::Resigned { epoch }) => {
                             let change = reported.resigned(epoch);
                             if change.is_some() {
-                                read_at = None;
+                                read_at = Some(tokio::time::Instant::now() + VACANCY_READ);
                             }
                             change
                         }
