@@ -30,6 +30,7 @@ crate::on_stores!(
 
 crate::on_both!(
     a_release_wakes_a_waiter,
+    a_light_waiter_is_not_held_up_by_a_heavy_one_of_its_manager,
     a_release_of_any_weight_is_one_message,
     one_weighted_release_wakes_a_waiter_per_permit,
     a_weighted_waiter_behind_another_is_woken_when_its_permits_come_free,
@@ -878,6 +879,54 @@ async fn a_weighted_waiter_behind_another_is_woken_when_its_permits_come_free(d:
     three.release().await.unwrap();
     one.release().await.unwrap();
     holds.pop().unwrap().release().await.unwrap();
+}
+
+/// A light waiter of the same manager as a heavy one that waits is not held
+/// up by it: arriving while permits it fits are free, it takes them at once
+/// (rather than queueing behind the heavy one without an attempt), and
+/// waiting behind it, it gets the permits a release frees that the heavy one
+/// cannot use (the heavy one, woken and refused, wakes it).
+async fn a_light_waiter_is_not_held_up_by_a_heavy_one_of_its_manager(d: Deployment) {
+    let a = d.manager().await;
+    let b = d.manager().await;
+    let key = "light-behind-heavy";
+    let mut raw = d.raw_for(&a, key).await;
+    let first = a.semaphore(key, 8).weight(4).acquire().await.unwrap();
+    // The heavy waiter (6) queues with 4 permits free, on a timer of 10 s
+    // (`slow_backoff`), as every waiter here: only an attempt or a wake-up
+    // serves one within the bounds below.
+    let heavy = spawn_permit_waiter(&b, key, 8, 6);
+    await_listener(&mut raw, &semaphore_channel(&a, key)).await;
+    await_parked(&b, 1).await;
+    // A light acquisition of its manager that arrives meanwhile takes 2 of
+    // the 4 free permits at once, rather than queueing behind the heavy one.
+    let arrived = b
+        .semaphore(key, 8)
+        .weight(2)
+        .backoff(slow_backoff())
+        .wait(Duration::from_secs(5))
+        .acquire();
+    let arrived = tokio::time::timeout(Duration::from_secs(3), arrived)
+        .await
+        .expect("a light acquisition waited behind the heavy waiter")
+        .unwrap();
+    // A light waiter (3) queues behind the heavy one, 2 permits being free.
+    let light = spawn_permit_waiter(&b, key, 8, 3);
+    await_parked(&b, 2).await;
+    // 4 permits free: too few for the heavy one, enough for the light one,
+    // which the heavy one, woken and refused, wakes.
+    let released = Instant::now();
+    arrived.release().await.unwrap();
+    let (light_guard, acquired) = tokio::time::timeout(Duration::from_secs(5), light)
+        .await
+        .expect("the light waiter was left waiting with 4 permits free")
+        .unwrap();
+    assert!(acquired.duration_since(released) < Duration::from_secs(5));
+    assert!(!heavy.is_finished(), "1 permit free is not 6");
+    light_guard.release().await.unwrap();
+    first.release().await.unwrap();
+    let (heavy, _) = heavy.await.unwrap();
+    heavy.release().await.unwrap();
 }
 
 /// Two tasks of one manager hand a one-permit semaphore back and forth, each

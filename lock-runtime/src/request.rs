@@ -654,9 +654,16 @@ impl Acquisition<'_> {
         // Fairness: when acquisitions of this manager already wait for this lock,
         // a new one (often the task that just released it) queues behind them
         // instead of trying first and taking the lock from under the waiter that
-        // the release woke.
+        // the release woke. Not behind semaphore waiters that all want more
+        // permits than this one: the free permits may be enough for it and
+        // not for them, and nothing would wake it while they wait.
         let mut remaining = None;
-        if !(willing_to_wait && self.core.subscriber.has_waiters(self.keys.channel())) {
+        if !(willing_to_wait
+            && self
+                .core
+                .subscriber
+                .has_waiters_for(self.keys.channel(), self.weight))
+        {
             remaining = match self.attempt().await? {
                 Attempt::Acquired {
                     fencing_token,
@@ -776,8 +783,12 @@ impl Acquisition<'_> {
                 }
                 Attempt::Busy(remaining) => remaining,
             };
-            // Busy: whoever holds it now will publish again.
+            // Busy: whoever holds it now will publish again. Permits freed
+            // too few for this waiter may be enough for a lighter one.
             registration.set_unresolved_releases(0);
+            if wake.is_some() && matches!(self.keys.kind, LockKind::Permit { .. }) {
+                registration.pass_on_to_a_lighter_waiter(self.weight);
+            }
             if Instant::now() >= deadline {
                 return Err(self.timeout());
             }

@@ -192,6 +192,15 @@ impl WaiterQueues {
         self.channels().contains_key(channel)
     }
 
+    /// Whether some acquisition of this manager waits on `channel` for at
+    /// most `weight` permits: one that could use what a new acquisition of
+    /// `weight` would take.
+    pub(super) fn has_waiters_for(&self, channel: &str, weight: u32) -> bool {
+        self.channels()
+            .get(channel)
+            .is_some_and(|c| c.queue.iter().any(|w| w.weight <= weight))
+    }
+
     /// Gives the longest waiter of `channel` `releases` wake-ups for a
     /// release announced with `payload` (skipped when another server already
     /// announced the same one). `dedupe`: several servers announce each
@@ -328,6 +337,23 @@ impl Registration<'_> {
                 return wake;
             }
             notified.await;
+        }
+    }
+
+    /// After this waiter's attempt, woken by a release, found too few
+    /// permits free for its weight: wakes the first waiter behind it that
+    /// waits for fewer, which the permits freed may fit. Without it, a
+    /// lighter waiter behind a heavy one would wait for the heavy one's
+    /// grant while permits it could take stay free.
+    pub(crate) fn pass_on_to_a_lighter_waiter(&self, weight: u32) {
+        let channels = self.queues.channels();
+        if let Some(lighter) = channels.get(&self.channel).and_then(|c| {
+            c.queue
+                .iter()
+                .skip_while(|w| w.id != self.id)
+                .find(|w| w.weight < weight)
+        }) {
+            lighter.wake.add_releases(1);
         }
     }
 

@@ -133,6 +133,12 @@ impl Subscriber {
         self.queues.has_waiters(channel)
     }
 
+    /// Whether some acquisition of this manager waits on `channel` for at
+    /// most `weight` permits (see `WaiterQueues::has_waiters_for`).
+    pub(crate) fn has_waiters_for(&self, channel: &str, weight: u32) -> bool {
+        self.queues.has_waiters_for(channel, weight)
+    }
+
     /// Wakes every waiter for good, and every one registered afterwards at
     /// once, and ends every lock events stream and leader watch: the manager
     /// is shutting down (waiters check `Core::is_shut_down` after every
