@@ -739,7 +739,7 @@ async fn postgres_a_data_connection_that_goes_silent_is_replaced_and_the_hold_ke
     let proxy = FaultProxy::start(std::net::SocketAddr::from(([127, 0, 0, 1], pg.port())))
         .await
         .unwrap();
-    let lease = Duration::from_millis(3000);
+    let lease = Duration::from_millis(6000);
     let command_timeout = Duration::from_millis(300);
     let m = LockManager::builder(&through(&pg, &proxy))
         .default_lease(lease)
@@ -753,15 +753,17 @@ async fn postgres_a_data_connection_that_goes_silent_is_replaced_and_the_hold_ke
     // host behind it died and a new one took its address; new connections
     // pass.
     proxy.strand_open_connections();
-    // Renewals are due every lease / 3 (1 s) and, after a failure, every
-    // lease / 9 (0.33 s). On the silent connection the first times out
-    // within 1 s + 0.3 s of its last answer and the next 0.33 s + 0.3 s
-    // later: two timeouts and 0.6 s of silence, so the connection is
-    // replaced about 1.9 s after its last answer, and the retry 0.33 s later
-    // renews on a new one, before the 3 s lease ends. Kept, the silent
-    // connection would fail every renewal and the hold would be lost within
-    // one lease: three leases without the lost signal show it was replaced.
-    let lost = tokio::time::timeout(lease * 3, guard.lost()).await;
+    // Renewals are due every lease / 3 (2 s) and, after a failure, every
+    // lease / 9 (0.67 s). On the silent connection the first is sent 2 s
+    // after its last answer and times out 0.3 s later; the next, sent 0.67 s
+    // after that, times out 1.27 s after the first was sent: two timeouts
+    // and calls unanswered for over 0.6 s (two command timeouts), so the
+    // connection is replaced about 3.3 s after its last answer, and the
+    // retry 0.67 s later renews on a new one, about 2 s before the 6 s lease
+    // ends. Kept, the silent connection would fail every renewal and the
+    // hold would be lost within one lease: two leases without the lost
+    // signal show it was replaced.
+    let lost = tokio::time::timeout(lease * 2, guard.lost()).await;
     assert!(
         lost.is_err(),
         "the hold was lost: the silent connection was kept"

@@ -84,11 +84,11 @@ async fn check_node(
     let mut results = vec![];
     let info = match info(&mut conn).await {
         Ok(info) => info,
-        // Refused by the server (an error reply: an ACL without `INFO`, as
-        // `-@dangerous` leaves an application's user, or a renamed command):
-        // what INFO tells is unknown, but
+        // Refused by the server (an ACL without `INFO`, as `-@dangerous`
+        // leaves an application's user, or a renamed command; not NOAUTH,
+        // a wrong password, which fails): what INFO tells is unknown, but
         // none of it fails the check; the rest is still checked.
-        Err(e) if e.code().is_some() => {
+        Err(e) if e.code() == Some("NOPERM") || e.to_string().contains("unknown command") => {
             return vec![
                 (
                     "info",

@@ -957,4 +957,14 @@ async fn check_warns_when_info_is_refused_and_checks_the_rest() {
     assert!(out.status.success(), "{text}");
     assert!(text.contains("warn  info: INFO refused"), "{text}");
     assert!(text.contains("maxmemory-policy: noeviction"), "{text}");
+    // Not logged in at all (NOAUTH) is no refusal of INFO: the check fails.
+    let guarded = RedisServer::builder().password("s3cret").spawn().unwrap();
+    let anonymous = guarded.url_without_password();
+    let out = run({
+        let mut cmd = distlock();
+        cmd.args(["--url", &anonymous, "check"]);
+        cmd
+    })
+    .await;
+    assert!(!out.status.success(), "{}", stdout(&out));
 }

@@ -411,38 +411,45 @@ impl std::fmt::Debug for PostgresSettings {
 
 /// A connection string that is not a URL, such as libpq's key/value form
 /// (`host=db user=app password=s3cret`), given where a URL was expected:
-/// each `password=` or `pass=` value (quoted or not) masked.
+/// the value of each `password` or `pass` keyword (spaces around `=`
+/// allowed, quoted or not) masked.
 fn redact_key_values(text: &str) -> String {
+    let separator = |c: char| c.is_whitespace() || matches!(c, '&' | ';' | '?');
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
-    while let Some(at) = rest.find('=') {
-        let name_start = rest[..at]
-            .rfind(|c: char| c.is_whitespace() || c == '&' || c == ';')
-            .map_or(0, |i| i + 1);
-        let name = &rest[name_start..at];
-        out.push_str(&rest[..=at]);
-        rest = &rest[at + 1..];
-        if name.eq_ignore_ascii_case("password") || name.eq_ignore_ascii_case("pass") {
-            let end = match rest.strip_prefix('\'') {
-                // A quoted value runs to its closing quote (`\'` escapes one).
-                Some(quoted) => {
-                    let mut escaped = false;
-                    quoted
-                        .char_indices()
-                        .find(|&(_, c)| {
-                            let closes = c == '\'' && !escaped;
-                            escaped = c == '\\' && !escaped;
-                            closes
-                        })
-                        .map_or(rest.len(), |(i, _)| i + 2)
-                }
-                None => rest
-                    .find(|c: char| c.is_whitespace() || c == '&' || c == ';')
-                    .unwrap_or(rest.len()),
-            };
-            out.push_str("***");
-            rest = &rest[end..];
+    while let Some(eq) = rest.find('=') {
+        // The keyword: the word before `=`, spaces before it skipped.
+        let before = rest[..eq].trim_end();
+        let name_start = before
+            .char_indices()
+            .rev()
+            .find(|&(_, c)| separator(c))
+            .map_or(0, |(i, c)| i + c.len_utf8());
+        let name = &before[name_start..];
+        out.push_str(&rest[..=eq]);
+        rest = &rest[eq + 1..];
+        if !(name.eq_ignore_ascii_case("password") || name.eq_ignore_ascii_case("pass")) {
+            continue;
         }
+        let value = rest.trim_start();
+        out.push_str(&rest[..rest.len() - value.len()]);
+        let end = match value.strip_prefix('\'') {
+            // A quoted value runs to its closing quote (`\'` escapes one).
+            Some(quoted) => {
+                let mut escaped = false;
+                quoted
+                    .char_indices()
+                    .find(|&(_, c)| {
+                        let closes = c == '\'' && !escaped;
+                        escaped = c == '\\' && !escaped;
+                        closes
+                    })
+                    .map_or(value.len(), |(i, _)| i + 2)
+            }
+            None => value.find(separator).unwrap_or(value.len()),
+        };
+        out.push_str("***");
+        rest = &value[end..];
     }
     out.push_str(rest);
     out
@@ -587,6 +594,15 @@ mod tests {
             "host=db password=*** dbname=x"
         );
         assert_eq!(redact("password=s3cret"), "password=***");
+        assert_eq!(
+            redact("host=db password = s3cret dbname=x"),
+            "host=db password = *** dbname=x"
+        );
+        // Whitespace of more than one byte before a keyword.
+        assert_eq!(
+            redact("a\u{a0}password=s3cret b=c"),
+            "a\u{a0}password=*** b=c"
+        );
     }
 
     #[test]

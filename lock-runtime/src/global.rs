@@ -150,7 +150,10 @@ pub async fn default_manager() -> Result<LockManager, LockError> {
 /// caller that stops waiting (a request's timeout, a `select!`) leaves it to
 /// finish for the next caller, which would otherwise start it over (and,
 /// with every caller's budget shorter than the build, never get a manager).
-/// A build that fails leaves the cell empty: the next caller tries again.
+/// A build that fails leaves the cell empty: the next caller tries again. A
+/// task whose caller left before its turn came builds nothing: through an
+/// outage, abandoned tasks would otherwise each run a build in turn, ahead
+/// of the callers still waiting.
 async fn built_once<T, F>(
     cell: &'static tokio::sync::OnceCell<T>,
     runtime: &tokio::runtime::Runtime,
@@ -160,12 +163,26 @@ where
     T: Clone + Send + Sync + 'static,
     F: Future<Output = Result<T, LockError>> + Send + 'static,
 {
-    runtime
-        .spawn(async move { cell.get_or_try_init(|| build).await.cloned() })
-        .await
-        .map_err(|e| {
-            LockError::InvalidConfig(format!("building the default manager failed: {e}"))
-        })?
+    let waiting = std::sync::Arc::new(());
+    let caller = std::sync::Arc::downgrade(&waiting);
+    let built = runtime
+        .spawn(async move {
+            cell.get_or_try_init(|| async move {
+                if caller.strong_count() == 0 {
+                    return Err(LockError::InvalidConfig(
+                        "nobody waits for this build of the default manager".to_owned(),
+                    ));
+                }
+                build.await
+            })
+            .await
+            .cloned()
+        })
+        .await;
+    drop(waiting);
+    built.map_err(|e| {
+        LockError::InvalidConfig(format!("building the default manager failed: {e}"))
+    })?
 }
 
 /// The default manager's URL from the environment variables `var` reads:
@@ -206,7 +223,7 @@ mod tests {
         static BUILDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let build = || async {
             BUILDS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            tokio::time::sleep(std::time::Duration::from_millis(1000)).await;
             Ok(7)
         };
         let background = tokio::runtime::Builder::new_multi_thread()
@@ -219,9 +236,9 @@ mod tests {
             .build()
             .unwrap();
         caller.block_on(async {
-            // The first caller gives up long before the 200 ms build ends.
+            // The first caller gives up long before the 1 s build ends.
             let first = tokio::time::timeout(
-                std::time::Duration::from_millis(20),
+                std::time::Duration::from_millis(50),
                 built_once(&CELL, &background, build()),
             )
             .await;
@@ -233,6 +250,39 @@ mod tests {
             1,
             "the next caller started the build over"
         );
+    }
+
+    #[test]
+    fn a_build_whose_caller_left_before_its_turn_is_not_run() {
+        static CELL: tokio::sync::OnceCell<u64> = tokio::sync::OnceCell::const_new();
+        static BUILDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let failing = || async {
+            BUILDS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            Err::<u64, _>(LockError::NotConfigured)
+        };
+        let background = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let caller = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        caller.block_on(async {
+            // The first build runs (its caller was there when it began);
+            // five callers queue behind it and leave before it fails.
+            let gives_up = std::time::Duration::from_millis(50);
+            for _ in 0..6 {
+                let attempt = built_once(&CELL, &background, failing());
+                assert!(tokio::time::timeout(gives_up, attempt).await.is_err());
+            }
+            // A caller that stays gets the next build's answer: the first
+            // failed, and none of the five abandoned ones ran.
+            assert!(built_once(&CELL, &background, failing()).await.is_err());
+        });
+        assert_eq!(BUILDS.load(std::sync::atomic::Ordering::SeqCst), 2);
     }
 
     #[test]

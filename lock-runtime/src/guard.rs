@@ -277,8 +277,9 @@ impl LockGuard {
     ///
     /// # Errors
     /// [`LockError::Lost`] when the lease had been lost (the lock is released
-    /// anyway if it is still ours); [`LockError::Backend`] when Redis fails, in
-    /// which case the release is retried in the background until the lease ends.
+    /// anyway if it is still ours), also when the release's call fails;
+    /// [`LockError::Backend`] when Redis fails, in which case the release is
+    /// retried in the background until the lease ends.
     pub async fn release(mut self) -> Result<(), LockError> {
         self.released = true;
         release_holds(&self.manager.core, std::slice::from_ref(&self.lease)).await

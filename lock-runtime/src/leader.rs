@@ -14,9 +14,10 @@
 //! after its release. Watchers listen there, and read the lock itself after
 //! every (re)subscription. A term that ends without a successor or a
 //! resignation sends no message of ours: with Redis's keyspace notifications
-//! of expired keys on, the lock's expiry is one (and the watch reads it then);
-//! without (and on PostgreSQL, which tells of no expiry), the watch reads the
-//! lock when the lease it last saw runs out. On PostgreSQL the messages are
+//! of expired keys on, the lock's expiry is one (and the watch reads it then).
+//! With or without them (PostgreSQL tells of no expiry), the watch reads the
+//! lock when the lease it last saw runs out, and every few seconds while the
+//! lead is vacant, which makes up for a message that never came. On PostgreSQL the messages are
 //! notifications (NOTIFY on the channel's identifier, heard by the manager's
 //! listening connection), and the lock is the default lock's lease row.
 //!
@@ -54,7 +55,7 @@ pub const LEADER_WATCH_CAPACITY: usize = 64;
 /// behind a transaction-mode pooler, without `postgres_listen_url`) reads the
 /// lock while the lead is vacant: no announcement of the next term reaches
 /// it. One read a second per such watch; while a term holds, it reads at the
-/// end of each lease it saw, as any watch without expiry notices does.
+/// end of each lease it saw, as every watch does.
 const DEAF_VACANCY_READ: Duration = Duration::from_secs(1);
 
 /// How often a watch that hears messages reads the lock while the lead is
@@ -314,13 +315,13 @@ impl LeaderElection {
     /// and reads the lock after every (re)connect of its subscription. A term
     /// that ends unannounced (its leader died, nobody waits) is seen by the
     /// lock's expiry: a keyspace notification where the servers send them
-    /// (`notify-keyspace-events` with `K` and `x`), so a quiet election costs
-    /// nothing but the subscriptions; elsewhere the watch reads the lock when
-    /// the lease of the term it last reported runs out (one read per lease
-    /// period while a leader holds; PostgreSQL tells of no expiry, so always
-    /// there). A watch whose listening connection hears nothing (PostgreSQL
-    /// behind a transaction-mode pooler, without `postgres_listen_url`) also
-    /// reads the lock every second while the lead is vacant. A term
+    /// (`notify-keyspace-events` with `K` and `x`), heard at once. Whatever
+    /// it hears, the watch reads the lock when the lease of the term it last
+    /// reported runs out (one read per lease period while a leader holds),
+    /// and every 5 s while it reports the lead vacant, which makes up for a
+    /// message that never came; a watch whose listening connection hears
+    /// nothing (PostgreSQL behind a transaction-mode pooler, without
+    /// `postgres_listen_url`) reads it every second while the lead is vacant. A term
     /// that began and ended entirely while the subscription was down is
     /// missed; the epochs it reports show the gap. Dropping the stream ends it.
     ///

@@ -108,6 +108,11 @@ pub(crate) async fn release_holds(
                 "release failed; retrying in the background"
             );
             release_each_in_background(core, &last);
+            // A lease lost before this release is what the caller must
+            // hear (its work was unprotected); the failed call is retried.
+            if let Some(key) = lost {
+                return Err(LockError::Lost { key });
+            }
             Err(match e.error {
                 LockError::Backend { source, .. } => LockError::Backend {
                     key: first_key,

@@ -561,15 +561,20 @@ impl Redlock {
         keep_ms: u64,
     ) -> RedisResult<bool> {
         let mut released = false;
+        let mut answered = 0;
         let mut last_error = None;
         for member in &self.members {
             match member.release_blocking(keys, owner, keep_ms) {
-                Ok(r) => released |= r,
+                Ok(r) => {
+                    answered += 1;
+                    released |= r;
+                }
                 Err(e) => last_error = Some(e),
             }
         }
+        // As `any_of_a_majority`: released once a majority answered.
         match last_error {
-            Some(e) if !released => Err(e),
+            Some(e) if answered < self.quorum => Err(e),
             _ => Ok(released),
         }
     }

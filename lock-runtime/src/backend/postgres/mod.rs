@@ -559,18 +559,25 @@ struct Inner {
 struct Heard {
     /// The connection it is about (compared by address, never used).
     client: Weak<Client>,
+    /// The task that drives it: aborted when it is retired for its silence,
+    /// which closes it and fails the calls still waiting on it.
+    driver: Option<tokio::task::AbortHandle>,
     /// Its last reply, or its opening.
     at: Instant,
-    /// Calls timed out on it since `at`.
+    /// Calls sent after `at` that timed out, and when the first of them was
+    /// sent.
     timeouts: u32,
+    unanswered_since: Option<Instant>,
 }
 
 impl Heard {
-    fn new(client: &Arc<Client>) -> Heard {
+    fn new(client: &Arc<Client>, driver: tokio::task::AbortHandle) -> Heard {
         Heard {
             client: Arc::downgrade(client),
+            driver: Some(driver),
             at: Instant::now(),
             timeouts: 0,
+            unanswered_since: None,
         }
     }
 
@@ -701,8 +708,10 @@ impl Postgres {
                 client: Mutex::new(None),
                 heard: Mutex::new(Heard {
                     client: Weak::new(),
+                    driver: None,
                     at: Instant::now(),
                     timeouts: 0,
+                    unanswered_since: None,
                 }),
                 prepared: config
                     .postgres
@@ -1369,9 +1378,9 @@ impl Inner {
                 return Err(not_sent(failure));
             }
         };
-        tokio::spawn(drive(messages));
+        let driver = tokio::spawn(drive(messages)).abort_handle();
         let client = Arc::new(client);
-        *self.heard.lock().unwrap_or_else(|e| e.into_inner()) = Heard::new(&client);
+        *self.heard.lock().unwrap_or_else(|e| e.into_inner()) = Heard::new(&client, driver);
         *self.client.lock().unwrap_or_else(|e| e.into_inner()) = Some(client.clone());
         Ok(client)
     }
@@ -1409,6 +1418,7 @@ impl Inner {
             }
             e
         })?;
+        let sent_at = Instant::now();
         let outcome = tokio::time::timeout(self.command_timeout, async {
             let Some(prepared) = &self.prepared else {
                 return client.query_typed(sql, params).await;
@@ -1520,7 +1530,7 @@ impl Inner {
             // later. A connection silent for longer is replaced
             // (`timed_out`).
             Err(_) => {
-                self.timed_out(&client);
+                self.timed_out(&client, sent_at);
                 Err(CallError {
                     error: LockError::command_timeout(key, self.command_timeout),
                     maybe_executed: true,
@@ -1535,12 +1545,15 @@ impl Inner {
         if heard.is_about(client) {
             heard.at = Instant::now();
             heard.timeouts = 0;
+            heard.unanswered_since = None;
         }
     }
 
-    /// Notes that a call on `client` timed out, and retires the connection
-    /// when it has said nothing for two command timeouts, over at least two
-    /// calls that timed out: a peer that died without a reset (a host gone,
+    /// Notes that a call on `client`, sent at `sent_at`, timed out, and
+    /// retires the connection when calls have waited on it unanswered for
+    /// two command timeouts (from the first of them sent after its last
+    /// reply; two calls that time out together count once, and an idle
+    /// spell before them not at all): a peer that died without a reset (a host gone,
     /// a failover that moved the address, a middlebox that forgot the
     /// connection) answers no more, and the kernel would keep the
     /// connection for many minutes, failing every call and losing every
@@ -1550,18 +1563,27 @@ impl Inner {
     /// after the new session's clean-up of it judges the row as it finds it
     /// then (at worst a lock is taken by a call that gave up, held until
     /// its lease ends).
-    fn timed_out(&self, client: &Arc<Client>) {
-        let silent_for = {
+    fn timed_out(&self, client: &Arc<Client>, sent_at: Instant) {
+        let (silent_for, driver) = {
             let mut heard = self.heard.lock().unwrap_or_else(|e| e.into_inner());
-            if !heard.is_about(client) {
+            // Sent before the last reply: the connection answered since.
+            if !heard.is_about(client) || sent_at < heard.at {
                 return;
             }
             heard.timeouts = heard.timeouts.saturating_add(1);
-            if heard.timeouts < 2 || heard.at.elapsed() < self.command_timeout * 2 {
+            let since = *heard.unanswered_since.get_or_insert(sent_at);
+            let since = since.min(sent_at);
+            heard.unanswered_since = Some(since);
+            if heard.timeouts < 2 || since.elapsed() < self.command_timeout * 2 {
                 return;
             }
-            heard.at.elapsed()
+            (since.elapsed(), heard.driver.take())
         };
+        // Closed, rather than left to the kernel with replies pending: the
+        // calls still waiting on it fail now, and its socket goes.
+        if let Some(driver) = driver {
+            driver.abort();
+        }
         tracing::warn!(target: "distlock::postgres", silent_ms = silent_for.as_millis() as u64,
             url = %self.shown_url,
             "the data connection has answered nothing for two command timeouts; \
