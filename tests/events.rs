@@ -55,13 +55,7 @@ async fn notify_expiry(d: &Deployment) {
             .get_multiplexed_async_connection()
             .await
             .unwrap();
-        let () = redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("notify-keyspace-events")
-            .arg("Kx")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        common::expiry_notices_on(&mut conn).await;
     }
 }
 

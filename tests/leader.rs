@@ -806,13 +806,7 @@ async fn a_killed_leader_is_replaced_within_its_lease(d: Deployment) {
                 .get_multiplexed_async_connection()
                 .await
                 .unwrap();
-            let () = redis::cmd("CONFIG")
-                .arg("SET")
-                .arg("notify-keyspace-events")
-                .arg("Kx")
-                .query_async(&mut conn)
-                .await
-                .unwrap();
+            common::expiry_notices_on(&mut conn).await;
         }
     }
     let store = common::server();
@@ -1096,13 +1090,7 @@ async fn postgres_watch_reports_a_term_begun_while_its_listener_was_terminated()
 async fn a_term_ended_without_any_message_is_reported_vacant_at_its_leases_end() {
     let redis = RedisServer::spawn().unwrap();
     let mut raw = common::raw(&redis).await;
-    let () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("notify-keyspace-events")
-        .arg("Kx")
-        .query_async(&mut raw)
-        .await
-        .unwrap();
+    common::expiry_notices_on(&mut raw).await;
     let d = Deployment::Single(Box::new(redis));
     let name = "silent-end";
     let a = candidate(&d, "a").await;

@@ -690,6 +690,13 @@ async fn postgres_a_cancelled_waiter_leaves_the_queue_and_the_next_is_served() {
         .unwrap();
 }
 
+/// A fault proxy in front of `pg`.
+async fn proxy_to(pg: &PostgresServer) -> FaultProxy {
+    FaultProxy::start(std::net::SocketAddr::from(([127, 0, 0, 1], pg.port())))
+        .await
+        .unwrap()
+}
+
 /// `pg`'s URL with its port replaced by `proxy`'s.
 fn through(pg: &PostgresServer, proxy: &FaultProxy) -> String {
     pg.url().replace(
@@ -701,9 +708,7 @@ fn through(pg: &PostgresServer, proxy: &FaultProxy) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_holder_cut_off_past_its_lease_is_told_before_the_next_grant() {
     let pg = server();
-    let proxy = FaultProxy::start(std::net::SocketAddr::from(([127, 0, 0, 1], pg.port())))
-        .await
-        .unwrap();
+    let proxy = proxy_to(&pg).await;
     let m = LockManager::builder(&through(&pg, &proxy))
         .default_lease(Duration::from_millis(1000))
         .command_timeout(Duration::from_millis(200))
@@ -736,9 +741,7 @@ async fn postgres_a_holder_cut_off_past_its_lease_is_told_before_the_next_grant(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_data_connection_that_goes_silent_is_replaced_and_the_hold_kept() {
     let pg = server();
-    let proxy = FaultProxy::start(std::net::SocketAddr::from(([127, 0, 0, 1], pg.port())))
-        .await
-        .unwrap();
+    let proxy = proxy_to(&pg).await;
     let lease = Duration::from_millis(6000);
     let command_timeout = Duration::from_millis(300);
     let m = LockManager::builder(&through(&pg, &proxy))
@@ -786,9 +789,7 @@ async fn postgres_a_data_connection_that_goes_silent_is_replaced_and_the_hold_ke
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_calls_queued_behind_a_reconnection_that_fails_share_its_failure() {
     let pg = server();
-    let proxy = FaultProxy::start(std::net::SocketAddr::from(([127, 0, 0, 1], pg.port())))
-        .await
-        .unwrap();
+    let proxy = proxy_to(&pg).await;
     let connect_timeout = Duration::from_millis(400);
     let m = LockManager::builder(&through(&pg, &proxy))
         .connect_timeout(connect_timeout)

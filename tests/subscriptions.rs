@@ -119,13 +119,7 @@ async fn one_connection_for_waiters_events_and_the_watch(d: Deployment) {
         let mut raw = connect(url).await;
         // Expiry notices on: the stream and the watch then subscribe a
         // keyspace pattern on every source besides their own.
-        let () = redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("notify-keyspace-events")
-            .arg("Kx")
-            .query_async(&mut raw)
-            .await
-            .unwrap();
+        common::expiry_notices_on(&mut raw).await;
         raws.push(raw);
     }
     // The only manager of this test: every pub/sub client is its.

@@ -217,15 +217,8 @@ fn background_runtime() -> Result<&'static tokio::runtime::Runtime, LockError> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_build_whose_caller_stopped_waiting_is_kept_for_the_next_caller() {
-        static CELL: tokio::sync::OnceCell<u64> = tokio::sync::OnceCell::const_new();
-        static BUILDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let build = || async {
-            BUILDS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            tokio::time::sleep(std::time::Duration::from_millis(1000)).await;
-            Ok(7)
-        };
+    /// A background runtime as the default manager's, and one for callers.
+    fn runtimes() -> (tokio::runtime::Runtime, tokio::runtime::Runtime) {
         let background = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -235,6 +228,19 @@ mod tests {
             .enable_all()
             .build()
             .unwrap();
+        (background, caller)
+    }
+
+    #[test]
+    fn a_build_whose_caller_stopped_waiting_is_kept_for_the_next_caller() {
+        static CELL: tokio::sync::OnceCell<u64> = tokio::sync::OnceCell::const_new();
+        static BUILDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let build = || async {
+            BUILDS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            tokio::time::sleep(std::time::Duration::from_millis(1000)).await;
+            Ok(7)
+        };
+        let (background, caller) = runtimes();
         caller.block_on(async {
             // The first caller gives up long before the 1 s build ends.
             let first = tokio::time::timeout(
@@ -261,15 +267,7 @@ mod tests {
             tokio::time::sleep(std::time::Duration::from_millis(500)).await;
             Err::<u64, _>(LockError::NotConfigured)
         };
-        let background = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
-        let caller = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let (background, caller) = runtimes();
         caller.block_on(async {
             // The first build runs (its caller was there when it began);
             // five callers queue behind it and leave before it fails.

@@ -29,6 +29,18 @@ pub async fn raw(server: &RedisServer) -> MultiplexedConnection {
     server.client().await.expect("raw connection")
 }
 
+/// Turns on keyspace notifications of expired keys (`Kx`) on the server
+/// behind `conn`.
+pub async fn expiry_notices_on(conn: &mut MultiplexedConnection) {
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("notify-keyspace-events")
+        .arg("Kx")
+        .query_async(conn)
+        .await
+        .unwrap();
+}
+
 pub async fn exists(conn: &mut MultiplexedConnection, key: &str) -> bool {
     redis::cmd("EXISTS")
         .arg(key)
