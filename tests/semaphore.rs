@@ -30,6 +30,7 @@ crate::on_stores!(
 
 crate::on_both!(
     a_release_wakes_a_waiter,
+    permits_a_lease_frees_reach_a_light_waiter_behind_a_heavy_one,
     a_light_waiter_is_not_held_up_by_a_heavy_one_of_its_manager,
     a_release_of_any_weight_is_one_message,
     one_weighted_release_wakes_a_waiter_per_permit,
@@ -925,6 +926,54 @@ async fn a_light_waiter_is_not_held_up_by_a_heavy_one_of_its_manager(d: Deployme
     assert!(!heavy.is_finished(), "1 permit free is not 6");
     light_guard.release().await.unwrap();
     first.release().await.unwrap();
+    let (heavy, _) = heavy.await.unwrap();
+    heavy.release().await.unwrap();
+}
+
+/// Permits that come free when a lease runs out (nobody publishes) reach a
+/// light waiter behind a heavy one: the heavy one, first in line, attempts at
+/// the lease's end on its own timer, is refused, and wakes the light one.
+async fn permits_a_lease_frees_reach_a_light_waiter_behind_a_heavy_one(d: Deployment) {
+    let a = d.manager().await;
+    let b = d.manager().await;
+    let key = "expired-behind-heavy";
+    let mut raw = d.raw_for(&a, key).await;
+    const EXPIRING: Duration = Duration::from_secs(2);
+    let expiring = a
+        .semaphore(key, 8)
+        .weight(2)
+        .lease(EXPIRING)
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    let kept = a
+        .semaphore(key, 8)
+        .weight(5)
+        .lease(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    // 1 permit free: the heavy waiter (6) and then the light one (3) queue,
+    // both on timers of 10 s (`slow_backoff`).
+    let heavy = spawn_permit_waiter(&b, key, 8, 6);
+    await_listener(&mut raw, &semaphore_channel(&a, key)).await;
+    let light = spawn_permit_waiter(&b, key, 8, 3);
+    await_parked(&b, 2).await;
+    let parked = Instant::now();
+    // The 2 permits' lease ends about 2 s after it began, with nobody
+    // publishing: 3 permits free, too few for the heavy waiter, enough for
+    // the light one. Within 5 s of the parking, long before the light
+    // waiter's own 10 s timer, it is served.
+    std::mem::forget(expiring);
+    let (light_guard, acquired) = tokio::time::timeout(Duration::from_secs(5), light)
+        .await
+        .expect("the light waiter was left waiting with 3 permits free")
+        .unwrap();
+    assert!(acquired.duration_since(parked) < Duration::from_secs(5));
+    assert!(!heavy.is_finished(), "0 permits free are not 6");
+    light_guard.release().await.unwrap();
+    kept.release().await.unwrap();
     let (heavy, _) = heavy.await.unwrap();
     heavy.release().await.unwrap();
 }

@@ -84,11 +84,12 @@ async fn check_node(
     let mut results = vec![];
     let info = match info(&mut conn).await {
         Ok(info) => info,
-        // Refused by the server (an ACL without `INFO`, as `-@dangerous`
-        // leaves an application's user, or a renamed command; not NOAUTH,
-        // a wrong password, which fails): what INFO tells is unknown, but
+        // Refused by the server (NOPERM: an ACL without `INFO`, as
+        // `-@dangerous` leaves an application's user; ERR: a renamed or
+        // unsupported command, as some proxies answer; not NOAUTH or
+        // LOADING, which fail): what INFO tells is unknown, but
         // none of it fails the check; the rest is still checked.
-        Err(e) if e.code() == Some("NOPERM") || e.to_string().contains("unknown command") => {
+        Err(e) if matches!(e.code(), Some("NOPERM" | "ERR")) => {
             return vec![
                 (
                     "info",

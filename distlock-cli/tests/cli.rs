@@ -967,4 +967,5 @@ async fn check_warns_when_info_is_refused_and_checks_the_rest() {
     })
     .await;
     assert!(!out.status.success(), "{}", stdout(&out));
+    assert!(!stdout(&out).contains("warn  info"), "{}", stdout(&out));
 }

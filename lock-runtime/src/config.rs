@@ -414,7 +414,9 @@ impl std::fmt::Debug for PostgresSettings {
 /// the value of each `password` or `pass` keyword (spaces around `=`
 /// allowed, quoted or not) masked.
 fn redact_key_values(text: &str) -> String {
+    // Before a keyword; a value ends at the first of these but `?`.
     let separator = |c: char| c.is_whitespace() || matches!(c, '&' | ';' | '?');
+    let value_end = |c: char| c.is_whitespace() || matches!(c, '&' | ';');
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(eq) = rest.find('=') {
@@ -446,7 +448,7 @@ fn redact_key_values(text: &str) -> String {
                     })
                     .map_or(value.len(), |(i, _)| i + 2)
             }
-            None => value.find(separator).unwrap_or(value.len()),
+            None => value.find(value_end).unwrap_or(value.len()),
         };
         out.push_str("***");
         rest = &value[end..];
@@ -594,6 +596,10 @@ mod tests {
             "host=db password=*** dbname=x"
         );
         assert_eq!(redact("password=s3cret"), "password=***");
+        assert_eq!(
+            redact("host=db password=ab?cd dbname=x"),
+            "host=db password=*** dbname=x"
+        );
         assert_eq!(
             redact("host=db password = s3cret dbname=x"),
             "host=db password = *** dbname=x"

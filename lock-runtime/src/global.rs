@@ -217,6 +217,23 @@ fn background_runtime() -> Result<&'static tokio::runtime::Runtime, LockError> {
 mod tests {
     use super::*;
 
+    /// Drives `attempt` until `builds` shows its build has begun, then drops
+    /// it: a caller whose timeout comes during the build.
+    async fn give_up_once_begun<T>(
+        attempt: impl Future<Output = Result<T, LockError>>,
+        builds: &std::sync::atomic::AtomicU64,
+    ) {
+        let begun = async {
+            while builds.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+        };
+        tokio::select! {
+            _ = attempt => panic!("the build ended before its caller gave up"),
+            () = begun => {}
+        }
+    }
+
     /// A background runtime as the default manager's, and one for callers.
     fn runtimes() -> (tokio::runtime::Runtime, tokio::runtime::Runtime) {
         let background = tokio::runtime::Builder::new_multi_thread()
@@ -242,13 +259,8 @@ mod tests {
         };
         let (background, caller) = runtimes();
         caller.block_on(async {
-            // The first caller gives up long before the 1 s build ends.
-            let first = tokio::time::timeout(
-                std::time::Duration::from_millis(50),
-                built_once(&CELL, &background, build()),
-            )
-            .await;
-            assert!(first.is_err());
+            // The first caller gives up once the 1 s build has begun.
+            give_up_once_begun(built_once(&CELL, &background, build()), &BUILDS).await;
             assert_eq!(built_once(&CELL, &background, build()).await.unwrap(), 7);
         });
         assert_eq!(
@@ -264,16 +276,18 @@ mod tests {
         static BUILDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let failing = || async {
             BUILDS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            tokio::time::sleep(std::time::Duration::from_secs(3)).await;
             Err::<u64, _>(LockError::NotConfigured)
         };
         let (background, caller) = runtimes();
         caller.block_on(async {
             // The first build runs (its caller was there when it began);
-            // five callers queue behind it and leave before it fails.
-            let gives_up = std::time::Duration::from_millis(50);
-            for _ in 0..6 {
+            // five callers queue behind it and leave long before its 3 s
+            // end.
+            give_up_once_begun(built_once(&CELL, &background, failing()), &BUILDS).await;
+            for _ in 0..5 {
                 let attempt = built_once(&CELL, &background, failing());
+                let gives_up = std::time::Duration::from_millis(20);
                 assert!(tokio::time::timeout(gives_up, attempt).await.is_err());
             }
             // A caller that stays gets the next build's answer: the first

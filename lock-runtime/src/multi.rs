@@ -740,9 +740,9 @@ impl MultiLockGuard {
     ///
     /// # Errors
     /// [`LockError::Lost`] naming the first key whose lease had been lost (the
-    /// others are released all the same); [`LockError::Backend`] when Redis
-    /// fails, in which case the releases are retried in the background until
-    /// the leases end.
+    /// others are released all the same), also when the call fails;
+    /// [`LockError::Backend`] when Redis fails, in which case the releases
+    /// are retried in the background until the leases end.
     pub async fn release(mut self) -> Result<(), LockError> {
         self.released = true;
         release_holds(&self.manager.core, &self.leases).await

@@ -786,7 +786,10 @@ impl Acquisition<'_> {
             // Busy: whoever holds it now will publish again. Permits freed
             // too few for this waiter may be enough for a lighter one.
             registration.set_unresolved_releases(0);
-            if wake.is_some() && matches!(self.keys.kind, LockKind::Permit { .. }) {
+            // Also after an attempt on the first in line's own timer (a
+            // lease ran out, which nobody publishes): lighter waiters behind
+            // it attempt only when woken.
+            if matches!(self.keys.kind, LockKind::Permit { .. }) {
                 registration.pass_on_to_a_lighter_waiter(self.weight);
             }
             if Instant::now() >= deadline {
