@@ -1,5 +1,6 @@
 //! `guard.extend(lease)` replaces the lock's TTL (never adds to it) and later
-//! renewals keep the new length; `max_hold` ends a hold that lasts too long.
+//! renewals keep the new length (and never shorten what the store keeps);
+//! `max_hold` ends a hold that lasts too long.
 
 mod common;
 
@@ -271,3 +272,115 @@ async fn a_shortened_lease_keeps_pace_and_wakes_lost_waiters(d: Deployment) {
 }
 
 on_stores!(a_shortened_lease_keeps_pace_and_wakes_lost_waiters);
+
+/// Sets the end of `user_key`'s holds in the store (the default lock's, or a
+/// read-write lock's readers') to `from_now` from now, by hand: where an
+/// `extend` to a longer lease leaves it when a renewal sent before it runs
+/// after it (stranded on a connection replaced for silence, whose session
+/// was in fact alive).
+async fn set_lease_end(d: &Deployment, m: &LockManager, user_key: &str, from_now: Duration) {
+    let ms = u64::try_from(from_now.as_millis()).unwrap();
+    #[cfg(feature = "postgres")]
+    if let Deployment::Postgres { server, schema } = d {
+        // The schema is this deployment's own: every row is the test's.
+        server
+            .psql(&format!(
+                "UPDATE {schema}.locks SET expires_at = clock_timestamp() + interval '{ms} ms'; \
+                 UPDATE {schema}.shared_holds SET expires_at = clock_timestamp() + interval '{ms} ms'"
+            ))
+            .expect("set the lease's end");
+        return;
+    }
+    let mut raw = d.raw_for(m, user_key).await;
+    let lock = m.redis_names(user_key).lock;
+    if exists(&mut raw, &lock).await {
+        let _: i64 = redis::cmd("PEXPIRE")
+            .arg(&lock)
+            .arg(ms)
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+    }
+    if let Some(readers) = name_of(&mut raw, "rwr", user_key).await {
+        let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut raw).await.unwrap();
+        let end = secs * 1_000 + micros / 1_000 + ms;
+        let owners: Vec<String> = redis::cmd("ZRANGE")
+            .arg(&readers)
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        for owner in owners {
+            let _: i64 = redis::cmd("ZADD")
+                .arg(&readers)
+                .arg("XX")
+                .arg(end)
+                .arg(owner)
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+        }
+        let details = name_of(&mut raw, "rwrd", user_key).await;
+        for name in std::iter::once(readers).chain(details) {
+            let _: i64 = redis::cmd("PEXPIREAT")
+                .arg(name)
+                .arg(end)
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+        }
+    }
+}
+
+/// A renewal never shortens the lease the store keeps: a default lock and a
+/// read hold whose ends were set a minute away by hand keep them through the
+/// renewals that follow, on every store. Before, each renewal set the end
+/// back to one lease from its own time, so a renewal that ran after an
+/// `extend` to a longer lease ended the lock before the deadline its holder
+/// trusted: another holder could take it while the first still held.
+async fn a_renewal_never_shortens_the_stores_lease(d: Deployment) {
+    let m = d.manager().await;
+    let lease = Duration::from_millis(600);
+    let lock = m.lock("kept-long").lease(lease).acquire().await.unwrap();
+    let read = m
+        .read_lock("kept-long-r")
+        .lease(lease)
+        .acquire()
+        .await
+        .unwrap();
+    set_lease_end(&d, &m, "kept-long", Duration::from_secs(60)).await;
+    set_lease_end(&d, &m, "kept-long-r", Duration::from_secs(60)).await;
+    // Renewed every lease / 3 = 200 ms; the first round counted may have been
+    // sent before the ends were set, the second was sent after.
+    let before = m.renewal_round_trips();
+    eventually(Duration::from_secs(5), async || {
+        m.renewal_round_trips() >= before + 2
+    })
+    .await
+    .expect("two renewal rounds");
+    let lock_ttl = m.inspect("kept-long").await.unwrap().unwrap().ttl.unwrap();
+    let read_ttl = m.inspect_all("kept-long-r").await.unwrap().holds[0]
+        .ttl
+        .unwrap();
+    // A minute less the few seconds above; a renewal that shortened left at
+    // most one lease, 600 ms.
+    for ttl in [lock_ttl, read_ttl] {
+        assert!(ttl > Duration::from_secs(50), "{ttl:?}");
+    }
+    assert!(!lock.is_lost() && !read.is_lost());
+    // `extend` still sets the lease it is given, shorter too.
+    lock.extend(Duration::from_secs(2)).await.unwrap();
+    read.extend(Duration::from_secs(2)).await.unwrap();
+    let lock_ttl = m.inspect("kept-long").await.unwrap().unwrap().ttl.unwrap();
+    let read_ttl = m.inspect_all("kept-long-r").await.unwrap().holds[0]
+        .ttl
+        .unwrap();
+    for ttl in [lock_ttl, read_ttl] {
+        assert!(ttl <= Duration::from_secs(2), "{ttl:?}");
+    }
+    lock.release().await.unwrap();
+    read.release().await.unwrap();
+}
+
+on_stores!(a_renewal_never_shortens_the_stores_lease);

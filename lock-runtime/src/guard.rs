@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use crate::backend::Renewal;
+use crate::backend::{LeaseEnd, Renewal};
 use crate::core::{Core, ManagerInner};
 use crate::error::{BackendError, BackendErrorKind, LockError};
 use crate::lease::{Lease, NewLease};
@@ -159,7 +159,7 @@ impl LockGuard {
         core.renewals.rescheduled(&self.lease);
         let renew_once = || async {
             core.backend
-                .renew(std::slice::from_ref(&self.lease))
+                .renew(std::slice::from_ref(&self.lease), LeaseEnd::ExactlyALease)
                 .await
                 .pop()
         };

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use crate::backend::{Backend, ExpectedWaiters, Renewal};
+use crate::backend::{Backend, ExpectedWaiters, LeaseEnd, Renewal};
 use crate::error::KeyPreview;
 use crate::lease::{Lease, RenewalTrouble};
 
@@ -227,7 +227,7 @@ async fn renew_batch(backend: &Backend, batch: &[Arc<Lease>]) {
     // Read before the backend reads them to send: an `extend` meanwhile
     // must not lend this renewal its new length (see `Lease::renewed`).
     let lengths: Vec<u64> = batch.iter().map(|lease| lease.lease_ms()).collect();
-    let outcomes = backend.renew(batch).await;
+    let outcomes = backend.renew(batch, LeaseEnd::AtLeastALease).await;
     let mut rekeep = Vec::new();
     let mut lost = Vec::new();
     for (((lease, outcome), due), sent) in batch.iter().zip(outcomes).zip(due).zip(lengths) {

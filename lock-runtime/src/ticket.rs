@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::backend::{ExpectedWaiters, Renewal};
+use crate::backend::{ExpectedWaiters, LeaseEnd, Renewal};
 use crate::config;
 use crate::error::{BackendError, BackendErrorKind, KeyPreview, LockError};
 use crate::guard::LockGuard;
@@ -306,10 +306,18 @@ impl LockManager {
             waited: true,
         };
         let probe = [Arc::new(Lease::new(new_lease(started)))];
-        let mut outcome = core.backend.renew(&probe).await.pop();
+        let mut outcome = core
+            .backend
+            .renew(&probe, LeaseEnd::AtLeastALease)
+            .await
+            .pop();
         if matches!(outcome, Some(Renewal::Retry)) {
             // The cause is fixed (a script reloaded, a slot map refreshed).
-            outcome = core.backend.renew(&probe).await.pop();
+            outcome = core
+                .backend
+                .renew(&probe, LeaseEnd::AtLeastALease)
+                .await
+                .pop();
         }
         let backend_error = |message: String| LockError::Backend {
             key: ticket.key.clone(),

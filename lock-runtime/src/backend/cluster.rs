@@ -42,6 +42,7 @@ use redis::{ErrorKind, RedisError, RedisFuture, RedisResult, ServerErrorKind, Va
 use super::calls::{KeyCall, Release};
 use super::scripts::{self, AcquireReply, AcquireSpec, Scripts};
 use super::single::failed_all;
+use super::LeaseEnd;
 use super::{bounded_call, read_renewals, CallError, ExpectedWaiters, Renewal};
 use crate::config::{redact_all, Config, ReplicaAck, TlsSettings};
 use crate::error::{BackendErrorKind, LockError};
@@ -684,7 +685,7 @@ impl Cluster {
     }
 
     /// One pipeline per node, sent to all nodes at once.
-    pub(crate) async fn renew(&self, batch: &[Arc<Lease>]) -> Vec<Renewal> {
+    pub(crate) async fn renew(&self, batch: &[Arc<Lease>], end: LeaseEnd) -> Vec<Renewal> {
         let conn = match self.connection("").await {
             Ok(conn) => conn,
             Err(e) => return failed_all(batch, &e.error.to_string()),
@@ -697,14 +698,14 @@ impl Cluster {
             async move {
                 let leases: Vec<Arc<Lease>> = indices.iter().map(|i| batch[*i].clone()).collect();
                 let outcomes = match node {
-                    Some(node) => self.renew_on(conn, &node, &leases, stale_map).await,
+                    Some(node) => self.renew_on(conn, &node, &leases, end, stale_map).await,
                     None => None,
                 };
                 let outcomes = match outcomes {
                     Some(outcomes) => outcomes,
                     None => {
                         stale_map.store(true, Ordering::Relaxed);
-                        self.renew_each(&leases).await
+                        self.renew_each(&leases, end).await
                     }
                 };
                 (indices, outcomes)
@@ -734,14 +735,17 @@ impl Cluster {
         mut conn: ClusterConnection,
         node: &Node,
         leases: &[Arc<Lease>],
+        end: LeaseEnd,
         stale_map: &AtomicBool,
     ) -> Option<Vec<Renewal>> {
         let mut pipe = redis::pipe();
         for lease in leases {
-            pipe.add_command(
-                self.scripts
-                    .renew_cmd(&lease.keys, &lease.owner, lease.lease_ms()),
-            );
+            pipe.add_command(self.scripts.renew_cmd(
+                &lease.keys,
+                &lease.owner,
+                lease.lease_ms(),
+                end,
+            ));
         }
         let sent_at = Instant::now();
         self.renewal_round_trips.fetch_add(1, Ordering::Relaxed);
@@ -815,12 +819,12 @@ impl Cluster {
 
     /// Renews each lease with a call of its own (redis-rs routes it and follows
     /// redirections), all at once.
-    async fn renew_each(&self, leases: &[Arc<Lease>]) -> Vec<Renewal> {
+    async fn renew_each(&self, leases: &[Arc<Lease>], end: LeaseEnd) -> Vec<Renewal> {
         let each = leases.iter().map(|lease| async move {
             let sent_at = Instant::now();
             self.renewal_round_trips.fetch_add(1, Ordering::Relaxed);
             let scripts = &self.scripts;
-            let cmd = scripts.renew_cmd(&lease.keys, &lease.owner, lease.lease_ms());
+            let cmd = scripts.renew_cmd(&lease.keys, &lease.owner, lease.lease_ms(), end);
             let renewed = self
                 .call(&lease.key, |conn| {
                     let cmd = cmd.clone();

@@ -132,6 +132,22 @@ pub(crate) struct CallError {
     pub(crate) maybe_executed: bool,
 }
 
+/// Where a renewal moves a lease's end in the store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LeaseEnd {
+    /// A whole lease from now, or the end the store keeps if that is later:
+    /// the renewal task's renewals and a ticket's resumption. A renewal never
+    /// shortens a lease, so that one run late (stranded on a connection
+    /// replaced for silence and run by the server after an `extend` to a
+    /// longer lease went through its successor) cannot end the lock before
+    /// the deadline its holder trusts.
+    AtLeastALease,
+    /// A whole lease from now, shorter or longer than what is left: `extend`,
+    /// which may shorten a lease on purpose (the holder's deadline comes down
+    /// before it is sent).
+    ExactlyALease,
+}
+
 /// What one lease's renewal came to.
 #[derive(Debug)]
 pub(crate) enum Renewal {
@@ -749,16 +765,16 @@ impl Backend {
         released.map_err(|e| LockError::backend(&keys.lock, e))
     }
 
-    /// Renews a batch of leases: one round trip per server; one outcome per
-    /// lease, in order.
-    pub(crate) async fn renew(&self, batch: &[Arc<Lease>]) -> Vec<Renewal> {
+    /// Renews a batch of leases, each to end where `end` says: one round
+    /// trip per server; one outcome per lease, in order.
+    pub(crate) async fn renew(&self, batch: &[Arc<Lease>], end: LeaseEnd) -> Vec<Renewal> {
         match self {
-            Backend::Single(b) => b.renew(batch).await,
-            Backend::Cluster(b) => b.renew(batch).await,
-            Backend::Redlock(b) => b.renew(batch).await,
-            Backend::Sentinel(b) => b.renew(batch).await,
+            Backend::Single(b) => b.renew(batch, end).await,
+            Backend::Cluster(b) => b.renew(batch, end).await,
+            Backend::Redlock(b) => b.renew(batch, end).await,
+            Backend::Sentinel(b) => b.renew(batch, end).await,
             #[cfg(feature = "postgres")]
-            Backend::Postgres(b) => b.renew(batch).await,
+            Backend::Postgres(b) => b.renew(batch, end).await,
         }
     }
 

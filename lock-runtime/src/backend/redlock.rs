@@ -42,6 +42,7 @@ use redis::RedisResult;
 use super::calls::{ForceUnlock, Inspect, IsLocked, IssueToken, Publish, RaiseFence, Release};
 use super::scripts::{AcquireReply, AcquireSpec, HeldLock};
 use super::single::Single;
+use super::LeaseEnd;
 use super::{CallError, ExpectedWaiters, Renewal};
 use crate::config::{redact, Config, TlsSettings};
 use crate::error::LockError;
@@ -580,14 +581,14 @@ impl Redlock {
     }
 
     /// One pipeline per member, all at once.
-    pub(crate) async fn renew(&self, batch: &[Arc<Lease>]) -> Vec<Renewal> {
+    pub(crate) async fn renew(&self, batch: &[Arc<Lease>], end: LeaseEnd) -> Vec<Renewal> {
         let sent_at = Instant::now();
         // A member that is down or cut off must not hold the round up: the
         // next renewals are due a third of a lease later.
         let shortest = batch.iter().map(|l| l.lease_ms()).min().unwrap_or(0);
         let timeout = self.member_timeout(shortest);
         let per_member = join_all(self.members.iter().map(|m| async move {
-            match tokio::time::timeout(timeout, m.renew(batch)).await {
+            match tokio::time::timeout(timeout, m.renew(batch, end)).await {
                 Ok(outcomes) => outcomes,
                 Err(_) => super::single::failed_all(batch, "the member did not answer in time"),
             }

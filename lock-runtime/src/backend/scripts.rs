@@ -14,7 +14,7 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisError, RedisResult};
 
-use super::{is_noscript, ExpectedWaiters};
+use super::{is_noscript, ExpectedWaiters, LeaseEnd};
 use crate::config::ReplicaAck;
 use crate::keys::{CounterNames, KeyNames, LockKind, RedisNames};
 
@@ -1224,18 +1224,26 @@ impl Scripts {
     /// One EVALSHA of the renew script, for a pipeline of renewals (the caller
     /// handles NOSCRIPT through [`Scripts::load_renew`] and reads the reply with
     /// [`Scripts::renew_reply`]).
-    pub(crate) fn renew_cmd(&self, keys: &RedisNames, owner: &str, lease_ms: u64) -> Cmd {
+    pub(crate) fn renew_cmd(
+        &self,
+        keys: &RedisNames,
+        owner: &str,
+        lease_ms: u64,
+        end: LeaseEnd,
+    ) -> Cmd {
         let lua = self.renew_lua(keys.kind);
         let mut cmd = match keys.kind {
             LockKind::Permit { .. } => lua.call(
                 &[&keys.lock, keys.details(), keys.related()],
-                2,
-                owner.len() + 20,
+                3,
+                owner.len() + 21,
             ),
-            LockKind::Read => lua.call(&[&keys.lock, keys.details()], 2, owner.len() + 20),
-            LockKind::Exclusive | LockKind::Write => lua.call(&[&keys.lock], 2, owner.len() + 20),
+            LockKind::Read => lua.call(&[&keys.lock, keys.details()], 3, owner.len() + 21),
+            LockKind::Exclusive | LockKind::Write => lua.call(&[&keys.lock], 3, owner.len() + 21),
         };
-        cmd.arg(owner).arg(lease_ms);
+        cmd.arg(owner)
+            .arg(lease_ms)
+            .arg(u8::from(end == LeaseEnd::ExactlyALease));
         cmd
     }
 
@@ -1585,7 +1593,7 @@ impl Scripts {
             "the fencing token script",
             &self.issue_token,
         ));
-        pipe.add_command(self.renew_cmd(keys, owner, lease_ms));
+        pipe.add_command(self.renew_cmd(keys, owner, lease_ms, LeaseEnd::AtLeastALease));
         steps.push(ProbeStep::script("the renew script", &self.renew));
         // A waiter queued: the free release declines, the full one hands
         // the lock over; the new holder, with nobody behind it, releases by

@@ -23,6 +23,7 @@ use redis::{ErrorKind, RedisError, RedisResult};
 use super::calls::KeyCall;
 use super::scripts::{AcquireAllReply, AcquireReply, AcquireSpec};
 use super::single::Single;
+use super::LeaseEnd;
 use super::{CallError, Renewal};
 use crate::config::{redact_all, Config, TlsSettings};
 use crate::error::LockError;
@@ -319,9 +320,9 @@ impl Sentinel {
         self.current().release_blocking(keys, owner, keep_ms)
     }
 
-    pub(crate) async fn renew(&self, batch: &[Arc<Lease>]) -> Vec<Renewal> {
+    pub(crate) async fn renew(&self, batch: &[Arc<Lease>], end: LeaseEnd) -> Vec<Renewal> {
         let master = self.master().await;
-        let mut outcomes = master.renew(batch).await;
+        let mut outcomes = master.renew(batch, end).await;
         let failed = outcomes.iter().any(|o| matches!(o, Renewal::Failed(_)));
         if failed {
             self.answered_while_suspect.store(false, Ordering::Release);

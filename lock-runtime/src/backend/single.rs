@@ -11,6 +11,7 @@ use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 use super::calls::{KeyCall, Release};
 use super::direct::{DirectCall, DirectLane, LaneTls};
 use super::scripts::{self, AcquireAllReply, AcquireReply, AcquireSpec, Scripts};
+use super::LeaseEnd;
 use super::{read_renewals, CallError, ExpectedWaiters, Renewal};
 use crate::config::{redact, Config, ReplicaAck, TlsSettings};
 use crate::error::LockError;
@@ -547,14 +548,16 @@ impl Single {
     }
 
     /// One pipeline of renew scripts: one round trip.
-    pub(crate) async fn renew(&self, batch: &[Arc<Lease>]) -> Vec<Renewal> {
+    pub(crate) async fn renew(&self, batch: &[Arc<Lease>], end: LeaseEnd) -> Vec<Renewal> {
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         for lease in batch {
-            pipe.add_command(
-                self.scripts
-                    .renew_cmd(&lease.keys, &lease.owner, lease.lease_ms()),
-            );
+            pipe.add_command(self.scripts.renew_cmd(
+                &lease.keys,
+                &lease.owner,
+                lease.lease_ms(),
+                end,
+            ));
         }
         let sent_at = Instant::now();
         self.renewal_round_trips.fetch_add(1, Ordering::Relaxed);

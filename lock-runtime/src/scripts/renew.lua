@@ -3,8 +3,13 @@
 -- KEYS[1]  lock: "<owner><mark><token>:<since>:<holder>" (see acquire.lua)
 -- ARGV[1]  owner token
 -- ARGV[2]  lease in milliseconds
+-- ARGV[3]  "1": the TTL becomes ARGV[2], shorter or longer (extend);
+--          "0": the TTL becomes ARGV[2] unless it is longer already (a
+--          renewal never shortens a lease: one run late, after an extend to
+--          a longer lease, must not end the lock before its holder's deadline)
 --
--- Returns {1, owner}  the lock is ours: its TTL is ARGV[2] again
+-- Returns {1, owner}  the lock is ours: its TTL is ARGV[2] again (or longer,
+--                     with ARGV[3] "0")
 --         {0, owner}  the lock is gone or held by another owner: nothing changed, and
 --                     the holder has lost it.
 --
@@ -12,7 +17,9 @@
 -- own request.
 local held = redis.call('GET', KEYS[1])
 if held and string.sub(held, 1, string.len(ARGV[1])) == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  if ARGV[3] == '1' or redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  end
   return {1, ARGV[1]}
 end
 return {0, ARGV[1]}

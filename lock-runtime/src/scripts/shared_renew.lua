@@ -6,13 +6,22 @@
 -- KEYS[3]  (semaphores only) the permit count, whose TTL follows the set's
 -- ARGV[1]  owner token
 -- ARGV[2]  lease in milliseconds
+-- ARGV[3]  "1": the hold ends ARGV[2] ms from now, sooner or later than it
+--          did (extend); "0": unless it ends later already (a renewal never
+--          shortens a lease: one run late, after an extend to a longer lease,
+--          must not end the hold before its holder's deadline)
 --
--- Returns {1, owner}  ours: the hold now ends ARGV[2] ms from now
+-- Returns {1, owner}  ours: the hold now ends ARGV[2] ms from now (or later,
+--                     with ARGV[3] "0")
 --         {0, owner}  gone or expired: the holder has lost it
 local now = now_ms()
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if score and tonumber(score) > now then
-  redis.call('ZADD', KEYS[1], 'XX', string.format('%.0f', now + tonumber(ARGV[2])), ARGV[1])
+  local ends = now + tonumber(ARGV[2])
+  if ARGV[3] ~= '1' and tonumber(score) > ends then
+    ends = tonumber(score)
+  end
+  redis.call('ZADD', KEYS[1], 'XX', string.format('%.0f', ends), ARGV[1])
   push_expiry(KEYS[1], KEYS[2], KEYS[3])
   return {1, ARGV[1]}
 end

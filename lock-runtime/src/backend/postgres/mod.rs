@@ -39,7 +39,7 @@ use tokio_postgres::config::SslMode;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{AsyncMessage, Client, NoTls, Row, Statement};
 
-use super::{CallError, Renewal};
+use super::{CallError, LeaseEnd, Renewal};
 use crate::backend::scripts::{
     handoff_base, AcquireAllReply, AcquireReply, AcquireSpec, HeldLock, KeyReading,
 };
@@ -49,7 +49,7 @@ use crate::keys::{LockKind, RedisNames};
 use crate::lease::Lease;
 
 /// The schema's version this library writes and reads.
-pub const SCHEMA_VERSION: i32 = 3;
+pub const SCHEMA_VERSION: i32 = 4;
 
 /// The store's name in errors.
 pub(crate) const STORE: &str = "PostgreSQL";
@@ -354,7 +354,7 @@ impl Sql {
                  $1, $2, $3, $4, $5, $6, $7, $8)"
             ),
             release: format!("SELECT {schema}.release($1, $2, $3, $4, $5)"),
-            renew: format!("SELECT i, renewed FROM {schema}.renew($1, $2, $3)"),
+            renew: format!("SELECT i, renewed FROM {schema}.renew($1, $2, $3, $4)"),
             issue_token: format!("SELECT {schema}.issue_token($1, $2)"),
             force_unlock: format!("SELECT {schema}.force_unlock($1, $2, $3, $4, $5)"),
             inspect: format!(
@@ -1220,9 +1220,9 @@ impl Postgres {
     /// See `Backend::renew`: the whole batch in one statement, or two
     /// pipelined ones when it holds both default locks and shared holds
     /// (which live in a table of their own).
-    pub(crate) async fn renew(&self, batch: &[Arc<Lease>]) -> Vec<Renewal> {
+    pub(crate) async fn renew(&self, batch: &[Arc<Lease>], end: LeaseEnd) -> Vec<Renewal> {
         if batch.iter().all(|l| l.keys.kind == LockKind::Exclusive) {
-            return self.renew_locks(batch, true).await;
+            return self.renew_locks(batch, end, true).await;
         }
         self.inner
             .renewal_round_trips
@@ -1240,10 +1240,10 @@ impl Postgres {
                 if lock_batch.is_empty() {
                     Vec::new()
                 } else {
-                    self.renew_locks(&lock_batch, false).await
+                    self.renew_locks(&lock_batch, end, false).await
                 }
             },
-            self.renew_shared(&shared_batch),
+            self.renew_shared(&shared_batch, end),
         )
         .await;
         let mut out: Vec<Option<Renewal>> = batch.iter().map(|_| None).collect();
@@ -1261,7 +1261,12 @@ impl Postgres {
     /// Renews default locks only: one statement, counted as a round trip
     /// when `count_round_trip` (not when it goes beside the shared holds'
     /// statement, pipelined).
-    async fn renew_locks(&self, batch: &[Arc<Lease>], count_round_trip: bool) -> Vec<Renewal> {
+    async fn renew_locks(
+        &self,
+        batch: &[Arc<Lease>],
+        end: LeaseEnd,
+        count_round_trip: bool,
+    ) -> Vec<Renewal> {
         let inner = &self.inner;
         let names: Vec<&str> = batch.iter().map(|l| l.keys.lock.as_str()).collect();
         let owners: Vec<&str> = batch.iter().map(|l| l.owner.as_str()).collect();
@@ -1278,6 +1283,7 @@ impl Postgres {
                     param(&names, Type::TEXT_ARRAY),
                     param(&owners, Type::TEXT_ARRAY),
                     param(&leases, Type::INT8_ARRAY),
+                    param(&(end == LeaseEnd::ExactlyALease), Type::BOOL),
                 ],
             )
             .await;

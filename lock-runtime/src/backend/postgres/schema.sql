@@ -1,4 +1,4 @@
--- distlock's PostgreSQL schema, version 3: the tables, the sequence and the
+-- distlock's PostgreSQL schema, version 4: the tables, the sequence and the
 -- functions the default lock needs. Idempotent: `build()` runs it when the
 -- version row is missing or older, and a DBA may run it by hand (`distlock
 -- schema` prints it) for a role that may not create objects. Version 2
@@ -8,7 +8,12 @@
 -- transaction lock. Version 3 (same tables) does the same in shared_release,
 -- permit_give_back and permit_split, which read their own hold: a renewal in
 -- flight across the lease's end made them report the hold lost and leave it
--- held for the renewed lease.
+-- held for the renewed lease. Version 4 (same tables) adds renew and
+-- shared_renew with a fourth argument, p_exact: false for a renewal, which
+-- never shortens a lease (one run late, after an extend to a longer lease,
+-- must not end the lock before its holder's deadline), true for an extend,
+-- which sets the lease it is given; their three-argument forms, which a
+-- running version-3 library calls, now renew without shortening.
 --
 -- Every object lives in one schema, whose name (a plain identifier checked by
 -- the client, `distlock` unless the builder names another) is written into
@@ -382,7 +387,9 @@ END $$;
 -- Renews a batch of leases in one statement: element i of the arrays is one
 -- lease (the lock's name, its owner token, the lease in ms). Returns one row
 -- per lease, in order: (i, renewed), renewed false when the lock is gone,
--- expired or another owner's (the holder has lost it).
+-- expired or another owner's (the holder has lost it). With p_exact (an
+-- extend) the lease ends the given time from now, sooner or later than it
+-- did; without, at the later of that and the end it had (a renewal).
 --
 -- One UPDATE per lease, by its key, rather than one UPDATE joined with the
 -- batch: the join's plan rests on the table's statistics, and a table that
@@ -392,7 +399,8 @@ END $$;
 -- batch instead of 4, long enough to lose leases. A lookup by primary key
 -- stays one index probe whatever the statistics say; it costs about 1.6x the
 -- join at its best (5.8 against 3.5 ms for 512 leases), and never more.
-CREATE OR REPLACE FUNCTION __SCHEMA__.renew(p_names text[], p_owners text[], p_lease_ms bigint[])
+CREATE OR REPLACE FUNCTION __SCHEMA__.renew(
+  p_names text[], p_owners text[], p_lease_ms bigint[], p_exact boolean)
 RETURNS TABLE (i bigint, renewed boolean) LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
@@ -403,12 +411,24 @@ BEGIN
            ORDER BY t.i
   LOOP
     UPDATE __SCHEMA__.locks l
-      SET expires_at = clock_timestamp() + v.lease_ms * interval '1 millisecond'
+      SET expires_at = CASE WHEN p_exact
+                         THEN clock_timestamp() + v.lease_ms * interval '1 millisecond'
+                         ELSE greatest(l.expires_at,
+                                       clock_timestamp() + v.lease_ms * interval '1 millisecond')
+                       END
       WHERE l.name = v.name AND l.owner = v.owner AND l.expires_at > clock_timestamp();
     i := v.i;
     renewed := FOUND;
     RETURN NEXT;
   END LOOP;
+END $$;
+
+-- Version 3's form, for a version-3 library still running while this one
+-- migrates the schema: a renewal, which never shortens.
+CREATE OR REPLACE FUNCTION __SCHEMA__.renew(p_names text[], p_owners text[], p_lease_ms bigint[])
+RETURNS TABLE (i bigint, renewed boolean) LANGUAGE plpgsql AS $$
+BEGIN
+  RETURN QUERY SELECT * FROM __SCHEMA__.renew(p_names, p_owners, p_lease_ms, false);
 END $$;
 
 -- Issues `p_owner`'s fencing token if it holds the lock and has none, or
@@ -880,9 +900,10 @@ END $$;
 -- the reason given there): element i of the arrays is one lease (family
 -- name, owner token, lease ms). One row per lease, in order. The rows are
 -- locked in (name, owner) order, as force_unlock_shared locks the rows it
--- frees, so that the two cannot deadlock over one key's holds.
+-- frees, so that the two cannot deadlock over one key's holds. p_exact as
+-- for renew.
 CREATE OR REPLACE FUNCTION __SCHEMA__.shared_renew(
-  p_names text[], p_owners text[], p_lease_ms bigint[])
+  p_names text[], p_owners text[], p_lease_ms bigint[], p_exact boolean)
 RETURNS TABLE (i bigint, renewed boolean) LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
@@ -894,13 +915,26 @@ BEGIN
            ORDER BY t.name, t.owner
   LOOP
     UPDATE __SCHEMA__.shared_holds h
-      SET expires_at = clock_timestamp() + v.lease_ms * interval '1 millisecond'
+      SET expires_at = CASE WHEN p_exact
+                         THEN clock_timestamp() + v.lease_ms * interval '1 millisecond'
+                         ELSE greatest(h.expires_at,
+                                       clock_timestamp() + v.lease_ms * interval '1 millisecond')
+                       END
       WHERE h.name = v.name AND h.owner = v.owner AND h.expires_at > clock_timestamp();
     v_renewed[v.i] := FOUND;
   END LOOP;
   RETURN QUERY
   SELECT g::bigint, v_renewed[g]
   FROM generate_series(1, coalesce(cardinality(p_names), 0)) AS g ORDER BY g;
+END $$;
+
+-- Version 3's form, for a version-3 library still running while this one
+-- migrates the schema: a renewal, which never shortens.
+CREATE OR REPLACE FUNCTION __SCHEMA__.shared_renew(
+  p_names text[], p_owners text[], p_lease_ms bigint[])
+RETURNS TABLE (i bigint, renewed boolean) LANGUAGE plpgsql AS $$
+BEGIN
+  RETURN QUERY SELECT * FROM __SCHEMA__.shared_renew(p_names, p_owners, p_lease_ms, false);
 END $$;
 
 -- Issues a writer's fencing token if it has none, or reads the one it has
@@ -1351,5 +1385,5 @@ BEGIN
   o_status := 1; o_index := 0;
 END $$;
 
-INSERT INTO __SCHEMA__.version AS v (one, version) VALUES (true, 3)
+INSERT INTO __SCHEMA__.version AS v (one, version) VALUES (true, 4)
   ON CONFLICT (one) DO UPDATE SET version = excluded.version WHERE v.version < excluded.version;

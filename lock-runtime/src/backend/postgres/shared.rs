@@ -19,7 +19,7 @@ use super::{channel_ident, get, ms, param, protocol, Postgres};
 use crate::backend::scripts::{
     AcquireReply, AcquireSpec, HeldLock, KeyReading, PermitReply, SharedHolder, SharedRelease,
 };
-use crate::backend::{CallError, Renewal};
+use crate::backend::{CallError, LeaseEnd, Renewal};
 use crate::keys::{KeyNames, LockKind, RedisNames};
 use crate::lease::Lease;
 
@@ -53,7 +53,7 @@ impl SharedSql {
             give_back: format!("SELECT {schema}.permit_give_back($1, $2, $3, $4)"),
             split: format!("SELECT {schema}.permit_split($1, $2, $3)"),
             counts: format!("SELECT held, stored FROM {schema}.permit_counts($1)"),
-            renew: format!("SELECT i, renewed FROM {schema}.shared_renew($1, $2, $3)"),
+            renew: format!("SELECT i, renewed FROM {schema}.shared_renew($1, $2, $3, $4)"),
             issue_token: format!("SELECT {schema}.write_issue_token($1, $2)"),
             force_unlock: format!(
                 "SELECT {schema}.force_unlock_shared($1, $2, $3, $4, $5, $6, $7)"
@@ -364,7 +364,7 @@ impl Postgres {
 
     /// Renews the leases of write, read and permit holds of a batch (the
     /// default lock's are `renew`'s): one statement.
-    pub(super) async fn renew_shared(&self, batch: &[&Arc<Lease>]) -> Vec<Renewal> {
+    pub(super) async fn renew_shared(&self, batch: &[&Arc<Lease>], end: LeaseEnd) -> Vec<Renewal> {
         let inner = &self.inner;
         let names: Vec<&str> = batch.iter().map(|l| family_name(&l.keys)).collect();
         let owners: Vec<&str> = batch.iter().map(|l| l.owner.as_str()).collect();
@@ -378,6 +378,7 @@ impl Postgres {
                     param(&names, Type::TEXT_ARRAY),
                     param(&owners, Type::TEXT_ARRAY),
                     param(&leases, Type::INT8_ARRAY),
+                    param(&(end == LeaseEnd::ExactlyALease), Type::BOOL),
                 ],
             )
             .await;
