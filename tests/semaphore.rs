@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use distlock::testing::RedisServer;
-use distlock::{LockError, LockManager};
+use distlock::{LockError, LockGuard, LockManager};
 use futures_util::StreamExt;
 use redis::aio::MultiplexedConnection;
 
@@ -92,13 +92,7 @@ async fn never_more_holders_than_permits(d: Deployment) {
 async fn a_crashed_holders_permit_returns_within_its_lease(d: Deployment) {
     let crashed = d.manager().await;
     let other = d.manager().await;
-    let g = crashed
-        .semaphore("conn", 1)
-        .lease(Duration::from_millis(400))
-        .renew(false)
-        .acquire()
-        .await
-        .unwrap();
+    let g = expiring_hold(&crashed, "conn", 1, 1, Duration::from_millis(400)).await;
     // Neither released nor renewed: as if the process had died.
     std::mem::forget(g);
     assert!(other
@@ -140,13 +134,7 @@ async fn permits_that_run_out_unreleased_go_to_every_waiter(d: Deployment) {
         Duration::from_millis(1600),
     ];
     for lease in LEASES {
-        let g = crashed
-            .semaphore(key, 3)
-            .lease(lease)
-            .renew(false)
-            .acquire()
-            .await
-            .unwrap();
+        let g = expiring_hold(&crashed, key, 3, 1, lease).await;
         // Neither released nor renewed: as if the process had died.
         std::mem::forget(g);
     }
@@ -618,6 +606,25 @@ async fn weighted_holds_never_exceed_the_permits() {
 
 /// Spawns a wait of `m` for `weight` of `permits` permits of `key`, on the
 /// slow backoff, that returns its guard and when it got it.
+/// A hold of `weight` of `key`'s `permits` taken without renewal: forgotten,
+/// it ends when `lease` runs out, as a crashed holder's does, and nobody
+/// publishes when it goes.
+async fn expiring_hold(
+    m: &LockManager,
+    key: &str,
+    permits: u32,
+    weight: u32,
+    lease: Duration,
+) -> LockGuard {
+    m.semaphore(key, permits)
+        .weight(weight)
+        .lease(lease)
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap()
+}
+
 fn spawn_permit_waiter(
     m: &LockManager,
     key: &str,
@@ -829,14 +836,7 @@ async fn a_weighted_waiter_behind_another_is_woken_when_its_permits_come_free(d:
     // A hold of 2 permits that ends on its own (a crashed holder): nobody
     // publishes when it goes.
     const EXPIRING: Duration = Duration::from_secs(3);
-    let expiring = a
-        .semaphore(key, 5)
-        .weight(2)
-        .lease(EXPIRING)
-        .renew(false)
-        .acquire()
-        .await
-        .unwrap();
+    let expiring = expiring_hold(&a, key, 5, 2, EXPIRING).await;
     let mut holds = Vec::new();
     for _ in 0..3 {
         holds.push(
@@ -939,14 +939,7 @@ async fn permits_a_lease_frees_reach_a_light_waiter_behind_a_heavy_one(d: Deploy
     let key = "expired-behind-heavy";
     let mut raw = d.raw_for(&a, key).await;
     const EXPIRING: Duration = Duration::from_secs(2);
-    let expiring = a
-        .semaphore(key, 8)
-        .weight(2)
-        .lease(EXPIRING)
-        .renew(false)
-        .acquire()
-        .await
-        .unwrap();
+    let expiring = expiring_hold(&a, key, 8, 2, EXPIRING).await;
     let kept = a
         .semaphore(key, 8)
         .weight(5)
