@@ -5,11 +5,15 @@
 //! keep growing. A graceful `SENTINEL FAILOVER` (the old master demoted, still
 //! running) is followed too.
 
+mod common;
+
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use common::eventually;
 use distlock::testing::{RedisSentinel, RedisServer};
-use distlock::{distributed_lock, LockError, LockManager};
+use distlock::{distributed_lock, LockError, LockEventKind, LockManager};
+use futures_util::StreamExt;
 
 async fn sentinel_manager(fixture: &RedisSentinel) -> LockManager {
     LockManager::sentinel_builder(fixture.sentinel_urls(), fixture.master_name())
@@ -222,4 +226,74 @@ async fn bad_sentinel_settings_are_typed_errors_in_bounded_time() {
         .unwrap_err();
     assert!(matches!(refused, LockError::Connect { .. }), "{refused:?}");
     assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+/// A manager that only listens (it makes no call that could fail on the
+/// demoted master) follows a graceful failover that leaves the old master
+/// up: its events stream goes on reporting expiries, which only a master
+/// tells of (a replica relays what is published, but not the master's
+/// keyspace notices of expired keys). The sentinels end the demoted
+/// master's client connections as they reconfigure it (`CLIENT KILL`), and
+/// the subscriber reconnects through them to the promoted master, with no
+/// watch of `+switch-master` of its own.
+#[tokio::test]
+async fn a_listening_manager_follows_a_failover_that_leaves_the_old_master_up() {
+    let fixture = RedisSentinel::builder()
+        .args(["--notify-keyspace-events", "Kx"])
+        .spawn()
+        .unwrap();
+    let observer = sentinel_manager(&fixture).await;
+    let mut events = observer.events("exp:*").await.unwrap();
+    let old_master = fixture.master_url().unwrap();
+    fixture.failover().unwrap();
+    let new_master = fixture.master_url().unwrap();
+    assert_ne!(old_master, new_master);
+    // The observer makes no call after the failover: only the announcement
+    // can move it. Its stream listens through patterns (the keyspace
+    // notices' among them), so the new master counts them once it is there.
+    let mut raw = redis::Client::open(new_master)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let listening = eventually(Duration::from_secs(10), async || {
+        redis::cmd("PUBSUB")
+            .arg("NUMPAT")
+            .query_async::<i64>(&mut raw)
+            .await
+            .unwrap()
+            > 0
+    })
+    .await;
+    assert!(
+        listening.is_some(),
+        "the observer never listened on the promoted master"
+    );
+    let holder = sentinel_manager(&fixture).await;
+    let expiring = holder
+        .lock("exp:1")
+        .lease(Duration::from_millis(500))
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    std::mem::forget(expiring);
+    // The lease ends 500 ms after it began; 5 s leave room for a loaded
+    // machine. Skip notices (the reconnection) and the acquisition come first.
+    let expired = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Some(item) = events.next().await {
+            if let Ok(event) = item {
+                if event.key == "exp:1" && event.kind == LockEventKind::Expired {
+                    return true;
+                }
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(
+        expired,
+        Ok(true),
+        "the expiry on the promoted master went unreported"
+    );
 }
