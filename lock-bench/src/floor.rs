@@ -519,14 +519,16 @@ pub mod same_scripts {
         inv
     }
 
-    /// `renew.lua` as one `EVALSHA` of a pipeline: KEYS lock; ARGV owner, lease ms.
+    /// `renew.lua` as one `EVALSHA` of a pipeline: KEYS lock; ARGV owner,
+    /// lease ms, 0 (a renewal, which never shortens the lease).
     pub fn renew(pipe: &mut redis::Pipeline, sha: &str, names: &Names, owner: &str, lease_ms: u64) {
         pipe.cmd("EVALSHA")
             .arg(sha)
             .arg(1)
             .arg(&names.lock)
             .arg(owner)
-            .arg(lease_ms);
+            .arg(lease_ms)
+            .arg(0);
     }
 }
 

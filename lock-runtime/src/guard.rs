@@ -142,8 +142,17 @@ impl LockGuard {
     /// [`LockError::Backend`] when the store fails. The store may or may not
     /// have taken the new lease then (a reply lost after it ran): the holder
     /// trusts the shorter of the old deadline and the new lease from the
-    /// call, and later renewals use the new length. The same holds when the
-    /// returned future is dropped before it completes.
+    /// call, and later renewals use the new length (renewals never shorten
+    /// what the store keeps, so after a failed extend to a shorter lease the
+    /// lock may stay until the old lease's end if the holder dies). The same
+    /// holds when the returned future is dropped before it completes.
+    ///
+    /// An extend that failed may still run later (sent on a connection
+    /// replaced for silence, whose session was alive): if another extend
+    /// went through meanwhile, the late one's lease wins. Call `extend` again
+    /// after a failed one only with a lease no longer than the failed one's,
+    /// or wait for the lease to be renewed first; renewals, which never
+    /// shorten, are not affected.
     pub async fn extend(&self, lease: Duration) -> Result<(), LockError> {
         crate::config::validate_lease(lease, "lease")?;
         let lease = Duration::from_millis(u64::try_from(lease.as_millis()).unwrap_or(u64::MAX));

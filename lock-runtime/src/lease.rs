@@ -203,7 +203,8 @@ impl Lease {
         self.lease_ms.load(Ordering::Acquire)
     }
 
-    /// The lease: the lock's TTL in Redis, reset by every renewal.
+    /// The lease: the lock's TTL in Redis, at least this much after every
+    /// renewal.
     pub(crate) fn duration(&self) -> Duration {
         Duration::from_millis(self.lease_ms())
     }

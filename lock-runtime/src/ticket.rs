@@ -250,7 +250,7 @@ impl LockGuard {
 impl LockManager {
     /// Makes `ticket`'s hold a guard of this manager again: one round trip
     /// (the renewal script, which checks that the ticket's owner still holds
-    /// the lock and sets its TTL to the ticket's lease). The guard then is
+    /// the lock and sets its TTL to at least the ticket's lease). The guard then is
     /// like the one that took the lock: renewed while it lives (if that one
     /// was), its lease lost when a renewal finds the lock gone or taken
     /// over, its fencing token the same (issued on demand if the hold had

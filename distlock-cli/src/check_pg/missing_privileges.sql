@@ -19,6 +19,7 @@ WHERE n.nspname = $1::text AND c.relkind IN ('r', 'p', 'S')
   AND NOT CASE WHEN c.relkind = 'S' THEN has_sequence_privilege(c.oid, p.priv)
                ELSE has_table_privilege(c.oid, p.priv) END
 UNION ALL
-SELECT 'EXECUTE', 'function ' || $1::text || '.' || f.proname::text || '()'
+SELECT 'EXECUTE', 'function ' || $1::text || '.' || f.proname::text
+         || '(' || pg_get_function_identity_arguments(f.oid) || ')'
 FROM pg_proc f JOIN pg_namespace n ON n.oid = f.pronamespace
 WHERE n.nspname = $1::text AND NOT has_function_privilege(f.oid, 'EXECUTE')

@@ -1,4 +1,4 @@
--- Reset the lease of a lock if it is still ours.
+-- Renew the lease of a lock if it is still ours: at least ARGV[2] from now.
 --
 -- KEYS[1]  lock: "<owner><mark><token>:<since>:<holder>" (see acquire.lua)
 -- ARGV[1]  owner token

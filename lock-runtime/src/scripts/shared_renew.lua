@@ -1,4 +1,5 @@
--- Reset the lease of a read hold or a permit if it is still ours.
+-- Renew the lease of a read hold or a permit if it is still ours: at least
+-- ARGV[2] from now.
 --
 -- KEYS[1]  holders: sorted set, owner token -> end of its lease (server ms)
 -- KEYS[2]  the holders' details (see shared_prelude.lua), whose TTL follows
