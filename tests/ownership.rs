@@ -607,3 +607,43 @@ async fn a_ticket_made_while_a_renewal_is_in_flight_keeps_its_hold() {
         .is_none());
     resumed.release().await.unwrap();
 }
+
+/// The hold `release_permits` keeps has a token of its own (its acquisition
+/// id kept), not the old token with the kept weight. A call that fails after
+/// its script may have run gives the name it asked for back in the
+/// background, retried until a lease has passed; under the old naming, a
+/// retry of the same call asked for that same name, and the late background
+/// release freed the retry's hold while its guard still trusted it, and
+/// others took the permits. Each call now asks for a name nobody else does,
+/// as `split_permits` always has.
+async fn each_release_permits_keeps_the_rest_under_a_new_token(d: Deployment) {
+    let m = d.manager().await;
+    let key = "renamed-weighted";
+    let hold = async || {
+        let state = m.inspect_all(key).await.unwrap();
+        assert_eq!(state.holds.len(), 1, "{state:?}");
+        let hold = state.holds.into_iter().next().unwrap();
+        (hold.hold_id, hold.acquisition_id)
+    };
+    let mut guard = m.semaphore(key, 8).weight(6).acquire().await.unwrap();
+    let (first_id, acquisition) = hold().await;
+    let token = |id: &str| id.split(':').next().unwrap().to_owned();
+    let mut seen = vec![token(&first_id)];
+    for (give_back, kept) in [(2, 4), (3, 1)] {
+        guard.release_permits(give_back).await.unwrap();
+        let (id, same_acquisition) = hold().await;
+        assert_eq!(same_acquisition, acquisition);
+        assert!(
+            !seen.contains(&token(&id)),
+            "{id} reuses a token of {seen:?}"
+        );
+        seen.push(token(&id));
+        assert_eq!(
+            m.semaphore(key, 8).permit_counts().await.unwrap().held,
+            kept
+        );
+    }
+    guard.release().await.unwrap();
+}
+
+on_stores!(each_release_permits_keeps_the_rest_under_a_new_token);

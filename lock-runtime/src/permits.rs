@@ -26,7 +26,7 @@ impl LockGuard {
     /// renames the hold to its smaller weight, keeping its lease end, and
     /// wakes waiters for the permits that came free). The hold's id, as
     /// [`inspect_all`](crate::LockManager::inspect_all) shows it, changes
-    /// with its weight.
+    /// at each call (its acquisition id stays).
     ///
     /// ```no_run
     /// # async fn demo(manager: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
@@ -49,7 +49,7 @@ impl LockGuard {
     /// kept permits are given back in the background.
     pub async fn release_permits(&mut self, permits: u32) -> Result<(), LockError> {
         let old = self.lease_handle();
-        let (base, weight) = weighted_hold(&old, "release_permits")?;
+        let (_, weight) = weighted_hold(&old, "release_permits")?;
         if permits == 0 || permits >= weight {
             return Err(LockError::InvalidConfig(format!(
                 "release_permits({permits}) of a hold of {weight} permits of semaphore {}; \
@@ -60,10 +60,18 @@ impl LockGuard {
         }
         renamable(&old, "release_permits")?;
         let kept = weight - permits;
+        // A token of its own, as `split_permits` gives each permit, rather
+        // than the old one's with the kept weight: a call that failed after
+        // it may have run leaves a background release of the name it asked
+        // for, and a retry under the same name would rename the hold to
+        // that name and then lose it to that release, permits and all, while
+        // its guard still trusted it. With the acquisition id kept, so that
+        // operators see which holds went together.
+        let token = crate::config::owner_token_of(acquisition_id(&old));
         let rest_owner = if kept == 1 {
-            base.to_owned()
+            token
         } else {
-            format!("{base}:{kept}")
+            format!("{token}:{kept}")
         };
         let core = self.core().clone();
         let rest = std::slice::from_ref(&rest_owner);
@@ -140,12 +148,8 @@ impl LockGuard {
         renamable(&old, "split_permits")?;
         // The permits' tokens open with the hold's acquisition id, so that
         // operators see which holds went together.
-        let acquisition = old
-            .owner
-            .get(..crate::info::ACQUISITION_ID_LEN)
-            .unwrap_or(&old.owner);
         let permit_owners: Vec<String> = (0..weight)
-            .map(|_| crate::config::owner_token_of(acquisition))
+            .map(|_| crate::config::owner_token_of(acquisition_id(&old)))
             .collect();
         let core = self.core().clone();
         rename_hold(
@@ -203,6 +207,14 @@ fn weighted_hold<'a>(old: &'a Lease, method: &str) -> Result<(&'a str, u32), Loc
         Some((base, weight)) => (base, weight.parse::<u32>().unwrap_or(1)),
         None => (old.owner.as_str(), 1),
     })
+}
+
+/// The acquisition id that opens `old`'s owner token, with which the tokens
+/// of the holds it is renamed to open too.
+fn acquisition_id(old: &Lease) -> &str {
+    old.owner
+        .get(..crate::info::ACQUISITION_ID_LEN)
+        .unwrap_or(&old.owner)
 }
 
 /// Whether `old` may be renamed in Redis: one guard holds it (re-entrant
