@@ -455,6 +455,34 @@ async fn an_acquisition_dropped_in_flight_takes_nothing() {
     await_permit_back(&observer, Duration::from_secs(10), true).await;
 }
 
+/// A drain dropped while its script is in flight gives back what it took,
+/// as an acquisition does: set up as
+/// `an_acquisition_dropped_in_flight_takes_nothing`, with the same bounds.
+/// Before, the drain ran in the caller's future: dropped, nobody read its
+/// reply, and the permit stayed taken, held by nobody.
+#[tokio::test]
+async fn a_drain_dropped_in_flight_takes_nothing() {
+    let redis = server();
+    let proxy = distlock::testing::FaultProxy::start(redis.addr())
+        .await
+        .unwrap();
+    let m = LockManager::builder(&proxy.url())
+        .command_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let observer = manager(&redis).await.counting_semaphore("cs:drained");
+    let s = m.counting_semaphore("cs:drained");
+    // Its script loaded first (see there), draining nothing.
+    assert_eq!(s.drain_permits().await.unwrap(), 0);
+    assert!(observer.try_set_permits(1).await.unwrap());
+    proxy.set_mode(distlock::testing::FaultMode::Delay(Duration::from_secs(1)));
+    let dropped = tokio::time::timeout(Duration::from_millis(200), s.drain_permits()).await;
+    assert!(dropped.is_err(), "the drain was not held up");
+    assert_eq!(observer.available_permits().await.unwrap(), 1);
+    await_permit_back(&observer, Duration::from_secs(10), true).await;
+}
+
 /// Waits up to `limit` until `s` has one permit again (having had none in
 /// between, when `taken_first`: the dropped attempt took it); fails the test
 /// with the counts seen otherwise.

@@ -289,43 +289,67 @@ impl CountingSemaphore {
             let registration = left.min(MAX_REGISTRATION) + REGISTRATION_MARGIN;
             u64::try_from(registration.as_millis()).unwrap_or(u64::MAX)
         };
-        // The script runs in a task of the manager's runtime, not in this
-        // future: dropped while the script is in flight (the caller's
-        // timeout, a `select!`, an aborted task), this future would never
-        // learn that it took the permits, and nothing holds them but the
-        // count. The task reads the reply and hands the permits taken over as
-        // an `Unclaimed`, which gives them back unless this future claims
-        // it: also when this future is gone before it reads the reply.
-        let (reply_to, reply) = tokio::sync::oneshot::channel();
         let semaphore = self.clone();
         let owner = owner.to_owned();
+        let reply = self
+            .taking_in_a_task(
+                move |reply| {
+                    if reply.outcome == CounterOutcome::Done {
+                        wanted
+                    } else {
+                        0
+                    }
+                },
+                async move {
+                    semaphore
+                        .core()
+                        .backend
+                        .counter_acquire(
+                            &semaphore.key,
+                            &semaphore.names,
+                            &owner,
+                            wanted,
+                            register_ms,
+                            receipt_ms(semaphore.core()),
+                        )
+                        .await
+                },
+            )
+            .await?;
+        Ok(self.outcome(reply)?.outcome == CounterOutcome::Done)
+    }
+
+    /// Runs `call`, a script that may take permits (`taken` reads how many
+    /// from its reply), in a task of the manager's runtime rather than in
+    /// this future: dropped while the script is in flight (the caller's
+    /// timeout, a `select!`, an aborted task), this future would never
+    /// learn what it took, and nothing holds those permits but the count.
+    /// The task reads the reply and hands the permits taken over as an
+    /// `Unclaimed`, which gives them back unless this future claims it: also
+    /// when this future is gone before it reads the reply.
+    async fn taking_in_a_task(
+        &self,
+        taken: impl FnOnce(&CounterReply) -> i64 + Send + 'static,
+        call: impl std::future::Future<Output = Result<CounterReply, CallError>> + Send + 'static,
+    ) -> Result<Result<CounterReply, CallError>, LockError> {
+        let (reply_to, reply) = tokio::sync::oneshot::channel();
+        let semaphore = self.clone();
         drop(self.core().runtime.spawn(async move {
-            let reply = semaphore
-                .core()
-                .backend
-                .counter_acquire(
-                    &semaphore.key,
-                    &semaphore.names,
-                    &owner,
-                    wanted,
-                    register_ms,
-                    receipt_ms(semaphore.core()),
-                )
-                .await;
-            let taken =
-                matches!(&reply, Ok(r) if r.outcome == CounterOutcome::Done).then(|| Unclaimed {
-                    semaphore: Some(semaphore),
-                    permits: wanted,
-                });
+            let reply = call.await;
+            let permits = reply.as_ref().map_or(0, taken);
+            let unclaimed = (permits > 0).then(|| Unclaimed {
+                semaphore: Some(semaphore),
+                permits,
+            });
             // Refused (the caller is gone), the pair drops here and the
             // permits go back.
-            let _ = reply_to.send((reply, taken));
+            let _ = reply_to.send((reply, unclaimed));
         }));
-        let (reply, taken) = reply.await.map_err(|_| self.shut_down())?;
-        if let Some(taken) = taken {
-            taken.claim();
+        let (reply, unclaimed) = reply.await.map_err(|_| self.shut_down())?;
+        if let Some(unclaimed) = unclaimed {
+            unclaimed.claim();
         }
-        Ok(self.outcome(reply)?.outcome == CounterOutcome::Done)
+        Ok(reply)
     }
 
     /// Gives back `permits` that an acquisition took after its caller had
@@ -365,7 +389,12 @@ impl CountingSemaphore {
     /// # Errors
     /// [`LockError::InvalidPermits`] for 0 or more than `i64::MAX` permits,
     /// or when the count would pass `i64::MAX` (nothing is changed);
-    /// otherwise as [`try_acquire`](Self::try_acquire).
+    /// otherwise as [`try_acquire`](Self::try_acquire). A
+    /// [`LockError::Backend`] from a call that may have run (its reply lost)
+    /// leaves unknown whether the permits went back: each call is a change
+    /// of its own, so calling again may give them back twice (distlock
+    /// resends a call only where it can tell that it ran); read
+    /// [`counts`](Self::counts) first.
     pub async fn release(&self, permits: u64) -> Result<i64, LockError> {
         let permits = self.wanted(permits, "release")?;
         self.change(CounterOp::Add(permits)).await.map(|r| r.count)
@@ -380,7 +409,8 @@ impl CountingSemaphore {
     /// # Errors
     /// [`LockError::InvalidPermits`] when the count would leave the 64-bit
     /// range (nothing is changed); otherwise as
-    /// [`try_acquire`](Self::try_acquire).
+    /// [`try_acquire`](Self::try_acquire). After a [`LockError::Backend`],
+    /// as for [`release`](Self::release): the change may have been made.
     pub async fn add_permits(&self, permits: i64) -> Result<i64, LockError> {
         self.change(CounterOp::Add(permits)).await.map(|r| r.count)
     }
@@ -411,16 +441,40 @@ impl CountingSemaphore {
 
     /// Takes every available permit at once and returns how many (0 when
     /// none are available; a count below zero stays as it is). One round
-    /// trip.
+    /// trip. Cancel-safe as [`acquire`](Self::acquire): dropped while its
+    /// script is in flight, the permits it took are given back.
     ///
     /// # Errors
-    /// As [`try_acquire`](Self::try_acquire).
+    /// As [`try_acquire`](Self::try_acquire). A [`LockError::Backend`] from a
+    /// call that may have run (its reply lost) leaves unknown whether it
+    /// drained the permits; [`counts`](Self::counts) tells what is left.
     pub async fn drain_permits(&self) -> Result<i64, LockError> {
-        let reply = self.change(CounterOp::Drain).await?;
-        Ok(match reply.outcome {
+        crate::keys::validate_key(&self.key)?;
+        if self.core().is_shut_down() {
+            return Err(self.shut_down());
+        }
+        let drained = |reply: &CounterReply| match reply.outcome {
             CounterOutcome::Done => reply.count,
             _ => 0,
-        })
+        };
+        let semaphore = self.clone();
+        let reply = self
+            .taking_in_a_task(drained, async move {
+                let owner = crate::config::owner_token();
+                semaphore
+                    .core()
+                    .backend
+                    .counter_change(
+                        &semaphore.key,
+                        &semaphore.names,
+                        &owner,
+                        CounterOp::Drain,
+                        receipt_ms(semaphore.core()),
+                    )
+                    .await
+            })
+            .await?;
+        Ok(drained(&self.outcome(reply)?))
     }
 
     /// The permits available now (below zero after a shrink below what is

@@ -26,7 +26,10 @@ impl LockGuard {
     /// renames the hold to its smaller weight, keeping its lease end, and
     /// wakes waiters for the permits that came free). The hold's id, as
     /// [`inspect_all`](crate::LockManager::inspect_all) shows it, changes
-    /// at each call (its acquisition id stays).
+    /// at each call (its acquisition id stays). The permits given back are
+    /// free at once, whatever the hold's
+    /// [`min_hold`](crate::LockRequest::min_hold), which keeps only what the
+    /// guard still holds when it is released.
     ///
     /// ```no_run
     /// # async fn demo(manager: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
