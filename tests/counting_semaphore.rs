@@ -475,30 +475,41 @@ async fn a_drain_dropped_in_flight_takes_nothing() {
     let s = m.counting_semaphore("cs:drained");
     // Its script loaded first (see there), draining nothing.
     assert_eq!(s.drain_permits().await.unwrap(), 0);
-    assert!(observer.try_set_permits(1).await.unwrap());
+    // Several, so that only the amount drained comes back whole.
+    assert!(observer.try_set_permits(3).await.unwrap());
     proxy.set_mode(distlock::testing::FaultMode::Delay(Duration::from_secs(1)));
     let dropped = tokio::time::timeout(Duration::from_millis(200), s.drain_permits()).await;
     assert!(dropped.is_err(), "the drain was not held up");
-    assert_eq!(observer.available_permits().await.unwrap(), 1);
-    await_permit_back(&observer, Duration::from_secs(10), true).await;
+    assert_eq!(observer.available_permits().await.unwrap(), 3);
+    await_permits_back(&observer, 3, Duration::from_secs(10), true).await;
 }
 
 /// Waits up to `limit` until `s` has one permit again (having had none in
 /// between, when `taken_first`: the dropped attempt took it); fails the test
 /// with the counts seen otherwise.
 async fn await_permit_back(s: &CountingSemaphore, limit: Duration, taken_first: bool) {
+    await_permits_back(s, 1, limit, taken_first).await
+}
+
+/// [`await_permit_back`] for `permits` permits.
+async fn await_permits_back(
+    s: &CountingSemaphore,
+    permits: i64,
+    limit: Duration,
+    taken_first: bool,
+) {
     let mut seen = Vec::new();
     let back = eventually(limit, async || {
         let available = s.available_permits().await.unwrap();
         if seen.last() != Some(&available) {
             seen.push(available);
         }
-        available == 1 && (!taken_first || seen.contains(&0))
+        available == permits && (!taken_first || seen.contains(&0))
     })
     .await;
     assert!(
         back.is_some(),
-        "the dropped acquisition kept the permit it took (counts seen: {seen:?})"
+        "the dropped call kept the permits it took (counts seen: {seen:?})"
     );
 }
 

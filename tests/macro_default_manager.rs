@@ -1,6 +1,7 @@
 //! A locked function without `manager = ...`: the global manager, else one from
 //! DISTLOCK_URL / DISTLOCK_REDIS_URL / REDIS_URL (the first set), else `LockError::NotConfigured`. One test in
 //! its own binary, because it changes process-wide state (env, global manager).
+//! `shutdown_default_manager` then waits for the release of a cancelled call.
 
 mod common;
 
@@ -28,9 +29,13 @@ async fn default_manager_comes_from_the_environment_or_is_not_configured() {
     );
 
     let redis = server();
+    // Through a proxy, for the shutdown below to slow down.
+    let proxy = distlock::testing::FaultProxy::start(redis.addr())
+        .await
+        .unwrap();
     // DISTLOCK_URL comes first: the Redis-only variable names a port where
     // nothing listens, which would fail the build if it were used.
-    std::env::set_var("DISTLOCK_URL", redis.url());
+    std::env::set_var("DISTLOCK_URL", proxy.url());
     std::env::set_var("DISTLOCK_REDIS_URL", "redis://127.0.0.1:1");
     assert_eq!(job().await.unwrap(), 7);
     // It used that server: the fencing counter of "job" is there.
@@ -39,4 +44,44 @@ async fn default_manager_comes_from_the_environment_or_is_not_configured() {
         .await
         .iter()
         .any(|k| k.contains("fence") && k.ends_with(":job")));
+    shutdown_waits_for_a_cancelled_calls_release(&proxy, &mut raw).await;
+}
+
+#[distributed_lock(key = "sleepy")]
+async fn sleepy() -> Result<(), LockError> {
+    tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+    Ok(())
+}
+
+/// `shutdown_default_manager` before a program ends waits for the release of
+/// a locked call cut short (a `select!` on ctrl-c), which runs in a task of
+/// the default manager's own runtime: the exit would end that task, and the
+/// lock would wait out its lease. The manager reaches its server through
+/// `proxy`, which now holds each chunk 300 ms, so that the release takes
+/// 600 ms, long after a shutdown that did not wait for it would have
+/// returned; `raw` reads the server directly.
+async fn shutdown_waits_for_a_cancelled_calls_release(
+    proxy: &distlock::testing::FaultProxy,
+    raw: &mut redis::aio::MultiplexedConnection,
+) {
+    proxy.set_mode(distlock::testing::FaultMode::Delay(
+        std::time::Duration::from_millis(300),
+    ));
+    tokio::select! {
+        _ = sleepy() => unreachable!("it sleeps a minute"),
+        () = async {
+            eventually(std::time::Duration::from_secs(10), async || {
+                kinds_of(raw, "sleepy").await.contains(&"lock".to_owned())
+            })
+            .await
+            .expect("sleepy holds its lock");
+        } => {}
+    }
+    // `sleepy` dropped: its guard's release runs in the background.
+    distlock::shutdown_default_manager().await.unwrap();
+    assert!(
+        !kinds_of(raw, "sleepy").await.contains(&"lock".to_owned()),
+        "the lock outlived the shutdown"
+    );
+    assert!(matches!(job().await, Err(LockError::ShutDown { .. })));
 }

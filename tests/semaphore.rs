@@ -604,8 +604,6 @@ async fn weighted_holds_never_exceed_the_permits() {
     ));
 }
 
-/// Spawns a wait of `m` for `weight` of `permits` permits of `key`, on the
-/// slow backoff, that returns its guard and when it got it.
 /// A hold of `weight` of `key`'s `permits` taken without renewal: forgotten,
 /// it ends when `lease` runs out, as a crashed holder's does, and nobody
 /// publishes when it goes.
@@ -625,6 +623,8 @@ async fn expiring_hold(
         .unwrap()
 }
 
+/// Spawns a wait of `m` for `weight` of `permits` permits of `key`, on the
+/// slow backoff, that returns its guard and when it got it.
 fn spawn_permit_waiter(
     m: &LockManager,
     key: &str,

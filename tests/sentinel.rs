@@ -236,7 +236,9 @@ async fn bad_sentinel_settings_are_typed_errors_in_bounded_time() {
 /// master's client connections as they reconfigure it (`CLIENT KILL`), and
 /// the subscriber reconnects through them to the promoted master, with no
 /// watch of `+switch-master` of its own.
-#[tokio::test]
+// Multi-threaded: the fixture's failover blocks this thread for seconds, while
+// the manager's tasks run on the other and live through it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listening_manager_follows_a_failover_that_leaves_the_old_master_up() {
     let fixture = RedisSentinel::builder()
         .args(["--notify-keyspace-events", "Kx"])

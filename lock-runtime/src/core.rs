@@ -38,9 +38,12 @@ pub(crate) struct Core {
     pub(crate) epoch: Instant,
     /// Set by [`ManagerInner::shutdown`].
     shut_down: AtomicBool,
-    /// Background releases spawned and not yet finished (or dropped), so that
-    /// a test can tell a release still on its way from one that ran.
+    /// Background releases spawned and not yet finished (or dropped): the
+    /// shutdown waits for them, and a test can tell a release still on its
+    /// way from one that ran.
     pub(crate) background_releases: AtomicUsize,
+    /// Told when [`Core::background_releases`] comes down to 0.
+    pub(crate) background_releases_done: tokio::sync::Notify,
     /// Set when a release made over a blocking connection as the runtime
     /// shuts down failed: the later ones are skipped (see
     /// `release::BackgroundRelease`).
@@ -66,6 +69,7 @@ impl Core {
             epoch: Instant::now(),
             shut_down: AtomicBool::new(false),
             background_releases: AtomicUsize::new(0),
+            background_releases_done: tokio::sync::Notify::new(),
             blocking_releases_failed: AtomicBool::new(false),
         }
     }
@@ -191,6 +195,22 @@ impl ManagerInner {
                     );
                     outcome = Err(e.error);
                 }
+            }
+        }
+        // The guards dropped before the shutdown are released by tasks of
+        // their own, which a program that exits once this returns would cut
+        // short, leaving their locks to their leases: waited for, up to a
+        // command timeout (a task that cannot reach the store retries on
+        // after that, until its lease is over).
+        let deadline = tokio::time::Instant::now() + core.config.command_timeout;
+        loop {
+            let done = core.background_releases_done.notified();
+            tokio::pin!(done);
+            done.as_mut().enable();
+            if core.background_releases.load(Ordering::Acquire) == 0
+                || tokio::time::timeout_at(deadline, done).await.is_err()
+            {
+                break;
             }
         }
         outcome

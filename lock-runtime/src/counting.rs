@@ -370,9 +370,18 @@ impl CountingSemaphore {
             )
             .await;
         match reply {
-            Ok(available) => tracing::debug!(target: "distlock::release",
-                key = %crate::error::KeyPreview(&self.key), permits, available = available.count,
-                "gave back the permits of an acquisition dropped in flight"),
+            Ok(reply) if reply.outcome == CounterOutcome::Done => {
+                tracing::debug!(target: "distlock::release",
+                key = %crate::error::KeyPreview(&self.key), permits, available = reply.count,
+                "gave back the permits of an acquisition dropped in flight")
+            }
+            // The count would pass i64::MAX (it was raised meanwhile), or
+            // the names hold another program's values: nothing was added.
+            Ok(reply) => tracing::warn!(target: "distlock::release",
+                key = %crate::error::KeyPreview(&self.key), permits, count = reply.count,
+                outcome = ?reply.outcome,
+                "could not give back the permits of an acquisition dropped in flight; \
+                 they stay taken until someone adds them back"),
             Err(e) => tracing::warn!(target: "distlock::release",
                 key = %crate::error::KeyPreview(&self.key), permits, error = %e.error,
                 "could not give back the permits of an acquisition dropped in flight; \

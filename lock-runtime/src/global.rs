@@ -145,6 +145,38 @@ pub async fn default_manager() -> Result<LockManager, LockError> {
     .await
 }
 
+/// Shuts down the manager that locked functions built from the environment
+/// (`DISTLOCK_URL`, `DISTLOCK_REDIS_URL`, `REDIS_URL`), if they built one:
+/// see [`LockManager::shutdown`]. A program whose locked functions use it
+/// calls this before `main` returns. That manager runs on a runtime of its
+/// own, which the process's exit ends where it stands: a guard dropped as
+/// the program ends (a locked call cancelled by a `select!` on ctrl-c) is
+/// released by a task of that runtime, which the exit would cut short,
+/// leaving the lock to its lease. Afterwards locked functions that use it
+/// fail with [`LockError::ShutDown`]. Does nothing when none was built (a
+/// manager given to [`set_global`] is shut down through its own handle).
+///
+/// ```no_run
+/// # async fn run() {}
+/// #[tokio::main]
+/// async fn main() -> Result<(), distlock_runtime::LockError> {
+///     tokio::select! {
+///         () = run() => {}
+///         _ = tokio::signal::ctrl_c() => {}
+///     }
+///     distlock_runtime::shutdown_default_manager().await
+/// }
+/// ```
+///
+/// # Errors
+/// As [`LockManager::shutdown`].
+pub async fn shutdown_default_manager() -> Result<(), LockError> {
+    match FROM_ENV.get() {
+        Some(manager) => manager.shutdown().await,
+        None => Ok(()),
+    }
+}
+
 /// What `cell` holds, built by `build` on `runtime` if it holds nothing yet.
 /// The build runs in a task of its own, which fills the cell itself: a
 /// caller that stops waiting (a request's timeout, a `select!`) leaves it to

@@ -107,7 +107,9 @@ pub use error::{BackendError, BackendErrorKind, LockError};
 pub use events::{
     EventsSkipped, LockEvent, LockEventKind, LockEvents, LockEventsRequest, DEFAULT_EVENTS_CAPACITY,
 };
-pub use global::{global, set_global, spawn_with_locks, with_default_manager};
+pub use global::{
+    global, set_global, shutdown_default_manager, spawn_with_locks, with_default_manager,
+};
 pub use guard::LockGuard;
 pub use info::{HoldKind, KeyState, LockInfo, PermitCounts, WaiterInfo};
 pub use keys::RedisNames;

@@ -780,8 +780,14 @@ impl LockManager {
 
     /// Shuts the manager down: releases every lock it holds, in pipelined round
     /// trips, and returns once Redis has confirmed the releases (each round trip
-    /// bounded by the command timeout); wakes every waiting acquisition with
+    /// bounded by the command timeout) and the releases of guards dropped
+    /// before it, which run in the background, are done (up to one more
+    /// command timeout); wakes every waiting acquisition with
     /// [`LockError::ShutDown`]; and stops the renewal and subscriber tasks.
+    /// A program that exits calls it before `main` returns (for the default
+    /// manager built from the environment:
+    /// [`shutdown_default_manager`](crate::shutdown_default_manager)), so
+    /// that no lock waits out its lease.
     ///
     /// Afterwards the guards report their leases lost (`is_lost()`, `lost()`,
     /// and [`LockError::Lost`] from `release()`), since their work is no longer

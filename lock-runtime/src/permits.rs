@@ -45,8 +45,10 @@ impl LockGuard {
     /// `permits` is not from 1 to one less than the hold's weight (give
     /// back all with [`release`](Self::release)), or when re-entrant
     /// guards share the hold; [`LockError::Lost`] when the lease was lost
-    /// (or is found lost now); [`LockError::Backend`] when Redis fails. In
-    /// every case the guard still holds what it held, except when the call
+    /// (or is found lost now); [`LockError::Backend`] when Redis fails;
+    /// [`LockError::ShutDown`] when the manager was shut down meanwhile (the
+    /// kept permits are then given back). But for the last, the guard still
+    /// holds what it held, except when the call
     /// may have run without its reply arriving: then the guard reports its
     /// lease lost soon (its next renewal finds the old hold gone) and the
     /// kept permits are given back in the background.

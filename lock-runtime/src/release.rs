@@ -319,7 +319,7 @@ fn spawn_release(
     };
     // Counted until the task ends or is dropped (see `BackgroundRelease::drop`).
     core.background_releases
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
     let block_if_refused = held
         && tokio::runtime::Handle::try_current()
             .is_ok_and(|current| current.id() == core.runtime.id());
@@ -420,8 +420,12 @@ impl Drop for BackgroundRelease {
         if self.unfinished && !SPAWNING_OUTSIDE.with(|s| s.get()) {
             self.release_blocking();
         }
-        self.core
+        let left = self
+            .core
             .background_releases
-            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        if left == 1 {
+            self.core.background_releases_done.notify_waiters();
+        }
     }
 }
