@@ -707,3 +707,36 @@ async fn postgres_an_acquire_cut_by_the_poolers_query_timeout_is_released_once_i
         "the lock taken after the pooler cut the acquire was left held"
     );
 }
+
+/// A lock events stream through the pooler, where the listening connection
+/// gets no notifications, is refused, naming `postgres_listen_url`, rather
+/// than returned to stay silent for good; with a direct listening URL it is
+/// served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_lock_events_through_the_pooler_need_a_direct_listen_url() {
+    let pg = PostgresServer::start().unwrap();
+    let pooler = PgBouncer::start(&pg).unwrap();
+    let deaf = manager(&pooler.url(), None).await;
+    match deaf.events("job:*").await {
+        Err(distlock::LockError::InvalidConfig(reason)) => {
+            assert!(reason.contains("postgres_listen_url"), "{reason}")
+        }
+        other => panic!("expected InvalidConfig, got {:?}", other.map(drop)),
+    }
+    let direct = LockManager::builder(&pooler.url())
+        .postgres_listen_url(pg.url())
+        .lock_events(true)
+        .build()
+        .await
+        .unwrap();
+    let mut events = direct.events("job:*").await.unwrap();
+    let guard = direct.lock("job:1").acquire().await.unwrap();
+    use futures_util::StreamExt;
+    let event = tokio::time::timeout(Duration::from_secs(5), events.next())
+        .await
+        .expect("an event within 5 s")
+        .expect("the stream goes on")
+        .expect("no events skipped");
+    assert_eq!(event.key, "job:1");
+    guard.release().await.unwrap();
+}

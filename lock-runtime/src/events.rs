@@ -62,8 +62,12 @@ impl LockManager {
     /// On PostgreSQL, an expiry is reported when a manager's periodic sweep
     /// removes the lock's row (within the builder's `postgres_sweep_interval`
     /// of the lease's end, whichever manager of the schema sweeps first), or
-    /// when an acquisition or hand-off takes the lock over first (`Expired`
-    /// then its `Acquired` or `HandedOver`). A notification reaches only the
+    /// when an acquisition or hand-off of a manager that publishes lock
+    /// events takes the lock over first (`Expired` then its `Acquired` or
+    /// `HandedOver`). A manager built without `lock_events(true)` that takes
+    /// an expired lock over tells nothing, the expiry included (the row it
+    /// replaces is then gone before any sweep): turn lock events on in every
+    /// process that takes the locks watched, as for the other events. A notification reaches only the
     /// listening connections open when its transaction commits: after the
     /// manager's listening connection broke and was made again, the stream
     /// says `Err(EventsSkipped { count: 0 })`, as on Redis. An event of a
@@ -138,7 +142,10 @@ impl LockEventsRequest {
     ///
     /// # Errors
     /// [`LockError::ExpiryNotifications`] as above; [`LockError::InvalidConfig`]
-    /// on a Redlock manager; [`LockError::ShutDown`] once the manager shut
+    /// on a Redlock manager, and on PostgreSQL when the manager's listening
+    /// connection gets no notifications (through a transaction-mode pooler,
+    /// without `postgres_listen_url`);
+    /// [`LockError::ShutDown`] once the manager shut
     /// down; [`LockError::Backend`] when the store fails or
     /// refuses the subscription, or when the manager's listening connection
     /// cannot be made and subscribed within its connect timeout plus its
@@ -235,6 +242,16 @@ impl LockEventsRequest {
                 key: self.pattern.clone(),
                 source,
             });
+        }
+        // Subscribed, but on a connection found deaf as it connected: the
+        // stream would stay silent for good.
+        if !core.backend.hears_messages() {
+            return Err(LockError::InvalidConfig(format!(
+                "lock events of {:?} cannot be heard: this manager's listening connection \
+                 gets no notifications (PostgreSQL through a transaction-mode pooler); give it \
+                 a connection of its own to the server with postgres_listen_url",
+                self.pattern
+            )));
         }
         Ok(LockEvents {
             events: receiver,
