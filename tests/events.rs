@@ -787,3 +787,77 @@ fn postgres_lock_event_meets_the_payload_limit_at_its_boundary() {
     );
     assert_eq!(send(1 << 20), "f", "a name of 1 MiB too");
 }
+
+/// After a slot migration changes the order of a cluster's masters by their
+/// lowest slot, a listening connection made again listens to the master it
+/// listened to before: each master's expiries are still heard, each once.
+/// It went to the master now first in the map, which another connection
+/// heard already: that master's expiries were reported twice, and those of
+/// its own master by nobody, with no sign.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_made_again_after_a_slot_migration_keeps_its_master() {
+    let cluster = distlock::testing::RedisCluster::builder()
+        .masters(3)
+        .args(["--notify-keyspace-events", "Kx"])
+        .spawn()
+        .expect("redis-server must be installed to run the tests");
+    let m = LockManager::cluster_builder(cluster.urls())
+        .command_timeout(Duration::from_millis(500))
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap();
+    let mut events = m.events("mig:*").await.unwrap();
+    // Slot 0 moves to the master whose first slot is the highest: it is
+    // first in the map now, ahead of the one that held slot 0.
+    let first = cluster.master_of_slot(0).unwrap();
+    let last = cluster.master_of_slot(16383).unwrap();
+    assert_ne!(first, last);
+    tokio::task::block_in_place(|| cluster.migrate_slot(0, last).unwrap());
+    // Only the listening connection to the master that held slot 0 breaks.
+    let url = &cluster.nodes()[first].url;
+    run_command(url, ["CLIENT", "KILL", "TYPE", "pubsub"]).await;
+    // Made again and subscribed: the stream says it may have missed events.
+    assert!(matches!(
+        next_item(&mut events).await,
+        Err(EventsSkipped { count: 0, .. })
+    ));
+    // A lease of 300 ms, unrenewed, on a key of each master.
+    let mut keys = Vec::new();
+    for master in 0..3 {
+        let key = (0..)
+            .map(|i| format!("mig:{i}"))
+            .find(|key| cluster.master_of_key(&m.redis_names(key).lock).unwrap() == master)
+            .unwrap();
+        let guard = m
+            .lock(key.as_str())
+            .lease(Duration::from_millis(300))
+            .renew(false)
+            .acquire()
+            .await
+            .unwrap();
+        std::mem::forget(guard);
+        keys.push(key);
+    }
+    // Redis expires a key within a second or so of its TTL (its active
+    // expiry samples keys with a TTL ten times a second): 4 s hear each
+    // expiry, and a second report of any.
+    let mut expired = std::collections::BTreeMap::<String, usize>::new();
+    let listening = tokio::time::sleep(Duration::from_secs(4));
+    tokio::pin!(listening);
+    loop {
+        tokio::select! {
+            () = &mut listening => break,
+            item = events.next() => {
+                if let Some(Ok(event)) = item {
+                    if event.kind == LockEventKind::Expired {
+                        *expired.entry(event.key).or_default() += 1;
+                    }
+                }
+            }
+        }
+    }
+    let expected: std::collections::BTreeMap<String, usize> =
+        keys.iter().map(|k| (k.clone(), 1)).collect();
+    assert_eq!(expired, expected, "each master's expiry heard once");
+}

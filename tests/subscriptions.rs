@@ -350,3 +350,74 @@ async fn a_refused_pattern_fails_its_stream_and_not_the_waiters_connection() {
         .await
         .unwrap();
 }
+
+/// A live events stream whose pattern is refused when its connection is
+/// made again (its ACL lost PSUBSCRIBE meanwhile) tells its reader that it
+/// misses events, rather than go silent for good, and is subscribed again
+/// once the permission is back, at the connection's next check.
+#[tokio::test]
+async fn a_stream_refused_after_a_reconnect_says_so_and_comes_back() {
+    let redis = common::server();
+    let mut raw = common::raw(&redis).await;
+    let acl = async |raw: &mut redis::aio::MultiplexedConnection, rule: &str| {
+        let () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("watcher")
+            .arg(rule)
+            .query_async(raw)
+            .await
+            .unwrap();
+    };
+    for rule in ["reset", "on", ">pw", "~*", "&*", "+@all"] {
+        acl(&mut raw, rule).await;
+    }
+    // A 500 ms command timeout: the connection is checked every 5 s (ten
+    // command timeouts, at least 5 s).
+    let m = LockManager::builder(&format!("redis://watcher:pw@{}", redis.addr()))
+        .lock_events(true)
+        .command_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap();
+    let mut events = m.events("k*").expiry(false).await.unwrap();
+    acl(&mut raw, "-psubscribe").await;
+    let _: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    // Made again at once (or within the reconnect backoff, under 2 s), and
+    // refused: the reader hears it within 5 s.
+    let item = tokio::time::timeout(Duration::from_secs(5), events.next())
+        .await
+        .expect("the refusal is told within 5 s")
+        .expect("the stream goes on");
+    assert!(
+        matches!(item, Err(distlock::EventsSkipped { count: 0, .. })),
+        "{item:?}"
+    );
+    acl(&mut raw, "+psubscribe").await;
+    // The next check (5 s) subscribes it again; each round trip below is a
+    // lock the stream reports once it is back. 15 s cover two checks.
+    let back = tokio::time::timeout(Duration::from_secs(15), async {
+        loop {
+            m.lock("k1")
+                .acquire()
+                .await
+                .unwrap()
+                .release()
+                .await
+                .unwrap();
+            let next = tokio::time::timeout(Duration::from_millis(500), events.next()).await;
+            if let Ok(Some(Ok(event))) = next {
+                if event.key == "k1" {
+                    return;
+                }
+            }
+        }
+    })
+    .await;
+    assert!(back.is_ok(), "the stream never heard an event again");
+}

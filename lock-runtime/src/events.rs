@@ -309,6 +309,11 @@ impl Sink for EventSink {
             let _ = self.events.push_keeping(Heard::Resubscribed);
         }
     }
+
+    fn refused_again(&self) {
+        // The reader's stream would otherwise go silent with no sign.
+        let _ = self.events.push_keeping(Heard::Resubscribed);
+    }
 }
 
 impl IntoFuture for LockEventsRequest {

@@ -70,6 +70,9 @@ pub(crate) struct Cluster {
     /// (`None` while it answers).
     subscriber_turns: Vec<AtomicUsize>,
     subscriber_failing_since: Vec<Mutex<Option<std::time::Instant>>>,
+    /// Per subscriber connection, the master it listens to (see
+    /// [`Cluster::own_master`]).
+    subscriber_masters: Mutex<Vec<Option<Node>>>,
     scripts: Scripts,
     /// Replicas that must confirm an acquisition, if asked for.
     replica_ack: Option<ReplicaAck>,
@@ -287,6 +290,7 @@ impl Cluster {
             slots: Mutex::new(SlotMap::default()),
             subscriber_turns: Vec::new(),
             subscriber_failing_since: Vec::new(),
+            subscriber_masters: Mutex::new(Vec::new()),
             scripts: Scripts::for_cluster(&config.key_prefix),
             replica_ack: config.replica_ack,
             command_timeout: config.command_timeout,
@@ -308,6 +312,7 @@ impl Cluster {
             .len();
         cluster.subscriber_turns = (0..masters.max(1)).map(|_| AtomicUsize::new(0)).collect();
         cluster.subscriber_failing_since = (0..masters.max(1)).map(|_| Mutex::new(None)).collect();
+        cluster.subscriber_masters = Mutex::new(vec![None; masters.max(1)]);
         super::check::check(
             &mut conn,
             protocol,
@@ -942,8 +947,11 @@ impl Cluster {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .masters();
-        let mut candidates: Vec<redis::Client> = masters
+        // This source's own master, first among the candidates.
+        let own = self.own_master(source, &masters);
+        let mut candidates: Vec<redis::Client> = own
             .iter()
+            .chain(masters.iter().filter(|node| Some(*node) != own.as_ref()))
             .filter_map(|node| self.client_for(node).ok())
             .collect();
         candidates.extend(self.seeds.iter().cloned());
@@ -951,9 +959,7 @@ impl Cluster {
             self.subscriber_turns.get(source),
             self.subscriber_failing_since.get(source),
         ) else {
-            return candidates[source % candidates.len()]
-                .get_async_pubsub()
-                .await;
+            return candidates[0].get_async_pubsub().await;
         };
         // Counted from before the attempt: one that hangs is cut short by
         // the subscriber's timeout, and must count as a failure too.
@@ -966,7 +972,7 @@ impl Cluster {
             *failing_since.lock().unwrap_or_else(|e| e.into_inner()) = None;
             turns.store(0, Ordering::Relaxed);
         };
-        let own_attempt = candidates[source % candidates.len()].get_async_pubsub();
+        let own_attempt = candidates[0].get_async_pubsub();
         // Down for less than a failover takes: wait for the promoted replica
         // (the subscriber tries again after its backoff).
         if failing_for < SUBSCRIBER_FALLBACK_AFTER {
@@ -985,9 +991,44 @@ impl Cluster {
         }
         let others = candidates.len().saturating_sub(1).max(1);
         let turn = turns.fetch_add(1, Ordering::Relaxed) % others + 1;
-        candidates[(source + turn) % candidates.len()]
-            .get_async_pubsub()
-            .await
+        candidates[turn % candidates.len()].get_async_pubsub().await
+    }
+
+    /// The master subscriber connection `source` listens to, among `masters`
+    /// (the slot map's): the one it listened to, while it still is a master;
+    /// else the first that no other source listens to (the replica promoted
+    /// in its place, or at start-up any). By node, not by place in the map:
+    /// the map lists masters by their lowest slot, an order a slot migration
+    /// changes, and a source reconnecting by place could land on another
+    /// source's master, which would then be heard twice (its expiry notices
+    /// reported twice) and its own by nobody. `None` when every master has a
+    /// source already (fewer sources than masters: one was added since the
+    /// manager was built).
+    fn own_master(&self, source: usize, masters: &[Node]) -> Option<Node> {
+        let mut listened = self
+            .subscriber_masters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let kept = listened
+            .get(source)
+            .cloned()
+            .flatten()
+            .filter(|node| masters.contains(node));
+        let own = kept.or_else(|| {
+            masters
+                .iter()
+                .find(|node| {
+                    !listened
+                        .iter()
+                        .enumerate()
+                        .any(|(other, listens)| other != source && listens.as_ref() == Some(node))
+                })
+                .cloned()
+        });
+        if let Some(entry) = listened.get_mut(source) {
+            entry.clone_from(&own);
+        }
+        own
     }
 }
 

@@ -35,6 +35,12 @@ pub(crate) trait Sink: Send + Sync + 'static {
     /// before, and the connection broke since, so messages may have been
     /// missed.
     fn subscribed(&self, after_loss: bool);
+
+    /// The topic, subscribed on one source before its connection broke, was
+    /// refused there when subscribed again (an ACL changed meanwhile):
+    /// messages are being missed. It is tried again at the connection's
+    /// next check, and [`subscribed`](Self::subscribed) once it is back.
+    fn refused_again(&self) {}
 }
 
 /// The interests of one manager.
@@ -197,6 +203,9 @@ impl Interests {
                 && entry.confirmed.get(source) == Some(&false);
             if concerned {
                 entry.failure = Some(error.summary());
+                if topic.is_some() && entry.lost.get(source) == Some(&true) {
+                    entry.sink.refused_again();
+                }
                 told = true;
             }
         }

@@ -296,6 +296,11 @@ async fn serve(
                         return false;
                     }
                 }
+                // A topic the server refused (an ACL without the
+                // permission) is asked for again: it may be allowed now.
+                if !sync_all(sub, conn, subscribed, source).await {
+                    return false;
+                }
                 heard = false;
                 check.as_mut().reset(tokio::time::Instant::now() + quiet_limit);
             }
