@@ -1274,3 +1274,35 @@ async fn an_events_stream_follows_a_failover_to_the_promoted_master() {
     wanted.sort();
     assert_eq!(expired, wanted, "each expiry once");
 }
+
+/// `list` by a manager that saw none of a failover (it made no call since)
+/// reads every master the cluster has now: the slot map is read again
+/// first. Its map still named the dead master, where the scan went, and the
+/// promoted one's locks were not listed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_after_a_failover_the_manager_did_not_see_reads_the_promoted_master() {
+    let _faults = FAULTS.lock().await;
+    let mut cluster = RedisCluster::builder()
+        .masters(3)
+        .replicas_per_master(1)
+        .spawn()
+        .expect("spawn a cluster with replicas");
+    let idle = manager_on(&cluster).await;
+    let victim = 1;
+    cluster.kill(victim).unwrap();
+    tokio::task::block_in_place(|| cluster.wait_for_failover(Duration::from_secs(15)).unwrap());
+    // Taken by a manager built after the failover, on a key of the promoted
+    // master (a replica at spawn time: index 3 and up).
+    let taker = manager_on(&cluster).await;
+    let key = (0..)
+        .map(|i| format!("unseen:{i}"))
+        .find(|key| cluster.master_of_key(&taker.redis_names(key).lock).unwrap() >= 3)
+        .unwrap();
+    let guard = taker.lock(key.as_str()).acquire().await.unwrap();
+    let listed = idle.list("unseen:*").await.unwrap();
+    assert!(
+        listed.iter().any(|info| info.key == key),
+        "{key} not listed: {listed:?}"
+    );
+    guard.release().await.unwrap();
+}

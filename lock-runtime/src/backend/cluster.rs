@@ -536,9 +536,17 @@ impl Cluster {
         }
     }
 
-    /// The connection, and the masters it routes to, for a command on each.
+    /// The connection, and the masters it routes to, for a command on each:
+    /// the slot map read again first (an operator's call, rare): a map
+    /// refreshed only when a call met a moved slot still names a master
+    /// that failed over, or misses one added since, for a manager that made
+    /// no call meanwhile. A refresh that fails leaves the map as it was.
     async fn every_master(&self) -> Result<(ClusterConnection, Vec<Node>), CallError> {
-        let conn = self.connection("").await?;
+        let mut conn = self.connection("").await?;
+        if let Err(e) = self.refresh_slots(&mut conn).await {
+            tracing::debug!(target: "distlock::connection", error = %e,
+                "could not read the slot map again; using the one known");
+        }
         let masters = self
             .slots
             .lock()
