@@ -484,6 +484,49 @@ async fn a_drain_dropped_in_flight_takes_nothing() {
     await_permits_back(&observer, 3, Duration::from_secs(10), true).await;
 }
 
+/// `shutdown()` right after an acquisition was dropped in flight returns
+/// once the permit it took is given back (set up as
+/// `an_acquisition_dropped_in_flight_takes_nothing`): a program that exits
+/// then does not cut the give-back short, which would leave the permit taken
+/// for good (a count has no lease). It returned at once.
+#[tokio::test]
+async fn shutdown_waits_for_the_give_back_of_a_dropped_acquisition() {
+    let redis = server();
+    let proxy = distlock::testing::FaultProxy::start(redis.addr())
+        .await
+        .unwrap();
+    let m = LockManager::builder(&proxy.url())
+        .command_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let observer = manager(&redis).await.counting_semaphore("cs:shutdown");
+    assert!(observer.try_set_permits(1).await.unwrap());
+    let s = m.counting_semaphore("cs:shutdown");
+    assert!(s.try_acquire(1).await.unwrap());
+    s.release(1).await.unwrap();
+    proxy.set_mode(distlock::testing::FaultMode::Delay(Duration::from_secs(1)));
+    let dropped = tokio::time::timeout(Duration::from_millis(200), s.acquire(1)).await;
+    assert!(dropped.is_err(), "the acquisition was not held up");
+    // The script runs about 1 s from now, its reply comes back a second
+    // later and the give-back takes 2 s more: within the shutdown's wait of
+    // one command timeout (5 s).
+    m.shutdown().await.unwrap();
+    // Done by then: the count never shows the permit taken afterwards (a
+    // shutdown that returned at once would see it taken within 2 s, and back
+    // within 4).
+    let mut seen = Vec::new();
+    let watched = std::time::Instant::now();
+    while watched.elapsed() < Duration::from_secs(4) {
+        let available = observer.available_permits().await.unwrap();
+        if seen.last() != Some(&available) {
+            seen.push(available);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(seen, [1], "counts seen after the shutdown");
+}
+
 /// Waits up to `limit` until `s` has one permit again (having had none in
 /// between, when `taken_first`: the dropped attempt took it); fails the test
 /// with the counts seen otherwise.

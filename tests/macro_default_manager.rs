@@ -47,8 +47,12 @@ async fn default_manager_comes_from_the_environment_or_is_not_configured() {
     shutdown_waits_for_a_cancelled_calls_release(&proxy, &mut raw).await;
 }
 
+/// Told by `sleepy` once it holds its lock.
+static SLEEPY_HOLDS: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
 #[distributed_lock(key = "sleepy")]
 async fn sleepy() -> Result<(), LockError> {
+    SLEEPY_HOLDS.notify_one();
     tokio::time::sleep(std::time::Duration::from_secs(60)).await;
     Ok(())
 }
@@ -64,19 +68,15 @@ async fn shutdown_waits_for_a_cancelled_calls_release(
     proxy: &distlock::testing::FaultProxy,
     raw: &mut redis::aio::MultiplexedConnection,
 ) {
-    proxy.set_mode(distlock::testing::FaultMode::Delay(
-        std::time::Duration::from_millis(300),
-    ));
     tokio::select! {
         _ = sleepy() => unreachable!("it sleeps a minute"),
-        () = async {
-            eventually(std::time::Duration::from_secs(10), async || {
-                kinds_of(raw, "sleepy").await.contains(&"lock".to_owned())
-            })
-            .await
-            .expect("sleepy holds its lock");
-        } => {}
+        // Slowed only once the body runs, so that what is cut short is the
+        // body, with its guard, not the acquisition.
+        () = SLEEPY_HOLDS.notified() => proxy.set_mode(distlock::testing::FaultMode::Delay(
+            std::time::Duration::from_millis(300),
+        )),
     }
+    assert!(kinds_of(raw, "sleepy").await.contains(&"lock".to_owned()));
     // `sleepy` dropped: its guard's release runs in the background.
     distlock::shutdown_default_manager().await.unwrap();
     assert!(

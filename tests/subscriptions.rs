@@ -398,6 +398,9 @@ async fn a_stream_refused_after_a_reconnect_says_so_and_comes_back() {
         matches!(item, Err(distlock::EventsSkipped { count: 0, .. })),
         "{item:?}"
     );
+    // Told once, not at each check (every 5 s) that is refused again.
+    let again = tokio::time::timeout(Duration::from_secs(6), events.next()).await;
+    assert!(again.is_err(), "told again: {again:?}");
     acl(&mut raw, "+psubscribe").await;
     // The next check (5 s) subscribes it again; each round trip below is a
     // lock the stream reports once it is back. 15 s cover two checks.

@@ -38,12 +38,16 @@ pub(crate) struct Core {
     pub(crate) epoch: Instant,
     /// Set by [`ManagerInner::shutdown`].
     shut_down: AtomicBool,
-    /// Background releases spawned and not yet finished (or dropped): the
-    /// shutdown waits for them, and a test can tell a release still on its
-    /// way from one that ran.
+    /// Background work that gives something back to the store (a release,
+    /// a counting semaphore's permits) spawned and not yet finished (or
+    /// dropped), counted by [`BackgroundWork`]: the shutdown waits for it,
+    /// and a test can tell a release still on its way from one that ran.
     pub(crate) background_releases: AtomicUsize,
     /// Told when [`Core::background_releases`] comes down to 0.
     pub(crate) background_releases_done: tokio::sync::Notify,
+    /// Set once a shutdown has done its work (or its caller gave up on
+    /// it): a second call waits for it.
+    shutdown_done: tokio::sync::watch::Sender<bool>,
     /// Set when a release made over a blocking connection as the runtime
     /// shuts down failed: the later ones are skipped (see
     /// `release::BackgroundRelease`).
@@ -70,12 +74,21 @@ impl Core {
             shut_down: AtomicBool::new(false),
             background_releases: AtomicUsize::new(0),
             background_releases_done: tokio::sync::Notify::new(),
+            shutdown_done: tokio::sync::watch::Sender::new(false),
             blocking_releases_failed: AtomicBool::new(false),
         }
     }
 
     pub(crate) fn is_shut_down(&self) -> bool {
         self.shut_down.load(Ordering::Acquire)
+    }
+
+    /// Counts one piece of background work that gives something back to
+    /// the store, until the returned token is dropped (see
+    /// [`Core::background_releases`]).
+    pub(crate) fn background_work(self: &Arc<Self>) -> BackgroundWork {
+        self.background_releases.fetch_add(1, Ordering::AcqRel);
+        BackgroundWork(self.clone())
     }
 
     /// Has the subscriber keep this manager's hand-off channel subscribed
@@ -112,6 +125,28 @@ impl Core {
 
 /// Owned by the manager's clones, its requests and its guards; stops the
 /// background tasks when the last of them goes.
+/// One piece of background work the shutdown waits for (see
+/// [`Core::background_work`]).
+pub(crate) struct BackgroundWork(Arc<Core>);
+
+impl Drop for BackgroundWork {
+    fn drop(&mut self) {
+        if self.0.background_releases.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.background_releases_done.notify_waiters();
+        }
+    }
+}
+
+/// Marks the shutdown done when dropped: at its end, or when its caller
+/// gave up on it (a second call must not wait for ever).
+struct ShutdownDone<'a>(&'a tokio::sync::watch::Sender<bool>);
+
+impl Drop for ShutdownDone<'_> {
+    fn drop(&mut self) {
+        self.0.send_replace(true);
+    }
+}
+
 pub(crate) struct ManagerInner {
     pub(crate) core: Arc<Core>,
     tasks: Vec<tokio::task::AbortHandle>,
@@ -162,8 +197,13 @@ impl ManagerInner {
     pub(crate) async fn shutdown(&self) -> Result<(), LockError> {
         let core = &self.core;
         if core.shut_down.swap(true, Ordering::AcqRel) {
+            // Another call shuts it down: done once that one is, so that a
+            // program that exits when this returns does not cut it short.
+            let mut done = core.shutdown_done.subscribe();
+            let _ = done.wait_for(|done| *done).await;
             return Ok(());
         }
+        let _done = ShutdownDone(&core.shutdown_done);
         let leases = core.renewals.close();
         for lease in &leases {
             lease.end_by_shutdown();
@@ -198,10 +238,11 @@ impl ManagerInner {
             }
         }
         // The guards dropped before the shutdown are released by tasks of
-        // their own, which a program that exits once this returns would cut
-        // short, leaving their locks to their leases: waited for, up to a
-        // command timeout (a task that cannot reach the store retries on
-        // after that, until its lease is over).
+        // their own (and a counting semaphore's permits taken by a call cut
+        // short are given back by one), which a program that exits once
+        // this returns would cut short, leaving their locks to their leases:
+        // waited for, up to a command timeout (a task that cannot reach the
+        // store retries on after that, until its lease is over).
         let deadline = tokio::time::Instant::now() + core.config.command_timeout;
         loop {
             let done = core.background_releases_done.notified();

@@ -117,7 +117,11 @@ impl Drop for Unclaimed {
         if let Some(semaphore) = self.semaphore.take() {
             let permits = self.permits;
             let runtime = semaphore.core().runtime.clone();
-            drop(runtime.spawn(async move { semaphore.give_back_unclaimed(permits).await }));
+            let counted = semaphore.core().background_work();
+            drop(runtime.spawn(async move {
+                let _counted = counted;
+                semaphore.give_back_unclaimed(permits).await
+            }));
         }
     }
 }
@@ -334,7 +338,11 @@ impl CountingSemaphore {
     ) -> Result<Result<CounterReply, CallError>, LockError> {
         let (reply_to, reply) = tokio::sync::oneshot::channel();
         let semaphore = self.clone();
+        // Counted for the shutdown: the permits the call takes are given
+        // back by this task when its caller is gone.
+        let counted = self.core().background_work();
         drop(self.core().runtime.spawn(async move {
+            let _counted = counted;
             let reply = call.await;
             let permits = reply.as_ref().map_or(0, taken);
             let unclaimed = (permits > 0).then(|| Unclaimed {

@@ -247,9 +247,10 @@ impl LockEventsRequest {
         // stream would stay silent for good.
         if !core.backend.hears_messages() {
             return Err(LockError::InvalidConfig(format!(
-                "lock events of {:?} cannot be heard: this manager's listening connection \
-                 gets no notifications (PostgreSQL through a transaction-mode pooler); give it \
-                 a connection of its own to the server with postgres_listen_url",
+                "lock events of {:?} cannot be heard: this manager's listening connection did \
+                 not hear its probe notification, as through a transaction-mode pooler (or the \
+                 probe came too late); give it a connection of its own to the server with \
+                 postgres_listen_url",
                 self.pattern
             )));
         }
@@ -395,13 +396,16 @@ pub enum LockEventKind {
 #[non_exhaustive]
 pub struct EventsSkipped {
     /// How many events were dropped; 0 when unknown (the subscription was
-    /// made again after its connection broke).
+    /// made again after its connection broke, or was refused when made
+    /// again: the server lost the permission meanwhile; a second one with 0
+    /// follows once it is back).
     pub count: u64,
 }
 
 fn skipped_message(count: u64) -> String {
     if count == 0 {
-        "the lock events stream missed events while its subscription was down".to_owned()
+        "the lock events stream missed events while its subscription was down (or refused)"
+            .to_owned()
     } else {
         format!("the lock events stream dropped {count} events: its reader fell behind")
     }

@@ -782,7 +782,8 @@ impl LockManager {
     /// trips, and returns once Redis has confirmed the releases (each round trip
     /// bounded by the command timeout) and the releases of guards dropped
     /// before it, which run in the background, are done (up to one more
-    /// command timeout); wakes every waiting acquisition with
+    /// command timeout; so are a counting semaphore's permits that a call
+    /// cut short had taken); wakes every waiting acquisition with
     /// [`LockError::ShutDown`]; and stops the renewal and subscriber tasks.
     /// A program that exits calls it before `main` returns (for the default
     /// manager built from the environment:
@@ -792,7 +793,9 @@ impl LockManager {
     /// Afterwards the guards report their leases lost (`is_lost()`, `lost()`,
     /// and [`LockError::Lost`] from `release()`), since their work is no longer
     /// protected, and every new acquisition fails with [`LockError::ShutDown`].
-    /// Calling it again does nothing.
+    /// Calling it again (from another task) returns once the first call is
+    /// done. An acquisition that completes while the shutdown runs may
+    /// still leave its lock to its lease.
     ///
     /// # Errors
     /// [`LockError::Backend`] when Redis failed to confirm the releases; the

@@ -316,10 +316,8 @@ fn spawn_release(
         lease,
         keep_until,
         unfinished: true,
+        _counted: core.background_work(),
     };
-    // Counted until the task ends or is dropped (see `BackgroundRelease::drop`).
-    core.background_releases
-        .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
     let block_if_refused = held
         && tokio::runtime::Handle::try_current()
             .is_ok_and(|current| current.id() == core.runtime.id());
@@ -343,6 +341,9 @@ struct BackgroundRelease {
     lease: Duration,
     keep_until: Option<Instant>,
     unfinished: bool,
+    /// Counted until the task ends or is dropped, after `drop`'s blocking
+    /// release (a field is dropped after its struct's `drop`).
+    _counted: crate::core::BackgroundWork,
 }
 
 impl BackgroundRelease {
@@ -419,13 +420,6 @@ impl Drop for BackgroundRelease {
     fn drop(&mut self) {
         if self.unfinished && !SPAWNING_OUTSIDE.with(|s| s.get()) {
             self.release_blocking();
-        }
-        let left = self
-            .core
-            .background_releases
-            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
-        if left == 1 {
-            self.core.background_releases_done.notify_waiters();
         }
     }
 }

@@ -931,8 +931,8 @@ impl Cluster {
         self.subscriber_turns.len()
     }
 
-    /// A pub/sub connection for subscriber `source`: to master `source` of the
-    /// slot map, read again first. Once that master has failed for
+    /// A pub/sub connection for subscriber `source`: to its own master (see
+    /// [`Cluster::own_master`]) in the slot map, read again first. Once that master has failed for
     /// [`SUBSCRIBER_FALLBACK_AFTER`], each attempt that finds it still down
     /// tries the next master or seed in turn (classic pub/sub messages reach
     /// every node through the cluster bus, so any node hears every release,
@@ -1010,8 +1010,9 @@ impl Cluster {
     /// changes, and a source reconnecting by place could land on another
     /// source's master, which would then be heard twice (its expiry notices
     /// reported twice) and its own by nobody. `None` when every master has a
-    /// source already (fewer sources than masters: one was added since the
-    /// manager was built).
+    /// source already (more sources than masters: a shard was removed since
+    /// the manager was built); that source then listens to the first master,
+    /// whose expiries are reported twice.
     fn own_master(&self, source: usize, masters: &[Node]) -> Option<Node> {
         let mut listened = self
             .subscriber_masters

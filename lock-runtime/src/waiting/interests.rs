@@ -65,6 +65,9 @@ struct Entry {
     confirmed: Vec<bool>,
     /// Per source: was confirmed on a connection that broke since.
     lost: Vec<bool>,
+    /// Per source: its sink was told that the topic, lost there, was
+    /// refused when subscribed again (told once per loss).
+    refusal_told: Vec<bool>,
     /// Why the topic could not be subscribed on some source since it was
     /// last confirmed, for [`Interest::subscribed`].
     failure: Option<BackendError>,
@@ -110,6 +113,7 @@ impl Interests {
             wanted,
             confirmed: vec![false; sources],
             lost: vec![false; sources],
+            refusal_told: vec![false; sources],
             failure: None,
         });
         drop(entries);
@@ -171,6 +175,7 @@ impl Interests {
             if let Some(confirmed @ false) = entry.confirmed.get_mut(source) {
                 *confirmed = true;
                 entry.failure = None;
+                entry.refusal_told[source] = false;
                 let after_loss = std::mem::take(&mut entry.lost[source]);
                 entry.sink.subscribed(after_loss);
                 told = true;
@@ -203,7 +208,11 @@ impl Interests {
                 && entry.confirmed.get(source) == Some(&false);
             if concerned {
                 entry.failure = Some(error.summary());
-                if topic.is_some() && entry.lost.get(source) == Some(&true) {
+                if topic.is_some()
+                    && entry.lost.get(source) == Some(&true)
+                    && entry.refusal_told.get(source) == Some(&false)
+                {
+                    entry.refusal_told[source] = true;
                     entry.sink.refused_again();
                 }
                 told = true;

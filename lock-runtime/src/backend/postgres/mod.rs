@@ -30,7 +30,7 @@ mod shared;
 mod tls;
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -547,6 +547,8 @@ struct Inner {
     /// [`listener`](Postgres::listener)): the warning is given at the first,
     /// not at every reconnection.
     deaf_listeners: AtomicU64,
+    /// Whether the listening connection made last did not hear its probe.
+    listener_deaf: AtomicBool,
     /// One reconnection at a time; the last one that failed, numbered by
     /// `connects_ended` as it ended.
     connecting: tokio::sync::Mutex<Option<(u64, BackendError)>>,
@@ -719,6 +721,7 @@ impl Postgres {
                     .then(|| Mutex::new(Prepared::default())),
                 listen_pg: listen_pg.clone(),
                 deaf_listeners: AtomicU64::new(0),
+                listener_deaf: AtomicBool::new(false),
                 connecting: tokio::sync::Mutex::new(None),
                 connects_ended: AtomicU64::new(0),
                 renewal_round_trips: AtomicU64::new(0),
@@ -810,6 +813,7 @@ impl Postgres {
             }
             listener.go_deaf();
         }
+        inner.listener_deaf.store(!heard, Ordering::Relaxed);
         Ok(listener)
     }
 
@@ -1290,10 +1294,11 @@ impl Postgres {
         renewals(batch.len(), rows, sent_at)
     }
 
-    /// Whether every listening connection so far heard its probe (see
-    /// [`listener`](Self::listener)).
+    /// Whether the listening connection made last heard its probe (see
+    /// [`listener`](Self::listener)); one found deaf is probed again only
+    /// when it is made again.
     pub(crate) fn hears_messages(&self) -> bool {
-        self.inner.deaf_listeners.load(Ordering::Relaxed) == 0
+        !self.inner.listener_deaf.load(Ordering::Relaxed)
     }
 
     /// Round trips spent on renewals.
