@@ -389,8 +389,9 @@ async fn two_replicas_through_the_attribute() {
 }
 
 /// A renewal in flight as the lock is released may run after the release's
-/// `PEXPIRE` and reset the TTL to a whole lease, shorter than the rest of a
-/// `min_hold` above the lease: the renewal task then releases again. Many
+/// `PEXPIRE` and set the TTL to a whole lease (renewals never shorten it, so
+/// this matters where the lease is longer than the rest of the `min_hold`):
+/// the renewal task then releases again. Many
 /// short leases (renewed every 10 ms) released at scattered moments, none
 /// freed before `min_hold`.
 ///

@@ -75,3 +75,40 @@ async fn shutdown_releases_every_lock_and_wakes_waiters() {
     // The other manager is unaffected.
     elsewhere.release().await.unwrap();
 }
+
+/// A second `shutdown()`, while the first still releases, returns once the
+/// first is done, not at once: a program whose signal handler shuts the
+/// manager down and whose `main` shuts it down again before returning would
+/// otherwise exit in the middle of the releases. The manager reaches its
+/// server through a proxy that holds each chunk 150 ms, so that the first
+/// call's releases take a few hundred ms (within its 3 s command timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_shutdown_returns_once_the_first_is_done() {
+    let redis = server();
+    let proxy = distlock::testing::FaultProxy::start(redis.addr())
+        .await
+        .unwrap();
+    let m = distlock::LockManager::builder(&proxy.url())
+        .command_timeout(Duration::from_secs(3))
+        .build()
+        .await
+        .unwrap();
+    let _held = m.lock("shut-twice").acquire().await.unwrap();
+    proxy.set_mode(distlock::testing::FaultMode::Delay(Duration::from_millis(
+        150,
+    )));
+    let first = tokio::spawn({
+        let m = m.clone();
+        async move { m.shutdown().await }
+    });
+    eventually(Duration::from_secs(5), async || !m.is_running())
+        .await
+        .expect("the first shutdown began");
+    m.shutdown().await.unwrap();
+    let mut raw = raw(&redis).await;
+    assert!(
+        !exists(&mut raw, &m.redis_names("shut-twice").lock).await,
+        "the second shutdown returned before the first had released"
+    );
+    first.await.unwrap().unwrap();
+}

@@ -123,8 +123,6 @@ impl Core {
     }
 }
 
-/// Owned by the manager's clones, its requests and its guards; stops the
-/// background tasks when the last of them goes.
 /// One piece of background work the shutdown waits for (see
 /// [`Core::background_work`]).
 pub(crate) struct BackgroundWork(Arc<Core>);
@@ -147,6 +145,8 @@ impl Drop for ShutdownDone<'_> {
     }
 }
 
+/// Owned by the manager's clones, its requests and its guards; stops the
+/// background tasks when the last of them goes.
 pub(crate) struct ManagerInner {
     pub(crate) core: Arc<Core>,
     tasks: Vec<tokio::task::AbortHandle>,

@@ -96,8 +96,8 @@ impl std::fmt::Debug for CountingSemaphore {
     }
 }
 
-/// Permits an acquisition's task took, on their way to the caller (see
-/// `CountingSemaphore::attempt`): given back from a task of the manager's
+/// Permits an acquisition's or a drain's task took, on their way to the
+/// caller (see `CountingSemaphore::taking_in_a_task`): given back from a task of the manager's
 /// runtime when dropped unclaimed. Never blocks: a runtime that is gone
 /// refuses the task, and the permits then stay taken.
 struct Unclaimed {
@@ -360,7 +360,7 @@ impl CountingSemaphore {
         Ok(reply)
     }
 
-    /// Gives back `permits` that an acquisition took after its caller had
+    /// Gives back `permits` that an acquisition or a drain took after its caller had
     /// gone (see `attempt`), waking the waiters if some wait. Straight to
     /// the store, also after the manager's shutdown: nothing else would
     /// give them back.
@@ -381,18 +381,18 @@ impl CountingSemaphore {
             Ok(reply) if reply.outcome == CounterOutcome::Done => {
                 tracing::debug!(target: "distlock::release",
                 key = %crate::error::KeyPreview(&self.key), permits, available = reply.count,
-                "gave back the permits of an acquisition dropped in flight")
+                "gave back the permits of a call dropped in flight")
             }
             // The count would pass i64::MAX (it was raised meanwhile), or
             // the names hold another program's values: nothing was added.
             Ok(reply) => tracing::warn!(target: "distlock::release",
                 key = %crate::error::KeyPreview(&self.key), permits, count = reply.count,
                 outcome = ?reply.outcome,
-                "could not give back the permits of an acquisition dropped in flight; \
+                "could not give back the permits of a call dropped in flight; \
                  they stay taken until someone adds them back"),
             Err(e) => tracing::warn!(target: "distlock::release",
                 key = %crate::error::KeyPreview(&self.key), permits, error = %e.error,
-                "could not give back the permits of an acquisition dropped in flight; \
+                "could not give back the permits of a call dropped in flight; \
                  they stay taken until someone adds them back"),
         }
     }
@@ -466,10 +466,7 @@ impl CountingSemaphore {
     /// call that may have run (its reply lost) leaves unknown whether it
     /// drained the permits; [`counts`](Self::counts) tells what is left.
     pub async fn drain_permits(&self) -> Result<i64, LockError> {
-        crate::keys::validate_key(&self.key)?;
-        if self.core().is_shut_down() {
-            return Err(self.shut_down());
-        }
+        self.ready()?;
         let drained = |reply: &CounterReply| match reply.outcome {
             CounterOutcome::Done => reply.count,
             _ => 0,
@@ -532,10 +529,7 @@ impl CountingSemaphore {
 
     /// One change script, its refusals as errors.
     async fn change(&self, op: CounterOp) -> Result<CounterReply, LockError> {
-        crate::keys::validate_key(&self.key)?;
-        if self.core().is_shut_down() {
-            return Err(self.shut_down());
-        }
+        self.ready()?;
         let owner = crate::config::owner_token();
         let reply = self
             .core()
@@ -564,6 +558,16 @@ impl CountingSemaphore {
             });
         }
         Ok(reply)
+    }
+
+    /// Whether a call may go to the store: its key is valid and the manager
+    /// is not shut down.
+    fn ready(&self) -> Result<(), LockError> {
+        crate::keys::validate_key(&self.key)?;
+        if self.core().is_shut_down() {
+            return Err(self.shut_down());
+        }
+        Ok(())
     }
 
     /// `permits` as the positive count a script takes.

@@ -143,8 +143,10 @@ impl LockEventsRequest {
     /// # Errors
     /// [`LockError::ExpiryNotifications`] as above; [`LockError::InvalidConfig`]
     /// on a Redlock manager, and on PostgreSQL when the manager's listening
-    /// connection gets no notifications (through a transaction-mode pooler,
-    /// without `postgres_listen_url`);
+    /// connection did not hear its probe notification as it connected
+    /// (through a transaction-mode pooler, without `postgres_listen_url`; or
+    /// a probe that came too late, which that connection keeps until it is
+    /// made again);
     /// [`LockError::ShutDown`] once the manager shut
     /// down; [`LockError::Backend`] when the store fails or
     /// refuses the subscription, or when the manager's listening connection

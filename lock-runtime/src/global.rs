@@ -154,7 +154,8 @@ pub async fn default_manager() -> Result<LockManager, LockError> {
 /// released by a task of that runtime, which the exit would cut short,
 /// leaving the lock to its lease. Afterwards locked functions that use it
 /// fail with [`LockError::ShutDown`]. Does nothing when none was built (a
-/// manager given to [`set_global`] is shut down through its own handle).
+/// locked function called later builds one), and a manager given to
+/// [`set_global`] is shut down through its own handle.
 ///
 /// ```no_run
 /// # async fn run() {}

@@ -793,9 +793,9 @@ impl LockManager {
     /// Afterwards the guards report their leases lost (`is_lost()`, `lost()`,
     /// and [`LockError::Lost`] from `release()`), since their work is no longer
     /// protected, and every new acquisition fails with [`LockError::ShutDown`].
-    /// Calling it again (from another task) returns once the first call is
-    /// done. An acquisition that completes while the shutdown runs may
-    /// still leave its lock to its lease.
+    /// Calling it again (from another task) returns `Ok` once the first call
+    /// is done, whatever that one returned. An acquisition that completes
+    /// while the shutdown runs may still leave its lock to its lease.
     ///
     /// # Errors
     /// [`LockError::Backend`] when Redis failed to confirm the releases; the
@@ -844,9 +844,10 @@ impl LockManager {
     }
 
     /// How many releases of this manager run in the background now (after a
-    /// guard's drop, or a release cancelled or failed half way), for tests
-    /// that must tell a release still on its way from one that ran. Not a
-    /// stable API.
+    /// guard's drop, or a release cancelled or failed half way), with the
+    /// counting semaphores' calls that take permits in a task and their
+    /// give-backs, for tests that must tell a release still on its way from
+    /// one that ran. Not a stable API.
     pub fn background_releases_running(&self) -> usize {
         self.inner
             .core

@@ -243,9 +243,10 @@ async fn renew_batch(backend: &Backend, batch: &[Arc<Lease>]) {
                 }
                 lease.renewed(sent_at, sent);
                 // Released while this renewal was in flight: with a `min_hold`
-                // the release kept the lock (still ours), so the renewal may
-                // have run after it and reset the TTL to a whole lease. Release
-                // again (a second keep is harmless if it ran before). Not a
+                // the release kept the lock (still ours) for what was left of
+                // it, so the renewal may have run after it and lengthened the
+                // TTL to a whole lease. Release again (a second keep is
+                // harmless if it ran before). Not a
                 // lease handed over to a ticket: the hold is the ticket's.
                 if lease.is_released_by_itself() && lease.min_hold_until().is_some() {
                     rekeep.push(lease);
