@@ -427,22 +427,15 @@ async fn a_crashed_takers_permits_stay_taken(d: Deployment) {
 /// server.
 #[tokio::test]
 async fn an_acquisition_dropped_in_flight_takes_nothing() {
-    let redis = server();
-    let proxy = distlock::testing::FaultProxy::start(redis.addr())
-        .await
-        .unwrap();
-    let m = LockManager::builder(&proxy.url())
-        .command_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
-    let observer = manager(&redis).await.counting_semaphore("cs:dropped");
-    assert!(observer.try_set_permits(1).await.unwrap());
-    let s = m.counting_semaphore("cs:dropped");
-    // Its scripts loaded first: through the delay, a NOSCRIPT reply and the
-    // load would take two more round trips (4 s) before the script runs.
-    assert!(s.try_acquire(1).await.unwrap());
-    s.release(1).await.unwrap();
+    // Every field bound: one left to `..` would drop (its server, its
+    // manager) at the end of this statement.
+    let Proxied {
+        _redis,
+        proxy,
+        manager: _manager,
+        semaphore: s,
+        observer,
+    } = proxied("cs:dropped", 1, Duration::from_secs(5)).await;
     proxy.set_mode(distlock::testing::FaultMode::Delay(Duration::from_secs(1)));
     let dropped = tokio::time::timeout(Duration::from_millis(200), s.acquire(1)).await;
     assert!(dropped.is_err(), "the acquisition was not held up");
@@ -462,21 +455,16 @@ async fn an_acquisition_dropped_in_flight_takes_nothing() {
 /// reply, and the permit stayed taken, held by nobody.
 #[tokio::test]
 async fn a_drain_dropped_in_flight_takes_nothing() {
-    let redis = server();
-    let proxy = distlock::testing::FaultProxy::start(redis.addr())
-        .await
-        .unwrap();
-    let m = LockManager::builder(&proxy.url())
-        .command_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
-    let observer = manager(&redis).await.counting_semaphore("cs:drained");
-    let s = m.counting_semaphore("cs:drained");
-    // Its script loaded first (see there), draining nothing.
-    assert_eq!(s.drain_permits().await.unwrap(), 0);
-    // Several, so that only the amount drained comes back whole.
-    assert!(observer.try_set_permits(3).await.unwrap());
+    // Several permits, so that only the amount drained comes back whole.
+    // Every field bound: one left to `..` would drop (its server, its
+    // manager) at the end of this statement.
+    let Proxied {
+        _redis,
+        proxy,
+        manager: _manager,
+        semaphore: s,
+        observer,
+    } = proxied("cs:drained", 3, Duration::from_secs(5)).await;
     proxy.set_mode(distlock::testing::FaultMode::Delay(Duration::from_secs(1)));
     let dropped = tokio::time::timeout(Duration::from_millis(200), s.drain_permits()).await;
     assert!(dropped.is_err(), "the drain was not held up");
@@ -491,20 +479,13 @@ async fn a_drain_dropped_in_flight_takes_nothing() {
 /// for good (a count has no lease). It returned at once.
 #[tokio::test]
 async fn shutdown_waits_for_the_give_back_of_a_dropped_acquisition() {
-    let redis = server();
-    let proxy = distlock::testing::FaultProxy::start(redis.addr())
-        .await
-        .unwrap();
-    let m = LockManager::builder(&proxy.url())
-        .command_timeout(Duration::from_secs(10))
-        .build()
-        .await
-        .unwrap();
-    let observer = manager(&redis).await.counting_semaphore("cs:shutdown");
-    assert!(observer.try_set_permits(1).await.unwrap());
-    let s = m.counting_semaphore("cs:shutdown");
-    assert!(s.try_acquire(1).await.unwrap());
-    s.release(1).await.unwrap();
+    let Proxied {
+        _redis,
+        proxy,
+        manager: m,
+        semaphore: s,
+        observer,
+    } = proxied("cs:shutdown", 1, Duration::from_secs(10)).await;
     proxy.set_mode(distlock::testing::FaultMode::Delay(Duration::from_secs(1)));
     let dropped = tokio::time::timeout(Duration::from_millis(200), s.acquire(1)).await;
     assert!(dropped.is_err(), "the acquisition was not held up");
@@ -526,6 +507,49 @@ async fn shutdown_waits_for_the_give_back_of_a_dropped_acquisition() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(seen, [1], "counts seen after the shutdown");
+}
+
+/// A counting semaphore seen by a manager that reaches a private server
+/// through a fault proxy (which passes bytes unchanged until told
+/// otherwise), and by an observer's manager straight to the server; the
+/// server and the proxy live as long as it.
+struct Proxied {
+    _redis: RedisServer,
+    proxy: distlock::testing::FaultProxy,
+    manager: LockManager,
+    semaphore: CountingSemaphore,
+    observer: CountingSemaphore,
+}
+
+/// [`Proxied`] for semaphore `key` with `permits` available, its manager's
+/// command timeout `command_timeout`, and its scripts loaded: through a
+/// delay, a NOSCRIPT reply and the load would take two more round trips
+/// before the script runs.
+async fn proxied(key: &str, permits: i64, command_timeout: Duration) -> Proxied {
+    let redis = server();
+    let proxy = distlock::testing::FaultProxy::start(redis.addr())
+        .await
+        .unwrap();
+    let manager = LockManager::builder(&proxy.url())
+        .command_timeout(command_timeout)
+        .build()
+        .await
+        .unwrap();
+    let observer = crate::manager(&redis).await.counting_semaphore(key);
+    let semaphore = manager.counting_semaphore(key);
+    // The acquisition's script, and the change script that drains.
+    assert!(observer.try_set_permits(1).await.unwrap());
+    assert!(semaphore.try_acquire(1).await.unwrap());
+    semaphore.release(1).await.unwrap();
+    semaphore.counts().await.unwrap();
+    observer.set_permits(permits).await.unwrap();
+    Proxied {
+        _redis: redis,
+        proxy,
+        manager,
+        semaphore,
+        observer,
+    }
 }
 
 /// Waits up to `limit` until `s` has one permit again (having had none in

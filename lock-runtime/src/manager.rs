@@ -916,7 +916,11 @@ impl LockManagerBuilder {
     }
 
     /// Prefix of every Redis key and channel the manager writes (default
-    /// `"distlock:"`). May not contain `{` or `}`.
+    /// `"distlock:"`). May not contain `{` or `}`. Applications that share
+    /// one Redis in different databases (`redis://host/1`) need different
+    /// prefixes: pub/sub ignores the database, so with one prefix each
+    /// would hear the other's wake-ups (extra attempts) and lock events (as
+    /// its own locks').
     pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.config.key_prefix = prefix.into();
         self
