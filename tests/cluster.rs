@@ -1229,8 +1229,7 @@ async fn an_events_stream_follows_a_failover_to_the_promoted_master() {
     let keys = keys_on_each_master(&cluster, &observer, "fo", 1);
     let victim = 1;
     let (on_victim, on_other) = (keys[victim][0].clone(), keys[2][0].clone());
-    cluster.kill(victim).unwrap();
-    tokio::task::block_in_place(|| cluster.wait_for_failover(Duration::from_secs(15)).unwrap());
+    kill_and_await_failover(&mut cluster, victim);
     // The connection to the dead master broke: once made again (to the
     // promoted replica), the stream says it may have missed events.
     let notice = tokio::time::timeout(Duration::from_secs(15), events.next())
@@ -1275,6 +1274,16 @@ async fn an_events_stream_follows_a_failover_to_the_promoted_master() {
     assert_eq!(expired, wanted, "each expiry once");
 }
 
+/// Kills master `victim` of a cluster with replicas and returns once a
+/// replica took its place (a failover takes a few seconds with the
+/// fixture's node timeout; 15 s leaves room for a loaded machine).
+fn kill_and_await_failover(cluster: &mut RedisCluster, victim: usize) {
+    tokio::task::block_in_place(|| {
+        cluster.kill(victim).unwrap();
+        cluster.wait_for_failover(Duration::from_secs(15)).unwrap();
+    });
+}
+
 /// `list` by a manager that saw none of a failover (it made no call since)
 /// reads every master the cluster has now: the slot map is read again
 /// first. Its map still named the dead master, where the scan went, and the
@@ -1289,8 +1298,7 @@ async fn list_after_a_failover_the_manager_did_not_see_reads_the_promoted_master
         .expect("spawn a cluster with replicas");
     let idle = manager_on(&cluster).await;
     let victim = 1;
-    cluster.kill(victim).unwrap();
-    tokio::task::block_in_place(|| cluster.wait_for_failover(Duration::from_secs(15)).unwrap());
+    kill_and_await_failover(&mut cluster, victim);
     // Taken by a manager built after the failover, on a key of the promoted
     // master (a replica at spawn time: index 3 and up).
     let taker = manager_on(&cluster).await;

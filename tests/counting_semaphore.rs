@@ -427,25 +427,18 @@ async fn a_crashed_takers_permits_stay_taken(d: Deployment) {
 /// server.
 #[tokio::test]
 async fn an_acquisition_dropped_in_flight_takes_nothing() {
-    // Every field bound: one left to `..` would drop (its server, its
-    // manager) at the end of this statement.
-    let Proxied {
-        _redis,
-        proxy,
-        manager: _manager,
-        semaphore: s,
-        observer,
-    } = proxied("cs:dropped", 1, Duration::from_secs(5)).await;
-    proxy.set_mode(distlock::testing::FaultMode::Delay(Duration::from_secs(1)));
-    let dropped = tokio::time::timeout(Duration::from_millis(200), s.acquire(1)).await;
+    let p = proxied("cs:dropped", 1, Duration::from_secs(5)).await;
+    p.proxy
+        .set_mode(distlock::testing::FaultMode::Delay(Duration::from_secs(1)));
+    let dropped = tokio::time::timeout(Duration::from_millis(200), p.semaphore.acquire(1)).await;
     assert!(dropped.is_err(), "the acquisition was not held up");
     // The script has not run yet: the permit is still there.
-    assert_eq!(observer.available_permits().await.unwrap(), 1);
+    assert_eq!(p.observer.available_permits().await.unwrap(), 1);
     // Then it runs (taken: 0, for at least the second its reply is held),
     // and its reply gives the permit back: the script's request held 1 s,
     // its reply 1 s, the give-back's request 1 s; the proxy holds one chunk
     // of a connection at a time, so 10 s leaves room for others queued.
-    await_permit_back(&observer, Duration::from_secs(10), true).await;
+    await_permit_back(&p.observer, Duration::from_secs(10), true).await;
 }
 
 /// A drain dropped while its script is in flight gives back what it took,
@@ -456,20 +449,14 @@ async fn an_acquisition_dropped_in_flight_takes_nothing() {
 #[tokio::test]
 async fn a_drain_dropped_in_flight_takes_nothing() {
     // Several permits, so that only the amount drained comes back whole.
-    // Every field bound: one left to `..` would drop (its server, its
-    // manager) at the end of this statement.
-    let Proxied {
-        _redis,
-        proxy,
-        manager: _manager,
-        semaphore: s,
-        observer,
-    } = proxied("cs:drained", 3, Duration::from_secs(5)).await;
-    proxy.set_mode(distlock::testing::FaultMode::Delay(Duration::from_secs(1)));
-    let dropped = tokio::time::timeout(Duration::from_millis(200), s.drain_permits()).await;
+    let p = proxied("cs:drained", 3, Duration::from_secs(5)).await;
+    p.proxy
+        .set_mode(distlock::testing::FaultMode::Delay(Duration::from_secs(1)));
+    let dropped =
+        tokio::time::timeout(Duration::from_millis(200), p.semaphore.drain_permits()).await;
     assert!(dropped.is_err(), "the drain was not held up");
-    assert_eq!(observer.available_permits().await.unwrap(), 3);
-    await_permits_back(&observer, 3, Duration::from_secs(10), true).await;
+    assert_eq!(p.observer.available_permits().await.unwrap(), 3);
+    await_permits_back(&p.observer, 3, Duration::from_secs(10), true).await;
 }
 
 /// `shutdown()` right after an acquisition was dropped in flight returns
@@ -479,28 +466,23 @@ async fn a_drain_dropped_in_flight_takes_nothing() {
 /// for good (a count has no lease). It returned at once.
 #[tokio::test]
 async fn shutdown_waits_for_the_give_back_of_a_dropped_acquisition() {
-    let Proxied {
-        _redis,
-        proxy,
-        manager: m,
-        semaphore: s,
-        observer,
-    } = proxied("cs:shutdown", 1, Duration::from_secs(10)).await;
-    proxy.set_mode(distlock::testing::FaultMode::Delay(Duration::from_secs(1)));
-    let dropped = tokio::time::timeout(Duration::from_millis(200), s.acquire(1)).await;
+    let p = proxied("cs:shutdown", 1, Duration::from_secs(10)).await;
+    p.proxy
+        .set_mode(distlock::testing::FaultMode::Delay(Duration::from_secs(1)));
+    let dropped = tokio::time::timeout(Duration::from_millis(200), p.semaphore.acquire(1)).await;
     assert!(dropped.is_err(), "the acquisition was not held up");
     // The script runs about 1 s from now, its reply comes back a second
     // later and the give-back takes 2 s more (the proxy holds one chunk of a
     // connection at a time, so more under load): within the shutdown's wait
     // of one command timeout (10 s), which ends as soon as that is done.
-    m.shutdown().await.unwrap();
+    p.manager.shutdown().await.unwrap();
     // Done by then: the count never shows the permit taken afterwards (a
     // shutdown that returned at once would see it taken within 2 s, and back
     // within 4).
     let mut seen = Vec::new();
     let watched = std::time::Instant::now();
     while watched.elapsed() < Duration::from_secs(4) {
-        let available = observer.available_permits().await.unwrap();
+        let available = p.observer.available_permits().await.unwrap();
         if seen.last() != Some(&available) {
             seen.push(available);
         }
