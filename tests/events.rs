@@ -589,6 +589,77 @@ async fn a_silent_listening_connection_is_noticed_and_made_again() {
     ));
 }
 
+/// A stream with expiries listens to two patterns on one connection (the
+/// published events and the expiry notices): when that connection breaks
+/// and is made again, its reader hears of the loss once, then the next
+/// event. Before, each pattern pushed its own notice: two
+/// `EventsSkipped { count: 0 }` for one break. A private server: killing
+/// every pub/sub client of the shared one would cut other tests'.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_connection_is_told_once_to_a_stream_of_two_patterns() {
+    let server = common::server();
+    let mut admin = redis::Client::open(server.url().as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    common::expiry_notices_on(&mut admin).await;
+    let observer = common::manager(&server).await;
+    let publisher = LockManager::builder(&server.url())
+        .lock_events(true)
+        .build()
+        .await
+        .unwrap();
+    let mut events = observer.events("twice:*").await.unwrap();
+    let () = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let notice = next_item(&mut events).await;
+    assert!(
+        matches!(notice, Err(EventsSkipped { count: 0, .. })),
+        "the loss is told: {notice:?}"
+    );
+    // Both patterns subscribed again (the notice now comes once the last is
+    // back; before, the first pushed it): then any second notice is queued
+    // ahead of this cycle's event.
+    let both_back = common::eventually(Duration::from_secs(5), async || {
+        let clients: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        clients.lines().any(|l| l.contains(" psub=2 "))
+    })
+    .await;
+    assert!(
+        both_back.is_some(),
+        "the two patterns were not subscribed again"
+    );
+    publisher
+        .lock("twice:1")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let after = next_item(&mut events).await;
+    assert!(
+        matches!(
+            &after,
+            Ok(LockEvent {
+                kind: LockEventKind::Acquired { .. },
+                ..
+            })
+        ),
+        "the event after the notice, not a second notice: {after:?}"
+    );
+}
+
 // PostgreSQL only: how an expiry is noticed (the sweep, or a takeover), a
 // listening connection cut, a lock name too long for a notification.
 

@@ -8,7 +8,7 @@
 //! interest learns when its topic is subscribed on a source, and whether
 //! messages may have been lost since it last was (the connection broke).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::{broadcast, Notify};
@@ -33,15 +33,22 @@ pub(crate) trait Sink: Send + Sync + 'static {
 
     /// The topic was subscribed on one source. `after_loss`: it had been
     /// before, and the connection broke since, so messages may have been
-    /// missed.
+    /// missed. A sink registered for several topics that one broken
+    /// connection carried is told after the last of them is back, once.
     fn subscribed(&self, after_loss: bool);
 
     /// The topic, subscribed on one source before its connection broke, was
     /// refused there when subscribed again (an ACL changed meanwhile):
     /// messages are being missed. It is tried again at the connection's
-    /// next check, and [`subscribed`](Self::subscribed) once it is back.
+    /// next check, and [`subscribed`](Self::subscribed) once it is back. A
+    /// sink is told once per break, however many of its topics are refused.
     fn refused_again(&self) {}
 }
+
+/// One break of one source's listening connection: every topic it carried
+/// was lost at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Loss(u64);
 
 /// The interests of one manager.
 pub(crate) struct Interests {
@@ -53,6 +60,8 @@ pub(crate) struct Interests {
     confirmed: Notify,
     /// The subscriber's change feed (shared with the waiter queues).
     changes: broadcast::Sender<Topic>,
+    /// Numbers the breaks of listening connections, for [`Loss`].
+    losses: AtomicU64,
 }
 
 struct Entry {
@@ -63,8 +72,9 @@ struct Entry {
     wanted: Vec<bool>,
     /// Per source: subscribed there since the current connection opened.
     confirmed: Vec<bool>,
-    /// Per source: was confirmed on a connection that broke since.
-    lost: Vec<bool>,
+    /// Per source: was confirmed on a connection that broke since (which
+    /// break).
+    lost: Vec<Option<Loss>>,
     /// Per source: its sink was told that the topic, lost there, was
     /// refused when subscribed again (told once per loss).
     refusal_told: Vec<bool>,
@@ -80,6 +90,7 @@ impl Interests {
             closed: AtomicBool::new(false),
             confirmed: Notify::new(),
             changes,
+            losses: AtomicU64::new(0),
         })
     }
 
@@ -112,7 +123,7 @@ impl Interests {
             sink,
             wanted,
             confirmed: vec![false; sources],
-            lost: vec![false; sources],
+            lost: vec![None; sources],
             refusal_told: vec![false; sources],
             failure: None,
         });
@@ -168,19 +179,31 @@ impl Interests {
     /// not told yet since the connection opened.
     pub(super) fn confirm(&self, topic: &Topic, source: usize) {
         let mut told = false;
-        for entry in self.entries().iter_mut() {
-            if entry.topic != *topic || entry.wanted.get(source) != Some(&true) {
+        let mut entries = self.entries();
+        for at in 0..entries.len() {
+            let entry = &mut entries[at];
+            if entry.topic != *topic
+                || entry.wanted.get(source) != Some(&true)
+                || entry.confirmed.get(source) != Some(&false)
+            {
                 continue;
             }
-            if let Some(confirmed @ false) = entry.confirmed.get_mut(source) {
-                *confirmed = true;
-                entry.failure = None;
-                entry.refusal_told[source] = false;
-                let after_loss = std::mem::take(&mut entry.lost[source]);
-                entry.sink.subscribed(after_loss);
-                told = true;
+            entry.confirmed[source] = true;
+            entry.failure = None;
+            entry.refusal_told[source] = false;
+            let loss = entry.lost[source].take();
+            // One notice per break for a sink with several topics (a lock
+            // events stream's published events and expiries): told by the
+            // last of them back, so that the notice follows every gap.
+            let others_back_later = loss.is_some_and(|loss| {
+                lost_by_the_same_sink(&entries, at, source, loss).any(|_| true)
+            });
+            if !others_back_later {
+                entries[at].sink.subscribed(loss.is_some());
             }
+            told = true;
         }
+        drop(entries);
         if told {
             self.confirmed.notify_waiters();
         }
@@ -189,10 +212,11 @@ impl Interests {
     /// The connection to `source` broke (or never subscribed everything):
     /// each interest confirmed there will hear it may have lost messages.
     pub(super) fn disconnected(&self, source: usize) {
+        let loss = Loss(self.losses.fetch_add(1, Ordering::Relaxed));
         for entry in self.entries().iter_mut() {
             if let Some(confirmed @ true) = entry.confirmed.get_mut(source) {
                 *confirmed = false;
-                entry.lost[source] = true;
+                entry.lost[source] = Some(loss);
             }
         }
     }
@@ -202,22 +226,32 @@ impl Interests {
     /// that is not subscribed there yet learns why.
     pub(super) fn failed(&self, topic: Option<&Topic>, source: usize, error: &BackendError) {
         let mut told = false;
-        for entry in self.entries().iter_mut() {
+        let mut entries = self.entries();
+        for at in 0..entries.len() {
+            let entry = &mut entries[at];
             let concerned = topic.is_none_or(|t| entry.topic == *t)
                 && entry.wanted.get(source) == Some(&true)
                 && entry.confirmed.get(source) == Some(&false);
-            if concerned {
-                entry.failure = Some(error.summary());
-                if topic.is_some()
-                    && entry.lost.get(source) == Some(&true)
-                    && entry.refusal_told.get(source) == Some(&false)
-                {
-                    entry.refusal_told[source] = true;
-                    entry.sink.refused_again();
-                }
-                told = true;
+            if !concerned {
+                continue;
             }
+            entry.failure = Some(error.summary());
+            if let (Some(_), Some(Some(loss)), Some(false)) = (
+                topic,
+                entry.lost.get(source).copied(),
+                entry.refusal_told.get(source).copied(),
+            ) {
+                entry.refusal_told[source] = true;
+                // Once per break for a sink with several topics refused.
+                let told_already = lost_by_the_same_sink(&entries, at, source, loss)
+                    .any(|other| other.refusal_told.get(source) == Some(&true));
+                if !told_already {
+                    entries[at].sink.refused_again();
+                }
+            }
+            told = true;
         }
+        drop(entries);
         if told {
             self.confirmed.notify_waiters();
         }
@@ -236,6 +270,21 @@ impl Interests {
             }
         }
     }
+}
+
+/// The other entries whose sink is `entries[at]`'s and whose topic was lost
+/// on `source` in the same break, and is not back yet.
+fn lost_by_the_same_sink(
+    entries: &[Entry],
+    at: usize,
+    source: usize,
+    loss: Loss,
+) -> impl Iterator<Item = &Entry> {
+    let sink = &entries[at].sink;
+    entries.iter().enumerate().filter_map(move |(i, other)| {
+        (i != at && Arc::ptr_eq(&other.sink, sink) && other.lost.get(source) == Some(&Some(loss)))
+            .then_some(other)
+    })
 }
 
 /// One registered interest; dropping it unregisters (the subscriber then
