@@ -454,6 +454,57 @@ async fn postgres_a_users_open_transaction_changes_no_grant() {
     user.batch_execute("ROLLBACK").await.unwrap();
 }
 
+/// On a server whose default isolation is REPEATABLE READ, distlock's
+/// sessions run at READ COMMITTED, which its functions are written for: a
+/// release that waits for the key behind a session that updates the lock's
+/// row (as a waiter's acquire does) succeeds once that commits. Before, the
+/// release's snapshot, taken before the wait, predated the update, and it
+/// failed with a serialization error (40001) in the holder's hands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_sessions_run_at_read_committed_whatever_the_servers_default() {
+    let pg = PostgresServer::builder()
+        .setting("default_transaction_isolation", "repeatable read")
+        .start()
+        .unwrap();
+    let m = manager(&pg).await;
+    let guard = m.lock("iso").acquire().await.unwrap();
+    let db = sql_client(&pg.url()).await;
+    db.batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+        .await
+        .unwrap();
+    let name: String = db
+        .query_one(
+            "SELECT name FROM distlock.locks WHERE name LIKE '%:iso'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    // The key's advisory lock and an update of its row, as an acquire of a
+    // waiter takes and makes them, left uncommitted.
+    db.execute(
+        "SELECT pg_advisory_xact_lock(1684826880, hashtext($1))",
+        &[&name],
+    )
+    .await
+    .unwrap();
+    db.execute(
+        "UPDATE distlock.locks SET queued = true WHERE name = $1",
+        &[&name],
+    )
+    .await
+    .unwrap();
+    let release = tokio::spawn(guard.release());
+    let other = sql_client(&pg.url()).await;
+    assert!(
+        a_session_waits(&other, "distlock").await,
+        "the release did not wait for the key"
+    );
+    db.batch_execute("COMMIT").await.unwrap();
+    release.await.unwrap().unwrap();
+    assert!(!m.is_locked("iso").await.unwrap());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_the_sweep_keeps_the_tables_bounded() {
     let pg = server();
@@ -501,6 +552,95 @@ async fn postgres_the_sweep_keeps_the_tables_bounded() {
             .is_some(),
         "rows left: {}",
         rows().await
+    );
+}
+
+/// A sweep tries the transaction locks of the rows it chose (at most its
+/// limit per table) and no others, whatever plan the server picks: with
+/// 5,000 expired locks and queue entries, one sweep of 200 holds at most
+/// 400 advisory locks, with nested loops allowed and without. Before, the
+/// try was a condition on the deleted table, evaluated on every row its
+/// scan read: 5,000 locks (enough such rows would fill the server's lock
+/// table, and the sweep would fail every time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_sweep_tries_only_the_locks_of_the_rows_it_chose() {
+    let pg = server();
+    let _schema = manager(&pg).await;
+    let db = sql_client(&pg.url()).await;
+    db.batch_execute(
+        "INSERT INTO distlock.locks (name, owner, expires_at, since_ms, holder, handoff) \
+         SELECT 'dead:' || g, 'owner', clock_timestamp() - interval '1 minute', 0, '', '' \
+         FROM generate_series(1, 5000) g; \
+         INSERT INTO distlock.waiters \
+         SELECT 'gone:' || g, 'owner', g, clock_timestamp() - interval '1 minute', 1000, \
+         false, '', '', 1, '' FROM generate_series(1, 5000) g; \
+         ANALYZE distlock.locks; ANALYZE distlock.waiters",
+    )
+    .await
+    .unwrap();
+    for nested_loops in ["on", "off"] {
+        db.batch_execute(&format!(
+            "BEGIN; SET LOCAL enable_nestloop = {nested_loops}; \
+             SELECT distlock.sweep(200, '')"
+        ))
+        .await
+        .unwrap();
+        let held = count(
+            &db,
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()",
+        )
+        .await;
+        db.batch_execute("ROLLBACK").await.unwrap();
+        assert!(
+            (1..=400).contains(&held),
+            "{held} advisory locks with enable_nestloop = {nested_loops}"
+        );
+    }
+}
+
+/// A semaphore's family row (its stored count) stays while any hold of it
+/// is left, expired or not: here a hold that one sweep's limit leaves (200
+/// expired holds of other families come first), which a renewal in flight
+/// may be extending, uncommitted. Before, the family went as soon as no hold
+/// looked live, and the next acquisition found holders but no count to
+/// check its permits against.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_sweep_keeps_a_family_while_it_has_a_hold() {
+    let pg = server();
+    let _schema = manager(&pg).await;
+    let db = sql_client(&pg.url()).await;
+    db.batch_execute(
+        "INSERT INTO distlock.shared_holds (name, owner, kind, expires_at, since_ms, holder) \
+         SELECT 'other:' || g, 'owner', 'p', clock_timestamp() - interval '1 minute', 0, '' \
+         FROM generate_series(1, 200) g; \
+         INSERT INTO distlock.shared_holds (name, owner, kind, expires_at, since_ms, holder) \
+         VALUES ('family', 'holder', 'p', clock_timestamp() - interval '1 minute', 0, ''); \
+         INSERT INTO distlock.shared_keys (name, permits) VALUES ('family', 5)",
+    )
+    .await
+    .unwrap();
+    let first_hold_left: i64 = db
+        .query_one("SELECT distlock.sweep_shared(200)", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(first_hold_left, 200, "the other families' holds went first");
+    assert_eq!(
+        count(
+            &db,
+            "SELECT count(*) FROM distlock.shared_keys WHERE name = 'family'"
+        )
+        .await,
+        1,
+        "the family went while a hold of it was left"
+    );
+    // Its hold goes at the next sweep, and the family with it.
+    db.query_one("SELECT distlock.sweep_shared(200)", &[])
+        .await
+        .unwrap();
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM distlock.shared_keys").await,
+        0
     );
 }
 

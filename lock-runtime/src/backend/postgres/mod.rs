@@ -23,6 +23,7 @@
 //! [`counting`].
 
 mod counting;
+mod isolation;
 pub(crate) mod listener;
 mod replication;
 mod shared;
@@ -49,7 +50,7 @@ use crate::keys::{LockKind, RedisNames};
 use crate::lease::Lease;
 
 /// The schema's version this library writes and reads.
-pub const SCHEMA_VERSION: i32 = 4;
+pub const SCHEMA_VERSION: i32 = 5;
 
 /// The store's name in errors.
 pub(crate) const STORE: &str = "PostgreSQL";
@@ -740,10 +741,24 @@ impl Postgres {
                 // settings as startup options, for distlock's data
                 // connections only.
                 replication::set_in_session(&mut pg, &options);
-                inner = make_inner(pg);
+                inner = make_inner(pg.clone());
                 client = inner.first_client().await?;
             }
             replication::require_synchronous_standby(&client, &inner).await?;
+        }
+        // A database or role whose default isolation is not READ COMMITTED:
+        // distlock's data sessions set it for themselves (see `isolation`).
+        if let Some(level) = isolation::other_level(&client, &inner).await? {
+            replication::set_in_session(&mut pg, &[isolation::OPTION]);
+            let set = make_inner(pg);
+            client = match set.first_client().await {
+                Ok(client) => client,
+                Err(e) => return Err(isolation::refusal(&set, &level, Some(&e))),
+            };
+            inner = set;
+            if let Some(level) = isolation::other_level(&client, &inner).await? {
+                return Err(isolation::refusal(&inner, &level, None));
+            }
         }
         inner
             .check_schema(&client, schema, config.postgres.create_schema)

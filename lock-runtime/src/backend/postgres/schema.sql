@@ -1,4 +1,4 @@
--- distlock's PostgreSQL schema, version 4: the tables, the sequence and the
+-- distlock's PostgreSQL schema, version 5: the tables, the sequence and the
 -- functions the default lock needs. Idempotent: `build()` runs it when the
 -- version row is missing or older, and a DBA may run it by hand (`distlock
 -- schema` prints it) for a role that may not create objects. Version 2
@@ -13,7 +13,12 @@
 -- never shortens a lease (one run late, after an extend to a longer lease,
 -- must not end the lock before its holder's deadline), true for an extend,
 -- which sets the lease it is given; their three-argument forms, which a
--- running version-3 library calls, now renew without shortening.
+-- running version-3 library calls, now renew without shortening. Version 5
+-- (same tables) replaces the sweeps: each tries the transaction locks of
+-- the rows it chose (at most its limit) and no others, whatever the plan (a
+-- hash join tried every expired row's, and could fill the server's lock
+-- table), and a semaphore's family row goes only once no hold is left at
+-- all, expired or not (one being renewed, uncommitted, looked expired).
 --
 -- Every object lives in one schema, whose name (a plain identifier checked by
 -- the client, `distlock` unless the builder names another) is written into
@@ -360,12 +365,17 @@ DECLARE
   v_waiters bigint;
   v_name text;
 BEGIN
+  -- Each DELETE tries the transaction locks in a materialized CTE over
+  -- the rows it chose (LIMIT p_limit), evaluated once: on those rows only,
+  -- where a condition on the deleted table could be evaluated on every row
+  -- its scan reads, as under a hash join.
   FOR v_name IN
-    DELETE FROM __SCHEMA__.locks l
-      USING (SELECT name FROM __SCHEMA__.locks
-             WHERE expires_at <= clock_timestamp() LIMIT p_limit) d
+    WITH d AS MATERIALIZED (
+      SELECT c.name FROM (SELECT name FROM __SCHEMA__.locks
+                          WHERE expires_at <= clock_timestamp() LIMIT p_limit) c
+      WHERE pg_try_advisory_xact_lock(1684826880, hashtext(c.name)))
+    DELETE FROM __SCHEMA__.locks l USING d
       WHERE l.name = d.name AND l.expires_at <= clock_timestamp()
-        AND pg_try_advisory_xact_lock(1684826880, hashtext(l.name))
         AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.waiters w
                         WHERE w.name = l.name AND w.expires_at > clock_timestamp())
       RETURNING l.name
@@ -375,11 +385,12 @@ BEGIN
       PERFORM __SCHEMA__.lock_event(p_events, v_name, 'expired');
     END IF;
   END LOOP;
-  DELETE FROM __SCHEMA__.waiters w
-    USING (SELECT name, owner FROM __SCHEMA__.waiters
-           WHERE expires_at <= clock_timestamp() LIMIT p_limit) d
-    WHERE w.name = d.name AND w.owner = d.owner AND w.expires_at <= clock_timestamp()
-      AND pg_try_advisory_xact_lock(1684826880, hashtext(w.name));
+  WITH d AS MATERIALIZED (
+    SELECT c.name, c.owner FROM (SELECT name, owner FROM __SCHEMA__.waiters
+                                 WHERE expires_at <= clock_timestamp() LIMIT p_limit) c
+    WHERE pg_try_advisory_xact_lock(1684826880, hashtext(c.name)))
+  DELETE FROM __SCHEMA__.waiters w USING d
+    WHERE w.name = d.name AND w.owner = d.owner AND w.expires_at <= clock_timestamp();
   GET DIAGNOSTICS v_waiters = ROW_COUNT;
   RETURN v_locks + v_waiters;
 END $$;
@@ -1063,30 +1074,36 @@ END $$;
 -- Deletes at most `p_limit` expired holds and at most `p_limit` family rows
 -- with no hold and no live intent. Each row goes only under its key's
 -- transaction lock, tried rather than waited for (a busy key is left for
--- the next sweep), so that no function sees a row vanish under it. How
--- many rows went.
+-- the next sweep), so that no function sees a row vanish under it; only the
+-- chosen rows' locks are tried (see sweep). A family goes only once it has
+-- no hold at all: a hold this statement's snapshot shows expired may be
+-- being renewed (its update uncommitted), and its family's stored count
+-- must outlive it; expired holds go first, so such families go at the
+-- sweep after their last hold. How many rows went.
 CREATE OR REPLACE FUNCTION __SCHEMA__.sweep_shared(p_limit integer)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
   v_holds bigint;
   v_keys bigint;
 BEGIN
-  DELETE FROM __SCHEMA__.shared_holds h
-    USING (SELECT name, owner FROM __SCHEMA__.shared_holds
-           WHERE expires_at <= clock_timestamp() LIMIT p_limit) d
-    WHERE h.name = d.name AND h.owner = d.owner AND h.expires_at <= clock_timestamp()
-      AND pg_try_advisory_xact_lock(1684826880, hashtext(h.name));
+  WITH d AS MATERIALIZED (
+    SELECT c.name, c.owner FROM (SELECT name, owner FROM __SCHEMA__.shared_holds
+                                 WHERE expires_at <= clock_timestamp() LIMIT p_limit) c
+    WHERE pg_try_advisory_xact_lock(1684826880, hashtext(c.name)))
+  DELETE FROM __SCHEMA__.shared_holds h USING d
+    WHERE h.name = d.name AND h.owner = d.owner AND h.expires_at <= clock_timestamp();
   GET DIAGNOSTICS v_holds = ROW_COUNT;
-  DELETE FROM __SCHEMA__.shared_keys k
-    USING (SELECT name FROM __SCHEMA__.shared_keys s
-           WHERE coalesce(s.intent_expires_at <= clock_timestamp(), true)
-             AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.shared_holds h
-                             WHERE h.name = s.name AND h.expires_at > clock_timestamp())
-           LIMIT p_limit) d
-    WHERE k.name = d.name AND pg_try_advisory_xact_lock(1684826880, hashtext(k.name))
+  WITH d AS MATERIALIZED (
+    SELECT c.name FROM (SELECT name FROM __SCHEMA__.shared_keys s
+                        WHERE coalesce(s.intent_expires_at <= clock_timestamp(), true)
+                          AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.shared_holds h
+                                          WHERE h.name = s.name)
+                        LIMIT p_limit) c
+    WHERE pg_try_advisory_xact_lock(1684826880, hashtext(c.name)))
+  DELETE FROM __SCHEMA__.shared_keys k USING d
+    WHERE k.name = d.name
       AND coalesce(k.intent_expires_at <= clock_timestamp(), true)
-      AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.shared_holds h
-                      WHERE h.name = k.name AND h.expires_at > clock_timestamp());
+      AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.shared_holds h WHERE h.name = k.name);
   GET DIAGNOSTICS v_keys = ROW_COUNT;
   RETURN v_holds + v_keys;
 END $$;
@@ -1239,11 +1256,12 @@ RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
   v_waiters bigint;
 BEGIN
-  DELETE FROM __SCHEMA__.counter_waiters w
-    USING (SELECT name, owner FROM __SCHEMA__.counter_waiters
-           WHERE expires_at <= clock_timestamp() LIMIT p_limit) d
-    WHERE w.name = d.name AND w.owner = d.owner AND w.expires_at <= clock_timestamp()
-      AND pg_try_advisory_xact_lock(1684826880, hashtext(w.name));
+  WITH d AS MATERIALIZED (
+    SELECT c.name, c.owner FROM (SELECT name, owner FROM __SCHEMA__.counter_waiters
+                                 WHERE expires_at <= clock_timestamp() LIMIT p_limit) c
+    WHERE pg_try_advisory_xact_lock(1684826880, hashtext(c.name)))
+  DELETE FROM __SCHEMA__.counter_waiters w USING d
+    WHERE w.name = d.name AND w.owner = d.owner AND w.expires_at <= clock_timestamp();
   GET DIAGNOSTICS v_waiters = ROW_COUNT;
   RETURN v_waiters;
 END $$;
@@ -1385,5 +1403,5 @@ BEGIN
   o_status := 1; o_index := 0;
 END $$;
 
-INSERT INTO __SCHEMA__.version AS v (one, version) VALUES (true, 4)
+INSERT INTO __SCHEMA__.version AS v (one, version) VALUES (true, 5)
   ON CONFLICT (one) DO UPDATE SET version = excluded.version WHERE v.version < excluded.version;
