@@ -364,6 +364,54 @@ async fn a_member_restarted_empty_lets_nobody_in_and_gets_the_lock_back() {
     g.release().await.unwrap();
 }
 
+/// A fenced lock put back on a member restarted empty keeps the hold's
+/// token there: `inspect` (and a leader's epoch, which reads it) says the
+/// token the holder has. The member, whose counter was gone too, issued one
+/// of its own (from its clock: larger), which the lock's value kept, and
+/// `inspect`, taking the largest among the owner's majority, reported a
+/// token the holder never had. Bounds as in
+/// `a_member_restarted_empty_lets_nobody_in_and_gets_the_lock_back`.
+#[tokio::test]
+async fn a_fenced_lock_put_back_on_a_restarted_member_keeps_its_token() {
+    let mut servers = five();
+    let m = redlock(urls(&servers)).await;
+    let lease = Duration::from_millis(900);
+    let g = m
+        .lock("restart-fenced")
+        .lease(lease)
+        .eager_fencing(true)
+        .acquire()
+        .await
+        .unwrap();
+    let token = g.fencing_token().await.unwrap();
+    servers[0].restart().unwrap();
+    let name = m.redis_names("restart-fenced").lock;
+    let mut conn = raw(&servers[0]).await;
+    let back = eventually(lease * 3, async || exists(&mut conn, &name).await).await;
+    assert!(
+        back.is_some(),
+        "the restarted member never got the lock back"
+    );
+    let reported = eventually(lease * 3, async || {
+        m.inspect("restart-fenced")
+            .await
+            .unwrap()
+            .map(|i| i.fencing_token)
+            == Some(token)
+    })
+    .await;
+    assert!(
+        reported.is_some(),
+        "inspect reports {:?}, the holder has {token}",
+        m.inspect("restart-fenced")
+            .await
+            .unwrap()
+            .map(|i| i.fencing_token)
+    );
+    assert!(!g.is_lost());
+    g.release().await.unwrap();
+}
+
 /// With one member restarted empty and another cut off, every lease renewed
 /// is re-created on the first, each re-creation waiting for the second until
 /// the member timeout: all at once, so that the renewal task is back in time.

@@ -126,7 +126,10 @@ impl LockManager {
     /// Starts configuring a manager for Redlock over independent Redis masters
     /// (at least 3; an odd number, such as 5, tolerates the most failures per
     /// member): a lock is held while a majority of them holds it, so it survives
-    /// the loss or restart of a minority. Every option of
+    /// the loss or partition of a minority; a member that restarts empty must
+    /// stay down for a lease first (else a lock held on exactly a majority
+    /// that includes it can be granted again: see the semantics' table of
+    /// faults). Every option of
     /// [`builder`](Self::builder) applies (except
     /// [`replica_ack`](LockManagerBuilder::replica_ack)), and locked functions,
     /// requests and guards work unchanged.

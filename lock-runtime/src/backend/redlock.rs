@@ -140,8 +140,14 @@ impl Redlock {
             .min(self.command_timeout)
     }
 
-    /// Runs `call` on every member at once, each bounded by `timeout`.
-    async fn on_all<'a, T, F, Fut>(&'a self, timeout: Duration, call: F) -> Vec<MemberReply<T>>
+    /// Runs `call` on every member at once, each bounded by `timeout`; a
+    /// member that takes longer fails with a timeout naming `key`.
+    async fn on_all<'a, T, F, Fut>(
+        &'a self,
+        key: &str,
+        timeout: Duration,
+        call: F,
+    ) -> Vec<MemberReply<T>>
     where
         F: Fn(&'a Single) -> Fut,
         Fut: std::future::Future<Output = Result<T, CallError>>,
@@ -152,7 +158,7 @@ impl Redlock {
                 match tokio::time::timeout(timeout, fut).await {
                     Ok(reply) => reply,
                     Err(_) => Err(CallError {
-                        error: LockError::command_timeout("", timeout),
+                        error: LockError::command_timeout(key, timeout),
                         maybe_executed: true,
                     }),
                 }
@@ -173,7 +179,9 @@ impl Redlock {
         let lease = Duration::from_millis(lease_ms);
         let timeout = self.member_timeout(lease_ms);
         let replies = self
-            .on_all(timeout, |m| m.acquire(key, keys, owner, lease_ms, spec))
+            .on_all(key, timeout, |m| {
+                m.acquire(key, keys, owner, lease_ms, spec)
+            })
             .await;
         let mut granted = Vec::new();
         let mut busy = 0;
@@ -314,7 +322,7 @@ impl Redlock {
             fence_ttl_ms,
         };
         let replies = self
-            .on_all(self.command_timeout, |m| m.on_key(key, &issue))
+            .on_all(key, self.command_timeout, |m| m.on_key(key, &issue))
             .await;
         let mut issued = Vec::new();
         let mut refused = 0;
@@ -364,7 +372,7 @@ impl Redlock {
             keep_ms: 0,
             waiters: ExpectedWaiters::Unknown,
         };
-        self.on_all(self.command_timeout, |m| m.on_key(key, &release))
+        self.on_all(key, self.command_timeout, |m| m.on_key(key, &release))
             .await
             .iter()
             .all(Result::is_ok)
@@ -384,7 +392,7 @@ impl Redlock {
             waiters: ExpectedWaiters::Unknown,
         };
         let replies = self
-            .on_all(self.command_timeout, |m| m.on_key(key, &release))
+            .on_all(key, self.command_timeout, |m| m.on_key(key, &release))
             .await;
         // Fewer than a majority answered: the caller retries (in the
         // background).
@@ -407,7 +415,7 @@ impl Redlock {
             receipt_ms: 0,
         };
         let replies = self
-            .on_all(self.command_timeout, |m| m.on_key(key, &force))
+            .on_all(key, self.command_timeout, |m| m.on_key(key, &force))
             .await;
         self.any_of_a_majority(key, replies)
     }
@@ -422,7 +430,7 @@ impl Redlock {
     ) -> Result<(), CallError> {
         let publish = Publish { channel, payload };
         let replies = self
-            .on_all(self.command_timeout, |m| m.on_key(key, &publish))
+            .on_all(key, self.command_timeout, |m| m.on_key(key, &publish))
             .await;
         if replies.iter().filter(|r| r.is_ok()).count() >= self.quorum {
             return Ok(());
@@ -434,7 +442,7 @@ impl Redlock {
     pub(crate) async fn is_locked(&self, key: &str, keys: &RedisNames) -> Result<bool, CallError> {
         let is_locked = IsLocked { keys };
         let replies = self
-            .on_all(self.command_timeout, |m| m.on_key(key, &is_locked))
+            .on_all(key, self.command_timeout, |m| m.on_key(key, &is_locked))
             .await;
         let answered = replies.iter().filter(|r| r.is_ok()).count();
         let held = replies.iter().filter(|r| matches!(r, Ok(true))).count();
@@ -455,7 +463,7 @@ impl Redlock {
     ) -> Result<Option<HeldLock>, CallError> {
         let inspect = Inspect { keys };
         let replies = self
-            .on_all(self.command_timeout, |m| m.on_key(key, &inspect))
+            .on_all(key, self.command_timeout, |m| m.on_key(key, &inspect))
             .await;
         let answered = replies.iter().filter(|r| r.is_ok()).count();
         let held: Vec<&HeldLock> = replies
@@ -532,8 +540,9 @@ impl Redlock {
         &self,
         locks: &[(&RedisNames, &str, u64)],
     ) -> Result<Vec<bool>, CallError> {
+        // Several keys: the release of the guard that holds them names each.
         let replies = self
-            .on_all(self.command_timeout, |m| m.release_many(locks))
+            .on_all("", self.command_timeout, |m| m.release_many(locks))
             .await;
         let mut released = vec![false; locks.len()];
         let mut first_error = None;
@@ -641,28 +650,60 @@ impl Redlock {
     /// after another, each waiting for a member that does not answer, would
     /// hold the next renewals up past the leases' ends.
     async fn reclaim(&self, leases: &[Arc<Lease>]) {
-        join_all(leases.iter().filter(|lease| lease.is_held()).map(|lease| async move {
-            let lease_ms = lease.lease_ms();
-            // The member's record says the hold began now: the original time is
-            // on the other members.
-            // A hold with a token gets one on the member again (tokens only
-            // need to grow); one without stays without.
-            let spec = AcquireSpec::without_waiting(
-                &self.holder,
-                (lease.fencing_token() != 0)
-                    .then(|| lease_ms.saturating_add(self.fence_retention_ms)),
-            );
-            let timeout = self.member_timeout(lease_ms);
-            let reclaimed = self
-                .on_all(timeout, |m| {
-                    m.acquire(&lease.key, &lease.keys, &lease.owner, lease_ms, &spec)
-                })
-                .await;
-            tracing::debug!(target: "distlock::renewal",
-                members = reclaimed.iter().filter(|r| matches!(r, Ok(AcquireReply::Acquired { .. }))).count(),
-                "re-created a Redlock lock on members that had lost it"
-            );
-        }))
+        join_all(
+            leases
+                .iter()
+                .filter(|lease| lease.is_held())
+                .map(|lease| async move {
+                    let lease_ms = lease.lease_ms();
+                    // The member's record says the hold began now: the original time is
+                    // on the other members.
+                    // A hold with a token gets one on the member again (tokens only
+                    // need to grow); one without stays without.
+                    let spec = AcquireSpec::without_waiting(
+                        &self.holder,
+                        (lease.fencing_token() != 0)
+                            .then(|| lease_ms.saturating_add(self.fence_retention_ms)),
+                    );
+                    let timeout = self.member_timeout(lease_ms);
+                    let reclaimed = self
+                        .on_all(&lease.key, timeout, |m| {
+                            m.acquire(&lease.key, &lease.keys, &lease.owner, lease_ms, &spec)
+                        })
+                        .await;
+                    let granted: Vec<(usize, u64)> = reclaimed
+                        .iter()
+                        .enumerate()
+                        .filter_map(|(i, reply)| match reply {
+                            Ok(AcquireReply::Acquired { fencing_token, .. }) => {
+                                Some((i, *fencing_token))
+                            }
+                            _ => None,
+                        })
+                        .collect();
+                    tracing::debug!(target: "distlock::renewal",
+                        members = granted.len(),
+                        "re-created a Redlock lock on members that had lost it"
+                    );
+                    // The member issued a token of its own (its counter was gone
+                    // too): the lock's value gets the hold's token back, which
+                    // `inspect`, a leader's epoch and `watch` read, while the
+                    // member's counter stays at the larger of the two.
+                    let token = lease.fencing_token();
+                    if token != 0 && !granted.is_empty() {
+                        self.write_back(
+                            &lease.key,
+                            &lease.keys,
+                            &lease.owner,
+                            token,
+                            lease_ms.saturating_add(self.fence_retention_ms),
+                            timeout,
+                            &granted,
+                        )
+                        .await;
+                    }
+                }),
+        )
         .await;
     }
 
