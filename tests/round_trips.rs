@@ -233,6 +233,31 @@ async fn a_hand_off_runs_eight_commands_in_its_release_script() {
     handed.release().await.unwrap();
 }
 
+/// A lock taken by `lock_all` (here one key, the one-script path) carries
+/// its manager's route as a single lock's hold does: the first waiter that
+/// queues tells the holder's manager, so that its release is the full
+/// release at once. Its owner token ended in random digits: the notice went
+/// to a channel nobody listened on.
+#[tokio::test]
+async fn a_waiter_queued_for_a_lock_all_hold_tells_the_holders_manager() {
+    let redis = server();
+    let holder = manager(&redis).await;
+    let waiter = manager(&redis).await;
+    let mut raw = raw(&redis).await;
+    let guard = holder.lock_all(["la"]).acquire().await.unwrap();
+    await_holder_listening(&mut raw, &holder, "la").await;
+    let notices_before = holder.waited_for_notices_heard();
+    let waiting = spawn_waiter(&waiter, "la");
+    await_queued(&holder, "la").await;
+    eventually(Duration::from_secs(5), async || {
+        holder.waited_for_notices_heard() == notices_before + 1
+    })
+    .await
+    .expect("the holder's manager hears that a waiter queued");
+    guard.release().await.unwrap();
+    waiting.await.unwrap().unwrap().release().await.unwrap();
+}
+
 /// A manager holding the default lock "h" (listening on its hand-off
 /// channel, and never waiting), and another manager's acquisition queued for
 /// it. The waiter's manager has waited once before, so its hand-off channel is

@@ -504,11 +504,17 @@ pub(crate) fn owner_token_routed(route: &str) -> String {
 
 /// An owner token for one key of the multi-key acquisition whose id (the
 /// first [`ACQUISITION_ID_LEN`](crate::info::ACQUISITION_ID_LEN) hex digits) is `acquisition`: still unique
-/// per key (the other 64 bits are random), so that each key's hand-off and
-/// release name its own hold, while an operator can tell the keys of one
-/// acquisition apart from the rest.
-pub(crate) fn owner_token_of(acquisition: &str) -> String {
-    format!("{acquisition}{:016x}", rand::random::<u64>())
+/// per key (32 more random bits, then the manager's `route` as in
+/// [`owner_token_routed`], so that a waiter's notice reaches the holder's
+/// manager; 64 random bits when `route` is empty), so that each key's
+/// hand-off and release name its own hold, while an operator can tell the
+/// keys of one acquisition apart from the rest.
+pub(crate) fn owner_token_of(acquisition: &str, route: &str) -> String {
+    if route.len() == 8 && route.bytes().all(|b| b.is_ascii_hexdigit()) {
+        format!("{acquisition}{:08x}{route}", rand::random::<u32>())
+    } else {
+        format!("{acquisition}{:016x}", rand::random::<u64>())
+    }
 }
 
 #[cfg(test)]
@@ -525,6 +531,17 @@ mod tests {
         // Not a manager's route: a plain 32-digit token.
         assert_eq!(owner_token_routed("0").len(), 32);
         assert_eq!(owner_token_routed("").len(), 32);
+    }
+
+    #[test]
+    fn a_multi_key_owner_token_opens_with_its_acquisition_and_ends_with_its_route() {
+        let acquisition = "0123456789abcdef";
+        let token = owner_token_of(acquisition, "0badf00d");
+        assert_eq!(token.len(), 32);
+        assert!(token.starts_with(acquisition) && token.ends_with("0badf00d"));
+        assert_ne!(token, owner_token_of(acquisition, "0badf00d"));
+        let unrouted = owner_token_of(acquisition, "");
+        assert!(unrouted.len() == 32 && unrouted.starts_with(acquisition));
     }
 
     #[test]

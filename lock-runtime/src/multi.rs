@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use tracing::Instrument;
 
 use crate::backend::{AcquireAllReply, AcquireSpec};
-use crate::config::{self, owner_token, Backoff};
+use crate::config::{self, Backoff};
 use crate::context::LockContext;
 use crate::core::{Core, ManagerInner};
 use crate::error::{KeyPreview, LockError};
@@ -262,8 +262,11 @@ impl MultiLockRequest {
             }
             // One owner token for every key taken in one script; keys taken
             // one by one get tokens of their own that open with the same
-            // acquisition id (operators see which keys go together).
-            let owner = owner_token();
+            // acquisition id (operators see which keys go together). Both
+            // end with the manager's route, which listens from now on: a
+            // waiter that queues tells it, as for one lock.
+            core.listen_for_waiters();
+            let owner = config::owner_token_routed(&core.handoff_route);
             match one_script(&core, &to_take, &owner, options, started, &mut taken).await {
                 OneScript::Done(result) => return result.map(|()| Some(taken)),
                 OneScript::Busy(_) if patience == Patience::Once => {

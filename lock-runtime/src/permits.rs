@@ -72,7 +72,7 @@ impl LockGuard {
         // that name and then lose it to that release, permits and all, while
         // its guard still trusted it. With the acquisition id kept, so that
         // operators see which holds went together.
-        let token = crate::config::owner_token_of(acquisition_id(&old));
+        let token = crate::config::owner_token_of(acquisition_id(&old), "");
         let rest_owner = if kept == 1 {
             token
         } else {
@@ -154,7 +154,7 @@ impl LockGuard {
         // The permits' tokens open with the hold's acquisition id, so that
         // operators see which holds went together.
         let permit_owners: Vec<String> = (0..weight)
-            .map(|_| crate::config::owner_token_of(acquisition_id(&old)))
+            .map(|_| crate::config::owner_token_of(acquisition_id(&old), ""))
             .collect();
         let core = self.core().clone();
         rename_hold(

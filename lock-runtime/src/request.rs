@@ -520,7 +520,7 @@ impl LockRequest {
             // A weighted hold's token says how many permits it stands for
             // (see `weight_of` in shared_prelude.lua).
             owner: match (acquisition, weight) {
-                (Some(acquisition), _) => config::owner_token_of(&acquisition),
+                (Some(acquisition), _) => config::owner_token_of(&acquisition, &core.handoff_route),
                 // The default lock's holds carry their manager's route, for
                 // the waiters that queue behind them (`owner_token_routed`).
                 (None, 1) if kind == LockKind::Exclusive && !redlock => {
