@@ -396,7 +396,8 @@ impl Options {
                         errors.push(syn::Error::new_spanned(
                             &value,
                             "`manager` takes an expression giving a `LockManager` (or a reference to one), \
-                             e.g. `manager = self.locks` or `manager = &LOCKS`",
+                             e.g. `manager = self.locks`, `manager = self.shared` (an `Arc`) or \
+                             `manager = &*LOCKS` (a `LazyLock` static)",
                         ));
                     } else {
                         opts.manager = Some(value);
@@ -585,7 +586,7 @@ fn key_option(raw: RawKey, errors: &mut Errors) -> Option<Key> {
                         errors.push(syn::Error::new(
                             elem.key.lit.span(),
                             format!(
-                                "the key \"{value}\" is already in the list: it would be locked twice; \
+                                "the key \"{value}\" is already in the list: it is the same lock twice; \
                                  remove one"
                             ),
                         ));

@@ -197,9 +197,11 @@ mod tests {
         assert!(parse(DurationKind::Wait, "30days").is_ok());
     }
 
-    /// The attribute refuses at compile time exactly what the runtime would
-    /// refuse at run time: a literal the macro accepts must not fail the
-    /// request, and one the runtime accepts must not be a compile error.
+    /// The attribute refuses at compile time what the runtime would refuse
+    /// at run time: a literal the macro accepts must not fail the request,
+    /// and one the runtime accepts is not a compile error, except below one
+    /// millisecond (a `wait`, `min_hold` or `max_hold` of `"500us"`), which
+    /// the store's timing cannot honour and the macro takes for a mistake.
     #[test]
     fn limits_are_the_runtimes() {
         assert_eq!(MIN_LEASE, distlock_runtime::MIN_LEASE);

@@ -521,9 +521,11 @@ fn placeholder_tokens(
     params: &Params,
     bindings: &[Ident],
 ) -> TokenStream {
+    // Each name resolves where it was declared (a parameter written inside
+    // a `macro_rules!` has that macro's hygiene) and is reported at the key.
     let mut tokens = if let Some(binding) = find_binding(bindings, &path[0]) {
         let mut ident = binding.clone();
-        ident.set_span(span);
+        ident.set_span(binding.span().located_at(span));
         ident.into_token_stream()
     } else if path[0] == "self" {
         syn::Token![self](span).into_token_stream()
@@ -532,7 +534,7 @@ fn placeholder_tokens(
             .find(&path[0])
             .expect("validated: placeholder names a parameter");
         let mut ident = param.clone();
-        ident.set_span(span);
+        ident.set_span(param.span().located_at(span));
         ident.into_token_stream()
     };
     for member in &path[1..] {

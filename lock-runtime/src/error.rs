@@ -308,6 +308,21 @@ impl LockError {
     }
 }
 
+/// For functions that return [`std::io::Result`] (a `#[distributed_lock]`
+/// function among them): the lock error becomes the I/O error's inner error,
+/// which [`get_ref`](std::io::Error::get_ref) and `downcast` give back. Its
+/// kind is [`TimedOut`](std::io::ErrorKind::TimedOut) for a
+/// [`LockError::Timeout`], [`Other`](std::io::ErrorKind::Other) otherwise.
+impl From<LockError> for std::io::Error {
+    fn from(error: LockError) -> Self {
+        let kind = match error {
+            LockError::Timeout { .. } => std::io::ErrorKind::TimedOut,
+            _ => std::io::ErrorKind::Other,
+        };
+        std::io::Error::new(kind, error)
+    }
+}
+
 /// What failed on the way to Redis or in it: the cause of
 /// [`LockError::Backend`] and [`LockError::Connect`].
 ///
@@ -452,6 +467,20 @@ mod tests {
             "lease on lock \"a b\" was lost"
         );
         assert_eq!(e.key(), Some("order:42"));
+    }
+
+    #[test]
+    fn an_io_error_keeps_the_lock_error_and_says_timed_out_for_a_timeout() {
+        let timeout: std::io::Error = LockError::Timeout {
+            key: "k".into(),
+            waited: Duration::from_secs(1),
+        }
+        .into();
+        assert_eq!(timeout.kind(), std::io::ErrorKind::TimedOut);
+        let lost: std::io::Error = LockError::Lost { key: "k".into() }.into();
+        assert_eq!(lost.kind(), std::io::ErrorKind::Other);
+        let inner = lost.into_inner().unwrap().downcast::<LockError>().unwrap();
+        assert!(matches!(*inner, LockError::Lost { ref key } if key == "k"));
     }
 
     #[test]

@@ -65,6 +65,12 @@ pub const MAX_LOCK_ALL_KEYS: usize = 128;
 /// lease (the one [`LockManager::lock`](crate::LockManager::lock) takes), so a
 /// single-key lock and a multi-key lock over the same key exclude each other.
 ///
+/// The order holds among the locks one `lock_all` takes, not with those its
+/// call chain already holds: a chain that holds `b` (re-entered here) and
+/// waits for `a`, against another `lock_all([a, b])` that took `a` and waits
+/// for `b`, is the ordinary lock-ordering deadlock, ended only by `wait`.
+/// Take a chain's locks in one `lock_all`, or in the same order everywhere.
+///
 /// The options are those of [`LockRequest`] and apply to every key.
 #[derive(Debug, Clone)]
 #[must_use = "a lock request does nothing until .acquire().await or .try_acquire().await"]

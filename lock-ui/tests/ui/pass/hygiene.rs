@@ -54,7 +54,20 @@ async fn unfinished() -> Result<()> {
     todo!()
 }
 
+// A function written by a `macro_rules!` whose parameter name comes from
+// the macro's caller: the key's placeholder resolves to that parameter.
+macro_rules! locked_job {
+    ($name:ident, $param:ident) => {
+        #[distributed_lock(key = "job:{id}")]
+        async fn $name($param: u64) -> Result<u64> {
+            Ok($param)
+        }
+    };
+}
+locked_job!(from_a_macro, id);
+
 fn main() {
+    drop(from_a_macro(7));
     drop(same_names(1, 2, 3, 4));
     drop(unfinished());
 }

@@ -1,6 +1,6 @@
 // `manager = EXPR`: a field, a reference, an `Arc`, a function call returning
 // an owned manager, evaluated per call.
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, LazyLock, OnceLock};
 
 use distlock::{distributed_lock, LockError, LockManager};
 
@@ -56,6 +56,15 @@ impl Service {
 
 #[distributed_lock(key = "b:{id}", manager = locks())]
 async fn global(id: u32) -> Result<(), AppError> {
+    let _ = id;
+    Ok(())
+}
+
+// A `LazyLock` static, dereferenced as the docs and the macro's hint say.
+static LAZY: LazyLock<LockManager> = LazyLock::new(fresh_manager);
+
+#[distributed_lock(key = "b:{id}", manager = &*LAZY)]
+async fn lazy(id: u32) -> Result<(), AppError> {
     let _ = id;
     Ok(())
 }

@@ -66,6 +66,13 @@ async fn fully_qualified(input: &str) -> ::core::result::Result<u64, AppError> {
     Ok(n)
 }
 
+// `std::io::Result`: an alias whose error, `std::io::Error`, is built from a
+// `LockError` by the runtime's `From`.
+#[distributed_lock(key = "parse:{input}")]
+async fn io_result(input: &str) -> std::io::Result<u64> {
+    input.parse().map_err(std::io::Error::other)
+}
+
 // Nested async blocks and closures keep their own `?` scopes.
 #[distributed_lock(key = "parse:{input}")]
 async fn nested(input: &str) -> Result<u64, AppError> {
@@ -81,4 +88,5 @@ fn main() {
     drop(lock_error("1"));
     drop(fully_qualified("1"));
     drop(nested("1"));
+    drop(io_result("1"));
 }
