@@ -565,7 +565,8 @@ async fn postgres_the_sweep_keeps_the_tables_bounded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_sweep_tries_only_the_locks_of_the_rows_it_chose() {
     let pg = server();
-    let _schema = manager(&pg).await;
+    // Its own sweeps an hour away: only the test's sweep runs.
+    let _schema = quiet_manager(&pg.url(), None).await;
     let db = sql_client(&pg.url()).await;
     db.batch_execute(
         "INSERT INTO distlock.locks (name, owner, expires_at, since_ms, holder, handoff) \
@@ -607,7 +608,8 @@ async fn postgres_a_sweep_tries_only_the_locks_of_the_rows_it_chose() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_sweep_keeps_a_family_while_it_has_a_hold() {
     let pg = server();
-    let _schema = manager(&pg).await;
+    // Its own sweeps an hour away: only the test's sweep runs.
+    let _schema = quiet_manager(&pg.url(), None).await;
     let db = sql_client(&pg.url()).await;
     db.batch_execute(
         "INSERT INTO distlock.shared_holds (name, owner, kind, expires_at, since_ms, holder) \

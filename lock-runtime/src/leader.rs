@@ -793,6 +793,13 @@ impl Sink for WatchSink {
         // task reads the lock, which tells what it may have missed.
         let _ = self.heard.push_or_skip(Heard::Subscribed);
     }
+
+    fn refused_again(&self) {
+        // One of its topics is refused after a reconnect, and the others'
+        // notice waits for it: the task reads the lock now, rather than at
+        // its next timed read.
+        let _ = self.heard.push_or_skip(Heard::Subscribed);
+    }
 }
 
 #[cfg(test)]

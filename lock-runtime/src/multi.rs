@@ -271,7 +271,10 @@ impl MultiLockRequest {
             // acquisition id (operators see which keys go together). Both
             // end with the manager's route, which listens from now on: a
             // waiter that queues tells it, as for one lock.
-            core.listen_for_waiters();
+            // (Redlock's waiters do not queue: nobody would tell it.)
+            if !matches!(core.backend, crate::backend::Backend::Redlock(_)) {
+                core.listen_for_waiters();
+            }
             let owner = config::owner_token_routed(&core.handoff_route);
             match one_script(&core, &to_take, &owner, options, started, &mut taken).await {
                 OneScript::Done(result) => return result.map(|()| Some(taken)),

@@ -31,7 +31,9 @@ pub(super) async fn other_level(
 ) -> Result<Option<String>, LockError> {
     let row = tokio::time::timeout(
         inner.command_timeout,
-        client.query_one("SELECT current_setting('transaction_isolation')", &[]),
+        // Unnamed, as every statement of the backend (a transaction-mode
+        // pooler may send a named one's steps to different sessions).
+        client.query_typed("SELECT current_setting('transaction_isolation')", &[]),
     )
     .await
     .map_err(|_| LockError::command_timeout("", inner.command_timeout))?
@@ -39,10 +41,17 @@ pub(super) async fn other_level(
         url: inner.shown_url.clone(),
         reason: format!("cannot read the isolation level: {}", pg_message(&e)),
     })?;
-    let level: String = row.try_get(0).map_err(|e| LockError::ServerCheck {
-        url: inner.shown_url.clone(),
-        reason: format!("cannot read the isolation level: {}", pg_message(&e)),
-    })?;
+    let level: String = row
+        .first()
+        .ok_or_else(|| LockError::ServerCheck {
+            url: inner.shown_url.clone(),
+            reason: "cannot read the isolation level: no row".to_owned(),
+        })?
+        .try_get(0)
+        .map_err(|e| LockError::ServerCheck {
+            url: inner.shown_url.clone(),
+            reason: format!("cannot read the isolation level: {}", pg_message(&e)),
+        })?;
     Ok((level != NEEDED).then_some(level))
 }
 
@@ -51,7 +60,7 @@ pub(super) async fn other_level(
 /// with it (`connect`).
 pub(super) fn refusal(inner: &Inner, level: &str, connect: Option<&LockError>) -> LockError {
     let cause = match connect {
-        Some(e) => format!("could not connect with it as a startup option ({e})"),
+        Some(e) => format!("failed to connect with it as a startup option ({e})"),
         None => "keeps it even with a startup option (a pooler may drop it)".to_owned(),
     };
     LockError::ServerCheck {

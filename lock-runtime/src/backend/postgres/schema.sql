@@ -365,12 +365,13 @@ DECLARE
   v_waiters bigint;
   v_name text;
 BEGIN
-  -- Each DELETE tries the transaction locks in a materialized CTE over
-  -- the rows it chose (LIMIT p_limit), evaluated once: on those rows only,
-  -- where a condition on the deleted table could be evaluated on every row
-  -- its scan reads, as under a hash join.
+  -- Each DELETE tries the transaction locks in a CTE over the rows it chose
+  -- (LIMIT p_limit), evaluated once (a CTE that calls a volatile function is
+  -- never inlined; before PostgreSQL 12 none was): on those rows only, where
+  -- a condition on the deleted table could be evaluated on every row its
+  -- scan reads, as under a hash join.
   FOR v_name IN
-    WITH d AS MATERIALIZED (
+    WITH d AS (
       SELECT c.name FROM (SELECT name FROM __SCHEMA__.locks
                           WHERE expires_at <= clock_timestamp() LIMIT p_limit) c
       WHERE pg_try_advisory_xact_lock(1684826880, hashtext(c.name)))
@@ -385,7 +386,7 @@ BEGIN
       PERFORM __SCHEMA__.lock_event(p_events, v_name, 'expired');
     END IF;
   END LOOP;
-  WITH d AS MATERIALIZED (
+  WITH d AS (
     SELECT c.name, c.owner FROM (SELECT name, owner FROM __SCHEMA__.waiters
                                  WHERE expires_at <= clock_timestamp() LIMIT p_limit) c
     WHERE pg_try_advisory_xact_lock(1684826880, hashtext(c.name)))
@@ -1078,22 +1079,22 @@ END $$;
 -- chosen rows' locks are tried (see sweep). A family goes only once it has
 -- no hold at all: a hold this statement's snapshot shows expired may be
 -- being renewed (its update uncommitted), and its family's stored count
--- must outlive it; expired holds go first, so such families go at the
--- sweep after their last hold. How many rows went.
+-- must outlive it; expired holds go first, so a family whose last holds
+-- this sweep deleted goes in the same sweep. How many rows went.
 CREATE OR REPLACE FUNCTION __SCHEMA__.sweep_shared(p_limit integer)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
   v_holds bigint;
   v_keys bigint;
 BEGIN
-  WITH d AS MATERIALIZED (
+  WITH d AS (
     SELECT c.name, c.owner FROM (SELECT name, owner FROM __SCHEMA__.shared_holds
                                  WHERE expires_at <= clock_timestamp() LIMIT p_limit) c
     WHERE pg_try_advisory_xact_lock(1684826880, hashtext(c.name)))
   DELETE FROM __SCHEMA__.shared_holds h USING d
     WHERE h.name = d.name AND h.owner = d.owner AND h.expires_at <= clock_timestamp();
   GET DIAGNOSTICS v_holds = ROW_COUNT;
-  WITH d AS MATERIALIZED (
+  WITH d AS (
     SELECT c.name FROM (SELECT name FROM __SCHEMA__.shared_keys s
                         WHERE coalesce(s.intent_expires_at <= clock_timestamp(), true)
                           AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.shared_holds h
@@ -1256,7 +1257,7 @@ RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
   v_waiters bigint;
 BEGIN
-  WITH d AS MATERIALIZED (
+  WITH d AS (
     SELECT c.name, c.owner FROM (SELECT name, owner FROM __SCHEMA__.counter_waiters
                                  WHERE expires_at <= clock_timestamp() LIMIT p_limit) c
     WHERE pg_try_advisory_xact_lock(1684826880, hashtext(c.name)))
