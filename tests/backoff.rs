@@ -158,3 +158,65 @@ async fn a_bad_backoff_is_refused_before_any_attempt() {
         "no command was sent"
     );
 }
+
+/// A waiter that becomes first in line because the one before it (of the
+/// same manager) got the lock sets its timer by that holder's lease, not by
+/// the backoff it drew while it was not first: when the new hold ends
+/// without a release (here `renew(false)`, 300 ms), it attempts then. Before,
+/// it slept out its backoff (20 s here), the semaphore free meanwhile.
+///
+/// Bounds: the first waiter holds from the release on; its lease ends 300 ms
+/// later and the second attempts then (its timer is that lease); 5 s leaves
+/// room for a loaded machine and stays far below the 20 s backoff.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_first_in_line_behind_a_grant_sets_its_timer_by_that_lease() {
+    let server = server();
+    let holder = manager(&server).await;
+    let waiters = manager(&server).await;
+    let held = holder.semaphore("recap", 1).acquire().await.unwrap();
+    let first = {
+        let request = waiters
+            .semaphore("recap", 1)
+            .lease(Duration::from_millis(300))
+            .renew(false)
+            .wait(Duration::from_secs(30));
+        tokio::spawn(async move {
+            // Held until its lease runs out, never released.
+            std::mem::forget(request.acquire().await.unwrap());
+        })
+    };
+    assert!(
+        eventually(Duration::from_secs(5), async || waiters
+            .waiting_acquisitions()
+            == 1)
+        .await
+        .is_some(),
+        "the first waiter did not wait"
+    );
+    let slow = Backoff::new(Duration::from_secs(20), Duration::from_secs(20)).with_jitter(0.0);
+    let second = {
+        let request = waiters
+            .semaphore("recap", 1)
+            .backoff(slow)
+            .wait(Duration::from_secs(30));
+        tokio::spawn(async move { request.acquire().await })
+    };
+    assert!(
+        eventually(Duration::from_secs(5), async || waiters
+            .waiting_acquisitions()
+            == 2)
+        .await
+        .is_some(),
+        "the second waiter did not wait"
+    );
+    held.release().await.unwrap();
+    first.await.unwrap();
+    let started = std::time::Instant::now();
+    let got = tokio::time::timeout(Duration::from_secs(5), second)
+        .await
+        .expect("the second waiter acquires within 5 s of the first's grant")
+        .unwrap()
+        .unwrap();
+    assert!(started.elapsed() < Duration::from_secs(5));
+    got.release().await.unwrap();
+}

@@ -272,6 +272,85 @@ async fn members_delayed_past_the_lease_give_no_grant_and_partial_grants_are_rel
     assert!(clean.is_some(), "a partial grant stayed held");
 }
 
+/// An attempt found the lock busy (another owner on four members of five)
+/// and was granted on the fifth, whose reply was lost; the clean-up round
+/// could not reach that member either. The attempt counts as busy (a
+/// `try_acquire` returns `None`), and the acquisition, leaving without the
+/// lock, gives that grant back by its owner token in the background once the
+/// member answers again. Before, nothing did: the fifth member kept the key
+/// for the whole lease (30 s), one member short of a majority for everyone.
+///
+/// Bounds: the member timeout is the command timeout (500 ms) for each of
+/// the two rounds; the background release is retried until it lands, within
+/// 10 s once the proxy passes again (its first tries meet the black hole and
+/// time out, 500 ms each).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_left_on_a_member_that_missed_the_clean_up_is_given_back() {
+    let servers = five();
+    let proxy = FaultProxy::start(servers[4].addr()).await.unwrap();
+    let holder = redlock(urls(&servers)).await;
+    let mut through_proxy = urls(&servers[..4]);
+    through_proxy.push(proxy.url());
+    let other = redlock(through_proxy).await;
+    let held = holder
+        .lock("orphan")
+        .lease(Duration::from_secs(30))
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    let name = holder.redis_names("orphan").lock;
+    let mut fifth = raw(&servers[4]).await;
+    let () = redis::cmd("DEL")
+        .arg(&name)
+        .query_async(&mut fifth)
+        .await
+        .unwrap();
+    // Every connection of the other manager open (and its scripts loaded)
+    // before the fault: the next reply through the proxy is the attempt's.
+    other
+        .lock("warm-up")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    proxy.drop_next_replies(1);
+    let attempt = tokio::spawn({
+        let other = other.clone();
+        async move {
+            other
+                .lock("orphan")
+                .lease(Duration::from_secs(30))
+                .try_acquire()
+                .await
+        }
+    });
+    // The attempt's reply is dropped at once; its clean-up round comes a
+    // member timeout (500 ms) later, into the black hole.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    proxy.set_mode(FaultMode::BlackHole);
+    assert!(
+        attempt.await.unwrap().unwrap().is_none(),
+        "the lock was busy on four members"
+    );
+    assert!(
+        exists(&mut fifth, &name).await,
+        "the fifth member granted it"
+    );
+    proxy.set_mode(FaultMode::Pass);
+    let given_back = eventually(Duration::from_secs(10), async || {
+        !exists(&mut fifth, &name).await
+    })
+    .await;
+    assert!(
+        given_back.is_some(),
+        "the grant left on the fifth member stayed"
+    );
+    held.release().await.unwrap();
+}
+
 #[tokio::test]
 async fn a_release_that_reached_fewer_than_a_majority_is_retried() {
     let servers = five();

@@ -352,19 +352,18 @@ impl BackgroundRelease {
         let retry_cap = (self.lease / 3).max(Duration::from_millis(5));
         let mut delay = Duration::from_millis(5);
         loop {
+            // The full release at once (a background release follows a drop
+            // or a release cancelled half way, whose one-key attempt may have
+            // run, so it is one script whatever it finds), on every Redlock
+            // member.
             let result = self
                 .core
                 .backend
-                .release(
+                .release_in_the_background(
                     &self.key,
                     &self.keys,
                     &self.owner,
                     crate::lease::keep_ms(self.keep_until),
-                    // The full release at once: a background release follows a
-                    // drop or a release cancelled half way (whose one-key
-                    // attempt may have run), so it is one script whatever it
-                    // finds.
-                    ExpectedWaiters::Unknown,
                 )
                 .await;
             match result {

@@ -16,7 +16,7 @@ use crate::lease::{Lease, NewLease};
 use crate::options::{Hold, HoldOptions, Patience};
 use crate::release::{release_in_background, ReleaseOnDrop};
 use crate::telemetry;
-use crate::waiting::BackoffTimer;
+use crate::waiting::{BackoffTimer, Wake};
 
 /// How long a queued waiter's entry lasts unless its next attempt refreshes
 /// it: a waiter that dies holds up the queue at most this long (and a lock
@@ -536,6 +536,7 @@ impl LockRequest {
             waiting: false,
             last_sent: started,
             recent_attempts: std::collections::VecDeque::new(),
+            left_behind: None,
         }
         .run(manager.clone(), patience)
         .instrument(span)
@@ -596,6 +597,11 @@ struct Acquisition<'a> {
     /// The numbers and send times of the last attempts of a queued
     /// acquisition, for a hand-off that names the attempt it answers.
     recent_attempts: std::collections::VecDeque<(u32, Instant)>,
+    /// Armed once an attempt may have left a grant in this acquisition's
+    /// name (`AcquireReply::LeftBehind`): leaving without the lock, it gives
+    /// that back by owner token in the background; no later attempt can be
+    /// undone by it then.
+    left_behind: Option<ReleaseOnDrop<Box<dyn FnOnce() + Send + Sync>>>,
 }
 
 impl Acquisition<'_> {
@@ -729,6 +735,21 @@ impl Acquisition<'_> {
                 });
             }
             let releases = wake.map_or(0, |w| w.releases);
+            if let Some(Wake {
+                releases: 0,
+                recheck: false,
+                recap: Some(lease),
+            }) = wake
+            {
+                // First in line now, behind a waiter of this manager that
+                // got the lock for `lease`: no release to answer, only a
+                // timer to set by the new holder's lease.
+                remaining = Some(lease);
+                if Instant::now() >= deadline {
+                    return Err(self.timeout());
+                }
+                continue;
+            }
             if wake.is_some() {
                 // If this waiter leaves before its attempt resolves, the
                 // releases it was told of go on to the next waiter (see
@@ -750,7 +771,7 @@ impl Acquisition<'_> {
                     sent_at,
                     permits_left,
                 } => {
-                    registration.got_it();
+                    registration.got_it(self.hold.lease);
                     if self.keys.kind == LockKind::Exclusive {
                         registration.forget_releases();
                     } else {
@@ -1002,6 +1023,13 @@ impl Acquisition<'_> {
             )
             .await;
         telemetry::round_trip(|| sent_at.elapsed());
+        let (reply, left_behind) = match reply {
+            Ok(AcquireReply::LeftBehind { foreign: true, .. }) => (Ok(AcquireReply::Foreign), true),
+            Ok(AcquireReply::LeftBehind { remaining, .. }) => {
+                (Ok(AcquireReply::Busy { remaining }), true)
+            }
+            other => (other, false),
+        };
         match reply {
             Ok(AcquireReply::Acquired {
                 fencing_token,
@@ -1016,10 +1044,18 @@ impl Acquisition<'_> {
             }
             Ok(AcquireReply::Busy { remaining }) => {
                 in_flight.disarm();
+                drop(in_flight);
+                if left_behind {
+                    self.give_back_when_leaving();
+                }
                 Ok(Attempt::Busy(remaining))
             }
-            Ok(AcquireReply::Foreign) => {
+            Ok(AcquireReply::Foreign | AcquireReply::LeftBehind { .. }) => {
                 in_flight.disarm();
+                drop(in_flight);
+                if left_behind {
+                    self.give_back_when_leaving();
+                }
                 Err(LockError::ForeignValue {
                     key: self.key.clone(),
                 })
@@ -1062,17 +1098,38 @@ impl Acquisition<'_> {
         ReleaseOnDrop::new(move || release_in_background(&core, key, keys, owner, lease, None))
     }
 
+    /// Arms [`Acquisition::left_behind`] (once).
+    fn give_back_when_leaving(&mut self) {
+        if self.left_behind.is_some() {
+            return;
+        }
+        let (core, key, keys, owner, lease) = (
+            self.core.clone(),
+            self.key.clone(),
+            self.keys.clone(),
+            self.owner.clone(),
+            self.hold.lease,
+        );
+        self.left_behind = Some(ReleaseOnDrop::new(Box::new(move || {
+            release_in_background(&core, key, keys, owner, lease, None);
+        })));
+    }
+
     /// Hands the lock to a guard. The acquisition is done with its names and
     /// owner token, so the lease takes them over rather than copies them.
     /// `handed_off`: the lock came by a queue's hand-off, which set this
     /// TTL some time after `sent_at` (see `Lease::handed_off`).
     fn grant(
-        self,
+        mut self,
         manager: Arc<ManagerInner>,
         fencing_token: u64,
         sent_at: Instant,
         handed_off: Option<Duration>,
     ) -> Result<LockGuard, LockError> {
+        // Whatever an attempt left behind is part of this hold now.
+        if let Some(mut left_behind) = self.left_behind.take() {
+            left_behind.disarm();
+        }
         let Acquisition {
             core,
             keys,

@@ -307,6 +307,28 @@ impl Backend {
         }
     }
 
+    /// [`release`](Self::release) from a background task, retried until it
+    /// succeeds: under Redlock it succeeds only once every member answered
+    /// (a member that missed it would keep the lock for the rest of its
+    /// lease, one member fewer for everyone's majority), where a caller's
+    /// own release is done once a majority did. The owner token is not used
+    /// again after it, so a late retry undoes nothing.
+    pub(crate) async fn release_in_the_background(
+        &self,
+        key: &str,
+        keys: &RedisNames,
+        owner: &str,
+        keep_ms: u64,
+    ) -> Result<bool, CallError> {
+        match self {
+            Backend::Redlock(b) => b.release_everywhere(key, keys, owner, keep_ms).await,
+            _ => {
+                self.release(key, keys, owner, keep_ms, ExpectedWaiters::Unknown)
+                    .await
+            }
+        }
+    }
+
     /// Issues `owner`'s fencing token if it holds the lock and has none, or
     /// reads the one it has (under Redlock: at a majority, written back);
     /// `None` when the lock is not `owner`'s. With `ack` (`replica_ack`), the

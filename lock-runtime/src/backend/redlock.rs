@@ -203,8 +203,9 @@ impl Redlock {
                         remaining = Some(remaining.map_or(r, |m| m.min(r)));
                     }
                 }
-                // Redlock managers refuse semaphores before any call.
-                Ok(AcquireReply::PermitsDiffer { .. }) => {}
+                // Redlock managers refuse semaphores before any call; one
+                // member's own reply never says it left a grant behind.
+                Ok(AcquireReply::PermitsDiffer { .. } | AcquireReply::LeftBehind { .. }) => {}
                 Err(e) => last_error = Some(e.error),
             }
         }
@@ -246,21 +247,36 @@ impl Redlock {
         // majority: no wait will ever grant it. On fewer, those members count
         // as busy: the caller waits, and gets the lock from the others once
         // their holder leaves.
+        // A grant that a member may hold in our name, which the clean-up
+        // round could not give back: the caller gives it back once it
+        // leaves without the lock (a later attempt may still make it part
+        // of a majority).
+        let not_taken = |reply: AcquireReply| match reply {
+            _ if given_back => reply,
+            AcquireReply::Busy { remaining } => AcquireReply::LeftBehind {
+                foreign: false,
+                remaining,
+            },
+            _ => AcquireReply::LeftBehind {
+                foreign: true,
+                remaining: None,
+            },
+        };
         if foreign > self.members.len() - self.quorum {
-            return Ok(AcquireReply::Foreign);
+            return Ok(not_taken(AcquireReply::Foreign));
         }
         let errors = self.members.len() - granted.len() - busy;
         if errors <= self.members.len() - self.quorum {
             // The members that answered could make a majority, so other owners
             // (or a majority not confirmed in time) kept it away: busy, and
             // retried within `wait`, as on one server.
-            return Ok(AcquireReply::Busy {
+            return Ok(not_taken(AcquireReply::Busy {
                 remaining: if busy > 0 {
                     remaining
                 } else {
                     Some(Duration::ZERO)
                 },
-            });
+            }));
         }
         if let Some(e) = &last_error {
             tracing::debug!(target: "distlock::acquire", error = %e, "Redlock quorum failed");
@@ -397,6 +413,30 @@ impl Redlock {
         // Fewer than a majority answered: the caller retries (in the
         // background).
         self.any_of_a_majority(key, replies)
+    }
+
+    /// [`release`](Self::release), done only once every member answered
+    /// (see `Backend::release_in_the_background`).
+    pub(crate) async fn release_everywhere(
+        &self,
+        key: &str,
+        keys: &RedisNames,
+        owner: &str,
+        keep_ms: u64,
+    ) -> Result<bool, CallError> {
+        let release = Release {
+            keys,
+            owner,
+            keep_ms,
+            waiters: ExpectedWaiters::Unknown,
+        };
+        let replies = self
+            .on_all(key, self.command_timeout, |m| m.on_key(key, &release))
+            .await;
+        if replies.iter().all(Result::is_ok) {
+            return Ok(replies.iter().any(|r| matches!(r, Ok(true))));
+        }
+        Err(first_error(key, replies, self.command_timeout))
     }
 
     /// Deletes the lock on every member; true when any held it.
@@ -685,11 +725,17 @@ impl Redlock {
                         members = granted.len(),
                         "re-created a Redlock lock on members that had lost it"
                     );
-                    // The member issued a token of its own (its counter was gone
-                    // too): the lock's value gets the hold's token back, which
-                    // `inspect`, a leader's epoch and `watch` read, while the
-                    // member's counter stays at the larger of the two.
+                    // A member that re-created it issued a token of its own
+                    // (its counter was gone too): the lock's value there gets
+                    // the hold's token back, which `inspect`, a leader's epoch
+                    // and `watch` read, while the member's counter stays at the
+                    // larger of the two. The members that still held it
+                    // answered with the hold's token: nothing to write there.
                     let token = lease.fencing_token();
+                    let granted: Vec<(usize, u64)> = granted
+                        .into_iter()
+                        .filter(|(_, issued)| *issued != token)
+                        .collect();
                     if token != 0 && !granted.is_empty() {
                         self.write_back(
                             &lease.key,

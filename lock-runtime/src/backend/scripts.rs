@@ -36,6 +36,15 @@ pub(crate) enum AcquireReply {
     /// The lock's Redis name holds a value distlock did not write; nothing
     /// was changed.
     Foreign,
+    /// Not taken (`Foreign` when `foreign`, else `Busy { remaining }`), but
+    /// a grant that a member made in the caller's name may be left there:
+    /// Redlock, when a member that did not answer the attempt could not be
+    /// told to give it back either. The caller gives it back by its owner
+    /// token once it leaves without the lock.
+    LeftBehind {
+        foreign: bool,
+        remaining: Option<Duration>,
+    },
 }
 
 /// What the acquire-all script answered.

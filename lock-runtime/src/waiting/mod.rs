@@ -61,4 +61,5 @@ mod waited_for;
 
 pub(crate) use backoff::BackoffTimer;
 pub(crate) use interests::{Interest, Sink, Topic};
+pub(crate) use queues::Wake;
 pub(crate) use subscriber::{run_subscriber, Subscriber};

@@ -7,6 +7,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use tokio::sync::{broadcast, Notify};
 
@@ -62,11 +63,15 @@ pub(crate) struct Wake {
     /// Every waiter was asked to look again (a read-write lock's release, a
     /// subscription confirmed, shutdown): nothing to pass on if it leaves.
     pub(crate) recheck: bool,
+    /// This waiter became first in line because the one before it got the
+    /// lock, for a lease of at most this long: it sets its timer by it
+    /// rather than attempt (see [`Registration::watching_expiry`]).
+    pub(crate) recap: Option<Duration>,
 }
 
 impl Wake {
     fn is_empty(self) -> bool {
-        self.releases == 0 && !self.recheck
+        self.releases == 0 && !self.recheck && self.recap.is_none()
     }
 }
 
@@ -84,6 +89,13 @@ impl WakeSlot {
 
     fn recheck(&self) {
         self.pending().recheck = true;
+        self.notify.notify_waiters();
+    }
+
+    fn recap(&self, lease: Duration) {
+        let mut pending = self.pending();
+        pending.recap = Some(pending.recap.map_or(lease, |recap| recap.min(lease)));
+        drop(pending);
         self.notify.notify_waiters();
     }
 }
@@ -174,6 +186,7 @@ impl WaiterQueues {
             unresolved_releases: AtomicU32::new(0),
             watches_expiry: false,
             granted: AtomicBool::new(false),
+            granted_lease_ms: AtomicU64::new(0),
             failed: AtomicBool::new(false),
         }
     }
@@ -287,6 +300,8 @@ pub(crate) struct Registration<'a> {
     watches_expiry: bool,
     /// Set when this waiter got the lock (see [`Registration::got_it`]).
     granted: AtomicBool,
+    /// The lease it got the lock for, in milliseconds.
+    granted_lease_ms: AtomicU64,
     /// Set when this waiter's attempt failed (see [`Registration::failed`]).
     failed: AtomicBool,
 }
@@ -297,18 +312,26 @@ impl Registration<'_> {
     /// when it leaves the front without the lock (a timeout, a cancelled
     /// call, a shutdown; not a failed attempt, see [`Self::failed`]), the new
     /// front is woken to attempt once (after a shutdown it returns instead),
-    /// which tells it the lease to set its timer by. Otherwise that waiter
-    /// would sleep on a backoff drawn while it was not first, and a lease that
-    /// ran out unreleased would wait for that backoff.
+    /// which tells it the lease to set its timer by; when it leaves with the
+    /// lock, the new front is told that lease ([`Wake::recap`]) without an
+    /// attempt. Otherwise that waiter would sleep on a backoff drawn while it
+    /// was not first, and a lease that ran out unreleased (the new holder's
+    /// `renew(false)`, or a holder cut off) would wait for that backoff.
     pub(crate) fn watching_expiry(mut self) -> Self {
         self.watches_expiry = true;
         self
     }
 
-    /// Records that this waiter got the lock: leaving then, it passes on only
-    /// the wake-ups [`Self::set_unresolved_releases`] left it.
-    pub(crate) fn got_it(&self) {
+    /// Records that this waiter got the lock, for a lease of `lease`:
+    /// leaving then, it passes on only the wake-ups
+    /// [`Self::set_unresolved_releases`] left it, and, first in line of a
+    /// queue that watches the lease, that lease to the next.
+    pub(crate) fn got_it(&self, lease: Duration) {
         self.granted.store(true, Ordering::Relaxed);
+        self.granted_lease_ms.store(
+            u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
     }
 
     /// Records that this waiter leaves because its attempt failed (the store
@@ -428,6 +451,11 @@ impl Drop for Registration<'_> {
                 }
                 if releases > 0 {
                     entry.wake_front(releases);
+                } else if was_front && self.watches_expiry && self.granted.load(Ordering::Relaxed) {
+                    let lease = self.granted_lease_ms.load(Ordering::Relaxed);
+                    if let Some(front) = entry.queue.front() {
+                        front.wake.recap(Duration::from_millis(lease));
+                    }
                 }
             }
         }
@@ -459,7 +487,8 @@ mod tests {
                 wake,
                 Some(Wake {
                     releases: 0,
-                    recheck: true
+                    recheck: true,
+                    recap: None,
                 })
             );
         }
@@ -474,25 +503,33 @@ mod tests {
     }
 
     /// The front of a queue that watches the holder's lease hands that watch
-    /// to the next waiter when it leaves without the lock (a timeout, a
-    /// cancelled call), and not when it got the lock or its attempt failed.
+    /// to the next waiter: when it leaves without the lock (a timeout, a
+    /// cancelled call) by a wake-up to attempt, when it got the lock by the
+    /// lease it got it for (the next sets its timer by it), and not when its
+    /// attempt failed.
     #[test]
-    fn the_front_hands_its_watch_on_only_when_it_leaves_empty_handed() {
-        let woken = Some(Wake {
+    fn the_front_hands_its_watch_on_unless_its_attempt_failed() {
+        let attempt = Some(Wake {
             releases: 1,
             recheck: false,
+            recap: None,
         });
-        for (how, wakes_next) in [("gave up", true), ("got it", false), ("failed", false)] {
+        let lease = Duration::from_millis(300);
+        let recap = Some(Wake {
+            releases: 0,
+            recheck: false,
+            recap: Some(lease),
+        });
+        for (how, expected) in [("gave up", attempt), ("got it", recap), ("failed", None)] {
             let queues = queues();
             let front = queues.register("a", 1).watching_expiry();
             let next = queues.register("a", 1).watching_expiry();
             match how {
-                "got it" => front.got_it(),
+                "got it" => front.got_it(lease),
                 "failed" => front.failed(),
                 _ => {}
             }
             drop(front);
-            let expected = if wakes_next { woken } else { None };
             assert_eq!(next.woken().now_or_never(), expected, "{how}");
         }
         // A queue that does not watch the lease (every waiter attempts on its
@@ -515,6 +552,7 @@ mod tests {
                 Some(Wake {
                     releases: 1,
                     recheck: false,
+                    recap: None,
                 }),
             ),
             (true, None),
@@ -542,7 +580,8 @@ mod tests {
             next.woken().now_or_never(),
             Some(Wake {
                 releases: 1,
-                recheck: false
+                recheck: false,
+                recap: None,
             })
         );
     }
