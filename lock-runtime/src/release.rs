@@ -265,7 +265,7 @@ pub(crate) fn release_lease_in_background(
         lease.owner.clone(),
         lease.duration(),
         keep_until,
-        true,
+        Origin::Held,
     );
 }
 
@@ -288,11 +288,38 @@ pub(crate) fn release_in_background(
     lease: Duration,
     keep_until: Option<Instant>,
 ) {
-    spawn_release(core, key, keys, owner, lease, keep_until, false);
+    spawn_release(core, key, keys, owner, lease, keep_until, Origin::CleanUp);
 }
 
-/// [`release_in_background`]; with `held` (a lock its caller held, not an
-/// acquisition's clean-up), a spawn refused while this thread runs inside
+/// [`release_in_background`] of what an acquisition that leaves without the
+/// lock may have left in its name on some Redlock member
+/// (`AcquireReply::LeftBehind`): done only once every member answered,
+/// where another release is done once a majority did (see
+/// `Backend::release_in_the_background`).
+pub(crate) fn give_back_in_background(
+    core: &Arc<Core>,
+    key: String,
+    keys: RedisNames,
+    owner: String,
+    lease: Duration,
+) {
+    spawn_release(core, key, keys, owner, lease, None, Origin::LeftBehind);
+}
+
+/// What a background release gives back.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    /// A lock its caller held.
+    Held,
+    /// An acquisition's clean-up: a queue entry, or a lock an attempt in
+    /// flight may have taken.
+    CleanUp,
+    /// A grant an acquisition left on a Redlock member it could not reach.
+    LeftBehind,
+}
+
+/// [`release_in_background`]; for a lock its caller held (`Origin::Held`),
+/// not an acquisition's clean-up, a spawn refused while this thread runs inside
 /// the manager's own runtime blocks on the release: that runtime is shutting
 /// down and dropping its tasks (a task that held the guard, say), and the
 /// lock would otherwise stay taken for its lease. A queue entry or an
@@ -306,7 +333,7 @@ fn spawn_release(
     owner: String,
     lease: Duration,
     keep_until: Option<Instant>,
-    held: bool,
+    origin: Origin,
 ) {
     let release = BackgroundRelease {
         core: core.clone(),
@@ -315,10 +342,11 @@ fn spawn_release(
         owner,
         lease,
         keep_until,
+        everywhere: origin == Origin::LeftBehind,
         unfinished: true,
         _counted: core.background_work(),
     };
-    let block_if_refused = held
+    let block_if_refused = origin == Origin::Held
         && tokio::runtime::Handle::try_current()
             .is_ok_and(|current| current.id() == core.runtime.id());
     SPAWNING_OUTSIDE.with(|s| s.set(!block_if_refused));
@@ -340,6 +368,8 @@ struct BackgroundRelease {
     owner: String,
     lease: Duration,
     keep_until: Option<Instant>,
+    /// On every Redlock member (see [`give_back_in_background`]).
+    everywhere: bool,
     unfinished: bool,
     /// Counted until the task ends or is dropped, after `drop`'s blocking
     /// release (a field is dropped after its struct's `drop`).
@@ -352,20 +382,27 @@ impl BackgroundRelease {
         let retry_cap = (self.lease / 3).max(Duration::from_millis(5));
         let mut delay = Duration::from_millis(5);
         loop {
-            // The full release at once (a background release follows a drop
-            // or a release cancelled half way, whose one-key attempt may have
-            // run, so it is one script whatever it finds), on every Redlock
-            // member.
-            let result = self
-                .core
-                .backend
-                .release_in_the_background(
-                    &self.key,
-                    &self.keys,
-                    &self.owner,
-                    crate::lease::keep_ms(self.keep_until),
-                )
-                .await;
+            // The full release at once: a background release follows a drop
+            // or a release cancelled half way (whose one-key attempt may have
+            // run), so it is one script whatever it finds.
+            let keep_ms = crate::lease::keep_ms(self.keep_until);
+            let result = if self.everywhere {
+                self.core
+                    .backend
+                    .release_everywhere(&self.key, &self.keys, &self.owner, keep_ms)
+                    .await
+            } else {
+                self.core
+                    .backend
+                    .release(
+                        &self.key,
+                        &self.keys,
+                        &self.owner,
+                        keep_ms,
+                        ExpectedWaiters::Unknown,
+                    )
+                    .await
+            };
             match result {
                 Ok(deleted) => {
                     tracing::debug!(target: "distlock::release", key = %KeyPreview(&self.key), deleted, "released in the background");

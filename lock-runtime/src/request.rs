@@ -14,7 +14,7 @@ use crate::guard::LockGuard;
 use crate::keys::{self, LockKind, RedisNames};
 use crate::lease::{Lease, NewLease};
 use crate::options::{Hold, HoldOptions, Patience};
-use crate::release::{release_in_background, ReleaseOnDrop};
+use crate::release::{give_back_in_background, release_in_background, ReleaseOnDrop};
 use crate::telemetry;
 use crate::waiting::{BackoffTimer, Wake};
 
@@ -743,8 +743,9 @@ impl Acquisition<'_> {
             {
                 // First in line now, behind a waiter of this manager that
                 // got the lock for `lease`: no release to answer, only a
-                // timer to set by the new holder's lease.
-                remaining = Some(lease);
+                // timer to set by the new holder's lease (or by what the
+                // last attempt read, if sooner).
+                remaining = Some(remaining.map_or(lease, |r| r.min(lease)));
                 if Instant::now() >= deadline {
                     return Err(self.timeout());
                 }
@@ -1045,17 +1046,13 @@ impl Acquisition<'_> {
             Ok(AcquireReply::Busy { remaining }) => {
                 in_flight.disarm();
                 drop(in_flight);
-                if left_behind {
-                    self.give_back_when_leaving();
-                }
+                self.left_behind_or_not(left_behind);
                 Ok(Attempt::Busy(remaining))
             }
             Ok(AcquireReply::Foreign | AcquireReply::LeftBehind { .. }) => {
                 in_flight.disarm();
                 drop(in_flight);
-                if left_behind {
-                    self.give_back_when_leaving();
-                }
+                self.left_behind_or_not(left_behind);
                 Err(LockError::ForeignValue {
                     key: self.key.clone(),
                 })
@@ -1098,8 +1095,19 @@ impl Acquisition<'_> {
         ReleaseOnDrop::new(move || release_in_background(&core, key, keys, owner, lease, None))
     }
 
-    /// Arms [`Acquisition::left_behind`] (once).
-    fn give_back_when_leaving(&mut self) {
+    /// After an attempt that did not take the lock: arms
+    /// [`Acquisition::left_behind`] when it may have left a grant (once), and
+    /// disarms it when it did not. Its clean-up then reached every member
+    /// that might hold one in this owner's name (an earlier attempt's
+    /// included: a member holding one answers a later attempt as granted),
+    /// or none held any.
+    fn left_behind_or_not(&mut self, left_behind: bool) {
+        if !left_behind {
+            if let Some(mut earlier) = self.left_behind.take() {
+                earlier.disarm();
+            }
+            return;
+        }
         if self.left_behind.is_some() {
             return;
         }
@@ -1111,7 +1119,7 @@ impl Acquisition<'_> {
             self.hold.lease,
         );
         self.left_behind = Some(ReleaseOnDrop::new(Box::new(move || {
-            release_in_background(&core, key, keys, owner, lease, None);
+            give_back_in_background(&core, key, keys, owner, lease);
         })));
     }
 

@@ -307,13 +307,13 @@ impl Backend {
         }
     }
 
-    /// [`release`](Self::release) from a background task, retried until it
-    /// succeeds: under Redlock it succeeds only once every member answered
-    /// (a member that missed it would keep the lock for the rest of its
-    /// lease, one member fewer for everyone's majority), where a caller's
-    /// own release is done once a majority did. The owner token is not used
-    /// again after it, so a late retry undoes nothing.
-    pub(crate) async fn release_in_the_background(
+    /// [`release`](Self::release) of a grant an acquisition left on a
+    /// Redlock member (`AcquireReply::LeftBehind`), from a background task
+    /// that retries it: under Redlock it succeeds only once every member
+    /// answered, where a release is done once a majority did (a member that
+    /// missed that keeps the lock for the rest of its lease). The
+    /// acquisition is over, so a late retry undoes nothing of its owner's.
+    pub(crate) async fn release_everywhere(
         &self,
         key: &str,
         keys: &RedisNames,

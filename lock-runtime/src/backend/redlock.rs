@@ -188,6 +188,9 @@ impl Redlock {
         let mut foreign = 0;
         let mut remaining: Option<Duration> = None;
         let mut last_error = None;
+        // Members whose reply is unknown though the script may have run
+        // there: they may hold a grant in our name.
+        let mut unknown = Vec::new();
         for (i, reply) in replies.into_iter().enumerate() {
             match reply {
                 Ok(AcquireReply::Acquired { fencing_token, .. }) => {
@@ -206,7 +209,12 @@ impl Redlock {
                 // Redlock managers refuse semaphores before any call; one
                 // member's own reply never says it left a grant behind.
                 Ok(AcquireReply::PermitsDiffer { .. } | AcquireReply::LeftBehind { .. }) => {}
-                Err(e) => last_error = Some(e.error),
+                Err(e) => {
+                    if e.maybe_executed {
+                        unknown.push(i);
+                    }
+                    last_error = Some(e.error);
+                }
             }
         }
         if granted.len() >= self.quorum {
@@ -234,14 +242,22 @@ impl Redlock {
                 "Redlock majority not confirmed in time; giving it back"
             );
         }
-        // A member that answered without a grant holds nothing of ours: with
-        // no grant and every member answered, the round would give nothing
-        // back, and would only hold a busy waiter's next attempt back a
-        // round trip.
-        let given_back = if granted.is_empty() && last_error.is_none() {
+        // A member that answered without a grant, or that the script never
+        // reached (a refused connection), holds nothing of ours: with no
+        // grant and no reply unknown, the round would give nothing back, and
+        // would only hold a busy waiter's next attempt back a round trip.
+        // Otherwise it goes to every member, and has given back what it must
+        // once each member that granted or whose reply is unknown answered
+        // (one that is down does not keep every attempt from being clean).
+        let given_back = if granted.is_empty() && unknown.is_empty() {
             true
         } else {
-            self.give_back(key, keys, owner).await
+            let answered = self.give_back(key, keys, owner).await;
+            granted
+                .iter()
+                .map(|(i, _)| *i)
+                .chain(unknown.iter().copied())
+                .all(|i| answered.get(i).copied().unwrap_or(false))
         };
         // Foreign values on so many members that the others cannot make a
         // majority: no wait will ever grant it. On fewer, those members count
@@ -380,8 +396,8 @@ impl Redlock {
         })
     }
 
-    /// Releases on every member; true when every member answered.
-    async fn give_back(&self, key: &str, keys: &RedisNames, owner: &str) -> bool {
+    /// Releases on every member; whether each answered.
+    async fn give_back(&self, key: &str, keys: &RedisNames, owner: &str) -> Vec<bool> {
         let release = Release {
             keys,
             owner,
@@ -391,7 +407,8 @@ impl Redlock {
         self.on_all(key, self.command_timeout, |m| m.on_key(key, &release))
             .await
             .iter()
-            .all(Result::is_ok)
+            .map(Result::is_ok)
+            .collect()
     }
 
     pub(crate) async fn release(
