@@ -295,7 +295,7 @@ pub(crate) fn release_in_background(
 /// lock may have left in its name on some Redlock member
 /// (`AcquireReply::LeftBehind`): done only once every member answered,
 /// where another release is done once a majority did (see
-/// `Backend::release_in_the_background`).
+/// `Backend::release_everywhere`).
 pub(crate) fn give_back_in_background(
     core: &Arc<Core>,
     key: String,

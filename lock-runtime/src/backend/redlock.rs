@@ -398,17 +398,30 @@ impl Redlock {
 
     /// Releases on every member; whether each answered.
     async fn give_back(&self, key: &str, keys: &RedisNames, owner: &str) -> Vec<bool> {
-        let release = Release {
-            keys,
-            owner,
-            keep_ms: 0,
-            waiters: ExpectedWaiters::Unknown,
-        };
-        self.on_all(key, self.command_timeout, |m| m.on_key(key, &release))
+        self.release_on_all(key, keys, owner, 0)
             .await
             .iter()
             .map(Result::is_ok)
             .collect()
+    }
+
+    /// The release script by `owner` on every member at once; each member's
+    /// reply (whether it held the lock).
+    async fn release_on_all(
+        &self,
+        key: &str,
+        keys: &RedisNames,
+        owner: &str,
+        keep_ms: u64,
+    ) -> Vec<MemberReply<bool>> {
+        let release = Release {
+            keys,
+            owner,
+            keep_ms,
+            waiters: ExpectedWaiters::Unknown,
+        };
+        self.on_all(key, self.command_timeout, |m| m.on_key(key, &release))
+            .await
     }
 
     pub(crate) async fn release(
@@ -418,22 +431,14 @@ impl Redlock {
         owner: &str,
         keep_ms: u64,
     ) -> Result<bool, CallError> {
-        let release = Release {
-            keys,
-            owner,
-            keep_ms,
-            waiters: ExpectedWaiters::Unknown,
-        };
-        let replies = self
-            .on_all(key, self.command_timeout, |m| m.on_key(key, &release))
-            .await;
+        let replies = self.release_on_all(key, keys, owner, keep_ms).await;
         // Fewer than a majority answered: the caller retries (in the
         // background).
         self.any_of_a_majority(key, replies)
     }
 
     /// [`release`](Self::release), done only once every member answered
-    /// (see `Backend::release_in_the_background`).
+    /// (see `Backend::release_everywhere`).
     pub(crate) async fn release_everywhere(
         &self,
         key: &str,
@@ -441,15 +446,7 @@ impl Redlock {
         owner: &str,
         keep_ms: u64,
     ) -> Result<bool, CallError> {
-        let release = Release {
-            keys,
-            owner,
-            keep_ms,
-            waiters: ExpectedWaiters::Unknown,
-        };
-        let replies = self
-            .on_all(key, self.command_timeout, |m| m.on_key(key, &release))
-            .await;
+        let replies = self.release_on_all(key, keys, owner, keep_ms).await;
         if replies.iter().all(Result::is_ok) {
             return Ok(replies.iter().any(|r| matches!(r, Ok(true))));
         }
