@@ -413,6 +413,18 @@ impl BackgroundRelease {
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(retry_cap);
                 }
+                // A give-back on every member, after a lease: whatever a
+                // member that never answered may hold has run out by now
+                // (its TTL was at most that lease), and the others answered
+                // long ago (a member down for a while: no warning each time).
+                Err(e) if self.everywhere => {
+                    tracing::debug!(target: "distlock::release",
+                        key = %KeyPreview(&self.key),
+                        error = %e.error,
+                        "a member did not answer the give-back for a lease; what it held has expired"
+                    );
+                    break;
+                }
                 Err(e) => {
                     tracing::warn!(target: "distlock::release",
                         key = %KeyPreview(&self.key),

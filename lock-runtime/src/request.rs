@@ -976,18 +976,19 @@ impl Acquisition<'_> {
             u64::try_from(self.core.config.fence_retention.as_millis()).unwrap_or(u64::MAX);
         // If this future is dropped while the script is in flight, the server
         // may still run it and take the lock in our name: release it by token.
+        // The acquisition ends with it (an error, or the caller gone), so it
+        // is given back as a left-behind grant is: on every Redlock member.
         let mut in_flight = ReleaseOnDrop::new(|| {
             tracing::debug!(target: "distlock::acquire",
                 key = %KeyPreview(&self.key),
                 "acquire reply lost; releasing by owner token in the background"
             );
-            release_in_background(
+            give_back_in_background(
                 self.core,
                 self.key.clone(),
                 self.keys.clone(),
                 self.owner.clone(),
                 self.hold.lease,
-                None,
             );
         });
         let reply = self
@@ -1096,19 +1097,13 @@ impl Acquisition<'_> {
     }
 
     /// After an attempt that did not take the lock: arms
-    /// [`Acquisition::left_behind`] when it may have left a grant (once), and
-    /// disarms it when it did not. Its clean-up then reached every member
-    /// that might hold one in this owner's name (an earlier attempt's
-    /// included: a member holding one answers a later attempt as granted),
-    /// or none held any.
+    /// [`Acquisition::left_behind`] when it may have left a grant (once).
+    /// A later clean attempt does not disarm it: a member that held the
+    /// earlier grant may have answered that one with an error that says
+    /// nothing of it (still loading its data, say), and the give-back costs
+    /// nothing where nothing is left.
     fn left_behind_or_not(&mut self, left_behind: bool) {
-        if !left_behind {
-            if let Some(mut earlier) = self.left_behind.take() {
-                earlier.disarm();
-            }
-            return;
-        }
-        if self.left_behind.is_some() {
+        if !left_behind || self.left_behind.is_some() {
             return;
         }
         let (core, key, keys, owner, lease) = (

@@ -242,13 +242,15 @@ impl Redlock {
                 "Redlock majority not confirmed in time; giving it back"
             );
         }
-        // A member that answered without a grant, or that the script never
-        // reached (a refused connection), holds nothing of ours: with no
-        // grant and no reply unknown, the round would give nothing back, and
-        // would only hold a busy waiter's next attempt back a round trip.
-        // Otherwise it goes to every member, and has given back what it must
-        // once each member that granted or whose reply is unknown answered
-        // (one that is down does not keep every attempt from being clean).
+        // A member that answered without a grant, or with an error that says
+        // the script did not run (a server error), holds nothing of ours:
+        // with no grant and no reply unknown, the round would give nothing
+        // back, and would only hold a busy waiter's next attempt back a
+        // round trip. Otherwise it goes to every member, and has given back
+        // what it must once each member that granted or whose reply is
+        // unknown answered. (A member that is down counts as unknown: the
+        // acquisition then gives back in the background when it leaves,
+        // retried for at most a lease.)
         let given_back = if granted.is_empty() && unknown.is_empty() {
             true
         } else {
