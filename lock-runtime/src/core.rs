@@ -7,8 +7,8 @@ use std::time::Instant;
 
 use crate::backend::Backend;
 use crate::config::Config;
-use crate::error::LockError;
 use crate::keys::{LockKind, RedisNames};
+use crate::lease::Lease;
 use crate::renewal::Renewals;
 use crate::waiting::Subscriber;
 
@@ -36,7 +36,7 @@ pub(crate) struct Core {
     pub(crate) runtime: tokio::runtime::Handle,
     /// Origin of the lease clocks (`Instant`s stored as nanoseconds after it).
     pub(crate) epoch: Instant,
-    /// Set by [`ManagerInner::shutdown`].
+    /// Set by [`ManagerInner::stop`].
     shut_down: AtomicBool,
     /// Background work that gives something back to the store (a release,
     /// a counting semaphore's permits) spawned and not yet finished (or
@@ -137,7 +137,8 @@ impl Drop for BackgroundWork {
 
 /// Marks the shutdown done when dropped: at its end, or when its caller
 /// gave up on it (a second call must not wait for ever).
-struct ShutdownDone<'a>(&'a tokio::sync::watch::Sender<bool>);
+/// Tells a second shutdown call that the first is done, when dropped.
+pub(crate) struct ShutdownDone<'a>(&'a tokio::sync::watch::Sender<bool>);
 
 impl Drop for ShutdownDone<'_> {
     fn drop(&mut self) {
@@ -193,17 +194,22 @@ impl ManagerInner {
         !self.core.is_shut_down() && self.tasks.iter().all(|t| !t.is_finished())
     }
 
-    /// See [`LockManager::shutdown`](crate::LockManager::shutdown).
-    pub(crate) async fn shutdown(&self) -> Result<(), LockError> {
+    /// The local part of [`LockManager::shutdown`](crate::LockManager::shutdown)
+    /// (`release::shut_down` sends the releases): marks the manager shut
+    /// down, takes every lease out of the renewal task and ends it, wakes
+    /// every waiting acquisition and stops the background tasks. `None`
+    /// when another call shuts the manager down, once that one is done (so
+    /// that a program that exits when this returns does not cut it short);
+    /// otherwise the leases to release, and what tells a second call that
+    /// this one is done when it is dropped.
+    pub(crate) async fn stop(&self) -> Option<(Vec<Arc<Lease>>, ShutdownDone<'_>)> {
         let core = &self.core;
         if core.shut_down.swap(true, Ordering::AcqRel) {
-            // Another call shuts it down: done once that one is, so that a
-            // program that exits when this returns does not cut it short.
             let mut done = core.shutdown_done.subscribe();
             let _ = done.wait_for(|done| *done).await;
-            return Ok(());
+            return None;
         }
-        let _done = ShutdownDone(&core.shutdown_done);
+        let done = ShutdownDone(&core.shutdown_done);
         let leases = core.renewals.close();
         for lease in &leases {
             lease.end_by_shutdown();
@@ -213,47 +219,28 @@ impl ManagerInner {
         for task in &self.tasks {
             task.abort();
         }
-        let mut outcome = Ok(());
-        for batch in leases.chunks(512) {
-            let locks: Vec<_> = batch
-                .iter()
-                .map(|lease| (&lease.keys, lease.owner.as_str(), lease.keep_ms()))
-                .collect();
-            match core.backend.release_many(&locks).await {
-                Ok(released) => tracing::debug!(
-                    target: "distlock::release",
-                    locks = locks.len(),
-                    released = released.iter().filter(|r| **r).count(),
-                    "released at shutdown"
-                ),
-                Err(e) => {
-                    tracing::warn!(
-                        target: "distlock::release",
-                        locks = locks.len(),
-                        error = %e.error,
-                        "could not release at shutdown; the leases will free the locks"
-                    );
-                    outcome = Err(e.error);
-                }
-            }
-        }
-        // The guards dropped before the shutdown are released by tasks of
-        // their own (and a counting semaphore's permits taken by a call cut
-        // short are given back by one), which a program that exits once
-        // this returns would cut short, leaving their locks to their leases:
-        // waited for, up to a command timeout (a task that cannot reach the
-        // store retries on after that, until its lease is over).
-        let deadline = tokio::time::Instant::now() + core.config.command_timeout;
+        Some((leases, done))
+    }
+}
+
+impl Core {
+    /// Waits, up to a command timeout, until the background work that gives
+    /// something back (see [`Core::background_releases`]) is done: the
+    /// shutdown's last step, which a program that exits once the shutdown
+    /// returns would otherwise cut short, leaving locks to their leases (a
+    /// task that cannot reach the store retries on after that, until its
+    /// lease is over).
+    pub(crate) async fn background_releases_finished(&self) {
+        let deadline = tokio::time::Instant::now() + self.config.command_timeout;
         loop {
-            let done = core.background_releases_done.notified();
+            let done = self.background_releases_done.notified();
             tokio::pin!(done);
             done.as_mut().enable();
-            if core.background_releases.load(Ordering::Acquire) == 0
+            if self.background_releases.load(Ordering::Acquire) == 0
                 || tokio::time::timeout_at(deadline, done).await.is_err()
             {
                 break;
             }
         }
-        outcome
     }
 }

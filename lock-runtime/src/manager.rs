@@ -802,9 +802,11 @@ impl LockManager {
     ///
     /// # Errors
     /// [`LockError::Backend`] when Redis failed to confirm the releases; the
-    /// locks not confirmed are then freed by their leases.
+    /// locks not confirmed are then released in the background, retried
+    /// until their leases end (as they are when this future is dropped
+    /// before it completes).
     pub async fn shutdown(&self) -> Result<(), LockError> {
-        self.inner.shutdown().await
+        crate::release::shut_down(&self.inner).await
     }
 
     /// Whether the manager's background tasks (renewal, wake-ups) still run:

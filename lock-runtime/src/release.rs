@@ -1,11 +1,12 @@
 //! Giving locks back: the one release of a guard's leases (a `LockGuard`'s one,
 //! a `MultiLockGuard`'s several), at once or from a background task.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::backend::ExpectedWaiters;
-use crate::core::Core;
+use crate::core::{Core, ManagerInner};
 use crate::error::{KeyPreview, LockError};
 use crate::keys::RedisNames;
 use crate::lease::Lease;
@@ -122,6 +123,64 @@ pub(crate) async fn release_holds(
             })
         }
     }
+}
+
+/// [`LockManager::shutdown`](crate::LockManager::shutdown): stops the
+/// manager ([`ManagerInner::stop`]) and releases every lock it held, in
+/// pipelined batches. A batch that fails, and every batch not sent or not
+/// answered when this future is dropped (a caller's timeout), goes on in
+/// the background, one release per lock, until the leases end: a shutdown
+/// cut short leaves no lock to its lease that a retry can free. Then waits
+/// for the background releases (see [`Core::background_releases_finished`]).
+pub(crate) async fn shut_down(inner: &ManagerInner) -> Result<(), LockError> {
+    let Some((leases, _done)) = inner.stop().await else {
+        return Ok(());
+    };
+    let core = &inner.core;
+    const BATCH: usize = 512;
+    // The first lease whose batch has no answer yet.
+    let unanswered = AtomicUsize::new(0);
+    let mut cut_short = ReleaseOnDrop::new(|| {
+        let from = unanswered.load(Ordering::Relaxed);
+        for lease in leases.get(from..).unwrap_or_default() {
+            release_lease_in_background(core, lease, lease.min_hold_until());
+        }
+    });
+    let mut outcome = Ok(());
+    for (i, batch) in leases.chunks(BATCH).enumerate() {
+        let locks: Vec<_> = batch
+            .iter()
+            .map(|lease| (&lease.keys, lease.owner.as_str(), lease.keep_ms()))
+            .collect();
+        let reply = core.backend.release_many(&locks).await;
+        unanswered.store((i + 1) * BATCH, Ordering::Relaxed);
+        match reply {
+            Ok(released) => tracing::debug!(
+                target: "distlock::release",
+                locks = locks.len(),
+                released = released.iter().filter(|r| **r).count(),
+                "released at shutdown"
+            ),
+            Err(e) => {
+                tracing::warn!(
+                    target: "distlock::release",
+                    locks = locks.len(),
+                    error = %e.error,
+                    "could not release at shutdown; retrying in the background"
+                );
+                for lease in batch {
+                    release_lease_in_background(core, lease, lease.min_hold_until());
+                }
+                outcome = Err(e.error);
+            }
+        }
+    }
+    cut_short.disarm();
+    // The guards dropped before the shutdown are released by tasks of their
+    // own (and a counting semaphore's permits taken by a call cut short are
+    // given back by one), as are the batches that failed above.
+    core.background_releases_finished().await;
+    outcome
 }
 
 /// What a guard's `Drop` does: gives back one hold of each of `leases`, and

@@ -87,7 +87,7 @@ impl Renewals {
             let interval = u64::try_from(lease.renewal_interval().as_nanos()).unwrap_or(u64::MAX);
             self.recent_interval.fetch_min(interval, Ordering::Relaxed);
         }
-        let wake = lease.renew && lease.next_renewal_nanos() < self.wake_at.load(Ordering::SeqCst);
+        let (renew, next_renewal) = (lease.renew, lease.next_renewal_nanos());
         {
             let mut leases = self.leases();
             if leases.closed {
@@ -95,7 +95,13 @@ impl Renewals {
             }
             leases.by_id.insert(lease.id, lease);
         }
-        if wake {
+        // The plan is read after the insert. Read before, it could be the
+        // previous plan (sooner than this lease's renewal: no wake-up), then
+        // replaced by a look that missed the lease and a plan past its
+        // renewal. Read after, it is the plan the task will keep (it wakes
+        // then, or sooner if told, and sees the lease) or its "looking now"
+        // (u64::MAX, stored before each look), which wakes it again.
+        if renew && next_renewal < self.wake_at.load(Ordering::SeqCst) {
             self.added.notify_one();
         }
         true

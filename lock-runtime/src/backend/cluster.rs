@@ -612,7 +612,10 @@ impl Cluster {
     }
 
     /// One pipeline per node, all at once; a node whose pipeline fails has its
-    /// locks released one call each.
+    /// locks released one call each. A lock whose own call fails too makes
+    /// the whole call fail with that error: its release is unknown, not a
+    /// lock found gone (the caller retries or reports it, and releasing
+    /// again what was released is harmless).
     pub(crate) async fn release_many(
         &self,
         locks: &[(&RedisNames, &str, u64)],
@@ -641,7 +644,7 @@ impl Cluster {
                     None => None,
                 };
                 let released = match sent {
-                    Some(released) => released,
+                    Some(released) => released.into_iter().map(Ok).collect(),
                     None => {
                         let each = group.iter().map(|(keys, owner, keep_ms)| async move {
                             self.on_key(
@@ -654,7 +657,6 @@ impl Cluster {
                                 },
                             )
                             .await
-                            .unwrap_or(false)
                         });
                         join_all(each).await
                     }
@@ -665,7 +667,7 @@ impl Cluster {
         let mut out = vec![false; locks.len()];
         for (indices, released) in join_all(sends).await {
             for (i, r) in indices.into_iter().zip(released) {
-                out[i] = r;
+                out[i] = r?;
             }
         }
         Ok(out)

@@ -752,7 +752,8 @@ impl Backend {
 
     /// Releases many locks in as few round trips as the backend allows (one per
     /// server); per lock (keys, owner, keep_ms as for `release`), whether it
-    /// was still ours.
+    /// was still ours. Fails when a lock's release went unanswered: the
+    /// caller retries them all (releasing a lock again is harmless).
     pub(crate) async fn release_many(
         &self,
         locks: &[(&RedisNames, &str, u64)],
