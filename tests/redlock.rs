@@ -601,3 +601,80 @@ async fn a_manager_starts_with_a_minority_down_and_uses_it_once_it_is_back() {
         .unwrap_err();
     assert!(matches!(refused, LockError::Connect { .. }), "{refused:?}");
 }
+
+/// A member still loading its data after a restart (it answers `LOADING` to
+/// everything, the start-up check included) is a member not ready yet, as
+/// one that is down: a Redlock manager builds on the others and locks with
+/// them. Before, the check's `LOADING` was a `ServerCheck` refusal and
+/// failed the whole build. A single-server manager built on that member
+/// fails with `Connect`, naming the cause.
+///
+/// The member loads 20,000 keys with a 200 µs delay each (`key-load-delay`,
+/// answering clients every KB read): about 4 s of `LOADING`, far longer
+/// than the two builds below (each bounded by the 500 ms timeouts).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manager_starts_with_a_member_still_loading_its_data() {
+    let loading = RedisServer::builder()
+        .args([
+            "--key-load-delay",
+            "200",
+            "--loading-process-events-interval-bytes",
+            "1024",
+        ])
+        .spawn()
+        .unwrap();
+    let mut servers = vec![loading, server(), server()];
+    {
+        let mut conn = raw(&servers[0]).await;
+        for chunk in 0..20 {
+            let mut mset = redis::cmd("MSET");
+            for i in 0..1_000 {
+                mset.arg(format!("filler:{chunk}:{i}")).arg("x");
+            }
+            let () = mset.query_async(&mut conn).await.unwrap();
+        }
+        let () = redis::cmd("SAVE").query_async(&mut conn).await.unwrap();
+    }
+    let mut member = servers.remove(0);
+    let url = member.url();
+    let restarting = std::thread::spawn(move || {
+        member.restart().unwrap();
+        member
+    });
+    // Loading once a PING gets LOADING back (before, the server is down or
+    // its socket not yet open).
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let is_loading = async || match client.get_multiplexed_async_connection().await {
+        Ok(mut conn) => redis::cmd("PING")
+            .query_async::<String>(&mut conn)
+            .await
+            .is_err_and(|e| e.code() == Some("LOADING")),
+        Err(e) => e.code() == Some("LOADING"),
+    };
+    eventually(Duration::from_secs(10), is_loading)
+        .await
+        .expect("the restarted member loads its data");
+
+    let mut urls = vec![url.clone()];
+    urls.extend(servers.iter().map(RedisServer::url));
+    let m = redlock(urls).await;
+    let g = m.lock("loading").acquire().await.unwrap();
+    assert_eq!(holders(&servers, &m, "loading").await, 2);
+    g.release().await.unwrap();
+
+    let single = LockManager::builder(&url)
+        .command_timeout(Duration::from_millis(500))
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .await;
+    match single {
+        Err(e @ LockError::Connect { .. }) => {
+            assert!(e.to_string().to_lowercase().contains("loading"), "{e}")
+        }
+        other => panic!("expected Connect, got {:?}", other.map(drop)),
+    }
+    let member = tokio::task::spawn_blocking(move || restarting.join().unwrap())
+        .await
+        .unwrap();
+    assert!(member.is_running());
+}

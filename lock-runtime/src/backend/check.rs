@@ -75,7 +75,7 @@ where
     let ping: Result<String, RedisError> =
         bounded(config, redis::cmd("PING").query_async(conn)).await;
     if let Err(e) = ping {
-        return Err(if is_auth_error(&e) {
+        return Err(if is_auth_error(&e) || not_ready(&e) {
             LockError::connect(shown_url.to_owned(), e)
         } else {
             refused(format!("PING failed: {e}"))
@@ -85,9 +85,13 @@ where
     let (pipe, steps) = scripts.startup_probe(&keys, &owner, PROBE_LEASE_MS);
     let mut pipe = pipe;
     pipe.cmd("CONFIG").arg("GET").arg("maxmemory-policy");
-    let replies: Vec<Value> = bounded(config, pipe.query_async(conn))
-        .await
-        .map_err(|e| refused(format!("the start-up check failed: {e}")))?;
+    let replies: Vec<Value> = bounded(config, pipe.query_async(conn)).await.map_err(|e| {
+        if not_ready(&e) {
+            LockError::connect(shown_url.to_owned(), e)
+        } else {
+            refused(format!("the start-up check failed: {e}"))
+        }
+    })?;
     // The server's name and version, for the debug output: HELLO needs no
     // permission (INFO would, and a refused INFO lands in the ACL LOG), and
     // names Valkey as "valkey" with its own version. Alone, not in the
@@ -110,6 +114,9 @@ where
     for (step, reply) in steps.iter().zip(probe_replies) {
         if let Value::ServerError(e) = reply {
             let e = RedisError::from(e.clone());
+            if not_ready(&e) {
+                return Err(LockError::connect(shown_url.to_owned(), e));
+            }
             let text = e.to_string();
             let what = match step.command_in(&text) {
                 Some(command) => format!("{}'s {command} call", step.name),
@@ -153,6 +160,9 @@ where
     check_subscribe(subscribe, keys.channel(), config)
         .await
         .map_err(|e| {
+            if not_ready(&e) {
+                return LockError::connect(shown_url.to_owned(), e);
+            }
             refused(format!(
                 "SUBSCRIBE to {:?} was refused: {e}{}",
                 keys.channel(),
@@ -220,6 +230,20 @@ where
             "no answer in time",
         ))),
     }
+}
+
+/// The server is not ready yet, rather than unable to serve locks: it went
+/// away or did not answer in time, or is still loading its data after a
+/// restart (`LOADING`). A connection problem (`LockError::Connect`), which a
+/// Redlock manager tolerates in a minority of its members, not a
+/// `ServerCheck` refusal, which says the server as configured cannot serve.
+fn not_ready(e: &RedisError) -> bool {
+    e.is_timeout()
+        || e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.kind() == ErrorKind::Server(ServerErrorKind::BusyLoading)
+        || e.code() == Some("LOADING")
 }
 
 fn is_auth_error(e: &RedisError) -> bool {

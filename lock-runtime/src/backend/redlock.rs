@@ -79,7 +79,10 @@ fn first_error<T>(key: &str, replies: Vec<MemberReply<T>>, timeout: Duration) ->
 
 impl Redlock {
     /// Connects to every member; a majority must pass the server check. A
-    /// member that cannot be reached is connected later, on first use.
+    /// member that cannot be reached or is not ready (a `Connect` error: down,
+    /// too slow, still loading its data after a restart) is connected later,
+    /// on first use, without the check; one that answers and fails the
+    /// check fails the build.
     pub(crate) async fn connect(
         urls: &[String],
         config: &Config,
@@ -99,7 +102,7 @@ impl Redlock {
         for (url, member) in urls.iter().zip(connected) {
             match member {
                 Ok(member) => members.push(member),
-                // Down now: it may be back by the time it is needed.
+                // Down or not ready now: it may be by the time it is needed.
                 Err(e @ LockError::Connect { .. }) => {
                     tracing::warn!(target: "distlock::connection",
                         url = %redact(url),
