@@ -116,15 +116,19 @@ async fn a_second_shutdown_returns_once_the_first_is_done() {
 /// A shutdown cut short (its caller's timeout drops it while Redis does not
 /// answer) leaves no lock to its lease: the batches not sent, and the one
 /// whose reply never came, are released in the background once Redis
-/// answers again. 600 locks make two batches (of 512 and 88); the server is
-/// paused, so the first batch waits in the socket and the second is never
-/// sent. Before, the 88 locks of the second batch stayed held for their
-/// whole lease (10 s): nothing renewed them and nothing released them.
+/// answers again. 600 locks make two batches (of 512 and 88); the proxy
+/// discards every byte while the shutdown runs (a partition: what it
+/// discarded stays lost), so the first batch never reaches Redis and the
+/// second is never sent. Before, all 600 locks stayed held for their whole
+/// lease (10 s): nothing renewed them and nothing released them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shutdown_cut_short_releases_the_rest_in_the_background() {
     let redis = server();
     let mut raw = raw(&redis).await;
-    let m = manager(&redis).await;
+    let proxy = distlock::testing::FaultProxy::start(redis.addr())
+        .await
+        .unwrap();
+    let m = manager_at(&proxy.url()).await;
     let keys: Vec<String> = (0..600).map(|i| format!("cut-short:{i}")).collect();
     let mut guards = Vec::new();
     for key in &keys {
@@ -136,18 +140,17 @@ async fn a_shutdown_cut_short_releases_the_rest_in_the_background() {
                 .unwrap(),
         );
     }
-    redis.pause().unwrap();
+    proxy.set_mode(distlock::testing::FaultMode::BlackHole);
     let cut = tokio::time::timeout(Duration::from_millis(300), m.shutdown()).await;
-    redis.resume().unwrap();
-    let resumed_at = Instant::now();
-    assert!(cut.is_err(), "the shutdown finished on a paused server");
+    proxy.set_mode(distlock::testing::FaultMode::Pass);
+    let healed_at = Instant::now();
+    assert!(cut.is_err(), "the shutdown finished through a black hole");
     assert!(!m.is_running());
-    // On resume Redis answers what waits in the socket (the first batch, the
-    // background releases sent while paused, each bounded by the 500 ms
-    // command timeout); retries back off up to a third of the lease. Within
-    // 5 s of the resume every lock is free, while their leases (renewed
-    // last at most a third of the lease before the pause) had more than
-    // 6 s left.
+    // The background releases sent into the black hole time out (500 ms,
+    // which retires the connection); their retries, 5 ms on and doubling,
+    // go through a fresh one. Within 5 s every lock is free, while their
+    // leases (renewed last at most a third of the lease before) had more
+    // than 6 s left.
     let names: Vec<String> = keys.iter().map(|k| m.redis_names(k).lock).collect();
     let held = async |raw: &mut redis::aio::MultiplexedConnection| -> i64 {
         redis::cmd("EXISTS")
@@ -159,9 +162,9 @@ async fn a_shutdown_cut_short_releases_the_rest_in_the_background() {
     let freed = eventually(Duration::from_secs(5), async || held(&mut raw).await == 0).await;
     assert!(
         freed.is_some(),
-        "{} locks still held {:?} after the resume",
+        "{} locks still held {:?} after the partition healed",
         held(&mut raw).await,
-        resumed_at.elapsed()
+        healed_at.elapsed()
     );
     assert!(guards.iter().all(|g| g.is_lost()));
 }

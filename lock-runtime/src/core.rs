@@ -137,7 +137,6 @@ impl Drop for BackgroundWork {
 
 /// Marks the shutdown done when dropped: at its end, or when its caller
 /// gave up on it (a second call must not wait for ever).
-/// Tells a second shutdown call that the first is done, when dropped.
 pub(crate) struct ShutdownDone<'a>(&'a tokio::sync::watch::Sender<bool>);
 
 impl Drop for ShutdownDone<'_> {

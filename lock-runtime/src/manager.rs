@@ -797,14 +797,15 @@ impl LockManager {
     /// and [`LockError::Lost`] from `release()`), since their work is no longer
     /// protected, and every new acquisition fails with [`LockError::ShutDown`].
     /// Calling it again (from another task) returns `Ok` once the first call
-    /// is done, whatever that one returned. An acquisition that completes
+    /// is done (or dropped) and the background releases are (up to a command
+    /// timeout), whatever the first call returned. An acquisition that completes
     /// while the shutdown runs may still leave its lock to its lease.
     ///
     /// # Errors
     /// [`LockError::Backend`] when Redis failed to confirm the releases; the
     /// locks not confirmed are then released in the background, retried
-    /// until their leases end (as they are when this future is dropped
-    /// before it completes).
+    /// for up to a lease while the runtime lives (as they are when this
+    /// future is dropped before it completes).
     pub async fn shutdown(&self) -> Result<(), LockError> {
         crate::release::shut_down(&self.inner).await
     }

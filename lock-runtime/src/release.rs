@@ -1,11 +1,12 @@
 //! Giving locks back: the one release of a guard's leases (a `LockGuard`'s one,
-//! a `MultiLockGuard`'s several), at once or from a background task.
+//! a `MultiLockGuard`'s several) and of a shutting-down manager's, at once or
+//! from a background task.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::backend::ExpectedWaiters;
+use crate::backend::{ExpectedWaiters, ManyReleased};
 use crate::core::{Core, ManagerInner};
 use crate::error::{KeyPreview, LockError};
 use crate::keys::RedisNames;
@@ -57,10 +58,11 @@ pub(crate) async fn release_holds(
         }
         lost.get_or_insert_with(|| hold.lease.key.clone());
     };
-    let reply = match last.as_slice() {
+    let released = match last.as_slice() {
         [hold] => {
             let lease = &hold.lease;
-            core.backend
+            let reply = core
+                .backend
                 .release(
                     &lease.key,
                     &lease.keys,
@@ -68,8 +70,8 @@ pub(crate) async fn release_holds(
                     lease.keep_ms(),
                     expected_waiters(core, lease),
                 )
-                .await
-                .map(|ours| judge(hold, ours))
+                .await;
+            ManyReleased::of_one_call(1, reply.map(|ours| vec![ours]))
         }
         _ => {
             let locks: Vec<(&RedisNames, &str, u64)> = last
@@ -82,68 +84,89 @@ pub(crate) async fn release_holds(
                     )
                 })
                 .collect();
-            core.backend.release_many(&locks).await.map(|ours| {
-                for (hold, ours) in last.iter().zip(ours) {
-                    judge(hold, ours);
-                }
-            })
+            core.backend.release_many(&locks).await
         }
     };
     pending.disarm();
-    match reply {
-        Ok(()) => {
-            tracing::debug!(target: "distlock::release",
-                key = %KeyPreview(&first_key),
-                locks = last.len(),
-                lost = lost.is_some(),
-                took_us = started.elapsed().as_micros() as u64,
-                "released"
-            );
-            lost.map_or(Ok(()), |key| Err(LockError::Lost { key }))
-        }
-        Err(e) => {
-            tracing::warn!(target: "distlock::release",
-                key = %KeyPreview(&first_key),
-                locks = last.len(),
-                error = %e.error,
-                "release failed; retrying in the background"
-            );
-            release_each_in_background(core, &last);
-            // A lease lost before this release is what the caller must
-            // hear (its work was unprotected); the failed call is retried.
-            if let Some(key) = lost {
-                return Err(LockError::Lost { key });
-            }
-            Err(match e.error {
-                LockError::Backend { source, .. } => LockError::Backend {
-                    key: first_key,
-                    source,
-                },
-                other => other,
-            })
+    let mut unknown = Vec::new();
+    for (hold, ours) in last.iter().zip(&released.ours) {
+        match ours {
+            Some(ours) => judge(hold, *ours),
+            None => unknown.push(hold),
         }
     }
+    let Some(e) = released.error else {
+        tracing::debug!(target: "distlock::release",
+            key = %KeyPreview(&first_key),
+            locks = last.len(),
+            lost = lost.is_some(),
+            took_us = started.elapsed().as_micros() as u64,
+            "released"
+        );
+        return lost.map_or(Ok(()), |key| Err(LockError::Lost { key }));
+    };
+    // The releases not confirmed are retried.
+    let first_unknown = unknown
+        .first()
+        .map_or(first_key, |hold| hold.lease.key.clone());
+    tracing::warn!(target: "distlock::release",
+        key = %KeyPreview(&first_unknown),
+        locks = last.len(),
+        unknown = unknown.len(),
+        error = %e.error,
+        "release failed; retrying in the background"
+    );
+    for hold in unknown {
+        release_lease_in_background(core, &hold.lease, hold.lease.min_hold_until());
+    }
+    // A lease lost before this release is what the caller must hear (its
+    // work was unprotected); the failed call is retried.
+    if let Some(key) = lost {
+        return Err(LockError::Lost { key });
+    }
+    Err(match e.error {
+        LockError::Backend { source, .. } => LockError::Backend {
+            key: first_unknown,
+            source,
+        },
+        other => other,
+    })
 }
 
 /// [`LockManager::shutdown`](crate::LockManager::shutdown): stops the
 /// manager ([`ManagerInner::stop`]) and releases every lock it held, in
-/// pipelined batches. A batch that fails, and every batch not sent or not
-/// answered when this future is dropped (a caller's timeout), goes on in
-/// the background, one release per lock, until the leases end: a shutdown
-/// cut short leaves no lock to its lease that a retry can free. Then waits
+/// pipelined batches. The releases of a batch that the store did not
+/// confirm, and every batch not sent or not answered when this future is
+/// dropped (a caller's timeout), go on in the background, one release per
+/// lock, retried for up to a lease: a shutdown cut short leaves no lock to
+/// its lease that a retry can free (while the runtime lives). Then waits
 /// for the background releases (see [`Core::background_releases_finished`]).
 pub(crate) async fn shut_down(inner: &ManagerInner) -> Result<(), LockError> {
+    let core = &inner.core;
     let Some((leases, _done)) = inner.stop().await else {
+        // Another call shuts the manager down and is done (or was dropped,
+        // and what it had not confirmed went to the background): wait for
+        // the background releases too, as that call would have.
+        core.background_releases_finished().await;
         return Ok(());
     };
-    let core = &inner.core;
     const BATCH: usize = 512;
     // The first lease whose batch has no answer yet.
     let unanswered = AtomicUsize::new(0);
+    // Not `release_lease_in_background`: a shutdown dropped as its runtime
+    // shuts down would make each lease a blocking release in turn (a
+    // manager may hold thousands); these are left to their leases then.
     let mut cut_short = ReleaseOnDrop::new(|| {
         let from = unanswered.load(Ordering::Relaxed);
         for lease in leases.get(from..).unwrap_or_default() {
-            release_lease_in_background(core, lease, lease.min_hold_until());
+            release_in_background(
+                core,
+                lease.key.clone(),
+                lease.keys.clone(),
+                lease.owner.clone(),
+                lease.duration(),
+                lease.min_hold_until(),
+            );
         }
     });
     let mut outcome = Ok(());
@@ -152,33 +175,38 @@ pub(crate) async fn shut_down(inner: &ManagerInner) -> Result<(), LockError> {
             .iter()
             .map(|lease| (&lease.keys, lease.owner.as_str(), lease.keep_ms()))
             .collect();
-        let reply = core.backend.release_many(&locks).await;
+        let released = core.backend.release_many(&locks).await;
         unanswered.store((i + 1) * BATCH, Ordering::Relaxed);
-        match reply {
-            Ok(released) => tracing::debug!(
+        let Some(e) = released.error else {
+            tracing::debug!(
                 target: "distlock::release",
                 locks = locks.len(),
-                released = released.iter().filter(|r| **r).count(),
+                released = released.ours.iter().filter(|r| **r == Some(true)).count(),
                 "released at shutdown"
-            ),
-            Err(e) => {
-                tracing::warn!(
-                    target: "distlock::release",
-                    locks = locks.len(),
-                    error = %e.error,
-                    "could not release at shutdown; retrying in the background"
-                );
-                for lease in batch {
-                    release_lease_in_background(core, lease, lease.min_hold_until());
-                }
-                outcome = Err(e.error);
-            }
+            );
+            continue;
+        };
+        let unknown: Vec<&Arc<Lease>> = batch
+            .iter()
+            .zip(&released.ours)
+            .filter_map(|(lease, ours)| ours.is_none().then_some(lease))
+            .collect();
+        tracing::warn!(
+            target: "distlock::release",
+            locks = locks.len(),
+            unknown = unknown.len(),
+            error = %e.error,
+            "could not release at shutdown; retrying in the background"
+        );
+        for lease in unknown {
+            release_lease_in_background(core, lease, lease.min_hold_until());
         }
+        outcome = Err(e.error);
     }
     cut_short.disarm();
     // The guards dropped before the shutdown are released by tasks of their
     // own (and a counting semaphore's permits taken by a call cut short are
-    // given back by one), as are the batches that failed above.
+    // given back by one), as are the releases that failed above.
     core.background_releases_finished().await;
     outcome
 }

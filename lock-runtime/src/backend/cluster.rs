@@ -43,7 +43,7 @@ use super::calls::{KeyCall, Release};
 use super::scripts::{self, AcquireReply, AcquireSpec, Scripts};
 use super::single::failed_all;
 use super::LeaseEnd;
-use super::{bounded_call, read_renewals, CallError, ExpectedWaiters, Renewal};
+use super::{bounded_call, read_renewals, CallError, ExpectedWaiters, ManyReleased, Renewal};
 use crate::config::{redact_all, Config, ReplicaAck, TlsSettings};
 use crate::error::{BackendErrorKind, LockError};
 use crate::keys::RedisNames;
@@ -611,16 +611,17 @@ impl Cluster {
         Ok(names)
     }
 
-    /// One pipeline per node, all at once; a node whose pipeline fails has its
-    /// locks released one call each. A lock whose own call fails too makes
-    /// the whole call fail with that error: its release is unknown, not a
-    /// lock found gone (the caller retries or reports it, and releasing
-    /// again what was released is harmless).
-    pub(crate) async fn release_many(
-        &self,
-        locks: &[(&RedisNames, &str, u64)],
-    ) -> Result<Vec<bool>, CallError> {
-        let conn = self.connection("").await?;
+    /// One pipeline per node, all at once. A node whose pipeline surely did
+    /// not run (it could not be sent, or its replies were redirections) has
+    /// its locks released one call each, routed by redis-rs; one whose
+    /// pipeline may have run (no reply in time, a connection lost after the
+    /// write) has them unknown: released again one by one on that node, they
+    /// could be found gone because the pipeline ran late, and reported lost.
+    pub(crate) async fn release_many(&self, locks: &[(&RedisNames, &str, u64)]) -> ManyReleased {
+        let conn = match self.connection("").await {
+            Ok(conn) => conn,
+            Err(e) => return ManyReleased::failed(locks.len(), e),
+        };
         let groups = self.group_by_node(locks.iter().map(|(keys, _, _)| keys.lock.as_str()));
         let sends = groups.into_iter().map(|(node, indices)| {
             let mut conn = conn.clone();
@@ -632,19 +633,24 @@ impl Cluster {
                         // Every reply: the pipeline loads each release
                         // script it uses (one per kind of lock) first.
                         let count = pipe.len();
-                        bounded_call(
+                        match bounded_call(
                             "",
                             self.command_timeout,
                             conn.route_pipeline(pipe, 0, count, by_address(&node)),
                         )
                         .await
-                        .ok()
-                        .and_then(|replies| self.scripts.release_many_replies(&group, replies).ok())
+                        {
+                            Ok(replies) => self.scripts.release_many_replies(&group, replies).ok(),
+                            Err(e) if e.maybe_executed => {
+                                return (indices, ManyReleased::failed(group.len(), e))
+                            }
+                            Err(_) => None,
+                        }
                     }
                     None => None,
                 };
                 let released = match sent {
-                    Some(released) => released.into_iter().map(Ok).collect(),
+                    Some(released) => ManyReleased::of_one_call(group.len(), Ok(released)),
                     None => {
                         let each = group.iter().map(|(keys, owner, keep_ms)| async move {
                             self.on_key(
@@ -658,19 +664,25 @@ impl Cluster {
                             )
                             .await
                         });
-                        join_all(each).await
+                        ManyReleased::of_each(join_all(each).await)
                     }
                 };
                 (indices, released)
             }
         });
-        let mut out = vec![false; locks.len()];
+        let mut out = ManyReleased {
+            ours: vec![None; locks.len()],
+            error: None,
+        };
         for (indices, released) in join_all(sends).await {
-            for (i, r) in indices.into_iter().zip(released) {
-                out[i] = r?;
+            for (i, ours) in indices.into_iter().zip(released.ours) {
+                out.ours[i] = ours;
+            }
+            if let Some(e) = released.error {
+                out.error.get_or_insert(e);
             }
         }
-        Ok(out)
+        out
     }
 
     pub(crate) fn release_blocking(

@@ -132,6 +132,59 @@ pub(crate) struct CallError {
     pub(crate) maybe_executed: bool,
 }
 
+/// What a release of several locks ([`Backend::release_many`]) came to.
+pub(crate) struct ManyReleased {
+    /// Per lock, in the order asked: whether it was still ours, or `None`
+    /// when its release is unknown (its call failed, or may not have run).
+    pub(crate) ours: Vec<Option<bool>>,
+    /// The first failure behind a `None`; `None` when every release is known.
+    pub(crate) error: Option<CallError>,
+}
+
+impl ManyReleased {
+    /// Every release known, as `ours` says.
+    fn known(ours: Vec<bool>) -> Self {
+        ManyReleased {
+            ours: ours.into_iter().map(Some).collect(),
+            error: None,
+        }
+    }
+
+    /// Every one of `count` releases unknown, for `error`.
+    pub(crate) fn failed(count: usize, error: CallError) -> Self {
+        ManyReleased {
+            ours: vec![None; count],
+            error: Some(error),
+        }
+    }
+
+    /// One call for all `count` releases.
+    pub(crate) fn of_one_call(count: usize, reply: Result<Vec<bool>, CallError>) -> Self {
+        match reply {
+            Ok(ours) => ManyReleased::known(ours),
+            Err(error) => ManyReleased::failed(count, error),
+        }
+    }
+
+    /// One call per release.
+    pub(crate) fn of_each(replies: impl IntoIterator<Item = Result<bool, CallError>>) -> Self {
+        let mut released = ManyReleased {
+            ours: Vec::new(),
+            error: None,
+        };
+        for reply in replies {
+            match reply {
+                Ok(ours) => released.ours.push(Some(ours)),
+                Err(error) => {
+                    released.ours.push(None);
+                    released.error.get_or_insert(error);
+                }
+            }
+        }
+        released
+    }
+}
+
 /// Where a renewal moves a lease's end in the store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum LeaseEnd {
@@ -752,17 +805,19 @@ impl Backend {
 
     /// Releases many locks in as few round trips as the backend allows (one per
     /// server); per lock (keys, owner, keep_ms as for `release`), whether it
-    /// was still ours. Fails when a lock's release went unanswered: the
-    /// caller retries them all (releasing a lock again is harmless).
-    pub(crate) async fn release_many(
-        &self,
-        locks: &[(&RedisNames, &str, u64)],
-    ) -> Result<Vec<bool>, CallError> {
+    /// was still ours, or unknown when the backend could not confirm its
+    /// release (Redlock: fewer than a majority answered for it), which the
+    /// caller retries (releasing a lock again is harmless).
+    pub(crate) async fn release_many(&self, locks: &[(&RedisNames, &str, u64)]) -> ManyReleased {
         match self {
-            Backend::Single(b) => b.release_many(locks).await,
+            Backend::Single(b) => {
+                ManyReleased::of_one_call(locks.len(), b.release_many(locks).await)
+            }
             Backend::Cluster(b) => b.release_many(locks).await,
             Backend::Redlock(b) => b.release_many(locks).await,
-            Backend::Sentinel(b) => b.release_many(locks).await,
+            Backend::Sentinel(b) => {
+                ManyReleased::of_one_call(locks.len(), b.release_many(locks).await)
+            }
             #[cfg(feature = "postgres")]
             Backend::Postgres(b) => b.release_many(locks).await,
         }

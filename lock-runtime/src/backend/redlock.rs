@@ -43,7 +43,7 @@ use super::calls::{ForceUnlock, Inspect, IsLocked, IssueToken, Publish, RaiseFen
 use super::scripts::{AcquireReply, AcquireSpec, HeldLock};
 use super::single::Single;
 use super::LeaseEnd;
-use super::{CallError, ExpectedWaiters, Renewal};
+use super::{CallError, ExpectedWaiters, ManyReleased, Renewal};
 use crate::config::{redact, Config, TlsSettings};
 use crate::error::LockError;
 use crate::keys::RedisNames;
@@ -595,10 +595,9 @@ impl Redlock {
         Err(first_error(key, replies, self.command_timeout))
     }
 
-    pub(crate) async fn release_many(
-        &self,
-        locks: &[(&RedisNames, &str, u64)],
-    ) -> Result<Vec<bool>, CallError> {
+    /// Known once a majority answered (each member answers for all the
+    /// locks at once), as a release of one lock is.
+    pub(crate) async fn release_many(&self, locks: &[(&RedisNames, &str, u64)]) -> ManyReleased {
         // Several keys: the release of the guard that holds them names each.
         let replies = self
             .on_all("", self.command_timeout, |m| m.release_many(locks))
@@ -618,8 +617,8 @@ impl Redlock {
             }
         }
         match first_error {
-            Some(e) if answered < self.quorum => Err(e),
-            _ => Ok(released),
+            Some(e) if answered < self.quorum => ManyReleased::failed(locks.len(), e),
+            _ => ManyReleased::of_one_call(locks.len(), Ok(released)),
         }
     }
 

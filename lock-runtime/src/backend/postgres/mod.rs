@@ -40,7 +40,7 @@ use tokio_postgres::config::SslMode;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{AsyncMessage, Client, NoTls, Row, Statement};
 
-use super::{CallError, LeaseEnd, Renewal};
+use super::{CallError, LeaseEnd, ManyReleased, Renewal};
 use crate::backend::scripts::{
     handoff_base, AcquireAllReply, AcquireReply, AcquireSpec, HeldLock, KeyReading,
 };
@@ -1149,18 +1149,12 @@ impl Postgres {
     /// See `Backend::release_many`: the releases pipelined on the data
     /// connection, each its own transaction (so that two managers releasing
     /// the same locks in different orders cannot deadlock).
-    pub(crate) async fn release_many(
-        &self,
-        locks: &[(&RedisNames, &str, u64)],
-    ) -> Result<Vec<bool>, CallError> {
+    pub(crate) async fn release_many(&self, locks: &[(&RedisNames, &str, u64)]) -> ManyReleased {
         let releases = locks.iter().map(|(keys, owner, keep_ms)| {
             let key = crate::keys::user_key_of(&self.inner.prefix, &keys.lock).unwrap_or("");
             self.release(key, keys, owner, *keep_ms)
         });
-        futures_util::future::join_all(releases)
-            .await
-            .into_iter()
-            .collect()
+        ManyReleased::of_each(futures_util::future::join_all(releases).await)
     }
 
     /// See `Backend::release_blocking`: a connection of its own, on a thread
