@@ -678,3 +678,53 @@ async fn a_manager_starts_with_a_member_still_loading_its_data() {
         .unwrap();
     assert!(member.is_running());
 }
+
+/// A member that is down (its port refuses connections) cannot have run an
+/// attempt: a busy attempt leaves nothing there to give back, and a
+/// give-back owed there (the first attempt after the kill met the broken
+/// old connection: its call may have run) is done once the member refuses
+/// connections, since what it held died with it. Before, a call to the
+/// dead member waited for the client's reconnection retries past its
+/// timeout, which counted as a reply lost after the call was sent: each
+/// busy `try_acquire` left a give-back in the background that waited for
+/// the dead member, retrying for a whole lease (a busy lock polled by many
+/// callers piled up one such task per attempt).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_attempt_leaves_no_give_back_waiting_for_a_member_that_is_down() {
+    let mut servers: Vec<_> = (0..3).map(|_| server()).collect();
+    let holder = redlock(urls(&servers)).await;
+    let polling = redlock(urls(&servers)).await;
+    let _held = holder.lock("busy-down").acquire().await.unwrap();
+    servers[2].kill().unwrap();
+    // The first call to the dead member finds its old connection broken (a
+    // reply that may be lost); the ones after find the port closed.
+    for _ in 0..5 {
+        let attempt = polling
+            .lock("busy-down")
+            .lease(Duration::from_secs(10))
+            .try_acquire()
+            .await
+            .unwrap();
+        assert!(attempt.is_none());
+    }
+    for _ in 0..5 {
+        let attempt = polling
+            .lock("busy-down")
+            .lease(Duration::from_secs(10))
+            .try_acquire()
+            .await
+            .unwrap();
+        assert!(attempt.is_none());
+        // A give-back to the live members takes a round trip; one waiting
+        // for the dead member would retry for the 10 s lease.
+        let settled = eventually(Duration::from_secs(2), async || {
+            polling.background_releases_running() == 0
+        })
+        .await;
+        assert!(
+            settled.is_some(),
+            "{} background releases still running",
+            polling.background_releases_running()
+        );
+    }
+}

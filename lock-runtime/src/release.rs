@@ -380,8 +380,8 @@ pub(crate) fn release_in_background(
 
 /// [`release_in_background`] of what an acquisition that leaves without the
 /// lock may have left in its name on some Redlock member
-/// (`AcquireReply::LeftBehind`): done only once every member answered,
-/// where another release is done once a majority did (see
+/// (`AcquireReply::LeftBehind`): done only once every member answered (or
+/// refused connections: down), where another release is done once a majority did (see
 /// `Backend::release_everywhere`).
 pub(crate) fn give_back_in_background(
     core: &Arc<Core>,

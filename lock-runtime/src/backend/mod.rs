@@ -363,7 +363,7 @@ impl Backend {
     /// [`release`](Self::release) of a grant an acquisition left on a
     /// Redlock member (`AcquireReply::LeftBehind`), from a background task
     /// that retries it: under Redlock it succeeds only once every member
-    /// answered, where a release is done once a majority did (a member that
+    /// answered or is down (refuses connections), where a release is done once a majority did (a member that
     /// missed that keeps the lock for the rest of its lease). The
     /// acquisition is over, so a late retry undoes nothing of its owner's.
     pub(crate) async fn release_everywhere(
@@ -994,7 +994,11 @@ pub(crate) fn call_outcome<T>(
 ) -> Result<T, CallError> {
     let error = match outcome {
         Ok(Ok(value)) => return Ok(value),
-        Ok(Err(e)) if matches!(e.kind(), redis::ErrorKind::Server(_)) => {
+        // Answered with an error, or refused a connection (a reconnection
+        // the call waited for failed to connect: the call was never written).
+        Ok(Err(e))
+            if matches!(e.kind(), redis::ErrorKind::Server(_)) || e.is_connection_refusal() =>
+        {
             return Err(CallError {
                 error: LockError::backend(key, e),
                 maybe_executed: false,

@@ -45,7 +45,7 @@ use super::single::Single;
 use super::LeaseEnd;
 use super::{CallError, ExpectedWaiters, ManyReleased, Renewal};
 use crate::config::{redact, Config, TlsSettings};
-use crate::error::LockError;
+use crate::error::{BackendErrorKind, LockError};
 use crate::keys::RedisNames;
 use crate::lease::{drift, Lease};
 
@@ -66,6 +66,14 @@ pub(crate) struct Redlock {
 type MemberReply<T> = Result<T, CallError>;
 
 /// The first member's error, as one that may have executed (retry later).
+/// The call found its member down: the connection was refused, so nothing
+/// was sent (see `call_outcome`).
+fn is_down(e: &CallError) -> bool {
+    !e.maybe_executed
+        && matches!(&e.error, LockError::Backend { source, .. }
+            if source.kind() == BackendErrorKind::Connection)
+}
+
 fn first_error<T>(key: &str, replies: Vec<MemberReply<T>>, timeout: Duration) -> CallError {
     let error = replies
         .into_iter()
@@ -442,8 +450,11 @@ impl Redlock {
         self.any_of_a_majority(key, replies)
     }
 
-    /// [`release`](Self::release), done only once every member answered
-    /// (see `Backend::release_everywhere`).
+    /// [`release`](Self::release), done only once every member answered or
+    /// is down (see `Backend::release_everywhere`): a member that refuses
+    /// connections lost what it held with its process, and one that
+    /// restarts with it from disk must stay down for a lease first (the
+    /// rule Redlock needs anyway, see the semantics), by when it has expired.
     pub(crate) async fn release_everywhere(
         &self,
         key: &str,
@@ -452,7 +463,10 @@ impl Redlock {
         keep_ms: u64,
     ) -> Result<bool, CallError> {
         let replies = self.release_on_all(key, keys, owner, keep_ms).await;
-        if replies.iter().all(Result::is_ok) {
+        if replies
+            .iter()
+            .all(|r| r.as_ref().is_ok() || r.as_ref().is_err_and(is_down))
+        {
             return Ok(replies.iter().any(|r| matches!(r, Ok(true))));
         }
         Err(first_error(key, replies, self.command_timeout))

@@ -663,9 +663,15 @@ fn connection_config(config: &Config) -> ConnectionManagerConfig {
         // armed and cancelled per round trip).
         .set_response_timeout(None)
         // Reconnection is retried by every later call; a few quick tries here
-        // keep a call that meets a restart from waiting long.
+        // keep a call that meets a restart from waiting long. Quick enough
+        // (25-50 ms, then 50-100 ms with the jitter) that a server that is
+        // down refuses the call well within its timeout: a refused call
+        // was never sent, where a call cut by its timeout may have run (a
+        // Redlock attempt would then leave a give-back waiting for the
+        // member that is down, for a lease).
         .set_number_of_retries(2)
-        .set_max_delay(Duration::from_millis(200))
+        .set_min_delay(Duration::from_millis(25))
+        .set_max_delay(Duration::from_millis(50))
 }
 
 pub(crate) fn failed_all(batch: &[Arc<Lease>], error: &str) -> Vec<Renewal> {
