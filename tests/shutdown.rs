@@ -168,3 +168,56 @@ async fn a_shutdown_cut_short_releases_the_rest_in_the_background() {
     );
     assert!(guards.iter().all(|g| g.is_lost()));
 }
+
+/// A weighted semaphore hold renamed (`release_permits`) while the manager
+/// shuts down: the shutdown does not see the hold (it is out of the renewal
+/// task while the rename runs), so the call releases it and its guard reports
+/// the hold lost, as every hold is after a shutdown. Before, the guard's
+/// lease was marked released, not lost: `is_lost()` said false and `lost()`
+/// never completed, for a hold that was gone. The proxy holds each chunk
+/// 200 ms, so that the rename is in flight when the shutdown starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_hold_renamed_during_a_shutdown_is_reported_lost() {
+    let redis = server();
+    let proxy = distlock::testing::FaultProxy::start(redis.addr())
+        .await
+        .unwrap();
+    let m = distlock::LockManager::builder(&proxy.url())
+        .command_timeout(Duration::from_secs(3))
+        .build()
+        .await
+        .unwrap();
+    let mut slots = m
+        .semaphore("renamed-at-shutdown", 4)
+        .weight(3)
+        .acquire()
+        .await
+        .unwrap();
+    proxy.set_mode(distlock::testing::FaultMode::Delay(Duration::from_millis(
+        200,
+    )));
+    let (renamed, shut) = tokio::join!(slots.release_permits(1), async {
+        // The rename is sent first (this future is polled second).
+        m.shutdown().await
+    });
+    assert!(
+        matches!(renamed, Err(LockError::ShutDown { .. })),
+        "{renamed:?}"
+    );
+    shut.unwrap();
+    assert!(
+        slots.is_lost(),
+        "the guard of a hold the shutdown took is lost"
+    );
+    tokio::time::timeout(Duration::from_millis(100), slots.lost())
+        .await
+        .expect("lost() completes");
+    proxy.set_mode(distlock::testing::FaultMode::Pass);
+    let mut raw = raw(&redis).await;
+    let names = m.redis_names("renamed-at-shutdown");
+    eventually(Duration::from_secs(5), async || {
+        !exists(&mut raw, &names.lock).await
+    })
+    .await
+    .expect("the renamed hold is released");
+}

@@ -93,8 +93,10 @@ impl LockGuard {
         old.drop_hold();
         old.mark_handed_over();
         if !core.renewals.insert(kept_lease.clone()) {
-            // Shut down meanwhile: the shutdown released what it knew of.
-            kept_lease.mark_released();
+            // Shut down meanwhile: the shutdown released what it knew of,
+            // and this, which it did not know of, goes now; lost to the
+            // guard, as every hold is after a shutdown.
+            kept_lease.end_by_shutdown();
             release_lease_in_background(&core, &kept_lease, kept_lease.min_hold_until());
             self.replace_lease(kept_lease);
             return Err(LockError::ShutDown {
@@ -175,8 +177,8 @@ impl LockGuard {
         let mut shut_down = false;
         for lease in &leases {
             if !core.renewals.insert(lease.clone()) {
-                // Shut down meanwhile: the shutdown released what it knew of.
-                lease.mark_released();
+                // Shut down meanwhile: as in `release_permits`.
+                lease.end_by_shutdown();
                 release_lease_in_background(&core, lease, lease.min_hold_until());
                 shut_down = true;
             }
@@ -262,6 +264,7 @@ async fn rename_hold(
     // and its shutdown did not see the lease to release it), released here.
     let put_back = || {
         if !core.renewals.insert(old.clone()) {
+            old.end_by_shutdown();
             release_lease_in_background(core, old, old.min_hold_until());
         }
     };
