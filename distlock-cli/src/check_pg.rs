@@ -51,6 +51,8 @@ struct Settings {
     idle_session_timeout_ms: Option<i64>,
     idle_in_transaction_timeout_ms: Option<i64>,
     may_create: bool,
+    /// `default_transaction_isolation` for this role and database.
+    default_isolation: String,
 }
 
 impl Settings {
@@ -69,6 +71,7 @@ impl Settings {
             idle_session_timeout_ms: row.try_get(10)?,
             idle_in_transaction_timeout_ms: row.try_get(11)?,
             may_create: row.try_get(12)?,
+            default_isolation: row.try_get(13)?,
         })
     }
 }
@@ -113,6 +116,7 @@ pub async fn run(url: &str, schema: &str, tls_ca: Option<Vec<u8>>) -> Vec<CheckR
     results.push(standbys(&settings));
     results.push(idle_session_timeout(&settings));
     results.push(idle_in_transaction(&settings));
+    results.push(isolation(&settings));
     // The NOTIFY goes out on a second session: through a transaction-mode
     // pooler, a session's notification to itself comes back before its
     // transaction ends, while the pooler still links the two, so a
@@ -583,6 +587,25 @@ fn idle_in_transaction(s: &Settings) -> (&'static str, Status, String) {
     ("idle_in_transaction_session_timeout", Status::Ok, detail)
 }
 
+/// `default_transaction_isolation`: distlock's functions need READ
+/// COMMITTED, which its data sessions set for themselves as a startup
+/// option when the role or database defaults to another level; a pooler
+/// that drops startup options then makes `build()` fail.
+fn isolation(s: &Settings) -> (&'static str, Status, String) {
+    const CHECK: &str = "default_transaction_isolation";
+    let level = &s.default_isolation;
+    if level == "read committed" {
+        return (CHECK, Status::Ok, level.clone());
+    }
+    (
+        CHECK,
+        Status::Warn,
+        format!(
+            "{level}: distlock's sessions set read committed for themselves (its functions              need it: under {level} contention fails with serialization errors) as a startup              option, which a pooler may drop, and then build() fails; set it for distlock's              role (ALTER ROLE ... SET default_transaction_isolation = 'read committed')"
+        ),
+    )
+}
+
 /// LISTEN through the URL: listens on a fresh channel, notifies it from
 /// `notifier` (another connection to the same URL), and waits for the
 /// notification. Behind a transaction-mode pooler the session that listened
@@ -674,6 +697,7 @@ mod tests {
             idle_session_timeout_ms: Some(0),
             idle_in_transaction_timeout_ms: Some(0),
             may_create: false,
+            default_isolation: "read committed".to_owned(),
         }
     }
 

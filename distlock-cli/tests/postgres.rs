@@ -553,6 +553,7 @@ async fn postgres_check_passes_on_a_good_server_and_fails_for_a_role_without_pri
         "ok    schema: distlock, version 5",
         "ok    privileges: postgres has usage on distlock",
         "ok    synchronous_commit: on",
+        "ok    default_transaction_isolation: read committed",
         "ok    listen: works",
     ] {
         assert!(text.contains(line), "{line:?} not in:\n{text}");
@@ -623,14 +624,15 @@ async fn postgres_check_passes_on_a_good_server_and_fails_for_a_role_without_pri
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_check_warns_about_durability_and_idle_timeouts() {
+async fn postgres_check_warns_about_durability_idle_timeouts_and_isolation() {
     let pg = PostgresServer::start().unwrap();
     let url = pg.url();
     let _manager = LockManager::builder(&url).build().await.unwrap();
     pg.psql(
         "CREATE ROLE loose LOGIN SUPERUSER; \
          ALTER ROLE loose SET synchronous_commit = off; \
-         ALTER ROLE loose SET idle_session_timeout = '5s'",
+         ALTER ROLE loose SET idle_session_timeout = '5s'; \
+         ALTER ROLE loose SET default_transaction_isolation = 'serializable'",
     )
     .unwrap();
     let out = cli(&url_as(&pg, "loose"), &["--json", "check"]).await;
@@ -647,6 +649,15 @@ async fn postgres_check_warns_about_durability_and_idle_timeouts() {
             .unwrap()
             .contains("listening connection"),
         "{idle}"
+    );
+    let isolation = check_of(&checks, "default_transaction_isolation");
+    assert_eq!(isolation["status"], "warn", "{isolation}");
+    assert!(
+        isolation["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("serializable: "),
+        "{isolation}"
     );
 }
 
