@@ -1627,8 +1627,9 @@ async fn postgres_a_release_give_back_or_split_waits_for_a_renewal_in_flight() {
 /// Keys PostgreSQL cannot store are refused with `InvalidKey` naming the
 /// key, not a server error: a name too long for the tables' index (an entry
 /// holds at most about 2,700 bytes after compression: random text of 4,000
-/// bytes does not compress below it; Redis takes such keys), and a NUL in
-/// any key of a `lock_all`, not only the first.
+/// bytes does not compress below it; Redis takes such keys), named also
+/// when it is not the first of a `lock_all`, and a NUL in any key of a
+/// `lock_all`, not only the first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_keys_it_cannot_store_are_invalid_keys() {
     let pg = server();
@@ -1645,6 +1646,14 @@ async fn postgres_keys_it_cannot_store_are_invalid_keys() {
         })
         .collect();
     match m.lock(long.as_str()).acquire().await {
+        Err(LockError::InvalidKey { key, reason }) => {
+            assert_eq!(key, long);
+            assert!(reason.contains("too long"), "{reason}");
+        }
+        other => panic!("expected InvalidKey, got {:?}", other.map(drop)),
+    }
+    // In a lock_all the error names the long key, not the call's first.
+    match m.lock_all(["0", long.as_str()]).acquire().await {
         Err(LockError::InvalidKey { key, reason }) => {
             assert_eq!(key, long);
             assert!(reason.contains("too long"), "{reason}");

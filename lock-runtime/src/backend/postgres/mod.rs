@@ -953,7 +953,7 @@ impl Postgres {
                         "lock_all rolled back by a conflict; sending it again");
                     attempt += 1;
                 }
-                outcome => break outcome?,
+                outcome => break outcome.map_err(|e| self.name_the_longest(e, &names))?,
             }
         };
         let status: i32 = get(key, &row, 0)?;
@@ -981,6 +981,21 @@ impl Postgres {
             }),
             _ => Err(protocol(key, format!("a busy reply for lock {index}"))),
         }
+    }
+
+    /// A name too long for the tables' index (`InvalidKey`, which `one`
+    /// gives the call's key, the first of a `lock_all`) is the longest of
+    /// `names` (the limit is on the compressed entry, so the longest is the
+    /// one at fault but for text that compresses far better than another's).
+    fn name_the_longest(&self, mut e: CallError, names: &[&str]) -> CallError {
+        if let (LockError::InvalidKey { key, .. }, Some(longest)) =
+            (&mut e.error, names.iter().max_by_key(|name| name.len()))
+        {
+            *key = crate::keys::user_key_of(&self.inner.prefix, longest)
+                .unwrap_or(longest)
+                .to_owned();
+        }
+        e
     }
 
     /// See `Backend::release`: one function call.
