@@ -49,6 +49,10 @@ pub(crate) struct Config {
     /// Publish the default lock's events (acquired, released, handed over,
     /// lost) for `LockManager::events`.
     pub(crate) lock_events: bool,
+    /// How often a Redis connection tries to reconnect within one call
+    /// before the call fails (see `single::connection_config`); Redlock sets
+    /// 0 for its members (see `Redlock::connect`). Not a builder option.
+    pub(crate) reconnect_retries: usize,
     /// The PostgreSQL store's settings (unused on Redis).
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) postgres: PostgresSettings,
@@ -271,6 +275,7 @@ impl Default for Config {
             eager_fencing: false,
             backoff: Backoff::default(),
             lock_events: false,
+            reconnect_retries: 2,
             postgres: PostgresSettings::default(),
         }
     }

@@ -197,8 +197,9 @@ pub enum LockError {
     },
 
     /// The manager could not connect to its store (Redis, PostgreSQL):
-    /// unreachable, a TLS handshake that failed (an untrusted certificate), or a
-    /// password that is missing or wrong.
+    /// unreachable or not answering, still loading its data after a restart
+    /// (Redis's `LOADING`), a TLS handshake that failed (an untrusted
+    /// certificate), or a password that is missing or wrong.
     #[error("cannot connect to the lock store at {url}: {source}")]
     Connect {
         /// The URL, with any password removed.

@@ -1201,14 +1201,15 @@ impl LockManagerBuilder {
     /// # Errors
     /// [`LockError::InvalidConfig`] for bad settings or URLs,
     /// [`LockError::Connect`] when Redis cannot be reached, does not answer
-    /// the check in time, is still loading its data after a restart
+    /// the check's first `PING` in time, is still loading its data after a restart
     /// (`LOADING`), the TLS handshake fails, or a password is missing or
     /// wrong (all within the connect timeout),
     /// [`LockError::ServerCheck`] when the ACL user lacks a permission a lock needs
     /// (the message names it) or, if asked, the eviction policy is unsafe.
     /// A Redlock manager builds while a majority of its members passes the
     /// check: a member that cannot be reached or is not ready yet (a
-    /// `Connect` error) is connected on first use; one that answers and
+    /// `Connect` error) is connected on first use, and never checked (run
+    /// `distlock check` against it once it is up); one that answers and
     /// fails the check fails the build.
     pub async fn build(self) -> Result<LockManager, LockError> {
         let LockManagerBuilder {

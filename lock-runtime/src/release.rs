@@ -153,9 +153,12 @@ pub(crate) async fn shut_down(inner: &ManagerInner) -> Result<(), LockError> {
     const BATCH: usize = 512;
     // The first lease whose batch has no answer yet.
     let unanswered = AtomicUsize::new(0);
-    // Not `release_lease_in_background`: a shutdown dropped as its runtime
-    // shuts down would make each lease a blocking release in turn (a
-    // manager may hold thousands); these are left to their leases then.
+    // Not `release_lease_in_background`: when the runtime refuses the task
+    // (this future is dropped as its runtime shuts down), that would block
+    // on each lease in turn (a manager may hold thousands); these are left
+    // to their leases then. (A task the runtime took and drops unfinished
+    // releases over a blocking connection, as every background release
+    // does, until one such release fails.)
     let mut cut_short = ReleaseOnDrop::new(|| {
         let from = unanswered.load(Ordering::Relaxed);
         for lease in leases.get(from..).unwrap_or_default() {
@@ -198,10 +201,18 @@ pub(crate) async fn shut_down(inner: &ManagerInner) -> Result<(), LockError> {
             error = %e.error,
             "could not release at shutdown; retrying in the background"
         );
+        let first_unknown = unknown.first().map(|lease| lease.key.clone());
         for lease in unknown {
             release_lease_in_background(core, lease, lease.min_hold_until());
         }
-        outcome = Err(e.error);
+        // A batch's call names no key: the first lock not released is the
+        // one to name.
+        outcome = Err(match (e.error, first_unknown) {
+            (LockError::Backend { key, source }, Some(first)) if key.is_empty() => {
+                LockError::Backend { key: first, source }
+            }
+            (error, _) => error,
+        });
     }
     cut_short.disarm();
     // The guards dropped before the shutdown are released by tasks of their

@@ -75,7 +75,7 @@ where
     let ping: Result<String, RedisError> =
         bounded(config, redis::cmd("PING").query_async(conn)).await;
     if let Err(e) = ping {
-        return Err(if is_auth_error(&e) || not_ready(&e) {
+        return Err(if is_auth_error(&e) || unreachable(&e) || loading(&e) {
             LockError::connect(shown_url.to_owned(), e)
         } else {
             refused(format!("PING failed: {e}"))
@@ -86,7 +86,7 @@ where
     let mut pipe = pipe;
     pipe.cmd("CONFIG").arg("GET").arg("maxmemory-policy");
     let replies: Vec<Value> = bounded(config, pipe.query_async(conn)).await.map_err(|e| {
-        if not_ready(&e) {
+        if loading(&e) {
             LockError::connect(shown_url.to_owned(), e)
         } else {
             refused(format!("the start-up check failed: {e}"))
@@ -114,7 +114,7 @@ where
     for (step, reply) in steps.iter().zip(probe_replies) {
         if let Value::ServerError(e) = reply {
             let e = RedisError::from(e.clone());
-            if not_ready(&e) {
+            if loading(&e) {
                 return Err(LockError::connect(shown_url.to_owned(), e));
             }
             let text = e.to_string();
@@ -160,7 +160,7 @@ where
     check_subscribe(subscribe, keys.channel(), config)
         .await
         .map_err(|e| {
-            if not_ready(&e) {
+            if loading(&e) {
                 return LockError::connect(shown_url.to_owned(), e);
             }
             refused(format!(
@@ -232,18 +232,20 @@ where
     }
 }
 
-/// The server is not ready yet, rather than unable to serve locks: it went
-/// away or did not answer in time, or is still loading its data after a
-/// restart (`LOADING`). A connection problem (`LockError::Connect`), which a
-/// Redlock manager tolerates in a minority of its members, not a
-/// `ServerCheck` refusal, which says the server as configured cannot serve.
-fn not_ready(e: &RedisError) -> bool {
-    e.is_timeout()
-        || e.is_io_error()
-        || e.is_connection_dropped()
-        || e.is_connection_refusal()
-        || e.kind() == ErrorKind::Server(ServerErrorKind::BusyLoading)
-        || e.code() == Some("LOADING")
+/// The server is still loading its data after a restart (`LOADING`): not
+/// ready yet, rather than unable to serve locks. A connection problem
+/// (`LockError::Connect`), which a Redlock manager tolerates in a minority
+/// of its members, not a `ServerCheck` refusal, which says the server as
+/// configured cannot serve.
+fn loading(e: &RedisError) -> bool {
+    e.kind() == ErrorKind::Server(ServerErrorKind::BusyLoading) || e.code() == Some("LOADING")
+}
+
+/// The first call after connecting found no server: it went away or does
+/// not answer (a connection problem, as above). Only for `PING`: a server
+/// that answered it and then fails the probe is refused as such.
+fn unreachable(e: &RedisError) -> bool {
+    e.is_timeout() || e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal()
 }
 
 fn is_auth_error(e: &RedisError) -> bool {

@@ -611,12 +611,15 @@ impl Cluster {
         Ok(names)
     }
 
-    /// One pipeline per node, all at once. A node whose pipeline surely did
-    /// not run (it could not be sent, or its replies were redirections) has
-    /// its locks released one call each, routed by redis-rs; one whose
-    /// pipeline may have run (no reply in time, a connection lost after the
-    /// write) has them unknown: released again one by one on that node, they
-    /// could be found gone because the pipeline ran late, and reported lost.
+    /// One pipeline per node, all at once. A lock whose release surely did
+    /// not run (its node is not in the slot map, or it answered with a
+    /// redirection or another error that says so, see `is_resharding`) is
+    /// released on its own, routed by redis-rs; one
+    /// whose pipeline failed as a whole (no reply in time, a connection lost,
+    /// a redirection redis-rs followed for the whole pipeline: some of it
+    /// may have run) or that answered with another error is unknown.
+    /// Released again on its own, a lock whose first release ran late would
+    /// be found gone and reported lost.
     pub(crate) async fn release_many(&self, locks: &[(&RedisNames, &str, u64)]) -> ManyReleased {
         let conn = match self.connection("").await {
             Ok(conn) => conn,
@@ -627,47 +630,66 @@ impl Cluster {
             let mut conn = conn.clone();
             let group: Vec<(&RedisNames, &str, u64)> = indices.iter().map(|i| locks[*i]).collect();
             async move {
-                let pipe = self.scripts.release_many_pipeline(&group);
-                let sent = match node {
+                let replies: Vec<Option<Result<bool, CallError>>> = match node {
                     Some(node) => {
+                        let pipe = self.scripts.release_many_pipeline(&group);
                         // Every reply: the pipeline loads each release
                         // script it uses (one per kind of lock) first.
                         let count = pipe.len();
-                        match bounded_call(
+                        let sent = bounded_call(
                             "",
                             self.command_timeout,
                             conn.route_pipeline(pipe, 0, count, by_address(&node)),
                         )
                         .await
-                        {
-                            Ok(replies) => self.scripts.release_many_replies(&group, replies).ok(),
-                            Err(e) if e.maybe_executed => {
-                                return (indices, ManyReleased::failed(group.len(), e))
-                            }
-                            Err(_) => None,
+                        .and_then(|replies| {
+                            self.scripts
+                                .release_many_replies_each(&group, replies)
+                                .map_err(|e| CallError {
+                                    error: LockError::backend("", e),
+                                    maybe_executed: true,
+                                })
+                        });
+                        match sent {
+                            Ok(each) => each
+                                .into_iter()
+                                .map(|reply| match reply {
+                                    Ok(ours) => Some(Ok(ours)),
+                                    Err(e) if is_resharding(&e) => None,
+                                    Err(e) => Some(Err(CallError {
+                                        error: LockError::backend("", e),
+                                        maybe_executed: true,
+                                    })),
+                                })
+                                .collect(),
+                            Err(e) => return (indices, ManyReleased::failed(group.len(), e)),
                         }
                     }
-                    None => None,
+                    None => group.iter().map(|_| None).collect(),
                 };
-                let released = match sent {
-                    Some(released) => ManyReleased::of_one_call(group.len(), Ok(released)),
-                    None => {
-                        let each = group.iter().map(|(keys, owner, keep_ms)| async move {
-                            self.on_key(
-                                "",
-                                &Release {
-                                    keys,
-                                    owner,
-                                    keep_ms: *keep_ms,
-                                    waiters: ExpectedWaiters::Unknown,
-                                },
-                            )
-                            .await
+                // The locks not sent yet, one call each.
+                let each =
+                    group
+                        .iter()
+                        .zip(replies)
+                        .map(|((keys, owner, keep_ms), reply)| async move {
+                            match reply {
+                                Some(reply) => reply,
+                                None => {
+                                    self.on_key(
+                                        "",
+                                        &Release {
+                                            keys,
+                                            owner,
+                                            keep_ms: *keep_ms,
+                                            waiters: ExpectedWaiters::Unknown,
+                                        },
+                                    )
+                                    .await
+                                }
+                            }
                         });
-                        ManyReleased::of_each(join_all(each).await)
-                    }
-                };
-                (indices, released)
+                (indices, ManyReleased::of_each(join_all(each).await))
             }
         });
         let mut out = ManyReleased {

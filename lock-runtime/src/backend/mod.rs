@@ -185,6 +185,16 @@ impl ManyReleased {
     }
 }
 
+impl CallError {
+    /// The connection was refused: the call was never sent, and the server
+    /// is down (the one connection error `call_outcome` counts as not run).
+    pub(crate) fn was_refused(&self) -> bool {
+        !self.maybe_executed
+            && matches!(&self.error, LockError::Backend { source, .. }
+                if source.kind() == crate::error::BackendErrorKind::Connection)
+    }
+}
+
 /// Where a renewal moves a lease's end in the store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum LeaseEnd {
@@ -975,7 +985,9 @@ fn notifies_expired_keys(flags: &str) -> bool {
 }
 
 /// Runs `fut` under `timeout`, naming `key` in the error. A server error reply
-/// means the command ran and failed, or never ran; anything else (a timeout,
+/// means the command ran and failed, or never ran, and a refused connection
+/// that it was never sent (a connection is only refused before it opens: the
+/// call waited for a reconnection that failed); anything else (a timeout,
 /// I/O, a reply of the wrong shape or for another owner) may have come after the
 /// server executed it.
 pub(crate) async fn bounded_call<T>(

@@ -45,7 +45,7 @@ use super::single::Single;
 use super::LeaseEnd;
 use super::{CallError, ExpectedWaiters, ManyReleased, Renewal};
 use crate::config::{redact, Config, TlsSettings};
-use crate::error::{BackendErrorKind, LockError};
+use crate::error::LockError;
 use crate::keys::RedisNames;
 use crate::lease::{drift, Lease};
 
@@ -66,14 +66,6 @@ pub(crate) struct Redlock {
 type MemberReply<T> = Result<T, CallError>;
 
 /// The first member's error, as one that may have executed (retry later).
-/// The call found its member down: the connection was refused, so nothing
-/// was sent (see `call_outcome`).
-fn is_down(e: &CallError) -> bool {
-    !e.maybe_executed
-        && matches!(&e.error, LockError::Backend { source, .. }
-            if source.kind() == BackendErrorKind::Connection)
-}
-
 fn first_error<T>(key: &str, replies: Vec<MemberReply<T>>, timeout: Duration) -> CallError {
     let error = replies
         .into_iter()
@@ -104,6 +96,15 @@ impl Redlock {
             )));
         }
         let quorum = urls.len() / 2 + 1;
+        // A call to a member may have a tenth of the lease (see
+        // `member_timeout`): one that finds its member down is refused
+        // within it (a call never sent, which leaves nothing to give back
+        // there), rather than spending it on reconnection retries and
+        // timing out (a call that may have run).
+        let config = &Config {
+            reconnect_retries: 0,
+            ..config.clone()
+        };
         let connected = join_all(urls.iter().map(|url| Single::connect(url, config, tls))).await;
         let mut members = Vec::with_capacity(urls.len());
         let mut unreachable = Vec::new();
@@ -259,9 +260,10 @@ impl Redlock {
         // back, and would only hold a busy waiter's next attempt back a
         // round trip. Otherwise it goes to every member, and has given back
         // what it must once each member that granted or whose reply is
-        // unknown answered. (A member that is down counts as unknown: the
-        // acquisition then gives back in the background when it leaves,
-        // retried for at most a lease.)
+        // unknown answered. (A member that refused the connection holds
+        // nothing of ours: the call was never sent. One that did not answer
+        // in time counts as unknown: the acquisition then gives back in the
+        // background when it leaves, retried for at most a lease.)
         let given_back = if granted.is_empty() && unknown.is_empty() {
             true
         } else {
@@ -451,10 +453,13 @@ impl Redlock {
     }
 
     /// [`release`](Self::release), done only once every member answered or
-    /// is down (see `Backend::release_everywhere`): a member that refuses
-    /// connections lost what it held with its process, and one that
-    /// restarts with it from disk must stay down for a lease first (the
-    /// rule Redlock needs anyway, see the semantics), by when it has expired.
+    /// refused the connection (see `Backend::release_everywhere`). A member
+    /// that is down lost what it held with its process, unless it comes
+    /// back with it from disk (`appendfsync always`): then a grant left
+    /// there for an owner that no longer uses it costs that member's vote
+    /// on the key for the rest of its TTL (at most a lease), never
+    /// exclusion. Waiting for the member instead would keep a task retrying
+    /// for a lease per give-back (one per busy attempt) while it is down.
     pub(crate) async fn release_everywhere(
         &self,
         key: &str,
@@ -465,7 +470,7 @@ impl Redlock {
         let replies = self.release_on_all(key, keys, owner, keep_ms).await;
         if replies
             .iter()
-            .all(|r| r.as_ref().is_ok() || r.as_ref().is_err_and(is_down))
+            .all(|r| r.as_ref().map_or_else(CallError::was_refused, |_| true))
         {
             return Ok(replies.iter().any(|r| matches!(r, Ok(true))));
         }

@@ -1092,8 +1092,21 @@ impl Scripts {
     pub(crate) fn release_many_replies(
         &self,
         locks: &[(&RedisNames, &str, u64)],
-        mut all: Vec<redis::Value>,
+        all: Vec<redis::Value>,
     ) -> RedisResult<Vec<bool>> {
+        self.release_many_replies_each(locks, all)?
+            .into_iter()
+            .collect()
+    }
+
+    /// [`Scripts::release_many_replies`], each lock's reply on its own: the
+    /// outer error when the pipeline's replies as a whole are not its own
+    /// (their count, a script's hash).
+    pub(crate) fn release_many_replies_each(
+        &self,
+        locks: &[(&RedisNames, &str, u64)],
+        mut all: Vec<redis::Value>,
+    ) -> RedisResult<Vec<RedisResult<bool>>> {
         let luas = self.release_luas(locks);
         if all.len() != locks.len() + luas.len() {
             return Err(out_of_sync(
@@ -1104,11 +1117,14 @@ impl Scripts {
         for (lua, hash) in luas.into_iter().zip(all) {
             lua.check_loaded(&redis::from_redis_value::<String>(hash)?)?;
         }
-        locks
+        Ok(locks
             .iter()
             .zip(replies)
-            .map(|((_, owner, _), reply)| release_reply(reply, owner))
-            .collect()
+            .map(|((_, owner, _), reply)| match reply {
+                redis::Value::ServerError(e) => Err(RedisError::from(e)),
+                reply => release_reply(reply, owner),
+            })
+            .collect())
     }
 
     /// The release scripts `locks` need, each once, in a fixed order.

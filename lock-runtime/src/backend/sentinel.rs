@@ -26,7 +26,7 @@ use super::single::Single;
 use super::LeaseEnd;
 use super::{CallError, Renewal};
 use crate::config::{redact_all, Config, TlsSettings};
-use crate::error::LockError;
+use crate::error::{BackendErrorKind, LockError};
 use crate::keys::RedisNames;
 use crate::lease::Lease;
 
@@ -357,14 +357,19 @@ impl Sentinel {
 }
 
 /// Whether a failed call may be explained by a failover: the master is gone or
-/// unreachable (the reply may have been lost), or it was demoted (`READONLY`).
+/// unreachable (the reply may have been lost, or the connection was refused:
+/// nothing was sent, but the master is down all the same), or it was demoted
+/// (`READONLY`).
 fn failover_suspected(e: &CallError) -> bool {
     if e.maybe_executed {
         return true;
     }
     match &e.error {
         LockError::Backend { source, .. } => {
-            matches!(source.code(), Some("READONLY" | "MASTERDOWN"))
+            matches!(
+                source.kind(),
+                BackendErrorKind::Connection | BackendErrorKind::Timeout
+            ) || matches!(source.code(), Some("READONLY" | "MASTERDOWN"))
         }
         _ => false,
     }

@@ -384,7 +384,10 @@ impl Single {
         };
         let result = super::call_outcome(key, timeout, outcome);
         if let (Err(e), Some(generation)) = (&result, shared) {
-            if e.maybe_executed {
+            // Refused: redis-rs keeps the failed reconnection, and the next
+            // call would get its error even once the server is back; a
+            // fresh connection (made on first use) tries again then.
+            if e.maybe_executed || e.was_refused() {
                 self.retire_connection(generation);
             }
         }
@@ -665,11 +668,11 @@ fn connection_config(config: &Config) -> ConnectionManagerConfig {
         // Reconnection is retried by every later call; a few quick tries here
         // keep a call that meets a restart from waiting long. Quick enough
         // (25-50 ms, then 50-100 ms with the jitter) that a server that is
-        // down refuses the call well within its timeout: a refused call
-        // was never sent, where a call cut by its timeout may have run (a
-        // Redlock attempt would then leave a give-back waiting for the
-        // member that is down, for a lease).
-        .set_number_of_retries(2)
+        // down refuses the call within its timeout: a refused call was never
+        // sent, where a call cut by its timeout may have run. (Redlock's
+        // members try once: each call there may have only a tenth of the
+        // lease.)
+        .set_number_of_retries(config.reconnect_retries)
         .set_min_delay(Duration::from_millis(25))
         .set_max_delay(Duration::from_millis(50))
 }
