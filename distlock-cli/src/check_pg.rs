@@ -601,7 +601,10 @@ fn isolation(s: &Settings) -> (&'static str, Status, String) {
         CHECK,
         Status::Warn,
         format!(
-            "{level}: distlock's sessions set read committed for themselves (its functions              need it: under {level} contention fails with serialization errors) as a startup              option, which a pooler may drop, and then build() fails; set it for distlock's              role (ALTER ROLE ... SET default_transaction_isolation = 'read committed')"
+            "{level}: distlock's sessions set read committed for themselves (its functions \
+             need it: under {level} contention fails with serialization errors) as a startup \
+             option, which a pooler may drop, and then build() fails; set it for distlock's \
+             role (ALTER ROLE ... SET default_transaction_isolation = 'read committed')"
         ),
     )
 }

@@ -1205,7 +1205,8 @@ impl LockManagerBuilder {
     /// (`LOADING`), the TLS handshake fails, or a password is missing or
     /// wrong (all within the connect timeout),
     /// [`LockError::ServerCheck`] when the ACL user lacks a permission a lock needs
-    /// (the message names it) or, if asked, the eviction policy is unsafe.
+    /// (the message names it), if asked, the eviction policy is unsafe, or
+    /// the server answered `PING` but not the rest of the check in time.
     /// A Redlock manager builds while a majority of its members passes the
     /// check: a member that cannot be reached or is not ready yet (a
     /// `Connect` error) is connected on first use, and never checked (run

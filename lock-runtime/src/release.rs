@@ -205,14 +205,16 @@ pub(crate) async fn shut_down(inner: &ManagerInner) -> Result<(), LockError> {
         for lease in unknown {
             release_lease_in_background(core, lease, lease.min_hold_until());
         }
-        // A batch's call names no key: the first lock not released is the
-        // one to name.
-        outcome = Err(match (e.error, first_unknown) {
-            (LockError::Backend { key, source }, Some(first)) if key.is_empty() => {
-                LockError::Backend { key: first, source }
-            }
-            (error, _) => error,
-        });
+        // The first failure is the one returned. A batch's call names no
+        // key: the first lock of the batch not released is the one named.
+        if outcome.is_ok() {
+            outcome = Err(match (e.error, first_unknown) {
+                (LockError::Backend { key, source }, Some(first)) if key.is_empty() => {
+                    LockError::Backend { key: first, source }
+                }
+                (error, _) => error,
+            });
+        }
     }
     cut_short.disarm();
     // The guards dropped before the shutdown are released by tasks of their

@@ -611,15 +611,14 @@ impl Cluster {
         Ok(names)
     }
 
-    /// One pipeline per node, all at once. A lock whose release surely did
-    /// not run (its node is not in the slot map, or it answered with a
-    /// redirection or another error that says so, see `is_resharding`) is
-    /// released on its own, routed by redis-rs; one
-    /// whose pipeline failed as a whole (no reply in time, a connection lost,
-    /// a redirection redis-rs followed for the whole pipeline: some of it
-    /// may have run) or that answered with another error is unknown.
-    /// Released again on its own, a lock whose first release ran late would
-    /// be found gone and reported lost.
+    /// One pipeline per node, all at once. The locks of a node missing from
+    /// the slot map are released one call each, routed by redis-rs. A
+    /// pipeline that failed (no reply in time, a connection lost, or a
+    /// redirection: redis-rs sends a pipeline again whole when one of its
+    /// replies redirects, and gives up with an error if that fails too)
+    /// leaves its locks unknown, and so does a lock whose own reply is an
+    /// error: released again one by one, a lock whose first release ran
+    /// late would be found gone and reported lost.
     pub(crate) async fn release_many(&self, locks: &[(&RedisNames, &str, u64)]) -> ManyReleased {
         let conn = match self.connection("").await {
             Ok(conn) => conn,
@@ -630,66 +629,51 @@ impl Cluster {
             let mut conn = conn.clone();
             let group: Vec<(&RedisNames, &str, u64)> = indices.iter().map(|i| locks[*i]).collect();
             async move {
-                let replies: Vec<Option<Result<bool, CallError>>> = match node {
-                    Some(node) => {
-                        let pipe = self.scripts.release_many_pipeline(&group);
-                        // Every reply: the pipeline loads each release
-                        // script it uses (one per kind of lock) first.
-                        let count = pipe.len();
-                        let sent = bounded_call(
-                            "",
-                            self.command_timeout,
-                            conn.route_pipeline(pipe, 0, count, by_address(&node)),
-                        )
-                        .await
-                        .and_then(|replies| {
-                            self.scripts
-                                .release_many_replies_each(&group, replies)
-                                .map_err(|e| CallError {
-                                    error: LockError::backend("", e),
-                                    maybe_executed: true,
-                                })
-                        });
-                        match sent {
-                            Ok(each) => each
-                                .into_iter()
-                                .map(|reply| match reply {
-                                    Ok(ours) => Some(Ok(ours)),
-                                    Err(e) if is_resharding(&e) => None,
-                                    Err(e) => Some(Err(CallError {
-                                        error: LockError::backend("", e),
-                                        maybe_executed: true,
-                                    })),
-                                })
-                                .collect(),
-                            Err(e) => return (indices, ManyReleased::failed(group.len(), e)),
-                        }
-                    }
-                    None => group.iter().map(|_| None).collect(),
+                let Some(node) = node else {
+                    let each = group.iter().map(|(keys, owner, keep_ms)| async move {
+                        let release = Release {
+                            keys,
+                            owner,
+                            keep_ms: *keep_ms,
+                            waiters: ExpectedWaiters::Unknown,
+                        };
+                        self.on_key("", &release).await
+                    });
+                    return (indices, ManyReleased::of_each(join_all(each).await));
                 };
-                // The locks not sent yet, one call each.
-                let each =
-                    group
-                        .iter()
-                        .zip(replies)
-                        .map(|((keys, owner, keep_ms), reply)| async move {
-                            match reply {
-                                Some(reply) => reply,
-                                None => {
-                                    self.on_key(
-                                        "",
-                                        &Release {
-                                            keys,
-                                            owner,
-                                            keep_ms: *keep_ms,
-                                            waiters: ExpectedWaiters::Unknown,
-                                        },
-                                    )
-                                    .await
-                                }
-                            }
-                        });
-                (indices, ManyReleased::of_each(join_all(each).await))
+                let pipe = self.scripts.release_many_pipeline(&group);
+                // Every reply: the pipeline loads each release script it
+                // uses (one per kind of lock) first.
+                let count = pipe.len();
+                let sent = bounded_call(
+                    "",
+                    self.command_timeout,
+                    conn.route_pipeline(pipe, 0, count, by_address(&node)),
+                )
+                .await
+                .and_then(|replies| {
+                    self.scripts
+                        .release_many_replies_each(&group, replies)
+                        .map_err(|e| CallError {
+                            error: LockError::backend("", e),
+                            maybe_executed: true,
+                        })
+                });
+                let released = match sent {
+                    Ok(each) => ManyReleased::of_each(each.into_iter().map(|reply| {
+                        reply.map_err(|e| CallError {
+                            error: LockError::backend("", e),
+                            maybe_executed: true,
+                        })
+                    })),
+                    Err(e) => ManyReleased::failed(group.len(), e),
+                };
+                // A reply that may be another request's retires the
+                // connection; a node that did not answer may have failed over.
+                if let Some(e) = &released.error {
+                    self.after_failure(e);
+                }
+                (indices, released)
             }
         });
         let mut out = ManyReleased {

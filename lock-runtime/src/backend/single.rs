@@ -20,7 +20,8 @@ use crate::lease::Lease;
 
 pub(crate) struct Single {
     /// The multiplexed connection every call goes through, replaced after a
-    /// call fails in a way that may leave it out of sync (see [`Single::call`]).
+    /// call fails in a way that may leave it out of sync, or is refused (see
+    /// [`Single::call_within`]).
     conn: Mutex<Conn>,
     /// A second connection, on which a call reads its own reply.
     direct: Arc<DirectLane>,
@@ -317,8 +318,10 @@ impl Single {
     /// A call that may have lost its reply on a connection that stays open
     /// (Redis replies carry no request id, so every later reply on it would go
     /// to the wrong caller) retires the multiplexed connection: the next call
-    /// opens a fresh one. The direct lane's connection sees to itself (see
-    /// [`DirectCall`]).
+    /// opens a fresh one. So does a call whose reconnection was refused:
+    /// redis-rs keeps the failed reconnection and gives its error to the
+    /// next call, even once the server is back. The direct lane's connection
+    /// sees to itself (see [`DirectCall`]).
     async fn call_within<T>(
         &self,
         key: &str,
