@@ -1173,6 +1173,20 @@ async fn a_paused_master_loses_only_its_own_locks() {
     }
 }
 
+/// Runs `call` while master 0 of `cluster` is paused for `stall`.
+async fn while_master_0_stalls<T>(
+    cluster: &RedisCluster,
+    stall: Duration,
+    call: impl std::future::Future<Output = T>,
+) -> T {
+    cluster.pause(0).unwrap();
+    let (out, ()) = tokio::join!(call, async {
+        tokio::time::sleep(stall).await;
+        cluster.resume(0).unwrap();
+    });
+    out
+}
+
 /// A release that a stalled master answers late is a failed release, not a
 /// lock found gone: its pipeline times out (500 ms) but runs when the master
 /// resumes (700 ms), so releasing each lock again on that node would find it
@@ -1198,11 +1212,7 @@ async fn a_release_a_stalled_master_answers_late_is_not_reported_lost() {
         .acquire()
         .await
         .unwrap();
-    cluster.pause(0).unwrap();
-    let (r, ()) = tokio::join!(both.release(), async {
-        tokio::time::sleep(stall).await;
-        cluster.resume(0).unwrap();
-    });
+    let r = while_master_0_stalls(&cluster, stall, both.release()).await;
     assert!(
         matches!(&r, Err(LockError::Backend { .. })),
         "a release whose reply came late must fail as such, not as lost: {r:?}"
@@ -1231,11 +1241,7 @@ async fn a_release_a_stalled_master_answers_late_is_not_reported_lost() {
         .acquire()
         .await
         .unwrap();
-    cluster.pause(0).unwrap();
-    let (r, ()) = tokio::join!(m.shutdown(), async {
-        tokio::time::sleep(stall).await;
-        cluster.resume(0).unwrap();
-    });
+    let r = while_master_0_stalls(&cluster, stall, m.shutdown()).await;
     assert!(
         matches!(&r, Err(LockError::Backend { .. })),
         "a shutdown that could not confirm a release must say so: {r:?}"

@@ -76,6 +76,22 @@ async fn shutdown_releases_every_lock_and_wakes_waiters() {
     elsewhere.release().await.unwrap();
 }
 
+/// A manager that reaches `redis` through a fault proxy, with a command
+/// timeout (3 s) longer than the delays the tests put on the proxy.
+async fn behind_a_proxy(
+    redis: &distlock::testing::RedisServer,
+) -> (distlock::testing::FaultProxy, distlock::LockManager) {
+    let proxy = distlock::testing::FaultProxy::start(redis.addr())
+        .await
+        .unwrap();
+    let m = distlock::LockManager::builder(&proxy.url())
+        .command_timeout(Duration::from_secs(3))
+        .build()
+        .await
+        .unwrap();
+    (proxy, m)
+}
+
 /// A second `shutdown()`, while the first still releases, returns once the
 /// first is done, not at once: a program whose signal handler shuts the
 /// manager down and whose `main` shuts it down again before returning would
@@ -85,14 +101,7 @@ async fn shutdown_releases_every_lock_and_wakes_waiters() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_shutdown_returns_once_the_first_is_done() {
     let redis = server();
-    let proxy = distlock::testing::FaultProxy::start(redis.addr())
-        .await
-        .unwrap();
-    let m = distlock::LockManager::builder(&proxy.url())
-        .command_timeout(Duration::from_secs(3))
-        .build()
-        .await
-        .unwrap();
+    let (proxy, m) = behind_a_proxy(&redis).await;
     let _held = m.lock("shut-twice").acquire().await.unwrap();
     proxy.set_mode(distlock::testing::FaultMode::Delay(Duration::from_millis(
         150,
@@ -179,14 +188,7 @@ async fn a_shutdown_cut_short_releases_the_rest_in_the_background() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_semaphore_hold_renamed_during_a_shutdown_is_reported_lost() {
     let redis = server();
-    let proxy = distlock::testing::FaultProxy::start(redis.addr())
-        .await
-        .unwrap();
-    let m = distlock::LockManager::builder(&proxy.url())
-        .command_timeout(Duration::from_secs(3))
-        .build()
-        .await
-        .unwrap();
+    let (proxy, m) = behind_a_proxy(&redis).await;
     let mut slots = m
         .semaphore("renamed-at-shutdown", 4)
         .weight(3)
