@@ -1189,7 +1189,7 @@ async fn while_master_0_stalls<T>(
 
 /// A release that a stalled master answers late is a failed release, not a
 /// lock found gone: its pipeline times out (500 ms) but runs when the master
-/// resumes (700 ms), so releasing each lock again on that node would find it
+/// resumes (1.2 s), so releasing each lock again on that node would find it
 /// gone and report it lost. The guard's release says it failed (not `Lost`)
 /// and retries in the background; a shutdown that could not confirm its
 /// releases returns the error. Before, an unanswered pipeline fell back to
@@ -1202,9 +1202,10 @@ async fn a_release_a_stalled_master_answers_late_is_not_reported_lost() {
     let m = manager_on(&cluster).await;
     let keys = keys_on_each_master(&cluster, &m, "ct-unanswered", 2);
     let mut conn = cluster.cluster_connection().await.unwrap();
-    // Each stall lasts 700 ms, below cluster-node-timeout (2 s), so that the
-    // cluster does not fail the master over.
-    let stall = Duration::from_millis(700);
+    // Each stall lasts 1.2 s: past the 500 ms command timeout with room to
+    // spare, below cluster-node-timeout (2 s), so that the cluster does not
+    // fail the master over.
+    let stall = Duration::from_millis(1_200);
     let lease = Duration::from_secs(10);
     let both = m
         .lock_all(keys[0].clone())

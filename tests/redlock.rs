@@ -609,15 +609,16 @@ async fn a_manager_starts_with_a_minority_down_and_uses_it_once_it_is_back() {
 /// failed the whole build. A single-server manager built on that member
 /// fails with `Connect`, naming the cause.
 ///
-/// The member loads 20,000 keys with a 200 µs delay each (`key-load-delay`,
-/// answering clients every KB read): about 4 s of `LOADING`, far longer
-/// than the two builds below (each bounded by the 500 ms timeouts).
+/// The member loads 4,000 keys with a 1 ms delay each (`key-load-delay`,
+/// answering clients every KB read, about every 50 keys): about 4 s of
+/// `LOADING`, far longer than the two builds below (each bounded by the
+/// 500 ms timeouts), and well within the 10 s its restart may take.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_manager_starts_with_a_member_still_loading_its_data() {
     let loading = RedisServer::builder()
         .args([
             "--key-load-delay",
-            "200",
+            "1000",
             "--loading-process-events-interval-bytes",
             "1024",
         ])
@@ -626,7 +627,7 @@ async fn a_manager_starts_with_a_member_still_loading_its_data() {
     let mut servers = vec![loading, server(), server()];
     {
         let mut conn = raw(&servers[0]).await;
-        for chunk in 0..20 {
+        for chunk in 0..4 {
             let mut mset = redis::cmd("MSET");
             for i in 0..1_000 {
                 mset.arg(format!("filler:{chunk}:{i}")).arg("x");
@@ -706,10 +707,11 @@ async fn a_busy_attempt_leaves_no_give_back_waiting_for_a_member_that_is_down() 
     })
     .await
     .expect("the give-back of the first attempt ends");
-    // Each later call finds the port closed: nothing to give back, not even
-    // with a 300 ms lease, whose calls to a member may take 30 ms (a tenth
-    // of it), within which the refusal must come.
-    for lease in [Duration::from_secs(10), Duration::from_millis(300)] {
+    // Each later call finds the port closed: nothing to give back, also with
+    // a 1 s lease, whose calls to a member may take 100 ms (a tenth of it),
+    // within which the refusal must come (the client's reconnection retries
+    // took 300-600 ms before).
+    for lease in [Duration::from_secs(10), Duration::from_secs(1)] {
         for _ in 0..5 {
             let attempt = polling
                 .lock("busy-down")

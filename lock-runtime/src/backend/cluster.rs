@@ -660,19 +660,32 @@ impl Cluster {
                         })
                 });
                 let released = match sent {
-                    Ok(each) => ManyReleased::of_each(each.into_iter().map(|reply| {
-                        reply.map_err(|e| CallError {
-                            error: LockError::backend("", e),
-                            maybe_executed: true,
-                        })
-                    })),
-                    Err(e) => ManyReleased::failed(group.len(), e),
+                    Ok(each) => {
+                        // A reply of the wrong shape or for another owner
+                        // may be another request's: the connection is
+                        // retired. An error reply (BUSY, OOM, ...) leaves
+                        // its lock unknown and the connection as it is.
+                        if each.iter().any(|r| {
+                            r.as_ref()
+                                .is_err_and(|e| !matches!(e.kind(), ErrorKind::Server(_)))
+                        }) {
+                            self.retire_connection();
+                        }
+                        ManyReleased::of_each(each.into_iter().map(|reply| {
+                            reply.map_err(|e| CallError {
+                                error: LockError::backend("", e),
+                                maybe_executed: true,
+                            })
+                        }))
+                    }
+                    Err(e) => {
+                        // A node that did not answer may have failed over; a
+                        // pipeline whose replies were not its own retires
+                        // the connection.
+                        self.after_failure(&e);
+                        ManyReleased::failed(group.len(), e)
+                    }
                 };
-                // A reply that may be another request's retires the
-                // connection; a node that did not answer may have failed over.
-                if let Some(e) = &released.error {
-                    self.after_failure(e);
-                }
                 (indices, released)
             }
         });

@@ -232,10 +232,11 @@ impl Sentinel {
         if !retry {
             return result;
         }
+        let first_may_have_run = first_may_have_run(&result);
         let master = self.current();
         let result = call(master.clone()).await;
         self.outcome(&master, &result);
-        result
+        after_retry(result, first_may_have_run)
     }
 
     /// Makes `call` on the current master (see `calls.rs`), once more on the
@@ -285,12 +286,13 @@ impl Sentinel {
         if !retry {
             return Some(result);
         }
+        let first_may_have_run = first_may_have_run(&result);
         let master = self.current();
         let result = master
             .acquire_all(key, locks, owner, lease_ms, spec)
             .await?;
         self.outcome(&master, &result);
-        Some(result)
+        Some(after_retry(result, first_may_have_run))
     }
 
     pub(crate) async fn config_get(&self, name: &str) -> Result<Option<String>, CallError> {
@@ -354,6 +356,23 @@ impl Sentinel {
             .renewal_round_trips
             .load(std::sync::atomic::Ordering::Relaxed)
     }
+}
+
+/// Whether a call that is retried on the next master may have run on the
+/// first (its reply lost, or an answer from a master the sentinels no
+/// longer name).
+fn first_may_have_run<T>(result: &Result<T, CallError>) -> bool {
+    result.as_ref().map_or_else(|e| e.maybe_executed, |_| true)
+}
+
+/// The retry's outcome; a failure says the call may have run when the first
+/// attempt may have (its caller then cleans up what the first may have
+/// taken, whatever the retry found).
+fn after_retry<T>(result: Result<T, CallError>, first_may_have_run: bool) -> Result<T, CallError> {
+    result.map_err(|e| CallError {
+        maybe_executed: e.maybe_executed || first_may_have_run,
+        ..e
+    })
 }
 
 /// Whether a failed call may be explained by a failover: the master is gone or
