@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::backend::{ExpectedWaiters, ManyReleased};
+use crate::backend::{CallError, ExpectedWaiters};
 use crate::core::{Core, ManagerInner};
 use crate::error::{KeyPreview, LockError};
 use crate::keys::RedisNames;
@@ -58,7 +58,9 @@ pub(crate) async fn release_holds(
         }
         lost.get_or_insert_with(|| hold.lease.key.clone());
     };
-    let released = match last.as_slice() {
+    // The failure, if any, and the holds whose release it leaves unknown;
+    // the others judged. One lock: no collection built unless it fails.
+    let failed: Option<(CallError, Vec<&LastHold>)> = match last.as_slice() {
         [hold] => {
             let lease = &hold.lease;
             let reply = core
@@ -71,7 +73,14 @@ pub(crate) async fn release_holds(
                     expected_waiters(core, lease),
                 )
                 .await;
-            ManyReleased::of_one_call(1, reply.map(|ours| vec![ours]))
+            pending.disarm();
+            match reply {
+                Ok(ours) => {
+                    judge(hold, ours);
+                    None
+                }
+                Err(e) => Some((e, vec![hold])),
+            }
         }
         _ => {
             let locks: Vec<(&RedisNames, &str, u64)> = last
@@ -84,18 +93,19 @@ pub(crate) async fn release_holds(
                     )
                 })
                 .collect();
-            core.backend.release_many(&locks).await
+            let released = core.backend.release_many(&locks).await;
+            pending.disarm();
+            let mut unknown = Vec::new();
+            for (hold, ours) in last.iter().zip(&released.ours) {
+                match ours {
+                    Some(ours) => judge(hold, *ours),
+                    None => unknown.push(hold),
+                }
+            }
+            released.error.map(|e| (e, unknown))
         }
     };
-    pending.disarm();
-    let mut unknown = Vec::new();
-    for (hold, ours) in last.iter().zip(&released.ours) {
-        match ours {
-            Some(ours) => judge(hold, *ours),
-            None => unknown.push(hold),
-        }
-    }
-    let Some(e) = released.error else {
+    let Some((e, unknown)) = failed else {
         tracing::debug!(target: "distlock::release",
             key = %KeyPreview(&first_key),
             locks = last.len(),

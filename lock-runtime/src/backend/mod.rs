@@ -143,7 +143,7 @@ pub(crate) struct ManyReleased {
 
 impl ManyReleased {
     /// Every release known, as `ours` says.
-    fn known(ours: Vec<bool>) -> Self {
+    pub(crate) fn known(ours: Vec<bool>) -> Self {
         ManyReleased {
             ours: ours.into_iter().map(Some).collect(),
             error: None,

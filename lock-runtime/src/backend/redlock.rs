@@ -637,7 +637,7 @@ impl Redlock {
         }
         match first_error {
             Some(e) if answered < self.quorum => ManyReleased::failed(locks.len(), e),
-            _ => ManyReleased::of_one_call(locks.len(), Ok(released)),
+            _ => ManyReleased::known(released),
         }
     }
 
