@@ -446,8 +446,8 @@ async fn one_lost_lease_is_the_guards_loss(d: Deployment) {
 }
 
 /// An uncontended `lock_all` of 3 keys on one server is one EVALSHA (the
-/// script's own commands: 3 GETs of the locks, 3 GETs of the fencing counters,
-/// 6 SETs); its release is one pipeline of release scripts.
+/// script's own commands: 3 GETs of the locks, 3 ZRANGEs of their empty
+/// queues, 3 SETs); its release is one pipeline of release scripts.
 #[tokio::test]
 async fn one_round_trip_on_a_single_server() {
     let redis = server();
@@ -476,7 +476,9 @@ async fn one_round_trip_on_a_single_server() {
     assert_eq!(calls.get("evalsha"), Some(&1), "{calls:#?}");
     assert_eq!(calls.get("get"), Some(&3), "{calls:#?}");
     assert_eq!(calls.get("set"), Some(&3), "{calls:#?}");
-    assert_eq!(calls.values().sum::<u64>(), 7, "{calls:#?}");
+    // Whether a live waiter heads a free lock's queue (it gets the lock).
+    assert_eq!(calls.get("zrange"), Some(&3), "{calls:#?}");
+    assert_eq!(calls.values().sum::<u64>(), 10, "{calls:#?}");
 
     reset_stats(&mut raw).await;
     g.release().await.unwrap();
@@ -806,6 +808,71 @@ on_stores!(
     release_frees_all_and_drop_releases_in_the_background,
     a_cancelled_acquisition_leaves_nothing_held,
 );
+
+/// A key left free with a live waiter at the head of its queue (its holder's
+/// lease ran out: the lock is deleted here behind its holder's back) is busy
+/// for a `lock_all` that takes its keys in one call: the call hands it to
+/// that waiter, as a single lock's acquisition does, instead of taking it
+/// past the queue and leaving it unmarked (then its release handed nothing
+/// over and the waiter waited for its next attempt). The other keys of the
+/// call are not taken.
+///
+/// The waiter's next attempt of its own is far off: its attempt saw a 10 s
+/// lease, and it refreshes its queue entry only every 0.4-0.8 s, while
+/// the `lock_all` follows the deletion at once. So a `lock_all` that finds
+/// the waiter gone means a hand-off, not a race the waiter won by itself.
+/// One server and PostgreSQL only: in a cluster a `lock_all` that does not
+/// wait takes each key with a single lock's plain `SET NX`, whose window
+/// after an expiry is documented (`fair.rs`).
+async fn a_free_key_with_a_live_waiter_is_handed_to_it_not_taken(d: Deployment) {
+    let (a, b, c) = (d.manager().await, d.manager().await, d.manager().await);
+    let holder = a
+        .lock("h:1")
+        .lease(Duration::from_secs(10))
+        .acquire()
+        .await
+        .unwrap();
+    let waiter = spawn_waiter(&b, "h:1");
+    await_waiter(&a, "h:1").await;
+    Deployed(&d).delete(&a, "h:1").await;
+
+    let multi = c
+        .lock_all(["h:0", "h:1", "h:2"])
+        .try_acquire()
+        .await
+        .unwrap();
+    assert!(
+        multi.is_none(),
+        "lock_all took a free key past the waiter at the head of its queue"
+    );
+    let handed = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter never got the key")
+        .unwrap()
+        .unwrap();
+    assert_eq!(handed.key(), "h:1");
+    assert!(!handed.is_lost());
+    for k in ["h:0", "h:2"] {
+        assert!(!Deployed(&d).held(&a, k).await, "{k} was taken");
+    }
+    handed.release().await.unwrap();
+    drop(holder);
+}
+
+mod a_free_key_with_a_live_waiter_is_handed_to_it_not_taken {
+    use super::*;
+
+    #[tokio::test]
+    async fn single() {
+        super::a_free_key_with_a_live_waiter_is_handed_to_it_not_taken(Deployment::single()).await
+    }
+
+    #[cfg(feature = "postgres")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres() {
+        super::a_free_key_with_a_live_waiter_is_handed_to_it_not_taken(Deployment::postgres()).await
+    }
+}
 
 // --- PostgreSQL: one function call, and what it does under contention. ---
 

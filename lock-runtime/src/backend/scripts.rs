@@ -778,7 +778,7 @@ impl Scripts {
             handoff_base: handoff_base(key_prefix),
             unlock_receipts: format!("{key_prefix}unlocked"),
             acquire: with_queue_prelude!("acquire.lua"),
-            acquire_all: with_prelude!("acquire_all.lua"),
+            acquire_all: with_queue_prelude!("acquire_all.lua"),
             // The fast path first (see the file's header), then the helpers
             // and the queue's part.
             release: Lua::new(concat!(
@@ -878,20 +878,28 @@ impl Scripts {
     ) -> RedisResult<AcquireAllReply> {
         let names: Vec<&str> = locks
             .iter()
-            .flat_map(|keys| [keys.lock.as_str(), keys.fencing_counter()])
+            .flat_map(|keys| {
+                [
+                    keys.lock.as_str(),
+                    keys.fencing_counter(),
+                    keys.related(),
+                    keys.intent(),
+                ]
+            })
             .collect();
         let publishes = locks.iter().any(|keys| !keys.events.is_empty());
         let events_len: usize = locks.iter().map(|keys| keys.events.len()).sum();
         let mut cmd = self.acquire_all.call(
             &names,
-            if publishes { 5 + locks.len() } else { 5 },
-            owner.len() + spec.holder.len() + 70 + events_len,
+            if publishes { 6 + locks.len() } else { 6 },
+            owner.len() + spec.holder.len() + self.handoff_base.len() + 70 + events_len,
         );
         cmd.arg(owner)
             .arg(lease_ms)
             .arg(spec.fence_ttl_ms.unwrap_or(0))
             .arg(spec.since_ms)
-            .arg(spec.holder);
+            .arg(spec.holder)
+            .arg(&self.handoff_base);
         if publishes {
             for keys in locks {
                 cmd.arg(&keys.events);
@@ -1915,7 +1923,7 @@ mod tests {
     #[test]
     fn the_acquire_all_script_documents_its_interface() {
         let source = include_str!("../scripts/acquire_all.lua");
-        for part in ["KEYS[2i-1]", "KEYS[2i]", "ARGV[5]", "Returns"] {
+        for part in ["KEYS[4i-3]", "KEYS[4i]", "ARGV[6]", "Returns"] {
             assert!(source.contains(part), "{part}");
         }
     }
