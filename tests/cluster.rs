@@ -1397,3 +1397,40 @@ async fn list_after_a_failover_the_manager_did_not_see_reads_the_promoted_master
     );
     guard.release().await.unwrap();
 }
+
+/// A multi-lock release meets a slot that moved since the manager last read
+/// the slot map: the pipeline goes to the old master, which releases the
+/// lock still there and answers `MOVED` for the other. Neither is reported
+/// lost (the moved one was never touched; it is released on its new master)
+/// and both end free. Before, redis-rs sent the whole pipeline again on the
+/// redirection, so the lock the first send had released was found gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_that_meets_a_moved_slot_reports_nothing_lost() {
+    let _faults = FAULTS.lock().await;
+    let cluster = own_cluster();
+    let m = manager_on(&cluster).await;
+    let keys = keys_on_each_master(&cluster, &m, "ct-moved", 2);
+    let mut conn = cluster.cluster_connection().await.unwrap();
+    // A 10 s lease: its first renewal (a third of it, which would find the
+    // move and read the slot map again) comes long after the release.
+    let both = m
+        .lock_all(keys[0].clone())
+        .lease(Duration::from_secs(10))
+        .acquire()
+        .await
+        .unwrap();
+    let moved = m.redis_names(&keys[0][1]).lock;
+    let slot = key_slot(moved.as_bytes());
+    tokio::task::block_in_place(|| cluster.migrate_slot(slot, 1).unwrap());
+    assert_eq!(cluster.master_of_slot(slot).unwrap(), 1);
+    assert!(
+        exists(&mut conn, &moved).await,
+        "the lock moved with its slot"
+    );
+    let r = both.release().await;
+    assert!(r.is_ok(), "a release across a moved slot: {r:?}");
+    for key in &keys[0] {
+        let name = m.redis_names(key).lock;
+        assert!(!exists(&mut conn, &name).await, "{name} still held");
+    }
+}

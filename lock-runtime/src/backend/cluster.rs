@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use redis::aio::ConnectionLike;
+use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{
@@ -84,6 +84,10 @@ pub(crate) struct Cluster {
     /// reached (see [`Cluster::after_failure`]), to do it at most once a
     /// second.
     unreachable_retired_at: Mutex<Option<std::time::Instant>>,
+    /// A plain connection per master for the release pipelines (see
+    /// [`Cluster::release_many`]), made on first use and dropped after any
+    /// failure. Boxed: `Backend`'s variants stay of a size.
+    release_conns: Box<Mutex<Vec<(Node, MultiplexedConnection)>>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -297,6 +301,7 @@ impl Cluster {
             connect_timeout: config.connect_timeout,
             renewal_round_trips: AtomicU64::new(0),
             unreachable_retired_at: Mutex::new(None),
+            release_conns: Box::default(),
         };
         if let Err(e) = cluster.refresh_slots(&mut conn).await {
             return Err(LockError::ServerCheck {
@@ -611,22 +616,26 @@ impl Cluster {
         Ok(names)
     }
 
-    /// One pipeline per node, all at once. The locks of a node missing from
-    /// the slot map are released one call each, routed by redis-rs. A
-    /// pipeline that failed (no reply in time, a connection lost, or a
-    /// redirection: redis-rs sends a pipeline again whole when one of its
-    /// replies redirects, and gives up with an error if that fails too)
-    /// leaves its locks unknown, and so does a lock whose own reply is an
-    /// error: released again one by one, a lock whose first release ran
-    /// late would be found gone and reported lost.
+    /// One pipeline per node, all at once, each on a plain connection to
+    /// that node ([`Cluster::release_connection`]), never on the cluster
+    /// connection: redis-rs sends a pipeline again whole, to the new
+    /// address, when one of its replies redirects, so a lock released by
+    /// the first send was found gone by the second and reported lost. On a
+    /// connection of its own a pipeline is sent once: a lock whose reply
+    /// redirects (`MOVED`, `ASK`) or says its slot is moving (`TRYAGAIN`,
+    /// `CLUSTERDOWN`, ...) was not touched (its slot moved since the slot map
+    /// was read) and is released again at once with a call of its own, which
+    /// follows the cluster to the slot's master; the slot map is read again.
+    /// The locks of a node missing from the slot map are released one call
+    /// each. A pipeline that failed as a whole (no reply in time, a
+    /// connection lost) leaves its locks unknown, and so does a lock whose
+    /// own reply is any other error: released again one by one, a lock whose
+    /// first release ran late would be found gone and reported lost.
     pub(crate) async fn release_many(&self, locks: &[(&RedisNames, &str, u64)]) -> ManyReleased {
-        let conn = match self.connection("").await {
-            Ok(conn) => conn,
-            Err(e) => return ManyReleased::failed(locks.len(), e),
-        };
         let groups = self.group_by_node(locks.iter().map(|(keys, _, _)| keys.lock.as_str()));
+        let stale_map = AtomicBool::new(false);
         let sends = groups.into_iter().map(|(node, indices)| {
-            let mut conn = conn.clone();
+            let stale_map = &stale_map;
             let group: Vec<(&RedisNames, &str, u64)> = indices.iter().map(|i| locks[*i]).collect();
             async move {
                 let Some(node) = node else {
@@ -642,16 +651,16 @@ impl Cluster {
                     return (indices, ManyReleased::of_each(join_all(each).await));
                 };
                 let pipe = self.scripts.release_many_pipeline(&group);
-                // Every reply: the pipeline loads each release script it
-                // uses (one per kind of lock) first.
-                let count = pipe.len();
-                let sent = bounded_call(
-                    "",
-                    self.command_timeout,
-                    conn.route_pipeline(pipe, 0, count, by_address(&node)),
-                )
-                .await
-                .and_then(|replies| {
+                let sent = match self.release_connection(&node).await {
+                    Ok(mut node_conn) => {
+                        bounded_call("", self.command_timeout, async {
+                            node_conn.req_packed_commands(&pipe, 0, pipe.len()).await
+                        })
+                        .await
+                    }
+                    Err(e) => Err(e),
+                };
+                let sent = sent.and_then(|replies| {
                     self.scripts
                         .release_many_replies_each(&group, replies)
                         .map_err(|e| CallError {
@@ -669,19 +678,44 @@ impl Cluster {
                             r.as_ref()
                                 .is_err_and(|e| !matches!(e.kind(), ErrorKind::Server(_)))
                         }) {
-                            self.retire_connection();
+                            self.retire_release_connection(&node);
                         }
-                        ManyReleased::of_each(each.into_iter().map(|reply| {
-                            reply.map_err(|e| CallError {
-                                error: LockError::backend("", e),
-                                maybe_executed: true,
+                        // A lock whose slot moved was not touched: released
+                        // again now, where its slot is.
+                        let again =
+                            each.iter()
+                                .zip(&group)
+                                .map(|(reply, (keys, owner, keep_ms))| {
+                                    let moved = reply.as_ref().is_err_and(is_resharding);
+                                    async move {
+                                        if !moved {
+                                            return None;
+                                        }
+                                        stale_map.store(true, Ordering::Relaxed);
+                                        let release = Release {
+                                            keys,
+                                            owner,
+                                            keep_ms: *keep_ms,
+                                            waiters: ExpectedWaiters::Unknown,
+                                        };
+                                        Some(self.on_key("", &release).await)
+                                    }
+                                });
+                        let again = join_all(again).await;
+                        ManyReleased::of_each(each.into_iter().zip(again).map(|(reply, again)| {
+                            again.unwrap_or_else(|| {
+                                reply.map_err(|e| CallError {
+                                    error: LockError::backend("", e),
+                                    maybe_executed: true,
+                                })
                             })
                         }))
                     }
                     Err(e) => {
-                        // A node that did not answer may have failed over; a
-                        // pipeline whose replies were not its own retires
-                        // the connection.
+                        // The node's connection goes; a node that did not
+                        // answer may have failed over, which the cluster
+                        // connection learns from a fresh one.
+                        self.retire_release_connection(&node);
                         self.after_failure(&e);
                         ManyReleased::failed(group.len(), e)
                     }
@@ -701,7 +735,76 @@ impl Cluster {
                 out.error.get_or_insert(e);
             }
         }
+        if stale_map.load(Ordering::Relaxed) {
+            let refreshed = match self.connection("").await {
+                Ok(mut conn) => self
+                    .refresh_slots(&mut conn)
+                    .await
+                    .map_err(|e| e.to_string()),
+                Err(e) => Err(e.error.to_string()),
+            };
+            if let Err(e) = refreshed {
+                tracing::debug!(target: "distlock::release", error = %e, "could not refresh the slot map");
+            }
+        }
         out
+    }
+
+    /// The plain connection to `node` for release pipelines, connected on
+    /// first use (with the seed's settings: password, TLS) within the
+    /// connect timeout. Connections to nodes no longer masters in the slot
+    /// map are dropped when a new one is made.
+    async fn release_connection(&self, node: &Node) -> Result<MultiplexedConnection, CallError> {
+        if let Some((_, conn)) = self
+            .release_conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find(|(n, _)| n == node)
+        {
+            return Ok(conn.clone());
+        }
+        let client = self.client_for(node).map_err(|e| CallError {
+            error: LockError::backend("", e),
+            maybe_executed: false,
+        })?;
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            // The caller's timeout bounds each pipeline.
+            .set_response_timeout(None);
+        let conn = bounded_call(
+            "",
+            self.connect_timeout,
+            client.get_multiplexed_async_connection_with_config(&config),
+        )
+        .await
+        // Nothing was sent on a connection that was never made.
+        .map_err(|e| CallError {
+            maybe_executed: false,
+            ..e
+        })?;
+        let masters = self
+            .slots
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .masters();
+        let mut conns = self.release_conns.lock().unwrap_or_else(|e| e.into_inner());
+        conns.retain(|(n, _)| masters.contains(n));
+        if let Some((_, made)) = conns.iter().find(|(n, _)| n == node) {
+            return Ok(made.clone());
+        }
+        conns.push((node.clone(), conn.clone()));
+        Ok(conn)
+    }
+
+    /// Drops the release connection to `node` after a failure: a reply may
+    /// be missing or another request's, and redis-rs does not reconnect a
+    /// plain connection by itself.
+    fn retire_release_connection(&self, node: &Node) {
+        self.release_conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(n, _)| n != node);
     }
 
     pub(crate) fn release_blocking(
