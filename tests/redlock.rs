@@ -602,6 +602,72 @@ async fn a_manager_starts_with_a_minority_down_and_uses_it_once_it_is_back() {
     assert!(matches!(refused, LockError::Connect { .. }), "{refused:?}");
 }
 
+/// A member down at `build()` is connected on first use, and used only once
+/// it passes the start-up check `build()` would have run on it. Before, it
+/// was used unchecked: here a member back with an evicting
+/// `maxmemory-policy`, which this manager refuses
+/// (`reject_evicting_policy(true)`), took part in every majority. Now its
+/// calls are refused (it holds nothing) while the check fails; the member
+/// that comes back well configured takes part from its first use on (the
+/// call waits for its check within the member's timeout); and a failed check
+/// runs again 5 s later, so the first member, once mended, takes part too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_down_at_build_is_used_only_once_it_passes_the_start_up_check() {
+    let mut servers = five();
+    servers[0].kill().unwrap();
+    servers[1].kill().unwrap();
+    let m = LockManager::redlock_builder(urls(&servers))
+        .reject_evicting_policy(true)
+        .command_timeout(Duration::from_millis(500))
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .expect("a Redlock manager on a majority");
+    servers[0].start().unwrap();
+    servers[1].start().unwrap();
+    let set_policy = async |server: &RedisServer, policy: &str| {
+        let () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory-policy")
+            .arg(policy)
+            .query_async(&mut raw(server).await)
+            .await
+            .unwrap();
+    };
+    set_policy(&servers[0], "allkeys-lru").await;
+    let name = m.redis_names("checked").lock;
+    let on = async |server: &RedisServer| exists(&mut raw(server).await, &name).await;
+
+    for _ in 0..3 {
+        let g = m.lock("checked").acquire().await.unwrap();
+        assert!(
+            !on(&servers[0]).await,
+            "a member that fails the check was used"
+        );
+        assert!(
+            on(&servers[1]).await,
+            "a member that passes the check was not used"
+        );
+        assert_eq!(holders(&servers, &m, "checked").await, 4);
+        g.release().await.unwrap();
+    }
+
+    // Mended: the check runs again at the first use 5 s (RECHECK_AFTER)
+    // after it failed; allow 5 s more for a loaded machine.
+    set_policy(&servers[0], "noeviction").await;
+    let mended = eventually(Duration::from_secs(10), async || {
+        let g = m.lock("checked").acquire().await.unwrap();
+        let used = on(&servers[0]).await;
+        g.release().await.unwrap();
+        used
+    })
+    .await;
+    assert!(mended.is_some(), "the mended member was never used");
+    let g = m.lock("checked").acquire().await.unwrap();
+    assert_eq!(holders(&servers, &m, "checked").await, 5);
+    g.release().await.unwrap();
+}
+
 /// A member still loading its data after a restart (it answers `LOADING` to
 /// everything, the start-up check included) is a member not ready yet, as
 /// one that is down: a Redlock manager builds on the others and locks with

@@ -1209,9 +1209,11 @@ impl LockManagerBuilder {
     /// the server answered `PING` but not the rest of the check in time.
     /// A Redlock manager builds while a majority of its members passes the
     /// check: a member that cannot be reached or is not ready yet (a
-    /// `Connect` error) is connected on first use, and never checked (run
-    /// `distlock check` against it once it is up); one that answers and
-    /// fails the check fails the build.
+    /// `Connect` error) is connected on first use and used once it passes
+    /// the same check (run in the background at its first use, and every
+    /// 5 s while it fails: until then its calls are refused, as a member
+    /// that is down); one that answers and fails the check at `build()`
+    /// fails the build.
     pub async fn build(self) -> Result<LockManager, LockError> {
         let LockManagerBuilder {
             target,

@@ -33,7 +33,8 @@
 //! shared member's counter is at least the earlier token when the later
 //! majority asks it, so the later token is larger.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
@@ -45,15 +46,142 @@ use super::single::Single;
 use super::LeaseEnd;
 use super::{CallError, ExpectedWaiters, ManyReleased, Renewal};
 use crate::config::{redact, Config, TlsSettings};
-use crate::error::LockError;
+use crate::error::{BackendError, BackendErrorKind, LockError};
 use crate::keys::RedisNames;
 use crate::lease::{drift, Lease};
 
 /// Fewest members accepted: a majority of 2 is both, so one failure stops every lock.
 pub(crate) const MIN_MEMBERS: usize = 3;
 
+/// How long a member that failed its start-up check is refused before the
+/// check runs again.
+const RECHECK_AFTER: Duration = Duration::from_secs(5);
+
+/// The start-up check of a member connected on first use (down or not ready
+/// at `build()`). Until it passes, every call to the member is refused as if
+/// it were down; its first use starts the check in the background, and a
+/// check that fails (the server answers but cannot serve locks as
+/// configured, as `build()` would have refused it) runs again
+/// [`RECHECK_AFTER`] later.
+struct PendingCheck {
+    /// The member's URL, as shown (no password).
+    url: String,
+    config: Config,
+    passed: AtomicBool,
+    running: AtomicBool,
+    /// When the check last failed on a server that answered, and why.
+    failed: Mutex<Option<(Instant, String)>>,
+    /// Told when a check ends.
+    done: tokio::sync::Notify,
+    /// This check, for the task that runs it.
+    myself: std::sync::Weak<PendingCheck>,
+}
+
+impl PendingCheck {
+    /// For a call to the member: `None` when the check passed, or failed
+    /// less than [`RECHECK_AFTER`] ago (the call is refused at once, see
+    /// [`PendingCheck::refusal`]); otherwise what completes when the check
+    /// running now ends, which this call starts in the background unless
+    /// another did. A call waits for it within its own timeout: a member
+    /// back in time for a call takes part in it.
+    fn begin(&self, member: &Single) -> Option<tokio::sync::futures::Notified<'_>> {
+        if self.passed.load(Ordering::Acquire) {
+            return None;
+        }
+        let recently_failed = self
+            .failed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .is_some_and(|(at, _)| at.elapsed() < RECHECK_AFTER);
+        if recently_failed {
+            return None;
+        }
+        let this = self.myself.upgrade()?;
+        // Made before a check running now can end (it clears `running`, then
+        // notifies): `notify_waiters` reaches it then.
+        let done = self.done.notified();
+        if self.passed.load(Ordering::Acquire) {
+            return None;
+        }
+        if !self.running.swap(true, Ordering::AcqRel) {
+            let check = member.startup_check(&self.config, self.url.clone());
+            let spawned = tokio::runtime::Handle::try_current().map(|runtime| {
+                runtime.spawn(async move {
+                    let outcome = check.await;
+                    this.record(outcome);
+                    this.running.store(false, Ordering::Release);
+                    this.done.notify_waiters();
+                })
+            });
+            if spawned.is_err() {
+                self.running.store(false, Ordering::Release);
+                return None;
+            }
+        }
+        Some(done)
+    }
+
+    /// Keeps the outcome of a check.
+    fn record(&self, outcome: Result<(), LockError>) {
+        match outcome {
+            Ok(()) => {
+                self.passed.store(true, Ordering::Release);
+                tracing::info!(target: "distlock::connection",
+                    url = %self.url,
+                    "Redlock member passed its start-up check; used from now on"
+                );
+            }
+            // Still down or loading: checked again at its next use.
+            Err(e @ LockError::Connect { .. }) => {
+                tracing::debug!(target: "distlock::connection",
+                    url = %self.url,
+                    error = %e,
+                    "Redlock member not ready for its start-up check"
+                );
+            }
+            Err(e) => {
+                tracing::warn!(target: "distlock::connection",
+                    url = %self.url,
+                    error = %e,
+                    "Redlock member failed its start-up check; not used"
+                );
+                *self.failed.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some((Instant::now(), e.to_string()));
+            }
+        }
+    }
+
+    /// A call refused because the check has not passed: never sent, and the
+    /// member holds nothing of ours (every call to it was refused), so there
+    /// is nothing to give back there.
+    fn refusal(&self, key: &str) -> CallError {
+        let why = match &*self.failed.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some((_, reason)) => format!("it failed its start-up check: {reason}"),
+            None => "its start-up check has not passed yet".to_owned(),
+        };
+        CallError {
+            error: LockError::Backend {
+                key: key.to_owned(),
+                source: BackendError::new(
+                    BackendErrorKind::Connection,
+                    format!(
+                        "Redlock member {} is not used: it was down or not ready at start-up, \
+                         and {why}",
+                        self.url
+                    ),
+                ),
+            },
+            maybe_executed: false,
+        }
+    }
+}
+
 pub(crate) struct Redlock {
     members: Vec<Single>,
+    /// Per member, its start-up check while it has not passed (`None`: it
+    /// passed at `build()`).
+    checks: Vec<Option<Arc<PendingCheck>>>,
     /// A majority: `members / 2 + 1`.
     quorum: usize,
     command_timeout: Duration,
@@ -81,8 +209,9 @@ impl Redlock {
     /// Connects to every member; a majority must pass the server check. A
     /// member that cannot be reached or is not ready (a `Connect` error: down,
     /// too slow, still loading its data after a restart) is connected later,
-    /// on first use, without the check; one that answers and fails the
-    /// check fails the build.
+    /// on first use, and used once it passes the check (see
+    /// [`PendingCheck`]); one that answers and fails the check fails the
+    /// build.
     pub(crate) async fn connect(
         urls: &[String],
         config: &Config,
@@ -107,19 +236,33 @@ impl Redlock {
         };
         let connected = join_all(urls.iter().map(|url| Single::connect(url, config, tls))).await;
         let mut members = Vec::with_capacity(urls.len());
+        let mut checks = Vec::with_capacity(urls.len());
         let mut unreachable = Vec::new();
         for (url, member) in urls.iter().zip(connected) {
             match member {
-                Ok(member) => members.push(member),
+                Ok(member) => {
+                    members.push(member);
+                    checks.push(None);
+                }
                 // Down or not ready now: it may be by the time it is needed.
                 Err(e @ LockError::Connect { .. }) => {
                     tracing::warn!(target: "distlock::connection",
                         url = %redact(url),
                         error = %e,
-                        "Redlock member unreachable at start-up; connecting on first use"
+                        "Redlock member unreachable at start-up; connecting on first use, \
+                         used once its start-up check passes"
                     );
                     unreachable.push(e);
                     members.push(Single::connect_lazily(url, config, tls)?);
+                    checks.push(Some(Arc::new_cyclic(|myself| PendingCheck {
+                        url: redact(url),
+                        config: config.clone(),
+                        passed: AtomicBool::new(false),
+                        running: AtomicBool::new(false),
+                        failed: Mutex::new(None),
+                        done: tokio::sync::Notify::new(),
+                        myself: myself.clone(),
+                    })));
                 }
                 Err(e) => return Err(e),
             }
@@ -130,6 +273,7 @@ impl Redlock {
         }
         Ok(Redlock {
             members,
+            checks,
             quorum,
             command_timeout: config.command_timeout,
             fence_retention_ms: u64::try_from(config.fence_retention.as_millis())
@@ -164,18 +308,35 @@ impl Redlock {
         F: Fn(&'a Single) -> Fut,
         Fut: std::future::Future<Output = Result<T, CallError>>,
     {
-        join_all(self.members.iter().map(|member| {
-            let fut = call(member);
-            async move {
-                match tokio::time::timeout(timeout, fut).await {
-                    Ok(reply) => reply,
-                    Err(_) => Err(CallError {
-                        error: LockError::command_timeout(key, timeout),
-                        maybe_executed: true,
-                    }),
-                }
-            }
-        }))
+        join_all(
+            self.members
+                .iter()
+                .zip(&self.checks)
+                .map(|(member, check)| {
+                    let checking = check.as_deref().map(|check| (check, check.begin(member)));
+                    let fut = call(member);
+                    async move {
+                        let started = Instant::now();
+                        if let Some((check, checking)) = checking {
+                            if let Some(done) = checking {
+                                // The check's own time counts against the call's.
+                                let _ = tokio::time::timeout(timeout, done).await;
+                            }
+                            if !check.passed.load(Ordering::Acquire) {
+                                return Err(check.refusal(key));
+                            }
+                        }
+                        let left = timeout.saturating_sub(started.elapsed());
+                        match tokio::time::timeout(left, fut).await {
+                            Ok(reply) => reply,
+                            Err(_) => Err(CallError {
+                                error: LockError::command_timeout(key, timeout),
+                                maybe_executed: true,
+                            }),
+                        }
+                    }
+                }),
+        )
         .await
     }
 

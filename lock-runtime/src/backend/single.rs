@@ -213,7 +213,9 @@ impl Single {
     }
 
     /// A server that could not be reached at start-up (a Redlock member that is
-    /// down): connected, and not checked, on first use.
+    /// down): connected on first use, unchecked (a Redlock member runs
+    /// [`Single::startup_check`] before it is used; a Sentinel's new master
+    /// is a replica of the checked one).
     pub(crate) fn connect_lazily(
         url: &str,
         config: &Config,
@@ -243,6 +245,37 @@ impl Single {
             config,
             tls,
         ))
+    }
+
+    /// The start-up check [`connect`](Self::connect) runs, for a server
+    /// connected lazily (a Redlock member down or not ready at `build()`):
+    /// a future of its own, to run in the background, on a fresh connection
+    /// (made on first use) that becomes this server's. (redis-rs keeps a
+    /// failed reconnection and hands its error to the next call even once
+    /// the server is back, so the connection calls to a server that was
+    /// down used would fail the check.)
+    pub(crate) fn startup_check(
+        &self,
+        config: &Config,
+        shown_url: String,
+    ) -> impl std::future::Future<Output = Result<(), LockError>> + Send + 'static {
+        self.retire_connection(self.connection().generation);
+        let mut conn = self.connection().redis;
+        let client = self.client.clone();
+        let scripts = Scripts::new(&config.key_prefix);
+        let config = config.clone();
+        async move {
+            let protocol = client.get_connection_info().redis_settings().protocol();
+            super::check::check(
+                &mut conn,
+                protocol,
+                || async move { client.get_async_pubsub().await },
+                &scripts,
+                &config,
+                &shown_url,
+            )
+            .await
+        }
     }
 
     fn with_connection(
