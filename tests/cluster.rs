@@ -1411,11 +1411,12 @@ async fn a_release_that_meets_a_moved_slot_reports_nothing_lost() {
     let m = manager_on(&cluster).await;
     let keys = keys_on_each_master(&cluster, &m, "ct-moved", 2);
     let mut conn = cluster.cluster_connection().await.unwrap();
-    // A 10 s lease: its first renewal (a third of it, which would find the
-    // move and read the slot map again) comes long after the release.
+    // Not renewed (a renewal would find the move and read the slot map
+    // again), on a lease that outlasts the migration.
     let both = m
         .lock_all(keys[0].clone())
-        .lease(Duration::from_secs(10))
+        .lease(Duration::from_secs(30))
+        .renew(false)
         .acquire()
         .await
         .unwrap();
@@ -1429,6 +1430,44 @@ async fn a_release_that_meets_a_moved_slot_reports_nothing_lost() {
     );
     let r = both.release().await;
     assert!(r.is_ok(), "a release across a moved slot: {r:?}");
+    for key in &keys[0] {
+        let name = m.redis_names(key).lock;
+        assert!(!exists(&mut conn, &name).await, "{name} still held");
+    }
+}
+
+/// A master closes every client connection (`CLIENT KILL`, as its `timeout`
+/// or a proxy's idle limit would): the manager's connection of its own for
+/// multi-lock releases to that master is made again by itself, so the next
+/// such release succeeds rather than failing on a dead connection (and
+/// leaving its locks to the background).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_connection_the_server_closed_is_made_again() {
+    let cluster = own_cluster();
+    let m = manager_on(&cluster).await;
+    let keys = keys_on_each_master(&cluster, &m, "ct-closed", 2);
+    let mut conn = cluster.cluster_connection().await.unwrap();
+    // The first multi-lock release on master 0 opens its connection.
+    let g = m.lock_all(keys[0].clone()).acquire().await.unwrap();
+    g.release().await.unwrap();
+    tokio::task::block_in_place(|| {
+        let mut master = cluster.blocking_client(0).unwrap();
+        let killed: i64 = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("normal")
+            .arg("SKIPME")
+            .arg("yes")
+            .query(&mut master)
+            .unwrap();
+        assert!(killed >= 2, "killed {killed} connections");
+    });
+    let g = m.lock_all(keys[0].clone()).acquire().await.unwrap();
+    let r = g.release().await;
+    assert!(
+        r.is_ok(),
+        "a release after the server closed its connection: {r:?}"
+    );
     for key in &keys[0] {
         let name = m.redis_names(key).lock;
         assert!(!exists(&mut conn, &name).await, "{name} still held");

@@ -9,8 +9,9 @@
 //! script call (`acquire_all.lua`), which takes every lock or, when one is
 //! busy, none. A free lock whose queue has a live waiter (its holder's lease
 //! ran out) counts as busy and is handed to that waiter, as a single lock's
-//! acquisition does, so a multi-key lock never takes a key past its queue on
-//! one server or PostgreSQL. When one is busy and the caller may wait, the locks are taken
+//! waiting acquisition does, so that one call never takes a key past its
+//! queue (the ordered path below starts each key with a single lock's
+//! attempt, which has the documented window after an expiry). When one is busy and the caller may wait, the locks are taken
 //! one by one in the global order with the ordinary acquisition (its waiting,
 //! wake-ups and fairness included), holding the earlier ones while waiting for
 //! the next: ordered locking cannot deadlock. In a cluster (locks in distinct

@@ -12,6 +12,12 @@
 //!   from `CLUSTER SLOTS`) and sends one pipeline per node, all at once: one
 //!   round trip per node per tick. A node that answers `MOVED`/`ASK` (a stale
 //!   map) gets its leases renewed one call each after a map refresh.
+//! - A release of several locks (a multi-key guard, the shutdown) sends one
+//!   pipeline per node too, on a connection of its own per master, not the
+//!   cluster connection: redis-rs sends a pipeline again whole, to the new
+//!   master, when one of its replies redirects, and a release run twice
+//!   finds its lock gone. A lock whose reply redirects was not touched and
+//!   is released with a call of its own (see `Cluster::release_many`).
 //! - Wake-ups: `release.lua` publishes with classic `PUBLISH`, which the cluster
 //!   bus carries to every node, so a RESP2 subscriber connection on any live
 //!   node hears every lock's releases, whichever node owns the slot, and slot
@@ -31,7 +37,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{
@@ -84,10 +90,14 @@ pub(crate) struct Cluster {
     /// reached (see [`Cluster::after_failure`]), to do it at most once a
     /// second.
     unreachable_retired_at: Mutex<Option<std::time::Instant>>,
-    /// A plain connection per master for the release pipelines (see
-    /// [`Cluster::release_many`]), made on first use and dropped after any
-    /// failure. Boxed: `Backend`'s variants stay of a size.
-    release_conns: Box<Mutex<Vec<(Node, MultiplexedConnection)>>>,
+    /// A connection of its own per master for the release pipelines (see
+    /// [`Cluster::release_many`]): made on first use, reconnected by
+    /// redis-rs when the server closes it, dropped after a pipeline that
+    /// failed as a whole or got replies of the wrong shape. Boxed:
+    /// `Backend`'s variants stay of a size.
+    release_conns: Box<Mutex<Vec<(Node, ConnectionManager)>>>,
+    /// Their settings (those of a single server's connection).
+    release_conn_config: Box<ConnectionManagerConfig>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -302,6 +312,7 @@ impl Cluster {
             renewal_round_trips: AtomicU64::new(0),
             unreachable_retired_at: Mutex::new(None),
             release_conns: Box::default(),
+            release_conn_config: Box::new(super::single::connection_config(config)),
         };
         if let Err(e) = cluster.refresh_slots(&mut conn).await {
             return Err(LockError::ServerCheck {
@@ -366,9 +377,7 @@ impl Cluster {
             self.retire_connection();
             return;
         }
-        let unreachable = matches!(&e.error, LockError::Backend { source, .. }
-            if matches!(source.kind(), BackendErrorKind::Connection | BackendErrorKind::Timeout));
-        if !unreachable {
+        if !unreachable(e) {
             return;
         }
         let now = std::time::Instant::now();
@@ -712,11 +721,16 @@ impl Cluster {
                         }))
                     }
                     Err(e) => {
-                        // The node's connection goes; a node that did not
-                        // answer may have failed over, which the cluster
-                        // connection learns from a fresh one.
+                        // The node's connection goes. A node that did not
+                        // answer may have failed over: the cluster
+                        // connection learns it from a fresh one, and the
+                        // slot map is read again. (Replies out of sync on
+                        // this connection say nothing about that one.)
                         self.retire_release_connection(&node);
-                        self.after_failure(&e);
+                        if unreachable(&e) {
+                            self.after_failure(&e);
+                            stale_map.store(true, Ordering::Relaxed);
+                        }
                         ManyReleased::failed(group.len(), e)
                     }
                 };
@@ -750,11 +764,11 @@ impl Cluster {
         out
     }
 
-    /// The plain connection to `node` for release pipelines, connected on
-    /// first use (with the seed's settings: password, TLS) within the
-    /// connect timeout. Connections to nodes no longer masters in the slot
-    /// map are dropped when a new one is made.
-    async fn release_connection(&self, node: &Node) -> Result<MultiplexedConnection, CallError> {
+    /// The connection to `node` for release pipelines, connected on first
+    /// use (with the seed's settings: password, TLS) within the connect
+    /// timeout. Connections to nodes no longer masters in the slot map are
+    /// dropped when a new one is made.
+    async fn release_connection(&self, node: &Node) -> Result<ConnectionManager, CallError> {
         if let Some((_, conn)) = self
             .release_conns
             .lock()
@@ -764,18 +778,29 @@ impl Cluster {
         {
             return Ok(conn.clone());
         }
-        let client = self.client_for(node).map_err(|e| CallError {
-            error: LockError::backend("", e),
-            maybe_executed: false,
-        })?;
-        let config = redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.connect_timeout))
-            // The caller's timeout bounds each pipeline.
-            .set_response_timeout(None);
+        // RESP3 whatever the URL says: redis-rs then sees the server close
+        // an idle connection (its `timeout`, a proxy's idle limit) and makes
+        // it again at once; under RESP2 the next release would be written
+        // into the dead connection and fail, leaving its locks unknown.
+        // (The release scripts' replies read the same in both.)
+        let client = self
+            .client_for(node)
+            .and_then(|client| {
+                let info = client.get_connection_info().clone();
+                let settings = info
+                    .redis_settings()
+                    .clone()
+                    .set_protocol(redis::ProtocolVersion::RESP3);
+                redis::Client::open(info.set_redis_settings(settings))
+            })
+            .map_err(|e| CallError {
+                error: LockError::backend("", e),
+                maybe_executed: false,
+            })?;
         let conn = bounded_call(
             "",
             self.connect_timeout,
-            client.get_multiplexed_async_connection_with_config(&config),
+            ConnectionManager::new_with_config(client, (*self.release_conn_config).clone()),
         )
         .await
         // Nothing was sent on a connection that was never made.
@@ -798,8 +823,7 @@ impl Cluster {
     }
 
     /// Drops the release connection to `node` after a failure: a reply may
-    /// be missing or another request's, and redis-rs does not reconnect a
-    /// plain connection by itself.
+    /// be missing or another request's.
     fn retire_release_connection(&self, node: &Node) {
         self.release_conns
             .lock()
@@ -1195,6 +1219,13 @@ fn may_be_out_of_sync(e: &CallError) -> bool {
         ),
         _ => true,
     }
+}
+
+/// A call that failed because its node could not be reached: refused,
+/// reset, or no reply in time.
+fn unreachable(e: &CallError) -> bool {
+    matches!(&e.error, LockError::Backend { source, .. }
+        if matches!(source.kind(), BackendErrorKind::Connection | BackendErrorKind::Timeout))
 }
 
 fn by_address(node: &Node) -> SingleNodeRoutingInfo {

@@ -814,7 +814,7 @@ impl Backend {
     }
 
     /// Releases many locks in as few round trips as the backend allows (one per
-    /// server); per lock (keys, owner, keep_ms as for `release`), whether it
+    /// server, and on a cluster one more per lock whose slot moved); per lock (keys, owner, keep_ms as for `release`), whether it
     /// was still ours, or unknown when the backend could not confirm its
     /// release (Redlock: fewer than a majority answered for it), which the
     /// caller retries (releasing a lock again is harmless).

@@ -866,8 +866,10 @@ impl Scripts {
     }
 
     /// Takes every lock of `locks` for `owner`, or none when one is held by
-    /// another owner: one script call (see `acquire_all.lua`). All the locks
-    /// must be on the connection's server (one slot in a cluster).
+    /// another owner or free with another owner's waiter at the head of its
+    /// queue (handed to that waiter): one script call (see
+    /// `acquire_all.lua`). All the locks must be on the connection's server
+    /// (one slot in a cluster).
     pub(crate) async fn acquire_all(
         &self,
         conn: &mut impl ConnectionLike,
@@ -1123,7 +1125,11 @@ impl Scripts {
         }
         let replies = all.split_off(luas.len());
         for (lua, hash) in luas.into_iter().zip(all) {
-            lua.check_loaded(&redis::from_redis_value::<String>(hash)?)?;
+            // A `SCRIPT LOAD` the server refused (LOADING, OOM, ...): the
+            // releases after it answer for themselves.
+            if !matches!(hash, redis::Value::ServerError(_)) {
+                lua.check_loaded(&redis::from_redis_value::<String>(hash)?)?;
+            }
         }
         Ok(locks
             .iter()

@@ -693,7 +693,9 @@ fn open_url(url: &str, shown_url: &str, tls: &TlsSettings) -> Result<redis::Clie
         .map_err(|e| LockError::InvalidConfig(format!("invalid redis URL {shown_url}: {e}")))
 }
 
-fn connection_config(config: &Config) -> ConnectionManagerConfig {
+/// The settings of a server's connection (also the cluster's release
+/// connections to each master).
+pub(crate) fn connection_config(config: &Config) -> ConnectionManagerConfig {
     ConnectionManagerConfig::new()
         .set_connection_timeout(Some(config.connect_timeout))
         // No response timeout here: `Single::call`'s timeout is the one bound

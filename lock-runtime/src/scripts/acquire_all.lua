@@ -48,10 +48,12 @@
 --         {3, owner, i}                      lock i holds a value distlock did not
 --                                            write: none of the caller's was written
 -- `owner` echoes ARGV[1], so the client can tell that a reply is the one to its
--- own request. A lock taken while others stay queued (the caller was the head:
--- a retried call) is marked '+', as acquire.lua marks it; otherwise '-': the
--- caller does not wait inside this script (a caller that has to wait takes the
--- locks one by one with acquire.lua).
+-- own request. New locks are unmarked ('-'): the caller does not wait inside
+-- this script (a caller that has to wait takes the locks one by one with
+-- acquire.lua, under other owner tokens). The caller's own entry heading a
+-- queue cannot happen today (a call's owner token is new and never queued);
+-- were it to, the lock is taken as acquire.lua takes it then (the entry
+-- dropped, the lock marked while others stay queued).
 local n = #KEYS / 4
 local owner = ARGV[1]
 local owner_len = string.len(owner)
@@ -91,7 +93,6 @@ for i = 1, n do
     reply[i + 2] = tonumber(string.match(held[i], '^%d+', owner_len + 2)) or 0
   else
     if ours_queued[i] then
-      -- An earlier attempt of the caller's, with this owner token, queued it.
       queue_drop(KEYS[4 * i - 1], KEYS[4 * i], owner)
     end
     -- 0 without fencing (ARGV[3] '0'), the counter untouched.

@@ -1,5 +1,5 @@
--- Shared by acquire.lua and release.lua (prepended after shared_prelude.lua):
--- the queue of the default lock's waiters.
+-- Shared by acquire.lua, acquire_all.lua and release.lua (prepended after
+-- shared_prelude.lua): the queue of the default lock's waiters.
 --
 -- A lock's waiters queue in Redis, in arrival order:
 --   queue    sorted set: owner token -> arrival time (server clock, in
