@@ -581,7 +581,15 @@ async fn a_manager_starts_with_a_minority_down_and_uses_it_once_it_is_back() {
     let mut servers = five();
     servers[0].kill().unwrap();
     servers[1].kill().unwrap();
-    let m = redlock(urls(&servers)).await;
+    // The members back are used once their start-up check passes, which
+    // their first call waits for within the command timeout: 2 s, for a
+    // loaded machine.
+    let m = LockManager::redlock_builder(urls(&servers))
+        .command_timeout(Duration::from_secs(2))
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap();
     let g = m.lock("late").acquire().await.unwrap();
     assert_eq!(holders(&servers, &m, "late").await, 3);
     g.release().await.unwrap();
@@ -616,9 +624,11 @@ async fn a_member_down_at_build_is_used_only_once_it_passes_the_start_up_check()
     let mut servers = five();
     servers[0].kill().unwrap();
     servers[1].kill().unwrap();
+    // A member's call may wait for its check within the member's timeout
+    // (the command timeout here): 2 s, for a loaded machine.
     let m = LockManager::redlock_builder(urls(&servers))
         .reject_evicting_policy(true)
-        .command_timeout(Duration::from_millis(500))
+        .command_timeout(Duration::from_secs(2))
         .connect_timeout(Duration::from_millis(500))
         .build()
         .await
@@ -651,6 +661,35 @@ async fn a_member_down_at_build_is_used_only_once_it_passes_the_start_up_check()
         assert_eq!(holders(&servers, &m, "checked").await, 4);
         g.release().await.unwrap();
     }
+
+    // Renewals do not ask the member that failed (it would answer "not
+    // ours" and set off a reclaim of every lease at every tick): a lock
+    // renewed every 200 ms, four times, sends it no script. The check
+    // failed at the first acquisition above, less than a second ago, and
+    // runs again only 5 s after that, so no script of its own runs there
+    // either.
+    let mut member_0 = raw(&servers[0]).await;
+    reset_stats(&mut member_0).await;
+    let g = m
+        .lock("renewed")
+        .lease(Duration::from_millis(600))
+        .acquire()
+        .await
+        .unwrap();
+    let renewals = m.renewal_round_trips();
+    eventually(Duration::from_secs(3), async || {
+        // Four rounds on the four members asked.
+        m.renewal_round_trips() >= renewals + 16
+    })
+    .await
+    .expect("the lock is renewed");
+    assert!(!g.is_lost());
+    g.release().await.unwrap();
+    let scripts = calls_of(&mut member_0, "evalsha").await + calls_of(&mut member_0, "eval").await;
+    assert_eq!(
+        scripts, 0,
+        "scripts sent to the member that failed its check"
+    );
 
     // Mended: the check runs again at the first use 5 s (RECHECK_AFTER)
     // after it failed; allow 5 s more for a loaded machine.

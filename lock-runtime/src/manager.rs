@@ -1210,10 +1210,11 @@ impl LockManagerBuilder {
     /// A Redlock manager builds while a majority of its members passes the
     /// check: a member that cannot be reached or is not ready yet (a
     /// `Connect` error) is connected on first use and used once it passes
-    /// the same check (run in the background at its first use, and every
-    /// 5 s while it fails: until then its calls are refused, as a member
-    /// that is down); one that answers and fails the check at `build()`
-    /// fails the build.
+    /// the same check (run in the background at its first use; again at
+    /// its next use while it is down, or at its first use 5 s later after
+    /// it answered and failed; until it passes its calls are refused, as a
+    /// member's that is down); one that answers and fails the check at
+    /// `build()` fails the build.
     pub async fn build(self) -> Result<LockManager, LockError> {
         let LockManagerBuilder {
             target,

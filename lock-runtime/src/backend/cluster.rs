@@ -625,7 +625,7 @@ impl Cluster {
         Ok(names)
     }
 
-    /// One pipeline per node, all at once, each on a plain connection to
+    /// One pipeline per node, all at once, each on a connection of its own to
     /// that node ([`Cluster::release_connection`]), never on the cluster
     /// connection: redis-rs sends a pipeline again whole, to the new
     /// address, when one of its replies redirects, so a lock released by
@@ -750,13 +750,20 @@ impl Cluster {
             }
         }
         if stale_map.load(Ordering::Relaxed) {
-            let refreshed = match self.connection("").await {
-                Ok(mut conn) => self
-                    .refresh_slots(&mut conn)
-                    .await
-                    .map_err(|e| e.to_string()),
-                Err(e) => Err(e.error.to_string()),
+            // Briefly: the caller waits for it, and the next renewal round
+            // reads the map again anyway.
+            let refreshing = async {
+                match self.connection("").await {
+                    Ok(mut conn) => self
+                        .refresh_slots(&mut conn)
+                        .await
+                        .map_err(|e| e.to_string()),
+                    Err(e) => Err(e.error.to_string()),
+                }
             };
+            let refreshed = tokio::time::timeout(self.connect_timeout / 4, refreshing)
+                .await
+                .unwrap_or_else(|_| Err("no slot map in time".to_owned()));
             if let Err(e) = refreshed {
                 tracing::debug!(target: "distlock::release", error = %e, "could not refresh the slot map");
             }
@@ -778,11 +785,12 @@ impl Cluster {
         {
             return Ok(conn.clone());
         }
-        // RESP3 whatever the URL says: redis-rs then sees the server close
-        // an idle connection (its `timeout`, a proxy's idle limit) and makes
-        // it again at once; under RESP2 the next release would be written
-        // into the dead connection and fail, leaving its locks unknown.
-        // (The release scripts' replies read the same in both.)
+        // RESP3 whatever the URL says, where the server speaks it: redis-rs
+        // then sees the server close an idle connection (its `timeout`, a
+        // proxy's idle limit) and makes it again at once; under RESP2 the
+        // next release would be written into the dead connection and fail,
+        // leaving its locks unknown. (The release scripts' replies read the
+        // same in both.)
         let client = self
             .client_for(node)
             .and_then(|client| {
@@ -797,12 +805,24 @@ impl Cluster {
                 error: LockError::backend("", e),
                 maybe_executed: false,
             })?;
-        let conn = bounded_call(
-            "",
-            self.connect_timeout,
-            ConnectionManager::new_with_config(client, (*self.release_conn_config).clone()),
-        )
-        .await
+        let connect = |client: redis::Client| {
+            bounded_call(
+                "",
+                self.connect_timeout,
+                ConnectionManager::new_with_config(client, (*self.release_conn_config).clone()),
+            )
+        };
+        let conn = match connect(client).await {
+            Ok(conn) => Ok(conn),
+            // A server that answered but refused RESP3 (`HELLO 3` unknown or
+            // renamed, a proxy that speaks RESP2 only): the URL's protocol,
+            // without the early reconnection.
+            Err(e) if !unreachable(&e) => match self.client_for(node) {
+                Ok(client) => connect(client).await,
+                Err(_) => Err(e),
+            },
+            Err(e) => Err(e),
+        }
         // Nothing was sent on a connection that was never made.
         .map_err(|e| CallError {
             maybe_executed: false,

@@ -53,103 +53,139 @@ use crate::lease::{drift, Lease};
 /// Fewest members accepted: a majority of 2 is both, so one failure stops every lock.
 pub(crate) const MIN_MEMBERS: usize = 3;
 
-/// How long a member that failed its start-up check is refused before the
-/// check runs again.
+/// How long a member whose start-up check failed on a server that answered
+/// (or refused the credentials) is refused before the check runs again.
 const RECHECK_AFTER: Duration = Duration::from_secs(5);
 
 /// The start-up check of a member connected on first use (down or not ready
 /// at `build()`). Until it passes, every call to the member is refused as if
-/// it were down; its first use starts the check in the background, and a
-/// check that fails (the server answers but cannot serve locks as
-/// configured, as `build()` would have refused it) runs again
-/// [`RECHECK_AFTER`] later.
+/// it were down; its first use starts the check in the background, on the
+/// manager's runtime. A member still down or loading is checked again at
+/// its next use; one that answers and fails the check (it cannot serve
+/// locks as configured, as `build()` would have refused it) or refuses the
+/// credentials, at its first use [`RECHECK_AFTER`] later.
 struct PendingCheck {
     /// The member's URL, as shown (no password).
     url: String,
     config: Config,
     passed: AtomicBool,
     running: AtomicBool,
-    /// When the check last failed on a server that answered, and why.
-    failed: Mutex<Option<(Instant, String)>>,
-    /// Told when a check ends.
+    /// The last failed check: when, why, and whether it waits
+    /// [`RECHECK_AFTER`] before the next.
+    failed: Mutex<Option<FailedCheck>>,
+    /// Told when a check ends (also when its task is dropped).
     done: tokio::sync::Notify,
     /// This check, for the task that runs it.
     myself: std::sync::Weak<PendingCheck>,
 }
 
+struct FailedCheck {
+    at: Instant,
+    reason: String,
+    backs_off: bool,
+}
+
+/// Ends a running check however its task ends (done, cancelled with its
+/// runtime, panicked): the next use may start another, and the calls
+/// waiting for this one stop waiting.
+struct CheckEnds(Arc<PendingCheck>);
+
+impl Drop for CheckEnds {
+    fn drop(&mut self) {
+        self.0.running.store(false, Ordering::Release);
+        self.0.done.notify_waiters();
+    }
+}
+
 impl PendingCheck {
-    /// For a call to the member: `None` when the check passed, or failed
-    /// less than [`RECHECK_AFTER`] ago (the call is refused at once, see
+    /// Whether a check should not start now: it passed, or it failed in a
+    /// way that waits [`RECHECK_AFTER`] and did less than that ago.
+    fn settled(&self) -> bool {
+        self.passed.load(Ordering::Acquire)
+            || self
+                .failed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+                .is_some_and(|f| f.backs_off && f.at.elapsed() < RECHECK_AFTER)
+    }
+
+    /// For a call to the member: `None` when the check passed or is not due
+    /// (the call goes ahead or is refused at once, see
     /// [`PendingCheck::refusal`]); otherwise what completes when the check
-    /// running now ends, which this call starts in the background unless
+    /// running now ends, which this call starts (on `runtime`) unless
     /// another did. A call waits for it within its own timeout: a member
     /// back in time for a call takes part in it.
-    fn begin(&self, member: &Single) -> Option<tokio::sync::futures::Notified<'_>> {
-        if self.passed.load(Ordering::Acquire) {
-            return None;
-        }
-        let recently_failed = self
-            .failed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .is_some_and(|(at, _)| at.elapsed() < RECHECK_AFTER);
-        if recently_failed {
+    fn begin(
+        &self,
+        member: &Single,
+        runtime: Option<&tokio::runtime::Handle>,
+    ) -> Option<tokio::sync::futures::Notified<'_>> {
+        if self.settled() {
             return None;
         }
         let this = self.myself.upgrade()?;
+        let runtime = runtime
+            .cloned()
+            .or_else(|| tokio::runtime::Handle::try_current().ok())?;
         // Made before a check running now can end (it clears `running`, then
         // notifies): `notify_waiters` reaches it then.
         let done = self.done.notified();
-        if self.passed.load(Ordering::Acquire) {
+        if self.running.swap(true, Ordering::AcqRel) {
+            return Some(done);
+        }
+        // Ours to start, unless one that ended meanwhile settled it.
+        if self.settled() {
+            self.running.store(false, Ordering::Release);
             return None;
         }
-        if !self.running.swap(true, Ordering::AcqRel) {
-            let check = member.startup_check(&self.config, self.url.clone());
-            let spawned = tokio::runtime::Handle::try_current().map(|runtime| {
-                runtime.spawn(async move {
-                    let outcome = check.await;
-                    this.record(outcome);
-                    this.running.store(false, Ordering::Release);
-                    this.done.notify_waiters();
-                })
-            });
-            if spawned.is_err() {
-                self.running.store(false, Ordering::Release);
-                return None;
-            }
-        }
+        let check = member.startup_check(&self.config, self.url.clone());
+        let ends = CheckEnds(this);
+        runtime.spawn(async move {
+            let outcome = check.await;
+            ends.0.record(outcome);
+            drop(ends);
+        });
         Some(done)
     }
 
     /// Keeps the outcome of a check.
     fn record(&self, outcome: Result<(), LockError>) {
-        match outcome {
+        let e = match outcome {
             Ok(()) => {
                 self.passed.store(true, Ordering::Release);
+                *self.failed.lock().unwrap_or_else(|e| e.into_inner()) = None;
                 tracing::info!(target: "distlock::connection",
                     url = %self.url,
                     "Redlock member passed its start-up check; used from now on"
                 );
+                return;
             }
+            Err(e) => e,
+        };
+        let refused_credentials = matches!(&e, LockError::Connect { source, .. }
+            if source.kind() == BackendErrorKind::Auth);
+        let backs_off = refused_credentials || !matches!(e, LockError::Connect { .. });
+        if backs_off {
+            tracing::warn!(target: "distlock::connection",
+                url = %self.url,
+                error = %e,
+                recheck_after_s = RECHECK_AFTER.as_secs(),
+                "Redlock member failed its start-up check; not used"
+            );
+        } else {
             // Still down or loading: checked again at its next use.
-            Err(e @ LockError::Connect { .. }) => {
-                tracing::debug!(target: "distlock::connection",
-                    url = %self.url,
-                    error = %e,
-                    "Redlock member not ready for its start-up check"
-                );
-            }
-            Err(e) => {
-                tracing::warn!(target: "distlock::connection",
-                    url = %self.url,
-                    error = %e,
-                    "Redlock member failed its start-up check; not used"
-                );
-                *self.failed.lock().unwrap_or_else(|e| e.into_inner()) =
-                    Some((Instant::now(), e.to_string()));
-            }
+            tracing::debug!(target: "distlock::connection",
+                url = %self.url,
+                error = %e,
+                "Redlock member not ready for its start-up check"
+            );
         }
+        *self.failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(FailedCheck {
+            at: Instant::now(),
+            reason: e.to_string(),
+            backs_off,
+        });
     }
 
     /// A call refused because the check has not passed: never sent, and the
@@ -157,7 +193,7 @@ impl PendingCheck {
     /// is nothing to give back there.
     fn refusal(&self, key: &str) -> CallError {
         let why = match &*self.failed.lock().unwrap_or_else(|e| e.into_inner()) {
-            Some((_, reason)) => format!("it failed its start-up check: {reason}"),
+            Some(failed) => format!("its start-up check failed: {}", failed.reason),
             None => "its start-up check has not passed yet".to_owned(),
         };
         CallError {
@@ -182,6 +218,9 @@ pub(crate) struct Redlock {
     /// Per member, its start-up check while it has not passed (`None`: it
     /// passed at `build()`).
     checks: Vec<Option<Arc<PendingCheck>>>,
+    /// The manager's runtime (the one `build()` ran on), where those checks
+    /// run.
+    runtime: Option<tokio::runtime::Handle>,
     /// A majority: `members / 2 + 1`.
     quorum: usize,
     command_timeout: Duration,
@@ -274,6 +313,7 @@ impl Redlock {
         Ok(Redlock {
             members,
             checks,
+            runtime: tokio::runtime::Handle::try_current().ok(),
             quorum,
             command_timeout: config.command_timeout,
             fence_retention_ms: u64::try_from(config.fence_retention.as_millis())
@@ -313,7 +353,9 @@ impl Redlock {
                 .iter()
                 .zip(&self.checks)
                 .map(|(member, check)| {
-                    let checking = check.as_deref().map(|check| (check, check.begin(member)));
+                    let checking = check
+                        .as_deref()
+                        .map(|check| (check, check.begin(member, self.runtime.as_ref())));
                     let fut = call(member);
                     async move {
                         let started = Instant::now();
@@ -834,12 +876,24 @@ impl Redlock {
         // next renewals are due a third of a lease later.
         let shortest = batch.iter().map(|l| l.lease_ms()).min().unwrap_or(0);
         let timeout = self.member_timeout(shortest);
-        let per_member = join_all(self.members.iter().map(|m| async move {
-            match tokio::time::timeout(timeout, m.renew(batch, end)).await {
-                Ok(outcomes) => outcomes,
-                Err(_) => super::single::failed_all(batch, "the member did not answer in time"),
-            }
-        }))
+        let per_member = join_all(self.members.iter().zip(&self.checks).map(
+            |(m, check)| async move {
+                // A member whose check has not passed holds nothing of ours:
+                // not asked (its "not ours" would set off a reclaim of every
+                // lease at every tick); its check starts if due, unawaited.
+                if let Some(check) = check.as_deref() {
+                    if !check.passed.load(Ordering::Acquire) {
+                        drop(check.begin(m, self.runtime.as_ref()));
+                        let refused = check.refusal("").error.to_string();
+                        return super::single::failed_all(batch, &refused);
+                    }
+                }
+                match tokio::time::timeout(timeout, m.renew(batch, end)).await {
+                    Ok(outcomes) => outcomes,
+                    Err(_) => super::single::failed_all(batch, "the member did not answer in time"),
+                }
+            },
+        ))
         .await;
         let n = self.members.len();
         let mut out = Vec::with_capacity(batch.len());
