@@ -956,8 +956,22 @@ impl Cluster {
                 stale_map.store(true, Ordering::Relaxed);
                 return Some(failed_all(leases, &e.error.to_string()));
             }
-            // The node is gone or does not answer: the map may be stale (a
-            // failover), so renew these leases one call each, routed by
+            // No reply in time: the node is paused, overloaded or cut off.
+            // Renewing these leases one call each would wait for it as long
+            // again (redis-rs routes them to the same node) and hold up the
+            // whole round, and with it the next renewals of every master's
+            // leases. They fail now and are retried a third of their
+            // interval later, after the slot map is read again (where a
+            // failover shows).
+            Err(e)
+                if matches!(&e.error, LockError::Backend { source, .. }
+                    if source.is_timeout()) =>
+            {
+                stale_map.store(true, Ordering::Relaxed);
+                return Some(failed_all(leases, &e.error.to_string()));
+            }
+            // The node is gone (its connection broke): the map may be stale
+            // (a failover), so renew these leases one call each, routed by
             // redis-rs, which follows the cluster to the new master.
             Err(_) => {
                 stale_map.store(true, Ordering::Relaxed);
