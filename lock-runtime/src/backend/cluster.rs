@@ -145,8 +145,18 @@ impl SlotMap {
             let (Some(host), Some(port)) = (master.next(), master.next()) else {
                 return Err(malformed_slots());
             };
+            // A master whose endpoint the cluster does not say (NULL with
+            // `cluster-preferred-endpoint-type unknown-endpoint`, `?` for a
+            // hostname it lacks, empty for "the address you asked", which
+            // this reply does not carry): its slots stay out of the map, and
+            // their locks are renewed and released one call each, routed by
+            // redis-rs. Before, one such master failed the whole refresh.
+            let host: Option<String> = redis::from_redis_value(host)?;
+            let Some(host) = host.filter(|h| !h.is_empty() && h != "?") else {
+                continue;
+            };
             let node = Node {
-                host: redis::from_redis_value(host)?,
+                host,
                 port: redis::from_redis_value(port)?,
             };
             ranges.push((first, last, node));
@@ -1316,6 +1326,39 @@ mod tests {
         let keys = RedisNames::new("distlock:", "order:42");
         assert_eq!(slot_of(&keys.lock), slot_of(keys.fencing_counter()));
         assert_eq!(slot_of(&keys.lock), slot_of(keys.channel()));
+    }
+
+    #[test]
+    fn masters_without_an_endpoint_leave_their_slots_out_of_the_map() {
+        let range = |first: i64, last: i64, host: Value| {
+            Value::Array(vec![
+                Value::Int(first),
+                Value::Int(last),
+                Value::Array(vec![
+                    host,
+                    Value::Int(7000),
+                    Value::BulkString(b"id".to_vec()),
+                ]),
+            ])
+        };
+        let reply = Value::Array(vec![
+            range(0, 99, Value::BulkString(b"10.0.0.1".to_vec())),
+            range(100, 199, Value::Nil),
+            range(200, 299, Value::BulkString(b"?".to_vec())),
+            range(300, 399, Value::BulkString(Vec::new())),
+        ]);
+        let map = SlotMap::parse(reply).unwrap();
+        assert_eq!(
+            map.master_of(50),
+            Some(&Node {
+                host: "10.0.0.1".to_owned(),
+                port: 7000
+            })
+        );
+        for slot in [150, 250, 350] {
+            assert_eq!(map.master_of(slot), None, "slot {slot}");
+        }
+        assert_eq!(map.masters().len(), 1);
     }
 
     #[test]
