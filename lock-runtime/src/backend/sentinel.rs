@@ -39,6 +39,10 @@ pub(crate) struct Sentinel {
     address: Mutex<(String, u16)>,
     /// One rediscovery at a time; the others wait for its outcome.
     rediscovering: tokio::sync::Mutex<()>,
+    /// When the last query of the sentinels that ended was sent: a caller
+    /// that needed one before then takes its answer rather than asking
+    /// again (see [`Sentinel::ask_and_follow`]).
+    last_asked: Mutex<Option<std::time::Instant>>,
     /// Set when a call failed in a way a failover explains; until cleared,
     /// every call first asks the sentinels whom they name (see
     /// [`Sentinel::master`]).
@@ -101,6 +105,7 @@ impl Sentinel {
             current: RwLock::new(Arc::new(master)),
             address: Mutex::new((host, port)),
             rediscovering: tokio::sync::Mutex::new(()),
+            last_asked: Mutex::new(None),
             suspect: std::sync::atomic::AtomicBool::new(false),
             answered_while_suspect: std::sync::atomic::AtomicBool::new(false),
             config: config.clone(),
@@ -125,24 +130,41 @@ impl Sentinel {
         Box::pin(self.ask_and_follow(failed)).await
     }
 
-    /// [`rediscover`](Self::rediscover)'s work.
+    /// [`rediscover`](Self::rediscover)'s work. Callers that need the
+    /// sentinels' answer at once (every call that found its master gone, or
+    /// every call while it is suspect) share one query: one that waited
+    /// for another's takes its answer when that query was sent after it
+    /// needed one (the answer is as fresh as a query of its own would have
+    /// been), rather than asking again, one after another.
     async fn ask_and_follow(&self, failed: &Arc<Single>) -> bool {
+        let needed_at = std::time::Instant::now();
         let _one_at_a_time = self.rediscovering.lock().await;
         if !Arc::ptr_eq(&self.current(), failed) {
             return true;
         }
-        let (host, port) =
-            match ask_sentinels(&self.sentinels, &self.master_name, &self.config).await {
-                Ok(address) => address,
-                Err(e) => {
-                    tracing::warn!(target: "distlock::connection",
-                        sentinels = %self.shown,
-                        error = %e,
-                        "could not ask the sentinels for the master"
-                    );
-                    return false;
-                }
-            };
+        let answered_since = self
+            .last_asked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some_and(|at| at >= needed_at);
+        if answered_since {
+            // It named this master (or no sentinel answered).
+            return false;
+        }
+        let asked_at = std::time::Instant::now();
+        let asked = ask_sentinels(&self.sentinels, &self.master_name, &self.config).await;
+        *self.last_asked.lock().unwrap_or_else(|e| e.into_inner()) = Some(asked_at);
+        let (host, port) = match asked {
+            Ok(address) => address,
+            Err(e) => {
+                tracing::warn!(target: "distlock::connection",
+                    sentinels = %self.shown,
+                    error = %e,
+                    "could not ask the sentinels for the master"
+                );
+                return false;
+            }
+        };
         if *self.address.lock().unwrap_or_else(|e| e.into_inner()) == (host.clone(), port) {
             return false;
         }
