@@ -129,8 +129,9 @@ impl SlotMap {
         nodes
     }
 
-    /// Reads a `CLUSTER SLOTS` reply: `[[first, last, [host, port, id, ..], replicas..], ..]`.
-    fn parse(reply: Value) -> RedisResult<SlotMap> {
+    /// Reads a `CLUSTER SLOTS` reply: `[[first, last, [host, port, id, ..], replicas..], ..]`,
+    /// sent by the node at `asked` (its host, when known).
+    fn parse(reply: Value, asked: Option<&str>) -> RedisResult<SlotMap> {
         let mut ranges = Vec::new();
         for range in redis::from_redis_value::<Vec<Vec<Value>>>(reply)? {
             let mut fields = range.into_iter();
@@ -145,21 +146,37 @@ impl SlotMap {
             let (Some(host), Some(port)) = (master.next(), master.next()) else {
                 return Err(malformed_slots());
             };
-            // A master whose endpoint the cluster does not say (NULL with
-            // `cluster-preferred-endpoint-type unknown-endpoint`, `?` for a
-            // hostname it lacks, empty for "the address you asked", which
-            // this reply does not carry): its slots stay out of the map, and
-            // their locks are renewed and released one call each, routed by
-            // redis-rs. Before, one such master failed the whole refresh.
+            // NULL (`cluster-preferred-endpoint-type unknown-endpoint`, behind
+            // a load balancer) and an empty endpoint (a node that does not
+            // know its own address) mean "the host you sent CLUSTER SLOTS
+            // to", with the port given; `?` (a hostname a node lacks) names
+            // no endpoint at all: that master's slots stay out of the map,
+            // and their locks are renewed and released one call each,
+            // routed by redis-rs. (Before, any of them failed the refresh.)
             let host: Option<String> = redis::from_redis_value(host)?;
-            let Some(host) = host.filter(|h| !h.is_empty() && h != "?") else {
-                continue;
-            };
+            let host =
+                match host {
+                    Some(host) if host == "?" => continue,
+                    Some(host) if !host.is_empty() => host,
+                    _ => match asked {
+                        Some(asked) => asked.to_owned(),
+                        None => return Err(RedisError::from((
+                            ErrorKind::Parse,
+                            "CLUSTER SLOTS names the asked node's host, which is not known here",
+                        ))),
+                    },
+                };
             let node = Node {
                 host,
                 port: redis::from_redis_value(port)?,
             };
             ranges.push((first, last, node));
+        }
+        if ranges.is_empty() {
+            return Err(RedisError::from((
+                ErrorKind::Parse,
+                "CLUSTER SLOTS names no master with an endpoint",
+            )));
         }
         ranges.sort_by_key(|(first, _, _)| *first);
         Ok(SlotMap { ranges })
@@ -826,11 +843,18 @@ impl Cluster {
             Ok(conn) => Ok(conn),
             // A server that answered but refused RESP3 (`HELLO 3` unknown or
             // renamed, a proxy that speaks RESP2 only): the URL's protocol,
-            // without the early reconnection.
-            Err(e) if !unreachable(&e) => match self.client_for(node) {
-                Ok(client) => connect(client).await,
-                Err(_) => Err(e),
-            },
+            // without the early reconnection. (Refused credentials would be
+            // refused again.)
+            Err(e)
+                if !unreachable(&e)
+                    && !matches!(&e.error, LockError::Backend { source, .. }
+                        if source.kind() == BackendErrorKind::Auth) =>
+            {
+                match self.client_for(node) {
+                    Ok(client) => connect(client).await,
+                    Err(_) => Err(e),
+                }
+            }
             Err(e) => Err(e),
         }
         // Nothing was sent on a connection that was never made.
@@ -894,14 +918,19 @@ impl Cluster {
             Err(e) => return failed_all(batch, &e.error.to_string()),
         };
         let groups = self.group_by_node(batch.iter().map(|lease| lease.keys.lock.as_str()));
+        let group_count = groups.len();
         let stale_map = AtomicBool::new(false);
+        let timed_out = AtomicUsize::new(0);
         let sends = groups.into_iter().map(|(node, indices)| {
             let conn = conn.clone();
-            let stale_map = &stale_map;
+            let (stale_map, timed_out) = (&stale_map, &timed_out);
             async move {
                 let leases: Vec<Arc<Lease>> = indices.iter().map(|i| batch[*i].clone()).collect();
                 let outcomes = match node {
-                    Some(node) => self.renew_on(conn, &node, &leases, end, stale_map).await,
+                    Some(node) => {
+                        self.renew_on(conn, &node, &leases, end, stale_map, timed_out)
+                            .await
+                    }
                     None => None,
                 };
                 let outcomes = match outcomes {
@@ -919,6 +948,17 @@ impl Cluster {
             for (i, outcome) in indices.into_iter().zip(outcomes) {
                 out[i] = outcome;
             }
+        }
+        // No node of several answered: redis-rs's connection itself may be
+        // stuck (busy with a silent node); retired as a failed call retires
+        // it. One paused node, alone in a round or among others that
+        // answered, does not retire it: a fresh connection would wait for
+        // that node too, and hold up the next round.
+        if group_count > 1 && timed_out.load(Ordering::Relaxed) == group_count {
+            self.after_failure(&CallError {
+                error: LockError::command_timeout("", self.command_timeout),
+                maybe_executed: true,
+            });
         }
         if stale_map.load(Ordering::Relaxed) {
             let mut conn = conn;
@@ -940,6 +980,7 @@ impl Cluster {
         leases: &[Arc<Lease>],
         end: LeaseEnd,
         stale_map: &AtomicBool,
+        timed_out: &AtomicUsize,
     ) -> Option<Vec<Renewal>> {
         let mut pipe = redis::pipe();
         for lease in leases {
@@ -972,11 +1013,14 @@ impl Cluster {
             // whole round, and with it the next renewals of every master's
             // leases. They fail now and are retried a third of their
             // interval later, after the slot map is read again (where a
-            // failover shows).
+            // failover shows). (When every node timed out, `renew` retires
+            // the cluster connection: redis-rs's, busy with a silent node,
+            // may answer nothing.)
             Err(e)
                 if matches!(&e.error, LockError::Backend { source, .. }
                     if source.is_timeout()) =>
             {
+                timed_out.fetch_add(1, Ordering::Relaxed);
                 stale_map.store(true, Ordering::Relaxed);
                 return Some(failed_all(leases, &e.error.to_string()));
             }
@@ -1092,9 +1136,19 @@ impl Cluster {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .masters();
-        let mut routes: Vec<SingleNodeRoutingInfo> = masters.iter().map(by_address).collect();
-        routes.push(SingleNodeRoutingInfo::Random);
-        let asks = routes.into_iter().map(|route| {
+        // Asked by address (so that a reply naming "the host you asked" can
+        // be read): the masters, or before the first map the seeds.
+        let asked = if masters.is_empty() {
+            self.seed_nodes()
+        } else {
+            masters
+        };
+        let mut routes: Vec<(SingleNodeRoutingInfo, Option<String>)> = asked
+            .into_iter()
+            .map(|node| (by_address(&node), Some(node.host)))
+            .collect();
+        routes.push((SingleNodeRoutingInfo::Random, None));
+        let asks = routes.into_iter().map(|(route, asked)| {
             let mut conn = conn.clone();
             Box::pin(async move {
                 let reply = tokio::time::timeout(
@@ -1111,12 +1165,27 @@ impl Cluster {
                         "CLUSTER SLOTS timed out",
                     ))
                 })??;
-                SlotMap::parse(reply)
+                SlotMap::parse(reply, asked.as_deref())
             })
         });
         let (map, _) = futures_util::future::select_ok(asks).await?;
         *self.slots.lock().unwrap_or_else(|e| e.into_inner()) = map;
         Ok(())
+    }
+
+    /// The seeds' addresses (TCP or TLS).
+    fn seed_nodes(&self) -> Vec<Node> {
+        self.seeds
+            .iter()
+            .filter_map(|seed| match seed.get_connection_info().addr() {
+                redis::ConnectionAddr::Tcp(host, port)
+                | redis::ConnectionAddr::TcpTls { host, port, .. } => Some(Node {
+                    host: host.clone(),
+                    port: *port,
+                }),
+                _ => None,
+            })
+            .collect()
     }
 
     /// A client for `node` with the first seed's settings (password, TLS).
@@ -1329,7 +1398,7 @@ mod tests {
     }
 
     #[test]
-    fn masters_without_an_endpoint_leave_their_slots_out_of_the_map() {
+    fn an_endpoint_left_out_is_the_asked_host_and_a_question_mark_no_master() {
         let range = |first: i64, last: i64, host: Value| {
             Value::Array(vec![
                 Value::Int(first),
@@ -1347,18 +1416,22 @@ mod tests {
             range(200, 299, Value::BulkString(b"?".to_vec())),
             range(300, 399, Value::BulkString(Vec::new())),
         ]);
-        let map = SlotMap::parse(reply).unwrap();
-        assert_eq!(
-            map.master_of(50),
-            Some(&Node {
-                host: "10.0.0.1".to_owned(),
-                port: 7000
-            })
-        );
-        for slot in [150, 250, 350] {
-            assert_eq!(map.master_of(slot), None, "slot {slot}");
-        }
-        assert_eq!(map.masters().len(), 1);
+        let node = |host: &str| Node {
+            host: host.to_owned(),
+            port: 7000,
+        };
+        let map = SlotMap::parse(reply.clone(), Some("10.9.9.9")).unwrap();
+        assert_eq!(map.master_of(50), Some(&node("10.0.0.1")));
+        // NULL and empty: the host CLUSTER SLOTS was sent to.
+        assert_eq!(map.master_of(150), Some(&node("10.9.9.9")));
+        assert_eq!(map.master_of(350), Some(&node("10.9.9.9")));
+        // `?`: no endpoint, out of the map.
+        assert_eq!(map.master_of(250), None);
+        assert_eq!(map.masters().len(), 2);
+        // Sent to a node whose host is not known here: not a map to keep.
+        assert!(SlotMap::parse(reply, None).is_err());
+        let nothing = Value::Array(vec![range(0, 99, Value::BulkString(b"?".to_vec()))]);
+        assert!(SlotMap::parse(nothing, Some("10.9.9.9")).is_err());
     }
 
     #[test]

@@ -39,9 +39,9 @@ pub(crate) struct Sentinel {
     address: Mutex<(String, u16)>,
     /// One rediscovery at a time; the others wait for its outcome.
     rediscovering: tokio::sync::Mutex<()>,
-    /// When the last query of the sentinels that ended was sent: a caller
-    /// that needed one before then takes its answer rather than asking
-    /// again (see [`Sentinel::ask_and_follow`]).
+    /// When the last query a sentinel answered was sent: a caller that
+    /// needed one before then takes its answer rather than asking again
+    /// (see [`Sentinel::ask_and_follow`]).
     last_asked: Mutex<Option<std::time::Instant>>,
     /// Set when a call failed in a way a failover explains; until cleared,
     /// every call first asks the sentinels whom they name (see
@@ -148,12 +148,17 @@ impl Sentinel {
             .unwrap_or_else(|e| e.into_inner())
             .is_some_and(|at| at >= needed_at);
         if answered_since {
-            // It named this master (or no sentinel answered).
+            // It named this master.
             return false;
         }
         let asked_at = std::time::Instant::now();
         let asked = ask_sentinels(&self.sentinels, &self.master_name, &self.config).await;
-        *self.last_asked.lock().unwrap_or_else(|e| e.into_inner()) = Some(asked_at);
+        // Only an answer is shared: after a query no sentinel answered, each
+        // waiting caller asks for itself (one that stops here would take
+        // "no answer" for "the same master", and trust it again).
+        if asked.is_ok() {
+            *self.last_asked.lock().unwrap_or_else(|e| e.into_inner()) = Some(asked_at);
+        }
         let (host, port) = match asked {
             Ok(address) => address,
             Err(e) => {
