@@ -10,7 +10,7 @@ mod common;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use common::eventually;
+use common::{connections_received, eventually};
 use distlock::testing::{RedisSentinel, RedisServer};
 use distlock::{distributed_lock, LockError, LockEventKind, LockManager};
 use futures_util::StreamExt;
@@ -300,20 +300,6 @@ async fn a_listening_manager_follows_a_failover_that_leaves_the_old_master_up() 
     );
 }
 
-/// Connections the sentinel at `url` has accepted since it started (each
-/// query of the sentinels opens one).
-async fn connections_received(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("stats")
-        .query_async(conn)
-        .await
-        .unwrap();
-    info.lines()
-        .find_map(|line| line.strip_prefix("total_connections_received:"))
-        .and_then(|n| n.trim().parse().ok())
-        .expect("total_connections_received in INFO stats")
-}
-
 /// Calls that fail together on a master that died share one query of the
 /// sentinels: each waited for the one before it, then asked again, so 20
 /// calls failing at once asked 20 times, one after another (each opening a
@@ -331,6 +317,7 @@ async fn calls_failing_together_share_one_query_of_the_sentinels() {
         .release()
         .await
         .unwrap();
+    // Each query of the sentinels opens a connection to the first.
     let before = connections_received(&mut sentinel).await;
     fixture.kill_master().unwrap();
     // Well within the sentinels' 1 s down-after: they still name the dead

@@ -529,19 +529,6 @@ async fn a_resp3_cluster_url_keeps_its_connections_on_resp3() {
     }
 }
 
-/// Connections the server accepted so far (`INFO stats`).
-async fn connections_received(raw: &mut redis::aio::MultiplexedConnection) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("stats")
-        .query_async(raw)
-        .await
-        .unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix("total_connections_received:"))
-        .and_then(|n| n.trim().parse().ok())
-        .expect("total_connections_received")
-}
-
 /// A listening connection whose subscriptions the server now refuses (its
 /// user lost the channel permission: Redis closes the subscribed connection,
 /// and refuses every SUBSCRIBE after) is made again after a growing delay.

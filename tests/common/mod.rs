@@ -738,6 +738,19 @@ pub async fn calls_of(raw: &mut MultiplexedConnection, command: &str) -> u64 {
     command_calls(raw).await.get(command).copied().unwrap_or(0)
 }
 
+/// Connections the server (or sentinel) accepted so far (`INFO stats`).
+pub async fn connections_received(raw: &mut MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("stats")
+        .query_async(raw)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("total_connections_received:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("total_connections_received")
+}
+
 /// Zeroes the server's command statistics.
 pub async fn reset_stats(raw: &mut MultiplexedConnection) {
     redis::cmd("CONFIG")
