@@ -149,6 +149,30 @@ impl PendingCheck {
         Some(done)
     }
 
+    /// Whether a call may go to the member: it may once the check passed. A
+    /// check that is due starts now (see [`PendingCheck::begin`]); the call
+    /// waits up to `wait` for it (a member back in time for a call takes
+    /// part in it; a renewal round does not wait). Otherwise the call is
+    /// refused as a down member's, not sent.
+    async fn admit(
+        &self,
+        member: &Single,
+        runtime: Option<&tokio::runtime::Handle>,
+        key: &str,
+        wait: Duration,
+    ) -> Result<(), CallError> {
+        if let Some(done) = self.begin(member, runtime) {
+            if !wait.is_zero() {
+                let _ = tokio::time::timeout(wait, done).await;
+            }
+        }
+        if self.passed.load(Ordering::Acquire) {
+            Ok(())
+        } else {
+            Err(self.refusal(key))
+        }
+    }
+
     /// Keeps the outcome of a check.
     fn record(&self, outcome: Result<(), LockError>) {
         let e = match outcome {
@@ -353,20 +377,14 @@ impl Redlock {
                 .iter()
                 .zip(&self.checks)
                 .map(|(member, check)| {
-                    let checking = check
-                        .as_deref()
-                        .map(|check| (check, check.begin(member, self.runtime.as_ref())));
                     let fut = call(member);
                     async move {
                         let started = Instant::now();
-                        if let Some((check, checking)) = checking {
-                            if let Some(done) = checking {
-                                // The check's own time counts against the call's.
-                                let _ = tokio::time::timeout(timeout, done).await;
-                            }
-                            if !check.passed.load(Ordering::Acquire) {
-                                return Err(check.refusal(key));
-                            }
+                        // The check's own time counts against the call's.
+                        if let Some(check) = check.as_deref() {
+                            check
+                                .admit(member, self.runtime.as_ref(), key, timeout)
+                                .await?;
                         }
                         let left = timeout.saturating_sub(started.elapsed());
                         match tokio::time::timeout(left, fut).await {
@@ -882,10 +900,11 @@ impl Redlock {
                 // not asked (its "not ours" would set off a reclaim of every
                 // lease at every tick); its check starts if due, unawaited.
                 if let Some(check) = check.as_deref() {
-                    if !check.passed.load(Ordering::Acquire) {
-                        drop(check.begin(m, self.runtime.as_ref()));
-                        let refused = check.refusal("").error.to_string();
-                        return super::single::failed_all(batch, &refused);
+                    let admitted = check
+                        .admit(m, self.runtime.as_ref(), "", Duration::ZERO)
+                        .await;
+                    if let Err(refused) = admitted {
+                        return super::single::failed_all(batch, &refused.error.to_string());
                     }
                 }
                 match tokio::time::timeout(timeout, m.renew(batch, end)).await {
