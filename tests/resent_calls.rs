@@ -1,5 +1,5 @@
 //! A call whose reply is lost with its connection, and sent again: Redis
-//! Cluster's client does that (it sends a request once more on a new
+//! Cluster backend does that (it sends a request once more on a new
 //! connection when the old one drops before the reply), as does the Sentinel
 //! backend after a failover. The first run took effect; the second must
 //! neither report the opposite (a plain acquisition finding its own value

@@ -165,7 +165,8 @@ key_call!(
 
 key_call!(
     /// Publishes `payload` on `channel` (classic PUBLISH: on a cluster, the
-    /// bus carries it to every node); the call goes where `key` routes it.
+    /// bus carries it to every node); on a cluster the call goes to the
+    /// master of the channel's slot (a lock's channels carry its hash tag).
     Publish { channel: &'a str, payload: &'a str } -> (),
     |_scripts, conn, c| async move {
         redis::cmd("PUBLISH")

@@ -1,23 +1,37 @@
-//! Redis Cluster: one call per lock through redis-rs's cluster client, renewals
+//! Redis Cluster: one call per lock on the master of its slot, renewals
 //! pipelined per node, wake-ups over classic pub/sub on any node.
 //!
-//! - A lock's names share one hash tag (see `keys.rs`), so each script
-//!   runs on the master of one slot. redis-rs routes EVALSHA by its first key,
-//!   follows `MOVED` and `ASK`, and retries `TRYAGAIN`/`CLUSTERDOWN` a few times
-//!   with short waits (5-100 ms, not its 1.28 s default). A redirection or
-//!   migration error that outlives those retries makes an acquire "busy", so the
-//!   waiting loop retries it within `wait`; the script never ran, so nothing was
-//!   granted. Release and renewal retry it themselves within the command timeout.
-//! - Renewal groups a batch by the node that owns each lock's slot (a slot map
-//!   from `CLUSTER SLOTS`) and sends one pipeline per node, all at once: one
-//!   round trip per node per tick. A node that answers `MOVED`/`ASK` (a stale
-//!   map) gets its leases renewed one call each after a map refresh.
+//! - The manager routes its own requests: a slot map read with `CLUSTER
+//!   SLOTS` names each slot's master, and every request goes on the
+//!   manager's own connection to that node (one per node, see
+//!   `Cluster::node_connection`). A lock's names share one hash tag (see
+//!   `keys.rs`), so each script runs on one node. A request follows `MOVED`
+//!   (and the map is read again) and `ASK` (`ASKING` in the same write), and
+//!   is sent once more only when its connection broke before the reply (see
+//!   `SlotConn`). `TRYAGAIN`, `CLUSTERDOWN` and a redirection that outlives
+//!   five hops make an acquisition "busy", so the
+//!   waiting loop retries it within `wait`; the script never ran, so nothing
+//!   was granted. Release and renewal retry them within the command timeout.
+//!   redis-rs's cluster client is not used: a request for a master it was
+//!   reconnecting (a dead one) made it drop and remake every node connection,
+//!   and in its slot refresh after a `MOVED` it could wait for a lock that a
+//!   request it had stopped polling held, answering nothing for good; every
+//!   lock on every master timed out while one master was down.
+//! - A node that could not be connected to (refused, no answer in time) is
+//!   not tried again for 100 ms, and one attempt to connect to a node runs
+//!   at a time: until the cluster has failed a dead master over, calls on
+//!   its keys fail without being sent (at once when it refuses connections,
+//!   within their timeout when it does not answer), and the map is read
+//!   again on calls' behalf at most every 100 ms.
+//! - Renewal groups a batch by the node that owns each lock's slot and sends
+//!   one pipeline per node, all at once: one round trip per node per tick. A
+//!   node that answers `MOVED`/`ASK` (a stale map) gets its leases renewed
+//!   one call each after a map refresh.
 //! - A release of several locks (a multi-key guard, the shutdown) sends one
-//!   pipeline per node too, on a connection of its own per master, not the
-//!   cluster connection: redis-rs sends a pipeline again whole, to the new
-//!   master, when one of its replies redirects, and a release run twice
-//!   finds its lock gone. A lock whose reply redirects was not touched and
-//!   is released with a call of its own (see `Cluster::release_many`).
+//!   pipeline per node too, sent once: a lock whose reply redirects was not
+//!   touched and is released with a call of its own (see
+//!   `Cluster::release_many`); sending the pipeline again whole would find the
+//!   locks of its first send gone.
 //! - Wake-ups: `release.lua` publishes with classic `PUBLISH`, which the cluster
 //!   bus carries to every node, so a RESP2 subscriber connection on any live
 //!   node hears every lock's releases, whichever node owns the slot, and slot
@@ -38,11 +52,6 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::{ClusterClient, ClusterClientBuilder};
-use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{
-    MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo, SingleNodeRoutingInfo,
-};
 use redis::{ErrorKind, RedisError, RedisFuture, RedisResult, ServerErrorKind, Value};
 
 use super::calls::{KeyCall, Release};
@@ -56,20 +65,22 @@ use crate::keys::RedisNames;
 use crate::lease::Lease;
 
 /// How long a caller treats a lock as busy after its slot answered with a
-/// migration or redirection error that redis-rs's own retries did not clear.
+/// migration or redirection error that its request's redirections did not
+/// clear.
 const RESHARD_BUSY: Duration = Duration::from_millis(10);
 
 pub(crate) struct Cluster {
-    client: ClusterClient,
-    /// The cluster connection; `None` after it was retired (a reply that may
-    /// belong to another request), until the next call connects afresh.
-    conn: Mutex<Option<ClusterConnection>>,
     /// A client per seed; their connection settings (password, TLS) are reused
     /// for every node the slot map names.
     seeds: Vec<redis::Client>,
-    /// Masters by slot range, for grouping renewals per node and for the
-    /// blocking release; refreshed when a node answers MOVED or ASK.
+    /// Masters by slot range: where each call goes, and how renewals are
+    /// grouped per node; read again when a node answers MOVED, or a call
+    /// or a renewal could not reach its node.
     slots: Mutex<SlotMap>,
+    /// Held while the slot map is read again on a call's behalf (see
+    /// [`Cluster::refresh_soon`]), and when that last began.
+    refreshing: tokio::sync::Mutex<()>,
+    refreshed_at: Mutex<Option<Instant>>,
     /// Per subscriber connection (one per master at start-up): how many
     /// fallback attempts in a row failed (the next moves on that many nodes
     /// from its own master), and since when its own master has failed
@@ -86,18 +97,22 @@ pub(crate) struct Cluster {
     connect_timeout: Duration,
     /// Round trips spent on renewals (see `Backend::renewal_round_trips`).
     pub(crate) renewal_round_trips: AtomicU64,
-    /// When the connection was last retired for a node that could not be
-    /// reached (see [`Cluster::after_failure`]), to do it at most once a
-    /// second.
-    unreachable_retired_at: Mutex<Option<std::time::Instant>>,
-    /// A connection of its own per master for the release pipelines (see
-    /// [`Cluster::release_many`]): made on first use, reconnected by
-    /// redis-rs when the server closes it, dropped after a pipeline that
-    /// failed as a whole or got replies of the wrong shape. Boxed:
-    /// `Backend`'s variants stay of a size.
-    release_conns: Box<Mutex<Vec<(Node, ConnectionManager)>>>,
+    /// The manager's connection per node (see [`Cluster::node_connection`]):
+    /// made on first use, reconnected by redis-rs when the server closes
+    /// it, dropped after a request that failed in a way that leaves it in
+    /// doubt. Boxed: `Backend`'s variants stay of a size.
+    node_conns: Box<Mutex<Vec<(Node, NodeLink)>>>,
+    /// The generation of the next node connection.
+    node_generations: AtomicU64,
+    /// Nodes that could not be connected to, when, and why (see
+    /// [`NODE_DOWN_FOR`]).
+    nodes_down: Mutex<Vec<(Node, Instant, RedisError)>>,
+    /// Per node, held while a connection to it is made: one attempt at a
+    /// time, however many calls need it (a dead master's keys are asked
+    /// for by every caller at once).
+    node_connecting: Mutex<Vec<(Node, Arc<tokio::sync::Mutex<()>>)>>,
     /// Their settings (those of a single server's connection).
-    release_conn_config: Box<ConnectionManagerConfig>,
+    node_conn_config: Box<ConnectionManagerConfig>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -151,8 +166,9 @@ impl SlotMap {
             // know its own address) mean "the host you sent CLUSTER SLOTS
             // to", with the port given; `?` (a hostname a node lacks) names
             // no endpoint at all: that master's slots stay out of the map,
-            // and their locks are renewed and released one call each,
-            // routed by redis-rs. (Before, any of them failed the refresh.)
+            // and a call on them is refused as in a cluster that is down
+            // (busy, for an acquisition) until a reading names an endpoint.
+            // (Before, any of them failed the refresh.)
             let host: Option<String> = redis::from_redis_value(host)?;
             let host =
                 match host {
@@ -229,25 +245,333 @@ fn is_resharding(e: &RedisError) -> bool {
     )
 }
 
-/// The cluster connection as the scripts use it: a `SCRIPT LOAD` (a script's
-/// reload after NOSCRIPT) goes to every master. redis-rs sends it to every
-/// node, replicas included, and waits for all of them, so one replica that
-/// accepted connections but stopped answering (paused, overloaded) made every
-/// reload time out, and with it the call that met NOSCRIPT, on any master.
-/// Replicas run no scripts; a promoted one loads them at its first NOSCRIPT.
-struct ScriptConn(ClusterConnection);
+/// How many redirections (`MOVED`, `ASK`) one request follows before the
+/// last one is its caller's error.
+const MAX_REDIRECTS: usize = 5;
 
-impl ConnectionLike for ScriptConn {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> RedisFuture<'a, Value> {
-        if is_script_load(cmd) {
-            let every_master = RoutingInfo::MultiNode((
-                MultipleNodeRoutingInfo::AllMasters,
-                Some(ResponsePolicy::AllSucceeded),
-            ));
-            Box::pin(self.0.route_command(cmd.clone(), every_master))
-        } else {
-            self.0.req_packed_command(cmd)
+/// How long a node that could not be connected to (refused, no answer in
+/// time, refused credentials) is not tried again: until the cluster has
+/// failed a dead master over, every call on its keys is routed to it, and
+/// each would try to connect.
+const NODE_DOWN_FOR: Duration = Duration::from_millis(100);
+
+/// The shortest time between two readings of the slot map on calls'
+/// behalf (every call that meets a moved slot or a dead master asks for
+/// one).
+const REFRESH_AT_MOST_EVERY: Duration = Duration::from_millis(100);
+
+/// The manager's connection to a node, which connection of that node's it
+/// is (a later one has a larger number), and the protocol it speaks.
+#[derive(Clone)]
+struct NodeLink {
+    conn: ConnectionManager,
+    generation: u64,
+    protocol: redis::ProtocolVersion,
+}
+
+/// What one call's requests leave behind, for the call to act on when it
+/// fails.
+#[derive(Default)]
+struct CallTrack {
+    /// The node, and the generation of its connection, of the last request.
+    last: Mutex<Option<(Node, u64)>>,
+    /// Whether a request was written: a call that ends before (its node
+    /// could not be connected to) was not sent.
+    sent: AtomicBool,
+}
+
+impl CallTrack {
+    /// A request about to be written on `link`, to `node`.
+    fn took(&self, node: &Node, link: &NodeLink) {
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((node.clone(), link.generation));
+        self.sent.store(true, Ordering::Relaxed);
+    }
+}
+
+/// A connection attempt to a node: one that fails, or that its caller
+/// gives up after half the connect timeout (its own timeout ran out),
+/// marks the node down for [`NODE_DOWN_FOR`], so that the calls waiting
+/// their turn do not each try a node that does not answer. (One given up
+/// sooner was not waited for: a reading of the slot map takes the first
+/// master's answer and drops the other attempts.)
+struct ConnectAttempt<'c> {
+    cluster: &'c Cluster,
+    node: &'c Node,
+    started: Instant,
+    done: bool,
+}
+
+impl ConnectAttempt<'_> {
+    fn failed(&mut self, e: RedisError) {
+        self.done = true;
+        self.cluster
+            .nodes_down
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((self.node.clone(), Instant::now(), e));
+    }
+}
+
+impl Drop for ConnectAttempt<'_> {
+    fn drop(&mut self) {
+        if !self.done && self.started.elapsed() >= self.cluster.connect_timeout / 2 {
+            self.failed(RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no connection after {:?}", self.started.elapsed()),
+            )));
         }
+    }
+}
+
+/// The connection one call on a key makes its requests on: each goes to the
+/// master of its first key's slot in the slot map, on the manager's own
+/// connection to that node, and follows `MOVED` (the map is read again) and
+/// `ASK` (`ASKING` first, in the same write). A request without keys (a
+/// `SCRIPT LOAD` after `NOSCRIPT`) goes where the previous one went. One
+/// whose connection broke before its reply is sent once more, on a new
+/// connection, as redis-rs's cluster client did (every script takes effect
+/// once when sent again, `tests/resent_calls.rs`); one that got no reply in
+/// time is not.
+struct SlotConn<'c> {
+    cluster: &'c Cluster,
+    track: Arc<CallTrack>,
+}
+
+impl SlotConn<'_> {
+    /// The node for a request on `slot`: its master in the map, or, for a
+    /// request without keys, the node of the previous request (the first
+    /// master not known to be down, for a call's first).
+    fn target(&self, slot: Option<u16>) -> RedisResult<Node> {
+        let previous = self
+            .track
+            .last
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|(node, _)| node.clone());
+        let map = self.cluster.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let node = match slot {
+            Some(slot) => map.master_of(slot).cloned(),
+            None => previous.or_else(|| {
+                let masters = map.masters();
+                let down = self
+                    .cluster
+                    .nodes_down
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                masters
+                    .iter()
+                    .find(|m| {
+                        !down
+                            .iter()
+                            .any(|(n, at, _)| n == *m && at.elapsed() < NODE_DOWN_FOR)
+                    })
+                    .or(masters.first())
+                    .cloned()
+            }),
+        };
+        node.ok_or_else(|| {
+            RedisError::from((
+                ErrorKind::Server(ServerErrorKind::ClusterDown),
+                "no master with an endpoint is known for the slot",
+            ))
+        })
+    }
+
+    /// Where a reply from `from` redirects to (and whether it is an `ASK`),
+    /// if it does and names an address: an empty host is `from`'s (as in
+    /// `CLUSTER SLOTS`), `?` none.
+    fn redirect(e: &RedisError, from: &Node) -> Option<(Node, bool)> {
+        let asking = match e.kind() {
+            ErrorKind::Server(ServerErrorKind::Moved) => false,
+            ErrorKind::Server(ServerErrorKind::Ask) => true,
+            _ => return None,
+        };
+        let (addr, _) = e.redirect_node()?;
+        let (host, port) = addr.rsplit_once(':')?;
+        let host = match host.trim_start_matches('[').trim_end_matches(']') {
+            "?" => return None,
+            "" => from.host.clone(),
+            host => host.to_owned(),
+        };
+        Some((
+            Node {
+                host,
+                port: port.parse().ok()?,
+            },
+            asking,
+        ))
+    }
+
+    /// Sends with `send` (on the node's connection, in its protocol, with
+    /// `ASKING` first or not) until a reply does not redirect, at most
+    /// [`MAX_REDIRECTS`] times; `redirect_in` finds a redirection in a reply,
+    /// `failed` tells a reply that is or carries an error.
+    async fn route<T, Fut>(
+        &mut self,
+        slot: Option<u16>,
+        send: impl Fn(ConnectionManager, redis::ProtocolVersion, bool) -> Fut,
+        redirect_in: impl Fn(&RedisResult<T>) -> Option<RedisError>,
+        failed: impl Fn(&RedisResult<T>) -> bool,
+    ) -> RedisResult<T>
+    where
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        let cluster = self.cluster;
+        let mut next: Option<(Node, bool)> = None;
+        let mut redirects = 0;
+        // The error of a send whose connection broke, once it is sent again:
+        // what the call answers unless the second send succeeds (the first
+        // may have run).
+        let mut dropped: Option<RedisError> = None;
+        loop {
+            let (node, asking) = match next.take() {
+                Some(next) => next,
+                None => match self.target(slot) {
+                    Ok(node) => (node, false),
+                    Err(e) => {
+                        cluster.refresh_soon().await;
+                        return Err(dropped.unwrap_or(e));
+                    }
+                },
+            };
+            let link = match cluster.node_link(&node).await {
+                Ok(link) => link,
+                Err(e) => return Err(dropped.unwrap_or(e)),
+            };
+            self.track.took(&node, &link);
+            let reply = send(link.conn, link.protocol, asking).await;
+            if let Some(first) = dropped {
+                return if failed(&reply) { Err(first) } else { reply };
+            }
+            if let Err(e) = &reply {
+                if e.is_connection_dropped() && !e.is_connection_refusal() {
+                    cluster.retire_node_connection(&node, link.generation);
+                    dropped = Some(e.clone());
+                    next = Some((node, asking));
+                    continue;
+                }
+            }
+            let Some(e) = redirect_in(&reply) else {
+                return reply;
+            };
+            let Some((to, asking)) = Self::redirect(&e, &node) else {
+                // A redirection to no address: the map is read again, and
+                // the caller retries or counts the lock busy.
+                cluster.refresh_soon().await;
+                return reply;
+            };
+            redirects += 1;
+            if redirects > MAX_REDIRECTS {
+                return reply;
+            }
+            if !asking {
+                // The map is out of date; this request follows the
+                // redirection meanwhile.
+                cluster.refresh_soon().await;
+            }
+            next = Some((to, asking));
+        }
+    }
+}
+
+/// The slot of the first key among `cmds`' arguments (`None`: no keys).
+fn first_key_slot<'a>(cmds: impl IntoIterator<Item = &'a redis::Cmd>) -> Option<u16> {
+    cmds.into_iter().find_map(first_key).map(slot_of)
+}
+
+/// The first key of a command distlock sends (`None` for one without keys);
+/// a `PUBLISH`'s channel, which carries its lock's hash tag, counts as one.
+fn first_key(cmd: &redis::Cmd) -> Option<&[u8]> {
+    let mut args = cmd.args_iter().map(|arg| match arg {
+        redis::Arg::Simple(bytes) => bytes,
+        _ => &[],
+    });
+    let name = args.next()?.to_ascii_uppercase();
+    match name.as_slice() {
+        b"EVAL" | b"EVALSHA" | b"EVAL_RO" | b"EVALSHA_RO" | b"FCALL" | b"FCALL_RO" => {
+            let _script = args.next()?;
+            let keys: usize = std::str::from_utf8(args.next()?).ok()?.parse().ok()?;
+            if keys == 0 {
+                return None;
+            }
+            args.next()
+        }
+        b"PING" | b"SCRIPT" | b"WAIT" | b"HELLO" | b"CONFIG" | b"SCAN" | b"ASKING" | b"INFO"
+        | b"CLUSTER" | b"CLIENT" | b"ACL" | b"READONLY" | b"MULTI" | b"EXEC" => None,
+        _ => args.next(),
+    }
+}
+
+fn is_redirect(e: &RedisError) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask)
+    )
+}
+
+fn is_hello(cmd: &redis::Cmd) -> bool {
+    cmd.args_iter().next().is_some_and(
+        |arg| matches!(arg, redis::Arg::Simple(name) if name.eq_ignore_ascii_case(b"HELLO")),
+    )
+}
+
+/// The redirection a reply (or a pipeline's replies) carries.
+fn redirect_error(value: &Value) -> Option<RedisError> {
+    match value {
+        Value::ServerError(e) => {
+            let e = RedisError::from(e.clone());
+            is_redirect(&e).then_some(e)
+        }
+        _ => None,
+    }
+}
+
+/// A reply that is an error, or a pipeline's replies that carry one.
+fn carries_error(reply: Result<&[Value], &RedisError>) -> bool {
+    match reply {
+        Ok(values) => values.iter().any(|v| matches!(v, Value::ServerError(_))),
+        Err(_) => true,
+    }
+}
+
+impl ConnectionLike for SlotConn<'_> {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(async move {
+            let slot = first_key_slot([cmd]);
+            self.route(
+                slot,
+                |mut conn, protocol, asking| async move {
+                    if is_hello(cmd) {
+                        // A HELLO (the start-up check's) names the protocol
+                        // of this node's connection, which the manager chose
+                        // (another would switch the connection under
+                        // redis-rs).
+                        let version = if protocol.supports_resp3() { 3 } else { 2 };
+                        return conn
+                            .req_packed_command(redis::cmd("HELLO").arg(version))
+                            .await;
+                    }
+                    if asking {
+                        let mut pipe = redis::pipe();
+                        pipe.cmd("ASKING").add_command(cmd.clone());
+                        let mut replies = conn.req_packed_commands(&pipe, 1, 1).await?;
+                        replies.pop().ok_or_else(|| {
+                            RedisError::from((ErrorKind::Parse, "no reply after ASKING"))
+                        })
+                    } else {
+                        conn.req_packed_command(cmd).await
+                    }
+                },
+                |reply| match reply {
+                    Ok(value) => redirect_error(value),
+                    Err(e) => is_redirect(e).then(|| e.clone()),
+                },
+                |reply| carries_error(reply.as_ref().map(std::slice::from_ref)),
+            )
+            .await
+        })
     }
 
     fn req_packed_commands<'a>(
@@ -256,26 +580,46 @@ impl ConnectionLike for ScriptConn {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        self.0.req_packed_commands(pipeline, offset, count)
+        Box::pin(async move {
+            let slot = first_key_slot(pipeline.cmd_iter());
+            self.route(
+                slot,
+                |mut conn, _protocol, asking| async move {
+                    if !asking {
+                        return conn.req_packed_commands(pipeline, offset, count).await;
+                    }
+                    // ASKING holds for the next command only: one before
+                    // each, and their replies left out.
+                    let mut asked = redis::pipe();
+                    for cmd in pipeline.cmd_iter() {
+                        asked.cmd("ASKING").add_command(cmd.clone());
+                    }
+                    let replies = conn.req_packed_commands(&asked, 0, asked.len()).await?;
+                    Ok(replies
+                        .into_iter()
+                        .skip(1)
+                        .step_by(2)
+                        .skip(offset)
+                        .take(count)
+                        .collect())
+                },
+                |replies| match replies {
+                    Ok(values) => values.iter().find_map(redirect_error),
+                    Err(e) => is_redirect(e).then(|| e.clone()),
+                },
+                |replies| carries_error(replies.as_ref().map(Vec::as_slice)),
+            )
+            .await
+        })
     }
 
     fn get_db(&self) -> i64 {
-        self.0.get_db()
+        0
     }
 }
 
-fn is_script_load(cmd: &redis::Cmd) -> bool {
-    let mut args = cmd.args_iter().map(|arg| match arg {
-        redis::Arg::Simple(bytes) => bytes,
-        _ => &[],
-    });
-    args.next()
-        .is_some_and(|a| a.eq_ignore_ascii_case(b"SCRIPT"))
-        && args.next().is_some_and(|a| a.eq_ignore_ascii_case(b"LOAD"))
-}
-
 impl Cluster {
-    /// Connects to the cluster through `seeds` and runs the server check on the
+    /// Reads the slot map from `seeds` and runs the server check on the
     /// master of the probe lock's slot.
     pub(crate) async fn connect(
         seeds: &[String],
@@ -295,40 +639,11 @@ impl Cluster {
             .map(|url| super::open_client(url, tls))
             .collect::<RedisResult<Vec<_>>>()
             .map_err(invalid)?;
-        // redis-rs speaks the first seed's protocol to every node.
-        let protocol = seed_clients[0]
-            .get_connection_info()
-            .redis_settings()
-            .protocol();
-        let builder =
-            ClusterClientBuilder::new(seed_clients.iter().map(|c| c.get_connection_info().clone()))
-                // redis-rs's defaults retry 16 times, waiting 1.28 s or more before
-                // retrying TRYAGAIN or CLUSTERDOWN; a slot migration clears in
-                // milliseconds, and the layers above retry anyway (an acquisition
-                // counts the lock busy within its wait; release and renewal retry
-                // within the command timeout), so a cluster that is down during a
-                // failover shows up as busy rather than as a timed-out call.
-                .retries(1)
-                .min_retry_wait(5)
-                .max_retry_wait(100)
-                .connection_timeout(config.connect_timeout);
-        #[cfg(feature = "tls")]
-        let builder = match super::tls_certificates(tls) {
-            Some(certs) => builder.certs(certs),
-            None => builder,
-        };
-        let client = builder.build().map_err(invalid)?;
-        let connecting = client.get_async_connection();
-        let mut conn = match tokio::time::timeout(config.connect_timeout, connecting).await {
-            Ok(Ok(conn)) => conn,
-            Ok(Err(e)) => return Err(connect_error(e, shown)),
-            Err(_) => return Err(super::connect_timed_out(shown, config.connect_timeout)),
-        };
         let mut cluster = Cluster {
-            client,
-            conn: Mutex::new(None),
             seeds: seed_clients,
             slots: Mutex::new(SlotMap::default()),
+            refreshing: tokio::sync::Mutex::const_new(()),
+            refreshed_at: Mutex::new(None),
             subscriber_turns: Vec::new(),
             subscriber_failing_since: Vec::new(),
             subscriber_masters: Mutex::new(Vec::new()),
@@ -337,15 +652,21 @@ impl Cluster {
             command_timeout: config.command_timeout,
             connect_timeout: config.connect_timeout,
             renewal_round_trips: AtomicU64::new(0),
-            unreachable_retired_at: Mutex::new(None),
-            release_conns: Box::default(),
-            release_conn_config: Box::new(super::single::connection_config(config)),
+            node_conns: Box::default(),
+            node_generations: AtomicU64::new(0),
+            nodes_down: Mutex::new(Vec::new()),
+            node_connecting: Mutex::new(Vec::new()),
+            // One try to connect: a request for a node that refuses fails at
+            // once (it was not sent), and the next one tries again.
+            node_conn_config: Box::new(
+                super::single::connection_config(config).set_number_of_retries(0),
+            ),
         };
-        if let Err(e) = cluster.refresh_slots(&mut conn).await {
-            return Err(LockError::ServerCheck {
-                url: shown,
-                reason: format!("CLUSTER SLOTS failed: {e}"),
-            });
+        let first_map = tokio::time::timeout(config.connect_timeout, cluster.refresh_slots());
+        match first_map.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(connect_error(e, shown)),
+            Err(_) => return Err(super::connect_timed_out(shown, config.connect_timeout)),
         }
         let masters = cluster
             .slots
@@ -356,6 +677,16 @@ impl Cluster {
         cluster.subscriber_turns = (0..masters.max(1)).map(|_| AtomicUsize::new(0)).collect();
         cluster.subscriber_failing_since = (0..masters.max(1)).map(|_| Mutex::new(None)).collect();
         cluster.subscriber_masters = Mutex::new(vec![None; masters.max(1)]);
+        // The check runs where its requests route (the probe lock's master),
+        // on the manager's own connections (see `SlotConn`).
+        let protocol = cluster.seeds[0]
+            .get_connection_info()
+            .redis_settings()
+            .protocol();
+        let mut conn = SlotConn {
+            cluster: &cluster,
+            track: Arc::default(),
+        };
         super::check::check(
             &mut conn,
             protocol,
@@ -365,93 +696,124 @@ impl Cluster {
             &shown,
         )
         .await?;
-        *cluster.conn.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn);
         Ok(cluster)
     }
 
-    /// The cluster connection, connecting a fresh one after a retirement.
-    async fn connection(&self, key: &str) -> Result<ClusterConnection, CallError> {
-        if let Some(conn) = self.conn.lock().unwrap_or_else(|e| e.into_inner()).clone() {
-            return Ok(conn);
+    /// The manager's connection to `node` as a call's request needs it: a
+    /// node that could not be connected to within [`NODE_DOWN_FOR`] is not
+    /// tried again, and one that cannot be connected to now is refused. A
+    /// refusal is a connection refused (the request was not sent), but for
+    /// refused credentials, which keep their own error.
+    async fn node_link(&self, node: &Node) -> RedisResult<NodeLink> {
+        let failed = |e: RedisError| {
+            if e.is_io_error() || e.is_timeout() {
+                RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::ConnectionRefused,
+                    format!(
+                        "cluster node {}:{} could not be reached: {e}",
+                        node.host, node.port
+                    ),
+                ))
+            } else {
+                e
+            }
+        };
+        if let Some(e) = self.recently_down(node) {
+            return Err(failed(e));
         }
-        let conn = bounded_call(
-            key,
-            self.connect_timeout,
-            self.client.get_async_connection(),
-        )
-        .await?;
-        let mut current = self.conn.lock().unwrap_or_else(|e| e.into_inner());
-        Ok(current.get_or_insert(conn).clone())
+        self.node_connection(node).await.map_err(failed)
     }
 
-    /// Drops the cluster connection after a call that may have lost its reply:
-    /// redis-rs's per-node connections are multiplexed, so this should not
-    /// happen; if a reply for another owner ever comes, trust nothing on it.
-    fn retire_connection(&self) {
-        *self.conn.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        tracing::debug!(target: "distlock::connection", "cluster connection retired after a failed call");
+    /// Why `node` could not be connected to, if that was within
+    /// [`NODE_DOWN_FOR`].
+    fn recently_down(&self, node: &Node) -> Option<RedisError> {
+        let mut down = self.nodes_down.lock().unwrap_or_else(|e| e.into_inner());
+        down.retain(|(_, at, _)| at.elapsed() < NODE_DOWN_FOR);
+        down.iter()
+            .find(|(n, _, _)| n == node)
+            .map(|(_, _, e)| e.clone())
     }
 
-    /// What a failed call leaves behind. A reply that may belong to another
-    /// request retires the connection at once. A node that cannot be reached
-    /// (refused, reset, timed out) retires it too, at most once a second:
-    /// redis-rs's cluster connection learns a new topology only from a MOVED
-    /// reply, which a dead master never sends, so after its replica took over
-    /// the connection would go on calling the dead address for the slots it
-    /// served. A fresh connection reads the slot map from the live nodes.
-    fn after_failure(&self, e: &CallError) {
-        if may_be_out_of_sync(e) {
-            self.retire_connection();
+    /// Reads the slot map again on a call's behalf: at most once every
+    /// [`REFRESH_AT_MOST_EVERY`], within a quarter of the connect timeout;
+    /// a call that finds a reading under way does not wait for it.
+    async fn refresh_soon(&self) {
+        let Ok(_turn) = self.refreshing.try_lock() else {
             return;
-        }
-        if !unreachable(e) {
-            return;
-        }
-        let now = std::time::Instant::now();
+        };
         {
-            let mut last = self
-                .unreachable_retired_at
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            if last.is_some_and(|at| now.duration_since(at) < Duration::from_secs(1)) {
+            let mut at = self.refreshed_at.lock().unwrap_or_else(|e| e.into_inner());
+            if at.is_some_and(|at| at.elapsed() < REFRESH_AT_MOST_EVERY) {
                 return;
             }
-            *last = Some(now);
+            *at = Some(Instant::now());
         }
-        *self.conn.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        tracing::debug!(target: "distlock::connection",
-            error = %e.error,
-            "cluster connection retired after a node could not be reached; the next call reads the topology again"
-        );
+        let reading = tokio::time::timeout(self.connect_timeout / 4, self.refresh_slots()).await;
+        let error = match reading {
+            Ok(Ok(())) => return,
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => "no slot map in time".to_owned(),
+        };
+        tracing::debug!(target: "distlock::connection", error = %error, "could not read the slot map again");
     }
 
-    /// Runs `call` on the cluster connection under the command timeout,
-    /// retrying a slot in migration until the timeout.
-    async fn call<T, F, Fut>(&self, key: &str, call: F) -> Result<T, CallError>
+    /// What a failed call leaves behind: a call that wrote nothing was not
+    /// sent; the connection of the node it went to is dropped when a reply
+    /// may be missing or another request's, or the connection broke (not
+    /// for a timeout: the connection stays in step, and a paused node's
+    /// replies come later); a node that could not be reached may have
+    /// failed over, so the slot map is read again.
+    async fn after_failure(&self, e: &mut CallError, track: &CallTrack) {
+        self.settle(e, track);
+        if unreachable(e) {
+            self.refresh_soon().await;
+        }
+    }
+
+    /// [`Cluster::after_failure`] but for the slot map.
+    fn settle(&self, e: &mut CallError, track: &CallTrack) {
+        if !track.sent.load(Ordering::Relaxed) {
+            e.maybe_executed = false;
+        }
+        if needs_new_connection(e) {
+            let last = track.last.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some((node, generation)) = last {
+                self.retire_node_connection(&node, generation);
+            }
+        }
+    }
+
+    /// Runs `call` under the command timeout, retrying a slot in migration
+    /// until the timeout.
+    async fn call<'c, T, F, Fut>(&'c self, key: &str, call: F) -> Result<T, CallError>
     where
-        F: FnMut(ClusterConnection) -> Fut,
+        F: FnMut(SlotConn<'c>) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
         self.call_within(key, self.command_timeout, call).await
     }
 
     /// [`Cluster::call`] under `timeout`.
-    async fn call_within<T, F, Fut>(
-        &self,
+    async fn call_within<'c, T, F, Fut>(
+        &'c self,
         key: &str,
         timeout: Duration,
         mut call: F,
     ) -> Result<T, CallError>
     where
-        F: FnMut(ClusterConnection) -> Fut,
+        F: FnMut(SlotConn<'c>) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
-        let conn = self.connection(key).await?;
+        let track = Arc::new(CallTrack::default());
         let deadline = tokio::time::Instant::now() + timeout;
         let retrying = async {
             let mut delay = Duration::from_millis(5);
             loop {
-                match call(conn.clone()).await {
+                let conn = SlotConn {
+                    cluster: self,
+                    track: track.clone(),
+                };
+                match call(conn).await {
                     Err(e)
                         if is_resharding(&e) && tokio::time::Instant::now() + delay < deadline =>
                     {
@@ -462,9 +824,9 @@ impl Cluster {
                 }
             }
         };
-        let result = bounded_call(key, timeout, retrying).await;
-        if let Err(e) = &result {
-            self.after_failure(e);
+        let mut result = bounded_call(key, timeout, retrying).await;
+        if let Err(e) = &mut result {
+            self.after_failure(e, &track).await;
         }
         result
     }
@@ -478,8 +840,8 @@ impl Cluster {
     ) -> Result<K::Output, CallError> {
         let scripts = &self.scripts;
         let timeout = self.command_timeout + call.time_beyond_command_timeout();
-        self.call_within(key, timeout, |conn| async move {
-            call.call(scripts, &mut ScriptConn(conn)).await
+        self.call_within(key, timeout, |mut conn| async move {
+            call.call(scripts, &mut conn).await
         })
         .await
     }
@@ -492,67 +854,51 @@ impl Cluster {
         lease_ms: u64,
         spec: &AcquireSpec<'_>,
     ) -> Result<AcquireReply, CallError> {
-        let mut conn = ScriptConn(self.connection(key).await?);
+        let track = Arc::new(CallTrack::default());
+        let mut conn = SlotConn {
+            cluster: self,
+            track: track.clone(),
+        };
         let ack = self.replica_ack;
-        let deadline = tokio::time::Instant::now() + self.command_timeout;
         let acquire = async {
-            let mut delay = Duration::from_millis(5);
-            loop {
-                let reply = match &ack {
-                    None => self
-                        .scripts
-                        .acquire(&mut conn, keys, owner, lease_ms, spec)
-                        .await
-                        .map(|reply| (reply, 0)),
-                    // A pipeline goes to the node of its first keyed command, and
-                    // WAIT (a command for all nodes) rides along on that node's
-                    // connection: it counts the replicas of the lock's master.
-                    // Boxed: its future is larger than the plain call's, which
-                    // every acquisition without `replica_ack` would carry.
-                    Some(ack) => {
-                        Box::pin(
-                            self.scripts
-                                .acquire_acked(&mut conn, keys, owner, lease_ms, spec, ack),
-                        )
-                        .await
-                    }
-                };
-                match reply {
-                    // redis-rs follows a MOVED itself; one that reaches us came
-                    // to the copy it sent after the first one's connection broke
-                    // (its reply lost), routed to another node while the
-                    // master's connection was made again. The first may have
-                    // taken the lock: the next attempt reaches the master and
-                    // finds it ours (every acquisition answers "ours" to its
-                    // own owner token), where "busy" would leave it held for
-                    // its lease.
-                    Err(e)
-                        if e.kind() == ErrorKind::Server(ServerErrorKind::Moved)
-                            && tokio::time::Instant::now() + delay < deadline =>
-                    {
-                        tracing::debug!(target: "distlock::acquire", error = %e, "MOVED after a resend; attempting again");
-                        tokio::time::sleep(delay).await;
-                        delay = (delay * 2).min(Duration::from_millis(100));
-                    }
-                    // The script did not run: busy until the slot has moved or the
-                    // cluster is up again.
-                    Err(e) if is_resharding(&e) => {
-                        tracing::debug!(target: "distlock::acquire", error = %e, "slot moving or cluster down; busy");
-                        return Ok((
-                            AcquireReply::Busy {
-                                remaining: Some(RESHARD_BUSY),
-                            },
-                            0,
-                        ));
-                    }
-                    other => return other,
+            let reply = match &ack {
+                None => self
+                    .scripts
+                    .acquire(&mut conn, keys, owner, lease_ms, spec)
+                    .await
+                    .map(|reply| (reply, 0)),
+                // A pipeline goes to the node of its first keyed command, and
+                // WAIT rides along on that node's connection: it counts the
+                // replicas of the lock's master. Boxed: its future is larger
+                // than the plain call's, which every acquisition without
+                // `replica_ack` would carry.
+                Some(ack) => {
+                    Box::pin(
+                        self.scripts
+                            .acquire_acked(&mut conn, keys, owner, lease_ms, spec, ack),
+                    )
+                    .await
                 }
+            };
+            match reply {
+                // The script did not run: busy until the slot has moved or
+                // the cluster is up again.
+                Err(e) if is_resharding(&e) => {
+                    tracing::debug!(target: "distlock::acquire", error = %e, "slot moving or cluster down; busy");
+                    Ok((
+                        AcquireReply::Busy {
+                            remaining: Some(RESHARD_BUSY),
+                        },
+                        0,
+                    ))
+                }
+                other => other,
             }
         };
         let timeout = self.command_timeout + ack.map_or(Duration::ZERO, |a| a.timeout);
-        let result = bounded_call(key, timeout, acquire).await;
-        if let Err(e) = &result {
-            self.after_failure(e);
+        let mut result = bounded_call(key, timeout, acquire).await;
+        if let Err(e) = &mut result {
+            self.after_failure(e, &track).await;
         }
         let (reply, acked) = result?;
         match &ack {
@@ -577,39 +923,50 @@ impl Cluster {
         }
     }
 
-    /// The connection, and the masters it routes to, for a command on each:
-    /// the slot map read again first (an operator's call, rare): a map
-    /// refreshed only when a call met a moved slot still names a master
-    /// that failed over, or misses one added since, for a manager that made
-    /// no call meanwhile. A refresh that fails leaves the map as it was.
-    async fn every_master(&self) -> Result<(ClusterConnection, Vec<Node>), CallError> {
-        let mut conn = self.connection("").await?;
-        if let Err(e) = self.refresh_slots(&mut conn).await {
+    /// The masters, for a command on each: the slot map read again first
+    /// (an operator's call, rare): a map refreshed only when a call met a
+    /// moved slot still names a master that failed over, or misses one
+    /// added since, for a manager that made no call meanwhile. A refresh
+    /// that fails leaves the map as it was.
+    async fn every_master(&self) -> Vec<Node> {
+        if let Err(e) = self.refresh_slots().await {
             tracing::debug!(target: "distlock::connection", error = %e,
                 "could not read the slot map again; using the one known");
         }
-        let masters = self
-            .slots
+        self.slots
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .masters();
-        Ok((conn, masters))
+            .masters()
+    }
+
+    /// Sends `cmd` to `node` on its own connection, within the command
+    /// timeout; the connection is dropped when the request failed without
+    /// an answer.
+    async fn on_node(&self, node: &Node, cmd: redis::Cmd) -> Result<Value, CallError> {
+        let track = CallTrack::default();
+        let reply = tokio::time::timeout(self.command_timeout, async {
+            let mut link = self.node_link(node).await?;
+            track.took(node, &link);
+            link.conn
+                .req_packed_command(&cmd)
+                .await
+                .and_then(|reply| reply.extract_error())
+        })
+        .await;
+        let mut reply = super::call_outcome("", self.command_timeout, reply);
+        if let Err(e) = &mut reply {
+            self.settle(e, &track);
+        }
+        reply
     }
 
     /// The value of server setting `name` on every master.
     pub(crate) async fn config_get(&self, name: &str) -> Result<Vec<Option<String>>, CallError> {
-        let (conn, masters) = self.every_master().await?;
         let mut values = Vec::new();
-        for node in masters {
-            let mut conn = conn.clone();
+        for node in self.every_master().await {
             let mut get = redis::cmd("CONFIG");
             get.arg("GET").arg(name);
-            let reply = bounded_call(
-                "",
-                self.command_timeout,
-                conn.route_command(get, RoutingInfo::SingleNode(by_address(&node))),
-            )
-            .await?;
+            let reply = self.on_node(&node, get).await?;
             let reply: std::collections::HashMap<String, String> = redis::from_redis_value(reply)
                 .map_err(|e| CallError {
                 error: LockError::backend("", e.into()),
@@ -622,21 +979,13 @@ impl Cluster {
 
     /// Names of the lock keys matching `pattern` on every master.
     pub(crate) async fn scan_locks(&self, pattern: &str) -> Result<Vec<String>, CallError> {
-        let (conn, masters) = self.every_master().await?;
         let mut names = Vec::new();
-        for node in masters {
+        for node in self.every_master().await {
             let mut cursor = 0;
             loop {
-                let mut conn = conn.clone();
-                let reply = bounded_call(
-                    "",
-                    self.command_timeout,
-                    conn.route_command(
-                        scripts::scan_cmd(cursor, pattern),
-                        RoutingInfo::SingleNode(by_address(&node)),
-                    ),
-                )
-                .await?;
+                let reply = self
+                    .on_node(&node, scripts::scan_cmd(cursor, pattern))
+                    .await?;
                 let (next, page): (u64, Vec<String>) =
                     redis::from_redis_value(reply).map_err(|e| CallError {
                         error: LockError::backend("", e.into()),
@@ -652,12 +1001,11 @@ impl Cluster {
         Ok(names)
     }
 
-    /// One pipeline per node, all at once, each on a connection of its own to
-    /// that node ([`Cluster::release_connection`]), never on the cluster
-    /// connection: redis-rs sends a pipeline again whole, to the new
-    /// address, when one of its replies redirects, so a lock released by
-    /// the first send was found gone by the second and reported lost. On a
-    /// connection of its own a pipeline is sent once: a lock whose reply
+    /// One pipeline per node, all at once, each on the manager's own
+    /// connection to that node ([`Cluster::node_connection`]), sent once
+    /// (sent again whole, as redis-rs's cluster client did when one of its
+    /// replies redirected, a lock released by the first send was found gone
+    /// by the second and reported lost): a lock whose reply
     /// redirects (`MOVED`, `ASK`) or says its slot is moving (`TRYAGAIN`,
     /// `CLUSTERDOWN`, ...) was not touched (its slot moved since the slot map
     /// was read) and is released again at once with a call of its own, which
@@ -674,92 +1022,11 @@ impl Cluster {
             let stale_map = &stale_map;
             let group: Vec<(&RedisNames, &str, u64)> = indices.iter().map(|i| locks[*i]).collect();
             async move {
-                let Some(node) = node else {
-                    let each = group.iter().map(|(keys, owner, keep_ms)| async move {
-                        let release = Release {
-                            keys,
-                            owner,
-                            keep_ms: *keep_ms,
-                            waiters: ExpectedWaiters::Unknown,
-                        };
-                        self.on_key("", &release).await
-                    });
-                    return (indices, ManyReleased::of_each(join_all(each).await));
-                };
-                let pipe = self.scripts.release_many_pipeline(&group);
-                let sent = match self.release_connection(&node).await {
-                    Ok(mut node_conn) => {
-                        bounded_call("", self.command_timeout, async {
-                            node_conn.req_packed_commands(&pipe, 0, pipe.len()).await
-                        })
-                        .await
-                    }
-                    Err(e) => Err(e),
-                };
-                let sent = sent.and_then(|replies| {
-                    self.scripts
-                        .release_many_replies_each(&group, replies)
-                        .map_err(|e| CallError {
-                            error: LockError::backend("", e),
-                            maybe_executed: true,
-                        })
-                });
-                let released = match sent {
-                    Ok(each) => {
-                        // A reply of the wrong shape or for another owner
-                        // may be another request's: the connection is
-                        // retired. An error reply (BUSY, OOM, ...) leaves
-                        // its lock unknown and the connection as it is.
-                        if each.iter().any(|r| {
-                            r.as_ref()
-                                .is_err_and(|e| !matches!(e.kind(), ErrorKind::Server(_)))
-                        }) {
-                            self.retire_release_connection(&node);
-                        }
-                        // A lock whose slot moved was not touched: released
-                        // again now, where its slot is.
-                        let again =
-                            each.iter()
-                                .zip(&group)
-                                .map(|(reply, (keys, owner, keep_ms))| {
-                                    let moved = reply.as_ref().is_err_and(is_resharding);
-                                    async move {
-                                        if !moved {
-                                            return None;
-                                        }
-                                        stale_map.store(true, Ordering::Relaxed);
-                                        let release = Release {
-                                            keys,
-                                            owner,
-                                            keep_ms: *keep_ms,
-                                            waiters: ExpectedWaiters::Unknown,
-                                        };
-                                        Some(self.on_key("", &release).await)
-                                    }
-                                });
-                        let again = join_all(again).await;
-                        ManyReleased::of_each(each.into_iter().zip(again).map(|(reply, again)| {
-                            again.unwrap_or_else(|| {
-                                reply.map_err(|e| CallError {
-                                    error: LockError::backend("", e),
-                                    maybe_executed: true,
-                                })
-                            })
-                        }))
-                    }
-                    Err(e) => {
-                        // The node's connection goes. A node that did not
-                        // answer may have failed over: the cluster
-                        // connection learns it from a fresh one, and the
-                        // slot map is read again. (Replies out of sync on
-                        // this connection say nothing about that one.)
-                        self.retire_release_connection(&node);
-                        if unreachable(&e) {
-                            self.after_failure(&e);
-                            stale_map.store(true, Ordering::Relaxed);
-                        }
-                        ManyReleased::failed(group.len(), e)
-                    }
+                let released = match node {
+                    Some(node) => self.release_on_node(&node, &group, stale_map).await,
+                    None => ManyReleased::of_each(
+                        join_all(group.iter().map(|lock| self.release_one(lock))).await,
+                    ),
                 };
                 (indices, released)
             }
@@ -779,18 +1046,10 @@ impl Cluster {
         if stale_map.load(Ordering::Relaxed) {
             // Briefly: the caller waits for it, and the next renewal round
             // reads the map again anyway.
-            let refreshing = async {
-                match self.connection("").await {
-                    Ok(mut conn) => self
-                        .refresh_slots(&mut conn)
-                        .await
-                        .map_err(|e| e.to_string()),
-                    Err(e) => Err(e.error.to_string()),
-                }
-            };
-            let refreshed = tokio::time::timeout(self.connect_timeout / 4, refreshing)
+            let refreshed = tokio::time::timeout(self.connect_timeout / 4, self.refresh_slots())
                 .await
-                .unwrap_or_else(|_| Err("no slot map in time".to_owned()));
+                .map_err(|_| "no slot map in time".to_owned())
+                .and_then(|r| r.map_err(|e| e.to_string()));
             if let Err(e) = refreshed {
                 tracing::debug!(target: "distlock::release", error = %e, "could not refresh the slot map");
             }
@@ -798,91 +1057,215 @@ impl Cluster {
         out
     }
 
-    /// The connection to `node` for release pipelines, connected on first
-    /// use (with the seed's settings: password, TLS) within the connect
-    /// timeout. Connections to nodes no longer masters in the slot map are
-    /// dropped when a new one is made.
-    async fn release_connection(&self, node: &Node) -> Result<ConnectionManager, CallError> {
-        if let Some((_, conn)) = self
-            .release_conns
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .find(|(n, _)| n == node)
-        {
-            return Ok(conn.clone());
+    /// Releases `group`, all on `node` in the slot map, in one pipeline on
+    /// its own connection (see [`Cluster::release_many`]); sets `stale_map`
+    /// when the map proved out of date.
+    async fn release_on_node(
+        &self,
+        node: &Node,
+        group: &[(&RedisNames, &str, u64)],
+        stale_map: &AtomicBool,
+    ) -> ManyReleased {
+        let pipe = self.scripts.release_many_pipeline(group);
+        let track = CallTrack::default();
+        let sent = tokio::time::timeout(self.command_timeout, async {
+            let mut link = self.node_link(node).await?;
+            track.took(node, &link);
+            link.conn.req_packed_commands(&pipe, 0, pipe.len()).await
+        })
+        .await;
+        let sent = super::call_outcome("", self.command_timeout, sent);
+        let each = sent.and_then(|replies| {
+            self.scripts
+                .release_many_replies_each(group, replies)
+                .map_err(|e| CallError {
+                    error: LockError::backend("", e),
+                    maybe_executed: true,
+                })
+        });
+        let each = match each {
+            Ok(each) => each,
+            Err(mut e) => {
+                // A node that did not answer may have failed over: the slot
+                // map is read again.
+                self.settle(&mut e, &track);
+                if unreachable(&e) {
+                    stale_map.store(true, Ordering::Relaxed);
+                }
+                return ManyReleased::failed(group.len(), e);
+            }
+        };
+        // A reply of the wrong shape or for another owner may be another
+        // request's: the connection is retired. An error reply (BUSY, OOM,
+        // ...) leaves its lock unknown and the connection as it is.
+        if each.iter().any(|r| {
+            r.as_ref()
+                .is_err_and(|e| !matches!(e.kind(), ErrorKind::Server(_)))
+        }) {
+            if let Some((node, generation)) =
+                track.last.lock().unwrap_or_else(|e| e.into_inner()).take()
+            {
+                self.retire_node_connection(&node, generation);
+            }
+        }
+        // A lock whose slot moved was not touched: released again now, where
+        // its slot is.
+        let outcomes = each.into_iter().zip(group).map(|(reply, lock)| async move {
+            match reply {
+                Err(e) if is_resharding(&e) => {
+                    stale_map.store(true, Ordering::Relaxed);
+                    self.release_one(lock).await
+                }
+                reply => reply.map_err(|e| CallError {
+                    error: LockError::backend("", e),
+                    maybe_executed: true,
+                }),
+            }
+        });
+        ManyReleased::of_each(join_all(outcomes).await)
+    }
+
+    /// Releases one lock with a call of its own, routed by its key (which
+    /// follows the cluster to its slot's master).
+    async fn release_one(
+        &self,
+        (keys, owner, keep_ms): &(&RedisNames, &str, u64),
+    ) -> Result<bool, CallError> {
+        let release = Release {
+            keys,
+            owner,
+            keep_ms: *keep_ms,
+            waiters: ExpectedWaiters::Unknown,
+        };
+        self.on_key("", &release).await
+    }
+
+    /// The manager's own connection to `node`, on which every request to
+    /// that node goes, connected on first use (with the seed's settings:
+    /// password, TLS) within the connect timeout, one attempt at a time. An
+    /// attempt that fails, or that its caller gives up on, marks the node
+    /// down for [`NODE_DOWN_FOR`]. Connections to nodes that are neither
+    /// masters in the slot map nor seeds are dropped when a new one is made.
+    async fn node_connection(&self, node: &Node) -> RedisResult<NodeLink> {
+        let made = || {
+            self.node_conns
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .find(|(n, _)| n == node)
+                .map(|(_, link)| link.clone())
+        };
+        if let Some(link) = made() {
+            return Ok(link);
+        }
+        let turn = {
+            let mut connecting = self
+                .node_connecting
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            match connecting.iter().find(|(n, _)| n == node) {
+                Some((_, turn)) => turn.clone(),
+                None => {
+                    let turn = Arc::new(tokio::sync::Mutex::new(()));
+                    connecting.push((node.clone(), turn.clone()));
+                    turn
+                }
+            }
+        };
+        let _turn = turn.lock().await;
+        if let Some(link) = made() {
+            return Ok(link);
+        }
+        // One that failed while this call waited its turn: not tried again
+        // at once.
+        if let Some(e) = self.recently_down(node) {
+            return Err(e);
         }
         // RESP3 whatever the URL says, where the server speaks it: redis-rs
         // then sees the server close an idle connection (its `timeout`, a
         // proxy's idle limit) and makes it again at once; under RESP2 the
-        // next release would be written into the dead connection and fail,
-        // leaving its locks unknown. (The release scripts' replies read the
-        // same in both.)
-        let client = self
-            .client_for(node)
-            .and_then(|client| {
-                let info = client.get_connection_info().clone();
-                let settings = info
-                    .redis_settings()
-                    .clone()
-                    .set_protocol(redis::ProtocolVersion::RESP3);
-                redis::Client::open(info.set_redis_settings(settings))
-            })
-            .map_err(|e| CallError {
-                error: LockError::backend("", e),
-                maybe_executed: false,
-            })?;
-        let connect = |client: redis::Client| {
-            bounded_call(
-                "",
-                self.connect_timeout,
-                ConnectionManager::new_with_config(client, (*self.release_conn_config).clone()),
-            )
+        // next request would be written into the dead connection and fail.
+        // (The replies read the same in both.)
+        let client = self.client_for(node)?;
+        let info = client.get_connection_info().clone();
+        let settings = info
+            .redis_settings()
+            .clone()
+            .set_protocol(redis::ProtocolVersion::RESP3);
+        let resp3 = redis::Client::open(info.set_redis_settings(settings))?;
+        let mut attempt = ConnectAttempt {
+            cluster: self,
+            node,
+            started: Instant::now(),
+            done: false,
         };
-        let conn = match connect(client).await {
-            Ok(conn) => Ok(conn),
+        let connect = |client: redis::Client| async move {
+            let protocol = client.get_connection_info().redis_settings().protocol();
+            let made = tokio::time::timeout(
+                self.connect_timeout,
+                ConnectionManager::new_with_config(client, (*self.node_conn_config).clone()),
+            )
+            .await
+            .unwrap_or_else(|_| {
+                Err(RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no connection within {:?}", self.connect_timeout),
+                )))
+            })?;
+            Ok::<_, RedisError>((made, protocol))
+        };
+        let made = match connect(resp3).await {
+            Ok(made) => Ok(made),
             // A server that answered but refused RESP3 (`HELLO 3` unknown or
             // renamed, a proxy that speaks RESP2 only): the URL's protocol,
             // without the early reconnection. (Refused credentials would be
             // refused again.)
             Err(e)
-                if !unreachable(&e)
-                    && !matches!(&e.error, LockError::Backend { source, .. }
-                        if source.kind() == BackendErrorKind::Auth) =>
+                if !(e.is_io_error() || e.is_timeout())
+                    && e.kind() != ErrorKind::AuthenticationFailed =>
             {
-                match self.client_for(node) {
-                    Ok(client) => connect(client).await,
-                    Err(_) => Err(e),
-                }
+                connect(client).await
             }
             Err(e) => Err(e),
-        }
-        // Nothing was sent on a connection that was never made.
-        .map_err(|e| CallError {
-            maybe_executed: false,
-            ..e
-        })?;
-        let masters = self
+        };
+        let (conn, protocol) = match made {
+            Ok(made) => made,
+            Err(e) => {
+                attempt.failed(e.clone());
+                return Err(e);
+            }
+        };
+        attempt.done = true;
+        let link = NodeLink {
+            conn,
+            generation: self.node_generations.fetch_add(1, Ordering::Relaxed),
+            protocol,
+        };
+        let mut kept = self
             .slots
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .masters();
-        let mut conns = self.release_conns.lock().unwrap_or_else(|e| e.into_inner());
-        conns.retain(|(n, _)| masters.contains(n));
-        if let Some((_, made)) = conns.iter().find(|(n, _)| n == node) {
-            return Ok(made.clone());
-        }
-        conns.push((node.clone(), conn.clone()));
-        Ok(conn)
-    }
-
-    /// Drops the release connection to `node` after a failure: a reply may
-    /// be missing or another request's.
-    fn retire_release_connection(&self, node: &Node) {
-        self.release_conns
+        kept.extend(self.seed_nodes());
+        let mut conns = self.node_conns.lock().unwrap_or_else(|e| e.into_inner());
+        conns.retain(|(n, _)| kept.contains(n));
+        conns.push((node.clone(), link.clone()));
+        drop(conns);
+        self.node_connecting
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .retain(|(n, _)| n != node);
+            .retain(|(n, turn)| n == node || kept.contains(n) || Arc::strong_count(turn) > 1);
+        Ok(link)
+    }
+
+    /// Drops the manager's connection to `node` after a failure on it (a reply may be missing
+    /// or another request's, or the connection broke), if it is still the
+    /// one of `generation` (a later one, made meanwhile, stays).
+    fn retire_node_connection(&self, node: &Node, generation: u64) {
+        self.node_conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(n, link)| !(n == node && link.generation == generation));
     }
 
     pub(crate) fn release_blocking(
@@ -913,30 +1296,21 @@ impl Cluster {
 
     /// One pipeline per node, sent to all nodes at once.
     pub(crate) async fn renew(&self, batch: &[Arc<Lease>], end: LeaseEnd) -> Vec<Renewal> {
-        let conn = match self.connection("").await {
-            Ok(conn) => conn,
-            Err(e) => return failed_all(batch, &e.error.to_string()),
-        };
         let groups = self.group_by_node(batch.iter().map(|lease| lease.keys.lock.as_str()));
-        let group_count = groups.len();
         let stale_map = AtomicBool::new(false);
-        let timed_out = AtomicUsize::new(0);
         let sends = groups.into_iter().map(|(node, indices)| {
-            let conn = conn.clone();
-            let (stale_map, timed_out) = (&stale_map, &timed_out);
+            let stale_map = &stale_map;
             async move {
                 let leases: Vec<Arc<Lease>> = indices.iter().map(|i| batch[*i].clone()).collect();
                 let outcomes = match node {
-                    Some(node) => {
-                        self.renew_on(conn, &node, &leases, end, stale_map, timed_out)
-                            .await
-                    }
+                    Some(node) => self.renew_on(&node, &leases, end, stale_map).await,
                     None => None,
                 };
                 let outcomes = match outcomes {
                     Some(outcomes) => outcomes,
                     None => {
                         stale_map.store(true, Ordering::Relaxed);
+                        self.refresh_soon().await;
                         self.renew_each(&leases, end).await
                     }
                 };
@@ -949,38 +1323,26 @@ impl Cluster {
                 out[i] = outcome;
             }
         }
-        // No node of several answered: redis-rs's connection itself may be
-        // stuck (busy with a silent node); retired as a failed call retires
-        // it. One paused node, alone in a round or among others that
-        // answered, does not retire it: a fresh connection would wait for
-        // that node too, and hold up the next round.
-        if group_count > 1 && timed_out.load(Ordering::Relaxed) == group_count {
-            self.after_failure(&CallError {
-                error: LockError::command_timeout("", self.command_timeout),
-                maybe_executed: true,
-            });
-        }
         if stale_map.load(Ordering::Relaxed) {
-            let mut conn = conn;
-            if let Err(e) = self.refresh_slots(&mut conn).await {
+            if let Err(e) = self.refresh_slots().await {
                 tracing::debug!(target: "distlock::renewal", error = %e, "could not refresh the slot map");
             }
         }
         out
     }
 
-    /// Renews `leases`, all owned by `node`, in one pipeline; `None` when the
-    /// node did not own them all (a stale slot map) or the pipeline failed as a
-    /// whole in a way a per-lock call may not. A node that cannot be reached
-    /// sets `stale_map` too: it may have failed over to a replica.
+    /// Renews `leases`, all owned by `node`, in one pipeline on the manager's
+    /// own connection to it, within the command timeout (connecting
+    /// included); `None` when the node did not own them all (a stale slot
+    /// map), could not be connected to, or the pipeline failed as a whole in
+    /// a way a per-lock call may not. A node that cannot be reached sets
+    /// `stale_map` too: it may have failed over to a replica.
     async fn renew_on(
         &self,
-        mut conn: ClusterConnection,
         node: &Node,
         leases: &[Arc<Lease>],
         end: LeaseEnd,
         stale_map: &AtomicBool,
-        timed_out: &AtomicUsize,
     ) -> Option<Vec<Renewal>> {
         let mut pipe = redis::pipe();
         for lease in leases {
@@ -992,41 +1354,49 @@ impl Cluster {
             ));
         }
         let sent_at = Instant::now();
-        self.renewal_round_trips.fetch_add(1, Ordering::Relaxed);
-        let replies = bounded_call(
-            "",
-            self.command_timeout,
-            conn.route_pipeline(pipe, 0, leases.len(), by_address(node)),
-        )
+        let timeout = self.command_timeout;
+        let track = CallTrack::default();
+        let link = std::sync::Mutex::new(None);
+        let sent = tokio::time::timeout(timeout, async {
+            let mut conn = self.node_link(node).await?;
+            track.took(node, &conn);
+            *link.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn.clone());
+            self.renewal_round_trips.fetch_add(1, Ordering::Relaxed);
+            conn.conn.req_packed_commands(&pipe, 0, leases.len()).await
+        })
         .await;
+        let mut replies = super::call_outcome("", timeout, sent);
+        if let Err(e) = &mut replies {
+            self.settle(e, &track);
+        }
         let replies = match replies {
             Ok(replies) => replies,
-            Err(e) if !e.maybe_executed => return None,
-            Err(e) if may_be_out_of_sync(&e) => {
-                self.retire_connection();
+            // Never sent (no connection, or refused): the map may be stale
+            // (a failover), so it is read again and these leases are renewed
+            // one call each, routed by their keys.
+            Err(e) if !e.maybe_executed => {
                 stale_map.store(true, Ordering::Relaxed);
-                return Some(failed_all(leases, &e.error.to_string()));
+                return None;
             }
             // No reply in time: the node is paused, overloaded or cut off.
             // Renewing these leases one call each would wait for it as long
-            // again (redis-rs routes them to the same node) and hold up the
+            // again (they route to the same node) and hold up the
             // whole round, and with it the next renewals of every master's
             // leases. They fail now and are retried a third of their
             // interval later, after the slot map is read again (where a
-            // failover shows). (When every node timed out, `renew` retires
-            // the cluster connection: redis-rs's, busy with a silent node,
-            // may answer nothing.)
+            // failover shows).
             Err(e)
                 if matches!(&e.error, LockError::Backend { source, .. }
                     if source.is_timeout()) =>
             {
-                timed_out.fetch_add(1, Ordering::Relaxed);
                 stale_map.store(true, Ordering::Relaxed);
                 return Some(failed_all(leases, &e.error.to_string()));
             }
-            // The node is gone (its connection broke): the map may be stale
-            // (a failover), so renew these leases one call each, routed by
-            // redis-rs, which follows the cluster to the new master.
+            Err(e) if may_be_out_of_sync(&e) => {
+                stale_map.store(true, Ordering::Relaxed);
+                return Some(failed_all(leases, &e.error.to_string()));
+            }
+            // The node is gone (its connection broke): as for one never sent.
             Err(_) => {
                 stale_map.store(true, Ordering::Relaxed);
                 return None;
@@ -1050,20 +1420,19 @@ impl Cluster {
             &mut missing_script,
             &mut out_of_sync,
         );
-        if out_of_sync {
-            self.retire_connection();
+        let link = link.into_inner().unwrap_or_else(|e| e.into_inner());
+        if let (true, Some(link)) = (out_of_sync, &link) {
+            self.retire_node_connection(node, link.generation);
         }
         let Some(mut outcomes) = outcomes else {
             let error = scripts::out_of_sync("a renewal pipeline got the wrong number of replies");
             return Some(failed_all(leases, &error.to_string()));
         };
-        if missing_script && !out_of_sync {
-            // A node restarted, flushed its scripts, was promoted, or never
-            // ran a renewal: SCRIPT LOAD goes to every master, within the
-            // command timeout (unbounded, it waited for a master that stopped
-            // answering and held up the renewals of every node); the leases
-            // are retried at once.
-            let mut conn = ScriptConn(conn);
+        if let (true, false, Some(NodeLink { mut conn, .. })) = (missing_script, out_of_sync, link)
+        {
+            // The node restarted, flushed its scripts, was promoted, or never
+            // ran a renewal: the scripts are loaded there, within the command
+            // timeout; the leases are retried at once.
             let loaded = bounded_call("", self.command_timeout, self.scripts.load_renew(&mut conn))
                 .await
                 .map_err(|e| e.error.to_string());
@@ -1078,7 +1447,7 @@ impl Cluster {
         Some(outcomes)
     }
 
-    /// Renews each lease with a call of its own (redis-rs routes it and follows
+    /// Renews each lease with a call of its own (routed by its key, following
     /// redirections), all at once.
     async fn renew_each(&self, leases: &[Arc<Lease>], end: LeaseEnd) -> Vec<Renewal> {
         let each = leases.iter().map(|lease| async move {
@@ -1087,22 +1456,15 @@ impl Cluster {
             let scripts = &self.scripts;
             let cmd = scripts.renew_cmd(&lease.keys, &lease.owner, lease.lease_ms(), end);
             let renewed = self
-                .call(&lease.key, |conn| {
+                .call(&lease.key, |mut conn| {
                     let cmd = cmd.clone();
-                    async move {
-                        scripts
-                            .invoke_renew(&mut ScriptConn(conn), lease.keys.kind, &cmd)
-                            .await
-                    }
+                    async move { scripts.invoke_renew(&mut conn, lease.keys.kind, &cmd).await }
                 })
                 .await;
             match renewed.map(|reply| Scripts::renew_reply(reply, &lease.owner)) {
                 Ok(Ok(true)) => Renewal::Renewed { sent_at },
                 Ok(Ok(false)) => Renewal::NotOurs,
-                Ok(Err(e)) => {
-                    self.retire_connection();
-                    Renewal::Failed(e.to_string())
-                }
+                Ok(Err(e)) => Renewal::Failed(e.to_string()),
                 Err(e) => Renewal::Failed(e.error.to_string()),
             }
         });
@@ -1126,51 +1488,52 @@ impl Cluster {
         groups
     }
 
-    /// Reads `CLUSTER SLOTS` from every master of the current map at once (and
-    /// from any node when the map is empty) and keeps the first answer: a dead
-    /// or stopped master, which is when the map needs refreshing, must not
-    /// hold the refresh up.
-    async fn refresh_slots(&self, conn: &mut ClusterConnection) -> RedisResult<()> {
+    /// Reads `CLUSTER SLOTS` from every master of the current map at once,
+    /// each on the manager's own connection to it, and keeps the first
+    /// answer: a dead or stopped master, which is when the map needs
+    /// refreshing, must not hold the refresh up. When no master answers
+    /// (or before the first map), the seeds are asked the same way.
+    async fn refresh_slots(&self) -> Result<(), LockError> {
         let masters = self
             .slots
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .masters();
-        // Asked by address (so that a reply naming "the host you asked" can
-        // be read): the masters, or before the first map the seeds.
-        let asked = if masters.is_empty() {
-            self.seed_nodes()
-        } else {
-            masters
-        };
-        let mut routes: Vec<(SingleNodeRoutingInfo, Option<String>)> = asked
+        let seeds: Vec<Node> = self
+            .seed_nodes()
             .into_iter()
-            .map(|node| (by_address(&node), Some(node.host)))
+            .filter(|seed| !masters.contains(seed))
             .collect();
-        routes.push((SingleNodeRoutingInfo::Random, None));
-        let asks = routes.into_iter().map(|(route, asked)| {
-            let mut conn = conn.clone();
-            Box::pin(async move {
-                let reply = tokio::time::timeout(
-                    self.command_timeout,
-                    conn.route_command(
-                        redis::cmd("CLUSTER").arg("SLOTS").clone(),
-                        RoutingInfo::SingleNode(route),
-                    ),
-                )
-                .await
-                .map_err(|_| {
-                    RedisError::from(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        "CLUSTER SLOTS timed out",
-                    ))
-                })??;
-                SlotMap::parse(reply, asked.as_deref())
-            })
-        });
-        let (map, _) = futures_util::future::select_ok(asks).await?;
-        *self.slots.lock().unwrap_or_else(|e| e.into_inner()) = map;
-        Ok(())
+        let mut last_error = None;
+        for asked in [masters, seeds] {
+            if asked.is_empty() {
+                continue;
+            }
+            // Asked by address, so that a reply naming "the host you asked"
+            // can be read.
+            let asks = asked.into_iter().map(|node| {
+                Box::pin(async move {
+                    let reply = self
+                        .on_node(&node, redis::cmd("CLUSTER").arg("SLOTS").clone())
+                        .await
+                        .map_err(|e| e.error)?;
+                    SlotMap::parse(reply, Some(&node.host)).map_err(|e| LockError::backend("", e))
+                })
+            });
+            match futures_util::future::select_ok(asks).await {
+                Ok((map, _)) => {
+                    *self.slots.lock().unwrap_or_else(|e| e.into_inner()) = map;
+                    return Ok(());
+                }
+                Err(e) => last_error = Some(e),
+            }
+        }
+        Err(last_error.unwrap_or_else(|| {
+            LockError::backend(
+                "",
+                RedisError::from((ErrorKind::Client, "no cluster node known")),
+            )
+        }))
     }
 
     /// The seeds' addresses (TCP or TLS).
@@ -1214,15 +1577,9 @@ impl Cluster {
         // Renewals refresh the map, but a manager that only listens renews
         // nothing; after a failover the source's master is the promoted
         // replica, which must be heard rather than the next shard's master
-        // (whose expiry notices another source hears already).
-        // Through the cluster connection in use only (a new one waits for
-        // every seed, a hung one for its whole timeout), and within a part
-        // of the connect budget the subscriber gives this call.
-        let cached = self.conn.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        if let Some(mut conn) = cached {
-            let _ =
-                tokio::time::timeout(self.connect_timeout / 4, self.refresh_slots(&mut conn)).await;
-        }
+        // (whose expiry notices another source hears already). Within a
+        // part of the connect budget the subscriber gives this call.
+        let _ = tokio::time::timeout(self.connect_timeout / 4, self.refresh_slots()).await;
         let masters = self
             .slots
             .lock()
@@ -1316,11 +1673,8 @@ impl Cluster {
 
 /// Whether a failed call may have left a reply behind for another caller (a
 /// reply of the wrong shape or owner). A timeout or a broken, refused or
-/// missing node connection does not: redis-rs's per-node connections are
-/// multiplexed and drop the reply of an abandoned request. Retiring the
-/// cluster connection for those made the next call of every lock, on every
-/// node, wait for a fresh connection to all nodes, which hangs on a master
-/// that stopped answering.
+/// missing node connection does not: the node connections are multiplexed
+/// and drop the reply of an abandoned request.
 fn may_be_out_of_sync(e: &CallError) -> bool {
     if !e.maybe_executed {
         return false;
@@ -1334,6 +1688,16 @@ fn may_be_out_of_sync(e: &CallError) -> bool {
     }
 }
 
+/// Whether a failed call leaves its node's connection unfit for the next:
+/// a reply may be another request's, or the connection broke. (A timeout
+/// does not: the connection stays in step, and a paused node answers
+/// later.)
+fn needs_new_connection(e: &CallError) -> bool {
+    may_be_out_of_sync(e)
+        || matches!(&e.error, LockError::Backend { source, .. }
+            if source.kind() == BackendErrorKind::Connection)
+}
+
 /// A call that failed because its node could not be reached: refused,
 /// reset, or no reply in time.
 fn unreachable(e: &CallError) -> bool {
@@ -1341,17 +1705,11 @@ fn unreachable(e: &CallError) -> bool {
         if matches!(source.kind(), BackendErrorKind::Connection | BackendErrorKind::Timeout))
 }
 
-fn by_address(node: &Node) -> SingleNodeRoutingInfo {
-    SingleNodeRoutingInfo::ByAddress {
-        host: node.host.clone(),
-        port: node.port,
-    }
-}
-
-/// Why the cluster client could not start: a server that is no cluster node, an
-/// ACL user who may not read the topology, or no node answering.
-fn connect_error(e: RedisError, shown: String) -> LockError {
-    if is_not_a_cluster(&e) {
+/// Why no slot map could be read from the seeds: a server that is no
+/// cluster node, an ACL user who may not read the topology, or no node
+/// answering.
+fn connect_error(e: LockError, shown: String) -> LockError {
+    if is_not_a_cluster(&e.to_string()) {
         return LockError::ServerCheck {
             url: shown,
             reason: format!(
@@ -1360,21 +1718,23 @@ fn connect_error(e: RedisError, shown: String) -> LockError {
             ),
         };
     }
-    if e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm) {
-        return LockError::ServerCheck {
-            url: shown,
-            reason: format!(
-                "reading the cluster's topology was refused: {e}; on a cluster the ACL user \
-                 needs +cluster|slots besides what one server needs (docs/scaling-out.md, \
-                 \"Redis Cluster\")"
-            ),
-        };
+    match e {
+        LockError::Backend { source, .. } if source.code() == Some("NOPERM") => {
+            LockError::ServerCheck {
+                url: shown,
+                reason: format!(
+                    "reading the cluster's topology was refused: {source}; on a cluster the ACL \
+                     user needs +cluster|slots besides what one server needs \
+                     (docs/scaling-out.md, \"Redis Cluster\")"
+                ),
+            }
+        }
+        LockError::Backend { source, .. } => LockError::Connect { url: shown, source },
+        other => other,
     }
-    LockError::connect(shown, e)
 }
 
-fn is_not_a_cluster(e: &RedisError) -> bool {
-    let text = e.to_string();
+fn is_not_a_cluster(text: &str) -> bool {
     text.contains("cluster support disabled") || text.contains("This instance has cluster")
 }
 

@@ -771,7 +771,8 @@ impl Backend {
     }
 
     /// Publishes `payload` on `channel` where this backend's subscribers
-    /// listen (for `key`, which routes the call and names it in errors).
+    /// listen (for `key`, which names it in errors; on a cluster the
+    /// channel routes the call).
     pub(crate) async fn publish(
         &self,
         key: &str,
