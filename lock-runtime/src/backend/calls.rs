@@ -166,7 +166,7 @@ key_call!(
 key_call!(
     /// Publishes `payload` on `channel` (classic PUBLISH: on a cluster, the
     /// bus carries it to every node); on a cluster the call goes to the
-    /// master of the channel's slot (a lock's channels carry its hash tag).
+    /// master of the channel's slot.
     Publish { channel: &'a str, payload: &'a str } -> (),
     |_scripts, conn, c| async move {
         redis::cmd("PUBLISH")

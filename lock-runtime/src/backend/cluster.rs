@@ -19,9 +19,11 @@
 //!   lock on every master timed out while one master was down.
 //! - A node that could not be connected to (refused, no answer in time) is
 //!   not tried again for 100 ms, and one attempt to connect to a node runs
-//!   at a time: until the cluster has failed a dead master over, calls on
-//!   its keys fail without being sent (at once when it refuses connections,
-//!   within their timeout when it does not answer), and the map is read
+//!   at a time, in a task of its own: until the cluster has failed a dead
+//!   master over, calls on its keys fail without being sent once its
+//!   connection is gone (at once when its host refuses connections; a host
+//!   that vanished without closing them costs those calls their timeout,
+//!   until a reading of the map shows the failover), and the map is read
 //!   again on calls' behalf at most every 100 ms.
 //! - Renewal groups a batch by the node that owns each lock's slot and sends
 //!   one pipeline per node, all at once: one round trip per node per tick. A
@@ -51,6 +53,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
+use futures_util::FutureExt;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, RedisError, RedisFuture, RedisResult, ServerErrorKind, Value};
 
@@ -107,10 +110,10 @@ pub(crate) struct Cluster {
     /// Nodes that could not be connected to, when, and why (see
     /// [`NODE_DOWN_FOR`]).
     nodes_down: Mutex<Vec<(Node, Instant, RedisError)>>,
-    /// Per node, held while a connection to it is made: one attempt at a
-    /// time, however many calls need it (a dead master's keys are asked
-    /// for by every caller at once).
-    node_connecting: Mutex<Vec<(Node, Arc<tokio::sync::Mutex<()>>)>>,
+    /// Per node, the connection attempt under way (see
+    /// [`Cluster::node_connection`]): one at a time, however many calls need
+    /// it (a dead master's keys are asked for by every caller at once).
+    node_connecting: Mutex<Vec<(Node, Connecting)>>,
     /// Their settings (those of a single server's connection).
     node_conn_config: Box<ConnectionManagerConfig>,
 }
@@ -125,6 +128,9 @@ struct Node {
 #[derive(Debug, Default)]
 struct SlotMap {
     ranges: Vec<(u16, u16, Node)>,
+    /// The replicas the reply named: asked for the map when no master
+    /// answers (after every master the map knew failed over).
+    replicas: Vec<Node>,
 }
 
 impl SlotMap {
@@ -132,6 +138,30 @@ impl SlotMap {
         let i = self.ranges.partition_point(|(first, _, _)| *first <= slot);
         let (first, last, node) = self.ranges.get(i.checked_sub(1)?)?;
         (*first <= slot && slot <= *last).then_some(node)
+    }
+
+    /// Makes `node` the master of `slot` (a `MOVED` said so), until the map
+    /// is read again.
+    fn assign(&mut self, slot: u16, node: Node) {
+        let Some(i) = self
+            .ranges
+            .iter()
+            .position(|(first, last, _)| *first <= slot && slot <= *last)
+        else {
+            self.ranges.push((slot, slot, node));
+            self.ranges.sort_by_key(|(first, _, _)| *first);
+            return;
+        };
+        let (first, last, old) = self.ranges.remove(i);
+        let mut pieces = vec![(slot, slot, node)];
+        if first < slot {
+            pieces.push((first, slot - 1, old.clone()));
+        }
+        if slot < last {
+            pieces.push((slot + 1, last, old));
+        }
+        self.ranges.extend(pieces);
+        self.ranges.sort_by_key(|(first, _, _)| *first);
     }
 
     fn masters(&self) -> Vec<Node> {
@@ -148,6 +178,7 @@ impl SlotMap {
     /// sent by the node at `asked` (its host, when known).
     fn parse(reply: Value, asked: Option<&str>) -> RedisResult<SlotMap> {
         let mut ranges = Vec::new();
+        let mut replicas: Vec<Node> = Vec::new();
         for range in redis::from_redis_value::<Vec<Vec<Value>>>(reply)? {
             let mut fields = range.into_iter();
             let (Some(first), Some(last), Some(master)) =
@@ -187,6 +218,20 @@ impl SlotMap {
                 port: redis::from_redis_value(port)?,
             };
             ranges.push((first, last, node));
+            for replica in fields {
+                let mut replica = redis::from_redis_value::<Vec<Value>>(replica)?.into_iter();
+                let (Some(host), Some(port)) = (replica.next(), replica.next()) else {
+                    continue;
+                };
+                let host: Option<String> = redis::from_redis_value(host)?;
+                let (Some(host), Ok(port)) = (host, redis::from_redis_value::<u16>(port)) else {
+                    continue;
+                };
+                let replica = Node { host, port };
+                if !replica.host.is_empty() && replica.host != "?" && !replicas.contains(&replica) {
+                    replicas.push(replica);
+                }
+            }
         }
         if ranges.is_empty() {
             return Err(RedisError::from((
@@ -195,7 +240,7 @@ impl SlotMap {
             )));
         }
         ranges.sort_by_key(|(first, _, _)| *first);
-        Ok(SlotMap { ranges })
+        Ok(SlotMap { ranges, replicas })
     }
 }
 
@@ -260,6 +305,18 @@ const NODE_DOWN_FOR: Duration = Duration::from_millis(100);
 /// one).
 const REFRESH_AT_MOST_EVERY: Duration = Duration::from_millis(100);
 
+/// A connection attempt to a node, shared by the calls that wait for it:
+/// when it ended, and how.
+type Connecting = futures_util::future::Shared<
+    futures_util::future::BoxFuture<
+        'static,
+        (
+            Instant,
+            RedisResult<(ConnectionManager, redis::ProtocolVersion)>,
+        ),
+    >,
+>;
+
 /// The manager's connection to a node, which connection of that node's it
 /// is (a later one has a larger number), and the protocol it speaks.
 #[derive(Clone)]
@@ -286,41 +343,6 @@ impl CallTrack {
         *self.last.lock().unwrap_or_else(|e| e.into_inner()) =
             Some((node.clone(), link.generation));
         self.sent.store(true, Ordering::Relaxed);
-    }
-}
-
-/// A connection attempt to a node: one that fails, or that its caller
-/// gives up after half the connect timeout (its own timeout ran out),
-/// marks the node down for [`NODE_DOWN_FOR`], so that the calls waiting
-/// their turn do not each try a node that does not answer. (One given up
-/// sooner was not waited for: a reading of the slot map takes the first
-/// master's answer and drops the other attempts.)
-struct ConnectAttempt<'c> {
-    cluster: &'c Cluster,
-    node: &'c Node,
-    started: Instant,
-    done: bool,
-}
-
-impl ConnectAttempt<'_> {
-    fn failed(&mut self, e: RedisError) {
-        self.done = true;
-        self.cluster
-            .nodes_down
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((self.node.clone(), Instant::now(), e));
-    }
-}
-
-impl Drop for ConnectAttempt<'_> {
-    fn drop(&mut self) {
-        if !self.done && self.started.elapsed() >= self.cluster.connect_timeout / 2 {
-            self.failed(RedisError::from(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("no connection after {:?}", self.started.elapsed()),
-            )));
-        }
     }
 }
 
@@ -438,12 +460,28 @@ impl SlotConn<'_> {
             };
             let link = match cluster.node_link(&node).await {
                 Ok(link) => link,
-                Err(e) => return Err(dropped.unwrap_or(e)),
+                Err(e) => {
+                    // Nothing to retire: the failure is this node's
+                    // connecting, not a connection that was used.
+                    *self.track.last.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                    return Err(dropped.unwrap_or(e));
+                }
             };
             self.track.took(&node, &link);
             let reply = send(link.conn, link.protocol, asking).await;
             if let Some(first) = dropped {
-                return if failed(&reply) { Err(first) } else { reply };
+                if !failed(&reply) {
+                    return reply;
+                }
+                // The first send's connection was retired already; this one
+                // answered (an error reply), so it stays.
+                if !reply
+                    .as_ref()
+                    .is_err_and(|e| e.is_io_error() || e.is_timeout())
+                {
+                    *self.track.last.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                }
+                return Err(first);
             }
             if let Err(e) = &reply {
                 if e.is_connection_dropped() && !e.is_connection_refusal() {
@@ -466,10 +504,14 @@ impl SlotConn<'_> {
             if redirects > MAX_REDIRECTS {
                 return reply;
             }
-            if !asking {
-                // The map is out of date; this request follows the
-                // redirection meanwhile.
-                cluster.refresh_soon().await;
+            if let (false, Some(slot)) = (asking, slot) {
+                // The map is out of date for this slot: it names the new
+                // master from now on (a renewal round reads the whole map).
+                cluster
+                    .slots
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .assign(slot, to.clone());
             }
             next = Some((to, asking));
         }
@@ -482,7 +524,8 @@ fn first_key_slot<'a>(cmds: impl IntoIterator<Item = &'a redis::Cmd>) -> Option<
 }
 
 /// The first key of a command distlock sends (`None` for one without keys);
-/// a `PUBLISH`'s channel, which carries its lock's hash tag, counts as one.
+/// a `PUBLISH`'s channel counts as one (it goes to its channel's slot's
+/// master; any master would do, the bus carries it to every node).
 fn first_key(cmd: &redis::Cmd) -> Option<&[u8]> {
     let mut args = cmd.args_iter().map(|arg| match arg {
         redis::Arg::Simple(bytes) => bytes,
@@ -741,14 +784,17 @@ impl Cluster {
         let Ok(_turn) = self.refreshing.try_lock() else {
             return;
         };
-        {
-            let mut at = self.refreshed_at.lock().unwrap_or_else(|e| e.into_inner());
-            if at.is_some_and(|at| at.elapsed() < REFRESH_AT_MOST_EVERY) {
-                return;
-            }
-            *at = Some(Instant::now());
+        let recent = self
+            .refreshed_at
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some_and(|at| at.elapsed() < REFRESH_AT_MOST_EVERY);
+        if recent {
+            return;
         }
         let reading = tokio::time::timeout(self.connect_timeout / 4, self.refresh_slots()).await;
+        // When it ended (a reading cut short by its caller does not count).
+        *self.refreshed_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
         let error = match reading {
             Ok(Ok(())) => return,
             Ok(Err(e)) => e.to_string(),
@@ -940,8 +986,8 @@ impl Cluster {
     }
 
     /// Sends `cmd` to `node` on its own connection, within the command
-    /// timeout; the connection is dropped when the request failed without
-    /// an answer.
+    /// timeout; the connection is dropped when a reply may be another
+    /// request's or the connection broke.
     async fn on_node(&self, node: &Node, cmd: redis::Cmd) -> Result<Value, CallError> {
         let track = CallTrack::default();
         let reply = tokio::time::timeout(self.command_timeout, async {
@@ -1142,45 +1188,99 @@ impl Cluster {
 
     /// The manager's own connection to `node`, on which every request to
     /// that node goes, connected on first use (with the seed's settings:
-    /// password, TLS) within the connect timeout, one attempt at a time. An
-    /// attempt that fails, or that its caller gives up on, marks the node
-    /// down for [`NODE_DOWN_FOR`]. Connections to nodes that are neither
-    /// masters in the slot map nor seeds are dropped when a new one is made.
+    /// password, TLS) within the connect timeout. One attempt per node runs
+    /// at a time, in a task of its own: the callers wait for it within their
+    /// own time, and one that gives up leaves it running, so that it ends,
+    /// and a node that does not answer is marked down for [`NODE_DOWN_FOR`]
+    /// however short the callers' patience. Connections to nodes that are
+    /// neither masters in the slot map nor seeds are dropped when a new one
+    /// is made.
     async fn node_connection(&self, node: &Node) -> RedisResult<NodeLink> {
-        let made = || {
-            self.node_conns
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .iter()
-                .find(|(n, _)| n == node)
-                .map(|(_, link)| link.clone())
-        };
-        if let Some(link) = made() {
+        if let Some(link) = self.made_connection(node) {
             return Ok(link);
         }
-        let turn = {
+        if let Some(e) = self.recently_down(node) {
+            return Err(e);
+        }
+        let attempt = {
             let mut connecting = self
                 .node_connecting
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
+            // An attempt that failed (its callers may all have given up
+            // before it ended): the node is down for a while after, then
+            // tried again.
+            let mut recent_failure = None;
+            connecting.retain(|(n, attempt)| match attempt.peek() {
+                Some((ended, Err(e))) if n == node => {
+                    if ended.elapsed() < NODE_DOWN_FOR {
+                        recent_failure = Some(e.clone());
+                    }
+                    false
+                }
+                _ => true,
+            });
+            if let Some(e) = recent_failure {
+                return Err(e);
+            }
             match connecting.iter().find(|(n, _)| n == node) {
-                Some((_, turn)) => turn.clone(),
+                Some((_, attempt)) => attempt.clone(),
                 None => {
-                    let turn = Arc::new(tokio::sync::Mutex::new(()));
-                    connecting.push((node.clone(), turn.clone()));
-                    turn
+                    let attempt = self.start_connecting(node)?;
+                    connecting.push((node.clone(), attempt.clone()));
+                    attempt
                 }
             }
         };
-        let _turn = turn.lock().await;
-        if let Some(link) = made() {
-            return Ok(link);
+        let (ended, outcome) = attempt.clone().await;
+        self.node_connecting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(n, other)| !(n == node && other.ptr_eq(&attempt)));
+        let (conn, protocol) = match outcome {
+            Ok(made) => made,
+            Err(e) => {
+                self.nodes_down
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push((node.clone(), ended, e.clone()));
+                return Err(e);
+            }
+        };
+        let mut kept = self
+            .slots
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .masters();
+        kept.extend(self.seed_nodes());
+        let mut conns = self.node_conns.lock().unwrap_or_else(|e| e.into_inner());
+        // Another caller of the same attempt installed it already.
+        if let Some((_, link)) = conns.iter().find(|(n, _)| n == node) {
+            return Ok(link.clone());
         }
-        // One that failed while this call waited its turn: not tried again
-        // at once.
-        if let Some(e) = self.recently_down(node) {
-            return Err(e);
-        }
+        conns.retain(|(n, _)| kept.contains(n));
+        let link = NodeLink {
+            conn,
+            generation: self.node_generations.fetch_add(1, Ordering::Relaxed),
+            protocol,
+        };
+        conns.push((node.clone(), link.clone()));
+        Ok(link)
+    }
+
+    /// The connection to `node` made already, if any.
+    fn made_connection(&self, node: &Node) -> Option<NodeLink> {
+        self.node_conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find(|(n, _)| n == node)
+            .map(|(_, link)| link.clone())
+    }
+
+    /// Starts connecting to `node` in a task of its own (inline when there
+    /// is no runtime to spawn it on), within the connect timeout.
+    fn start_connecting(&self, node: &Node) -> RedisResult<Connecting> {
         // RESP3 whatever the URL says, where the server speaks it: redis-rs
         // then sees the server close an idle connection (its `timeout`, a
         // proxy's idle limit) and makes it again at once; under RESP2 the
@@ -1193,69 +1293,56 @@ impl Cluster {
             .clone()
             .set_protocol(redis::ProtocolVersion::RESP3);
         let resp3 = redis::Client::open(info.set_redis_settings(settings))?;
-        let mut attempt = ConnectAttempt {
-            cluster: self,
-            node,
-            started: Instant::now(),
-            done: false,
-        };
-        let connect = |client: redis::Client| async move {
+        let config = (*self.node_conn_config).clone();
+        let timeout = self.connect_timeout;
+        let connect = move |client: redis::Client, config: ConnectionManagerConfig| async move {
             let protocol = client.get_connection_info().redis_settings().protocol();
-            let made = tokio::time::timeout(
-                self.connect_timeout,
-                ConnectionManager::new_with_config(client, (*self.node_conn_config).clone()),
-            )
-            .await
-            .unwrap_or_else(|_| {
-                Err(RedisError::from(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!("no connection within {:?}", self.connect_timeout),
-                )))
-            })?;
+            let made =
+                tokio::time::timeout(timeout, ConnectionManager::new_with_config(client, config))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(RedisError::from(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            format!("no connection within {timeout:?}"),
+                        )))
+                    })?;
             Ok::<_, RedisError>((made, protocol))
         };
-        let made = match connect(resp3).await {
-            Ok(made) => Ok(made),
-            // A server that answered but refused RESP3 (`HELLO 3` unknown or
-            // renamed, a proxy that speaks RESP2 only): the URL's protocol,
-            // without the early reconnection. (Refused credentials would be
-            // refused again.)
-            Err(e)
-                if !(e.is_io_error() || e.is_timeout())
-                    && e.kind() != ErrorKind::AuthenticationFailed =>
-            {
-                connect(client).await
-            }
-            Err(e) => Err(e),
+        let connecting = async move {
+            let outcome = match connect(resp3, config.clone()).await {
+                Ok(made) => Ok(made),
+                // A server that answered but refused RESP3 (`HELLO 3` unknown
+                // or renamed, a proxy that speaks RESP2 only): the URL's
+                // protocol, without the early reconnection. (Refused
+                // credentials would be refused again.)
+                Err(e)
+                    if !(e.is_io_error() || e.is_timeout())
+                        && e.kind() != ErrorKind::AuthenticationFailed =>
+                {
+                    connect(client, config).await
+                }
+                Err(e) => Err(e),
+            };
+            (Instant::now(), outcome)
         };
-        let (conn, protocol) = match made {
-            Ok(made) => made,
-            Err(e) => {
-                attempt.failed(e.clone());
-                return Err(e);
-            }
-        };
-        attempt.done = true;
-        let link = NodeLink {
-            conn,
-            generation: self.node_generations.fetch_add(1, Ordering::Relaxed),
-            protocol,
-        };
-        let mut kept = self
-            .slots
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .masters();
-        kept.extend(self.seed_nodes());
-        let mut conns = self.node_conns.lock().unwrap_or_else(|e| e.into_inner());
-        conns.retain(|(n, _)| kept.contains(n));
-        conns.push((node.clone(), link.clone()));
-        drop(conns);
-        self.node_connecting
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|(n, turn)| n == node || kept.contains(n) || Arc::strong_count(turn) > 1);
-        Ok(link)
+        let attempt: futures_util::future::BoxFuture<'static, _> =
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    let task = runtime.spawn(connecting);
+                    Box::pin(async move {
+                        task.await.unwrap_or_else(|e| {
+                            (
+                                Instant::now(),
+                                Err(RedisError::from(std::io::Error::other(format!(
+                                    "the connecting task ended: {e}"
+                                )))),
+                            )
+                        })
+                    })
+                }
+                Err(_) => Box::pin(connecting),
+            };
+        Ok(attempt.shared())
     }
 
     /// Drops the manager's connection to `node` after a failure on it (a reply may be missing
@@ -1492,20 +1579,21 @@ impl Cluster {
     /// each on the manager's own connection to it, and keeps the first
     /// answer: a dead or stopped master, which is when the map needs
     /// refreshing, must not hold the refresh up. When no master answers
-    /// (or before the first map), the seeds are asked the same way.
+    /// (every one the map knew failed over, or before the first map), the
+    /// replicas the map names and the seeds are asked the same way.
     async fn refresh_slots(&self) -> Result<(), LockError> {
-        let masters = self
-            .slots
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .masters();
-        let seeds: Vec<Node> = self
-            .seed_nodes()
-            .into_iter()
-            .filter(|seed| !masters.contains(seed))
-            .collect();
+        let (masters, replicas) = {
+            let map = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+            (map.masters(), map.replicas.clone())
+        };
+        let mut others: Vec<Node> = Vec::new();
+        for node in replicas.into_iter().chain(self.seed_nodes()) {
+            if !masters.contains(&node) && !others.contains(&node) {
+                others.push(node);
+            }
+        }
         let mut last_error = None;
-        for asked in [masters, seeds] {
+        for asked in [masters, others] {
             if asked.is_empty() {
                 continue;
             }
@@ -1795,6 +1883,45 @@ mod tests {
     }
 
     #[test]
+    fn a_moved_slot_gets_its_new_master_and_replicas_are_kept() {
+        let node = |port| Node {
+            host: "127.0.0.1".to_owned(),
+            port,
+        };
+        let entry = |port: i64| {
+            Value::Array(vec![
+                Value::BulkString(b"127.0.0.1".to_vec()),
+                Value::Int(port),
+                Value::BulkString(b"id".to_vec()),
+            ])
+        };
+        let reply = Value::Array(vec![
+            Value::Array(vec![Value::Int(0), Value::Int(8191), entry(1), entry(11)]),
+            Value::Array(vec![
+                Value::Int(8192),
+                Value::Int(16383),
+                entry(2),
+                entry(12),
+                entry(11),
+            ]),
+        ]);
+        let mut map = SlotMap::parse(reply, None).unwrap();
+        assert_eq!(map.replicas, vec![node(11), node(12)]);
+        map.assign(100, node(3));
+        assert_eq!(map.master_of(99), Some(&node(1)));
+        assert_eq!(map.master_of(100), Some(&node(3)));
+        assert_eq!(map.master_of(101), Some(&node(1)));
+        assert_eq!(map.master_of(8191), Some(&node(1)));
+        map.assign(0, node(3));
+        map.assign(16383, node(3));
+        assert_eq!(map.master_of(0), Some(&node(3)));
+        assert_eq!(map.master_of(1), Some(&node(1)));
+        assert_eq!(map.master_of(16383), Some(&node(3)));
+        assert_eq!(map.master_of(16382), Some(&node(2)));
+        assert_eq!(map.masters().len(), 3);
+    }
+
+    #[test]
     fn the_slot_map_finds_each_slots_master() {
         let node = |port| Node {
             host: "127.0.0.1".to_owned(),
@@ -1806,6 +1933,7 @@ mod tests {
                 (5461, 10922, node(2)),
                 (10923, 16383, node(3)),
             ],
+            replicas: Vec::new(),
         };
         assert_eq!(map.master_of(0), Some(&node(1)));
         assert_eq!(map.master_of(5460), Some(&node(1)));
