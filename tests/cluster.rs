@@ -1387,7 +1387,17 @@ async fn a_dead_master_holds_up_no_other_masters_locks() {
         .args(["--cluster-require-full-coverage", "no"])
         .spawn()
         .expect("spawn a cluster with replicas");
-    let m = manager_on(&cluster).await;
+    // A command timeout of 2 s, not the other tests' 500 ms: on a loaded
+    // machine (the whole suite in parallel) a call to a live master may wait
+    // for a CPU longer than 500 ms. The stall this test is about does not
+    // end with time: the old connection answered nothing until a call's
+    // failure retired it, whatever the timeout.
+    let m = LockManager::cluster_builder(cluster.urls())
+        .command_timeout(Duration::from_secs(2))
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .expect("connect to the test cluster");
     let victim = 0;
     let keys = keys_on_each_master(&cluster, &m, "ct-dead-master", 4);
     // Locks held on the victim: each renewal round meets the dead master.

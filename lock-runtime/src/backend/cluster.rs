@@ -6,7 +6,8 @@
 //!   manager's own connection to that node (one per node, see
 //!   `Cluster::node_connection`). A lock's names share one hash tag (see
 //!   `keys.rs`), so each script runs on one node. A request follows `MOVED`
-//!   (and the map is read again) and `ASK` (`ASKING` in the same write), and
+//!   (the map names the new master for that slot) and `ASK` (`ASKING` in the
+//!   same write), and
 //!   is sent once more only when its connection broke before the reply (see
 //!   `SlotConn`). `TRYAGAIN`, `CLUSTERDOWN` and a redirection that outlives
 //!   five hops make an acquisition "busy", so the
@@ -77,8 +78,8 @@ pub(crate) struct Cluster {
     /// for every node the slot map names.
     seeds: Vec<redis::Client>,
     /// Masters by slot range: where each call goes, and how renewals are
-    /// grouped per node; read again when a node answers MOVED, or a call
-    /// or a renewal could not reach its node.
+    /// grouped per node; a slot a node answers MOVED for is reassigned, and
+    /// the map read again when a call or a renewal could not reach its node.
     slots: Mutex<SlotMap>,
     /// Held while the slot map is read again on a call's behalf (see
     /// [`Cluster::refresh_soon`]), and when that last began.
@@ -348,7 +349,8 @@ impl CallTrack {
 
 /// The connection one call on a key makes its requests on: each goes to the
 /// master of its first key's slot in the slot map, on the manager's own
-/// connection to that node, and follows `MOVED` (the map is read again) and
+/// connection to that node, and follows `MOVED` (the map names the new
+/// master for that slot) and
 /// `ASK` (`ASKING` first, in the same write). A request without keys (a
 /// `SCRIPT LOAD` after `NOSCRIPT`) goes where the previous one went. One
 /// whose connection broke before its reply is sent once more, on a new
@@ -1190,9 +1192,10 @@ impl Cluster {
     /// that node goes, connected on first use (with the seed's settings:
     /// password, TLS) within the connect timeout. One attempt per node runs
     /// at a time, in a task of its own: the callers wait for it within their
-    /// own time, and one that gives up leaves it running, so that it ends,
-    /// and a node that does not answer is marked down for [`NODE_DOWN_FOR`]
-    /// however short the callers' patience. Connections to nodes that are
+    /// own time, and one that gives up leaves it running, so that it ends;
+    /// a failure marks the node down for [`NODE_DOWN_FOR`] when a caller
+    /// collects it (one that every caller gave up on is found by the next
+    /// call for that node). Connections to nodes that are
     /// neither masters in the slot map nor seeds are dropped when a new one
     /// is made.
     async fn node_connection(&self, node: &Node) -> RedisResult<NodeLink> {

@@ -16,8 +16,9 @@
 //!
 //! - [`single::Single`]: one server, one multiplexed connection and a direct
 //!   lane beside it for the call that finds it idle ([`direct`]);
-//! - [`cluster::Cluster`]: Redis Cluster; one call per lock through the cluster
-//!   client (MOVED/ASK followed, TRYAGAIN retried), renewals pipelined per node;
+//! - [`cluster::Cluster`]: Redis Cluster; one call per lock on its slot's
+//!   master, routed by distlock (MOVED/ASK followed, TRYAGAIN retried),
+//!   renewals pipelined per node;
 //! - [`redlock::Redlock`]: N independent masters, each a `Single`; a lock is
 //!   held while a majority holds it;
 //! - [`sentinel::Sentinel`]: the master the sentinels name, as a `Single`,
