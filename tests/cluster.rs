@@ -32,12 +32,28 @@ fn own_cluster() -> RedisCluster {
 static FAULTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn manager_on(cluster: &RedisCluster) -> LockManager {
+    manager_on_with(cluster, Duration::from_millis(500)).await
+}
+
+/// [`manager_on`] with its own command timeout.
+async fn manager_on_with(cluster: &RedisCluster, command_timeout: Duration) -> LockManager {
     LockManager::cluster_builder(cluster.urls())
-        .command_timeout(Duration::from_millis(500))
+        .command_timeout(command_timeout)
         .connect_timeout(Duration::from_millis(500))
         .build()
         .await
         .expect("connect to the test cluster")
+}
+
+/// A cluster of its own with a replica per master, and `args` for every
+/// node.
+fn cluster_with_replicas(args: &[&str]) -> RedisCluster {
+    RedisCluster::builder()
+        .masters(MASTERS)
+        .replicas_per_master(1)
+        .args(args.iter().copied())
+        .spawn()
+        .expect("spawn a cluster with replicas")
 }
 
 /// `per_master` keys starting with `prefix` whose locks live on each master:
@@ -575,11 +591,11 @@ fn wait_blocking(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
 /// key of the lock already on the new master (the old one answers `ASK`):
 /// it follows the redirection as any call does, and the waiter holds. Its
 /// manager was told that a waiter queued, so the release most likely hands
-/// over: on one server, such a release goes behind a `PING` in one pipeline,
-/// which on a cluster would use up the `ASKING` that redis-rs sends before
-/// it sends a redirected pipeline again (the script would be answered
-/// `MOVED`, back to the old master, until the command timeout). A cluster's
-/// release sends none.
+/// over: on one server, such a release goes behind a `PING` in one pipeline;
+/// a cluster's release sends none, and follows the `ASK` with `ASKING` and
+/// the script (were it a pipeline, `ASKING` would go before each command:
+/// one before the whole pipeline is used up by its first command, and the
+/// script would be answered `MOVED`, back to the old master).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hand_off_while_its_slot_migrates_follows_the_redirection() {
     let _faults = FAULTS.lock().await;
@@ -750,11 +766,7 @@ async fn resharding_a_held_and_contended_lock() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failover_of_a_master_with_held_locks() {
     let _faults = FAULTS.lock().await;
-    let mut cluster = RedisCluster::builder()
-        .masters(3)
-        .replicas_per_master(1)
-        .spawn()
-        .expect("spawn a cluster with replicas");
+    let mut cluster = cluster_with_replicas(&[]);
     let a = manager_on(&cluster).await;
     let b = manager_on(&cluster).await;
     // A waiter of manager b, subscribed before the kill; the master that dies
@@ -1313,12 +1325,7 @@ fn a_shutdown_releases_two_kinds_of_lock_on_one_node_in_one_pipeline() {
 async fn an_events_stream_follows_a_failover_to_the_promoted_master() {
     use futures_util::StreamExt;
     let _faults = FAULTS.lock().await;
-    let mut cluster = RedisCluster::builder()
-        .masters(3)
-        .replicas_per_master(1)
-        .args(["--notify-keyspace-events", "Kx"])
-        .spawn()
-        .expect("spawn a cluster with replicas");
+    let mut cluster = cluster_with_replicas(&["--notify-keyspace-events", "Kx"]);
     let observer = manager_on(&cluster).await;
     let mut events = observer.events("fo:*").await.unwrap();
     let keys = keys_on_each_master(&cluster, &observer, "fo", 1);
@@ -1381,23 +1388,13 @@ async fn an_events_stream_follows_a_failover_to_the_promoted_master() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_master_holds_up_no_other_masters_locks() {
     let _faults = FAULTS.lock().await;
-    let mut cluster = RedisCluster::builder()
-        .masters(3)
-        .replicas_per_master(1)
-        .args(["--cluster-require-full-coverage", "no"])
-        .spawn()
-        .expect("spawn a cluster with replicas");
+    let mut cluster = cluster_with_replicas(&["--cluster-require-full-coverage", "no"]);
     // A command timeout of 2 s, not the other tests' 500 ms: on a loaded
     // machine (the whole suite in parallel) a call to a live master may wait
     // for a CPU longer than 500 ms. The stall this test is about does not
     // end with time: the old connection answered nothing until a call's
     // failure retired it, whatever the timeout.
-    let m = LockManager::cluster_builder(cluster.urls())
-        .command_timeout(Duration::from_secs(2))
-        .connect_timeout(Duration::from_millis(500))
-        .build()
-        .await
-        .expect("connect to the test cluster");
+    let m = manager_on_with(&cluster, Duration::from_secs(2)).await;
     let victim = 0;
     let keys = keys_on_each_master(&cluster, &m, "ct-dead-master", 4);
     // Locks held on the victim: each renewal round meets the dead master.
@@ -1514,11 +1511,7 @@ fn kill_and_await_failover(cluster: &mut RedisCluster, victim: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_after_a_failover_the_manager_did_not_see_reads_the_promoted_master() {
     let _faults = FAULTS.lock().await;
-    let mut cluster = RedisCluster::builder()
-        .masters(3)
-        .replicas_per_master(1)
-        .spawn()
-        .expect("spawn a cluster with replicas");
+    let mut cluster = cluster_with_replicas(&[]);
     let idle = manager_on(&cluster).await;
     let victim = 1;
     kill_and_await_failover(&mut cluster, victim);

@@ -119,10 +119,31 @@ pub(crate) struct Cluster {
     node_conn_config: Box<ConnectionManagerConfig>,
 }
 
+/// A node's address. The host is shared: every request names its node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Node {
-    host: String,
+    host: Arc<str>,
     port: u16,
+}
+
+/// The host of an endpoint a node named (in `CLUSTER SLOTS` or a
+/// redirection) when it was asked at `asked`, as Redis defines it: NULL
+/// (`cluster-preferred-endpoint-type unknown-endpoint`, behind a load
+/// balancer) and empty (a node that does not know its own address) mean
+/// "the host you asked", `?` (a hostname a node lacks) no endpoint at all
+/// (`Ok(None)`). An error: the asked host is meant but not known here.
+fn endpoint_host(named: Option<&str>, asked: Option<&str>) -> RedisResult<Option<Arc<str>>> {
+    match named {
+        Some("?") => Ok(None),
+        Some(host) if !host.is_empty() => Ok(Some(host.into())),
+        _ => match asked {
+            Some(asked) => Ok(Some(asked.into())),
+            None => Err(RedisError::from((
+                ErrorKind::Parse,
+                "a node named the asked node's host, which is not known here",
+            ))),
+        },
+    }
 }
 
 /// Slot ranges `(first, last, master)`, sorted by first slot.
@@ -193,27 +214,13 @@ impl SlotMap {
             let (Some(host), Some(port)) = (master.next(), master.next()) else {
                 return Err(malformed_slots());
             };
-            // NULL (`cluster-preferred-endpoint-type unknown-endpoint`, behind
-            // a load balancer) and an empty endpoint (a node that does not
-            // know its own address) mean "the host you sent CLUSTER SLOTS
-            // to", with the port given; `?` (a hostname a node lacks) names
-            // no endpoint at all: that master's slots stay out of the map,
-            // and a call on them is refused as in a cluster that is down
-            // (busy, for an acquisition) until a reading names an endpoint.
-            // (Before, any of them failed the refresh.)
+            // A master with no endpoint (`?`): its slots stay out of the
+            // map, and a call on them is refused as in a cluster that is
+            // down (busy, for an acquisition) until a reading names one.
             let host: Option<String> = redis::from_redis_value(host)?;
-            let host =
-                match host {
-                    Some(host) if host == "?" => continue,
-                    Some(host) if !host.is_empty() => host,
-                    _ => match asked {
-                        Some(asked) => asked.to_owned(),
-                        None => return Err(RedisError::from((
-                            ErrorKind::Parse,
-                            "CLUSTER SLOTS names the asked node's host, which is not known here",
-                        ))),
-                    },
-                };
+            let Some(host) = endpoint_host(host.as_deref(), asked)? else {
+                continue;
+            };
             let node = Node {
                 host,
                 port: redis::from_redis_value(port)?,
@@ -228,8 +235,14 @@ impl SlotMap {
                 let (Some(host), Ok(port)) = (host, redis::from_redis_value::<u16>(port)) else {
                     continue;
                 };
-                let replica = Node { host, port };
-                if !replica.host.is_empty() && replica.host != "?" && !replicas.contains(&replica) {
+                if host.is_empty() || host == "?" {
+                    continue;
+                }
+                let replica = Node {
+                    host: host.into(),
+                    port,
+                };
+                if !replicas.contains(&replica) {
                     replicas.push(replica);
                 }
             }
@@ -404,8 +417,8 @@ impl SlotConn<'_> {
     }
 
     /// Where a reply from `from` redirects to (and whether it is an `ASK`),
-    /// if it does and names an address: an empty host is `from`'s (as in
-    /// `CLUSTER SLOTS`), `?` none.
+    /// if it does and names an address (read as in `CLUSTER SLOTS`, see
+    /// [`endpoint_host`]).
     fn redirect(e: &RedisError, from: &Node) -> Option<(Node, bool)> {
         let asking = match e.kind() {
             ErrorKind::Server(ServerErrorKind::Moved) => false,
@@ -414,11 +427,8 @@ impl SlotConn<'_> {
         };
         let (addr, _) = e.redirect_node()?;
         let (host, port) = addr.rsplit_once(':')?;
-        let host = match host.trim_start_matches('[').trim_end_matches(']') {
-            "?" => return None,
-            "" => from.host.clone(),
-            host => host.to_owned(),
-        };
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let host = endpoint_host(Some(host), Some(&from.host)).ok()??;
         Some((
             Node {
                 host,
@@ -533,20 +543,42 @@ fn first_key(cmd: &redis::Cmd) -> Option<&[u8]> {
         redis::Arg::Simple(bytes) => bytes,
         _ => &[],
     });
-    let name = args.next()?.to_ascii_uppercase();
-    match name.as_slice() {
-        b"EVAL" | b"EVALSHA" | b"EVAL_RO" | b"EVALSHA_RO" | b"FCALL" | b"FCALL_RO" => {
-            let _script = args.next()?;
-            let keys: usize = std::str::from_utf8(args.next()?).ok()?.parse().ok()?;
-            if keys == 0 {
-                return None;
-            }
-            args.next()
+    let name = args.next()?;
+    let is = |names: &[&[u8]]| names.iter().any(|n| name.eq_ignore_ascii_case(n));
+    if is(&[
+        b"EVAL",
+        b"EVALSHA",
+        b"EVAL_RO",
+        b"EVALSHA_RO",
+        b"FCALL",
+        b"FCALL_RO",
+    ]) {
+        let _script = args.next()?;
+        let keys: usize = std::str::from_utf8(args.next()?).ok()?.parse().ok()?;
+        if keys == 0 {
+            return None;
         }
-        b"PING" | b"SCRIPT" | b"WAIT" | b"HELLO" | b"CONFIG" | b"SCAN" | b"ASKING" | b"INFO"
-        | b"CLUSTER" | b"CLIENT" | b"ACL" | b"READONLY" | b"MULTI" | b"EXEC" => None,
-        _ => args.next(),
+        return args.next();
     }
+    if is(&[
+        b"PING",
+        b"SCRIPT",
+        b"WAIT",
+        b"HELLO",
+        b"CONFIG",
+        b"SCAN",
+        b"ASKING",
+        b"INFO",
+        b"CLUSTER",
+        b"CLIENT",
+        b"ACL",
+        b"READONLY",
+        b"MULTI",
+        b"EXEC",
+    ]) {
+        return None;
+    }
+    args.next()
 }
 
 fn is_redirect(e: &RedisError) -> bool {
@@ -1328,23 +1360,23 @@ impl Cluster {
             };
             (Instant::now(), outcome)
         };
-        let attempt: futures_util::future::BoxFuture<'static, _> =
-            match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => {
-                    let task = runtime.spawn(connecting);
-                    Box::pin(async move {
-                        task.await.unwrap_or_else(|e| {
-                            (
-                                Instant::now(),
-                                Err(RedisError::from(std::io::Error::other(format!(
-                                    "the connecting task ended: {e}"
-                                )))),
-                            )
-                        })
+        let runtime = tokio::runtime::Handle::try_current().ok();
+        let attempt: futures_util::future::BoxFuture<'static, _> = match runtime {
+            Some(runtime) => {
+                let task = runtime.spawn(connecting);
+                Box::pin(async move {
+                    task.await.unwrap_or_else(|e| {
+                        (
+                            Instant::now(),
+                            Err(RedisError::from(std::io::Error::other(format!(
+                                "the connecting task ended: {e}"
+                            )))),
+                        )
                     })
-                }
-                Err(_) => Box::pin(connecting),
-            };
+                })
+            }
+            None => Box::pin(connecting),
+        };
         Ok(attempt.shared())
     }
 
@@ -1413,10 +1445,10 @@ impl Cluster {
                 out[i] = outcome;
             }
         }
+        // Read again at most once for the round (a group that could not be
+        // sent had it read already, which this one then skips).
         if stale_map.load(Ordering::Relaxed) {
-            if let Err(e) = self.refresh_slots().await {
-                tracing::debug!(target: "distlock::renewal", error = %e, "could not refresh the slot map");
-            }
+            self.refresh_soon().await;
         }
         out
     }
@@ -1634,7 +1666,7 @@ impl Cluster {
             .filter_map(|seed| match seed.get_connection_info().addr() {
                 redis::ConnectionAddr::Tcp(host, port)
                 | redis::ConnectionAddr::TcpTls { host, port, .. } => Some(Node {
-                    host: host.clone(),
+                    host: host.as_str().into(),
                     port: *port,
                 }),
                 _ => None,
@@ -1868,7 +1900,7 @@ mod tests {
             range(300, 399, Value::BulkString(Vec::new())),
         ]);
         let node = |host: &str| Node {
-            host: host.to_owned(),
+            host: host.into(),
             port: 7000,
         };
         let map = SlotMap::parse(reply.clone(), Some("10.9.9.9")).unwrap();
@@ -1888,7 +1920,7 @@ mod tests {
     #[test]
     fn a_moved_slot_gets_its_new_master_and_replicas_are_kept() {
         let node = |port| Node {
-            host: "127.0.0.1".to_owned(),
+            host: "127.0.0.1".into(),
             port,
         };
         let entry = |port: i64| {
@@ -1927,7 +1959,7 @@ mod tests {
     #[test]
     fn the_slot_map_finds_each_slots_master() {
         let node = |port| Node {
-            host: "127.0.0.1".to_owned(),
+            host: "127.0.0.1".into(),
             port,
         };
         let map = SlotMap {
@@ -1944,5 +1976,64 @@ mod tests {
         assert_eq!(map.master_of(16383), Some(&node(3)));
         assert_eq!(SlotMap::default().master_of(7), None);
         assert_eq!(map.masters().len(), 3);
+    }
+
+    /// A redirection names its target as `CLUSTER SLOTS` does: an empty
+    /// host is the node that answered, `?` no address (not followed).
+    #[test]
+    fn a_redirection_reads_its_host_as_the_slot_map_does() {
+        let from = Node {
+            host: "10.0.0.9".into(),
+            port: 7000,
+        };
+        let error = |reply: &str| match redis::parse_redis_value(reply.as_bytes()) {
+            Ok(Value::ServerError(e)) => RedisError::from(e),
+            other => panic!("not an error reply: {other:?}"),
+        };
+        let to = |host: &str, port| Node {
+            host: host.into(),
+            port,
+        };
+        assert_eq!(
+            SlotConn::redirect(&error("-MOVED 3999 10.0.0.1:7001\r\n"), &from),
+            Some((to("10.0.0.1", 7001), false))
+        );
+        assert_eq!(
+            SlotConn::redirect(&error("-ASK 3999 :7002\r\n"), &from),
+            Some((to("10.0.0.9", 7002), true))
+        );
+        assert_eq!(
+            SlotConn::redirect(&error("-MOVED 3999 [::1]:7003\r\n"), &from),
+            Some((to("::1", 7003), false))
+        );
+        assert_eq!(
+            SlotConn::redirect(&error("-MOVED 3999 ?:7004\r\n"), &from),
+            None
+        );
+        assert_eq!(SlotConn::redirect(&error("-ERR nope\r\n"), &from), None);
+    }
+
+    /// The first key routes a request; its command name is matched in any
+    /// case, a script's keys come after its key count.
+    #[test]
+    fn a_request_routes_by_its_first_key() {
+        let key = |cmd: &redis::Cmd| first_key(cmd).map(<[u8]>::to_vec);
+        let evalsha = redis::cmd("evalsha")
+            .arg("sha")
+            .arg(2)
+            .arg("{a}:lock")
+            .arg("{a}:q")
+            .clone();
+        assert_eq!(key(&evalsha), Some(b"{a}:lock".to_vec()));
+        let keyless = redis::cmd("EVALSHA").arg("sha").arg(0).arg("x").clone();
+        assert_eq!(key(&keyless), None);
+        assert_eq!(key(redis::cmd("Script").arg("LOAD").arg("x")), None);
+        assert_eq!(key(&redis::cmd("PING")), None);
+        let publish = redis::cmd("PUBLISH").arg("chan").arg("m").clone();
+        assert_eq!(key(&publish), Some(b"chan".to_vec()));
+        assert_eq!(
+            key(redis::cmd("pexpire").arg("k").arg(5)),
+            Some(b"k".to_vec())
+        );
     }
 }
