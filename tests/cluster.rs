@@ -1129,6 +1129,70 @@ async fn shutdown_and_runtime_end_release_on_every_master() {
     }
 }
 
+/// A node connection works for every runtime the manager is used from. After
+/// a failover, the promoted master's connection is first needed by a call on
+/// another runtime, which then stops being driven (a current-thread runtime
+/// outside `block_on`): calls on the manager's own runtime still get
+/// answers. (Before, the connection was made on the runtime of the call
+/// that first needed it, its tasks never ran again, and every later call on
+/// that node's keys timed out: a timeout does not retire a connection.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_connection_first_needed_on_another_runtime_outlives_it() {
+    let _faults = FAULTS.lock().await;
+    let mut cluster = cluster_with_replicas(&[]);
+    // One seed, a master (so that the build connects to the masters, not
+    // to the replica promoted later).
+    let m = LockManager::cluster_builder(vec![cluster.urls()[0].clone()])
+        .command_timeout(Duration::from_millis(500))
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap();
+    let victim = 1;
+    let key = keys_on_each_master(&cluster, &m, "ct-other-runtime", 1)[victim][0].clone();
+    kill_and_await_failover(&mut cluster, victim);
+    let (used, idle) = std::sync::mpsc::channel();
+    let (finish, finished) = std::sync::mpsc::channel::<()>();
+    let other = {
+        let (m, key) = (m.clone(), key.clone());
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            // The first calls meet the dead master (refused: the map is read
+            // again); one on the promoted master makes its connection.
+            let outcome = rt.block_on(async {
+                let deadline = Instant::now() + Duration::from_secs(10);
+                loop {
+                    match m.lock(key.clone()).acquire().await {
+                        Ok(guard) => return guard.release().await,
+                        Err(e) if Instant::now() > deadline => return Err(e),
+                        Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                    }
+                }
+            });
+            used.send(outcome).unwrap();
+            // Alive, but no longer driven: its tasks do not run.
+            let _ = finished.recv();
+            drop(rt);
+        })
+    };
+    tokio::task::spawn_blocking(move || idle.recv().unwrap())
+        .await
+        .unwrap()
+        .expect("the promoted master's lock, on the other runtime");
+    for _ in 0..3 {
+        let guard = m.lock(key.clone()).acquire().await;
+        let guard = guard.unwrap_or_else(|e| panic!("on the manager's runtime: {e}"));
+        guard.release().await.unwrap();
+    }
+    finish.send(()).unwrap();
+    tokio::task::spawn_blocking(move || other.join().unwrap())
+        .await
+        .unwrap();
+}
+
 // ---------------------------------------------------------------- a stuck master
 
 /// A master that stops answering (SIGSTOP) costs its own locks, not those of

@@ -117,6 +117,11 @@ pub(crate) struct Cluster {
     node_connecting: Mutex<Vec<(Node, Connecting)>>,
     /// Their settings (those of a single server's connection).
     node_conn_config: Box<ConnectionManagerConfig>,
+    /// The runtime the manager was built on: node connections are made
+    /// there (their tasks run on the runtime that made them), so that one
+    /// first needed by a call on another runtime, which may stop being
+    /// driven, serves every caller for as long as the manager lives.
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 /// A node's address. The host is shared: every request names its node.
@@ -738,6 +743,7 @@ impl Cluster {
             node_conn_config: Box::new(
                 super::single::connection_config(config).set_number_of_retries(0),
             ),
+            runtime: tokio::runtime::Handle::try_current().ok(),
         };
         let first_map = tokio::time::timeout(config.connect_timeout, cluster.refresh_slots());
         match first_map.await {
@@ -1313,8 +1319,9 @@ impl Cluster {
             .map(|(_, link)| link.clone())
     }
 
-    /// Starts connecting to `node` in a task of its own (inline when there
-    /// is no runtime to spawn it on), within the connect timeout.
+    /// Starts connecting to `node` in a task of its own on the manager's
+    /// runtime (the caller's for a manager built outside one; inline when
+    /// there is none), within the connect timeout.
     fn start_connecting(&self, node: &Node) -> RedisResult<Connecting> {
         // RESP3 whatever the URL says, where the server speaks it: redis-rs
         // then sees the server close an idle connection (its `timeout`, a
@@ -1360,7 +1367,7 @@ impl Cluster {
             };
             (Instant::now(), outcome)
         };
-        let runtime = tokio::runtime::Handle::try_current().ok();
+        let runtime = (self.runtime.clone()).or_else(|| tokio::runtime::Handle::try_current().ok());
         let attempt: futures_util::future::BoxFuture<'static, _> = match runtime {
             Some(runtime) => {
                 let task = runtime.spawn(connecting);
