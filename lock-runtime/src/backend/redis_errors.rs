@@ -15,11 +15,7 @@ impl BackendError {
             || code.as_deref().is_some_and(|c| AUTH_CODES.contains(&c))
         {
             BackendErrorKind::Auth
-        } else if e.is_io_error()
-            || e.is_connection_dropped()
-            || e.is_connection_refusal()
-            || e.kind() == redis::ErrorKind::ClusterConnectionNotFound
-        {
+        } else if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
             BackendErrorKind::Connection
         } else if code.is_some() {
             BackendErrorKind::Server
