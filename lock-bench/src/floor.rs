@@ -24,12 +24,14 @@
 //!   and a compare-and-delete script to release: the least a lock can do (no
 //!   fencing token, no re-entry, no wake-up).
 //!
-//! Both connect to one server, or to a Redis Cluster through redis-rs's async
-//! `ClusterConnection` ([`Conn`]): the **cluster floor** is the same-scripts
-//! floor sending the same `EVALSHA`s through the cluster client, which routes
-//! each to the master of its first key's slot (a lock's names share one hash
-//! tag). Pub/sub stays a plain connection to one node: a classic `PUBLISH` on
-//! any cluster node reaches the subscribers of every node.
+//! Both connect to one server, or to a Redis Cluster ([`Conn`]): the
+//! **cluster floor** is the same-scripts floor sending the same `EVALSHA`s
+//! over one multiplexed connection per master, each to the master of its
+//! first key's slot (a lock's names share one hash tag) in a slot map read
+//! once ([`ClusterConns`]), as distlock routes its own: the least a client
+//! can do on a cluster that does not change under it. Pub/sub stays a plain
+//! connection to one node: a classic `PUBLISH` on any cluster node reaches
+//! the subscribers of every node.
 
 use std::collections::HashMap;
 use std::pin::pin;
@@ -37,7 +39,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
-use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Script, ScriptInvocation, Value};
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
@@ -49,20 +50,165 @@ use crate::error::{bail, context, Result};
 pub enum Target {
     /// One redis-server (or a counting proxy in front of it).
     Single(String),
-    /// A Redis Cluster, by its seed URLs: distlock through `cluster_builder`,
-    /// the floors through redis-rs's async `ClusterConnection`.
+    /// A Redis Cluster, by the URLs of its nodes: distlock through
+    /// `cluster_builder`, the floors through [`ClusterConns`].
     Cluster(Vec<String>),
     /// Independent redis-servers, one URL each: distlock through
     /// `redlock_builder` only (no floor, no peer).
     Redlock(Vec<String>),
 }
 
-/// One multiplexed connection to a server, or a cluster connection (itself
-/// multiplexed, one connection per node).
+/// One multiplexed connection to a server, or one per master of a cluster.
 #[derive(Clone)]
 pub enum Conn {
     Single(MultiplexedConnection),
-    Cluster(ClusterConnection),
+    Cluster(ClusterConns),
+}
+
+/// A Redis Cluster as the floors reach it: the slot map read once with
+/// `CLUSTER SLOTS`, one multiplexed connection per master, each request
+/// (a pipeline: its first keyed command) sent to the master of its first
+/// key's slot; a request without keys (`SCRIPT LOAD`) to every master, the
+/// first master's reply returned. No redirection is followed: the bench's
+/// cluster does not change while it runs, and a `MOVED` fails the run.
+#[derive(Clone)]
+pub struct ClusterConns {
+    /// `(first slot, last slot, index in conns)`, sorted.
+    ranges: Arc<Vec<(u16, u16, usize)>>,
+    conns: Vec<MultiplexedConnection>,
+}
+
+impl ClusterConns {
+    /// Reads the slot map from the first of `urls` (every node's URL) and
+    /// connects to each master.
+    async fn open(urls: &[String]) -> Result<ClusterConns> {
+        let Some(seed) = urls.first() else {
+            bail!("no cluster node URL");
+        };
+        let mut first = crate::scenarios::common::redis_client(seed)?
+            .get_multiplexed_async_connection()
+            .await?;
+        let reply: Vec<Vec<Value>> = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query_async(&mut first)
+            .await?;
+        let mut ports: Vec<u16> = Vec::new();
+        let mut ranges = Vec::new();
+        for range in reply {
+            let mut fields = range.into_iter();
+            let (Some(first), Some(last), Some(master)) =
+                (fields.next(), fields.next(), fields.next())
+            else {
+                bail!("unexpected CLUSTER SLOTS reply");
+            };
+            let (_host, port): (Value, u16) =
+                match redis::from_redis_value::<Vec<Value>>(master)?.as_slice() {
+                    [host, port, ..] => (host.clone(), redis::from_redis_value(port.clone())?),
+                    _ => bail!("unexpected CLUSTER SLOTS master"),
+                };
+            let index = match ports.iter().position(|p| *p == port) {
+                Some(index) => index,
+                None => {
+                    ports.push(port);
+                    ports.len() - 1
+                }
+            };
+            ranges.push((
+                redis::from_redis_value::<u16>(first)?,
+                redis::from_redis_value::<u16>(last)?,
+                index,
+            ));
+        }
+        ranges.sort_unstable();
+        let mut conns = Vec::new();
+        for port in ports {
+            // The fixtures' nodes all listen on 127.0.0.1: a master is the
+            // node URL with its port.
+            let Some(url) = urls.iter().find(|url| url.ends_with(&format!(":{port}"))) else {
+                bail!("no node URL with port {port}");
+            };
+            conns.push(
+                crate::scenarios::common::redis_client(url)?
+                    .get_multiplexed_async_connection()
+                    .await?,
+            );
+        }
+        Ok(ClusterConns {
+            ranges: Arc::new(ranges),
+            conns,
+        })
+    }
+
+    /// The connection to the master of `cmds`' first key (`None`: no keys).
+    fn route<'a>(&self, cmds: impl IntoIterator<Item = &'a Cmd>) -> Option<usize> {
+        let key = cmds.into_iter().find_map(first_key)?;
+        let slot = distlock_testing::key_slot(key);
+        let i = self.ranges.partition_point(|(first, _, _)| *first <= slot);
+        let (_, last, index) = self.ranges.get(i.checked_sub(1)?)?;
+        (slot <= *last).then_some(*index)
+    }
+}
+
+/// The first key of a command the floors send (`EVALSHA sha n key..`, `SET
+/// key ..`); `None` for one without keys.
+fn first_key(cmd: &Cmd) -> Option<&[u8]> {
+    let mut args = cmd.args_iter().map(|arg| match arg {
+        redis::Arg::Simple(bytes) => bytes,
+        _ => &[],
+    });
+    let name = args.next()?;
+    if name.eq_ignore_ascii_case(b"EVALSHA") || name.eq_ignore_ascii_case(b"EVAL") {
+        let _script = args.next()?;
+        let keys: usize = std::str::from_utf8(args.next()?).ok()?.parse().ok()?;
+        return if keys == 0 { None } else { args.next() };
+    }
+    if name.eq_ignore_ascii_case(b"SCRIPT") || name.eq_ignore_ascii_case(b"PING") {
+        return None;
+    }
+    args.next()
+}
+
+impl ConnectionLike for ClusterConns {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self.route([cmd]) {
+            Some(i) => self.conns[i].req_packed_command(cmd),
+            None => Box::pin(async move {
+                let mut replies = Vec::new();
+                for conn in &mut self.conns {
+                    replies.push(conn.req_packed_command(cmd).await?);
+                }
+                replies
+                    .into_iter()
+                    .next()
+                    .ok_or_else(|| (redis::ErrorKind::Client, "no master").into())
+            }),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self.route(pipeline.cmd_iter()) {
+            Some(i) => self.conns[i].req_packed_commands(pipeline, offset, count),
+            None => Box::pin(async move {
+                let mut replies = Vec::new();
+                for conn in &mut self.conns {
+                    replies.push(conn.req_packed_commands(pipeline, offset, count).await?);
+                }
+                replies
+                    .into_iter()
+                    .next()
+                    .ok_or_else(|| (redis::ErrorKind::Client, "no master").into())
+            }),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        0
+    }
 }
 
 impl Conn {
@@ -73,12 +219,7 @@ impl Conn {
                     .get_multiplexed_async_connection()
                     .await?,
             ),
-            Target::Cluster(urls) => Conn::Cluster(
-                redis::cluster::ClusterClientBuilder::new(urls.iter().map(String::as_str))
-                    .build()?
-                    .get_async_connection()
-                    .await?,
-            ),
+            Target::Cluster(urls) => Conn::Cluster(ClusterConns::open(urls).await?),
             Target::Redlock(_) => bail!("the floors run on one server or a cluster, not a Redlock"),
         })
     }

@@ -49,8 +49,8 @@ usage: lock-bench [--quick] [--backend single|cluster|redlock|postgres] [--scena
   --quick          a few seconds in all (CI); targets are printed, never enforced
   --backend B      single (default): one private redis-server; cluster: a private
                    3-master Redis Cluster, distlock built with cluster_builder against
-                   the cluster floor (its scripts by EVALSHA through redis-rs's
-                   ClusterConnection); runs uncontended, many-keys and handoff only;
+                   the cluster floor (its scripts by EVALSHA over one connection
+                   per master, routed by a slot map read once); runs uncontended, many-keys and handoff only;
                    redlock: 5 private redis-servers, distlock built with
                    redlock_builder beside distlock (builder) on one of them, interleaved;
                    no floor, no rslock; runs uncontended and handoff only;

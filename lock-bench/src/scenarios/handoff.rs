@@ -19,8 +19,8 @@
 //! on one of the members (`builder`) is the reference row, interleaved with
 //! distlock on all five (`redlock_builder`), the same tasks and managers.
 //!
-//! On a cluster (`--backend cluster`) the floor sends its scripts through
-//! redis-rs's `ClusterConnection` and subscribes on the first node (a classic
+//! On a cluster (`--backend cluster`) the floor sends its scripts over one
+//! connection per master (`floor::ClusterConns`) and subscribes on the first node (a classic
 //! `PUBLISH` on any node reaches it); distlock's managers are built with
 //! `cluster_builder`.
 //!
@@ -508,7 +508,7 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
         ));
     }
     if cluster {
-        notes.push("cluster: the floor's scripts go through redis-rs's async ClusterConnection, its pub/sub to the first node (a classic PUBLISH reaches every node); server figures are summed over the 3 masters; no rslock row (no Redis Cluster support)".to_owned());
+        notes.push("cluster: the floor's scripts go over one connection per master, routed by a slot map read once, its pub/sub to the first node (a classic PUBLISH reaches every node); server figures are summed over the 3 masters; no rslock row (no Redis Cluster support)".to_owned());
     } else {
         notes.push(
             "rslock waits by retrying SET NX after a random 0-200 ms sleep (its defaults)"

@@ -199,7 +199,7 @@ pub async fn run(env: &Env) -> Result<Vec<ScenarioResult>> {
     } else {
         ""
     };
-    let cluster_note = "cluster: the floors send the same commands through redis-rs's async ClusterConnection; server figures are summed over the 3 masters; no rslock row (no Redis Cluster support)".to_owned();
+    let cluster_note = "cluster: the floors send the same commands over one connection per master, routed by a slot map read once (as distlock routes); server figures are summed over the 3 masters; no rslock row (no Redis Cluster support)".to_owned();
 
     // Distinct keys: one connection (one manager) per implementation, 64 tasks on it.
     env.flush().await?;

@@ -76,8 +76,8 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
             name: "uncontended-cluster",
             title: format!("{title}; on a 3-master Redis Cluster"),
             notes: vec![
-                "cluster floor: distlock's own Lua scripts called by hand with EVALSHA through redis-rs's async ClusterConnection: what the library costs on top of its protocol on a cluster".to_owned(),
-                "minimal floor: SET key owner NX PX + compare-and-delete script through the same ClusterConnection".to_owned(),
+                "cluster floor: distlock's own Lua scripts called by hand with EVALSHA over one connection per master, routed by a slot map read once (as distlock routes): what the library costs on top of its protocol on a cluster".to_owned(),
+                "minimal floor: SET key owner NX PX + compare-and-delete script over the same connections".to_owned(),
                 "cmds/op, evalsha/op and redis cpu are summed over the 3 masters; rt/op is not reported: the cluster client learns node addresses from CLUSTER SLOTS and would go around a counting proxy".to_owned(),
                 "no rslock row: rslock has no Redis Cluster support".to_owned(),
                 m.cpu_note(),
