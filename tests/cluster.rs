@@ -1141,9 +1141,11 @@ async fn a_node_connection_first_needed_on_another_runtime_outlives_it() {
     let _faults = FAULTS.lock().await;
     let mut cluster = cluster_with_replicas(&[]);
     // One seed, a master (so that the build connects to the masters, not
-    // to the replica promoted later).
+    // to the replica promoted later). A command timeout of 2 s: calls on a
+    // loaded machine may wait for a CPU longer than 500 ms, and before the
+    // fix they failed whatever the timeout.
     let m = LockManager::cluster_builder(vec![cluster.urls()[0].clone()])
-        .command_timeout(Duration::from_millis(500))
+        .command_timeout(Duration::from_secs(2))
         .connect_timeout(Duration::from_millis(500))
         .build()
         .await

@@ -117,8 +117,8 @@ pub(crate) struct Cluster {
     node_connecting: Mutex<Vec<(Node, Connecting)>>,
     /// Their settings (those of a single server's connection).
     node_conn_config: Box<ConnectionManagerConfig>,
-    /// The runtime the manager was built on: node connections are made
-    /// there (their tasks run on the runtime that made them), so that one
+    /// The runtime the manager was built on (`build()` needs one): node
+    /// connections are made there (their tasks run on the runtime that made them), so that one
     /// first needed by a call on another runtime, which may stop being
     /// driven, serves every caller for as long as the manager lives.
     runtime: Option<tokio::runtime::Handle>,
@@ -819,10 +819,11 @@ impl Cluster {
 
     /// Reads the slot map again on a call's behalf: at most once every
     /// [`REFRESH_AT_MOST_EVERY`], within a quarter of the connect timeout;
-    /// a call that finds a reading under way does not wait for it.
-    async fn refresh_soon(&self) {
+    /// a call that finds a reading under way does not wait for it. Whether
+    /// this call read the map.
+    async fn refresh_soon(&self) -> bool {
         let Ok(_turn) = self.refreshing.try_lock() else {
-            return;
+            return false;
         };
         let recent = self
             .refreshed_at
@@ -830,17 +831,18 @@ impl Cluster {
             .unwrap_or_else(|e| e.into_inner())
             .is_some_and(|at| at.elapsed() < REFRESH_AT_MOST_EVERY);
         if recent {
-            return;
+            return false;
         }
         let reading = tokio::time::timeout(self.connect_timeout / 4, self.refresh_slots()).await;
         // When it ended (a reading cut short by its caller does not count).
         *self.refreshed_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
         let error = match reading {
-            Ok(Ok(())) => return,
+            Ok(Ok(())) => return true,
             Ok(Err(e)) => e.to_string(),
             Err(_) => "no slot map in time".to_owned(),
         };
         tracing::debug!(target: "distlock::connection", error = %error, "could not read the slot map again");
+        false
     }
 
     /// What a failed call leaves behind: a call that wrote nothing was not
@@ -1320,8 +1322,7 @@ impl Cluster {
     }
 
     /// Starts connecting to `node` in a task of its own on the manager's
-    /// runtime (the caller's for a manager built outside one; inline when
-    /// there is none), within the connect timeout.
+    /// runtime, within the connect timeout.
     fn start_connecting(&self, node: &Node) -> RedisResult<Connecting> {
         // RESP3 whatever the URL says, where the server speaks it: redis-rs
         // then sees the server close an idle connection (its `timeout`, a
@@ -1375,9 +1376,15 @@ impl Cluster {
                     task.await.unwrap_or_else(|e| {
                         (
                             Instant::now(),
-                            Err(RedisError::from(std::io::Error::other(format!(
-                                "the connecting task ended: {e}"
-                            )))),
+                            Err(RedisError::from(std::io::Error::other(
+                                if e.is_cancelled() {
+                                    "the manager's runtime has shut down: no connection \
+                                     can be made"
+                                        .to_owned()
+                                } else {
+                                    format!("the connecting task ended: {e}")
+                                },
+                            ))),
                         )
                     })
                 })
@@ -1426,9 +1433,9 @@ impl Cluster {
     /// One pipeline per node, sent to all nodes at once.
     pub(crate) async fn renew(&self, batch: &[Arc<Lease>], end: LeaseEnd) -> Vec<Renewal> {
         let groups = self.group_by_node(batch.iter().map(|lease| lease.keys.lock.as_str()));
-        let stale_map = AtomicBool::new(false);
+        let (stale_map, map_read) = (AtomicBool::new(false), AtomicBool::new(false));
         let sends = groups.into_iter().map(|(node, indices)| {
-            let stale_map = &stale_map;
+            let (stale_map, map_read) = (&stale_map, &map_read);
             async move {
                 let leases: Vec<Arc<Lease>> = indices.iter().map(|i| batch[*i].clone()).collect();
                 let outcomes = match node {
@@ -1439,7 +1446,9 @@ impl Cluster {
                     Some(outcomes) => outcomes,
                     None => {
                         stale_map.store(true, Ordering::Relaxed);
-                        self.refresh_soon().await;
+                        if self.refresh_soon().await {
+                            map_read.store(true, Ordering::Relaxed);
+                        }
                         self.renew_each(&leases, end).await
                     }
                 };
@@ -1452,10 +1461,14 @@ impl Cluster {
                 out[i] = outcome;
             }
         }
-        // Read again at most once for the round (a group that could not be
-        // sent had it read already, which this one then skips).
-        if stale_map.load(Ordering::Relaxed) {
-            self.refresh_soon().await;
+        // Read once for the round, unless a group read it already. Not cut
+        // short as a call's reading is: when every master the map knows
+        // hangs, only a reading that waits them out asks the replicas (where
+        // a failover shows).
+        if stale_map.load(Ordering::Relaxed) && !map_read.load(Ordering::Relaxed) {
+            if let Err(e) = self.refresh_slots().await {
+                tracing::debug!(target: "distlock::renewal", error = %e, "could not refresh the slot map");
+            }
         }
         out
     }
