@@ -68,14 +68,22 @@ pub enum Conn {
 /// A Redis Cluster as the floors reach it: the slot map read once with
 /// `CLUSTER SLOTS`, one multiplexed connection per master, each request
 /// (a pipeline: its first keyed command) sent to the master of its first
-/// key's slot; a request without keys (`SCRIPT LOAD`) to every master, the
-/// first master's reply returned. No redirection is followed: the bench's
-/// cluster does not change while it runs, and a `MOVED` fails the run.
+/// key's slot; a `SCRIPT` command (`SCRIPT LOAD` after `NOSCRIPT`) to every
+/// master, the first master's reply returned. No redirection is followed:
+/// the bench's cluster does not change while it runs, and a `MOVED` fails
+/// the run. A clone shares the connections (each request clones the one it
+/// uses, as a single server's floor clones its connection per cycle).
 #[derive(Clone)]
 pub struct ClusterConns {
     /// `(first slot, last slot, index in conns)`, sorted.
     ranges: Arc<Vec<(u16, u16, usize)>>,
-    conns: Vec<MultiplexedConnection>,
+    conns: Arc<[MultiplexedConnection]>,
+}
+
+/// Where a request goes.
+enum Route {
+    Master(usize),
+    EveryMaster,
 }
 
 impl ClusterConns {
@@ -135,22 +143,44 @@ impl ClusterConns {
         }
         Ok(ClusterConns {
             ranges: Arc::new(ranges),
-            conns,
+            conns: conns.into(),
         })
     }
 
-    /// The connection to the master of `cmds`' first key (`None`: no keys).
-    fn route<'a>(&self, cmds: impl IntoIterator<Item = &'a Cmd>) -> Option<usize> {
-        let key = cmds.into_iter().find_map(first_key)?;
+    /// Where `cmds` go: the master of their first key's slot, every master
+    /// for `SCRIPT`; an error for anything else (no key, or a slot no
+    /// master serves).
+    fn route<'a, I: Iterator<Item = &'a Cmd>>(
+        &self,
+        cmds: impl Fn() -> I,
+    ) -> redis::RedisResult<Route> {
+        if cmds().all(is_script) {
+            return Ok(Route::EveryMaster);
+        }
+        let unrouted = || {
+            redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "the cluster floor cannot route this request",
+            ))
+        };
+        let key = cmds().find_map(first_key).ok_or_else(unrouted)?;
         let slot = distlock_testing::key_slot(key);
         let i = self.ranges.partition_point(|(first, _, _)| *first <= slot);
-        let (_, last, index) = self.ranges.get(i.checked_sub(1)?)?;
-        (slot <= *last).then_some(*index)
+        match i.checked_sub(1).and_then(|i| self.ranges.get(i)) {
+            Some((_, last, index)) if slot <= *last => Ok(Route::Master(*index)),
+            _ => Err(unrouted()),
+        }
     }
 }
 
+fn is_script(cmd: &Cmd) -> bool {
+    cmd.args_iter().next().is_some_and(
+        |arg| matches!(arg, redis::Arg::Simple(name) if name.eq_ignore_ascii_case(b"SCRIPT")),
+    )
+}
+
 /// The first key of a command the floors send (`EVALSHA sha n key..`, `SET
-/// key ..`); `None` for one without keys.
+/// key ..`); `None` for a script without keys.
 fn first_key(cmd: &Cmd) -> Option<&[u8]> {
     let mut args = cmd.args_iter().map(|arg| match arg {
         redis::Arg::Simple(bytes) => bytes,
@@ -162,27 +192,25 @@ fn first_key(cmd: &Cmd) -> Option<&[u8]> {
         let keys: usize = std::str::from_utf8(args.next()?).ok()?.parse().ok()?;
         return if keys == 0 { None } else { args.next() };
     }
-    if name.eq_ignore_ascii_case(b"SCRIPT") || name.eq_ignore_ascii_case(b"PING") {
-        return None;
-    }
     args.next()
 }
 
 impl ConnectionLike for ClusterConns {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self.route([cmd]) {
-            Some(i) => self.conns[i].req_packed_command(cmd),
-            None => Box::pin(async move {
-                let mut replies = Vec::new();
-                for conn in &mut self.conns {
-                    replies.push(conn.req_packed_command(cmd).await?);
+        let route = self.route(|| std::iter::once(cmd));
+        Box::pin(async move {
+            match route? {
+                Route::Master(i) => self.conns[i].clone().req_packed_command(cmd).await,
+                Route::EveryMaster => {
+                    let mut first = None;
+                    for conn in self.conns.iter() {
+                        let reply = conn.clone().req_packed_command(cmd).await?;
+                        first.get_or_insert(reply);
+                    }
+                    first.ok_or_else(|| (redis::ErrorKind::Client, "no master").into())
                 }
-                replies
-                    .into_iter()
-                    .next()
-                    .ok_or_else(|| (redis::ErrorKind::Client, "no master").into())
-            }),
-        }
+            }
+        })
     }
 
     fn req_packed_commands<'a>(
@@ -191,19 +219,26 @@ impl ConnectionLike for ClusterConns {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        match self.route(pipeline.cmd_iter()) {
-            Some(i) => self.conns[i].req_packed_commands(pipeline, offset, count),
-            None => Box::pin(async move {
-                let mut replies = Vec::new();
-                for conn in &mut self.conns {
-                    replies.push(conn.req_packed_commands(pipeline, offset, count).await?);
+        let route = self.route(|| pipeline.cmd_iter());
+        Box::pin(async move {
+            match route? {
+                Route::Master(i) => {
+                    let mut conn = self.conns[i].clone();
+                    conn.req_packed_commands(pipeline, offset, count).await
                 }
-                replies
-                    .into_iter()
-                    .next()
-                    .ok_or_else(|| (redis::ErrorKind::Client, "no master").into())
-            }),
-        }
+                Route::EveryMaster => {
+                    let mut first = None;
+                    for conn in self.conns.iter() {
+                        let replies = conn
+                            .clone()
+                            .req_packed_commands(pipeline, offset, count)
+                            .await?;
+                        first.get_or_insert(replies);
+                    }
+                    first.ok_or_else(|| (redis::ErrorKind::Client, "no master").into())
+                }
+            }
+        })
     }
 
     fn get_db(&self) -> i64 {
