@@ -441,6 +441,12 @@ async fn a_waiter_is_woken_by_the_release() {
 // ---------------------------------------------------------------- renewal cost
 
 fn moved_errors(cluster: &RedisCluster) -> Vec<u64> {
+    error_counts(cluster, "MOVED")
+}
+
+/// Per running node, how many `kind` error replies (`MOVED`, `ASK`) it sent.
+fn error_counts(cluster: &RedisCluster, kind: &str) -> Vec<u64> {
+    let prefix = format!("errorstat_{kind}:count=");
     cluster
         .nodes()
         .iter()
@@ -452,7 +458,7 @@ fn moved_errors(cluster: &RedisCluster) -> Vec<u64> {
                 .query(&mut conn)
                 .unwrap();
             info.lines()
-                .find_map(|l| l.strip_prefix("errorstat_MOVED:count="))
+                .find_map(|l| l.strip_prefix(prefix.as_str()))
                 .map(|n| n.trim().parse().unwrap())
                 .unwrap_or(0)
         })
@@ -586,6 +592,108 @@ fn wait_blocking(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
 }
 
 // ---------------------------------------------------------------- resharding
+
+/// An acquisition with `replica_ack` is a pipeline (the script, then `WAIT`):
+/// while its lock's slot migrates, every key of the lock already on the new
+/// master, the old master answers `ASK`, and the pipeline goes to the new
+/// master behind `ASKING`, where it finds the lock held: busy, with no
+/// `MOVED` anywhere (a pipeline sent there without `ASKING` is answered
+/// `MOVED`, back to the old master, until the redirections run out). Once
+/// the lock is released and the slot has moved, the acquisition holds, with
+/// its replica's acknowledgement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acknowledged_acquisition_follows_an_ask_with_its_pipeline() {
+    let _faults = FAULTS.lock().await;
+    let cluster = cluster_with_replicas(&[]);
+    let a = manager_on(&cluster).await;
+    let b = manager_on(&cluster).await;
+    let acked = LockManager::cluster_builder(cluster.urls())
+        .command_timeout(Duration::from_secs(2))
+        .connect_timeout(Duration::from_millis(500))
+        .replica_ack(1, Duration::from_secs(2))
+        .build()
+        .await
+        .unwrap();
+    let key = "ct-acked-migrating";
+    let names = a.redis_names(key);
+    let slot = key_slot(names.lock.as_bytes());
+    let from = cluster.master_of_slot(slot).unwrap();
+    let to = (from + 1) % MASTERS;
+    let held = a
+        .lock(key)
+        .lease(Duration::from_secs(10))
+        .acquire()
+        .await
+        .unwrap();
+    held.fencing_token().await.unwrap();
+    // A queued waiter, so that the lock's queue keys exist too: a script on
+    // a slot being imported runs only when every key it names is there.
+    let waiter = {
+        let b = b.clone();
+        tokio::spawn(async move { b.lock(key).wait(Duration::from_secs(30)).acquire().await })
+    };
+    eventually(Duration::from_secs(5), async || {
+        tokio::task::block_in_place(|| {
+            let mut conn = cluster.blocking_client(from).unwrap();
+            let keys: Vec<String> = redis::cmd("CLUSTER")
+                .arg("GETKEYSINSLOT")
+                .arg(slot)
+                .arg(100)
+                .query(&mut conn)
+                .unwrap();
+            keys.len() == 4
+        })
+    })
+    .await
+    .expect("the waiter queued");
+    let migration = tokio::task::block_in_place(|| {
+        let mut conn = cluster.blocking_client(from).unwrap();
+        let keys: Vec<String> = redis::cmd("CLUSTER")
+            .arg("GETKEYSINSLOT")
+            .arg(slot)
+            .arg(100)
+            .query(&mut conn)
+            .unwrap();
+        let mut migration = cluster.begin_migration(slot, to).unwrap();
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        migration.migrate_keys(&keys).unwrap();
+        migration
+    });
+    let asks_before: u64 = tokio::task::block_in_place(|| error_counts(&cluster, "ASK"))
+        .iter()
+        .sum();
+    let moved_before: u64 = tokio::task::block_in_place(|| moved_errors(&cluster))
+        .iter()
+        .sum();
+    for _ in 0..3 {
+        let tried = acked.lock(key).try_acquire().await;
+        assert!(matches!(tried, Ok(None)), "{tried:?} while the slot moves");
+    }
+    let asks: u64 = tokio::task::block_in_place(|| error_counts(&cluster, "ASK"))
+        .iter()
+        .sum();
+    let moved: u64 = tokio::task::block_in_place(|| moved_errors(&cluster))
+        .iter()
+        .sum();
+    assert!(asks >= asks_before + 3, "{asks_before} -> {asks} ASK replies");
+    assert_eq!(moved, moved_before, "MOVED replies while the slot migrates");
+    held.release().await.unwrap();
+    let handed = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter holds")
+        .unwrap()
+        .unwrap();
+    tokio::task::block_in_place(|| migration.finish().unwrap());
+    handed.release().await.unwrap();
+    let guard = acked
+        .lock(key)
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await
+        .expect("acknowledged once the slot has moved");
+    assert_eq!(cluster.master_of_slot(slot).unwrap(), to);
+    guard.release().await.unwrap();
+}
 
 /// A release that hands the lock over while the lock's slot migrates, every
 /// key of the lock already on the new master (the old one answers `ASK`):
