@@ -1303,6 +1303,34 @@ async fn a_node_connection_first_needed_on_another_runtime_outlives_it() {
         .unwrap();
 }
 
+/// The manager's node connections speak RESP3 (so that redis-rs sees a
+/// server close one while idle), whatever the URL says, and stay so: the
+/// start-up check's `HELLO` (in the URL's protocol, RESP2 here) is sent in
+/// the node connection's own protocol, or it would switch that connection
+/// to RESP2 under redis-rs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_connections_stay_resp3_after_the_start_up_check() {
+    let cluster = own_cluster();
+    let m = manager_on(&cluster).await;
+    for key in keys_on_each_master(&cluster, &m, "ct-resp3", 1).iter().flatten() {
+        m.lock(key.clone()).acquire().await.unwrap().release().await.unwrap();
+    }
+    tokio::task::block_in_place(|| {
+        for master in 0..MASTERS {
+            let mut conn = cluster.blocking_client(master).unwrap();
+            let clients: String = redis::cmd("CLIENT").arg("LIST").query(&mut conn).unwrap();
+            let scripts: Vec<&str> = clients
+                .lines()
+                .filter(|line| line.contains(" cmd=evalsha "))
+                .collect();
+            assert!(!scripts.is_empty(), "master {master}: no script caller in {clients}");
+            for line in scripts {
+                assert!(line.contains(" resp=3"), "master {master}: {line}");
+            }
+        }
+    });
+}
+
 // ---------------------------------------------------------------- a stuck master
 
 /// A master that stops answering (SIGSTOP) costs its own locks, not those of
