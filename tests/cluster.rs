@@ -675,7 +675,10 @@ async fn an_acknowledged_acquisition_follows_an_ask_with_its_pipeline() {
     let moved: u64 = tokio::task::block_in_place(|| moved_errors(&cluster))
         .iter()
         .sum();
-    assert!(asks >= asks_before + 3, "{asks_before} -> {asks} ASK replies");
+    assert!(
+        asks >= asks_before + 3,
+        "{asks_before} -> {asks} ASK replies"
+    );
     assert_eq!(moved, moved_before, "MOVED replies while the slot migrates");
     held.release().await.unwrap();
     let handed = tokio::time::timeout(Duration::from_secs(10), waiter)
@@ -1312,8 +1315,17 @@ async fn a_node_connection_first_needed_on_another_runtime_outlives_it() {
 async fn node_connections_stay_resp3_after_the_start_up_check() {
     let cluster = own_cluster();
     let m = manager_on(&cluster).await;
-    for key in keys_on_each_master(&cluster, &m, "ct-resp3", 1).iter().flatten() {
-        m.lock(key.clone()).acquire().await.unwrap().release().await.unwrap();
+    for key in keys_on_each_master(&cluster, &m, "ct-resp3", 1)
+        .iter()
+        .flatten()
+    {
+        m.lock(key.clone())
+            .acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
     }
     tokio::task::block_in_place(|| {
         for master in 0..MASTERS {
@@ -1323,12 +1335,36 @@ async fn node_connections_stay_resp3_after_the_start_up_check() {
                 .lines()
                 .filter(|line| line.contains(" cmd=evalsha "))
                 .collect();
-            assert!(!scripts.is_empty(), "master {master}: no script caller in {clients}");
+            assert!(
+                !scripts.is_empty(),
+                "master {master}: no script caller in {clients}"
+            );
             for line in scripts {
                 assert!(line.contains(" resp=3"), "master {master}: {line}");
             }
         }
     });
+}
+
+/// A server that refuses RESP3 (`HELLO` renamed away, as on some managed
+/// services and proxies): node connections fall back to the URL's protocol,
+/// and the manager works on every master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_connections_fall_back_to_resp2_where_the_server_refuses_resp3() {
+    let cluster = RedisCluster::builder()
+        .masters(MASTERS)
+        .args(["--rename-command", "HELLO", ""])
+        .spawn()
+        .expect("spawn a cluster without HELLO");
+    let m = manager_on(&cluster).await;
+    for key in keys_on_each_master(&cluster, &m, "ct-resp2", 1)
+        .iter()
+        .flatten()
+    {
+        let guard = m.lock(key.clone()).acquire().await.unwrap();
+        assert!(m.is_locked(key).await.unwrap());
+        guard.release().await.unwrap();
+    }
 }
 
 // ---------------------------------------------------------------- a stuck master
