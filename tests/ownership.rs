@@ -647,3 +647,73 @@ async fn each_release_permits_keeps_the_rest_under_a_new_token(d: Deployment) {
 }
 
 on_stores!(each_release_permits_keeps_the_rest_under_a_new_token);
+
+/// A re-entrant acquisition made while `release_permits` renames the hold (a
+/// subtask of the hold's call chain, during the rename's round trip) does
+/// not join the hold being renamed: it takes a permit of its own. Before, it
+/// joined the old hold, which the rename then handed over under a new name:
+/// its guard was renewed by nothing, its lost signal could never fire, and
+/// the permit it trusted was not held in Redis. The manager reaches Redis
+/// through a proxy that holds each chunk 300 ms, so that the rename is in
+/// flight when the subtask re-enters, 100 ms after it was sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reentry_while_release_permits_renames_the_hold_takes_a_permit_of_its_own() {
+    use distlock::testing::{FaultMode, FaultProxy, RedisServer};
+    let server = RedisServer::spawn().unwrap();
+    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    let m = distlock::LockManager::builder(&proxy.url())
+        .command_timeout(Duration::from_secs(5))
+        .connect_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let observer = distlock::LockManager::connect(&server.url()).await.unwrap();
+    let key = "reentry-while-renaming";
+    let mut guard = m.semaphore(key, 8).weight(4).acquire().await.unwrap();
+    let (go, went) = tokio::sync::oneshot::channel::<()>();
+    let m2 = m.clone();
+    let inner = guard
+        .scope(async move {
+            distlock::spawn_with_locks(async move {
+                went.await.unwrap();
+                m2.semaphore(key, 8).acquire().await
+            })
+        })
+        .await;
+    proxy.set_mode(FaultMode::Delay(Duration::from_millis(300)));
+    let (renamed, inner) = tokio::join!(guard.release_permits(3), async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        go.send(()).unwrap();
+        inner.await.unwrap()
+    });
+    renamed.unwrap();
+    let inner = inner.unwrap();
+    proxy.set_mode(FaultMode::Pass);
+    assert!(
+        inner.remaining_lease() > Duration::ZERO,
+        "the subtask's guard is on no lease"
+    );
+    let holds = observer.inspect_all(key).await.unwrap().holds;
+    assert_eq!(
+        holds.len(),
+        2,
+        "the kept permit and the subtask's: {holds:?}"
+    );
+    inner.release().await.unwrap();
+    guard.release().await.unwrap();
+}
+
+/// A guard whose manager shut down (which released its hold) is no ticket's:
+/// `into_ticket` gives it back, lost, rather than a ticket of a hold that
+/// is gone.
+#[tokio::test]
+async fn no_ticket_is_made_of_a_hold_a_shutdown_released() {
+    let server = distlock::testing::RedisServer::spawn().unwrap();
+    let m = distlock::LockManager::connect(&server.url()).await.unwrap();
+    let guard = m.lock("ticket:after-shutdown").acquire().await.unwrap();
+    m.shutdown().await.unwrap();
+    let guard = guard
+        .into_ticket()
+        .expect_err("a ticket of a released hold");
+    assert!(guard.is_lost());
+}

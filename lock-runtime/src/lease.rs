@@ -474,6 +474,24 @@ impl Lease {
             .is_ok()
     }
 
+    /// Takes the only hold away for a change of owner (a ticket, a renamed
+    /// semaphore hold): from one hold to none, in one step, so that no
+    /// re-entrant acquisition joins the lease meanwhile (`add_hold` refuses,
+    /// and it acquires afresh). False, and nothing taken, when re-entrant
+    /// guards share the hold. A change that fails puts it back
+    /// ([`Lease::restore_sole_hold`]).
+    pub(crate) fn take_sole_hold(&self) -> bool {
+        self.holds
+            .compare_exchange(1, 0, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Gives back the hold [`Lease::take_sole_hold`] took: the guard keeps
+    /// its lease after all.
+    pub(crate) fn restore_sole_hold(&self) {
+        self.holds.store(1, Ordering::Release);
+    }
+
     /// Drops one hold; true when it was the last one.
     pub(crate) fn drop_hold(&self) -> bool {
         self.holds.fetch_sub(1, Ordering::AcqRel) == 1

@@ -63,7 +63,7 @@ impl LockGuard {
                 weight.saturating_sub(1)
             )));
         }
-        renamable(&old, "release_permits")?;
+        let mut sole = renamable(&old, "release_permits")?;
         let kept = weight - permits;
         // A token of its own, as `split_permits` gives each permit, rather
         // than the old one's with the kept weight: a call that failed after
@@ -89,8 +89,8 @@ impl LockGuard {
                 .permit_give_back(&old.key, &old.keys, &old.owner, &rest_owner),
         )
         .await?;
+        sole.disarm();
         let kept_lease = Arc::new(old.renamed(crate::config::next_id(), rest_owner));
-        old.drop_hold();
         old.mark_handed_over();
         if !core.renewals.insert(kept_lease.clone()) {
             // Shut down meanwhile: the shutdown released what it knew of,
@@ -152,7 +152,7 @@ impl LockGuard {
                 KeyPreview(&old.key)
             )));
         }
-        renamable(&old, "split_permits")?;
+        let mut sole = renamable(&old, "split_permits")?;
         // The permits' tokens open with the hold's acquisition id, so that
         // operators see which holds went together.
         let permit_owners: Vec<String> = (0..weight)
@@ -168,11 +168,11 @@ impl LockGuard {
                 .permit_split(&old.key, &old.keys, &old.owner, &permit_owners),
         )
         .await?;
+        sole.disarm();
         let leases: Vec<Arc<Lease>> = permit_owners
             .iter()
             .map(|owner| Arc::new(old.renamed(crate::config::next_id(), owner.clone())))
             .collect();
-        old.drop_hold();
         old.mark_handed_over();
         let mut shut_down = false;
         for lease in &leases {
@@ -227,20 +227,27 @@ fn acquisition_id(old: &Lease) -> &str {
 /// Whether `old` may be renamed in Redis: one guard holds it (re-entrant
 /// guards sharing it would be left with a name that is gone) and it is not
 /// lost.
-fn renamable(old: &Lease, method: &str) -> Result<(), LockError> {
-    if old.hold_count() > 1 {
+/// Checks that `old` may be renamed, and takes its only hold away until the
+/// rename is done (see `Lease::take_sole_hold`): put back when the returned
+/// guard drops armed (the rename failed, or its future was dropped), so that
+/// the guard keeps its lease.
+fn renamable<'a>(
+    old: &'a Arc<Lease>,
+    method: &str,
+) -> Result<ReleaseOnDrop<impl FnOnce() + 'a>, LockError> {
+    if old.is_lost() {
+        return Err(LockError::Lost {
+            key: old.key.clone(),
+        });
+    }
+    if !old.take_sole_hold() {
         return Err(LockError::InvalidConfig(format!(
             "{method} on semaphore {}, whose hold re-entrant guards share: \
              release them first",
             KeyPreview(&old.key)
         )));
     }
-    if old.is_lost() {
-        return Err(LockError::Lost {
-            key: old.key.clone(),
-        });
-    }
-    Ok(())
+    Ok(ReleaseOnDrop::new(move || old.restore_sole_hold()))
 }
 
 /// Runs `rename`, the one script that replaces the hold `old` in Redis by

@@ -222,16 +222,27 @@ impl LockGuard {
     ///
     /// # Errors
     /// The guard back, unchanged, when re-entrant guards of the call chain
-    /// share its hold (they would lose it under them): release those first.
+    /// share its hold (they would lose it under them): release those first;
+    /// or when the manager has shut down, which released the hold (the
+    /// guard reports it lost).
     pub fn into_ticket(self) -> Result<HoldTicket, LockGuard> {
-        if self.lease_handle().hold_count() > 1 {
+        // The hold taken from the lease at once, so that no re-entrant
+        // acquisition joins it from now on (it would keep a guard on a hold
+        // that is the ticket's, and release it under the ticket's owner).
+        let handle = self.lease_handle();
+        if !handle.take_sole_hold() {
             return Err(self);
         }
         let core = self.core().clone();
+        // Out of the renewal map before it is marked handed over: a
+        // shutdown that took it first has released it (the guard then
+        // reports it lost to the shutdown), and one after cannot.
+        if !core.renewals.remove(handle.id) {
+            handle.restore_sole_hold();
+            return Err(self);
+        }
         let lease = self.into_lease();
-        lease.drop_hold();
         lease.mark_handed_over();
-        core.renewals.remove(lease.id);
         // A "waited for" notice for this owner stays with the manager that
         // heard it; the resumed guard's release hands the lock over anyway.
         core.subscriber.take_waited_for(&lease.owner);
