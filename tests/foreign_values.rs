@@ -227,6 +227,64 @@ async fn a_value_replaced_while_a_waiter_waits_is_reported_to_it() {
     drop(held);
 }
 
+/// A value of another type (a hash) put under a lock's name while waiters
+/// queue for it is left alone by every release that meets it: the holder's
+/// (which reports the lock lost) and each waiter's withdrawal once it finds
+/// the value. Before, `release.lua` read the type error as a free lock and
+/// handed it to the head of the queue, overwriting the hash, and that waiter
+/// returned a guard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_of_another_type_is_not_handed_to_a_waiter() {
+    let redis = server();
+    let a = manager(&redis).await;
+    let mut conn = raw(&redis).await;
+    let key = "swapped-type";
+    let held = a.lock(key).acquire().await.unwrap();
+    let name = a.redis_names(key).lock;
+    let queue = name.replacen("lock:{", "lockq:{", 1);
+    let mut waiters = Vec::new();
+    for _ in 0..2 {
+        let m = manager(&redis).await;
+        waiters.push(tokio::spawn(async move {
+            m.lock(key).wait(Duration::from_secs(10)).acquire().await.map(drop)
+        }));
+    }
+    let queued = eventually(Duration::from_secs(5), async || {
+        let n: u64 = redis::cmd("ZCARD")
+            .arg(&queue)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        n == 2
+    })
+    .await;
+    assert!(queued.is_some(), "the waiters never queued ({queue})");
+    write_foreign(&mut conn, &name, Shape::Hash).await;
+    let released = held.release().await;
+    assert!(
+        matches!(released, Err(LockError::Lost { .. })),
+        "{released:?}"
+    );
+    // Each waiter attempts again within its queue entry's refresh (0.8 s)
+    // and stops there.
+    for waiter in waiters {
+        let result = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("a waiter kept waiting")
+            .unwrap();
+        assert!(
+            matches!(result, Err(LockError::ForeignValue { key: ref k }) if k == key),
+            "{result:?}"
+        );
+    }
+    let kind: String = redis::cmd("TYPE")
+        .arg(&name)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(kind, "hash");
+}
+
 /// Under Redlock every member leaves its foreign value alone; with foreign
 /// values on all of them, the caller gets the typed error at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -40,6 +40,8 @@ local owner = ARGV[1]
 local owner_len = string.len(owner)
 local events = ARGV[3] or ''
 local held = redis.pcall('GET', KEYS[1])
+-- Another type answers GET with an error: not ours, and not free either.
+local foreign = type(held) == 'table'
 if type(held) ~= 'string' then
   held = false
 end

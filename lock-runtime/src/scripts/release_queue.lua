@@ -1,7 +1,7 @@
 -- The rest of release.lua (see its header): after the helpers, for a lock
 -- someone waits for, a min_hold, or a lock that is not ours. `owner`,
--- `owner_len`, `held`, `ours` and `events` come from release.lua, which runs
--- first.
+-- `owner_len`, `held`, `foreign`, `ours` and `events` come from release.lua,
+-- which runs first.
 
 -- A lock's names are "<prefix>lock:<tail>" and "<prefix>lockq:<tail>" (tail:
 -- "{tag}:key"): they first differ at the character after "lock", which ends
@@ -35,7 +35,9 @@ if ours then
   return owner
 end
 queue_drop(KEYS[3], KEYS[4], owner)
-if not held then
+-- A free lock goes to the head; a value of another type stays (a hand-off
+-- would overwrite it).
+if not held and not foreign then
   queue_hand_off(KEYS[1], KEYS[2], KEYS[3], KEYS[4], handoff_base, events)
 end
 return {0, owner}
