@@ -379,6 +379,11 @@ async fn a_missing_permission_is_named_at_build() {
                 println!("without {missing}: {e}");
                 let text = e.to_string().to_lowercase();
                 assert!(text.contains(named), "without {missing}: {text}");
+                // The hint names every command of docs/deploying.md's ACL.
+                let (_, commands) = LEAST_PRIVILEGE_BEFORE_7_2
+                    .split_once("&distlock:* ")
+                    .unwrap();
+                assert!(text.contains(commands), "without {missing}: {text}");
                 assert!(!text.contains(":pw@"), "the password is redacted: {text}");
             }
             other => panic!("without {missing}: {other:?}"),

@@ -272,7 +272,8 @@ fn permission_hint(e: &RedisError, prefix: &str) -> String {
 /// The commands a least-privilege ACL user needs, as ACL rules (kept in step with
 /// docs/deploying.md, "The least-privilege ACL", and `tests/auth.rs`).
 pub(crate) const REQUIRED_COMMANDS: &str = "+ping +evalsha +script|load +time +get +set \
-     +pexpire +pttl +del +publish +subscribe +unsubscribe";
+     +pexpire +pttl +del +publish +subscribe +unsubscribe +zadd +zrange +zrem +zcard +hset +hget \
+     +hdel";
 
 #[cfg(test)]
 mod tests {
