@@ -1724,3 +1724,87 @@ async fn postgres_a_reserved_keyword_is_refused_as_a_schema_name() {
         .await
         .unwrap();
 }
+
+/// A listening connection whose probe came too late (its notification after
+/// the probe's timeout) is found deaf, and is made again and probed afresh
+/// ten command timeouts later: the manager hears again (lock events are
+/// served) instead of staying deaf for as long as that connection lives.
+/// The data connection goes through a proxy that holds each chunk 200 ms,
+/// so the probe's NOTIFY reaches the server 200 ms after the listener's
+/// LISTEN; the listening backend is paused in between, for 2.5 s: longer
+/// than the probe waits (its 1 s command timeout), shorter than the
+/// subscriber waits before it pings a quiet connection (10 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_listener_found_deaf_by_a_late_probe_is_probed_again() {
+    let pg = std::sync::Arc::new(server());
+    let proxy = proxy_to(&pg).await;
+    let m = LockManager::builder(&through(&pg, &proxy))
+        .postgres_listen_url(pg.url())
+        .command_timeout(Duration::from_secs(1))
+        .connect_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    m.lock("deaf-probe")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), async || !pg
+            .backend_pids("distlock-listen")
+            .unwrap()
+            .is_empty())
+        .await
+        .is_some(),
+        "no listening connection"
+    );
+    proxy.set_mode(FaultMode::Delay(Duration::from_millis(200)));
+    let pauser = {
+        let pg = pg.clone();
+        tokio::task::spawn_blocking(move || {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                let listening = pg
+                    .psql(
+                        "SELECT pid FROM pg_stat_activity WHERE application_name = \
+                         'distlock-listen' AND state = 'idle' \
+                         AND query LIKE 'LISTEN distlock_probe%'",
+                    )
+                    .unwrap();
+                if let Some(pid) = listening.lines().next().and_then(|l| l.parse().ok()) {
+                    pg.pause_backend(pid).unwrap();
+                    std::thread::sleep(Duration::from_millis(2500));
+                    pg.resume_backend(pid).unwrap();
+                    return true;
+                }
+            }
+            false
+        })
+    };
+    // A new listening connection, probed.
+    pg.kill_backends_named("distlock-listen").unwrap();
+    assert!(pauser.await.unwrap(), "never saw the probe's LISTEN");
+    proxy.set_mode(FaultMode::Pass);
+    assert!(
+        eventually(Duration::from_secs(5), async || m.deaf_listeners() >= 1)
+            .await
+            .is_some(),
+        "the late probe did not find the listener deaf"
+    );
+    let refused = m.events("deaf-probe").subscribe().await;
+    assert!(
+        matches!(refused, Err(LockError::InvalidConfig(_))),
+        "events while deaf: {:?}",
+        refused.map(drop)
+    );
+    // Made again and probed within ten command timeouts (10 s) of the deaf
+    // verdict, plus a reconnect.
+    let heard = eventually(Duration::from_secs(20), async || {
+        m.events("deaf-probe").subscribe().await.is_ok()
+    })
+    .await;
+    assert!(heard.is_some(), "the listener stayed deaf");
+}

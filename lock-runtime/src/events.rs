@@ -246,7 +246,8 @@ impl LockEventsRequest {
             });
         }
         // Subscribed, but on a connection found deaf as it connected: the
-        // stream would stay silent for good.
+        // stream would stay silent until that connection is made again and
+        // probed (ten command timeouts later).
         if !core.backend.hears_messages() {
             return Err(LockError::InvalidConfig(format!(
                 "lock events of {:?} cannot be heard: this manager's listening connection did \

@@ -50,6 +50,8 @@ pub(crate) struct Listener {
     /// through this connection would only leave listening sessions in a
     /// pooler's pool, so nothing is subscribed.
     deaf: bool,
+    /// When a deaf listener ends itself (see [`Listener::go_deaf`]).
+    recheck_at: Option<tokio::time::Instant>,
 }
 
 /// Reads one message of `messages` into `read` (a notification) or `closed`
@@ -126,6 +128,7 @@ impl Listener {
             names: HashMap::new(),
             pending: VecDeque::new(),
             deaf: false,
+            recheck_at: None,
         })
     }
 
@@ -227,9 +230,15 @@ impl Listener {
     }
 
     /// Makes this listener subscribe nothing from now on (see the `deaf`
-    /// field).
-    pub(crate) fn go_deaf(&mut self) {
+    /// field), and end itself after `recheck_after` ([`next`](Self::next)
+    /// returns `None`), so that the subscriber makes another, probed
+    /// afresh: a probe can miss on a connection that does hear (its
+    /// notification later than the probe's timeout, after a slow connect),
+    /// and a pooler can be taken out of the way; either would otherwise
+    /// last as long as this connection.
+    pub(crate) fn go_deaf(&mut self, recheck_after: Duration) {
         self.deaf = true;
+        self.recheck_at = Some(tokio::time::Instant::now() + recheck_after);
     }
 
     /// Listens on `channel` (a logical name); every notification on it after
@@ -284,7 +293,19 @@ impl Listener {
                 if self.closed {
                     return None;
                 }
-                read_one(&mut self.messages, &mut self.read, &mut self.closed).await;
+                match self.recheck_at {
+                    Some(at) => {
+                        tokio::select! {
+                            () = read_one(&mut self.messages, &mut self.read, &mut self.closed) => {}
+                            () = tokio::time::sleep_until(at) => {
+                                tracing::debug!(target: "distlock::postgres",
+                                    "a deaf listening connection ends, to be probed again");
+                                self.closed = true;
+                            }
+                        }
+                    }
+                    None => read_one(&mut self.messages, &mut self.read, &mut self.closed).await,
+                }
                 continue;
             };
             if let Some(names) = self.names.get(n.channel()) {

@@ -70,6 +70,15 @@ const ACQUIRE_ALL_ATTEMPTS: u32 = 8;
 /// with the default settings, shared by every session).
 const SWEEP_LIMIT: i32 = 200;
 
+/// How long a listening connection found deaf lives before it is made again
+/// and probed afresh (see `Listener::go_deaf`): ten command timeouts (the
+/// probe waits at most one), 20 s by default, so that behind a pooler the
+/// probes cost a connection and three statements that often, and a
+/// listener wrongly found deaf hears again within that.
+fn deaf_recheck_after(command_timeout: Duration) -> Duration {
+    command_timeout.saturating_mul(10)
+}
+
 /// The application name of the data connection, for operators (and tests)
 /// that look for distlock's sessions in `pg_stat_activity`.
 pub(crate) const DATA_APPLICATION: &str = "distlock";
@@ -826,7 +835,7 @@ impl Postgres {
                      waiters are served by their timers (slower hand-offs). Set \
                      `postgres_listen_url` to a direct connection to the server");
             }
-            listener.go_deaf();
+            listener.go_deaf(deaf_recheck_after(inner.command_timeout));
         }
         inner.listener_deaf.store(!heard, Ordering::Relaxed);
         Ok(listener)
@@ -1319,8 +1328,8 @@ impl Postgres {
     }
 
     /// Whether the listening connection made last heard its probe (see
-    /// [`listener`](Self::listener)); one found deaf is probed again only
-    /// when it is made again.
+    /// [`listener`](Self::listener)); one found deaf is made again, and
+    /// probed, after [`deaf_recheck_after`].
     pub(crate) fn hears_messages(&self) -> bool {
         !self.inner.listener_deaf.load(Ordering::Relaxed)
     }
