@@ -1668,6 +1668,17 @@ async fn postgres_keys_it_cannot_store_are_invalid_keys() {
     // well is fine.
     let held = m.lock("x".repeat(4_000)).acquire().await.unwrap();
     held.release().await.unwrap();
+    // A NUL byte in the key prefix or the holder description is refused by
+    // build(), not by every call.
+    for builder in [
+        LockManager::builder(&pg.url()).key_prefix("app\0:"),
+        LockManager::builder(&pg.url()).holder("worker\0"),
+    ] {
+        match builder.build().await {
+            Err(LockError::InvalidConfig(reason)) => assert!(reason.contains("NUL"), "{reason}"),
+            other => panic!("expected InvalidConfig, got {:?}", other.map(drop)),
+        }
+    }
 }
 
 /// A schema name goes into the SQL unquoted: every keyword the server

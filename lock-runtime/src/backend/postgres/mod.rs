@@ -291,6 +291,9 @@ pub(crate) fn glob_to_regex(glob: &str) -> String {
                     chars.next();
                     class.push('^');
                 }
+                // The class's characters (escapes undone), `None` for a
+                // `-` that may make a range.
+                let mut items: Vec<Option<char>> = Vec::new();
                 let mut closed = false;
                 while let Some(k) = chars.next() {
                     match k {
@@ -300,11 +303,32 @@ pub(crate) fn glob_to_regex(glob: &str) -> String {
                         }
                         '\\' => {
                             if let Some(escaped) = chars.next() {
-                                push_class_literal(&mut class, escaped);
+                                items.push(Some(escaped));
                             }
                         }
-                        '-' => class.push('-'),
-                        other => push_class_literal(&mut class, other),
+                        '-' => items.push(None),
+                        other => items.push(Some(other)),
+                    }
+                }
+                let mut i = 0;
+                while i < items.len() {
+                    match (items[i], items.get(i + 1), items.get(i + 2)) {
+                        // A range; Redis takes `[z-a]` as `[a-z]`, where
+                        // PostgreSQL refuses it.
+                        (Some(from), Some(None), Some(Some(to))) => {
+                            push_class_literal(&mut class, from.min(*to));
+                            class.push('-');
+                            push_class_literal(&mut class, from.max(*to));
+                            i += 3;
+                        }
+                        (Some(c), _, _) => {
+                            push_class_literal(&mut class, c);
+                            i += 1;
+                        }
+                        (None, _, _) => {
+                            push_class_literal(&mut class, '-');
+                            i += 1;
+                        }
                     }
                 }
                 if closed && class.len() > 1 && class != "[^" {
@@ -684,6 +708,18 @@ impl Postgres {
     ) -> Result<Postgres, LockError> {
         let schema = &config.postgres.schema;
         validate_schema(schema)?;
+        // PostgreSQL's text holds no NUL byte: every call would fail with a
+        // server error (Redis takes any byte).
+        for (what, value) in [
+            ("key prefix", &config.key_prefix),
+            ("holder description", &config.holder),
+        ] {
+            if value.contains('\0') {
+                return Err(LockError::InvalidConfig(format!(
+                    "the {what} {value:?} holds a NUL byte, which PostgreSQL's text cannot"
+                )));
+            }
+        }
         let mut pg = parse_url(url)?;
         let connector = Connector::choose(&pg, tls)?;
         if pg.get_application_name().is_none() {
@@ -1520,8 +1556,11 @@ impl Inner {
                 if let Some(db) = e.as_db_error() {
                     // A name longer than a B-tree entry may be (2,704 bytes
                     // after compression): the key's fault, not the server's.
+                    // Told by the function that raised it, which is not
+                    // translated (the message is, with `lc_messages`).
                     if db.code() == &tokio_postgres::error::SqlState::PROGRAM_LIMIT_EXCEEDED
-                        && db.message().contains("index row size")
+                        && (db.routine() == Some("_bt_check_third_page")
+                            || db.message().contains("index row size"))
                     {
                         return Err(CallError {
                             error: LockError::InvalidKey {
@@ -1948,6 +1987,11 @@ mod tests {
         assert_eq!(glob_to_regex("\\*x"), "^\\*x$");
         assert_eq!(glob_to_regex("[^ab]"), "^[^ab]$");
         assert_eq!(glob_to_regex("[a-c]"), "^[a-c]$");
+        // A reversed range is Redis's range the other way round.
+        assert_eq!(glob_to_regex("[c-a]x"), "^[a-c]x$");
+        // A `-` that makes no range is a character.
+        assert_eq!(glob_to_regex("[a-]"), "^[a\\-]$");
+        assert_eq!(glob_to_regex("[-a]"), "^[\\-a]$");
     }
 
     #[test]
