@@ -383,3 +383,37 @@ async fn a_renewal_never_shortens_the_stores_lease(d: Deployment) {
 }
 
 on_stores!(a_renewal_never_shortens_the_stores_lease);
+
+/// Two extends of one hold at once (re-entrant guards in joined futures) end
+/// with the holder trusting no more than the store keeps: whichever the store
+/// ran last sets the TTL, and the holder's deadline must not be the other
+/// one's. Each round extends to 1 s and to 60 s together, then compares the
+/// holder's remaining lease with the lock's TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_extends_leave_the_holder_trusting_no_more_than_the_store_keeps() {
+    let redis = server();
+    let m = manager(&redis).await;
+    let mut conn = raw(&redis).await;
+    let g = m
+        .lock("extend:concurrent")
+        .lease(Duration::from_secs(10))
+        .acquire()
+        .await
+        .unwrap();
+    let name = m.redis_names("extend:concurrent").lock;
+    for round in 0..200 {
+        let (short, long) = tokio::join!(
+            g.extend(Duration::from_secs(1)),
+            g.extend(Duration::from_secs(60))
+        );
+        short.unwrap();
+        long.unwrap();
+        let trusted = g.remaining_lease();
+        let kept = pttl(&mut conn, &name).await;
+        assert!(
+            trusted.as_millis() <= u128::try_from(kept).unwrap() + 5,
+            "round {round}: the holder trusts {trusted:?}, the store keeps {kept} ms"
+        );
+    }
+    g.release().await.unwrap();
+}
