@@ -246,7 +246,11 @@ async fn a_value_of_another_type_is_not_handed_to_a_waiter() {
     for _ in 0..2 {
         let m = manager(&redis).await;
         waiters.push(tokio::spawn(async move {
-            m.lock(key).wait(Duration::from_secs(10)).acquire().await.map(drop)
+            m.lock(key)
+                .wait(Duration::from_secs(10))
+                .acquire()
+                .await
+                .map(drop)
         }));
     }
     let queued = eventually(Duration::from_secs(5), async || {
