@@ -1145,3 +1145,63 @@ async fn a_campaign_nested_in_runs_body_is_refused() {
     );
     running.abort();
 }
+
+/// A watch made outside any runtime (sync code holding a manager) runs on
+/// the manager's runtime: before, `watch()` spawned on the caller's and
+/// panicked there ("there is no reactor running").
+#[test]
+fn a_watch_made_outside_a_runtime_runs_on_the_managers() {
+    let server = RedisServer::spawn().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let m = rt.block_on(LockManager::connect(&server.url())).unwrap();
+    let election = m.leader("outside-a-runtime");
+    let mut watch = election.watch();
+    rt.block_on(async {
+        assert_eq!(next(&mut watch).await, None, "nobody leads yet");
+        let term = election.campaign().await.unwrap();
+        let led = next(&mut watch).await.expect("the new term");
+        assert_eq!(led.epoch, term.epoch());
+        term.resign().await.unwrap();
+    });
+}
+
+/// A campaign dropped while its announcement is on its way (a timeout around
+/// `campaign()`) gives the term up, and watchers that heard the term begin
+/// hear it end, at once: before, nobody told them, and they reported a
+/// leader whose `campaign` never returned until its lease ran out (30 s
+/// here). The candidate reaches Redis through a proxy that holds each chunk
+/// 300 ms, so the announcement reaches the watcher 300 ms before its reply
+/// reaches the candidate; the campaign is dropped in between.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_campaign_dropped_during_its_announcement_tells_watchers_the_term_ended() {
+    let server = RedisServer::spawn().unwrap();
+    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    let candidate = LockManager::builder(&proxy.url())
+        .command_timeout(Duration::from_secs(5))
+        .connect_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let observer = LockManager::connect(&server.url()).await.unwrap();
+    let name = "dropped-campaign";
+    let mut watch = observer.leader(name).watch();
+    assert_eq!(next(&mut watch).await, None, "nobody leads yet");
+    proxy.set_mode(FaultMode::Delay(Duration::from_millis(300)));
+    let election = candidate.leader(name).lease(Duration::from_secs(30));
+    // Boxed, so that dropping it drops the future (a pinned local would
+    // live to the end of the test).
+    let mut campaign = Box::pin(election.campaign());
+    let heard = tokio::select! {
+        term = &mut campaign => panic!(
+            "the campaign returned before its announcement was heard: {:?}",
+            term.map(|t| t.epoch())
+        ),
+        heard = tokio::time::timeout(Duration::from_secs(30), watch.next()) => {
+            heard.expect("the term's announcement within 30 s").expect("the watch goes on")
+        }
+    };
+    assert!(heard.is_some(), "the term's announcement");
+    drop(campaign);
+    assert_eq!(next(&mut watch).await, None, "the term's end");
+    proxy.set_mode(FaultMode::Pass);
+}

@@ -48,8 +48,10 @@ impl<T> Shared<T> {
 }
 
 struct State<T> {
-    /// Each item with the number of items dropped just before it.
-    queue: VecDeque<(u64, T)>,
+    /// Each item with the number of items dropped just before it, and
+    /// whether it is a marker (`push_keeping`'s), which is no item of the
+    /// stream: one dropped for a newer marker is not counted.
+    queue: VecDeque<(u64, bool, T)>,
     /// Items dropped since the last one queued.
     skipped: u64,
     capacity: usize,
@@ -87,7 +89,7 @@ impl<T> Sender<T> {
         }
         if state.queue.len() < state.capacity {
             let skipped = std::mem::take(&mut state.skipped);
-            state.queue.push_back((skipped, item));
+            state.queue.push_back((skipped, false, item));
         } else {
             state.skipped += 1;
         }
@@ -106,12 +108,12 @@ impl<T> Sender<T> {
             return Err(Closed);
         }
         if state.queue.len() >= state.capacity {
-            if let Some((before, _dropped)) = state.queue.pop_back() {
-                state.skipped += before + 1;
+            if let Some((before, marker, _dropped)) = state.queue.pop_back() {
+                state.skipped += before + u64::from(!marker);
             }
         }
         let skipped = std::mem::take(&mut state.skipped);
-        state.queue.push_back((skipped, item));
+        state.queue.push_back((skipped, true, item));
         state.wake();
         Ok(())
     }
@@ -129,7 +131,7 @@ impl<T> Sender<T> {
             state.skipped = 0;
             state.coalescing = true;
         }
-        state.queue.push_back((0, item));
+        state.queue.push_back((0, false, item));
         state.wake();
         Ok(())
     }
@@ -178,12 +180,12 @@ impl<T> Receiver<T> {
     /// `None` once every sender is gone and the buffer is empty.
     pub(crate) fn poll_pop(&mut self, cx: &mut Context<'_>) -> Poll<Option<Popped<T>>> {
         let mut state = self.shared.state();
-        if let Some((skipped, _)) = state.queue.front_mut() {
+        if let Some((skipped, _, _)) = state.queue.front_mut() {
             if *skipped > 0 {
                 return Poll::Ready(Some(Popped::Skipped(std::mem::take(skipped))));
             }
         }
-        if let Some((_, item)) = state.queue.pop_front() {
+        if let Some((_, _, item)) = state.queue.pop_front() {
             state.coalescing = false;
             return Poll::Ready(Some(Popped::Item(item)));
         }
@@ -292,5 +294,18 @@ mod tests {
         assert!(sender.push_or_skip(1).is_err());
         assert!(sender.push_keeping(1).is_err());
         assert!(sender.push_or_replace(1).is_err());
+    }
+
+    /// A marker that takes the place of an earlier marker in a full buffer
+    /// counts no item lost for it: only the events dropped are counted.
+    #[test]
+    fn a_marker_replacing_a_marker_counts_only_the_items_lost() {
+        let (sender, mut receiver) = bounded(1);
+        sender.push_or_skip(1).unwrap();
+        sender.push_keeping(100).unwrap();
+        sender.push_keeping(101).unwrap();
+        assert_eq!(pop(&mut receiver), Poll::Ready(Some(Popped::Skipped(1))));
+        assert_eq!(pop(&mut receiver), Poll::Ready(Some(Popped::Item(101))));
+        assert_eq!(pop(&mut receiver), Poll::Pending);
     }
 }

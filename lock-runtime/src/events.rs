@@ -512,7 +512,13 @@ fn parse_event(key: &str, payload: &str) -> Option<LockEvent> {
     let taken = |parts: &mut std::str::SplitN<'_, char>| -> Option<(SystemTime, String)> {
         let since: u64 = parts.next()?.parse().ok()?;
         let holder = parts.next().unwrap_or("").to_owned();
-        Some((UNIX_EPOCH + Duration::from_millis(since), holder))
+        // Checked: a time past what the platform's SystemTime holds (another
+        // program's message) is not an event, rather than a panic in the
+        // subscriber's task.
+        Some((
+            UNIX_EPOCH.checked_add(Duration::from_millis(since))?,
+            holder,
+        ))
     };
     let kind = match what {
         "acquired" => {

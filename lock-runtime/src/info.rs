@@ -102,7 +102,7 @@ impl LockInfo {
             holder: holder.to_owned(),
             fencing_token: token.parse().ok()?,
             ttl: u64::try_from(pttl).ok().map(Duration::from_millis),
-            held_since: UNIX_EPOCH + Duration::from_millis(since.parse().ok()?),
+            held_since: UNIX_EPOCH.checked_add(Duration::from_millis(since.parse().ok()?))?,
             waited_for: mark == "+",
         })
     }
@@ -140,7 +140,9 @@ impl LockInfo {
             ttl: u64::try_from(ends_ms.saturating_sub(now_ms))
                 .ok()
                 .map(Duration::from_millis),
-            held_since: UNIX_EPOCH + Duration::from_millis(since),
+            held_since: UNIX_EPOCH
+                .checked_add(Duration::from_millis(since))
+                .unwrap_or(UNIX_EPOCH),
             waited_for: false,
         }
     }

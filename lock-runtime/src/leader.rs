@@ -200,6 +200,14 @@ impl LeaderElection {
             lease_ms,
         }
         .encode();
+        // Armed before the announcement: a campaign dropped while it is sent
+        // (a timeout around `campaign`) gives the term up, and watchers that
+        // heard it must hear it ended, or they report a leader that never
+        // led until its lease's end.
+        let end_told_on_drop = EndToldOnDrop {
+            election: Some(Box::new(self.clone())),
+            epoch: info.epoch,
+        };
         if let Err(e) = self.publish(&key, &message).await {
             // Watchers catch up when they next read the lock (at the end of
             // the lease they last saw, or after a reconnect).
@@ -215,10 +223,7 @@ impl LeaderElection {
             election: self.clone(),
             lease: guard.lease_handle(),
             guard,
-            end_told_on_drop: EndToldOnDrop {
-                election: Some(Box::new(self.clone())),
-                epoch: info.epoch,
-            },
+            end_told_on_drop,
             info,
         })
     }
@@ -333,7 +338,10 @@ impl LeaderElection {
     /// backlog.
     pub fn watch(&self) -> LeaderWatch {
         let (changes, receiver) = buffer::bounded(LEADER_WATCH_CAPACITY);
-        let task = tokio::spawn(watch(self.clone(), changes));
+        // On the manager's runtime, as its other background work: a watch
+        // made outside a runtime (or on one that ends sooner) still runs.
+        let runtime = &self.manager.inner.core.runtime;
+        let task = runtime.spawn(watch(self.clone(), changes));
         LeaderWatch {
             changes: receiver,
             task: task.abort_handle(),
@@ -512,13 +520,14 @@ impl Announcement {
             "T" => {
                 let epoch = parts.next()?.parse().ok()?;
                 let since: u64 = parts.next()?.parse().ok()?;
+                let since = UNIX_EPOCH.checked_add(Duration::from_millis(since))?;
                 let lease_ms = parts.next()?.parse().ok()?;
                 let holder = parts.next().unwrap_or("").to_owned();
                 Some(Announcement::Term {
                     info: LeaderInfo {
                         holder,
                         epoch,
-                        since: UNIX_EPOCH + Duration::from_millis(since),
+                        since,
                     },
                     lease_ms,
                 })
