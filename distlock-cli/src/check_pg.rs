@@ -53,6 +53,9 @@ struct Settings {
     may_create: bool,
     /// `default_transaction_isolation` for this role and database.
     default_isolation: String,
+    /// `default_transaction_read_only` for this role and database (`on`:
+    /// every write distlock makes fails).
+    default_read_only: String,
 }
 
 impl Settings {
@@ -72,6 +75,7 @@ impl Settings {
             idle_in_transaction_timeout_ms: row.try_get(11)?,
             may_create: row.try_get(12)?,
             default_isolation: row.try_get(13)?,
+            default_read_only: row.try_get(14)?,
         })
     }
 }
@@ -117,6 +121,7 @@ pub async fn run(url: &str, schema: &str, tls_ca: Option<Vec<u8>>) -> Vec<CheckR
     results.push(idle_session_timeout(&settings));
     results.push(idle_in_transaction(&settings));
     results.push(isolation(&settings));
+    results.push(read_only(&settings));
     // The NOTIFY goes out on a second session: through a transaction-mode
     // pooler, a session's notification to itself comes back before its
     // transaction ends, while the pooler still links the two, so a
@@ -605,6 +610,27 @@ fn isolation(s: &Settings) -> (&'static str, Status, String) {
              need it: under {level} contention fails with serialization errors) as a startup \
              option, which a pooler may drop, and then build() fails; set it for distlock's \
              role (ALTER ROLE ... SET default_transaction_isolation = 'read committed')"
+        ),
+    )
+}
+
+/// `default_transaction_read_only`: on (set by an operator, or by a managed
+/// service whose storage is nearly full), every lock call fails with
+/// "cannot execute ... in a read-only transaction". distlock does not
+/// override it (it may be there to protect the server).
+fn read_only(s: &Settings) -> (&'static str, Status, String) {
+    const CHECK: &str = "default_transaction_read_only";
+    if s.default_read_only == "off" {
+        return (CHECK, Status::Ok, "off".to_owned());
+    }
+    (
+        CHECK,
+        Status::Fail,
+        format!(
+            "{}: every write distlock makes (each lock call) fails with \"cannot execute ... in \
+             a read-only transaction\"; find who set it (ALTER DATABASE/ROLE ... SET, the \
+             server's configuration, a managed service protecting a full disk)",
+            s.default_read_only
         ),
     )
 }

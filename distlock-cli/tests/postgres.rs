@@ -554,6 +554,7 @@ async fn postgres_check_passes_on_a_good_server_and_fails_for_a_role_without_pri
         "ok    privileges: postgres has usage on distlock",
         "ok    synchronous_commit: on",
         "ok    default_transaction_isolation: read committed",
+        "ok    default_transaction_read_only: off",
         "ok    listen: works",
     ] {
         assert!(text.contains(line), "{line:?} not in:\n{text}");
@@ -658,6 +659,27 @@ async fn postgres_check_warns_about_durability_idle_timeouts_and_isolation() {
             .unwrap()
             .starts_with("serializable: distlock's sessions set read committed for themselves (its functions need it"),
         "{isolation}"
+    );
+}
+
+/// A database whose transactions are read-only by default (an operator's
+/// `ALTER DATABASE`, a managed service protecting a full disk) fails the
+/// check: every lock call would fail there. Before, the check passed it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_check_fails_a_database_that_is_read_only_by_default() {
+    let pg = PostgresServer::start().unwrap();
+    let url = pg.url();
+    let _manager = LockManager::builder(&url).build().await.unwrap();
+    pg.psql("CREATE ROLE frozen LOGIN SUPERUSER; ALTER ROLE frozen SET default_transaction_read_only = on")
+        .unwrap();
+    let out = cli(&url_as(&pg, "frozen"), &["--json", "check"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    let checks = json(&out);
+    let read_only = check_of(&checks, "default_transaction_read_only");
+    assert_eq!(read_only["status"], "fail", "{read_only}");
+    assert!(
+        read_only["detail"].as_str().unwrap().starts_with("on: "),
+        "{read_only}"
     );
 }
 

@@ -18,4 +18,5 @@ SELECT current_setting('server_version_num')::int,
        (SELECT setting::bigint FROM pg_settings
          WHERE name = 'idle_in_transaction_session_timeout'),
        has_database_privilege(current_database(), 'CREATE'),
-       current_setting('default_transaction_isolation')
+       current_setting('default_transaction_isolation'),
+       current_setting('default_transaction_read_only')
