@@ -332,7 +332,7 @@ impl Options {
                     opts.key = key_option(*raw, errors);
                     continue;
                 }
-                RawValue::Expr(value) => value,
+                RawValue::Expr(value) => ungrouped(value),
             };
             match name_str.as_str() {
                 // `parse_raw` gives `key` a `RawValue::Key`; this arm keeps the
@@ -525,7 +525,7 @@ fn parse_key(input: ParseStream) -> syn::Result<RawKey> {
 
 /// `EXPR` or `EXPR for PAT in EXPR`.
 fn parse_key_elem(input: ParseStream) -> syn::Result<RawElem> {
-    let template: Expr = input.parse()?;
+    let template = ungrouped(input.parse()?);
     let each = if input.peek(Token![for]) {
         let for_token = input.parse::<Token![for]>()?;
         let pat = Pat::parse_multi_with_leading_vert(input)?;
@@ -798,6 +798,16 @@ fn unknown_option_message(name: &str) -> String {
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
+    }
+}
+
+/// `value` without the invisible group a `macro_rules!` fragment (`$key:literal`,
+/// `$lease:expr`) is passed in, so that a literal given through a macro reads
+/// as the literal.
+fn ungrouped(value: Expr) -> Expr {
+    match value {
+        Expr::Group(group) => ungrouped(*group.expr),
+        other => other,
     }
 }
 

@@ -528,7 +528,9 @@ fn placeholder_tokens(
         ident.set_span(binding.span().located_at(span));
         ident.into_token_stream()
     } else if path[0] == "self" {
-        syn::Token![self](span).into_token_stream()
+        // As a parameter: the receiver's hygiene, reported at the key.
+        let self_span = params.self_span.map_or(span, |s| s.located_at(span));
+        syn::Token![self](self_span).into_token_stream()
     } else {
         let param = params
             .find(&path[0])

@@ -115,6 +115,9 @@ pub(crate) fn not_a_function(item: &TokenStream) -> syn::Error {
 /// The names a caller can use in `{placeholders}`.
 pub(crate) struct Params {
     pub(crate) has_self: bool,
+    /// The receiver's `self` as written: its hygiene is the one a `{self..}`
+    /// placeholder must resolve with (inside a `macro_rules!`, the macro's).
+    pub(crate) self_span: Option<proc_macro2::Span>,
     pub(crate) names: Vec<Ident>,
 }
 
@@ -122,11 +125,15 @@ impl Params {
     pub(crate) fn of(sig: &syn::Signature) -> Params {
         let mut params = Params {
             has_self: false,
+            self_span: None,
             names: Vec::new(),
         };
         for input in &sig.inputs {
             match input {
-                FnArg::Receiver(_) => params.has_self = true,
+                FnArg::Receiver(receiver) => {
+                    params.has_self = true;
+                    params.self_span = Some(receiver.self_token.span);
+                }
                 FnArg::Typed(t) => collect_bindings(&t.pat, &mut params.names),
             }
         }

@@ -66,8 +66,29 @@ macro_rules! locked_job {
 }
 locked_job!(from_a_macro, id);
 
+// A method written by a `macro_rules!` whose key comes from the macro's
+// caller: `{self.shard}` resolves to the method's receiver, whose `self` has
+// the macro's hygiene (it used to be resolved at the caller's, which has no
+// `self`: "expected value, found module `self`").
+pub struct Service {
+    shard: u16,
+}
+macro_rules! locked_method {
+    ($key:literal) => {
+        impl Service {
+            #[distributed_lock(key = $key)]
+            async fn run(&self) -> Result<u16> {
+                Ok(self.shard)
+            }
+        }
+    };
+}
+locked_method!("shard:{self.shard}");
+
 fn main() {
     drop(from_a_macro(7));
+    let service = Service { shard: 3 };
+    drop(service.run());
     drop(same_names(1, 2, 3, 4));
     drop(unfinished());
 }
