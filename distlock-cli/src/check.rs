@@ -250,6 +250,18 @@ fn persistence(info: &HashMap<String, String>, now: SystemTime) -> (&'static str
             |d| format!("{} ago", human_duration(d)),
         );
     let bgsave_ok = info.get("rdb_last_bgsave_status").map(String::as_str) != Some("err");
+    // A failed AOF write makes Redis refuse every write (MISCONF) until one
+    // succeeds: no lock can be taken or released.
+    if aof && info.get("aof_last_write_status").map(String::as_str) == Some("err") {
+        return (
+            "persistence",
+            Status::Fail,
+            "AOF on, and its last write failed: Redis refuses every write (MISCONF) until \
+             one succeeds, so no lock can be taken; see the server's log (a full disk, \
+             permissions)"
+                .to_owned(),
+        );
+    }
     let (status, detail) = if aof {
         (Status::Ok, format!("AOF on; last RDB save {ago}"))
     } else {
@@ -265,7 +277,10 @@ fn persistence(info: &HashMap<String, String>, now: SystemTime) -> (&'static str
     let detail = if bgsave_ok {
         detail
     } else {
-        format!("{detail}; the last RDB save failed")
+        format!(
+            "{detail}; the last RDB save failed (with stop-writes-on-bgsave-error yes, the \
+             default, Redis then refuses every write, MISCONF, until a save succeeds)"
+        )
     };
     ("persistence", status, detail)
 }
@@ -273,6 +288,15 @@ fn persistence(info: &HashMap<String, String>, now: SystemTime) -> (&'static str
 /// Replication: distlock must write to a master; replicas copy locks
 /// asynchronously, so a failover can lose a fresh one.
 fn replication(info: &HashMap<String, String>) -> (&'static str, Status, String) {
+    if info.get("redis_mode").map(String::as_str) == Some("sentinel") {
+        return (
+            "replication",
+            Status::Fail,
+            "this is a Sentinel, which holds no keys: give distlock the master (applications: \
+             LockManager::sentinel_builder with the sentinels' addresses)"
+                .to_owned(),
+        );
+    }
     let role = info.get("role").map_or("unknown", String::as_str);
     let replicas: u32 = info
         .get("connected_slaves")
@@ -509,6 +533,11 @@ mod tests {
     #[test]
     fn replicas_fail_and_cluster_mode_must_match() {
         assert_eq!(replication(&fields(&[("role", "slave")])).1, Status::Fail);
+        // A Sentinel answers INFO, with no role of a data server.
+        assert_eq!(
+            replication(&fields(&[("redis_mode", "sentinel")])).1,
+            Status::Fail
+        );
         assert_eq!(
             cluster_mode(&fields(&[("cluster_enabled", "1")]), false).1,
             Status::Fail
@@ -530,6 +559,9 @@ mod tests {
             persistence(&fields(&[("aof_enabled", "1")]), now).1,
             Status::Ok
         );
+        // A failed AOF write refuses every write until one succeeds.
+        let failing = fields(&[("aof_enabled", "1"), ("aof_last_write_status", "err")]);
+        assert_eq!(persistence(&failing, now).1, Status::Fail);
     }
 
     #[test]

@@ -727,6 +727,7 @@ mod tests {
             idle_in_transaction_timeout_ms: Some(0),
             may_create: false,
             default_isolation: "read committed".to_owned(),
+            default_read_only: "off".to_owned(),
         }
     }
 
