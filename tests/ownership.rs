@@ -672,6 +672,8 @@ async fn a_reentry_while_release_permits_renames_the_hold_takes_a_permit_of_its_
     let mut guard = m.semaphore(key, 8).weight(4).acquire().await.unwrap();
     let (go, went) = tokio::sync::oneshot::channel::<()>();
     let m2 = m.clone();
+    // The scope's future yields the subtask's handle (to await outside it).
+    #[allow(clippy::async_yields_async)]
     let inner = guard
         .scope(async move {
             distlock::spawn_with_locks(async move {
