@@ -932,3 +932,32 @@ async fn a_listener_made_again_after_a_slot_migration_keeps_its_master() {
         keys.iter().map(|k| (k.clone(), 1)).collect();
     assert_eq!(expired, expected, "each master's expiry heard once");
 }
+
+/// On a database in `SQL_ASCII` (what `initdb` makes under the C locale),
+/// where PostgreSQL counts a name's characters in bytes, the events of a
+/// key with non-ASCII characters arrive: before, their count was read as
+/// characters, no name ended there, and the events were dropped unseen.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_events_of_non_ascii_keys_arrive_from_a_database_in_sql_ascii() {
+    let pg = distlock_testing::PostgresServer::start().expect("a private PostgreSQL");
+    pg.psql(
+        "CREATE DATABASE ascii ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' \
+         TEMPLATE template0",
+    )
+    .unwrap();
+    let url = pg.url().replace("/postgres?", "/ascii?");
+    assert!(url.contains("/ascii?"), "{url}");
+    let m = LockManager::builder(&url)
+        .lock_events(true)
+        .build()
+        .await
+        .unwrap();
+    let mut events = m.events("été:*").await.unwrap();
+    let held = m.lock("été:1").acquire().await.unwrap();
+    assert!(matches!(
+        kind_of(&mut events, "été:1").await,
+        LockEventKind::Acquired { .. }
+    ));
+    held.release().await.unwrap();
+}

@@ -59,7 +59,9 @@ pub(crate) enum NamedEvent<'a> {
 /// Reads a message of a store's one lock events channel: `<n> <name>
 /// <event>`, `n` the number of characters of `name` (so that a name may hold
 /// spaces), or `- <event word>` for an event whose name did not fit (see
-/// `lock_event` in the PostgreSQL schema). `None` for anything else.
+/// `lock_event` in the PostgreSQL schema). `None` for anything else. A
+/// database in `SQL_ASCII` counts a name's characters in bytes: a count that
+/// ends no name in characters is read as bytes.
 pub(crate) fn named_event(payload: &[u8]) -> Option<NamedEvent<'_>> {
     let text = std::str::from_utf8(payload).ok()?;
     let (count, rest) = text.split_once(' ')?;
@@ -68,14 +70,17 @@ pub(crate) fn named_event(payload: &[u8]) -> Option<NamedEvent<'_>> {
     }
     let count: usize = count.parse().ok()?;
     // The byte where the name's `count` characters end.
-    let end = match rest.char_indices().nth(count) {
-        Some((end, _)) => end,
-        None if rest.chars().count() == count => rest.len(),
-        None => return None,
+    let in_chars = match rest.char_indices().nth(count) {
+        Some((end, _)) => Some(end),
+        None if rest.chars().count() == count => Some(rest.len()),
+        None => None,
     };
-    let (name, event) = rest.split_at(end);
-    let event = event.strip_prefix(' ')?;
-    Some(NamedEvent::Of { name, event })
+    let split = |end: usize| {
+        let name = rest.get(..end)?;
+        let event = rest.get(end..)?.strip_prefix(' ')?;
+        Some(NamedEvent::Of { name, event })
+    };
+    in_chars.and_then(split).or_else(|| split(count))
 }
 
 /// A store's own notice of something that happened to a key.
@@ -228,6 +233,14 @@ mod tests {
         // encoding.
         assert_eq!(
             named_event("3 été expired".as_bytes()),
+            Some(NamedEvent::Of {
+                name: "été",
+                event: "expired"
+            })
+        );
+        // A database in SQL_ASCII counts bytes.
+        assert_eq!(
+            named_event("5 été expired".as_bytes()),
             Some(NamedEvent::Of {
                 name: "été",
                 event: "expired"
