@@ -593,6 +593,54 @@ fn wait_blocking(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
 
 // ---------------------------------------------------------------- resharding
 
+/// `key` held by `m` (10 s lease) with its fencing token issued (so that its
+/// fencing counter exists and moves with the rest): its slot, its master,
+/// and the next master, to move it to.
+async fn held_with_its_fence(
+    cluster: &RedisCluster,
+    m: &LockManager,
+    key: &'static str,
+) -> (u16, usize, usize, distlock::LockGuard) {
+    let slot = key_slot(m.redis_names(key).lock.as_bytes());
+    let from = cluster.master_of_slot(slot).unwrap();
+    let held = m
+        .lock(key)
+        .lease(Duration::from_secs(10))
+        .acquire()
+        .await
+        .unwrap();
+    held.fencing_token().await.unwrap();
+    (slot, from, (from + 1) % MASTERS, held)
+}
+
+/// The keys in `slot` on master `from`.
+fn keys_in_slot(cluster: &RedisCluster, from: usize, slot: u16) -> Vec<String> {
+    let mut conn = cluster.blocking_client(from).unwrap();
+    redis::cmd("CLUSTER")
+        .arg("GETKEYSINSLOT")
+        .arg(slot)
+        .arg(100)
+        .query(&mut conn)
+        .unwrap()
+}
+
+/// Begins moving `slot` to master `to` and moves every key it holds (the
+/// lock's: `expected` of them), leaving the slot itself migrating: its old
+/// master answers `ASK` for them.
+fn move_every_key_of_slot(
+    cluster: &RedisCluster,
+    slot: u16,
+    to: usize,
+    expected: usize,
+) -> distlock::testing::ClusterMigration<'_> {
+    let keys = keys_in_slot(cluster, cluster.master_of_slot(slot).unwrap(), slot);
+    assert_eq!(keys.len(), expected, "{keys:?}");
+    let mut migration = cluster.begin_migration(slot, to).unwrap();
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    migration.migrate_keys(&keys).unwrap();
+    migration
+}
+
 /// An acquisition with `replica_ack` is a pipeline (the script, then `WAIT`):
 /// while its lock's slot migrates, every key of the lock already on the new
 /// master, the old master answers `ASK`, and the pipeline goes to the new
@@ -615,17 +663,7 @@ async fn an_acknowledged_acquisition_follows_an_ask_with_its_pipeline() {
         .await
         .unwrap();
     let key = "ct-acked-migrating";
-    let names = a.redis_names(key);
-    let slot = key_slot(names.lock.as_bytes());
-    let from = cluster.master_of_slot(slot).unwrap();
-    let to = (from + 1) % MASTERS;
-    let held = a
-        .lock(key)
-        .lease(Duration::from_secs(10))
-        .acquire()
-        .await
-        .unwrap();
-    held.fencing_token().await.unwrap();
+    let (slot, from, to, held) = held_with_its_fence(&cluster, &a, key).await;
     // A queued waiter, so that the lock's queue keys exist too: a script on
     // a slot being imported runs only when every key it names is there.
     let waiter = {
@@ -633,32 +671,11 @@ async fn an_acknowledged_acquisition_follows_an_ask_with_its_pipeline() {
         tokio::spawn(async move { b.lock(key).wait(Duration::from_secs(30)).acquire().await })
     };
     eventually(Duration::from_secs(5), async || {
-        tokio::task::block_in_place(|| {
-            let mut conn = cluster.blocking_client(from).unwrap();
-            let keys: Vec<String> = redis::cmd("CLUSTER")
-                .arg("GETKEYSINSLOT")
-                .arg(slot)
-                .arg(100)
-                .query(&mut conn)
-                .unwrap();
-            keys.len() == 4
-        })
+        tokio::task::block_in_place(|| keys_in_slot(&cluster, from, slot).len() == 4)
     })
     .await
     .expect("the waiter queued");
-    let migration = tokio::task::block_in_place(|| {
-        let mut conn = cluster.blocking_client(from).unwrap();
-        let keys: Vec<String> = redis::cmd("CLUSTER")
-            .arg("GETKEYSINSLOT")
-            .arg(slot)
-            .arg(100)
-            .query(&mut conn)
-            .unwrap();
-        let mut migration = cluster.begin_migration(slot, to).unwrap();
-        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        migration.migrate_keys(&keys).unwrap();
-        migration
-    });
+    let migration = tokio::task::block_in_place(|| move_every_key_of_slot(&cluster, slot, to, 4));
     let asks_before: u64 = tokio::task::block_in_place(|| error_counts(&cluster, "ASK"))
         .iter()
         .sum();
@@ -719,18 +736,7 @@ async fn a_hand_off_while_its_slot_migrates_follows_the_redirection() {
     wait_once(&b, &a, "ct-warm").await;
 
     let key = "ct-handoff-migrating";
-    let names = a.redis_names(key);
-    let slot = key_slot(names.lock.as_bytes());
-    let from = cluster.master_of_slot(slot).unwrap();
-    let to = (from + 1) % MASTERS;
-    let held = a
-        .lock(key)
-        .lease(Duration::from_secs(10))
-        .acquire()
-        .await
-        .unwrap();
-    // Its fencing counter exists from now on, and moves with the rest.
-    held.fencing_token().await.unwrap();
+    let (slot, _, to, held) = held_with_its_fence(&cluster, &a, key).await;
     let heard = a.waited_for_notices_heard();
     let waiter = {
         let b = b.clone();
@@ -743,20 +749,7 @@ async fn a_hand_off_while_its_slot_migrates_follows_the_redirection() {
     .expect("the holder's manager hears that a waiter queued");
     // Every key of the slot (the lock, its fence, queue and queue entries),
     // moved; the slot itself not yet.
-    let migration = tokio::task::block_in_place(|| {
-        let mut conn = cluster.blocking_client(from).unwrap();
-        let keys: Vec<String> = redis::cmd("CLUSTER")
-            .arg("GETKEYSINSLOT")
-            .arg(slot)
-            .arg(100)
-            .query(&mut conn)
-            .unwrap();
-        assert_eq!(keys.len(), 4, "{keys:?}");
-        let mut migration = cluster.begin_migration(slot, to).unwrap();
-        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        migration.migrate_keys(&keys).unwrap();
-        migration
-    });
+    let migration = tokio::task::block_in_place(|| move_every_key_of_slot(&cluster, slot, to, 4));
     let released = held.release().await;
     assert!(released.is_ok(), "{released:?}");
     let handed = tokio::time::timeout(Duration::from_secs(10), waiter)

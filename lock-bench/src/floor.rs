@@ -173,6 +173,22 @@ impl ClusterConns {
     }
 }
 
+/// Sends with `send` to every master in turn; the first master's reply.
+async fn on_every_master<T, Fut>(
+    conns: &[MultiplexedConnection],
+    send: impl Fn(MultiplexedConnection) -> Fut,
+) -> redis::RedisResult<T>
+where
+    Fut: std::future::Future<Output = redis::RedisResult<T>>,
+{
+    let mut first = None;
+    for conn in conns {
+        let reply = send(conn.clone()).await?;
+        first.get_or_insert(reply);
+    }
+    first.ok_or_else(|| (redis::ErrorKind::Client, "no master").into())
+}
+
 fn is_script(cmd: &Cmd) -> bool {
     cmd.args_iter().next().is_some_and(
         |arg| matches!(arg, redis::Arg::Simple(name) if name.eq_ignore_ascii_case(b"SCRIPT")),
@@ -202,12 +218,10 @@ impl ConnectionLike for ClusterConns {
             match route? {
                 Route::Master(i) => self.conns[i].clone().req_packed_command(cmd).await,
                 Route::EveryMaster => {
-                    let mut first = None;
-                    for conn in self.conns.iter() {
-                        let reply = conn.clone().req_packed_command(cmd).await?;
-                        first.get_or_insert(reply);
-                    }
-                    first.ok_or_else(|| (redis::ErrorKind::Client, "no master").into())
+                    on_every_master(&self.conns, |mut conn| async move {
+                        conn.req_packed_command(cmd).await
+                    })
+                    .await
                 }
             }
         })
@@ -227,15 +241,10 @@ impl ConnectionLike for ClusterConns {
                     conn.req_packed_commands(pipeline, offset, count).await
                 }
                 Route::EveryMaster => {
-                    let mut first = None;
-                    for conn in self.conns.iter() {
-                        let replies = conn
-                            .clone()
-                            .req_packed_commands(pipeline, offset, count)
-                            .await?;
-                        first.get_or_insert(replies);
-                    }
-                    first.ok_or_else(|| (redis::ErrorKind::Client, "no master").into())
+                    on_every_master(&self.conns, |mut conn| async move {
+                        conn.req_packed_commands(pipeline, offset, count).await
+                    })
+                    .await
                 }
             }
         })
