@@ -60,8 +60,9 @@ pub(crate) enum NamedEvent<'a> {
 /// <event>`, `n` the number of characters of `name` (so that a name may hold
 /// spaces), or `- <event word>` for an event whose name did not fit (see
 /// `lock_event` in the PostgreSQL schema). `None` for anything else. A
-/// database in `SQL_ASCII` counts a name's characters in bytes: a count that
-/// ends no name in characters is read as bytes.
+/// database in `SQL_ASCII` counts a name's characters in bytes: the count is
+/// read in characters, or in bytes when only that split leaves an event of a
+/// known kind after the name.
 pub(crate) fn named_event(payload: &[u8]) -> Option<NamedEvent<'_>> {
     let text = std::str::from_utf8(payload).ok()?;
     let (count, rest) = text.split_once(' ')?;
@@ -80,8 +81,27 @@ pub(crate) fn named_event(payload: &[u8]) -> Option<NamedEvent<'_>> {
         let event = rest.get(end..)?.strip_prefix(' ')?;
         Some(NamedEvent::Of { name, event })
     };
-    in_chars.and_then(split).or_else(|| split(count))
+    let known = |split: &Option<NamedEvent<'_>>| {
+        matches!(split, Some(NamedEvent::Of { event, .. })
+            if EVENT_WORDS.contains(&event.split(' ').next().unwrap_or("")))
+    };
+    let (chars, bytes) = (in_chars.and_then(split), split(count));
+    if !known(&chars) && known(&bytes) {
+        return bytes;
+    }
+    chars.or(bytes)
 }
+
+/// The first words of the events a lock's events channel carries (see
+/// `events.rs`).
+const EVENT_WORDS: [&str; 6] = [
+    "acquired",
+    "handed-over",
+    "released",
+    "force-unlocked",
+    "lost",
+    "expired",
+];
 
 /// A store's own notice of something that happened to a key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -238,7 +258,15 @@ mod tests {
                 event: "expired"
             })
         );
-        // A database in SQL_ASCII counts bytes.
+        // A database in SQL_ASCII counts bytes, also where the count in
+        // characters would end the name at a space inside the event.
+        assert_eq!(
+            named_event("18 ééééééééé acquired 7 1 h".as_bytes()),
+            Some(NamedEvent::Of {
+                name: "ééééééééé",
+                event: "acquired 7 1 h"
+            })
+        );
         assert_eq!(
             named_event("5 été expired".as_bytes()),
             Some(NamedEvent::Of {

@@ -291,9 +291,10 @@ pub(crate) fn glob_to_regex(glob: &str) -> String {
                     chars.next();
                     class.push('^');
                 }
-                // The class's characters (escapes undone), `None` for a
-                // `-` that may make a range.
-                let mut items: Vec<Option<char>> = Vec::new();
+                // The class's characters, `None` for a `-` that may make a
+                // range; an escaped character (true) starts none, as in
+                // Redis.
+                let mut items: Vec<Option<(char, bool)>> = Vec::new();
                 let mut closed = false;
                 while let Some(k) = chars.next() {
                     match k {
@@ -303,11 +304,11 @@ pub(crate) fn glob_to_regex(glob: &str) -> String {
                         }
                         '\\' => {
                             if let Some(escaped) = chars.next() {
-                                items.push(Some(escaped));
+                                items.push(Some((escaped, true)));
                             }
                         }
                         '-' => items.push(None),
-                        other => items.push(Some(other)),
+                        other => items.push(Some((other, false))),
                     }
                 }
                 let mut i = 0;
@@ -315,13 +316,13 @@ pub(crate) fn glob_to_regex(glob: &str) -> String {
                     match (items[i], items.get(i + 1), items.get(i + 2)) {
                         // A range; Redis takes `[z-a]` as `[a-z]`, where
                         // PostgreSQL refuses it.
-                        (Some(from), Some(None), Some(Some(to))) => {
+                        (Some((from, false)), Some(None), Some(Some((to, _)))) => {
                             push_class_literal(&mut class, from.min(*to));
                             class.push('-');
                             push_class_literal(&mut class, from.max(*to));
                             i += 3;
                         }
-                        (Some(c), _, _) => {
+                        (Some((c, _)), _, _) => {
                             push_class_literal(&mut class, c);
                             i += 1;
                         }
@@ -1989,9 +1990,10 @@ mod tests {
         assert_eq!(glob_to_regex("[a-c]"), "^[a-c]$");
         // A reversed range is Redis's range the other way round.
         assert_eq!(glob_to_regex("[c-a]x"), "^[a-c]x$");
-        // A `-` that makes no range is a character.
-        assert_eq!(glob_to_regex("[a-]"), "^[a\\-]$");
+        // A `-` that makes no range is a character; an escaped character
+        // starts no range (as in Redis).
         assert_eq!(glob_to_regex("[-a]"), "^[\\-a]$");
+        assert_eq!(glob_to_regex("[\\a-z]"), "^[a\\-z]$");
     }
 
     #[test]
