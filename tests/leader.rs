@@ -1170,15 +1170,15 @@ fn a_watch_made_outside_a_runtime_runs_on_the_managers() {
 /// hear it end, at once: before, nobody told them, and they reported a
 /// leader whose `campaign` never returned until its lease ran out (30 s
 /// here). The candidate reaches Redis through a proxy that holds each chunk
-/// 300 ms, so the announcement reaches the watcher 300 ms before its reply
+/// 1 s, so the announcement reaches the watcher 1 s before its reply
 /// reaches the candidate; the campaign is dropped in between.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_campaign_dropped_during_its_announcement_tells_watchers_the_term_ended() {
     let server = RedisServer::spawn().unwrap();
     let proxy = FaultProxy::start(server.addr()).await.unwrap();
     let candidate = LockManager::builder(&proxy.url())
-        .command_timeout(Duration::from_secs(5))
-        .connect_timeout(Duration::from_secs(5))
+        .command_timeout(Duration::from_secs(10))
+        .connect_timeout(Duration::from_secs(10))
         .build()
         .await
         .unwrap();
@@ -1186,7 +1186,7 @@ async fn a_campaign_dropped_during_its_announcement_tells_watchers_the_term_ende
     let name = "dropped-campaign";
     let mut watch = observer.leader(name).watch();
     assert_eq!(next(&mut watch).await, None, "nobody leads yet");
-    proxy.set_mode(FaultMode::Delay(Duration::from_millis(300)));
+    proxy.set_mode(FaultMode::Delay(Duration::from_secs(1)));
     let election = candidate.leader(name).lease(Duration::from_secs(30));
     // Boxed, so that dropping it drops the future (a pinned local would
     // live to the end of the test).

@@ -1740,19 +1740,21 @@ async fn postgres_a_reserved_keyword_is_refused_as_a_schema_name() {
 /// the probe's timeout) is found deaf, and is made again and probed afresh
 /// ten command timeouts later: the manager hears again (lock events are
 /// served) instead of staying deaf for as long as that connection lives.
-/// The data connection goes through a proxy that holds each chunk 200 ms,
-/// so the probe's NOTIFY reaches the server 200 ms after the listener's
-/// LISTEN; the listening backend is paused in between, for 2.5 s: longer
-/// than the probe waits (its 1 s command timeout), shorter than the
-/// subscriber waits before it pings a quiet connection (10 s).
+/// The data connection goes through a proxy that holds each chunk 500 ms,
+/// so the probe's NOTIFY reaches the server 500 ms after the listener's
+/// LISTEN; the listening backend is paused in between (found by polling
+/// `pg_stat_activity` on a connection of the test's own), for 4 s: longer
+/// than the probe waits for its notification and its `UNLISTEN` (1.5 s
+/// each, its command timeout, after the NOTIFY's 1 s round trip), shorter
+/// than the subscriber waits before it pings a quiet connection (15 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_listener_found_deaf_by_a_late_probe_is_probed_again() {
     let pg = std::sync::Arc::new(server());
     let proxy = proxy_to(&pg).await;
     let m = LockManager::builder(&through(&pg, &proxy))
         .postgres_listen_url(pg.url())
-        .command_timeout(Duration::from_secs(1))
-        .connect_timeout(Duration::from_secs(5))
+        .command_timeout(Duration::from_millis(1500))
+        .connect_timeout(Duration::from_secs(10))
         .build()
         .await
         .unwrap();
@@ -1772,25 +1774,30 @@ async fn postgres_a_listener_found_deaf_by_a_late_probe_is_probed_again() {
         .is_some(),
         "no listening connection"
     );
-    proxy.set_mode(FaultMode::Delay(Duration::from_millis(200)));
+    let db = sql_client(&pg.url()).await;
+    proxy.set_mode(FaultMode::Delay(Duration::from_millis(500)));
     let pauser = {
         let pg = pg.clone();
-        tokio::task::spawn_blocking(move || {
-            let deadline = Instant::now() + Duration::from_secs(10);
+        tokio::spawn(async move {
+            let deadline = Instant::now() + Duration::from_secs(15);
             while Instant::now() < deadline {
-                let listening = pg
-                    .psql(
+                let rows = db
+                    .query(
                         "SELECT pid FROM pg_stat_activity WHERE application_name = \
                          'distlock-listen' AND state = 'idle' \
                          AND query LIKE 'LISTEN distlock_probe%'",
+                        &[],
                     )
+                    .await
                     .unwrap();
-                if let Some(pid) = listening.lines().next().and_then(|l| l.parse().ok()) {
-                    pg.pause_backend(pid).unwrap();
-                    std::thread::sleep(Duration::from_millis(2500));
-                    pg.resume_backend(pid).unwrap();
+                if let Some(pid) = rows.first().map(|row| row.get::<_, i32>(0)) {
+                    let pid = u32::try_from(pid).unwrap();
+                    tokio::task::block_in_place(|| pg.pause_backend(pid)).unwrap();
+                    tokio::time::sleep(Duration::from_secs(4)).await;
+                    tokio::task::block_in_place(|| pg.resume_backend(pid)).unwrap();
                     return true;
                 }
+                tokio::time::sleep(Duration::from_millis(5)).await;
             }
             false
         })
@@ -1811,9 +1818,9 @@ async fn postgres_a_listener_found_deaf_by_a_late_probe_is_probed_again() {
         "events while deaf: {:?}",
         refused.map(drop)
     );
-    // Made again and probed within ten command timeouts (10 s) of the deaf
+    // Made again and probed within ten command timeouts (15 s) of the deaf
     // verdict, plus a reconnect.
-    let heard = eventually(Duration::from_secs(20), async || {
+    let heard = eventually(Duration::from_secs(30), async || {
         m.events("deaf-probe").subscribe().await.is_ok()
     })
     .await;
