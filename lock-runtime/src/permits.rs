@@ -224,10 +224,9 @@ fn acquisition_id(old: &Lease) -> &str {
         .unwrap_or(&old.owner)
 }
 
-/// Whether `old` may be renamed in Redis: one guard holds it (re-entrant
-/// guards sharing it would be left with a name that is gone) and it is not
-/// lost.
-/// Checks that `old` may be renamed, and takes its only hold away until the
+/// Checks that `old` may be renamed in the store (one guard holds it:
+/// re-entrant guards sharing it would be left with a name that is gone; and
+/// it is not lost), and takes its only hold away until the
 /// rename is done (see `Lease::take_sole_hold`): put back when the returned
 /// guard drops armed (the rename failed, or its future was dropped), so that
 /// the guard keeps its lease.

@@ -564,7 +564,8 @@ pub(crate) fn reenter(
         });
     }
     if !held.add_hold() {
-        // The last hold was released between the lookup and now.
+        // The last hold was released between the lookup and now, or is
+        // being renamed or made a ticket (`Lease::take_sole_hold`).
         return Ok(None);
     }
     tracing::trace!(target: "distlock::acquire", key = %KeyPreview(&held.key), "re-entered");
