@@ -257,8 +257,11 @@ fn is_auth_error(e: &RedisError) -> bool {
 fn permission_hint(e: &RedisError, prefix: &str) -> String {
     let refused_by_acl = e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm)
         || e.code() == Some("NOPERM")
-        // An ACL refusal inside a script comes back as a plain script error.
-        || e.to_string().contains("user executing the script can't");
+        // An ACL refusal inside a script comes back as a plain script error,
+        // worded by Redis ("The user executing the script can't run this
+        // command or subcommand") or by Valkey 9 ("ACL failure in script").
+        || e.to_string().contains("user executing the script can't")
+        || e.to_string().contains("ACL failure in script");
     if !refused_by_acl {
         return String::new();
     }
