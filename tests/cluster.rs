@@ -633,12 +633,19 @@ fn move_every_key_of_slot(
     to: usize,
     expected: usize,
 ) -> distlock::testing::ClusterMigration<'_> {
-    let keys = keys_in_slot(cluster, cluster.master_of_slot(slot).unwrap(), slot);
-    assert_eq!(keys.len(), expected, "{keys:?}");
     let mut migration = cluster.begin_migration(slot, to).unwrap();
-    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-    migration.migrate_keys(&keys).unwrap();
+    assert_eq!(migration.migrate_remaining_keys().unwrap(), expected);
     migration
+}
+
+/// `ASK` and `MOVED` replies sent so far, summed over the running nodes.
+fn redirections(cluster: &RedisCluster) -> (u64, u64) {
+    tokio::task::block_in_place(|| {
+        (
+            error_counts(cluster, "ASK").iter().sum(),
+            moved_errors(cluster).iter().sum(),
+        )
+    })
 }
 
 /// An acquisition with `replica_ack` is a pipeline (the script, then `WAIT`):
@@ -676,22 +683,12 @@ async fn an_acknowledged_acquisition_follows_an_ask_with_its_pipeline() {
     .await
     .expect("the waiter queued");
     let migration = tokio::task::block_in_place(|| move_every_key_of_slot(&cluster, slot, to, 4));
-    let asks_before: u64 = tokio::task::block_in_place(|| error_counts(&cluster, "ASK"))
-        .iter()
-        .sum();
-    let moved_before: u64 = tokio::task::block_in_place(|| moved_errors(&cluster))
-        .iter()
-        .sum();
+    let (asks_before, moved_before) = redirections(&cluster);
     for _ in 0..3 {
         let tried = acked.lock(key).try_acquire().await;
         assert!(matches!(tried, Ok(None)), "{tried:?} while the slot moves");
     }
-    let asks: u64 = tokio::task::block_in_place(|| error_counts(&cluster, "ASK"))
-        .iter()
-        .sum();
-    let moved: u64 = tokio::task::block_in_place(|| moved_errors(&cluster))
-        .iter()
-        .sum();
+    let (asks, moved) = redirections(&cluster);
     assert!(
         asks >= asks_before + 3,
         "{asks_before} -> {asks} ASK replies"

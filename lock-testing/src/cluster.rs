@@ -941,10 +941,15 @@ impl ClusterMigration<'_> {
         Ok(())
     }
 
-    /// Moves the keys left in the slot, assigns the slot to the new owner (`CLUSTER SETSLOT
-    /// NODE` on it, then on the old owner, then on the other running, unpaused masters) and
-    /// waits until every running, unpaused node names the new owner.
-    pub fn finish(mut self) -> Result<(), TestingError> {
+    /// Moves every key the old owner still has in the slot, and returns how many; the slot
+    /// itself stays migrating (the old owner answers `ASK` for them), until
+    /// [`finish`](Self::finish).
+    ///
+    /// # Errors
+    ///
+    /// [`TestingError::Redis`] when a node refuses a command.
+    pub fn migrate_remaining_keys(&mut self) -> Result<usize, TestingError> {
+        let mut moved = 0;
         loop {
             let keys: Vec<Vec<u8>> = redis::cmd("CLUSTER")
                 .arg("GETKEYSINSLOT")
@@ -952,10 +957,18 @@ impl ClusterMigration<'_> {
                 .arg(MIGRATE_BATCH)
                 .query(&mut self.src_conn)?;
             if keys.is_empty() {
-                break;
+                return Ok(moved);
             }
+            moved += keys.len();
             self.migrate(&keys)?;
         }
+    }
+
+    /// Moves the keys left in the slot, assigns the slot to the new owner (`CLUSTER SETSLOT
+    /// NODE` on it, then on the old owner, then on the other running, unpaused masters) and
+    /// waits until every running, unpaused node names the new owner.
+    pub fn finish(mut self) -> Result<(), TestingError> {
+        self.migrate_remaining_keys()?;
         let cluster = self.cluster;
         let dst_id = &cluster.nodes[self.to].id;
         let setslot = |conn: &mut redis::Connection| {
