@@ -459,3 +459,66 @@ async fn with_the_direct_lane_off_no_second_connection_is_opened() {
     let on = manager(&redis).await;
     open_both_lanes(&on, &mut raw).await;
 }
+
+/// A server's `OOM` error reply.
+fn assert_oom(err: &distlock::LockError) {
+    match err {
+        distlock::LockError::Backend { source, .. } => {
+            assert_eq!(source.code(), Some("OOM"), "{err:?}")
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A call refused with an error code that redis-rs has no name for (`OOM`
+/// here, as `BUSY`, `MISCONF`, `NOREPLICAS`, `WRONGTYPE` and the scripts' own
+/// errors) was answered: both lanes stay open and in step, and nothing is
+/// given back, since the refused write was not made. Issue: such a reply
+/// counted as one that may have been lost, so each refused attempt closed
+/// the lane or retired the multiplexed connection (a new connection to a
+/// server already in trouble) and sent a release script after it.
+#[tokio::test]
+async fn a_refusal_with_a_code_redis_rs_does_not_name_keeps_the_connections() {
+    let redis = server();
+    let m = manager(&redis).await;
+    let mut raw = raw(&redis).await;
+    open_both_lanes(&m, &mut raw).await;
+    for (name, value) in [("maxmemory-policy", "noeviction"), ("maxmemory", "1")] {
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(name)
+            .arg(value)
+            .query_async::<()>(&mut raw)
+            .await
+            .unwrap();
+    }
+    reset_stats(&mut raw).await;
+    let connections = connections_received(&mut raw).await;
+    // One at a time (each on the direct lane), then together (the others on
+    // the multiplexed connection).
+    for i in 0..10 {
+        let err = m.lock(format!("oom:{i}")).try_acquire().await.unwrap_err();
+        assert_oom(&err);
+    }
+    let together = futures_util::future::join_all((10..20).map(|i| {
+        let m = &m;
+        async move { m.lock(format!("oom:{i}")).try_acquire().await }
+    }))
+    .await;
+    for result in together {
+        let err = result.unwrap_err();
+        assert_oom(&err);
+    }
+    // A give-back is counted from the moment its attempt returns.
+    eventually(Duration::from_secs(5), async || {
+        m.background_releases_running() == 0
+    })
+    .await
+    .expect("no give-back runs on");
+    // The refused SETs are the only commands (INFO counts them among
+    // `rejected_calls`, not `calls`): no release script followed.
+    let calls = command_calls(&mut raw).await;
+    assert_eq!(calls.keys().collect::<Vec<_>>(), ["set"], "{calls:?}");
+    assert_eq!(connections_received(&mut raw).await, connections);
+    assert_eq!(command_clients(&mut raw).await.len(), 2);
+}

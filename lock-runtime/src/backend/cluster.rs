@@ -1186,10 +1186,10 @@ impl Cluster {
         // A reply of the wrong shape or for another owner may be another
         // request's: the connection is retired. An error reply (BUSY, OOM,
         // ...) leaves its lock unknown and the connection as it is.
-        if each.iter().any(|r| {
-            r.as_ref()
-                .is_err_and(|e| !matches!(e.kind(), ErrorKind::Server(_)))
-        }) {
+        if each
+            .iter()
+            .any(|r| r.as_ref().is_err_and(|e| !super::server_answered(e)))
+        {
             if let Some((node, generation)) =
                 track.last.lock().unwrap_or_else(|e| e.into_inner()).take()
             {

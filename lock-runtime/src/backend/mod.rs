@@ -46,6 +46,7 @@ pub(crate) mod messages;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 pub(crate) mod redis_errors;
+use redis_errors::server_answered;
 pub(crate) mod redlock;
 #[cfg(feature = "tls")]
 pub(crate) mod rustls_config;
@@ -1010,9 +1011,7 @@ pub(crate) fn call_outcome<T>(
         Ok(Ok(value)) => return Ok(value),
         // Answered with an error, or refused a connection (a reconnection
         // the call waited for failed to connect: the call was never written).
-        Ok(Err(e))
-            if matches!(e.kind(), redis::ErrorKind::Server(_)) || e.is_connection_refusal() =>
-        {
+        Ok(Err(e)) if server_answered(&e) || e.is_connection_refusal() => {
             return Err(CallError {
                 error: LockError::backend(key, e),
                 maybe_executed: false,
@@ -1083,7 +1082,7 @@ pub(crate) fn read_renewals(
                     Err(e) => {
                         // A reply of the wrong shape or for another owner: the
                         // connection cannot be trusted any more.
-                        *out_of_sync |= !matches!(e.kind(), redis::ErrorKind::Server(_));
+                        *out_of_sync |= !server_answered(&e);
                         Renewal::Failed(e.to_string())
                     }
                 }

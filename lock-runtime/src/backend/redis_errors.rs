@@ -4,6 +4,16 @@
 
 use crate::error::{BackendError, BackendErrorKind, LockError};
 
+/// Whether the server answered with this error reply: any error code, one
+/// redis-rs knows (`ErrorKind::Server`: `ERR`, `NOSCRIPT`, `READONLY`, ...)
+/// or one it does not (`ErrorKind::Extension`: `OOM`, `BUSY`, `MISCONF`,
+/// `NOREPLICAS`, `WRONGTYPE`, a script's own error). Such a reply is the
+/// call's own: its connection is in step, and a write it refused was not
+/// made. redis-rs builds an error with a code only from a server's reply.
+pub(crate) fn server_answered(e: &redis::RedisError) -> bool {
+    e.code().is_some()
+}
+
 impl BackendError {
     /// A redis-rs error, classified by what a caller can do about it.
     pub(crate) fn from_redis(e: redis::RedisError) -> Self {

@@ -394,16 +394,14 @@ impl Single {
                     // conversion, an owner token that is not ours) may not be
                     // its own: the multiplexed connection is retired for it
                     // (see `call_outcome`), the direct one closed.
-                    (Err(e), Lane::Direct(direct))
-                        if !matches!(e.kind(), redis::ErrorKind::Server(_)) =>
-                    {
+                    (Err(e), Lane::Direct(direct)) if !super::server_answered(e) => {
                         direct.out_of_step()
                     }
                     _ => {}
                 }
                 let answered = match &reply {
                     Ok(_) => true,
-                    Err(e) => matches!(e.kind(), redis::ErrorKind::Server(_)),
+                    Err(e) => super::server_answered(e),
                 };
                 if let (Some(in_flight), true) = (in_flight, answered) {
                     in_flight.answered();
