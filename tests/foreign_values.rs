@@ -167,6 +167,41 @@ async fn foreign_values_are_left_unchanged_and_reported() {
     assert_eq!(all_keys(&mut conn).await, Vec::<String>::new());
 }
 
+/// An operator's force-unlock leaves a foreign value under the default
+/// lock's name as it is and says so, as every other call does (issue: it
+/// deleted it, whatever its type or content, and answered "it was held").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_force_unlock_leaves_a_foreign_value_and_reports_it() {
+    let redis = server();
+    let m = manager(&redis).await;
+    let mut conn = raw(&redis).await;
+    for shape in SHAPES {
+        let key = format!("foreign:unlock:{shape:?}");
+        let name = m.redis_names(&key).lock;
+        write_foreign(&mut conn, &name, shape).await;
+        let before = snapshot(&mut conn, &name).await;
+        for result in [
+            m.force_unlock(&key).await.map(u64::from),
+            m.force_unlock_all(&key).await,
+        ] {
+            match result {
+                Err(LockError::ForeignValue { key: named }) => assert_eq!(named, key),
+                other => panic!("{shape:?}: {other:?}"),
+            }
+        }
+        assert_eq!(
+            snapshot(&mut conn, &name).await,
+            before,
+            "{shape:?}: the foreign value was changed"
+        );
+        del(&mut conn, &name).await;
+    }
+    // A lock of distlock's own is still freed.
+    let guard = m.lock("foreign:unlock:own").acquire().await.unwrap();
+    assert!(m.force_unlock("foreign:unlock:own").await.unwrap());
+    drop(guard);
+}
+
 /// A waiter of the default lock that finds the holder's value replaced by a
 /// foreign one (an operator's `SET` over it) stops at its next attempt with
 /// the typed error, and leaves the value alone.
@@ -319,6 +354,20 @@ async fn every_redlock_member_leaves_a_foreign_value_alone() {
         );
     }
     assert!(started.elapsed() < Duration::from_secs(3));
+    for conn in conns.iter_mut() {
+        let v: Option<String> = redis::cmd("GET")
+            .arg(&name)
+            .query_async(conn)
+            .await
+            .unwrap();
+        assert_eq!(v.as_deref(), Some("other1"));
+    }
+    // An operator's force-unlock leaves them too, and says why.
+    let result = m.force_unlock("foreign:r").await;
+    assert!(
+        matches!(result, Err(LockError::ForeignValue { ref key }) if key == "foreign:r"),
+        "{result:?}"
+    );
     for conn in conns.iter_mut() {
         let v: Option<String> = redis::cmd("GET")
             .arg(&name)

@@ -442,7 +442,10 @@ impl LockManager {
     ///
     /// # Errors
     /// [`LockError::InvalidKey`] for a bad key, [`LockError::Backend`] when Redis
-    /// fails or does not answer in time.
+    /// fails or does not answer in time, [`LockError::ForeignValue`] when the
+    /// lock's Redis name holds a value distlock did not write (another
+    /// program's key, or a key of another type): it is left as it is, as
+    /// every other call leaves it.
     pub async fn force_unlock(&self, key: &str) -> Result<bool, LockError> {
         crate::keys::validate_key(key)?;
         self.force_unlock_default(key, "").await
@@ -464,7 +467,10 @@ impl LockManager {
             .backend
             .force_unlock(key, &keys, &token, only, core.config.receipt_ms())
             .await
-            .map_err(|e| e.error)?;
+            .map_err(|e| e.error)?
+            .ok_or_else(|| LockError::ForeignValue {
+                key: key.to_owned(),
+            })?;
         if freed {
             crate::telemetry::force_unlocked();
             tracing::warn!(target: "distlock::release",
@@ -695,7 +701,8 @@ impl LockManager {
     /// per member for the default lock, the only kind there.
     ///
     /// # Errors
-    /// As [`force_unlock`](Self::force_unlock).
+    /// As [`force_unlock`](Self::force_unlock); when the default lock's name
+    /// holds a foreign value, nothing is freed.
     pub async fn force_unlock_all(&self, key: &str) -> Result<u64, LockError> {
         let mut freed = u64::from(self.force_unlock(key).await?);
         let core = &self.inner.core;

@@ -122,14 +122,15 @@ key_call!(
 
 key_call!(
     /// Frees the default lock whoever holds it (or only if `only` does) and
-    /// tells its waiters; true when it was held. Its receipt, kept
+    /// tells its waiters; true when it was held, `None` for a foreign value
+    /// (left as it is). Its receipt, kept
     /// `receipt_ms` (0: none), makes it safe to send again.
     ForceUnlock {
         keys: &'a RedisNames,
         token: &'a str,
         only: &'a str,
         receipt_ms: u64,
-    } -> bool,
+    } -> Option<bool>,
     |scripts, conn, c| scripts.force_unlock(conn, c.keys, c.token, c.only, c.receipt_ms)
 );
 

@@ -446,7 +446,9 @@ impl Backend {
 
     /// Deletes the lock whoever holds it (or only if `only` does, when not
     /// empty) and wakes its waiters (`token`: a fresh random wake-up payload);
-    /// true when it was held. On Cluster and Sentinel it leaves a receipt
+    /// true when it was held, `None` when the lock's name holds a value
+    /// distlock did not write (left as it is; never on PostgreSQL, whose
+    /// table holds nothing else). On Cluster and Sentinel it leaves a receipt
     /// kept `receipt_ms`: sent again after its reply was lost, it would
     /// otherwise free the lock it had just handed to a waiter.
     pub(crate) async fn force_unlock(
@@ -456,11 +458,11 @@ impl Backend {
         token: &str,
         only: &str,
         receipt_ms: u64,
-    ) -> Result<bool, CallError> {
+    ) -> Result<Option<bool>, CallError> {
         match self {
             Backend::Redlock(b) => b.force_unlock(key, keys, token, only).await,
             #[cfg(feature = "postgres")]
-            Backend::Postgres(b) => b.force_unlock(key, keys, token, only).await,
+            Backend::Postgres(b) => b.force_unlock(key, keys, token, only).await.map(Some),
             _ => {
                 let force = ForceUnlock {
                     keys,

@@ -698,14 +698,17 @@ impl Redlock {
         Err(first_error(key, replies, self.command_timeout))
     }
 
-    /// Deletes the lock on every member; true when any held it.
+    /// Deletes the lock on every member; true when any held it, `None` when
+    /// none did and a member's name of it holds a value distlock did not
+    /// write (left there, as on every member; the operator is told rather
+    /// than answered "not held").
     pub(crate) async fn force_unlock(
         &self,
         key: &str,
         keys: &RedisNames,
         token: &str,
         only: &str,
-    ) -> Result<bool, CallError> {
+    ) -> Result<Option<bool>, CallError> {
         // Members are single servers, which never send a call twice.
         let force = ForceUnlock {
             keys,
@@ -716,7 +719,13 @@ impl Redlock {
         let replies = self
             .on_all(key, self.command_timeout, |m| m.on_key(key, &force))
             .await;
-        self.any_of_a_majority(key, replies)
+        let foreign = replies.iter().any(|r| matches!(r, Ok(None)));
+        let replies = replies
+            .into_iter()
+            .map(|r| r.map(|freed| freed == Some(true)))
+            .collect();
+        let freed = self.any_of_a_majority(key, replies)?;
+        Ok((freed || !foreign).then_some(freed))
     }
 
     /// Publishes `payload` on `channel` on every member (subscribers listen

@@ -1369,9 +1369,10 @@ impl Scripts {
     }
 
     /// Deletes the lock whoever holds it and tells its waiters (a hand-off to
-    /// the head of its queue, or a wake-up); true when it was held.
-    /// `only`: an owner token to free the lock only if that owner holds it;
-    /// empty for whoever holds it.
+    /// the head of its queue, or a wake-up); `Some(true)` when it was held,
+    /// `None` when its name holds a value distlock did not write (left as it
+    /// is). `only`: an owner token to free the lock only if that owner holds
+    /// it; empty for whoever holds it.
     pub(crate) async fn force_unlock(
         &self,
         conn: &mut impl ConnectionLike,
@@ -1379,7 +1380,7 @@ impl Scripts {
         token: &str,
         only: &str,
         receipt_ms: u64,
-    ) -> RedisResult<bool> {
+    ) -> RedisResult<Option<bool>> {
         let receipt = self.unlock_receipt(&keys.lock, token);
         let mut cmd = self.force_unlock.call(
             &[
@@ -1405,7 +1406,7 @@ impl Scripts {
             .arg(receipt_ms);
         let (deleted, echoed): (i64, String) = self.force_unlock.invoke(conn, &cmd).await?;
         check_owner(&echoed, token)?;
-        Ok(deleted == 1)
+        Ok((deleted != 3).then_some(deleted == 1))
     }
 
     /// The receipt of the force-unlock whose token is `token`, under the

@@ -24,7 +24,10 @@
 --
 -- Returns {1, ARGV[2]}  the lock was held: it is deleted (or handed to the head
 --                       of its queue) and its waiters told
---         {0, ARGV[2]}  nobody held it
+--         {0, ARGV[2]}  nobody held it (or, with ARGV[5], not that owner)
+--         {3, ARGV[2]}  the lock's name holds a value distlock did not write
+--                       (another type, or a string of another shape): it is
+--                       left as it is, as acquire.lua leaves it
 --
 -- The holder is not told here: its next renewal finds the lock gone and reports
 -- the lease lost, and its release reports `Lost`. The fencing counter stays, so the
@@ -48,8 +51,12 @@ local only = ARGV[5] or ''
 if only ~= '' and (type(held) ~= 'string' or string.sub(held, 1, string.len(only)) ~= only) then
   return answer(0)
 end
+-- Another type answers GET with an error (a table).
+if type(held) == 'table' or (held and not is_lock_value(held)) then
+  return answer(3)
+end
 if redis.call('DEL', KEYS[1]) == 1 then
-  if type(held) == 'string' and events ~= '' then
+  if events ~= '' then
     redis.call('PUBLISH', events, 'force-unlocked ' .. (string.match(held, '^%d+', 34) or '0'))
   end
   if not queue_hand_off(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[3], events) then
