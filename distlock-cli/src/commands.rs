@@ -210,6 +210,13 @@ async fn unlock(cli: &Cli, key: &str, hold: Option<&str>, yes: bool) -> Result<O
         }
         None => manager.force_unlock_all(key).await?,
     };
+    // The hold asked for went between the reading and the unlock (released,
+    // expired, or freed by another operator): as when it was not there at
+    // the reading, nothing that was asked for was freed.
+    if let (Some(id), 0) = (hold, freed) {
+        eprintln!("{key} has no hold {id} any more (gone since it was read); nothing to unlock");
+        return Ok(Outcome::Failed);
+    }
     if cli.json {
         print_json(&serde_json::json!({ "key": key, "was_held": freed > 0, "freed": freed }))?;
     } else if freed > 0 {

@@ -402,6 +402,74 @@ async fn unlock_needs_yes_and_then_the_holder_loses_its_lease() {
         .stderr(predicate::str::contains("not locked"));
 }
 
+/// A hold asked for by id that goes between the CLI's reading and its
+/// unlock (here released by its holder while the reading's reply is on its
+/// way) fails the command as a hold not there at the reading does: nothing
+/// that was asked for was freed (issue: "was not locked; nothing done", exit
+/// 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlock_of_a_hold_gone_since_it_was_read_fails() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+    let redis = RedisServer::spawn().unwrap();
+    let manager = holder(&redis.url()).await;
+    let guard = hold(&manager, "job:gone", LEASE).await;
+    let hold_id = manager.inspect_all("job:gone").await.unwrap().holds[0]
+        .hold_id
+        .clone();
+    let name = manager.redis_names("job:gone").lock;
+    // The CLI talks through a link that holds every chunk 300 ms each way
+    // (a round trip of 600 ms, within its 2 s command timeout), so that the
+    // test, watching the server with MONITOR, releases the hold after the
+    // reading reached the server and before its reply reaches the CLI.
+    let proxy = distlock_testing::FaultProxy::start(redis.addr())
+        .await
+        .unwrap();
+    proxy.set_mode(distlock_testing::FaultMode::Delay(Duration::from_millis(
+        300,
+    )));
+    let mut monitor = tokio::net::TcpStream::connect(redis.addr()).await.unwrap();
+    monitor.write_all(b"MONITOR\r\n").await.unwrap();
+    let mut monitor = BufReader::new(monitor).lines();
+    assert_eq!(monitor.next_line().await.unwrap().as_deref(), Some("+OK"));
+
+    let cli = tokio::spawn(run({
+        let mut cmd = distlock();
+        cmd.args([
+            "--url",
+            &proxy.url(),
+            "unlock",
+            "job:gone",
+            "--hold",
+            &hold_id,
+            "--yes",
+        ]);
+        cmd
+    }));
+    // The first command naming the lock since MONITOR began is the CLI's
+    // reading (the holder's next renewal is a third of its 60 s lease away).
+    let seen = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(line) = monitor.next_line().await.unwrap() {
+            if line.contains(&name) {
+                return line;
+            }
+        }
+        panic!("MONITOR ended");
+    })
+    .await
+    .expect("the CLI reads the key");
+    guard.release().await.unwrap();
+
+    let out = cli.await.unwrap();
+    assert_eq!(out.status.code(), Some(1), "{seen}\n{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(&format!("job:gone has no hold {hold_id} any more")),
+        "{}",
+        stderr(&out)
+    );
+    assert!(stdout(&out).is_empty(), "{}", stdout(&out));
+}
+
 #[test]
 fn check_passes_on_a_private_server() {
     let redis = RedisServer::spawn().unwrap();
