@@ -1881,20 +1881,23 @@ fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
         .map_err(|e| protocol(key, format!("column {column}: {e}")))
 }
 
-/// `url` without its password.
+/// `url` without its password. The credentials end where tokio-postgres
+/// ends them, at the first `@`: a password with a `/` or `?` in it, which
+/// tokio-postgres takes as it is, is hidden too.
 fn shown(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
-    let (authority, path) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
-    let path = hide_password_parameter(path);
-    match authority.rsplit_once('@') {
-        Some((user, host)) => {
-            let user = user.split(':').next().unwrap_or("");
-            format!("{scheme}://{user}:***@{host}{path}")
+    let (user, rest) = match rest.split_once('@') {
+        Some((credentials, rest)) => {
+            let user = credentials.split(':').next().unwrap_or("");
+            (format!("{user}:***@"), rest)
         }
-        None => format!("{scheme}://{authority}{path}"),
-    }
+        None => (String::new(), rest),
+    };
+    let (host, path) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
+    let path = hide_password_parameter(path);
+    format!("{scheme}://{user}{host}{path}")
 }
 
 /// `path` (what follows a URL's host) with the value of a `password`
@@ -2009,6 +2012,16 @@ mod tests {
         assert_eq!(
             shown("postgres://h/db?PASSWORD=x"),
             "postgres://h/db?PASSWORD=***"
+        );
+        // tokio-postgres reads the credentials up to the first `@`, so these
+        // passwords are "pa/ss" and "pa?ss" (they were shown as they are).
+        assert_eq!(
+            shown("postgres://app:pa/ss@db/locks"),
+            "postgres://app:***@db/locks"
+        );
+        assert_eq!(
+            shown("postgresql://app:pa?ss@db:5433/locks?sslmode=require"),
+            "postgresql://app:***@db:5433/locks?sslmode=require"
         );
         assert!(validate_schema("distlock").is_ok());
         assert!(validate_schema("Distlock").is_err());
