@@ -239,6 +239,52 @@ async fn a_failing_renewal_is_reported_before_the_lease_is_lost() {
     guard.release().await.unwrap();
 }
 
+/// A renewal that fails near the end of the lease is tried again within
+/// what is left of it: a store back before the lease ends keeps the lease.
+/// Issue: a failed renewal was retried a third of the interval later (a
+/// ninth of the lease) whatever was left, so a store back in the last ninth
+/// never saw the retry and the holder lost a lease Redis still kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_failing_near_the_end_is_retried_within_what_is_left() {
+    use distlock::testing::{FaultMode, FaultProxy};
+    let redis = server();
+    let proxy = FaultProxy::start(redis.addr()).await.unwrap();
+    let a = manager_at(&proxy.url()).await;
+    // Lease 3 s: renewed every 1 s, a failed renewal retried 333 ms later at
+    // most (a third of the interval).
+    let lease = Duration::from_secs(3);
+    let guard = a.lock("near-end").lease(lease).acquire().await.unwrap();
+    // Every connection reset: each renewal fails at once, and is reported
+    // with what is left of the lease.
+    proxy.set_mode(FaultMode::Reset);
+    let left = loop {
+        match tokio::time::timeout(lease, guard.renewal_trouble())
+            .await
+            .expect("failed renewals are reported before the lease ends")
+        {
+            distlock::RenewalTrouble::Failed { remaining, .. }
+                if remaining < Duration::from_millis(333) =>
+            {
+                break remaining;
+            }
+            _ => {}
+        }
+    };
+    assert!(!guard.is_lost());
+    // Back with less left than a third of the interval: Redis still keeps
+    // the lock (its TTL, set by the last renewal that reached it, ends after
+    // the holder's deadline), so a retry within `left` renews it, and what
+    // is left grows back to about a whole lease.
+    proxy.set_mode(FaultMode::Pass);
+    let renewed = eventually(left, async || guard.remaining_lease() > lease / 2).await;
+    assert!(
+        renewed.is_some() && !guard.is_lost(),
+        "not renewed within the {left:?} left (lost: {})",
+        guard.is_lost()
+    );
+    guard.release().await.unwrap();
+}
+
 #[tokio::test]
 async fn a_late_renewal_is_reported() {
     let redis = server();

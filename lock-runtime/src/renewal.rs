@@ -302,9 +302,13 @@ async fn renew_batch(backend: &Backend, batch: &[Arc<Lease>]) {
 }
 
 /// Keeps the lease and tries again soon: sooner than a full interval, so that a
-/// short outage does not cost the lease.
+/// short outage does not cost the lease, and within half of what is left of
+/// it, so that a store back before the lease ends is tried before then (a
+/// third of the interval, a ninth of the lease, can be more than is left).
 fn renewal_failed(lease: &Lease, error: &str) {
-    let retry = (lease.renewal_interval() / 3).max(Duration::from_millis(5));
+    let retry = (lease.renewal_interval() / 3)
+        .min(lease.remaining() / 2)
+        .max(Duration::from_millis(5));
     lease.retry_renewal_at(Instant::now() + retry);
     lease.report_trouble(RenewalTrouble::Failed {
         error: error.to_owned(),
