@@ -202,6 +202,49 @@ async fn a_force_unlock_leaves_a_foreign_value_and_reports_it() {
     drop(guard);
 }
 
+/// A hold whose Redis name another program replaced with a value of another
+/// type (a hash over the lock, a string over a semaphore's holders) is lost
+/// at its next renewal, not at its deadline. Issue: the renewal scripts read
+/// it with `redis.call`, whose type error failed the renewal instead; it was
+/// retried (each retry reported as trouble) until the lease ran out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_replaced_by_another_type_is_lost_at_its_next_renewal() {
+    let redis = server();
+    let m = manager(&redis).await;
+    let mut conn = raw(&redis).await;
+    let lease = Duration::from_secs(3);
+    let lock = m
+        .lock("replaced:lock")
+        .lease(lease)
+        .acquire()
+        .await
+        .unwrap();
+    let permit = m
+        .semaphore("replaced:sem", 2)
+        .lease(lease)
+        .acquire()
+        .await
+        .unwrap();
+    let replaced = Instant::now();
+    write_foreign(&mut conn, &m.redis_names("replaced:lock").lock, Shape::Hash).await;
+    write_foreign(
+        &mut conn,
+        &name_of_kind(&m, "replaced:sem", "sem"),
+        Shape::Short,
+    )
+    .await;
+    // The first renewal is due a third of the lease (1 s) after the grant,
+    // and answered within the command timeout (0.5 s): lost by 1.5 s, well
+    // before the deadline at 3 s.
+    for (what, guard) in [("lock", &lock), ("semaphore", &permit)] {
+        tokio::time::timeout(Duration::from_millis(2000), guard.lost())
+            .await
+            .unwrap_or_else(|_| panic!("the {what} was not lost at its renewal"));
+    }
+    assert!(replaced.elapsed() < Duration::from_millis(2500));
+    drop((lock, permit));
+}
+
 /// A waiter of the default lock that finds the holder's value replaced by a
 /// foreign one (an operator's `SET` over it) stops at its next attempt with
 /// the typed error, and leaves the value alone.

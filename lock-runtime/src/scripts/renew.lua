@@ -10,13 +10,16 @@
 --
 -- Returns {1, owner}  the lock is ours: its TTL is ARGV[2] again (or longer,
 --                     with ARGV[3] "0")
---         {0, owner}  the lock is gone or held by another owner: nothing changed, and
+--         {0, owner}  the lock is gone or held by another owner, or its name
+--                     holds a value of another type: nothing changed, and
 --                     the holder has lost it.
 --
 -- `owner` echoes ARGV[1], so the client can tell that a reply is the one to its
 -- own request.
-local held = redis.call('GET', KEYS[1])
-if held and string.sub(held, 1, string.len(ARGV[1])) == ARGV[1] then
+-- Another type answers GET with an error (a table): not ours any more, and
+-- the holder is told now rather than at its deadline.
+local held = redis.pcall('GET', KEYS[1])
+if type(held) == 'string' and string.sub(held, 1, string.len(ARGV[1])) == ARGV[1] then
   if ARGV[3] == '1' or redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
   end

@@ -14,10 +14,12 @@
 --
 -- Returns {1, owner}  ours: the hold now ends ARGV[2] ms from now (or later,
 --                     with ARGV[3] "0")
---         {0, owner}  gone or expired: the holder has lost it
+--         {0, owner}  gone or expired, or the holders' name holds a value of
+--                     another type: the holder has lost it
 local now = now_ms()
-local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if score and tonumber(score) > now then
+-- Another type answers ZSCORE with an error (a table).
+local score = redis.pcall('ZSCORE', KEYS[1], ARGV[1])
+if type(score) == 'string' and tonumber(score) > now then
   local ends = now + tonumber(ARGV[2])
   if ARGV[3] ~= '1' and tonumber(score) > ends then
     ends = tonumber(score)
