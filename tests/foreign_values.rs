@@ -367,6 +367,14 @@ async fn a_value_of_another_type_is_not_handed_to_a_waiter() {
     assert_eq!(kind, "hash");
 }
 
+/// Every Redlock member still holds the foreign string written under `name`.
+async fn every_member_keeps_its_value(conns: &mut [MultiplexedConnection], name: &str) {
+    for conn in conns.iter_mut() {
+        let v: Option<String> = redis::cmd("GET").arg(name).query_async(conn).await.unwrap();
+        assert_eq!(v.as_deref(), Some("other1"));
+    }
+}
+
 /// Under Redlock every member leaves its foreign value alone; with foreign
 /// values on all of them, the caller gets the typed error at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -397,28 +405,14 @@ async fn every_redlock_member_leaves_a_foreign_value_alone() {
         );
     }
     assert!(started.elapsed() < Duration::from_secs(3));
-    for conn in conns.iter_mut() {
-        let v: Option<String> = redis::cmd("GET")
-            .arg(&name)
-            .query_async(conn)
-            .await
-            .unwrap();
-        assert_eq!(v.as_deref(), Some("other1"));
-    }
+    every_member_keeps_its_value(&mut conns, &name).await;
     // An operator's force-unlock leaves them too, and says why.
     let result = m.force_unlock("foreign:r").await;
     assert!(
         matches!(result, Err(LockError::ForeignValue { ref key }) if key == "foreign:r"),
         "{result:?}"
     );
-    for conn in conns.iter_mut() {
-        let v: Option<String> = redis::cmd("GET")
-            .arg(&name)
-            .query_async(conn)
-            .await
-            .unwrap();
-        assert_eq!(v.as_deref(), Some("other1"));
-    }
+    every_member_keeps_its_value(&mut conns, &name).await;
 }
 
 /// Under Redlock a foreign value on a minority of members is one busy member
