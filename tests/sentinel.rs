@@ -191,6 +191,58 @@ async fn a_demoted_master_is_left_for_the_promoted_one() {
     assert!(!exists_on(&fixture, 1, &m.redis_names("demoted").lock));
 }
 
+/// A planned failover (`SENTINEL FAILOVER`) fails no call on the old
+/// master: the sentinels promote a replica within about a second but demote
+/// the old master only 8 to 18 s later, and until then it takes writes. A
+/// holder that renewed there saw nothing wrong while its lock, never renewed
+/// on the new master, expired there, and another manager took it: two
+/// holders, no lost signal. The holder asks the sentinels alongside its
+/// renewals and renews on the master they name.
+// Multi-threaded: the fixture's failover blocks a thread for 10 to 20 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_follows_a_planned_failover_while_the_old_master_takes_writes() {
+    const LEASE: Duration = Duration::from_secs(3);
+    let fixture = std::sync::Arc::new(RedisSentinel::spawn().unwrap());
+    let holder = sentinel_manager(&fixture).await;
+    let guard = holder.lock("planned").lease(LEASE).acquire().await.unwrap();
+    let name = holder.redis_names("planned").lock;
+    let old_master = fixture.master_url().unwrap();
+    let failover = tokio::task::spawn_blocking({
+        let fixture = fixture.clone();
+        move || fixture.failover()
+    });
+    let switched = eventually(Duration::from_secs(30), async || {
+        fixture.master_url().is_ok_and(|url| url != old_master)
+    })
+    .await;
+    assert!(
+        switched.is_some(),
+        "the sentinels never named another master"
+    );
+    // The copy of the lock the new master holds came from the old master's
+    // last renewal before the switch: it ends within a lease of the switch
+    // unless the holder renews it on the new master. One lease and a second
+    // later, another manager (which asks the sentinels as it is built) finds
+    // it held there, and the holder still holds it.
+    tokio::time::sleep(LEASE + Duration::from_secs(1)).await;
+    let roles: Vec<_> = fixture.data_nodes().into_iter().map(|n| n.role).collect();
+    assert_eq!(
+        roles[0],
+        Some(distlock::testing::DataNodeRole::Master),
+        "the old master was demoted already ({roles:?}): this test sees no window"
+    );
+    let other = sentinel_manager(&fixture).await;
+    let taken = other.lock("planned").try_acquire().await.unwrap();
+    assert!(
+        taken.is_none() || guard.is_lost(),
+        "two holders: the holder kept renewing on the old master"
+    );
+    assert!(!guard.is_lost(), "the lock was lost across the failover");
+    assert!(exists_on(&fixture, 1, &name));
+    failover.await.unwrap().unwrap();
+    guard.release().await.unwrap();
+}
+
 #[tokio::test]
 async fn bad_sentinel_settings_are_typed_errors_in_bounded_time() {
     let fixture = RedisSentinel::spawn().unwrap();

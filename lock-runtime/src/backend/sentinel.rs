@@ -14,9 +14,19 @@
 //! reconnecting connection had queued. The subscriber asks the sentinels
 //! before each (re)connection, so it follows too. The data nodes take the
 //! user, password and TLS settings of the sentinel URLs.
+//!
+//! A planned failover (`SENTINEL FAILOVER`) fails no call: the sentinels
+//! promote a replica within a second but demote the old master only 8 to
+//! 18 s later, and until then it takes writes. So calls also ask the
+//! sentinels in the background, at most every [`MASTER_CHECK_INTERVAL`]
+//! (see [`Sentinel::master_check`]), and follow the master they name;
+//! a renewal round waits briefly for that answer, and renews on the new
+//! master at once when it names one: leases renewed only on the old master
+//! would expire on the new one, where another manager then takes the lock.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use redis::{ErrorKind, RedisError, RedisResult};
 
@@ -29,6 +39,20 @@ use crate::config::{redact_all, Config, TlsSettings};
 use crate::error::{BackendErrorKind, LockError};
 use crate::keys::RedisNames;
 use crate::lease::Lease;
+
+/// How often, at most, calls ask the sentinels whom they name as master
+/// when no call failed (the sentinels' own view changes within a second of
+/// a planned failover's start).
+const MASTER_CHECK_INTERVAL: Duration = Duration::from_millis(500);
+
+/// How long a renewal round waits, at most, for the sentinels' answer it
+/// asked for alongside its renewals: a sentinel that does not answer must
+/// not hold the renewals up (its answer is taken by a later call).
+const MASTER_CHECK_WAIT: Duration = Duration::from_millis(100);
+
+/// The sentinels' answer to a background question (see
+/// [`Sentinel::master_check`]).
+type MasterCheck = tokio::task::JoinHandle<RedisResult<(String, u16)>>;
 
 pub(crate) struct Sentinel {
     sentinels: Vec<redis::Client>,
@@ -47,6 +71,9 @@ pub(crate) struct Sentinel {
     /// every call first asks the sentinels whom they name (see
     /// [`Sentinel::master`]).
     suspect: std::sync::atomic::AtomicBool,
+    /// The background question to the sentinels in flight, and when the last
+    /// one was asked (see [`Sentinel::master_check`]).
+    master_check: Mutex<(Option<MasterCheck>, Instant)>,
     /// Whether a call succeeded on the current master since it became
     /// suspect: with the sentinels still naming it, it is trusted again.
     answered_while_suspect: std::sync::atomic::AtomicBool,
@@ -107,6 +134,7 @@ impl Sentinel {
             rediscovering: tokio::sync::Mutex::new(()),
             last_asked: Mutex::new(None),
             suspect: std::sync::atomic::AtomicBool::new(false),
+            master_check: Mutex::new((None, Instant::now())),
             answered_while_suspect: std::sync::atomic::AtomicBool::new(false),
             config: config.clone(),
             tls: tls.clone(),
@@ -159,17 +187,22 @@ impl Sentinel {
         if asked.is_ok() {
             *self.last_asked.lock().unwrap_or_else(|e| e.into_inner()) = Some(asked_at);
         }
-        let (host, port) = match asked {
-            Ok(address) => address,
+        match asked {
+            Ok((host, port)) => self.follow(host, port),
             Err(e) => {
                 tracing::warn!(target: "distlock::connection",
                     sentinels = %self.shown,
                     error = %e,
                     "could not ask the sentinels for the master"
                 );
-                return false;
+                false
             }
-        };
+        }
+    }
+
+    /// Moves every later call to the master at `host:port` when it is not
+    /// the current one; true when it moved them.
+    fn follow(&self, host: String, port: u16) -> bool {
         if *self.address.lock().unwrap_or_else(|e| e.into_inner()) == (host.clone(), port) {
             return false;
         }
@@ -206,6 +239,8 @@ impl Sentinel {
     /// Asking the sentinels before each call while suspect moves the calls to
     /// the master they name as soon as they name it.
     async fn master(&self) -> Arc<Single> {
+        // A background answer naming another master moves this call at once.
+        let _ = self.master_check(Duration::ZERO).await;
         let master = self.current();
         if !self.suspect.load(Ordering::Acquire) {
             return master;
@@ -218,6 +253,72 @@ impl Sentinel {
             self.suspect.store(false, Ordering::Release);
         }
         master
+    }
+
+    /// Asks the sentinels in the background whom they name as master (at
+    /// most every [`MASTER_CHECK_INTERVAL`]), waits up to `wait` for the
+    /// answer, and follows the master it names; true when calls moved to
+    /// another master.
+    ///
+    /// No call fails on the old master during a planned failover: it takes
+    /// writes until the sentinels demote it, 8 to 18 s after they promoted a
+    /// replica, while other managers already lock on the new master. The
+    /// question runs as a task of its own, so a sentinel slow to answer
+    /// holds no call up beyond `wait`: a later call takes its answer.
+    async fn master_check(&self, wait: Duration) -> bool {
+        let (in_flight, asked_at) = {
+            let mut check = self.master_check.lock().unwrap_or_else(|e| e.into_inner());
+            if check.0.is_none() && check.1.elapsed() >= MASTER_CHECK_INTERVAL {
+                let sentinels = self.sentinels.clone();
+                let master_name = self.master_name.clone();
+                let config = self.config.clone();
+                let ask = async move { ask_sentinels(&sentinels, &master_name, &config).await };
+                let spawned = match &self.runtime {
+                    Some(runtime) => Some(runtime.spawn(ask)),
+                    None => tokio::runtime::Handle::try_current()
+                        .ok()
+                        .map(|runtime| runtime.spawn(ask)),
+                };
+                check.0 = spawned;
+                check.1 = Instant::now();
+            }
+            (check.0.take(), check.1)
+        };
+        let Some(mut in_flight) = in_flight else {
+            return false;
+        };
+        let answered = if wait.is_zero() {
+            futures_util::FutureExt::now_or_never(&mut in_flight)
+        } else {
+            tokio::time::timeout(wait, &mut in_flight).await.ok()
+        };
+        let Some(answered) = answered else {
+            // Still asking: the next call takes the answer.
+            let mut check = self.master_check.lock().unwrap_or_else(|e| e.into_inner());
+            if check.0.is_none() {
+                check.0 = Some(in_flight);
+            } else {
+                in_flight.abort();
+            }
+            return false;
+        };
+        match answered {
+            Ok(Ok((host, port))) => {
+                let _one_at_a_time = self.rediscovering.lock().await;
+                {
+                    let mut last = self.last_asked.lock().unwrap_or_else(|e| e.into_inner());
+                    // A failed call's query asked since, and was followed:
+                    // this older answer may name the master it left.
+                    if last.is_some_and(|at| at > asked_at) {
+                        return false;
+                    }
+                    *last = Some(asked_at);
+                }
+                self.follow(host, port)
+            }
+            // No sentinel answered: the calls' own failures ask them again.
+            _ => false,
+        }
     }
 
     /// Records how a call on `master` went, for [`Sentinel::master`].
@@ -351,7 +452,20 @@ impl Sentinel {
 
     pub(crate) async fn renew(&self, batch: &[Arc<Lease>], end: LeaseEnd) -> Vec<Renewal> {
         let master = self.master().await;
-        let mut outcomes = master.renew(batch, end).await;
+        // The sentinels are asked alongside the renewals: a planned failover
+        // fails none of them on the old master (see `master_check`).
+        let (mut outcomes, moved) = tokio::join!(
+            master.renew(batch, end),
+            self.master_check(MASTER_CHECK_WAIT)
+        );
+        if moved {
+            // What the old master answered counts for nothing: it is to be
+            // demoted, and its writes with it. Renew on the new one at once.
+            for outcome in &mut outcomes {
+                *outcome = Renewal::Retry;
+            }
+            return outcomes;
+        }
         let failed = outcomes.iter().any(|o| matches!(o, Renewal::Failed(_)));
         if failed {
             self.answered_while_suspect.store(false, Ordering::Release);
