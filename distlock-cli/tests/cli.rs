@@ -433,7 +433,7 @@ async fn unlock_of_a_hold_gone_since_it_was_read_fails() {
     let mut monitor = BufReader::new(monitor).lines();
     assert_eq!(monitor.next_line().await.unwrap().as_deref(), Some("+OK"));
 
-    let cli = tokio::spawn(run({
+    let mut cli = tokio::spawn(run({
         let mut cmd = distlock();
         cmd.args([
             "--url",
@@ -448,16 +448,26 @@ async fn unlock_of_a_hold_gone_since_it_was_read_fails() {
     }));
     // The first command naming the lock since MONITOR began is the CLI's
     // reading (the holder's next renewal is a third of its 60 s lease away).
-    let seen = tokio::time::timeout(Duration::from_secs(10), async {
+    // It comes after the CLI's manager started: about 15 round trips (its
+    // start-up probe and script loads), 9 s at 600 ms each, which a loaded
+    // machine stretched past the 10 s this waited for before; 60 s leave
+    // room, and the CLI's own end (an error) is reported rather than waited
+    // out.
+    let reading = tokio::time::timeout(Duration::from_secs(60), async {
         while let Some(line) = monitor.next_line().await.unwrap() {
             if line.contains(&name) {
                 return line;
             }
         }
         panic!("MONITOR ended");
-    })
-    .await
-    .expect("the CLI reads the key");
+    });
+    let seen = tokio::select! {
+        seen = reading => seen.expect("the CLI reads the key"),
+        out = &mut cli => {
+            let out = out.unwrap();
+            panic!("the CLI ended before reading the key: {:?}\n{}", out.status, stderr(&out))
+        }
+    };
     guard.release().await.unwrap();
 
     let out = cli.await.unwrap();
