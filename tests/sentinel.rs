@@ -243,6 +243,34 @@ async fn a_holder_follows_a_planned_failover_while_the_old_master_takes_writes()
     guard.release().await.unwrap();
 }
 
+/// The check above asks the sentinels every 500 ms while calls run; it
+/// keeps its connection to the sentinel that answered, where a connection
+/// per question had the sentinels accept two a second from each manager.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_background_check_keeps_its_connection_to_a_sentinel() {
+    let fixture = RedisSentinel::spawn().unwrap();
+    let first = redis::Client::open(fixture.sentinel_urls()[0].as_str()).unwrap();
+    let mut sentinel = first.get_multiplexed_async_connection().await.unwrap();
+    let holder = sentinel_manager(&fixture).await;
+    let before = connections_received(&mut sentinel).await;
+    // Renewed every 200 ms (a third of the lease) for 3 s: the renewal
+    // rounds ask about six times.
+    let guard = holder
+        .lock("kept")
+        .lease(Duration::from_millis(600))
+        .acquire()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!guard.is_lost());
+    let opened = connections_received(&mut sentinel).await - before;
+    assert!(
+        opened <= 1,
+        "{opened} connections to the sentinel for the checks of 3 s"
+    );
+    guard.release().await.unwrap();
+}
+
 #[tokio::test]
 async fn bad_sentinel_settings_are_typed_errors_in_bounded_time() {
     let fixture = RedisSentinel::spawn().unwrap();

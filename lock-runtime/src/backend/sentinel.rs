@@ -28,6 +28,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+use redis::aio::MultiplexedConnection;
 use redis::{ErrorKind, RedisError, RedisResult};
 
 use super::calls::KeyCall;
@@ -74,6 +75,9 @@ pub(crate) struct Sentinel {
     /// The background question to the sentinels in flight, and when the last
     /// one was asked (see [`Sentinel::master_check`]).
     master_check: Mutex<(Option<MasterCheck>, Instant)>,
+    /// The background check's connection to the sentinel that answered it
+    /// last (see [`ask_sentinels_keeping`]).
+    master_check_connection: Arc<Mutex<Option<MultiplexedConnection>>>,
     /// Whether a call succeeded on the current master since it became
     /// suspect: with the sentinels still naming it, it is trusted again.
     answered_while_suspect: std::sync::atomic::AtomicBool,
@@ -135,6 +139,7 @@ impl Sentinel {
             last_asked: Mutex::new(None),
             suspect: std::sync::atomic::AtomicBool::new(false),
             master_check: Mutex::new((None, Instant::now())),
+            master_check_connection: Arc::new(Mutex::new(None)),
             answered_while_suspect: std::sync::atomic::AtomicBool::new(false),
             config: config.clone(),
             tls: tls.clone(),
@@ -272,7 +277,10 @@ impl Sentinel {
                 let sentinels = self.sentinels.clone();
                 let master_name = self.master_name.clone();
                 let config = self.config.clone();
-                let ask = async move { ask_sentinels(&sentinels, &master_name, &config).await };
+                let kept = self.master_check_connection.clone();
+                let ask = async move {
+                    ask_sentinels_keeping(&sentinels, &kept, &master_name, &config).await
+                };
                 let spawned = match &self.runtime {
                     Some(runtime) => Some(runtime.spawn(ask)),
                     None => tokio::runtime::Handle::try_current()
@@ -541,18 +549,68 @@ async fn ask_sentinels(
     master_name: &str,
     config: &Config,
 ) -> RedisResult<(String, u16)> {
+    ask_sentinels_through(sentinels, master_name, config)
+        .await
+        .map(|(address, _)| address)
+}
+
+/// [`ask_sentinels`] for the background check (see [`Sentinel::master_check`]):
+/// through `kept`, the connection to the sentinel that answered it last, while
+/// that one answers; it asks every 500 ms while calls run, and a connection
+/// opened for each question would have the sentinels accept two a second
+/// from every manager.
+async fn ask_sentinels_keeping(
+    sentinels: &[redis::Client],
+    kept: &Mutex<Option<MultiplexedConnection>>,
+    master_name: &str,
+    config: &Config,
+) -> RedisResult<(String, u16)> {
+    let held = kept.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if let Some(mut conn) = held {
+        let asked = tokio::time::timeout(
+            config.command_timeout,
+            master_address(&mut conn, master_name),
+        )
+        .await;
+        // Anything but the address (the sentinel forgot the master, failed,
+        // or did not answer): the others are asked, on new connections.
+        if let Ok(Ok(Some(address))) = asked {
+            *kept.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn);
+            return Ok(address);
+        }
+    }
+    let (address, conn) = ask_sentinels_through(sentinels, master_name, config).await?;
+    *kept.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn);
+    Ok(address)
+}
+
+/// `SENTINEL GET-MASTER-ADDR-BY-NAME` on `conn`.
+async fn master_address(
+    conn: &mut MultiplexedConnection,
+    master_name: &str,
+) -> RedisResult<Option<(String, u16)>> {
+    redis::cmd("SENTINEL")
+        .arg("GET-MASTER-ADDR-BY-NAME")
+        .arg(master_name)
+        .query_async::<Option<(String, u16)>>(conn)
+        .await
+}
+
+/// [`ask_sentinels`], with the connection to the sentinel that answered.
+async fn ask_sentinels_through(
+    sentinels: &[redis::Client],
+    master_name: &str,
+    config: &Config,
+) -> RedisResult<((String, u16), MultiplexedConnection)> {
     let mut last_error = RedisError::from((ErrorKind::Client, "no sentinel answered"));
     for sentinel in sentinels {
         let asked = async {
             let mut conn = sentinel.get_multiplexed_async_connection().await?;
-            redis::cmd("SENTINEL")
-                .arg("GET-MASTER-ADDR-BY-NAME")
-                .arg(master_name)
-                .query_async::<Option<(String, u16)>>(&mut conn)
-                .await
+            let address = master_address(&mut conn, master_name).await?;
+            Ok::<_, RedisError>(address.map(|address| (address, conn)))
         };
         match tokio::time::timeout(config.connect_timeout + config.command_timeout, asked).await {
-            Ok(Ok(Some(address))) => return Ok(address),
+            Ok(Ok(Some(answer))) => return Ok(answer),
             Ok(Ok(None)) => {
                 last_error = RedisError::from((
                     ErrorKind::Client,
