@@ -129,3 +129,39 @@ async fn a_freed_lock_stops_the_body(d: Deployment) {
 }
 
 on_stores!(a_freed_lock_stops_the_body);
+
+/// A grant whose reply came after the lease it started had ended (here a
+/// round trip of 300 ms for a lease of 200 ms) is no hold: by then the lock
+/// may be another's. The acquisition handed out a guard lost at birth, and a
+/// caller that did not look ran its body unprotected.
+#[tokio::test]
+async fn a_grant_answered_after_its_lease_ended_is_not_handed_out() {
+    let redis = server();
+    let proxy = distlock::testing::FaultProxy::start(redis.addr())
+        .await
+        .unwrap();
+    let slow = manager_at(&proxy.url()).await;
+    // 150 ms each way: the reply comes 300 ms after the attempt went out.
+    proxy.set_mode(distlock::testing::FaultMode::Delay(Duration::from_millis(
+        150,
+    )));
+    let taken = slow
+        .lock("late")
+        .lease(Duration::from_millis(200))
+        .acquire()
+        .await;
+    assert!(
+        matches!(taken, Err(LockError::Lost { .. })),
+        "{:?}",
+        taken.map(|g| g.is_lost())
+    );
+    // Given back (or expired): another manager takes it within its lease.
+    let other = manager(&redis).await;
+    let next = other
+        .lock("late")
+        .wait(Duration::from_secs(2))
+        .acquire()
+        .await
+        .unwrap();
+    next.release().await.unwrap();
+}

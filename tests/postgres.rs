@@ -526,14 +526,19 @@ async fn postgres_the_sweep_keeps_the_tables_bounded() {
     // 200 locks whose holders never release them (their leases run out)
     // and 200 released ones.
     for i in 0..200 {
-        let g = m
+        match m
             .lock(format!("expired:{i}"))
             .lease(Duration::from_millis(50))
             .renew(false)
             .acquire()
             .await
-            .unwrap();
-        std::mem::forget(g);
+        {
+            Ok(g) => std::mem::forget(g),
+            // Answered after its 50 ms (a loaded machine): not handed out,
+            // and given back.
+            Err(LockError::Lost { .. }) => {}
+            Err(e) => panic!("{e}"),
+        }
         m.lock(format!("cycled:{i}"))
             .acquire()
             .await

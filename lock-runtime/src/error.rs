@@ -24,6 +24,9 @@ pub enum LockError {
 
     /// The lease ran out or was taken over while the lock was held: another holder
     /// may have run since. Work done under the lock must be treated as unprotected.
+    /// An acquisition returns it when the grant's reply came after the lease it
+    /// started had ended (a round trip, or the replicas' acknowledgement, longer
+    /// than the lease): no guard is handed out.
     #[error("lease on lock {} was lost", KeyPreview(key))]
     Lost {
         /// The lock key.

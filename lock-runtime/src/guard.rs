@@ -320,6 +320,21 @@ pub(crate) fn grant(
     if let Some(ttl) = handed_off {
         lease.handed_off(sent_at, ttl);
     }
+    // The grant's reply came after the lease it started had ended (a round
+    // trip, or the replicas' acknowledgement, longer than the lease): the
+    // lock may be another's by now, so no guard is handed out. What the
+    // store may still keep of it is given back.
+    if Instant::now() >= lease.valid_until() {
+        lease.mark_released();
+        release_lease_in_background(core, &lease, None);
+        tracing::debug!(target: "distlock::acquire",
+            key = %crate::error::KeyPreview(&lease.key),
+            "the grant's lease ended before its reply came; not handed out"
+        );
+        return Err(LockError::Lost {
+            key: lease.key.clone(),
+        });
+    }
     if !core.renewals.insert(lease.clone()) {
         lease.mark_released();
         // The holder never had it: no min_hold to keep.

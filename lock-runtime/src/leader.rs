@@ -172,8 +172,9 @@ impl LeaderElection {
         let guard = loop {
             match self.request().acquire().await {
                 Ok(guard) => break guard,
-                // Thirty days went by without a term; go on campaigning.
-                Err(LockError::Timeout { .. }) => continue,
+                // Thirty days went by without a term, or a term's grant came
+                // after its lease had ended (never held): go on campaigning.
+                Err(LockError::Timeout { .. } | LockError::Lost { .. }) => continue,
                 Err(e) => return Err(e),
             }
         };

@@ -836,6 +836,8 @@ async fn attempt(
         Ok(held) => held,
         Err(
             LockError::Timeout { .. }
+            // Granted, but answered after its lease had ended (a pause).
+            | LockError::Lost { .. }
             | LockError::Backend { .. }
             | LockError::Connect { .. }
             | LockError::QuorumFailed { .. }
