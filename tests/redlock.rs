@@ -833,3 +833,51 @@ async fn a_busy_attempt_leaves_no_give_back_waiting_for_a_member_that_is_down() 
         }
     }
 }
+
+/// A busy attempt that met a member that does not answer gives back (what
+/// that member may hold in its name) within the attempt's own member
+/// timeout, a tenth of the lease: it waited the whole command timeout for
+/// the silent member a second time, so each busy attempt took a member
+/// timeout and a command timeout (here 100 ms and 2 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_attempt_waits_for_a_silent_member_no_longer_than_its_calls_do() {
+    let servers: Vec<_> = (0..3).map(|_| server()).collect();
+    let proxy = FaultProxy::start(servers[2].addr()).await.unwrap();
+    let holder = redlock(urls(&servers)).await;
+    let mut through_proxy = urls(&servers[..2]);
+    through_proxy.push(proxy.url());
+    let polling = LockManager::redlock_builder(through_proxy)
+        .command_timeout(Duration::from_secs(2))
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap();
+    let _held = holder.lock("silent").acquire().await.unwrap();
+    // Every connection of the polling manager open before the fault.
+    polling
+        .lock("warm-up")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    proxy.set_mode(FaultMode::BlackHole);
+    let started = Instant::now();
+    let attempt = polling
+        .lock("silent")
+        .lease(Duration::from_secs(1))
+        .try_acquire()
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    assert!(attempt.is_none());
+    // The attempt and its give-back each wait a member timeout (100 ms, a
+    // tenth of the 1 s lease) for the silent member: 200 ms, where the
+    // give-back alone took the 2 s command timeout. 1.5 s leaves room for a
+    // loaded machine and stays under that.
+    assert!(
+        took < Duration::from_millis(1_500),
+        "a busy attempt took {took:?}"
+    );
+}

@@ -488,7 +488,7 @@ impl Redlock {
         let given_back = if granted.is_empty() && unknown.is_empty() {
             true
         } else {
-            let answered = self.give_back(key, keys, owner).await;
+            let answered = self.give_back(key, keys, owner, timeout).await;
             granted
                 .iter()
                 .map(|(i, _)| *i)
@@ -632,9 +632,26 @@ impl Redlock {
         })
     }
 
-    /// Releases on every member; whether each answered.
-    async fn give_back(&self, key: &str, keys: &RedisNames, owner: &str) -> Vec<bool> {
-        self.release_on_all(key, keys, owner, 0)
+    /// Releases on every member, each bounded by `timeout` (the attempt's
+    /// own member timeout); whether each answered. A member that granted
+    /// answered within it a moment ago; one that did not answer the attempt
+    /// in time will not answer this either, and waiting for it the command
+    /// timeout held each busy attempt back that long more: what it may keep
+    /// is given back in the background once the acquisition leaves.
+    async fn give_back(
+        &self,
+        key: &str,
+        keys: &RedisNames,
+        owner: &str,
+        timeout: Duration,
+    ) -> Vec<bool> {
+        let release = Release {
+            keys,
+            owner,
+            keep_ms: 0,
+            waiters: ExpectedWaiters::Unknown,
+        };
+        self.on_all(key, timeout, |m| m.on_key(key, &release))
             .await
             .iter()
             .map(Result::is_ok)
