@@ -213,6 +213,35 @@ pub(crate) enum LeaseEnd {
     ExactlyALease,
 }
 
+/// How long a renewal round waits for its reply: the command timeout, or
+/// half of what is left of the batch's shortest lease when that is less
+/// (the renewal task's rounds and a ticket's resumption; not `extend`).
+/// A reply lost on a connection that stays open (a stalled peer, a dropped
+/// segment) otherwise held the round a whole command timeout: a lease
+/// shorter than that was lost though a retry on a new connection (a
+/// timed-out call retires its own) would have renewed it in time.
+pub(crate) fn renewal_timeout(
+    batch: &[Arc<Lease>],
+    end: LeaseEnd,
+    now: Instant,
+    command_timeout: Duration,
+) -> Duration {
+    if end == LeaseEnd::ExactlyALease {
+        // `extend`: its caller's call, bounded as any other.
+        return command_timeout;
+    }
+    batch
+        .iter()
+        .map(|lease| lease.valid_until().saturating_duration_since(now) / 2)
+        .min()
+        .unwrap_or(command_timeout)
+        .max(MIN_RENEWAL_TIMEOUT)
+        .min(command_timeout)
+}
+
+/// The least a renewal round waits for its reply (see [`renewal_timeout`]).
+const MIN_RENEWAL_TIMEOUT: Duration = Duration::from_millis(5);
+
 /// What one lease's renewal came to.
 #[derive(Debug)]
 pub(crate) enum Renewal {

@@ -599,11 +599,7 @@ impl Single {
         let sent_at = Instant::now();
         self.renewal_round_trips.fetch_add(1, Ordering::Relaxed);
         let mut missing_script = false;
-        let timeout = match end {
-            LeaseEnd::AtLeastALease => renewal_timeout(batch, sent_at, self.command_timeout),
-            // `extend`: its caller's call, bounded as any other.
-            LeaseEnd::ExactlyALease => self.command_timeout,
-        };
+        let timeout = super::renewal_timeout(batch, end, sent_at, self.command_timeout);
         let renewed = self
             .call_within("", timeout, async |lane| {
                 let replies: Vec<RedisResult<(i64, String)>> = pipe.query_async(&mut *lane).await?;
@@ -717,25 +713,6 @@ pub(crate) fn connection_config(config: &Config) -> ConnectionManagerConfig {
         .set_min_delay(Duration::from_millis(25))
         .set_max_delay(Duration::from_millis(50))
 }
-
-/// How long a renewal round waits for its reply: the command timeout, or
-/// half of what is left of the batch's shortest lease when that is less.
-/// A reply lost on a connection that stays open (a stalled peer, a dropped
-/// segment) otherwise held the round a whole command timeout: a lease
-/// shorter than that was lost though a retry on a new connection (a
-/// timed-out call retires its own) would have renewed it in time.
-fn renewal_timeout(batch: &[Arc<Lease>], now: Instant, command_timeout: Duration) -> Duration {
-    batch
-        .iter()
-        .map(|lease| lease.valid_until().saturating_duration_since(now) / 2)
-        .min()
-        .unwrap_or(command_timeout)
-        .max(MIN_RENEWAL_TIMEOUT)
-        .min(command_timeout)
-}
-
-/// The least a renewal round waits for its reply (see [`renewal_timeout`]).
-const MIN_RENEWAL_TIMEOUT: Duration = Duration::from_millis(5);
 
 pub(crate) fn failed_all(batch: &[Arc<Lease>], error: &str) -> Vec<Renewal> {
     batch
