@@ -689,7 +689,13 @@ async fn postgres_the_sweep_keeps_the_shared_tables_bounded() {
             m.semaphore(format!("s:{i}"), 3).weight(2).lease(short),
         ];
         for request in expiring {
-            std::mem::forget(request.renew(false).acquire().await.unwrap());
+            match request.renew(false).acquire().await {
+                Ok(g) => std::mem::forget(g),
+                // Answered after its 50 ms (a loaded machine): not handed
+                // out, and given back.
+                Err(LockError::Lost { .. }) => {}
+                Err(e) => panic!("{e}"),
+            }
         }
         m.semaphore(format!("cycled:{i}"), 2)
             .acquire()

@@ -308,12 +308,15 @@ impl Drop for LockGuard {
 /// task and counted as acquired. A lock `handed_off` by a release got that
 /// TTL counted from the attempt sent at `new.sent_at`. If the manager was
 /// shut down while the acquisition was in flight, the lock goes straight back
-/// in the background and the caller gets [`LockError::ShutDown`].
+/// in the background and the caller gets [`LockError::ShutDown`]; if the
+/// reply came after the lease's deadline, [`LockError::Lost`] (the lock goes
+/// back too, unless `resumed` from a ticket).
 pub(crate) fn grant(
     core: &Arc<Core>,
     new: NewLease,
     started: Instant,
     handed_off: Option<Duration>,
+    resumed: bool,
 ) -> Result<Arc<Lease>, LockError> {
     let (sent_at, metrics_label) = (new.sent_at, new.hold.metrics_label);
     let lease = Arc::new(Lease::new(new));
@@ -321,12 +324,16 @@ pub(crate) fn grant(
         lease.handed_off(sent_at, ttl);
     }
     // The grant's reply came after the lease it started had ended (a round
-    // trip, or the replicas' acknowledgement, longer than the lease): the
-    // lock may be another's by now, so no guard is handed out. What the
-    // store may still keep of it is given back.
+    // trip, or the replicas' acknowledgement, longer than the lease, less
+    // the drift allowance): the lock may be another's by now, so no guard is
+    // handed out. What the store may still keep of it is given back, unless
+    // it is a ticket's hold, which other guards resumed from the ticket
+    // may share.
     if Instant::now() >= lease.valid_until() {
-        lease.mark_released();
-        release_lease_in_background(core, &lease, None);
+        lease.mark_never_held();
+        if !resumed {
+            release_lease_in_background(core, &lease, None);
+        }
         tracing::debug!(target: "distlock::acquire",
             key = %crate::error::KeyPreview(&lease.key),
             "the grant's lease ended before its reply came; not handed out"

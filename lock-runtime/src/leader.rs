@@ -167,14 +167,16 @@ impl LeaderElection {
     /// (inside the term's scope), [`LockError::ShutDown`] once the manager shut
     /// down, [`LockError::Backend`] when Redis fails or does not answer in time,
     /// [`LockError::TokenNotReplicated`] when `replica_ack` is on and too few
-    /// replicas confirmed the term's epoch (the term is given up).
+    /// replicas confirmed the term's epoch (the term is given up),
+    /// [`LockError::Lost`] when the term's grant came after its lease's
+    /// deadline (a round trip longer than the lease: never held; [`run`](Self::run)
+    /// campaigns again after its backoff).
     pub async fn campaign(&self) -> Result<Leadership, LockError> {
         let guard = loop {
             match self.request().acquire().await {
                 Ok(guard) => break guard,
-                // Thirty days went by without a term, or a term's grant came
-                // after its lease had ended (never held): go on campaigning.
-                Err(LockError::Timeout { .. } | LockError::Lost { .. }) => continue,
+                // Thirty days went by without a term; go on campaigning.
+                Err(LockError::Timeout { .. }) => continue,
                 Err(e) => return Err(e),
             }
         };

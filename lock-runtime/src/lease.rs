@@ -450,6 +450,15 @@ impl Lease {
         was_lost
     }
 
+    /// Marks a lease never handed to a holder released (a grant answered
+    /// after its deadline): unlike [`mark_released`](Self::mark_released),
+    /// it is not first found lost, so no loss is logged or counted for a
+    /// hold nobody had.
+    pub(crate) fn mark_never_held(&self) {
+        self.state.store(RELEASED, Ordering::Release);
+        self.lost_notify.notify_waiters();
+    }
+
     /// Marks the lease released while its hold lives on under another owner
     /// (a ticket, a renamed semaphore hold): nothing this lease does may
     /// touch the store any more, not even a renewal reply's `min_hold` keep.

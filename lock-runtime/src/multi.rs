@@ -190,6 +190,7 @@ impl MultiLockRequest {
     /// passed, [`LockError::InvalidKey`] / [`LockError::InvalidConfig`] for bad
     /// input (`InvalidConfig` for more than [`MAX_LOCK_ALL_KEYS`] distinct
     /// keys, before any Redis call), [`LockError::Lost`] when re-entering a hold whose lease was lost,
+    /// when a grant's reply came after its lease's deadline,
     /// or when a lock taken first was lost while the others were waited for
     /// (a lease shorter than the wait with `renew(false)`; everything taken
     /// is given back), [`LockError::Backend`] when Redis fails or does not
@@ -457,12 +458,13 @@ async fn one_script(
                     // each lock over (release_many).
                     waited: true,
                 };
-                match grant(core, new, started, None) {
+                match grant(core, new, started, None, false) {
                     Ok(lease) => taken.leases.push(lease),
                     Err(e) => {
                         // The manager was shut down while the script was in
-                        // flight: `grant` gave this lock back; the rest go
-                        // too (those already granted went with the
+                        // flight, or its reply came after the leases' end:
+                        // `grant` gave this lock back; the rest go too (those
+                        // already granted go with `taken`, or went with the
                         // shutdown's releases).
                         for ((key, keys), _) in granted {
                             let key = (*key).to_owned();

@@ -396,7 +396,9 @@ impl LockRequest {
     /// (a re-entry asking a semaphore for more permits than its outer hold
     /// took), [`LockError::PermitsDiffer`] re-entering a semaphore with
     /// another permit count,
-    /// [`LockError::Lost`] when re-entering a hold whose lease was lost,
+    /// [`LockError::Lost`] when re-entering a hold whose lease was lost, or
+    /// when the grant's reply came after its lease's deadline (a round trip
+    /// longer than the lease; the lock is given back),
     /// [`LockError::Backend`] when Redis fails or does not answer in time.
     pub async fn acquire(self) -> Result<LockGuard, LockError> {
         let key = self.key.clone();
@@ -411,6 +413,9 @@ impl LockRequest {
     }
 
     /// Makes one attempt: `Ok(None)` when someone else holds the lock.
+    ///
+    /// # Errors
+    /// As [`acquire`](Self::acquire), but never [`LockError::Timeout`].
     pub async fn try_acquire(self) -> Result<Option<LockGuard>, LockError> {
         self.run(Patience::Once).await
     }
@@ -1158,7 +1163,7 @@ impl Acquisition<'_> {
             acquired_at: Instant::now(),
             waited: waiting || handed_off.is_some(),
         };
-        let lease = crate::guard::grant(core, new, started, handed_off)?;
+        let lease = crate::guard::grant(core, new, started, handed_off, false)?;
         tracing::debug!(target: "distlock::acquire",
             waited_ms = started.elapsed().as_millis() as u64,
             attempts,

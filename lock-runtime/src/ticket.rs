@@ -336,7 +336,7 @@ impl LockManager {
         };
         match outcome {
             Some(Renewal::Renewed { sent_at }) => {
-                let lease = crate::guard::grant(core, new_lease(sent_at), started, None)?;
+                let lease = crate::guard::grant(core, new_lease(sent_at), started, None, true)?;
                 tracing::debug!(target: "distlock::acquire",
                     key = %KeyPreview(&ticket.key),
                     "resumed a hold from its ticket"
