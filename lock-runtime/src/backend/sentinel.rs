@@ -46,14 +46,32 @@ use crate::lease::Lease;
 /// a planned failover's start).
 const MASTER_CHECK_INTERVAL: Duration = Duration::from_millis(500);
 
-/// How long a renewal round waits, at most, for the sentinels' answer it
-/// asked for alongside its renewals: a sentinel that does not answer must
-/// not hold the renewals up (its answer is taken by a later call).
+/// How long a renewal round waits, at most, for the answer to a question
+/// it asked alongside its renewals (and never longer than its renewals may
+/// take, see `renewal_timeout`): a sentinel slow to answer holds that round
+/// up this long at most, and no other; a later call takes the answer.
 const MASTER_CHECK_WAIT: Duration = Duration::from_millis(100);
 
-/// The sentinels' answer to a background question (see
-/// [`Sentinel::master_check`]).
-type MasterCheck = tokio::task::JoinHandle<RedisResult<(String, u16)>>;
+/// The background questions to the sentinels (see [`Sentinel::master_check`]),
+/// shared with the task that asks.
+struct MasterChecks {
+    state: Mutex<MasterCheckState>,
+    /// Told when a question was answered.
+    answered: tokio::sync::Notify,
+    /// The connection to the sentinel that answered last (see
+    /// [`ask_sentinels_keeping`]).
+    kept: Mutex<Option<MultiplexedConnection>>,
+}
+
+struct MasterCheckState {
+    /// A question is out: its task runs (bounded by the sentinels' timeouts).
+    asking: bool,
+    /// When the last question was asked.
+    asked_at: Instant,
+    /// The last answer, until a call takes it: when it was asked, and the
+    /// master's address.
+    answer: Option<(Instant, (String, u16))>,
+}
 
 pub(crate) struct Sentinel {
     sentinels: Vec<redis::Client>,
@@ -72,12 +90,9 @@ pub(crate) struct Sentinel {
     /// every call first asks the sentinels whom they name (see
     /// [`Sentinel::master`]).
     suspect: std::sync::atomic::AtomicBool,
-    /// The background question to the sentinels in flight, and when the last
-    /// one was asked (see [`Sentinel::master_check`]).
-    master_check: Mutex<(Option<MasterCheck>, Instant)>,
-    /// The background check's connection to the sentinel that answered it
-    /// last (see [`ask_sentinels_keeping`]).
-    master_check_connection: Arc<Mutex<Option<MultiplexedConnection>>>,
+    /// The background questions to the sentinels (see
+    /// [`Sentinel::master_check`]).
+    master_checks: Arc<MasterChecks>,
     /// Whether a call succeeded on the current master since it became
     /// suspect: with the sentinels still naming it, it is trusted again.
     answered_while_suspect: std::sync::atomic::AtomicBool,
@@ -138,8 +153,15 @@ impl Sentinel {
             rediscovering: tokio::sync::Mutex::new(()),
             last_asked: Mutex::new(None),
             suspect: std::sync::atomic::AtomicBool::new(false),
-            master_check: Mutex::new((None, Instant::now())),
-            master_check_connection: Arc::new(Mutex::new(None)),
+            master_checks: Arc::new(MasterChecks {
+                state: Mutex::new(MasterCheckState {
+                    asking: false,
+                    asked_at: Instant::now(),
+                    answer: None,
+                }),
+                answered: tokio::sync::Notify::new(),
+                kept: Mutex::new(None),
+            }),
             answered_while_suspect: std::sync::atomic::AtomicBool::new(false),
             config: config.clone(),
             tls: tls.clone(),
@@ -261,72 +283,99 @@ impl Sentinel {
     }
 
     /// Asks the sentinels in the background whom they name as master (at
-    /// most every [`MASTER_CHECK_INTERVAL`]), waits up to `wait` for the
-    /// answer, and follows the master it names; true when calls moved to
-    /// another master.
+    /// most every [`MASTER_CHECK_INTERVAL`]), and follows the master an
+    /// answer names; true when calls moved to another master. A call that
+    /// asked waits up to `wait` for the answer; any call takes an answer
+    /// that came.
     ///
     /// No call fails on the old master during a planned failover: it takes
     /// writes until the sentinels demote it, 8 to 18 s after they promoted a
     /// replica, while other managers already lock on the new master. The
     /// question runs as a task of its own, so a sentinel slow to answer
-    /// holds no call up beyond `wait`: a later call takes its answer.
+    /// holds no call up beyond `wait`.
     async fn master_check(&self, wait: Duration) -> bool {
-        let (in_flight, asked_at) = {
-            let mut check = self.master_check.lock().unwrap_or_else(|e| e.into_inner());
-            if check.0.is_none() && check.1.elapsed() >= MASTER_CHECK_INTERVAL {
-                let sentinels = self.sentinels.clone();
-                let master_name = self.master_name.clone();
-                let config = self.config.clone();
-                let kept = self.master_check_connection.clone();
-                let ask = async move {
-                    ask_sentinels_keeping(&sentinels, &kept, &master_name, &config).await
-                };
-                let spawned = match &self.runtime {
-                    Some(runtime) => Some(runtime.spawn(ask)),
-                    None => tokio::runtime::Handle::try_current()
-                        .ok()
-                        .map(|runtime| runtime.spawn(ask)),
-                };
-                check.0 = spawned;
-                check.1 = Instant::now();
-            }
-            (check.0.take(), check.1)
-        };
-        let Some(mut in_flight) = in_flight else {
-            return false;
-        };
-        let answered = if wait.is_zero() {
-            futures_util::FutureExt::now_or_never(&mut in_flight)
-        } else {
-            tokio::time::timeout(wait, &mut in_flight).await.ok()
-        };
-        let Some(answered) = answered else {
-            // Still asking: the next call takes the answer.
-            let mut check = self.master_check.lock().unwrap_or_else(|e| e.into_inner());
-            if check.0.is_none() {
-                check.0 = Some(in_flight);
-            } else {
-                in_flight.abort();
-            }
-            return false;
-        };
-        match answered {
-            Ok(Ok((host, port))) => {
-                let _one_at_a_time = self.rediscovering.lock().await;
-                {
-                    let mut last = self.last_asked.lock().unwrap_or_else(|e| e.into_inner());
-                    // A failed call's query asked since, and was followed:
-                    // this older answer may name the master it left.
-                    if last.is_some_and(|at| at > asked_at) {
-                        return false;
-                    }
-                    *last = Some(asked_at);
-                }
-                self.follow(host, port)
-            }
-            // No sentinel answered: the calls' own failures ask them again.
-            _ => false,
+        let checks = &self.master_checks;
+        // Made before the question is out, so its answer is not missed.
+        let answered = checks.answered.notified();
+        let asked_now = self.ask_in_background();
+        let mut answer = checks
+            .state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .answer
+            .take();
+        if answer.is_none() && asked_now && !wait.is_zero() {
+            let _ = tokio::time::timeout(wait, answered).await;
+            answer = checks
+                .state
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .answer
+                .take();
         }
+        let Some((asked_at, (host, port))) = answer else {
+            return false;
+        };
+        // An answer nobody took for a while (an idle manager's) may be out
+        // of date: the next question is due anyway.
+        if asked_at.elapsed() > 2 * MASTER_CHECK_INTERVAL {
+            return false;
+        }
+        // A failed call's query runs: its answer, fresher, decides.
+        let Ok(_one_at_a_time) = self.rediscovering.try_lock() else {
+            return false;
+        };
+        {
+            let mut last = self.last_asked.lock().unwrap_or_else(|e| e.into_inner());
+            // A failed call's query asked since, and was followed: this
+            // older answer may name the master it left.
+            if last.is_some_and(|at| at > asked_at) {
+                return false;
+            }
+            *last = Some(asked_at);
+        }
+        self.follow(host, port)
+    }
+
+    /// Sends a question to the sentinels in a task of its own when none is
+    /// out and the last was asked [`MASTER_CHECK_INTERVAL`] ago or more;
+    /// true when it did.
+    fn ask_in_background(&self) -> bool {
+        let checks = &self.master_checks;
+        let mut state = checks.state.lock().unwrap_or_else(|e| e.into_inner());
+        if state.asking || state.asked_at.elapsed() < MASTER_CHECK_INTERVAL {
+            return false;
+        }
+        let runtime = match &self.runtime {
+            Some(runtime) => runtime.clone(),
+            None => match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => runtime,
+                Err(_) => return false,
+            },
+        };
+        let asked_at = Instant::now();
+        let (sentinels, master_name, config) = (
+            self.sentinels.clone(),
+            self.master_name.clone(),
+            self.config.clone(),
+        );
+        let checks = checks.clone();
+        runtime.spawn(async move {
+            let asked =
+                ask_sentinels_keeping(&sentinels, &checks.kept, &master_name, &config).await;
+            {
+                let mut state = checks.state.lock().unwrap_or_else(|e| e.into_inner());
+                state.asking = false;
+                // No sentinel answered: the calls' own failures ask them.
+                if let Ok(address) = asked {
+                    state.answer = Some((asked_at, address));
+                }
+            }
+            checks.answered.notify_waiters();
+        });
+        state.asking = true;
+        state.asked_at = asked_at;
+        true
     }
 
     /// Records how a call on `master` went, for [`Sentinel::master`].
@@ -462,11 +511,15 @@ impl Sentinel {
         let master = self.master().await;
         // The sentinels are asked alongside the renewals: a planned failover
         // fails none of them on the old master (see `master_check`).
-        let (mut outcomes, moved) = tokio::join!(
-            master.renew(batch, end),
-            self.master_check(MASTER_CHECK_WAIT)
-        );
-        if moved {
+        let wait = MASTER_CHECK_WAIT.min(super::renewal_timeout(
+            batch,
+            end,
+            Instant::now(),
+            self.config.command_timeout,
+        ));
+        let (mut outcomes, moved) = tokio::join!(master.renew(batch, end), self.master_check(wait));
+        // Moved by this round's answer, or by another call's meanwhile.
+        if moved || !Arc::ptr_eq(&master, &self.current()) {
             // What the old master answered counts for nothing: it is to be
             // demoted, and its writes with it. Renew on the new one at once.
             for outcome in &mut outcomes {
