@@ -1474,9 +1474,8 @@ impl Cluster {
     }
 
     /// Renews `leases`, all owned by `node`, in one pipeline on the manager's
-    /// own connection to it, within the command timeout or half of what is
-    /// left of the shortest lease (connecting included, see
-    /// `renewal_timeout`); `None` when the node did not own them all (a stale slot
+    /// own connection to it, within the command timeout (connecting
+    /// included); `None` when the node did not own them all (a stale slot
     /// map), could not be connected to, or the pipeline failed as a whole in
     /// a way a per-lock call may not. A node that cannot be reached sets
     /// `stale_map` too: it may have failed over to a replica.
@@ -1497,7 +1496,7 @@ impl Cluster {
             ));
         }
         let sent_at = Instant::now();
-        let timeout = super::renewal_timeout(leases, end, sent_at, self.command_timeout);
+        let timeout = self.command_timeout;
         let track = CallTrack::default();
         let link = std::sync::Mutex::new(None);
         let sent = tokio::time::timeout(timeout, async {

@@ -213,26 +213,28 @@ pub(crate) enum LeaseEnd {
     ExactlyALease,
 }
 
-/// How long a renewal round waits for its reply: the command timeout, or
-/// half of what is left of the batch's shortest lease when that is less
-/// (the renewal task's rounds and a ticket's resumption; not `extend`).
-/// A reply lost on a connection that stays open (a stalled peer, a dropped
-/// segment) otherwise held the round a whole command timeout: a lease
-/// shorter than that was lost though a retry on a new connection (a
-/// timed-out call retires its own) would have renewed it in time.
+/// How long a renewal round of the renewal task (or a ticket's resumption)
+/// waits for its reply: the command timeout, or a third of the batch's
+/// shortest lease when that is less (half of what is left when a renewal
+/// goes out on time). A reply lost on a connection that stays open (a
+/// stalled peer, a dropped segment) otherwise held the round a whole
+/// command timeout: a lease shorter than about that was lost though a retry
+/// on a new connection (a timed-out call retires its own) would have renewed
+/// it in time. The lease's length, not what is left of it, bounds it, so
+/// that a lease near its `max_hold`, or one being retried, does not cut the
+/// round short for the rest of its batch. `extend` keeps the command
+/// timeout: it is its caller's call.
 pub(crate) fn renewal_timeout(
     batch: &[Arc<Lease>],
     end: LeaseEnd,
-    now: Instant,
     command_timeout: Duration,
 ) -> Duration {
     if end == LeaseEnd::ExactlyALease {
-        // `extend`: its caller's call, bounded as any other.
         return command_timeout;
     }
     batch
         .iter()
-        .map(|lease| lease.valid_until().saturating_duration_since(now) / 2)
+        .map(|lease| lease.duration() / 3)
         .min()
         .unwrap_or(command_timeout)
         .max(MIN_RENEWAL_TIMEOUT)

@@ -488,7 +488,13 @@ impl Redlock {
         let given_back = if granted.is_empty() && unknown.is_empty() {
             true
         } else {
-            let answered = self.give_back(key, keys, owner, timeout).await;
+            // Not under 50 ms: a grant left behind keeps a member's vote
+            // for up to a lease, and a short lease's member timeout (5 ms at
+            // least) is little for a server under load.
+            let give_back_timeout = timeout
+                .max(Duration::from_millis(50))
+                .min(self.command_timeout);
+            let answered = self.give_back(key, keys, owner, give_back_timeout).await;
             granted
                 .iter()
                 .map(|(i, _)| *i)
@@ -632,8 +638,8 @@ impl Redlock {
         })
     }
 
-    /// Releases on every member, each bounded by `timeout` (the attempt's
-    /// own member timeout); whether each answered. A member that granted
+    /// Releases on every member, each bounded by `timeout` (about the
+    /// attempt's own member timeout); whether each answered. A member that granted
     /// answered within it a moment ago; one that did not answer the attempt
     /// in time will not answer this either, and waiting for it the command
     /// timeout held each busy attempt back that long more: what it may keep

@@ -68,9 +68,33 @@ struct MasterCheckState {
     asking: bool,
     /// When the last question was asked.
     asked_at: Instant,
-    /// The last answer, until a call takes it: when it was asked, and the
-    /// master's address.
-    answer: Option<(Instant, (String, u16))>,
+    /// The last answer, until a call takes it.
+    answer: Option<MasterAnswer>,
+}
+
+/// A sentinel's answer to a background question.
+struct MasterAnswer {
+    /// When the question was asked (to order it against a failed call's).
+    asked_at: Instant,
+    /// When the answer came (to tell whether it is still fresh).
+    answered_at: Instant,
+    address: (String, u16),
+}
+
+/// Ends a background question however its task ends (answered, or dropped
+/// unrun by a runtime shutting down): the next may be asked, and callers
+/// waiting for it stop waiting.
+struct QuestionOut(Arc<MasterChecks>);
+
+impl Drop for QuestionOut {
+    fn drop(&mut self) {
+        self.0
+            .state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .asking = false;
+        self.0.answered.notify_waiters();
+    }
 }
 
 pub(crate) struct Sentinel {
@@ -284,8 +308,9 @@ impl Sentinel {
 
     /// Asks the sentinels in the background whom they name as master (at
     /// most every [`MASTER_CHECK_INTERVAL`]), and follows the master an
-    /// answer names; true when calls moved to another master. A call that
-    /// asked waits up to `wait` for the answer; any call takes an answer
+    /// answer names; true when calls moved to another master. A call waits
+    /// up to `wait` for a question out (a renewal round: the question its
+    /// own `master()` sent, or one already out); any call takes an answer
     /// that came.
     ///
     /// No call fails on the old master during a planned failover: it takes
@@ -297,43 +322,42 @@ impl Sentinel {
         let checks = &self.master_checks;
         // Made before the question is out, so its answer is not missed.
         let answered = checks.answered.notified();
-        let asked_now = self.ask_in_background();
-        let mut answer = checks
-            .state
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .answer
-            .take();
-        if answer.is_none() && asked_now && !wait.is_zero() {
+        self.ask_in_background();
+        let take = || {
+            let mut state = checks.state.lock().unwrap_or_else(|e| e.into_inner());
+            (state.answer.take(), state.asking)
+        };
+        let (mut answer, asking) = take();
+        if answer.is_none() && asking && !wait.is_zero() {
             let _ = tokio::time::timeout(wait, answered).await;
-            answer = checks
-                .state
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .answer
-                .take();
+            answer = take().0;
         }
-        let Some((asked_at, (host, port))) = answer else {
+        let Some(answer) = answer else {
             return false;
         };
         // An answer nobody took for a while (an idle manager's) may be out
         // of date: the next question is due anyway.
-        if asked_at.elapsed() > 2 * MASTER_CHECK_INTERVAL {
+        if answer.answered_at.elapsed() > 2 * MASTER_CHECK_INTERVAL {
             return false;
         }
-        // A failed call's query runs: its answer, fresher, decides.
+        // A failed call's query runs: the answer waits for the next call.
         let Ok(_one_at_a_time) = self.rediscovering.try_lock() else {
+            let mut state = checks.state.lock().unwrap_or_else(|e| e.into_inner());
+            if state.answer.is_none() {
+                state.answer = Some(answer);
+            }
             return false;
         };
         {
             let mut last = self.last_asked.lock().unwrap_or_else(|e| e.into_inner());
             // A failed call's query asked since, and was followed: this
             // older answer may name the master it left.
-            if last.is_some_and(|at| at > asked_at) {
+            if last.is_some_and(|at| at > answer.asked_at) {
                 return false;
             }
-            *last = Some(asked_at);
+            *last = Some(answer.asked_at);
         }
+        let (host, port) = answer.address;
         self.follow(host, port)
     }
 
@@ -342,10 +366,6 @@ impl Sentinel {
     /// true when it did.
     fn ask_in_background(&self) -> bool {
         let checks = &self.master_checks;
-        let mut state = checks.state.lock().unwrap_or_else(|e| e.into_inner());
-        if state.asking || state.asked_at.elapsed() < MASTER_CHECK_INTERVAL {
-            return false;
-        }
         let runtime = match &self.runtime {
             Some(runtime) => runtime.clone(),
             None => match tokio::runtime::Handle::try_current() {
@@ -354,27 +374,35 @@ impl Sentinel {
             },
         };
         let asked_at = Instant::now();
+        {
+            let mut state = checks.state.lock().unwrap_or_else(|e| e.into_inner());
+            if state.asking || state.asked_at.elapsed() < MASTER_CHECK_INTERVAL {
+                return false;
+            }
+            state.asking = true;
+            state.asked_at = asked_at;
+        }
+        // Out from here: dropped unrun (a runtime shutting down), it ends
+        // the question as an answer would (the lock above is released, as
+        // that drop takes it).
+        let out = QuestionOut(checks.clone());
         let (sentinels, master_name, config) = (
             self.sentinels.clone(),
             self.master_name.clone(),
             self.config.clone(),
         );
-        let checks = checks.clone();
         runtime.spawn(async move {
-            let asked =
-                ask_sentinels_keeping(&sentinels, &checks.kept, &master_name, &config).await;
-            {
-                let mut state = checks.state.lock().unwrap_or_else(|e| e.into_inner());
-                state.asking = false;
-                // No sentinel answered: the calls' own failures ask them.
-                if let Ok(address) = asked {
-                    state.answer = Some((asked_at, address));
-                }
+            let asked = ask_sentinels_keeping(&sentinels, &out.0.kept, &master_name, &config).await;
+            // No sentinel answered: the calls' own failures ask them.
+            if let Ok(address) = asked {
+                out.0.state.lock().unwrap_or_else(|e| e.into_inner()).answer = Some(MasterAnswer {
+                    asked_at,
+                    answered_at: Instant::now(),
+                    address,
+                });
             }
-            checks.answered.notify_waiters();
+            drop(out);
         });
-        state.asking = true;
-        state.asked_at = asked_at;
         true
     }
 
@@ -514,7 +542,6 @@ impl Sentinel {
         let wait = MASTER_CHECK_WAIT.min(super::renewal_timeout(
             batch,
             end,
-            Instant::now(),
             self.config.command_timeout,
         ));
         let (mut outcomes, moved) = tokio::join!(master.renew(batch, end), self.master_check(wait));

@@ -599,7 +599,7 @@ impl Single {
         let sent_at = Instant::now();
         self.renewal_round_trips.fetch_add(1, Ordering::Relaxed);
         let mut missing_script = false;
-        let timeout = super::renewal_timeout(batch, end, sent_at, self.command_timeout);
+        let timeout = super::renewal_timeout(batch, end, self.command_timeout);
         let renewed = self
             .call_within("", timeout, async |lane| {
                 let replies: Vec<RedisResult<(i64, String)>> = pipe.query_async(&mut *lane).await?;
