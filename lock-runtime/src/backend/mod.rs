@@ -241,8 +241,11 @@ pub(crate) fn renewal_timeout(
         .min(command_timeout)
 }
 
-/// The least a renewal round waits for its reply (see [`renewal_timeout`]).
-const MIN_RENEWAL_TIMEOUT: Duration = Duration::from_millis(5);
+/// The least a renewal round waits for its reply (see [`renewal_timeout`]),
+/// when the command timeout is longer: under it, a slow reply from a busy
+/// server or machine is more likely than a lost one, and giving it up costs
+/// a new connection.
+const MIN_RENEWAL_TIMEOUT: Duration = Duration::from_millis(50);
 
 /// What one lease's renewal came to.
 #[derive(Debug)]
