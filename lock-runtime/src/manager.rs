@@ -174,7 +174,12 @@ impl LockManager {
     /// The manager asks the sentinels for the master, and asks again whenever a
     /// call fails in a way a failover explains (the master is gone, or answers
     /// `READONLY` because it was demoted): every later call, renewals and the
-    /// wake-up subscriber included, then goes to the master they name. The
+    /// wake-up subscriber included, then goes to the master they name. While
+    /// it makes calls, it also asks them in the background, at most every
+    /// 500 ms on one connection it keeps, and follows a planned failover
+    /// (`SENTINEL FAILOVER`) that fails no call: the sentinels demote the old
+    /// master 8 to 18 s after they promote a replica, and it takes writes
+    /// until then. The
     /// master and its replicas take the user, password and TLS settings of the
     /// sentinel URLs. Every option of [`builder`](Self::builder) applies,
     /// [`replica_ack`](LockManagerBuilder::replica_ack) included.
