@@ -418,16 +418,18 @@ async fn unlock_of_a_hold_gone_since_it_was_read_fails() {
         .hold_id
         .clone();
     let name = manager.redis_names("job:gone").lock;
-    // The CLI talks through a link that holds every chunk 300 ms each way
-    // (a round trip of 600 ms, within its 2 s command timeout), so that the
-    // test, watching the server with MONITOR, releases the hold after the
-    // reading reached the server and before its reply reaches the CLI.
+    // The CLI talks through a link that holds every reply 300 ms (requests
+    // pass at once: the start-up check's pipeline of script sources, held
+    // chunk by chunk each way, took more than the CLI's 2 s command timeout
+    // on a loaded machine), so that the test, watching the server with
+    // MONITOR, releases the hold after the reading reached the server and
+    // before its reply reaches the CLI.
     let proxy = distlock_testing::FaultProxy::start(redis.addr())
         .await
         .unwrap();
-    proxy.set_mode(distlock_testing::FaultMode::Delay(Duration::from_millis(
-        300,
-    )));
+    proxy.set_mode(distlock_testing::FaultMode::DelayReplies(
+        Duration::from_millis(300),
+    ));
     let mut monitor = tokio::net::TcpStream::connect(redis.addr()).await.unwrap();
     monitor.write_all(b"MONITOR\r\n").await.unwrap();
     let mut monitor = BufReader::new(monitor).lines();
@@ -448,11 +450,10 @@ async fn unlock_of_a_hold_gone_since_it_was_read_fails() {
     }));
     // The first command naming the lock since MONITOR began is the CLI's
     // reading (the holder's next renewal is a third of its 60 s lease away).
-    // It comes after the CLI's manager started: about 15 round trips (its
-    // start-up probe and script loads), 9 s at 600 ms each, which a loaded
-    // machine stretched past the 10 s this waited for before; 60 s leave
-    // room, and the CLI's own end (an error) is reported rather than waited
-    // out.
+    // It comes after the CLI's manager started (a few round trips of 300 ms:
+    // its start-up check, the probe of its wake-up channel); 60 s leave room
+    // for a loaded machine, and the CLI's own end (an error) is reported
+    // rather than waited out.
     let reading = tokio::time::timeout(Duration::from_secs(60), async {
         while let Some(line) = monitor.next_line().await.unwrap() {
             if line.contains(&name) {

@@ -20,6 +20,11 @@ pub enum FaultMode {
     Pass,
     /// Hold each chunk of bytes this long before forwarding it (in both directions).
     Delay(Duration),
+    /// Hold each chunk from the server (the replies) this long before forwarding it; requests
+    /// pass at once. A request's effect is on the server before its reply reaches the client,
+    /// a whole delay later, and a large request (a script's source, a pipeline) costs no more
+    /// than a small one, as its chunks are not each held.
+    DelayReplies(Duration),
     /// Keep connections open and accept new ones, but silently discard all bytes in both
     /// directions, like a network partition: clients see neither a reply nor a reset. Bytes
     /// discarded stay lost when the mode changes back.
@@ -303,6 +308,7 @@ async fn forward_chunk(
     let delay = match *mode.borrow() {
         FaultMode::Pass => None,
         FaultMode::Delay(delay) => Some(delay),
+        FaultMode::DelayReplies(delay) => (direction == Direction::ToClient).then_some(delay),
         FaultMode::BlackHole => return Forwarded::Done,
         FaultMode::Reset => return Forwarded::Reset,
     };
@@ -446,6 +452,40 @@ mod tests {
             "{:?}",
             started.elapsed()
         );
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn delay_replies_holds_the_reply_and_not_the_request() -> TestResult {
+        let server = RedisServer::spawn()?;
+        let proxy = FaultProxy::start(server.addr()).await?;
+        let mut conn = patient_client(proxy.url()).await?;
+        let mut direct = patient_client(server.url()).await?;
+        proxy.set_mode(FaultMode::DelayReplies(Duration::from_secs(1)));
+        let started = Instant::now();
+        let set = tokio::spawn(async move {
+            redis::cmd("SET")
+                .arg("early")
+                .arg("effect")
+                .query_async::<()>(&mut conn)
+                .await
+        });
+        // On the server well before its reply is forwarded.
+        let mut seen = None;
+        while started.elapsed() < Duration::from_millis(900) {
+            seen = redis::cmd("GET")
+                .arg("early")
+                .query_async::<Option<String>>(&mut direct)
+                .await?;
+            if seen.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(seen.as_deref(), Some("effect"));
+        assert!(!set.is_finished(), "the reply was not held");
+        set.await.expect("the SET task")?;
+        assert!(started.elapsed() >= Duration::from_secs(1));
         Ok(())
     }
 
