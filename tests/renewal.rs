@@ -286,8 +286,9 @@ async fn a_renewal_failing_near_the_end_is_retried_within_what_is_left() {
 }
 
 /// A renewal whose reply is lost on a connection that stays open (a stalled
-/// peer, a dropped segment) is given up after half of what is left of the
-/// lease, not after the command timeout, and retried on a new connection: a
+/// peer, a dropped segment) is given up after a third of the lease (half of
+/// what is left when it went out), not after the command timeout, and
+/// retried on a new connection: a
 /// 900 ms lease with the default 2 s command timeout was lost at its first
 /// renewal whose reply went missing, though Redis kept the lock.
 #[tokio::test]
@@ -295,15 +296,24 @@ async fn a_renewal_whose_reply_is_lost_is_retried_before_a_short_lease_ends() {
     use distlock::testing::FaultProxy;
     let redis = server();
     let proxy = FaultProxy::start(redis.addr()).await.unwrap();
-    let a = distlock::LockManager::builder(proxy.url())
+    let a = distlock::LockManager::builder(&proxy.url())
         .command_timeout(Duration::from_secs(2))
         .build()
+        .await
+        .unwrap();
+    // Every connection open (the wake-up subscriber's too) before the fault.
+    a.lock("warm-up")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
         .await
         .unwrap();
     let lease = Duration::from_millis(900);
     let guard = a.lock("dropped").lease(lease).acquire().await.unwrap();
     // Nothing else goes through the proxy now: the next reply is the first
-    // renewal's (300 ms in, with 600 ms left: given up 300 ms later).
+    // renewal's (300 ms in; given up a third of the lease later, 300 ms
+    // before the deadline).
     proxy.drop_next_replies(1);
     let trouble = tokio::time::timeout(lease, guard.renewal_trouble())
         .await
@@ -312,7 +322,7 @@ async fn a_renewal_whose_reply_is_lost_is_retried_before_a_short_lease_ends() {
         matches!(trouble, distlock::RenewalTrouble::Failed { .. }),
         "{trouble:?}"
     );
-    // Retried within what is left (under 300 ms) on a new connection.
+    // Retried within what is left (300 ms) on a new connection.
     let renewed = eventually(lease, async || guard.remaining_lease() > lease / 2).await;
     assert!(
         renewed.is_some() && !guard.is_lost(),
