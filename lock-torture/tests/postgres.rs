@@ -532,7 +532,12 @@ async fn await_fresh_term(worker: &Worker, fresh: Duration, limit: Duration) {
     loop {
         let now = mono_ns();
         let terms = history(&[worker]).in_flight(worker.id, now, Kind::Term);
-        if terms.iter().any(|t| now - t.acquired < ns(fresh)) {
+        // A term the worker logged after `now` was read is fresh too (its
+        // clock reading came later): `now - acquired` overflowed on it.
+        if terms
+            .iter()
+            .any(|t| now.saturating_sub(t.acquired) < ns(fresh))
+        {
             return;
         }
         assert!(
