@@ -203,13 +203,7 @@ async fn the_direct_lane_opens_over_tls_and_carries_calls() {
     let mut raw = raw(&redis).await;
     let m = tls_manager(&redis).await;
     let opened = eventually(Duration::from_secs(5), async || {
-        m.lock("warm-up")
-            .acquire()
-            .await
-            .unwrap()
-            .release()
-            .await
-            .unwrap();
+        open_every_connection(&m).await;
         // The listening connection counts as a command client until it has
         // subscribed: the count is read once it has.
         !pubsub_channels(&mut raw).await.is_empty() && command_clients(&mut raw).await.len() == 2

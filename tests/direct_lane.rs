@@ -52,13 +52,7 @@ async fn command_clients(raw: &mut MultiplexedConnection) -> Vec<(String, String
 /// subscribed: so the count is read once something is subscribed.
 async fn open_both_lanes(m: &LockManager, raw: &mut MultiplexedConnection) {
     let both = eventually(Duration::from_secs(5), async || {
-        m.lock("warm-up")
-            .acquire()
-            .await
-            .unwrap()
-            .release()
-            .await
-            .unwrap();
+        open_every_connection(m).await;
         !pubsub_channels(raw).await.is_empty() && command_clients(raw).await.len() == 2
     })
     .await;

@@ -25,6 +25,17 @@ async fn redlock(urls: Vec<String>) -> LockManager {
     redlock_with_prefix(urls, "distlock:").await
 }
 
+/// A Redlock manager whose calls may take `command_timeout` (connections:
+/// 500 ms), for tests on a loaded machine or a member slow to answer.
+async fn redlock_with_timeout(urls: Vec<String>, command_timeout: Duration) -> LockManager {
+    LockManager::redlock_builder(urls)
+        .command_timeout(command_timeout)
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .expect("a Redlock manager")
+}
+
 async fn redlock_with_prefix(urls: Vec<String>, prefix: &str) -> LockManager {
     LockManager::redlock_builder(urls)
         .key_prefix(prefix)
@@ -308,14 +319,7 @@ async fn a_grant_left_on_a_member_that_missed_the_clean_up_is_given_back() {
         .unwrap();
     // Every connection of the other manager open (and its scripts loaded)
     // before the fault: the next reply through the proxy is the attempt's.
-    other
-        .lock("warm-up")
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    open_every_connection(&other).await;
     proxy.drop_next_replies(1);
     let attempt = tokio::spawn({
         let other = other.clone();
@@ -584,12 +588,7 @@ async fn a_manager_starts_with_a_minority_down_and_uses_it_once_it_is_back() {
     // The members back are used once their start-up check passes, which
     // their first call waits for within the command timeout: 2 s, for a
     // loaded machine.
-    let m = LockManager::redlock_builder(urls(&servers))
-        .command_timeout(Duration::from_secs(2))
-        .connect_timeout(Duration::from_millis(500))
-        .build()
-        .await
-        .unwrap();
+    let m = redlock_with_timeout(urls(&servers), Duration::from_secs(2)).await;
     let g = m.lock("late").acquire().await.unwrap();
     assert_eq!(holders(&servers, &m, "late").await, 3);
     g.release().await.unwrap();
@@ -846,22 +845,10 @@ async fn a_busy_attempt_waits_for_a_silent_member_no_longer_than_its_calls_do() 
     let holder = redlock(urls(&servers)).await;
     let mut through_proxy = urls(&servers[..2]);
     through_proxy.push(proxy.url());
-    let polling = LockManager::redlock_builder(through_proxy)
-        .command_timeout(Duration::from_secs(2))
-        .connect_timeout(Duration::from_millis(500))
-        .build()
-        .await
-        .unwrap();
+    let polling = redlock_with_timeout(through_proxy, Duration::from_secs(2)).await;
     let _held = holder.lock("silent").acquire().await.unwrap();
     // Every connection of the polling manager open before the fault.
-    polling
-        .lock("warm-up")
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    open_every_connection(&polling).await;
     proxy.set_mode(FaultMode::BlackHole);
     let started = Instant::now();
     let attempt = polling

@@ -302,13 +302,7 @@ async fn a_renewal_whose_reply_is_lost_is_retried_before_a_short_lease_ends() {
         .await
         .unwrap();
     // Every connection open (the wake-up subscriber's too) before the fault.
-    a.lock("warm-up")
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    open_every_connection(&a).await;
     let lease = Duration::from_millis(900);
     let guard = a.lock("dropped").lease(lease).acquire().await.unwrap();
     // Nothing else goes through the proxy now: the next reply is the first

@@ -179,6 +179,20 @@ pub fn slow_backoff() -> Backoff {
     Backoff::new(Duration::from_secs(10), Duration::from_secs(10)).with_jitter(0.0)
 }
 
+/// Acquires and releases the lock `"warm-up"` once, so that every connection
+/// of `m` is open (the wake-up subscriber's too) and its scripts are loaded:
+/// a fault injected after it meets the call under test, not a connection's
+/// start-up.
+pub async fn open_every_connection(m: &LockManager) {
+    m.lock("warm-up")
+        .acquire()
+        .await
+        .expect("the warm-up lock")
+        .release()
+        .await
+        .expect("the warm-up release");
+}
+
 /// Waits (up to 10 s) until `waiters` acquisitions of `m` are parked in its
 /// queues.
 pub async fn await_parked(m: &LockManager, waiters: usize) {

@@ -56,6 +56,12 @@ const MASTER_CHECK_WAIT: Duration = Duration::from_millis(100);
 /// shared with the task that asks.
 struct MasterChecks {
     state: Mutex<MasterCheckState>,
+    /// What every call reads before it takes `state`'s lock, so a call with
+    /// nothing to do takes no lock: whether an answer waits in `state`...
+    answer_waiting: std::sync::atomic::AtomicBool,
+    /// ... and until when no question is due (nanoseconds from `since`).
+    quiet_until: std::sync::atomic::AtomicU64,
+    since: Instant,
     /// Told when a question was answered.
     answered: tokio::sync::Notify,
     /// The connection to the sentinel that answered last (see
@@ -85,6 +91,34 @@ struct MasterAnswer {
 /// unrun by a runtime shutting down): the next may be asked, and callers
 /// waiting for it stop waiting.
 struct QuestionOut(Arc<MasterChecks>);
+
+impl MasterChecks {
+    /// Whether a call that waits for nothing has nothing to do: no answer to
+    /// take, no question due. Read without the lock, so a call may miss an
+    /// answer stored that instant; the next call takes it.
+    fn nothing_to_do(&self) -> bool {
+        !self.answer_waiting.load(Ordering::Acquire)
+            && nanos_between(self.since, Instant::now()) < self.quiet_until.load(Ordering::Acquire)
+    }
+
+    /// Stores `answer` in `state` (whose lock the caller holds), flagged for
+    /// [`MasterChecks::nothing_to_do`].
+    fn store_answer(&self, state: &mut MasterCheckState, answer: MasterAnswer) {
+        state.answer = Some(answer);
+        self.answer_waiting.store(true, Ordering::Release);
+    }
+
+    /// Takes the answer out of `state` (whose lock the caller holds).
+    fn take_answer(&self, state: &mut MasterCheckState) -> Option<MasterAnswer> {
+        self.answer_waiting.store(false, Ordering::Release);
+        state.answer.take()
+    }
+}
+
+/// Nanoseconds from `since` to `at` (0 if `at` is earlier), saturating.
+fn nanos_between(since: Instant, at: Instant) -> u64 {
+    u64::try_from(at.saturating_duration_since(since).as_nanos()).unwrap_or(u64::MAX)
+}
 
 impl Drop for QuestionOut {
     fn drop(&mut self) {
@@ -183,6 +217,13 @@ impl Sentinel {
                     asked_at: Instant::now(),
                     answer: None,
                 }),
+                answer_waiting: std::sync::atomic::AtomicBool::new(false),
+                // As `asked_at`: the first question is due an interval
+                // after the start.
+                quiet_until: std::sync::atomic::AtomicU64::new(
+                    u64::try_from(MASTER_CHECK_INTERVAL.as_nanos()).unwrap_or(u64::MAX),
+                ),
+                since: Instant::now(),
                 answered: tokio::sync::Notify::new(),
                 kept: Mutex::new(None),
             }),
@@ -320,15 +361,20 @@ impl Sentinel {
     /// holds no call up beyond `wait`.
     async fn master_check(&self, wait: Duration) -> bool {
         let checks = &self.master_checks;
+        // Every acquire and release of a sentinel manager comes here: with
+        // no answer to take and no question due, it takes no lock.
+        if wait.is_zero() && checks.nothing_to_do() {
+            return false;
+        }
         // Made before the question is out, so its answer is not missed.
-        let answered = checks.answered.notified();
+        let answered = (!wait.is_zero()).then(|| checks.answered.notified());
         self.ask_in_background();
         let take = || {
             let mut state = checks.state.lock().unwrap_or_else(|e| e.into_inner());
-            (state.answer.take(), state.asking)
+            (checks.take_answer(&mut state), state.asking)
         };
         let (mut answer, asking) = take();
-        if answer.is_none() && asking && !wait.is_zero() {
+        if let Some(answered) = answered.filter(|_| answer.is_none() && asking) {
             let _ = tokio::time::timeout(wait, answered).await;
             answer = take().0;
         }
@@ -344,7 +390,7 @@ impl Sentinel {
         let Ok(_one_at_a_time) = self.rediscovering.try_lock() else {
             let mut state = checks.state.lock().unwrap_or_else(|e| e.into_inner());
             if state.answer.is_none() {
-                state.answer = Some(answer);
+                checks.store_answer(&mut state, answer);
             }
             return false;
         };
@@ -381,6 +427,10 @@ impl Sentinel {
             }
             state.asking = true;
             state.asked_at = asked_at;
+            checks.quiet_until.store(
+                nanos_between(checks.since, asked_at + MASTER_CHECK_INTERVAL),
+                Ordering::Release,
+            );
         }
         // Out from here: dropped unrun (a runtime shutting down), it ends
         // the question as an answer would (the lock above is released, as
@@ -395,11 +445,13 @@ impl Sentinel {
             let asked = ask_sentinels_keeping(&sentinels, &out.0.kept, &master_name, &config).await;
             // No sentinel answered: the calls' own failures ask them.
             if let Ok(address) = asked {
-                out.0.state.lock().unwrap_or_else(|e| e.into_inner()).answer = Some(MasterAnswer {
+                let mut state = out.0.state.lock().unwrap_or_else(|e| e.into_inner());
+                let answer = MasterAnswer {
                     asked_at,
                     answered_at: Instant::now(),
                     address,
-                });
+                };
+                out.0.store_answer(&mut state, answer);
             }
             drop(out);
         });
