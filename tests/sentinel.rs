@@ -309,6 +309,46 @@ async fn bad_sentinel_settings_are_typed_errors_in_bounded_time() {
         .await
         .unwrap_err();
     assert!(matches!(refused, LockError::Connect { .. }), "{refused:?}");
+
+    // Every sentinel's failure is named, not only the last one's: a
+    // sentinel that does not know the master, then one that is down (the
+    // last failure alone made this a connection error).
+    let down = RedisServer::spawn().unwrap();
+    let down_url = down.url();
+    let down_address = down_url.trim_start_matches("redis://").to_owned();
+    drop(down);
+    let live = fixture.sentinel_urls().remove(0);
+    let live_address = live.trim_start_matches("redis://").to_owned();
+    let refused = LockManager::sentinel_builder([live, down_url.clone()], "no-such-master")
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap_err();
+    let text = refused.to_string();
+    assert!(
+        matches!(refused, LockError::ServerCheck { .. }),
+        "a sentinel answered, so the names were checked: {refused:?}"
+    );
+    assert!(
+        text.contains(&down_address) && text.contains(&live_address),
+        "both sentinels named: {text}"
+    );
+    assert!(text.contains("does not know this master name"), "{text}");
+    // Two sentinels down: a connection failure that names both.
+    let other_down = RedisServer::spawn().unwrap();
+    let other_url = other_down.url();
+    drop(other_down);
+    let refused = LockManager::sentinel_builder([down_url, other_url.clone()], "distlock")
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap_err();
+    let text = refused.to_string();
+    assert!(matches!(refused, LockError::Connect { .. }), "{refused:?}");
+    assert!(
+        text.contains(&down_address) && text.contains(other_url.trim_start_matches("redis://")),
+        "both sentinels named: {text}"
+    );
     assert!(started.elapsed() < Duration::from_secs(5));
 }
 

@@ -729,37 +729,67 @@ async fn master_address(
 }
 
 /// [`ask_sentinels`], with the connection to the sentinel that answered.
+/// When none did, the error tells what each sentinel did (so a build that
+/// fails names the sentinel that is down as well as the one that does not
+/// know the master); its kind is a server's (a sentinel answered, without
+/// the address) when any answered, else the last connection failure's.
 async fn ask_sentinels_through(
     sentinels: &[redis::Client],
     master_name: &str,
     config: &Config,
 ) -> RedisResult<((String, u16), MultiplexedConnection)> {
-    let mut last_error = RedisError::from((ErrorKind::Client, "no sentinel answered"));
+    let mut failures = Vec::with_capacity(sentinels.len());
+    let mut unreachable: Option<RedisError> = None;
+    let mut answered = false;
     for sentinel in sentinels {
         let asked = async {
             let mut conn = sentinel.get_multiplexed_async_connection().await?;
             let address = master_address(&mut conn, master_name).await?;
             Ok::<_, RedisError>(address.map(|address| (address, conn)))
         };
+        let addr = sentinel.get_connection_info().addr();
         match tokio::time::timeout(config.connect_timeout + config.command_timeout, asked).await {
             Ok(Ok(Some(answer))) => return Ok(answer),
             Ok(Ok(None)) => {
-                last_error = RedisError::from((
-                    ErrorKind::Client,
-                    "the sentinel does not know this master name",
-                ))
+                answered = true;
+                failures.push(format!("{addr}: does not know this master name"));
             }
-            Ok(Err(e)) => last_error = e,
+            Ok(Err(e)) => {
+                if matches!(e.kind(), ErrorKind::Server(_)) {
+                    answered = true;
+                }
+                failures.push(format!("{addr}: {e}"));
+                unreachable = Some(e);
+            }
             Err(_) => {
-                last_error = RedisError::from(std::io::Error::new(
+                let waited = config.connect_timeout + config.command_timeout;
+                failures.push(format!("{addr}: no answer within {waited:?}"));
+                unreachable = Some(RedisError::from(std::io::Error::new(
                     std::io::ErrorKind::TimedOut,
-                    format!(
-                        "no answer within {:?}",
-                        config.connect_timeout + config.command_timeout
-                    ),
-                ))
+                    format!("no answer within {waited:?}"),
+                )));
             }
         }
     }
-    Err(last_error)
+    let each = if failures.is_empty() {
+        "no sentinel to ask".to_owned()
+    } else {
+        failures.join("; ")
+    };
+    Err(match unreachable {
+        Some(e) if !answered => match e.kind() {
+            ErrorKind::Io => {
+                let kind = if e.is_connection_refusal() {
+                    std::io::ErrorKind::ConnectionRefused
+                } else if e.is_timeout() {
+                    std::io::ErrorKind::TimedOut
+                } else {
+                    std::io::ErrorKind::Other
+                };
+                RedisError::from(std::io::Error::new(kind, each))
+            }
+            kind => RedisError::from((kind, "no sentinel answered", each)),
+        },
+        _ => RedisError::from((ErrorKind::Client, "no sentinel named the master", each)),
+    })
 }
