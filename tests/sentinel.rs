@@ -288,6 +288,14 @@ async fn bad_sentinel_settings_are_typed_errors_in_bounded_time() {
         "{refused:?}"
     );
 
+    // Two addresses where no server listens (servers started and stopped),
+    // made before the clock starts.
+    let (down_url, other_down_url) = {
+        let (down, other) = (RedisServer::spawn().unwrap(), RedisServer::spawn().unwrap());
+        (down.url(), other.url())
+    };
+    let address = |url: &str| url.trim_start_matches("redis://").to_owned();
+
     let started = Instant::now();
     let refused = LockManager::sentinel_builder(fixture.sentinel_urls(), "no-such-master")
         .connect_timeout(Duration::from_millis(500))
@@ -300,54 +308,56 @@ async fn bad_sentinel_settings_are_typed_errors_in_bounded_time() {
     );
     assert!(refused.to_string().contains("no-such-master"), "{refused}");
 
-    let gone = RedisServer::spawn().unwrap();
-    let url = gone.url();
-    drop(gone);
-    let refused = LockManager::sentinel_builder([url], "distlock")
+    let refused = LockManager::sentinel_builder([down_url.clone()], "distlock")
         .connect_timeout(Duration::from_millis(500))
         .build()
         .await
         .unwrap_err();
     assert!(matches!(refused, LockError::Connect { .. }), "{refused:?}");
 
-    // Every sentinel's failure is named, not only the last one's: a
-    // sentinel that does not know the master, then one that is down (the
-    // last failure alone made this a connection error).
-    let down = RedisServer::spawn().unwrap();
-    let down_url = down.url();
-    let down_address = down_url.trim_start_matches("redis://").to_owned();
-    drop(down);
+    // Every sentinel's failure is told, not only the last one's (the URLs
+    // are in every such error: what each did is read from the reason or the
+    // source). A sentinel that does not know the master, then one that is
+    // down: the last failure alone made this a connection error.
     let live = fixture.sentinel_urls().remove(0);
-    let live_address = live.trim_start_matches("redis://").to_owned();
-    let refused = LockManager::sentinel_builder([live, down_url.clone()], "no-such-master")
+    let refused = LockManager::sentinel_builder([live.clone(), down_url.clone()], "no-such-master")
         .connect_timeout(Duration::from_millis(500))
         .build()
         .await
         .unwrap_err();
-    let text = refused.to_string();
+    let LockError::ServerCheck { reason, .. } = &refused else {
+        panic!("a sentinel answered, so the name is what is wrong: {refused:?}");
+    };
     assert!(
-        matches!(refused, LockError::ServerCheck { .. }),
-        "a sentinel answered, so the names were checked: {refused:?}"
+        reason.contains(&format!(
+            "{}: does not know this master name",
+            address(&live)
+        )),
+        "{reason}"
     );
     assert!(
-        text.contains(&down_address) && text.contains(&live_address),
-        "both sentinels named: {text}"
+        reason.contains(&format!("{}: ", address(&down_url))) && reason.contains("refused"),
+        "{reason}"
     );
-    assert!(text.contains("does not know this master name"), "{text}");
-    // Two sentinels down: a connection failure that names both.
-    let other_down = RedisServer::spawn().unwrap();
-    let other_url = other_down.url();
-    drop(other_down);
-    let refused = LockManager::sentinel_builder([down_url, other_url.clone()], "distlock")
-        .connect_timeout(Duration::from_millis(500))
-        .build()
-        .await
-        .unwrap_err();
-    let text = refused.to_string();
-    assert!(matches!(refused, LockError::Connect { .. }), "{refused:?}");
+    // Two sentinels down: a connection failure that tells of both.
+    let refused =
+        LockManager::sentinel_builder([down_url.clone(), other_down_url.clone()], "distlock")
+            .connect_timeout(Duration::from_millis(500))
+            .build()
+            .await
+            .unwrap_err();
+    let LockError::Connect { source, .. } = &refused else {
+        panic!("no sentinel answered: {refused:?}");
+    };
+    let told = source.to_string();
+    assert_eq!(
+        source.kind(),
+        distlock::BackendErrorKind::Connection,
+        "{told}"
+    );
     assert!(
-        text.contains(&down_address) && text.contains(other_url.trim_start_matches("redis://")),
-        "both sentinels named: {text}"
+        told.contains(&address(&down_url)) && told.contains(&address(&other_down_url)),
+        "{told}"
     );
     assert!(started.elapsed() < Duration::from_secs(5));
 }

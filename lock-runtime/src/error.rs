@@ -398,6 +398,13 @@ impl BackendError {
         self
     }
 
+    /// The same failure told as `message` (its kind, code and source kept):
+    /// for a failure that stands for several, whose message names them all.
+    pub(crate) fn described(mut self, message: String) -> Self {
+        self.message = message;
+        self
+    }
+
     /// The same failure without its source, for a second reader of it.
     pub(crate) fn summary(&self) -> Self {
         BackendError {

@@ -14,16 +14,21 @@ pub(crate) fn server_answered(e: &redis::RedisError) -> bool {
     e.code().is_some()
 }
 
+/// Whether the server refused the connection's credentials or their rights:
+/// a password missing or wrong, or an ACL user without the permission.
+pub(crate) fn refused_authentication(e: &redis::RedisError) -> bool {
+    const AUTH_CODES: [&str; 3] = ["NOPERM", "WRONGPASS", "NOAUTH"];
+    e.kind() == redis::ErrorKind::AuthenticationFailed
+        || e.code().is_some_and(|c| AUTH_CODES.contains(&c))
+}
+
 impl BackendError {
     /// A redis-rs error, classified by what a caller can do about it.
     pub(crate) fn from_redis(e: redis::RedisError) -> Self {
-        const AUTH_CODES: [&str; 3] = ["NOPERM", "WRONGPASS", "NOAUTH"];
         let code = e.code().map(str::to_owned);
         let kind = if e.is_timeout() {
             BackendErrorKind::Timeout
-        } else if e.kind() == redis::ErrorKind::AuthenticationFailed
-            || code.as_deref().is_some_and(|c| AUTH_CODES.contains(&c))
-        {
+        } else if refused_authentication(&e) {
             BackendErrorKind::Auth
         } else if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
             BackendErrorKind::Connection

@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
-use redis::{ErrorKind, RedisError, RedisResult};
+use redis::{RedisError, RedisResult};
 
 use super::calls::KeyCall;
 use super::scripts::{AcquireAllReply, AcquireReply, AcquireSpec};
@@ -187,13 +187,7 @@ impl Sentinel {
             .map_err(|e| LockError::InvalidConfig(format!("invalid sentinel URLs {shown}: {e}")))?;
         let (host, port) = ask_sentinels(&sentinels, master_name, config)
             .await
-            .map_err(|e| match e.kind() {
-                ErrorKind::Server(_) | ErrorKind::Client => LockError::ServerCheck {
-                    url: shown.clone(),
-                    reason: format!("the sentinels do not name master {master_name:?}: {e}"),
-                },
-                _ => LockError::connect(shown.clone(), e),
-            })?;
+            .map_err(|e| e.into_build_error(shown.clone(), master_name))?;
         let client = super::client_at(&sentinels[0], &host, port)
             .map_err(|e| LockError::InvalidConfig(format!("master address {host}:{port}: {e}")))?;
         let master = Single::connect_client(
@@ -680,7 +674,7 @@ async fn ask_sentinels(
     sentinels: &[redis::Client],
     master_name: &str,
     config: &Config,
-) -> RedisResult<(String, u16)> {
+) -> Result<(String, u16), NoMasterNamed> {
     ask_sentinels_through(sentinels, master_name, config)
         .await
         .map(|(address, _)| address)
@@ -696,7 +690,7 @@ async fn ask_sentinels_keeping(
     kept: &Mutex<Option<MultiplexedConnection>>,
     master_name: &str,
     config: &Config,
-) -> RedisResult<(String, u16)> {
+) -> Result<(String, u16), NoMasterNamed> {
     let held = kept.lock().unwrap_or_else(|e| e.into_inner()).take();
     if let Some(mut conn) = held {
         let asked = tokio::time::timeout(
@@ -728,19 +722,66 @@ async fn master_address(
         .await
 }
 
+/// Why no sentinel named the master: what each one did, in order.
+#[derive(Debug)]
+pub(crate) struct NoMasterNamed {
+    /// `<address>: <what it did>` for each sentinel asked.
+    each: Vec<String>,
+    /// Some sentinel answered without naming it: it does not know the
+    /// master's name, or refused the question (other than for want of
+    /// authentication).
+    answered: bool,
+    /// The last failure to reach, or authenticate with, a sentinel.
+    unreachable: Option<RedisError>,
+}
+
+impl std::fmt::Display for NoMasterNamed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.each.is_empty() {
+            return f.write_str("no sentinel to ask");
+        }
+        f.write_str(&self.each.join("; "))
+    }
+}
+
+impl NoMasterNamed {
+    /// The build's error: `ServerCheck` when a sentinel answered (the name
+    /// is wrong, or the sentinels do not monitor it), else `Connect` with
+    /// the last failure's kind (a connection, a timeout, a password); either
+    /// way naming every sentinel's failure.
+    fn into_build_error(self, shown: String, master_name: &str) -> LockError {
+        match self.unreachable {
+            Some(last) if !self.answered => {
+                let each = NoMasterNamed {
+                    unreachable: None,
+                    ..self
+                };
+                LockError::Connect {
+                    url: shown,
+                    source: crate::error::BackendError::from_redis(last)
+                        .described(each.to_string()),
+                }
+            }
+            _ => LockError::ServerCheck {
+                url: shown,
+                reason: format!("the sentinels do not name master {master_name:?}: {self}"),
+            },
+        }
+    }
+}
+
 /// [`ask_sentinels`], with the connection to the sentinel that answered.
-/// When none did, the error tells what each sentinel did (so a build that
-/// fails names the sentinel that is down as well as the one that does not
-/// know the master); its kind is a server's (a sentinel answered, without
-/// the address) when any answered, else the last connection failure's.
 async fn ask_sentinels_through(
     sentinels: &[redis::Client],
     master_name: &str,
     config: &Config,
-) -> RedisResult<((String, u16), MultiplexedConnection)> {
-    let mut failures = Vec::with_capacity(sentinels.len());
-    let mut unreachable: Option<RedisError> = None;
-    let mut answered = false;
+) -> Result<((String, u16), MultiplexedConnection), NoMasterNamed> {
+    let mut failed = NoMasterNamed {
+        each: Vec::with_capacity(sentinels.len()),
+        answered: false,
+        unreachable: None,
+    };
+    let waited = config.connect_timeout + config.command_timeout;
     for sentinel in sentinels {
         let asked = async {
             let mut conn = sentinel.get_multiplexed_async_connection().await?;
@@ -748,48 +789,34 @@ async fn ask_sentinels_through(
             Ok::<_, RedisError>(address.map(|address| (address, conn)))
         };
         let addr = sentinel.get_connection_info().addr();
-        match tokio::time::timeout(config.connect_timeout + config.command_timeout, asked).await {
+        match tokio::time::timeout(waited, asked).await {
             Ok(Ok(Some(answer))) => return Ok(answer),
             Ok(Ok(None)) => {
-                answered = true;
-                failures.push(format!("{addr}: does not know this master name"));
+                failed.answered = true;
+                failed
+                    .each
+                    .push(format!("{addr}: does not know this master name"));
             }
             Ok(Err(e)) => {
-                if matches!(e.kind(), ErrorKind::Server(_)) {
-                    answered = true;
+                failed.each.push(format!("{addr}: {e}"));
+                if super::redis_errors::server_answered(&e)
+                    && !super::redis_errors::refused_authentication(&e)
+                {
+                    failed.answered = true;
+                } else {
+                    failed.unreachable = Some(e);
                 }
-                failures.push(format!("{addr}: {e}"));
-                unreachable = Some(e);
             }
             Err(_) => {
-                let waited = config.connect_timeout + config.command_timeout;
-                failures.push(format!("{addr}: no answer within {waited:?}"));
-                unreachable = Some(RedisError::from(std::io::Error::new(
+                failed
+                    .each
+                    .push(format!("{addr}: no answer within {waited:?}"));
+                failed.unreachable = Some(RedisError::from(std::io::Error::new(
                     std::io::ErrorKind::TimedOut,
                     format!("no answer within {waited:?}"),
                 )));
             }
         }
     }
-    let each = if failures.is_empty() {
-        "no sentinel to ask".to_owned()
-    } else {
-        failures.join("; ")
-    };
-    Err(match unreachable {
-        Some(e) if !answered => match e.kind() {
-            ErrorKind::Io => {
-                let kind = if e.is_connection_refusal() {
-                    std::io::ErrorKind::ConnectionRefused
-                } else if e.is_timeout() {
-                    std::io::ErrorKind::TimedOut
-                } else {
-                    std::io::ErrorKind::Other
-                };
-                RedisError::from(std::io::Error::new(kind, each))
-            }
-            kind => RedisError::from((kind, "no sentinel answered", each)),
-        },
-        _ => RedisError::from((ErrorKind::Client, "no sentinel named the master", each)),
-    })
+    Err(failed)
 }
