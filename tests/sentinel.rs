@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{connections_received, eventually};
-use distlock::testing::{RedisSentinel, RedisServer};
+use distlock::testing::{FaultMode, FaultProxy, RedisSentinel, RedisServer};
 use distlock::{distributed_lock, LockError, LockEventKind, LockManager};
 use futures_util::StreamExt;
 
@@ -360,6 +360,64 @@ async fn bad_sentinel_settings_are_typed_errors_in_bounded_time() {
         "{told}"
     );
     assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+/// A sentinel that takes connections and never answers (cut off without a
+/// reset) does not hold the others up: the manager is built through the
+/// next one. Asked one after another, each sentinel was waited for the
+/// connect and command timeouts (2 s + 2 s by default) before the next.
+#[tokio::test]
+async fn a_silent_sentinel_does_not_hold_up_the_next() {
+    let fixture = RedisSentinel::spawn().unwrap();
+    let first = fixture.sentinel_urls().remove(0);
+    let first: std::net::SocketAddr = first.trim_start_matches("redis://").parse().unwrap();
+    let silent = FaultProxy::start(first).await.unwrap();
+    silent.set_mode(FaultMode::BlackHole);
+    let mut urls = vec![silent.url()];
+    urls.extend(fixture.sentinel_urls());
+    let started = Instant::now();
+    let m = LockManager::sentinel_builder(urls, "distlock")
+        .build()
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    // The next sentinel is asked 250 ms after the silent one and answers
+    // in a round trip; the master's connection and start-up check take a
+    // few more. Asked one after another, the silent one cost redis-rs's
+    // connection timeout (1 s) before the next was asked, or with the
+    // manager's own timeouts 4 s; 900 ms leaves 600 ms for a loaded machine.
+    assert!(took < Duration::from_millis(900), "built in {took:?}");
+    m.lock("after-a-silent-sentinel")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
+
+/// A sentinel slower to answer than redis-rs's default reply timeout
+/// (500 ms), within the manager's own timeouts (2 s to connect, 2 s a
+/// command, the defaults), is waited for: its connections took redis-rs's
+/// defaults, so the build failed with "no sentinel answered".
+#[tokio::test]
+async fn a_slow_sentinel_is_waited_for_within_the_managers_timeouts() {
+    let fixture = RedisSentinel::spawn().unwrap();
+    let sentinel = fixture.sentinel_urls().remove(0);
+    let sentinel: std::net::SocketAddr = sentinel.trim_start_matches("redis://").parse().unwrap();
+    let slow = FaultProxy::start(sentinel).await.unwrap();
+    slow.set_mode(FaultMode::DelayReplies(Duration::from_millis(700)));
+    let m = LockManager::sentinel_builder([slow.url()], "distlock")
+        .build()
+        .await
+        .expect("the slow sentinel named the master");
+    m.lock("after-a-slow-sentinel")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
 }
 
 /// A manager that only listens (it makes no call that could fail on the

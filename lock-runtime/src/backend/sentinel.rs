@@ -669,7 +669,8 @@ fn failover_suspected(e: &CallError) -> bool {
     }
 }
 
-/// The master's address from the first sentinel that knows it.
+/// The master's address from the first sentinel to name it (see
+/// [`ask_sentinels_through`]).
 async fn ask_sentinels(
     sentinels: &[redis::Client],
     master_name: &str,
@@ -770,34 +771,90 @@ impl NoMasterNamed {
     }
 }
 
+/// How long a query waits for a sentinel before it asks the next one too
+/// (the first to name the master is followed). Asked one after the other, a
+/// sentinel cut off from the manager (its packets dropped, no reset) held
+/// every query for the connect and command timeouts (4 s by default) before
+/// the next was asked: at the build, and after a failed call, when the
+/// manager looks for the master a failover promoted.
+const NEXT_SENTINEL_AFTER: Duration = Duration::from_millis(250);
+
+/// What asking one sentinel came to: the address and the connection, none
+/// (it does not know the name), a failure, or no answer in time.
+type SentinelOutcome = Result<
+    RedisResult<Option<((String, u16), MultiplexedConnection)>>,
+    tokio::time::error::Elapsed,
+>;
+
 /// [`ask_sentinels`], with the connection to the sentinel that answered.
+/// Sentinels are asked in order, each [`NEXT_SENTINEL_AFTER`] after the one
+/// before unless that one failed sooner; the first to name the master wins.
 async fn ask_sentinels_through(
     sentinels: &[redis::Client],
     master_name: &str,
     config: &Config,
 ) -> Result<((String, u16), MultiplexedConnection), NoMasterNamed> {
+    use futures_util::stream::{FuturesUnordered, StreamExt};
+
+    let waited = config.connect_timeout + config.command_timeout;
+    // The manager's timeouts, not redis-rs's defaults (1 s to connect, 0.5 s
+    // for a reply), which failed a sentinel slower than those within the
+    // bound the manager gives it; `waited` bounds the question as a whole.
+    let conn_config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(config.connect_timeout))
+        .set_response_timeout(None);
+    let conn_config = &conn_config;
+    let ask = |i: usize| async move {
+        let asked = async {
+            let mut conn = sentinels[i]
+                .get_multiplexed_async_connection_with_config(conn_config)
+                .await?;
+            let address = master_address(&mut conn, master_name).await?;
+            Ok::<_, RedisError>(address.map(|address| (address, conn)))
+        };
+        (i, tokio::time::timeout(waited, asked).await)
+    };
+    let mut outcomes: Vec<Option<SentinelOutcome>> = sentinels.iter().map(|_| None).collect();
+    let mut asking = FuturesUnordered::new();
+    let mut next = 0;
+    loop {
+        if asking.is_empty() {
+            if next == sentinels.len() {
+                break;
+            }
+            asking.push(ask(next));
+            next += 1;
+        }
+        tokio::select! {
+            Some((i, outcome)) = asking.next() => match outcome {
+                Ok(Ok(Some(answer))) => return Ok(answer),
+                outcome => outcomes[i] = Some(outcome),
+            },
+            () = tokio::time::sleep(NEXT_SENTINEL_AFTER), if next < sentinels.len() => {
+                asking.push(ask(next));
+                next += 1;
+            }
+            // Not reached (a question is out at every turn); the loop
+            // would ask the next or end.
+            else => {}
+        }
+    }
     let mut failed = NoMasterNamed {
         each: Vec::with_capacity(sentinels.len()),
         answered: false,
         unreachable: None,
     };
-    let waited = config.connect_timeout + config.command_timeout;
-    for sentinel in sentinels {
-        let asked = async {
-            let mut conn = sentinel.get_multiplexed_async_connection().await?;
-            let address = master_address(&mut conn, master_name).await?;
-            Ok::<_, RedisError>(address.map(|address| (address, conn)))
-        };
+    for (sentinel, outcome) in sentinels.iter().zip(outcomes) {
         let addr = sentinel.get_connection_info().addr();
-        match tokio::time::timeout(waited, asked).await {
-            Ok(Ok(Some(answer))) => return Ok(answer),
-            Ok(Ok(None)) => {
+        match outcome {
+            None | Some(Ok(Ok(Some(_)))) => {}
+            Some(Ok(Ok(None))) => {
                 failed.answered = true;
                 failed
                     .each
                     .push(format!("{addr}: does not know this master name"));
             }
-            Ok(Err(e)) => {
+            Some(Ok(Err(e))) => {
                 failed.each.push(format!("{addr}: {e}"));
                 if super::redis_errors::server_answered(&e)
                     && !super::redis_errors::refused_authentication(&e)
@@ -807,7 +864,7 @@ async fn ask_sentinels_through(
                     failed.unreachable = Some(e);
                 }
             }
-            Err(_) => {
+            Some(Err(_)) => {
                 failed
                     .each
                     .push(format!("{addr}: no answer within {waited:?}"));
