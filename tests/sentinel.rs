@@ -375,8 +375,12 @@ async fn a_silent_sentinel_does_not_hold_up_the_next() {
     silent.set_mode(FaultMode::BlackHole);
     let mut urls = vec![silent.url()];
     urls.extend(fixture.sentinel_urls());
+    // Timeouts longer than redis-rs's defaults: a query that waited for
+    // each sentinel in turn would wait them out.
     let started = Instant::now();
     let m = LockManager::sentinel_builder(urls, "distlock")
+        .connect_timeout(Duration::from_secs(5))
+        .command_timeout(Duration::from_secs(5))
         .build()
         .await
         .unwrap();
@@ -384,8 +388,8 @@ async fn a_silent_sentinel_does_not_hold_up_the_next() {
     // The next sentinel is asked 250 ms after the silent one and answers
     // in a round trip; the master's connection and start-up check take a
     // few more. Asked one after another, the silent one cost redis-rs's
-    // connection timeout (1 s) before the next was asked, or with the
-    // manager's own timeouts 4 s; 900 ms leaves 600 ms for a loaded machine.
+    // connection timeout (1 s) before the next was asked, or with these
+    // timeouts 10 s; 900 ms leaves 600 ms for a loaded machine.
     assert!(took < Duration::from_millis(900), "built in {took:?}");
     m.lock("after-a-silent-sentinel")
         .acquire()
@@ -396,18 +400,23 @@ async fn a_silent_sentinel_does_not_hold_up_the_next() {
         .unwrap();
 }
 
-/// A sentinel slower to answer than redis-rs's default reply timeout
-/// (500 ms), within the manager's own timeouts (2 s to connect, 2 s a
-/// command, the defaults), is waited for: its connections took redis-rs's
-/// defaults, so the build failed with "no sentinel answered".
+/// A sentinel slower to answer than redis-rs's default timeouts (1 s to
+/// connect, its handshake included; 0.5 s for a reply), within the
+/// manager's own, is waited for: its connections took redis-rs's defaults,
+/// so the build failed ("timed out").
 #[tokio::test]
 async fn a_slow_sentinel_is_waited_for_within_the_managers_timeouts() {
     let fixture = RedisSentinel::spawn().unwrap();
     let sentinel = fixture.sentinel_urls().remove(0);
     let sentinel: std::net::SocketAddr = sentinel.trim_start_matches("redis://").parse().unwrap();
     let slow = FaultProxy::start(sentinel).await.unwrap();
-    slow.set_mode(FaultMode::DelayReplies(Duration::from_millis(700)));
+    // Each reply 1.2 s late: the connection's handshake (one pipeline, its
+    // replies in one or two chunks) takes 1.2 to 2.4 s, the question 1.2 s
+    // more; within 5 s each.
+    slow.set_mode(FaultMode::DelayReplies(Duration::from_millis(1200)));
     let m = LockManager::sentinel_builder([slow.url()], "distlock")
+        .connect_timeout(Duration::from_secs(5))
+        .command_timeout(Duration::from_secs(5))
         .build()
         .await
         .expect("the slow sentinel named the master");

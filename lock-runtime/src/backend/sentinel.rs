@@ -693,20 +693,48 @@ async fn ask_sentinels_keeping(
     config: &Config,
 ) -> Result<(String, u16), NoMasterNamed> {
     let held = kept.lock().unwrap_or_else(|e| e.into_inner()).take();
-    if let Some(mut conn) = held {
+    let Some(conn) = held else {
+        let (address, conn) = ask_sentinels_through(sentinels, master_name, config).await?;
+        *kept.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn);
+        return Ok(address);
+    };
+    let on_kept = async move {
+        let mut conn = conn;
         let asked = tokio::time::timeout(
             config.command_timeout,
             master_address(&mut conn, master_name),
         )
         .await;
-        // Anything but the address (the sentinel forgot the master, failed,
-        // or did not answer): the others are asked, on new connections.
-        if let Ok(Ok(Some(address))) = asked {
-            *kept.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn);
-            return Ok(address);
+        match asked {
+            Ok(Ok(Some(address))) => Some((address, conn)),
+            _ => None,
         }
-    }
-    let (address, conn) = ask_sentinels_through(sentinels, master_name, config).await?;
+    };
+    tokio::pin!(on_kept);
+    // The kept sentinel alone for as long as the next one would be waited
+    // for; then the others too (the kept one may have gone silent), and the
+    // first answer is taken. Anything but the address from the kept one (it
+    // forgot the master, failed, or did not answer in time) leaves the
+    // others to answer.
+    let kept_answer = match tokio::time::timeout(NEXT_SENTINEL_AFTER, &mut on_kept).await {
+        Ok(answer) => answer,
+        Err(_) => {
+            let others = ask_sentinels_through(sentinels, master_name, config);
+            tokio::pin!(others);
+            tokio::select! {
+                biased;
+                answer = &mut on_kept => match answer {
+                    Some(answer) => Some(answer),
+                    None => Some(others.await?),
+                },
+                answer = &mut others => Some(answer?),
+            }
+        }
+    };
+    let (address, conn) = match kept_answer {
+        Some(answer) => answer,
+        None => ask_sentinels_through(sentinels, master_name, config).await?,
+    };
     *kept.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn);
     Ok(address)
 }
@@ -787,8 +815,9 @@ type SentinelOutcome = Result<
 >;
 
 /// [`ask_sentinels`], with the connection to the sentinel that answered.
-/// Sentinels are asked in order, each [`NEXT_SENTINEL_AFTER`] after the one
-/// before unless that one failed sooner; the first to name the master wins.
+/// Sentinels are asked in order, each [`NEXT_SENTINEL_AFTER`] after the
+/// last question sent, or at once when a question fails; the first to name
+/// the master wins.
 async fn ask_sentinels_through(
     sentinels: &[redis::Client],
     master_name: &str,
@@ -799,7 +828,8 @@ async fn ask_sentinels_through(
     let waited = config.connect_timeout + config.command_timeout;
     // The manager's timeouts, not redis-rs's defaults (1 s to connect, 0.5 s
     // for a reply), which failed a sentinel slower than those within the
-    // bound the manager gives it; `waited` bounds the question as a whole.
+    // bound the manager gives it; `waited` bounds each sentinel's question
+    // (connecting included), and the query ends when the last one does.
     let conn_config = redis::AsyncConnectionConfig::new()
         .set_connection_timeout(Some(config.connect_timeout))
         .set_response_timeout(None);
@@ -817,25 +847,41 @@ async fn ask_sentinels_through(
     let mut outcomes: Vec<Option<SentinelOutcome>> = sentinels.iter().map(|_| None).collect();
     let mut asking = FuturesUnordered::new();
     let mut next = 0;
+    // Runs from the last question sent, so that an answer that is not the
+    // address (another sentinel's failure) does not put the next one off.
+    let stagger = tokio::time::sleep(NEXT_SENTINEL_AFTER);
+    tokio::pin!(stagger);
     loop {
-        if asking.is_empty() {
+        if asking.is_empty() || (stagger.is_elapsed() && next < sentinels.len()) {
             if next == sentinels.len() {
                 break;
             }
             asking.push(ask(next));
             next += 1;
+            stagger
+                .as_mut()
+                .reset(tokio::time::Instant::now() + NEXT_SENTINEL_AFTER);
         }
         tokio::select! {
+            // An answer first, when both are ready: no question sent in vain.
+            biased;
             Some((i, outcome)) = asking.next() => match outcome {
                 Ok(Ok(Some(answer))) => return Ok(answer),
-                outcome => outcomes[i] = Some(outcome),
+                // A failure: the next sentinel is asked at once.
+                outcome => {
+                    outcomes[i] = Some(outcome);
+                    if next < sentinels.len() {
+                        asking.push(ask(next));
+                        next += 1;
+                        stagger
+                            .as_mut()
+                            .reset(tokio::time::Instant::now() + NEXT_SENTINEL_AFTER);
+                    }
+                }
             },
-            () = tokio::time::sleep(NEXT_SENTINEL_AFTER), if next < sentinels.len() => {
-                asking.push(ask(next));
-                next += 1;
-            }
-            // Not reached (a question is out at every turn); the loop
-            // would ask the next or end.
+            () = &mut stagger, if next < sentinels.len() => {}
+            // Not reached: a question is out at every turn, so the first
+            // branch is never disabled.
             else => {}
         }
     }
