@@ -10,7 +10,7 @@ mod common;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{connections_received, eventually};
+use common::{connections_received, eventually, open_every_connection};
 use distlock::testing::{FaultMode, FaultProxy, RedisSentinel, RedisServer};
 use distlock::{distributed_lock, LockError, LockEventKind, LockManager};
 use futures_util::StreamExt;
@@ -362,6 +362,18 @@ async fn bad_sentinel_settings_are_typed_errors_in_bounded_time() {
     assert!(started.elapsed() < Duration::from_secs(5));
 }
 
+/// A proxy in front of the fixture's first sentinel, in `mode`.
+async fn proxied_first_sentinel(fixture: &RedisSentinel, mode: FaultMode) -> FaultProxy {
+    let first = fixture.sentinel_urls().remove(0);
+    let first: std::net::SocketAddr = first
+        .trim_start_matches("redis://")
+        .parse()
+        .expect("a sentinel URL of the form redis://ip:port");
+    let proxy = FaultProxy::start(first).await.expect("a proxy");
+    proxy.set_mode(mode);
+    proxy
+}
+
 /// A sentinel that takes connections and never answers (cut off without a
 /// reset) does not hold the others up: the manager is built through the
 /// next one. Asked one after another, each sentinel was waited for the
@@ -369,10 +381,7 @@ async fn bad_sentinel_settings_are_typed_errors_in_bounded_time() {
 #[tokio::test]
 async fn a_silent_sentinel_does_not_hold_up_the_next() {
     let fixture = RedisSentinel::spawn().unwrap();
-    let first = fixture.sentinel_urls().remove(0);
-    let first: std::net::SocketAddr = first.trim_start_matches("redis://").parse().unwrap();
-    let silent = FaultProxy::start(first).await.unwrap();
-    silent.set_mode(FaultMode::BlackHole);
+    let silent = proxied_first_sentinel(&fixture, FaultMode::BlackHole).await;
     let mut urls = vec![silent.url()];
     urls.extend(fixture.sentinel_urls());
     // Timeouts longer than redis-rs's defaults: a query that waited for
@@ -391,13 +400,8 @@ async fn a_silent_sentinel_does_not_hold_up_the_next() {
     // connection timeout (1 s) before the next was asked, or with these
     // timeouts 10 s; 900 ms leaves 600 ms for a loaded machine.
     assert!(took < Duration::from_millis(900), "built in {took:?}");
-    m.lock("after-a-silent-sentinel")
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    // The master it named takes locks.
+    open_every_connection(&m).await;
 }
 
 /// A sentinel slower to answer than redis-rs's default timeouts (1 s to
@@ -407,26 +411,22 @@ async fn a_silent_sentinel_does_not_hold_up_the_next() {
 #[tokio::test]
 async fn a_slow_sentinel_is_waited_for_within_the_managers_timeouts() {
     let fixture = RedisSentinel::spawn().unwrap();
-    let sentinel = fixture.sentinel_urls().remove(0);
-    let sentinel: std::net::SocketAddr = sentinel.trim_start_matches("redis://").parse().unwrap();
-    let slow = FaultProxy::start(sentinel).await.unwrap();
     // Each reply 1.2 s late: the connection's handshake (one pipeline, its
     // replies in one or two chunks) takes 1.2 to 2.4 s, the question 1.2 s
     // more; within 5 s each.
-    slow.set_mode(FaultMode::DelayReplies(Duration::from_millis(1200)));
+    let slow = proxied_first_sentinel(
+        &fixture,
+        FaultMode::DelayReplies(Duration::from_millis(1200)),
+    )
+    .await;
     let m = LockManager::sentinel_builder([slow.url()], "distlock")
         .connect_timeout(Duration::from_secs(5))
         .command_timeout(Duration::from_secs(5))
         .build()
         .await
         .expect("the slow sentinel named the master");
-    m.lock("after-a-slow-sentinel")
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    // The master it named takes locks.
+    open_every_connection(&m).await;
 }
 
 /// A manager that only listens (it makes no call that could fail on the
