@@ -23,17 +23,20 @@ import sys
 
 
 def read_rounds(path, kind):
-    """The server's pid and the rounds of `kind` (handoff, ping)."""
-    redis_pid, rounds = None, []
+    """The server's pid, the bench's, and the rounds of `kind` (handoff, ping)."""
+    redis_pid, bench_pid, rounds = None, None, []
     with open(path) as f:
         for line in f:
             parts = line.split()
+            if not parts:
+                continue
             if parts[0] == "redis":
                 redis_pid = int(parts[1])
+                bench_pid = int(parts[3]) if len(parts) >= 4 else None
             elif parts[0] == kind and len(parts) == 7:
                 _, t0, released, t1, holder, waiter = (int(p) for p in parts[1:])
                 rounds.append((t0, released, t1, holder, waiter))
-    return redis_pid, rounds
+    return redis_pid, bench_pid, rounds
 
 
 def field(trace, name):
@@ -44,7 +47,8 @@ def field(trace, name):
 
 
 def read_events(path):
-    """(time ns, kind, cpu, tid of the current thread, target tid, target comm)."""
+    """(time ns, kind, cpu, tid of the current thread, target tid, target
+    comm, pid of the current thread)."""
     events = []
     with open(path) as f:
         for line in f:
@@ -52,32 +56,39 @@ def read_events(path):
             parts = head.split()
             if len(parts) < 3:
                 continue
-            tid = int(parts[0])
+            pid_tid = parts[0]
+            pid, _, tid = pid_tid.partition("/")
+            tid = int(tid or pid)
+            pid = int(pid)
             cpu = int(parts[1].strip("[]"))
             secs = parts[2].rstrip(":")
             whole, _, frac = secs.partition(".")
             time_ns = int(whole) * 1_000_000_000 + int(frac.ljust(9, "0")[:9])
             kind, _, rest = trace.partition(": ")
-            if kind == "sched_wakeup":
-                events.append((time_ns, "wakeup", cpu, tid, int(field(rest, "pid")), field(rest, "comm")))
+            # sched_waking: stamped in the waker's context, when it wakes
+            # the thread (sched_wakeup may be stamped later, on the woken
+            # thread's CPU, with the idle task as the current thread).
+            if kind in ("sched_waking", "sched_wakeup"):
+                events.append((time_ns, "wakeup", cpu, tid, int(field(rest, "pid")), field(rest, "comm"), pid))
             elif kind == "sched_switch":
                 nxt = rest.split("==>")[1]
-                events.append((time_ns, "switch", cpu, tid, int(field(nxt, "next_pid")), field(nxt, "next_comm")))
+                events.append((time_ns, "switch", cpu, tid, int(field(nxt, "next_pid")), field(nxt, "next_comm"), pid))
     events.sort()
     return events
 
 
-def report(kind, rounds, events, redis_pid, show):
+def report(kind, rounds, events, redis_pid, bench_pid, show):
     """Prints the medians of one kind of round (see the module's header)."""
     times = [e[0] for e in events]
     app = {tid for r in rounds for tid in (r[3], r[4])}
-    app |= {e[4] for e in events if e[5] and e[5].startswith("tokio-r")}
+    # Every thread seen running in the bench's process.
+    app |= {e[3] for e in events if e[6] == bench_pid and e[3] != 0}
     marks = {k: [] for k in ("redis woken", "redis runs", "app woken", "app runs", "done")}
     redis_on, switches, wakeups = [], [], []
     for n, (t0, _released, t1, _holder, _waiter) in enumerate(rounds):
         window = events[bisect.bisect_left(times, t0):bisect.bisect_right(times, t1)]
         at, on, on_cpu = {}, None, 0
-        for time_ns, kind_, _cpu, tid, target, _comm in window:
+        for time_ns, kind_, _cpu, tid, target, _comm, _pid in window:
             rel = (time_ns - t0) / 1000
             if kind_ == "wakeup" and target == redis_pid:
                 at.setdefault("redis woken", rel)
@@ -102,8 +113,11 @@ def report(kind, rounds, events, redis_pid, show):
         wakeups.append(sum(1 for e in window if e[1] == "wakeup" and e[4] in app))
         if n < show:
             print(f"{kind} round {n}: {(t1 - t0) / 1000:.1f} us")
-            for time_ns, kind_, cpu, tid, target, comm in window:
+            for time_ns, kind_, cpu, tid, target, comm, _pid in window:
                 print(f"  +{(time_ns - t0) / 1000:7.1f} cpu{cpu} {tid:>7} {kind_:6} -> {target} {comm}")
+    if not rounds:
+        print(f"{kind}: no rounds")
+        return
     print(f"{kind}: {len(rounds)} rounds; medians, us from the round's start:")
     for key, values in marks.items():
         if values:
@@ -117,8 +131,8 @@ def main():
     events = read_events(sys.argv[2])
     show = int(sys.argv[sys.argv.index("--show") + 1]) if "--show" in sys.argv else 0
     for kind in ("handoff", "ping"):
-        redis_pid, rounds = read_rounds(sys.argv[1], kind)
-        report(kind, rounds, events, redis_pid, show)
+        redis_pid, bench_pid, rounds = read_rounds(sys.argv[1], kind)
+        report(kind, rounds, events, redis_pid, bench_pid, show)
 
 
 if __name__ == "__main__":

@@ -6,9 +6,9 @@
 //!
 //! ```sh
 //! cargo build --release -p lock-bench --example handoff_timeline
-//! perf record -k CLOCK_MONOTONIC -e sched:sched_wakeup,sched:sched_switch -a \
+//! perf record -k CLOCK_MONOTONIC -e sched:sched_waking,sched:sched_switch -a \
 //!     -o /tmp/timeline.data -- target/release/examples/handoff_timeline > /tmp/rounds.txt
-//! perf script -i /tmp/timeline.data -F tid,cpu,time,event,trace > /tmp/timeline.txt
+//! perf script -i /tmp/timeline.data --ns -F pid,tid,cpu,time,event,trace > /tmp/timeline.txt
 //! python3 lock-bench/examples/handoff_timeline.py /tmp/rounds.txt /tmp/timeline.txt
 //! ```
 //!
@@ -22,7 +22,7 @@
 //! followed by a `ping round t0 answered t1 tid tid` round: after the same
 //! 5 ms asleep, a `PING` on a redis-rs connection of its own (`t1` =
 //! `answered`), the least a call costs after the same quiet spell. A line
-//! `redis <pid>` first names the server.
+//! `redis <pid> bench <pid>` first names the server's process and this one.
 
 use std::time::Duration;
 
@@ -53,7 +53,11 @@ fn thread_id() -> i64 {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let server = RedisServer::spawn()?;
-    println!("redis {}", server.pid().unwrap_or(0));
+    println!(
+        "redis {} bench {}",
+        server.pid().unwrap_or(0),
+        std::process::id()
+    );
     let holder = LockManager::builder(&server.url()).build().await?;
     let waiter = LockManager::builder(&server.url()).build().await?;
     let mut pinging = redis::Client::open(server.url())?

@@ -179,11 +179,12 @@ impl LockManager {
     /// 500 ms on one connection it keeps, and follows a planned failover
     /// (`SENTINEL FAILOVER`) that fails no call: the sentinels demote the old
     /// master 8 to 18 s after they promote a replica, and it takes writes
-    /// until then. It asks the sentinels in the order given, the next one
-    /// too when the one before has not answered within 250 ms (a sentinel
-    /// cut off holds no query up for its timeouts), and follows the first
-    /// that names the master; a build that finds none names each
-    /// sentinel's failure. The
+    /// until then. It asks the sentinels in the order given (the background
+    /// check first the one it keeps a connection to), the next one too when
+    /// the one before has not answered within 250 ms (a sentinel cut off
+    /// holds no query up for its timeouts), and follows the first that names
+    /// the master; a build that finds none names each sentinel's failure.
+    /// The
     /// master and its replicas take the user, password and TLS settings of the
     /// sentinel URLs. Every option of [`builder`](Self::builder) applies,
     /// [`replica_ack`](LockManagerBuilder::replica_ack) included.

@@ -66,7 +66,7 @@ struct MasterChecks {
     answered: tokio::sync::Notify,
     /// The connection to the sentinel that answered last (see
     /// [`ask_sentinels_keeping`]).
-    kept: Mutex<Option<MultiplexedConnection>>,
+    kept: Mutex<Option<(usize, MultiplexedConnection)>>,
 }
 
 struct MasterCheckState {
@@ -676,9 +676,9 @@ async fn ask_sentinels(
     master_name: &str,
     config: &Config,
 ) -> Result<(String, u16), NoMasterNamed> {
-    ask_sentinels_through(sentinels, master_name, config)
+    ask_sentinels_through(sentinels, master_name, config, None)
         .await
-        .map(|(address, _)| address)
+        .map(|(address, _, _)| address)
 }
 
 /// [`ask_sentinels`] for the background check (see [`Sentinel::master_check`]):
@@ -688,14 +688,15 @@ async fn ask_sentinels(
 /// from every manager.
 async fn ask_sentinels_keeping(
     sentinels: &[redis::Client],
-    kept: &Mutex<Option<MultiplexedConnection>>,
+    kept: &Mutex<Option<(usize, MultiplexedConnection)>>,
     master_name: &str,
     config: &Config,
 ) -> Result<(String, u16), NoMasterNamed> {
     let held = kept.lock().unwrap_or_else(|e| e.into_inner()).take();
-    let Some(conn) = held else {
-        let (address, conn) = ask_sentinels_through(sentinels, master_name, config).await?;
-        *kept.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn);
+    let Some((kept_index, conn)) = held else {
+        let (address, conn, index) =
+            ask_sentinels_through(sentinels, master_name, config, None).await?;
+        *kept.lock().unwrap_or_else(|e| e.into_inner()) = Some((index, conn));
         return Ok(address);
     };
     let on_kept = async move {
@@ -706,36 +707,41 @@ async fn ask_sentinels_keeping(
         )
         .await;
         match asked {
-            Ok(Ok(Some(address))) => Some((address, conn)),
+            Ok(Ok(Some(address))) => Some((address, conn, kept_index)),
             _ => None,
         }
     };
     tokio::pin!(on_kept);
     // The kept sentinel alone for as long as the next one would be waited
     // for; then the others too (the kept one may have gone silent), and the
-    // first answer is taken. Anything but the address from the kept one (it
-    // forgot the master, failed, or did not answer in time) leaves the
-    // others to answer.
-    let kept_answer = match tokio::time::timeout(NEXT_SENTINEL_AFTER, &mut on_kept).await {
-        Ok(answer) => answer,
+    // first answer is taken, the kept one's while both are out. Anything but
+    // the address from the kept one (it forgot the master, failed, or did
+    // not answer in time) leaves the others to answer.
+    let (address, conn, index) = match tokio::time::timeout(NEXT_SENTINEL_AFTER, &mut on_kept).await
+    {
+        Ok(Some(answer)) => answer,
+        // The kept one failed: the others, it too on a new connection.
+        Ok(None) => ask_sentinels_through(sentinels, master_name, config, None).await?,
+        // Still out: the others beside it (not it again).
         Err(_) => {
-            let others = ask_sentinels_through(sentinels, master_name, config);
+            let others = ask_sentinels_through(sentinels, master_name, config, Some(kept_index));
             tokio::pin!(others);
             tokio::select! {
                 biased;
                 answer = &mut on_kept => match answer {
-                    Some(answer) => Some(answer),
-                    None => Some(others.await?),
+                    Some(answer) => answer,
+                    None => others.await?,
                 },
-                answer = &mut others => Some(answer?),
+                answer = &mut others => match answer {
+                    Ok(answer) => answer,
+                    // No other named it: the kept one may yet, within
+                    // its own bound.
+                    Err(failed) => on_kept.await.ok_or(failed)?,
+                },
             }
         }
     };
-    let (address, conn) = match kept_answer {
-        Some(answer) => answer,
-        None => ask_sentinels_through(sentinels, master_name, config).await?,
-    };
-    *kept.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn);
+    *kept.lock().unwrap_or_else(|e| e.into_inner()) = Some((index, conn));
     Ok(address)
 }
 
@@ -814,15 +820,16 @@ type SentinelOutcome = Result<
     tokio::time::error::Elapsed,
 >;
 
-/// [`ask_sentinels`], with the connection to the sentinel that answered.
-/// Sentinels are asked in order, each [`NEXT_SENTINEL_AFTER`] after the
-/// last question sent, or at once when a question fails; the first to name
-/// the master wins.
+/// [`ask_sentinels`], with the connection to the sentinel that answered and
+/// its index. Sentinels are asked in order (all but `skip`), each
+/// [`NEXT_SENTINEL_AFTER`] after the last question sent, or at once when a
+/// question fails; the first to name the master wins.
 async fn ask_sentinels_through(
     sentinels: &[redis::Client],
     master_name: &str,
     config: &Config,
-) -> Result<((String, u16), MultiplexedConnection), NoMasterNamed> {
+    skip: Option<usize>,
+) -> Result<((String, u16), MultiplexedConnection, usize), NoMasterNamed> {
     use futures_util::stream::{FuturesUnordered, StreamExt};
 
     let waited = config.connect_timeout + config.command_timeout;
@@ -844,6 +851,7 @@ async fn ask_sentinels_through(
         };
         (i, tokio::time::timeout(waited, asked).await)
     };
+    let order: Vec<usize> = (0..sentinels.len()).filter(|i| Some(*i) != skip).collect();
     let mut outcomes: Vec<Option<SentinelOutcome>> = sentinels.iter().map(|_| None).collect();
     let mut asking = FuturesUnordered::new();
     let mut next = 0;
@@ -852,11 +860,11 @@ async fn ask_sentinels_through(
     let stagger = tokio::time::sleep(NEXT_SENTINEL_AFTER);
     tokio::pin!(stagger);
     loop {
-        if asking.is_empty() || (stagger.is_elapsed() && next < sentinels.len()) {
-            if next == sentinels.len() {
+        if asking.is_empty() || (stagger.is_elapsed() && next < order.len()) {
+            if next == order.len() {
                 break;
             }
-            asking.push(ask(next));
+            asking.push(ask(order[next]));
             next += 1;
             stagger
                 .as_mut()
@@ -866,12 +874,12 @@ async fn ask_sentinels_through(
             // An answer first, when both are ready: no question sent in vain.
             biased;
             Some((i, outcome)) = asking.next() => match outcome {
-                Ok(Ok(Some(answer))) => return Ok(answer),
+                Ok(Ok(Some((address, conn)))) => return Ok((address, conn, i)),
                 // A failure: the next sentinel is asked at once.
                 outcome => {
                     outcomes[i] = Some(outcome);
-                    if next < sentinels.len() {
-                        asking.push(ask(next));
+                    if next < order.len() {
+                        asking.push(ask(order[next]));
                         next += 1;
                         stagger
                             .as_mut()
@@ -879,7 +887,7 @@ async fn ask_sentinels_through(
                     }
                 }
             },
-            () = &mut stagger, if next < sentinels.len() => {}
+            () = &mut stagger, if next < order.len() => {}
             // Not reached: a question is out at every turn, so the first
             // branch is never disabled.
             else => {}
