@@ -808,9 +808,9 @@ impl NoMasterNamed {
 /// How long a query waits for a sentinel before it asks the next one too
 /// (the first to name the master is followed). Asked one after the other, a
 /// sentinel cut off from the manager (its packets dropped, no reset) held
-/// every query for the connect and command timeouts (4 s by default) before
-/// the next was asked: at the build, and after a failed call, when the
-/// manager looks for the master a failover promoted.
+/// every query until its connection attempt timed out (1 s, redis-rs's
+/// default, measured) before the next was asked: at the build, and after a
+/// failed call, when the manager looks for the master a failover promoted.
 const NEXT_SENTINEL_AFTER: Duration = Duration::from_millis(250);
 
 /// What asking one sentinel came to: the address and the connection, none
@@ -859,32 +859,28 @@ async fn ask_sentinels_through(
     // address (another sentinel's failure) does not put the next one off.
     let stagger = tokio::time::sleep(NEXT_SENTINEL_AFTER);
     tokio::pin!(stagger);
+    // A failure asks the next sentinel at once, without waiting the stagger.
+    let mut failed_last = false;
     loop {
-        if asking.is_empty() || (stagger.is_elapsed() && next < order.len()) {
-            if next == order.len() {
-                break;
-            }
+        let due = asking.is_empty() || failed_last || stagger.is_elapsed();
+        if due && next < order.len() {
             asking.push(ask(order[next]));
             next += 1;
             stagger
                 .as_mut()
                 .reset(tokio::time::Instant::now() + NEXT_SENTINEL_AFTER);
+        } else if asking.is_empty() {
+            break;
         }
+        failed_last = false;
         tokio::select! {
             // An answer first, when both are ready: no question sent in vain.
             biased;
             Some((i, outcome)) = asking.next() => match outcome {
                 Ok(Ok(Some((address, conn)))) => return Ok((address, conn, i)),
-                // A failure: the next sentinel is asked at once.
                 outcome => {
                     outcomes[i] = Some(outcome);
-                    if next < order.len() {
-                        asking.push(ask(order[next]));
-                        next += 1;
-                        stagger
-                            .as_mut()
-                            .reset(tokio::time::Instant::now() + NEXT_SENTINEL_AFTER);
-                    }
+                    failed_last = true;
                 }
             },
             () = &mut stagger, if next < order.len() => {}
