@@ -279,6 +279,58 @@ async fn min_hold_is_validated() {
     g.release().await.unwrap();
 }
 
+/// ShedLock refuses `lockAtLeastFor` above `lockAtMostFor`: the hold would be
+/// cut off (reported lost) at `max_hold`, before `min_hold` has passed. Both
+/// the single-key and the multi-key request refuse it before any round trip,
+/// and take the two equal.
+#[tokio::test]
+async fn min_hold_above_max_hold_is_refused() {
+    let redis = server();
+    let a = manager(&redis).await;
+    let (min_hold, max_hold) = (Duration::from_secs(2), Duration::from_secs(1));
+    let refused = |e: &LockError| {
+        matches!(e, LockError::InvalidConfig(m)
+            if m.contains("min_hold is 2s") && m.contains("max_hold 1s"))
+    };
+    let e = a
+        .lock("job:hold-order")
+        .min_hold(min_hold)
+        .max_hold(max_hold)
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(refused(&e), "{e}");
+    let e = a
+        .lock("job:hold-order")
+        .max_hold(max_hold)
+        .min_hold(min_hold)
+        .try_acquire()
+        .await
+        .unwrap_err();
+    assert!(refused(&e), "{e}");
+    let e = a
+        .lock_all(["job:hold-order:a", "job:hold-order:b"])
+        .min_hold(min_hold)
+        .max_hold(max_hold)
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(refused(&e), "{e}");
+    // Nothing was taken.
+    assert!(!a.is_locked("job:hold-order").await.unwrap());
+    assert!(!a.is_locked("job:hold-order:a").await.unwrap());
+
+    let g = a
+        .lock("job:hold-order")
+        .min_hold(max_hold)
+        .max_hold(max_hold)
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("free");
+    g.release().await.unwrap();
+}
+
 const PERIOD: Duration = Duration::from_millis(600);
 const OFFSET: Duration = Duration::from_millis(150);
 const PERIODS: u32 = 5;

@@ -455,6 +455,7 @@ impl Options {
         }
 
         conflicts(&seen, key_is_list, errors);
+        hold_order(&opts, errors);
 
         if syntax_ok && opts.key.is_none() && !seen.iter().any(|s| s == "key") {
             errors.push(syn::Error::new(
@@ -756,6 +757,33 @@ const CONFLICTS: &[(&str, &str, &[&str])] = &[
     ),
 ];
 
+/// `min_hold` above `max_hold`, both literals: the runtime refuses it
+/// (`InvalidConfig`) at every call, so the mistake is caught here, at the
+/// `min_hold` value.
+fn hold_order(opts: &Options, errors: &mut Errors) {
+    if let (
+        Some(DurationArg::Literal {
+            value: min_hold,
+            span,
+        }),
+        Some(DurationArg::Literal {
+            value: max_hold, ..
+        }),
+    ) = (&opts.min_hold, &opts.max_hold)
+    {
+        if min_hold > max_hold {
+            errors.push(syn::Error::new(
+                *span,
+                format!(
+                    "`min_hold` ({min_hold:?}) is longer than `max_hold` ({max_hold:?}): the \
+                     hold would be cut off at `max_hold` before `min_hold` has passed; make \
+                     `min_hold` at most `max_hold`"
+                ),
+            ));
+        }
+    }
+}
+
 /// Options that choose different kinds of lock ([`CONFLICTS`]): given
 /// together, the later one (in the attribute) is reported, once per pair.
 fn conflicts(seen: &[Ident], key_is_list: bool, errors: &mut Errors) {
@@ -1026,6 +1054,16 @@ mod tests {
         assert_eq!(e.len(), 2, "{e:?}");
         assert!(e[0].contains("`min_hold` must be longer than zero"));
         assert!(o.min_hold.is_none());
+        let (_, e) = parse(quote! { key = "k", min_hold = "2m", max_hold = "1m" });
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(
+            e[0].contains("`min_hold` (120s) is longer than `max_hold` (60s)"),
+            "{e:?}"
+        );
+        let (_, e) = parse(quote! { key = "k", min_hold = "1m", max_hold = "1m" });
+        assert!(e.is_empty(), "{e:?}");
+        let (_, e) = parse(quote! { key = "k", min_hold = "2m", max_hold = MAX });
+        assert!(e.is_empty(), "an expression is checked at run time: {e:?}");
         let (_, e) = parse(quote! { key = "k", min_hold = 30 });
         assert!(e[0].contains("`min_hold` needs a unit"), "{e:?}");
         let (_, e) = parse(quote! { key = "k", min_hold });

@@ -69,6 +69,17 @@ impl HoldOptions {
     pub(crate) fn resolve(&self, config: &Config, patience: Patience) -> Result<Hold, LockError> {
         config::validate_hold(self.max_hold, "max_hold")?;
         config::validate_hold(self.min_hold, "min_hold")?;
+        if let (Some(min_hold), Some(max_hold)) = (self.min_hold, self.max_hold) {
+            // As ShedLock refuses `lockAtLeastFor` above `lockAtMostFor`: the
+            // hold would be cut off (lost) before it could be kept for the rest.
+            if min_hold > max_hold {
+                return Err(LockError::InvalidConfig(format!(
+                    "min_hold is {min_hold:?}, longer than max_hold {max_hold:?}: \
+                     the hold would be cut off at max_hold before min_hold has \
+                     passed; make min_hold at most max_hold"
+                )));
+            }
+        }
         let backoff = match self.backoff {
             Some(backoff) => {
                 backoff.validate("the request's backoff")?;

@@ -335,8 +335,9 @@ impl LockRequest {
     /// and at the release kept for the rest. The releases at
     /// [`LockManager::shutdown`](crate::LockManager::shutdown) keep it too.
     ///
-    /// Must be above zero and at most 30 days: otherwise acquiring fails with
-    /// [`LockError::InvalidConfig`]. Ignored when the acquisition re-enters a
+    /// Must be above zero, at most 30 days and, with a
+    /// [`max_hold`](Self::max_hold), at most that: otherwise acquiring fails
+    /// with [`LockError::InvalidConfig`]. Ignored when the acquisition re-enters a
     /// hold of the same call chain (the outer request's options apply).
     pub fn min_hold(mut self, min_hold: Duration) -> Self {
         self.options.min_hold = Some(min_hold);

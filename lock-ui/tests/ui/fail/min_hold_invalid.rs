@@ -57,4 +57,10 @@ async fn min_duration() -> Result<(), AppError> {
     Ok(())
 }
 
+// Held at least longer than at most.
+#[distributed_lock(key = "k", max_hold = "1m", min_hold = "2m")]
+async fn above_max_hold() -> Result<(), AppError> {
+    Ok(())
+}
+
 fn main() {}
