@@ -1205,3 +1205,65 @@ async fn a_campaign_dropped_during_its_announcement_tells_watchers_the_term_ende
     assert_eq!(next(&mut watch).await, None, "the term's end");
     proxy.set_mode(FaultMode::Pass);
 }
+
+/// Two schemas of one database, the same key prefix and election name: a
+/// notification reaches every session of the database, so each schema's
+/// channels must be its own. Schema `right`'s fencing sequence is ahead, so
+/// a watch of schema `left` that heard `right`'s term would report it and
+/// then ignore its own terms as older (their epochs are lower). The watch
+/// must report `left`'s term, and only it.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_watches_hear_only_their_own_schemas_terms() {
+    let pg = distlock_testing::PostgresServer::start().expect("a private PostgreSQL");
+    let timeout = Duration::from_secs(2);
+    let in_schema = async |schema: &str, holder: &str| {
+        LockManager::builder(&pg.url())
+            .postgres_schema(schema)
+            .holder(holder)
+            .command_timeout(timeout)
+            .connect_timeout(timeout)
+            .build()
+            .await
+            .unwrap()
+    };
+    let left = in_schema("left_locks", "left").await;
+    let right = in_schema("right_locks", "right").await;
+    // `right`'s sequence ahead of `left`'s: its next term's epoch is above
+    // any `left` will issue in this test.
+    for _ in 0..5 {
+        let g = right
+            .lock("ahead")
+            .eager_fencing(true)
+            .acquire()
+            .await
+            .unwrap();
+        g.release().await.unwrap();
+    }
+    let name = "same";
+    let mut watch = left.leader(name).watch();
+    assert_eq!(next(&mut watch).await, None, "nobody leads in `left`");
+
+    let other = right.leader(name).lease(LEASE).campaign().await.unwrap();
+    let own = left.leader(name).lease(LEASE).campaign().await.unwrap();
+    assert!(
+        other.epoch() > own.epoch(),
+        "{} {}",
+        other.epoch(),
+        own.epoch()
+    );
+    let reported = next(&mut watch).await.expect("`left`'s term");
+    assert_eq!(
+        (reported.holder.as_str(), reported.epoch),
+        ("left", own.epoch()),
+        "the first term reported is `left`'s own"
+    );
+    // `right`'s resignation is not `left`'s vacancy: the next report is
+    // `left`'s own resignation.
+    other.resign().await.unwrap();
+    own.resign().await.unwrap();
+    assert_eq!(next(&mut watch).await, None, "`left`'s term ended");
+    let again = left.leader(name).lease(LEASE).campaign().await.unwrap();
+    assert_eq!(next(&mut watch).await.map(|l| l.epoch), Some(again.epoch()));
+    again.resign().await.unwrap();
+}

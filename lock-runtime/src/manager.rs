@@ -892,14 +892,14 @@ impl LockManager {
     }
 
     /// The PostgreSQL channel (a `LISTEN` identifier) on which the store
-    /// notifies the logical channel `logical` (such as
+    /// notifies this manager's logical channel `logical` (such as
     /// [`redis_names`](Self::redis_names)`(key).channel()`, or its sibling of
-    /// another lock kind): for tests that listen beside the managers on a
-    /// session of their own. Not a stable API.
+    /// another lock kind), in its schema: for tests that listen beside the
+    /// managers on a session of their own. Not a stable API.
     #[cfg(feature = "postgres")]
     #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-    pub fn postgres_channel(logical: &str) -> String {
-        crate::backend::postgres::channel_ident(logical)
+    pub fn postgres_channel(&self, logical: &str) -> String {
+        crate::backend::postgres::channel_ident(&self.inner.core.config.postgres.schema, logical)
     }
 
     /// How many round trips renewals have taken since the manager was built

@@ -578,7 +578,7 @@ impl Deployment {
                     }
                 }
             });
-            let listen = format!("LISTEN {}", LockManager::postgres_channel(channel));
+            let listen = format!("LISTEN {}", m.postgres_channel(channel));
             client.batch_execute(&listen).await.expect("LISTEN");
             return Heard::Postgres {
                 _session: client,

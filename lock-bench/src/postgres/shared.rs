@@ -18,7 +18,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Statement};
 
 use super::interleaved::{self, Cycle, Plan, Unit};
-use super::{call_one, server_note, PgEnv, LEASE_SECS};
+use super::{call_one, server_note, PgEnv, DISTLOCK_SCHEMA, LEASE_SECS};
 use crate::error::{bail, Result};
 use crate::report::{us, Better, Check, ScenarioResult, Target};
 
@@ -99,10 +99,12 @@ fn tagged(kind: &str, key: &str) -> String {
     format!("distlock:{kind}:{{{tag:016x}}}:{key}")
 }
 
-/// The PostgreSQL channel a logical channel is notified on (`channel_ident`).
+/// The PostgreSQL channel a logical channel of distlock's default schema is
+/// notified on (`channel_ident`: the schema, `/`, the logical name, hashed).
 fn channel_ident(logical: &str) -> String {
-    let a = fnv1a(0xcbf2_9ce4_8422_2325, logical.as_bytes());
-    let b = fnv1a(0x6c62_272e_07bb_0142, logical.as_bytes());
+    let scoped = format!("{DISTLOCK_SCHEMA}/{logical}");
+    let a = fnv1a(0xcbf2_9ce4_8422_2325, scoped.as_bytes());
+    let b = fnv1a(0x6c62_272e_07bb_0142, scoped.as_bytes());
     format!("distlock_{a:016x}{b:016x}")
 }
 

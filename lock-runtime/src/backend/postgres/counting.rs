@@ -101,7 +101,7 @@ impl Postgres {
     ) -> Result<CounterReply, CallError> {
         let inner = &self.inner;
         let (op, amount) = op_and_amount(op);
-        let wake = channel_ident(&names.channel);
+        let wake = channel_ident(&self.inner.schema, &names.channel);
         let row = inner
             .one(
                 key,

@@ -32,6 +32,9 @@ pub(crate) fn probe_channel() -> String {
 /// notifications wait in it (and in the server's queue).
 pub(crate) struct Listener {
     client: Client,
+    /// distlock's schema, whose channels this connection listens on (see
+    /// [`channel_ident`]).
+    schema: String,
     /// The connection's messages: reading them is what drives the
     /// connection, also for the commands `client` sends.
     messages: Messages,
@@ -105,11 +108,13 @@ fn closed_under_a_command() -> BackendError {
 }
 
 impl Listener {
-    /// Connects with `pg` through `connector` within `timeout`.
+    /// Connects with `pg` through `connector` within `timeout`, to listen on
+    /// the channels of distlock's schema `schema`.
     pub(crate) async fn connect(
         connector: &super::Connector,
         pg: tokio_postgres::Config,
         timeout: Duration,
+        schema: &str,
     ) -> Result<Listener, BackendError> {
         let (client, messages) = tokio::time::timeout(timeout, connector.connect(&pg))
             .await
@@ -123,6 +128,7 @@ impl Listener {
         Ok(Listener {
             client,
             messages,
+            schema: schema.to_owned(),
             closed: false,
             read: VecDeque::new(),
             names: HashMap::new(),
@@ -248,7 +254,7 @@ impl Listener {
         if self.deaf {
             return Ok(());
         }
-        let ident = channel_ident(channel);
+        let ident = channel_ident(&self.schema, channel);
         let names = self.names.entry(ident.clone()).or_default();
         if names.iter().any(|n| n == channel) {
             return Ok(());
@@ -270,7 +276,7 @@ impl Listener {
 
     /// Stops hearing `channel`.
     pub(crate) async fn unsubscribe(&mut self, channel: &str) -> Result<(), BackendError> {
-        let ident = channel_ident(channel);
+        let ident = channel_ident(&self.schema, channel);
         let Some(names) = self.names.get_mut(&ident) else {
             return Ok(());
         };

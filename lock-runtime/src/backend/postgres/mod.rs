@@ -11,7 +11,9 @@
 //! function hands over whenever someone queued, so the notice would only
 //! wake every listening session. Logical channel names are mapped to
 //! PostgreSQL identifiers by [`channel_ident`], the one mapping that the SQL
-//! call sites (which pass identifiers as parameters) and the listener share.
+//! call sites (which pass identifiers as parameters) and the listener share;
+//! the identifier depends on the schema too, since a notification reaches
+//! every session of the database.
 //!
 //! Expiry is the server's clock (`clock_timestamp()`), and distlock's
 //! statements run on its own connections, never in a user's transaction.
@@ -242,22 +244,31 @@ pub(crate) fn validate_schema(schema: &str) -> Result<(), LockError> {
     Ok(())
 }
 
-/// The PostgreSQL channel identifier of the logical channel `logical`.
-/// Channel names are identifiers of at most 63 bytes (longer ones are cut
-/// silently) and LISTEN takes no patterns, so each logical name (which may be
-/// long and hold any byte) maps to `distlock_` and 32 hex digits of a fixed
-/// hash: the same in every process and version, since managers of different
-/// processes must agree. Two FNV-1a 64-bit hashes with different bases; a
-/// collision would only deliver a message to a second logical channel too,
-/// whose readers check the owner token it names.
-pub(crate) fn channel_ident(logical: &str) -> String {
-    fn fnv1a(basis: u64, bytes: &[u8]) -> u64 {
-        bytes.iter().fold(basis, |hash, &b| {
-            (hash ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-        })
+/// The PostgreSQL channel identifier of the logical channel `logical` of
+/// distlock's schema `schema`. Channel names are identifiers of at most 63
+/// bytes (longer ones are cut silently) and LISTEN takes no patterns, so each
+/// logical name (which may be long and hold any byte) maps to `distlock_`
+/// and 32 hex digits of a fixed hash: the same in every process and version,
+/// since managers of different processes must agree. Two FNV-1a 64-bit
+/// hashes with different bases; a collision would only deliver a message to
+/// a second logical channel too, whose readers check the owner token it
+/// names. The schema is hashed too (a `/`, which no schema name holds, ends
+/// it): a notification reaches every listening session of the database,
+/// and managers of another schema with the same key prefix must not hear
+/// it. A leader watch would take the other schema's terms for its own, and
+/// then ignore its own as older (their epochs come from another sequence).
+pub(crate) fn channel_ident(schema: &str, logical: &str) -> String {
+    fn fnv1a(basis: u64, parts: [&[u8]; 3]) -> u64 {
+        parts
+            .iter()
+            .flat_map(|part| part.iter())
+            .fold(basis, |hash, &b| {
+                (hash ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+            })
     }
-    let a = fnv1a(0xcbf2_9ce4_8422_2325, logical.as_bytes());
-    let b = fnv1a(0x6c62_272e_07bb_0142, logical.as_bytes());
+    let parts = [schema.as_bytes(), b"/", logical.as_bytes()];
+    let a = fnv1a(0xcbf2_9ce4_8422_2325, parts);
+    let b = fnv1a(0x6c62_272e_07bb_0142, parts);
     format!("distlock_{a:016x}{b:016x}")
 }
 
@@ -556,6 +567,9 @@ struct Inner {
     listen_connector: Connector,
     shown_url: String,
     prefix: String,
+    /// distlock's schema: its statements' and its channels' (see
+    /// [`channel_ident`]).
+    schema: String,
     sql: Sql,
     /// The schema's events channel ([`events_channel`]) and its identifier.
     events: String,
@@ -747,9 +761,10 @@ impl Postgres {
                 connector: connector.clone(),
                 listen_connector: listen_connector.clone(),
                 prefix: config.key_prefix.clone(),
+                schema: schema.clone(),
                 sql: Sql::new(schema),
                 events: events_channel(schema),
-                events_ident: channel_ident(&events_channel(schema)),
+                events_ident: channel_ident(schema, &events_channel(schema)),
                 shared: shared::SharedSql::new(schema),
                 counters: counting::CounterSql::new(schema),
                 command_timeout: config.command_timeout,
@@ -834,6 +849,7 @@ impl Postgres {
             &inner.listen_connector,
             inner.listen_pg.clone(),
             inner.connect_timeout,
+            &inner.schema,
         )
         .await?;
         // The subscriber gives the whole of this the connect timeout: the
@@ -895,8 +911,9 @@ impl Postgres {
         // The channel of the holder's manager: the route that ends its owner
         // token (see `config::owner_token_routed`).
         let holder_route = owner.get(24..32).unwrap_or(spec.handoff_route);
-        let holder_channel = channel_ident(&format!("{base}:{holder_route}"));
-        let waiter_channel = channel_ident(&format!("{base}:{}", spec.handoff_route));
+        let holder_channel = channel_ident(&inner.schema, &format!("{base}:{holder_route}"));
+        let waiter_channel =
+            channel_ident(&inner.schema, &format!("{base}:{}", spec.handoff_route));
         // Only the waiter's own channel goes into its queue entry; the
         // holder's is the lock row's, written when the grant is ours.
         let handoff = if spec.waiting {
@@ -962,7 +979,7 @@ impl Postgres {
         let inner = &self.inner;
         let base = handoff_base(&inner.prefix);
         let holder_route = owner.get(24..32).unwrap_or(spec.handoff_route);
-        let holder_channel = channel_ident(&format!("{base}:{holder_route}"));
+        let holder_channel = channel_ident(&inner.schema, &format!("{base}:{holder_route}"));
         let names: Vec<&str> = locks.iter().map(|keys| keys.lock.as_str()).collect();
         // `query` refuses a NUL in `key` (the first); the others' too.
         if let Some(name) = names.iter().find(|name| name.contains('\0')) {
@@ -1056,7 +1073,7 @@ impl Postgres {
             return self.release_shared(key, keys, owner, keep_ms).await;
         }
         let inner = &self.inner;
-        let wake = channel_ident(keys.channel());
+        let wake = channel_ident(&self.inner.schema, keys.channel());
         let keep = ms(keep_ms);
         let row = inner
             .one(
@@ -1105,7 +1122,7 @@ impl Postgres {
         only: &str,
     ) -> Result<bool, CallError> {
         let inner = &self.inner;
-        let wake = channel_ident(keys.channel());
+        let wake = channel_ident(&self.inner.schema, keys.channel());
         let row = inner
             .one(
                 key,
@@ -1151,7 +1168,7 @@ impl Postgres {
         channel: &str,
         payload: &str,
     ) -> Result<(), CallError> {
-        let ident = channel_ident(channel);
+        let ident = channel_ident(&self.inner.schema, channel);
         self.inner
             .one(
                 key,
@@ -1244,7 +1261,7 @@ impl Postgres {
         };
         let bound = self.inner.connect_timeout + self.inner.command_timeout;
         let (name, owner) = (shared::family_name(keys).to_owned(), owner.to_owned());
-        let wake = channel_ident(keys.channel());
+        let wake = channel_ident(&self.inner.schema, keys.channel());
         let keep = ms(keep_ms);
         let events = self.inner.events_of(keys).to_owned();
         let thread = std::thread::Builder::new()
@@ -1974,14 +1991,25 @@ mod tests {
 
     #[test]
     fn channel_idents_are_short_stable_identifiers() {
-        let ident = channel_ident("distlock:handoff:0123abcd");
+        let ident = channel_ident("distlock", "distlock:handoff:0123abcd");
         assert_eq!(ident.len(), "distlock_".len() + 32);
         assert!(ident
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'));
-        assert_eq!(ident, channel_ident("distlock:handoff:0123abcd"));
-        assert_ne!(ident, channel_ident("distlock:handoff:0123abce"));
-        assert!(channel_ident(&"x".repeat(10_000)).len() <= 63);
+        assert_eq!(
+            ident,
+            channel_ident("distlock", "distlock:handoff:0123abcd")
+        );
+        assert_ne!(
+            ident,
+            channel_ident("distlock", "distlock:handoff:0123abce")
+        );
+        // Another schema's channel of the same name is another channel.
+        assert_ne!(
+            ident,
+            channel_ident("distlock_b", "distlock:handoff:0123abcd")
+        );
+        assert!(channel_ident("distlock", &"x".repeat(10_000)).len() <= 63);
     }
 
     #[test]

@@ -179,7 +179,7 @@ impl Postgres {
         keep_ms: u64,
     ) -> Result<bool, CallError> {
         let inner = &self.inner;
-        let wake = channel_ident(keys.channel());
+        let wake = channel_ident(&self.inner.schema, keys.channel());
         let keep = ms(keep_ms);
         let row = inner
             .one(
@@ -247,7 +247,7 @@ impl Postgres {
         kept_owner: &str,
     ) -> Result<bool, CallError> {
         let inner = &self.inner;
-        let wake = channel_ident(keys.channel());
+        let wake = channel_ident(&self.inner.schema, keys.channel());
         let row = inner
             .one(
                 key,
@@ -302,8 +302,8 @@ impl Postgres {
             SharedRelease::Permit(member) => ("permit", member),
         };
         let (rw, sem) = (&names.read_write, &names.semaphore);
-        let rw_wake = channel_ident(rw.channel());
-        let sem_wake = channel_ident(sem.channel());
+        let rw_wake = channel_ident(&self.inner.schema, rw.channel());
+        let sem_wake = channel_ident(&self.inner.schema, sem.channel());
         let row = inner
             .one(
                 key,
