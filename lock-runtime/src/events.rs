@@ -410,7 +410,10 @@ fn skipped_message(count: u64) -> String {
         "the lock events stream missed events while its subscription was down (or refused)"
             .to_owned()
     } else {
-        format!("the lock events stream dropped {count} events: its reader fell behind")
+        format!(
+            "the lock events stream dropped {count} events: its reader fell behind (or, on \
+             PostgreSQL, an event's lock name was too long to send)"
+        )
     }
 }
 

@@ -317,7 +317,10 @@ impl LeaderElection {
     /// A stream of leader changes: first who leads when the watch starts, then
     /// `Some` for each new term (in epoch order, each once) and `None` when a
     /// term ends without a successor yet (a resignation, or a lease that ran
-    /// out).
+    /// out). A resignation that hands the lead straight to a waiting
+    /// candidate is usually reported as `None` and then the successor's term:
+    /// the resignation's message comes before the new term's announcement, so
+    /// a `None` followed at once by `Some` is a hand-over, not an outage.
     ///
     /// It is fed by the messages each new term and each resignation publish,
     /// and reads the lock after every (re)connect of its subscription. A term
