@@ -651,6 +651,89 @@ async fn postgres_a_sweep_keeps_a_family_while_it_has_a_hold() {
     );
 }
 
+/// A hold of a semaphore committed while a sweep waits for another family's
+/// row: the sweep must see it before it deletes its family (the stored
+/// count). Before, the check for holds ran on the deleting statement's
+/// snapshot, taken before the hold committed, and the family went from
+/// under it; the next acquisition with another count was then not refused.
+/// The sweep is made to wait deterministically: a session holds the row of
+/// a family that comes first (`aaa`) with `FOR UPDATE`, and joins that walk
+/// the families one by one (nested loops) are forced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_sweep_sees_a_hold_committed_while_it_waited() {
+    let pg = server();
+    // Its own sweeps an hour away: only the test's sweep runs.
+    let m = quiet_manager(&pg.url(), None).await;
+    let db = sql_client(&pg.url()).await;
+    // The family's stored name, as distlock writes it.
+    let g = m.semaphore("family", 5).acquire().await.unwrap();
+    let family: String = db
+        .query_one("SELECT name FROM distlock.shared_keys", &[])
+        .await
+        .unwrap()
+        .get(0);
+    g.release().await.unwrap();
+    // Two families with no hold, `aaa` first in the table.
+    db.batch_execute(&format!(
+        "DELETE FROM distlock.shared_keys; DELETE FROM distlock.shared_holds; \
+         INSERT INTO distlock.shared_keys (name, permits) VALUES ('aaa', 1); \
+         INSERT INTO distlock.shared_keys (name, permits) VALUES ('{family}', 5)"
+    ))
+    .await
+    .unwrap();
+    let blocker = sql_client(&pg.url()).await;
+    blocker
+        .batch_execute("BEGIN; SELECT 1 FROM distlock.shared_keys WHERE name = 'aaa' FOR UPDATE")
+        .await
+        .unwrap();
+    let sweeper = sql_client(&format!("{}&application_name=test-sweeper", pg.url())).await;
+    let sweep = tokio::spawn(async move {
+        sweeper
+            .batch_execute(
+                "BEGIN; SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off; \
+                 SELECT distlock.sweep_shared(200); COMMIT",
+            )
+            .await
+    });
+    assert!(
+        common::a_session_waits(&db, "test-sweeper").await,
+        "the sweep waits for `aaa`'s row"
+    );
+    // A hold of the family, while the sweep waits: committed at once, or
+    // (the sweep holding the family's lock already) once the sweep ends.
+    let holder = m.clone();
+    let hold = tokio::spawn(async move { holder.semaphore("family", 5).try_acquire().await });
+    let manager_waits = "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+                         WHERE NOT l.granted AND a.application_name = 'distlock'";
+    let committed_or_waiting = async || hold.is_finished() || count(&db, manager_waits).await > 0;
+    assert!(eventually(Duration::from_secs(5), committed_or_waiting)
+        .await
+        .is_some());
+    blocker.batch_execute("COMMIT").await.unwrap();
+    sweep.await.unwrap().unwrap();
+    let guard = hold
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("the semaphore was free");
+    assert_eq!(
+        count(
+            &db,
+            &format!("SELECT count(*) FROM distlock.shared_keys WHERE name = '{family}'")
+        )
+        .await,
+        1,
+        "the family went while a hold of it was committed"
+    );
+    // So a request with another count is refused, as for any held family.
+    let other = m.semaphore("family", 3).try_acquire().await;
+    assert!(
+        matches!(other, Err(distlock::LockError::PermitsDiffer { .. })),
+        "{other:?}"
+    );
+    guard.release().await.unwrap();
+}
+
 /// The shared holds' and counters' tables too: expired read, write and
 /// permit holds, the family rows they leave (a semaphore's count, a dead
 /// writer's intent) and ended registrations of counting semaphore waiters

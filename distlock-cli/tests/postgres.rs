@@ -529,7 +529,7 @@ async fn postgres_check_connects_over_tls_as_a_manager_does() {
     let out = cli(&url, &["--tls-ca", ca.to_str().unwrap(), "check"]).await;
     assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
     let text = stdout(&out);
-    for line in ["ok    schema: distlock, version 5", "ok    listen: works"] {
+    for line in ["ok    schema: distlock, version 6", "ok    listen: works"] {
         assert!(text.contains(line), "{line:?} not in:\n{text}");
     }
     // Without the CA, the private CA's certificate is not trusted (the
@@ -550,7 +550,7 @@ async fn postgres_check_passes_on_a_good_server_and_fails_for_a_role_without_pri
     let text = stdout(&out);
     for line in [
         "ok    version: PostgreSQL ",
-        "ok    schema: distlock, version 5",
+        "ok    schema: distlock, version 6",
         "ok    privileges: postgres has usage on distlock",
         "ok    synchronous_commit: on",
         "ok    default_transaction_isolation: read committed",

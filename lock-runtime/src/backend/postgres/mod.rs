@@ -52,7 +52,7 @@ use crate::keys::{LockKind, RedisNames};
 use crate::lease::Lease;
 
 /// The schema's version this library writes and reads.
-pub const SCHEMA_VERSION: i32 = 5;
+pub const SCHEMA_VERSION: i32 = 6;
 
 /// The store's name in errors.
 pub(crate) const STORE: &str = "PostgreSQL";
@@ -248,8 +248,9 @@ pub(crate) fn validate_schema(schema: &str) -> Result<(), LockError> {
 /// distlock's schema `schema`. Channel names are identifiers of at most 63
 /// bytes (longer ones are cut silently) and LISTEN takes no patterns, so each
 /// logical name (which may be long and hold any byte) maps to `distlock_`
-/// and 32 hex digits of a fixed hash: the same in every process and version,
-/// since managers of different processes must agree. Two FNV-1a 64-bit
+/// and 32 hex digits of a fixed hash: the same in every process, since
+/// managers of different processes must agree (a change of it, as when the
+/// schema was added, is a CHANGELOG entry). Two FNV-1a 64-bit
 /// hashes with different bases; a collision would only deliver a message to
 /// a second logical channel too, whose readers check the owner token it
 /// names. The schema is hashed too (a `/`, which no schema name holds, ends

@@ -1,4 +1,4 @@
--- distlock's PostgreSQL schema, version 5: the tables, the sequence and the
+-- distlock's PostgreSQL schema, version 6: the tables, the sequence and the
 -- functions the default lock needs. Idempotent: `build()` runs it when the
 -- version row is missing or older, and a DBA may run it by hand (`distlock
 -- schema` prints it) for a role that may not create objects. Version 2
@@ -19,6 +19,10 @@
 -- hash join tried every expired row's, and could fill the server's lock
 -- table), and a semaphore's family row goes only once no hold is left at
 -- all, expired or not (one being renewed, uncommitted, looked expired).
+-- Version 6 (same tables) replaces sweep_shared: it takes the families'
+-- transaction locks before the statement that deletes them, whose check for
+-- holds then sees every hold committed before those locks (a hold committed
+-- while the delete waited for another row was invisible to it).
 --
 -- Every object lives in one schema, whose name (a plain identifier checked by
 -- the client, `distlock` unless the builder names another) is written into
@@ -1080,12 +1084,19 @@ END $$;
 -- no hold at all: a hold this statement's snapshot shows expired may be
 -- being renewed (its update uncommitted), and its family's stored count
 -- must outlive it; expired holds go first, so a family whose last holds
--- this sweep deleted goes in the same sweep. How many rows went.
+-- this sweep deleted goes in the same sweep. The families' locks are taken
+-- in a statement of their own, before the one that deletes: a statement's
+-- snapshot is taken when it starts, so a hold committed after it started
+-- and before its lock was taken (the delete waiting for another row, say)
+-- would be invisible to its check, and the family would go from under it.
+-- The delete's snapshot comes after the locks, which keep new holds out.
+-- How many rows went.
 CREATE OR REPLACE FUNCTION __SCHEMA__.sweep_shared(p_limit integer)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
   v_holds bigint;
   v_keys bigint;
+  v_families text[];
 BEGIN
   WITH d AS (
     SELECT c.name, c.owner FROM (SELECT name, owner FROM __SCHEMA__.shared_holds
@@ -1094,15 +1105,15 @@ BEGIN
   DELETE FROM __SCHEMA__.shared_holds h USING d
     WHERE h.name = d.name AND h.owner = d.owner AND h.expires_at <= clock_timestamp();
   GET DIAGNOSTICS v_holds = ROW_COUNT;
-  WITH d AS (
-    SELECT c.name FROM (SELECT name FROM __SCHEMA__.shared_keys s
-                        WHERE coalesce(s.intent_expires_at <= clock_timestamp(), true)
-                          AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.shared_holds h
-                                          WHERE h.name = s.name)
-                        LIMIT p_limit) c
-    WHERE pg_try_advisory_xact_lock(1684826880, hashtext(c.name)))
-  DELETE FROM __SCHEMA__.shared_keys k USING d
-    WHERE k.name = d.name
+  SELECT coalesce(array_agg(c.name), '{}') INTO v_families
+    FROM (SELECT name FROM __SCHEMA__.shared_keys s
+          WHERE coalesce(s.intent_expires_at <= clock_timestamp(), true)
+            AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.shared_holds h
+                            WHERE h.name = s.name)
+          LIMIT p_limit) c
+    WHERE pg_try_advisory_xact_lock(1684826880, hashtext(c.name));
+  DELETE FROM __SCHEMA__.shared_keys k
+    WHERE k.name = ANY (v_families)
       AND coalesce(k.intent_expires_at <= clock_timestamp(), true)
       AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.shared_holds h WHERE h.name = k.name);
   GET DIAGNOSTICS v_keys = ROW_COUNT;
@@ -1404,5 +1415,5 @@ BEGIN
   o_status := 1; o_index := 0;
 END $$;
 
-INSERT INTO __SCHEMA__.version AS v (one, version) VALUES (true, 5)
+INSERT INTO __SCHEMA__.version AS v (one, version) VALUES (true, 6)
   ON CONFLICT (one) DO UPDATE SET version = excluded.version WHERE v.version < excluded.version;
