@@ -233,7 +233,8 @@ pub enum LockError {
     /// setting): Redis tells of an expiry only through them.
     #[error(
         "lock events for {}: redis does not notify expired keys (notify-keyspace-events is {setting:?}); \
-         run `{config_set}` on every server that holds locks, or subscribe with .expiry(false)",
+         run `{config_set}` on every server that holds locks, and set it on the replicas a \
+         failover may promote (their configuration file), or subscribe with .expiry(false)",
         KeyPreview(pattern)
     )]
     ExpiryNotifications {

@@ -120,8 +120,13 @@ impl LockEventsRequest {
     /// subscribing checks that `notify-keyspace-events` includes `K` and `x`
     /// (or `A`) on every server that holds locks, and fails with
     /// [`LockError::ExpiryNotifications`] (naming the `CONFIG SET` that turns
-    /// them on) if not. Off, the stream has every other event and needs no
-    /// server setting. On PostgreSQL nothing needs turning on (the sweep
+    /// them on) if not. The check is made when subscribing, on the servers
+    /// that hold locks then: a replica that a failover promotes later
+    /// (Sentinel, Cluster) notifies only if its own setting says so, and if
+    /// not, expiries stop arriving with nothing to tell (the stream's
+    /// `EventsSkipped { count: 0 }` at the resubscription is all): set it on
+    /// the replicas too, in their configuration file. Off, the stream has
+    /// every other event and needs no server setting. On PostgreSQL nothing needs turning on (the sweep
     /// tells of expiries, see [`LockManager::events`]); off, the stream drops
     /// them.
     pub fn expiry(mut self, include: bool) -> Self {
@@ -398,7 +403,8 @@ pub enum LockEventKind {
 #[error("{}", skipped_message(*count))]
 #[non_exhaustive]
 pub struct EventsSkipped {
-    /// How many events were dropped; 0 when unknown (the subscription was
+    /// How many events were dropped (on PostgreSQL also an event whose
+    /// lock name was too long to send, counted 1); 0 when unknown (the subscription was
     /// made again after its connection broke, or was refused when made
     /// again: the server lost the permission meanwhile; a second one with 0
     /// follows once it is back).

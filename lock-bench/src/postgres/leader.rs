@@ -55,8 +55,9 @@ const INSPECT: &str =
     "SELECT value, pttl, queue_owners, queue_entries, now_ms FROM distlock.inspect($1)";
 const PUBLISH: &str = "SELECT pg_notify($1, $2)::text";
 /// What distlock sends for an election: the election's announcement channel
-/// and the lock's wake-up channel (as `channel_ident` derives them), a holder
-/// description, a route. The lock's full name is [`lock_name`]'s.
+/// and the lock's wake-up channel (placeholders of `channel_ident`'s form:
+/// nothing listens on them), a holder description, a route. The lock's full
+/// name is [`lock_name`]'s.
 const ANNOUNCE_CHANNEL: &str = "distlock_22222222222222222222222222222222";
 const WAKE_CHANNEL: &str = "distlock_33333333333333333333333333333333";
 const HOLDER: &str = "lock-bench leader floor";

@@ -37,7 +37,8 @@ const ACQUIRE_ALL: &str = "SELECT o_status, o_index, o_remaining_ms, o_tokens \
 const RELEASE: &str = "SELECT distlock.release($1, $2, $3, $4, $5)";
 /// One owner token for the 4 holds (the locks of one call share it), of
 /// distlock's length; a holder description, the holder's manager's LISTEN
-/// channel and a wake-up channel as distlock derives them (`channel_ident`).
+/// channel and a wake-up channel of `channel_ident`'s form (placeholders:
+/// nothing listens on them).
 const OWNER: &str = "0123456789abcdef0123456789abcdef";
 const HOLDER: &str = "lock-bench lock-all floor";
 const HANDOFF_CHANNEL: &str = "distlock_00000000000000000000000000000000";
