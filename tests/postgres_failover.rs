@@ -356,3 +356,118 @@ async fn postgres_failover_to_an_asynchronous_standby_can_lose_a_grant() {
         "a token was issued again: {second_token} after {first_token}"
     );
 }
+
+/// A primary whose synchronous standby is away keeps each write waiting in
+/// its session (a closed socket does not end the wait). A manager whose
+/// data connection answered nothing for two command timeouts opens a new
+/// one; were it to do so for a session that waits for the standby, each
+/// retirement would leave one more waiting session on the server (and the
+/// calls on the same keys behind them, waiting for their locks). With a
+/// service's calls every 100 ms and a command timeout of 300 ms, 6 s are
+/// room for many retirements (one per two command timeouts of silence and
+/// a connect): before, 9 or 10 sessions were left, 3 waiting for the
+/// standby and the others for their keys' locks. The manager must keep its
+/// data connection, whose session waits; two more stranded sessions are
+/// allowed for judgements that failed under load (each question is bounded
+/// by the 300 ms). Calls still go to the kept connection until 1,024 have
+/// timed out on it; the next is refused at once. Once the standby is back,
+/// the manager serves again, and only its data connection is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_stalled_primary_does_not_pile_up_sessions() {
+    let (primary, standby) = primary_and_standby(Replication::Synchronous);
+    let m = LockManager::builder(&primary.url())
+        .postgres_synchronous_standby(true)
+        .command_timeout(Duration::from_millis(300))
+        .postgres_sweep_interval(Duration::from_secs(3600))
+        .build()
+        .await
+        .expect("build");
+    let held = m.lock("held").acquire().await.expect("held");
+    blocking(|| standby.stop_immediate());
+    // A service's calls meanwhile: an attempt every 100 ms, and a release.
+    let busy = {
+        let m = m.clone();
+        tokio::spawn(async move {
+            for i in 0.. {
+                let _ = m.lock(format!("busy:{i}")).try_acquire().await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    let _ = held.release().await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    busy.abort();
+    let stranded = blocking(|| {
+        primary.psql(
+            "SELECT count(*) || ': ' || coalesce(string_agg(pid || ' ' || wait_event, ', '), '') \
+             FROM pg_stat_activity WHERE application_name = 'distlock' \
+             AND (wait_event = 'SyncRep' OR wait_event_type = 'Lock')",
+        )
+    });
+    let count: i64 = stranded.split(':').next().unwrap().parse().unwrap();
+    assert!(
+        (1..=3).contains(&count),
+        "sessions of one manager waiting in the server: {stranded}"
+    );
+
+    // A flood of calls, each timing out behind the wait: past 1,024 of
+    // them, the next is refused unsent, at once.
+    let flood = (0..1100).map(|i| {
+        let m = m.clone();
+        async move { m.lock(format!("flood:{i}")).try_acquire().await }
+    });
+    let flooded = futures_util::future::join_all(flood).await;
+    assert!(flooded.iter().all(Result::is_err));
+    let is_refused = |r: &Result<Option<distlock::LockGuard>, LockError>| {
+        matches!(r, Err(LockError::Backend { source, .. })
+            if source.to_string().contains("no more are sent"))
+    };
+    // The flood may have gone to a connection not yet kept (one that
+    // replaced a connection whose judgement failed under load): its own
+    // judgement then comes two command timeouts later, and calls go on
+    // timing out until it does. Within 3 s the calls are refused.
+    let refusing = async || is_refused(&m.lock("refused").try_acquire().await);
+    assert!(eventually(Duration::from_secs(3), refusing).await.is_some());
+    let started = Instant::now();
+    let refused = m.lock("refused").try_acquire().await;
+    assert!(is_refused(&refused), "{refused:?}");
+    assert!(
+        started.elapsed() < Duration::from_millis(300),
+        "refused at once"
+    );
+
+    blocking(|| {
+        standby.start_again()?;
+        primary.wait_for_standby(&standby, Replication::Synchronous)
+    });
+    // Once the wait ends, the next look (within two command timeouts) asks
+    // the connection itself; behind the flood's statements it may not answer
+    // in time, and is then replaced (its session ends once it has worked
+    // through them).
+    let after = async || m.lock("after").try_acquire().await.ok().flatten();
+    let again = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if let Some(guard) = after().await {
+                return guard;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("granted once the standby confirms");
+    again.release().await.unwrap();
+    // Nothing is left waiting: the manager's sessions come down to its one
+    // data connection (the kept one, or, if it was still working through
+    // the flood's statements when next looked at, a new one) as the old
+    // sessions finish what was queued on them.
+    let one_left = async || {
+        let sessions = blocking(|| {
+            primary
+                .psql("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'distlock'")
+        });
+        sessions == "1"
+    };
+    assert!(eventually(Duration::from_secs(10), one_left)
+        .await
+        .is_some());
+}

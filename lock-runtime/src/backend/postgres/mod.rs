@@ -86,6 +86,9 @@ fn deaf_recheck_after(command_timeout: Duration) -> Duration {
 pub(crate) const DATA_APPLICATION: &str = "distlock";
 /// The application name of the listening connection.
 pub(crate) const LISTEN_APPLICATION: &str = "distlock-listen";
+/// The application name of the short-lived connection that asks what a
+/// silent data connection's session does (see `Inner::timed_out`).
+const CHECK_APPLICATION: &str = "distlock-check";
 
 /// The SQL that creates distlock's schema `schema` (tables, sequences,
 /// functions, version row): what `build()` runs when the schema is missing
@@ -548,6 +551,45 @@ async fn drive(mut messages: Messages) {
     }
 }
 
+/// The session a new data connection opened on the server (see
+/// [`Inner::timed_out`]), in one round trip bounded by `timeout`; `None`
+/// when it could not be told.
+async fn identify(client: &Client, timeout: Duration) -> Option<Session> {
+    let asked = client.simple_query(
+        "SELECT pid, (extract(epoch FROM backend_start) * 1000000)::bigint \
+         FROM pg_stat_activity WHERE pid = pg_backend_pid()",
+    );
+    let messages = tokio::time::timeout(timeout, asked).await.ok()?.ok()?;
+    messages.iter().find_map(|message| match message {
+        tokio_postgres::SimpleQueryMessage::Row(row) => Some(Session {
+            pid: row.get(0)?.parse().ok()?,
+            started_us: row.get(1)?.parse().ok()?,
+        }),
+        _ => None,
+    })
+}
+
+/// Judges a data connection silent for two command timeouts (see
+/// [`Inner::timed_out`]): looks at its session every two command timeouts
+/// while it waits for the standby. Holds the backend weakly between looks,
+/// so that a manager dropped meanwhile ends it (and with it the connection).
+async fn judge(judging: Judging, session: Session, judged_at: Instant, silent_for: Duration) {
+    loop {
+        let Some(inner) = judging.inner.upgrade() else {
+            return;
+        };
+        if !inner
+            .judge_once(&judging, session, judged_at, silent_for)
+            .await
+        {
+            return;
+        }
+        let pause = inner.command_timeout * 2;
+        drop(inner);
+        tokio::time::sleep(pause).await;
+    }
+}
+
 /// `url` parsed, with libpq's `sslmode=verify-ca` and `verify-full` read as
 /// `require` (which tokio-postgres knows): distlock verifies the server's
 /// certificate and name under all three.
@@ -562,6 +604,14 @@ fn parse_url(url: &str) -> Result<tokio_postgres::Config, LockError> {
 
 /// What the backend and its sweeper task share.
 struct Inner {
+    /// Itself, for the task that judges a silent data connection (see
+    /// [`Inner::timed_out`]).
+    me: Weak<Inner>,
+    /// Whether `postgres_listen_url` was given: the data URL is then a
+    /// transaction-mode pooler's, whose server sessions change from one
+    /// statement to the next, so a silent connection's session cannot be
+    /// told (see [`Inner::timed_out`]).
+    pooled: bool,
     pg: tokio_postgres::Config,
     connector: Connector,
     /// The listening connection's (its URL may differ: `postgres_listen_url`).
@@ -607,6 +657,12 @@ struct Inner {
     renewal_round_trips: AtomicU64,
 }
 
+/// How many calls may time out unanswered on a data connection kept for a
+/// session at work in the server before the next are refused unsent (see
+/// [`Inner::timed_out`]): what waits on the client, to run late when the
+/// wait ends, stays bounded (a statement and its parameters each).
+const KEPT_BACKLOG: u32 = 1024;
+
 /// What the data connection was last heard say (see [`Inner::timed_out`]).
 struct Heard {
     /// The connection it is about (compared by address, never used).
@@ -620,16 +676,67 @@ struct Heard {
     /// sent.
     timeouts: u32,
     unanswered_since: Option<Instant>,
+    /// Its session on the server, when it could be told at the opening.
+    session: Option<Session>,
+    /// The judgement of its silence under way, if any (see
+    /// [`Inner::timed_out`]), by number: a judgement ends, or is cut short,
+    /// only while it is still the current one.
+    judging: Option<u64>,
+    /// Whether it is kept for a session at work in the server since its
+    /// last reply (see [`Inner::timed_out`]).
+    kept: bool,
+}
+
+/// A session on the server: its process id and its start (microseconds
+/// since the Unix epoch), which together name it even after the process id
+/// is reused.
+#[derive(Debug, Clone, Copy)]
+struct Session {
+    pid: i32,
+    started_us: i64,
+}
+
+/// How many judgements of silent data connections were started, to number
+/// them (see [`Heard::judging`]).
+static JUDGEMENTS: AtomicU64 = AtomicU64::new(0);
+
+/// Ends judgement `number` of its connection when dropped, if it is still
+/// the current one: at the end of the judgement, or when its task is cut
+/// short (its runtime shut down), which leaves the connection as it was
+/// before it: not kept, and judged again at the next silence.
+struct Judging {
+    inner: Weak<Inner>,
+    client: Arc<Client>,
+    number: u64,
+}
+
+impl Drop for Judging {
+    fn drop(&mut self) {
+        if let Some(inner) = self.inner.upgrade() {
+            let mut heard = inner.heard.lock().unwrap_or_else(|e| e.into_inner());
+            if heard.is_about(&self.client) && heard.judging == Some(self.number) {
+                heard.judging = None;
+                heard.kept = false;
+            }
+        }
+    }
 }
 
 impl Heard {
-    fn new(client: &Arc<Client>, driver: tokio::task::AbortHandle) -> Heard {
+    fn new(
+        client: &Arc<Client>,
+        driver: tokio::task::AbortHandle,
+        session: Option<Session>,
+    ) -> Heard {
         Heard {
             client: Arc::downgrade(client),
             driver: Some(driver),
             at: Instant::now(),
             timeouts: 0,
             unanswered_since: None,
+            session,
+            judging: None,
+            kept: false,
         }
     }
 
@@ -756,7 +863,9 @@ impl Postgres {
         };
         listen_pg.application_name(LISTEN_APPLICATION);
         let make_inner = |pg: tokio_postgres::Config| {
-            Arc::new(Inner {
+            Arc::new_cyclic(|me| Inner {
+                me: me.clone(),
+                pooled: config.postgres.listen_url.is_some(),
                 shown_url: shown(url),
                 pg,
                 connector: connector.clone(),
@@ -777,6 +886,9 @@ impl Postgres {
                     at: Instant::now(),
                     timeouts: 0,
                     unanswered_since: None,
+                    session: None,
+                    judging: None,
+                    kept: false,
                 }),
                 prepared: config
                     .postgres
@@ -1478,8 +1590,10 @@ impl Inner {
             }
         };
         let driver = tokio::spawn(drive(messages)).abort_handle();
+        let session = identify(&client, self.command_timeout).await;
         let client = Arc::new(client);
-        *self.heard.lock().unwrap_or_else(|e| e.into_inner()) = Heard::new(&client, driver);
+        *self.heard.lock().unwrap_or_else(|e| e.into_inner()) =
+            Heard::new(&client, driver, session);
         *self.client.lock().unwrap_or_else(|e| e.into_inner()) = Some(client.clone());
         Ok(client)
     }
@@ -1517,6 +1631,22 @@ impl Inner {
             }
             e
         })?;
+        if self.backlog_full(&client) {
+            return Err(CallError {
+                error: LockError::Backend {
+                    key: key.to_owned(),
+                    source: BackendError::new(
+                        BackendErrorKind::Timeout,
+                        format!(
+                            "the data connection's session is at work in the server (a commit \
+                             waiting for a synchronous standby, say), and {KEPT_BACKLOG} calls \
+                             wait behind it: no more are sent until it answers"
+                        ),
+                    ),
+                },
+                maybe_executed: false,
+            });
+        }
         let sent_at = Instant::now();
         let outcome = tokio::time::timeout(self.command_timeout, async {
             let Some(prepared) = &self.prepared else {
@@ -1648,6 +1778,10 @@ impl Inner {
             heard.at = Instant::now();
             heard.timeouts = 0;
             heard.unanswered_since = None;
+            heard.kept = false;
+            // A judgement under way ends at its next look (`heard.at`
+            // moved); the next silence starts another.
+            heard.judging = None;
         }
     }
 
@@ -1665,8 +1799,28 @@ impl Inner {
     /// after the new session's clean-up of it judges the row as it finds it
     /// then (at worst a lock is taken by a call that gave up, held until
     /// its lease ends).
+    ///
+    /// Unless its session waits in the server for a synchronous standby
+    /// that is away (or for a key's lock held by a session that does). A
+    /// closed socket does not end that wait, and a new connection's first
+    /// write would wait the same way, so each retirement would leave one
+    /// more session on the server, up to `max_connections`. A task asks the
+    /// server on a connection of its own (see
+    /// [`session_at_work`](Self::session_at_work)); the connection is kept
+    /// while its session waits so, asked about again every two command
+    /// timeouts. Calls still go to it, and wait for the session as every
+    /// call behind it does (the first to answer, once the wait ends, ends
+    /// the keeping); past [`KEPT_BACKLOG`] of them timed out unanswered, the
+    /// next are refused unsent, so that a long wait piles up no more than
+    /// that on the client, to run late, in order, when it ends. When the
+    /// session does anything else, or is gone, the connection itself is
+    /// asked once more (an empty statement), and goes if it does not
+    /// answer. Behind a transaction-mode pooler (`postgres_listen_url`) the
+    /// session cannot be told, and the connection goes as before. The
+    /// judgement delays a retirement by at most a connect and two command
+    /// timeouts (and a moment to close its own connection).
     fn timed_out(&self, client: &Arc<Client>, sent_at: Instant) {
-        let (silent_for, driver) = {
+        let (silent_for, session, judged_at, number) = {
             let mut heard = self.heard.lock().unwrap_or_else(|e| e.into_inner());
             // Sent before the last reply: the connection answered since.
             if !heard.is_about(client) || sent_at < heard.at {
@@ -1676,13 +1830,155 @@ impl Inner {
             let since = *heard.unanswered_since.get_or_insert(sent_at);
             let since = since.min(sent_at);
             heard.unanswered_since = Some(since);
-            if heard.timeouts < 2 || since.elapsed() < self.command_timeout * 2 {
+            if heard.timeouts < 2
+                || since.elapsed() < self.command_timeout * 2
+                || heard.judging.is_some()
+            {
                 return;
             }
-            (since.elapsed(), heard.driver.take())
+            let number = JUDGEMENTS.fetch_add(1, Ordering::Relaxed);
+            heard.judging = Some(number);
+            (since.elapsed(), heard.session, heard.at, number)
         };
-        // Closed, rather than left to the kernel with replies pending: the
-        // calls still waiting on it fail now, and its socket goes.
+        let judging = Judging {
+            inner: self.me.clone(),
+            client: client.clone(),
+            number,
+        };
+        match session.filter(|_| !self.pooled) {
+            Some(session) => {
+                tokio::spawn(judge(judging, session, judged_at, silent_for));
+            }
+            None => {
+                self.retire_silent(client, silent_for);
+                drop(judging);
+            }
+        }
+    }
+
+    /// One look of [`judge`] at a connection silent since `judged_at` (its
+    /// last reply then) whose session is `session`: whether to look again
+    /// in two command timeouts (the session works), or the judgement is
+    /// over (the connection answered, was replaced, or is retired here).
+    async fn judge_once(
+        &self,
+        judging: &Judging,
+        session: Session,
+        judged_at: Instant,
+        silent_for: Duration,
+    ) -> bool {
+        let client = &judging.client;
+        let at_work = self.session_at_work(session).await;
+        let first_kept = {
+            let mut heard = self.heard.lock().unwrap_or_else(|e| e.into_inner());
+            // Replaced, answered meanwhile, or judged by another: over.
+            if !heard.is_about(client)
+                || heard.at != judged_at
+                || heard.judging != Some(judging.number)
+            {
+                return false;
+            }
+            at_work.is_some() && !std::mem::replace(&mut heard.kept, true)
+        };
+        let Some(work) = at_work else {
+            // Idle, gone, or not to be told: the connection itself is
+            // asked. A reply (after whatever was queued on it, the wait
+            // having ended) is its first since the silence; none, and it
+            // goes.
+            let asked = tokio::time::timeout(self.command_timeout, client.simple_query(""));
+            if matches!(asked.await, Ok(Ok(_))) {
+                self.answered(client);
+            } else {
+                // Unless it answered meanwhile (and may be judged anew).
+                let current = {
+                    let heard = self.heard.lock().unwrap_or_else(|e| e.into_inner());
+                    heard.is_about(client)
+                        && heard.at == judged_at
+                        && heard.judging == Some(judging.number)
+                };
+                if current {
+                    self.retire_silent(client, silent_for);
+                }
+            }
+            return false;
+        };
+        if first_kept {
+            tracing::warn!(target: "distlock::postgres",
+                silent_ms = silent_for.as_millis() as u64, url = %self.shown_url,
+                wait = %work,
+                "the data connection has answered nothing for two command timeouts, but its \
+                 session waits in the server for a synchronous standby: kept, since a new \
+                 connection would leave it there and wait the same way");
+        }
+        true
+    }
+
+    /// Whether `client` is kept for a session at work in the server (see
+    /// [`timed_out`](Self::timed_out)) with [`KEPT_BACKLOG`] calls timed
+    /// out unanswered on it: no more are sent.
+    fn backlog_full(&self, client: &Arc<Client>) -> bool {
+        let heard = self.heard.lock().unwrap_or_else(|e| e.into_inner());
+        heard.kept && heard.is_about(client) && heard.timeouts >= KEPT_BACKLOG
+    }
+
+    /// What `session` waits for, when it waits in the server for a
+    /// synchronous standby, or for a lock held by a session that does (a
+    /// key's transaction lock, say): waits that a new connection's first
+    /// write would share. Asked on a connection of its own, opened and
+    /// closed here, never about itself (through an undetected pooler it may
+    /// land on the session it is asked about); `None` when the session does
+    /// anything else (idle, waiting for its client, running, waiting for
+    /// another lock: a new connection would serve the other keys) or is
+    /// gone, or the server does not answer in time.
+    async fn session_at_work(&self, session: Session) -> Option<String> {
+        let mut pg = self.pg.clone();
+        pg.application_name(CHECK_APPLICATION);
+        let connect = tokio::time::timeout(self.connect_timeout, self.connector.connect(&pg));
+        let (probe, messages) = connect.await.ok()?.ok()?;
+        let driver = tokio::spawn(drive(messages));
+        let params: [(&(dyn ToSql + Sync), Type); 2] = [
+            (&session.pid, Type::INT4),
+            (&session.started_us, Type::INT8),
+        ];
+        let asked = probe.query_typed(
+            "SELECT a.wait_event_type || ' ' || a.wait_event FROM pg_stat_activity a \
+             WHERE a.pid = $1 AND a.pid <> pg_backend_pid() \
+             AND (extract(epoch FROM a.backend_start) * 1000000)::bigint = $2 \
+             AND a.state = 'active' \
+             AND (a.wait_event = 'SyncRep' OR (a.wait_event_type = 'Lock' AND EXISTS ( \
+               SELECT 1 FROM pg_stat_activity b \
+               WHERE b.pid = ANY (pg_blocking_pids(a.pid)) AND b.wait_event = 'SyncRep')))",
+            &params,
+        );
+        let rows = tokio::time::timeout(self.command_timeout, asked).await;
+        // Closed with a goodbye (a TLS server logs an abrupt end), within
+        // a moment; then cut.
+        drop(probe);
+        let abort = driver.abort_handle();
+        if tokio::time::timeout(Duration::from_millis(100), driver)
+            .await
+            .is_err()
+        {
+            abort.abort();
+        }
+        let rows = rows.ok()?.ok()?;
+        rows.first()
+            .and_then(|row| row.try_get::<_, String>(0).ok())
+    }
+
+    /// Retires `client`, silent for `silent_for`: closed, rather than left
+    /// to the kernel with replies pending (the calls still waiting on it
+    /// fail now, and its socket goes).
+    fn retire_silent(&self, client: &Arc<Client>, silent_for: Duration) {
+        let driver = {
+            let mut heard = self.heard.lock().unwrap_or_else(|e| e.into_inner());
+            if !heard.is_about(client) {
+                return;
+            }
+            heard.judging = None;
+            heard.kept = false;
+            heard.driver.take()
+        };
         if let Some(driver) = driver {
             driver.abort();
         }
