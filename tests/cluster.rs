@@ -1805,7 +1805,11 @@ async fn a_release_that_meets_a_moved_slot_reports_nothing_lost() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_connection_the_server_closed_is_made_again() {
     let cluster = own_cluster();
-    let m = manager_on(&cluster).await;
+    // The acquisition after `CLIENT KILL` waits for the cluster connection to
+    // be made again, which took more than 500 ms once under a full CI run's
+    // load: 5 s. A release on a connection that is not made again fails at
+    // once (the server closed it), so the longer timeout hides nothing.
+    let m = manager_on_with(&cluster, Duration::from_secs(5)).await;
     let keys = keys_on_each_master(&cluster, &m, "ct-closed", 2);
     let mut conn = cluster.cluster_connection().await.unwrap();
     // The first multi-lock release on master 0 opens its connection.

@@ -743,6 +743,13 @@ impl Heard {
     fn is_about(&self, client: &Arc<Client>) -> bool {
         std::ptr::eq(self.client.as_ptr(), Arc::as_ptr(client))
     }
+
+    /// Whether judgement `number` of `client`'s silence since `silent_since`
+    /// is still the one under way: the connection was not replaced, did not
+    /// answer meanwhile, and no other judgement took over.
+    fn still_judging(&self, client: &Arc<Client>, silent_since: Instant, number: u64) -> bool {
+        self.is_about(client) && self.at == silent_since && self.judging == Some(number)
+    }
 }
 
 /// The statements prepared on one data connection.
@@ -1872,10 +1879,7 @@ impl Inner {
         let first_kept = {
             let mut heard = self.heard.lock().unwrap_or_else(|e| e.into_inner());
             // Replaced, answered meanwhile, or judged by another: over.
-            if !heard.is_about(client)
-                || heard.at != judged_at
-                || heard.judging != Some(judging.number)
-            {
+            if !heard.still_judging(client, judged_at, judging.number) {
                 return false;
             }
             at_work.is_some() && !std::mem::replace(&mut heard.kept, true)
@@ -1890,12 +1894,11 @@ impl Inner {
                 self.answered(client);
             } else {
                 // Unless it answered meanwhile (and may be judged anew).
-                let current = {
-                    let heard = self.heard.lock().unwrap_or_else(|e| e.into_inner());
-                    heard.is_about(client)
-                        && heard.at == judged_at
-                        && heard.judging == Some(judging.number)
-                };
+                let current = self
+                    .heard
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .still_judging(client, judged_at, judging.number);
                 if current {
                     self.retire_silent(client, silent_for);
                 }
