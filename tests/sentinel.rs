@@ -485,10 +485,14 @@ async fn a_listening_manager_follows_a_failover_that_leaves_the_old_master_up() 
     // machine. Skip notices (the reconnection) and the acquisition come first.
     let expired = tokio::time::timeout(Duration::from_secs(5), async {
         while let Some(item) = events.next().await {
-            if let Ok(event) = item {
-                if event.key == "exp:1" && event.kind == LockEventKind::Expired {
+            match item {
+                Ok(event) if event.key == "exp:1" && event.kind == LockEventKind::Expired => {
                     return true;
                 }
+                // Every node has the setting: the check after the
+                // resubscription finds nothing to tell.
+                Err(skipped) => assert!(!skipped.expiry_off, "{skipped:?}"),
+                Ok(_) => {}
             }
         }
         false
@@ -498,6 +502,59 @@ async fn a_listening_manager_follows_a_failover_that_leaves_the_old_master_up() 
         expired,
         Ok(true),
         "the expiry on the promoted master went unreported"
+    );
+}
+
+/// A stream that wants expiries checks the setting again after a failover:
+/// the promoted replica, whose `notify-keyspace-events` is empty, sends no
+/// expiry notices, and the stream says so (`expiry_off`) after the
+/// resubscription's `count: 0`. It said nothing more before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_is_told_when_the_promoted_master_sends_no_expiries() {
+    let fixture = RedisSentinel::spawn().unwrap();
+    let old_master = fixture.master_url().unwrap();
+    // Only on the master: its replica keeps the default (no notices).
+    let mut raw = redis::Client::open(old_master.clone())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    common::expiry_notices_on(&mut raw).await;
+    let observer = sentinel_manager(&fixture).await;
+    let mut events = observer.events("exp:*").await.unwrap();
+    fixture.failover().unwrap();
+    assert_ne!(fixture.master_url().unwrap(), old_master);
+    // The failover's resubscription comes within the sentinels' announcement
+    // and a reconnect (well under a second here), and the check is one
+    // round trip after it: 10 s leave room for a loaded machine.
+    let mut seen = Vec::new();
+    let told = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(item) = events.next().await {
+            seen.push(item.clone());
+            if let Err(skipped) = item {
+                if skipped.expiry_off {
+                    return true;
+                }
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(
+        told,
+        Ok(true),
+        "the stream was not told that expiries stopped; it saw {seen:?}"
+    );
+    assert!(
+        matches!(
+            seen.first(),
+            Some(Err(distlock::EventsSkipped {
+                count: 0,
+                expiry_off: false,
+                ..
+            }))
+        ),
+        "the resubscription's notice comes first: {seen:?}"
     );
 }
 

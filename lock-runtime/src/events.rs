@@ -26,11 +26,12 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use crate::backend::messages::{named_event, NamedEvent};
 use crate::backend::{Backend, KeyNotice, Message};
 use crate::buffer::{self, Popped};
+use crate::core::Core;
 use crate::error::{BackendError, BackendErrorKind, KeyPreview, LockError};
 use crate::keys;
 use crate::waiting::{Interest, Sink, Topic};
@@ -120,12 +121,12 @@ impl LockEventsRequest {
     /// subscribing checks that `notify-keyspace-events` includes `K` and `x`
     /// (or `A`) on every server that holds locks, and fails with
     /// [`LockError::ExpiryNotifications`] (naming the `CONFIG SET` that turns
-    /// them on) if not. The check is made when subscribing, on the servers
-    /// that hold locks then: a replica that a failover promotes later
-    /// (Sentinel, Cluster) notifies only if its own setting says so, and if
-    /// not, expiries stop arriving with nothing to tell (the stream's
-    /// `EventsSkipped { count: 0 }` at the resubscription is all): set it on
-    /// the replicas too, in their configuration file. Off, the stream has
+    /// them on) if not. A replica that a failover promotes later (Sentinel,
+    /// Cluster) notifies only if its own setting says so: set it on the
+    /// replicas too, in their configuration file. The check is made again
+    /// after each resubscription, and a server found without the setting is
+    /// told to the reader as `Err(EventsSkipped { expiry_off: true, .. })`
+    /// (see [`EventsSkipped::expiry_off`]). Off, the stream has
     /// every other event and needs no server setting. On PostgreSQL nothing needs turning on (the sweep
     /// tells of expiries, see [`LockManager::events`]); off, the stream drops
     /// them.
@@ -181,6 +182,8 @@ impl LockEventsRequest {
                         expiry: self.expiry,
                     }),
                     events,
+                    // Expiries come with the other events: nothing to check.
+                    expiry_check: None,
                 });
                 vec![core.subscriber.listen(
                     Topic::Channel(channel.to_owned()),
@@ -207,6 +210,10 @@ impl LockEventsRequest {
                     prefix,
                     filter: None,
                     events,
+                    expiry_check: expiry.is_some().then(|| ExpiryCheck {
+                        core: Arc::downgrade(&core),
+                        pattern: self.pattern.clone(),
+                    }),
                 });
                 // Published events: classic PUBLISH reaches every node of a
                 // cluster, so the first source hears them all. Expiry notices
@@ -279,6 +286,8 @@ enum Heard {
     /// An event whose lock could not be named (its name too long for the
     /// store's message): one event this stream may have wanted.
     Unnamed,
+    /// Made again on a server that sends no expiry notices.
+    ExpiryOff,
 }
 
 /// Turns the messages the subscriber routes to a stream into its events.
@@ -288,6 +297,63 @@ struct EventSink {
     /// keeps of it.
     filter: Option<Filter>,
     events: buffer::Sender<Heard>,
+    /// Where expiries are the servers' keyspace notices: the check, made
+    /// again after each resubscription, that they still send them.
+    expiry_check: Option<ExpiryCheck>,
+}
+
+/// After a failover, the servers that hold the locks are others than those
+/// checked when subscribing: a promoted replica sends expiry notices only if
+/// its own `notify-keyspace-events` says so, and otherwise expiries would
+/// stop with nothing to tell the reader.
+struct ExpiryCheck {
+    /// Weak: the manager's subscriber holds this sink.
+    core: Weak<Core>,
+    /// The stream's key pattern, for the error's message.
+    pattern: String,
+}
+
+impl ExpiryCheck {
+    /// Reads the servers' settings in a task of its own (the subscriber,
+    /// which calls this, never waits on a round trip), and tells the
+    /// stream when one no longer sends expiry notices.
+    fn spawn(&self, events: buffer::Sender<Heard>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (core, pattern) = (self.core.clone(), self.pattern.clone());
+        runtime.spawn(async move {
+            let Some(core) = core.upgrade() else {
+                return;
+            };
+            if core.is_shut_down() {
+                return;
+            }
+            match core.backend.ensure_expiry_notices(&pattern).await {
+                Err(LockError::ExpiryNotifications {
+                    setting,
+                    config_set,
+                    ..
+                }) if setting != "?" => {
+                    tracing::warn!(target: "distlock::events",
+                        pattern = %pattern,
+                        setting = %setting,
+                        fix = %config_set,
+                        "lock events: a server that holds locks now (after a failover) sends no \
+                         expiry notices, so expiries are not reported; run the command shown on \
+                         it, and set the same in the configuration file of every replica");
+                    let _ = events.push_keeping(Heard::ExpiryOff);
+                }
+                // Read when subscribing, not now (a server that is still
+                // starting, a timeout): nothing is known to be wrong.
+                Err(e) => {
+                    tracing::debug!(target: "distlock::events", error = %e,
+                        "could not read notify-keyspace-events after a resubscription");
+                }
+                Ok(()) => {}
+            }
+        });
+    }
 }
 
 /// What a stream keeps of a store's one events channel.
@@ -316,6 +382,9 @@ impl Sink for EventSink {
             // Kept even in a full buffer: counted as one more skipped event,
             // the reader would think it knew how many it missed.
             let _ = self.events.push_keeping(Heard::Resubscribed);
+            if let Some(check) = &self.expiry_check {
+                check.spawn(self.events.clone());
+            }
         }
     }
 
@@ -397,10 +466,11 @@ pub enum LockEventKind {
 /// broke and was made again: events published meanwhile were missed, how
 /// many is unknown. Or (`count` 1, PostgreSQL) an event came whose lock's
 /// name was too long for a notification to carry, so that its lock is
-/// unknown (see [`LockManager::events`]). A reader that needs the state
+/// unknown (see [`LockManager::events`]). Or ([`expiry_off`](Self::expiry_off))
+/// expiries are being missed from here on. A reader that needs the state
 /// after a skip reads it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("{}", skipped_message(*count))]
+#[error("{}", skipped_message(self))]
 #[non_exhaustive]
 pub struct EventsSkipped {
     /// How many events were dropped (on PostgreSQL also an event whose
@@ -409,16 +479,48 @@ pub struct EventsSkipped {
     /// again: the server lost the permission meanwhile; a second one with 0
     /// follows once it is back).
     pub count: u64,
+    /// True when, after the subscription was made again (a failover, on
+    /// Sentinel or Cluster), a server that holds locks now sends no expiry
+    /// notices: its `notify-keyspace-events` lacks `K` or `x`, as a promoted
+    /// replica's does unless its own configuration sets them. Expiries are
+    /// not reported until that server's setting is changed (the
+    /// subscription stays in place, so they arrive once it is); the log
+    /// names the `CONFIG SET` to run (warning, target `distlock::events`).
+    /// Checked after each resubscription of a stream that wants expiries;
+    /// it follows the `count: 0` of that resubscription. Never on
+    /// PostgreSQL, whose expiries need no setting.
+    pub expiry_off: bool,
 }
 
-fn skipped_message(count: u64) -> String {
-    if count == 0 {
+impl EventsSkipped {
+    /// `count` events dropped.
+    fn counted(count: u64) -> Self {
+        EventsSkipped {
+            count,
+            expiry_off: false,
+        }
+    }
+
+    /// Events missed while the subscription was down, how many unknown.
+    fn unknown() -> Self {
+        EventsSkipped::counted(0)
+    }
+}
+
+fn skipped_message(skipped: &EventsSkipped) -> String {
+    if skipped.expiry_off {
+        "the lock events stream misses expiries from here on: a server that holds locks now \
+         (after a failover) sends no expiry notices (notify-keyspace-events lacks K or x); \
+         the log names the CONFIG SET to run there"
+            .to_owned()
+    } else if skipped.count == 0 {
         "the lock events stream missed events while its subscription was down (or refused)"
             .to_owned()
     } else {
         format!(
-            "the lock events stream dropped {count} events: its reader fell behind (or, on \
-             PostgreSQL, an event's lock name was too long to send)"
+            "the lock events stream dropped {} events: its reader fell behind (or, on \
+             PostgreSQL, an event's lock name was too long to send)",
+            skipped.count
         )
     }
 }
@@ -460,9 +562,13 @@ impl futures_util::Stream for LockEvents {
         self.events.poll_pop(cx).map(|popped| {
             popped.map(|popped| match popped {
                 Popped::Item(Heard::Event(event)) => Ok(event),
-                Popped::Item(Heard::Resubscribed) => Err(EventsSkipped { count: 0 }),
-                Popped::Item(Heard::Unnamed) => Err(EventsSkipped { count: 1 }),
-                Popped::Skipped(count) => Err(EventsSkipped { count }),
+                Popped::Item(Heard::Resubscribed) => Err(EventsSkipped::unknown()),
+                Popped::Item(Heard::Unnamed) => Err(EventsSkipped::counted(1)),
+                Popped::Item(Heard::ExpiryOff) => Err(EventsSkipped {
+                    count: 0,
+                    expiry_off: true,
+                }),
+                Popped::Skipped(count) => Err(EventsSkipped::counted(count)),
             })
         })
     }
