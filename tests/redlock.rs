@@ -161,6 +161,74 @@ async fn one_release_wakes_one_waiter_per_manager(prefix: &str) {
     g2.release().await.unwrap();
 }
 
+/// A Redlock attempt short of a majority gives its grants back under the
+/// owner token its request keeps, and that give-back wakes the lock's
+/// waiters as a release would. Every member publishes each release, so
+/// managers drop copies by payload: when a give-back's wake-up was the plain
+/// owner token, the same owner's real release later was dropped as a copy
+/// of it, and another manager's waiter it would have woken waited for its
+/// backoff instead. A give-back's wake-up is now `<owner>~`.
+///
+/// Here another owner holds three members of five for 1.5 s (written by
+/// hand), so the waiting acquisition is granted on the other two and gives
+/// them back, until that lease ends and it takes the lock. What the first of
+/// the free members publishes on the wake-up channel: the give-backs, then
+/// the release.
+#[tokio::test]
+async fn a_give_back_wakes_waiters_with_a_payload_its_owners_release_does_not_repeat() {
+    use futures_util::StreamExt;
+    let servers = five();
+    let m = redlock(urls(&servers)).await;
+    let names = m.redis_names("given");
+    for s in &servers[1..4] {
+        let () = redis::cmd("SET")
+            .arg(&names.lock)
+            .arg("0123456789abcdef0123456789abcdef-0:1700000000000:by-hand")
+            .arg("PX")
+            .arg(1500)
+            .query_async(&mut raw(s).await)
+            .await
+            .unwrap();
+    }
+    let mut heard = redis::Client::open(servers[0].url())
+        .unwrap()
+        .get_async_pubsub()
+        .await
+        .unwrap();
+    heard.subscribe(names.channel()).await.unwrap();
+    // The hand-written lease ends within 1.5 s, and the waiter's backoff is
+    // capped by it: 10 s leave room for a loaded machine.
+    m.lock("given")
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let mut payloads = Vec::new();
+    let mut messages = heard.on_message();
+    // The release's message left before its reply: it is here, or arrives
+    // within a moment.
+    while let Ok(Some(message)) =
+        tokio::time::timeout(Duration::from_millis(500), messages.next()).await
+    {
+        payloads.push(message.get_payload::<String>().unwrap());
+    }
+    assert!(
+        payloads.len() >= 2,
+        "a give-back and a release: {payloads:?}"
+    );
+    let (release, give_backs) = payloads.split_last().unwrap();
+    for give_back in give_backs {
+        assert_eq!(
+            *give_back,
+            format!("{release}~"),
+            "each give-back's wake-up is the releasing owner's, marked: {payloads:?}"
+        );
+    }
+}
+
 /// Under contention the lock goes to either manager's waiters, not for long
 /// stretches to the releasing manager's: a wake-up heard while a waiter's
 /// winning attempt was in flight, once passed on to the next waiter of its

@@ -996,7 +996,7 @@ impl Cluster {
                     keys,
                     owner,
                     keep_ms: 0,
-                    waiters: ExpectedWaiters::Unknown,
+                    waiters: ExpectedWaiters::GivenBack,
                 };
                 // Boxed, as the acknowledged call above.
                 Box::pin(super::require_replicas(

@@ -81,6 +81,14 @@ pub(crate) enum ExpectedWaiters {
     /// the lock over, sent behind a `PING` in the same write (see
     /// `Scripts::release`; on a cluster, without it).
     Likely,
+    /// Not a release of a hold: an acquisition gives back a grant it cannot
+    /// use (Redlock's grants short of a majority, a grant its replicas did
+    /// not confirm), and its owner token may hold the lock later. The full
+    /// release, whose wake-up is marked as a give-back's (see release.lua):
+    /// a manager that hears each release several times drops the copies by
+    /// payload, and would otherwise take the owner's real release, later,
+    /// for one more copy of the give-back.
+    GivenBack,
 }
 
 /// Where the manager's Redis is.

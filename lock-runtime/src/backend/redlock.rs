@@ -655,7 +655,7 @@ impl Redlock {
             keys,
             owner,
             keep_ms: 0,
-            waiters: ExpectedWaiters::Unknown,
+            waiters: ExpectedWaiters::GivenBack,
         };
         self.on_all(key, timeout, |m| m.on_key(key, &release))
             .await

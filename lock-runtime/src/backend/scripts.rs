@@ -529,13 +529,21 @@ pub(crate) fn is_lock_value(value: &[u8]) -> bool {
 /// release.lua's call: the owner token alone when it can be, `keep_ms` and
 /// the events channel only when set (the script derives the wake-up channel
 /// and hand-off base from the names), since every argument costs the server
-/// an object and a Lua string on each release.
-fn default_release_cmd(lua: &Lua, keys: &RedisNames, owner: &str, keep_ms: u64) -> Cmd {
+/// an object and a Lua string on each release; the give-back mark only for
+/// a give-back (see [`ExpectedWaiters::GivenBack`]).
+fn default_release_cmd(
+    lua: &Lua,
+    keys: &RedisNames,
+    owner: &str,
+    keep_ms: u64,
+    given_back: bool,
+) -> Cmd {
     let with_events = !keys.events.is_empty();
-    let argc = match (with_events, keep_ms > 0) {
-        (true, _) => 3,
-        (false, true) => 2,
-        (false, false) => 1,
+    let argc = match (given_back, with_events, keep_ms > 0) {
+        (true, _, _) => 4,
+        (false, true, _) => 3,
+        (false, false, true) => 2,
+        (false, false, false) => 1,
     };
     let mut cmd = lua.call(
         &[
@@ -551,11 +559,17 @@ fn default_release_cmd(lua: &Lua, keys: &RedisNames, owner: &str, keep_ms: u64) 
     if argc > 1 {
         cmd.arg(keep_ms);
     }
-    if with_events {
+    if argc > 2 {
         cmd.arg(&keys.events);
+    }
+    if given_back {
+        cmd.arg(GIVEN_BACK);
     }
     cmd
 }
+
+/// release.lua's ARGV[4] for a give-back: its wake-up is `<owner>~`.
+const GIVEN_BACK: &str = "~";
 
 /// release_free.lua's call: the lock's key alone, the claim (the owner
 /// token and the unmarked byte, see [`Unmarked`]), and the events channel
@@ -1095,7 +1109,7 @@ impl Scripts {
             pipe.cmd("SCRIPT").arg("LOAD").arg(lua.source);
         }
         for (keys, owner, keep_ms) in locks {
-            pipe.add_command(self.release_cmd(keys, owner, *keep_ms));
+            pipe.add_command(self.release_cmd(keys, owner, *keep_ms, false));
         }
         pipe
     }
@@ -1157,11 +1171,16 @@ impl Scripts {
 
     /// `keep_ms`: above zero, the lock is kept that many milliseconds more
     /// (its TTL set to it) instead of deleted, for a request's `min_hold`.
-    fn release_cmd(&self, keys: &RedisNames, owner: &str, keep_ms: u64) -> Cmd {
+    /// The release script's call for `keys`' kind; `given_back` marks a
+    /// default lock's give-back (the other kinds' acquisitions give nothing
+    /// back by release).
+    fn release_cmd(&self, keys: &RedisNames, owner: &str, keep_ms: u64, given_back: bool) -> Cmd {
         let lua = self.release_lua(keys.kind);
         let args_len = owner.len() + keys.channel().len() + 20;
         let mut cmd = match keys.kind {
-            LockKind::Exclusive => return default_release_cmd(lua, keys, owner, keep_ms),
+            LockKind::Exclusive => {
+                return default_release_cmd(lua, keys, owner, keep_ms, given_back)
+            }
             LockKind::Write => lua.call(&[&keys.lock, keys.intent()], 3, args_len),
             LockKind::Read => lua.call(&[&keys.lock, keys.intent(), keys.details()], 3, args_len),
             LockKind::Permit { .. } => {
@@ -1198,7 +1217,8 @@ impl Scripts {
             // Declined: someone queued since.
             waiters = ExpectedWaiters::Likely;
         }
-        let cmd = self.release_cmd(keys, owner, keep_ms);
+        let given_back = waiters == ExpectedWaiters::GivenBack;
+        let cmd = self.release_cmd(keys, owner, keep_ms, given_back);
         let lua = self.release_lua(keys.kind);
         let reply =
             if handing_over && waiters == ExpectedWaiters::Likely && self.ping_before_handoff {
@@ -1257,7 +1277,7 @@ impl Scripts {
         owner: &str,
         keep_ms: u64,
     ) -> RedisResult<bool> {
-        let cmd = self.release_cmd(keys, owner, keep_ms);
+        let cmd = self.release_cmd(keys, owner, keep_ms, false);
         let reply = self.release_lua(keys.kind).invoke_blocking(conn, &cmd)?;
         release_reply(reply, owner)
     }
@@ -1645,7 +1665,7 @@ impl Scripts {
             "the free release script (declining)",
             &self.release_free,
         ));
-        pipe.add_command(self.release_cmd(keys, owner, 0));
+        pipe.add_command(self.release_cmd(keys, owner, 0, false));
         steps.push(ProbeStep::script(
             "the release script (hand-off)",
             &self.release,
@@ -1656,7 +1676,7 @@ impl Scripts {
             &self.release_free,
         ));
         // Nothing left to release: the full script answers not ours.
-        pipe.add_command(self.release_cmd(keys, &other, 0));
+        pipe.add_command(self.release_cmd(keys, &other, 0, false));
         steps.push(ProbeStep::script("the release script", &self.release));
         // Leave nothing behind (the counter would otherwise live out its TTL).
         pipe.cmd("DEL").arg(keys.fencing_counter());

@@ -501,7 +501,7 @@ impl Single {
                 keys,
                 owner,
                 keep_ms: 0,
-                waiters: ExpectedWaiters::Unknown,
+                waiters: ExpectedWaiters::GivenBack,
             };
             super::require_replicas(key, reply, acked, &ack, self.on_key(key, &release)).await
         })

@@ -14,6 +14,12 @@
 --          events): a release that deletes the lock publishes
 --          "released <token>" on it, a hand-off "handed-over ..."
 --          (queue_prelude.lua)
+-- ARGV[4]  '~', optional: a give-back, not a release of a hold (an
+--          acquisition returns a grant it cannot use, and its owner token
+--          may hold the lock later): its wake-up is "<owner>~" instead of
+--          "<owner>", so that a manager that drops copies of one release by
+--          payload (several Redlock members, or a cluster's nodes, publish
+--          each) does not take the owner's real release for a copy of it
 -- The wake-up channel (for waiters that do not queue: multi-key, Redlock)
 -- and the hand-off base ("<prefix>handoff", see queue_prelude.lua) are not
 -- arguments: the slow path derives them from KEYS[1] and KEYS[3], which share

@@ -27,7 +27,7 @@ if ours then
   -- that do not queue hear of it.
   if not queue_hand_off(KEYS[1], KEYS[2], KEYS[3], KEYS[4], handoff_base, events) then
     redis.call('DEL', KEYS[1])
-    redis.call('PUBLISH', prefix .. 'wake:' .. tail, owner)
+    redis.call('PUBLISH', prefix .. 'wake:' .. tail, owner .. (ARGV[4] or ''))
     if events ~= '' then
       redis.call('PUBLISH', events, 'released ' .. (string.match(held, '^%d+', owner_len + 2) or '0'))
     end
