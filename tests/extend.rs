@@ -62,6 +62,60 @@ async fn extend_replaces_the_ttl_and_renewals_keep_the_new_length() {
     g.release().await.unwrap();
 }
 
+/// An extend answered after the holder was told its lease was lost (its
+/// local deadline passed while the call was out) returned `Ok(())`, and the
+/// guard stayed lost for good: no renewal, `release` and `fencing_token`
+/// said `Lost`. The loss stands and `extend` reports it; the release deletes
+/// the lock the extend kept in the store.
+///
+/// Bounds: the 300 ms lease without renewal ends the holder's trust at most
+/// 300 ms after the acquisition was sent; the extend's reply is held 600 ms
+/// (within the manager's 2 s command timeout), so `lost()` completes first.
+#[tokio::test]
+async fn an_extend_answered_after_the_loss_was_told_reports_the_loss() {
+    use distlock::testing::{FaultMode, FaultProxy};
+    let redis = server();
+    let proxy = FaultProxy::start(redis.addr()).await.unwrap();
+    let m = LockManager::builder(&proxy.url())
+        .command_timeout(Duration::from_secs(2))
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap();
+    open_every_connection(&m).await;
+    let g = m
+        .lock("told-lost")
+        .lease(Duration::from_millis(300))
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    proxy.set_mode(FaultMode::DelayReplies(Duration::from_millis(600)));
+    let told = async {
+        g.lost().await;
+        Instant::now()
+    };
+    let extend = async {
+        let outcome = g.extend(Duration::from_secs(10)).await;
+        (outcome, Instant::now())
+    };
+    let (told_at, (extended, answered_at)) = tokio::join!(told, extend);
+    assert!(told_at < answered_at, "the loss was told before the reply");
+    assert!(
+        matches!(extended, Err(LockError::Lost { ref key }) if key == "told-lost"),
+        "{extended:?}"
+    );
+    assert!(g.is_lost());
+    proxy.set_mode(FaultMode::Pass);
+    // The extend kept the lock in the store for 10 s; the release, which
+    // reports the loss, deletes it.
+    let name = m.redis_names("told-lost").lock;
+    let mut conn = raw(&redis).await;
+    assert!(exists(&mut conn, &name).await);
+    assert!(matches!(g.release().await, Err(LockError::Lost { .. })));
+    assert!(!exists(&mut conn, &name).await, "the release left the lock");
+}
+
 #[tokio::test]
 async fn extend_after_the_lock_was_taken_over_reports_the_loss() {
     let redis = server();

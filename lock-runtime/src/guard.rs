@@ -138,7 +138,9 @@ impl LockGuard {
     ///
     /// # Errors
     /// [`LockError::InvalidConfig`] for a lease outside 10 ms to 30 days,
-    /// [`LockError::Lost`] when the lease was lost (or is found lost now),
+    /// [`LockError::Lost`] when the lease was lost (or is found lost now, or
+    /// was told lost while the call was out: the loss stands, and the
+    /// release deletes the lock the store kept),
     /// [`LockError::Backend`] when the store fails. The store may or may not
     /// have taken the new lease then (a reply lost after it ran): the holder
     /// trusts the shorter of the old deadline and the new lease from the
@@ -182,6 +184,13 @@ impl LockGuard {
         match outcome {
             Some(Renewal::Renewed { sent_at }) => {
                 self.lease.extended(sent_at, lease_ms);
+                // Told lost while the call was out (its local deadline
+                // passed, or the shutdown ended it): the loss stands, as the
+                // holder may have acted on it. The store keeps the lock for
+                // the new lease until the guard's release deletes it.
+                if self.lease.is_lost() {
+                    return Err(self.lost_error());
+                }
                 core.renewals.rescheduled(&self.lease);
                 Ok(())
             }
