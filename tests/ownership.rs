@@ -719,3 +719,62 @@ async fn no_ticket_is_made_of_a_hold_a_shutdown_released() {
         .expect_err("a ticket of a released hold");
     assert!(guard.is_lost());
 }
+
+/// A `resume` whose manager shut down while its renewal was out returns
+/// `ShutDown` and leaves the ticket's hold as it was, for the next `resume`
+/// (a job queue delivers the ticket again): it gave the hold back by the
+/// ticket's owner token, freeing the lock while the job was still to run.
+/// A grant that comes after its lease gives nothing back either, for the
+/// same reason.
+///
+/// Bounds: the worker's replies are held 300 ms, and its shutdown starts
+/// 100 ms into the resume's renewal (the request itself is on the server at
+/// once). A give-back would be sent as the reply came and reach the server
+/// at once too: 500 ms later, the lock must still be there.
+#[tokio::test]
+async fn a_resume_cut_short_by_a_shutdown_leaves_the_tickets_hold() {
+    use distlock::testing::{FaultMode, FaultProxy};
+    let redis = server();
+    let handler = manager(&redis).await;
+    let proxy = FaultProxy::start(redis.addr()).await.unwrap();
+    let worker = distlock::LockManager::builder(&proxy.url())
+        .command_timeout(Duration::from_secs(2))
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap();
+    open_every_connection(&worker).await;
+    let ticket = handler
+        .lock("ticket:shutdown")
+        .lease(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap()
+        .into_ticket()
+        .unwrap();
+    proxy.set_mode(FaultMode::DelayReplies(Duration::from_millis(300)));
+    let shutdown = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        worker.shutdown().await
+    };
+    let (resumed, _) = tokio::join!(worker.resume(&ticket), shutdown);
+    assert!(
+        matches!(resumed, Err(LockError::ShutDown { ref key }) if key == "ticket:shutdown"),
+        "{resumed:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let name = handler.redis_names("ticket:shutdown").lock;
+    assert!(
+        exists(&mut raw(&redis).await, &name).await,
+        "the ticket's hold was given back"
+    );
+    // Another worker resumes it.
+    let other = manager(&redis).await;
+    other
+        .resume(&ticket)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}

@@ -317,9 +317,9 @@ impl Drop for LockGuard {
 /// task and counted as acquired. A lock `handed_off` by a release got that
 /// TTL counted from the attempt sent at `new.sent_at`. If the manager was
 /// shut down while the acquisition was in flight, the lock goes straight back
-/// in the background and the caller gets [`LockError::ShutDown`]; if the
-/// reply came after the lease's deadline, [`LockError::Lost`] (the lock goes
-/// back too, unless `resumed` from a ticket).
+/// in the background (unless `resumed` from a ticket) and the caller gets
+/// [`LockError::ShutDown`]; if the reply came after the lease's deadline,
+/// [`LockError::Lost`] (the lock goes back too, unless `resumed`).
 pub(crate) fn grant(
     core: &Arc<Core>,
     new: NewLease,
@@ -353,8 +353,11 @@ pub(crate) fn grant(
     }
     if !core.renewals.insert(lease.clone()) {
         lease.mark_released();
-        // The holder never had it: no min_hold to keep.
-        release_lease_in_background(core, &lease, None);
+        // The holder never had it: no min_hold to keep. A ticket's hold
+        // stays, as above: the ticket may be resumed again elsewhere.
+        if !resumed {
+            release_lease_in_background(core, &lease, None);
+        }
         return Err(LockError::ShutDown {
             key: lease.key.clone(),
         });

@@ -277,7 +277,9 @@ impl LockManager {
     /// # Errors
     /// [`LockError::Lost`] when the hold is gone (its lease ran out, it was
     /// released or force-unlocked), [`LockError::ShutDown`] after
-    /// [`shutdown`](Self::shutdown), [`LockError::InvalidKey`] for a bad key,
+    /// [`shutdown`](Self::shutdown) (also when the shutdown began while the
+    /// call was out: the hold is then left as it was, for the ticket's next
+    /// `resume`), [`LockError::InvalidKey`] for a bad key,
     /// [`LockError::Backend`] when Redis fails.
     pub async fn resume(&self, ticket: &HoldTicket) -> Result<LockGuard, LockError> {
         keys::validate_key(&ticket.key)?;
