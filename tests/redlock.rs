@@ -936,3 +936,73 @@ async fn a_busy_attempt_waits_for_a_silent_member_no_longer_than_its_calls_do() 
         "a busy attempt took {took:?}"
     );
 }
+
+/// Guards dropped as the runtime ends are released over blocking
+/// connections, one member after another. With a member cut off, each such
+/// release waited for it (its command timeout) and then succeeded on the
+/// majority, so the manager never stopped trying it: ten guards took ten
+/// timeouts to let the process end. A member whose blocking release failed
+/// is now skipped by the later ones; the others still release.
+///
+/// Bounds: the cut-off member costs its first release at most the connect
+/// and command timeouts (300 ms each, 600 ms); each later release costs
+/// two round trips on loopback. 1.5 s is half of what ten command timeouts
+/// alone took.
+#[test]
+fn guards_dropped_as_the_runtime_ends_wait_for_a_cut_off_member_once() {
+    let servers: Vec<RedisServer> = (0..3).map(|_| server()).collect();
+    // The proxy runs on a runtime of its own, which outlives the manager's.
+    let proxy_rt = tokio::runtime::Runtime::new().unwrap();
+    let proxy = proxy_rt
+        .block_on(FaultProxy::start(servers[2].addr()))
+        .unwrap();
+    let member_urls = vec![servers[0].url(), servers[1].url(), proxy.url()];
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let names: Vec<String> = rt.block_on(async {
+        let m = LockManager::redlock_builder(member_urls)
+            .command_timeout(Duration::from_millis(300))
+            .connect_timeout(Duration::from_millis(300))
+            .build()
+            .await
+            .unwrap();
+        let mut names = Vec::new();
+        for i in 0..10 {
+            let (held, is_held) = tokio::sync::oneshot::channel();
+            let holder = m.clone();
+            tokio::spawn(async move {
+                let _g = holder
+                    .lock(format!("cut-off-{i}"))
+                    .lease(Duration::from_secs(30))
+                    .acquire()
+                    .await
+                    .unwrap();
+                let _ = held.send(());
+                std::future::pending::<()>().await;
+            });
+            is_held.await.unwrap();
+            names.push(m.redis_names(&format!("cut-off-{i}")).lock);
+        }
+        proxy.set_mode(FaultMode::BlackHole);
+        names
+    });
+    let started = Instant::now();
+    drop(rt);
+    let took = started.elapsed();
+    proxy_rt.block_on(async move { drop(proxy) });
+    assert!(
+        took < Duration::from_millis(1500),
+        "the runtime's end took {took:?}: each release waited for the cut-off member"
+    );
+    let check = tokio::runtime::Runtime::new().unwrap();
+    check.block_on(async {
+        for s in &servers[..2] {
+            let mut conn = raw(s).await;
+            for name in &names {
+                assert!(!exists(&mut conn, name).await, "{name} left on a member");
+            }
+        }
+    });
+}

@@ -48,10 +48,6 @@ pub(crate) struct Core {
     /// Set once a shutdown has done its work (or its caller gave up on
     /// it): a second call waits for it.
     shutdown_done: tokio::sync::watch::Sender<bool>,
-    /// Set when a release made over a blocking connection as the runtime
-    /// shuts down failed: the later ones are skipped (see
-    /// `release::BackgroundRelease`).
-    pub(crate) blocking_releases_failed: AtomicBool,
 }
 
 impl Core {
@@ -75,7 +71,6 @@ impl Core {
             background_releases: AtomicUsize::new(0),
             background_releases_done: tokio::sync::Notify::new(),
             shutdown_done: tokio::sync::watch::Sender::new(false),
-            blocking_releases_failed: AtomicBool::new(false),
         }
     }
 

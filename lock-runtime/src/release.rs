@@ -550,26 +550,14 @@ impl BackgroundRelease {
 
     fn release_blocking(&self) {
         // Each blocking release waits up to the connect and command
-        // timeouts: once one failed (the store unreachable as the runtime
-        // shuts down), the manager's later ones are left to their leases, so
-        // that a shutdown with many guards does not wait out each in turn.
-        if self
-            .core
-            .blocking_releases_failed
-            .load(std::sync::atomic::Ordering::Relaxed)
-        {
-            return;
-        }
+        // timeouts: the backend skips a server on which one failed already
+        // (the store unreachable as the runtime shuts down), so that a
+        // shutdown with many guards does not wait out each in turn.
         let result = self.core.backend.release_blocking(
             &self.keys,
             &self.owner,
             crate::lease::keep_ms(self.keep_until),
         );
-        if result.is_err() {
-            self.core
-                .blocking_releases_failed
-                .store(true, std::sync::atomic::Ordering::Relaxed);
-        }
         tracing::debug!(target: "distlock::release", key = %KeyPreview(&self.key), ok = result.is_ok(), "released at runtime shutdown");
     }
 }

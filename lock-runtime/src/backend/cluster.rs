@@ -115,6 +115,9 @@ pub(crate) struct Cluster {
     /// [`Cluster::node_connection`]): one at a time, however many calls need
     /// it (a dead master's keys are asked for by every caller at once).
     node_connecting: Mutex<Vec<(Node, Connecting)>>,
+    /// Nodes on which a blocking release failed (see
+    /// [`Cluster::release_blocking`]).
+    blocking_releases_failed: Mutex<Vec<Option<Node>>>,
     /// Their settings (those of a single server's connection).
     node_conn_config: Box<ConnectionManagerConfig>,
     /// The runtime the manager was built on (`build()` needs one): node
@@ -738,6 +741,7 @@ impl Cluster {
             node_generations: AtomicU64::new(0),
             nodes_down: Mutex::new(Vec::new()),
             node_connecting: Mutex::new(Vec::new()),
+            blocking_releases_failed: Mutex::new(Vec::new()),
             // One try to connect: a request for a node that refuses fails at
             // once (it was not sent), and the next one tries again.
             node_conn_config: Box::new(
@@ -1416,18 +1420,43 @@ impl Cluster {
             .unwrap_or_else(|e| e.into_inner())
             .master_of(slot_of(&keys.lock))
             .cloned();
-        let client =
-            match node {
-                Some(node) => self.client_for(&node)?,
+        // Each waits up to the connect and command timeouts: once one failed
+        // on a node (unreachable as the runtime shuts down), the later ones
+        // for that node (`None`: the first seed) are left to their leases,
+        // so that a shutdown with many guards does not wait out each in
+        // turn, while the other masters' locks are still released.
+        let failed_before = || {
+            self.blocking_releases_failed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(&node)
+        };
+        if failed_before() {
+            return Err(RedisError::from((
+                ErrorKind::Client,
+                "not sent: an earlier release at runtime shutdown failed on this node",
+            )));
+        }
+        let released = (|| {
+            let client = match &node {
+                Some(node) => self.client_for(node)?,
                 None => self.seeds.first().cloned().ok_or_else(|| {
                     RedisError::from((ErrorKind::Client, "no cluster node known"))
                 })?,
             };
-        let mut conn = client.get_connection_with_timeout(self.connect_timeout)?;
-        conn.set_read_timeout(Some(self.command_timeout))?;
-        conn.set_write_timeout(Some(self.command_timeout))?;
-        self.scripts
-            .release_blocking(&mut conn, keys, owner, keep_ms)
+            let mut conn = client.get_connection_with_timeout(self.connect_timeout)?;
+            conn.set_read_timeout(Some(self.command_timeout))?;
+            conn.set_write_timeout(Some(self.command_timeout))?;
+            self.scripts
+                .release_blocking(&mut conn, keys, owner, keep_ms)
+        })();
+        if released.is_err() && !failed_before() {
+            self.blocking_releases_failed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(node);
+        }
+        released
     }
 
     /// One pipeline per node, sent to all nodes at once.

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
+use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 
 use super::calls::{KeyCall, Release};
 use super::direct::{DirectCall, DirectLane, LaneTls};
@@ -43,6 +43,8 @@ pub(crate) struct Single {
     connect_timeout: Duration,
     /// Round trips spent on renewals (see `Backend::renewal_round_trips`).
     pub(crate) renewal_round_trips: AtomicU64,
+    /// A blocking release failed here (see [`Single::release_blocking`]).
+    blocking_release_failed: AtomicBool,
 }
 
 /// The current connection, and which one it is.
@@ -312,6 +314,7 @@ impl Single {
             command_timeout: config.command_timeout,
             connect_timeout: config.connect_timeout,
             renewal_round_trips: AtomicU64::new(0),
+            blocking_release_failed: AtomicBool::new(false),
         }
     }
 
@@ -575,13 +578,30 @@ impl Single {
         owner: &str,
         keep_ms: u64,
     ) -> RedisResult<bool> {
-        let mut conn = self
-            .client
-            .get_connection_with_timeout(self.connect_timeout)?;
-        conn.set_read_timeout(Some(self.command_timeout))?;
-        conn.set_write_timeout(Some(self.command_timeout))?;
-        self.scripts
-            .release_blocking(&mut conn, keys, owner, keep_ms)
+        // Each waits up to the connect and command timeouts: once one failed
+        // here (the server unreachable as the runtime shuts down), the later
+        // ones are left to their leases, so that a shutdown with many guards
+        // does not wait out each in turn (a Redlock member cut off, say, while
+        // the others release).
+        if self.blocking_release_failed.load(Ordering::Relaxed) {
+            return Err(RedisError::from((
+                ErrorKind::Client,
+                "not sent: an earlier release at runtime shutdown failed on this server",
+            )));
+        }
+        let released = (|| {
+            let mut conn = self
+                .client
+                .get_connection_with_timeout(self.connect_timeout)?;
+            conn.set_read_timeout(Some(self.command_timeout))?;
+            conn.set_write_timeout(Some(self.command_timeout))?;
+            self.scripts
+                .release_blocking(&mut conn, keys, owner, keep_ms)
+        })();
+        if released.is_err() {
+            self.blocking_release_failed.store(true, Ordering::Relaxed);
+        }
+        released
     }
 
     /// One pipeline of renew scripts: one round trip.

@@ -780,6 +780,8 @@ impl Prepared {
 pub(crate) struct Postgres {
     inner: Arc<Inner>,
     sweeper: tokio::task::JoinHandle<()>,
+    /// A blocking release failed (see [`Postgres::release_blocking`]).
+    blocking_release_failed: AtomicBool,
 }
 
 impl Drop for Postgres {
@@ -948,7 +950,11 @@ impl Postgres {
             Arc::downgrade(&inner),
             config.postgres.sweep_interval,
         ));
-        Ok(Postgres { inner, sweeper })
+        Ok(Postgres {
+            inner,
+            sweeper,
+            blocking_release_failed: AtomicBool::new(false),
+        })
     }
 
     /// The listening connection (see [`listener`]), checked to hear what
@@ -1357,7 +1363,10 @@ impl Postgres {
 
     /// See `Backend::release_blocking`: a connection of its own, on a thread
     /// of its own with its own runtime (the caller's runtime is shutting
-    /// down), bounded by the connect and command timeouts.
+    /// down), bounded by the connect and command timeouts. Once one failed
+    /// (the server unreachable as the runtime shuts down), the later ones are
+    /// left to their leases, so that a shutdown with many guards does not
+    /// wait out each in turn.
     pub(crate) fn release_blocking(
         &self,
         keys: &RedisNames,
@@ -1368,6 +1377,26 @@ impl Postgres {
             key: keys.lock.clone(),
             source: BackendError::new(BackendErrorKind::Other, what),
         };
+        if self.blocking_release_failed.load(Ordering::Relaxed) {
+            return Err(failed(
+                "not sent: an earlier release at runtime shutdown failed on this server".to_owned(),
+            ));
+        }
+        let released = self.release_blocking_once(keys, owner, keep_ms, failed);
+        if released.is_err() {
+            self.blocking_release_failed.store(true, Ordering::Relaxed);
+        }
+        released
+    }
+
+    /// One [`release_blocking`](Self::release_blocking), sent.
+    fn release_blocking_once(
+        &self,
+        keys: &RedisNames,
+        owner: &str,
+        keep_ms: u64,
+        failed: impl Fn(String) -> LockError,
+    ) -> Result<bool, LockError> {
         let pg = self.inner.pg.clone();
         let connector = self.inner.connector.clone();
         // The default lock's release, or the shared kinds' (which also takes
