@@ -778,3 +778,58 @@ async fn a_resume_cut_short_by_a_shutdown_leaves_the_tickets_hold() {
         .await
         .unwrap();
 }
+
+/// A hold handed over by a queue has only the hand-off's TTL in the store
+/// (the 3 s queue lease at most) until its first renewal, about a second
+/// after the grant. A ticket made before that lasted those 3 s, not what is
+/// left of its 30 s lease, and a job delivered later found its hold gone.
+/// `into_ticket` now sends that renewal (in the background: it makes no
+/// round trip itself).
+///
+/// Bounds: the renewal is one round trip on loopback; 2 s leave room for a
+/// loaded machine, and are still under the hand-off's 3 s.
+#[tokio::test]
+async fn a_ticket_of_a_hold_just_handed_over_lasts_its_lease() {
+    let redis = server();
+    let holder = manager(&redis).await;
+    let worker = manager(&redis).await;
+    let g = holder.lock("ticket:handed").acquire().await.unwrap();
+    let waiting = {
+        let worker = worker.clone();
+        tokio::spawn(async move {
+            worker
+                .lock("ticket:handed")
+                .lease(Duration::from_secs(30))
+                .wait(Duration::from_secs(10))
+                .acquire()
+                .await
+                .unwrap()
+        })
+    };
+    await_parked(&worker, 1).await;
+    g.release().await.unwrap();
+    let handed = waiting.await.unwrap();
+    let name = worker.redis_names("ticket:handed").lock;
+    let mut conn = raw(&redis).await;
+    assert!(
+        pttl(&mut conn, &name).await <= 3_000,
+        "the hand-off's TTL, before any renewal"
+    );
+    let ticket = handed.into_ticket().unwrap();
+    let renewed = eventually(Duration::from_secs(2), async || {
+        pttl(&mut conn, &name).await > 3_000
+    })
+    .await;
+    assert!(
+        renewed.is_some(),
+        "the ticket's hold kept the hand-off's TTL: {} ms",
+        pttl(&mut conn, &name).await
+    );
+    worker
+        .resume(&ticket)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}

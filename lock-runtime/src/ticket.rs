@@ -215,8 +215,11 @@ impl LockGuard {
     /// process (or task) to [resume](LockManager::resume) or
     /// [release](LockManager::release_ticket). No round trip: the lock stays
     /// held in Redis, this manager stops renewing it, and the hold lasts
-    /// what is left of its lease until someone resumes it. This guard's
-    /// lost signal ends with it; the resumed guard has its own.
+    /// what is left of its lease until someone resumes it. (A hold just
+    /// handed over by a queue, whose first renewal has not come yet, has
+    /// only the hand-off's few seconds in the store: this manager sends
+    /// that renewal in the background.) This guard's lost signal ends with
+    /// it; the resumed guard has its own.
     ///
     /// Whoever has the ticket owns the hold: see [`HoldTicket`].
     ///
@@ -242,7 +245,32 @@ impl LockGuard {
             return Err(self);
         }
         let lease = self.into_lease();
+        // Read while still held (a lease handed over has none left). A hold
+        // a queue handed over has only the hand-off's TTL in the store (the
+        // queue lease at most) until its first renewal, about a second after
+        // the grant; renewed, a lease has at least two thirds of its length
+        // left. (Without renewal, the lock ends with its lease whatever is
+        // left.)
+        let short = lease.renew && lease.remaining() < lease.duration() / 2;
         lease.mark_handed_over();
+        if short {
+            // The renewal this manager would have sent, so that the ticket's
+            // hold lasts what is left of its lease rather than of the
+            // hand-off: in the background (no round trip here). It renews
+            // only while the ticket's owner holds the lock.
+            let (core, lease) = (core.clone(), lease.clone());
+            core.runtime.clone().spawn(async move {
+                let renewed = core
+                    .backend
+                    .renew(std::slice::from_ref(&lease), LeaseEnd::AtLeastALease)
+                    .await;
+                tracing::debug!(target: "distlock::renewal",
+                    key = %KeyPreview(&lease.key),
+                    renewed = matches!(renewed.first(), Some(Renewal::Renewed { .. })),
+                    "renewed a ticket's hold once, as it left the manager"
+                );
+            });
+        }
         // A "waited for" notice for this owner stays with the manager that
         // heard it; the resumed guard's release hands the lock over anyway.
         core.subscriber.take_waited_for(&lease.owner);
