@@ -211,11 +211,24 @@ async fn a_dead_waiter_holds_up_the_queue_at_most_its_queue_lease() {
 /// it at most its queue lease (3 s) after the hand-off it never hears.
 #[tokio::test]
 async fn a_waiter_whose_runtime_dies_holds_up_the_queue_at_most_its_queue_lease() {
+    held_up_by_a_waiter_whose_runtime_dies("killed", true, Duration::from_secs(30)).await;
+}
+
+/// The same for a waiter that does not renew, with a lease of a minute: the
+/// hand-off gave it the whole lease, so the lock stayed with the dead
+/// process for that minute. A hand-off now gives it the queue lease, and the
+/// waiter, alive, confirms it with one more attempt (which sets the lease).
+#[tokio::test]
+async fn a_dead_waiter_that_would_not_renew_holds_up_the_queue_at_most_its_queue_lease() {
+    held_up_by_a_waiter_whose_runtime_dies("killed-no-renew", false, Duration::from_secs(60)).await;
+}
+
+async fn held_up_by_a_waiter_whose_runtime_dies(key: &'static str, renew: bool, lease: Duration) {
     let redis = server();
     let holder = manager(&redis).await;
     let live = manager(&redis).await;
     let mut conns = vec![raw(&redis).await];
-    let guard = holder.lock("killed").acquire().await.unwrap();
+    let guard = holder.lock(key).acquire().await.unwrap();
 
     let url = redis.url();
     std::thread::spawn(move || {
@@ -227,7 +240,9 @@ async fn a_waiter_whose_runtime_dies_holds_up_the_queue_at_most_its_queue_lease(
             let m = manager_at(&url).await;
             tokio::spawn(async move {
                 let _ = m
-                    .lock("killed")
+                    .lock(key)
+                    .renew(renew)
+                    .lease(lease)
                     .wait(Duration::from_secs(60))
                     .acquire()
                     .await;
@@ -237,7 +252,7 @@ async fn a_waiter_whose_runtime_dies_holds_up_the_queue_at_most_its_queue_lease(
                 .get_multiplexed_async_connection()
                 .await
                 .unwrap()];
-            wait_for_queue(&mut conns, "killed", 1).await;
+            wait_for_queue(&mut conns, key, 1).await;
         });
         // The waiter's task, its manager and its connections go with the
         // runtime; the withdrawal it would spawn finds no runtime to run on.
@@ -245,11 +260,11 @@ async fn a_waiter_whose_runtime_dies_holds_up_the_queue_at_most_its_queue_lease(
     })
     .join()
     .unwrap();
-    assert_eq!(queue_len(&mut conns, "killed").await, 1, "left queued");
+    assert_eq!(queue_len(&mut conns, key).await, 1, "left queued");
 
     let waiter = tokio::spawn(async move {
         let g = live
-            .lock("killed")
+            .lock(key)
             .wait(Duration::from_secs(15))
             .acquire()
             .await
@@ -258,7 +273,7 @@ async fn a_waiter_whose_runtime_dies_holds_up_the_queue_at_most_its_queue_lease(
         g.release().await.unwrap();
         at
     });
-    wait_for_queue(&mut conns, "killed", 2).await;
+    wait_for_queue(&mut conns, key, 2).await;
     let released = Instant::now();
     guard.release().await.unwrap();
     let got = waiter.await.unwrap();

@@ -926,11 +926,7 @@ impl Acquisition<'_> {
                             .find(|(n, _)| *n == handed.attempt)
                             .map(|(_, at)| *at)
                     };
-                    // With `replica_ack`, a hand-off is never taken as it
-                    // comes: the release that made it waited for no replica,
-                    // so a failover could forget the lock and its token. The
-                    // next attempt confirms it, and waits for the replicas.
-                    let take_as_it_comes = self.core.config.replica_ack.is_none();
+                    let take_as_it_comes = self.takes_handoff_as_it_comes();
                     if let Some(sent_at) =
                         sent_at.filter(|at| take_as_it_comes && at.elapsed() < ttl / 3)
                     {
@@ -938,7 +934,7 @@ impl Acquisition<'_> {
                         tracing::trace!(target: "distlock::acquire", fencing_token, "handed off");
                         return self.grant(manager, fencing_token, sent_at, Some(ttl)).map(Some);
                     }
-                    tracing::trace!(target: "distlock::acquire", fencing_token, "handed off long after the attempt it answers, or replicas must acknowledge it; confirming");
+                    tracing::trace!(target: "distlock::acquire", fencing_token, "handed off long after the attempt it answers, or replicas must acknowledge it, or the hold does not renew; confirming");
                 }
                 // The subscription is (re-)confirmed, or the manager is
                 // shutting down: look again at once.
@@ -953,15 +949,28 @@ impl Acquisition<'_> {
         }
     }
 
-    /// The TTL a release gives the lock when it hands it to this queued waiter:
-    /// at most the queue lease when the holder renews (its first renewal
-    /// brings it up to the lease), the lease when it does not.
+    /// The TTL a release gives the lock when it hands it to this queued
+    /// waiter: at most the queue lease, so that a waiter that died holds
+    /// the lock no longer. A holder that renews brings it up to the lease
+    /// with its first renewal; one that does not confirms a longer lease
+    /// with one more attempt (see [`takes_handoff_as_it_comes`]).
+    ///
+    /// [`takes_handoff_as_it_comes`]: Self::takes_handoff_as_it_comes
     fn handoff_ttl(&self) -> Duration {
-        if self.hold.renew {
-            self.hold.lease.min(QUEUE_LEASE)
-        } else {
-            self.hold.lease
-        }
+        self.hold.lease.min(QUEUE_LEASE)
+    }
+
+    /// Whether a hand-off heard in time makes this waiter the holder as it
+    /// comes. Not with `replica_ack`: the release that made it waited for
+    /// no replica, so a failover could forget the lock and its token. Not
+    /// for a hold that does not renew with a lease longer than the
+    /// hand-off's TTL: no renewal would bring the TTL up to the lease. The
+    /// next attempt confirms it then (it finds the lock ours and sets its
+    /// TTL to the whole lease, waiting for the replicas if asked): one
+    /// round trip more.
+    fn takes_handoff_as_it_comes(&self) -> bool {
+        self.core.config.replica_ack.is_none()
+            && (self.hold.renew || self.hold.lease <= self.handoff_ttl())
     }
 
     /// One acquire script.
