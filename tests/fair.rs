@@ -223,6 +223,43 @@ async fn a_dead_waiter_that_would_not_renew_holds_up_the_queue_at_most_its_queue
     held_up_by_a_waiter_whose_runtime_dies("killed-no-renew", false, Duration::from_secs(60)).await;
 }
 
+/// A live waiter that does not renew gets its whole lease by the hand-off:
+/// the hand-off's TTL (the queue lease), then one more attempt that finds the
+/// lock its own and sets the lease.
+#[tokio::test]
+async fn a_waiter_that_does_not_renew_is_handed_its_whole_lease() {
+    let redis = server();
+    let holder = manager(&redis).await;
+    let live = manager(&redis).await;
+    let mut conns = vec![raw(&redis).await];
+    let guard = holder.lock("no-renew").acquire().await.unwrap();
+    let waiter = tokio::spawn(async move {
+        let g = live
+            .lock("no-renew")
+            .renew(false)
+            .lease(Duration::from_secs(60))
+            .wait(Duration::from_secs(10))
+            .acquire()
+            .await
+            .unwrap();
+        (live, g)
+    });
+    wait_for_queue(&mut conns, "no-renew", 1).await;
+    guard.release().await.unwrap();
+    let (live, g) = waiter.await.unwrap();
+    let name = fair_name(&mut conns[0], "lock", "no-renew").await.unwrap();
+    let ttl = pttl(&mut conns[0], &name).await;
+    // Set by the confirming attempt a round trip ago: nearly 60 s.
+    assert!(ttl > 55_000, "{ttl} ms left of a 60 s lease");
+    assert!(
+        g.remaining_lease() > Duration::from_secs(55),
+        "{:?}",
+        g.remaining_lease()
+    );
+    g.release().await.unwrap();
+    drop(live);
+}
+
 async fn held_up_by_a_waiter_whose_runtime_dies(key: &'static str, renew: bool, lease: Duration) {
     let redis = server();
     let holder = manager(&redis).await;
