@@ -48,6 +48,12 @@ pub(crate) struct Core {
     /// Set once a shutdown has done its work (or its caller gave up on
     /// it): a second call waits for it.
     shutdown_done: tokio::sync::watch::Sender<bool>,
+    /// The last check, after a resubscription, that the servers still send
+    /// expiry notices (for lock events streams that want expiries): when it
+    /// began, and the `CONFIG SET` to run when a server does not. Held
+    /// while a check runs, so that the streams of one reconnect share one
+    /// check rather than each make their own.
+    pub(crate) expiry_recheck: tokio::sync::Mutex<Option<(Instant, Option<String>)>>,
 }
 
 impl Core {
@@ -71,6 +77,7 @@ impl Core {
             background_releases: AtomicUsize::new(0),
             background_releases_done: tokio::sync::Notify::new(),
             shutdown_done: tokio::sync::watch::Sender::new(false),
+            expiry_recheck: tokio::sync::Mutex::new(None),
         }
     }
 

@@ -24,7 +24,7 @@
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use std::sync::{Arc, Weak};
 
@@ -322,6 +322,7 @@ impl ExpiryCheck {
             return;
         };
         let (core, pattern) = (self.core.clone(), self.pattern.clone());
+        let resubscribed_at = Instant::now();
         runtime.spawn(async move {
             let Some(core) = core.upgrade() else {
                 return;
@@ -329,30 +330,54 @@ impl ExpiryCheck {
             if core.is_shut_down() {
                 return;
             }
-            match core.backend.ensure_expiry_notices(&pattern).await {
-                Err(LockError::ExpiryNotifications {
-                    setting,
-                    config_set,
-                    ..
-                }) if setting != "?" => {
-                    tracing::warn!(target: "distlock::events",
-                        pattern = %pattern,
-                        setting = %setting,
-                        fix = %config_set,
-                        "lock events: a server that holds locks now (after a failover) sends no \
-                         expiry notices, so expiries are not reported; run the command shown on \
-                         it, and set the same in the configuration file of every replica");
-                    let _ = events.push_keeping(Heard::ExpiryOff);
+            // One check for every stream of the manager that one reconnect
+            // (of one source or several) resubscribed: a check begun after
+            // this resubscription read the servers as they are now.
+            let off = {
+                let mut last = core.expiry_recheck.lock().await;
+                match &*last {
+                    Some((checked_at, off)) if *checked_at >= resubscribed_at => off.clone(),
+                    _ => {
+                        let checked_at = Instant::now();
+                        let off = expiry_notices_off(&core, &pattern).await;
+                        *last = Some((checked_at, off.clone()));
+                        off
+                    }
                 }
-                // Read when subscribing, not now (a server that is still
-                // starting, a timeout): nothing is known to be wrong.
-                Err(e) => {
-                    tracing::debug!(target: "distlock::events", error = %e,
-                        "could not read notify-keyspace-events after a resubscription");
-                }
-                Ok(()) => {}
+            };
+            if off.is_some() {
+                let _ = events.push_keeping(Heard::ExpiryOff);
             }
         });
+    }
+}
+
+/// The `CONFIG SET` to run when a server that holds locks sends no expiry
+/// notices (logged as a warning); `None` when all do, or when a setting
+/// could not be read (a server still starting, a timeout: it was read when
+/// subscribing, so nothing is known to be wrong).
+async fn expiry_notices_off(core: &Core, pattern: &str) -> Option<String> {
+    match core.backend.ensure_expiry_notices(pattern).await {
+        Err(LockError::ExpiryNotifications {
+            setting,
+            config_set,
+            ..
+        }) if setting != "?" => {
+            tracing::warn!(target: "distlock::events",
+                pattern = %pattern,
+                setting = %setting,
+                fix = %config_set,
+                "lock events: a server that holds locks now (after a failover) sends no \
+                 expiry notices, so expiries are not reported; run the command shown on \
+                 it, and set the same in the configuration file of every replica");
+            Some(config_set)
+        }
+        Err(e) => {
+            tracing::debug!(target: "distlock::events", error = %e,
+                "could not read notify-keyspace-events after a resubscription");
+            None
+        }
+        Ok(()) => None,
     }
 }
 

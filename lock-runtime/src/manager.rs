@@ -251,7 +251,8 @@ impl LockManager {
     /// - The handed-off lock's TTL is at most the queue lease (or the lease if
     ///   shorter), so a head that died meanwhile holds it no longer; the new
     ///   holder's first renewal brings it up to its lease. With `renew(false)`
-    ///   the hand-off sets the whole lease.
+    ///   and a longer lease, the new holder confirms the hand-off with one more
+    ///   attempt, which sets the whole lease.
     /// - On a Redlock manager waiters do not queue (a queue on each independent
     ///   member could hand the lock to different waiters): a release there
     ///   wakes this manager's longest waiter, which attempts again.

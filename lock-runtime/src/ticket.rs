@@ -218,7 +218,7 @@ impl LockGuard {
     /// what is left of its lease until someone resumes it. (A hold just
     /// handed over by a queue, whose first renewal has not come yet, has
     /// only the hand-off's few seconds in the store: this manager sends
-    /// that renewal in the background.) This guard's lost signal ends with
+    /// that renewal in the background, which gives it a whole lease.) This guard's lost signal ends with
     /// it; the resumed guard has its own.
     ///
     /// Whoever has the ticket owns the hold: see [`HoldTicket`].
@@ -260,13 +260,21 @@ impl LockGuard {
             // only while the ticket's owner holds the lock.
             let (core, lease) = (core.clone(), lease.clone());
             core.runtime.clone().spawn(async move {
-                let renewed = core
-                    .backend
-                    .renew(std::slice::from_ref(&lease), LeaseEnd::AtLeastALease)
-                    .await;
+                let renew_once = || async {
+                    core.backend
+                        .renew(std::slice::from_ref(&lease), LeaseEnd::AtLeastALease)
+                        .await
+                        .pop()
+                };
+                let mut renewed = renew_once().await;
+                if matches!(renewed, Some(Renewal::Retry)) {
+                    // The cause is fixed (a script reloaded, a slot map
+                    // refreshed, a new master found): once more, as `resume`.
+                    renewed = renew_once().await;
+                }
                 tracing::debug!(target: "distlock::renewal",
                     key = %KeyPreview(&lease.key),
-                    renewed = matches!(renewed.first(), Some(Renewal::Renewed { .. })),
+                    renewed = matches!(renewed, Some(Renewal::Renewed { .. })),
                     "renewed a ticket's hold once, as it left the manager"
                 );
             });

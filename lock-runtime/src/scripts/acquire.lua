@@ -27,9 +27,9 @@
 -- ARGV[8]  queue lease ms: a queued caller's entry lasts that long unless its
 --          next attempt refreshes it
 -- ARGV[9]  hand-off TTL ms: the TTL the lock gets when it is handed to the
---          caller; at most the queue lease for a holder that renews (its first
---          renewal, due a third of it after the hand-off, brings the TTL up to
---          its lease), the whole lease for one that does not renew
+--          caller; at most the queue lease (a holder that renews brings the
+--          TTL up to its lease with its first renewal, due a third of it after
+--          the hand-off; one that does not, with one more attempt)
 -- ARGV[10] hand-off base ("<prefix>handoff"), for the hand-offs this script
 --          makes (each on "<base>:<route of the new holder>"), and for the
 --          notice "!<holder's owner token>" the first queued waiter of a hold
