@@ -77,12 +77,7 @@ async fn an_extend_answered_after_the_loss_was_told_reports_the_loss() {
     use distlock::testing::{FaultMode, FaultProxy};
     let redis = server();
     let proxy = FaultProxy::start(redis.addr()).await.unwrap();
-    let m = LockManager::builder(&proxy.url())
-        .command_timeout(Duration::from_secs(3))
-        .connect_timeout(Duration::from_millis(500))
-        .build()
-        .await
-        .unwrap();
+    let m = manager_with_timeout(&proxy.url(), Duration::from_secs(3)).await;
     open_every_connection(&m).await;
     let g = m
         .lock("told-lost")

@@ -738,12 +738,7 @@ async fn a_resume_cut_short_by_a_shutdown_leaves_the_tickets_hold() {
     let redis = server();
     let handler = manager(&redis).await;
     let proxy = FaultProxy::start(redis.addr()).await.unwrap();
-    let worker = distlock::LockManager::builder(&proxy.url())
-        .command_timeout(Duration::from_secs(2))
-        .connect_timeout(Duration::from_millis(500))
-        .build()
-        .await
-        .unwrap();
+    let worker = manager_with_timeout(&proxy.url(), Duration::from_secs(2)).await;
     open_every_connection(&worker).await;
     let ticket = handler
         .lock("ticket:shutdown")

@@ -977,19 +977,7 @@ fn guards_dropped_as_the_runtime_ends_wait_for_a_cut_off_member_once() {
             .unwrap();
         let mut names = Vec::new();
         for i in 0..10 {
-            let (held, is_held) = tokio::sync::oneshot::channel();
-            let holder = m.clone();
-            tokio::spawn(async move {
-                let _g = holder
-                    .lock(format!("cut-off-{i}"))
-                    .lease(Duration::from_secs(30))
-                    .acquire()
-                    .await
-                    .unwrap();
-                let _ = held.send(());
-                std::future::pending::<()>().await;
-            });
-            is_held.await.unwrap();
+            hold_until_the_runtime_ends(&m, format!("cut-off-{i}")).await;
             names.push(m.redis_names(&format!("cut-off-{i}")).lock);
         }
         proxy.set_mode(FaultMode::BlackHole);

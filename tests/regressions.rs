@@ -420,20 +420,7 @@ fn a_guard_of_a_spawned_task_is_released_when_its_runtime_shuts_down() {
         let key = format!("spawned-job-{multi_thread}");
         let lock_key = rt.block_on(async {
             let m = manager(&redis).await;
-            let (held, is_held) = tokio::sync::oneshot::channel();
-            let holder = m.clone();
-            let task_key = key.clone();
-            tokio::spawn(async move {
-                let _g = holder
-                    .lock(task_key)
-                    .lease(Duration::from_secs(30))
-                    .acquire()
-                    .await
-                    .unwrap();
-                let _ = held.send(());
-                std::future::pending::<()>().await;
-            });
-            is_held.await.unwrap();
+            hold_until_the_runtime_ends(&m, key.clone()).await;
             m.redis_names(&key).lock
         });
         drop(rt);
@@ -474,19 +461,7 @@ fn a_shutdown_with_the_store_unreachable_waits_for_one_release_not_one_per_guard
             .await
             .unwrap();
         for i in 0..6 {
-            let (held, is_held) = tokio::sync::oneshot::channel();
-            let holder = m.clone();
-            tokio::spawn(async move {
-                let _g = holder
-                    .lock(format!("unreachable-{i}"))
-                    .lease(Duration::from_secs(30))
-                    .acquire()
-                    .await
-                    .unwrap();
-                let _ = held.send(());
-                std::future::pending::<()>().await;
-            });
-            is_held.await.unwrap();
+            hold_until_the_runtime_ends(&m, format!("unreachable-{i}")).await;
         }
         proxy.set_mode(distlock::testing::FaultMode::BlackHole);
     });

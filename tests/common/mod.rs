@@ -17,12 +17,37 @@ pub async fn manager(server: &RedisServer) -> LockManager {
 }
 
 pub async fn manager_at(url: &str) -> LockManager {
+    manager_with_timeout(url, Duration::from_millis(500)).await
+}
+
+/// [`manager_at`] with its own command timeout (connections: 500 ms), for a
+/// manager behind a proxy that holds its replies.
+pub async fn manager_with_timeout(url: &str, command_timeout: Duration) -> LockManager {
     LockManager::builder(url)
-        .command_timeout(Duration::from_millis(500))
+        .command_timeout(command_timeout)
         .connect_timeout(Duration::from_millis(500))
         .build()
         .await
         .expect("connect to the test redis-server")
+}
+
+/// Takes `key` (30 s lease) with `m` in a task of its own that never ends,
+/// and returns once the task holds it: the guard goes with the task when
+/// the runtime shuts down, as a guard held as `#[tokio::main]` returns.
+pub async fn hold_until_the_runtime_ends(m: &LockManager, key: String) {
+    let (held, is_held) = tokio::sync::oneshot::channel();
+    let holder = m.clone();
+    tokio::spawn(async move {
+        let _g = holder
+            .lock(key)
+            .lease(Duration::from_secs(30))
+            .acquire()
+            .await
+            .unwrap();
+        let _ = held.send(());
+        std::future::pending::<()>().await;
+    });
+    is_held.await.unwrap();
 }
 
 pub async fn raw(server: &RedisServer) -> MultiplexedConnection {
