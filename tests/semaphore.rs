@@ -1009,3 +1009,66 @@ async fn a_waiter_that_registers_as_the_last_one_leaves_hears_the_release() {
         "slowest acquisition: {slowest:?}"
     );
 }
+
+/// Waiters of one manager take a permit in the order they came, also when
+/// the confirmation of their channel's subscription wakes them all to look
+/// again (for a release published before the manager listened): the first
+/// in line answers it, not whichever of them the store serves first. The
+/// confirmation comes late here (every reply to the waiters' manager is
+/// 100 ms late), and the holder releases before it; each later waiter
+/// used to attempt beside the first and could take the permit from it (a
+/// CI run's `backoff` test: the second waiter held for good, and the first
+/// timed out after 30 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriptions_confirmation_does_not_let_a_later_waiter_overtake() {
+    let redis = RedisServer::spawn().unwrap();
+    let proxy = distlock::testing::FaultProxy::start(redis.addr())
+        .await
+        .unwrap();
+    let holder = LockManager::connect(&redis.url()).await.unwrap();
+    let waiters = LockManager::connect(&proxy.url()).await.unwrap();
+    open_every_connection(&waiters).await;
+    for round in 0..10 {
+        let key = format!("line-{round}");
+        let held = holder.semaphore(&key, 1).acquire().await.unwrap();
+        proxy.set_mode(distlock::testing::FaultMode::DelayReplies(
+            Duration::from_millis(100),
+        ));
+        let order = Arc::new(AtomicUsize::new(0));
+        let spawn_waiter = || {
+            let (m, key, order) = (waiters.clone(), key.clone(), order.clone());
+            tokio::spawn(async move {
+                let g = m
+                    .semaphore(key, 1)
+                    .backoff(slow_backoff())
+                    .wait(Duration::from_secs(30))
+                    .acquire()
+                    .await
+                    .unwrap();
+                let place = order.fetch_add(1, Ordering::SeqCst);
+                g.release().await.unwrap();
+                place
+            })
+        };
+        let first = spawn_waiter();
+        assert!(eventually(Duration::from_secs(5), async || waiters
+            .waiting_acquisitions()
+            == 1)
+        .await
+        .is_some());
+        let second = spawn_waiter();
+        assert!(eventually(Duration::from_secs(5), async || waiters
+            .waiting_acquisitions()
+            == 2)
+        .await
+        .is_some());
+        held.release().await.unwrap();
+        let (first, second) = (first.await.unwrap(), second.await.unwrap());
+        proxy.set_mode(distlock::testing::FaultMode::Pass);
+        assert_eq!(
+            (first, second),
+            (0, 1),
+            "round {round}: the second waiter took the permit first"
+        );
+    }
+}

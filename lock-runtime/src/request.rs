@@ -758,6 +758,23 @@ impl Acquisition<'_> {
                 }
                 continue;
             }
+            if releases == 0
+                && wake.is_some()
+                && self.keys.kind != LockKind::Read
+                && !registration.is_first_in_line()
+            {
+                // A recheck (every waiter asked to look again: their
+                // channel's subscription confirmed, a reconnect) is the
+                // first in line's to answer; a waiter behind it that
+                // attempted too could take the lock from it. The ones
+                // behind look when it passes a release on (it got the
+                // lock with room left, found too few permits for its
+                // weight, or left). Readers all look: they share.
+                if Instant::now() >= deadline {
+                    return Err(self.timeout());
+                }
+                continue;
+            }
             if wake.is_some() {
                 // If this waiter leaves before its attempt resolves, the
                 // releases it was told of go on to the next waiter (see

@@ -62,6 +62,8 @@ pub(crate) struct Wake {
     pub(crate) releases: u32,
     /// Every waiter was asked to look again (a read-write lock's release, a
     /// subscription confirmed, shutdown): nothing to pass on if it leaves.
+    /// Only the first in line attempts on it, and every reader (see
+    /// `Acquisition::wait_for_release`).
     pub(crate) recheck: bool,
     /// This waiter became first in line because the one before it got the
     /// lock, for a lease of at most this long: it sets its timer by it
