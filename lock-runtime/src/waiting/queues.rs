@@ -440,7 +440,17 @@ impl Drop for Registration<'_> {
                 } else {
                     self.unresolved_releases.load(Ordering::Relaxed)
                 };
-                let mut releases = taken.saturating_add(self.wake.pending().releases);
+                let pending = *self.wake.pending();
+                let mut releases = taken.saturating_add(pending.releases);
+                // A recheck the front did not answer (it came during its
+                // last attempt) is the next waiter's, also after a failed
+                // attempt: the waiters behind the front leave rechecks to it
+                // (see `Acquisition::wait_for_release`), and a release
+                // published while the manager did not listen may have freed
+                // the lock.
+                if was_front && pending.recheck {
+                    releases = releases.max(1);
+                }
                 // The front leaving without the lock hands its watch of the
                 // holder's lease on (see `watching_expiry`).
                 if releases == 0
@@ -541,6 +551,34 @@ mod tests {
         let next = queues.register("a", 1);
         drop(front);
         assert_eq!(next.woken().now_or_never(), None);
+    }
+
+    /// A recheck the front did not answer (it came while the front's attempt
+    /// was under way, and the waiters behind it leave rechecks to the front)
+    /// goes on to the next waiter as one release, however the front left:
+    /// it gave up, got the lock, or failed its attempt.
+    #[test]
+    fn a_recheck_the_front_did_not_answer_goes_to_the_next_waiter() {
+        for how in ["gave up", "got it", "failed"] {
+            let queues = queues();
+            let front = queues.register("a", 1).watching_expiry();
+            let next = queues.register("a", 1).watching_expiry();
+            assert!(queues.wake_all("a"));
+            // The next waiter takes its own recheck and, not first in
+            // line, leaves it to the front.
+            assert!(next.woken().now_or_never().is_some_and(|w| w.recheck));
+            match how {
+                "got it" => front.got_it(Duration::from_millis(300)),
+                "failed" => front.failed(),
+                _ => {}
+            }
+            drop(front);
+            assert_eq!(
+                next.woken().now_or_never().map(|w| w.releases),
+                Some(1),
+                "{how}"
+            );
+        }
     }
 
     /// Release wake-ups a waiter took go to the next one when it leaves
