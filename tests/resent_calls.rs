@@ -250,3 +250,84 @@ async fn a_force_unlock_sent_again_answers_what_it_did() {
     assert_eq!(m.semaphore(key, 4).permit_counts().await.unwrap().held, 0);
     drop(held);
 }
+
+/// A release sent again after its reply was lost reports what its first run
+/// did: the hold was ours and is released (or handed over). The second run
+/// found the hold gone and answered "not ours", so the release reported
+/// `Lost` and `#[distributed_lock(on_lost = "abort")]` turned the body's
+/// success into an error. Each kind's release leaves a receipt on Cluster
+/// that the second run finds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_sent_again_reports_the_release() {
+    let c = ProxiedCluster::start().await;
+    let m = &c.manager;
+    let lease = Duration::from_secs(30);
+
+    // The default lock, nobody waiting: the one-key release, then the full
+    // one when the second run of the first declines.
+    let key = "resent:release";
+    // Each script once first (the lost reply must be the script's own, not
+    // the NOSCRIPT of its first call), on the key's own node.
+    m.lock(key)
+        .lease(lease)
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let guard = m.lock(key).lease(lease).acquire().await.unwrap();
+    let released = c.with_reply_lost(key, guard.release()).await;
+    assert!(released.is_ok(), "{released:?}");
+    assert!(!m.is_locked(key).await.unwrap());
+
+    // The default lock handed to a waiter of this manager: the second run
+    // finds the waiter holding it.
+    let key = "resent:handoff";
+    let guard = m.lock(key).lease(lease).acquire().await.unwrap();
+    let waiter = {
+        let m = m.clone();
+        tokio::spawn(async move { m.lock(key).lease(lease).acquire().await.unwrap() })
+    };
+    assert!(
+        eventually(Duration::from_secs(10), async || m.waiting_acquisitions()
+            == 1)
+        .await
+        .is_some(),
+        "the waiter did not wait"
+    );
+    let released = c.with_reply_lost(key, guard.release()).await;
+    assert!(released.is_ok(), "{released:?}");
+    let next = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter gets the lock")
+        .unwrap();
+    next.release().await.unwrap();
+
+    // A semaphore's permit, a read hold and a write hold.
+    let kinds: [(
+        &str,
+        fn(&LockManager, &'static str) -> distlock::LockRequest,
+    ); 3] = [
+        ("resent:permit", |m, k| m.semaphore(k, 2)),
+        ("resent:read", |m, k| m.read_lock(k)),
+        ("resent:write", |m, k| m.write_lock(k)),
+    ];
+    for (key, request) in kinds {
+        request(m, key)
+            .lease(lease)
+            .acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+        let guard = request(m, key).lease(lease).acquire().await.unwrap();
+        let released = c.with_reply_lost(key, guard.release()).await;
+        assert!(released.is_ok(), "{key}: {released:?}");
+        assert!(
+            request(m, key).try_acquire().await.unwrap().is_some(),
+            "{key}: released once"
+        );
+    }
+}

@@ -248,9 +248,14 @@ impl Config {
     /// call on each master); four command timeouts and 10 s more cover both
     /// with room.
     pub(crate) fn receipt_ms(&self) -> u64 {
-        let window = self.command_timeout.saturating_mul(4) + Duration::from_secs(10);
-        u64::try_from(window.as_millis()).unwrap_or(u64::MAX)
+        receipt_window_ms(self.command_timeout)
     }
+}
+
+/// [`Config::receipt_ms`] for a command timeout of `command_timeout`.
+pub(crate) fn receipt_window_ms(command_timeout: Duration) -> u64 {
+    let window = command_timeout.saturating_mul(4) + Duration::from_secs(10);
+    u64::try_from(window.as_millis()).unwrap_or(u64::MAX)
 }
 
 impl ReplicaAck {

@@ -66,14 +66,17 @@ macro_rules! key_call {
 
 key_call!(
     /// Releases `owner`'s hold (or keeps it `keep_ms` more); true when it was
-    /// still ours. `waiters` picks how it is sent (see `ExpectedWaiters`).
+    /// still ours. `waiters` picks how it is sent (see `ExpectedWaiters`);
+    /// `receipt_ms` above 0 leaves a receipt that makes it safe to send
+    /// again (see `Scripts::release`).
     Release {
         keys: &'a RedisNames,
         owner: &'a str,
         keep_ms: u64,
         waiters: ExpectedWaiters,
+        receipt_ms: u64,
     } -> bool,
-    |scripts, conn, c| scripts.release(conn, c.keys, c.owner, c.keep_ms, c.waiters)
+    |scripts, conn, c| scripts.release(conn, c.keys, c.owner, c.keep_ms, c.waiters, c.receipt_ms)
 );
 
 key_call!(

@@ -97,7 +97,7 @@ pub(crate) struct Cluster {
     scripts: Scripts,
     /// Replicas that must confirm an acquisition, if asked for.
     replica_ack: Option<ReplicaAck>,
-    command_timeout: Duration,
+    pub(super) command_timeout: Duration,
     connect_timeout: Duration,
     /// Round trips spent on renewals (see `Backend::renewal_round_trips`).
     pub(crate) renewal_round_trips: AtomicU64,
@@ -1001,6 +1001,7 @@ impl Cluster {
                     owner,
                     keep_ms: 0,
                     waiters: ExpectedWaiters::GivenBack,
+                    receipt_ms: 0,
                 };
                 // Boxed, as the acknowledged call above.
                 Box::pin(super::require_replicas(
@@ -1228,6 +1229,8 @@ impl Cluster {
             owner,
             keep_ms: *keep_ms,
             waiters: ExpectedWaiters::Unknown,
+            // Routed by its key, so sent again if its connection breaks.
+            receipt_ms: crate::config::receipt_window_ms(self.command_timeout),
         };
         self.on_key("", &release).await
     }

@@ -408,6 +408,7 @@ impl Backend {
                     owner,
                     keep_ms,
                     waiters,
+                    receipt_ms: self.release_receipt_ms(),
                 };
                 self.on_key(key, &release).await
             }
@@ -674,6 +675,19 @@ impl Backend {
     fn receipt_ms(&self, wanted: u64) -> u64 {
         match self {
             Backend::Cluster(_) | Backend::Sentinel(_) => wanted,
+            _ => 0,
+        }
+    }
+
+    /// How long a release keeps its receipt here (see `Scripts::release`):
+    /// 0 (none written) on one server and under Redlock, whose calls are
+    /// never sent twice; on Cluster and Sentinel, which send a call again
+    /// when its connection broke before the reply, the window of
+    /// [`Config::receipt_ms`](crate::config::Config::receipt_ms).
+    fn release_receipt_ms(&self) -> u64 {
+        match self {
+            Backend::Cluster(b) => crate::config::receipt_window_ms(b.command_timeout),
+            Backend::Sentinel(b) => b.config.receipt_ms(),
             _ => 0,
         }
     }

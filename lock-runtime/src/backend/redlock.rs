@@ -656,6 +656,7 @@ impl Redlock {
             owner,
             keep_ms: 0,
             waiters: ExpectedWaiters::GivenBack,
+            receipt_ms: 0,
         };
         self.on_all(key, timeout, |m| m.on_key(key, &release))
             .await
@@ -678,6 +679,7 @@ impl Redlock {
             owner,
             keep_ms,
             waiters: ExpectedWaiters::Unknown,
+            receipt_ms: 0,
         };
         self.on_all(key, self.command_timeout, |m| m.on_key(key, &release))
             .await

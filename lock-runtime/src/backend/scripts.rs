@@ -537,23 +537,27 @@ fn default_release_cmd(
     owner: &str,
     keep_ms: u64,
     given_back: bool,
+    receipt: Option<&Receipt>,
 ) -> Cmd {
     let with_events = !keys.events.is_empty();
-    let argc = match (given_back, with_events, keep_ms > 0) {
-        (true, _, _) => 4,
-        (false, true, _) => 3,
-        (false, false, true) => 2,
-        (false, false, false) => 1,
+    let argc = match (receipt, given_back, with_events, keep_ms > 0) {
+        (Some(_), ..) => 5,
+        (None, true, _, _) => 4,
+        (None, false, true, _) => 3,
+        (None, false, false, true) => 2,
+        (None, false, false, false) => 1,
     };
+    let names = [
+        keys.lock.as_str(),
+        keys.fencing_counter(),
+        keys.related(),
+        keys.intent(),
+        receipt.map_or("", |r| r.name.as_str()),
+    ];
     let mut cmd = lua.call(
-        &[
-            &keys.lock,
-            keys.fencing_counter(),
-            keys.related(),
-            keys.intent(),
-        ],
+        &names[..4 + usize::from(receipt.is_some())],
         argc,
-        owner.len() + 20 + keys.events.len(),
+        owner.len() + 40 + keys.events.len(),
     );
     cmd.arg(owner);
     if argc > 1 {
@@ -562,10 +566,21 @@ fn default_release_cmd(
     if argc > 2 {
         cmd.arg(&keys.events);
     }
-    if given_back {
-        cmd.arg(GIVEN_BACK);
+    if argc > 3 {
+        cmd.arg(if given_back { GIVEN_BACK } else { "" });
+    }
+    if let Some(receipt) = receipt {
+        cmd.arg(receipt.ms);
     }
     cmd
+}
+
+/// A release's receipt (Cluster and Sentinel): the name the release script
+/// sets when the hold was ours, and how long it is kept, so that the script
+/// sent again after its reply was lost answers "ours" (see `release.lua`).
+pub(crate) struct Receipt {
+    name: String,
+    ms: u64,
 }
 
 /// release.lua's ARGV[4] for a give-back: its wake-up is `<owner>~`.
@@ -574,17 +589,26 @@ const GIVEN_BACK: &str = "~";
 /// release_free.lua's call: the lock's key alone, the claim (the owner
 /// token and the unmarked byte, see [`Unmarked`]), and the events channel
 /// when set.
-fn release_free_cmd(lua: &Lua, keys: &RedisNames, owner: &str) -> Cmd {
+fn release_free_cmd(lua: &Lua, keys: &RedisNames, owner: &str, receipt: Option<&Receipt>) -> Cmd {
     let with_events = !keys.events.is_empty();
+    let Some(receipt) = receipt else {
+        let mut cmd = lua.call(
+            &[&keys.lock],
+            1 + usize::from(with_events),
+            owner.len() + 1 + keys.events.len(),
+        );
+        cmd.arg(Unmarked(owner));
+        if with_events {
+            cmd.arg(&keys.events);
+        }
+        return cmd;
+    };
     let mut cmd = lua.call(
-        &[&keys.lock],
-        1 + usize::from(with_events),
-        owner.len() + 1 + keys.events.len(),
+        &[&keys.lock, &receipt.name],
+        3,
+        owner.len() + 21 + keys.events.len(),
     );
-    cmd.arg(Unmarked(owner));
-    if with_events {
-        cmd.arg(&keys.events);
-    }
+    cmd.arg(Unmarked(owner)).arg(&keys.events).arg(receipt.ms);
     cmd
 }
 
@@ -745,6 +769,9 @@ pub(crate) struct Scripts {
     /// `<prefix>unlocked`: force-unlocks' receipts are
     /// `<prefix>unlocked:{<tag>}:<token>` (see `force_unlock.lua`).
     unlock_receipts: String,
+    /// `<prefix>released`: releases' receipts are
+    /// `<prefix>released:{<tag>}:<owner>` (see [`Receipt`]).
+    release_receipts: String,
     /// Whether a release that likely hands the lock over goes behind a
     /// `PING` ([`Lua::invoke_after_ping`]). Not on a cluster, whose hand-off
     /// was measured without it (`lock-bench`'s `handoff-cluster`). It was
@@ -793,6 +820,7 @@ impl Scripts {
         Scripts {
             handoff_base: handoff_base(key_prefix),
             unlock_receipts: format!("{key_prefix}unlocked"),
+            release_receipts: format!("{key_prefix}released"),
             acquire: with_queue_prelude!("acquire.lua"),
             acquire_all: with_queue_prelude!("acquire_all.lua"),
             // The fast path first (see the file's header), then the helpers
@@ -1109,7 +1137,7 @@ impl Scripts {
             pipe.cmd("SCRIPT").arg("LOAD").arg(lua.source);
         }
         for (keys, owner, keep_ms) in locks {
-            pipe.add_command(self.release_cmd(keys, owner, *keep_ms, false));
+            pipe.add_command(self.release_cmd(keys, owner, *keep_ms, false, None));
         }
         pipe
     }
@@ -1174,21 +1202,61 @@ impl Scripts {
     /// The release script's call for `keys`' kind; `given_back` marks a
     /// default lock's give-back (the other kinds' acquisitions give nothing
     /// back by release).
-    fn release_cmd(&self, keys: &RedisNames, owner: &str, keep_ms: u64, given_back: bool) -> Cmd {
+    /// `receipt`: see [`Receipt`] (none where a call is never sent twice).
+    fn release_cmd(
+        &self,
+        keys: &RedisNames,
+        owner: &str,
+        keep_ms: u64,
+        given_back: bool,
+        receipt: Option<&Receipt>,
+    ) -> Cmd {
         let lua = self.release_lua(keys.kind);
-        let args_len = owner.len() + keys.channel().len() + 20;
+        let args_len = owner.len() + keys.channel().len() + 40;
+        let receipt_name = receipt.map_or("", |r| r.name.as_str());
+        let with_receipt = usize::from(receipt.is_some());
         let mut cmd = match keys.kind {
             LockKind::Exclusive => {
-                return default_release_cmd(lua, keys, owner, keep_ms, given_back)
+                return default_release_cmd(lua, keys, owner, keep_ms, given_back, receipt)
             }
-            LockKind::Write => lua.call(&[&keys.lock, keys.intent()], 3, args_len),
-            LockKind::Read => lua.call(&[&keys.lock, keys.intent(), keys.details()], 3, args_len),
+            LockKind::Write => {
+                let names = [keys.lock.as_str(), keys.intent(), receipt_name];
+                lua.call(&names[..2 + with_receipt], 3 + with_receipt, args_len)
+            }
+            LockKind::Read => {
+                let names = [
+                    keys.lock.as_str(),
+                    keys.intent(),
+                    keys.details(),
+                    receipt_name,
+                ];
+                lua.call(&names[..3 + with_receipt], 3 + with_receipt, args_len)
+            }
             LockKind::Permit { .. } => {
-                lua.call(&[&keys.lock, keys.related(), keys.details()], 3, args_len)
+                let names = [
+                    keys.lock.as_str(),
+                    keys.related(),
+                    keys.details(),
+                    receipt_name,
+                ];
+                lua.call(&names[..3 + with_receipt], 3 + with_receipt, args_len)
             }
         };
         cmd.arg(owner).arg(keys.channel()).arg(keep_ms);
+        if let Some(receipt) = receipt {
+            cmd.arg(receipt.ms);
+        }
         cmd
+    }
+
+    /// The receipt of `owner`'s release of `keys`, kept `receipt_ms` (none
+    /// for 0): `<prefix>released:{<tag>}:<owner>`, on the lock's slot. An
+    /// owner token is made for one hold, so the name is that release's.
+    fn release_receipt(&self, keys: &RedisNames, owner: &str, receipt_ms: u64) -> Option<Receipt> {
+        (receipt_ms > 0).then(|| Receipt {
+            name: receipt_name(&self.release_receipts, &keys.lock, owner),
+            ms: receipt_ms,
+        })
     }
 
     /// Deletes the lock if `owner` holds it and publishes a wake-up (or, with
@@ -1199,17 +1267,52 @@ impl Scripts {
     /// `PING`, so that the hand-off's message leaves before the reply (see
     /// [`Lua::invoke_after_ping`]; not on a cluster). Only then: a free
     /// cycle sends no `PING`.
+    /// `receipt_ms` above 0 (Cluster, Sentinel): the release leaves a
+    /// receipt kept that long (see [`Receipt`]).
     pub(crate) async fn release(
         &self,
         conn: &mut impl ConnectionLike,
         keys: &RedisNames,
         owner: &str,
         keep_ms: u64,
+        waiters: ExpectedWaiters,
+        receipt_ms: u64,
+    ) -> RedisResult<bool> {
+        let receipt = self.release_receipt(keys, owner, receipt_ms);
+        match self
+            .release_with(conn, keys, owner, keep_ms, waiters, receipt.as_ref())
+            .await
+        {
+            // While the lock's slot moves between two masters, a node runs a
+            // script only if every key it names is there (else `TRYAGAIN`,
+            // and the script did not run), and a receipt's name is never
+            // there before its release: sent again without it, as before
+            // receipts. A release is sent twice only when its connection
+            // breaks before the reply, which a resharding alone does not do.
+            Err(e)
+                if receipt.is_some()
+                    && e.kind() == ErrorKind::Server(redis::ServerErrorKind::TryAgain) =>
+            {
+                self.release_with(conn, keys, owner, keep_ms, waiters, None)
+                    .await
+            }
+            outcome => outcome,
+        }
+    }
+
+    /// [`Scripts::release`] with `receipt` or none.
+    async fn release_with(
+        &self,
+        conn: &mut impl ConnectionLike,
+        keys: &RedisNames,
+        owner: &str,
+        keep_ms: u64,
         mut waiters: ExpectedWaiters,
+        receipt: Option<&Receipt>,
     ) -> RedisResult<bool> {
         let handing_over = keep_ms == 0 && keys.kind == LockKind::Exclusive;
         if handing_over && waiters == ExpectedWaiters::Unlikely {
-            let cmd = release_free_cmd(&self.release_free, keys, owner);
+            let cmd = release_free_cmd(&self.release_free, keys, owner, receipt);
             let reply: redis::Value = self.release_free.invoke(conn, &cmd).await?;
             if let Some(released) = release_free_reply(reply, owner)? {
                 return Ok(released);
@@ -1218,7 +1321,7 @@ impl Scripts {
             waiters = ExpectedWaiters::Likely;
         }
         let given_back = waiters == ExpectedWaiters::GivenBack;
-        let cmd = self.release_cmd(keys, owner, keep_ms, given_back);
+        let cmd = self.release_cmd(keys, owner, keep_ms, given_back, receipt);
         let lua = self.release_lua(keys.kind);
         let reply =
             if handing_over && waiters == ExpectedWaiters::Likely && self.ping_before_handoff {
@@ -1277,7 +1380,7 @@ impl Scripts {
         owner: &str,
         keep_ms: u64,
     ) -> RedisResult<bool> {
-        let cmd = self.release_cmd(keys, owner, keep_ms, false);
+        let cmd = self.release_cmd(keys, owner, keep_ms, false, None);
         let reply = self.release_lua(keys.kind).invoke_blocking(conn, &cmd)?;
         release_reply(reply, owner)
     }
@@ -1432,11 +1535,7 @@ impl Scripts {
     /// The receipt of the force-unlock whose token is `token`, under the
     /// hash tag of `name` (a name of its key), so that it shares their slot.
     fn unlock_receipt(&self, name: &str, token: &str) -> String {
-        let tag = name
-            .find('{')
-            .and_then(|open| name[open..].find('}').map(|len| &name[open..=open + len]))
-            .unwrap_or("{}");
-        format!("{}:{tag}:{token}", self.unlock_receipts)
+        receipt_name(&self.unlock_receipts, name, token)
     }
 
     /// Every hold on one user key, of every kind, and the default lock's
@@ -1660,23 +1759,23 @@ impl Scripts {
         // A waiter queued: the free release declines, the full one hands
         // the lock over; the new holder, with nobody behind it, releases by
         // the free one.
-        pipe.add_command(release_free_cmd(&self.release_free, keys, owner));
+        pipe.add_command(release_free_cmd(&self.release_free, keys, owner, None));
         steps.push(ProbeStep::script(
             "the free release script (declining)",
             &self.release_free,
         ));
-        pipe.add_command(self.release_cmd(keys, owner, 0, false));
+        pipe.add_command(self.release_cmd(keys, owner, 0, false, None));
         steps.push(ProbeStep::script(
             "the release script (hand-off)",
             &self.release,
         ));
-        pipe.add_command(release_free_cmd(&self.release_free, keys, &other));
+        pipe.add_command(release_free_cmd(&self.release_free, keys, &other, None));
         steps.push(ProbeStep::script(
             "the free release script",
             &self.release_free,
         ));
         // Nothing left to release: the full script answers not ours.
-        pipe.add_command(self.release_cmd(keys, &other, 0, false));
+        pipe.add_command(self.release_cmd(keys, &other, 0, false, None));
         steps.push(ProbeStep::script("the release script", &self.release));
         // Leave nothing behind (the counter would otherwise live out its TTL).
         pipe.cmd("DEL").arg(keys.fencing_counter());
@@ -1816,6 +1915,16 @@ impl Scripts {
         let reply = self.counter_change.invoke(conn, &cmd).await?;
         read_counter_reply(reply, owner)
     }
+}
+
+/// `<base>:{<tag>}:<id>`: a receipt under the hash tag of `name` (a name of
+/// its key), so that it shares their slot.
+fn receipt_name(base: &str, name: &str, id: &str) -> String {
+    let tag = name
+        .find('{')
+        .and_then(|open| name[open..].find('}').map(|len| &name[open..=open + len]))
+        .unwrap_or("{}");
+    format!("{base}:{tag}:{id}")
 }
 
 #[cfg(test)]

@@ -154,7 +154,7 @@ pub(crate) struct Sentinel {
     /// Whether a call succeeded on the current master since it became
     /// suspect: with the sentinels still naming it, it is trusted again.
     answered_while_suspect: std::sync::atomic::AtomicBool,
-    config: Config,
+    pub(super) config: Config,
     /// The manager's runtime, on which a new master's direct lane runs.
     runtime: Option<tokio::runtime::Handle>,
     /// The certificates of every master's connections (its direct lane's).

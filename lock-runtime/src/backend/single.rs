@@ -505,6 +505,7 @@ impl Single {
                 owner,
                 keep_ms: 0,
                 waiters: ExpectedWaiters::GivenBack,
+                receipt_ms: 0,
             };
             super::require_replicas(key, reply, acked, &ack, self.on_key(key, &release)).await
         })

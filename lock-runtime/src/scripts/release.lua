@@ -6,6 +6,11 @@
 -- KEYS[2]  fencing counter
 -- KEYS[3]  queue
 -- KEYS[4]  queue entries
+-- KEYS[5]  this release's receipt, optional (Cluster and Sentinel, whose
+--          clients send a call again when its connection broke before the
+--          reply): set to '1' for ARGV[5] ms when the lock was ours, so that
+--          the release sent again, which finds the lock gone or handed over,
+--          answers what the first run did rather than "not ours"
 -- ARGV[1]  owner token
 -- ARGV[2]  keep_ms, optional (absent: 0): above 0, the rest of a min_hold:
 --          the lock is kept that long instead of released (the head takes it
@@ -19,7 +24,9 @@
 --          may hold the lock later): its wake-up is "<owner>~" instead of
 --          "<owner>", so that a manager that drops copies of one release by
 --          payload (several Redlock members, or a cluster's nodes, publish
---          each) does not take the owner's real release for a copy of it
+--          each) does not take the owner's real release for a copy of it;
+--          '' for a release (with ARGV[5])
+-- ARGV[5]  ms the receipt KEYS[5] is kept (with KEYS[5] only)
 -- The wake-up channel (for waiters that do not queue: multi-key, Redlock)
 -- and the hand-off base ("<prefix>handoff", see queue_prelude.lua) are not
 -- arguments: the slow path derives them from KEYS[1] and KEYS[3], which share
@@ -28,7 +35,8 @@
 -- lock held.
 --
 -- Returns owner       (a bulk string, echoing ARGV[1]) the lock was ours and is
---                     deleted, handed off or kept
+--                     deleted, handed off or kept (or, with a receipt, an
+--                     earlier run of this release found it so)
 --         {0, owner}  it was not ours (our lease ran out, or we never held
 --                     it: the release only withdrew our queue entry)
 -- The echo lets the client tell that a reply is the one to its own request;
@@ -60,6 +68,9 @@ local ours = held and string.find(held, owner, 1, true) == 1
 if ours and string.byte(held, owner_len + 1) ~= 43
     and (ARGV[2] == nil or (tonumber(ARGV[2]) or 0) <= 0) then
   redis.call('DEL', KEYS[1])
+  if KEYS[5] then
+    redis.call('SET', KEYS[5], '1', 'PX', ARGV[5])
+  end
   if events ~= '' then
     redis.call('PUBLISH', events, 'released ' .. (string.match(held, '^%d+', owner_len + 2) or '0'))
   end

@@ -6,8 +6,14 @@
 -- KEYS[1]  lock (see acquire.lua)
 -- ARGV[1]  claim: the owner token followed by '-', the lock value's prefix
 --          while nobody waited for it (a waiter turns the '-' into '+')
+-- KEYS[2]  this release's receipt, optional (Cluster and Sentinel, whose
+--          clients send a call again when its connection broke before the
+--          reply): set for ARGV[3] ms when the lock is released, so that the
+--          release sent again (release.lua, after this script declines)
+--          answers what this run did rather than "not ours"
 -- ARGV[2]  events channel, optional (absent or '': a manager without lock
 --          events): the release publishes "released <token>" on it
+-- ARGV[3]  ms the receipt KEYS[2] is kept (with KEYS[2] only)
 --
 -- Returns claim  (a bulk string, echoing ARGV[1]) the lock was ours, nobody
 --                waited for it, and it is deleted
@@ -32,6 +38,9 @@ local claim = ARGV[1]
 local held = redis.pcall('GET', KEYS[1])
 if type(held) == 'string' and string.find(held, claim, 1, true) == 1 then
   redis.call('DEL', KEYS[1])
+  if KEYS[2] then
+    redis.call('SET', KEYS[2], '1', 'PX', ARGV[3])
+  end
   local events = ARGV[2]
   if events and events ~= '' then
     redis.call('PUBLISH', events,

@@ -18,6 +18,9 @@ end
 local prefix, tail = lock_prefix_and_tail(KEYS[1], KEYS[3])
 local handoff_base = prefix .. 'handoff'
 if ours then
+  if KEYS[5] then
+    redis.call('SET', KEYS[5], '1', 'PX', ARGV[5])
+  end
   local keep_ms = tonumber(ARGV[2]) or 0
   if keep_ms > 0 then
     redis.call('PEXPIRE', KEYS[1], keep_ms)
@@ -32,6 +35,11 @@ if ours then
       redis.call('PUBLISH', events, 'released ' .. (string.match(held, '^%d+', owner_len + 2) or '0'))
     end
   end
+  return owner
+end
+-- This release sent again after its reply was lost: its first run found the
+-- lock ours and did the rest (queue entry included).
+if KEYS[5] and redis.call('EXISTS', KEYS[5]) == 1 then
   return owner
 end
 queue_drop(KEYS[3], KEYS[4], owner)

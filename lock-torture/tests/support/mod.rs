@@ -373,13 +373,16 @@ pub async fn store_report(setup: &Setup, h: &History, keys: &[String]) -> StoreR
 }
 
 /// Lock keys left in the lock target: every key under the prefix, on every node,
-/// must be a fencing counter of one of `keys` (so no lock of `keys` exists).
+/// must be a fencing counter of one of `keys` (so no lock of `keys` exists),
+/// or a release's receipt (`released:`, on Cluster and Sentinel), which
+/// expires within seconds on its own.
 pub async fn leaked_locks(setup: &Setup, keys: &[String]) -> Vec<String> {
     let manager = setup.manager().await;
     let counters: BTreeSet<String> = keys
         .iter()
         .map(|k| manager.redis_names(k).fencing_counter().to_owned())
         .collect();
+    let receipts = format!("{}released:{{", manager.key_prefix());
     let mut leaked = Vec::new();
     for mut conn in setup.lock_node_conns().await {
         let all: Vec<String> = redis::cmd("KEYS")
@@ -387,7 +390,10 @@ pub async fn leaked_locks(setup: &Setup, keys: &[String]) -> Vec<String> {
             .query_async(&mut conn)
             .await
             .expect("KEYS");
-        leaked.extend(all.into_iter().filter(|k| !counters.contains(k)));
+        leaked.extend(
+            all.into_iter()
+                .filter(|k| !counters.contains(k) && !k.starts_with(&receipts)),
+        );
     }
     leaked
 }
