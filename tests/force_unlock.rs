@@ -17,6 +17,9 @@ async fn freed_under_its_holder(
     waiter: &LockManager,
 ) {
     let key = "stuck";
+    // The waiter's manager listens from here on (its subscriber started):
+    // parked below, it hears the force-unlock's message.
+    open_every_connection(waiter).await;
     assert!(!operator.is_locked(key).await.unwrap());
     let lease = Duration::from_millis(900);
     let g = holder.lock(key).lease(lease).acquire().await.unwrap();
@@ -34,7 +37,7 @@ async fn freed_under_its_holder(
             (Instant::now(), g)
         })
     };
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    await_parked(waiter, 1).await;
     let freed_at = Instant::now();
     assert!(operator.force_unlock(key).await.unwrap());
     // The waiter is woken by the force-unlock's message, not by its backoff.

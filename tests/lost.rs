@@ -59,8 +59,15 @@ async fn an_unreachable_redis_costs_the_lease_by_the_local_deadline() {
     let at = acquired.elapsed();
     redis.resume().unwrap();
     // Renewals at ~133 ms and later all failed: lost by 400 - 6 ms after the
-    // last successful one (the acquire, or the first renewal just before the pause).
-    assert!(at <= lease, "lost only after {at:?}");
+    // last successful one (the acquire, or the first renewal just before the
+    // pause). 150 ms more for a loaded machine's late timer and task wake-up:
+    // a lease trusted until its hung renewal gave up would be lost after
+    // that renewal's 500 ms command timeout, at 133 + 500 = 633 ms at the
+    // soonest, beyond the bound.
+    assert!(
+        at < lease + Duration::from_millis(150),
+        "lost only after {at:?}"
+    );
     assert!(at >= Duration::from_millis(300), "lost early: {at:?}");
 }
 

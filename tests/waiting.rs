@@ -217,11 +217,12 @@ async fn waiters_keep_their_order_when_leases_run_out() {
         .await
         .unwrap();
     std::mem::forget(first); // never released: the lease runs out
+    let mut raw = raw(&redis).await;
     let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for i in 0..WAITERS {
         let m = waiters.clone();
-        let order = order.clone();
+        let served = order.clone();
         tasks.push(tokio::spawn(async move {
             let g = m
                 .lock("k")
@@ -231,10 +232,11 @@ async fn waiters_keep_their_order_when_leases_run_out() {
                 .acquire()
                 .await
                 .unwrap();
-            order.lock().unwrap().push(i);
+            served.lock().unwrap().push(i);
             std::mem::forget(g);
         }));
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Arrival order is queue order: each queued before the next starts.
+        await_in_line(&mut raw, "k", i + 1, &order).await;
     }
     for t in tasks {
         t.await.unwrap();
@@ -301,6 +303,29 @@ async fn a_chain_of_hand_offs_is_woken_by_publishes() {
     assert_eq!(publish_calls(&mut raw).await - publishes_before, 3);
 }
 
+/// Waits (up to 10 s) until `waiters` acquisitions of the default lock `key`
+/// are queued on `raw`'s server or among those already `served`.
+async fn await_in_line(
+    raw: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    waiters: usize,
+    served: &std::sync::Mutex<Vec<usize>>,
+) {
+    let queued = eventually(Duration::from_secs(10), async || {
+        let queued: usize = match name_of(raw, "lockq", key).await {
+            Some(queue) => redis::cmd("ZCARD")
+                .arg(queue)
+                .query_async(raw)
+                .await
+                .expect("ZCARD"),
+            None => 0,
+        };
+        queued + served.lock().unwrap().len() >= waiters
+    })
+    .await;
+    assert!(queued.is_some(), "{waiters} waiters never queued for {key}");
+}
+
 async fn publish_calls(raw: &mut redis::aio::MultiplexedConnection) -> i64 {
     calls_of(raw, "publish").await as i64
 }
@@ -322,7 +347,7 @@ async fn a_waiter_that_loses_a_wake_up_keeps_its_place() {
     let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for i in 0..WAITERS {
-        let (m, order) = (waiters.clone(), order.clone());
+        let (m, served) = (waiters.clone(), order.clone());
         tasks.push(tokio::spawn(async move {
             let g = m
                 .lock("k")
@@ -330,11 +355,11 @@ async fn a_waiter_that_loses_a_wake_up_keeps_its_place() {
                 .acquire()
                 .await
                 .unwrap();
-            order.lock().unwrap().push(i);
+            served.lock().unwrap().push(i);
             g.release().await.unwrap();
         }));
-        // Arrival order is registration order.
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Arrival order is queue order: each queued before the next starts.
+        await_in_line(&mut raw, "k", i + 1, &order).await;
     }
     let channel = holder_manager.redis_names("k").channel().to_owned();
     eventually(Duration::from_secs(5), async || {
