@@ -13,7 +13,8 @@ use redis::aio::ConnectionLike;
 use redis::RedisResult;
 
 use super::scripts::{
-    CounterOp, CounterReply, HeldLock, KeyReading, PermitReply, Scripts, SharedRelease,
+    CounterOp, CounterReply, HeldLock, KeyReading, PermitReply, ReceiptTerms, Scripts,
+    SharedRelease,
 };
 use super::ExpectedWaiters;
 use crate::config::ReplicaAck;
@@ -67,16 +68,16 @@ macro_rules! key_call {
 key_call!(
     /// Releases `owner`'s hold (or keeps it `keep_ms` more); true when it was
     /// still ours. `waiters` picks how it is sent (see `ExpectedWaiters`);
-    /// `receipt_ms` above 0 leaves a receipt that makes it safe to send
-    /// again (see `Scripts::release`).
+    /// `receipt` leaves a receipt that makes it safe to send again, drawn
+    /// once for the call (see `Scripts::release`).
     Release {
         keys: &'a RedisNames,
         owner: &'a str,
         keep_ms: u64,
         waiters: ExpectedWaiters,
-        receipt_ms: u64,
+        receipt: Option<ReceiptTerms>,
     } -> bool,
-    |scripts, conn, c| scripts.release(conn, c.keys, c.owner, c.keep_ms, c.waiters, c.receipt_ms)
+    |scripts, conn, c| scripts.release(conn, c.keys, c.owner, c.keep_ms, c.waiters, c.receipt)
 );
 
 key_call!(

@@ -1001,7 +1001,7 @@ impl Cluster {
                     owner,
                     keep_ms: 0,
                     waiters: ExpectedWaiters::GivenBack,
-                    receipt_ms: 0,
+                    receipt: None,
                 };
                 // Boxed, as the acknowledged call above.
                 Box::pin(super::require_replicas(
@@ -1159,7 +1159,8 @@ impl Cluster {
         group: &[(&RedisNames, &str, u64)],
         stale_map: &AtomicBool,
     ) -> ManyReleased {
-        let pipe = self.scripts.release_many_pipeline(group);
+        // Sent once (see `release_many`): no receipts.
+        let pipe = self.scripts.release_many_pipeline(group, None);
         let track = CallTrack::default();
         let sent = tokio::time::timeout(self.command_timeout, async {
             let mut link = self.node_link(node).await?;
@@ -1230,7 +1231,9 @@ impl Cluster {
             keep_ms: *keep_ms,
             waiters: ExpectedWaiters::Unknown,
             // Routed by its key, so sent again if its connection breaks.
-            receipt_ms: crate::config::receipt_window_ms(self.command_timeout),
+            receipt: super::scripts::ReceiptTerms::drawn(crate::config::receipt_window_ms(
+                self.command_timeout,
+            )),
         };
         self.on_key("", &release).await
     }

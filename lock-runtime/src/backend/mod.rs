@@ -408,7 +408,7 @@ impl Backend {
                     owner,
                     keep_ms,
                     waiters,
-                    receipt_ms: self.release_receipt_ms(),
+                    receipt: scripts::ReceiptTerms::drawn(self.release_receipt_ms()),
                 };
                 self.on_key(key, &release).await
             }
@@ -882,7 +882,7 @@ impl Backend {
     pub(crate) async fn release_many(&self, locks: &[(&RedisNames, &str, u64)]) -> ManyReleased {
         match self {
             Backend::Single(b) => {
-                ManyReleased::of_one_call(locks.len(), b.release_many(locks).await)
+                ManyReleased::of_one_call(locks.len(), b.release_many(locks, None).await)
             }
             Backend::Cluster(b) => b.release_many(locks).await,
             Backend::Redlock(b) => b.release_many(locks).await,

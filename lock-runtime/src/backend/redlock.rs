@@ -656,7 +656,7 @@ impl Redlock {
             owner,
             keep_ms: 0,
             waiters: ExpectedWaiters::GivenBack,
-            receipt_ms: 0,
+            receipt: None,
         };
         self.on_all(key, timeout, |m| m.on_key(key, &release))
             .await
@@ -679,7 +679,7 @@ impl Redlock {
             owner,
             keep_ms,
             waiters: ExpectedWaiters::Unknown,
-            receipt_ms: 0,
+            receipt: None,
         };
         self.on_all(key, self.command_timeout, |m| m.on_key(key, &release))
             .await
@@ -874,7 +874,7 @@ impl Redlock {
     pub(crate) async fn release_many(&self, locks: &[(&RedisNames, &str, u64)]) -> ManyReleased {
         // Several keys: the release of the guard that holds them names each.
         let replies = self
-            .on_all("", self.command_timeout, |m| m.release_many(locks))
+            .on_all("", self.command_timeout, |m| m.release_many(locks, None))
             .await;
         let mut released = vec![false; locks.len()];
         let mut first_error = None;

@@ -541,7 +541,7 @@ fn default_release_cmd(
 ) -> Cmd {
     let with_events = !keys.events.is_empty();
     let argc = match (receipt, given_back, with_events, keep_ms > 0) {
-        (Some(_), ..) => 5,
+        (Some(_), ..) => 6,
         (None, true, _, _) => 4,
         (None, false, true, _) => 3,
         (None, false, false, true) => 2,
@@ -570,17 +570,38 @@ fn default_release_cmd(
         cmd.arg(if given_back { GIVEN_BACK } else { "" });
     }
     if let Some(receipt) = receipt {
-        cmd.arg(receipt.ms);
+        cmd.arg(receipt.terms.ms).arg(receipt.terms.id);
     }
     cmd
 }
 
 /// A release's receipt (Cluster and Sentinel): the name the release script
-/// sets when the hold was ours, and how long it is kept, so that the script
-/// sent again after its reply was lost answers "ours" (see `release.lua`).
+/// sets when the hold was ours, to the release call's id, for `ms`, so that
+/// the script sent again after its reply was lost answers "ours" (see
+/// `release.lua`).
 pub(crate) struct Receipt {
     name: String,
+    terms: ReceiptTerms,
+}
+
+/// How a release call leaves its receipt (see [`Receipt`]): kept `ms`, with
+/// the value `id`, drawn once per call, so that the call sent again (on a
+/// new connection, or on the next master) recognises its own and another
+/// release by the same owner token does not.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ReceiptTerms {
     ms: u64,
+    id: u64,
+}
+
+impl ReceiptTerms {
+    /// Terms for one release call, its receipt kept `ms`; none for 0.
+    pub(crate) fn drawn(ms: u64) -> Option<Self> {
+        (ms > 0).then(|| ReceiptTerms {
+            ms,
+            id: rand::random(),
+        })
+    }
 }
 
 /// release.lua's ARGV[4] for a give-back: its wake-up is `<owner>~`.
@@ -605,10 +626,13 @@ fn release_free_cmd(lua: &Lua, keys: &RedisNames, owner: &str, receipt: Option<&
     };
     let mut cmd = lua.call(
         &[&keys.lock, &receipt.name],
-        3,
-        owner.len() + 21 + keys.events.len(),
+        4,
+        owner.len() + 41 + keys.events.len(),
     );
-    cmd.arg(Unmarked(owner)).arg(&keys.events).arg(receipt.ms);
+    cmd.arg(Unmarked(owner))
+        .arg(&keys.events)
+        .arg(receipt.terms.ms)
+        .arg(receipt.terms.id);
     cmd
 }
 
@@ -1117,27 +1141,35 @@ impl Scripts {
 
     /// Releases many locks in one round trip (the script is loaded first, so no
     /// NOSCRIPT can come back); per lock, whether it was still ours.
+    /// `receipt`: see [`Scripts::release_many_pipeline`].
     pub(crate) async fn release_many(
         &self,
         conn: &mut impl ConnectionLike,
         locks: &[(&RedisNames, &str, u64)],
+        receipt: Option<ReceiptTerms>,
     ) -> RedisResult<Vec<bool>> {
-        let replies: Vec<redis::Value> =
-            self.release_many_pipeline(locks).query_async(conn).await?;
+        let replies: Vec<redis::Value> = self
+            .release_many_pipeline(locks, receipt)
+            .query_async(conn)
+            .await?;
         self.release_many_replies(locks, replies)
     }
 
     /// The pipeline of [`Scripts::release_many`]: SCRIPT LOAD, then one release per lock.
+    /// `receipt`: each release leaves a receipt on those terms (Sentinel,
+    /// which sends the pipeline again on the next master after a failover).
     pub(crate) fn release_many_pipeline(
         &self,
         locks: &[(&RedisNames, &str, u64)],
+        receipt: Option<ReceiptTerms>,
     ) -> redis::Pipeline {
         let mut pipe = redis::pipe();
         for lua in self.release_luas(locks) {
             pipe.cmd("SCRIPT").arg("LOAD").arg(lua.source);
         }
         for (keys, owner, keep_ms) in locks {
-            pipe.add_command(self.release_cmd(keys, owner, *keep_ms, false, None));
+            let receipt = self.release_receipt(keys, owner, receipt);
+            pipe.add_command(self.release_cmd(keys, owner, *keep_ms, false, receipt.as_ref()));
         }
         pipe
     }
@@ -1221,7 +1253,7 @@ impl Scripts {
             }
             LockKind::Write => {
                 let names = [keys.lock.as_str(), keys.intent(), receipt_name];
-                lua.call(&names[..2 + with_receipt], 3 + with_receipt, args_len)
+                lua.call(&names[..2 + with_receipt], 3 + 2 * with_receipt, args_len)
             }
             LockKind::Read => {
                 let names = [
@@ -1230,7 +1262,7 @@ impl Scripts {
                     keys.details(),
                     receipt_name,
                 ];
-                lua.call(&names[..3 + with_receipt], 3 + with_receipt, args_len)
+                lua.call(&names[..3 + with_receipt], 3 + 2 * with_receipt, args_len)
             }
             LockKind::Permit { .. } => {
                 let names = [
@@ -1239,23 +1271,27 @@ impl Scripts {
                     keys.details(),
                     receipt_name,
                 ];
-                lua.call(&names[..3 + with_receipt], 3 + with_receipt, args_len)
+                lua.call(&names[..3 + with_receipt], 3 + 2 * with_receipt, args_len)
             }
         };
         cmd.arg(owner).arg(keys.channel()).arg(keep_ms);
         if let Some(receipt) = receipt {
-            cmd.arg(receipt.ms);
+            cmd.arg(receipt.terms.ms).arg(receipt.terms.id);
         }
         cmd
     }
 
-    /// The receipt of `owner`'s release of `keys`, kept `receipt_ms` (none
-    /// for 0): `<prefix>released:{<tag>}:<owner>`, on the lock's slot. An
-    /// owner token is made for one hold, so the name is that release's.
-    fn release_receipt(&self, keys: &RedisNames, owner: &str, receipt_ms: u64) -> Option<Receipt> {
-        (receipt_ms > 0).then(|| Receipt {
+    /// The receipt of `owner`'s release of `keys` on `terms`:
+    /// `<prefix>released:{<tag>}:<owner>`, on the lock's slot.
+    fn release_receipt(
+        &self,
+        keys: &RedisNames,
+        owner: &str,
+        terms: Option<ReceiptTerms>,
+    ) -> Option<Receipt> {
+        terms.map(|terms| Receipt {
             name: receipt_name(&self.release_receipts, &keys.lock, owner),
-            ms: receipt_ms,
+            terms,
         })
     }
 
@@ -1267,8 +1303,8 @@ impl Scripts {
     /// `PING`, so that the hand-off's message leaves before the reply (see
     /// [`Lua::invoke_after_ping`]; not on a cluster). Only then: a free
     /// cycle sends no `PING`.
-    /// `receipt_ms` above 0 (Cluster, Sentinel): the release leaves a
-    /// receipt kept that long (see [`Receipt`]).
+    /// `receipt` (Cluster, Sentinel): the release leaves a receipt on those
+    /// terms (see [`Receipt`]).
     pub(crate) async fn release(
         &self,
         conn: &mut impl ConnectionLike,
@@ -1276,9 +1312,9 @@ impl Scripts {
         owner: &str,
         keep_ms: u64,
         waiters: ExpectedWaiters,
-        receipt_ms: u64,
+        receipt: Option<ReceiptTerms>,
     ) -> RedisResult<bool> {
-        let receipt = self.release_receipt(keys, owner, receipt_ms);
+        let receipt = self.release_receipt(keys, owner, receipt);
         match self
             .release_with(conn, keys, owner, keep_ms, waiters, receipt.as_ref())
             .await

@@ -568,7 +568,10 @@ impl Sentinel {
         &self,
         locks: &[(&RedisNames, &str, u64)],
     ) -> Result<Vec<bool>, CallError> {
-        self.call(|master| async move { master.release_many(locks).await })
+        // Sent again on the next master after a failover: with receipts,
+        // drawn once for both sends.
+        let receipt = super::scripts::ReceiptTerms::drawn(self.config.receipt_ms());
+        self.call(|master| async move { master.release_many(locks, receipt).await })
             .await
     }
 

@@ -505,7 +505,7 @@ impl Single {
                 owner,
                 keep_ms: 0,
                 waiters: ExpectedWaiters::GivenBack,
-                receipt_ms: 0,
+                receipt: None,
             };
             super::require_replicas(key, reply, acked, &ack, self.on_key(key, &release)).await
         })
@@ -563,12 +563,14 @@ impl Single {
         }
     }
 
+    /// `receipt`: see `Scripts::release_many_pipeline` (Sentinel's).
     pub(crate) async fn release_many(
         &self,
         locks: &[(&RedisNames, &str, u64)],
+        receipt: Option<super::scripts::ReceiptTerms>,
     ) -> Result<Vec<bool>, CallError> {
         self.call("", async |lane| {
-            self.scripts.release_many(lane, locks).await
+            self.scripts.release_many(lane, locks, receipt).await
         })
         .await
     }

@@ -6,12 +6,13 @@
 --          permit_acquire.lua)
 -- KEYS[4]  this release's receipt, optional (Cluster and Sentinel, whose
 --          clients send a call again when its connection broke before the
---          reply): set to '1' for ARGV[4] ms when the hold was ours, so that
---          the release sent again answers what the first run did
+--          reply): set to ARGV[5] for ARGV[4] ms when the hold was ours, so
+--          that the release sent again answers what the first run did
 -- ARGV[1]  owner token
 -- ARGV[2]  wake-up channel
 -- ARGV[3]  keep_ms: above 0, the rest of a min_hold: the permit is kept that long
 -- ARGV[4]  ms the receipt KEYS[4] is kept (with KEYS[4] only)
+-- ARGV[5]  the release call's id, the receipt's value (with KEYS[4] only)
 --
 -- Returns {1, owner}  the permit was ours and is given back (or kept)
 --         {0, owner}  it was not ours any more (its lease had run out), and
@@ -35,13 +36,13 @@
 local now = now_ms()
 local score = live_hold(KEYS[1], KEYS[2], KEYS[3], ARGV[1], now)
 if not score then
-  if KEYS[4] and redis.call('EXISTS', KEYS[4]) == 1 then
+  if KEYS[4] and redis.call('GET', KEYS[4]) == ARGV[5] then
     return {1, ARGV[1]}
   end
   return {0, ARGV[1]}
 end
 if KEYS[4] then
-  redis.call('SET', KEYS[4], '1', 'PX', ARGV[4])
+  redis.call('SET', KEYS[4], ARGV[5], 'PX', ARGV[4])
 end
 local keep_ms = tonumber(ARGV[3]) or 0
 if keep_ms > 0 then

@@ -8,9 +8,9 @@
 -- KEYS[4]  queue entries
 -- KEYS[5]  this release's receipt, optional (Cluster and Sentinel, whose
 --          clients send a call again when its connection broke before the
---          reply): set to '1' for ARGV[5] ms when the lock was ours, so that
---          the release sent again, which finds the lock gone or handed over,
---          answers what the first run did rather than "not ours"
+--          reply): set to ARGV[6] for ARGV[5] ms when the lock was ours, so
+--          that the release sent again, which finds the lock gone or handed
+--          over, answers what the first run did rather than "not ours"
 -- ARGV[1]  owner token
 -- ARGV[2]  keep_ms, optional (absent: 0): above 0, the rest of a min_hold:
 --          the lock is kept that long instead of released (the head takes it
@@ -27,6 +27,9 @@
 --          each) does not take the owner's real release for a copy of it;
 --          '' for a release (with ARGV[5])
 -- ARGV[5]  ms the receipt KEYS[5] is kept (with KEYS[5] only)
+-- ARGV[6]  the release call's id, the receipt's value (with KEYS[5] only):
+--          another release by the same owner token (a second guard resumed
+--          from one ticket) is not this one, and finds the hold not ours
 -- The wake-up channel (for waiters that do not queue: multi-key, Redlock)
 -- and the hand-off base ("<prefix>handoff", see queue_prelude.lua) are not
 -- arguments: the slow path derives them from KEYS[1] and KEYS[3], which share
@@ -69,7 +72,7 @@ if ours and string.byte(held, owner_len + 1) ~= 43
     and (ARGV[2] == nil or (tonumber(ARGV[2]) or 0) <= 0) then
   redis.call('DEL', KEYS[1])
   if KEYS[5] then
-    redis.call('SET', KEYS[5], '1', 'PX', ARGV[5])
+    redis.call('SET', KEYS[5], ARGV[6], 'PX', ARGV[5])
   end
   if events ~= '' then
     redis.call('PUBLISH', events, 'released ' .. (string.match(held, '^%d+', owner_len + 2) or '0'))

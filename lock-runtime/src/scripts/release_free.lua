@@ -8,12 +8,13 @@
 --          while nobody waited for it (a waiter turns the '-' into '+')
 -- KEYS[2]  this release's receipt, optional (Cluster and Sentinel, whose
 --          clients send a call again when its connection broke before the
---          reply): set for ARGV[3] ms when the lock is released, so that the
---          release sent again (release.lua, after this script declines)
---          answers what this run did rather than "not ours"
+--          reply): set to ARGV[4] for ARGV[3] ms when the lock is released,
+--          so that the release sent again (release.lua, after this script
+--          declines) answers what this run did rather than "not ours"
 -- ARGV[2]  events channel, optional (absent or '': a manager without lock
 --          events): the release publishes "released <token>" on it
 -- ARGV[3]  ms the receipt KEYS[2] is kept (with KEYS[2] only)
+-- ARGV[4]  the release call's id, the receipt's value (with KEYS[2] only)
 --
 -- Returns claim  (a bulk string, echoing ARGV[1]) the lock was ours, nobody
 --                waited for it, and it is deleted
@@ -39,7 +40,7 @@ local held = redis.pcall('GET', KEYS[1])
 if type(held) == 'string' and string.find(held, claim, 1, true) == 1 then
   redis.call('DEL', KEYS[1])
   if KEYS[2] then
-    redis.call('SET', KEYS[2], '1', 'PX', ARGV[3])
+    redis.call('SET', KEYS[2], ARGV[4], 'PX', ARGV[3])
   end
   local events = ARGV[2]
   if events and events ~= '' then

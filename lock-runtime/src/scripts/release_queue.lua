@@ -19,7 +19,7 @@ local prefix, tail = lock_prefix_and_tail(KEYS[1], KEYS[3])
 local handoff_base = prefix .. 'handoff'
 if ours then
   if KEYS[5] then
-    redis.call('SET', KEYS[5], '1', 'PX', ARGV[5])
+    redis.call('SET', KEYS[5], ARGV[6], 'PX', ARGV[5])
   end
   local keep_ms = tonumber(ARGV[2]) or 0
   if keep_ms > 0 then
@@ -39,7 +39,7 @@ if ours then
 end
 -- This release sent again after its reply was lost: its first run found the
 -- lock ours and did the rest (queue entry included).
-if KEYS[5] and redis.call('EXISTS', KEYS[5]) == 1 then
+if KEYS[5] and redis.call('GET', KEYS[5]) == ARGV[6] then
   return owner
 end
 queue_drop(KEYS[3], KEYS[4], owner)

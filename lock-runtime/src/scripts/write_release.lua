@@ -5,13 +5,14 @@
 -- KEYS[2]  writer intent
 -- KEYS[3]  this release's receipt, optional (Cluster and Sentinel, whose
 --          clients send a call again when its connection broke before the
---          reply): set to '1' for ARGV[4] ms when the hold was ours, so that
---          the release sent again answers what the first run did
+--          reply): set to ARGV[5] for ARGV[4] ms when the hold was ours, so
+--          that the release sent again answers what the first run did
 -- ARGV[1]  owner token
 -- ARGV[2]  wake-up channel
 -- ARGV[3]  keep_ms: above 0, the rest of a min_hold: the writer is kept that
 --          long instead of deleted, and nobody is woken
 -- ARGV[4]  ms the receipt KEYS[3] is kept (with KEYS[3] only)
+-- ARGV[5]  the release call's id, the receipt's value (with KEYS[3] only)
 --
 -- Returns {1, owner}  the writer was ours and is released (or kept)
 --         {0, owner}  it was not ours (our lease ran out, or we never held
@@ -29,7 +30,7 @@ end
 local held = redis.call('GET', KEYS[1])
 if held and string.sub(held, 1, owner_len) == ARGV[1] then
   if KEYS[3] then
-    redis.call('SET', KEYS[3], '1', 'PX', ARGV[4])
+    redis.call('SET', KEYS[3], ARGV[5], 'PX', ARGV[4])
   end
   local keep_ms = tonumber(ARGV[3]) or 0
   if keep_ms > 0 then
@@ -42,7 +43,7 @@ if held and string.sub(held, 1, owner_len) == ARGV[1] then
   end
   return {1, ARGV[1]}
 end
-if KEYS[3] and redis.call('EXISTS', KEYS[3]) == 1 then
+if KEYS[3] and redis.call('GET', KEYS[3]) == ARGV[5] then
   return {1, ARGV[1]}
 end
 return {0, ARGV[1]}
