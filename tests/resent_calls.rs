@@ -251,6 +251,9 @@ async fn a_force_unlock_sent_again_answers_what_it_did() {
     drop(held);
 }
 
+/// A request of one kind on `key` (a semaphore's, a read lock's, ...).
+type RequestOf = fn(&LockManager, &'static str) -> distlock::LockRequest;
+
 /// A release sent again after its reply was lost reports what its first run
 /// did: the hold was ours and is released (or handed over). The second run
 /// found the hold gone and answered "not ours", so the release reported
@@ -305,10 +308,7 @@ async fn a_release_sent_again_reports_the_release() {
     next.release().await.unwrap();
 
     // A semaphore's permit, a read hold and a write hold.
-    let kinds: [(
-        &str,
-        fn(&LockManager, &'static str) -> distlock::LockRequest,
-    ); 3] = [
+    let kinds: [(&str, RequestOf); 3] = [
         ("resent:permit", |m, k| m.semaphore(k, 2)),
         ("resent:read", |m, k| m.read_lock(k)),
         ("resent:write", |m, k| m.write_lock(k)),
