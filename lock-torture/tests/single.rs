@@ -1505,15 +1505,27 @@ async fn acquire_as_expected(
         .lease(lease)
         .wait(wait)
         .eager_fencing(true);
+    let started = std::time::Instant::now();
     let got = match op {
         Op::TryAcquire => req.try_acquire().await,
         Op::NoRenew => req.renew(false).acquire().await.map(Some),
         _ => req.acquire().await.map(Some),
     };
+    // The lease's local deadline runs from the request's sending: lease - 1%
+    // - 2 ms. An acquisition that took that long (a stalled machine: a CI
+    // run saw it with a 622 ms lease) may be answered after it.
+    let past_the_deadline = started.elapsed()
+        >= lease
+            .saturating_sub(lease / 100)
+            .saturating_sub(Duration::from_millis(2));
     match (want, got) {
         (None, Ok(Some(g))) => Ok(Some(g)),
         // Granted, but answered after the lease's deadline: not handed out.
-        (None, Err(distlock::LockError::Lost { .. })) if !steady(&key, lease) => Ok(None),
+        (None, Err(distlock::LockError::Lost { .. }))
+            if !steady(&key, lease) || past_the_deadline =>
+        {
+            Ok(None)
+        }
         (Some(w), Err(e)) if kind(&e) == w => {
             let text = e.to_string();
             if text.len() > 1000 {
