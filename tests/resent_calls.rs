@@ -292,13 +292,7 @@ async fn a_release_sent_again_reports_the_release() {
         let m = m.clone();
         tokio::spawn(async move { m.lock(key).lease(lease).acquire().await.unwrap() })
     };
-    assert!(
-        eventually(Duration::from_secs(10), async || m.waiting_acquisitions()
-            == 1)
-        .await
-        .is_some(),
-        "the waiter did not wait"
-    );
+    common::await_parked(m, 1).await;
     let released = c.with_reply_lost(key, guard.release()).await;
     assert!(released.is_ok(), "{released:?}");
     let next = tokio::time::timeout(Duration::from_secs(10), waiter)
