@@ -353,11 +353,18 @@ fn lock(slot: &Slot) -> std::sync::MutexGuard<'_, State> {
     slot.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Records the guard's local deadline on the monotonic clock. The clock is
+/// read before the remaining lease, so a SIGSTOP between the two reads makes
+/// the sample early, never late: read the other way round, a freeze of 3
+/// leases there put the deadline 3 leases late and s2 saw the other holder
+/// "890 ms before" it. Samples only raise the recorded deadline, so an early
+/// one is harmless.
 fn sample_deadline(slot: &Slot, guard: &LockGuard) -> u64 {
+    let now = mono_ns();
     let rem = guard.remaining_lease();
     let mut s = lock(slot);
     if !rem.is_zero() {
-        s.deadline = s.deadline.max(mono_ns() + ns(rem));
+        s.deadline = s.deadline.max(now + ns(rem));
     }
     s.deadline
 }
