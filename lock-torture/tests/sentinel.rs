@@ -92,21 +92,24 @@ async fn sentinel_failover(replica_ack: Option<&str>) {
         Some(_) => Some(ReplicasCut::off(fixture).await),
         None => None,
     };
-    let (down, up) = fail_over(fixture, cut.as_ref()).await;
+    let (down, killed, up) = fail_over(fixture, cut.as_ref()).await;
     // Every worker goes on: 4 progress reports (200 sections each) within 30 s
     // of the promotion.
     progress_all(&mut workers, 4, limit).await;
     let drains = stop_all(&mut workers, limit).await;
     let h = history_of(&workers);
     // The grants the failover may forget are the old master's: the checker
-    // excuses those seen before the window's start. `down` is taken before
-    // `kill_master` asks the sentinels which node to kill, and a worker on a
-    // loaded machine reads a grant's reply late; so the window starts
-    // 500 ms after the kill. Sound: the sentinels declare the master down
-    // only after 1 s (down-after-milliseconds), so no other master grants
-    // before then. Runs here saw six grants 20 ms before the kill, counted
-    // as token-order violations, with `down` as the start.
-    let old_masters_last_grants = down + 500_000_000;
+    // excuses those seen before the window's start. `killed` is taken once
+    // the old master is dead, and a worker on a loaded machine reads a
+    // grant's reply late; so the window starts 500 ms after `killed`. Sound:
+    // the sentinels declare the master down only after 1 s
+    // (down-after-milliseconds) from the kill, so no other master grants
+    // before then. Runs here saw six grants 20 ms before the kill counted as
+    // token-order violations with `down` as the start; and with `down` +
+    // 500 ms, a CI run on two loaded cores saw five, read more than 500 ms
+    // after `down` (asking the sentinels which node to kill took that long)
+    // and about 2 s before the new master's first grant.
+    let old_masters_last_grants = killed + 500_000_000;
     let faults = Faults {
         amnesia: vec![(old_masters_last_grants, up)],
         ..Faults::default()
@@ -216,10 +219,12 @@ impl ReplicasCut {
 
 /// Kills the master (letting the replicas `cut` off go right after), waits
 /// for the sentinels to promote a replica, and starts the old master again,
-/// empty; returns the kill's and the promotion's times.
-async fn fail_over(fixture: &mut RedisSentinel, cut: Option<&ReplicasCut>) -> (u64, u64) {
+/// empty; returns the times just before and just after the kill and the
+/// promotion's.
+async fn fail_over(fixture: &mut RedisSentinel, cut: Option<&ReplicasCut>) -> (u64, u64, u64) {
     let down = mono_ns();
     let old = fixture.kill_master().expect("kill the master");
+    let killed = mono_ns();
     if let Some(cut) = cut {
         cut.signal(libc::SIGCONT);
     }
@@ -233,7 +238,7 @@ async fn fail_over(fixture: &mut RedisSentinel, cut: Option<&ReplicasCut>) -> (u
     let up = mono_ns();
     assert_ne!(old, new);
     fixture.restart_data_node(old).expect("the old master back");
-    (down, up)
+    (down, killed, up)
 }
 
 /// With `replica_ack` of every replica, whichever the sentinels promote has
