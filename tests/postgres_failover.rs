@@ -443,19 +443,29 @@ async fn postgres_a_stalled_primary_does_not_pile_up_sessions() {
     // Once the wait ends, the next look (within two command timeouts) asks
     // the connection itself; behind the flood's statements it may not answer
     // in time, and is then replaced (its session ends once it has worked
-    // through them).
-    let after = async || m.lock("after").try_acquire().await.ok().flatten();
-    let again = tokio::time::timeout(Duration::from_secs(10), async {
+    // through them). Until then a call, the release of a lock just granted
+    // too, may time out (a CI run saw that release time out): each try
+    // takes a key of its own, so that a release that timed out leaves no
+    // lock in the next try's way, and a try counts once its lock is granted
+    // and released.
+    let mut tries = 0;
+    tokio::time::timeout(Duration::from_secs(10), async {
         loop {
-            if let Some(guard) = after().await {
-                return guard;
+            tries += 1;
+            let key = format!("after-{tries}");
+            if let Ok(Some(guard)) = m.lock(&key).try_acquire().await {
+                match guard.release().await {
+                    Ok(()) => return,
+                    Err(LockError::Backend { source, .. })
+                        if source.kind() == distlock::BackendErrorKind::Timeout => {}
+                    Err(e) => panic!("the release of {key}: {e:?}"),
+                }
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     })
     .await
-    .expect("granted once the standby confirms");
-    again.release().await.unwrap();
+    .expect("granted and released once the standby confirms");
     // Nothing is left waiting: the manager's sessions come down to its one
     // data connection (the kept one, or, if it was still working through
     // the flood's statements when next looked at, a new one) as the old
