@@ -290,16 +290,11 @@ async fn cluster_fault(fault: ClusterFault) {
     progress_all(&mut workers, load.after, limit).await;
     stop_all(&mut workers, limit).await;
     let h = history_of(&workers);
-    // Only a failover may forget a lock (a write not yet replicated). The
-    // checker excuses the grants seen before the window's start; a worker on
-    // a loaded machine reads a grant's reply late, so a grant the old master
-    // made just before its kill can be seen after it (s16s, on Sentinel, saw
-    // such grants 20 ms late). So the window starts 500 ms after the kill.
-    // Sound: the replica is promoted only after the node timeout (2 s) from
-    // the kill, so no other master grants these locks before then.
+    // Only a failover may forget a lock (a write not yet replicated): the
+    // old master's grants, seen up to GRANTS_READ_LATE after its kill.
     let faults = Faults {
         amnesia: if fault == ClusterFault::KillMaster {
-            vec![(killed + 500_000_000, up)]
+            vec![(killed + ns(GRANTS_READ_LATE), up)]
         } else {
             Vec::new()
         },

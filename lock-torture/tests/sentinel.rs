@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use distlock_testing::{DataNodeRole, RedisSentinel};
 use lock_torture::checker::{Faults, Report};
-use lock_torture::clock::{diff_ms, mono_ns};
+use lock_torture::clock::{diff_ms, mono_ns, ns};
 use lock_torture::history::History;
 
 mod support;
@@ -98,18 +98,14 @@ async fn sentinel_failover(replica_ack: Option<&str>) {
     progress_all(&mut workers, 4, limit).await;
     let drains = stop_all(&mut workers, limit).await;
     let h = history_of(&workers);
-    // The grants the failover may forget are the old master's: the checker
-    // excuses those seen before the window's start. `killed` is taken once
-    // the old master is dead, and a worker on a loaded machine reads a
-    // grant's reply late; so the window starts 500 ms after `killed`. Sound:
-    // the sentinels declare the master down only after 1 s
-    // (down-after-milliseconds) from the kill, so no other master grants
-    // before then. Runs here saw six grants 20 ms before the kill counted as
-    // token-order violations with `down` as the start; and with `down` +
-    // 500 ms, a CI run on two loaded cores saw five, read more than 500 ms
-    // after `down` (asking the sentinels which node to kill took that long)
-    // and about 2 s before the new master's first grant.
-    let old_masters_last_grants = killed + 500_000_000;
+    // The grants the failover may forget are the old master's, seen up to
+    // GRANTS_READ_LATE after `killed` (taken once the old master is dead).
+    // Runs here saw six grants 20 ms before the kill counted as token-order
+    // violations with `down` as the start; and with `down` + 500 ms, a CI
+    // run on two loaded cores saw five, read more than 500 ms after `down`
+    // (asking the sentinels which node to kill took that long) and about
+    // 2 s before the new master's first grant.
+    let old_masters_last_grants = killed + ns(GRANTS_READ_LATE);
     let faults = Faults {
         amnesia: vec![(old_masters_last_grants, up)],
         ..Faults::default()

@@ -519,6 +519,15 @@ pub const QUEUE_LEASE: Duration = Duration::from_secs(3);
 /// Slack for "at most X after Y" bounds: scheduling on a busy 2-core machine.
 pub const SLACK: Duration = Duration::from_millis(300);
 
+/// How long after a master's kill a worker may still read a grant that master
+/// made before it. A failover's amnesia window (`Faults::amnesia`) starts this
+/// long after the kill: the checker excuses only the grants seen before the
+/// window's start, and a worker on a loaded machine reads a reply late. Sound
+/// while no other master can grant the old master's locks this soon: Sentinel
+/// declares a master down after 1 s (`down-after-milliseconds`), a cluster
+/// after its node timeout (2 s).
+pub const GRANTS_READ_LATE: Duration = Duration::from_millis(500);
+
 pub fn drift(lease: Duration) -> Duration {
     lease / 100 + Duration::from_millis(2)
 }
