@@ -1,3 +1,5 @@
 //! No code: this package holds the compile tests of `#[distributed_lock]`
-//! (`tests/ui.rs`, trybuild) apart from the facade's other tests, so that
-//! trybuild builds its cases against the few crates they use. Not published.
+//! apart from the facade's other tests: the mistakes that must fail
+//! (`tests/ui.rs`, trybuild, which checks its cases against the few crates
+//! they use) and the expansions that must compile (`tests/ui/pass/`, test
+//! targets of their own). Not published.

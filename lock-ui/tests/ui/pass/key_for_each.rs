@@ -63,7 +63,12 @@ impl Cart {
         key = ["cart:{self.user}", "item:{user}:{item}" for item in self.items, "user:{user}" for user in users],
         manager = manager
     )]
-    async fn checkout(&self, manager: &LockManager, user: u64, users: Vec<u64>) -> Result<u64, AppError> {
+    async fn checkout(
+        &self,
+        manager: &LockManager,
+        user: u64,
+        users: Vec<u64>,
+    ) -> Result<u64, AppError> {
         let _ = users;
         Ok(user + self.items.len() as u64)
     }
@@ -74,9 +79,15 @@ fn assert_send<T: Send>(_: T) {}
 fn exercise(manager: LockManager) {
     assert_send(reserve(vec!["a".to_owned()]));
     assert_send(order(1, Vec::new()));
-    let lines = [Line { sku: "a".to_owned(), qty: 1 }];
+    let lines = [Line {
+        sku: "a".to_owned(),
+        qty: 1,
+    }];
     assert_send(pick(1, &lines, BTreeMap::new(), [1, 2, 3]));
-    let cart = Cart { items: HashSet::new(), user: 7 };
+    let cart = Cart {
+        items: HashSet::new(),
+        user: 7,
+    };
     assert_send(cart.checkout(&manager, 7, vec![8]));
 }
 

@@ -68,7 +68,10 @@ fn exercise(manager: LockManager) {
     assert_send(hex());
     assert_send(constant());
     assert_send(from_param("k", 2));
-    let pool = Pool { locks: manager, size: 4 };
+    let pool = Pool {
+        locks: manager,
+        size: 4,
+    };
     assert_send(pool.enter());
 }
 
