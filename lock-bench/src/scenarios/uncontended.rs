@@ -11,12 +11,25 @@ pub const SINGLE_NODE_LABEL: &str = "distlock single-node (builder, member 1)";
 /// The Redlock row of `--backend redlock`.
 pub const REDLOCK_LABEL: &str = "distlock Redlock (redlock_builder, 5 members)";
 
+/// Cycles of the round-trip count's pass: a count that does not drift needs
+/// few; through a link under --quick, fewer (see `run`).
+fn rt_cycles(env: &Env) -> u64 {
+    match (env.quick, env.link_delay.is_some()) {
+        (true, true) => 10,
+        (true, false) => 50,
+        (false, _) => 500,
+    }
+}
+
 pub async fn run(env: &Env) -> Result<ScenarioResult> {
     env.flush().await?;
-    let (cycles, block, warmup) = if env.quick {
-        (600, 200, 100)
-    } else {
-        (20_000, 1_000, 500)
+    // --quick through a link: a tenth of the cycles, which each cost two of
+    // its round trips (about 8.5 ms through `--link-delay 1ms`: 600 cycles
+    // of six rows took 23 s, where --quick promises under 10 s).
+    let (cycles, block, warmup) = match (env.quick, env.link_delay.is_some()) {
+        (true, true) => (60, 20, 10),
+        (true, false) => (600, 200, 100),
+        (false, _) => (20_000, 1_000, 500),
     };
     let key = "bench:uncontended";
     if env.is_redlock() {
@@ -57,7 +70,7 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
     let m = run_interleaved(env, cyclers, warmup, cycles, block, true).await?;
     let mut rows = Vec::new();
     for (i, kind) in kinds.iter().enumerate() {
-        let rt = round_trips_per_cycle(env, *kind, key, if env.quick { 50 } else { 500 }).await?;
+        let rt = round_trips_per_cycle(env, *kind, key, rt_cycles(env)).await?;
         rows.push(Row::standard(
             env.label(*kind),
             m.ops[i],
@@ -160,10 +173,9 @@ async fn redlock(
         Cycler::connect(Kind::Distlock, &env.target, key, 1).await?,
     ];
     let m = run_interleaved(env, cyclers, warmup, cycles, block, false).await?;
-    let rt_cycles = if env.quick { 50 } else { 500 };
     let rts = [
-        round_trips_per_cycle(env, Kind::Distlock, key, rt_cycles).await?,
-        Some(redlock_round_trips_per_cycle(env, key, rt_cycles).await?),
+        round_trips_per_cycle(env, Kind::Distlock, key, rt_cycles(env)).await?,
+        Some(redlock_round_trips_per_cycle(env, key, rt_cycles(env)).await?),
     ];
     let rows = [SINGLE_NODE_LABEL, REDLOCK_LABEL]
         .iter()
