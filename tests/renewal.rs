@@ -50,15 +50,19 @@ async fn no_renewal_after_release() {
     let mut raw = raw(&redis).await;
     let lock_key = a.redis_names("k").lock;
     for i in 0..60u64 {
-        // Renewal every 100 ms; release lands at varying points of the tick
-        // (0 to 150 ms after the acquire).
+        // Renewal every 300 ms (a third of the lease); release lands at
+        // varying points of the tick (0 to 295 ms after the acquire). A
+        // lease of 900 ms, not 300: a renewal later than the lease less one
+        // interval loses the hold, which release then reports, and a CI run
+        // on two loaded cores lost a 300 ms lease so (a tick over 200 ms
+        // late); now that takes a tick 600 ms late.
         let g = a
             .lock("k")
-            .lease(Duration::from_millis(300))
+            .lease(Duration::from_millis(900))
             .acquire()
             .await
             .unwrap();
-        tokio::time::sleep(Duration::from_micros(i * 2500)).await;
+        tokio::time::sleep(Duration::from_micros(i * 5000)).await;
         g.release().await.unwrap();
         assert_eq!(a.held_count(), 0);
         let next = b
@@ -70,7 +74,7 @@ async fn no_renewal_after_release() {
             .unwrap()
             .expect("free after release");
         tokio::time::sleep(Duration::from_millis(15)).await;
-        // A stale renewal would have reset the TTL to 300 ms.
+        // A stale renewal would have reset the TTL to 900 ms.
         let ttl = pttl(&mut raw, &lock_key).await;
         assert!(ttl > 4000, "round {i}: next holder's ttl {ttl}");
         next.release().await.unwrap();
