@@ -25,7 +25,7 @@ pub async fn run(env: &Env) -> Result<ScenarioResult> {
     env.flush().await?;
     // --quick through a link: a tenth of the cycles, which each cost two of
     // its round trips (about 8.5 ms through `--link-delay 1ms`: 600 cycles
-    // of six rows took 23 s, where --quick promises under 10 s).
+    // of six rows took 23 s, where a --quick pass should take under 20 s).
     let (cycles, block, warmup) = match (env.quick, env.link_delay.is_some()) {
         (true, true) => (60, 20, 10),
         (true, false) => (600, 200, 100),
