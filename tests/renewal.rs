@@ -87,7 +87,9 @@ async fn no_renewal_after_release() {
 /// that (redisson#7272: a watchdog that kept renewing after an interrupted
 /// unlock). The renewal interval is lease / 3 = 100 ms, so three intervals of
 /// silence (300 ms) would have shown at least two renewals of a hold that the
-/// renewal task still kept.
+/// renewal task still kept. The short lease is what makes that window
+/// short; a renewal tick late enough to lose it (200 ms) fails nothing here,
+/// as no release's answer is looked at and a lost hold is no longer renewed.
 #[tokio::test]
 async fn no_renewal_after_a_release_cancelled_at_any_await_point() {
     use std::future::Future;
@@ -167,9 +169,13 @@ async fn a_shorter_lease_taken_later_is_renewed_in_time() {
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(20)).await; // the task now sleeps ~10 s
+
+    // 900 ms, renewed every 300 ms: losing it takes a renewal 600 ms late
+    // (a 300 ms lease was lost by one 200 ms late). Unrenewed, its local
+    // deadline (891 ms) passes before the check at 1 s or later.
     let short = a
         .lock("short")
-        .lease(Duration::from_millis(300))
+        .lease(Duration::from_millis(900))
         .acquire()
         .await
         .unwrap();
@@ -367,42 +373,55 @@ async fn a_late_renewal_is_reported() {
 
 // Renewal on every store (`on_stores!`).
 
-/// A 300 ms lease renewed for 1 s keeps others out; without renewal the lock
-/// ends at its lease and the holder knew first; 300 renewing locks are all
-/// renewed by one task, with no task per lock.
+/// A 900 ms lease renewed for 1.3 s keeps others out; without renewal the
+/// lock ends at its lease and the holder knew first; 300 renewing locks are
+/// all renewed by one task, with no task per lock.
+///
+/// The renewed leases are 900 ms (renewed every 300 ms), not 300: on
+/// PostgreSQL a grant's reply and each renewal commit to disk, and a 300 ms
+/// lease is lost by a reply or renewal 200 ms late on a loaded machine; 900
+/// ms takes 600 ms. Each wait below outlasts a lease, so a hold that was not
+/// renewed is seen lost.
 async fn renewal_on_every_store(d: Deployment) {
     let a = d.manager().await;
     let b = d.manager().await;
     let g = a
         .lock("renewed")
-        .lease(Duration::from_millis(300))
+        .lease(Duration::from_millis(900))
         .acquire()
         .await
         .unwrap();
     let start = Instant::now();
-    while start.elapsed() < Duration::from_millis(1000) {
+    while start.elapsed() < Duration::from_millis(1300) {
         assert!(b.lock("renewed").try_acquire().await.unwrap().is_none());
         assert!(!g.is_lost());
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     g.release().await.unwrap();
 
+    // 1 s, though it is meant to run out: the grant's reply must come
+    // within the lease, or the acquire answers `Lost`, and on PostgreSQL it
+    // commits to disk first.
+    let lease = Duration::from_millis(1000);
+    // Taken before the acquire: the store's lease starts after this, however
+    // late the reply comes.
+    let start = Instant::now();
     let g = a
         .lock("unrenewed")
-        .lease(Duration::from_millis(300))
+        .lease(lease)
         .renew(false)
         .acquire()
         .await
         .unwrap();
-    let start = Instant::now();
-    let free_after = eventually(Duration::from_secs(3), async || {
+    // The lease plus 2 s for the last try's round trips on a loaded machine.
+    let free_after = eventually(lease + Duration::from_secs(2), async || {
         b.lock("unrenewed").try_acquire().await.unwrap().is_some()
     })
     .await
     .expect("expires");
     // 20 ms under the lease: the store's clock and ours tick apart.
     assert!(
-        start.elapsed() >= Duration::from_millis(280),
+        start.elapsed() >= lease - Duration::from_millis(20),
         "{free_after:?}"
     );
     assert!(g.is_lost(), "the holder knew before the store did");
@@ -414,13 +433,13 @@ async fn renewal_on_every_store(d: Deployment) {
     for i in 0..300 {
         guards.push(
             a.lock(format!("many:{i}"))
-                .lease(Duration::from_millis(300))
+                .lease(Duration::from_millis(900))
                 .acquire()
                 .await
                 .unwrap(),
         );
     }
-    tokio::time::sleep(Duration::from_millis(900)).await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
     assert!(guards.iter().all(|g| !g.is_lost()), "all renewed");
     let tasks_during = metrics.num_alive_tasks();
     assert!(
