@@ -16,10 +16,12 @@ async fn extend_replaces_the_ttl_and_renewals_keep_the_new_length() {
     let m = manager(&redis).await;
     let mut conn = raw(&redis).await;
     let name = m.redis_names("ext").lock;
-    // Without renewal, so that only extend moves the TTL.
+    // Without renewal, so that only extend moves the TTL. 1 s: the extend
+    // must land within the lease, 200 ms in; a 500 ms lease left a loaded
+    // machine 300 ms.
     let g = m
         .lock("ext")
-        .lease(Duration::from_millis(500))
+        .lease(Duration::from_millis(1000))
         .renew(false)
         .acquire()
         .await
@@ -27,7 +29,7 @@ async fn extend_replaces_the_ttl_and_renewals_keep_the_new_length() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     g.extend(Duration::from_secs(3)).await.unwrap();
     let ttl = pttl(&mut conn, &name).await;
-    // Replaced: about 3 s from now, not 3 s plus the 300 ms that were left.
+    // Replaced: about 3 s from now, not 3 s plus the 800 ms that were left.
     assert!((2_800..=3_000).contains(&ttl), "{ttl}");
     assert_eq!(g.lease(), Duration::from_secs(3));
     // The holder's own deadline follows: still valid past the first lease.
@@ -36,7 +38,9 @@ async fn extend_replaces_the_ttl_and_renewals_keep_the_new_length() {
     // Shorter replaces too, and the deadline comes down with it.
     g.extend(Duration::from_millis(100)).await.unwrap();
     assert!(pttl(&mut conn, &name).await <= 100);
-    tokio::time::timeout(Duration::from_millis(300), g.lost())
+    // The new deadline is under 100 ms away; 1 s more for a late timer. A
+    // deadline left at the old 3 s would fail it.
+    tokio::time::timeout(Duration::from_millis(1100), g.lost())
         .await
         .expect("the shortened lease ends");
     assert!(matches!(
@@ -44,15 +48,19 @@ async fn extend_replaces_the_ttl_and_renewals_keep_the_new_length() {
         Err(LockError::Lost { .. })
     ));
 
-    // With renewal on, renewals keep the extended length.
+    // With renewal on, renewals keep the extended length. 900 ms, not 300:
+    // the lease must hold until the extend lands, and a 300 ms one is lost
+    // by a renewal or reply 200 ms late. A renewal at the old pace (300 ms
+    // after the acquire) and length would fall within the 500 ms below and
+    // leave at most 900 ms.
     let g = m
         .lock("ext2")
-        .lease(Duration::from_millis(300))
+        .lease(Duration::from_millis(900))
         .acquire()
         .await
         .unwrap();
     g.extend(Duration::from_secs(5)).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let ttl = pttl(&mut conn, &m.redis_names("ext2").lock).await;
     assert!(ttl > 4_000, "{ttl}");
     assert!(matches!(
@@ -68,25 +76,26 @@ async fn extend_replaces_the_ttl_and_renewals_keep_the_new_length() {
 /// said `Lost`. The loss stands and `extend` reports it; the release deletes
 /// the lock the extend kept in the store.
 ///
-/// Bounds: the 300 ms lease without renewal ends the holder's trust at most
-/// 300 ms after the acquisition was sent; the extend's reply is held 1.5 s
-/// (within the manager's 3 s command timeout), so `lost()` completes first
-/// unless the machine stalls for 1.2 s.
+/// Bounds: the 900 ms lease without renewal ends the holder's trust at most
+/// 900 ms after the acquisition was sent; the extend's reply is held 2.1 s
+/// (within the manager's 4 s command timeout), so `lost()` completes first
+/// unless the machine stalls for 1.2 s. 900 ms, not 300: the acquire's reply
+/// must come within the lease, or it answers `Lost`.
 #[tokio::test]
 async fn an_extend_answered_after_the_loss_was_told_reports_the_loss() {
     use distlock::testing::{FaultMode, FaultProxy};
     let redis = server();
     let proxy = FaultProxy::start(redis.addr()).await.unwrap();
-    let m = manager_with_timeout(&proxy.url(), Duration::from_secs(3)).await;
+    let m = manager_with_timeout(&proxy.url(), Duration::from_secs(4)).await;
     open_every_connection(&m).await;
     let g = m
         .lock("told-lost")
-        .lease(Duration::from_millis(300))
+        .lease(Duration::from_millis(900))
         .renew(false)
         .acquire()
         .await
         .unwrap();
-    proxy.set_mode(FaultMode::DelayReplies(Duration::from_millis(1500)));
+    proxy.set_mode(FaultMode::DelayReplies(Duration::from_millis(2100)));
     let told = async {
         g.lost().await;
         Instant::now()
@@ -130,8 +139,10 @@ async fn extend_after_the_lock_was_taken_over_reports_the_loss() {
     assert!(g.is_lost());
 }
 
-/// Renewed past its 300 ms lease, but never past 600 ms from the grant.
-#[distributed_lock(key = "capped:{id}", lease = "300ms", max_hold = "600ms", manager = m)]
+/// Renewed past its 900 ms lease, but never past 1.5 s from the grant. 900
+/// ms, not 300: a renewal 200 ms late lost a 300 ms lease, which this test
+/// would take for an early stop; 900 ms takes one 600 ms late.
+#[distributed_lock(key = "capped:{id}", lease = "900ms", max_hold = "1500ms", manager = m)]
 async fn stuck_body(m: &LockManager, id: u32, finished: &AtomicBool) -> Result<(), LockError> {
     tokio::time::sleep(Duration::from_secs(3)).await;
     finished.store(true, Ordering::SeqCst);
@@ -152,20 +163,24 @@ async fn max_hold_from_the_attribute_stops_a_stuck_body() {
         "{outcome:?}"
     );
     assert!(!finished.load(Ordering::SeqCst), "the body was stopped");
-    // Renewed beyond the first lease (300 ms), ended at max_hold (600 ms).
+    // Renewed beyond the first lease (900 ms), ended at max_hold (1.5 s,
+    // counted from the acquire's sending, after `started`); 1 s more for a
+    // late timer. Without max_hold the body would finish at 3 s.
     assert!(
-        stopped_after >= Duration::from_millis(550) && stopped_after < Duration::from_millis(1_000),
+        stopped_after >= Duration::from_millis(1_450)
+            && stopped_after < Duration::from_millis(1_500 + 1_000),
         "{stopped_after:?}"
     );
     // The lock is free again within a lease of that (the release may even
-    // have deleted it already).
+    // have deleted it already), plus 1 s for the waiter's attempts on a
+    // loaded machine.
     let next = other
         .lock("capped:1")
-        .wait(Duration::from_secs(2))
+        .wait(Duration::from_secs(3))
         .acquire()
         .await
         .unwrap();
-    assert!(started.elapsed() < Duration::from_millis(600 + 300 + 200));
+    assert!(started.elapsed() < Duration::from_millis(1_500 + 900 + 1_000));
     next.release().await.unwrap();
 }
 
@@ -176,16 +191,19 @@ async fn extend_and_max_hold_on_every_store(d: Deployment) {
     let m = d.manager().await;
     let other = d.manager().await;
     let ttl_of = async |key: &str| other.inspect(key).await.unwrap().unwrap().ttl.unwrap();
+    // 1 s: the grant's reply and then the extend, 200 ms in, must land
+    // within the lease, and on PostgreSQL each commits to disk; a 500 ms
+    // lease left a loaded machine 300 ms.
     let g = m
         .lock("ext")
-        .lease(Duration::from_millis(500))
+        .lease(Duration::from_millis(1000))
         .renew(false)
         .acquire()
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
     g.extend(Duration::from_secs(3)).await.unwrap();
-    // Replaced: about 3 s from now, not 3 s plus the 300 ms that were left
+    // Replaced: about 3 s from now, not 3 s plus the 800 ms that were left
     // (200 ms below leaves room for the inspect's round trip on a slow machine).
     let ttl = ttl_of("ext").await;
     assert!(
@@ -195,7 +213,9 @@ async fn extend_and_max_hold_on_every_store(d: Deployment) {
     assert_eq!(g.lease(), Duration::from_secs(3));
     g.extend(Duration::from_millis(100)).await.unwrap();
     assert!(ttl_of("ext").await <= Duration::from_millis(100));
-    tokio::time::timeout(Duration::from_millis(300), g.lost())
+    // The new deadline is under 100 ms away; 1 s more for a late timer. A
+    // deadline left at the old 3 s would fail it.
+    tokio::time::timeout(Duration::from_millis(1100), g.lost())
         .await
         .expect("the shortened lease ends");
     assert!(matches!(
@@ -203,15 +223,19 @@ async fn extend_and_max_hold_on_every_store(d: Deployment) {
         Err(LockError::Lost { .. })
     ));
 
-    // With renewal on, renewals keep the extended length.
+    // With renewal on, renewals keep the extended length. 900 ms, not 300:
+    // the lease must hold until the extend lands, and on PostgreSQL a 300 ms
+    // one is lost by a grant's reply or renewal 200 ms late. A renewal at
+    // the old pace (300 ms after the acquire) and length would fall within
+    // the 500 ms below and leave at most 900 ms.
     let g = m
         .lock("ext2")
-        .lease(Duration::from_millis(300))
+        .lease(Duration::from_millis(900))
         .acquire()
         .await
         .unwrap();
     g.extend(Duration::from_secs(5)).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let ttl = ttl_of("ext2").await;
     assert!(ttl > Duration::from_secs(4), "{ttl:?}");
     assert!(matches!(
@@ -234,34 +258,41 @@ async fn extend_and_max_hold_on_every_store(d: Deployment) {
     ));
     assert!(g.is_lost());
 
-    // max_hold: renewed as usual, then lost at about 700 ms.
+    // max_hold: renewed as usual, then lost at about 1.5 s. A 900 ms lease
+    // (renewed every 300 ms), not 300: on PostgreSQL a renewal 200 ms late
+    // lost the 300 ms one before the check below; 900 ms takes one 600 ms
+    // late. The check comes past the first lease, so a hold not renewed
+    // fails it, and 500 ms before max_hold, so a late wake-up does not.
     let started = Instant::now();
     let g = m
         .lock("stuck-body")
-        .lease(Duration::from_millis(300))
-        .max_hold(Duration::from_millis(700))
+        .lease(Duration::from_millis(900))
+        .max_hold(Duration::from_millis(1500))
         .acquire()
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
     assert!(!g.is_lost());
     tokio::time::timeout(Duration::from_secs(2), g.lost())
         .await
         .expect("max_hold ends the hold");
+    // max_hold counts from the acquire's sending, after `started`; 1 s more
+    // for a late timer (without max_hold the timeout above fails).
     let lost_after = started.elapsed();
     assert!(
-        lost_after >= Duration::from_millis(650) && lost_after < Duration::from_millis(1_000),
+        lost_after >= Duration::from_millis(1_450)
+            && lost_after < Duration::from_millis(1_500 + 1_000),
         "{lost_after:?}"
     );
-    // The store's lease runs out within one lease (300 ms) of that, plus
-    // 200 ms for the waiter's attempts on a slow machine.
+    // The store's lease runs out within one lease (900 ms) of that, plus
+    // 1 s for the waiter's attempts on a slow machine.
     let freed = other
         .lock("stuck-body")
-        .wait(Duration::from_secs(2))
+        .wait(Duration::from_secs(3))
         .acquire()
         .await
         .unwrap();
-    assert!(started.elapsed() < Duration::from_millis(700 + 300 + 200));
+    assert!(started.elapsed() < Duration::from_millis(1_500 + 900 + 1_000));
     freed.release().await.unwrap();
     assert!(matches!(g.release().await, Err(LockError::Lost { .. })));
 }
