@@ -152,9 +152,13 @@ async fn a_writer_is_not_starved_by_a_stream_of_readers(d: Deployment) {
 async fn a_crashed_readers_share_expires_within_its_lease(d: Deployment) {
     let crashed = d.manager().await;
     let writer = d.manager().await;
+    // 1 s: the grant's reply must come within the lease, or the acquire
+    // answers `Lost` (`guard::grant`), and on PostgreSQL it commits to disk
+    // first; a 400 ms lease left a loaded machine too little room.
+    const LEASE: Duration = Duration::from_millis(1000);
     let g = crashed
         .read_lock("report")
-        .lease(Duration::from_millis(400))
+        .lease(LEASE)
         .renew(false)
         .acquire()
         .await
@@ -168,8 +172,15 @@ async fn a_crashed_readers_share_expires_within_its_lease(d: Deployment) {
         .acquire()
         .await
         .unwrap();
+    // The share's lease ends at most LEASE after `start`; the writer's
+    // backoff is capped by the lease it was told remains, so it tries again
+    // as it ends. 1.1 s covers that attempt's round trips on a loaded
+    // machine (the margin of the former 400 ms lease and its 1.5 s bound).
     let waited = start.elapsed();
-    assert!(waited < Duration::from_millis(1500), "waited {waited:?}");
+    assert!(
+        waited < LEASE + Duration::from_millis(1100),
+        "waited {waited:?}"
+    );
     w.release().await.unwrap();
 }
 
