@@ -500,12 +500,11 @@ async fn permit_counts_follow_the_holders() {
     );
     let a = request().acquire().await.unwrap();
     let b = request().acquire().await.unwrap();
-    let short = request()
-        .lease(Duration::from_millis(100))
-        .renew(false)
-        .acquire()
-        .await
-        .unwrap();
+    // 1 s: the hold must still be there for the counts below (two round
+    // trips), and the grant's reply must come within the lease; 100 ms left
+    // a loaded machine too little room.
+    const SHORT: Duration = Duration::from_millis(1000);
+    let short = request().lease(SHORT).renew(false).acquire().await.unwrap();
     let counts = request().permit_counts().await.unwrap();
     assert_eq!(
         (counts.configured, counts.held, counts.available),
@@ -514,8 +513,9 @@ async fn permit_counts_follow_the_holders() {
     // A request with another count reads the count in force, the holders'.
     let other = m.semaphore("pool", 9).permit_counts().await.unwrap();
     assert_eq!((other.configured, other.available), (5, 2));
-    // The short lease runs out (100 ms, not renewed): it is not counted.
-    let expired = eventually(Duration::from_secs(2), async || {
+    // The short lease runs out (not renewed): it is not counted. The lease
+    // plus 2 s for a loaded machine.
+    let expired = eventually(SHORT + Duration::from_secs(2), async || {
         request().permit_counts().await.unwrap().held == 2
     })
     .await;
