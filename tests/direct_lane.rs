@@ -192,21 +192,23 @@ async fn a_reply_after_the_command_timeout_reaches_no_later_call() {
     let proxy = FaultProxy::start(redis.addr()).await.unwrap();
     let m = manager_at(&proxy.url()).await; // command timeout 500 ms
     open_both_lanes(&m, &mut raw).await;
-    // Each chunk is held 400 ms each way: the request reaches Redis, the
-    // reply comes 800 ms after it was sent, 300 ms after the call gave up.
-    proxy.set_mode(FaultMode::Delay(Duration::from_millis(400)));
+    // The request reaches Redis at once; its reply is held 1.2 s, and comes
+    // 700 ms after the call gave up.
+    proxy.set_mode(FaultMode::DelayReplies(Duration::from_millis(1200)));
     let late = m.lock("late").acquire().await;
     assert!(late.is_err(), "{late:?}");
     proxy.set_mode(FaultMode::Pass);
     // The timed-out call closed its connection rather than leave it to a
-    // drain: a drain would hold the next call until the late reply, 800 ms
-    // after the request, 300 ms after the call gave up. The next cycle has
-    // its two round trips only (well under 150 ms on loopback).
+    // drain: a drain would hold the next call until the late reply, 1.2 s
+    // after the request, 700 ms after the call gave up. The next cycle has
+    // its two round trips only (a millisecond or so on loopback). 350 ms
+    // lies halfway: it leaves a loaded machine 350 ms, and a drain would
+    // exceed it by as much.
     let start = std::time::Instant::now();
     let g = m.lock("first-after").acquire().await.unwrap();
     g.release().await.unwrap();
     assert!(
-        start.elapsed() < Duration::from_millis(150),
+        start.elapsed() < Duration::from_millis(350),
         "the first call after the timeout waited {:?}",
         start.elapsed()
     );
