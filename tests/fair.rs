@@ -521,10 +521,15 @@ async fn a_short_lease_handed_off_long_after_the_last_attempt_is_not_lost() {
     let redis = server();
     let a = manager(&redis).await;
     let b = manager(&redis).await;
+    // The waiter's lease is the subject: shorter than its 0.4-0.8 s refresh
+    // cycle. The holder's is 900 ms (renewed every 300 ms), not the same
+    // 300: it must last until its release, 0.9-1.4 s in, and a renewal
+    // 200 ms late lost a 300 ms one; 900 ms takes one 600 ms late.
     let lease = Duration::from_millis(300);
+    let holder_lease = Duration::from_millis(900);
     for round in 0..4u64 {
         let key = format!("short:{round}");
-        let held = a.lock(&key).lease(lease).acquire().await.unwrap();
+        let held = a.lock(&key).lease(holder_lease).acquire().await.unwrap();
         let waiter = {
             let b = b.clone();
             tokio::spawn(async move {
