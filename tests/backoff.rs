@@ -162,12 +162,14 @@ async fn a_bad_backoff_is_refused_before_any_attempt() {
 /// A waiter that becomes first in line because the one before it (of the
 /// same manager) got the lock sets its timer by that holder's lease, not by
 /// the backoff it drew while it was not first: when the new hold ends
-/// without a release (here `renew(false)`, 300 ms), it attempts then. Before,
+/// without a release (here `renew(false)`, 1 s), it attempts then. Before,
 /// it slept out its backoff (20 s here), the semaphore free meanwhile.
 ///
-/// Bounds: the first waiter holds from the release on; its lease ends 300 ms
+/// Bounds: the first waiter holds from the release on; its lease ends 1 s
 /// later and the second attempts then (its timer is that lease); 5 s leaves
-/// room for a loaded machine and stays far below the 20 s backoff.
+/// room for a loaded machine and stays far below the 20 s backoff. The lease
+/// is 1 s, not 300 ms: the first waiter's grant must be answered within it,
+/// or its acquire answers `Lost`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_first_in_line_behind_a_grant_sets_its_timer_by_that_lease() {
     let server = server();
@@ -177,7 +179,7 @@ async fn a_waiter_first_in_line_behind_a_grant_sets_its_timer_by_that_lease() {
     let first = {
         let request = waiters
             .semaphore("recap", 1)
-            .lease(Duration::from_millis(300))
+            .lease(Duration::from_millis(1000))
             .renew(false)
             .wait(Duration::from_secs(30));
         tokio::spawn(async move {
