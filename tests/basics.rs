@@ -219,9 +219,11 @@ async fn forgotten_scripts_are_reloaded() {
     let redis = server();
     let m = manager(&redis).await;
     let mut raw = raw(&redis).await;
+    // 900 ms, renewed every 300 ms: a renewal 200 ms late lost a 300 ms
+    // lease on a loaded machine; 900 ms takes one 600 ms late.
     let g = m
         .lock("k")
-        .lease(Duration::from_millis(300))
+        .lease(Duration::from_millis(900))
         .acquire()
         .await
         .unwrap();
@@ -230,8 +232,9 @@ async fn forgotten_scripts_are_reloaded() {
         .query_async(&mut raw)
         .await
         .unwrap();
-    // Renewals at 100 ms, 200 ms, ... must survive the flush.
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    // Renewals at 300 ms, 600 ms, ... must survive the flush; 1.2 s outlasts
+    // the lease, so a renewal that failed shows.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
     assert!(!g.is_lost());
     let _: () = redis::cmd("SCRIPT")
         .arg("FLUSH")
