@@ -30,14 +30,17 @@ async fn lock_wait_renew_and_release_over_tls() {
     assert!(redis.url().starts_with("rediss://"));
     let a = tls_manager(&redis).await;
     let b = tls_manager(&redis).await;
-    // Renewal over TLS: held for three leases.
+    // Renewal over TLS: held past its lease. 900 ms, renewed every 300 ms:
+    // a 150 ms lease is lost by a renewal 100 ms late on a loaded machine,
+    // 900 ms by one 600 ms late. 1.2 s outlasts it, so a renewal that failed
+    // shows.
     let g = a
         .lock("k")
-        .lease(Duration::from_millis(150))
+        .lease(Duration::from_millis(900))
         .acquire()
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(450)).await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
     assert!(!g.is_lost(), "renewal over TLS kept the lease");
     g.release().await.unwrap();
 
