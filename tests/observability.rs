@@ -72,15 +72,18 @@ fn happy_path_is_quiet_and_loss_warns() {
         let redis = server();
         let a = manager(&redis).await;
         let b = manager(&redis).await;
+        // 900 ms, renewed every 300 ms: a renewal 200 ms late lost a 300 ms
+        // lease on a loaded machine (a warning, and a failed release); 900
+        // ms takes one 600 ms late.
         let g = a
             .lock("k")
-            .lease(Duration::from_millis(300))
+            .lease(Duration::from_millis(900))
             .acquire()
             .await
             .unwrap();
         let waiter =
             tokio::spawn(async move { b.lock("k").wait(Duration::from_secs(5)).acquire().await });
-        tokio::time::sleep(Duration::from_millis(400)).await; // a renewal or two
+        tokio::time::sleep(Duration::from_millis(700)).await; // a renewal or two
         g.release().await.unwrap();
         waiter.await.unwrap().unwrap().release().await.unwrap();
         assert_eq!(capture.at_least(Level::INFO), Vec::<String>::new());
@@ -93,9 +96,10 @@ fn happy_path_is_quiet_and_loss_warns() {
             "{debug:#?}"
         );
 
+        // 900 ms too: the grant's reply must come within the lease.
         let g = a
             .lock("k2")
-            .lease(Duration::from_millis(300))
+            .lease(Duration::from_millis(900))
             .acquire()
             .await
             .unwrap();
