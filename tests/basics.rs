@@ -219,7 +219,7 @@ async fn forgotten_scripts_are_reloaded() {
     let redis = server();
     let m = manager(&redis).await;
     let mut raw = raw(&redis).await;
-    // 900 ms, renewed every 300 ms: a renewal 200 ms late lost a 300 ms
+    // 900 ms, renewed every 300 ms: a renewal 200 ms late loses a 300 ms
     // lease on a loaded machine; 900 ms takes one 600 ms late.
     let g = m
         .lock("k")

@@ -692,7 +692,7 @@ async fn postgres_an_expiry_is_reported_within_the_sweep_interval() {
     let observer = without_sweep(&d, "observer", false).await;
     let mut events = observer.events("exp:*").await.unwrap();
     // 1 s: the grant's reply must come within the lease, or the acquire
-    // answers `Lost`, and it commits to disk first (a 300 ms lease left a
+    // answers `Lost`, and it commits to disk first (a 300 ms lease leaves a
     // loaded machine too little room).
     const LEASE: Duration = Duration::from_millis(1000);
     let started = std::time::Instant::now();
@@ -908,7 +908,7 @@ async fn a_listener_made_again_after_a_slot_migration_keeps_its_master() {
         Err(EventsSkipped { count: 0, .. })
     ));
     // A lease of 1 s, unrenewed, on a key of each master: the grant's reply
-    // must come within it, or the acquire answers `Lost` (300 ms left a
+    // must come within it, or the acquire answers `Lost` (300 ms leaves a
     // loaded machine too little room).
     let mut keys = Vec::new();
     for master in 0..3 {

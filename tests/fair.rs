@@ -524,7 +524,7 @@ async fn a_short_lease_handed_off_long_after_the_last_attempt_is_not_lost() {
     // The waiter's lease is the subject: shorter than its 0.4-0.8 s refresh
     // cycle. The holder's is 900 ms (renewed every 300 ms), not the same
     // 300: it must last until its release, 0.9-1.4 s in, and a renewal
-    // 200 ms late lost a 300 ms one; 900 ms takes one 600 ms late.
+    // 200 ms late loses a 300 ms one; 900 ms takes one 600 ms late.
     let lease = Duration::from_millis(300);
     let holder_lease = Duration::from_millis(900);
     for round in 0..4u64 {

@@ -118,7 +118,7 @@ async fn a_freed_lock_stops_the_body(d: Deployment) {
     let operator = d.manager().await;
     // 900 ms, renewed every 300 ms: the hold must last until the
     // force-unlock, and on PostgreSQL a grant's reply or renewal 200 ms late
-    // lost a 300 ms lease (the body then stopped before step 5); 900 ms
+    // loses a 300 ms lease (the body then stops before step 5); 900 ms
     // takes 600 ms.
     let g = a
         .lock("freed")

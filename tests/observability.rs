@@ -72,7 +72,7 @@ fn happy_path_is_quiet_and_loss_warns() {
         let redis = server();
         let a = manager(&redis).await;
         let b = manager(&redis).await;
-        // 900 ms, renewed every 300 ms: a renewal 200 ms late lost a 300 ms
+        // 900 ms, renewed every 300 ms: a renewal 200 ms late loses a 300 ms
         // lease on a loaded machine (a warning, and a failed release); 900
         // ms takes one 600 ms late.
         let g = a

@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::*;
 use distlock::{Backoff, HoldKind, HoldTicket, LockError, MAX_SPLIT_PERMITS};
 
-// Redis only: chosen when its lease was 300 ms, which left PostgreSQL's
+// Redis only: chosen when its lease was 300 ms, which leaves PostgreSQL's
 // renewal commits (fsync on, a shared machine) too little room.
 crate::on_both!(a_hold_handed_over_by_ticket_is_renewed_and_released_by_its_new_guard);
 
@@ -161,7 +161,7 @@ async fn a_ticket_nobody_resumes_ends_with_its_lease_and_releases_once(d: Deploy
     let worker = d.manager().await;
     // 1 s, though it is meant to run out: the grant's reply must come
     // within the lease, or the acquire answers `Lost`, and on PostgreSQL it
-    // commits to disk first; a 200 ms lease left a loaded machine too little
+    // commits to disk first; a 200 ms lease leaves a loaded machine too little
     // room.
     let lease = Duration::from_millis(1000);
     let guard = handler.lock("job:2").lease(lease).acquire().await.unwrap();

@@ -154,7 +154,7 @@ async fn a_crashed_readers_share_expires_within_its_lease(d: Deployment) {
     let writer = d.manager().await;
     // 1 s: the grant's reply must come within the lease, or the acquire
     // answers `Lost` (`guard::grant`), and on PostgreSQL it commits to disk
-    // first; a 400 ms lease left a loaded machine too little room.
+    // first; a 400 ms lease leaves a loaded machine too little room.
     const LEASE: Duration = Duration::from_millis(1000);
     let g = crashed
         .read_lock("report")

@@ -171,7 +171,7 @@ async fn a_shorter_lease_taken_later_is_renewed_in_time() {
     tokio::time::sleep(Duration::from_millis(20)).await; // the task now sleeps ~10 s
 
     // 900 ms, renewed every 300 ms: losing it takes a renewal 600 ms late
-    // (a 300 ms lease was lost by one 200 ms late). Unrenewed, its local
+    // (a 300 ms lease is lost by one 200 ms late). Unrenewed, its local
     // deadline (891 ms) passes before the check at 1 s or later.
     let short = a
         .lock("short")

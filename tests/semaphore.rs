@@ -501,7 +501,7 @@ async fn permit_counts_follow_the_holders() {
     let a = request().acquire().await.unwrap();
     let b = request().acquire().await.unwrap();
     // 1 s: the hold must still be there for the counts below (two round
-    // trips), and the grant's reply must come within the lease; 100 ms left
+    // trips), and the grant's reply must come within the lease; 100 ms leaves
     // a loaded machine too little room.
     const SHORT: Duration = Duration::from_millis(1000);
     let short = request().lease(SHORT).renew(false).acquire().await.unwrap();

@@ -140,7 +140,7 @@ async fn an_expired_lock_is_taken_without_a_wake_up() {
     let a = manager(&redis).await;
     let b = manager(&redis).await;
     // 1 s: the grant's reply must come within the lease, or the acquire
-    // answers `Lost`; 400 ms left a loaded machine too little room.
+    // answers `Lost`; 400 ms leaves a loaded machine too little room.
     let lease = Duration::from_millis(1000);
     // Taken before the acquire: the lease starts in Redis after this,
     // however late the reply comes.
