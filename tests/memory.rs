@@ -98,11 +98,16 @@ async fn a_key_whose_counter_expired_still_gets_a_larger_token() {
     let names = m.redis_names("k");
     let mut highest = 0;
     for round in 0..5 {
-        // Several acquisitions in a row push the counter along...
+        // Several acquisitions in a row push the counter along... Each hold
+        // need only last its three round trips: 500 ms unrenewed, so that
+        // only a 500 ms stall loses one (a renewed 100 ms lease is lost by
+        // a renewal 67 ms late). Each round waits about a lease for the
+        // counter to expire, so a longer one costs five times over.
         for _ in 0..20 {
             let g = m
                 .lock("k")
-                .lease(Duration::from_millis(100))
+                .lease(Duration::from_millis(500))
+                .renew(false)
                 .acquire()
                 .await
                 .unwrap();
