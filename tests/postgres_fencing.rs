@@ -13,7 +13,9 @@ use common::*;
 use distlock_testing::PostgresServer;
 use tokio_postgres::{Client, NoTls};
 
-const LEASE: Duration = Duration::from_millis(300);
+/// Holder A's lease, which runs out while A is frozen. 1 s, not 300 ms:
+/// A's grant and its token must come back within it on a loaded machine.
+const LEASE: Duration = Duration::from_millis(1000);
 
 async fn connect_db(conninfo: &str) -> Client {
     let (client, connection) = tokio_postgres::connect(conninfo, NoTls)
@@ -95,9 +97,10 @@ async fn a_paused_holders_stale_write_is_rejected_by_postgres() {
     // Holder B: waits for A's lease to run out, then writes with its token.
     let a_token_seen = holding_rx.await.expect("A holds the lock");
     let locks = manager(&redis).await;
+    // B keeps the default lease: it must hold through a read and two
+    // committed writes, and only A's lease is meant to run out.
     let guard = locks
         .lock("account:1")
-        .lease(LEASE)
         .wait(Duration::from_secs(10))
         .acquire()
         .await
