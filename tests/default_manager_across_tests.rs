@@ -27,11 +27,14 @@ fn environment() -> &'static RedisServer {
     redis
 }
 
-#[distributed_lock(key = "job:{id}", lease = "300ms")]
+/// 900 ms, renewed every 300 ms: a renewal 200 ms late loses a 300 ms lease
+/// on a loaded machine, 900 ms takes one 600 ms late.
+#[distributed_lock(key = "job:{id}", lease = "900ms")]
 async fn job(id: u64) -> Result<u64, LockError> {
-    // Longer than the lease: the renewal (on the default manager's own
-    // runtime) must keep it, or the body is aborted with `Lost`.
-    tokio::time::sleep(Duration::from_millis(450)).await;
+    // Longer than the lease (past its local deadline, 891 ms): the renewal
+    // (on the default manager's own runtime) must keep it, or the body is
+    // aborted with `Lost`.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
     Ok(id)
 }
 
