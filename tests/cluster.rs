@@ -255,11 +255,14 @@ async fn renewal_keeps_a_lock_beyond_its_lease() {
         .into_iter()
         .flatten()
         .collect();
+    // 900 ms leases, renewed every 300 ms: losing one takes a renewal 600 ms
+    // late (a 300 ms lease is lost by one 200 ms late on a loaded machine).
+    // The 1.5 s below outlast a lease, so a lock not renewed is seen lost.
     let mut guards = Vec::new();
     for key in &keys {
         guards.push(
             a.lock(key.clone())
-                .lease(Duration::from_millis(300))
+                .lease(Duration::from_millis(900))
                 .acquire()
                 .await
                 .unwrap(),
@@ -271,7 +274,7 @@ async fn renewal_keeps_a_lock_beyond_its_lease() {
             assert!(!g.is_lost(), "{key} lost");
             assert!(b.lock(key.clone()).try_acquire().await.unwrap().is_none());
             let ttl = pttl(&mut conn, &a.redis_names(key).lock).await;
-            assert!(ttl > 0 && ttl <= 300, "{key}: pttl {ttl}");
+            assert!(ttl > 0 && ttl <= 900, "{key}: pttl {ttl}");
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -1033,10 +1036,13 @@ async fn failover_of_a_master_with_held_locks() {
     let delay = acquired_at - released_at;
     assert!(delay < Duration::from_millis(500), "woken after {delay:?}");
     g.release().await.unwrap();
-    // The same manager holds a new lock on the failed-over slots beyond its lease.
+    // The same manager holds a new lock on the failed-over slots beyond its
+    // lease: 900 ms, renewed every 300 ms, so that only a renewal 600 ms late
+    // loses it (600 ms is lost by one 400 ms late), and the 2 s below still
+    // outlast it.
     let fresh = a
         .lock(keys[0].clone())
-        .lease(Duration::from_millis(600))
+        .lease(Duration::from_millis(900))
         .wait(Duration::from_secs(5))
         .acquire()
         .await
