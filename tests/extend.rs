@@ -17,7 +17,7 @@ async fn extend_replaces_the_ttl_and_renewals_keep_the_new_length() {
     let mut conn = raw(&redis).await;
     let name = m.redis_names("ext").lock;
     // Without renewal, so that only extend moves the TTL. 1 s: the extend
-    // must land within the lease, 200 ms in; a 500 ms lease left a loaded
+    // must land within the lease, 200 ms in; a 500 ms lease leaves a loaded
     // machine 300 ms.
     let g = m
         .lock("ext")
@@ -139,10 +139,10 @@ async fn extend_after_the_lock_was_taken_over_reports_the_loss() {
     assert!(g.is_lost());
 }
 
-/// Renewed past its 900 ms lease, but never past 1.5 s from the grant. 900
-/// ms, not 300: a renewal 200 ms late lost a 300 ms lease, which this test
+/// Renewed past its 900 ms lease, but never past 1.2 s from the grant. 900
+/// ms, not 300: a renewal 200 ms late loses a 300 ms lease, which this test
 /// would take for an early stop; 900 ms takes one 600 ms late.
-#[distributed_lock(key = "capped:{id}", lease = "900ms", max_hold = "1500ms", manager = m)]
+#[distributed_lock(key = "capped:{id}", lease = "900ms", max_hold = "1200ms", manager = m)]
 async fn stuck_body(m: &LockManager, id: u32, finished: &AtomicBool) -> Result<(), LockError> {
     tokio::time::sleep(Duration::from_secs(3)).await;
     finished.store(true, Ordering::SeqCst);
@@ -163,12 +163,13 @@ async fn max_hold_from_the_attribute_stops_a_stuck_body() {
         "{outcome:?}"
     );
     assert!(!finished.load(Ordering::SeqCst), "the body was stopped");
-    // Renewed beyond the first lease (900 ms), ended at max_hold (1.5 s,
-    // counted from the acquire's sending, after `started`); 1 s more for a
-    // late timer. Without max_hold the body would finish at 3 s.
+    // Renewed beyond the first lease (whose local deadline is 891 ms),
+    // ended at max_hold (1.2 s, counted from the acquire's sending, after
+    // `started`); 1 s more for a late timer. Without max_hold the body would
+    // finish at 3 s.
     assert!(
-        stopped_after >= Duration::from_millis(1_450)
-            && stopped_after < Duration::from_millis(1_500 + 1_000),
+        stopped_after >= Duration::from_millis(1_150)
+            && stopped_after < Duration::from_millis(1_200 + 1_000),
         "{stopped_after:?}"
     );
     // The lock is free again within a lease of that (the release may even
@@ -180,7 +181,7 @@ async fn max_hold_from_the_attribute_stops_a_stuck_body() {
         .acquire()
         .await
         .unwrap();
-    assert!(started.elapsed() < Duration::from_millis(1_500 + 900 + 1_000));
+    assert!(started.elapsed() < Duration::from_millis(1_200 + 900 + 1_000));
     next.release().await.unwrap();
 }
 
@@ -193,7 +194,7 @@ async fn extend_and_max_hold_on_every_store(d: Deployment) {
     let ttl_of = async |key: &str| other.inspect(key).await.unwrap().unwrap().ttl.unwrap();
     // 1 s: the grant's reply and then the extend, 200 ms in, must land
     // within the lease, and on PostgreSQL each commits to disk; a 500 ms
-    // lease left a loaded machine 300 ms.
+    // lease leaves a loaded machine 300 ms.
     let g = m
         .lock("ext")
         .lease(Duration::from_millis(1000))
@@ -258,30 +259,28 @@ async fn extend_and_max_hold_on_every_store(d: Deployment) {
     ));
     assert!(g.is_lost());
 
-    // max_hold: renewed as usual, then lost at about 1.5 s. A 900 ms lease
+    // max_hold: renewed as usual, then lost at about 1.2 s. A 900 ms lease
     // (renewed every 300 ms), not 300: on PostgreSQL a renewal 200 ms late
-    // lost the 300 ms one before the check below; 900 ms takes one 600 ms
-    // late. The check comes past the first lease, so a hold not renewed
-    // fails it, and 500 ms before max_hold, so a late wake-up does not.
+    // loses the 300 ms one early; 900 ms takes one 600 ms late.
     let started = Instant::now();
     let g = m
         .lock("stuck-body")
         .lease(Duration::from_millis(900))
-        .max_hold(Duration::from_millis(1500))
+        .max_hold(Duration::from_millis(1200))
         .acquire()
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(1000)).await;
-    assert!(!g.is_lost());
-    tokio::time::timeout(Duration::from_secs(2), g.lost())
+    tokio::time::timeout(Duration::from_secs(3), g.lost())
         .await
         .expect("max_hold ends the hold");
-    // max_hold counts from the acquire's sending, after `started`; 1 s more
-    // for a late timer (without max_hold the timeout above fails).
+    // max_hold counts from the acquire's sending, after `started`: not
+    // before 1.2 s (less 50 ms), past the first lease's local deadline (891
+    // ms), so a hold that was not renewed fails this too; 1 s more for a
+    // late timer (without max_hold the timeout above fails).
     let lost_after = started.elapsed();
     assert!(
-        lost_after >= Duration::from_millis(1_450)
-            && lost_after < Duration::from_millis(1_500 + 1_000),
+        lost_after >= Duration::from_millis(1_150)
+            && lost_after < Duration::from_millis(1_200 + 1_000),
         "{lost_after:?}"
     );
     // The store's lease runs out within one lease (900 ms) of that, plus
@@ -292,7 +291,7 @@ async fn extend_and_max_hold_on_every_store(d: Deployment) {
         .acquire()
         .await
         .unwrap();
-    assert!(started.elapsed() < Duration::from_millis(1_500 + 900 + 1_000));
+    assert!(started.elapsed() < Duration::from_millis(1_200 + 900 + 1_000));
     freed.release().await.unwrap();
     assert!(matches!(g.release().await, Err(LockError::Lost { .. })));
 }
@@ -312,10 +311,12 @@ async fn a_shortened_lease_keeps_pace_and_wakes_lost_waiters(d: Deployment) {
         .acquire()
         .await
         .unwrap();
-    g.extend(Duration::from_millis(600)).await.unwrap();
-    // Two and a half of the new leases: renewed every 200 ms, the lock is
-    // still ours; renewed on the old pace (first at 10 s), it ran out at
-    // 600 ms and `other` took it.
+    // 900 ms, not 600: renewed every 300 ms, it is lost only by a renewal
+    // 600 ms late (on PostgreSQL each commits to disk).
+    g.extend(Duration::from_millis(900)).await.unwrap();
+    // A new lease and two thirds: renewed every 300 ms, the lock is still
+    // ours; renewed on the old pace (first at 10 s), it ran out at 900 ms
+    // and `other` took it.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     assert!(!g.is_lost(), "the shortened lease was not renewed in time");
     assert!(other
