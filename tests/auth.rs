@@ -34,12 +34,7 @@ async fn lock_wait_renew_and_release_over_tls() {
     // a 150 ms lease is lost by a renewal 100 ms late on a loaded machine,
     // 900 ms by one 600 ms late. 1.2 s outlasts it, so a renewal that failed
     // shows.
-    let g = a
-        .lock("k")
-        .lease(Duration::from_millis(900))
-        .acquire()
-        .await
-        .unwrap();
+    let g = a.lock("k").lease(RENEWED_LEASE).acquire().await.unwrap();
     tokio::time::sleep(Duration::from_millis(1200)).await;
     assert!(!g.is_lost(), "renewal over TLS kept the lease");
     g.release().await.unwrap();

@@ -221,12 +221,7 @@ async fn forgotten_scripts_are_reloaded() {
     let mut raw = raw(&redis).await;
     // 900 ms, renewed every 300 ms: a renewal 200 ms late loses a 300 ms
     // lease on a loaded machine; 900 ms takes one 600 ms late.
-    let g = m
-        .lock("k")
-        .lease(Duration::from_millis(900))
-        .acquire()
-        .await
-        .unwrap();
+    let g = m.lock("k").lease(RENEWED_LEASE).acquire().await.unwrap();
     let _: () = redis::cmd("SCRIPT")
         .arg("FLUSH")
         .query_async(&mut raw)

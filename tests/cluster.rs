@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{eventually, wait_once};
+use common::{eventually, wait_once, RENEWED_LEASE};
 use distlock::testing::{key_slot, RedisCluster, RedisServer};
 use distlock::{distributed_lock, LockError, LockManager};
 use redis::aio::ConnectionLike;
@@ -262,7 +262,7 @@ async fn renewal_keeps_a_lock_beyond_its_lease() {
     for key in &keys {
         guards.push(
             a.lock(key.clone())
-                .lease(Duration::from_millis(900))
+                .lease(RENEWED_LEASE)
                 .acquire()
                 .await
                 .unwrap(),
@@ -1042,7 +1042,7 @@ async fn failover_of_a_master_with_held_locks() {
     // outlast it.
     let fresh = a
         .lock(keys[0].clone())
-        .lease(Duration::from_millis(900))
+        .lease(RENEWED_LEASE)
         .wait(Duration::from_secs(5))
         .acquire()
         .await

@@ -12,7 +12,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::Deployment;
+use common::{Deployment, RENEWED_LEASE};
 use distlock::{EventsSkipped, LockError, LockEvent, LockEventKind, LockEvents, LockManager};
 use futures_util::StreamExt;
 
@@ -166,7 +166,7 @@ async fn every_kind_of_event_in_order(d: Deployment) {
     let held = a
         .lock(&key)
         .eager_fencing(true)
-        .lease(Duration::from_millis(900))
+        .lease(RENEWED_LEASE)
         .acquire()
         .await
         .unwrap();

@@ -53,12 +53,7 @@ async fn extend_replaces_the_ttl_and_renewals_keep_the_new_length() {
     // by a renewal or reply 200 ms late. A renewal at the old pace (300 ms
     // after the acquire) and length would fall within the 500 ms below and
     // leave at most 900 ms.
-    let g = m
-        .lock("ext2")
-        .lease(Duration::from_millis(900))
-        .acquire()
-        .await
-        .unwrap();
+    let g = m.lock("ext2").lease(RENEWED_LEASE).acquire().await.unwrap();
     g.extend(Duration::from_secs(5)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let ttl = pttl(&mut conn, &m.redis_names("ext2").lock).await;
@@ -229,12 +224,7 @@ async fn extend_and_max_hold_on_every_store(d: Deployment) {
     // one is lost by a grant's reply or renewal 200 ms late. A renewal at
     // the old pace (300 ms after the acquire) and length would fall within
     // the 500 ms below and leave at most 900 ms.
-    let g = m
-        .lock("ext2")
-        .lease(Duration::from_millis(900))
-        .acquire()
-        .await
-        .unwrap();
+    let g = m.lock("ext2").lease(RENEWED_LEASE).acquire().await.unwrap();
     g.extend(Duration::from_secs(5)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let ttl = ttl_of("ext2").await;
@@ -265,7 +255,7 @@ async fn extend_and_max_hold_on_every_store(d: Deployment) {
     let started = Instant::now();
     let g = m
         .lock("stuck-body")
-        .lease(Duration::from_millis(900))
+        .lease(RENEWED_LEASE)
         .max_hold(Duration::from_millis(1200))
         .acquire()
         .await

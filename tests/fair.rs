@@ -526,7 +526,7 @@ async fn a_short_lease_handed_off_long_after_the_last_attempt_is_not_lost() {
     // 300: it must last until its release, 0.9-1.4 s in, and a renewal
     // 200 ms late loses a 300 ms one; 900 ms takes one 600 ms late.
     let lease = Duration::from_millis(300);
-    let holder_lease = Duration::from_millis(900);
+    let holder_lease = RENEWED_LEASE;
     for round in 0..4u64 {
         let key = format!("short:{round}");
         let held = a.lock(&key).lease(holder_lease).acquire().await.unwrap();

@@ -17,7 +17,7 @@ mod common;
 use std::process::Stdio;
 use std::time::{Duration, Instant, SystemTime};
 
-use common::Deployment;
+use common::{Deployment, RENEWED_LEASE};
 use distlock::testing::{FaultMode, FaultProxy, RedisServer};
 use distlock::{Backoff, LeaderInfo, LockError, LockManager};
 use futures_util::StreamExt;
@@ -75,7 +75,7 @@ fn election(test: &str, d: &Deployment) -> String {
 /// The terms' lease: 900 ms, renewed every 300 ms, so that a term is lost
 /// only by a renewal 600 ms late (600 ms, renewed every 200 ms, is lost by
 /// one 400 ms late; on PostgreSQL each renewal commits to disk).
-const LEASE: Duration = Duration::from_millis(900);
+const LEASE: Duration = RENEWED_LEASE;
 
 async fn one_leader_and_a_handover_within_one_message(d: Deployment) {
     let name = election("handover", &d);

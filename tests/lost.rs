@@ -122,7 +122,7 @@ async fn a_freed_lock_stops_the_body(d: Deployment) {
     // takes 600 ms.
     let g = a
         .lock("freed")
-        .lease(Duration::from_millis(900))
+        .lease(RENEWED_LEASE)
         .acquire()
         .await
         .unwrap();

@@ -161,12 +161,7 @@ fn renewals_report_their_lag() {
             // 900 ms, renewed every 300 ms: a 150 ms lease is lost by a
             // renewal 100 ms late on a loaded machine, 900 ms by one 600 ms
             // late.
-            let g = m
-                .lock("lag")
-                .lease(Duration::from_millis(900))
-                .acquire()
-                .await
-                .unwrap();
+            let g = m.lock("lag").lease(RENEWED_LEASE).acquire().await.unwrap();
             tokio::time::sleep(Duration::from_millis(1300)).await;
             assert!(!g.is_lost());
             g.release().await.unwrap();

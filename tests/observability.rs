@@ -75,12 +75,7 @@ fn happy_path_is_quiet_and_loss_warns() {
         // 900 ms, renewed every 300 ms: a renewal 200 ms late loses a 300 ms
         // lease on a loaded machine (a warning, and a failed release); 900
         // ms takes one 600 ms late.
-        let g = a
-            .lock("k")
-            .lease(Duration::from_millis(900))
-            .acquire()
-            .await
-            .unwrap();
+        let g = a.lock("k").lease(RENEWED_LEASE).acquire().await.unwrap();
         let waiter =
             tokio::spawn(async move { b.lock("k").wait(Duration::from_secs(5)).acquire().await });
         tokio::time::sleep(Duration::from_millis(700)).await; // a renewal or two
@@ -97,12 +92,7 @@ fn happy_path_is_quiet_and_loss_warns() {
         );
 
         // 900 ms too: the grant's reply must come within the lease.
-        let g = a
-            .lock("k2")
-            .lease(Duration::from_millis(900))
-            .acquire()
-            .await
-            .unwrap();
+        let g = a.lock("k2").lease(RENEWED_LEASE).acquire().await.unwrap();
         let mut raw = raw(&redis).await;
         del(&mut raw, &a.redis_names("k2").lock).await;
         g.lost().await;

@@ -40,7 +40,7 @@ async fn a_hold_handed_over_by_ticket_is_renewed_and_released_by_its_new_guard(d
     // resume (nobody renews it in between) and then through the worker's
     // renewals; a 300 ms lease is lost by a reply or renewal 200 ms late on
     // a loaded machine, 900 ms by one 600 ms late.
-    let lease = Duration::from_millis(900);
+    let lease = RENEWED_LEASE;
 
     let guard = handler
         .lock("job:1")

@@ -19,12 +19,7 @@ async fn a_failed_renewal_is_retried() {
         .await
         .unwrap();
     let mut raw = raw(&redis).await;
-    let g = a
-        .lock("k")
-        .lease(Duration::from_millis(900))
-        .acquire()
-        .await
-        .unwrap();
+    let g = a.lock("k").lease(RENEWED_LEASE).acquire().await.unwrap();
     // Renewals are due every 300 ms; pausing 350 ms makes at least one time out.
     let _: () = redis::cmd("CLIENT")
         .arg("PAUSE")
@@ -56,12 +51,7 @@ async fn no_renewal_after_release() {
         // interval loses the hold, which release then reports, and a CI run
         // on two loaded cores lost a 300 ms lease so (a tick over 200 ms
         // late); now that takes a tick 600 ms late.
-        let g = a
-            .lock("k")
-            .lease(Duration::from_millis(900))
-            .acquire()
-            .await
-            .unwrap();
+        let g = a.lock("k").lease(RENEWED_LEASE).acquire().await.unwrap();
         tokio::time::sleep(Duration::from_micros(i * 5000)).await;
         g.release().await.unwrap();
         assert_eq!(a.held_count(), 0);
@@ -175,7 +165,7 @@ async fn a_shorter_lease_taken_later_is_renewed_in_time() {
     // deadline (891 ms) passes before the check at 1 s or later.
     let short = a
         .lock("short")
-        .lease(Duration::from_millis(900))
+        .lease(RENEWED_LEASE)
         .acquire()
         .await
         .unwrap();
@@ -387,7 +377,7 @@ async fn renewal_on_every_store(d: Deployment) {
     let b = d.manager().await;
     let g = a
         .lock("renewed")
-        .lease(Duration::from_millis(900))
+        .lease(RENEWED_LEASE)
         .acquire()
         .await
         .unwrap();
@@ -433,7 +423,7 @@ async fn renewal_on_every_store(d: Deployment) {
     for i in 0..300 {
         guards.push(
             a.lock(format!("many:{i}"))
-                .lease(Duration::from_millis(900))
+                .lease(RENEWED_LEASE)
                 .acquire()
                 .await
                 .unwrap(),

@@ -183,12 +183,7 @@ async fn the_least_privilege_acl_is_enough_for_everything() {
     // 300 ms: a 150 ms lease is lost by a renewal 100 ms late on a loaded
     // machine, 900 ms by one 600 ms late; the 1.2 s held outlast it, so a
     // renewal the ACL refused shows.
-    let g = a
-        .lock("k")
-        .lease(std::time::Duration::from_millis(900))
-        .acquire()
-        .await
-        .unwrap();
+    let g = a.lock("k").lease(RENEWED_LEASE).acquire().await.unwrap();
     let waiter = tokio::spawn(async move { b.lock("k").acquire().await });
     tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
     assert!(!g.is_lost());

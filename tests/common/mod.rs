@@ -20,6 +20,12 @@ pub async fn manager_at(url: &str) -> LockManager {
     manager_with_timeout(url, Duration::from_millis(500)).await
 }
 
+/// The lease of a hold that must survive its renewals on a loaded CI machine
+/// (2 vCPUs, tests side by side, PostgreSQL committing to disk): renewed
+/// every 300 ms (a third of it), it is lost only by a renewal or a grant's
+/// reply 600 ms late; a 300 ms lease is lost by one 200 ms late.
+pub const RENEWED_LEASE: Duration = Duration::from_millis(900);
+
 /// [`manager_at`] with its own command timeout (connections: 500 ms), for a
 /// manager behind a proxy that holds its replies.
 pub async fn manager_with_timeout(url: &str, command_timeout: Duration) -> LockManager {
